@@ -1,0 +1,72 @@
+# Ductor coordinator processor. `make help` lists the targets.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.DEFAULT_GOAL := help
+.PHONY: help venv up down status migrate topics setup lint format typecheck unit pytest test bench demo clean
+
+help: ## list the targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+venv: $(STAMP) ## create .venv and install the package with its dev tools (cached)
+
+up: venv ## start local Kafka and Postgres (installs them the first time; idempotent)
+	$(PY) infra/local.py up
+
+down: venv ## stop local Kafka and Postgres
+	$(PY) infra/local.py down
+
+status: venv ## say whether Kafka and Postgres are running
+	$(PY) infra/local.py status
+
+migrate: venv ## apply the SQL migrations
+	$(VENV)/bin/ductor migrate
+
+topics: venv ## create the Kafka topics
+	$(VENV)/bin/ductor topics create
+
+setup: up migrate topics ## infra up, schema migrated, topics created
+
+lint: venv ## ruff lint and format check
+	$(VENV)/bin/ruff check processor tests infra
+	$(VENV)/bin/ruff format --check processor tests infra
+
+format: venv ## apply ruff formatting and fixes
+	$(VENV)/bin/ruff format processor tests infra
+	$(VENV)/bin/ruff check --fix processor tests infra
+
+typecheck: venv ## mypy --strict
+	$(VENV)/bin/mypy
+
+unit: venv ## the fast tests that need no services
+	$(PY) -m pytest -q -m "not integration"
+
+pytest: venv ## every test (needs `make up`)
+	$(PY) -m pytest -q -ra
+
+# The README's test command: install, bring the services up, lint, typecheck, test. The
+# services are stopped again afterwards unless they were already running before.
+test: venv ## everything CI runs: infra up, lint, typecheck, all tests
+	@was_up=0; $(PY) infra/local.py status >/dev/null 2>&1 && was_up=1; \
+	$(PY) infra/local.py up || exit 1; \
+	status=0; $(MAKE) --no-print-directory lint typecheck pytest || status=$$?; \
+	if [ $$was_up = 0 ]; then $(PY) infra/local.py down; fi; \
+	exit $$status
+
+bench: setup ## the benchmark: prints throughput, ratios, latency and memory figures
+	$(PY) -m processor.bench
+
+demo: venv ## the live demo: infra, two processors, a worker, thousands of runs
+	$(VENV)/bin/ductor demo
+
+clean: ## remove the virtualenv and caches (keeps .infra)
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis *.egg-info

@@ -1,0 +1,1 @@
+"""Ductor coordinator processor."""

@@ -1,0 +1,3 @@
+from processor.cli import main
+
+raise SystemExit(main())

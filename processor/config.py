@@ -1,0 +1,227 @@
+"""One typed settings object, built once at start from ``DUCTOR_*`` environment variables.
+
+Every value is validated here so a bad configuration fails before anything connects, with a
+message that names the variable to fix. Nothing else in the package reads the environment
+(apart from the OpenTelemetry SDK, which reads the standard ``OTEL_*`` variables itself).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
+from typing import TypeVar
+from urllib.parse import urlsplit, urlunsplit
+
+T = TypeVar("T")
+
+# librdkafka properties can be passed through as DUCTOR_KAFKA_<PROPERTY>, with dots written as
+# underscores (DUCTOR_KAFKA_SECURITY_PROTOCOL=SASL_SSL -> security.protocol=SASL_SSL).
+KAFKA_PASSTHROUGH_PREFIX = "DUCTOR_KAFKA_"
+SECRET_KAFKA_KEYS = frozenset({"sasl.password", "ssl.key.password", "ssl.keystore.password"})
+
+
+class ConfigError(ValueError):
+    """A configuration value is invalid; the message says which variable and what to do."""
+
+
+@dataclass(frozen=True)
+class TierWeights:
+    t0: int
+    t1: int
+    t2: int
+    delay: int
+
+    def as_dict(self) -> dict[str, int]:
+        return {"t0": self.t0, "t1": self.t1, "t2": self.t2, "delay": self.delay}
+
+
+@dataclass(frozen=True)
+class Settings:
+    bootstrap_servers: str = "127.0.0.1:19092"
+    group_id: str = "ductor-coordinator"
+    pg_dsn: str = "postgresql://ductor:ductor@127.0.0.1:55432/ductor"
+    topic_prefix: str = "ductor"
+    wakeup_partitions: int = 6
+    delay_partitions: int = 3
+    step_partitions: int = 3
+    dlq_partitions: int = 1
+    replication_factor: int = 1
+    batch_size: int = 500
+    batch_linger_ms: int = 5
+    pg_pool_size: int = 4
+    tier_weights: TierWeights = field(default_factory=lambda: TierWeights(8, 4, 1, 4))
+    tier_buffer_limit: int = 5000
+    livelock_requeues: int = 8
+    stuck_after_s: float = 3600.0
+    sweep_interval_s: float = 1.0
+    sweep_grace_s: float = 2.0
+    sweep_limit: int = 1000
+    partition_by_run: bool = True
+    max_record_bytes: int = 65536
+    shutdown_timeout_s: float = 20.0
+    log_format: str = "json"
+    log_level: str = "INFO"
+    metrics_port: int = 0
+    health_port: int = 0
+    kafka_extra: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def pg_dsn_redacted(self) -> str:
+        return redact_dsn(self.pg_dsn)
+
+    def kafka_common(self) -> dict[str, str | int | float | bool]:
+        """librdkafka properties shared by every client (security settings pass through here)."""
+        return {"bootstrap.servers": self.bootstrap_servers, **self.kafka_extra}
+
+    def kafka_redacted(self) -> dict[str, str | int | float | bool]:
+        return {k: ("***" if k in SECRET_KAFKA_KEYS else v) for k, v in self.kafka_common().items()}
+
+
+def redact_dsn(dsn: str) -> str:
+    """The DSN with its password replaced, for logs and error messages."""
+    if "://" in dsn:
+        parts = urlsplit(dsn)
+        if parts.password is not None:
+            host = parts.hostname or ""
+            port = f":{parts.port}" if parts.port else ""
+            netloc = f"{parts.username}:***@{host}{port}"
+            return urlunsplit(parts._replace(netloc=netloc))
+        return dsn
+    return re.sub(r"(password\s*=\s*)\S+", r"\1***", dsn)
+
+
+def _parse_int(name: str, raw: str, minimum: int, maximum: int | None = None) -> int:
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ConfigError(f"{name}={raw!r} is not an integer") from None
+    if value < minimum or (maximum is not None and value > maximum):
+        bound = f"between {minimum} and {maximum}" if maximum is not None else f">= {minimum}"
+        raise ConfigError(f"{name}={raw!r} must be {bound}")
+    return value
+
+
+def _parse_float(name: str, raw: str, minimum: float) -> float:
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ConfigError(f"{name}={raw!r} is not a number") from None
+    if not value >= minimum:  # also rejects NaN
+        raise ConfigError(f"{name}={raw!r} must be >= {minimum}")
+    return value
+
+
+def _parse_bool(name: str, raw: str) -> bool:
+    lowered = raw.strip().lower()
+    if lowered in {"1", "true", "yes", "on"}:
+        return True
+    if lowered in {"0", "false", "no", "off"}:
+        return False
+    raise ConfigError(f"{name}={raw!r} must be one of true/false/1/0/yes/no/on/off")
+
+
+def _parse_weights(name: str, raw: str) -> TierWeights:
+    parts = raw.split(":")
+    if len(parts) not in (3, 4):
+        raise ConfigError(f"{name}={raw!r} must look like 8:4:1 (t0:t1:t2) or 8:4:1:4 (with delay)")
+    values = [_parse_int(name, p, 1, 1000) for p in parts]
+    delay = values[3] if len(values) == 4 else values[1]
+    return TierWeights(values[0], values[1], values[2], delay)
+
+
+def _parse_choice(choices: tuple[str, ...]) -> Callable[[str, str], str]:
+    def parse(name: str, raw: str) -> str:
+        if raw not in choices:
+            raise ConfigError(f"{name}={raw!r} must be one of {', '.join(choices)}")
+        return raw
+
+    return parse
+
+
+def _parse_dsn(name: str, raw: str) -> str:
+    if not raw.strip():
+        raise ConfigError(
+            f"{name} is empty: set it to a Postgres DSN such as postgresql://user:pw@host:5432/db"
+        )
+    if "://" in raw and not raw.startswith(("postgresql://", "postgres://")):
+        raise ConfigError(f"{name}={redact_dsn(raw)!r} must start with postgresql://")
+    return raw
+
+
+def _parse_servers(name: str, raw: str) -> str:
+    servers = [s.strip() for s in raw.split(",") if s.strip()]
+    if not servers:
+        raise ConfigError(f"{name} is empty: set it to host:port[,host:port...]")
+    for server in servers:
+        host, sep, port = server.rpartition(":")
+        if not sep or not host or not port.isdigit():
+            raise ConfigError(f"{name}: {server!r} is not host:port")
+    return ",".join(servers)
+
+
+def _parse_name(name: str, raw: str) -> str:
+    if not re.fullmatch(r"[A-Za-z0-9._-]{1,200}", raw):
+        raise ConfigError(f"{name}={raw!r} may only contain letters, digits, '.', '_' and '-'")
+    return raw
+
+
+def _kafka_passthrough(env: Mapping[str, str]) -> dict[str, str]:
+    extra: dict[str, str] = {}
+    for key, value in env.items():
+        if key.startswith(KAFKA_PASSTHROUGH_PREFIX):
+            prop = key[len(KAFKA_PASSTHROUGH_PREFIX) :].lower().replace("_", ".")
+            if not prop:
+                raise ConfigError(f"{key}: name a librdkafka property after the prefix")
+            extra[prop] = value
+    return extra
+
+
+def load_settings(env: Mapping[str, str] | None = None) -> Settings:
+    """Build the settings from ``env`` (default: the process environment) or raise ConfigError."""
+    source = os.environ if env is None else env
+    defaults = Settings()
+    values: dict[str, object] = {}
+
+    def take(field_name: str, parse: Callable[[str, str], T]) -> None:
+        var = f"DUCTOR_{field_name.upper()}"
+        raw = source.get(var)
+        if raw is not None:
+            values[field_name] = parse(var, raw)
+
+    def int_in(minimum: int, maximum: int | None = None) -> Callable[[str, str], int]:
+        return lambda n, r: _parse_int(n, r, minimum, maximum)
+
+    def float_min(minimum: float) -> Callable[[str, str], float]:
+        return lambda n, r: _parse_float(n, r, minimum)
+
+    take("bootstrap_servers", _parse_servers)
+    take("group_id", _parse_name)
+    take("pg_dsn", _parse_dsn)
+    take("topic_prefix", _parse_name)
+    take("wakeup_partitions", int_in(1, 10_000))
+    take("delay_partitions", int_in(1, 10_000))
+    take("step_partitions", int_in(1, 10_000))
+    take("dlq_partitions", int_in(1, 10_000))
+    take("replication_factor", int_in(1, 32))
+    take("batch_size", int_in(1, 100_000))
+    take("batch_linger_ms", int_in(0, 10_000))
+    take("pg_pool_size", int_in(1, 1000))
+    take("tier_weights", _parse_weights)
+    take("tier_buffer_limit", int_in(1, 10_000_000))
+    take("livelock_requeues", int_in(1, 1000))
+    take("stuck_after_s", float_min(1.0))
+    take("sweep_interval_s", float_min(0.05))
+    take("sweep_grace_s", float_min(0.0))
+    take("sweep_limit", int_in(1, 1_000_000))
+    take("partition_by_run", _parse_bool)
+    take("max_record_bytes", int_in(256, 100 * 1024 * 1024))
+    take("shutdown_timeout_s", float_min(0.5))
+    take("log_format", _parse_choice(("json", "text")))
+    take("log_level", _parse_choice(("DEBUG", "INFO", "WARNING", "ERROR")))
+    take("metrics_port", int_in(0, 65535))
+    take("health_port", int_in(0, 65535))
+    values["kafka_extra"] = _kafka_passthrough(source)
+
+    return replace(defaults, **values)  # type: ignore[arg-type]

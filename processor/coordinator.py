@@ -1,0 +1,467 @@
+"""The batch engine: coalesce wakeups per run, load, tick, commit, retry conflicts, emit effects.
+
+The commit path of one run, numbered as it happens (a crash between any two steps is safe):
+
+1. Load the run (batched: one query for the whole batch).
+2. Compute the pure tick. A no-op tick writes nothing and its records are done.
+3. Commit with the conditional UPDATE (batched: one statement, each run with its own expected
+   version). Zero rows for a run is a conflict: retried in process after 0/10/20/40/1000 ms
+   from fresh state, then requeued to the delay ladder or force-failed (policy.py).
+   A crash here loses nothing: the records' offsets are not stored, so they are redelivered
+   and the redelivered tick either finds the commit done (no-op) or does it.
+4. Produce the effects (step dispatches, timer wakeups, requeues, dead letters).
+   A crash between 3 and 4 loses effects, never transitions: a dispatched step's deadline and
+   a timer are on the row (next_wakeup_at) and the watchdog re-wakes the run when they are due.
+5. Once the broker acknowledged every effect of a record, the record is done and its offset
+   may be stored (offsets.py keeps the stored offset behind any record still in flight).
+
+Waiting between in-process attempts never blocks: a conflicted run is parked with a ready
+time and the poll loop goes on serving every other run.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import psycopg
+from confluent_kafka import KafkaError
+
+from processor.envelope import Wakeup
+from processor.kafka_io import Headers, Outbox, partition_for
+from processor.model import LoadedRun
+from processor.offsets import OffsetTracker, TopicPartition
+from processor.policy import ForceFail, Requeue, after_exhausted_conflicts, retry_wait_ms
+from processor.stats import Outcome, Stats
+from processor.step_task import StepTask
+from processor.store import (
+    Commit,
+    Definitions,
+    UnknownWorkflow,
+    commit_batch,
+    force_fail_write,
+    load_runs,
+)
+from processor.tick import Decision, force_fail, tick
+from processor.topics import TopicNames, rung_for_delay
+
+log = logging.getLogger("ductor.coordinator")
+
+
+@dataclass
+class Inbound:
+    """A consumed record, kept with what is needed to dead-letter it or store its offset."""
+
+    tp: TopicPartition
+    offset: int
+    key: bytes | None
+    value: bytes | None
+    headers: Headers
+    tier: str
+    wakeup: Wakeup | None = None
+
+
+@dataclass
+class RunWork:
+    """Everything waiting for one run: coalesced records and the in-process attempt count."""
+
+    run_id: str
+    records: list[Inbound] = field(default_factory=list)
+    attempts: int = 0
+    ready_at: float = 0.0  # monotonic seconds
+    outstanding: int = 0  # effects produced and not yet acknowledged
+
+    def lineage(self) -> Wakeup:
+        """The envelope whose requeue history this work continues: the most requeued one."""
+        wakeups = [r.wakeup for r in self.records if r.wakeup is not None]
+        return max(wakeups, key=lambda w: (w.requeue_count, w.attempt))
+
+
+class DeadLetters:
+    """Sends a record to the dead-letter topic with its original bytes and the reason."""
+
+    def __init__(self, outbox: Outbox, topic: str, stats: Stats) -> None:
+        self._outbox = outbox
+        self._topic = topic
+        self._stats = stats
+
+    def send(self, record: Inbound, reason: str, detail: str, on_done: Callable[[], None]) -> None:
+        headers = [
+            *record.headers,
+            ("ductor.dlq.reason", reason.encode()),
+            ("ductor.dlq.detail", detail.encode()[:1000]),
+            ("ductor.dlq.topic", record.tp[0].encode()),
+            ("ductor.dlq.partition", str(record.tp[1]).encode()),
+            ("ductor.dlq.offset", str(record.offset).encode()),
+        ]
+        self._stats.dead_letters[reason] += 1
+        self._stats.ticks[Outcome.DEAD_LETTERED] += 1
+        log.warning(
+            "dead-lettered a record",
+            extra={
+                "reason": reason,
+                "detail": detail,
+                "topic": record.tp[0],
+                "offset": record.offset,
+            },
+        )
+
+        def delivered(err: KafkaError | None) -> None:
+            if err is not None:
+                self._stats.errors["dlq_delivery"] += 1
+                log.error("dead letter not delivered, retrying: %s", err)
+                self._outbox.send(
+                    self._topic, record.value or b"", record.key, delivered, headers=headers
+                )
+                return
+            on_done()
+
+        self._outbox.send(self._topic, record.value or b"", record.key, delivered, headers=headers)
+
+
+class Coordinator:
+    def __init__(
+        self,
+        *,
+        connect: Callable[[], psycopg.Connection[Any]],
+        outbox: Outbox,
+        names: TopicNames,
+        partitions: dict[str, int],
+        tracker: OffsetTracker,
+        stats: Stats,
+        livelock_requeues: int,
+        partition_by_run: bool = True,
+        wall_ms: Callable[[], int] = lambda: int(time.time() * 1000),
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._connect = connect
+        self._conn_or_none: psycopg.Connection[Any] | None = None
+        self._outbox = outbox
+        self._names = names
+        self._partitions = partitions
+        self._tracker = tracker
+        self.stats = stats
+        self._livelock_requeues = livelock_requeues
+        self._partition_by_run = partition_by_run
+        self._wall_ms = wall_ms
+        self._monotonic = monotonic
+        self._definitions = Definitions()
+        self.dead_letters = DeadLetters(outbox, names.dlq, stats)
+        self.pending: dict[str, RunWork] = {}  # runs waiting for a tick (ready or backing off)
+        self.db_healthy = True
+
+    @property
+    def _conn(self) -> psycopg.Connection[Any]:
+        if self._conn_or_none is None or self._conn_or_none.closed:
+            self._conn_or_none = self._connect()
+        return self._conn_or_none
+
+    def connection(self) -> psycopg.Connection[Any]:
+        return self._conn
+
+    def close(self) -> None:
+        if self._conn_or_none is not None:
+            self._conn_or_none.close()
+            self._conn_or_none = None
+
+    def force_fail_stuck(self, run_id: str) -> bool:
+        """The watchdog's use of the shared terminal path: fail a run with no transition."""
+        loaded = load_runs(self._conn, self._definitions, [run_id]).get(run_id)
+        if not isinstance(loaded, LoadedRun) or not loaded.checksum_ok:
+            return False
+        return self._write_force_fail(loaded, "stuck")
+
+    def _write_force_fail(self, run: LoadedRun, reason: str) -> bool:
+        """Force-fail ``run`` if it did not move since loaded; meter it. Raises psycopg.Error."""
+        failed = force_fail(run.state, reason)
+        if failed is None or not force_fail_write(
+            self._conn, run.run_id, run.stored_checksum, failed
+        ):
+            return False
+        self.stats.force_fails[reason] += 1
+        self.stats.ticks[Outcome.FORCE_FAILED] += 1
+        log.warning(
+            "run %s force-failed: %s",
+            run.run_id,
+            reason,
+            extra={"run_id": run.run_id, "reason": reason},
+        )
+        return True
+
+    def _db_failed(self, exc: Exception, works: list[RunWork]) -> None:
+        """The database is unreachable: nothing was decided for these runs. Put them back to
+        be retried in a second (the poll loop keeps running) and count a genuine error."""
+        self.stats.errors[type(exc).__name__] += 1
+        self.stats.ticks[Outcome.ERROR] += len(works)
+        self.db_healthy = False
+        log.error("database error, %d run(s) will be retried: %s", len(works), exc)
+        if self._conn_or_none is not None:
+            self._conn_or_none.close()
+            self._conn_or_none = None
+        retry_at = self._monotonic() + 1.0
+        for work in works:
+            work.ready_at = retry_at
+            self._park(work)
+
+    # -- intake ------------------------------------------------------------------------------
+
+    def add(self, record: Inbound) -> None:
+        """Coalesce an accepted wakeup into its run's pending work."""
+        assert record.wakeup is not None
+        self._tracker.started(record.tp, record.offset)
+        run_id = record.wakeup.run_id
+        work = self.pending.get(run_id)
+        if work is None:
+            work = self.pending[run_id] = RunWork(run_id)
+        work.records.append(record)
+        if record.wakeup.produced_at is not None:
+            lateness = self._wall_ms() - (record.wakeup.due_at or record.wakeup.produced_at)
+            if record.wakeup.due_at is not None:
+                self.stats.lateness_ms.add(max(0, lateness))
+
+    def finish_record(self, record: Inbound) -> None:
+        self._tracker.done(record.tp, record.offset)
+
+    def next_ready_at(self) -> float | None:
+        return min((w.ready_at for w in self.pending.values()), default=None)
+
+    def ready_count(self, now: float) -> int:
+        return sum(1 for w in self.pending.values() if w.ready_at <= now)
+
+    # -- one batch ---------------------------------------------------------------------------
+
+    def run_batch(self, limit: int) -> int:
+        """Tick and commit up to ``limit`` ready runs; returns how many were processed."""
+        now = self._monotonic()
+        batch = [w for w in self.pending.values() if w.ready_at <= now][:limit]
+        if not batch:
+            return 0
+        for work in batch:
+            del self.pending[work.run_id]
+        try:
+            self._process(batch)
+        except psycopg.Error as exc:
+            self._db_failed(exc, [w for w in batch if w.records and w.outstanding == 0])
+            return 0
+        self.db_healthy = True
+        return len(batch)
+
+    def _process(self, batch: list[RunWork]) -> None:
+        started = time.perf_counter()
+        loaded = load_runs(self._conn, self._definitions, [w.run_id for w in batch])
+        now_ms = self._wall_ms()
+        commits: list[Commit] = []
+        decided: list[tuple[RunWork, LoadedRun, Decision]] = []
+        for work in batch:
+            run = loaded.get(work.run_id)
+            if not isinstance(run, LoadedRun):
+                reason = "unknown_workflow" if isinstance(run, UnknownWorkflow) else "unknown_run"
+                detail = str(run) if run is not None else f"run {work.run_id!r} does not exist"
+                self._dead_letter_all(work, reason, detail)
+                continue
+            if not run.checksum_ok:
+                # Changed out of band: report it and keep the wakeup, never overwrite the row.
+                self.stats.errors["checksum_mismatch"] += 1
+                log.error("run %s: stored checksum does not match its state", work.run_id)
+                self._dead_letter_all(
+                    work, "checksum_mismatch", "state_checksum does not match the row"
+                )
+                continue
+            wf = self._definitions.get(self._conn, run.workflow)
+            decision = tick(run.state, wf, run.results, run.signals, now_ms)
+            if decision.new_state is None:
+                self.stats.ticks[Outcome.NOOP] += 1
+                self._complete(work)
+                continue
+            commits.append(Commit(work.run_id, run.version, decision.new_state))
+            decided.append((work, run, decision))
+        self.stats.tick_ms.add((time.perf_counter() - started) * 1000)
+
+        commit_started = time.perf_counter()
+        committed = commit_batch(self._conn, commits)
+        self.stats.commit_ms.add((time.perf_counter() - commit_started) * 1000)
+        self.stats.commit_attempts += len(commits)
+
+        for work, run, decision in decided:
+            if work.run_id in committed:
+                self.stats.ticks[Outcome.COMMITTED] += 1
+                self._record_end_to_end(work)
+                self._emit(work, run, decision, now_ms)
+            else:
+                self._on_conflict(work, run)
+
+    # -- outcomes ----------------------------------------------------------------------------
+
+    def _on_conflict(self, work: RunWork, run: LoadedRun) -> None:
+        self.stats.conflicts += 1
+        self.stats.ticks[Outcome.CONFLICT] += 1
+        self.stats.hot_runs[work.run_id] += 1
+        work.attempts += 1
+        wait_ms = retry_wait_ms(work.attempts)
+        if wait_ms is not None:
+            work.ready_at = self._monotonic() + wait_ms / 1000
+            self._park(work)
+            return
+        lineage = work.lineage()
+        decision = after_exhausted_conflicts(
+            requeue_count=lineage.requeue_count,
+            attempt=lineage.attempt,
+            observed_seq=lineage.observed_seq,
+            current_seq=run.state.seq,
+            livelock_requeues=self._livelock_requeues,
+        )
+        if isinstance(decision, Requeue):
+            self._requeue(work, decision)
+        else:
+            self._force_fail(work, run, decision)
+
+    def _requeue(self, work: RunWork, decision: Requeue) -> None:
+        now_ms = self._wall_ms()
+        wakeup = Wakeup(
+            run_id=work.run_id,
+            reason="requeue",
+            requeue_count=decision.requeue_count,
+            attempt=decision.attempt,
+            due_at=now_ms + decision.delay_ms,
+            observed_seq=decision.observed_seq,
+            produced_at=now_ms,
+        )
+        self.stats.requeues[decision.delay_ms] += 1
+        self.stats.ticks[Outcome.REQUEUED] += 1
+        self._send_wakeup(work, self._names.delay(decision.delay_ms), wakeup)
+        self._settle(work)
+
+    def _force_fail(self, work: RunWork, run: LoadedRun, decision: ForceFail) -> None:
+        try:
+            written = self._write_force_fail(run, decision.reason)
+        except psycopg.Error as exc:
+            self._db_failed(exc, [work])
+            return
+        if written:
+            self._complete(work)
+            return
+        # The run moved since it was loaded (progress, or it ended): not a livelock. Start the
+        # in-process attempts again from fresh state; the next exhaustion sees the new seq.
+        work.attempts = 0
+        work.ready_at = self._monotonic()
+        self._park(work)
+
+    def _emit(self, work: RunWork, run: LoadedRun, decision: Decision, now_ms: int) -> None:
+        for dispatch in decision.dispatches:
+            task = StepTask(
+                run_id=work.run_id,
+                node=dispatch.node,
+                attempt=dispatch.attempt,
+                step_type=dispatch.step_type,
+                deadline_ms=dispatch.deadline_ms,
+                tier=run.tier,
+            )
+            work.outstanding += 1
+            self._outbox.send(
+                self._names.steps,
+                task.encode(),
+                work.run_id.encode(),
+                self._delivery_handler(
+                    work, self._names.steps, task.encode(), work.run_id.encode()
+                ),
+            )
+        for due_ms in decision.timers:
+            self._send_timer(work, due_ms, now_ms)
+        self._settle(work)
+
+    def _send_timer(self, work: RunWork, due_ms: int, now_ms: int, reason: str = "timer") -> None:
+        wait = max(0, due_ms - now_ms)
+        rung = rung_for_delay(wait)
+        hop_due = now_ms + min(wait, rung)
+        wakeup = Wakeup(
+            run_id=work.run_id,
+            reason=reason,
+            due_at=hop_due,
+            target_at=due_ms if due_ms > hop_due else None,
+            produced_at=now_ms,
+        )
+        self._send_wakeup(work, self._names.delay(rung), wakeup)
+
+    def hop(self, record: Inbound, now_ms: int) -> None:
+        """A timer that came due on a rung before its target: send it on for the rest."""
+        assert record.wakeup is not None and record.wakeup.target_at is not None
+        self._tracker.started(record.tp, record.offset)
+        work = RunWork(record.wakeup.run_id, records=[record])
+        self._send_timer(work, record.wakeup.target_at, now_ms, reason=record.wakeup.reason)
+        self._settle(work)
+
+    def _send_wakeup(self, work: RunWork, topic: str, wakeup: Wakeup) -> None:
+        partition = (
+            partition_for(work.run_id, self._partitions[topic]) if self._partition_by_run else None
+        )
+        value = wakeup.encode()
+        work.outstanding += 1
+        self._outbox.send(
+            topic,
+            value,
+            wakeup.key(),
+            self._delivery_handler(work, topic, value, wakeup.key(), partition),
+            partition,
+        )
+
+    def _delivery_handler(
+        self, work: RunWork, topic: str, value: bytes, key: bytes, partition: int | None = None
+    ) -> Callable[[KafkaError | None], None]:
+        def delivered(err: KafkaError | None) -> None:
+            if err is not None:
+                # The idempotent producer already retried for message.timeout.ms: the broker
+                # is away. Keep trying; the record's offset stays unstored meanwhile.
+                self.stats.errors["produce"] += 1
+                log.error("effect not delivered to %s, retrying: %s", topic, err)
+                self._outbox.send(topic, value, key, delivered, partition)
+                return
+            work.outstanding -= 1
+            self._settle(work)
+
+        return delivered
+
+    def _settle(self, work: RunWork) -> None:
+        if work.outstanding == 0:
+            self._complete(work)
+
+    def _complete(self, work: RunWork) -> None:
+        for record in work.records:
+            self.finish_record(record)
+        work.records = []
+
+    def _dead_letter_all(self, work: RunWork, reason: str, detail: str) -> None:
+        for record in work.records:
+            self.dead_letters.send(record, reason, detail, lambda r=record: self.finish_record(r))  # type: ignore[misc]
+
+    def _park(self, work: RunWork) -> None:
+        """Put work back to wait for its ready time, merging with records that came meanwhile."""
+        existing = self.pending.get(work.run_id)
+        if existing is not None:
+            work.records.extend(existing.records)
+            work.ready_at = min(work.ready_at, existing.ready_at)
+        self.pending[work.run_id] = work
+
+    def _record_end_to_end(self, work: RunWork) -> None:
+        now_ms = self._wall_ms()
+        for record in work.records:
+            if record.wakeup is not None and record.wakeup.produced_at is not None:
+                start = record.wakeup.due_at or record.wakeup.produced_at
+                self.stats.end_to_end_ms.add(max(0, now_ms - start))
+
+    # -- rebalance ---------------------------------------------------------------------------
+
+    def drop_partitions(self, revoked: Iterable[TopicPartition]) -> int:
+        """Forget pending records of revoked partitions: their next owner redoes them."""
+        gone = set(revoked)
+        dropped = 0
+        for run_id, work in list(self.pending.items()):
+            kept = [r for r in work.records if r.tp not in gone]
+            dropped += len(work.records) - len(kept)
+            if kept:
+                work.records = kept
+            else:
+                del self.pending[run_id]
+        return dropped

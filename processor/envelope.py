@@ -1,0 +1,125 @@
+"""The wakeup envelope: the JSON record on the wakeup and delay topics (schemas/wakeup.schema.json).
+
+Decoding never raises for bad input from the wire: it returns a ``Rejected`` value with a
+dead-letter reason, because a malformed record is an expected outcome the consumer handles
+(dead-letter it and go on), not a failure of the processor.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+ENVELOPE_VERSION = 1
+MAX_RUN_ID_LENGTH = 200
+REASONS = frozenset({"start", "step_result", "signal", "timer", "requeue", "sweep", "replay"})
+_FIELDS = frozenset(
+    {
+        "envelope_version",
+        "run_id",
+        "reason",
+        "requeue_count",
+        "attempt",
+        "due_at",
+        "target_at",
+        "observed_seq",
+        "produced_at",
+    }
+)
+
+
+@dataclass(frozen=True)
+class Wakeup:
+    run_id: str
+    reason: str
+    requeue_count: int = 0  # non-progressing requeues so far; rides here, never on the row
+    attempt: int = 0  # which requeue this is; the Kafka key is run_id:attempt
+    due_at: int | None = None  # epoch ms before which the record must not be processed
+    target_at: int | None = None  # a timer's real due time when it hops over several rungs
+    observed_seq: int | None = None  # the run's seq when requeued: a later seq means progress
+    produced_at: int | None = None  # epoch ms, for end-to-end latency
+
+    def key(self) -> bytes:
+        return f"{self.run_id}:{self.attempt}".encode()
+
+    def encode(self) -> bytes:
+        body: dict[str, Any] = {
+            "envelope_version": ENVELOPE_VERSION,
+            "run_id": self.run_id,
+            "reason": self.reason,
+            "requeue_count": self.requeue_count,
+            "attempt": self.attempt,
+        }
+        for name in ("due_at", "target_at", "observed_seq", "produced_at"):
+            value = getattr(self, name)
+            if value is not None:
+                body[name] = value
+        return orjson.dumps(body)
+
+
+@dataclass(frozen=True)
+class Rejected:
+    """Why a record cannot be processed; ``reason`` is the dead-letter reason code."""
+
+    reason: str
+    detail: str
+
+
+def decode_wakeup(value: bytes | None, max_bytes: int) -> Wakeup | Rejected:
+    if value is None:
+        return Rejected("wrong_schema", "record has no value (tombstone)")
+    if len(value) > max_bytes:
+        return Rejected(
+            "oversize", f"record of {len(value)} bytes exceeds the limit of {max_bytes}"
+        )
+    try:
+        raw = orjson.loads(value)
+    except orjson.JSONDecodeError as exc:
+        return Rejected("not_json", f"value is not JSON: {exc}")
+    if not isinstance(raw, dict):
+        return Rejected("wrong_schema", f"expected a JSON object, got {type(raw).__name__}")
+    version = raw.get("envelope_version")
+    if version != ENVELOPE_VERSION:
+        if isinstance(version, int) and not isinstance(version, bool):
+            return Rejected(
+                "unknown_envelope_version", f"envelope_version {version} is not supported"
+            )
+        return Rejected("wrong_schema", f"envelope_version must be the integer {ENVELOPE_VERSION}")
+    problem = _schema_problem(raw)
+    if problem is not None:
+        return Rejected("wrong_schema", problem)
+    return Wakeup(
+        run_id=raw["run_id"],
+        reason=raw["reason"],
+        requeue_count=raw.get("requeue_count", 0),
+        attempt=raw.get("attempt", 0),
+        due_at=raw.get("due_at"),
+        target_at=raw.get("target_at"),
+        observed_seq=raw.get("observed_seq"),
+        produced_at=raw.get("produced_at"),
+    )
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _schema_problem(raw: dict[str, Any]) -> str | None:
+    unknown = sorted(set(raw) - _FIELDS)
+    if unknown:
+        return f"unknown field(s): {', '.join(unknown)}"
+    run_id = raw.get("run_id")
+    if not isinstance(run_id, str) or not 1 <= len(run_id) <= MAX_RUN_ID_LENGTH:
+        return f"run_id must be a string of 1 to {MAX_RUN_ID_LENGTH} characters"
+    if raw.get("reason") not in REASONS:
+        return f"reason must be one of {', '.join(sorted(REASONS))}"
+    for name in ("requeue_count", "attempt"):
+        if name in raw and not (_is_int(raw[name]) and raw[name] >= 0):
+            return f"{name} must be a non-negative integer"
+    for name in ("due_at", "target_at", "observed_seq", "produced_at"):
+        value = raw.get(name)
+        if value is not None and not (_is_int(value) and value >= 0):
+            return f"{name} must be a non-negative integer or absent"
+    return None

@@ -1,0 +1,140 @@
+"""Kafka plumbing: client configuration, the message protocol, partition choice, and a producer
+wrapper that reports each record's delivery to a callback.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
+
+from confluent_kafka import Consumer, KafkaError, Producer
+
+from processor.config import Settings
+from processor.store import run_shard
+
+Headers = list[tuple[str, bytes]]
+DeliveryCallback = Callable[[KafkaError | None], None]
+
+
+class KafkaMessage(Protocol):
+    """What the processor reads from a consumed record (unit tests build plain fakes of it)."""
+
+    def topic(self) -> str | None: ...
+    def partition(self) -> int | None: ...
+    def offset(self) -> int | None: ...
+    def key(self) -> bytes | None: ...
+    def value(self) -> bytes | None: ...
+    def headers(
+        self,
+    ) -> list[tuple[str, str | bytes | None]] | dict[str, str | bytes | None] | None: ...
+    def error(self) -> KafkaError | None: ...
+    def timestamp(self) -> tuple[int, int]: ...
+
+
+def normalise_headers(message: KafkaMessage) -> Headers:
+    """A record's headers as (name, bytes) pairs, whatever form the client returned."""
+    raw = message.headers() or []
+    pairs = raw.items() if isinstance(raw, dict) else raw
+    return [(k, v.encode() if isinstance(v, str) else (v or b"")) for k, v in pairs]
+
+
+def partition_for(run_id: str, partitions: int) -> int:
+    """The partition of a run's records on a topic of ``partitions`` partitions.
+
+    Every producer of wakeups (start, workers, requeues, sweeps) uses this, so a run's wakeups
+    meet on one partition and coalesce in one instance's batch, while the Kafka key stays
+    ``run_id:attempt``.
+    """
+    return run_shard(run_id) % partitions
+
+
+def producer_config(settings: Settings, client_id: str) -> dict[str, Any]:
+    return {
+        **settings.kafka_common(),
+        "client.id": client_id,
+        "enable.idempotence": True,  # acks=all, in order, no duplicates from internal retries
+        "linger.ms": 2,
+        "compression.type": "lz4",
+        "message.max.bytes": max(1_000_000, settings.max_record_bytes * 2),
+    }
+
+
+def consumer_config(settings: Settings, client_id: str) -> dict[str, Any]:
+    return {
+        **settings.kafka_common(),
+        "client.id": client_id,
+        "group.id": settings.group_id,
+        "partition.assignment.strategy": "cooperative-sticky",
+        "auto.offset.reset": "earliest",
+        # Offsets are stored by hand, only once a record's tick committed and its effects were
+        # acknowledged; the auto-commit then only ships what was stored (at-least-once).
+        "enable.auto.offset.store": False,
+        "enable.auto.commit": True,
+        "auto.commit.interval.ms": 1000,
+        "session.timeout.ms": 10_000,
+        "heartbeat.interval.ms": 1000,
+        "max.poll.interval.ms": 300_000,
+        "fetch.wait.max.ms": 10,
+        "queued.max.messages.kbytes": 16384,
+        "enable.partition.eof": False,
+    }
+
+
+def make_consumer(settings: Settings, client_id: str) -> Consumer:
+    return Consumer(consumer_config(settings, client_id))
+
+
+class Outbox:
+    """Produces records and calls back once the broker acknowledged (or finally refused) each."""
+
+    def __init__(self, producer: Producer) -> None:
+        self._producer = producer
+        self.in_flight = 0
+
+    def send(
+        self,
+        topic: str,
+        value: bytes,
+        key: bytes | None,
+        on_delivery: DeliveryCallback,
+        partition: int | None = None,
+        headers: Headers | None = None,
+    ) -> None:
+        def delivered(err: KafkaError | None, _msg: Any) -> None:
+            self.in_flight -= 1
+            on_delivery(err)
+
+        kwargs: dict[str, Any] = {"key": key, "value": value, "on_delivery": delivered}
+        if partition is not None:
+            kwargs["partition"] = partition
+        if headers:
+            kwargs["headers"] = headers
+        while True:
+            try:
+                self._producer.produce(topic, **kwargs)
+                break
+            except BufferError:
+                # The local queue is full: serve delivery reports until there is room.
+                self._producer.poll(0.05)
+        self.in_flight += 1
+
+    def poll(self, timeout: float = 0.0) -> None:
+        self._producer.poll(timeout)
+
+    def flush(self, timeout: float) -> int:
+        """Wait for outstanding deliveries; returns how many are still outstanding."""
+        remaining: int = self._producer.flush(timeout)
+        return remaining
+
+
+def topic_partitions(
+    producer: Producer, topics: Sequence[str], timeout_s: float = 10.0
+) -> dict[str, int]:
+    metadata = producer.list_topics(timeout=timeout_s).topics
+    counts: dict[str, int] = {}
+    for topic in topics:
+        meta = metadata.get(topic)
+        if meta is None or meta.error is not None or not meta.partitions:
+            raise RuntimeError(f"topic {topic} does not exist; run `ductor topics create` first")
+        counts[topic] = len(meta.partitions)
+    return counts

@@ -1,0 +1,60 @@
+"""Structured logging: JSON lines by default, human-readable text with DUCTOR_LOG_FORMAT=text.
+
+Fields passed with ``extra=`` become JSON keys; the active trace and span ids are added when a
+span is recording, so a log line can be found from its trace and the other way round.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import time
+from typing import Any
+
+import orjson
+from opentelemetry import trace
+
+_STANDARD = set(logging.LogRecord("", 0, "", 0, "", None, None).__dict__) | {"message", "asctime"}
+
+
+class JsonFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        body: dict[str, Any] = {
+            "ts": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
+            + f".{int(record.msecs):03d}Z",
+            "level": record.levelname,
+            "logger": record.name,
+            "msg": record.getMessage(),
+        }
+        span = trace.get_current_span().get_span_context()
+        if span.is_valid:
+            body["trace_id"] = f"{span.trace_id:032x}"
+            body["span_id"] = f"{span.span_id:016x}"
+        for key, value in record.__dict__.items():
+            if key not in _STANDARD and not key.startswith("_"):
+                body[key] = value
+        if record.exc_info:
+            body["exc"] = self.formatException(record.exc_info)
+        return orjson.dumps(body, default=str).decode()
+
+
+class TextFormatter(logging.Formatter):
+    def __init__(self) -> None:
+        super().__init__("%(asctime)s %(levelname)-7s %(name)s: %(message)s")
+
+    def format(self, record: logging.LogRecord) -> str:
+        line = super().format(record)
+        extras = {
+            k: v for k, v in record.__dict__.items() if k not in _STANDARD and not k.startswith("_")
+        }
+        if extras:
+            line += " " + " ".join(f"{k}={v}" for k, v in extras.items())
+        return line
+
+
+def setup_logging(fmt: str = "json", level: str = "INFO") -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter())
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level)

@@ -1,0 +1,353 @@
+"""The data of the pure core: workflow definitions, run state, step results, and the checksum.
+
+Everything here is a frozen value with no I/O. Parsing from JSON raises ``ValidationError`` with
+a message that names the offending field; serialising is canonical (sorted keys), so the
+checksum of a state is the same wherever it is computed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from enum import StrEnum
+from typing import Any
+
+import orjson
+
+
+class ValidationError(ValueError):
+    """Input that cannot be accepted; the message says what is wrong and where."""
+
+
+class RunStatus(StrEnum):
+    PENDING = "pending"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+    @property
+    def terminal(self) -> bool:
+        return self in TERMINAL_STATUSES
+
+
+TERMINAL_STATUSES = frozenset({RunStatus.SUCCEEDED, RunStatus.FAILED, RunStatus.CANCELLED})
+
+
+class NodeStatus(StrEnum):
+    PENDING = "pending"  # not dispatched yet (dependencies unmet)
+    DISPATCHED = "dispatched"  # attempt `attempt` sent to the workers, waiting for its result
+    RETRY_WAIT = "retry_wait"  # attempt `attempt` failed; the next one is due at `due_ms`
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"  # out of attempts
+    CANCELLED = "cancelled"  # the run ended before this node finished
+
+
+# ---------------------------------------------------------------------------------------------
+# Workflow definitions
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    max_attempts: int = 3
+    backoff_ms: int = 100
+    backoff_multiplier: float = 2.0
+    max_backoff_ms: int = 60_000
+
+    def delay_after(self, attempt: int) -> int:
+        """The wait before attempt ``attempt + 1`` once attempt ``attempt`` (from 1) failed."""
+        raw = self.backoff_ms * self.backoff_multiplier ** max(0, attempt - 1)
+        return int(min(raw, self.max_backoff_ms))
+
+
+@dataclass(frozen=True)
+class StepDef:
+    name: str
+    step_type: str
+    depends_on: tuple[str, ...] = ()
+    retry: RetryPolicy = field(default_factory=RetryPolicy)
+    timeout_ms: int = 30_000
+
+
+@dataclass(frozen=True)
+class WorkflowDef:
+    name: str
+    version: int
+    steps: tuple[StepDef, ...]
+
+    @property
+    def key(self) -> tuple[str, int]:
+        return (self.name, self.version)
+
+    def step(self, name: str) -> StepDef:
+        for step in self.steps:
+            if step.name == name:
+                return step
+        raise KeyError(name)
+
+
+def _require(obj: Mapping[str, Any], key: str, kind: type | tuple[type, ...], where: str) -> Any:
+    if key not in obj:
+        raise ValidationError(f"{where}: missing required field {key!r}")
+    value = obj[key]
+    if not isinstance(value, kind) or (isinstance(value, bool) and kind is not bool):
+        raise ValidationError(f"{where}.{key}: expected {_kind_name(kind)}, got {value!r}")
+    return value
+
+
+def _optional(
+    obj: Mapping[str, Any], key: str, kind: type | tuple[type, ...], where: str, default: Any
+) -> Any:
+    if key not in obj:
+        return default
+    return _require(obj, key, kind, where)
+
+
+def _kind_name(kind: type | tuple[type, ...]) -> str:
+    if isinstance(kind, tuple):
+        return " or ".join(k.__name__ for k in kind)
+    return kind.__name__
+
+
+def _check_keys(obj: Mapping[str, Any], allowed: set[str], where: str) -> None:
+    unknown = sorted(set(obj) - allowed)
+    if unknown:
+        raise ValidationError(f"{where}: unknown field(s) {', '.join(unknown)}")
+
+
+def parse_retry(raw: Any, where: str) -> RetryPolicy:
+    if not isinstance(raw, dict):
+        raise ValidationError(f"{where}: expected an object")
+    _check_keys(raw, {"max_attempts", "backoff_ms", "backoff_multiplier", "max_backoff_ms"}, where)
+    policy = RetryPolicy(
+        max_attempts=_optional(raw, "max_attempts", int, where, 3),
+        backoff_ms=_optional(raw, "backoff_ms", int, where, 100),
+        backoff_multiplier=float(_optional(raw, "backoff_multiplier", (int, float), where, 2.0)),
+        max_backoff_ms=_optional(raw, "max_backoff_ms", int, where, 60_000),
+    )
+    if not 1 <= policy.max_attempts <= 100:
+        raise ValidationError(f"{where}.max_attempts: must be between 1 and 100")
+    if policy.backoff_ms < 0 or policy.max_backoff_ms < 0:
+        raise ValidationError(f"{where}: backoff values must be >= 0")
+    if not 1.0 <= policy.backoff_multiplier <= 10.0:
+        raise ValidationError(f"{where}.backoff_multiplier: must be between 1 and 10")
+    return policy
+
+
+def parse_workflow(raw: Any) -> WorkflowDef:
+    """Validate a workflow definition (see schemas/workflow.schema.json) into a WorkflowDef."""
+    if not isinstance(raw, dict):
+        raise ValidationError("workflow: expected a JSON object")
+    _check_keys(raw, {"name", "version", "steps", "description"}, "workflow")
+    name = _require(raw, "name", str, "workflow")
+    if not name or len(name) > 200:
+        raise ValidationError("workflow.name: must be 1 to 200 characters")
+    version = _require(raw, "version", int, "workflow")
+    if version < 1:
+        raise ValidationError("workflow.version: must be >= 1")
+    raw_steps = _require(raw, "steps", list, "workflow")
+    if not raw_steps:
+        raise ValidationError("workflow.steps: a workflow needs at least one step")
+    steps: list[StepDef] = []
+    for i, raw_step in enumerate(raw_steps):
+        where = f"workflow.steps[{i}]"
+        if not isinstance(raw_step, dict):
+            raise ValidationError(f"{where}: expected an object")
+        _check_keys(raw_step, {"name", "type", "depends_on", "retry", "timeout_ms"}, where)
+        deps = _optional(raw_step, "depends_on", list, where, [])
+        if not all(isinstance(d, str) for d in deps):
+            raise ValidationError(f"{where}.depends_on: expected a list of step names")
+        timeout_ms = _optional(raw_step, "timeout_ms", int, where, 30_000)
+        if timeout_ms < 1:
+            raise ValidationError(f"{where}.timeout_ms: must be >= 1")
+        steps.append(
+            StepDef(
+                name=_require(raw_step, "name", str, where),
+                step_type=_require(raw_step, "type", str, where),
+                depends_on=tuple(deps),
+                retry=parse_retry(raw_step.get("retry", {}), f"{where}.retry"),
+                timeout_ms=timeout_ms,
+            )
+        )
+    _check_graph(steps)
+    return WorkflowDef(name=name, version=version, steps=tuple(steps))
+
+
+def _check_graph(steps: list[StepDef]) -> None:
+    names = [s.name for s in steps]
+    seen: set[str] = set()
+    for n in names:
+        if not n:
+            raise ValidationError("workflow.steps: a step name is empty")
+        if n in seen:
+            raise ValidationError(f"workflow.steps: step name {n!r} is used twice")
+        seen.add(n)
+    for s in steps:
+        for d in s.depends_on:
+            if d not in seen:
+                raise ValidationError(f"workflow.steps: {s.name!r} depends on unknown step {d!r}")
+            if d == s.name:
+                raise ValidationError(f"workflow.steps: {s.name!r} depends on itself")
+    # Kahn's algorithm: whatever cannot be ordered sits on a cycle.
+    remaining = {s.name: set(s.depends_on) for s in steps}
+    while remaining:
+        ready = [n for n, deps in remaining.items() if not deps]
+        if not ready:
+            raise ValidationError(f"workflow.steps: dependency cycle among {sorted(remaining)}")
+        for n in ready:
+            del remaining[n]
+        for deps in remaining.values():
+            deps.difference_update(ready)
+
+
+def workflow_to_json(wf: WorkflowDef) -> dict[str, Any]:
+    return {
+        "name": wf.name,
+        "version": wf.version,
+        "steps": [
+            {
+                "name": s.name,
+                "type": s.step_type,
+                "depends_on": list(s.depends_on),
+                "retry": {
+                    "max_attempts": s.retry.max_attempts,
+                    "backoff_ms": s.retry.backoff_ms,
+                    "backoff_multiplier": s.retry.backoff_multiplier,
+                    "max_backoff_ms": s.retry.max_backoff_ms,
+                },
+                "timeout_ms": s.timeout_ms,
+            }
+            for s in wf.steps
+        ],
+    }
+
+
+# ---------------------------------------------------------------------------------------------
+# Run state
+
+
+@dataclass(frozen=True)
+class NodeState:
+    status: NodeStatus = NodeStatus.PENDING
+    attempt: int = 0  # the attempt in flight or last finished; 0 = never dispatched
+    due_ms: int | None = None  # DISPATCHED: deadline; RETRY_WAIT: when the next attempt is due
+    error: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"status": self.status.value, "attempt": self.attempt}
+        if self.due_ms is not None:
+            out["due_ms"] = self.due_ms
+        if self.error is not None:
+            out["error"] = self.error
+        return out
+
+    @staticmethod
+    def from_json(raw: Mapping[str, Any]) -> NodeState:
+        return NodeState(
+            status=NodeStatus(raw["status"]),
+            attempt=int(raw["attempt"]),
+            due_ms=None if raw.get("due_ms") is None else int(raw["due_ms"]),
+            error=raw.get("error"),
+        )
+
+
+@dataclass(frozen=True)
+class RunState:
+    """What a committed tick writes: the canonical state the checksum covers."""
+
+    status: RunStatus
+    nodes: tuple[tuple[str, NodeState], ...]  # in definition order; a tuple keeps it hashable
+    seq: int = 0
+    reason: str | None = None
+
+    def node(self, name: str) -> NodeState:
+        for n, s in self.nodes:
+            if n == name:
+                return s
+        raise KeyError(name)
+
+    def node_map(self) -> dict[str, NodeState]:
+        return dict(self.nodes)
+
+    def with_nodes(self, nodes: Mapping[str, NodeState]) -> RunState:
+        return replace(self, nodes=tuple((n, nodes[n]) for n, _ in self.nodes))
+
+    def nodes_json(self) -> dict[str, Any]:
+        return {n: s.to_json() for n, s in self.nodes}
+
+    def next_due_ms(self) -> int | None:
+        """The earliest deadline or retry time: when the run must be woken even if nothing comes."""
+        if self.status.terminal:
+            return None
+        dues = [s.due_ms for _, s in self.nodes if s.due_ms is not None]
+        return min(dues) if dues else None
+
+
+def initial_state(wf: WorkflowDef) -> RunState:
+    return RunState(status=RunStatus.PENDING, nodes=tuple((s.name, NodeState()) for s in wf.steps))
+
+
+def state_checksum(state: RunState) -> str:
+    """SHA-256 over the canonical JSON of the state (status, nodes, seq, reason)."""
+    canonical = orjson.dumps(
+        {
+            "status": state.status.value,
+            "nodes": state.nodes_json(),
+            "seq": state.seq,
+            "reason": state.reason,
+        },
+        option=orjson.OPT_SORT_KEYS,
+    )
+    return hashlib.sha256(canonical).hexdigest()[:32]
+
+
+def state_from_row(
+    status: str, node_states: Mapping[str, Any], seq: int, reason: str | None, wf: WorkflowDef
+) -> RunState:
+    """Rebuild a state from its row, in the definition's node order."""
+    nodes = []
+    for step in wf.steps:
+        raw = node_states.get(step.name)
+        nodes.append((step.name, NodeState() if raw is None else NodeState.from_json(raw)))
+    return RunState(status=RunStatus(status), nodes=tuple(nodes), seq=seq, reason=reason)
+
+
+# ---------------------------------------------------------------------------------------------
+# Inputs of a tick besides the state
+
+
+class StepOutcome(StrEnum):
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+
+
+@dataclass(frozen=True, order=True)
+class StepResult:
+    node: str
+    attempt: int
+    outcome: StepOutcome
+    error: str | None = None
+
+
+class SignalKind(StrEnum):
+    CANCEL = "cancel"
+
+
+@dataclass(frozen=True)
+class LoadedRun:
+    """A run as loaded from the store, with everything its tick may read."""
+
+    run_id: str
+    workflow: tuple[str, int]
+    state: RunState
+    version: int
+    tier: str
+    results: tuple[StepResult, ...] = ()
+    signals: frozenset[SignalKind] = frozenset()
+    stored_checksum: str = ""
+
+    @property
+    def checksum_ok(self) -> bool:
+        """False when the row was changed out of band: its checksum does not match its state."""
+        return self.stored_checksum == state_checksum(self.state)

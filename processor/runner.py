@@ -1,0 +1,288 @@
+"""One processor instance: the poll loop that feeds the coordinator.
+
+The loop never sleeps on a delay: a delay partition whose head is not due is paused (and the
+record sought back) until its due time, a conflicted run waits in the coordinator with a ready
+time, and the consume timeout is the time to the next of those events.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+import psycopg
+from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
+
+from processor.config import Settings
+from processor.coordinator import Coordinator, Inbound
+from processor.envelope import Rejected, decode_wakeup
+from processor.flow import PauseBook, TierQueues
+from processor.kafka_io import (
+    KafkaMessage,
+    Outbox,
+    consumer_config,
+    normalise_headers,
+    producer_config,
+    topic_partitions,
+)
+from processor.offsets import OffsetTracker
+from processor.stats import Stats
+from processor.topics import TopicNames
+from processor.watchdog import Watchdog
+
+log = logging.getLogger("ductor.processor")
+
+_IDLE_POLL_S = 0.1
+
+
+class Processor:
+    def __init__(
+        self, settings: Settings, stats: Stats | None = None, instance_id: str | None = None
+    ) -> None:
+        self.settings = settings
+        self.instance_id = instance_id or f"ductor-{uuid.uuid4().hex[:8]}"
+        self.stats = stats or Stats()
+        self.names = TopicNames(settings.topic_prefix)
+        self._stop = threading.Event()
+        self._producer = Producer(producer_config(settings, self.instance_id))
+        self.outbox = Outbox(self._producer)
+        topics = [*self.names.coordinator_topics(), self.names.steps, self.names.dlq]
+        self.partitions = topic_partitions(self._producer, topics)
+        self.tracker = OffsetTracker()
+        self.pauses = PauseBook()
+        self.queues: TierQueues[Inbound] = TierQueues(settings.tier_weights.as_dict())
+        self.assigned: set[tuple[str, int]] = set()
+        self.coordinator = Coordinator(
+            connect=self._connect,
+            outbox=self.outbox,
+            names=self.names,
+            partitions=self.partitions,
+            tracker=self.tracker,
+            stats=self.stats,
+            livelock_requeues=settings.livelock_requeues,
+            partition_by_run=settings.partition_by_run,
+        )
+        self.watchdog = Watchdog(self, settings)
+        self._consumer = Consumer(consumer_config(settings, self.instance_id))
+        self.last_loop_at = time.monotonic()
+
+    def _connect(self) -> psycopg.Connection[Any]:
+        return psycopg.connect(self.settings.pg_dsn, autocommit=True, connect_timeout=5)
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    @property
+    def stopping(self) -> bool:
+        return self._stop.is_set()
+
+    def run(self, until: Callable[[], bool] | None = None) -> None:
+        """Consume until stop() is called (or ``until`` returns True), then shut down cleanly."""
+        self._consumer.subscribe(
+            self.names.coordinator_topics(),
+            on_assign=self._on_assign,
+            on_revoke=self._on_revoke,
+            on_lost=self._on_lost,
+        )
+        log.info("processor started", extra={"instance": self.instance_id})
+        try:
+            while not self._stop.is_set() and not (until is not None and until()):
+                self.step()
+        finally:
+            self._shutdown()
+
+    def step(self) -> None:
+        """One turn of the loop: consume, resume, tick a batch, deliver, store offsets, sweep."""
+        self.last_loop_at = time.monotonic()
+        for message in self._consume():
+            self._intake(message)
+        self._resume_due()
+        self._feed_coordinator()
+        self.coordinator.run_batch(self.settings.batch_size)
+        self.outbox.poll(0)
+        self._store_offsets()
+        self.watchdog.maybe_sweep()
+
+    def _consume(self) -> list[Message]:
+        batch = self.settings.batch_size
+        messages: list[Message] = self._consumer.consume(batch, 0)
+        if messages:
+            return messages
+        timeout = self._idle_timeout()
+        if timeout <= 0:
+            return []
+        first = self._consumer.poll(timeout)
+        if first is None:
+            return []
+        rest: list[Message] = self._consumer.consume(
+            batch - 1, self.settings.batch_linger_ms / 1000
+        )
+        return [first, *rest]
+
+    def _idle_timeout(self) -> float:
+        """How long the loop may block in poll: until the next due event, at most 100 ms."""
+        now = time.monotonic()
+        if self.outbox.in_flight:
+            return 0.002  # delivery reports wait for producer polls
+        if len(self.queues) or self.coordinator.ready_count(now):
+            return 0.0
+        deadlines = [
+            d
+            for d in (
+                self.coordinator.next_ready_at(),
+                self.pauses.next_resume_at(),
+                self.watchdog.next_at,
+            )
+            if d is not None
+        ]
+        until_next = min(deadlines, default=now + _IDLE_POLL_S) - now
+        return max(0.0, min(_IDLE_POLL_S, until_next))
+
+    # -- intake ------------------------------------------------------------------------------
+
+    def _intake(self, message: KafkaMessage) -> None:
+        error = message.error()
+        if error is not None:
+            if error.code() != KafkaError._PARTITION_EOF:
+                self.stats.errors["consume"] += 1
+                log.error("consumer error: %s", error)
+            return
+        topic, partition, offset = message.topic(), message.partition(), message.offset()
+        assert topic is not None and partition is not None and offset is not None
+        tp = (topic, partition)
+        if self.pauses.is_paused(tp) and tp in self.pauses.delayed():
+            return  # prefetched behind a not-due head: it will be read again after the resume
+        record = Inbound(
+            tp=tp,
+            offset=offset,
+            key=message.key(),
+            value=message.value(),
+            headers=normalise_headers(message),
+            tier=self.names.tier_of(topic),
+        )
+        decoded = decode_wakeup(record.value, self.settings.max_record_bytes)
+        if isinstance(decoded, Rejected):
+            self.tracker.started(tp, offset)
+            self.coordinator.dead_letters.send(
+                record, decoded.reason, decoded.detail, lambda: self.tracker.done(tp, offset)
+            )
+            return
+        record.wakeup = decoded
+        self.stats.records += 1
+        now_ms = int(time.time() * 1000)
+        if decoded.due_at is not None and decoded.due_at > now_ms:
+            self._hold_until_due(tp, offset, decoded.due_at - now_ms)
+            return
+        if decoded.target_at is not None and decoded.target_at > now_ms:
+            self.coordinator.hop(record, now_ms)
+            return
+        self.queues.push(record.tier, record)
+
+    def _hold_until_due(self, tp: tuple[str, int], offset: int, wait_ms: int) -> None:
+        """Pause a delay partition at its not-due head and read the head again when due."""
+        kafka_tp = TopicPartition(tp[0], tp[1], offset)
+        self._consumer.pause([kafka_tp])
+        self._consumer.seek(kafka_tp)
+        self.pauses.pause_until(tp, time.monotonic() + wait_ms / 1000)
+
+    def _resume_due(self) -> None:
+        due = [tp for tp in self.pauses.due_to_resume(time.monotonic()) if tp in self.assigned]
+        if due:
+            self._consumer.resume([TopicPartition(t, p) for t, p in due])
+
+    def _feed_coordinator(self) -> None:
+        room = self.settings.batch_size - self.coordinator.ready_count(time.monotonic())
+        if room > 0:
+            for record in self.queues.take(room):
+                self.coordinator.add(record)
+        self._apply_backpressure()
+
+    def _apply_backpressure(self) -> None:
+        limit = self.settings.tier_buffer_limit
+        for tier in ("t0", "t1", "t2"):
+            topic = self.names.wakeup(tier)
+            tps = [tp for tp in self.assigned if tp[0] == topic]
+            size = self.queues.size(tier)
+            if size > limit:
+                newly = self.pauses.hold(tps)
+                if newly:
+                    self._consumer.pause([TopicPartition(t, p) for t, p in newly])
+            elif size < limit // 2:
+                lifted = self.pauses.release(tps)
+                if lifted:
+                    self._consumer.resume([TopicPartition(t, p) for t, p in lifted])
+
+    def _store_offsets(self) -> None:
+        moved = self.tracker.committable()
+        offsets = [
+            TopicPartition(t, p, o) for (t, p), o in moved.items() if (t, p) in self.assigned
+        ]
+        if offsets:
+            try:
+                self._consumer.store_offsets(offsets=offsets)
+            except KafkaException as exc:
+                log.warning("could not store offsets: %s", exc)
+
+    # -- rebalance ---------------------------------------------------------------------------
+
+    def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        consumer.incremental_assign(partitions)
+        tps = {(p.topic, p.partition) for p in partitions}
+        self.assigned |= tps
+        # A delay partition paused before a rebalance stays paused until its due time.
+        delayed = [TopicPartition(t, p) for (t, p) in self.pauses.delayed() if (t, p) in tps]
+        if delayed:
+            consumer.pause(delayed)
+        log.info("partitions assigned", extra={"count": len(tps), "instance": self.instance_id})
+
+    def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        self._release(consumer, partitions, commit=True)
+
+    def _on_lost(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        self._release(consumer, partitions, commit=False)
+
+    def _release(self, consumer: Consumer, partitions: list[TopicPartition], commit: bool) -> None:
+        """Give partitions back: drop their waiting records (the next owner redoes them), let
+        effects already produced finish so their records count as done, then commit."""
+        tps = {(p.topic, p.partition) for p in partitions}
+        self.queues.drop(lambda r: r.tp in tps)
+        self.coordinator.drop_partitions(tps)
+        if commit:
+            self.outbox.flush(min(5.0, self.settings.shutdown_timeout_s))
+            self._store_offsets()
+            try:
+                consumer.commit(asynchronous=False)
+            except KafkaException as exc:
+                if exc.args[0].code() != KafkaError._NO_OFFSET:
+                    log.warning("offset commit on revoke failed: %s", exc)
+        for tp in tps:
+            self.tracker.forget(tp)
+            self.pauses.on_revoked(tp)
+        self.assigned -= tps
+        log.info("partitions released", extra={"count": len(tps), "instance": self.instance_id})
+
+    def _shutdown(self) -> None:
+        deadline = time.monotonic() + self.settings.shutdown_timeout_s
+        # Runs still waiting (backing off, or not yet ticked) are dropped: their offsets were
+        # not stored, so the group redelivers them. Effects already produced are flushed.
+        self.coordinator.pending.clear()
+        remaining = self.outbox.flush(max(0.1, deadline - time.monotonic()))
+        if remaining:
+            log.error(
+                "%d effects still undelivered at shutdown; their records will be redone", remaining
+            )
+        self._store_offsets()
+        try:
+            self._consumer.commit(asynchronous=False)
+        except KafkaException as exc:
+            if exc.args[0].code() != KafkaError._NO_OFFSET:
+                log.warning("final offset commit failed: %s", exc)
+        self._consumer.close()
+        self.coordinator.close()
+        log.info("processor stopped", extra={"instance": self.instance_id})

@@ -1,0 +1,74 @@
+"""In-process counters and latency samples of one processor instance.
+
+The hot path only bumps integers here; the telemetry module reads them into OpenTelemetry
+instruments, and tests, the demo and the benchmark read them directly. Run ids never become
+labels: the hottest conflicting runs are kept in a small counter that is logged periodically.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+
+
+class Outcome:
+    COMMITTED = "committed"
+    NOOP = "noop"
+    CONFLICT = "conflict"
+    REQUEUED = "requeued"
+    FORCE_FAILED = "force_failed"
+    DEAD_LETTERED = "dead_lettered"
+    ERROR = "error"
+
+
+@dataclass
+class Reservoir:
+    """The last ``capacity`` samples (ms): enough for percentiles without unbounded memory."""
+
+    capacity: int = 100_000
+    samples: list[float] = field(default_factory=list)
+    _next: int = 0
+
+    def add(self, value: float) -> None:
+        if len(self.samples) < self.capacity:
+            self.samples.append(value)
+        else:
+            self.samples[self._next] = value
+            self._next = (self._next + 1) % self.capacity
+
+    def percentile(self, p: float) -> float | None:
+        if not self.samples:
+            return None
+        ordered = sorted(self.samples)
+        index = min(len(ordered) - 1, max(0, round(p / 100 * (len(ordered) - 1))))
+        return ordered[index]
+
+
+@dataclass
+class Stats:
+    ticks: Counter[str] = field(default_factory=Counter)  # by outcome
+    conflicts: int = 0
+    errors: Counter[str] = field(default_factory=Counter)  # by error type
+    requeues: Counter[int] = field(default_factory=Counter)  # by delay rung (ms)
+    force_fails: Counter[str] = field(default_factory=Counter)  # by reason
+    dead_letters: Counter[str] = field(default_factory=Counter)  # by reason
+    records: int = 0  # wakeup records accepted
+    commit_attempts: int = 0  # runs sent to a batched commit
+    hot_runs: Counter[str] = field(default_factory=Counter)  # conflicts by run id, logged only
+    tick_ms: Reservoir = field(default_factory=Reservoir)
+    commit_ms: Reservoir = field(default_factory=Reservoir)
+    end_to_end_ms: Reservoir = field(default_factory=Reservoir)
+    lateness_ms: Reservoir = field(default_factory=Reservoir)
+
+    @property
+    def error_count(self) -> int:
+        return sum(self.errors.values())
+
+    def wasted_attempt_rate(self) -> float:
+        """Share of commit attempts that lost a version race."""
+        return self.conflicts / self.commit_attempts if self.commit_attempts else 0.0
+
+    def take_hot_runs(self, n: int = 10) -> list[tuple[str, int]]:
+        hot = self.hot_runs.most_common(n)
+        self.hot_runs.clear()
+        return hot

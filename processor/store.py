@@ -1,0 +1,316 @@
+"""Postgres access: batched loads, the seed's versioned conditional UPDATE (batched), the
+force-fail write, idempotent inserts of runs, step results and signals.
+
+Every statement is a single round trip on an autocommit connection: one statement is atomic on
+its own, so no transaction is ever left open between steps of the commit path.
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+import psycopg
+
+from processor.model import (
+    LoadedRun,
+    RunState,
+    SignalKind,
+    StepOutcome,
+    StepResult,
+    WorkflowDef,
+    initial_state,
+    parse_workflow,
+    state_checksum,
+    state_from_row,
+    workflow_to_json,
+)
+
+
+def run_shard(run_id: str) -> int:
+    """A stable hash of the run id: it picks the run's wakeup partition and its sweep shard."""
+    return zlib.crc32(run_id.encode())
+
+
+class UnknownWorkflow(LookupError):
+    pass
+
+
+@dataclass(frozen=True)
+class Commit:
+    """One run's share of a batched commit: its new state and the version it was computed from."""
+
+    run_id: str
+    expected_version: int
+    state: RunState
+
+
+_LOAD_SQL = """
+SELECT r.run_id, r.workflow_name, r.workflow_version, r.status, r.node_states,
+       r.last_transition_seq, r.state_checksum, r.db_record_version, r.failure_reason, r.tier,
+       CASE WHEN r.status IN ('pending', 'running') THEN
+           (SELECT coalesce(jsonb_agg(jsonb_build_array(s.node_id, s.attempt, s.outcome, s.error)),
+                            '[]'::jsonb)
+              FROM eec_step_result s WHERE s.run_id = r.run_id)
+       END,
+       CASE WHEN r.status IN ('pending', 'running') THEN
+           ARRAY(SELECT DISTINCT g.kind FROM eec_run_signal g WHERE g.run_id = r.run_id)
+       END
+  FROM eec_workflow_run r
+ WHERE r.run_id = ANY(%s)
+"""
+
+# The seed's conditional UPDATE, generalised to many rows: each run carries its own expected
+# version, and a run whose version moved on simply matches no row (its conflict is detected
+# individually by its absence from RETURNING).
+_COMMIT_SQL = """
+UPDATE eec_workflow_run AS r
+   SET db_record_version = r.db_record_version + 1,
+       status = c.status,
+       node_states = c.node_states,
+       last_transition_seq = c.seq,
+       state_checksum = c.checksum,
+       failure_reason = c.reason,
+       next_wakeup_at = to_timestamp(c.next_wakeup_ms / 1000.0),
+       updated_at = now(),
+       last_transition_at = now()
+  FROM unnest(%s::text[], %s::bigint[], %s::text[], %s::jsonb[], %s::bigint[], %s::text[],
+              %s::text[], %s::bigint[])
+       AS c(run_id, expected_version, status, node_states, seq, checksum, reason, next_wakeup_ms)
+ WHERE r.run_id = c.run_id
+   AND r.db_record_version = c.expected_version
+RETURNING r.run_id
+"""
+
+# The terminal path shared by the livelock guard and the watchdog. It is conditioned on the
+# state checksum rather than the version: it only applies if no transition happened since the
+# state was loaded (a progressing run is never force-failed), and an outside writer that merely
+# bumps the version cannot keep a livelocked run alive forever.
+_FORCE_FAIL_SQL = """
+UPDATE eec_workflow_run
+   SET db_record_version = db_record_version + 1,
+       status = %s, node_states = %s, last_transition_seq = %s, state_checksum = %s,
+       failure_reason = %s, next_wakeup_at = NULL, updated_at = now(), last_transition_at = now()
+ WHERE run_id = %s AND state_checksum = %s AND status IN ('pending', 'running')
+"""
+
+
+class Definitions:
+    """Workflow definitions by (name, version). Registered versions are immutable, so cache."""
+
+    def __init__(self) -> None:
+        self._cache: dict[tuple[str, int], WorkflowDef] = {}
+
+    def get(self, conn: psycopg.Connection[Any], key: tuple[str, int]) -> WorkflowDef:
+        cached = self._cache.get(key)
+        if cached is not None:
+            return cached
+        row = conn.execute(
+            "SELECT definition FROM eec_workflow_definition WHERE name = %s AND version = %s", key
+        ).fetchone()
+        if row is None:
+            raise UnknownWorkflow(f"workflow {key[0]!r} version {key[1]} is not registered")
+        wf = parse_workflow(row[0])
+        self._cache[key] = wf
+        return wf
+
+    def latest(self, conn: psycopg.Connection[Any], name: str) -> WorkflowDef:
+        row = conn.execute(
+            "SELECT max(version) FROM eec_workflow_definition WHERE name = %s", (name,)
+        ).fetchone()
+        if row is None or row[0] is None:
+            raise UnknownWorkflow(f"workflow {name!r} is not registered")
+        return self.get(conn, (name, int(row[0])))
+
+
+def register_workflow(conn: psycopg.Connection[Any], wf: WorkflowDef) -> bool:
+    """Register a definition; True if new. Re-registering the same content is a no-op, a
+    different content under an existing (name, version) is refused (versions are immutable)."""
+    body = orjson.dumps(workflow_to_json(wf)).decode()
+    row = conn.execute(
+        "INSERT INTO eec_workflow_definition (name, version, definition) VALUES (%s, %s, %s)"
+        " ON CONFLICT (name, version) DO NOTHING RETURNING 1",
+        (wf.name, wf.version, body),
+    ).fetchone()
+    if row is not None:
+        return True
+    existing = conn.execute(
+        "SELECT definition FROM eec_workflow_definition WHERE name = %s AND version = %s",
+        (wf.name, wf.version),
+    ).fetchone()
+    if existing is not None and parse_workflow(existing[0]) != wf:
+        raise ValueError(
+            f"workflow {wf.name!r} version {wf.version} is already registered with a different"
+            " definition; register it under a new version"
+        )
+    return False
+
+
+def insert_runs(
+    conn: psycopg.Connection[Any], wf: WorkflowDef, runs: Sequence[tuple[str, Any]], tier: str
+) -> list[str]:
+    """Insert new runs idempotently (an existing run id is left alone); return the ids inserted."""
+    state = initial_state(wf)
+    nodes = orjson.dumps(state.nodes_json()).decode()
+    checksum = state_checksum(state)
+    ids = [r[0] for r in runs]
+    rows = conn.execute(
+        """
+        INSERT INTO eec_workflow_run (run_id, workflow_name, workflow_version, status, node_states,
+                                      last_transition_seq, state_checksum, tier, shard, input)
+        SELECT i.run_id, %s, %s, %s, %s::jsonb, 0, %s, %s, i.shard, i.input
+          FROM unnest(%s::text[], %s::bigint[], %s::jsonb[]) AS i(run_id, shard, input)
+        ON CONFLICT (run_id) DO NOTHING
+        RETURNING run_id
+        """,
+        (
+            wf.name,
+            wf.version,
+            state.status.value,
+            nodes,
+            checksum,
+            tier,
+            ids,
+            [run_shard(i) for i in ids],
+            [orjson.dumps(r[1]).decode() for r in runs],
+        ),
+    ).fetchall()
+    return [r[0] for r in rows]
+
+
+def load_runs(
+    conn: psycopg.Connection[Any], definitions: Definitions, run_ids: Iterable[str]
+) -> dict[str, LoadedRun | UnknownWorkflow]:
+    """Load many runs in one round trip. Runs that do not exist are absent from the result."""
+    rows = conn.execute(_LOAD_SQL, (list(run_ids),)).fetchall()
+    loaded: dict[str, LoadedRun | UnknownWorkflow] = {}
+    for row in rows:
+        run_id, wf_name, wf_version, status, nodes, seq, checksum, version, reason, tier = row[:10]
+        raw_results, raw_signals = row[10], row[11]
+        try:
+            wf = definitions.get(conn, (wf_name, wf_version))
+        except UnknownWorkflow as exc:
+            loaded[run_id] = exc
+            continue
+        state = state_from_row(status, nodes, seq, reason, wf)
+        results = tuple(
+            StepResult(node=r[0], attempt=r[1], outcome=StepOutcome(r[2]), error=r[3])
+            for r in (raw_results or ())
+        )
+        signals = frozenset(SignalKind(s) for s in (raw_signals or ()))
+        loaded[run_id] = LoadedRun(
+            run_id=run_id,
+            workflow=(wf_name, wf_version),
+            state=state,
+            version=version,
+            tier=tier,
+            results=results,
+            signals=signals,
+            stored_checksum=checksum,
+        )
+    return loaded
+
+
+def commit_batch(conn: psycopg.Connection[Any], commits: Sequence[Commit]) -> set[str]:
+    """The batched conditional UPDATE. Returns the run ids that committed; the rest conflicted."""
+    if not commits:
+        return set()
+    rows = conn.execute(
+        _COMMIT_SQL,
+        (
+            [c.run_id for c in commits],
+            [c.expected_version for c in commits],
+            [c.state.status.value for c in commits],
+            [orjson.dumps(c.state.nodes_json()).decode() for c in commits],
+            [c.state.seq for c in commits],
+            [state_checksum(c.state) for c in commits],
+            [c.state.reason for c in commits],
+            [c.state.next_due_ms() for c in commits],
+        ),
+    ).fetchall()
+    return {r[0] for r in rows}
+
+
+def force_fail_write(
+    conn: psycopg.Connection[Any], run_id: str, loaded_checksum: str, failed: RunState
+) -> bool:
+    """Write a force-failed state if the run did not move since it was loaded."""
+    cur = conn.execute(
+        _FORCE_FAIL_SQL,
+        (
+            failed.status.value,
+            orjson.dumps(failed.nodes_json()).decode(),
+            failed.seq,
+            state_checksum(failed),
+            failed.reason,
+            run_id,
+            loaded_checksum,
+        ),
+    )
+    return cur.rowcount == 1
+
+
+def insert_step_result(
+    conn: psycopg.Connection[Any],
+    run_id: str,
+    node: str,
+    attempt: int,
+    outcome: StepOutcome,
+    output: Any = None,
+    error: str | None = None,
+) -> bool:
+    """Record a step attempt's result; True if new (a redelivered result is ignored)."""
+    row = conn.execute(
+        "INSERT INTO eec_step_result (run_id, node_id, attempt, outcome, output, error)"
+        " VALUES (%s, %s, %s, %s, %s, %s) ON CONFLICT DO NOTHING RETURNING 1",
+        (run_id, node, attempt, outcome.value, orjson.dumps(output).decode(), error),
+    ).fetchone()
+    return row is not None
+
+
+def insert_signal(
+    conn: psycopg.Connection[Any], run_id: str, signal_id: str, kind: SignalKind
+) -> bool:
+    row = conn.execute(
+        "INSERT INTO eec_run_signal (run_id, signal_id, kind) VALUES (%s, %s, %s)"
+        " ON CONFLICT DO NOTHING RETURNING 1",
+        (run_id, signal_id, kind.value),
+    ).fetchone()
+    return row is not None
+
+
+def sweep_due(
+    conn: psycopg.Connection[Any], modulus: int, shards: Sequence[int], grace_s: float, limit: int
+) -> list[tuple[str, str]]:
+    """Live runs of the given shards whose next wakeup is overdue by more than the grace."""
+    return [
+        (r[0], r[1])
+        for r in conn.execute(
+            "SELECT run_id, tier FROM eec_workflow_run"
+            " WHERE status IN ('pending', 'running')"
+            "   AND next_wakeup_at < now() - make_interval(secs => %s)"
+            "   AND shard %% %s = ANY(%s)"
+            " ORDER BY next_wakeup_at LIMIT %s",
+            (grace_s, modulus, list(shards), limit),
+        ).fetchall()
+    ]
+
+
+def sweep_stuck(
+    conn: psycopg.Connection[Any], modulus: int, shards: Sequence[int], stuck_s: float, limit: int
+) -> list[str]:
+    """Live runs of the given shards with no transition for longer than ``stuck_s``."""
+    return [
+        r[0]
+        for r in conn.execute(
+            "SELECT run_id FROM eec_workflow_run"
+            " WHERE status IN ('pending', 'running')"
+            "   AND last_transition_at < now() - make_interval(secs => %s)"
+            "   AND shard %% %s = ANY(%s)"
+            " ORDER BY last_transition_at LIMIT %s",
+            (stuck_s, modulus, list(shards), limit),
+        ).fetchall()
+    ]

@@ -1,0 +1,186 @@
+"""The tick: a pure function from (loaded state, definition, step results, signals, now) to a
+decision. Every state transition of a run is decided here and nowhere else.
+
+Rules, in the order they are applied:
+
+1. A terminal run (succeeded, failed, cancelled) absorbs everything: the tick is a no-op.
+2. A ``cancel`` signal ends the run as cancelled; nodes still in flight become cancelled.
+3. Each step result is applied at most once: only a result whose attempt is the node's attempt
+   in flight (status dispatched) applies. A duplicate, stale or unknown result changes nothing,
+   and results are applied in a canonical order, so arrival order does not matter.
+4. A dispatched node whose deadline has passed has failed its attempt ("timed out").
+5. A failed attempt is retried by the step's policy (retry_wait until its backoff is due),
+   or fails the node when attempts are exhausted; a failed node fails the run.
+6. Due retries are dispatched with the next attempt; pending nodes whose dependencies all
+   succeeded are dispatched with attempt 1, each with its deadline.
+7. When every node succeeded the run succeeded.
+8. A tick that changes nothing is a no-op and writes nothing; one that changes anything bumps
+   ``seq`` by exactly one (so ``last_transition_seq`` is monotone).
+
+The tick never reads the clock, never draws randomness, never does I/O: ``now_ms`` is an
+argument, and the shell carries out the returned decision.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, replace
+
+from processor.model import (
+    NodeState,
+    NodeStatus,
+    RunState,
+    RunStatus,
+    SignalKind,
+    StepDef,
+    StepOutcome,
+    StepResult,
+    WorkflowDef,
+)
+
+_IN_FLIGHT = frozenset({NodeStatus.PENDING, NodeStatus.DISPATCHED, NodeStatus.RETRY_WAIT})
+
+
+@dataclass(frozen=True)
+class Dispatch:
+    """A step attempt to send to the workers."""
+
+    node: str
+    attempt: int
+    step_type: str
+    deadline_ms: int
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What the shell must do. ``new_state is None`` means no-op: write nothing, send nothing."""
+
+    new_state: RunState | None
+    dispatches: tuple[Dispatch, ...] = ()
+    timers: tuple[int, ...] = ()  # epoch ms at which the run must be woken if nothing else does
+
+    @property
+    def progressed(self) -> bool:
+        return self.new_state is not None
+
+
+NOOP = Decision(new_state=None)
+
+
+def tick(
+    state: RunState,
+    wf: WorkflowDef,
+    results: Iterable[StepResult],
+    signals: Iterable[SignalKind],
+    now_ms: int,
+) -> Decision:
+    if state.status.terminal:
+        return NOOP
+    if SignalKind.CANCEL in set(signals):
+        return _end(state, state.node_map(), RunStatus.CANCELLED, "cancelled by signal")
+
+    steps = {s.name: s for s in wf.steps}
+    nodes = state.node_map()
+    for result in sorted(set(results)):
+        node = nodes.get(result.node)
+        if node is None or node.status is not NodeStatus.DISPATCHED:
+            continue
+        if node.attempt != result.attempt:
+            continue
+        ok = result.outcome is StepOutcome.SUCCEEDED
+        nodes[result.node] = _finish_attempt(node, steps[result.node], ok, result.error, now_ms)
+
+    for name, node in list(nodes.items()):
+        if (
+            node.status is NodeStatus.DISPATCHED
+            and node.due_ms is not None
+            and now_ms >= node.due_ms
+        ):
+            error = f"attempt {node.attempt} timed out after {steps[name].timeout_ms} ms"
+            nodes[name] = _finish_attempt(node, steps[name], False, error, now_ms)
+
+    failed = [n for n, s in nodes.items() if s.status is NodeStatus.FAILED]
+    if failed:
+        first = failed[0]
+        reason = (
+            f"step {first!r} failed after {nodes[first].attempt} attempt(s): {nodes[first].error}"
+        )
+        return _end(state, nodes, RunStatus.FAILED, reason)
+
+    dispatches = _dispatch_ready(nodes, wf, now_ms)
+    if all(s.status is NodeStatus.SUCCEEDED for s in nodes.values()):
+        return _end(state, nodes, RunStatus.SUCCEEDED, None)
+
+    status = RunStatus.RUNNING if state.status is RunStatus.PENDING and dispatches else state.status
+    new_state = replace(state.with_nodes(nodes), status=status)
+    if new_state == state:
+        return NOOP
+    new_state = replace(new_state, seq=state.seq + 1)
+    return Decision(new_state, tuple(dispatches), _new_timers(state, new_state))
+
+
+def force_fail(state: RunState, reason: str) -> RunState | None:
+    """The terminal path shared by the livelock guard and the stuck-run watchdog.
+
+    Returns None when the run already ended (nothing to fail).
+    """
+    if state.status.terminal:
+        return None
+    return _end(state, state.node_map(), RunStatus.FAILED, reason).new_state
+
+
+def _finish_attempt(
+    node: NodeState, step: StepDef, ok: bool, error: str | None, now_ms: int
+) -> NodeState:
+    if ok:
+        return NodeState(NodeStatus.SUCCEEDED, node.attempt)
+    if node.attempt < step.retry.max_attempts:
+        due = now_ms + step.retry.delay_after(node.attempt)
+        return NodeState(NodeStatus.RETRY_WAIT, node.attempt, due_ms=due, error=error)
+    return NodeState(NodeStatus.FAILED, node.attempt, error=error)
+
+
+def _dispatch_ready(nodes: dict[str, NodeState], wf: WorkflowDef, now_ms: int) -> list[Dispatch]:
+    dispatches = []
+    for step in wf.steps:  # definition order keeps the decision deterministic
+        node = nodes[step.name]
+        retry_due = (
+            node.status is NodeStatus.RETRY_WAIT
+            and node.due_ms is not None
+            and now_ms >= node.due_ms
+        )
+        first_run = node.status is NodeStatus.PENDING and all(
+            nodes[d].status is NodeStatus.SUCCEEDED for d in step.depends_on
+        )
+        if retry_due or first_run:
+            attempt = node.attempt + 1
+            deadline = now_ms + step.timeout_ms
+            nodes[step.name] = NodeState(NodeStatus.DISPATCHED, attempt, due_ms=deadline)
+            dispatches.append(Dispatch(step.name, attempt, step.step_type, deadline))
+    return dispatches
+
+
+def _end(
+    state: RunState, nodes: dict[str, NodeState], status: RunStatus, reason: str | None
+) -> Decision:
+    ended = {
+        n: (
+            NodeState(NodeStatus.CANCELLED, s.attempt, error=s.error)
+            if s.status in _IN_FLIGHT
+            else s
+        )
+        for n, s in nodes.items()
+    }
+    new_state = replace(state.with_nodes(ended), status=status, reason=reason, seq=state.seq + 1)
+    return Decision(new_state)
+
+
+def _new_timers(old: RunState, new: RunState) -> tuple[int, ...]:
+    """Wake-up times set by this tick (a due time already known before needs no new timer)."""
+    old_dues = {(n, s.attempt, s.status, s.due_ms) for n, s in old.nodes}
+    dues = {
+        s.due_ms
+        for n, s in new.nodes
+        if s.due_ms is not None and (n, s.attempt, s.status, s.due_ms) not in old_dues
+    }
+    return tuple(sorted(dues))

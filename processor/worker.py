@@ -1,0 +1,195 @@
+"""Step workers: run registered step functions for the tasks on the steps topic.
+
+For each task the worker runs the function, records the result idempotently keyed by
+(run, node, attempt), then produces a wakeup for the run. Execution is at-least-once per
+attempt (a crash before the offset commit runs the attempt again); the result insert is
+``ON CONFLICT DO NOTHING`` and the coordinator applies each attempt's result once.
+
+Register your own step function with ``@registry.step("my_type")``; it receives a
+``StepContext`` and returns a JSON-serialisable output, or raises ``StepFailed`` (or any
+exception) to fail the attempt. See the README.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+import psycopg
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer
+
+from processor.config import Settings
+from processor.envelope import Wakeup
+from processor.kafka_io import partition_for, producer_config, topic_partitions
+from processor.model import StepOutcome, ValidationError
+from processor.step_task import StepTask, decode_step_task
+from processor.store import insert_step_result
+from processor.topics import TopicNames
+
+log = logging.getLogger("ductor.worker")
+
+
+class StepFailed(Exception):
+    """Raised by a step function to fail its attempt with a message."""
+
+
+@dataclass(frozen=True)
+class StepContext:
+    run_id: str
+    node: str
+    attempt: int
+    deadline_ms: int
+
+
+StepFn = Callable[[StepContext], Any]
+
+
+class StepRegistry:
+    def __init__(self) -> None:
+        self._steps: dict[str, StepFn] = {}
+
+    def step(self, step_type: str) -> Callable[[StepFn], StepFn]:
+        def register(fn: StepFn) -> StepFn:
+            self._steps[step_type] = fn
+            return fn
+
+        return register
+
+    def get(self, step_type: str) -> StepFn | None:
+        return self._steps.get(step_type)
+
+    def types(self) -> list[str]:
+        return sorted(self._steps)
+
+
+def sample_registry(flaky_failures: int = 2) -> StepRegistry:
+    """The sample steps used by the demo, the tests and the benchmark."""
+    registry = StepRegistry()
+
+    @registry.step("fast")
+    def fast(ctx: StepContext) -> Any:
+        return {"node": ctx.node, "attempt": ctx.attempt}
+
+    @registry.step("slow")
+    def slow(ctx: StepContext) -> Any:
+        time.sleep(0.2)
+        return {"slept_ms": 200}
+
+    @registry.step("flaky")
+    def flaky(ctx: StepContext) -> Any:
+        if ctx.attempt <= flaky_failures:
+            raise StepFailed(f"flaky step fails its first {flaky_failures} attempt(s)")
+        return {"succeeded_on_attempt": ctx.attempt}
+
+    @registry.step("hang")
+    def hang(ctx: StepContext) -> Any:
+        # Outlives its deadline on the first attempt: the coordinator times it out and retries.
+        if ctx.attempt == 1:
+            time.sleep(max(0.0, (ctx.deadline_ms - time.time() * 1000) / 1000) + 0.5)
+        return {"attempt": ctx.attempt}
+
+    @registry.step("fail")
+    def fail(ctx: StepContext) -> Any:
+        raise StepFailed("this step always fails")
+
+    return registry
+
+
+class Worker:
+    def __init__(self, settings: Settings, registry: StepRegistry, threads: int = 8) -> None:
+        self.settings = settings
+        self.registry = registry
+        self.names = TopicNames(settings.topic_prefix)
+        client_id = f"ductor-worker-{uuid.uuid4().hex[:8]}"
+        self._producer = Producer(producer_config(settings, client_id))
+        self._partitions = topic_partitions(self._producer, self.names.wakeup_topics())
+        self._consumer = Consumer(
+            {
+                **settings.kafka_common(),
+                "client.id": client_id,
+                "group.id": f"{settings.group_id}-workers",
+                "partition.assignment.strategy": "cooperative-sticky",
+                "auto.offset.reset": "earliest",
+                "enable.auto.commit": False,
+            }
+        )
+        self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="step")
+        self._stop = threading.Event()
+        self.executed = 0
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def run(self) -> None:
+        self._consumer.subscribe([self.names.steps])
+        conn = psycopg.connect(self.settings.pg_dsn, autocommit=True)
+        try:
+            while not self._stop.is_set():
+                messages = self._consumer.consume(200, 0.1)
+                tasks = [t for t in (self._task_of(m) for m in messages) if t is not None]
+                if tasks:
+                    self._run_tasks(conn, tasks)
+                if messages:
+                    self._commit()
+        finally:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+            self._producer.flush(10)
+            self._consumer.close()
+            conn.close()
+
+    def _task_of(self, message: Any) -> StepTask | None:
+        if message.error() is not None:
+            if message.error().code() != KafkaError._PARTITION_EOF:
+                log.error("worker consumer error: %s", message.error())
+            return None
+        try:
+            return decode_step_task(message.value())
+        except ValidationError as exc:
+            log.error("skipping malformed step task at offset %s: %s", message.offset(), exc)
+            return None
+
+    def _run_tasks(self, conn: psycopg.Connection[Any], tasks: list[StepTask]) -> None:
+        outcomes = list(self._pool.map(self._execute, tasks))
+        for task, (outcome, output, error) in zip(tasks, outcomes, strict=True):
+            insert_step_result(conn, task.run_id, task.node, task.attempt, outcome, output, error)
+            now_ms = int(time.time() * 1000)
+            wakeup = Wakeup(run_id=task.run_id, reason="step_result", produced_at=now_ms)
+            topic = self.names.wakeup(task.tier)
+            self._producer.produce(
+                topic,
+                value=wakeup.encode(),
+                key=wakeup.key(),
+                partition=partition_for(task.run_id, self._partitions[topic]),
+            )
+            self._producer.poll(0)
+        self.executed += len(tasks)
+        # Results are recorded; the wakeups must be acknowledged before the offsets move on.
+        if self._producer.flush(30) != 0:
+            raise RuntimeError("wakeups for step results were not acknowledged by the broker")
+
+    def _execute(self, task: StepTask) -> tuple[StepOutcome, Any, str | None]:
+        fn = self.registry.get(task.step_type)
+        if fn is None:
+            return (
+                StepOutcome.FAILED,
+                None,
+                f"no step function registered for type {task.step_type!r}",
+            )
+        ctx = StepContext(task.run_id, task.node, task.attempt, task.deadline_ms)
+        try:
+            return StepOutcome.SUCCEEDED, fn(ctx), None
+        except Exception as exc:  # a step's failure is the attempt's result, not the worker's
+            return StepOutcome.FAILED, None, f"{type(exc).__name__}: {exc}"
+
+    def _commit(self) -> None:
+        try:
+            self._consumer.commit(asynchronous=False)
+        except KafkaException as exc:
+            if exc.args[0].code() != KafkaError._NO_OFFSET:
+                raise
