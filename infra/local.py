@@ -1,0 +1,894 @@
+"""Run ductor's development infrastructure on this machine: Kafka and PostgreSQL, no Docker.
+
+    .venv/bin/python infra/local.py up|down|status [kafka|postgres]
+
+Kafka 4.1.1 (KRaft, one combined broker/controller node) runs from Maven Central jars with the
+system JDK; PostgreSQL runs as a private cluster of the Debian server packages, beside (never
+instead of) any cluster the machine already has. Both listen on 127.0.0.1 only. Missing JDK,
+Maven or PostgreSQL packages are installed with apt-get when running as root.
+
+Environment:
+    DUCTOR_INFRA_DIR              state directory (default: <repo>/.infra)
+    DUCTOR_KAFKA_PORT             broker port (default 19092)
+    DUCTOR_KAFKA_CONTROLLER_PORT  KRaft controller port (default 19093)
+    DUCTOR_PG_PORT                PostgreSQL port (default 55432)
+    DUCTOR_INFRA=docker           use infra/compose.yaml instead (needs a Docker engine)
+
+`status` exits 0 when every service asked about is running, 3 otherwise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import contextlib
+import enum
+import hashlib
+import os
+import pwd
+import re
+import shutil
+import signal
+import socket
+import stat
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+import psycopg
+from confluent_kafka import KafkaException
+from confluent_kafka.admin import AdminClient
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+KAFKA_POM = REPO_ROOT / "infra" / "kafka-pom.xml"
+COMPOSE_FILE = REPO_ROOT / "infra" / "compose.yaml"
+
+HOST = "127.0.0.1"
+KAFKA_VERSION = "4.1.1"
+MIN_JAVA = 17
+KAFKA_READY_SECONDS = 90.0
+KAFKA_STOP_GRACE_SECONDS = 20.0
+PG_READY_SECONDS = 60.0
+PG_USER = PG_PASSWORD = PG_DATABASE = "ductor"
+SERVICES = ("kafka", "postgres")
+EXIT_NOT_RUNNING = 3
+
+
+class InfraError(Exception):
+    """A failure the user can act on; main() prints the message without a traceback."""
+
+
+# --------------------------------------------------------------------------- configuration
+
+
+@dataclass(frozen=True)
+class Settings:
+    infra_dir: Path
+    kafka_port: int
+    controller_port: int
+    pg_port: int
+
+    @classmethod
+    def from_env(cls) -> Settings:
+        infra_dir = Path(os.environ.get("DUCTOR_INFRA_DIR") or REPO_ROOT / ".infra")
+        return cls(
+            # Absolute and resolved: paths end up in config files, pid checks and /proc lookups.
+            infra_dir=infra_dir.expanduser().resolve(),
+            kafka_port=_port_from_env("DUCTOR_KAFKA_PORT", 19092),
+            controller_port=_port_from_env("DUCTOR_KAFKA_CONTROLLER_PORT", 19093),
+            pg_port=_port_from_env("DUCTOR_PG_PORT", 55432),
+        )
+
+
+def _port_from_env(name: str, default: int) -> int:
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return default
+    if not raw.isdigit() or not 0 < int(raw) < 65536:
+        raise InfraError(f"{name}={raw!r} is not a TCP port (1-65535)")
+    return int(raw)
+
+
+# --------------------------------------------------------------------------- service state
+
+
+class State(enum.Enum):
+    RUNNING = "running"
+    STOPPED = "stopped"
+    NOT_ANSWERING = "NOT ANSWERING"
+    DEAD = "DEAD"
+
+
+@dataclass(frozen=True)
+class Status:
+    state: State
+    pid: int | None = None
+    detail: str = ""
+
+    def describe(self, endpoint: str) -> str:
+        if self.state is State.RUNNING:
+            return f"running  {endpoint} (pid {self.pid})"
+        if self.state is State.NOT_ANSWERING:
+            return f"NOT ANSWERING (pid {self.pid} alive but {self.detail})"
+        if self.state is State.DEAD:
+            return f"DEAD (pid file but process gone: pid {self.pid})"
+        return f"stopped{f' ({self.detail})' if self.detail else ''}"
+
+
+def note(message: str) -> None:
+    """Progress goes to stderr so stdout carries only the summary and the env vars."""
+    print(message, file=sys.stderr, flush=True)
+
+
+# --------------------------------------------------------------------------- processes, ports
+
+
+def read_pid(path: Path) -> int | None:
+    try:
+        text = path.read_text().split("\n", 1)[0].strip()
+    except OSError:
+        return None
+    return int(text) if text.isdigit() else None
+
+
+def process_alive(pid: int, marker: str) -> bool:
+    """True if pid is a live process whose command line contains marker.
+
+    The marker guards against pid reuse after a crash. A zombie counts as gone: os.kill(pid, 0)
+    would still succeed for it, and nobody may reap a broker killed with -9 (pid 1 here is not
+    necessarily an init that reaps).
+    """
+    try:
+        proc_stat = Path(f"/proc/{pid}/stat").read_text()
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")
+    except OSError:
+        return False
+    state = proc_stat.rsplit(")", 1)[-1].split()[0]
+    return state not in ("Z", "X") and marker.encode() in cmdline
+
+
+def wait_gone(pid: int, marker: str, seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while process_alive(pid, marker):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.1)
+    return True
+
+
+def signal_group(pgid: int, sig: signal.Signals) -> None:
+    with contextlib.suppress(ProcessLookupError):  # the whole group is already gone
+        os.killpg(pgid, sig)
+
+
+def leftover_pids(cwd: Path, exe_name: str) -> list[int]:
+    """Processes of ours that outlived their leader: same working directory, same executable.
+
+    Both checks are needed: the cwd alone would also match a shell someone opened in the dir.
+    """
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            same_cwd = Path(os.readlink(entry / "cwd")) == cwd
+            same_exe = Path(os.readlink(entry / "exe")).name == exe_name
+        except OSError:
+            continue
+        if same_cwd and same_exe:
+            found.append(int(entry.name))
+    return found
+
+
+def kill_leftovers(cwd: Path, exe_name: str) -> None:
+    pids = leftover_pids(cwd, exe_name)
+    for pid in pids:
+        note(f"  killing leftover {exe_name} process {pid}")
+        os.kill(pid, signal.SIGKILL)
+    for pid in pids:
+        wait_gone(pid, marker="", seconds=5)  # any command line: the pid is known to be ours
+
+
+def tcp_open(port: int, timeout: float = 1.0) -> bool:
+    try:
+        with socket.create_connection((HOST, port), timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
+def port_free(port: int) -> bool:
+    """Whether we could listen on HOST:port. SO_REUSEADDR so TIME_WAIT leftovers don't count."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((HOST, port))
+        except OSError:
+            return False
+    return True
+
+
+def require_free_port(port: int, variable: str, service: str) -> None:
+    if not port_free(port):
+        raise InfraError(
+            f"{HOST}:{port} is already in use by another process (not our {service}); "
+            f"set {variable} to a free port and try again"
+        )
+
+
+def port_note(port: int) -> str:
+    return "" if port_free(port) else f"but {HOST}:{port} is taken by another process"
+
+
+def tail(path: Path, lines: int = 25) -> str:
+    try:
+        text = path.read_text(errors="replace").splitlines()[-lines:]
+    except OSError:
+        return ""
+    return f"--- last lines of {path} ---\n" + "\n".join(text) if text else ""
+
+
+def run_checked(cmd: Sequence[str | Path], what: str, cwd: Path | None = None) -> str:
+    """Run a short command; on failure raise with its output, which names the actual problem."""
+    done = subprocess.run(
+        [str(c) for c in cmd], cwd=cwd, capture_output=True, text=True, check=False
+    )
+    if done.returncode != 0:
+        raise InfraError(f"{what} failed (exit {done.returncode}):\n{done.stdout}{done.stderr}")
+    return done.stdout
+
+
+# --------------------------------------------------------------------------- apt packages
+
+
+def apt_install(packages: list[str], why: str) -> None:
+    if os.geteuid() != 0 or shutil.which("apt-get") is None:
+        raise InfraError(f"{why}. Install {' '.join(packages)} (as root) and try again.")
+    note(f"{why}: installing {' '.join(packages)} with apt-get (this takes a while)")
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    for cmd in (["apt-get", "update"], ["apt-get", "install", "-y", *packages]):
+        # apt's own output goes to stderr: it is progress, and it explains any failure.
+        if subprocess.run(cmd, env=env, stdout=sys.stderr, check=False).returncode != 0:
+            raise InfraError(f"`{' '.join(cmd)}` failed; see its output above")
+
+
+# --------------------------------------------------------------------------- Kafka
+
+
+def java_major(java: Path) -> int:
+    """Major version of a java binary (0 if it does not run). "1.8.0" style means 8."""
+    try:
+        out = subprocess.run(
+            [str(java), "-version"], capture_output=True, text=True, check=False, timeout=60
+        ).stderr
+    except (OSError, subprocess.TimeoutExpired):
+        return 0
+    match = re.search(r'version "(\d+)(?:\.(\d+))?', out)
+    if match is None:
+        return 0
+    major = int(match[1])
+    return int(match[2] or 0) if major == 1 else major
+
+
+def find_java() -> Path | None:
+    candidates = []
+    if os.environ.get("JAVA_HOME"):
+        candidates.append(Path(os.environ["JAVA_HOME"]) / "bin" / "java")
+    if on_path := shutil.which("java"):
+        candidates.append(Path(on_path))
+    # A default `java` older than 17 may coexist with an installed 17+ JDK.
+    candidates += sorted(Path("/usr/lib/jvm").glob("*/bin/java"), reverse=True)
+    return next((c for c in candidates if java_major(c) >= MIN_JAVA), None)
+
+
+def ensure_java(need_maven: bool) -> Path:
+    """A java 17+ (and mvn when jars must be downloaded), installed with apt if missing."""
+    java = find_java()
+    missing = [] if java else [f"java {MIN_JAVA}+"]
+    if need_maven and not shutil.which("mvn"):
+        missing.append("mvn")
+    if java and not missing:
+        return java
+    apt_install(["maven", "openjdk-17-jdk-headless"], f"{' and '.join(missing)} not found")
+    java = find_java()
+    if java is None or (need_maven and not shutil.which("mvn")):
+        raise InfraError(f"still no java {MIN_JAVA}+ / mvn after apt-get install")
+    return java
+
+
+class Kafka:
+    name = "kafka"
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.home = settings.infra_dir / f"kafka-{KAFKA_VERSION}"
+        self.lib = self.home / "lib"
+        self.stamp = self.home / "installed.stamp"
+        # Runtime state lives outside the install dir, so wiping the install never orphans a pid.
+        self.run_dir = settings.infra_dir / "kafka"
+        self.pid_file = self.run_dir / "kafka.pid"
+        self.props_file = self.run_dir / "server.properties"
+        self.log4j_file = self.run_dir / "log4j2.properties"
+        self.out_file = self.run_dir / "kafka.out"
+        self.log_dir = self.run_dir / "logs"
+        self.data_dir = self.run_dir / "data"
+
+    @property
+    def endpoint(self) -> str:
+        return f"{HOST}:{self.settings.kafka_port}"
+
+    def env(self) -> dict[str, str]:
+        return {"DUCTOR_BOOTSTRAP_SERVERS": self.endpoint}
+
+    # The props file path is unique to this infra dir: it identifies *our* JVM in /proc.
+    @property
+    def marker(self) -> str:
+        return str(self.props_file)
+
+    def status(self) -> Status:
+        pid = read_pid(self.pid_file)
+        if pid is None:
+            return Status(State.STOPPED, detail=port_note(self.settings.kafka_port))
+        if not process_alive(pid, self.marker):
+            return Status(State.DEAD, pid)
+        problem = self.probe(timeout=5.0)
+        return Status(State.NOT_ANSWERING, pid, problem) if problem else Status(State.RUNNING, pid)
+
+    def probe(self, timeout: float) -> str | None:
+        """None if the broker answers a metadata request, else what is wrong."""
+        if not tcp_open(self.settings.kafka_port):
+            return f"nothing accepts connections on {self.endpoint}"
+        admin = AdminClient({"bootstrap.servers": self.endpoint})
+        try:
+            admin.list_topics(timeout=timeout)
+        except KafkaException as exc:
+            return f"no metadata response: {exc}"
+        return None
+
+    def up(self) -> None:
+        current = self.status()
+        if current.state is State.RUNNING:
+            note(f"kafka: already running and answering (pid {current.pid}); nothing to do")
+            return
+        if current.state is not State.STOPPED:
+            note(f"kafka: {current.describe(self.endpoint)}; starting it afresh")
+            self.down()
+        java = ensure_java(need_maven=not self.installed())
+        self.install(java)
+        for port, variable in (
+            (self.settings.kafka_port, "DUCTOR_KAFKA_PORT"),
+            (self.settings.controller_port, "DUCTOR_KAFKA_CONTROLLER_PORT"),
+        ):
+            require_free_port(port, variable, "kafka broker")
+        started = time.monotonic()
+        self.write_config()
+        self.format_storage(java)
+        proc = self.launch(java)
+        try:
+            self.wait_ready(proc)
+        except BaseException:
+            self.stop_pid(proc.pid)
+            proc.wait()
+            self.pid_file.unlink(missing_ok=True)  # the logs stay, for the error message
+            raise
+        note(f"kafka: started in {time.monotonic() - started:.1f} s")
+
+    def installed(self) -> bool:
+        return (
+            self.stamp.is_file()
+            and self.stamp.read_text().strip() == self.pom_digest()
+            and any(self.lib.glob("kafka_2.13-*.jar"))
+        )
+
+    def pom_digest(self) -> str:
+        # The stamp records which POM filled lib/, so editing the pins triggers a reinstall.
+        return hashlib.sha256(KAFKA_POM.read_bytes()).hexdigest()
+
+    def install(self, java: Path) -> None:
+        if self.installed():
+            return
+        note(f"kafka: downloading Kafka {KAFKA_VERSION} jars with Maven into {self.lib}")
+        started = time.monotonic()
+        partial = self.home / "lib.partial"
+        shutil.rmtree(partial, ignore_errors=True)
+        shutil.rmtree(self.lib, ignore_errors=True)
+        self.home.mkdir(parents=True, exist_ok=True)
+        # Run Maven on a copy so nothing it writes lands in the repository.
+        pom = self.home / "pom.xml"
+        shutil.copyfile(KAFKA_POM, pom)
+        mvn = [shutil.which("mvn") or "mvn", "-B", "-q", "-f", str(pom), MVN_COPY_DEPENDENCIES]
+        mvn += ["-DincludeScope=runtime", f"-DoutputDirectory={partial}"]
+        run_checked(mvn, "mvn copy-dependencies", cwd=self.home)
+        # Rename then stamp: an interrupted download never looks like a finished install.
+        partial.rename(self.lib)
+        self.stamp.write_text(self.pom_digest() + "\n")
+        jars = len(list(self.lib.glob("*.jar")))
+        note(f"kafka: installed {jars} jars in {time.monotonic() - started:.1f} s")
+
+    def write_config(self) -> None:
+        # A fresh log dir per start: format refuses a formatted dir, and the quorum voter's
+        # host, port and directory id are baked in at format time.
+        shutil.rmtree(self.data_dir, ignore_errors=True)
+        shutil.rmtree(self.log_dir, ignore_errors=True)
+        self.data_dir.mkdir(parents=True)
+        self.log_dir.mkdir(parents=True)
+        self.props_file.write_text(self.server_properties())
+        self.log4j_file.write_text(LOG4J2_PROPERTIES)
+
+    def server_properties(self) -> str:
+        port, cport = self.settings.kafka_port, self.settings.controller_port
+        return KAFKA_PROPERTIES.format(
+            host=HOST, port=port, controller_port=cport, log_dirs=self.data_dir
+        )
+
+    def java_cmd(self, java: Path, *jvm_options: str) -> list[str]:
+        # Quoted wildcard: java, not a shell, expands lib/* to every jar in it.
+        return [str(java), *jvm_options, "-cp", f"{self.lib}/*"]
+
+    def format_storage(self, java: Path) -> None:
+        cmd = [*self.java_cmd(java, "-Xmx256m"), "kafka.tools.StorageTool", "format"]
+        cmd += ["--standalone", "-t", new_cluster_id(), "-c", str(self.props_file)]
+        run_checked(cmd, "kafka storage format", cwd=self.run_dir)
+
+    def launch(self, java: Path) -> subprocess.Popen[bytes]:
+        logging = [
+            f"-Dlog4j2.configurationFile={self.log4j_file}",
+            f"-Dkafka.logs.dir={self.log_dir}",
+        ]
+        cmd = self.java_cmd(java, *KAFKA_JVM_OPTIONS, *logging)
+        cmd += ["kafka.Kafka", str(self.props_file)]
+        with self.out_file.open("wb") as out:
+            # Own session: the broker outlives this script and ignores the terminal's Ctrl-C;
+            # its pid is also its process group id, which stop_pid signals.
+            proc = subprocess.Popen(
+                cmd,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                cwd=self.run_dir,
+                start_new_session=True,
+            )
+        self.pid_file.write_text(f"{proc.pid}\n")
+        return proc
+
+    def wait_ready(self, proc: subprocess.Popen[bytes]) -> None:
+        # The broker port opens only once the broker is unfenced and serving, so a TCP connect
+        # is a real signal; the metadata round trip then proves the protocol works end to end.
+        deadline = time.monotonic() + KAFKA_READY_SECONDS
+        problem = "not started"
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                raise InfraError(
+                    f"kafka exited with code {proc.returncode} while starting\n{self.log_tail()}"
+                )
+            problem = self.probe(timeout=min(10.0, max(1.0, deadline - time.monotonic()))) or ""
+            if not problem:
+                return
+            time.sleep(0.2)
+        raise InfraError(
+            f"kafka not ready after {KAFKA_READY_SECONDS:.0f} s: {problem}\n{self.log_tail()}"
+        )
+
+    def log_tail(self) -> str:
+        parts = (tail(self.log_dir / "server.log"), tail(self.out_file))
+        return "\n".join(p for p in parts if p)
+
+    def down(self) -> None:
+        pid = read_pid(self.pid_file)
+        if pid is not None and process_alive(pid, self.marker):
+            note(f"kafka: stopping pid {pid}")
+            self.stop_pid(pid)
+        elif pid is not None:
+            note(f"kafka: pid {pid} was already gone; cleaning up")
+        kill_leftovers(self.run_dir, "java")
+        self.pid_file.unlink(missing_ok=True)
+
+    def stop_pid(self, pid: int) -> None:
+        # SIGTERM runs the broker's controlled shutdown; SIGKILL only if that hangs.
+        signal_group(pid, signal.SIGTERM)
+        if not wait_gone(pid, self.marker, KAFKA_STOP_GRACE_SECONDS):
+            note(f"kafka: no exit {KAFKA_STOP_GRACE_SECONDS:.0f} s after SIGTERM; sending SIGKILL")
+            signal_group(pid, signal.SIGKILL)
+            wait_gone(pid, self.marker, 5)
+
+
+MVN_COPY_DEPENDENCIES = "org.apache.maven.plugins:maven-dependency-plugin:3.8.1:copy-dependencies"
+
+# A small fixed heap and the serial GC suit a 2-core box; exit on OOM instead of limping on.
+# No JMX flags: nothing here reads them.
+KAFKA_JVM_OPTIONS = (
+    "-Xms256m",
+    "-Xmx512m",
+    "-XX:+UseSerialGC",
+    "-XX:+ExitOnOutOfMemoryError",
+    "-Djava.awt.headless=true",
+)
+
+
+def new_cluster_id() -> str:
+    """Kafka's Uuid.randomUuid format, without starting a JVM for `StorageTool random-uuid`."""
+    while True:
+        cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
+        # Kafka also rejects a leading '-': the id would read as a command-line flag.
+        if not cluster_id.startswith("-"):
+            return cluster_id
+
+
+# Sized for a 2-core dev box: one partition per internal topic, replication 1, few threads.
+# log.flush.* and message.max.bytes stay at Kafka's defaults on purpose: tests should see the
+# durability and size limits production brokers have.
+KAFKA_PROPERTIES = """\
+process.roles=broker,controller
+node.id=1
+controller.quorum.bootstrap.servers={host}:{controller_port}
+listeners=PLAINTEXT://{host}:{port},CONTROLLER://{host}:{controller_port}
+controller.listener.names=CONTROLLER
+listener.security.protocol.map=CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT
+log.dirs={log_dirs}
+num.partitions=1
+auto.create.topics.enable=false
+offsets.topic.replication.factor=1
+offsets.topic.num.partitions=1
+transaction.state.log.replication.factor=1
+transaction.state.log.min.isr=1
+transaction.state.log.num.partitions=1
+share.coordinator.state.topic.replication.factor=1
+share.coordinator.state.topic.min.isr=1
+group.initial.rebalance.delay.ms=0
+num.network.threads=1
+num.io.threads=2
+background.threads=2
+num.recovery.threads.per.data.dir=1
+"""
+
+# Plain properties format: needs no extra jars, and everything goes to one file we can tail.
+LOG4J2_PROPERTIES = """\
+appender.f.type=File
+appender.f.name=F
+appender.f.fileName=${sys:kafka.logs.dir}/server.log
+appender.f.layout.type=PatternLayout
+appender.f.layout.pattern=[%d] %p %m (%c)%n
+rootLogger.level=INFO
+rootLogger.appenderRef.f.ref=F
+"""
+
+
+# --------------------------------------------------------------------------- PostgreSQL
+
+
+PG_BIN_ROOT = Path("/usr/lib/postgresql")
+
+
+def newest_pg_bindir() -> Path | None:
+    versions = [p.name for p in PG_BIN_ROOT.glob("*") if (p / "bin" / "initdb").is_file()]
+    newest = max((v for v in versions if v.isdigit()), key=int, default=None)
+    return PG_BIN_ROOT / newest / "bin" if newest else None
+
+
+# Unix socket: `trust`, guarded by the 0700 socket dir (root uses it to create the ductor role;
+# peer auth would refuse root). TCP: scram-sha-256 passwords, as a real deployment has.
+# The C locale keeps sorting identical on every machine.
+INITDB_OPTIONS = (
+    "-U",
+    "postgres",
+    "--auth-local=trust",
+    "--auth-host=scram-sha-256",
+    "--encoding=UTF8",
+    "--locale=C",
+)
+
+
+class Postgres:
+    name = "postgres"
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.root = settings.infra_dir / "postgres"
+        self.data = self.root / "data"
+        self.run_dir = self.root / "run"
+        self.log_file = self.run_dir / "postgres.log"
+
+    @property
+    def dsn(self) -> str:
+        return f"postgresql://{PG_USER}:{PG_PASSWORD}@{HOST}:{self.settings.pg_port}/{PG_DATABASE}"
+
+    @property
+    def endpoint(self) -> str:
+        return self.dsn.replace(f":{PG_PASSWORD}@", ":***@")
+
+    def env(self) -> dict[str, str]:
+        return {"DUCTOR_PG_DSN": self.dsn}
+
+    def status(self) -> Status:
+        pid = read_pid(self.data / "postmaster.pid")
+        if pid is None:
+            return Status(State.STOPPED, detail=port_note(self.settings.pg_port))
+        # pg_ctl starts the postmaster as `postgres -D <data dir>`: the path identifies ours.
+        if not process_alive(pid, str(self.data)):
+            return Status(State.DEAD, pid)
+        problem = self.probe(connect_timeout=3)
+        return Status(State.NOT_ANSWERING, pid, problem) if problem else Status(State.RUNNING, pid)
+
+    def probe(self, connect_timeout: int) -> str | None:
+        """None if the ductor user can log in over TCP and run a query, else the error."""
+        try:
+            with psycopg.connect(self.dsn, connect_timeout=connect_timeout) as conn:
+                conn.execute("SELECT 1").fetchone()
+        except psycopg.Error as exc:
+            message = str(exc).strip()
+            return message.splitlines()[0] if message else type(exc).__name__
+        return None
+
+    def up(self) -> None:
+        current = self.status()
+        if current.state is State.RUNNING:
+            note(f"postgres: already running and answering (pid {current.pid}); nothing to do")
+            return
+        if current.state is not State.STOPPED:
+            note(f"postgres: {current.describe(self.endpoint)}; starting it afresh")
+            self.down()
+        started = time.monotonic()
+        self.prepare_dirs()
+        if not (self.data / "PG_VERSION").is_file():
+            self.initdb()
+        self.write_config()
+        require_free_port(self.settings.pg_port, "DUCTOR_PG_PORT", "postgres")
+        deadline = time.monotonic() + PG_READY_SECONDS
+        self.pg_ctl_start(deadline)
+        try:
+            self.create_role_and_database()
+            self.wait_ready(deadline)
+        except BaseException:
+            self.down()
+            raise
+        note(f"postgres: started in {time.monotonic() - started:.1f} s")
+
+    def bindir(self) -> Path:
+        """The binaries that match the cluster's major version (Debian installs side by side)."""
+        version = (self.data / "PG_VERSION").read_text().strip()
+        bindir = PG_BIN_ROOT / version / "bin"
+        if not (bindir / "pg_ctl").is_file():
+            raise InfraError(
+                f"the cluster in {self.data} was made by PostgreSQL {version}, which is not "
+                f"installed; apt-get install postgresql-{version}, or delete {self.data}"
+            )
+        return bindir
+
+    def as_owner(self, cmd: Sequence[str | Path]) -> list[str]:
+        # initdb and postgres refuse to run as root, so root runs them as the postgres user.
+        args = [str(c) for c in cmd]
+        return ["runuser", "-u", "postgres", "--", *args] if os.geteuid() == 0 else args
+
+    def prepare_dirs(self) -> None:
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        # The socket dir doubles as the access control for `trust` auth on the socket.
+        self.run_dir.chmod(0o700)
+        if os.geteuid() != 0:
+            return
+        owner = pwd.getpwnam("postgres")
+        for path in (self.root, self.run_dir):
+            os.chown(path, owner.pw_uid, owner.pw_gid)
+        # The postgres user must be able to walk down to its directories.
+        for parent in self.root.parents:
+            mode = parent.stat().st_mode
+            if not mode & stat.S_IXOTH:
+                note(f"postgres: making {parent} traversable (o+x) for the postgres user")
+                parent.chmod(mode | stat.S_IXOTH)
+
+    def initdb(self) -> None:
+        if self.data.exists() and any(self.data.iterdir()):
+            raise InfraError(f"{self.data} exists but holds no cluster; delete it and try again")
+        bindir = newest_pg_bindir()
+        if bindir is None:
+            apt_install(["postgresql"], "no PostgreSQL server binaries found")
+            bindir = newest_pg_bindir()
+        if bindir is None:
+            raise InfraError(f"no {PG_BIN_ROOT}/*/bin/initdb even after installing postgresql")
+        note(f"postgres: creating a cluster in {self.data} with {bindir}")
+        initdb = self.as_owner([bindir / "initdb", "-D", self.data, *INITDB_OPTIONS])
+        run_checked(initdb, "initdb", cwd=self.root)
+        with (self.data / "postgresql.conf").open("a") as conf:
+            conf.write("\n# Settings managed by infra/local.py, rewritten on every start.\n")
+            conf.write("include 'ductor.conf'\n")
+
+    def write_config(self) -> None:
+        socket_path = self.run_dir / f".s.PGSQL.{self.settings.pg_port}"
+        if len(str(socket_path)) > 107:
+            raise InfraError(
+                f"socket path {socket_path} is too long for Unix sockets; "
+                "set DUCTOR_INFRA_DIR to a shorter path"
+            )
+        conf = self.data / "ductor.conf"
+        conf.write_text(
+            PG_CONF.format(host=HOST, port=self.settings.pg_port, socket_dir=self.run_dir)
+        )
+        if os.geteuid() == 0:
+            shutil.chown(conf, "postgres", "postgres")
+
+    def pg_ctl(self, *args: str | Path) -> list[str]:
+        return self.as_owner([self.bindir() / "pg_ctl", "-D", self.data, *args])
+
+    def pg_ctl_start(self, deadline: float) -> None:
+        seconds = str(max(1, int(deadline - time.monotonic())))
+        cmd = self.pg_ctl("start", "-w", "-t", seconds, "-l", self.log_file)
+        # Own session, like Kafka: the server must not die with this script's process group.
+        done = subprocess.run(
+            cmd, cwd=self.root, capture_output=True, text=True, check=False, start_new_session=True
+        )
+        if done.returncode != 0:
+            raise InfraError(
+                f"pg_ctl start failed:\n{done.stdout}{done.stderr}{tail(self.log_file)}"
+            )
+
+    def create_role_and_database(self) -> None:
+        # As the superuser over the Unix socket; idempotent, so it runs on every start.
+        with psycopg.connect(
+            host=str(self.run_dir),
+            port=self.settings.pg_port,
+            user="postgres",
+            dbname="postgres",
+            autocommit=True,
+        ) as conn:
+            role = conn.execute("SELECT 1 FROM pg_roles WHERE rolname = 'ductor'").fetchone()
+            if role is None:
+                note("postgres: creating role ductor")
+                conn.execute("CREATE ROLE ductor LOGIN CREATEDB PASSWORD 'ductor'")
+            database = conn.execute("SELECT 1 FROM pg_database WHERE datname = 'ductor'").fetchone()
+            if database is None:
+                note("postgres: creating database ductor")
+                conn.execute("CREATE DATABASE ductor OWNER ductor")
+
+    def wait_ready(self, deadline: float) -> None:
+        problem = "not tried"
+        while time.monotonic() < deadline:
+            problem = self.probe(connect_timeout=3) or ""
+            if not problem:
+                return
+            time.sleep(0.25)
+        raise InfraError(
+            f"postgres not answering after {PG_READY_SECONDS:.0f} s: {problem}\n"
+            f"{tail(self.log_file)}"
+        )
+
+    def down(self) -> None:
+        pid = read_pid(self.data / "postmaster.pid")
+        if pid is not None and process_alive(pid, str(self.data)):
+            note(f"postgres: stopping pid {pid}")
+            stop = self.pg_ctl("stop", "-m", "fast", "-w", "-t", "60")
+            run_checked(stop, "pg_ctl stop", cwd=self.root)
+        elif pid is not None:
+            note(f"postgres: postmaster {pid} was already gone; cleaning up")
+            # Backends of a killed postmaster exit on their own; don't let stragglers hold the
+            # shared memory that would make the next start refuse.
+            kill_leftovers(self.data, "postgres")
+            (self.data / "postmaster.pid").unlink(missing_ok=True)
+
+
+# Development settings. fsync stays on: data must survive a crash of the machine; only
+# synchronous_commit is relaxed, which can lose the last few commits but never corrupts.
+PG_CONF = """\
+# Written by infra/local.py on every start; edit the script, not this file.
+listen_addresses = '{host}'
+port = {port}
+unix_socket_directories = '{socket_dir}'
+max_connections = 200
+shared_buffers = 256MB
+synchronous_commit = off
+fsync = on
+"""
+
+
+# --------------------------------------------------------------------------- commands
+
+
+class Service(Protocol):
+    name: str
+
+    @property
+    def endpoint(self) -> str: ...
+    def env(self) -> dict[str, str]: ...
+    def status(self) -> Status: ...
+    def up(self) -> None: ...
+    def down(self) -> None: ...
+
+
+def print_summary(services: Sequence[Service]) -> bool:
+    """One line per service, then the env vars for the running ones. True if all run."""
+    statuses = [(svc, svc.status()) for svc in services]
+    for svc, status in statuses:
+        print(f"{svc.name:<9} {status.describe(svc.endpoint)}")
+    print_env([svc for svc, status in statuses if status.state is State.RUNNING])
+    return all(status.state is State.RUNNING for _, status in statuses)
+
+
+def print_env(running: Sequence[Service]) -> None:
+    env = {key: value for svc in running for key, value in svc.env().items()}
+    if env:
+        print()
+        for key, value in env.items():
+            print(f"export {key}={value}")
+
+
+def run_local(command: str, services: Sequence[Service]) -> int:
+    if command == "up":
+        for svc in services:
+            svc.up()
+    elif command == "down":
+        for svc in reversed(services):
+            svc.down()
+    all_running = print_summary(services)
+    if command == "status" and not all_running:
+        return EXIT_NOT_RUNNING
+    return 0
+
+
+def run_docker(command: str, names: Sequence[str], services: Sequence[Service]) -> int:
+    """The same commands on infra/compose.yaml, for machines with a Docker engine."""
+    if (
+        shutil.which("docker") is None
+        or subprocess.run(["docker", "info"], capture_output=True, check=False).returncode != 0
+    ):
+        raise InfraError(
+            "DUCTOR_INFRA=docker but no Docker engine answers `docker info`; "
+            "start Docker, or unset DUCTOR_INFRA to run Kafka and Postgres locally"
+        )
+    # No names means every compose service, jaeger included.
+    compose = ["docker", "compose", "-f", str(COMPOSE_FILE)]
+    if command == "up":
+        subprocess.run([*compose, "up", "-d", "--wait", *names], check=True)
+    elif command == "down":
+        args = ["stop", *names] if names else ["down"]  # `down` keeps the postgres volume
+        subprocess.run([*compose, *args], check=True)
+    subprocess.run([*compose, "ps", *names], check=True)
+    running = subprocess.run(
+        [*compose, "ps", "--status", "running", "--services", *names],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
+    print_env([svc for svc in services if svc.name in running])
+    if command == "status" and not {svc.name for svc in services} <= set(running):
+        return EXIT_NOT_RUNNING
+    return 0
+
+
+def parse_args(argv: Sequence[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="infra/local.py",
+        description=__doc__.split("\n\n", 1)[0] if __doc__ else None,
+    )
+    parser.add_argument("command", choices=("up", "down", "status"))
+    parser.add_argument("service", nargs="?", choices=SERVICES, help="default: both")
+    return parser.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    names = [args.service] if args.service else []
+    try:
+        settings = Settings.from_env()
+        everything: list[Service] = [Kafka(settings), Postgres(settings)]
+        services = [svc for svc in everything if svc.name in (names or SERVICES)]
+        mode = os.environ.get("DUCTOR_INFRA", "local")
+        if mode == "docker":
+            return run_docker(args.command, names, services)
+        if mode != "local":
+            raise InfraError(f"DUCTOR_INFRA={mode!r}: expected 'local' (default) or 'docker'")
+        return run_local(args.command, services)
+    except InfraError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    except subprocess.CalledProcessError as exc:
+        print(f"error: {' '.join(map(str, exc.cmd))} exited with {exc.returncode}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
