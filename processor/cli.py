@@ -22,7 +22,7 @@ from confluent_kafka import KafkaException, Producer
 
 from processor.config import ConfigError, Settings, load_settings
 from processor.envelope import Wakeup
-from processor.kafka_io import partition_for, producer_config, topic_partitions
+from processor.kafka_io import choose_partition, partition_for, producer_config, topic_partitions
 from processor.logs import setup_logging
 from processor.migrate import migrate
 from processor.model import SignalKind, ValidationError, parse_workflow, state_checksum
@@ -116,7 +116,8 @@ def start_runs(
     now_ms = int(time.time() * 1000)
     for run_id in run_ids:  # a repeated start wakes the run again; its tick is then a no-op
         wakeup = Wakeup(run_id=run_id, reason="start", produced_at=now_ms)
-        _produce(producer, topic, wakeup.encode(), wakeup.key(), partition_for(run_id, partitions))
+        partition = choose_partition(run_id, partitions, settings.partition_by_run)
+        _produce(producer, topic, wakeup.encode(), wakeup.key(), partition)
     if producer.flush(30) != 0:
         raise CliError("the broker did not acknowledge every start wakeup within 30 s")
     return inserted

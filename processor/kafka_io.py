@@ -4,6 +4,7 @@ wrapper that reports each record's delivery to a callback.
 
 from __future__ import annotations
 
+import random
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
@@ -46,6 +47,12 @@ def partition_for(run_id: str, partitions: int) -> int:
     ``run_id:attempt``.
     """
     return run_shard(run_id) % partitions
+
+
+def choose_partition(run_id: str, partitions: int, by_run: bool) -> int:
+    """``partition_for`` when co-partitioning by run is on; otherwise any partition, as a
+    producer that does not co-partition would do (the benchmark measures the difference)."""
+    return partition_for(run_id, partitions) if by_run else random.randrange(partitions)
 
 
 def producer_config(settings: Settings, client_id: str) -> dict[str, Any]:

@@ -285,4 +285,6 @@ class Processor:
                 log.warning("final offset commit failed: %s", exc)
         self._consumer.close()
         self.coordinator.close()
-        log.info("processor stopped", extra={"instance": self.instance_id})
+        log.info(
+            "processor stopped", extra={"instance": self.instance_id, "stats": self.stats.summary()}
+        )

@@ -68,6 +68,19 @@ class Stats:
         """Share of commit attempts that lost a version race."""
         return self.conflicts / self.commit_attempts if self.commit_attempts else 0.0
 
+    def summary(self) -> dict[str, object]:
+        """Totals for logs and reports (no run ids: those stay in the hot-runs log line)."""
+        return {
+            "records": self.records,
+            "ticks": dict(self.ticks),
+            "conflicts": self.conflicts,
+            "errors": dict(self.errors),
+            "requeues": {str(k): v for k, v in sorted(self.requeues.items())},
+            "force_fails": dict(self.force_fails),
+            "dead_letters": dict(self.dead_letters),
+            "commit_attempts": self.commit_attempts,
+        }
+
     def take_hot_runs(self, n: int = 10) -> list[tuple[str, int]]:
         hot = self.hot_runs.most_common(n)
         self.hot_runs.clear()

@@ -22,11 +22,11 @@ from dataclasses import dataclass
 from typing import Any
 
 import psycopg
-from confluent_kafka import Consumer, KafkaError, KafkaException, Producer
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
 from processor.config import Settings
 from processor.envelope import Wakeup
-from processor.kafka_io import partition_for, producer_config, topic_partitions
+from processor.kafka_io import choose_partition, producer_config, topic_partitions
 from processor.model import StepOutcome, ValidationError
 from processor.step_task import StepTask, decode_step_task
 from processor.store import insert_step_result
@@ -116,7 +116,11 @@ class Worker:
                 "group.id": f"{settings.group_id}-workers",
                 "partition.assignment.strategy": "cooperative-sticky",
                 "auto.offset.reset": "earliest",
-                "enable.auto.commit": False,
+                # Offsets are stored once a batch's results are recorded and its wakeups
+                # acknowledged; auto-commit ships them (a rebalance never fails a commit call).
+                "enable.auto.offset.store": False,
+                "enable.auto.commit": True,
+                "auto.commit.interval.ms": 1000,
             }
         )
         self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="step")
@@ -136,7 +140,7 @@ class Worker:
                 if tasks:
                     self._run_tasks(conn, tasks)
                 if messages:
-                    self._commit()
+                    self._store(messages)
         finally:
             self._pool.shutdown(wait=False, cancel_futures=True)
             self._producer.flush(10)
@@ -165,7 +169,9 @@ class Worker:
                 topic,
                 value=wakeup.encode(),
                 key=wakeup.key(),
-                partition=partition_for(task.run_id, self._partitions[topic]),
+                partition=choose_partition(
+                    task.run_id, self._partitions[topic], self.settings.partition_by_run
+                ),
             )
             self._producer.poll(0)
         self.executed += len(tasks)
@@ -187,9 +193,19 @@ class Worker:
         except Exception as exc:  # a step's failure is the attempt's result, not the worker's
             return StepOutcome.FAILED, None, f"{type(exc).__name__}: {exc}"
 
-    def _commit(self) -> None:
+    def _store(self, messages: list[Any]) -> None:
         try:
-            self._consumer.commit(asynchronous=False)
+            self._consumer.store_offsets(offsets=_next_offsets(messages))
         except KafkaException as exc:
-            if exc.args[0].code() != KafkaError._NO_OFFSET:
-                raise
+            # The partition was revoked meanwhile: its new owner runs those tasks again, and
+            # their results are idempotent.
+            log.warning("could not store worker offsets: %s", exc)
+
+
+def _next_offsets(messages: list[Any]) -> list[TopicPartition]:
+    highest: dict[tuple[str, int], int] = {}
+    for m in messages:
+        if m.error() is None:
+            tp = (m.topic(), m.partition())
+            highest[tp] = max(highest.get(tp, -1), m.offset())
+    return [TopicPartition(t, p, o + 1) for (t, p), o in highest.items()]

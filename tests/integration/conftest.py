@@ -1,0 +1,278 @@
+"""Fixtures for tests against the real broker and the real Postgres started by `make up`.
+
+Each test gets its own topic prefix and consumer group (topics are created for it and deleted
+after), and the run tables are emptied before it, so tests cannot see each other's records.
+Nothing here mocks Kafka or Postgres.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import orjson
+import psycopg
+import pytest
+from confluent_kafka import Producer
+from confluent_kafka.admin import AdminClient
+
+from processor.config import Settings, load_settings
+from processor.envelope import Wakeup
+from processor.kafka_io import producer_config
+from processor.migrate import migrate
+from processor.model import parse_workflow
+from processor.runner import Processor
+from processor.stats import Stats
+from processor.store import register_workflow
+from processor.topics import create_topics, desired_topics
+
+pytestmark = pytest.mark.integration
+REPO = Path(__file__).resolve().parents[2]
+SAMPLE = REPO / "schemas" / "workflows" / "sample.json"
+
+# An audit trail of every committed write to a run row, to prove that no transition is
+# applied twice. Installed only for the tests that ask for it (see the `audit` fixture).
+_AUDIT_SQL = """
+CREATE TABLE IF NOT EXISTS test_run_audit (
+    id bigserial PRIMARY KEY, run_id text, old_version bigint, new_version bigint,
+    old_seq bigint, new_seq bigint, old_nodes jsonb, new_nodes jsonb, new_status text);
+CREATE OR REPLACE FUNCTION test_run_audit_fn() RETURNS trigger AS $$
+BEGIN
+  INSERT INTO test_run_audit (run_id, old_version, new_version, old_seq, new_seq,
+                              old_nodes, new_nodes, new_status)
+  VALUES (OLD.run_id, OLD.db_record_version, NEW.db_record_version, OLD.last_transition_seq,
+          NEW.last_transition_seq, OLD.node_states, NEW.node_states, NEW.status);
+  RETURN NEW;
+END $$ LANGUAGE plpgsql;
+DROP TRIGGER IF EXISTS test_run_audit_trg ON eec_workflow_run;
+CREATE TRIGGER test_run_audit_trg AFTER UPDATE ON eec_workflow_run
+    FOR EACH ROW EXECUTE FUNCTION test_run_audit_fn();
+TRUNCATE test_run_audit;
+"""
+
+
+def wait_for(
+    predicate: Callable[[], bool], timeout: float, what: str, interval: float = 0.05
+) -> None:
+    """Poll ``predicate`` until it holds; fail with ``what`` when the deadline passes."""
+    deadline = time.monotonic() + timeout
+    event = threading.Event()
+    while not predicate():
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout:.0f} s waiting for {what}")
+        event.wait(interval)  # a bounded wait between two checks of the condition
+
+
+@pytest.fixture(scope="session")
+def base_settings() -> Settings:
+    settings = load_settings()
+    try:
+        with psycopg.connect(settings.pg_dsn, connect_timeout=5):
+            pass
+    except psycopg.OperationalError as exc:
+        pytest.fail(
+            f"Postgres is not reachable at {settings.pg_dsn_redacted} (run `make up`): {exc}"
+        )
+    if not AdminClient(settings.kafka_common()).list_topics(timeout=10).brokers:
+        pytest.fail(f"Kafka is not reachable at {settings.bootstrap_servers} (run `make up`)")
+    migrate(settings.pg_dsn)
+    return settings
+
+
+@pytest.fixture
+def pg(base_settings: Settings) -> Iterator[psycopg.Connection[Any]]:
+    with psycopg.connect(base_settings.pg_dsn, autocommit=True) as conn:
+        conn.execute("TRUNCATE eec_workflow_run CASCADE")
+        yield conn
+
+
+@pytest.fixture
+def settings(base_settings: Settings, pg: psycopg.Connection[Any]) -> Iterator[Settings]:
+    """Settings with a topic prefix and a group of this test's own, its topics created."""
+    tag = uuid.uuid4().hex[:8]
+    settings = replace(
+        base_settings,
+        topic_prefix=f"test-{tag}",
+        group_id=f"test-{tag}",
+        wakeup_partitions=3,
+        delay_partitions=2,
+        step_partitions=3,
+        sweep_interval_s=0.5,
+        shutdown_timeout_s=10.0,
+    )
+    create_topics(settings)
+    register_workflow(pg, parse_workflow(orjson.loads(SAMPLE.read_bytes())))
+    yield settings
+    admin = AdminClient(settings.kafka_common())
+    for future in admin.delete_topics(
+        list(desired_topics(settings)), operation_timeout=30
+    ).values():
+        future.result(timeout=30)
+
+
+@pytest.fixture
+def audit(pg: psycopg.Connection[Any]) -> Iterator[psycopg.Connection[Any]]:
+    pg.execute(_AUDIT_SQL)
+    yield pg
+    pg.execute("DROP TRIGGER IF EXISTS test_run_audit_trg ON eec_workflow_run")
+
+
+def settings_env(settings: Settings) -> dict[str, str]:
+    """The environment that gives a `ductor` subprocess these settings."""
+    env = dict(os.environ)
+    env.update(
+        {
+            "DUCTOR_BOOTSTRAP_SERVERS": settings.bootstrap_servers,
+            "DUCTOR_PG_DSN": settings.pg_dsn,
+            "DUCTOR_TOPIC_PREFIX": settings.topic_prefix,
+            "DUCTOR_GROUP_ID": settings.group_id,
+            "DUCTOR_WAKEUP_PARTITIONS": str(settings.wakeup_partitions),
+            "DUCTOR_DELAY_PARTITIONS": str(settings.delay_partitions),
+            "DUCTOR_LIVELOCK_REQUEUES": str(settings.livelock_requeues),
+            "DUCTOR_PARTITION_BY_RUN": "true" if settings.partition_by_run else "false",
+            "DUCTOR_SWEEP_INTERVAL_S": str(settings.sweep_interval_s),
+            "DUCTOR_SWEEP_GRACE_S": str(settings.sweep_grace_s),
+            "DUCTOR_SHUTDOWN_TIMEOUT_S": str(settings.shutdown_timeout_s),
+            "DUCTOR_BATCH_SIZE": str(settings.batch_size),
+            "DUCTOR_LOG_FORMAT": "json",
+        }
+    )
+    return env
+
+
+class Spawned:
+    """A `ductor` subprocess whose stderr (JSON logs) is captured to a file."""
+
+    def __init__(self, args: list[str], env: dict[str, str], log_path: Path) -> None:
+        self.log_path = log_path
+        self._log = log_path.open("wb")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "processor", *args],
+            env=env,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            cwd=REPO,
+        )
+
+    def terminate(self, timeout: float = 30.0) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        try:
+            code = self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            code = self.proc.wait(10)
+        self._log.close()
+        return code
+
+    def kill(self) -> None:
+        self.proc.kill()
+        self.proc.wait(10)
+        self._log.close()
+
+    def log_lines(self) -> list[dict[str, Any]]:
+        lines = []
+        for raw in self.log_path.read_bytes().splitlines():
+            try:
+                lines.append(orjson.loads(raw))
+            except orjson.JSONDecodeError:
+                continue  # librdkafka's own stderr lines
+        return lines
+
+    def final_stats(self) -> dict[str, Any]:
+        for line in reversed(self.log_lines()):
+            if line.get("msg") == "processor stopped":
+                stats: dict[str, Any] = line["stats"]
+                return stats
+        raise AssertionError(f"no final stats line in {self.log_path}")
+
+
+@pytest.fixture
+def spawn(tmp_path: Path) -> Iterator[Callable[..., Spawned]]:
+    """Start `ductor` subprocesses; whatever is still running at the end is stopped."""
+    started: list[Spawned] = []
+
+    def start(args: list[str], settings: Settings, name: str) -> Spawned:
+        child = Spawned(args, settings_env(settings), tmp_path / f"{name}.log")
+        started.append(child)
+        return child
+
+    yield start
+    for child in started:
+        if child.proc.poll() is None:
+            child.kill()
+
+
+class ProcessorThread:
+    """A processor instance in a thread of the test process, so its stats can be read live."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.stats = Stats()
+        self.processor = Processor(settings, self.stats)
+        self._thread = threading.Thread(target=self.processor.run, name="processor", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self.processor.stop()
+        self._thread.join(60)
+        assert not self._thread.is_alive(), "processor did not stop within 60 s"
+
+
+@pytest.fixture
+def processor_thread() -> Iterator[Callable[[Settings], ProcessorThread]]:
+    started: list[ProcessorThread] = []
+
+    def start(settings: Settings) -> ProcessorThread:
+        instance = ProcessorThread(settings)
+        started.append(instance)
+        return instance
+
+    yield start
+    for instance in started:
+        instance.stop()
+
+
+def produce_wakeups(settings: Settings, records: Sequence[tuple[str, Wakeup, int | None]]) -> None:
+    """Produce (topic, wakeup, partition) records and wait until the broker has them all."""
+    producer = Producer(producer_config(settings, "test-producer"))
+    for topic, wakeup, partition in records:
+        kwargs: dict[str, Any] = {"key": wakeup.key(), "value": wakeup.encode()}
+        if partition is not None:
+            kwargs["partition"] = partition
+        while True:
+            try:
+                producer.produce(topic, **kwargs)
+                break
+            except BufferError:
+                producer.poll(0.1)
+    assert producer.flush(30) == 0, "the broker did not acknowledge the test records"
+
+
+def run_statuses(pg: psycopg.Connection[Any], run_ids: list[str]) -> dict[str, str]:
+    rows = pg.execute(
+        "SELECT run_id, status FROM eec_workflow_run WHERE run_id = ANY(%s)", (run_ids,)
+    ).fetchall()
+    return {r[0]: r[1] for r in rows}
+
+
+def count_terminal(pg: psycopg.Connection[Any], run_ids: list[str]) -> int:
+    row = pg.execute(
+        "SELECT count(*) FROM eec_workflow_run WHERE run_id = ANY(%s)"
+        " AND status IN ('succeeded', 'failed', 'cancelled')",
+        (run_ids,),
+    ).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)

@@ -1,0 +1,385 @@
+"""The coordinator against the real broker and database: concurrency, requeues, livelock,
+crashes. Each test proves one line of the issue's "done when"."""
+
+from __future__ import annotations
+
+import random
+import threading
+import uuid
+from dataclasses import replace
+from typing import Any
+
+import orjson
+import psycopg
+import pytest
+from confluent_kafka import Consumer
+
+from processor.cli import start_runs
+from processor.config import Settings
+from processor.envelope import Wakeup, decode_wakeup
+from processor.kafka_io import normalise_headers
+from processor.model import WorkflowDef, parse_workflow
+from processor.store import insert_runs, register_workflow
+from processor.topics import TopicNames
+from processor.worker import Worker, sample_registry
+
+from .audit import assert_results_applied, assert_transitions_applied_once
+from .conftest import (
+    SAMPLE,
+    ProcessorThread,
+    Spawned,
+    count_terminal,
+    now_ms,
+    produce_wakeups,
+    run_statuses,
+    wait_for,
+)
+
+pytestmark = pytest.mark.integration
+
+
+def _chain(name: str, length: int) -> WorkflowDef:
+    steps = [{"name": f"s{i}", "type": "fast", "timeout_ms": 20000} for i in range(length)]
+    for i in range(1, length):
+        steps[i]["depends_on"] = [f"s{i - 1}"]
+    return parse_workflow({"name": name, "version": 1, "steps": steps})
+
+
+class WorkerThread:
+    def __init__(self, settings: Settings) -> None:
+        self.worker = Worker(settings, sample_registry(), threads=4)
+        self._thread = threading.Thread(target=self.worker.run, name="worker", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self.worker.stop()
+        self._thread.join(30)
+
+
+class OutsideWriter:
+    """Keeps bumping a run's version in transactions that hold the row lock, the way a
+    competing writer would: every conditional UPDATE of ours waits, then matches no row."""
+
+    def __init__(self, dsn: str, run_id: str) -> None:
+        self.writes = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, args=(dsn, run_id), daemon=True)
+        self._thread.start()
+
+    def _loop(self, dsn: str, run_id: str) -> None:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            while not self._stop.is_set():
+                with conn.transaction():
+                    cur = conn.execute(
+                        "UPDATE eec_workflow_run SET db_record_version = db_record_version + 1"
+                        " WHERE run_id = %s AND status IN ('pending', 'running')",
+                        (run_id,),
+                    )
+                    if cur.rowcount == 0:
+                        return  # the run ended
+                    conn.execute("SELECT pg_sleep(0.02)")
+                self.writes += 1
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(10)
+
+
+def test_runs_of_the_sample_workflow_succeed(
+    settings: Settings, pg: psycopg.Connection[Any], processor_thread: Any
+) -> None:
+    run_ids = [f"basic-{i}" for i in range(50)]
+    start_runs(settings, "sample", run_ids)
+    instance: ProcessorThread = processor_thread(settings)
+    worker = WorkerThread(settings)
+    try:
+        wait_for(lambda: count_terminal(pg, run_ids) == len(run_ids), 90, "50 runs to end")
+    finally:
+        worker.stop()
+    assert set(run_statuses(pg, run_ids).values()) == {"succeeded"}
+    assert_results_applied(pg, run_ids)
+    assert instance.stats.error_count == 0
+    assert instance.stats.ticks["committed"] >= 50 * 5
+
+
+def test_three_instances_with_every_wakeup_delivered_three_times(
+    settings: Settings, audit: psycopg.Connection[Any], spawn: Any
+) -> None:
+    """1,000 runs, each start wakeup produced three times onto random partitions, three
+    `ductor process` instances and two workers at once: every run succeeds, every step result
+    is applied exactly once, conflicts happen and are counted, errors are zero."""
+    pg = audit
+    settings = replace(settings, partition_by_run=False)
+    wf = _sample()
+    run_ids = [f"trio-{i}" for i in range(1000)]
+    insert_runs(pg, wf, [(r, {}) for r in run_ids], "t1")
+    topic = TopicNames(settings.topic_prefix).wakeup("t1")
+    records = [
+        (topic, Wakeup(run_id=r, reason="start", produced_at=now_ms()), random.randrange(3))
+        for r in run_ids
+        for _ in range(3)
+    ]
+    random.shuffle(records)
+    processors = [spawn(["process"], settings, f"process-{i}") for i in range(3)]
+    workers = [spawn(["worker", "--threads", "4"], settings, f"worker-{i}") for i in range(2)]
+    produce_wakeups(settings, records)
+
+    wait_for(lambda: count_terminal(pg, run_ids) == len(run_ids), 240, "1,000 runs to end", 0.5)
+    for child in processors + workers:
+        assert child.terminate() == 0
+    assert set(run_statuses(pg, run_ids).values()) == {"succeeded"}
+    assert_results_applied(pg, run_ids)
+    assert assert_transitions_applied_once(pg) >= 1000 * 5
+
+    stats = [p.final_stats() for p in processors]
+    conflicts = sum(s["conflicts"] for s in stats)
+    errors = sum(sum(s["errors"].values()) for s in stats)
+    assert conflicts > 0, "three instances on shared runs should have lost some races"
+    assert errors == 0, f"conflicts must never count as errors: {stats}"
+    assert sum(s["ticks"].get("conflict", 0) for s in stats) == conflicts
+    assert not any(s["force_fails"] for s in stats)
+
+
+def _sample() -> WorkflowDef:
+    return parse_workflow(orjson.loads(SAMPLE.read_bytes()))
+
+
+def test_a_run_kept_conflicting_is_force_failed_for_livelock(
+    settings: Settings, pg: psycopg.Connection[Any], processor_thread: Any
+) -> None:
+    """An outside writer makes every commit lose: after N non-progressing requeues the run is
+    force-failed with reason livelock. Requeues land on the right rung with the right key and
+    are processed no earlier than due."""
+    settings = replace(settings, livelock_requeues=2)
+    run_id = f"livelock-{uuid.uuid4().hex[:6]}"
+    wf = _sample()
+    insert_runs(pg, wf, [(run_id, {})], "t1")
+    writer = OutsideWriter(settings.pg_dsn, run_id)
+    wait_for(lambda: writer.writes > 0, 10, "the outside writer to start")
+    names = TopicNames(settings.topic_prefix)
+    instance: ProcessorThread = processor_thread(settings)
+    try:
+        produce_wakeups(
+            settings, [(names.wakeup("t1"), Wakeup(run_id, "start", produced_at=now_ms()), None)]
+        )
+        wait_for(
+            lambda: run_statuses(pg, [run_id])[run_id] == "failed", 60, "the livelock force-fail"
+        )
+    finally:
+        writer.stop()
+    row = pg.execute(
+        "SELECT failure_reason FROM eec_workflow_run WHERE run_id = %s", (run_id,)
+    ).fetchone()
+    assert row is not None and row[0] == "livelock"
+    stats = instance.stats
+    assert stats.force_fails == {"livelock": 1}
+    assert dict(stats.requeues) == {100: 1, 200: 1}
+    assert stats.conflicts == 15  # five in-process attempts in each of three rounds
+    assert stats.error_count == 0
+    assert stats.lateness_ms.samples and min(stats.lateness_ms.samples) >= 0
+
+    # The requeues themselves: one per rung, keyed run_id:attempt, count on the envelope.
+    seen = _read_all(settings, [names.delay(100), names.delay(200)], expected=2)
+    assert {(t, k) for t, k, _ in seen} == {
+        (names.delay(100), f"{run_id}:1"),
+        (names.delay(200), f"{run_id}:2"),
+    }
+    for topic, _key, wakeup in seen:
+        rung = int(topic.rsplit(".", 1)[1])
+        assert wakeup.reason == "requeue"
+        assert wakeup.requeue_count == {100: 1, 200: 2}[rung]
+        assert wakeup.produced_at is not None and wakeup.due_at == wakeup.produced_at + rung
+
+
+def _read_all(
+    settings: Settings, topics: list[str], expected: int
+) -> list[tuple[str, str, Wakeup]]:
+    consumer = Consumer(
+        {
+            "bootstrap.servers": settings.bootstrap_servers,
+            "group.id": f"reader-{uuid.uuid4().hex[:6]}",
+            "auto.offset.reset": "earliest",
+            "enable.auto.commit": False,
+        }
+    )
+    consumer.subscribe(topics)
+    seen: list[tuple[str, str, Wakeup]] = []
+
+    def read() -> bool:
+        message = consumer.poll(0.2)
+        if message is not None and message.error() is None:
+            decoded = decode_wakeup(message.value(), 65536)
+            assert isinstance(decoded, Wakeup)
+            seen.append((message.topic() or "", (message.key() or b"").decode(), decoded))
+        return len(seen) >= expected
+
+    wait_for(read, 30, f"{expected} records on {topics}")
+    consumer.close()
+    return seen
+
+
+def test_a_hot_run_that_keeps_progressing_is_never_force_failed(
+    settings: Settings, pg: psycopg.Connection[Any], processor_thread: Any
+) -> None:
+    """Two instances hammer one long run with hundreds of wakeups on random partitions; it
+    conflicts often but commits progress, so even a livelock limit of 1 never trips."""
+    settings = replace(settings, livelock_requeues=1, partition_by_run=False)
+    wf = _chain("hot-chain", 12)
+    register_workflow(pg, wf)
+    run_id = f"hot-{uuid.uuid4().hex[:6]}"
+    insert_runs(pg, wf, [(run_id, {})], "t0")
+    instances = [processor_thread(settings) for _ in range(2)]
+    worker = WorkerThread(settings)
+    topic = TopicNames(settings.topic_prefix).wakeup("t0")
+    stop = threading.Event()
+
+    def hammer() -> None:
+        while not stop.is_set():
+            batch = [
+                (topic, Wakeup(run_id, "signal", produced_at=now_ms()), random.randrange(3))
+                for _ in range(20)
+            ]
+            produce_wakeups(settings, batch)
+            stop.wait(0.01)
+
+    hammerer = threading.Thread(target=hammer, daemon=True)
+    hammerer.start()
+    try:
+        wait_for(
+            lambda: (
+                run_statuses(pg, [run_id])[run_id] != "pending"
+                and count_terminal(pg, [run_id]) == 1
+            ),
+            120,
+            "the hot run to end",
+        )
+    finally:
+        stop.set()
+        hammerer.join(10)
+        worker.stop()
+    assert run_statuses(pg, [run_id])[run_id] == "succeeded"
+    assert sum(sum(i.stats.force_fails.values()) for i in instances) == 0
+    assert sum(i.stats.error_count for i in instances) == 0
+
+
+def test_an_instance_killed_mid_batch_loses_nothing_and_applies_nothing_twice(
+    settings: Settings, audit: psycopg.Connection[Any], spawn: Any
+) -> None:
+    pg = audit
+    settings = replace(settings, sweep_grace_s=0.5)
+    run_ids = [f"kill-{i}" for i in range(400)]
+    first = spawn(["process"], settings, "victim")
+    second = spawn(["process"], settings, "survivor")
+    worker = spawn(["worker", "--threads", "8"], settings, "worker")
+    start_runs(settings, "sample", run_ids)
+    wait_for(
+        lambda: count_terminal(pg, run_ids) >= 60, 120, "some runs to end before the kill", 0.05
+    )
+    assert _owned_partitions(first) > 0, "the victim must own partitions when it is killed"
+    first.kill()  # SIGKILL: no shutdown, no flush, no offset commit
+    replacement = spawn(["process"], settings, "replacement")
+    wait_for(lambda: count_terminal(pg, run_ids) == len(run_ids), 180, "every run to end", 0.5)
+    for child in (second, replacement, worker):
+        assert child.terminate() == 0
+    assert set(run_statuses(pg, run_ids).values()) == {"succeeded"}
+    assert_results_applied(pg, run_ids)
+    assert_transitions_applied_once(pg)
+    for child in (second, replacement):
+        assert sum(child.final_stats()["errors"].values()) == 0
+
+
+def _owned_partitions(child: Spawned) -> int:
+    owned = 0
+    for line in child.log_lines():
+        if line.get("msg") == "partitions assigned":
+            owned += int(line["count"])
+        elif line.get("msg") == "partitions released":
+            owned -= int(line["count"])
+    return owned
+
+
+def test_a_row_changed_out_of_band_is_reported_not_overwritten(
+    settings: Settings, pg: psycopg.Connection[Any], processor_thread: Any
+) -> None:
+    run_id = f"tampered-{uuid.uuid4().hex[:6]}"
+    wf = _sample()
+    insert_runs(pg, wf, [(run_id, {})], "t1")
+    pg.execute(
+        "UPDATE eec_workflow_run SET node_states = jsonb_set(node_states, '{fetch,attempt}', '7')"
+        " WHERE run_id = %s",
+        (run_id,),
+    )
+    before = pg.execute(
+        "SELECT node_states, db_record_version FROM eec_workflow_run WHERE run_id = %s", (run_id,)
+    ).fetchone()
+    instance: ProcessorThread = processor_thread(settings)
+    names = TopicNames(settings.topic_prefix)
+    produce_wakeups(
+        settings, [(names.wakeup("t1"), Wakeup(run_id, "start", produced_at=now_ms()), None)]
+    )
+    wait_for(
+        lambda: instance.stats.dead_letters["checksum_mismatch"] == 1, 30, "the mismatch report"
+    )
+    after = pg.execute(
+        "SELECT node_states, db_record_version FROM eec_workflow_run WHERE run_id = %s", (run_id,)
+    ).fetchone()
+    assert after == before
+    assert instance.stats.errors["checksum_mismatch"] == 1
+    dead = _read_raw(settings, names.dlq)
+    assert dict(dead[0])["ductor.dlq.reason"] == b"checksum_mismatch"
+
+
+def _read_raw(settings: Settings, topic: str) -> list[list[tuple[str, bytes]]]:
+    consumer = Consumer(
+        {
+            "bootstrap.servers": settings.bootstrap_servers,
+            "group.id": f"reader-{uuid.uuid4().hex[:6]}",
+            "auto.offset.reset": "earliest",
+        }
+    )
+    consumer.subscribe([topic])
+    seen: list[list[tuple[str, bytes]]] = []
+
+    def read() -> bool:
+        message = consumer.poll(0.2)
+        if message is not None and message.error() is None:
+            seen.append(normalise_headers(message))
+        return bool(seen)
+
+    wait_for(read, 30, f"a record on {topic}")
+    consumer.close()
+    return seen
+
+
+def test_the_watchdog_rewakes_overdue_runs_and_fails_stuck_ones(
+    settings: Settings, pg: psycopg.Connection[Any], processor_thread: Any
+) -> None:
+    """A run whose wakeup was lost (never produced) is re-woken from next_wakeup_at; a run
+    with no transition past the threshold is force-failed with reason stuck."""
+    settings = replace(settings, sweep_grace_s=0.0, stuck_after_s=3.0)
+    wf = _sample()
+    lost, stuck = f"lost-{uuid.uuid4().hex[:6]}", f"stuck-{uuid.uuid4().hex[:6]}"
+    insert_runs(pg, wf, [(lost, {}), (stuck, {})], "t1")
+    pg.execute(
+        "UPDATE eec_workflow_run SET next_wakeup_at = now() - interval '1 minute'"
+        " WHERE run_id = %s",
+        (lost,),
+    )
+    pg.execute(
+        "UPDATE eec_workflow_run SET last_transition_at = now() - interval '1 hour'"
+        " WHERE run_id = %s",
+        (stuck,),
+    )
+    instance: ProcessorThread = processor_thread(settings)
+    worker = WorkerThread(settings)
+    try:
+        wait_for(lambda: count_terminal(pg, [lost, stuck]) == 2, 60, "both runs to end")
+    finally:
+        worker.stop()
+    assert run_statuses(pg, [lost, stuck]) == {lost: "succeeded", stuck: "failed"}
+    reason = pg.execute(
+        "SELECT failure_reason FROM eec_workflow_run WHERE run_id = %s", (stuck,)
+    ).fetchone()
+    assert reason is not None and reason[0] == "stuck"
+    assert instance.stats.force_fails == {"stuck": 1}
+    assert instance.processor.watchdog.rewoken >= 1
