@@ -540,6 +540,12 @@ transaction.state.log.num.partitions=1
 share.coordinator.state.topic.replication.factor=1
 share.coordinator.state.topic.min.isr=1
 group.initial.rebalance.delay.ms=0
+# The consumer group protocol (KIP-848) the processors use: a dead member's partitions move
+# after 10 s instead of 45 s, and assignments propagate within a second.
+group.consumer.session.timeout.ms=10000
+group.consumer.min.session.timeout.ms=6000
+group.consumer.heartbeat.interval.ms=1000
+group.consumer.min.heartbeat.interval.ms=500
 num.network.threads=1
 num.io.threads=2
 background.threads=2

@@ -41,10 +41,15 @@ class TierWeights:
 class Settings:
     bootstrap_servers: str = "127.0.0.1:19092"
     group_id: str = "ductor-coordinator"
+    # "consumer" (KIP-848, Kafka 4.0+): incremental rebalances with the broker's range
+    # assignor, which gives partition i of every topic to the same instance, so a run's
+    # wakeups from every tier and rung meet in one instance when partition counts are equal.
+    # "classic": the classic protocol with cooperative-sticky (older brokers).
+    group_protocol: str = "consumer"
     pg_dsn: str = "postgresql://ductor:ductor@127.0.0.1:55432/ductor"
     topic_prefix: str = "ductor"
     wakeup_partitions: int = 6
-    delay_partitions: int = 3
+    delay_partitions: int = 6  # keep equal to wakeup_partitions: see group_protocol
     step_partitions: int = 3
     dlq_partitions: int = 1
     replication_factor: int = 1
@@ -198,6 +203,7 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
 
     take("bootstrap_servers", _parse_servers)
     take("group_id", _parse_name)
+    take("group_protocol", _parse_choice(("consumer", "classic")))
     take("pg_dsn", _parse_dsn)
     take("topic_prefix", _parse_name)
     take("wakeup_partitions", int_in(1, 10_000))

@@ -67,23 +67,32 @@ def producer_config(settings: Settings, client_id: str) -> dict[str, Any]:
 
 
 def consumer_config(settings: Settings, client_id: str) -> dict[str, Any]:
-    return {
+    config: dict[str, Any] = {
         **settings.kafka_common(),
         "client.id": client_id,
         "group.id": settings.group_id,
-        "partition.assignment.strategy": "cooperative-sticky",
         "auto.offset.reset": "earliest",
         # Offsets are stored by hand, only once a record's tick committed and its effects were
         # acknowledged; the auto-commit then only ships what was stored (at-least-once).
         "enable.auto.offset.store": False,
         "enable.auto.commit": True,
         "auto.commit.interval.ms": 1000,
-        "session.timeout.ms": 10_000,
-        "heartbeat.interval.ms": 1000,
         "max.poll.interval.ms": 300_000,
         "fetch.wait.max.ms": 10,
         "queued.max.messages.kbytes": 16384,
         "enable.partition.eof": False,
+    }
+    return {**config, **group_protocol_config(settings)}
+
+
+def group_protocol_config(settings: Settings) -> dict[str, Any]:
+    """Rebalancing without stopping the world, by either group protocol (see config.py)."""
+    if settings.group_protocol == "consumer":
+        return {"group.protocol": "consumer", "group.remote.assignor": "range"}
+    return {
+        "partition.assignment.strategy": "cooperative-sticky",
+        "session.timeout.ms": 10_000,
+        "heartbeat.interval.ms": 1000,
     }
 
 

@@ -79,6 +79,15 @@ class Stats:
             "force_fails": dict(self.force_fails),
             "dead_letters": dict(self.dead_letters),
             "commit_attempts": self.commit_attempts,
+            "latency_ms": {
+                name: {"p50": reservoir.percentile(50), "p99": reservoir.percentile(99)}
+                for name, reservoir in (
+                    ("tick", self.tick_ms),
+                    ("commit", self.commit_ms),
+                    ("end_to_end", self.end_to_end_ms),
+                    ("lateness", self.lateness_ms),
+                )
+            },
         }
 
     def take_hot_runs(self, n: int = 10) -> list[tuple[str, int]]:

@@ -57,7 +57,7 @@ class Decision:
 
     new_state: RunState | None
     dispatches: tuple[Dispatch, ...] = ()
-    timers: tuple[int, ...] = ()  # epoch ms at which the run must be woken if nothing else does
+    timers: tuple[int, ...] = ()  # epoch ms at which a retry wait ends and the run must be woken
 
     @property
     def progressed(self) -> bool:
@@ -176,11 +176,17 @@ def _end(
 
 
 def _new_timers(old: RunState, new: RunState) -> tuple[int, ...]:
-    """Wake-up times set by this tick (a due time already known before needs no new timer)."""
-    old_dues = {(n, s.attempt, s.status, s.due_ms) for n, s in old.nodes}
+    """Retry waits set by this tick: the shell wakes the run when each is due.
+
+    Step deadlines get no timer: they are the failure path (most steps answer first), so the
+    watchdog enforces them from ``next_wakeup_at`` and no record per dispatch is needed.
+    """
+    old_waits = {(n, s.attempt) for n, s in old.nodes if s.status is NodeStatus.RETRY_WAIT}
     dues = {
         s.due_ms
         for n, s in new.nodes
-        if s.due_ms is not None and (n, s.attempt, s.status, s.due_ms) not in old_dues
+        if s.status is NodeStatus.RETRY_WAIT
+        and s.due_ms is not None
+        and (n, s.attempt) not in old_waits
     }
     return tuple(sorted(dues))

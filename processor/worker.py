@@ -26,7 +26,12 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, Topi
 
 from processor.config import Settings
 from processor.envelope import Wakeup
-from processor.kafka_io import choose_partition, producer_config, topic_partitions
+from processor.kafka_io import (
+    choose_partition,
+    group_protocol_config,
+    producer_config,
+    topic_partitions,
+)
 from processor.model import StepOutcome, ValidationError
 from processor.step_task import StepTask, decode_step_task
 from processor.store import insert_step_result
@@ -114,7 +119,7 @@ class Worker:
                 **settings.kafka_common(),
                 "client.id": client_id,
                 "group.id": f"{settings.group_id}-workers",
-                "partition.assignment.strategy": "cooperative-sticky",
+                **group_protocol_config(settings),
                 "auto.offset.reset": "earliest",
                 # Offsets are stored once a batch's results are recorded and its wakeups
                 # acknowledged; auto-commit ships them (a rebalance never fails a commit call).

@@ -104,7 +104,7 @@ def settings(base_settings: Settings, pg: psycopg.Connection[Any]) -> Iterator[S
         topic_prefix=f"test-{tag}",
         group_id=f"test-{tag}",
         wakeup_partitions=3,
-        delay_partitions=2,
+        delay_partitions=3,
         step_partitions=3,
         sweep_interval_s=0.5,
         shutdown_timeout_s=10.0,

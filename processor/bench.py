@@ -1,0 +1,449 @@
+"""The benchmark (`make bench`, `ductor bench`): figures from one run on the real broker and DB.
+
+It measures, in the same run so that the ratios hold on a noisy shared machine:
+
+- ceiling: the batched conditional UPDATE alone on the same Postgres (no Kafka);
+- instance: committed ticks per second of one `ductor process` on uncontended runs;
+- naive: a one-record-at-a-time consumer loop (poll, load, tick, conditional UPDATE, commit
+  the offset synchronously), written here as the baseline;
+- hot mix: two instances, workers, duplicated wakeups and a few hot runs at about half of the
+  instance's peak rate, with co-partitioning by run on and off: wasted attempts (conflicts per
+  commit attempt) and wakeup-to-commit latency;
+- peak RSS of the instance.
+
+It prints the figures; it asserts nothing about speed (that would make a flaky test).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import orjson
+import psycopg
+from confluent_kafka import Consumer, Producer
+from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
+
+from processor.config import Settings, load_settings
+from processor.envelope import Wakeup, decode_wakeup
+from processor.kafka_io import choose_partition, producer_config
+from processor.migrate import migrate
+from processor.model import LoadedRun, WorkflowDef, parse_workflow
+from processor.store import (
+    Commit,
+    Definitions,
+    commit_batch,
+    insert_runs,
+    load_runs,
+    register_workflow,
+)
+from processor.tick import tick
+from processor.topics import TopicNames, create_topics, desired_topics
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _workflow(name: str, steps: int, chain: bool = False) -> WorkflowDef:
+    """`steps` fast steps: a chain, or a diamond-ish fan (first, middle..., last)."""
+    defs: list[dict[str, Any]] = []
+    for i in range(steps):
+        if chain:
+            deps = [f"s{i - 1}"] if i else []
+        elif i == 0:
+            deps = []
+        elif i == steps - 1:
+            deps = [f"s{j}" for j in range(1, steps - 1)] or ["s0"]
+        else:
+            deps = ["s0"]
+        defs.append({"name": f"s{i}", "type": "fast", "depends_on": deps, "timeout_ms": 30000})
+    return parse_workflow({"name": name, "version": 1, "steps": defs})
+
+
+class Bench:
+    def __init__(self, base: Settings, scale: float) -> None:
+        self.tag = uuid.uuid4().hex[:6]
+        self.settings = replace(
+            base,
+            topic_prefix=f"bench-{self.tag}",
+            group_id=f"bench-{self.tag}",
+            wakeup_partitions=6,
+            delay_partitions=6,
+            step_partitions=4,
+        )
+        self.scale = scale
+        self.names = TopicNames(self.settings.topic_prefix)
+        self.conn = psycopg.connect(base.pg_dsn, autocommit=True)
+        self.one = _workflow("bench-one", 1)
+        self.quad = _workflow("bench-quad", 4)
+        self.chain = _workflow("bench-chain", 40, chain=True)
+
+    def n(self, base: int) -> int:
+        return max(100, int(base * self.scale))
+
+    def setup(self) -> None:
+        migrate(self.settings.pg_dsn)
+        create_topics(self.settings)
+        for wf in (self.one, self.quad, self.chain):
+            register_workflow(self.conn, wf)
+
+    def teardown(self) -> None:
+        self.conn.execute("DELETE FROM eec_workflow_run WHERE run_id LIKE %s", (f"b{self.tag}-%",))
+        admin = AdminClient(self.settings.kafka_common())
+        topics = [*desired_topics(self.settings), f"{self.settings.topic_prefix}.naive"]
+        for future in admin.delete_topics(topics, operation_timeout=30).values():
+            try:
+                future.result(timeout=30)
+            except Exception as exc:  # cleanup is best effort: report, do not mask the figures
+                print(f"  (could not delete a bench topic: {exc})", file=sys.stderr)
+        self.conn.close()
+
+    def ids(self, kind: str, count: int) -> list[str]:
+        return [f"b{self.tag}-{kind}-{i}" for i in range(count)]
+
+    def insert(self, wf: WorkflowDef, ids: Sequence[str]) -> None:
+        for start in range(0, len(ids), 5000):
+            insert_runs(self.conn, wf, [(r, {}) for r in ids[start : start + 5000]], "t1")
+
+    # -- ceiling -------------------------------------------------------------------------------
+
+    def ceiling(self) -> float:
+        """Ticks per second of the batched conditional UPDATE alone (states precomputed)."""
+        ids = self.ids("ceil", self.n(20000))
+        self.insert(self.one, ids)
+        definitions = Definitions()
+        now_ms = int(time.time() * 1000)
+        batches: list[list[Commit]] = []
+        size = self.settings.batch_size
+        for start in range(0, len(ids), size):
+            loaded = load_runs(self.conn, definitions, ids[start : start + size])
+            commits = []
+            for run in loaded.values():
+                assert isinstance(run, LoadedRun)
+                decision = tick(run.state, self.one, (), (), now_ms)
+                assert decision.new_state is not None
+                commits.append(Commit(run.run_id, run.version, decision.new_state))
+            batches.append(commits)
+        started = time.perf_counter()
+        committed = sum(len(commit_batch(self.conn, batch)) for batch in batches)
+        elapsed = time.perf_counter() - started
+        assert committed == len(ids), f"ceiling: only {committed} of {len(ids)} committed"
+        return committed / elapsed
+
+    # -- one instance --------------------------------------------------------------------------
+
+    def instance(
+        self, extra_env: dict[str, str] | None = None, label: str = "inst"
+    ) -> tuple[float, int]:
+        """Committed ticks per second of one `ductor process` on uncontended runs, and its
+        peak RSS in bytes. The backlog is produced first; the rate is taken between 10 % and
+        90 % of the commits so that start-up and the tail do not count."""
+        ids = self.ids(label, self.n(20000))
+        self.insert(self.one, ids)
+        self.produce_starts(ids, duplicates=1, by_run=True)
+        child = self.spawn(["process"], extra_env or {}, f"{label}-process")
+        try:
+            rate = self.rate_between(ids, 0.1, 0.9, timeout=300)
+            rss = peak_rss(child.pid)
+        finally:
+            stop(child)
+        return rate, rss
+
+    def rate_between(self, ids: list[str], low: float, high: float, timeout: float) -> float:
+        pattern = ids[0].rsplit("-", 1)[0] + "-%"
+        marks: dict[float, float] = {}
+        deadline = time.monotonic() + timeout
+        while len(marks) < 2:
+            row = self.conn.execute(
+                "SELECT count(*) FROM eec_workflow_run"
+                " WHERE run_id LIKE %s AND last_transition_seq >= 1",
+                (pattern,),
+            ).fetchone()
+            done = row[0] if row else 0
+            now = time.monotonic()
+            for fraction in (low, high):
+                if fraction not in marks and done >= fraction * len(ids):
+                    marks[fraction] = now
+            if now > deadline:
+                raise RuntimeError(f"only {done} of {len(ids)} runs ticked within {timeout} s")
+            time.sleep(0.05)  # the benchmark samples progress; this is not a test
+        return (high - low) * len(ids) / max(1e-6, marks[high] - marks[low])
+
+    # -- naive baseline ------------------------------------------------------------------------
+
+    def naive(self) -> float:
+        """The baseline: one record at a time, load, tick, conditional UPDATE, sync commit."""
+        ids = self.ids("naive", self.n(3000))
+        self.insert(self.one, ids)
+        topic = f"{self.settings.topic_prefix}.naive"
+        admin = AdminClient(self.settings.kafka_common())
+        for future in admin.create_topics([NewTopic(topic, num_partitions=6)]).values():
+            future.result(timeout=30)
+        producer = Producer(producer_config(self.settings, "bench-naive"))
+        for run_id in ids:
+            produce(producer, topic, Wakeup(run_id, "start").encode(), run_id.encode(), None)
+        producer.flush(60)
+        consumer = Consumer(
+            {
+                "bootstrap.servers": self.settings.bootstrap_servers,
+                "group.id": f"bench-naive-{self.tag}",
+                "auto.offset.reset": "earliest",
+                "enable.auto.commit": False,
+            }
+        )
+        consumer.subscribe([topic])
+        definitions = Definitions()
+        done = 0
+        started: float | None = None
+        while done < len(ids):
+            message = consumer.poll(5.0)
+            if message is None:
+                raise RuntimeError("naive baseline: no record within 5 s")
+            if message.error() is not None:
+                continue
+            started = started or time.perf_counter()
+            wakeup = decode_wakeup(message.value(), 65536)
+            assert isinstance(wakeup, Wakeup)
+            run = load_runs(self.conn, definitions, [wakeup.run_id])[wakeup.run_id]
+            assert isinstance(run, LoadedRun)
+            decision = tick(run.state, self.one, run.results, run.signals, int(time.time() * 1000))
+            if decision.new_state is not None:
+                commit_batch(self.conn, [Commit(run.run_id, run.version, decision.new_state)])
+            consumer.commit(message=message, asynchronous=False)
+            done += 1
+        elapsed = time.perf_counter() - (started or time.perf_counter())
+        consumer.close()
+        return done / elapsed
+
+    # -- hot mix -------------------------------------------------------------------------------
+
+    def hot_mix(self, target_ticks_per_s: float, by_run: bool, seconds: float) -> dict[str, Any]:
+        """Two instances and two workers at a paced rate, every start wakeup produced three
+        times, plus a few hot runs hammered with extra wakeups."""
+        label = "hot-on" if by_run else "hot-off"
+        env = {"DUCTOR_PARTITION_BY_RUN": "true" if by_run else "false"}
+        ticks_per_run = 5  # start, then one per result of the 4-step fan, the last one ends it
+        runs_per_s = max(1.0, target_ticks_per_s / ticks_per_run)
+        ids = self.ids(f"{label}-q", int(runs_per_s * seconds))
+        hot_ids = self.ids(f"{label}-h", 10)
+        self.insert(self.quad, ids)
+        self.insert(self.chain, hot_ids)
+        children = [self.spawn(["process"], env, f"{label}-process-{i}") for i in range(2)]
+        children += [
+            self.spawn(["worker", "--threads", "8"], env, f"{label}-worker-{i}") for i in range(2)
+        ]
+        producer = Producer(producer_config(self.settings, "bench-load"))
+        try:
+            self.produce_starts(hot_ids, duplicates=1, by_run=by_run)
+            paced(
+                seconds,
+                len(ids),
+                lambda i: self.produce_start(producer, ids[i], duplicates=3, by_run=by_run),
+                lambda: self.produce_start(
+                    producer, random.choice(hot_ids), duplicates=1, by_run=by_run
+                ),
+            )
+            producer.flush(30)
+            self.wait_terminal(ids, timeout=120)
+        finally:
+            for child in children:
+                stop(child)
+        stats = [final_stats(self.log_path(f"{label}-process-{i}")) for i in range(2)]
+        conflicts = sum(s["conflicts"] for s in stats)
+        attempts = sum(s["commit_attempts"] for s in stats)
+        e2e = [s["latency_ms"]["end_to_end"] for s in stats]
+        return {
+            "wasted": conflicts / attempts if attempts else 0.0,
+            "conflicts": conflicts,
+            "attempts": attempts,
+            "errors": sum(sum(s["errors"].values()) for s in stats),
+            "p50": max(x["p50"] or 0 for x in e2e),
+            "p99": max(x["p99"] or 0 for x in e2e),
+            "runs": len(ids),
+        }
+
+    def wait_terminal(self, ids: list[str], timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while True:
+            row = self.conn.execute(
+                "SELECT count(*) FROM eec_workflow_run WHERE run_id = ANY(%s)"
+                " AND status IN ('succeeded', 'failed', 'cancelled')",
+                (ids,),
+            ).fetchone()
+            if row and row[0] == len(ids):
+                return
+            if time.monotonic() > deadline:
+                raise RuntimeError(
+                    f"hot mix: {row[0] if row else 0} of {len(ids)} runs ended in time"
+                )
+            time.sleep(0.2)
+
+    # -- plumbing ------------------------------------------------------------------------------
+
+    def produce_starts(self, ids: Sequence[str], duplicates: int, by_run: bool) -> None:
+        producer = Producer(producer_config(self.settings, "bench-load"))
+        for run_id in ids:
+            self.produce_start(producer, run_id, duplicates, by_run)
+        producer.flush(60)
+
+    def produce_start(self, producer: Producer, run_id: str, duplicates: int, by_run: bool) -> None:
+        topic = self.names.wakeup("t1")
+        wakeup = Wakeup(run_id, "start", produced_at=int(time.time() * 1000))
+        for _ in range(duplicates):
+            partition = choose_partition(run_id, self.settings.wakeup_partitions, by_run)
+            produce(producer, topic, wakeup.encode(), wakeup.key(), partition)
+
+    def log_path(self, name: str) -> Path:
+        return Path(f"/tmp/ductor-bench-{self.tag}-{name}.log")
+
+    def spawn(
+        self, args: list[str], extra_env: dict[str, str], name: str
+    ) -> subprocess.Popen[bytes]:
+        env = dict(os.environ)
+        env.update(
+            {
+                "DUCTOR_BOOTSTRAP_SERVERS": self.settings.bootstrap_servers,
+                "DUCTOR_PG_DSN": self.settings.pg_dsn,
+                "DUCTOR_TOPIC_PREFIX": self.settings.topic_prefix,
+                "DUCTOR_GROUP_ID": self.settings.group_id,
+                "DUCTOR_LOG_FORMAT": "json",
+                **extra_env,
+            }
+        )
+        log = self.log_path(name).open("wb")
+        return subprocess.Popen(
+            [sys.executable, "-m", "processor", *args], env=env, stdout=log, stderr=log
+        )
+
+
+def produce(
+    producer: Producer, topic: str, value: bytes, key: bytes, partition: int | None
+) -> None:
+    kwargs: dict[str, Any] = {"value": value, "key": key}
+    if partition is not None:
+        kwargs["partition"] = partition
+    while True:
+        try:
+            producer.produce(topic, **kwargs)
+            producer.poll(0)
+            return
+        except BufferError:
+            producer.poll(0.05)
+
+
+def paced(
+    seconds: float, count: int, send: Callable[[int], None], extra: Callable[[], None]
+) -> None:
+    """Send ``count`` items evenly over ``seconds`` (and one `extra` per item, the hot load)."""
+    started = time.monotonic()
+    for i in range(count):
+        target = started + seconds * i / count
+        delay = target - time.monotonic()
+        if delay > 0:
+            time.sleep(delay)
+        send(i)
+        extra()
+
+
+def stop(child: subprocess.Popen[bytes]) -> None:
+    child.terminate()
+    try:
+        child.wait(30)
+    except subprocess.TimeoutExpired:
+        child.kill()
+        child.wait(10)
+
+
+def peak_rss(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
+    return 0
+
+
+def final_stats(path: Path) -> dict[str, Any]:
+    for raw in reversed(path.read_bytes().splitlines()):
+        try:
+            line = orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            continue
+        if line.get("msg") == "processor stopped":
+            stats: dict[str, Any] = line["stats"]
+            return stats
+    raise RuntimeError(f"no final stats in {path}")
+
+
+@dataclass
+class Figures:
+    ceiling: float = 0.0
+    instance: float = 0.0
+    naive: float = 0.0
+    rss: int = 0
+    hot_on: dict[str, Any] | None = None
+    hot_off: dict[str, Any] | None = None
+
+
+def report(f: Figures) -> None:
+    rows = [
+        ("DB-only ceiling (batched conditional UPDATE)", f"{f.ceiling:10.0f} ticks/s"),
+        ("one `ductor process`, uncontended runs", f"{f.instance:10.0f} ticks/s"),
+        ("naive one-record-at-a-time loop (baseline)", f"{f.naive:10.0f} ticks/s"),
+        ("instance / naive", f"{f.instance / f.naive:10.1f} x   (target >= 10)"),
+        ("instance / ceiling", f"{f.instance / f.ceiling:10.2f}     (target >= 0.6)"),
+        ("peak RSS of the instance", f"{f.rss / 2**20:10.0f} MiB (target <= 250)"),
+    ]
+    print()
+    print("Ductor benchmark (one run, real Kafka and Postgres on this machine)")
+    for label, value in rows:
+        print(f"  {label:46} {value}")
+    for name, hot in (("co-partitioned by run", f.hot_on), ("spread over partitions", f.hot_off)):
+        if hot is None:
+            continue
+        print(f"  hot mix, {name} ({hot['runs']} runs + 10 hot, 2 instances, ~half peak load):")
+        print(
+            f"    wasted attempts {hot['wasted'] * 100:5.1f} %  ({hot['conflicts']} conflicts"
+            f" / {hot['attempts']} commit attempts; target <= 10 %), errors {hot['errors']}"
+        )
+        print(
+            f"    wakeup-to-commit p50 {hot['p50']:.1f} ms, p99 {hot['p99']:.1f} ms (target p99 <= 50)"
+        )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="ductor bench", description=__doc__)
+    parser.add_argument("--scale", type=float, default=1.0, help="multiply the run counts")
+    parser.add_argument(
+        "--hot-seconds", type=float, default=15.0, help="length of each hot-mix phase"
+    )
+    args = parser.parse_args(argv)
+    bench = Bench(load_settings(), args.scale)
+    bench.setup()
+    figures = Figures()
+    try:
+        print("measuring the DB-only ceiling ...", flush=True)
+        figures.ceiling = bench.ceiling()
+        print("measuring one instance on uncontended runs ...", flush=True)
+        figures.instance, figures.rss = bench.instance()
+        print("measuring the naive baseline ...", flush=True)
+        figures.naive = bench.naive()
+        target = figures.instance / 2
+        print(f"hot mix at ~{target:.0f} ticks/s, co-partitioned by run ...", flush=True)
+        figures.hot_on = bench.hot_mix(target, by_run=True, seconds=args.hot_seconds)
+        print(f"hot mix at ~{target:.0f} ticks/s, spread over partitions ...", flush=True)
+        figures.hot_off = bench.hot_mix(target, by_run=False, seconds=args.hot_seconds)
+    finally:
+        bench.teardown()
+    report(figures)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
