@@ -412,9 +412,8 @@ def report(f: Figures) -> None:
             f"    wasted attempts {hot['wasted'] * 100:5.1f} %  ({hot['conflicts']} conflicts"
             f" / {hot['attempts']} commit attempts; target <= 10 %), errors {hot['errors']}"
         )
-        print(
-            f"    wakeup-to-commit p50 {hot['p50']:.1f} ms, p99 {hot['p99']:.1f} ms (target p99 <= 50)"
-        )
+        latency = f"p50 {hot['p50']:.1f} ms, p99 {hot['p99']:.1f} ms"
+        print(f"    wakeup-to-commit {latency} (target p99 <= 50)")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -84,17 +84,29 @@ class Settings:
         return {k: ("***" if k in SECRET_KAFKA_KEYS else v) for k, v in self.kafka_common().items()}
 
 
+_KEYWORD_PASSWORD = re.compile(r"(password\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)")
+
+
 def redact_dsn(dsn: str) -> str:
-    """The DSN with its password replaced, for logs and error messages."""
-    if "://" in dsn:
-        parts = urlsplit(dsn)
-        if parts.password is not None:
-            host = parts.hostname or ""
-            port = f":{parts.port}" if parts.port else ""
-            netloc = f"{parts.username}:***@{host}{port}"
-            return urlunsplit(parts._replace(netloc=netloc))
-        return dsn
-    return re.sub(r"(password\s*=\s*)\S+", r"\1***", dsn)
+    """The DSN with every password replaced, for logs and error messages.
+
+    libpq takes a password in the URI's userinfo, as a ``password`` query parameter, or as a
+    (possibly quoted) ``password=`` keyword; all three are hidden.
+    """
+    if "://" not in dsn:
+        return _KEYWORD_PASSWORD.sub(r"\1***", dsn)
+    parts = urlsplit(dsn)
+    netloc = parts.netloc
+    userinfo, at, hostport = netloc.rpartition("@")
+    if at and ":" in userinfo:
+        netloc = f"{userinfo.split(':', 1)[0]}:***@{hostport}"
+    query = "&".join(
+        f"{key}=***" if key == "password" else pair
+        for pair in parts.query.split("&")
+        if pair
+        for key in [pair.split("=", 1)[0]]
+    )
+    return urlunsplit(parts._replace(netloc=netloc, query=query))
 
 
 def _parse_int(name: str, raw: str, minimum: int, maximum: int | None = None) -> int:

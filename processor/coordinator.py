@@ -358,15 +358,10 @@ class Coordinator:
                 deadline_ms=dispatch.deadline_ms,
                 tier=run.tier,
             )
+            value, key = task.encode(), work.run_id.encode()
             work.outstanding += 1
-            self._outbox.send(
-                self._names.steps,
-                task.encode(),
-                work.run_id.encode(),
-                self._delivery_handler(
-                    work, self._names.steps, task.encode(), work.run_id.encode()
-                ),
-            )
+            handler = self._delivery_handler(work, self._names.steps, value, key)
+            self._outbox.send(self._names.steps, value, key, handler)
         for due_ms in decision.timers:
             self._send_timer(work, due_ms, now_ms)
         self._settle(work)

@@ -81,8 +81,9 @@ def decode_wakeup(value: bytes | None, max_bytes: int) -> Wakeup | Rejected:
     if not isinstance(raw, dict):
         return Rejected("wrong_schema", f"expected a JSON object, got {type(raw).__name__}")
     version = raw.get("envelope_version")
-    if version != ENVELOPE_VERSION:
-        if isinstance(version, int) and not isinstance(version, bool):
+    is_number = isinstance(version, int | float) and not isinstance(version, bool)
+    if not is_number or version != ENVELOPE_VERSION:  # 1.0 is 1, as in the JSON schema
+        if is_number:
             return Rejected(
                 "unknown_envelope_version", f"envelope_version {version} is not supported"
             )
@@ -113,7 +114,8 @@ def _schema_problem(raw: dict[str, Any]) -> str | None:
     run_id = raw.get("run_id")
     if not isinstance(run_id, str) or not 1 <= len(run_id) <= MAX_RUN_ID_LENGTH:
         return f"run_id must be a string of 1 to {MAX_RUN_ID_LENGTH} characters"
-    if raw.get("reason") not in REASONS:
+    reason = raw.get("reason")
+    if not isinstance(reason, str) or reason not in REASONS:
         return f"reason must be one of {', '.join(sorted(REASONS))}"
     for name in ("requeue_count", "attempt"):
         if name in raw and not (_is_int(raw[name]) and raw[name] >= 0):

@@ -73,6 +73,8 @@ class TierQueues(Generic[T]):
             raise ValueError("every tier needs a weight >= 1")
         self._weights = dict(weights)
         self._queues: dict[str, deque[T]] = {tier: deque() for tier in weights}
+        self._turn = 0  # index of the tier whose turn it is
+        self._served = 0  # items that tier gave in its current turn
 
     def push(self, tier: str, item: T) -> None:
         self._queues[tier].append(item)
@@ -84,14 +86,20 @@ class TierQueues(Generic[T]):
         return sum(len(q) for q in self._queues.values())
 
     def take(self, limit: int) -> list[T]:
-        """Up to ``limit`` items: each round takes up to `weight` items from every tier, in
-        priority order, so under backlog each tier gets its share and none gets nothing."""
+        """Up to ``limit`` items by weighted round robin: each tier in turn gives up to its
+        weight in items before the turn passes on. The turn persists across calls, so even
+        takes smaller than a weight rotate through the tiers and none is starved."""
         taken: list[T] = []
+        tiers = list(self._weights)
         while len(taken) < limit and len(self) > 0:
-            for tier, weight in self._weights.items():
-                queue = self._queues[tier]
-                for _ in range(min(weight, len(queue), limit - len(taken))):
-                    taken.append(queue.popleft())
+            tier = tiers[self._turn]
+            queue = self._queues[tier]
+            if queue and self._served < self._weights[tier]:
+                taken.append(queue.popleft())
+                self._served += 1
+            else:
+                self._turn = (self._turn + 1) % len(tiers)
+                self._served = 0
         return taken
 
     def drop(self, predicate: Callable[[T], bool]) -> list[T]:

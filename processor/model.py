@@ -140,6 +140,8 @@ def parse_workflow(raw: Any) -> WorkflowDef:
     if not isinstance(raw, dict):
         raise ValidationError("workflow: expected a JSON object")
     _check_keys(raw, {"name", "version", "steps", "description"}, "workflow")
+    if not isinstance(raw.get("description", ""), str):
+        raise ValidationError("workflow.description: expected str")
     name = _require(raw, "name", str, "workflow")
     if not name or len(name) > 200:
         raise ValidationError("workflow.name: must be 1 to 200 characters")
@@ -158,6 +160,10 @@ def parse_workflow(raw: Any) -> WorkflowDef:
         deps = _optional(raw_step, "depends_on", list, where, [])
         if not all(isinstance(d, str) for d in deps):
             raise ValidationError(f"{where}.depends_on: expected a list of step names")
+        if len(set(deps)) != len(deps):
+            raise ValidationError(f"{where}.depends_on: a dependency is listed twice")
+        if not _require(raw_step, "type", str, where):
+            raise ValidationError(f"{where}.type: must not be empty")
         timeout_ms = _optional(raw_step, "timeout_ms", int, where, 30_000)
         if timeout_ms < 1:
             raise ValidationError(f"{where}.timeout_ms: must be >= 1")

@@ -31,6 +31,7 @@ from processor.kafka_io import (
 )
 from processor.offsets import OffsetTracker
 from processor.stats import Stats
+from processor.store import use_orjson
 from processor.topics import TopicNames
 from processor.watchdog import Watchdog
 
@@ -71,7 +72,7 @@ class Processor:
         self.last_loop_at = time.monotonic()
 
     def _connect(self) -> psycopg.Connection[Any]:
-        return psycopg.connect(self.settings.pg_dsn, autocommit=True, connect_timeout=5)
+        return use_orjson(psycopg.connect(self.settings.pg_dsn, autocommit=True, connect_timeout=5))
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -166,7 +167,10 @@ class Processor:
             headers=normalise_headers(message),
             tier=self.names.tier_of(topic),
         )
-        decoded = decode_wakeup(record.value, self.settings.max_record_bytes)
+        try:
+            decoded = decode_wakeup(record.value, self.settings.max_record_bytes)
+        except Exception as exc:  # a poison record must never stop the consumer
+            decoded = Rejected("wrong_schema", f"undecodable record: {type(exc).__name__}: {exc}")
         if isinstance(decoded, Rejected):
             self.tracker.started(tp, offset)
             self.coordinator.dead_letters.send(

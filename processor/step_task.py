@@ -42,7 +42,8 @@ def decode_step_task(value: bytes | None) -> StepTask:
         raw = orjson.loads(value)
     except orjson.JSONDecodeError as exc:
         raise ValidationError(f"step task is not JSON: {exc}") from None
-    if not isinstance(raw, dict) or raw.get("task_version") != STEP_TASK_VERSION:
+    version = raw.get("task_version") if isinstance(raw, dict) else None
+    if not isinstance(raw, dict) or type(version) is not int or version != STEP_TASK_VERSION:
         raise ValidationError(f"step task must be an object with task_version {STEP_TASK_VERSION}")
     try:
         task = StepTask(

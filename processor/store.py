@@ -14,6 +14,7 @@ from typing import Any
 
 import orjson
 import psycopg
+from psycopg.types.json import set_json_loads
 
 from processor.model import (
     LoadedRun,
@@ -28,6 +29,12 @@ from processor.model import (
     state_from_row,
     workflow_to_json,
 )
+
+
+def use_orjson(conn: psycopg.Connection[Any]) -> psycopg.Connection[Any]:
+    """Parse jsonb with orjson on this connection (several times faster than the stdlib)."""
+    set_json_loads(orjson.loads, conn)
+    return conn
 
 
 def run_shard(run_id: str) -> int:
@@ -85,9 +92,9 @@ UPDATE eec_workflow_run AS r
        next_wakeup_at = to_timestamp(c.next_wakeup_ms / 1000.0),
        updated_at = now(),
        last_transition_at = now()
-  FROM unnest(%s::text[], %s::bigint[], %s::text[], %s::jsonb[], %s::bigint[], %s::text[],
-              %s::text[], %s::bigint[])
-       AS c(run_id, expected_version, status, node_states, seq, checksum, reason, next_wakeup_ms)
+  FROM jsonb_to_recordset(%s::jsonb)
+       AS c(run_id text, expected_version bigint, status text, node_states jsonb, seq bigint,
+            checksum text, reason text, next_wakeup_ms bigint)
  WHERE r.run_id = c.run_id
    AND r.db_record_version = c.expected_version
    AND r.run_id IN (SELECT run_id FROM ordered)
@@ -228,21 +235,25 @@ def commit_batch(conn: psycopg.Connection[Any], commits: Sequence[Commit]) -> se
     if not commits:
         return set()
     ids = [c.run_id for c in commits]
+    # The whole batch travels as one JSON document: one orjson call instead of adapting
+    # eight arrays element by element.
+    batch = orjson.dumps(
+        [
+            {
+                "run_id": c.run_id,
+                "expected_version": c.expected_version,
+                "status": c.state.status.value,
+                "node_states": c.state.nodes_json(),
+                "seq": c.state.seq,
+                "checksum": state_checksum(c.state),
+                "reason": c.state.reason,
+                "next_wakeup_ms": c.state.next_due_ms(),
+            }
+            for c in commits
+        ]
+    ).decode()
     try:
-        rows = conn.execute(
-            _COMMIT_SQL,
-            (
-                ids,
-                ids,
-                [c.expected_version for c in commits],
-                [c.state.status.value for c in commits],
-                [orjson.dumps(c.state.nodes_json()).decode() for c in commits],
-                [c.state.seq for c in commits],
-                [state_checksum(c.state) for c in commits],
-                [c.state.reason for c in commits],
-                [c.state.next_due_ms() for c in commits],
-            ),
-        ).fetchall()
+        rows = conn.execute(_COMMIT_SQL, (ids, batch)).fetchall()
     except psycopg.errors.DeadlockDetected:
         # Cannot happen while every writer locks in run_id order; if an outside writer does
         # not, Postgres aborted this statement and nothing was written: every run of the

@@ -81,7 +81,7 @@ def tick(
 
     steps = {s.name: s for s in wf.steps}
     nodes = state.node_map()
-    for result in sorted(set(results)):
+    for result in sorted(set(results), key=_result_order):
         node = nodes.get(result.node)
         if node is None or node.status is not NodeStatus.DISPATCHED:
             continue
@@ -117,6 +117,10 @@ def tick(
         return NOOP
     new_state = replace(new_state, seq=state.seq + 1)
     return Decision(new_state, tuple(dispatches), _new_timers(state, new_state))
+
+
+def _result_order(result: StepResult) -> tuple[str, int, str, str]:
+    return (result.node, result.attempt, result.outcome.value, result.error or "")
 
 
 def force_fail(state: RunState, reason: str) -> RunState | None:

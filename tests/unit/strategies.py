@@ -1,0 +1,243 @@
+"""Hypothesis strategies and helpers shared by the unit tests of the pure core.
+
+Workflows are random DAGs of 1 to 6 steps whose dependencies point only at earlier steps, with
+random retry policies and timeouts. Runs are reached the way production reaches them: from the
+initial state, by a random walk of ticks fed with the results a world of workers could have
+produced (at most one result per (node, attempt), as the store's primary key guarantees).
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterable
+from dataclasses import dataclass, replace
+from typing import Any
+
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+
+from processor.model import (
+    NodeStatus,
+    RunState,
+    RunStatus,
+    SignalKind,
+    StepOutcome,
+    StepResult,
+    WorkflowDef,
+    initial_state,
+    parse_workflow,
+)
+from processor.tick import Decision, force_fail, tick
+
+# Fast enough for the whole tests/unit suite to stay well under 30 s.
+FAST = settings(
+    max_examples=150,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+# For properties that run jsonschema validation on every example (slower per example).
+QUICK = settings(FAST, max_examples=80)
+
+STEP_TYPES = ("fast", "slow", "flaky")
+STEP_NAMES = ("fetch", "transform", "enrich", "publish", "a", "b-2", "c_3", "ünï")
+UNKNOWN_NODE = "no-such-step"  # not one of STEP_NAMES
+ERRORS = st.one_of(st.none(), st.text(max_size=20))
+
+
+@st.composite
+def retry_json(draw: st.DrawFn) -> dict[str, Any]:
+    return {
+        "max_attempts": draw(st.integers(1, 4)),
+        "backoff_ms": draw(st.integers(0, 500)),
+        "backoff_multiplier": draw(st.sampled_from([1, 1.5, 2, 3.0])),
+        "max_backoff_ms": draw(st.integers(0, 2_000)),
+    }
+
+
+@st.composite
+def workflow_json(draw: st.DrawFn, max_steps: int = 6) -> dict[str, Any]:
+    """A valid workflow definition as JSON: a DAG whose deps only point at earlier steps."""
+    n = draw(st.integers(1, max_steps))
+    names = draw(st.permutations(STEP_NAMES))[:n]
+    steps: list[dict[str, Any]] = []
+    for i, name in enumerate(names):
+        step: dict[str, Any] = {"name": name, "type": draw(st.sampled_from(STEP_TYPES))}
+        if i and draw(st.booleans()):
+            step["depends_on"] = draw(st.lists(st.sampled_from(names[:i]), unique=True))
+        if draw(st.integers(0, 4)):
+            step["retry"] = draw(retry_json())
+        if draw(st.integers(0, 4)):
+            step["timeout_ms"] = draw(st.integers(1, 1_000))
+        steps.append(step)
+    return {"name": draw(st.sampled_from(["wf", "orders", "etl"])), "version": 1, "steps": steps}
+
+
+workflows: st.SearchStrategy[WorkflowDef] = workflow_json().map(parse_workflow)
+
+
+@dataclass(frozen=True)
+class Run:
+    """A reachable run: its workflow, its state, the time of its last tick, and the results the
+    store holds for it (every result the world produced so far, one per (node, attempt))."""
+
+    wf: WorkflowDef
+    state: RunState
+    now_ms: int
+    stored: tuple[StepResult, ...]
+
+
+@dataclass(frozen=True)
+class TickInputs:
+    results: tuple[StepResult, ...]
+    signals: tuple[SignalKind, ...]
+    now_ms: int
+
+
+def answer(rng: random.Random, node: str, attempt: int) -> StepResult:
+    if rng.random() < 0.8:  # mostly successes, so runs get deep into their DAG
+        return StepResult(node, attempt, StepOutcome.SUCCEEDED)
+    error = rng.choice([None, "boom", f"attempt {attempt} failed", "ünïcode ✗"])
+    return StepResult(node, attempt, StepOutcome.FAILED, error)
+
+
+def answer_some(
+    rng: random.Random, state: RunState, stored: dict[tuple[str, int], StepResult]
+) -> None:
+    """The world answers some of the attempts in flight (first answer per attempt wins)."""
+    for name, node in state.nodes:
+        if node.status is NodeStatus.DISPATCHED and rng.random() < 0.5:
+            stored.setdefault((name, node.attempt), answer(rng, name, node.attempt))
+
+
+# The walk's coin flips come from a seeded Random rather than from individual draws: Hypothesis
+# biases small integers towards their bounds, which would end most walks with a cancel.
+seeds = st.integers(0, 2**32 - 1)
+
+
+@st.composite
+def runs(draw: st.DrawFn, *, live_only: bool = False, max_walk: int = 12) -> Run:
+    wf = draw(workflows)
+    rng = random.Random(draw(seeds))
+    may_end = not live_only and draw(st.booleans())
+    state = initial_state(wf)
+    now = draw(st.integers(0, 10_000))
+    stored: dict[tuple[str, int], StepResult] = {}
+    for _ in range(rng.randint(0, max_walk)):
+        answer_some(rng, state, stored)
+        now += rng.randint(0, 50) if rng.random() < 0.7 else rng.randint(0, 1_500)
+        cancel = may_end and rng.random() < 0.03
+        decision = tick(state, wf, stored.values(), [SignalKind.CANCEL] if cancel else [], now)
+        if decision.new_state is not None:
+            if decision.new_state.status.terminal and not (may_end and rng.random() < 0.3):
+                break  # mostly stop just before the end: live runs are the interesting ones
+            state = decision.new_state
+        if may_end and rng.random() < 0.03:
+            state = force_fail(state, "stuck") or state
+        if live_only and state.status.terminal:
+            break
+    if live_only and state.status.terminal:
+        # Ended during the walk: fall back to the state right after the first tick.
+        first = tick(initial_state(wf), wf, (), (), now).new_state
+        assert first is not None
+        state = first
+        stored = {}
+    return Run(wf, state, now, tuple(stored.values()))
+
+
+@st.composite
+def tick_inputs(draw: st.DrawFn, run: Run) -> TickInputs:
+    """Plausible inputs of the next tick: every stored result, fresh answers to the attempts in
+    flight, stale results of earlier attempts, a result for an unknown node, maybe a cancel."""
+    rng = random.Random(draw(seeds))
+    stored = {(r.node, r.attempt): r for r in run.stored}
+    answer_some(rng, run.state, stored)
+    for name, node in run.state.nodes:
+        if node.attempt > 1 and rng.random() < 0.3:
+            stale = rng.randint(1, node.attempt - 1)
+            stored.setdefault((name, stale), answer(rng, name, stale))
+    if rng.random() < 0.15:
+        stored[(UNKNOWN_NODE, 1)] = answer(rng, UNKNOWN_NODE, 1)
+    signals = (SignalKind.CANCEL,) if rng.random() < 0.1 else ()
+    now = run.now_ms + (0 if rng.random() < 0.3 else rng.randint(0, 3_000))
+    return TickInputs(tuple(stored.values()), signals, now)
+
+
+@st.composite
+def terminal_states(draw: st.DrawFn) -> tuple[WorkflowDef, RunState]:
+    run = draw(runs())
+    status = draw(st.sampled_from([RunStatus.SUCCEEDED, RunStatus.FAILED, RunStatus.CANCELLED]))
+    how = draw(st.sampled_from(["relabel", "cancel", "force_fail"]))
+    state = run.state
+    if how == "cancel":
+        state = tick(state, run.wf, (), [SignalKind.CANCEL], run.now_ms).new_state or state
+    elif how == "force_fail":
+        state = force_fail(state, "livelock") or state
+    if not state.status.terminal or how == "relabel":
+        state = replace(state, status=status)
+    return run.wf, state
+
+
+any_results: st.SearchStrategy[list[StepResult]] = st.lists(
+    st.builds(
+        StepResult,
+        node=st.one_of(st.sampled_from(STEP_NAMES), st.text()),
+        attempt=st.integers(-1, 6),
+        outcome=st.sampled_from(StepOutcome),
+        error=ERRORS,
+    ),
+    max_size=8,
+)
+
+
+def check_decision(old: RunState, decision: Decision, wf: WorkflowDef) -> None:
+    """Invariants every decision of the tick keeps."""
+    new = decision.new_state
+    if new is None:
+        assert decision.dispatches == ()
+        assert decision.timers == ()
+        return
+    assert new != old
+    assert new.seq == old.seq + 1
+    assert [n for n, _ in new.nodes] == [s.name for s in wf.steps]
+    old_nodes = old.node_map()
+    dispatched = {d.node: d for d in decision.dispatches}
+    for step in wf.steps:
+        before, after = old_nodes[step.name], new.node(step.name)
+        assert after.attempt >= before.attempt
+        assert after.attempt <= step.retry.max_attempts
+        if step.name in dispatched:
+            d = dispatched[step.name]
+            assert after.status is NodeStatus.DISPATCHED
+            assert (d.attempt, d.deadline_ms, d.step_type) == (
+                after.attempt,
+                after.due_ms,
+                step.step_type,
+            )
+            assert d.attempt > before.attempt
+        elif after.status is NodeStatus.DISPATCHED:
+            assert (after.attempt, after.due_ms) == (before.attempt, before.due_ms)
+    # Timers: every retry wait this tick started has its wake-up; a timer is always the due
+    # time of a node of the new state, never in the past.
+    old_waits = {(n, s.attempt) for n, s in old.nodes if s.status is NodeStatus.RETRY_WAIT}
+    for name, node in new.nodes:
+        if node.status is NodeStatus.RETRY_WAIT and (name, node.attempt) not in old_waits:
+            assert node.due_ms in decision.timers, (name, node, decision.timers)
+    dues = {s.due_ms for _, s in new.nodes}
+    assert all(t in dues for t in decision.timers)
+    assert list(decision.timers) == sorted(set(decision.timers))
+    if new.status.terminal:
+        assert decision.dispatches == ()
+        assert decision.timers == ()
+        assert new.next_due_ms() is None
+        assert all(
+            s.status in {NodeStatus.SUCCEEDED, NodeStatus.FAILED, NodeStatus.CANCELLED}
+            for _, s in new.nodes
+        )
+    assert (new.status is RunStatus.SUCCEEDED) == all(
+        s.status is NodeStatus.SUCCEEDED for _, s in new.nodes
+    )
+
+
+def with_duplicates(results: Iterable[StepResult], dup_mask: Iterable[bool]) -> list[StepResult]:
+    base = list(results)
+    return base + [r for r, dup in zip(base, dup_mask, strict=False) if dup]

@@ -1,0 +1,248 @@
+"""Settings from an environment mapping (processor/config.py)."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from processor.config import (
+    ConfigError,
+    Settings,
+    TierWeights,
+    load_settings,
+    redact_dsn,
+)
+
+from .strategies import FAST
+
+
+def test_defaults() -> None:
+    settings = load_settings({})
+    assert settings == Settings()
+    assert settings.bootstrap_servers == "127.0.0.1:19092"
+    assert settings.topic_prefix == "ductor"
+    assert settings.tier_weights == TierWeights(8, 4, 1, 4)
+    assert settings.tier_weights.as_dict() == {"t0": 8, "t1": 4, "t2": 1, "delay": 4}
+    assert settings.livelock_requeues == 8
+    assert settings.partition_by_run is True
+    assert settings.kafka_extra == {}
+    assert settings.kafka_common() == {"bootstrap.servers": "127.0.0.1:19092"}
+    assert settings.pg_dsn_redacted == "postgresql://ductor:***@127.0.0.1:55432/ductor"
+
+
+def test_unrelated_variables_are_ignored() -> None:
+    assert load_settings({"PATH": "/bin", "DUCTOR": "x", "DUCTOR_NOT_A_SETTING": "1"}) == Settings()
+
+
+def test_valid_values_are_parsed() -> None:
+    env = {
+        "DUCTOR_BOOTSTRAP_SERVERS": " k1:9092, k2:9093 ,",
+        "DUCTOR_GROUP_ID": "group-1",
+        "DUCTOR_PG_DSN": "postgres://u:p@db:5432/x",
+        "DUCTOR_TOPIC_PREFIX": "dx.test_1",
+        "DUCTOR_WAKEUP_PARTITIONS": "12",
+        "DUCTOR_BATCH_LINGER_MS": "0",
+        "DUCTOR_TIER_WEIGHTS": "5:3:2",
+        "DUCTOR_STUCK_AFTER_S": "1.5",
+        "DUCTOR_SWEEP_GRACE_S": "0",
+        "DUCTOR_PARTITION_BY_RUN": " Off ",
+        "DUCTOR_LOG_FORMAT": "text",
+        "DUCTOR_LOG_LEVEL": "DEBUG",
+        "DUCTOR_METRICS_PORT": "65535",
+        "DUCTOR_MAX_RECORD_BYTES": "256",
+    }
+    s = load_settings(env)
+    assert s.bootstrap_servers == "k1:9092,k2:9093"
+    assert s.group_id == "group-1"
+    assert s.pg_dsn == "postgres://u:p@db:5432/x"
+    assert s.topic_prefix == "dx.test_1"
+    assert s.wakeup_partitions == 12
+    assert s.batch_linger_ms == 0
+    assert s.tier_weights == TierWeights(5, 3, 2, 3)  # delay defaults to t1's weight
+    assert s.stuck_after_s == 1.5
+    assert s.sweep_grace_s == 0.0
+    assert s.partition_by_run is False
+    assert (s.log_format, s.log_level, s.metrics_port) == ("text", "DEBUG", 65535)
+    assert s.max_record_bytes == 256
+    assert load_settings({"DUCTOR_TIER_WEIGHTS": "1:2:3:4"}).tier_weights == TierWeights(1, 2, 3, 4)
+    assert load_settings({"DUCTOR_PG_DSN": "host=db dbname=x"}).pg_dsn == "host=db dbname=x"
+
+
+@pytest.mark.parametrize("raw", ["1", "true", "YES", "on", "0", "false", "No", "OFF"])
+def test_booleans(raw: str) -> None:
+    expected = raw.lower() in {"1", "true", "yes", "on"}
+    assert load_settings({"DUCTOR_PARTITION_BY_RUN": raw}).partition_by_run is expected
+
+
+@pytest.mark.parametrize(
+    ("var", "raw"),
+    [
+        ("DUCTOR_BOOTSTRAP_SERVERS", ""),
+        ("DUCTOR_BOOTSTRAP_SERVERS", " , "),
+        ("DUCTOR_BOOTSTRAP_SERVERS", "kafka"),
+        ("DUCTOR_BOOTSTRAP_SERVERS", "kafka:port"),
+        ("DUCTOR_BOOTSTRAP_SERVERS", ":9092"),
+        ("DUCTOR_GROUP_ID", ""),
+        ("DUCTOR_GROUP_ID", "my group"),
+        ("DUCTOR_PG_DSN", ""),
+        ("DUCTOR_PG_DSN", "   "),
+        ("DUCTOR_PG_DSN", "mysql://u:secret@h/db"),
+        ("DUCTOR_TOPIC_PREFIX", "a/b"),
+        ("DUCTOR_TOPIC_PREFIX", "x" * 201),
+        ("DUCTOR_WAKEUP_PARTITIONS", "0"),
+        ("DUCTOR_WAKEUP_PARTITIONS", "six"),
+        ("DUCTOR_DELAY_PARTITIONS", "10001"),
+        ("DUCTOR_STEP_PARTITIONS", "-1"),
+        ("DUCTOR_DLQ_PARTITIONS", "1.5"),
+        ("DUCTOR_REPLICATION_FACTOR", "33"),
+        ("DUCTOR_BATCH_SIZE", "0"),
+        ("DUCTOR_BATCH_LINGER_MS", "-1"),
+        ("DUCTOR_PG_POOL_SIZE", "0"),
+        ("DUCTOR_TIER_WEIGHTS", "8:4"),
+        ("DUCTOR_TIER_WEIGHTS", "8:4:1:4:1"),
+        ("DUCTOR_TIER_WEIGHTS", "8:0:1"),
+        ("DUCTOR_TIER_WEIGHTS", "8:4:x"),
+        ("DUCTOR_TIER_WEIGHTS", "1001:1:1"),
+        ("DUCTOR_TIER_BUFFER_LIMIT", "0"),
+        ("DUCTOR_LIVELOCK_REQUEUES", "0"),
+        ("DUCTOR_LIVELOCK_REQUEUES", "1001"),
+        ("DUCTOR_STUCK_AFTER_S", "0.5"),
+        ("DUCTOR_STUCK_AFTER_S", "nan"),
+        ("DUCTOR_STUCK_AFTER_S", "soon"),
+        ("DUCTOR_SWEEP_INTERVAL_S", "0.01"),
+        ("DUCTOR_SWEEP_GRACE_S", "-0.1"),
+        ("DUCTOR_SWEEP_LIMIT", "0"),
+        ("DUCTOR_PARTITION_BY_RUN", "maybe"),
+        ("DUCTOR_PARTITION_BY_RUN", ""),
+        ("DUCTOR_MAX_RECORD_BYTES", "255"),
+        ("DUCTOR_SHUTDOWN_TIMEOUT_S", "0.1"),
+        ("DUCTOR_LOG_FORMAT", "xml"),
+        ("DUCTOR_LOG_LEVEL", "TRACE"),
+        ("DUCTOR_METRICS_PORT", "65536"),
+        ("DUCTOR_HEALTH_PORT", "-1"),
+        ("DUCTOR_KAFKA_", "x"),
+    ],
+)
+def test_each_invalid_value_names_its_variable(var: str, raw: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        load_settings({var: raw})
+    assert var in str(info.value)
+
+
+def test_an_invalid_dsn_is_redacted_in_the_error() -> None:
+    with pytest.raises(ConfigError) as info:
+        load_settings({"DUCTOR_PG_DSN": "mysql://u:topsecret@h/db"})
+    assert "topsecret" not in str(info.value)
+
+
+@FAST
+@given(st.integers(-10, 20_000))
+def test_integer_bounds(value: int) -> None:
+    env = {"DUCTOR_WAKEUP_PARTITIONS": str(value)}
+    if 1 <= value <= 10_000:
+        assert load_settings(env).wakeup_partitions == value
+    else:
+        with pytest.raises(ConfigError, match="DUCTOR_WAKEUP_PARTITIONS"):
+            load_settings(env)
+
+
+def test_kafka_passthrough() -> None:
+    env = {
+        "DUCTOR_KAFKA_SECURITY_PROTOCOL": "SASL_SSL",
+        "DUCTOR_KAFKA_SASL_MECHANISM": "PLAIN",
+        "DUCTOR_KAFKA_SASL_PASSWORD": "hunter2",
+        "DUCTOR_KAFKA_SSL_KEY_PASSWORD": "k",
+        "DUCTOR_BOOTSTRAP_SERVERS": "b:9093",
+    }
+    s = load_settings(env)
+    assert s.kafka_extra == {
+        "security.protocol": "SASL_SSL",
+        "sasl.mechanism": "PLAIN",
+        "sasl.password": "hunter2",
+        "ssl.key.password": "k",
+    }
+    assert s.kafka_common() == {"bootstrap.servers": "b:9093", **s.kafka_extra}
+    redacted = s.kafka_redacted()
+    assert redacted["sasl.password"] == "***"
+    assert redacted["ssl.key.password"] == "***"
+    assert redacted["security.protocol"] == "SASL_SSL"
+    assert "hunter2" not in repr(redacted)
+
+
+@pytest.mark.parametrize(
+    ("dsn", "expected"),
+    [
+        (
+            "postgresql://ductor:secret@127.0.0.1:55432/ductor",
+            "postgresql://ductor:***@127.0.0.1:55432/ductor",
+        ),
+        ("postgres://u:p%40ss@db/x?sslmode=require", "postgres://u:***@db/x?sslmode=require"),
+        ("postgresql://u:secret@db/x", "postgresql://u:***@db/x"),
+        ("postgresql://u@db:5432/x", "postgresql://u@db:5432/x"),
+        ("postgresql://db/x", "postgresql://db/x"),
+        ("host=db user=u password=secret dbname=x", "host=db user=u password=*** dbname=x"),
+        ("host=db password = secret", "host=db password = ***"),
+        ("host=db dbname=x", "host=db dbname=x"),
+    ],
+)
+def test_redact_dsn(dsn: str, expected: str) -> None:
+    assert redact_dsn(dsn) == expected
+
+
+@FAST
+@given(
+    user=st.text(alphabet="abcdefghijklmnopqrstuvwxyz0123456789_", min_size=1, max_size=10),
+    password=st.text(
+        alphabet="ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-._~%!$&'()*+,;=",
+        min_size=6,
+        max_size=20,
+    ),
+    host=st.sampled_from(["db", "127.0.0.1", "pg.example.com"]),
+    port=st.one_of(st.none(), st.integers(1, 65535)),
+)
+def test_redact_dsn_hides_url_passwords(
+    user: str, password: str, host: str, port: int | None
+) -> None:
+    netloc = f"{user}:{password}@{host}" + (f":{port}" if port else "")
+    redacted = redact_dsn(f"postgresql://{netloc}/db")
+    assert redacted == f"postgresql://{user}:***@{host}" + (f":{port}" if port else "") + "/db"
+
+
+@FAST
+@given(
+    st.text(
+        alphabet="ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789!#$%&*+-.",
+        min_size=6,
+        max_size=20,
+    )
+)
+def test_redact_dsn_hides_keyword_passwords(password: str) -> None:
+    redacted = redact_dsn(f"host=db user=u password={password} dbname=x")
+    assert redacted == "host=db user=u password=*** dbname=x"
+
+
+# Regression, fixed (processor/config.py redact_dsn): libpq also takes the password as a URI query parameter
+# (postgresql://u@db/x?password=secret); redact_dsn only looks at the userinfo part of a URI,
+# so it returns the DSN unchanged and the password reaches logs and error messages.
+def test_redact_dsn_hides_a_password_given_as_a_uri_parameter() -> None:
+    redacted = redact_dsn("postgresql://u@db:5432/x?sslmode=require&password=topsecret")
+    assert "topsecret" not in redacted
+
+
+# Regression, fixed (processor/config.py redact_dsn): in libpq's keyword/value form a value with spaces is
+# single-quoted (password='correct horse'); the regex replaces only up to the first space, so
+# redact_dsn("host=db password='correct horse battery'") gives
+# "host=db password=*** horse battery'": most of the password stays in the logs.
+def test_redact_dsn_hides_a_quoted_keyword_password() -> None:
+    redacted = redact_dsn("host=db password='correct horse battery' dbname=x")
+    assert "horse" not in redacted
+    assert "battery" not in redacted
+    assert "dbname=x" in redacted
+
+
+# Regression, fixed (processor/config.py redact_dsn, cosmetic): rebuilding the netloc from parts.hostname drops
+# the brackets of an IPv6 literal: "postgresql://u:secret@[::1]:5432/db" becomes
+# "postgresql://u:***@::1:5432/db", which no longer says which host and port were used.
+def test_redact_dsn_keeps_an_ipv6_host_readable() -> None:
+    assert redact_dsn("postgresql://u:secret@[::1]:5432/db") == "postgresql://u:***@[::1]:5432/db"

@@ -1,0 +1,245 @@
+"""Workflow parsing and validation, RetryPolicy, RunState helpers, checksum and rows
+(processor/model.py)."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import orjson
+import pytest
+from hypothesis import given
+
+from processor.model import (
+    LoadedRun,
+    NodeState,
+    NodeStatus,
+    RetryPolicy,
+    RunState,
+    RunStatus,
+    ValidationError,
+    initial_state,
+    parse_workflow,
+    state_checksum,
+    state_from_row,
+    workflow_to_json,
+)
+
+from .strategies import FAST, Run, runs, workflow_json
+
+BASE: dict[str, Any] = {
+    "name": "wf",
+    "version": 2,
+    "description": "two steps",
+    "steps": [
+        {"name": "a", "type": "fast"},
+        {
+            "name": "b",
+            "type": "slow",
+            "depends_on": ["a"],
+            "timeout_ms": 5,
+            "retry": {
+                "max_attempts": 5,
+                "backoff_ms": 7,
+                "backoff_multiplier": 1.5,
+                "max_backoff_ms": 9,
+            },
+        },
+    ],
+}
+
+
+def _with(path: tuple[Any, ...], value: Any) -> dict[str, Any]:
+    """BASE with the field at ``path`` set (or removed when value is ...)."""
+    raw = copy.deepcopy(BASE)
+    target: Any = raw
+    for key in path[:-1]:
+        target = target[key]
+    if value is ...:
+        del target[path[-1]]
+    else:
+        target[path[-1]] = value
+    return raw
+
+
+def test_parse_a_definition_with_defaults() -> None:
+    wf = parse_workflow(BASE)
+    assert wf.key == ("wf", 2)
+    a, b = wf.steps
+    assert (a.name, a.step_type, a.depends_on, a.timeout_ms) == ("a", "fast", (), 30_000)
+    assert a.retry == RetryPolicy(3, 100, 2.0, 60_000)
+    assert b.depends_on == ("a",)
+    assert b.retry == RetryPolicy(5, 7, 1.5, 9)
+    assert b.timeout_ms == 5
+    assert wf.step("b") is b
+    with pytest.raises(KeyError):
+        wf.step("zzz")
+
+
+@pytest.mark.parametrize(
+    ("raw", "message"),
+    [
+        ([], "workflow: expected a JSON object"),
+        (_with(("name",), ...), "missing required field 'name'"),
+        (_with(("name",), ""), "workflow.name: must be 1 to 200 characters"),
+        (_with(("name",), "x" * 201), "workflow.name"),
+        (_with(("name",), 3), "workflow.name: expected str"),
+        (_with(("version",), 0), "workflow.version: must be >= 1"),
+        (_with(("version",), True), "workflow.version: expected int"),
+        (_with(("version",), 1.0), "workflow.version: expected int"),
+        (_with(("extra",), 1), "unknown field(s) extra"),
+        (_with(("steps",), []), "at least one step"),
+        (_with(("steps",), {}), "workflow.steps: expected list"),
+        (_with(("steps", 0), "a"), "workflow.steps[0]: expected an object"),
+        (_with(("steps", 0, "type"), ...), "workflow.steps[0]: missing required field 'type'"),
+        (_with(("steps", 0, "name"), 7), "workflow.steps[0].name: expected str"),
+        (_with(("steps", 1, "oops"), 1), "workflow.steps[1]: unknown field(s) oops"),
+        (_with(("steps", 1, "depends_on"), "a"), "workflow.steps[1].depends_on: expected list"),
+        (_with(("steps", 1, "depends_on"), [1]), "depends_on: expected a list of step names"),
+        (_with(("steps", 1, "depends_on"), ["zz"]), "'b' depends on unknown step 'zz'"),
+        (_with(("steps", 1, "depends_on"), ["b"]), "'b' depends on itself"),
+        (_with(("steps", 1, "timeout_ms"), 0), "workflow.steps[1].timeout_ms: must be >= 1"),
+        (_with(("steps", 1, "name"), "a"), "step name 'a' is used twice"),
+        (_with(("steps", 1, "name"), ""), "a step name is empty"),
+        (_with(("steps", 1, "retry"), 3), "workflow.steps[1].retry: expected an object"),
+        (_with(("steps", 1, "retry", "max_attempts"), 0), "retry.max_attempts: must be between"),
+        (_with(("steps", 1, "retry", "max_attempts"), 101), "retry.max_attempts"),
+        (_with(("steps", 1, "retry", "backoff_ms"), -1), "backoff values must be >= 0"),
+        (_with(("steps", 1, "retry", "max_backoff_ms"), -1), "backoff values must be >= 0"),
+        (_with(("steps", 1, "retry", "backoff_multiplier"), 0.5), "backoff_multiplier"),
+        (_with(("steps", 1, "retry", "backoff_multiplier"), 11), "backoff_multiplier"),
+        (_with(("steps", 1, "retry", "backoff_multiplier"), True), "backoff_multiplier"),
+        (_with(("steps", 1, "retry", "jitter"), 1), "retry: unknown field(s) jitter"),
+    ],
+)
+def test_invalid_definitions_name_the_offending_field(raw: Any, message: str) -> None:
+    with pytest.raises(ValidationError) as info:
+        parse_workflow(raw)
+    assert message in str(info.value)
+
+
+def test_a_dependency_cycle_is_rejected() -> None:
+    raw = {
+        "name": "cyc",
+        "version": 1,
+        "steps": [
+            {"name": "root", "type": "t"},
+            {"name": "x", "type": "t", "depends_on": ["root", "z"]},
+            {"name": "y", "type": "t", "depends_on": ["x"]},
+            {"name": "z", "type": "t", "depends_on": ["y"]},
+        ],
+    }
+    with pytest.raises(ValidationError, match=r"dependency cycle among \['x', 'y', 'z'\]"):
+        parse_workflow(raw)
+
+
+def test_forward_dependencies_are_fine_when_acyclic() -> None:
+    raw = {
+        "name": "fwd",
+        "version": 1,
+        "steps": [{"name": "b", "type": "t", "depends_on": ["a"]}, {"name": "a", "type": "t"}],
+    }
+    assert parse_workflow(raw).step("b").depends_on == ("a",)
+
+
+@FAST
+@given(workflow_json())
+def test_workflow_json_round_trips(raw: dict[str, Any]) -> None:
+    wf = parse_workflow(raw)
+    again = parse_workflow(orjson.loads(orjson.dumps(workflow_to_json(wf))))
+    assert again == wf
+    assert workflow_to_json(again) == workflow_to_json(wf)
+
+
+@pytest.mark.parametrize(
+    ("policy", "delays"),
+    [
+        (RetryPolicy(), [100, 200, 400, 800]),
+        (
+            RetryPolicy(backoff_ms=100, backoff_multiplier=3, max_backoff_ms=1_000),
+            [100, 300, 900, 1_000],
+        ),
+        (RetryPolicy(backoff_ms=0), [0, 0, 0, 0]),
+        (RetryPolicy(backoff_ms=250, backoff_multiplier=1), [250, 250, 250, 250]),
+        (RetryPolicy(backoff_ms=10, backoff_multiplier=1.5), [10, 15, 22, 33]),
+    ],
+)
+def test_retry_delay_after(policy: RetryPolicy, delays: list[int]) -> None:
+    assert [policy.delay_after(a) for a in (1, 2, 3, 4)] == delays
+    assert policy.delay_after(0) == policy.delay_after(1)
+
+
+def test_delay_after_with_a_huge_attempt_is_capped() -> None:
+    policy = RetryPolicy(max_attempts=100, backoff_ms=1_000, backoff_multiplier=10)
+    assert policy.delay_after(100) == policy.max_backoff_ms
+
+
+def test_run_state_helpers() -> None:
+    wf = parse_workflow(BASE)
+    s = initial_state(wf)
+    assert s.status is RunStatus.PENDING and s.seq == 0 and s.reason is None
+    assert [n for n, _ in s.nodes] == ["a", "b"]
+    assert s.next_due_ms() is None
+    moved = s.with_nodes(
+        {
+            "b": NodeState(NodeStatus.RETRY_WAIT, 1, due_ms=50),
+            "a": NodeState(NodeStatus.DISPATCHED, 2, 70),
+        }
+    )
+    assert [n for n, _ in moved.nodes] == ["a", "b"]  # definition order, whatever the mapping's
+    assert moved.next_due_ms() == 50
+    assert moved.nodes_json() == {
+        "a": {"status": "dispatched", "attempt": 2, "due_ms": 70},
+        "b": {"status": "retry_wait", "attempt": 1, "due_ms": 50},
+    }
+    ended = RunState(RunStatus.FAILED, moved.nodes, 3, "x")
+    assert ended.next_due_ms() is None
+    with pytest.raises(KeyError):
+        s.node("zzz")
+    assert {st.terminal for st in RunStatus} == {True, False}
+    assert {st for st in RunStatus if st.terminal} == {
+        RunStatus.SUCCEEDED,
+        RunStatus.FAILED,
+        RunStatus.CANCELLED,
+    }
+
+
+def test_node_state_json_omits_absent_fields() -> None:
+    assert NodeState().to_json() == {"status": "pending", "attempt": 0}
+    full = NodeState(NodeStatus.FAILED, 3, due_ms=5, error="e")
+    assert NodeState.from_json(full.to_json()) == full
+    assert NodeState.from_json({"status": "pending", "attempt": 0, "due_ms": None}) == NodeState()
+
+
+def test_state_from_row_fills_missing_nodes_and_ignores_unknown_ones() -> None:
+    wf = parse_workflow(BASE)
+    rows = {"b": {"status": "succeeded", "attempt": 1}, "gone": {"status": "failed", "attempt": 9}}
+    s = state_from_row("running", rows, 4, None, wf)
+    assert s == RunState(
+        RunStatus.RUNNING, (("a", NodeState()), ("b", NodeState(NodeStatus.SUCCEEDED, 1))), 4
+    )
+
+
+def test_checksum_covers_every_part_of_the_state() -> None:
+    wf = parse_workflow(BASE)
+    s = initial_state(wf)
+    base = state_checksum(s)
+    variants = [
+        RunState(RunStatus.RUNNING, s.nodes),
+        RunState(s.status, s.nodes, seq=1),
+        RunState(s.status, s.nodes, reason="r"),
+        s.with_nodes({"a": NodeState(attempt=1), "b": NodeState()}),
+        s.with_nodes({"a": NodeState(error="e"), "b": NodeState()}),
+        s.with_nodes({"a": NodeState(due_ms=1), "b": NodeState()}),
+    ]
+    assert len({base, *(state_checksum(v) for v in variants)}) == len(variants) + 1
+
+
+@FAST
+@given(runs())
+def test_loaded_run_checksum_ok(run: Run) -> None:
+    checksum = state_checksum(run.state)
+    loaded = LoadedRun("r1", run.wf.key, run.state, 1, "t1", stored_checksum=checksum)
+    assert loaded.checksum_ok
+    tampered = RunState(run.state.status, run.state.nodes, run.state.seq, "edited by hand")
+    assert not LoadedRun("r1", run.wf.key, tampered, 1, "t1", stored_checksum=checksum).checksum_ok

@@ -1,0 +1,121 @@
+"""Topic names and the delay ladder (processor/topics.py)."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from processor.config import Settings
+from processor.topics import (
+    DELAY_RUNGS_MS,
+    TIERS,
+    TopicNames,
+    desired_topics,
+    requeue_delay_ms,
+    rung_for_delay,
+)
+
+from .strategies import FAST
+
+
+def test_the_ladder_is_100ms_doubling_capped_at_10s() -> None:
+    assert [requeue_delay_ms(n) for n in range(10)] == [
+        100,
+        200,
+        400,
+        800,
+        1600,
+        3200,
+        6400,
+        10000,
+        10000,
+        10000,
+    ]
+    assert requeue_delay_ms(10**6) == 10_000
+    with pytest.raises(ValueError, match="requeue_number"):
+        requeue_delay_ms(-1)
+
+
+@FAST
+@given(st.integers(0, 10**9))
+def test_every_requeue_delay_is_a_rung(n: int) -> None:
+    delay = requeue_delay_ms(n)
+    assert delay in DELAY_RUNGS_MS
+    assert rung_for_delay(delay) == delay
+
+
+@pytest.mark.parametrize(
+    ("delay", "rung"),
+    [
+        (-5, 100),
+        (0, 100),
+        (99, 100),
+        (100, 100),
+        (199, 100),
+        (200, 200),
+        (9_999, 6_400),
+        (10_000, 10_000),
+        (86_400_000, 10_000),
+    ],
+)
+def test_rung_for_delay_examples(delay: int, rung: int) -> None:
+    assert rung_for_delay(delay) == rung
+
+
+@FAST
+@given(st.integers(-1000, 10**8))
+def test_rung_for_delay_is_the_largest_rung_not_longer_than_the_wait(delay: int) -> None:
+    rung = rung_for_delay(delay)
+    assert rung in DELAY_RUNGS_MS
+    if delay >= DELAY_RUNGS_MS[0]:
+        assert rung <= delay
+        assert all(r <= rung or r > delay for r in DELAY_RUNGS_MS)
+    else:
+        assert rung == DELAY_RUNGS_MS[0]
+
+
+@FAST
+@given(st.integers(-1000, 10**6), st.integers(-1000, 10**6))
+def test_rung_for_delay_is_monotone(a: int, b: int) -> None:
+    if a <= b:
+        assert rung_for_delay(a) <= rung_for_delay(b)
+
+
+def test_topic_names() -> None:
+    names = TopicNames("dx")
+    assert names.wakeup("t0") == "dx.wakeup.t0"
+    assert names.delay(400) == "dx.delay.400"
+    assert names.steps == "dx.steps"
+    assert names.dlq == "dx.dlq"
+    assert names.wakeup_topics() == ["dx.wakeup.t0", "dx.wakeup.t1", "dx.wakeup.t2"]
+    assert names.delay_topics() == [f"dx.delay.{r}" for r in DELAY_RUNGS_MS]
+    assert names.coordinator_topics() == names.wakeup_topics() + names.delay_topics()
+    for tier in TIERS:
+        assert names.tier_of(names.wakeup(tier)) == tier
+    for rung in DELAY_RUNGS_MS:
+        assert names.tier_of(names.delay(rung)) == "delay"
+        assert names.rung_of(names.delay(rung)) == rung
+    with pytest.raises(ValueError, match="unknown tier"):
+        names.wakeup("t3")
+    with pytest.raises(ValueError, match="not a rung"):
+        names.delay(300)
+    for topic in ("dx.steps", "dx.dlq", "other.wakeup.t0", "dx.wakeup.t9"):
+        with pytest.raises(ValueError, match="not a coordinator topic"):
+            names.tier_of(topic)
+
+
+def test_desired_topics_use_the_configured_partition_counts() -> None:
+    settings = Settings(
+        topic_prefix="p",
+        wakeup_partitions=6,
+        delay_partitions=3,
+        step_partitions=4,
+        dlq_partitions=1,
+    )
+    topics = desired_topics(settings)
+    assert len(topics) == 3 + len(DELAY_RUNGS_MS) + 2
+    assert topics["p.wakeup.t2"] == 6
+    assert topics["p.delay.10000"] == 3
+    assert topics["p.steps"] == 4
+    assert topics["p.dlq"] == 1
