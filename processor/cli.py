@@ -20,7 +20,9 @@ import orjson
 import psycopg
 from confluent_kafka import KafkaException, Producer
 
+from processor.bench import main as bench_main
 from processor.config import ConfigError, Settings, load_settings
+from processor.demo import run_demo
 from processor.envelope import Wakeup
 from processor.kafka_io import choose_partition, partition_for, producer_config, topic_partitions
 from processor.logs import setup_logging
@@ -225,6 +227,14 @@ def cmd_signal(settings: Settings, args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_demo(settings: Settings, args: argparse.Namespace) -> int:
+    return run_demo(settings, runs=args.runs, timeout_s=args.timeout)
+
+
+def cmd_bench(settings: Settings, args: argparse.Namespace) -> int:
+    return bench_main(args.bench_args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="ductor",
@@ -275,6 +285,23 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("kind", choices=[k.value for k in SignalKind])
     p.add_argument("--signal-id", help="idempotency key (default: a new one)")
     p.set_defaults(func=cmd_signal)
+
+    p = sub.add_parser(
+        "demo", help="the whole system live: infra, 2 processors, a worker, thousands of runs"
+    )
+    p.add_argument(
+        "--runs", type=int, default=3000, help="sample runs to start (plus hot, failing, cancelled)"
+    )
+    p.add_argument("--timeout", type=float, default=300.0, help="give up after this many seconds")
+    p.set_defaults(func=cmd_demo)
+
+    p = sub.add_parser("bench", help="the benchmark (same as `make bench`); prints figures")
+    p.add_argument(
+        "bench_args",
+        nargs=argparse.REMAINDER,
+        help="options of the benchmark (--scale, --hot-seconds)",
+    )
+    p.set_defaults(func=cmd_bench)
     return parser
 
 

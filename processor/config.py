@@ -69,6 +69,7 @@ class Settings:
     log_format: str = "json"
     log_level: str = "INFO"
     metrics_port: int = 0
+    stats_log_interval_s: float = 10.0
     health_port: int = 0
     kafka_extra: Mapping[str, str] = field(default_factory=dict)
 
@@ -239,6 +240,7 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
     take("log_format", _parse_choice(("json", "text")))
     take("log_level", _parse_choice(("DEBUG", "INFO", "WARNING", "ERROR")))
     take("metrics_port", int_in(0, 65535))
+    take("stats_log_interval_s", float_min(0.5))
     take("health_port", int_in(0, 65535))
     values["kafka_extra"] = _kafka_passthrough(source)
 

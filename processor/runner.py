@@ -70,6 +70,7 @@ class Processor:
         self.watchdog = Watchdog(self, settings)
         self._consumer = Consumer(consumer_config(settings, self.instance_id))
         self.last_loop_at = time.monotonic()
+        self._next_stats_log = self.last_loop_at + settings.stats_log_interval_s
 
     def _connect(self) -> psycopg.Connection[Any]:
         return use_orjson(psycopg.connect(self.settings.pg_dsn, autocommit=True, connect_timeout=5))
@@ -109,6 +110,24 @@ class Processor:
         self.outbox.poll(0)
         self._store_offsets()
         self.watchdog.maybe_sweep()
+        self._maybe_log_stats()
+
+    def _maybe_log_stats(self) -> None:
+        """Totals every few seconds, and the runs that conflicted most since the last line
+        (run ids go to the log, never to metric labels)."""
+        now = time.monotonic()
+        if now < self._next_stats_log:
+            return
+        self._next_stats_log = now + self.settings.stats_log_interval_s
+        hot = self.stats.take_hot_runs(5)
+        log.info(
+            "processor stats",
+            extra={
+                "instance": self.instance_id,
+                "stats": self.stats.summary(),
+                "hot_runs": [{"run_id": r, "conflicts": n} for r, n in hot],
+            },
+        )
 
     def _consume(self) -> list[Message]:
         batch = self.settings.batch_size

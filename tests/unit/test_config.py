@@ -222,7 +222,7 @@ def test_redact_dsn_hides_keyword_passwords(password: str) -> None:
     assert redacted == "host=db user=u password=*** dbname=x"
 
 
-# Regression, fixed (processor/config.py redact_dsn): libpq also takes the password as a URI query parameter
+# Fixed (config.py redact_dsn): libpq also takes the password as a URI query parameter
 # (postgresql://u@db/x?password=secret); redact_dsn only looks at the userinfo part of a URI,
 # so it returns the DSN unchanged and the password reaches logs and error messages.
 def test_redact_dsn_hides_a_password_given_as_a_uri_parameter() -> None:
@@ -230,7 +230,7 @@ def test_redact_dsn_hides_a_password_given_as_a_uri_parameter() -> None:
     assert "topsecret" not in redacted
 
 
-# Regression, fixed (processor/config.py redact_dsn): in libpq's keyword/value form a value with spaces is
+# Fixed (config.py redact_dsn): in libpq's keyword/value form a value with spaces is
 # single-quoted (password='correct horse'); the regex replaces only up to the first space, so
 # redact_dsn("host=db password='correct horse battery'") gives
 # "host=db password=*** horse battery'": most of the password stays in the logs.
@@ -241,7 +241,7 @@ def test_redact_dsn_hides_a_quoted_keyword_password() -> None:
     assert "dbname=x" in redacted
 
 
-# Regression, fixed (processor/config.py redact_dsn, cosmetic): rebuilding the netloc from parts.hostname drops
+# Fixed (config.py redact_dsn, cosmetic): rebuilding the netloc from parts.hostname drops
 # the brackets of an IPv6 literal: "postgresql://u:secret@[::1]:5432/db" becomes
 # "postgresql://u:***@::1:5432/db", which no longer says which host and port were used.
 def test_redact_dsn_keeps_an_ipv6_host_readable() -> None:

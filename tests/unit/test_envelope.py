@@ -174,7 +174,7 @@ def test_decode_never_raises_on_arbitrary_json_objects(body: dict[str, Any], fil
     assert isinstance(decode_wakeup(_encode(body), LIMIT), Wakeup | Rejected)
 
 
-# Regression, fixed (processor/envelope.py _schema_problem): ``raw.get("reason") not in REASONS`` tests
+# Fixed (envelope.py _schema_problem): ``raw.get("reason") not in REASONS`` tests
 # membership in a frozenset, which raises TypeError for an unhashable value. A record such as
 # {"envelope_version": 1, "run_id": "r", "reason": []} (or "reason": {}) therefore makes
 # decode_wakeup raise instead of returning Rejected("wrong_schema", ...), contradicting the

@@ -104,7 +104,7 @@ def test_a_flood_in_t0_leaves_a_share_to_t2_when_taking_full_rounds() -> None:
     assert _tiers(taken)["delay"] == 2
 
 
-# Regression, fixed (processor/flow.py TierQueues.take): every call starts a new round at the first tier, so a
+# Fixed (flow.py TierQueues.take): every call starts a new round at the first tier, so a
 # caller that takes fewer items than the first tier's weight is served from that tier only, for
 # as long as it has a backlog. The runner does exactly that: _feed_coordinator takes
 # `batch_size - coordinator.ready_count(...)` items, which is small whenever the coordinator is

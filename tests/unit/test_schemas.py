@@ -140,7 +140,7 @@ def test_schema_and_parser_reject_the_same_invalid_definitions(edit: str) -> Non
     assert not _parses(raw)
 
 
-# Regression, fixed (processor/model.py parse_workflow): the parser accepts definitions that
+# Fixed (model.py parse_workflow): the parser accepts definitions that
 # schemas/workflow.schema.json rejects, although its docstring points at that schema:
 #   * "description" is never type-checked ({"description": 5} parses);
 #   * a step "type" may be "" (the schema says minLength 1), and such a step is dispatched with
@@ -248,7 +248,7 @@ def test_the_decoder_is_never_more_permissive_than_the_schema(body: dict[str, An
         assert isinstance(decoded, Rejected)
 
 
-# Regression, fixed (processor/envelope.py decode_wakeup): ``version != ENVELOPE_VERSION`` treats the JSON
+# Fixed (envelope.py decode_wakeup): ``version != ENVELOPE_VERSION`` treats the JSON
 # boolean true as the integer 1 (True == 1 in Python), so {"envelope_version": true, ...} is
 # accepted, while the schema's "const": 1 rejects it (JSON Schema distinguishes booleans from
 # numbers). Expected: Rejected("wrong_schema", ...). Actual: a Wakeup.

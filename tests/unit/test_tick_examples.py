@@ -276,7 +276,7 @@ def test_noop_decision_is_not_progress() -> None:
     assert Decision(initial_state(SINGLE)).progressed
 
 
-# Regression, fixed (processor/tick.py, rule 3): two results for the same (node, attempt, outcome) that differ
+# Fixed (tick.py, rule 3): two results for the same (node, attempt, outcome) that differ
 # only in ``error`` (one None, one a string) make ``sorted(set(results))`` compare None with str
 # and the tick raises TypeError instead of applying one canonical result. The store's primary
 # key (run_id, node_id, attempt) keeps this from reaching the tick today, but the pure function's

@@ -1,0 +1,308 @@
+"""`ductor demo`: the whole system on this machine, in one command.
+
+It brings up the local Kafka and Postgres when they are not answering, migrates, creates the
+topics, registers the sample workflows, starts a few thousand runs (some deliberately hot,
+some meant to fail, some cancelled), runs two processor instances and a worker, shows live
+progress, and ends with a table of every run's expected and actual terminal state. It exits 0
+only if every run ended as expected.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import orjson
+import psycopg
+from confluent_kafka import Producer
+from confluent_kafka.admin import AdminClient
+
+from processor.config import Settings
+from processor.envelope import Wakeup
+from processor.kafka_io import partition_for, producer_config, topic_partitions
+from processor.migrate import migrate
+from processor.model import SignalKind, WorkflowDef, parse_workflow
+from processor.store import insert_runs, insert_signal, register_workflow
+from processor.topics import TopicNames, create_topics
+
+REPO = Path(__file__).resolve().parents[1]
+SAMPLE = REPO / "schemas" / "workflows" / "sample.json"
+FAILING = parse_workflow(
+    {
+        "name": "demo-failing",
+        "version": 1,
+        "steps": [
+            {"name": "prepare", "type": "fast"},
+            {
+                "name": "charge",
+                "type": "fail",
+                "depends_on": ["prepare"],
+                "retry": {"max_attempts": 2, "backoff_ms": 100},
+            },
+        ],
+    }
+)
+SLOW = parse_workflow(
+    {
+        "name": "demo-slow",
+        "version": 1,
+        "steps": [
+            {"name": "wait", "type": "slow"},
+            {"name": "more", "type": "slow", "depends_on": ["wait"]},
+            {"name": "done", "type": "fast", "depends_on": ["more"]},
+        ],
+    }
+)
+
+
+@dataclass
+class Plan:
+    """Which runs the demo starts and how each one must end."""
+
+    expected: dict[str, str] = field(default_factory=dict)
+    hot: list[str] = field(default_factory=list)
+    to_cancel: list[str] = field(default_factory=list)
+
+
+def services_answer(settings: Settings) -> bool:
+    try:
+        with psycopg.connect(settings.pg_dsn, connect_timeout=3):
+            pass
+        return bool(AdminClient(settings.kafka_common()).list_topics(timeout=5).brokers)
+    except Exception:
+        return False
+
+
+def ensure_infra(settings: Settings) -> None:
+    if services_answer(settings):
+        print("Kafka and Postgres are answering.")
+        return
+    print("Starting the local Kafka and Postgres (the first time installs them) ...", flush=True)
+    subprocess.run([sys.executable, str(REPO / "infra" / "local.py"), "up"], check=True)
+
+
+def prepare(settings: Settings, conn: psycopg.Connection[Any], runs: int, tag: str) -> Plan:
+    migrate(settings.pg_dsn)
+    create_topics(settings)
+    sample = parse_workflow(orjson.loads(SAMPLE.read_bytes()))
+    for wf in (sample, FAILING, SLOW):
+        register_workflow(conn, wf)
+    plan = Plan()
+    groups: list[tuple[WorkflowDef, str, int, str]] = [
+        (sample, "sample", runs, "succeeded"),
+        (sample, "hot", 20, "succeeded"),
+        (FAILING, "failing", max(5, runs // 100), "failed"),
+        (SLOW, "cancel", max(5, runs // 100), "cancelled"),
+    ]
+    for wf, kind, count, expected in groups:
+        ids = [f"demo-{tag}-{kind}-{i}" for i in range(count)]
+        for start in range(0, len(ids), 5000):
+            insert_runs(
+                conn,
+                wf,
+                [(r, {}) for r in ids[start : start + 5000]],
+                "t0" if kind == "hot" else "t1",
+            )
+        plan.expected.update(dict.fromkeys(ids, expected))
+        if kind == "hot":
+            plan.hot = ids
+        if kind == "cancel":
+            plan.to_cancel = ids
+    for run_id in plan.to_cancel:
+        insert_signal(conn, run_id, f"demo-{tag}", SignalKind.CANCEL)
+    return plan
+
+
+def wake(settings: Settings, plan: Plan, hot_copies: int) -> None:
+    """One start wakeup per run; the hot runs get `hot_copies` wakeups all at once."""
+    names = TopicNames(settings.topic_prefix)
+    producer = Producer(producer_config(settings, "ductor-demo"))
+    partitions = topic_partitions(producer, names.wakeup_topics())
+    hot = set(plan.hot)
+    now_ms = int(time.time() * 1000)
+    for run_id in plan.expected:
+        tier = "t0" if run_id in hot else "t1"
+        topic = names.wakeup(tier)
+        wakeup = Wakeup(run_id, "start", produced_at=now_ms)
+        for _ in range(hot_copies if run_id in hot else 1):
+            while True:
+                try:
+                    producer.produce(
+                        topic,
+                        value=wakeup.encode(),
+                        key=wakeup.key(),
+                        partition=partition_for(run_id, partitions[topic]),
+                    )
+                    break
+                except BufferError:
+                    producer.poll(0.1)
+    producer.flush(60)
+
+
+class Fleet:
+    """The demo's child processes: two processors and a worker, logs in .infra/demo/."""
+
+    def __init__(self, settings: Settings, log_dir: Path) -> None:
+        log_dir.mkdir(parents=True, exist_ok=True)
+        env = dict(os.environ)
+        env.update(
+            {
+                "DUCTOR_LOG_FORMAT": "json",
+                "DUCTOR_STATS_LOG_INTERVAL_S": "1",
+                "DUCTOR_BOOTSTRAP_SERVERS": settings.bootstrap_servers,
+                "DUCTOR_PG_DSN": settings.pg_dsn,
+                "DUCTOR_TOPIC_PREFIX": settings.topic_prefix,
+                "DUCTOR_GROUP_ID": settings.group_id,
+            }
+        )
+        self.logs = {name: log_dir / f"{name}.log" for name in ("process-1", "process-2", "worker")}
+        self.children: dict[str, subprocess.Popen[bytes]] = {}
+        for name, path in self.logs.items():
+            args = ["worker"] if name == "worker" else ["process"]
+            with path.open("wb") as log:
+                self.children[name] = subprocess.Popen(
+                    [sys.executable, "-m", "processor", *args], env=env, stdout=log, stderr=log
+                )
+
+    def processor_stats(self) -> list[dict[str, Any]]:
+        """The latest stats line of each processor (final if it stopped)."""
+        stats = []
+        for name, path in self.logs.items():
+            if name == "worker":
+                continue
+            latest: dict[str, Any] | None = None
+            for raw in path.read_bytes().splitlines()[-200:]:
+                try:
+                    line = orjson.loads(raw)
+                except orjson.JSONDecodeError:
+                    continue
+                if "stats" in line:
+                    latest = line["stats"]
+            if latest is not None:
+                stats.append(latest)
+        return stats
+
+    def dead(self) -> list[str]:
+        return [name for name, child in self.children.items() if child.poll() is not None]
+
+    def stop(self) -> None:
+        for child in self.children.values():
+            if child.poll() is None:
+                child.send_signal(signal.SIGTERM)
+        for child in self.children.values():
+            try:
+                child.wait(30)
+            except subprocess.TimeoutExpired:
+                child.kill()
+
+
+def statuses(conn: psycopg.Connection[Any], tag: str) -> dict[str, str]:
+    rows = conn.execute(
+        "SELECT run_id, status FROM eec_workflow_run WHERE run_id LIKE %s", (f"demo-{tag}-%",)
+    ).fetchall()
+    return {r[0]: r[1] for r in rows}
+
+
+def totals(stats: list[dict[str, Any]]) -> dict[str, int]:
+    out = {"committed": 0, "conflicts": 0, "requeues": 0, "errors": 0, "dead_letters": 0}
+    for s in stats:
+        out["committed"] += s["ticks"].get("committed", 0)
+        out["conflicts"] += s["conflicts"]
+        out["requeues"] += sum(s["requeues"].values())
+        out["errors"] += sum(s["errors"].values())
+        out["dead_letters"] += sum(s["dead_letters"].values())
+    return out
+
+
+def bar(done: int, total: int, width: int = 30) -> str:
+    filled = int(width * done / total) if total else width
+    return "█" * filled + "░" * (width - filled)
+
+
+def run_demo(
+    settings: Settings, runs: int = 3000, timeout_s: float = 300.0, hot_copies: int = 50
+) -> int:
+    tag = uuid.uuid4().hex[:6]
+    ensure_infra(settings)
+    conn = psycopg.connect(settings.pg_dsn, autocommit=True)
+    plan = prepare(settings, conn, runs, tag)
+    print(
+        f"Starting {len(plan.expected)} runs ({runs} sample, {len(plan.hot)} hot runs woken"
+        f" {hot_copies} times at once, {len(plan.to_cancel)} to cancel, some meant to fail)"
+    )
+    fleet = Fleet(settings, REPO / ".infra" / "demo")
+    started = time.monotonic()
+    wake(settings, plan, hot_copies)
+    tty = sys.stdout.isatty()
+    last_print = 0.0
+    last_committed, last_at = 0, started
+    rate = 0.0
+    try:
+        while True:
+            current = statuses(conn, tag)
+            ended = sum(1 for s in current.values() if s in {"succeeded", "failed", "cancelled"})
+            now = time.monotonic()
+            t = totals(fleet.processor_stats())
+            if now - last_at >= 1.0:
+                rate = (t["committed"] - last_committed) / (now - last_at)
+                last_committed, last_at = t["committed"], now
+            line = (
+                f"{bar(ended, len(plan.expected))} {ended}/{len(plan.expected)} runs done"
+                f" | {rate:6.0f} ticks/s | conflicts {t['conflicts']} | requeues {t['requeues']}"
+                f" | errors {t['errors']} | {now - started:5.1f} s"
+            )
+            if tty:
+                print("\r" + line, end="", flush=True)
+            elif now - last_print >= 2.0:
+                print(line, flush=True)
+                last_print = now
+            if ended == len(plan.expected):
+                break
+            if fleet.dead():
+                print(
+                    f"\nA demo process exited early: {', '.join(fleet.dead())} (see .infra/demo/)"
+                )
+                break
+            if now - started > timeout_s:
+                print(f"\nGave up after {timeout_s:.0f} s.")
+                break
+            time.sleep(0.25)  # the refresh period of the progress display
+    finally:
+        fleet.stop()
+    elapsed = time.monotonic() - started
+    final = statuses(conn, tag)
+    conn.close()
+    print()
+    return summary(plan, final, totals(fleet.processor_stats()), elapsed)
+
+
+def summary(plan: Plan, final: dict[str, str], t: dict[str, int], elapsed: float) -> int:
+    rows: Counter[tuple[str, str, str]] = Counter()
+    for run_id, expected in plan.expected.items():
+        kind = run_id.split("-")[2]
+        rows[(kind, expected, final.get(run_id, "missing"))] += 1
+    print()
+    print(f"{'runs':10} {'expected':10} {'actual':10} {'count':>7}")
+    print("-" * 40)
+    for (kind, expected, actual), count in sorted(rows.items()):
+        mark = "" if expected == actual else "   <-- unexpected"
+        print(f"{kind:10} {expected:10} {actual:10} {count:7}{mark}")
+    print("-" * 40)
+    print(
+        f"{len(plan.expected)} runs in {elapsed:.1f} s: {t['committed']} ticks committed,"
+        f" {t['conflicts']} conflicts (expected, not errors), {t['requeues']} requeues,"
+        f" {t['errors']} errors, {t['dead_letters']} dead letters"
+    )
+    print("Logs: .infra/demo/*.log (JSON). Traces: set OTEL_EXPORTER_OTLP_ENDPOINT (or use")
+    print("DUCTOR_INFRA=docker for Jaeger at http://localhost:16686) before `make demo`.")
+    ok = all(final.get(r) == e for r, e in plan.expected.items())
+    print("Every run ended as expected." if ok else "Some runs did not end as expected.")
+    return 0 if ok else 1
