@@ -8,11 +8,11 @@ instead of) any cluster the machine already has. Both listen on 127.0.0.1 only. 
 Maven or PostgreSQL packages are installed with apt-get when running as root.
 
 Environment:
-    DUCTOR_INFRA_DIR              state directory (default: <repo>/.infra)
-    DUCTOR_KAFKA_PORT             broker port (default 19092)
-    DUCTOR_KAFKA_CONTROLLER_PORT  KRaft controller port (default 19093)
-    DUCTOR_PG_PORT                PostgreSQL port (default 55432)
-    DUCTOR_INFRA=docker           use infra/compose.yaml instead (needs a Docker engine)
+    DUCTOR_INFRA_DIR                    state directory (default: <repo>/.infra)
+    DUCTOR_LOCAL_KAFKA_PORT             broker port (default 19092)
+    DUCTOR_LOCAL_KAFKA_CONTROLLER_PORT  KRaft controller port (default 19093)
+    DUCTOR_LOCAL_PG_PORT                PostgreSQL port (default 55432)
+    DUCTOR_INFRA=docker                 use infra/compose.yaml instead (needs a Docker engine)
 
 `status` exits 0 when every service asked about is running, 3 otherwise.
 """
@@ -79,9 +79,9 @@ class Settings:
         return cls(
             # Absolute and resolved: paths end up in config files, pid checks and /proc lookups.
             infra_dir=infra_dir.expanduser().resolve(),
-            kafka_port=_port_from_env("DUCTOR_KAFKA_PORT", 19092),
-            controller_port=_port_from_env("DUCTOR_KAFKA_CONTROLLER_PORT", 19093),
-            pg_port=_port_from_env("DUCTOR_PG_PORT", 55432),
+            kafka_port=_port_from_env("DUCTOR_LOCAL_KAFKA_PORT", 19092),
+            controller_port=_port_from_env("DUCTOR_LOCAL_KAFKA_CONTROLLER_PORT", 19093),
+            pg_port=_port_from_env("DUCTOR_LOCAL_PG_PORT", 55432),
         )
 
 
@@ -361,8 +361,8 @@ class Kafka:
         java = ensure_java(need_maven=not self.installed())
         self.install(java)
         for port, variable in (
-            (self.settings.kafka_port, "DUCTOR_KAFKA_PORT"),
-            (self.settings.controller_port, "DUCTOR_KAFKA_CONTROLLER_PORT"),
+            (self.settings.kafka_port, "DUCTOR_LOCAL_KAFKA_PORT"),
+            (self.settings.controller_port, "DUCTOR_LOCAL_KAFKA_CONTROLLER_PORT"),
         ):
             require_free_port(port, variable, "kafka broker")
         started = time.monotonic()
@@ -643,7 +643,7 @@ class Postgres:
         if not (self.data / "PG_VERSION").is_file():
             self.initdb()
         self.write_config()
-        require_free_port(self.settings.pg_port, "DUCTOR_PG_PORT", "postgres")
+        require_free_port(self.settings.pg_port, "DUCTOR_LOCAL_PG_PORT", "postgres")
         deadline = time.monotonic() + PG_READY_SECONDS
         self.pg_ctl_start(deadline)
         try:

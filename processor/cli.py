@@ -18,7 +18,7 @@ from typing import Any
 
 import orjson
 import psycopg
-from confluent_kafka import KafkaException, Producer
+from confluent_kafka import KafkaError, KafkaException, Producer
 
 from processor.bench import main as bench_main
 from processor.config import ConfigError, Settings, load_settings
@@ -319,7 +319,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"ductor: {exc}", file=sys.stderr)
         return exc.code
     except KafkaException as exc:
-        print(f"ductor: Kafka error: {exc.args[0]}; is the broker up (make up)?", file=sys.stderr)
+        error = exc.args[0]
+        if isinstance(error, KafkaError) and error.code() == KafkaError._INVALID_ARG:
+            print(
+                f"ductor: configuration error: {error.str()}; check the DUCTOR_KAFKA_* variables",
+                file=sys.stderr,
+            )
+            return EXIT_USAGE
+        print(f"ductor: Kafka error: {error}; is the broker up (make up)?", file=sys.stderr)
         return EXIT_FAILED
     except (psycopg.Error, LookupError, RuntimeError) as exc:
         message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__

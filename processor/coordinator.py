@@ -24,16 +24,13 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
 from typing import Any
 
 import psycopg
-from confluent_kafka import KafkaError
 
+from processor.effects import Effects, Inbound, RunWork
 from processor.envelope import Wakeup
-from processor.kafka_io import Headers, Outbox, choose_partition
 from processor.model import LoadedRun
-from processor.offsets import OffsetTracker, TopicPartition
 from processor.policy import ForceFail, Requeue, after_exhausted_conflicts, retry_wait_ms
 from processor.stats import Outcome, Stats
 from processor.step_task import StepTask
@@ -45,81 +42,13 @@ from processor.store import (
     force_fail_write,
     load_runs,
 )
+from processor.telemetry import end_error, now_ns
 from processor.tick import Decision, force_fail, tick
 from processor.topics import TopicNames, rung_for_delay
 
+__all__ = ["Coordinator", "Inbound", "RunWork"]
+
 log = logging.getLogger("ductor.coordinator")
-
-
-@dataclass
-class Inbound:
-    """A consumed record, kept with what is needed to dead-letter it or store its offset."""
-
-    tp: TopicPartition
-    offset: int
-    key: bytes | None
-    value: bytes | None
-    headers: Headers
-    tier: str
-    wakeup: Wakeup | None = None
-
-
-@dataclass
-class RunWork:
-    """Everything waiting for one run: coalesced records and the in-process attempt count."""
-
-    run_id: str
-    records: list[Inbound] = field(default_factory=list)
-    attempts: int = 0
-    ready_at: float = 0.0  # monotonic seconds
-    outstanding: int = 0  # effects produced and not yet acknowledged
-
-    def lineage(self) -> Wakeup:
-        """The envelope whose requeue history this work continues: the most requeued one."""
-        wakeups = [r.wakeup for r in self.records if r.wakeup is not None]
-        return max(wakeups, key=lambda w: (w.requeue_count, w.attempt))
-
-
-class DeadLetters:
-    """Sends a record to the dead-letter topic with its original bytes and the reason."""
-
-    def __init__(self, outbox: Outbox, topic: str, stats: Stats) -> None:
-        self._outbox = outbox
-        self._topic = topic
-        self._stats = stats
-
-    def send(self, record: Inbound, reason: str, detail: str, on_done: Callable[[], None]) -> None:
-        headers = [
-            *record.headers,
-            ("ductor.dlq.reason", reason.encode()),
-            ("ductor.dlq.detail", detail.encode()[:1000]),
-            ("ductor.dlq.topic", record.tp[0].encode()),
-            ("ductor.dlq.partition", str(record.tp[1]).encode()),
-            ("ductor.dlq.offset", str(record.offset).encode()),
-        ]
-        self._stats.dead_letters[reason] += 1
-        self._stats.ticks[Outcome.DEAD_LETTERED] += 1
-        log.warning(
-            "dead-lettered a record",
-            extra={
-                "reason": reason,
-                "detail": detail,
-                "topic": record.tp[0],
-                "offset": record.offset,
-            },
-        )
-
-        def delivered(err: KafkaError | None) -> None:
-            if err is not None:
-                self._stats.errors["dlq_delivery"] += 1
-                log.error("dead letter not delivered, retrying: %s", err)
-                self._outbox.send(
-                    self._topic, record.value or b"", record.key, delivered, headers=headers
-                )
-                return
-            on_done()
-
-        self._outbox.send(self._topic, record.value or b"", record.key, delivered, headers=headers)
 
 
 class Coordinator:
@@ -127,29 +56,22 @@ class Coordinator:
         self,
         *,
         connect: Callable[[], psycopg.Connection[Any]],
-        outbox: Outbox,
+        effects: Effects,
         names: TopicNames,
-        partitions: dict[str, int],
-        tracker: OffsetTracker,
         stats: Stats,
         livelock_requeues: int,
-        partition_by_run: bool = True,
         wall_ms: Callable[[], int] = lambda: int(time.time() * 1000),
         monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
         self._connect = connect
         self._conn_or_none: psycopg.Connection[Any] | None = None
-        self._outbox = outbox
+        self.effects = effects
         self._names = names
-        self._partitions = partitions
-        self._tracker = tracker
         self.stats = stats
         self._livelock_requeues = livelock_requeues
-        self._partition_by_run = partition_by_run
         self._wall_ms = wall_ms
         self._monotonic = monotonic
         self._definitions = Definitions()
-        self.dead_letters = DeadLetters(outbox, names.dlq, stats)
         self.pending: dict[str, RunWork] = {}  # runs waiting for a tick (ready or backing off)
         self.db_healthy = True
 
@@ -167,51 +89,12 @@ class Coordinator:
             self._conn_or_none.close()
             self._conn_or_none = None
 
-    def force_fail_stuck(self, run_id: str) -> bool:
-        """The watchdog's use of the shared terminal path: fail a run with no transition."""
-        loaded = load_runs(self._conn, self._definitions, [run_id]).get(run_id)
-        if not isinstance(loaded, LoadedRun) or not loaded.checksum_ok:
-            return False
-        return self._write_force_fail(loaded, "stuck")
-
-    def _write_force_fail(self, run: LoadedRun, reason: str) -> bool:
-        """Force-fail ``run`` if it did not move since loaded; meter it. Raises psycopg.Error."""
-        failed = force_fail(run.state, reason)
-        if failed is None or not force_fail_write(
-            self._conn, run.run_id, run.stored_checksum, failed
-        ):
-            return False
-        self.stats.force_fails[reason] += 1
-        self.stats.ticks[Outcome.FORCE_FAILED] += 1
-        log.warning(
-            "run %s force-failed: %s",
-            run.run_id,
-            reason,
-            extra={"run_id": run.run_id, "reason": reason},
-        )
-        return True
-
-    def _db_failed(self, exc: Exception, works: list[RunWork]) -> None:
-        """The database is unreachable: nothing was decided for these runs. Put them back to
-        be retried in a second (the poll loop keeps running) and count a genuine error."""
-        self.stats.errors[type(exc).__name__] += 1
-        self.stats.ticks[Outcome.ERROR] += len(works)
-        self.db_healthy = False
-        log.error("database error, %d run(s) will be retried: %s", len(works), exc)
-        if self._conn_or_none is not None:
-            self._conn_or_none.close()
-            self._conn_or_none = None
-        retry_at = self._monotonic() + 1.0
-        for work in works:
-            work.ready_at = retry_at
-            self._park(work)
-
     # -- intake ------------------------------------------------------------------------------
 
     def add(self, record: Inbound) -> None:
         """Coalesce an accepted wakeup into its run's pending work."""
         assert record.wakeup is not None
-        self._tracker.started(record.tp, record.offset)
+        self.effects.started(record)
         run_id = record.wakeup.run_id
         work = self.pending.get(run_id)
         if work is None:
@@ -219,10 +102,7 @@ class Coordinator:
         work.records.append(record)
         if record.wakeup.due_at is not None:
             # Processed minus due: never negative if the delay gate holds (a test checks it).
-            self.stats.lateness_ms.add(self._wall_ms() - record.wakeup.due_at)
-
-    def finish_record(self, record: Inbound) -> None:
-        self._tracker.done(record.tp, record.offset)
+            self.stats.sample("lateness", self._wall_ms() - record.wakeup.due_at)
 
     def next_ready_at(self) -> float | None:
         return min((w.ready_at for w in self.pending.values()), default=None)
@@ -240,6 +120,7 @@ class Coordinator:
             return 0
         for work in batch:
             del self.pending[work.run_id]
+            self.effects.start_span(work)
         try:
             self._process(batch)
         except psycopg.Error as exc:
@@ -249,7 +130,7 @@ class Coordinator:
         return len(batch)
 
     def _process(self, batch: list[RunWork]) -> None:
-        started = time.perf_counter()
+        tick_started, started = now_ns(), time.perf_counter()
         loaded = load_runs(self._conn, self._definitions, [w.run_id for w in batch])
         now_ms = self._wall_ms()
         commits: list[Commit] = []
@@ -259,38 +140,70 @@ class Coordinator:
             if not isinstance(run, LoadedRun):
                 reason = "unknown_workflow" if isinstance(run, UnknownWorkflow) else "unknown_run"
                 detail = str(run) if run is not None else f"run {work.run_id!r} does not exist"
-                self._dead_letter_all(work, reason, detail)
+                self.effects.dead_letter(work, reason, detail)
                 continue
             if not run.checksum_ok:
                 # Changed out of band: report it and keep the wakeup, never overwrite the row.
                 self.stats.errors["checksum_mismatch"] += 1
                 log.error("run %s: stored checksum does not match its state", work.run_id)
-                self._dead_letter_all(
-                    work, "checksum_mismatch", "state_checksum does not match the row"
-                )
+                detail = "state_checksum does not match the row: changed out of band"
+                self.effects.dead_letter(work, "checksum_mismatch", detail)
                 continue
             wf = self._definitions.get(self._conn, run.workflow)
             decision = tick(run.state, wf, run.results, run.signals, now_ms)
             if decision.new_state is None:
                 self.stats.ticks[Outcome.NOOP] += 1
-                self._complete(work)
+                self._trace_attempt(work, run, Outcome.NOOP, tick_started, now_ns())
+                self.effects.complete(work, Outcome.NOOP)
                 continue
             commits.append(Commit(work.run_id, run.version, decision.new_state))
             decided.append((work, run, decision))
-        self.stats.tick_ms.add((time.perf_counter() - started) * 1000)
+        tick_ended = now_ns()
+        self.stats.sample("tick", (time.perf_counter() - started) * 1000)
 
         commit_started = time.perf_counter()
         committed = commit_batch(self._conn, commits)
-        self.stats.commit_ms.add((time.perf_counter() - commit_started) * 1000)
+        commit_ended = now_ns()
+        self.stats.sample("commit", (time.perf_counter() - commit_started) * 1000)
         self.stats.commit_attempts += len(commits)
 
         for work, run, decision in decided:
-            if work.run_id in committed:
+            won = work.run_id in committed
+            outcome = Outcome.COMMITTED if won else Outcome.CONFLICT
+            self._trace_attempt(
+                work, run, outcome, tick_started, tick_ended, (tick_ended, commit_ended)
+            )
+            if won:
                 self.stats.ticks[Outcome.COMMITTED] += 1
                 self._record_end_to_end(work)
                 self._emit(work, run, decision, now_ms)
             else:
                 self._on_conflict(work, run)
+
+    def _trace_attempt(
+        self,
+        work: RunWork,
+        run: LoadedRun,
+        outcome: str,
+        start_ns: int,
+        end_ns: int,
+        commit: tuple[int, int] | None = None,
+    ) -> None:
+        """The attempt's `tick` span, and its `commit` span (the shared batch statement)."""
+        if work.span is None:
+            return
+        attributes: dict[str, str | int] = {
+            "ductor.run_id": work.run_id,
+            "ductor.attempt": work.attempts + 1,
+            "ductor.expected_version": run.version,
+            "ductor.outcome": outcome,
+        }
+        self.effects.telemetry.child_span(work.span, "tick", start_ns, end_ns, attributes)
+        if commit is not None:
+            self.effects.telemetry.child_span(work.span, "commit", commit[0], commit[1], attributes)
+        if outcome == Outcome.CONFLICT:
+            # An expected outcome of concurrency: an event, never an error status.
+            work.span.add_event("conflict", attributes)
 
     # -- outcomes ----------------------------------------------------------------------------
 
@@ -330,8 +243,11 @@ class Coordinator:
         )
         self.stats.requeues[decision.delay_ms] += 1
         self.stats.ticks[Outcome.REQUEUED] += 1
-        self._send_wakeup(work, self._names.delay(decision.delay_ms), wakeup)
-        self._settle(work)
+        if work.span is not None:
+            work.span.set_attribute("ductor.requeue_count", decision.requeue_count)
+        work.outcome = Outcome.REQUEUED
+        self.effects.send_wakeup(work, self._names.delay(decision.delay_ms), wakeup)
+        self.effects.settle(work)
 
     def _force_fail(self, work: RunWork, run: LoadedRun, decision: ForceFail) -> None:
         try:
@@ -340,7 +256,9 @@ class Coordinator:
             self._db_failed(exc, [work])
             return
         if written:
-            self._complete(work)
+            if work.span is not None:
+                work.span.set_attribute("ductor.reason", decision.reason)
+            self.effects.complete(work, Outcome.FORCE_FAILED)
             return
         # The run moved since it was loaded (progress, or it ended): not a livelock. Start the
         # in-process attempts again from fresh state; the next exhaustion sees the new seq.
@@ -348,7 +266,32 @@ class Coordinator:
         work.ready_at = self._monotonic()
         self._park(work)
 
+    def force_fail_stuck(self, run_id: str) -> bool:
+        """The watchdog's use of the shared terminal path: fail a run with no transition."""
+        loaded = load_runs(self._conn, self._definitions, [run_id]).get(run_id)
+        if not isinstance(loaded, LoadedRun) or not loaded.checksum_ok:
+            return False
+        return self._write_force_fail(loaded, "stuck")
+
+    def _write_force_fail(self, run: LoadedRun, reason: str) -> bool:
+        """Force-fail ``run`` if it did not move since loaded; meter it. Raises psycopg.Error."""
+        failed = force_fail(run.state, reason)
+        if failed is None:
+            return False
+        if not force_fail_write(self._conn, run.run_id, run.stored_checksum, failed):
+            return False
+        self.stats.force_fails[reason] += 1
+        self.stats.ticks[Outcome.FORCE_FAILED] += 1
+        log.warning(
+            "run %s force-failed: %s",
+            run.run_id,
+            reason,
+            extra={"run_id": run.run_id, "reason": reason},
+        )
+        return True
+
     def _emit(self, work: RunWork, run: LoadedRun, decision: Decision, now_ms: int) -> None:
+        work.outcome = Outcome.COMMITTED
         for dispatch in decision.dispatches:
             task = StepTask(
                 run_id=work.run_id,
@@ -358,13 +301,17 @@ class Coordinator:
                 deadline_ms=dispatch.deadline_ms,
                 tier=run.tier,
             )
-            value, key = task.encode(), work.run_id.encode()
-            work.outstanding += 1
-            handler = self._delivery_handler(work, self._names.steps, value, key)
-            self._outbox.send(self._names.steps, value, key, handler)
+            attributes = {
+                "ductor.run_id": work.run_id,
+                "ductor.node": dispatch.node,
+                "ductor.attempt": dispatch.attempt,
+            }
+            self.effects.send(
+                work, self._names.steps, task.encode(), work.run_id.encode(), attributes=attributes
+            )
         for due_ms in decision.timers:
             self._send_timer(work, due_ms, now_ms)
-        self._settle(work)
+        self.effects.settle(work)
 
     def _send_timer(self, work: RunWork, due_ms: int, now_ms: int, reason: str = "timer") -> None:
         wait = max(0, due_ms - now_ms)
@@ -377,56 +324,32 @@ class Coordinator:
             target_at=due_ms if due_ms > hop_due else None,
             produced_at=now_ms,
         )
-        self._send_wakeup(work, self._names.delay(rung), wakeup)
+        self.effects.send_wakeup(work, self._names.delay(rung), wakeup)
 
     def hop(self, record: Inbound, now_ms: int) -> None:
         """A timer that came due on a rung before its target: send it on for the rest."""
         assert record.wakeup is not None and record.wakeup.target_at is not None
-        self._tracker.started(record.tp, record.offset)
-        work = RunWork(record.wakeup.run_id, records=[record])
+        self.effects.started(record)
+        work = RunWork(record.wakeup.run_id, records=[record], outcome="hopped")
         self._send_timer(work, record.wakeup.target_at, now_ms, reason=record.wakeup.reason)
-        self._settle(work)
+        self.effects.settle(work)
 
-    def _send_wakeup(self, work: RunWork, topic: str, wakeup: Wakeup) -> None:
-        partition = choose_partition(work.run_id, self._partitions[topic], self._partition_by_run)
-        value = wakeup.encode()
-        work.outstanding += 1
-        self._outbox.send(
-            topic,
-            value,
-            wakeup.key(),
-            self._delivery_handler(work, topic, value, wakeup.key(), partition),
-            partition,
-        )
-
-    def _delivery_handler(
-        self, work: RunWork, topic: str, value: bytes, key: bytes, partition: int | None = None
-    ) -> Callable[[KafkaError | None], None]:
-        def delivered(err: KafkaError | None) -> None:
-            if err is not None:
-                # The idempotent producer already retried for message.timeout.ms: the broker
-                # is away. Keep trying; the record's offset stays unstored meanwhile.
-                self.stats.errors["produce"] += 1
-                log.error("effect not delivered to %s, retrying: %s", topic, err)
-                self._outbox.send(topic, value, key, delivered, partition)
-                return
-            work.outstanding -= 1
-            self._settle(work)
-
-        return delivered
-
-    def _settle(self, work: RunWork) -> None:
-        if work.outstanding == 0:
-            self._complete(work)
-
-    def _complete(self, work: RunWork) -> None:
-        for record in work.records:
-            self.finish_record(record)
-        work.records = []
-
-    def _dead_letter_all(self, work: RunWork, reason: str, detail: str) -> None:
-        for record in work.records:
-            self.dead_letters.send(record, reason, detail, lambda r=record: self.finish_record(r))  # type: ignore[misc]
+    def _db_failed(self, exc: Exception, works: list[RunWork]) -> None:
+        """The database is unreachable: nothing was decided for these runs. End their spans as
+        errors, count a genuine error, and retry them in a second (the loop keeps running)."""
+        self.stats.errors[type(exc).__name__] += 1
+        self.stats.ticks[Outcome.ERROR] += len(works)
+        self.db_healthy = False
+        log.error("database error, %d run(s) will be retried: %s", len(works), exc)
+        if self._conn_or_none is not None:
+            self._conn_or_none.close()
+            self._conn_or_none = None
+        retry_at = self._monotonic() + 1.0
+        for work in works:
+            end_error(work.span, exc)
+            work.span = None
+            work.ready_at = retry_at
+            self._park(work)
 
     def _park(self, work: RunWork) -> None:
         """Put work back to wait for its ready time, merging with records that came meanwhile."""
@@ -441,11 +364,11 @@ class Coordinator:
         for record in work.records:
             if record.wakeup is not None and record.wakeup.produced_at is not None:
                 start = record.wakeup.due_at or record.wakeup.produced_at
-                self.stats.end_to_end_ms.add(max(0, now_ms - start))
+                self.stats.sample("end_to_end", max(0, now_ms - start))
 
     # -- rebalance ---------------------------------------------------------------------------
 
-    def drop_partitions(self, revoked: Iterable[TopicPartition]) -> int:
+    def drop_partitions(self, revoked: Iterable[tuple[str, int]]) -> int:
         """Forget pending records of revoked partitions: their next owner redoes them."""
         gone = set(revoked)
         dropped = 0
@@ -456,4 +379,6 @@ class Coordinator:
                 work.records = kept
             else:
                 del self.pending[run_id]
+                if work.span is not None:
+                    work.span.end()
         return dropped

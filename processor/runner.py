@@ -18,7 +18,8 @@ import psycopg
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 
 from processor.config import Settings
-from processor.coordinator import Coordinator, Inbound
+from processor.coordinator import Coordinator
+from processor.effects import Effects, Inbound, RunWork
 from processor.envelope import Rejected, decode_wakeup
 from processor.flow import PauseBook, TierQueues
 from processor.kafka_io import (
@@ -32,17 +33,23 @@ from processor.kafka_io import (
 from processor.offsets import OffsetTracker
 from processor.stats import Stats
 from processor.store import use_orjson
+from processor.telemetry import Telemetry
 from processor.topics import TopicNames
 from processor.watchdog import Watchdog
 
 log = logging.getLogger("ductor.processor")
 
 _IDLE_POLL_S = 0.1
+_LAG_INTERVAL_S = 5.0
 
 
 class Processor:
     def __init__(
-        self, settings: Settings, stats: Stats | None = None, instance_id: str | None = None
+        self,
+        settings: Settings,
+        stats: Stats | None = None,
+        instance_id: str | None = None,
+        telemetry: Telemetry | None = None,
     ) -> None:
         self.settings = settings
         self.instance_id = instance_id or f"ductor-{uuid.uuid4().hex[:8]}"
@@ -57,20 +64,33 @@ class Processor:
         self.pauses = PauseBook()
         self.queues: TierQueues[Inbound] = TierQueues(settings.tier_weights.as_dict())
         self.assigned: set[tuple[str, int]] = set()
-        self.coordinator = Coordinator(
-            connect=self._connect,
+        self.telemetry = telemetry or Telemetry.from_environment(
+            "ductor-processor", settings.metrics_port, settings.group_id
+        )
+        self.telemetry.group_id = settings.group_id
+        self.effects = Effects(
             outbox=self.outbox,
             names=self.names,
             partitions=self.partitions,
+            partition_by_run=settings.partition_by_run,
             tracker=self.tracker,
             stats=self.stats,
-            livelock_requeues=settings.livelock_requeues,
-            partition_by_run=settings.partition_by_run,
+            telemetry=self.telemetry,
         )
+        self.coordinator = Coordinator(
+            connect=self._connect,
+            effects=self.effects,
+            names=self.names,
+            stats=self.stats,
+            livelock_requeues=settings.livelock_requeues,
+        )
+        self.lag: dict[tuple[str, int], int] = {}
+        self.telemetry.instrument(self.stats, lambda: self.lag)
         self.watchdog = Watchdog(self, settings)
         self._consumer = Consumer(consumer_config(settings, self.instance_id))
         self.last_loop_at = time.monotonic()
         self._next_stats_log = self.last_loop_at + settings.stats_log_interval_s
+        self._next_lag_update = self.last_loop_at
 
     def _connect(self) -> psycopg.Connection[Any]:
         return use_orjson(psycopg.connect(self.settings.pg_dsn, autocommit=True, connect_timeout=5))
@@ -111,6 +131,25 @@ class Processor:
         self._store_offsets()
         self.watchdog.maybe_sweep()
         self._maybe_log_stats()
+        self._maybe_update_lag()
+
+    def _maybe_update_lag(self) -> None:
+        """Records behind the high watermark per assigned partition, paused ones included
+        (their fetch position stands still while the broker's end moves on)."""
+        now = time.monotonic()
+        if self.telemetry.meter_provider is None or now < self._next_lag_update:
+            return
+        self._next_lag_update = now + _LAG_INTERVAL_S
+        positions = self._consumer.position([TopicPartition(t, p) for t, p in self.assigned])
+        lag: dict[tuple[str, int], int] = {}
+        for tp in positions:
+            try:
+                _low, high = self._consumer.get_watermark_offsets(tp, timeout=1.0, cached=False)
+            except KafkaException:
+                continue
+            position = tp.offset if tp.offset >= 0 else high
+            lag[(tp.topic, tp.partition)] = max(0, high - position)
+        self.lag = lag
 
     def _maybe_log_stats(self) -> None:
         """Totals every few seconds, and the runs that conflicted most since the last line
@@ -191,10 +230,10 @@ class Processor:
         except Exception as exc:  # a poison record must never stop the consumer
             decoded = Rejected("wrong_schema", f"undecodable record: {type(exc).__name__}: {exc}")
         if isinstance(decoded, Rejected):
-            self.tracker.started(tp, offset)
-            self.coordinator.dead_letters.send(
-                record, decoded.reason, decoded.detail, lambda: self.tracker.done(tp, offset)
-            )
+            self.effects.started(record)
+            work = RunWork(run_id="", records=[record])
+            self.effects.start_span(work)
+            self.effects.dead_letter(work, decoded.reason, decoded.detail)
             return
         record.wakeup = decoded
         self.stats.records += 1
@@ -308,6 +347,7 @@ class Processor:
                 log.warning("final offset commit failed: %s", exc)
         self._consumer.close()
         self.coordinator.close()
+        self.telemetry.shutdown()
         log.info(
             "processor stopped", extra={"instance": self.instance_id, "stats": self.stats.summary()}
         )

@@ -8,7 +8,15 @@ labels: the hottest conflicting runs are kept in a small counter that is logged 
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
+
+_HISTOGRAMS = {
+    "tick": "ductor.tick.duration",
+    "commit": "ductor.commit.duration",
+    "end_to_end": "ductor.end_to_end.latency",
+    "lateness": "ductor.delay.lateness",
+}
 
 
 class Outcome:
@@ -59,6 +67,7 @@ class Stats:
     commit_ms: Reservoir = field(default_factory=Reservoir)
     end_to_end_ms: Reservoir = field(default_factory=Reservoir)
     lateness_ms: Reservoir = field(default_factory=Reservoir)
+    observe: Callable[[str, float], None] | None = None  # set by telemetry: histogram hook
 
     @property
     def error_count(self) -> int:
@@ -88,6 +97,21 @@ class Stats:
                     ("lateness", self.lateness_ms),
                 )
             },
+        }
+
+    def sample(self, name: str, value_ms: float) -> None:
+        """A latency sample: kept for percentiles and handed to the telemetry histograms."""
+        self._reservoirs[name].add(value_ms)
+        if self.observe is not None:
+            self.observe(_HISTOGRAMS[name], value_ms)
+
+    @property
+    def _reservoirs(self) -> dict[str, Reservoir]:
+        return {
+            "tick": self.tick_ms,
+            "commit": self.commit_ms,
+            "end_to_end": self.end_to_end_ms,
+            "lateness": self.lateness_ms,
         }
 
     def take_hot_runs(self, n: int = 10) -> list[tuple[str, int]]:

@@ -27,8 +27,10 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, Topi
 from processor.config import Settings
 from processor.envelope import Wakeup
 from processor.kafka_io import (
+    Headers,
     choose_partition,
     group_protocol_config,
+    normalise_headers,
     producer_config,
     topic_partitions,
 )
@@ -152,20 +154,27 @@ class Worker:
             self._consumer.close()
             conn.close()
 
-    def _task_of(self, message: Any) -> StepTask | None:
+    def _task_of(self, message: Any) -> tuple[StepTask, Headers] | None:
         if message.error() is not None:
             if message.error().code() != KafkaError._PARTITION_EOF:
                 log.error("worker consumer error: %s", message.error())
             return None
         try:
-            return decode_step_task(message.value())
+            # The task's trace context rides on to the wakeup, so one trace follows the run
+            # through its step round trips.
+            trace = [
+                (k, v) for k, v in normalise_headers(message) if k in ("traceparent", "tracestate")
+            ]
+            return decode_step_task(message.value()), trace
         except ValidationError as exc:
             log.error("skipping malformed step task at offset %s: %s", message.offset(), exc)
             return None
 
-    def _run_tasks(self, conn: psycopg.Connection[Any], tasks: list[StepTask]) -> None:
-        outcomes = list(self._pool.map(self._execute, tasks))
-        for task, (outcome, output, error) in zip(tasks, outcomes, strict=True):
+    def _run_tasks(
+        self, conn: psycopg.Connection[Any], tasks: list[tuple[StepTask, Headers]]
+    ) -> None:
+        outcomes = list(self._pool.map(self._execute, [t for t, _ in tasks]))
+        for (task, trace), (outcome, output, error) in zip(tasks, outcomes, strict=True):
             insert_step_result(conn, task.run_id, task.node, task.attempt, outcome, output, error)
             now_ms = int(time.time() * 1000)
             wakeup = Wakeup(run_id=task.run_id, reason="step_result", produced_at=now_ms)
@@ -174,6 +183,7 @@ class Worker:
                 topic,
                 value=wakeup.encode(),
                 key=wakeup.key(),
+                headers=list(trace),
                 partition=choose_partition(
                     task.run_id, self._partitions[topic], self.settings.partition_by_run
                 ),

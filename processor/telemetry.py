@@ -1,0 +1,313 @@
+"""Traces and metrics (OpenTelemetry), wrapped around the shell; the pure core knows nothing.
+
+Traces follow the messaging semantic conventions: a CONSUMER span ``process <topic>`` for the
+wakeup records of a run, with the producer's context (the ``traceparent`` header) as parent when
+it is one record and as links when several records were coalesced into one tick; INTERNAL
+children ``tick`` for each attempt and ``commit`` for the batched UPDATE the attempt took part
+in; a PRODUCER span ``send <topic>`` for every record the tick produced, ended when the broker
+acknowledged it, whose context travels in the record's headers. A conflict is a span event
+plus ``ductor.outcome=conflict`` with the status left unset; only a genuine failure sets the
+status to ERROR, ``error.type`` and the recorded exception.
+
+Metrics are observable counters read from ``Stats`` (the hot path only bumps integers) and
+histograms recorded where the latencies are measured. Nothing is exported, and no network is
+touched, unless OTLP is configured by the standard ``OTEL_*`` variables or a Prometheus port
+is set.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from opentelemetry import trace
+from opentelemetry.context import Context
+from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
+from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+from opentelemetry.exporter.prometheus import PrometheusMetricReader
+from opentelemetry.metrics import CallbackOptions, Histogram, Meter, MeterProvider, Observation
+from opentelemetry.sdk.metrics import MeterProvider as SdkMeterProvider
+from opentelemetry.sdk.metrics.export import MetricReader, PeriodicExportingMetricReader
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor, SpanExporter
+from opentelemetry.trace import Link, Span, SpanKind, Status, StatusCode, Tracer
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+from prometheus_client import start_http_server
+
+from processor.stats import Stats
+
+Headers = list[tuple[str, bytes]]
+_PROPAGATOR = TraceContextTextMapPropagator()
+_NOOP_TRACER: Tracer = trace.NoOpTracer()
+
+
+def _otlp_configured(signal: str) -> bool:
+    if os.environ.get(f"OTEL_{signal.upper()}_EXPORTER", "").strip().lower() == "none":
+        return False
+    return bool(
+        os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT")
+        or os.environ.get(f"OTEL_EXPORTER_OTLP_{signal.upper()}_ENDPOINT")
+    )
+
+
+@dataclass
+class Telemetry:
+    """The tracer and meter of one process; a no-op unless something is configured."""
+
+    tracer: Tracer = _NOOP_TRACER
+    meter_provider: MeterProvider | None = None
+    group_id: str = ""
+    histograms: dict[str, Histogram] = field(default_factory=dict)
+    _shutdown: list[Callable[[], Any]] = field(default_factory=list)
+
+    @property
+    def tracing(self) -> bool:
+        return self.tracer is not _NOOP_TRACER
+
+    @staticmethod
+    def from_environment(service: str, metrics_port: int, group_id: str) -> Telemetry:
+        """OTLP by the standard OTEL_* variables, Prometheus on ``metrics_port`` if > 0."""
+        resource = Resource.create({"service.name": os.environ.get("OTEL_SERVICE_NAME", service)})
+        processors: list[SpanProcessor] = []
+        if _otlp_configured("traces"):
+            processors.append(BatchSpanProcessor(OTLPSpanExporter()))
+        readers: list[MetricReader] = []
+        if _otlp_configured("metrics"):
+            readers.append(PeriodicExportingMetricReader(OTLPMetricExporter()))
+        if metrics_port > 0:
+            start_http_server(metrics_port, addr="0.0.0.0")
+            readers.append(PrometheusMetricReader())
+        return Telemetry.build(resource, processors, readers, group_id)
+
+    @staticmethod
+    def build(
+        resource: Resource | None,
+        span_processors: Sequence[SpanProcessor],
+        metric_readers: Sequence[MetricReader],
+        group_id: str = "",
+    ) -> Telemetry:
+        """Explicit wiring (tests pass in-memory exporters and readers here)."""
+        telemetry = Telemetry(group_id=group_id)
+        if span_processors:
+            provider = TracerProvider(resource=resource)  # sampler from OTEL_TRACES_SAMPLER
+            for processor in span_processors:
+                provider.add_span_processor(processor)
+            telemetry.tracer = provider.get_tracer("ductor.processor")
+            telemetry._shutdown.append(provider.shutdown)
+        if metric_readers:
+            meter_provider = SdkMeterProvider(
+                metric_readers=list(metric_readers), resource=resource
+            )
+            telemetry.meter_provider = meter_provider
+            telemetry._shutdown.append(meter_provider.shutdown)
+        return telemetry
+
+    @staticmethod
+    def in_memory(exporter: SpanExporter, reader: MetricReader | None = None) -> Telemetry:
+        return Telemetry.build(None, [SimpleSpanProcessor(exporter)], [reader] if reader else [])
+
+    def shutdown(self) -> None:
+        for close in self._shutdown:
+            close()
+        self._shutdown.clear()
+
+    # -- metrics -------------------------------------------------------------------------------
+
+    def instrument(self, stats: Stats, lag: Callable[[], Mapping[tuple[str, int], int]]) -> None:
+        """Expose ``stats`` as OpenTelemetry instruments (no run id is ever a label)."""
+        if self.meter_provider is None:
+            return
+        meter: Meter = self.meter_provider.get_meter("ductor.processor")
+
+        def counter(
+            name: str, unit: str, description: str, read: Callable[[], Iterable[Observation]]
+        ) -> None:
+            meter.create_observable_counter(
+                name, callbacks=[lambda _o: list(read())], unit=unit, description=description
+            )
+
+        counter(
+            "ductor.ticks",
+            "{tick}",
+            "ticks by outcome",
+            lambda: [Observation(n, {"ductor.outcome": k}) for k, n in stats.ticks.items()],
+        )
+        counter(
+            "ductor.conflicts",
+            "{conflict}",
+            "lost version races (not errors)",
+            lambda: [Observation(stats.conflicts)],
+        )
+        counter(
+            "ductor.errors",
+            "{error}",
+            "genuine failures by type",
+            lambda: (
+                [Observation(n, {"error.type": k}) for k, n in stats.errors.items()]
+                or [Observation(0)]
+            ),
+        )
+        counter(
+            "ductor.requeues",
+            "{requeue}",
+            "requeues by delay rung",
+            lambda: [
+                Observation(n, {"ductor.delay.rung_ms": k}) for k, n in stats.requeues.items()
+            ],
+        )
+        counter(
+            "ductor.force_fails",
+            "{run}",
+            "runs force-failed by reason",
+            lambda: [Observation(n, {"ductor.reason": k}) for k, n in stats.force_fails.items()],
+        )
+        counter(
+            "ductor.dead_letters",
+            "{record}",
+            "records dead-lettered by reason",
+            lambda: [Observation(n, {"ductor.reason": k}) for k, n in stats.dead_letters.items()],
+        )
+
+        def read_lag(_options: CallbackOptions) -> list[Observation]:
+            return [
+                Observation(
+                    value,
+                    {"messaging.destination.name": t, "messaging.destination.partition.id": str(p)},
+                )
+                for (t, p), value in lag().items()
+            ]
+
+        meter.create_observable_gauge(
+            "ductor.consumer.lag",
+            callbacks=[read_lag],
+            unit="{record}",
+            description="records behind the high watermark per partition, paused ones included",
+        )
+        for name, description in (
+            ("ductor.tick.duration", "time to load and tick a batch"),
+            ("ductor.commit.duration", "time of the batched conditional UPDATE"),
+            ("ductor.end_to_end.latency", "wakeup produced (or due) to tick committed"),
+            ("ductor.delay.lateness", "delay record processed minus its due time"),
+        ):
+            self.histograms[name] = meter.create_histogram(name, unit="ms", description=description)
+        stats.observe = self.record
+
+    def record(self, name: str, value_ms: float) -> None:
+        histogram = self.histograms.get(name)
+        if histogram is not None:
+            histogram.record(value_ms)
+
+    # -- traces --------------------------------------------------------------------------------
+
+    def start_consumer_span(
+        self,
+        topic: str,
+        records: Sequence[tuple[str, int, int, bytes | None, Headers]],
+        run_id: str,
+    ) -> Span:
+        """``process <topic>`` for the records of one run's tick: parent or links from each
+        record's producer context."""
+        contexts = [_extract(headers) for *_rest, headers in records]
+        parent: Context | None = None
+        links: list[Link] = []
+        if len(records) == 1:
+            parent = contexts[0]
+        else:
+            links = [
+                Link(sc)
+                for sc in (trace.get_current_span(c).get_span_context() for c in contexts)
+                if sc.is_valid
+            ]
+        first_topic, partition, offset, key, _headers = records[0]
+        attributes: dict[str, Any] = {
+            "messaging.system": "kafka",
+            "messaging.operation.type": "process",
+            "messaging.operation.name": "process",
+            "messaging.destination.name": first_topic,
+            "messaging.destination.partition.id": str(partition),
+            "messaging.kafka.offset": offset,
+            "messaging.consumer.group.name": self.group_id,
+            "messaging.batch.message_count": len(records),
+            "ductor.run_id": run_id,
+        }
+        if key is not None:
+            attributes["messaging.kafka.message.key"] = key.decode(errors="replace")
+        return self.tracer.start_span(
+            f"process {topic}",
+            context=parent,
+            kind=SpanKind.CONSUMER,
+            links=links,
+            attributes=attributes,
+        )
+
+    def child_span(
+        self,
+        parent: Span | None,
+        name: str,
+        start_ns: int,
+        end_ns: int,
+        attributes: Mapping[str, Any],
+    ) -> Span:
+        """A finished child span with given times (a batch's timings shared by its runs)."""
+        context = trace.set_span_in_context(parent) if parent is not None else None
+        span = self.tracer.start_span(
+            name, context=context, start_time=start_ns, attributes=attributes
+        )
+        span.end(end_time=end_ns)
+        return span
+
+    def start_producer_span(
+        self, parent: Span | None, topic: str, attributes: Mapping[str, Any]
+    ) -> tuple[Span, Headers]:
+        """``send <topic>``, ended on delivery; returns the headers that carry its context."""
+        context = trace.set_span_in_context(parent) if parent is not None else None
+        span = self.tracer.start_span(
+            f"send {topic}",
+            context=context,
+            kind=SpanKind.PRODUCER,
+            attributes={
+                "messaging.system": "kafka",
+                "messaging.operation.type": "send",
+                "messaging.operation.name": "send",
+                "messaging.destination.name": topic,
+                **attributes,
+            },
+        )
+        carrier: dict[str, str] = {}
+        _PROPAGATOR.inject(carrier, context=trace.set_span_in_context(span))
+        return span, [(k, v.encode()) for k, v in carrier.items()]
+
+
+def _extract(headers: Headers) -> Context:
+    carrier = {
+        k: v.decode(errors="replace") for k, v in headers if k in ("traceparent", "tracestate")
+    }
+    return _PROPAGATOR.extract(carrier)
+
+
+def end_ok(span: Span | None, outcome: str, **attributes: Any) -> None:
+    if span is None:
+        return
+    span.set_attribute("ductor.outcome", outcome)
+    for key, value in attributes.items():
+        span.set_attribute(f"ductor.{key}", value)
+    span.end()
+
+
+def end_error(span: Span | None, exc: BaseException) -> None:
+    """A genuine failure: status ERROR, error.type, the exception recorded."""
+    if span is None:
+        return
+    span.set_attribute("ductor.outcome", "error")
+    span.set_attribute("error.type", type(exc).__qualname__)
+    span.record_exception(exc)
+    span.set_status(Status(StatusCode.ERROR, str(exc)[:200]))
+    span.end()
+
+
+def now_ns() -> int:
+    return time.time_ns()
