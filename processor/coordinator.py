@@ -85,6 +85,10 @@ class Coordinator:
         return self._conn
 
     def close(self) -> None:
+        self.drop_connection()
+
+    def drop_connection(self) -> None:
+        """Forget a connection that failed; the next use opens a new one."""
         if self._conn_or_none is not None:
             self._conn_or_none.close()
             self._conn_or_none = None
@@ -341,9 +345,7 @@ class Coordinator:
         self.stats.ticks[Outcome.ERROR] += len(works)
         self.db_healthy = False
         log.error("database error, %d run(s) will be retried: %s", len(works), exc)
-        if self._conn_or_none is not None:
-            self._conn_or_none.close()
-            self._conn_or_none = None
+        self.drop_connection()
         retry_at = self._monotonic() + 1.0
         for work in works:
             end_error(work.span, exc)

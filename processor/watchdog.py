@@ -50,6 +50,7 @@ class Watchdog:
             self.sweep(modulus, owned)
         except psycopg.Error as exc:
             self._processor.stats.errors[type(exc).__name__] += 1
+            self._processor.coordinator.drop_connection()
             log.error("watchdog sweep failed: %s", exc)
 
     def sweep(self, modulus: int, owned: list[int]) -> None:

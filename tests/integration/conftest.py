@@ -33,7 +33,9 @@ from processor.model import parse_workflow
 from processor.runner import Processor
 from processor.stats import Stats
 from processor.store import register_workflow
+from processor.telemetry import Telemetry
 from processor.topics import create_topics, desired_topics
+from processor.worker import Worker, sample_registry
 
 pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parents[2]
@@ -215,9 +217,9 @@ def spawn(tmp_path: Path) -> Iterator[Callable[..., Spawned]]:
 class ProcessorThread:
     """A processor instance in a thread of the test process, so its stats can be read live."""
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, telemetry: Telemetry | None = None) -> None:
         self.stats = Stats()
-        self.processor = Processor(settings, self.stats)
+        self.processor = Processor(settings, self.stats, telemetry=telemetry or Telemetry())
         self._thread = threading.Thread(target=self.processor.run, name="processor", daemon=True)
         self._thread.start()
 
@@ -228,17 +230,63 @@ class ProcessorThread:
 
 
 @pytest.fixture
-def processor_thread() -> Iterator[Callable[[Settings], ProcessorThread]]:
+def processor_thread() -> Iterator[Callable[..., ProcessorThread]]:
     started: list[ProcessorThread] = []
 
-    def start(settings: Settings) -> ProcessorThread:
-        instance = ProcessorThread(settings)
+    def start(settings: Settings, telemetry: Telemetry | None = None) -> ProcessorThread:
+        instance = ProcessorThread(settings, telemetry)
         started.append(instance)
         return instance
 
     yield start
     for instance in started:
         instance.stop()
+
+
+class WorkerThread:
+    def __init__(self, settings: Settings) -> None:
+        self.worker = Worker(settings, sample_registry(), threads=4)
+        self._thread = threading.Thread(target=self.worker.run, name="worker", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self.worker.stop()
+        self._thread.join(30)
+
+
+class OutsideWriter:
+    """Keeps bumping a run's version the way a competing writer would, in transactions that
+    hold the row lock. Two connections take turns, so the lock is never free: each of our
+    conditional UPDATEs queues behind one of them and then matches no row (deterministically,
+    not just most of the time)."""
+
+    def __init__(self, dsn: str, run_id: str) -> None:
+        self.writes = 0
+        self._stop = threading.Event()
+        self._threads = [
+            threading.Thread(target=self._loop, args=(dsn, run_id), daemon=True) for _ in range(2)
+        ]
+        for thread in self._threads:
+            thread.start()
+
+    def _loop(self, dsn: str, run_id: str) -> None:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            while not self._stop.is_set():
+                with conn.transaction():
+                    cur = conn.execute(
+                        "UPDATE eec_workflow_run SET db_record_version = db_record_version + 1"
+                        " WHERE run_id = %s AND status IN ('pending', 'running')",
+                        (run_id,),
+                    )
+                    if cur.rowcount == 0:
+                        return  # the run ended
+                    conn.execute("SELECT pg_sleep(0.02)")
+                self.writes += 1
+
+    def stop(self) -> None:
+        self._stop.set()
+        for thread in self._threads:
+            thread.join(10)
 
 
 def produce_wakeups(settings: Settings, records: Sequence[tuple[str, Wakeup, int | None]]) -> None:

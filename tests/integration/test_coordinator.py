@@ -21,13 +21,14 @@ from processor.kafka_io import normalise_headers
 from processor.model import WorkflowDef, parse_workflow
 from processor.store import insert_runs, register_workflow
 from processor.topics import TopicNames
-from processor.worker import Worker, sample_registry
 
 from .audit import assert_results_applied, assert_transitions_applied_once
 from .conftest import (
     SAMPLE,
+    OutsideWriter,
     ProcessorThread,
     Spawned,
+    WorkerThread,
     count_terminal,
     now_ms,
     produce_wakeups,
@@ -43,46 +44,6 @@ def _chain(name: str, length: int) -> WorkflowDef:
     for i in range(1, length):
         steps[i]["depends_on"] = [f"s{i - 1}"]
     return parse_workflow({"name": name, "version": 1, "steps": steps})
-
-
-class WorkerThread:
-    def __init__(self, settings: Settings) -> None:
-        self.worker = Worker(settings, sample_registry(), threads=4)
-        self._thread = threading.Thread(target=self.worker.run, name="worker", daemon=True)
-        self._thread.start()
-
-    def stop(self) -> None:
-        self.worker.stop()
-        self._thread.join(30)
-
-
-class OutsideWriter:
-    """Keeps bumping a run's version in transactions that hold the row lock, the way a
-    competing writer would: every conditional UPDATE of ours waits, then matches no row."""
-
-    def __init__(self, dsn: str, run_id: str) -> None:
-        self.writes = 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, args=(dsn, run_id), daemon=True)
-        self._thread.start()
-
-    def _loop(self, dsn: str, run_id: str) -> None:
-        with psycopg.connect(dsn, autocommit=True) as conn:
-            while not self._stop.is_set():
-                with conn.transaction():
-                    cur = conn.execute(
-                        "UPDATE eec_workflow_run SET db_record_version = db_record_version + 1"
-                        " WHERE run_id = %s AND status IN ('pending', 'running')",
-                        (run_id,),
-                    )
-                    if cur.rowcount == 0:
-                        return  # the run ended
-                    conn.execute("SELECT pg_sleep(0.02)")
-                self.writes += 1
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(10)
 
 
 def test_runs_of_the_sample_workflow_succeed(

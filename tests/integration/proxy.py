@@ -1,0 +1,76 @@
+"""A TCP proxy in front of a real service, to cut it off and bring it back (an outage)."""
+
+from __future__ import annotations
+
+import contextlib
+import selectors
+import socket
+import threading
+
+
+class TcpProxy:
+    def __init__(self, target_host: str, target_port: int) -> None:
+        self._target = (target_host, target_port)
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.port: int = self._listener.getsockname()[1]
+        self._pairs: list[tuple[socket.socket, socket.socket]] = []
+        self._lock = threading.Lock()
+        self._open = threading.Event()
+        self._open.set()
+        self._closed = threading.Event()
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while not self._closed.is_set():
+            try:
+                client, _ = self._listener.accept()
+            except OSError:
+                return
+            if not self._open.is_set():
+                client.close()  # the outage: connections are refused as soon as they come
+                continue
+            try:
+                upstream = socket.create_connection(self._target, timeout=5)
+            except OSError:
+                client.close()
+                continue
+            with self._lock:
+                self._pairs.append((client, upstream))
+            threading.Thread(target=self._pump, args=(client, upstream), daemon=True).start()
+
+    def _pump(self, a: socket.socket, b: socket.socket) -> None:
+        selector = selectors.DefaultSelector()
+        selector.register(a, selectors.EVENT_READ, b)
+        selector.register(b, selectors.EVENT_READ, a)
+        try:
+            while True:
+                for key, _ in selector.select(timeout=1):
+                    source: socket.socket = key.fileobj  # type: ignore[assignment]
+                    data = source.recv(65536)
+                    if not data:
+                        return
+                    key.data.sendall(data)
+        except OSError:
+            return
+        finally:
+            selector.close()
+            for s in (a, b):
+                s.close()
+
+    def cut(self) -> None:
+        """Drop every open connection and refuse new ones until restore()."""
+        self._open.clear()
+        with self._lock:
+            pairs, self._pairs = self._pairs, []
+        for a, b in pairs:
+            for s in (a, b):
+                with contextlib.suppress(OSError):
+                    s.shutdown(socket.SHUT_RDWR)
+
+    def restore(self) -> None:
+        self._open.set()
+
+    def close(self) -> None:
+        self._closed.set()
+        self.cut()
+        self._listener.close()

@@ -1,0 +1,164 @@
+"""Traces and metrics against the real broker and database, with in-memory exporters: a
+conflict is told apart from an error, an outage is an error, a requeue stays in one trace."""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import replace
+from typing import Any
+
+import orjson
+import psycopg
+import pytest
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+from opentelemetry.sdk.trace import ReadableSpan
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import SpanKind, StatusCode
+
+from processor.config import Settings
+from processor.envelope import Wakeup
+from processor.model import parse_workflow
+from processor.store import insert_runs
+from processor.telemetry import Telemetry
+from processor.topics import TopicNames
+
+from .conftest import (
+    SAMPLE,
+    OutsideWriter,
+    ProcessorThread,
+    now_ms,
+    produce_wakeups,
+    run_statuses,
+    wait_for,
+)
+from .proxy import TcpProxy
+
+pytestmark = pytest.mark.integration
+
+
+def _metric(reader: InMemoryMetricReader, name: str) -> dict[tuple[tuple[str, Any], ...], float]:
+    """Current value of a counter by attribute set (empty when never observed)."""
+    data = reader.get_metrics_data()
+    values: dict[tuple[tuple[str, Any], ...], float] = {}
+    if data is None:
+        return values
+    for resource_metrics in data.resource_metrics:
+        for scope in resource_metrics.scope_metrics:
+            for metric in scope.metrics:
+                if metric.name == name:
+                    for point in metric.data.data_points:
+                        values[tuple(sorted((point.attributes or {}).items()))] = point.value  # type: ignore[union-attr]
+    return values
+
+
+def _total(reader: InMemoryMetricReader, name: str) -> float:
+    return sum(_metric(reader, name).values())
+
+
+def _attr(span: ReadableSpan, key: str) -> Any:
+    return (span.attributes or {}).get(key)
+
+
+def _start_one(settings: Settings, pg: psycopg.Connection[Any], run_id: str) -> None:
+    insert_runs(pg, parse_workflow(orjson.loads(SAMPLE.read_bytes())), [(run_id, {})], "t1")
+
+
+def test_a_conflict_is_an_event_with_unset_status_and_a_requeue_stays_in_one_trace(
+    settings: Settings, pg: psycopg.Connection[Any], processor_thread: Any
+) -> None:
+    settings = replace(settings, livelock_requeues=1)
+    exporter, reader = InMemorySpanExporter(), InMemoryMetricReader()
+    run_id = f"traced-{uuid.uuid4().hex[:6]}"
+    _start_one(settings, pg, run_id)
+    writer = OutsideWriter(settings.pg_dsn, run_id)
+    wait_for(lambda: writer.writes > 0, 10, "the outside writer to start")
+    names = TopicNames(settings.topic_prefix)
+    instance: ProcessorThread = processor_thread(settings, Telemetry.in_memory(exporter, reader))
+    try:
+        produce_wakeups(
+            settings, [(names.wakeup("t1"), Wakeup(run_id, "start", produced_at=now_ms()), None)]
+        )
+        wait_for(
+            lambda: run_statuses(pg, [run_id])[run_id] == "failed", 60, "the livelock force-fail"
+        )
+    finally:
+        writer.stop()
+    wait_for(lambda: instance.stats.ticks["force_failed"] == 1, 10, "the force-fail to be counted")
+    instance.stop()
+    spans = exporter.get_finished_spans()
+
+    # Conflicts: `tick` spans with outcome conflict, status unset; events on the consumer span.
+    conflicts = [s for s in spans if s.name == "tick" and _attr(s, "ductor.outcome") == "conflict"]
+    assert len(conflicts) == 10  # five in-process attempts, twice
+    assert {s.status.status_code for s in conflicts} == {StatusCode.UNSET}
+    assert not [s for s in spans if s.status.status_code is StatusCode.ERROR]
+    consumers = [s for s in spans if s.kind is SpanKind.CONSUMER]
+    first = next(s for s in consumers if s.name == f"process {names.wakeup('t1')}")
+    later = next(s for s in consumers if s.name == f"process {names.delay(100)}")
+    assert [e.name for e in first.events].count("conflict") == 5
+    assert _attr(first, "ductor.outcome") == "requeued"
+    assert _attr(later, "ductor.outcome") == "force_failed"
+    assert _attr(first, "messaging.system") == "kafka"
+    assert _attr(first, "messaging.consumer.group.name") == settings.group_id
+    assert _attr(first, "ductor.run_id") == run_id
+
+    # One trace: original wakeup -> requeue (PRODUCER, ended on delivery) -> later tick.
+    send = next(
+        s for s in spans if s.kind is SpanKind.PRODUCER and s.name == f"send {names.delay(100)}"
+    )
+    assert first.context is not None and send.context is not None and later.context is not None
+    assert send.parent is not None and send.parent.span_id == first.context.span_id
+    assert _attr(send, "messaging.kafka.message.key") == f"{run_id}:1"
+    assert later.parent is not None and later.parent.span_id == send.context.span_id
+    assert later.context.trace_id == first.context.trace_id == send.context.trace_id
+
+    # Metrics: conflicts counted, errors not; the force-fail by reason.
+    assert _total(reader, "ductor.conflicts") == 10
+    assert _total(reader, "ductor.errors") == 0
+    assert _metric(reader, "ductor.force_fails") == {(("ductor.reason", "livelock"),): 1}
+    assert _metric(reader, "ductor.requeues") == {(("ductor.delay.rung_ms", 100),): 1}
+
+
+def test_a_database_outage_makes_error_spans_and_counts_errors(
+    settings: Settings, pg: psycopg.Connection[Any], processor_thread: Any
+) -> None:
+    conninfo = psycopg.conninfo.conninfo_to_dict(settings.pg_dsn)
+    proxy = TcpProxy(str(conninfo.get("host", "127.0.0.1")), int(str(conninfo.get("port", 5432))))
+    conninfo.update(host="127.0.0.1", port=str(proxy.port))
+    through_proxy = replace(settings, pg_dsn=psycopg.conninfo.make_conninfo("", **conninfo))
+    exporter, reader = InMemorySpanExporter(), InMemoryMetricReader()
+    run_id = f"outage-{uuid.uuid4().hex[:6]}"
+    _start_one(settings, pg, run_id)
+    names = TopicNames(settings.topic_prefix)
+    instance: ProcessorThread = processor_thread(
+        through_proxy, Telemetry.in_memory(exporter, reader)
+    )
+    try:
+        produce_wakeups(
+            settings, [(names.wakeup("t1"), Wakeup(run_id, "start", produced_at=now_ms()), None)]
+        )
+        wait_for(lambda: run_statuses(pg, [run_id])[run_id] == "running", 30, "the first commit")
+        proxy.cut()
+        produce_wakeups(
+            settings, [(names.wakeup("t1"), Wakeup(run_id, "signal", produced_at=now_ms()), None)]
+        )
+        wait_for(lambda: instance.stats.ticks["error"] > 0, 30, "a tick to fail on the outage")
+        proxy.restore()
+        wait_for(
+            lambda: instance.stats.ticks["noop"] >= 1,
+            30,
+            "the run to be ticked again after the outage",
+        )
+    finally:
+        proxy.close()
+    instance.stop()
+    spans = exporter.get_finished_spans()
+    errors = [s for s in spans if s.status.status_code is StatusCode.ERROR]
+    assert errors, "the outage must produce ERROR spans"
+    for span in errors:
+        assert _attr(span, "ductor.outcome") == "error"
+        assert _attr(span, "error.type")
+        assert any(e.name == "exception" for e in span.events)
+    assert _total(reader, "ductor.errors") >= 1
+    assert _total(reader, "ductor.conflicts") == 0
+    assert instance.stats.conflicts == 0
