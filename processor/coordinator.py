@@ -24,6 +24,8 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Iterable
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
 from typing import Any
 
 import psycopg
@@ -51,6 +53,23 @@ __all__ = ["Coordinator", "Inbound", "RunWork"]
 log = logging.getLogger("ductor.coordinator")
 
 
+@dataclass
+class BatchResult:
+    """What the database stage of one batch found and did."""
+
+    tick_started_ns: int
+    loaded: dict[str, LoadedRun | UnknownWorkflow] = field(default_factory=dict)
+    decisions: dict[str, Decision] = field(default_factory=dict)
+    committed: set[str] = field(default_factory=set)
+    attempted: int = 0
+    now_ms: int = 0
+    tick_ended_ns: int = 0
+    commit_ended_ns: int = 0
+    tick_ms: float = 0.0
+    commit_ms: float = 0.0
+    error: psycopg.Error | None = None
+
+
 class Coordinator:
     def __init__(
         self,
@@ -74,6 +93,8 @@ class Coordinator:
         self._definitions = Definitions()
         self.pending: dict[str, RunWork] = {}  # runs waiting for a tick (ready or backing off)
         self.db_healthy = True
+        self._db_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ductor-db")
+        self._in_flight: tuple[list[RunWork], Future[BatchResult]] | None = None
 
     @property
     def _conn(self) -> psycopg.Connection[Any]:
@@ -81,10 +102,8 @@ class Coordinator:
             self._conn_or_none = self._connect()
         return self._conn_or_none
 
-    def connection(self) -> psycopg.Connection[Any]:
-        return self._conn
-
     def close(self) -> None:
+        self._db_thread.shutdown(wait=True)
         self.drop_connection()
 
     def drop_connection(self) -> None:
@@ -117,7 +136,15 @@ class Coordinator:
     # -- one batch ---------------------------------------------------------------------------
 
     def run_batch(self, limit: int) -> int:
-        """Tick and commit up to ``limit`` ready runs; returns how many were processed."""
+        """Advance the batch pipeline: apply the batch whose database stage finished, then
+        start the next one. Returns how many runs were started. The database stage (load,
+        tick, commit) runs on the `ductor-db` thread, so while Postgres works the poll loop
+        keeps consuming, delivering effects and storing offsets; one batch is in flight at a
+        time, so a run is never ticked twice at once by the same instance."""
+        if self._in_flight is not None:
+            if not self._in_flight[1].done():
+                return 0
+            self._finish_in_flight()
         now = self._monotonic()
         batch = [w for w in self.pending.values() if w.ready_at <= now][:limit]
         if not batch:
@@ -125,22 +152,66 @@ class Coordinator:
         for work in batch:
             del self.pending[work.run_id]
             self.effects.start_span(work)
-        try:
-            self._process(batch)
-        except psycopg.Error as exc:
-            self._db_failed(exc, [w for w in batch if w.records and w.outstanding == 0])
-            return 0
-        self.db_healthy = True
+        ids = [w.run_id for w in batch]
+        self._in_flight = (batch, self._db_thread.submit(self._db_stage, ids))
         return len(batch)
 
-    def _process(self, batch: list[RunWork]) -> None:
-        tick_started, started = now_ns(), time.perf_counter()
-        loaded = load_runs(self._conn, self._definitions, [w.run_id for w in batch])
-        now_ms = self._wall_ms()
-        commits: list[Commit] = []
-        decided: list[tuple[RunWork, LoadedRun, Decision]] = []
+    @property
+    def busy(self) -> bool:
+        return self._in_flight is not None
+
+    def flush(self) -> None:
+        """Wait for the batch in flight and apply it (before a rebalance or shutdown)."""
+        if self._in_flight is not None:
+            self._in_flight[1].result()
+            self._finish_in_flight()
+
+    def _finish_in_flight(self) -> None:
+        assert self._in_flight is not None
+        batch, future = self._in_flight
+        self._in_flight = None
+        result = future.result()
+        if result.error is not None:
+            self._db_failed(result.error, [w for w in batch if w.records])
+            return
+        self.db_healthy = True
+        self._apply(batch, result)
+
+    def _db_stage(self, run_ids: list[str]) -> BatchResult:
+        """Load, tick and commit, on the database thread: touches nothing but the connection,
+        the definitions cache and its own result."""
+        result = BatchResult(tick_started_ns=now_ns())
+        started = time.perf_counter()
+        try:
+            result.loaded = load_runs(self._conn, self._definitions, run_ids)
+            result.now_ms = self._wall_ms()
+            commits: list[Commit] = []
+            for run_id in run_ids:
+                run = result.loaded.get(run_id)
+                if not isinstance(run, LoadedRun) or not run.checksum_ok:
+                    continue
+                wf = self._definitions.get(self._conn, run.workflow)
+                decision = tick(run.state, wf, run.results, run.signals, result.now_ms)
+                result.decisions[run_id] = decision
+                if decision.new_state is not None:
+                    commits.append(Commit(run_id, run.version, decision.new_state))
+            result.tick_ended_ns, result.tick_ms = now_ns(), (time.perf_counter() - started) * 1000
+            commit_started = time.perf_counter()
+            result.committed = commit_batch(self._conn, commits)
+            result.commit_ended_ns = now_ns()
+            result.commit_ms = (time.perf_counter() - commit_started) * 1000
+            result.attempted = len(commits)
+        except psycopg.Error as exc:
+            result.error = exc
+        return result
+
+    def _apply(self, batch: list[RunWork], result: BatchResult) -> None:
+        """Carry out the batch's decisions (on the poll-loop thread)."""
+        self.stats.sample("tick", result.tick_ms)
+        self.stats.sample("commit", result.commit_ms)
+        self.stats.commit_attempts += result.attempted
         for work in batch:
-            run = loaded.get(work.run_id)
+            run = result.loaded.get(work.run_id)
             if not isinstance(run, LoadedRun):
                 reason = "unknown_workflow" if isinstance(run, UnknownWorkflow) else "unknown_run"
                 detail = str(run) if run is not None else f"run {work.run_id!r} does not exist"
@@ -153,34 +224,24 @@ class Coordinator:
                 detail = "state_checksum does not match the row: changed out of band"
                 self.effects.dead_letter(work, "checksum_mismatch", detail)
                 continue
-            wf = self._definitions.get(self._conn, run.workflow)
-            decision = tick(run.state, wf, run.results, run.signals, now_ms)
+            decision = result.decisions[work.run_id]
             if decision.new_state is None:
                 self.stats.ticks[Outcome.NOOP] += 1
-                self._trace_attempt(work, run, Outcome.NOOP, tick_started, now_ns())
+                self._trace_attempt(
+                    work, run, Outcome.NOOP, result.tick_started_ns, result.tick_ended_ns
+                )
                 self.effects.complete(work, Outcome.NOOP)
                 continue
-            commits.append(Commit(work.run_id, run.version, decision.new_state))
-            decided.append((work, run, decision))
-        tick_ended = now_ns()
-        self.stats.sample("tick", (time.perf_counter() - started) * 1000)
-
-        commit_started = time.perf_counter()
-        committed = commit_batch(self._conn, commits)
-        commit_ended = now_ns()
-        self.stats.sample("commit", (time.perf_counter() - commit_started) * 1000)
-        self.stats.commit_attempts += len(commits)
-
-        for work, run, decision in decided:
-            won = work.run_id in committed
+            won = work.run_id in result.committed
             outcome = Outcome.COMMITTED if won else Outcome.CONFLICT
+            commit_span = (result.tick_ended_ns, result.commit_ended_ns)
             self._trace_attempt(
-                work, run, outcome, tick_started, tick_ended, (tick_ended, commit_ended)
+                work, run, outcome, result.tick_started_ns, result.tick_ended_ns, commit_span
             )
             if won:
                 self.stats.ticks[Outcome.COMMITTED] += 1
                 self._record_end_to_end(work)
-                self._emit(work, run, decision, now_ms)
+                self._emit(work, run, decision, result.now_ms)
             else:
                 self._on_conflict(work, run)
 
@@ -270,19 +331,22 @@ class Coordinator:
         work.ready_at = self._monotonic()
         self._park(work)
 
-    def force_fail_stuck(self, run_id: str) -> bool:
-        """The watchdog's use of the shared terminal path: fail a run with no transition."""
-        loaded = load_runs(self._conn, self._definitions, [run_id]).get(run_id)
+    def force_fail_stuck(self, conn: psycopg.Connection[Any], run_id: str) -> bool:
+        """The watchdog's use of the shared terminal path: fail a run with no transition.
+        (The watchdog passes its own connection: a batch may be using ours.)"""
+        loaded = load_runs(conn, self._definitions, [run_id]).get(run_id)
         if not isinstance(loaded, LoadedRun) or not loaded.checksum_ok:
             return False
-        return self._write_force_fail(loaded, "stuck")
+        return self._write_force_fail(loaded, "stuck", conn)
 
-    def _write_force_fail(self, run: LoadedRun, reason: str) -> bool:
+    def _write_force_fail(
+        self, run: LoadedRun, reason: str, conn: psycopg.Connection[Any] | None = None
+    ) -> bool:
         """Force-fail ``run`` if it did not move since loaded; meter it. Raises psycopg.Error."""
         failed = force_fail(run.state, reason)
         if failed is None:
             return False
-        if not force_fail_write(self._conn, run.run_id, run.stored_checksum, failed):
+        if not force_fail_write(conn or self._conn, run.run_id, run.stored_checksum, failed):
             return False
         self.stats.force_fails[reason] += 1
         self.stats.ticks[Outcome.FORCE_FAILED] += 1

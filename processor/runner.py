@@ -78,7 +78,7 @@ class Processor:
             telemetry=self.telemetry,
         )
         self.coordinator = Coordinator(
-            connect=self._connect,
+            connect=self.connect,
             effects=self.effects,
             names=self.names,
             stats=self.stats,
@@ -92,7 +92,7 @@ class Processor:
         self._next_stats_log = self.last_loop_at + settings.stats_log_interval_s
         self._next_lag_update = self.last_loop_at
 
-    def _connect(self) -> psycopg.Connection[Any]:
+    def connect(self) -> psycopg.Connection[Any]:
         return use_orjson(psycopg.connect(self.settings.pg_dsn, autocommit=True, connect_timeout=5))
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -187,8 +187,8 @@ class Processor:
     def _idle_timeout(self) -> float:
         """How long the loop may block in poll: until the next due event, at most 100 ms."""
         now = time.monotonic()
-        if self.outbox.in_flight:
-            return 0.002  # delivery reports wait for producer polls
+        if self.outbox.in_flight or self.coordinator.busy:
+            return 0.001  # delivery reports and the batch in flight wait for this loop
         if len(self.queues) or self.coordinator.ready_count(now):
             return 0.0
         deadlines = [
@@ -313,6 +313,7 @@ class Processor:
         """Give partitions back: drop their waiting records (the next owner redoes them), let
         effects already produced finish so their records count as done, then commit."""
         tps = {(p.topic, p.partition) for p in partitions}
+        self.coordinator.flush()  # the batch in flight finishes first: its outcome is known
         self.queues.drop(lambda r: r.tp in tps)
         self.coordinator.drop_partitions(tps)
         if commit:
@@ -333,6 +334,7 @@ class Processor:
         deadline = time.monotonic() + self.settings.shutdown_timeout_s
         # Runs still waiting (backing off, or not yet ticked) are dropped: their offsets were
         # not stored, so the group redelivers them. Effects already produced are flushed.
+        self.coordinator.flush()
         self.coordinator.pending.clear()
         remaining = self.outbox.flush(max(0.1, deadline - time.monotonic()))
         if remaining:
@@ -347,6 +349,7 @@ class Processor:
                 log.warning("final offset commit failed: %s", exc)
         self._consumer.close()
         self.coordinator.close()
+        self.watchdog.close()
         self.telemetry.shutdown()
         log.info(
             "processor stopped", extra={"instance": self.instance_id, "stats": self.stats.summary()}

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import psycopg
 
@@ -32,6 +32,7 @@ class Watchdog:
         self._settings = settings
         self.next_at: float | None = time.monotonic() + settings.sweep_interval_s
         self.rewoken = 0
+        self._conn: psycopg.Connection[Any] | None = None  # its own: a batch may use the other
 
     def shards(self) -> tuple[int, list[int]]:
         topic = self._processor.names.wakeup("t2")
@@ -50,15 +51,22 @@ class Watchdog:
             self.sweep(modulus, owned)
         except psycopg.Error as exc:
             self._processor.stats.errors[type(exc).__name__] += 1
-            self._processor.coordinator.drop_connection()
+            self.close()
             log.error("watchdog sweep failed: %s", exc)
+
+    def close(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
 
     def sweep(self, modulus: int, owned: list[int]) -> None:
         coordinator = self._processor.coordinator
-        conn = coordinator.connection()
+        if self._conn is None or self._conn.closed:
+            self._conn = self._processor.connect()
+        conn = self._conn
         limit = self._settings.sweep_limit
         for run_id in sweep_stuck(conn, modulus, owned, self._settings.stuck_after_s, limit):
-            coordinator.force_fail_stuck(run_id)
+            coordinator.force_fail_stuck(conn, run_id)
         due = sweep_due(conn, modulus, owned, self._settings.sweep_grace_s, limit)
         topic = self._processor.names.wakeup("t2")
         now_ms = int(time.time() * 1000)
