@@ -21,10 +21,12 @@ import os
 import random
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -71,16 +73,10 @@ def _workflow(name: str, steps: int, chain: bool = False) -> WorkflowDef:
 class Bench:
     def __init__(self, base: Settings, scale: float) -> None:
         self.tag = uuid.uuid4().hex[:6]
-        self.settings = replace(
-            base,
-            topic_prefix=f"bench-{self.tag}",
-            group_id=f"bench-{self.tag}",
-            wakeup_partitions=6,
-            delay_partitions=6,
-            step_partitions=4,
-        )
+        self.base = base
+        self.phases: list[Settings] = []
+        self.settings = self.phase("setup")
         self.scale = scale
-        self.names = TopicNames(self.settings.topic_prefix)
         self.conn = psycopg.connect(base.pg_dsn, autocommit=True)
         self.one = _workflow("bench-one", 1)
         self.quad = _workflow("bench-quad", 4)
@@ -89,16 +85,46 @@ class Bench:
     def n(self, base: int) -> int:
         return max(100, int(base * self.scale))
 
+    @property
+    def names(self) -> TopicNames:
+        return TopicNames(self.settings.topic_prefix)
+
+    def phase(self, label: str) -> Settings:
+        """Fresh topics and group for a phase, and no live runs left from the previous one:
+        a phase's workers must not pick up another phase's step tasks, nor its watchdog
+        re-wake another phase's runs."""
+        settings = replace(
+            self.base,
+            topic_prefix=f"bench-{self.tag}-{label}",
+            group_id=f"bench-{self.tag}-{label}",
+            wakeup_partitions=6,
+            delay_partitions=6,
+            step_partitions=4,
+        )
+        self.phases.append(settings)
+        self.settings = settings
+        if label != "setup":
+            create_topics(settings)
+            self.conn.execute(
+                "DELETE FROM eec_workflow_run WHERE run_id LIKE %s", (f"b{self.tag}-%",)
+            )
+        return settings
+
     def setup(self) -> None:
-        migrate(self.settings.pg_dsn)
-        create_topics(self.settings)
+        migrate(self.base.pg_dsn)
         for wf in (self.one, self.quad, self.chain):
             register_workflow(self.conn, wf)
 
     def teardown(self) -> None:
         self.conn.execute("DELETE FROM eec_workflow_run WHERE run_id LIKE %s", (f"b{self.tag}-%",))
-        admin = AdminClient(self.settings.kafka_common())
-        topics = [*desired_topics(self.settings), f"{self.settings.topic_prefix}.naive"]
+        admin = AdminClient(self.base.kafka_common())
+        existing = admin.list_topics(timeout=10).topics
+        topics = [
+            t
+            for s in self.phases
+            for t in [*desired_topics(s), f"{s.topic_prefix}.naive"]
+            if t in existing
+        ]
         for future in admin.delete_topics(topics, operation_timeout=30).values():
             try:
                 future.result(timeout=30)
@@ -385,6 +411,7 @@ def final_stats(path: Path) -> dict[str, Any]:
 class Figures:
     ceiling: float = 0.0
     instance: float = 0.0
+    traced: float = 0.0
     naive: float = 0.0
     rss: int = 0
     hot_on: dict[str, Any] | None = None
@@ -399,6 +426,8 @@ def report(f: Figures) -> None:
         ("instance / naive", f"{f.instance / f.naive:10.1f} x   (target >= 10)"),
         ("instance / ceiling", f"{f.instance / f.ceiling:10.2f}     (target >= 0.6)"),
         ("peak RSS of the instance", f"{f.rss / 2**20:10.0f} MiB (target <= 250)"),
+        ("same instance, tracing + metrics on, all sampled", f"{f.traced:10.0f} ticks/s"),
+        ("telemetry on / off", f"{f.traced / f.instance:10.2f}     (target >= 0.8)"),
     ]
     print()
     print("Ductor benchmark (one run, real Kafka and Postgres on this machine)")
@@ -416,6 +445,37 @@ def report(f: Figures) -> None:
         print(f"    wakeup-to-commit {latency} (target p99 <= 50)")
 
 
+class OtlpSink:
+    """A stand-in OTLP/HTTP collector that accepts and drops everything, so tracing costs what
+    it costs in production (spans built, batched, serialised, sent) without a collector."""
+
+    def __init__(self) -> None:
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                self.send_response(200)
+                self.send_header("Content-Type", "application/x-protobuf")
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def log_message(self, format: str, *args: Any) -> None:
+                return
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    @property
+    def env(self) -> dict[str, str]:
+        return {
+            "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{self.server.server_port}",
+            "OTEL_TRACES_SAMPLER": "always_on",
+            "OTEL_METRIC_EXPORT_INTERVAL": "1000",
+        }
+
+    def close(self) -> None:
+        self.server.shutdown()
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="ductor bench", description=__doc__)
     parser.add_argument("--scale", type=float, default=1.0, help="multiply the run counts")
@@ -426,19 +486,32 @@ def main(argv: Sequence[str] | None = None) -> int:
     bench = Bench(load_settings(), args.scale)
     bench.setup()
     figures = Figures()
+    sink = OtlpSink()
     try:
         print("measuring the DB-only ceiling ...", flush=True)
+        bench.phase("ceiling")
         figures.ceiling = bench.ceiling()
         print("measuring one instance on uncontended runs ...", flush=True)
+        bench.phase("instance")
         figures.instance, figures.rss = bench.instance()
+        print(
+            "measuring one instance with tracing and metrics on (sampling everything) ...",
+            flush=True,
+        )
+        bench.phase("traced")
+        figures.traced, _ = bench.instance(sink.env, label="traced")
         print("measuring the naive baseline ...", flush=True)
+        bench.phase("naive")
         figures.naive = bench.naive()
         target = figures.instance / 2
         print(f"hot mix at ~{target:.0f} ticks/s, co-partitioned by run ...", flush=True)
+        bench.phase("hot-on")
         figures.hot_on = bench.hot_mix(target, by_run=True, seconds=args.hot_seconds)
         print(f"hot mix at ~{target:.0f} ticks/s, spread over partitions ...", flush=True)
+        bench.phase("hot-off")
         figures.hot_off = bench.hot_mix(target, by_run=False, seconds=args.hot_seconds)
     finally:
+        sink.close()
         bench.teardown()
     report(figures)
     return 0

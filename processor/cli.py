@@ -23,6 +23,7 @@ from confluent_kafka import KafkaError, KafkaException, Producer
 from processor.bench import main as bench_main
 from processor.config import ConfigError, Settings, load_settings
 from processor.demo import run_demo
+from processor.dlq import DLQ_REASONS, DlqError, fetch_dead_letter, read_dead_letters, replay
 from processor.envelope import Wakeup
 from processor.kafka_io import choose_partition, partition_for, producer_config, topic_partitions
 from processor.logs import setup_logging
@@ -235,6 +236,44 @@ def cmd_bench(settings: Settings, args: argparse.Namespace) -> int:
     return bench_main(args.bench_args)
 
 
+def cmd_dlq_list(settings: Settings, args: argparse.Namespace) -> int:
+    if args.limit is not None and args.limit < 1:
+        raise CliError("--limit must be at least 1", EXIT_USAGE)
+    try:
+        letters = read_dead_letters(settings, reason=args.reason, limit=args.limit)
+    except DlqError as exc:
+        raise CliError(str(exc)) from None
+    for letter in letters:
+        print(letter.describe())
+    # The count goes to stderr, so stdout stays exactly one line per record for scripts.
+    which = f" with reason {args.reason}" if args.reason else ""
+    topic = TopicNames(settings.topic_prefix).dlq
+    print(f"{len(letters)} dead letter(s){which} listed from {topic}", file=sys.stderr)
+    return EXIT_OK
+
+
+def cmd_dlq_replay(settings: Settings, args: argparse.Namespace) -> int:
+    if args.dlq_offset < 0 or args.partition < 0:
+        raise CliError("the offset and --partition must not be negative", EXIT_USAGE)
+    value: bytes | None = None
+    if args.value_file:
+        try:
+            value = Path(args.value_file).read_bytes()
+        except OSError as exc:
+            raise CliError(f"cannot read {args.value_file}: {exc.strerror}", EXIT_USAGE) from None
+    try:
+        letter = fetch_dead_letter(settings, args.partition, args.dlq_offset)
+        done = replay(settings, letter, value, force=args.force)
+    except DlqError as exc:
+        raise CliError(str(exc)) from None
+    source = "a fixed value" if value is not None else "its original value"
+    print(
+        f"replayed {letter.partition}:{letter.offset} ({letter.reason}) with {source}"
+        f" to {done.topic} partition {done.partition} offset {done.offset}"
+    )
+    return EXIT_OK
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="ductor",
@@ -302,6 +341,31 @@ def build_parser() -> argparse.ArgumentParser:
         help="options of the benchmark (--scale, --hot-seconds)",
     )
     p.set_defaults(func=cmd_bench)
+
+    dlq = sub.add_parser("dlq", help="list and replay dead-lettered records")
+    dlq_sub = dlq.add_subparsers(dest="dlq_command", required=True, metavar="ACTION")
+    p = dlq_sub.add_parser(
+        "list",
+        help="print the dead letters from the beginning, one line each: dlq partition:offset,"
+        " reason, source topic[partition]@offset, key, value excerpt, detail",
+    )
+    p.add_argument("--limit", type=int, help="print at most N records (the first N read)")
+    p.add_argument("--reason", choices=DLQ_REASONS, help="only records dead-lettered for R")
+    p.set_defaults(func=cmd_dlq_list)
+    p = dlq_sub.add_parser(
+        "replay",
+        help="produce a dead letter again to its source topic, with its key and headers"
+        " (without the ductor.dlq.* ones)",
+    )
+    p.add_argument("dlq_offset", type=int, help="the record's offset in the dead-letter topic")
+    p.add_argument("--partition", type=int, default=0, help="its dead-letter partition (0)")
+    p.add_argument("--value-file", help="send this file's bytes as the value instead")
+    p.add_argument(
+        "--force",
+        action="store_true",
+        help="replay even a value the processor would dead-letter again",
+    )
+    p.set_defaults(func=cmd_dlq_replay)
     return parser
 
 

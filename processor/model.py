@@ -352,8 +352,9 @@ class LoadedRun:
     results: tuple[StepResult, ...] = ()
     signals: frozenset[SignalKind] = frozenset()
     stored_checksum: str = ""
+    # False when the row was changed out of band: its checksum does not match its state.
+    # Computed once here (it hashes the state), not at every use.
+    checksum_ok: bool = field(init=False)
 
-    @property
-    def checksum_ok(self) -> bool:
-        """False when the row was changed out of band: its checksum does not match its state."""
-        return self.stored_checksum == state_checksum(self.state)
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "checksum_ok", self.stored_checksum == state_checksum(self.state))

@@ -67,7 +67,7 @@ SELECT r.run_id, r.workflow_name, r.workflow_version, r.status, r.node_states,
            ARRAY(SELECT DISTINCT g.kind FROM eec_run_signal g WHERE g.run_id = r.run_id)
        END
   FROM eec_workflow_run r
- WHERE r.run_id = ANY(%s)
+ WHERE r.run_id IN (SELECT jsonb_array_elements_text(%s::jsonb))
 """
 
 # The seed's conditional UPDATE, generalised to many rows: each run carries its own expected
@@ -80,7 +80,9 @@ SELECT r.run_id, r.workflow_name, r.workflow_version, r.status, r.node_states,
 # is held between the load and the commit, so there is nothing a crash could leak.
 _COMMIT_SQL = """
 WITH ordered AS MATERIALIZED (
-    SELECT run_id FROM eec_workflow_run WHERE run_id = ANY(%s) ORDER BY run_id FOR UPDATE
+    SELECT run_id FROM eec_workflow_run
+     WHERE run_id IN (SELECT jsonb_array_elements_text(%s::jsonb))
+     ORDER BY run_id FOR UPDATE
 )
 UPDATE eec_workflow_run AS r
    SET db_record_version = r.db_record_version + 1,
@@ -201,7 +203,8 @@ def load_runs(
     conn: psycopg.Connection[Any], definitions: Definitions, run_ids: Iterable[str]
 ) -> dict[str, LoadedRun | UnknownWorkflow]:
     """Load many runs in one round trip. Runs that do not exist are absent from the result."""
-    rows = conn.execute(_LOAD_SQL, (list(run_ids),)).fetchall()
+    # Ids travel as one JSON array: one orjson call instead of escaping an array element-wise.
+    rows = conn.execute(_LOAD_SQL, (orjson.dumps(list(run_ids)).decode(),)).fetchall()
     loaded: dict[str, LoadedRun | UnknownWorkflow] = {}
     for row in rows:
         run_id, wf_name, wf_version, status, nodes, seq, checksum, version, reason, tier = row[:10]
@@ -253,7 +256,7 @@ def commit_batch(conn: psycopg.Connection[Any], commits: Sequence[Commit]) -> se
         ]
     ).decode()
     try:
-        rows = conn.execute(_COMMIT_SQL, (ids, batch)).fetchall()
+        rows = conn.execute(_COMMIT_SQL, (orjson.dumps(ids).decode(), batch)).fetchall()
     except psycopg.errors.DeadlockDetected:
         # Cannot happen while every writer locks in run_id order; if an outside writer does
         # not, Postgres aborted this statement and nothing was written: every run of the

@@ -1,0 +1,304 @@
+"""Dead letters: read the dead-letter topic, and replay a record to the topic it came from.
+
+The processor dead-letters a record it cannot process (see ``Effects.dead_letter``): it sends
+the original key, value and headers to ``<prefix>.dlq`` with ``ductor.dlq.*`` headers saying
+why and where from. Reading never joins a consumer group and never commits, so listing is
+free of side effects and always starts from the beginning.
+
+Replaying produces the record again with its original key and headers (the ``ductor.dlq.*``
+ones removed) and either its original value or a fixed one. A wakeup is idempotent, so
+replaying a record twice only wakes the run twice; the second tick is a no-op.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
+
+from processor.config import Settings
+from processor.envelope import Rejected, decode_wakeup
+from processor.kafka_io import Headers, normalise_headers, partition_for, producer_config
+from processor.topics import TopicNames
+
+DLQ_HEADER_PREFIX = "ductor.dlq."
+# Every reason the processor dead-letters with (envelope.py and coordinator.py).
+DLQ_REASONS = (
+    "not_json",
+    "wrong_schema",
+    "unknown_envelope_version",
+    "oversize",
+    "unknown_run",
+    "unknown_workflow",
+    "checksum_mismatch",
+)
+_READ_TIMEOUT_S = 30.0
+
+
+class DlqError(Exception):
+    """A dead-letter operation that could not be done; the message says why."""
+
+
+@dataclass(frozen=True)
+class DeadLetter:
+    """One record of the dead-letter topic."""
+
+    partition: int
+    offset: int
+    key: bytes | None
+    value: bytes | None
+    headers: Headers
+
+    def header(self, name: str) -> str | None:
+        """The last header of that name, as text (the processor writes them as UTF-8)."""
+        found = [v for k, v in self.headers if k == name]
+        return found[-1].decode("utf-8", "replace") if found else None
+
+    @property
+    def reason(self) -> str:
+        return self.header("ductor.dlq.reason") or "?"
+
+    @property
+    def detail(self) -> str:
+        return self.header("ductor.dlq.detail") or ""
+
+    @property
+    def source_topic(self) -> str | None:
+        return self.header("ductor.dlq.topic")
+
+    @property
+    def source_partition(self) -> int | None:
+        return _int_or_none(self.header("ductor.dlq.partition"))
+
+    @property
+    def source_offset(self) -> int | None:
+        return _int_or_none(self.header("ductor.dlq.offset"))
+
+    def original_headers(self) -> Headers:
+        """The headers the record had before it was dead-lettered."""
+        return [(k, v) for k, v in self.headers if not k.startswith(DLQ_HEADER_PREFIX)]
+
+    def describe(self) -> str:
+        """One line for `ductor dlq list`."""
+        source = f"{self.source_topic or '?'}[{_show_int(self.source_partition)}]"
+        source += f"@{_show_int(self.source_offset)}"
+        return (
+            f"{self.partition}:{self.offset}  {self.reason}  {source}"
+            f"  key={_excerpt(self.key, 40)}  value={_excerpt(self.value, 60)}"
+            f"  {_printable(self.detail)}"
+        )
+
+
+@dataclass(frozen=True)
+class Replayed:
+    """Where a replayed record went."""
+
+    topic: str
+    partition: int
+    offset: int
+
+
+def read_dead_letters(
+    settings: Settings, *, reason: str | None = None, limit: int | None = None
+) -> list[DeadLetter]:
+    """The dead letters from the beginning of the topic up to its end when called (records
+    written meanwhile are not waited for), optionally only one reason, at most ``limit``."""
+    letters: list[DeadLetter] = []
+
+    def keep(letter: DeadLetter) -> bool:
+        if reason is None or letter.reason == reason:
+            letters.append(letter)
+        return limit is None or len(letters) < limit
+
+    topic = TopicNames(settings.topic_prefix).dlq
+    consumer = _reader(settings)
+    try:
+        _read_to_end(consumer, topic, _partitions(consumer, topic), keep)
+    finally:
+        consumer.close()
+    return sorted(letters, key=lambda d: (d.partition, d.offset))
+
+
+def fetch_dead_letter(settings: Settings, partition: int, offset: int) -> DeadLetter:
+    """The dead letter at ``offset`` of ``partition``, or DlqError if there is none."""
+    topic = TopicNames(settings.topic_prefix).dlq
+    consumer = _reader(settings)
+    try:
+        spans = _partitions(consumer, topic)
+        if partition not in spans:
+            raise DlqError(f"{topic} has no partition {partition}")
+        low, high = spans[partition]
+        if not low <= offset < high:
+            held = f"offsets {low} to {high - 1}" if high > low else "no records"
+            raise DlqError(
+                f"{topic} partition {partition} has no offset {offset} (it holds {held})"
+            )
+        found: list[DeadLetter] = []
+
+        def keep(letter: DeadLetter) -> bool:
+            found.append(letter)
+            return False  # the first record read is the one asked for, or the next one
+
+        _read_to_end(consumer, topic, {partition: (offset, high)}, keep)
+    finally:
+        consumer.close()
+    if not found or found[0].offset != offset:
+        # Compaction or a transaction marker can leave a hole in the offsets.
+        raise DlqError(f"{topic} partition {partition} has no record at offset {offset}")
+    return found[0]
+
+
+def replay(
+    settings: Settings, letter: DeadLetter, value: bytes | None = None, *, force: bool = False
+) -> Replayed:
+    """Produce ``letter`` again to its source topic, with ``value`` instead of its own if
+    given. Refuses (DlqError) a value the processor would dead-letter again, unless ``force``."""
+    names = TopicNames(settings.topic_prefix)
+    topic = letter.source_topic
+    where = f"{names.dlq} partition {letter.partition} offset {letter.offset}"
+    if topic is None:
+        raise DlqError(f"the record at {where} has no ductor.dlq.topic header")
+    # Only the processor's own input topics: a forged header must not inject step tasks.
+    if topic not in names.coordinator_topics():
+        raise DlqError(f"the record at {where} came from {topic}, not a wakeup or delay topic")
+    body = letter.value if value is None else value
+    decoded = decode_wakeup(body, settings.max_record_bytes)
+    if isinstance(decoded, Rejected) and not force:
+        raise DlqError(
+            f"the value would be dead-lettered again ({decoded.reason}: {decoded.detail});"
+            " give a fixed one with --value-file, or --force"
+        )
+    producer = Producer(producer_config(settings, "ductor-dlq-replay"))
+    count = _partition_count(producer, topic)
+    if not isinstance(decoded, Rejected) and settings.partition_by_run:
+        # Where every other producer of this run's wakeups writes (kafka_io.partition_for).
+        partition: int | None = partition_for(decoded.run_id, count)
+    elif letter.source_partition is not None and letter.source_partition < count:
+        partition = letter.source_partition
+    else:
+        partition = None
+    acked: list[tuple[KafkaError | None, Any]] = []
+    kwargs: dict[str, Any] = {
+        "key": letter.key,
+        "value": body,
+        "headers": letter.original_headers(),
+    }
+    if partition is not None:
+        kwargs["partition"] = partition
+    producer.produce(topic, on_delivery=lambda err, msg: acked.append((err, msg)), **kwargs)
+    if producer.flush(_READ_TIMEOUT_S) != 0 or not acked:
+        raise DlqError(
+            f"the broker did not acknowledge the replayed record within {_READ_TIMEOUT_S:.0f} s"
+        )
+    err, msg = acked[0]
+    if err is not None:
+        raise DlqError(f"the replayed record was refused: {err.str()}")
+    return Replayed(topic=topic, partition=msg.partition(), offset=msg.offset())
+
+
+# -- reading ---------------------------------------------------------------------------------
+
+
+def _reader(settings: Settings) -> Consumer:
+    # assign() and no commits: the group id only satisfies the client, nothing joins a group.
+    return Consumer(
+        {
+            **settings.kafka_common(),
+            "client.id": "ductor-dlq-reader",
+            "group.id": f"ductor-dlq-reader-{uuid.uuid4().hex[:8]}",
+            "enable.auto.commit": False,
+            "enable.auto.offset.store": False,
+            "enable.partition.eof": True,
+            "auto.offset.reset": "earliest",
+        }
+    )
+
+
+def _partition_count(client: Consumer | Producer, topic: str) -> int:
+    meta = client.list_topics(topic, timeout=10).topics.get(topic)
+    if meta is None or meta.error is not None or not meta.partitions:
+        raise DlqError(f"topic {topic} does not exist; run `ductor topics create` first")
+    return len(meta.partitions)
+
+
+def _partitions(consumer: Consumer, topic: str) -> dict[int, tuple[int, int]]:
+    """Each partition's (low, high) watermarks: where to start and where the end was."""
+    spans: dict[int, tuple[int, int]] = {}
+    for partition in range(_partition_count(consumer, topic)):
+        spans[partition] = consumer.get_watermark_offsets(
+            TopicPartition(topic, partition), timeout=10, cached=False
+        )
+    return spans
+
+
+def _read_to_end(
+    consumer: Consumer,
+    topic: str,
+    spans: dict[int, tuple[int, int]],
+    keep: Callable[[DeadLetter], bool],
+) -> None:
+    """Read each partition from its start offset to its end offset (exclusive), giving every
+    record to ``keep`` until it returns False."""
+    remaining = {p: high for p, (start, high) in spans.items() if high > start}
+    if not remaining:
+        return
+    consumer.assign([TopicPartition(topic, p, spans[p][0]) for p in remaining])
+    deadline = time.monotonic() + _READ_TIMEOUT_S
+    ends = dict(remaining)
+    while remaining:
+        if time.monotonic() > deadline:
+            raise DlqError(f"could not read {topic} to its end within {_READ_TIMEOUT_S:.0f} s")
+        for message in consumer.consume(500, 0.5):
+            error = message.error()
+            partition, offset = message.partition(), message.offset()
+            if error is not None:
+                if error.code() == KafkaError._PARTITION_EOF and partition is not None:
+                    remaining.pop(partition, None)  # nothing more: done even if offsets skip
+                    continue
+                raise DlqError(f"reading {topic} failed: {error.str()}")
+            assert partition is not None and offset is not None  # set on every data record
+            if partition not in remaining or offset >= ends[partition]:
+                continue  # written after the listing began
+            if offset >= ends[partition] - 1:
+                remaining.pop(partition)
+            letter = DeadLetter(
+                partition=partition,
+                offset=offset,
+                key=message.key(),
+                value=message.value(),
+                headers=normalise_headers(message),
+            )
+            if not keep(letter):
+                return
+
+
+# -- formatting ------------------------------------------------------------------------------
+
+
+def _int_or_none(text: str | None) -> int | None:
+    try:
+        return int(text) if text is not None else None
+    except ValueError:
+        return None
+
+
+def _show_int(value: int | None) -> str:
+    return "?" if value is None else str(value)
+
+
+def _printable(text: str) -> str:
+    """Control characters escaped, so one record stays on one line."""
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
+def _excerpt(raw: bytes | None, limit: int) -> str:
+    if raw is None:
+        return "(null)"
+    shown = _printable(raw[:limit].decode("utf-8", "backslashreplace"))
+    if len(raw) > limit:
+        shown += f"...({len(raw)} bytes)"
+    return shown
