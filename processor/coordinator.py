@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import psycopg
+from opentelemetry.trace import Span
 
 from processor.effects import Effects, Inbound, RunWork
 from processor.envelope import Wakeup
@@ -44,7 +45,7 @@ from processor.store import (
     force_fail_write,
     load_runs,
 )
-from processor.telemetry import end_error, now_ns
+from processor.telemetry import end_error, log_ids, now_ns
 from processor.tick import Decision, force_fail, tick
 from processor.topics import TopicNames, rung_for_delay
 
@@ -220,7 +221,11 @@ class Coordinator:
             if not run.checksum_ok:
                 # Changed out of band: report it and keep the wakeup, never overwrite the row.
                 self.stats.errors["checksum_mismatch"] += 1
-                log.error("run %s: stored checksum does not match its state", work.run_id)
+                log.error(
+                    "run %s: stored checksum does not match its state",
+                    work.run_id,
+                    extra={"run_id": work.run_id, **log_ids(work.span)},
+                )
                 detail = "state_checksum does not match the row: changed out of band"
                 self.effects.dead_letter(work, "checksum_mismatch", detail)
                 continue
@@ -316,7 +321,7 @@ class Coordinator:
 
     def _force_fail(self, work: RunWork, run: LoadedRun, decision: ForceFail) -> None:
         try:
-            written = self._write_force_fail(run, decision.reason)
+            written = self._write_force_fail(run, decision.reason, span=work.span)
         except psycopg.Error as exc:
             self._db_failed(exc, [work])
             return
@@ -340,7 +345,11 @@ class Coordinator:
         return self._write_force_fail(loaded, "stuck", conn)
 
     def _write_force_fail(
-        self, run: LoadedRun, reason: str, conn: psycopg.Connection[Any] | None = None
+        self,
+        run: LoadedRun,
+        reason: str,
+        conn: psycopg.Connection[Any] | None = None,
+        span: Span | None = None,
     ) -> bool:
         """Force-fail ``run`` if it did not move since loaded; meter it. Raises psycopg.Error."""
         failed = force_fail(run.state, reason)
@@ -354,7 +363,7 @@ class Coordinator:
             "run %s force-failed: %s",
             run.run_id,
             reason,
-            extra={"run_id": run.run_id, "reason": reason},
+            extra={"run_id": run.run_id, "reason": reason, **log_ids(span)},
         )
         return True
 

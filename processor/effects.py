@@ -19,7 +19,7 @@ from processor.envelope import Wakeup
 from processor.kafka_io import Headers, Outbox, choose_partition
 from processor.offsets import OffsetTracker, TopicPartition
 from processor.stats import Outcome, Stats
-from processor.telemetry import Telemetry, end_ok
+from processor.telemetry import Telemetry, end_ok, log_ids
 from processor.topics import TopicNames
 
 log = logging.getLogger("ductor.effects")
@@ -153,6 +153,7 @@ class Effects:
                     "detail": detail,
                     "topic": record.tp[0],
                     "offset": record.offset,
+                    **log_ids(work.span),
                 },
             )
             self.send(

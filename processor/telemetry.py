@@ -289,6 +289,16 @@ def _extract(headers: Headers) -> Context:
     return _PROPAGATOR.extract(carrier)
 
 
+def log_ids(span: Span | None) -> dict[str, str]:
+    """The trace and span ids of ``span`` as log fields (empty when not tracing)."""
+    if span is None:
+        return {}
+    context = span.get_span_context()
+    if not context.is_valid:
+        return {}
+    return {"trace_id": f"{context.trace_id:032x}", "span_id": f"{context.span_id:016x}"}
+
+
 def end_ok(span: Span | None, outcome: str, **attributes: Any) -> None:
     if span is None:
         return
