@@ -104,8 +104,10 @@ class Coordinator:
         return self._conn_or_none
 
     def close(self) -> None:
-        self._db_thread.shutdown(wait=True)
-        self.drop_connection()
+        # A batch still in flight (a flush that timed out) is abandoned, not awaited.
+        self._db_thread.shutdown(wait=self._in_flight is None, cancel_futures=True)
+        if self._in_flight is None:
+            self.drop_connection()
 
     def drop_connection(self) -> None:
         """Forget a connection that failed; the next use opens a new one."""
@@ -161,11 +163,19 @@ class Coordinator:
     def busy(self) -> bool:
         return self._in_flight is not None
 
-    def flush(self) -> None:
-        """Wait for the batch in flight and apply it (before a rebalance or shutdown)."""
-        if self._in_flight is not None:
-            self._in_flight[1].result()
-            self._finish_in_flight()
+    def flush(self, timeout_s: float | None = None) -> bool:
+        """Wait for the batch in flight and apply it (before a rebalance or shutdown).
+
+        Returns False if it did not finish in time: its records then stay unstored and are
+        redelivered, which is safe (the redelivered tick finds whatever was committed)."""
+        if self._in_flight is None:
+            return True
+        try:
+            self._in_flight[1].result(timeout=timeout_s)
+        except TimeoutError:
+            return False
+        self._finish_in_flight()
+        return True
 
     def _finish_in_flight(self) -> None:
         assert self._in_flight is not None

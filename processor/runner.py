@@ -334,7 +334,8 @@ class Processor:
         deadline = time.monotonic() + self.settings.shutdown_timeout_s
         # Runs still waiting (backing off, or not yet ticked) are dropped: their offsets were
         # not stored, so the group redelivers them. Effects already produced are flushed.
-        self.coordinator.flush()
+        if not self.coordinator.flush(max(0.1, deadline - time.monotonic())):
+            log.error("the batch in flight did not finish before the shutdown bound")
         self.coordinator.pending.clear()
         remaining = self.outbox.flush(max(0.1, deadline - time.monotonic()))
         if remaining:
