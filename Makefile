@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
 .DEFAULT_GOAL := help
-.PHONY: help venv up down status migrate topics setup lint format typecheck unit pytest test bench demo clean
+.PHONY: help venv tools up down status migrate topics setup lint format typecheck unit pytest test bench demo clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -18,6 +18,20 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 venv: $(STAMP) ## create .venv and install the package with its dev tools (cached)
+
+# kcat (Debian's package is still called kafkacat; it installs /usr/bin/kcat): a Kafka client
+# that is not ours, used by the tests to write records the way an outside producer would.
+# Kafka's own console producer is not an option: it lives in kafka-tools, which .infra lacks.
+tools: ## client tools the tests use (kcat), installed with apt-get when missing
+	@command -v kcat >/dev/null || command -v kafkacat >/dev/null || { \
+	  if [ "$$(id -u)" != 0 ] || ! command -v apt-get >/dev/null; then \
+	    echo "kcat is missing: install Debian's kafkacat package (apt-get install kafkacat)" >&2; \
+	    exit 1; \
+	  fi; \
+	  echo "installing kafkacat with apt-get" >&2; \
+	  apt-get install -y -q kafkacat >/dev/null 2>&1 \
+	    || { apt-get update -q && apt-get install -y -q kafkacat; }; \
+	}
 
 up: venv ## start local Kafka and Postgres (installs them the first time; idempotent)
 	$(PY) infra/local.py up
@@ -50,12 +64,12 @@ typecheck: venv ## mypy --strict
 unit: venv ## the fast tests that need no services
 	$(PY) -m pytest -q -m "not integration"
 
-pytest: venv ## every test (needs `make up`)
+pytest: venv tools ## every test (needs `make up`)
 	$(PY) -m pytest -q -ra
 
 # The README's test command: install, bring the services up, lint, typecheck, test. The
 # services are stopped again afterwards unless they were already running before.
-test: venv ## everything CI runs: infra up, lint, typecheck, all tests
+test: venv tools ## everything CI runs: infra up, lint, typecheck, all tests
 	@was_up=0; $(PY) infra/local.py status >/dev/null 2>&1 && was_up=1; \
 	$(PY) infra/local.py up || exit 1; \
 	status=0; $(MAKE) --no-print-directory lint typecheck pytest || status=$$?; \
