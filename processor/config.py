@@ -71,6 +71,8 @@ class Settings:
     metrics_port: int = 0
     stats_log_interval_s: float = 10.0
     health_port: int = 0
+    # /healthz fails once the poll loop has not turned for this long (see health.py).
+    health_stall_s: float = 30.0
     kafka_extra: Mapping[str, str] = field(default_factory=dict)
 
     @property
@@ -242,6 +244,7 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
     take("metrics_port", int_in(0, 65535))
     take("stats_log_interval_s", float_min(0.5))
     take("health_port", int_in(0, 65535))
+    take("health_stall_s", float_min(0.1))
     values["kafka_extra"] = _kafka_passthrough(source)
 
     return replace(defaults, **values)  # type: ignore[arg-type]

@@ -22,6 +22,7 @@ from processor.coordinator import Coordinator
 from processor.effects import Effects, Inbound, RunWork
 from processor.envelope import Rejected, decode_wakeup
 from processor.flow import PauseBook, TierQueues
+from processor.health import start_health_server
 from processor.kafka_io import (
     KafkaMessage,
     Outbox,
@@ -105,7 +106,16 @@ class Processor:
         return self._stop.is_set()
 
     def run(self, until: Callable[[], bool] | None = None) -> None:
-        """Consume until stop() is called (or ``until`` returns True), then shut down cleanly."""
+        """Consume until stop() is called (or ``until`` returns True), then shut down cleanly.
+        The health endpoints (health.py) answer from before the first poll to after shutdown."""
+        health = start_health_server(self)  # None unless DUCTOR_HEALTH_PORT is set
+        try:
+            self._consume_until_stopped(until)
+        finally:
+            if health is not None:
+                health.stop()
+
+    def _consume_until_stopped(self, until: Callable[[], bool] | None) -> None:
         self._consumer.subscribe(
             self.names.coordinator_topics(),
             on_assign=self._on_assign,

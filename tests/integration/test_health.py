@@ -1,0 +1,147 @@
+"""The health endpoints of a processor running in this process against the real broker and
+database: ready once it owns partitions, not ready through a database outage (and alive all
+along), not alive while its loop is stalled, and gone after shutdown."""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import urllib.error
+import urllib.request
+from dataclasses import replace
+from typing import Any
+
+import psycopg
+import pytest
+
+from processor.config import Settings
+from processor.health import HealthServer
+from processor.runner import Processor
+from processor.stats import Stats
+from processor.telemetry import Telemetry
+
+from .conftest import ProcessorThread, wait_for
+from .proxy import TcpProxy
+
+pytestmark = pytest.mark.integration
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def _get(port: int, path: str) -> tuple[int, dict[str, Any]]:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as error:
+        return error.code, json.loads(error.read())
+
+
+def _status(port: int, path: str) -> int:
+    """The status code, or 0 while nothing listens yet (the server starts with the thread)."""
+    try:
+        return _get(port, path)[0]
+    except urllib.error.URLError:
+        return 0
+
+
+def test_ready_when_partitions_are_assigned_and_closed_after_shutdown(
+    settings: Settings, processor_thread: Any
+) -> None:
+    port = _free_port()
+    instance: ProcessorThread = processor_thread(replace(settings, health_port=port))
+    wait_for(lambda: _status(port, "/readyz") == 200, 60, "/readyz to answer 200")
+    status, body = _get(port, "/readyz")
+    assert status == 200 and body["status"] == "ready"
+    assert body["assigned_partitions"] == len(instance.processor.assigned) > 0
+    status, body = _get(port, "/healthz")
+    assert status == 200 and body["status"] == "ok" and body["last_loop_age_s"] < 5
+    assert _get(port, "/nowhere")[0] == 404
+
+    instance.stop()
+    with pytest.raises(urllib.error.URLError):
+        _get(port, "/healthz")
+
+
+def test_not_ready_through_a_database_outage_but_alive(
+    settings: Settings, processor_thread: Any
+) -> None:
+    conninfo = psycopg.conninfo.conninfo_to_dict(settings.pg_dsn)
+    proxy = TcpProxy(str(conninfo.get("host", "127.0.0.1")), int(str(conninfo.get("port", 5432))))
+    conninfo.update(host="127.0.0.1", port=str(proxy.port))
+    port = _free_port()
+    through_proxy = replace(
+        settings, pg_dsn=psycopg.conninfo.make_conninfo("", **conninfo), health_port=port
+    )
+    processor_thread(through_proxy)
+    try:
+        wait_for(lambda: _status(port, "/readyz") == 200, 60, "/readyz to answer 200")
+        proxy.cut()
+        wait_for(lambda: _status(port, "/readyz") == 503, 30, "/readyz to report the outage")
+        status, body = _get(port, "/readyz")
+        assert status == 503 and body["status"] == "not ready"
+        assert any(p.startswith("database: ") for p in body["problems"]), body
+        # The loop keeps turning without its database: no reason to restart the instance.
+        assert _status(port, "/healthz") == 200
+        proxy.restore()
+        wait_for(lambda: _status(port, "/readyz") == 200, 30, "/readyz to recover")
+    finally:
+        proxy.close()
+
+
+def test_not_alive_while_the_poll_loop_is_stalled(settings: Settings) -> None:
+    """The loop is held for real at a turn boundary (the ``until`` check runs in the loop)."""
+    hold, release = threading.Event(), threading.Event()
+
+    def until() -> bool:
+        if hold.is_set():
+            release.wait(60)  # the poll loop's own thread waits here: it stops turning
+        return False
+
+    processor = Processor(settings, Stats(), telemetry=Telemetry())
+    health = HealthServer(processor, port=0, host="127.0.0.1", stall_s=1.0).start()
+    thread = threading.Thread(target=processor.run, kwargs={"until": until}, daemon=True)
+    thread.start()
+    try:
+        wait_for(lambda: _status(health.port, "/readyz") == 200, 60, "/readyz to answer 200")
+        hold.set()
+        wait_for(lambda: _status(health.port, "/healthz") == 503, 30, "/healthz to report a stall")
+        status, body = _get(health.port, "/healthz")
+        assert status == 503 and body["status"] == "stalled" and body["last_loop_age_s"] > 1.0
+        status, body = _get(health.port, "/readyz")
+        assert status == 503 and "the poll loop is stalled" in body["problems"]
+        hold.clear()
+        release.set()
+        wait_for(lambda: _status(health.port, "/healthz") == 200, 30, "/healthz to recover")
+        processor.stop()
+        wait_for(lambda: _status(health.port, "/readyz") == 503, 30, "/readyz during shutdown")
+    finally:
+        release.set()
+        processor.stop()
+        thread.join(60)
+        health.stop()
+    assert not thread.is_alive()
+    # Stopped and never ticking again: not ready, with every reason given.
+    again = HealthServer(processor, port=0, host="127.0.0.1", stall_s=1.0).start()
+    try:
+        status, body = _get(again.port, "/readyz")
+        assert status == 503
+        assert "shutting down" in body["problems"]
+        assert "no partitions assigned" in body["problems"]
+    finally:
+        again.stop()
+
+
+def test_a_port_in_use_is_a_clear_error(settings: Settings) -> None:
+    processor = Processor(settings, Stats(), telemetry=Telemetry())
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with pytest.raises(RuntimeError, match=f"cannot listen on port {port}"):
+            HealthServer(processor, port=port, host="127.0.0.1")
