@@ -22,9 +22,10 @@ time and the poll loop goes on serving every other run.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable, Iterable
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -94,7 +95,6 @@ class Coordinator:
         self._definitions = Definitions()
         self.pending: dict[str, RunWork] = {}  # runs waiting for a tick (ready or backing off)
         self.db_healthy = True
-        self._db_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ductor-db")
         self._in_flight: tuple[list[RunWork], Future[BatchResult]] | None = None
 
     @property
@@ -104,8 +104,8 @@ class Coordinator:
         return self._conn_or_none
 
     def close(self) -> None:
-        # A batch still in flight (a flush that timed out) is abandoned, not awaited.
-        self._db_thread.shutdown(wait=self._in_flight is None, cancel_futures=True)
+        # A batch still in flight (a flush that timed out, Postgres hung) is abandoned: its
+        # daemon thread does not keep the process alive, and its records are redelivered.
         if self._in_flight is None:
             self.drop_connection()
 
@@ -156,7 +156,7 @@ class Coordinator:
             del self.pending[work.run_id]
             self.effects.start_span(work)
         ids = [w.run_id for w in batch]
-        self._in_flight = (batch, self._db_thread.submit(self._db_stage, ids))
+        self._in_flight = (batch, self._start_db_stage(ids))
         return len(batch)
 
     @property
@@ -187,6 +187,20 @@ class Coordinator:
             return
         self.db_healthy = True
         self._apply(batch, result)
+
+    def _start_db_stage(self, run_ids: list[str]) -> Future[BatchResult]:
+        """Run the database stage on a daemon thread (one per batch: a hung query must never
+        keep the process from exiting within its shutdown bound)."""
+        future: Future[BatchResult] = Future()
+
+        def stage() -> None:
+            try:
+                future.set_result(self._db_stage(run_ids))
+            except BaseException as exc:  # a bug: surfaced on the poll-loop thread
+                future.set_exception(exc)
+
+        threading.Thread(target=stage, name="ductor-db", daemon=True).start()
+        return future
 
     def _db_stage(self, run_ids: list[str]) -> BatchResult:
         """Load, tick and commit, on the database thread: touches nothing but the connection,

@@ -101,7 +101,7 @@ class Effects:
         self,
         work: RunWork,
         topic: str,
-        value: bytes,
+        value: bytes | None,
         key: bytes | None,
         partition: int | None = None,
         headers: Headers | None = None,
@@ -159,7 +159,7 @@ class Effects:
             self.send(
                 work,
                 self._names.dlq,
-                record.value or b"",
+                record.value,  # a tombstone stays a tombstone
                 record.key,
                 None,
                 headers,

@@ -110,7 +110,7 @@ class Outbox:
     def send(
         self,
         topic: str,
-        value: bytes,
+        value: bytes | None,
         key: bytes | None,
         on_delivery: DeliveryCallback,
         partition: int | None = None,

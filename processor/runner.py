@@ -92,9 +92,14 @@ class Processor:
         self.last_loop_at = time.monotonic()
         self._next_stats_log = self.last_loop_at + settings.stats_log_interval_s
         self._next_lag_update = self.last_loop_at
+        self._shutdown_deadline: float | None = None
 
     def connect(self) -> psycopg.Connection[Any]:
-        return use_orjson(psycopg.connect(self.settings.pg_dsn, autocommit=True, connect_timeout=5))
+        conn = psycopg.connect(self.settings.pg_dsn, autocommit=True, connect_timeout=5)
+        # Every statement here is short; one that runs for minutes is a hung database, and it
+        # must fail (and be counted) rather than hold the loop, the watchdog or a shutdown.
+        conn.execute("SET statement_timeout = '30s'")
+        return use_orjson(conn)
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -319,15 +324,25 @@ class Processor:
     def _on_lost(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         self._release(consumer, partitions, commit=False)
 
+    def _wait_bound(self) -> float:
+        """How long a rebalance or the shutdown may wait for in-flight work."""
+        if self._shutdown_deadline is not None:
+            return max(0.1, self._shutdown_deadline - time.monotonic())
+        return min(10.0, self.settings.shutdown_timeout_s)
+
     def _release(self, consumer: Consumer, partitions: list[TopicPartition], commit: bool) -> None:
         """Give partitions back: drop their waiting records (the next owner redoes them), let
         effects already produced finish so their records count as done, then commit."""
         tps = {(p.topic, p.partition) for p in partitions}
-        self.coordinator.flush()  # the batch in flight finishes first: its outcome is known
+        # The batch in flight finishes first, so its outcome is known; bounded, because a hung
+        # database must not hold a rebalance (or a shutdown) hostage. If it does not finish,
+        # its records are simply redone by the partitions' next owner.
+        if not self.coordinator.flush(self._wait_bound()):
+            log.error("the batch in flight did not finish before the partitions were released")
         self.queues.drop(lambda r: r.tp in tps)
         self.coordinator.drop_partitions(tps)
         if commit:
-            self.outbox.flush(min(5.0, self.settings.shutdown_timeout_s))
+            self.outbox.flush(min(5.0, self._wait_bound()))
             self._store_offsets()
             try:
                 consumer.commit(asynchronous=False)
@@ -341,7 +356,7 @@ class Processor:
         log.info("partitions released", extra={"count": len(tps), "instance": self.instance_id})
 
     def _shutdown(self) -> None:
-        deadline = time.monotonic() + self.settings.shutdown_timeout_s
+        deadline = self._shutdown_deadline = time.monotonic() + self.settings.shutdown_timeout_s
         # Runs still waiting (backing off, or not yet ticked) are dropped: their offsets were
         # not stored, so the group redelivers them. Effects already produced are flushed.
         if not self.coordinator.flush(max(0.1, deadline - time.monotonic())):

@@ -21,6 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
+import orjson
 import psycopg
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
@@ -173,7 +174,9 @@ class Worker:
     def _run_tasks(
         self, conn: psycopg.Connection[Any], tasks: list[tuple[StepTask, Headers]]
     ) -> None:
-        outcomes = list(self._pool.map(self._execute, [t for t, _ in tasks]))
+        outcomes = list(
+            self._pool.map(lambda t: execute_step(self.registry, t), [t for t, _ in tasks])
+        )
         for (task, trace), (outcome, output, error) in zip(tasks, outcomes, strict=True):
             insert_step_result(conn, task.run_id, task.node, task.attempt, outcome, output, error)
             now_ms = int(time.time() * 1000)
@@ -194,20 +197,6 @@ class Worker:
         if self._producer.flush(30) != 0:
             raise RuntimeError("wakeups for step results were not acknowledged by the broker")
 
-    def _execute(self, task: StepTask) -> tuple[StepOutcome, Any, str | None]:
-        fn = self.registry.get(task.step_type)
-        if fn is None:
-            return (
-                StepOutcome.FAILED,
-                None,
-                f"no step function registered for type {task.step_type!r}",
-            )
-        ctx = StepContext(task.run_id, task.node, task.attempt, task.deadline_ms)
-        try:
-            return StepOutcome.SUCCEEDED, fn(ctx), None
-        except Exception as exc:  # a step's failure is the attempt's result, not the worker's
-            return StepOutcome.FAILED, None, f"{type(exc).__name__}: {exc}"
-
     def _store(self, messages: list[Any]) -> None:
         try:
             self._consumer.store_offsets(offsets=_next_offsets(messages))
@@ -224,3 +213,17 @@ def _next_offsets(messages: list[Any]) -> list[TopicPartition]:
             tp = (m.topic(), m.partition())
             highest[tp] = max(highest.get(tp, -1), m.offset())
     return [TopicPartition(t, p, o + 1) for (t, p), o in highest.items()]
+
+
+def execute_step(registry: StepRegistry, task: StepTask) -> tuple[StepOutcome, Any, str | None]:
+    """Run one attempt: its output, or its failure as the attempt's result (never the worker's)."""
+    fn = registry.get(task.step_type)
+    if fn is None:
+        return StepOutcome.FAILED, None, f"no step function registered for type {task.step_type!r}"
+    ctx = StepContext(task.run_id, task.node, task.attempt, task.deadline_ms)
+    try:
+        output = fn(ctx)
+        orjson.dumps(output)  # the result is stored as JSON: check it here, in the attempt
+        return StepOutcome.SUCCEEDED, output, None
+    except Exception as exc:  # a step's failure is the attempt's result, not the worker's
+        return StepOutcome.FAILED, None, f"{type(exc).__name__}: {exc}"

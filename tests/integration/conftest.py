@@ -145,6 +145,8 @@ def settings_env(settings: Settings) -> dict[str, str]:
             "DUCTOR_SWEEP_GRACE_S": str(settings.sweep_grace_s),
             "DUCTOR_SHUTDOWN_TIMEOUT_S": str(settings.shutdown_timeout_s),
             "DUCTOR_BATCH_SIZE": str(settings.batch_size),
+            "DUCTOR_MAX_RECORD_BYTES": str(settings.max_record_bytes),
+            "DUCTOR_HEALTH_PORT": str(settings.health_port),
             "DUCTOR_LOG_FORMAT": "json",
         }
     )

@@ -241,8 +241,8 @@ def test_garbage_from_an_outside_client_is_dead_lettered_listed_and_replayed(
 def _check_letter(settings: Settings, letter: DeadLetter, sent: Sent, source_topic: str) -> None:
     assert letter.reason == sent.reason, f"record {sent.seq}: {letter.describe()}"
     assert letter.key == sent.key.encode()
-    # A tombstone's value is dead-lettered as an empty value (effects.py writes `value or b""`).
-    assert letter.value == (sent.value if sent.value is not None else b"")
+    # The original bytes, exactly: a tombstone stays a tombstone.
+    assert letter.value == sent.value
     assert letter.original_headers() == sent.headers()
     assert letter.detail
     assert letter.source_topic == source_topic
@@ -250,7 +250,7 @@ def _check_letter(settings: Settings, letter: DeadLetter, sent: Sent, source_top
     # The source coordinates point at the very record kcat wrote.
     original = _read_at(settings, source_topic, letter.source_partition, letter.source_offset)
     assert original.key() == letter.key
-    assert (original.value() or b"") == letter.value
+    assert original.value() == letter.value
     assert normalise_headers(original) == sent.headers()
 
 

@@ -123,13 +123,6 @@ class _FreezingProxy:
                 s.shutdown(socket.SHUT_RDWR)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="known bug (runner.py/coordinator.py): with a batch hung on Postgres, consumer.close()"
-    " runs the revoke callback, whose coordinator.flush() has no timeout; and the ductor-db"
-    " ThreadPoolExecutor thread is joined at interpreter exit. Either keeps the process alive"
-    " past the bound until the query returns.",
-)
 def test_sigterm_with_the_database_hung_still_exits_within_the_bound(
     settings: Settings, audit: psycopg.Connection[Any], spawn: Any
 ) -> None:
