@@ -203,6 +203,48 @@ class Bench:
             time.sleep(0.05)  # the benchmark samples progress; this is not a test
         return (high - low) * len(ids) / max(1e-6, marks[high] - marks[low])
 
+    # -- latency at a paced load -------------------------------------------------------------------
+
+    def latency(self, ticks_per_s: float, seconds: float) -> dict[str, Any]:
+        """Wakeup-to-commit latency of one instance fed at a steady ``ticks_per_s``."""
+        ids = self.ids("lat", int(ticks_per_s * seconds))
+        warmup = self.ids("lat-warmup", 1)
+        self.insert(self.one, ids + warmup)
+        child = self.spawn(["process"], {}, "latency-process")
+        producer = Producer(producer_config(self.settings, "bench-latency"))
+        try:
+            self.produce_starts(warmup, duplicates=1, by_run=True)
+            self.wait_ticked(warmup, timeout=60)  # the instance is assigned and warm
+            paced(
+                seconds,
+                len(ids),
+                lambda i: self.produce_start(producer, ids[i], 1, True),
+                lambda: None,
+            )
+            producer.flush(30)
+            self.wait_ticked(ids, timeout=120)
+        finally:
+            stop(child)
+        stats = final_stats(self.log_path("latency-process"))
+        e2e = stats["latency_ms"]["end_to_end"]
+        return {"rate": ticks_per_s, "p50": e2e["p50"] or 0.0, "p99": e2e["p99"] or 0.0}
+
+    def wait_ticked(self, ids: list[str], timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while True:
+            row = self.conn.execute(
+                "SELECT count(*) FROM eec_workflow_run"
+                " WHERE run_id = ANY(%s) AND last_transition_seq >= 1",
+                (ids,),
+            ).fetchone()
+            if row and row[0] == len(ids):
+                return
+            if time.monotonic() > deadline:
+                raise RuntimeError(
+                    f"{row[0] if row else 0} of {len(ids)} runs ticked in {timeout} s"
+                )
+            time.sleep(0.1)  # the benchmark samples progress; this is not a test
+
     # -- naive baseline ------------------------------------------------------------------------
 
     def naive(self) -> float:
@@ -412,8 +454,10 @@ class Figures:
     ceiling: float = 0.0
     instance: float = 0.0
     traced: float = 0.0
+    sampled: float = 0.0
     naive: float = 0.0
     rss: int = 0
+    latency: dict[str, Any] | None = None
     hot_on: dict[str, Any] | None = None
     hot_off: dict[str, Any] | None = None
 
@@ -428,11 +472,19 @@ def report(f: Figures) -> None:
         ("peak RSS of the instance", f"{f.rss / 2**20:10.0f} MiB (target <= 250)"),
         ("same instance, tracing + metrics on, all sampled", f"{f.traced:10.0f} ticks/s"),
         ("telemetry on / off", f"{f.traced / f.instance:10.2f}     (target >= 0.8)"),
+        ("same, traces sampled at 10 % (metrics all)", f"{f.sampled:10.0f} ticks/s"),
+        ("telemetry at 10 % sampling / off", f"{f.sampled / f.instance:10.2f}"),
     ]
     print()
     print("Ductor benchmark (one run, real Kafka and Postgres on this machine)")
     for label, value in rows:
         print(f"  {label:46} {value}")
+    if f.latency is not None:
+        lat = f.latency
+        print(
+            f"  wakeup-to-commit at {lat['rate']:.0f} ticks/s (half peak), one instance:"
+            f" p50 {lat['p50']:.1f} ms, p99 {lat['p99']:.1f} ms (target p99 <= 50)"
+        )
     for name, hot in (("co-partitioned by run", f.hot_on), ("spread over partitions", f.hot_off)):
         if hot is None:
             continue
@@ -500,10 +552,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         bench.phase("traced")
         figures.traced, _ = bench.instance(sink.env, label="traced")
+        print("measuring one instance with tracing sampled at 10 % ...", flush=True)
+        bench.phase("sampled")
+        sampled_env = {
+            **sink.env,
+            "OTEL_TRACES_SAMPLER": "parentbased_traceidratio",
+            "OTEL_TRACES_SAMPLER_ARG": "0.1",
+        }
+        figures.sampled, _ = bench.instance(sampled_env, label="sampled")
         print("measuring the naive baseline ...", flush=True)
         bench.phase("naive")
         figures.naive = bench.naive()
         target = figures.instance / 2
+        print(f"latency of one instance at ~{target:.0f} ticks/s (half its peak) ...", flush=True)
+        bench.phase("latency")
+        figures.latency = bench.latency(target, seconds=10)
         print(f"hot mix at ~{target:.0f} ticks/s, co-partitioned by run ...", flush=True)
         bench.phase("hot-on")
         figures.hot_on = bench.hot_mix(target, by_run=True, seconds=args.hot_seconds)

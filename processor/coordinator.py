@@ -287,14 +287,11 @@ class Coordinator:
         if work.span is None:
             return
         attributes: dict[str, str | int] = {
-            "ductor.run_id": work.run_id,
             "ductor.attempt": work.attempts + 1,
             "ductor.expected_version": run.version,
             "ductor.outcome": outcome,
         }
-        self.effects.telemetry.child_span(work.span, "tick", start_ns, end_ns, attributes)
-        if commit is not None:
-            self.effects.telemetry.child_span(work.span, "commit", commit[0], commit[1], attributes)
+        self.effects.telemetry.attempt_spans(work.span, (start_ns, end_ns), commit, attributes)
         if outcome == Outcome.CONFLICT:
             # An expected outcome of concurrency: an event, never an error status.
             work.span.add_event("conflict", attributes)
@@ -403,7 +400,6 @@ class Coordinator:
                 tier=run.tier,
             )
             attributes = {
-                "ductor.run_id": work.run_id,
                 "ductor.node": dispatch.node,
                 "ductor.attempt": dispatch.attempt,
             }

@@ -90,7 +90,6 @@ class Effects:
     def send_wakeup(self, work: RunWork, topic: str, wakeup: Wakeup) -> None:
         partition = choose_partition(work.run_id, self._partitions[topic], self._partition_by_run)
         attributes = {
-            "ductor.run_id": work.run_id,
             "ductor.requeue_count": wakeup.requeue_count,
             "ductor.attempt": wakeup.attempt,
             "messaging.kafka.message.key": wakeup.key().decode(),

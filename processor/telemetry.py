@@ -244,21 +244,24 @@ class Telemetry:
             attributes=attributes,
         )
 
-    def child_span(
+    def attempt_spans(
         self,
-        parent: Span | None,
-        name: str,
-        start_ns: int,
-        end_ns: int,
+        parent: Span,
+        tick: tuple[int, int],
+        commit: tuple[int, int] | None,
         attributes: Mapping[str, Any],
-    ) -> Span:
-        """A finished child span with given times (a batch's timings shared by its runs)."""
-        context = trace.set_span_in_context(parent) if parent is not None else None
+    ) -> None:
+        """An attempt's finished `tick` span and, when it took part in one, its `commit` span,
+        with the batch's timings. The run id and messaging attributes are on the parent; the
+        children carry only what differs per attempt (each attribute costs on the hot path)."""
+        context = trace.set_span_in_context(parent)
         span = self.tracer.start_span(
-            name, context=context, start_time=start_ns, attributes=attributes
+            "tick", context=context, start_time=tick[0], attributes=attributes
         )
-        span.end(end_time=end_ns)
-        return span
+        span.end(end_time=tick[1])
+        if commit is not None:
+            span = self.tracer.start_span("commit", context=context, start_time=commit[0])
+            span.end(end_time=commit[1])
 
     def start_producer_span(
         self, parent: Span | None, topic: str, attributes: Mapping[str, Any]
