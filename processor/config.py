@@ -54,7 +54,7 @@ class Settings:
     dlq_partitions: int = 1
     replication_factor: int = 1
     batch_size: int = 500
-    batch_linger_ms: int = 5
+    batch_linger_ms: int = 0  # batches fill on their own while the previous one is in flight
     pg_pool_size: int = 4
     tier_weights: TierWeights = field(default_factory=lambda: TierWeights(8, 4, 1, 4))
     tier_buffer_limit: int = 5000
