@@ -13,6 +13,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from collections import Counter
@@ -122,7 +123,9 @@ def prepare(settings: Settings, conn: psycopg.Connection[Any], runs: int, tag: s
 
 
 def wake(settings: Settings, plan: Plan, hot_copies: int) -> None:
-    """One start wakeup per run; the hot runs get `hot_copies` wakeups all at once."""
+    """One start wakeup per run; the hot runs get `hot_copies` wakeups all at once, spread
+    over every partition (as producers that do not co-partition would), so both processor
+    instances tick them at the same time and lose version races: conflicts, not errors."""
     names = TopicNames(settings.topic_prefix)
     producer = Producer(producer_config(settings, "ductor-demo"))
     partitions = topic_partitions(producer, names.wakeup_topics())
@@ -132,19 +135,56 @@ def wake(settings: Settings, plan: Plan, hot_copies: int) -> None:
         tier = "t0" if run_id in hot else "t1"
         topic = names.wakeup(tier)
         wakeup = Wakeup(run_id, "start", produced_at=now_ms)
-        for _ in range(hot_copies if run_id in hot else 1):
+        for copy in range(hot_copies if run_id in hot else 1):
+            partition = (
+                copy % partitions[topic]
+                if run_id in hot
+                else partition_for(run_id, partitions[topic])
+            )
             while True:
                 try:
                     producer.produce(
-                        topic,
-                        value=wakeup.encode(),
-                        key=wakeup.key(),
-                        partition=partition_for(run_id, partitions[topic]),
+                        topic, value=wakeup.encode(), key=wakeup.key(), partition=partition
                     )
                     break
                 except BufferError:
                     producer.poll(0.1)
     producer.flush(60)
+
+
+class HotPoker:
+    """Keeps waking the hot runs on every partition while they live, so both instances tick
+    them at once: whenever a step result lands, they race to commit it and one loses."""
+
+    def __init__(self, settings: Settings, hot: list[str], period_s: float = 0.02) -> None:
+        self._settings = settings
+        self._hot = hot
+        self._period = period_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="hot-poker", daemon=True)
+        self._thread.start()
+
+    def _loop(self) -> None:
+        topic = TopicNames(self._settings.topic_prefix).wakeup("t0")
+        producer = Producer(producer_config(self._settings, "ductor-demo-hot"))
+        partitions = topic_partitions(producer, [topic])[topic]
+        turn = 0
+        while not self._stop.wait(self._period):
+            for run_id in self._hot:
+                wakeup = Wakeup(run_id, "signal", produced_at=int(time.time() * 1000))
+                try:
+                    producer.produce(
+                        topic, value=wakeup.encode(), key=wakeup.key(), partition=turn % partitions
+                    )
+                except BufferError:
+                    producer.poll(0.1)
+                turn += 1
+            producer.poll(0)
+        producer.flush(10)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(15)
 
 
 class Fleet:
@@ -236,11 +276,13 @@ def run_demo(
     plan = prepare(settings, conn, runs, tag)
     print(
         f"Starting {len(plan.expected)} runs ({runs} sample, {len(plan.hot)} hot runs woken"
-        f" {hot_copies} times at once, {len(plan.to_cancel)} to cancel, some meant to fail)"
+        f" {hot_copies} times at once and then every 20 ms on every partition,"
+        f" {len(plan.to_cancel)} to cancel, some meant to fail)"
     )
     fleet = Fleet(settings, REPO / ".infra" / "demo")
     started = time.monotonic()
     wake(settings, plan, hot_copies)
+    poker = HotPoker(settings, plan.hot)
     tty = sys.stdout.isatty()
     last_print = 0.0
     last_committed, last_at = 0, started
@@ -276,6 +318,7 @@ def run_demo(
                 break
             time.sleep(0.25)  # the refresh period of the progress display
     finally:
+        poker.stop()
         fleet.stop()
     elapsed = time.monotonic() - started
     final = statuses(conn, tag)
