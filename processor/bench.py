@@ -230,19 +230,22 @@ class Bench:
         return {"rate": ticks_per_s, "p50": e2e["p50"] or 0.0, "p99": e2e["p99"] or 0.0}
 
     def wait_ticked(self, ids: list[str], timeout: float) -> None:
+        self.wait_count(ids, "last_transition_seq >= 1", timeout, "ticked")
+
+    def wait_terminal(self, ids: list[str], timeout: float) -> None:
+        self.wait_count(ids, "status IN ('succeeded', 'failed', 'cancelled')", timeout, "ended")
+
+    def wait_count(self, ids: list[str], condition: str, timeout: float, what: str) -> None:
+        """Until every run of ``ids`` meets the SQL ``condition`` (a constant of this module)."""
         deadline = time.monotonic() + timeout
+        query = f"SELECT count(*) FROM eec_workflow_run WHERE run_id = ANY(%s) AND {condition}"
         while True:
-            row = self.conn.execute(
-                "SELECT count(*) FROM eec_workflow_run"
-                " WHERE run_id = ANY(%s) AND last_transition_seq >= 1",
-                (ids,),
-            ).fetchone()
-            if row and row[0] == len(ids):
+            row = self.conn.execute(query, (ids,)).fetchone()
+            done = row[0] if row else 0
+            if done == len(ids):
                 return
             if time.monotonic() > deadline:
-                raise RuntimeError(
-                    f"{row[0] if row else 0} of {len(ids)} runs ticked in {timeout} s"
-                )
+                raise RuntimeError(f"only {done} of {len(ids)} runs {what} within {timeout} s")
             time.sleep(0.1)  # the benchmark samples progress; this is not a test
 
     # -- naive baseline ------------------------------------------------------------------------
@@ -337,22 +340,6 @@ class Bench:
             "p99": max(x["p99"] or 0 for x in e2e),
             "runs": len(ids),
         }
-
-    def wait_terminal(self, ids: list[str], timeout: float) -> None:
-        deadline = time.monotonic() + timeout
-        while True:
-            row = self.conn.execute(
-                "SELECT count(*) FROM eec_workflow_run WHERE run_id = ANY(%s)"
-                " AND status IN ('succeeded', 'failed', 'cancelled')",
-                (ids,),
-            ).fetchone()
-            if row and row[0] == len(ids):
-                return
-            if time.monotonic() > deadline:
-                raise RuntimeError(
-                    f"hot mix: {row[0] if row else 0} of {len(ids)} runs ended in time"
-                )
-            time.sleep(0.2)
 
     # -- plumbing ------------------------------------------------------------------------------
 

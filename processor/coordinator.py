@@ -30,7 +30,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import psycopg
-from opentelemetry.trace import Span
 
 from processor.effects import Effects, Inbound, RunWork
 from processor.envelope import Wakeup
@@ -342,11 +341,19 @@ class Coordinator:
 
     def _force_fail(self, work: RunWork, run: LoadedRun, decision: ForceFail) -> None:
         try:
-            written = self._write_force_fail(run, decision.reason, span=work.span)
+            written = self._write_force_fail(run, decision.reason)
         except psycopg.Error as exc:
             self._db_failed(exc, [work])
             return
         if written:
+            self.stats.force_fails[decision.reason] += 1
+            self.stats.ticks[Outcome.FORCE_FAILED] += 1
+            log.warning(
+                "run %s force-failed: %s",
+                run.run_id,
+                decision.reason,
+                extra={"run_id": run.run_id, "reason": decision.reason, **log_ids(work.span)},
+            )
             if work.span is not None:
                 work.span.set_attribute("ductor.reason", decision.reason)
             self.effects.complete(work, Outcome.FORCE_FAILED)
@@ -366,27 +373,14 @@ class Coordinator:
         return self._write_force_fail(loaded, "stuck", conn)
 
     def _write_force_fail(
-        self,
-        run: LoadedRun,
-        reason: str,
-        conn: psycopg.Connection[Any] | None = None,
-        span: Span | None = None,
+        self, run: LoadedRun, reason: str, conn: psycopg.Connection[Any] | None = None
     ) -> bool:
-        """Force-fail ``run`` if it did not move since loaded; meter it. Raises psycopg.Error."""
+        """Force-fail ``run`` if it did not move since loaded (the caller meters it; this may
+        run on the sweep thread). Raises psycopg.Error."""
         failed = force_fail(run.state, reason)
         if failed is None:
             return False
-        if not force_fail_write(conn or self._conn, run.run_id, run.stored_checksum, failed):
-            return False
-        self.stats.force_fails[reason] += 1
-        self.stats.ticks[Outcome.FORCE_FAILED] += 1
-        log.warning(
-            "run %s force-failed: %s",
-            run.run_id,
-            reason,
-            extra={"run_id": run.run_id, "reason": reason, **log_ids(span)},
-        )
-        return True
+        return force_fail_write(conn or self._conn, run.run_id, run.stored_checksum, failed)
 
     def _emit(self, work: RunWork, run: LoadedRun, decision: Decision, now_ms: int) -> None:
         work.outcome = Outcome.COMMITTED

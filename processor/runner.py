@@ -93,6 +93,7 @@ class Processor:
         self._next_stats_log = self.last_loop_at + settings.stats_log_interval_s
         self._next_lag_update = self.last_loop_at
         self._shutdown_deadline: float | None = None
+        self._held_at: dict[tuple[str, int], int] = {}
 
     def connect(self) -> psycopg.Connection[Any]:
         conn = psycopg.connect(self.settings.pg_dsn, autocommit=True, connect_timeout=5)
@@ -150,20 +151,27 @@ class Processor:
 
     def _maybe_update_lag(self) -> None:
         """Records behind the high watermark per assigned partition, paused ones included
-        (their fetch position stands still while the broker's end moves on)."""
+        (their fetch position stands still while the broker's end moves on). Fetched
+        partitions use the watermark their fetches bring (no request); only paused ones,
+        which fetch nothing, ask the broker."""
         now = time.monotonic()
         if self.telemetry.meter_provider is None or now < self._next_lag_update:
             return
         self._next_lag_update = now + _LAG_INTERVAL_S
         positions = self._consumer.position([TopicPartition(t, p) for t, p in self.assigned])
         lag: dict[tuple[str, int], int] = {}
+        paused = self.pauses.paused()
         for tp in positions:
+            fresh = (tp.topic, tp.partition) in paused
             try:
-                _low, high = self._consumer.get_watermark_offsets(tp, timeout=1.0, cached=False)
+                _low, high = self._consumer.get_watermark_offsets(tp, timeout=0.5, cached=not fresh)
             except KafkaException:
                 continue
-            position = tp.offset if tp.offset >= 0 else high
-            lag[(tp.topic, tp.partition)] = max(0, high - position)
+            if high < 0:  # nothing fetched yet
+                continue
+            key = (tp.topic, tp.partition)
+            position = self._held_at.get(key, tp.offset if tp.offset >= 0 else high)
+            lag[key] = max(0, high - position)
         self.lag = lag
 
     def _maybe_log_stats(self) -> None:
@@ -266,10 +274,13 @@ class Processor:
         kafka_tp = TopicPartition(tp[0], tp[1], offset)
         self._consumer.pause([kafka_tp])
         self._consumer.seek(kafka_tp)
+        self._held_at[tp] = offset  # where the partition stands while paused (for the lag)
         self.pauses.pause_until(tp, time.monotonic() + wait_ms / 1000)
 
     def _resume_due(self) -> None:
         due = [tp for tp in self.pauses.due_to_resume(time.monotonic()) if tp in self.assigned]
+        for tp in due:
+            self._held_at.pop(tp, None)
         if due:
             self._consumer.resume([TopicPartition(t, p) for t, p in due])
 
@@ -352,6 +363,7 @@ class Processor:
         for tp in tps:
             self.tracker.forget(tp)
             self.pauses.on_revoked(tp)
+            self._held_at.pop(tp, None)
         self.assigned -= tps
         log.info("partitions released", extra={"count": len(tps), "instance": self.instance_id})
 

@@ -29,12 +29,12 @@ from processor.config import Settings, load_settings
 from processor.envelope import Wakeup
 from processor.kafka_io import producer_config
 from processor.migrate import migrate
-from processor.model import parse_workflow
+from processor.model import WorkflowDef, parse_workflow
 from processor.runner import Processor
 from processor.stats import Stats
-from processor.store import register_workflow
+from processor.store import insert_runs, register_workflow
 from processor.telemetry import Telemetry
-from processor.topics import create_topics, desired_topics
+from processor.topics import TopicNames, create_topics, desired_topics
 from processor.worker import Worker, sample_registry
 
 pytestmark = pytest.mark.integration
@@ -192,6 +192,16 @@ class Spawned:
                 continue  # librdkafka's own stderr lines
         return lines
 
+    def owned_partitions(self) -> int:
+        """Partitions the instance holds, from its assignment log lines."""
+        owned = 0
+        for line in self.log_lines():
+            if line.get("msg") == "partitions assigned":
+                owned += int(line["count"])
+            elif line.get("msg") == "partitions released":
+                owned -= int(line["count"])
+        return owned
+
     def final_stats(self) -> dict[str, Any]:
         for line in reversed(self.log_lines()):
             if line.get("msg") == "processor stopped":
@@ -289,6 +299,35 @@ class OutsideWriter:
         self._stop.set()
         for thread in self._threads:
             thread.join(10)
+
+
+def sample_workflow() -> WorkflowDef:
+    return parse_workflow(orjson.loads(SAMPLE.read_bytes()))
+
+
+def drive_into_livelock(
+    settings: Settings,
+    pg: psycopg.Connection[Any],
+    start_processor: Callable[..., ProcessorThread],
+    telemetry: Telemetry | None = None,
+) -> tuple[str, ProcessorThread]:
+    """Start a run, make every commit of it lose to an outside writer, and wait until the
+    processor force-fails it for livelock. Returns the run id and the processor."""
+    run_id = f"livelock-{uuid.uuid4().hex[:6]}"
+    insert_runs(pg, sample_workflow(), [(run_id, {})], "t1")
+    writer = OutsideWriter(settings.pg_dsn, run_id)
+    wait_for(lambda: writer.writes > 0, 10, "the outside writer to start")
+    instance = start_processor(settings, telemetry)
+    topic = TopicNames(settings.topic_prefix).wakeup("t1")
+    try:
+        produce_wakeups(settings, [(topic, Wakeup(run_id, "start", produced_at=now_ms()), None)])
+        wait_for(
+            lambda: run_statuses(pg, [run_id])[run_id] == "failed", 60, "the livelock force-fail"
+        )
+    finally:
+        writer.stop()
+    wait_for(lambda: instance.stats.ticks["force_failed"] == 1, 10, "the force-fail to be counted")
+    return run_id, instance
 
 
 def produce_wakeups(settings: Settings, records: Sequence[tuple[str, Wakeup, int | None]]) -> None:

@@ -9,7 +9,6 @@ import uuid
 from dataclasses import replace
 from typing import Any
 
-import orjson
 import psycopg
 import pytest
 from confluent_kafka import Consumer
@@ -24,15 +23,14 @@ from processor.topics import TopicNames
 
 from .audit import assert_results_applied, assert_transitions_applied_once
 from .conftest import (
-    SAMPLE,
-    OutsideWriter,
     ProcessorThread,
-    Spawned,
     WorkerThread,
     count_terminal,
+    drive_into_livelock,
     now_ms,
     produce_wakeups,
     run_statuses,
+    sample_workflow,
     wait_for,
 )
 
@@ -102,7 +100,7 @@ def test_three_instances_with_every_wakeup_delivered_three_times(
 
 
 def _sample() -> WorkflowDef:
-    return parse_workflow(orjson.loads(SAMPLE.read_bytes()))
+    return sample_workflow()
 
 
 def test_a_run_kept_conflicting_is_force_failed_for_livelock(
@@ -112,22 +110,8 @@ def test_a_run_kept_conflicting_is_force_failed_for_livelock(
     force-failed with reason livelock. Requeues land on the right rung with the right key and
     are processed no earlier than due."""
     settings = replace(settings, livelock_requeues=2)
-    run_id = f"livelock-{uuid.uuid4().hex[:6]}"
-    wf = _sample()
-    insert_runs(pg, wf, [(run_id, {})], "t1")
-    writer = OutsideWriter(settings.pg_dsn, run_id)
-    wait_for(lambda: writer.writes > 0, 10, "the outside writer to start")
+    run_id, instance = drive_into_livelock(settings, pg, processor_thread)
     names = TopicNames(settings.topic_prefix)
-    instance: ProcessorThread = processor_thread(settings)
-    try:
-        produce_wakeups(
-            settings, [(names.wakeup("t1"), Wakeup(run_id, "start", produced_at=now_ms()), None)]
-        )
-        wait_for(
-            lambda: run_statuses(pg, [run_id])[run_id] == "failed", 60, "the livelock force-fail"
-        )
-    finally:
-        writer.stop()
     row = pg.execute(
         "SELECT failure_reason FROM eec_workflow_run WHERE run_id = %s", (run_id,)
     ).fetchone()
@@ -232,11 +216,16 @@ def test_an_instance_killed_mid_batch_loses_nothing_and_applies_nothing_twice(
     first = spawn(["process"], settings, "victim")
     second = spawn(["process"], settings, "survivor")
     worker = spawn(["worker", "--threads", "8"], settings, "worker")
+    wait_for(
+        lambda: first.owned_partitions() > 0 and second.owned_partitions() > 0,
+        60,
+        "both instances to own partitions",
+    )
     start_runs(settings, "sample", run_ids)
     wait_for(
         lambda: count_terminal(pg, run_ids) >= 60, 120, "some runs to end before the kill", 0.05
     )
-    assert _owned_partitions(first) > 0, "the victim must own partitions when it is killed"
+    assert first.owned_partitions() > 0, "the victim must own partitions when it is killed"
     first.kill()  # SIGKILL: no shutdown, no flush, no offset commit
     replacement = spawn(["process"], settings, "replacement")
     wait_for(lambda: count_terminal(pg, run_ids) == len(run_ids), 180, "every run to end", 0.5)
@@ -247,16 +236,6 @@ def test_an_instance_killed_mid_batch_loses_nothing_and_applies_nothing_twice(
     assert_transitions_applied_once(pg)
     for child in (second, replacement):
         assert sum(child.final_stats()["errors"].values()) == 0
-
-
-def _owned_partitions(child: Spawned) -> int:
-    owned = 0
-    for line in child.log_lines():
-        if line.get("msg") == "partitions assigned":
-            owned += int(line["count"])
-        elif line.get("msg") == "partitions released":
-            owned -= int(line["count"])
-    return owned
 
 
 def test_a_row_changed_out_of_band_is_reported_not_overwritten(

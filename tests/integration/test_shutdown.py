@@ -18,22 +18,12 @@ from processor.cli import start_runs
 from processor.config import Settings
 
 from .audit import assert_results_applied, assert_transitions_applied_once
-from .conftest import Spawned, WorkerThread, count_terminal, run_statuses, wait_for
+from .conftest import WorkerThread, count_terminal, run_statuses, wait_for
 
 pytestmark = pytest.mark.integration
 
 RUNS = 800
 BOUND_S = 10.0
-
-
-def _owned_partitions(child: Spawned) -> int:
-    owned = 0
-    for line in child.log_lines():
-        if line.get("msg") == "partitions assigned":
-            owned += int(line["count"])
-        elif line.get("msg") == "partitions released":
-            owned -= int(line["count"])
-    return owned
 
 
 def test_sigterm_while_busy_exits_cleanly_in_bound_and_loses_nothing(
@@ -43,7 +33,7 @@ def test_sigterm_while_busy_exits_cleanly_in_bound_and_loses_nothing(
     settings = replace(settings, shutdown_timeout_s=BOUND_S)
     run_ids = [f"term-{i}" for i in range(RUNS)]
     first = spawn(["process"], settings, "first")
-    wait_for(lambda: _owned_partitions(first) > 0, 60, "the first instance to own partitions")
+    wait_for(lambda: first.owned_partitions() > 0, 60, "the first instance to own partitions")
     worker = WorkerThread(settings)
     try:
         start_runs(settings, "sample", run_ids)
@@ -140,7 +130,7 @@ def test_sigterm_with_the_database_hung_still_exits_within_the_bound(
     worker = WorkerThread(settings)  # the worker's own database path is not frozen
     try:
         child = spawn(["process"], replace(settings, pg_dsn=dsn), "hung")
-        wait_for(lambda: _owned_partitions(child) > 0, 60, "the instance to own partitions")
+        wait_for(lambda: child.owned_partitions() > 0, 60, "the instance to own partitions")
         start_runs(settings, "sample", run_ids)
         wait_for(lambda: count_terminal(pg, run_ids) >= 50, 120, "some runs to end", 0.02)
         proxy.freeze()

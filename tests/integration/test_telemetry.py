@@ -24,8 +24,8 @@ from processor.topics import TopicNames
 
 from .conftest import (
     SAMPLE,
-    OutsideWriter,
     ProcessorThread,
+    drive_into_livelock,
     now_ms,
     produce_wakeups,
     run_statuses,
@@ -68,22 +68,9 @@ def test_a_conflict_is_an_event_with_unset_status_and_a_requeue_stays_in_one_tra
 ) -> None:
     settings = replace(settings, livelock_requeues=1)
     exporter, reader = InMemorySpanExporter(), InMemoryMetricReader()
-    run_id = f"traced-{uuid.uuid4().hex[:6]}"
-    _start_one(settings, pg, run_id)
-    writer = OutsideWriter(settings.pg_dsn, run_id)
-    wait_for(lambda: writer.writes > 0, 10, "the outside writer to start")
+    telemetry = Telemetry.in_memory(exporter, reader)
+    run_id, instance = drive_into_livelock(settings, pg, processor_thread, telemetry)
     names = TopicNames(settings.topic_prefix)
-    instance: ProcessorThread = processor_thread(settings, Telemetry.in_memory(exporter, reader))
-    try:
-        produce_wakeups(
-            settings, [(names.wakeup("t1"), Wakeup(run_id, "start", produced_at=now_ms()), None)]
-        )
-        wait_for(
-            lambda: run_statuses(pg, [run_id])[run_id] == "failed", 60, "the livelock force-fail"
-        )
-    finally:
-        writer.stop()
-    wait_for(lambda: instance.stats.ticks["force_failed"] == 1, 10, "the force-fail to be counted")
     instance.stop()
     spans = exporter.get_finished_spans()
 
@@ -162,3 +149,25 @@ def test_a_database_outage_makes_error_spans_and_counts_errors(
     assert _total(reader, "ductor.errors") >= 1
     assert _total(reader, "ductor.conflicts") == 0
     assert instance.stats.conflicts == 0
+
+
+def test_consumer_lag_counts_the_records_behind_a_paused_delay_partition(
+    settings: Settings, pg: psycopg.Connection[Any], processor_thread: Any
+) -> None:
+    """Five records due in a minute: the delay partition pauses at the first, and the lag
+    gauge reports all five behind it even though the partition fetches nothing."""
+    reader = InMemoryMetricReader()
+    telemetry = Telemetry.build(None, [], [reader], settings.group_id)
+    names = TopicNames(settings.topic_prefix)
+    due = now_ms() + 60_000
+    records = [
+        (names.delay(10000), Wakeup(f"later-{i}", "timer", due_at=due, produced_at=now_ms()), 0)
+        for i in range(5)
+    ]
+    produce_wakeups(settings, records)
+    processor_thread(settings, telemetry)
+    key = (
+        ("messaging.destination.name", names.delay(10000)),
+        ("messaging.destination.partition.id", "0"),
+    )
+    wait_for(lambda: _metric(reader, "ductor.consumer.lag").get(key) == 5, 30, "the lag of 5")
