@@ -55,7 +55,6 @@ class Settings:
     replication_factor: int = 1
     batch_size: int = 500
     batch_linger_ms: int = 0  # batches fill on their own while the previous one is in flight
-    pg_pool_size: int = 4
     tier_weights: TierWeights = field(default_factory=lambda: TierWeights(8, 4, 1, 4))
     tier_buffer_limit: int = 5000
     livelock_requeues: int = 8
@@ -228,7 +227,6 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
     take("replication_factor", int_in(1, 32))
     take("batch_size", int_in(1, 100_000))
     take("batch_linger_ms", int_in(0, 10_000))
-    take("pg_pool_size", int_in(1, 1000))
     take("tier_weights", _parse_weights)
     take("tier_buffer_limit", int_in(1, 10_000_000))
     take("livelock_requeues", int_in(1, 1000))

@@ -98,7 +98,6 @@ def test_booleans(raw: str) -> None:
         ("DUCTOR_REPLICATION_FACTOR", "33"),
         ("DUCTOR_BATCH_SIZE", "0"),
         ("DUCTOR_BATCH_LINGER_MS", "-1"),
-        ("DUCTOR_PG_POOL_SIZE", "0"),
         ("DUCTOR_TIER_WEIGHTS", "8:4"),
         ("DUCTOR_TIER_WEIGHTS", "8:4:1:4:1"),
         ("DUCTOR_TIER_WEIGHTS", "8:0:1"),
