@@ -44,9 +44,12 @@ def _chain(name: str, length: int) -> WorkflowDef:
     return parse_workflow({"name": name, "version": 1, "steps": steps})
 
 
+@pytest.mark.parametrize("group_protocol", ["consumer", "classic"])
 def test_runs_of_the_sample_workflow_succeed(
-    settings: Settings, pg: psycopg.Connection[Any], processor_thread: Any
+    settings: Settings, pg: psycopg.Connection[Any], processor_thread: Any, group_protocol: str
 ) -> None:
+    """End to end with either group protocol (KIP-848 by default, classic for old brokers)."""
+    settings = replace(settings, group_protocol=group_protocol)
     run_ids = [f"basic-{i}" for i in range(50)]
     start_runs(settings, "sample", run_ids)
     instance: ProcessorThread = processor_thread(settings)
