@@ -11,6 +11,7 @@ import hashlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
+from functools import cached_property
 from typing import Any
 
 import orjson
@@ -79,6 +80,11 @@ class WorkflowDef:
     @property
     def key(self) -> tuple[str, int]:
         return (self.name, self.version)
+
+    @cached_property
+    def step_map(self) -> dict[str, StepDef]:
+        """Steps by name (computed once per definition; definitions are immutable)."""
+        return {s.name: s for s in self.steps}
 
     def step(self, name: str) -> StepDef:
         for step in self.steps:

@@ -24,7 +24,7 @@ argument, and the shell carries out the returned decision.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from processor.model import (
     NodeState,
@@ -79,7 +79,7 @@ def tick(
     if SignalKind.CANCEL in set(signals):
         return _end(state, state.node_map(), RunStatus.CANCELLED, "cancelled by signal")
 
-    steps = {s.name: s for s in wf.steps}
+    steps = wf.step_map
     nodes = state.node_map()
     for result in sorted(set(results), key=_result_order):
         node = nodes.get(result.node)
@@ -112,10 +112,10 @@ def tick(
         return _end(state, nodes, RunStatus.SUCCEEDED, None)
 
     status = RunStatus.RUNNING if state.status is RunStatus.PENDING and dispatches else state.status
-    new_state = replace(state.with_nodes(nodes), status=status)
-    if new_state == state:
+    new_nodes = tuple((name, nodes[name]) for name, _ in state.nodes)
+    if status is state.status and new_nodes == state.nodes:
         return NOOP
-    new_state = replace(new_state, seq=state.seq + 1)
+    new_state = RunState(status, new_nodes, state.seq + 1, state.reason)
     return Decision(new_state, tuple(dispatches), _new_timers(state, new_state))
 
 
@@ -167,16 +167,16 @@ def _dispatch_ready(nodes: dict[str, NodeState], wf: WorkflowDef, now_ms: int) -
 def _end(
     state: RunState, nodes: dict[str, NodeState], status: RunStatus, reason: str | None
 ) -> Decision:
-    ended = {
-        n: (
+    ended = tuple(
+        (
+            n,
             NodeState(NodeStatus.CANCELLED, s.attempt, error=s.error)
             if s.status in _IN_FLIGHT
-            else s
+            else s,
         )
-        for n, s in nodes.items()
-    }
-    new_state = replace(state.with_nodes(ended), status=status, reason=reason, seq=state.seq + 1)
-    return Decision(new_state)
+        for n, s in ((name, nodes[name]) for name, _ in state.nodes)
+    )
+    return Decision(RunState(status, ended, state.seq + 1, reason))
 
 
 def _new_timers(old: RunState, new: RunState) -> tuple[int, ...]:
