@@ -41,6 +41,7 @@ from processor.store import (
     Commit,
     Definitions,
     UnknownWorkflow,
+    UnreadableRun,
     commit_batch,
     force_fail_write,
     load_runs,
@@ -59,7 +60,7 @@ class BatchResult:
     """What the database stage of one batch found and did."""
 
     tick_started_ns: int
-    loaded: dict[str, LoadedRun | UnknownWorkflow] = field(default_factory=dict)
+    loaded: dict[str, LoadedRun | UnknownWorkflow | UnreadableRun] = field(default_factory=dict)
     decisions: dict[str, Decision] = field(default_factory=dict)
     committed: set[str] = field(default_factory=set)
     attempted: int = 0
@@ -236,21 +237,27 @@ class Coordinator:
         self.stats.commit_attempts += result.attempted
         for work in batch:
             run = result.loaded.get(work.run_id)
+            if isinstance(run, UnreadableRun) or (
+                isinstance(run, LoadedRun) and not run.checksum_ok
+            ):
+                # Changed out of band: report it and keep the wakeup, never overwrite the row.
+                self.stats.errors["checksum_mismatch"] += 1
+                log.error(
+                    "run %s: the row was changed out of band",
+                    work.run_id,
+                    extra={"run_id": work.run_id, **log_ids(work.span)},
+                )
+                detail = (
+                    str(run)
+                    if isinstance(run, UnreadableRun)
+                    else "state_checksum does not match the row: changed out of band"
+                )
+                self.effects.dead_letter(work, "checksum_mismatch", detail)
+                continue
             if not isinstance(run, LoadedRun):
                 reason = "unknown_workflow" if isinstance(run, UnknownWorkflow) else "unknown_run"
                 detail = str(run) if run is not None else f"run {work.run_id!r} does not exist"
                 self.effects.dead_letter(work, reason, detail)
-                continue
-            if not run.checksum_ok:
-                # Changed out of band: report it and keep the wakeup, never overwrite the row.
-                self.stats.errors["checksum_mismatch"] += 1
-                log.error(
-                    "run %s: stored checksum does not match its state",
-                    work.run_id,
-                    extra={"run_id": work.run_id, **log_ids(work.span)},
-                )
-                detail = "state_checksum does not match the row: changed out of band"
-                self.effects.dead_letter(work, "checksum_mismatch", detail)
                 continue
             decision = result.decisions[work.run_id]
             if decision.new_state is None:

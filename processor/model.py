@@ -45,6 +45,8 @@ class NodeStatus(StrEnum):
     CANCELLED = "cancelled"  # the run ended before this node finished
 
 
+_NODE_STATUSES = {s.value: s for s in NodeStatus}
+
 # ---------------------------------------------------------------------------------------------
 # Workflow definitions
 
@@ -256,11 +258,13 @@ class NodeState:
 
     @staticmethod
     def from_json(raw: Mapping[str, Any]) -> NodeState:
+        due = raw.get("due_ms")
+        # A dict lookup, not NodeStatus(...): this runs for every node of every loaded run.
         return NodeState(
-            status=NodeStatus(raw["status"]),
-            attempt=int(raw["attempt"]),
-            due_ms=None if raw.get("due_ms") is None else int(raw["due_ms"]),
-            error=raw.get("error"),
+            _NODE_STATUSES[raw["status"]],
+            int(raw["attempt"]),
+            None if due is None else int(due),
+            raw.get("error"),
         )
 
 

@@ -46,6 +46,10 @@ class UnknownWorkflow(LookupError):
     pass
 
 
+class UnreadableRun(ValueError):
+    """A run row whose state does not parse (changed out of band)."""
+
+
 @dataclass(frozen=True)
 class Commit:
     """One run's share of a batched commit: its new state and the version it was computed from."""
@@ -201,11 +205,11 @@ def insert_runs(
 
 def load_runs(
     conn: psycopg.Connection[Any], definitions: Definitions, run_ids: Iterable[str]
-) -> dict[str, LoadedRun | UnknownWorkflow]:
+) -> dict[str, LoadedRun | UnknownWorkflow | UnreadableRun]:
     """Load many runs in one round trip. Runs that do not exist are absent from the result."""
     # Ids travel as one JSON array: one orjson call instead of escaping an array element-wise.
     rows = conn.execute(_LOAD_SQL, (orjson.dumps(list(run_ids)).decode(),)).fetchall()
-    loaded: dict[str, LoadedRun | UnknownWorkflow] = {}
+    loaded: dict[str, LoadedRun | UnknownWorkflow | UnreadableRun] = {}
     for row in rows:
         run_id, wf_name, wf_version, status, nodes, seq, checksum, version, reason, tier = row[:10]
         raw_results, raw_signals = row[10], row[11]
@@ -214,7 +218,13 @@ def load_runs(
         except UnknownWorkflow as exc:
             loaded[run_id] = exc
             continue
-        state = state_from_row(status, nodes, seq, reason, wf)
+        try:
+            state = state_from_row(status, nodes, seq, reason, wf)
+        except (KeyError, ValueError, TypeError) as exc:
+            # Only an outside writer can leave a row we cannot read: report it like a checksum
+            # mismatch rather than let one row stop the batch.
+            loaded[run_id] = UnreadableRun(f"run {run_id!r}: node_states cannot be read: {exc!r}")
+            continue
         results = tuple(
             StepResult(node=r[0], attempt=r[1], outcome=StepOutcome(r[2]), error=r[3])
             for r in (raw_results or ())

@@ -326,3 +326,24 @@ def test_the_watchdog_rewakes_overdue_runs_and_fails_stuck_ones(
     assert reason is not None and reason[0] == "stuck"
     assert instance.stats.force_fails == {"stuck": 1}
     assert instance.processor.watchdog.rewoken >= 1
+
+
+def test_a_row_whose_state_cannot_be_read_is_reported_and_the_batch_goes_on(
+    settings: Settings, pg: psycopg.Connection[Any], processor_thread: Any
+) -> None:
+    broken, fine = f"broken-{uuid.uuid4().hex[:6]}", f"fine-{uuid.uuid4().hex[:6]}"
+    insert_runs(pg, _sample(), [(broken, {}), (fine, {})], "t1")
+    pg.execute(
+        'UPDATE eec_workflow_run SET node_states = \'{"fetch": {"status": "bogus"}}\''
+        " WHERE run_id = %s",
+        (broken,),
+    )
+    instance: ProcessorThread = processor_thread(settings)
+    topic = TopicNames(settings.topic_prefix).wakeup("t1")
+    produce_wakeups(
+        settings, [(topic, Wakeup(r, "start", produced_at=now_ms()), 0) for r in (broken, fine)]
+    )
+    wait_for(lambda: run_statuses(pg, [fine])[fine] == "running", 30, "the readable run to tick")
+    wait_for(lambda: instance.stats.dead_letters["checksum_mismatch"] == 1, 30, "the report")
+    assert run_statuses(pg, [broken])[broken] == "pending"
+    assert instance.stats.errors["checksum_mismatch"] == 1
