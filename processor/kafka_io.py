@@ -5,10 +5,12 @@ wrapper that reports each record's delivery to a callback.
 from __future__ import annotations
 
 import random
+import time
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 from confluent_kafka import Consumer, KafkaError, Producer
+from confluent_kafka.admin import AdminClient
 
 from processor.config import Settings
 from processor.store import run_shard
@@ -144,13 +146,22 @@ class Outbox:
 
 
 def topic_partitions(
-    producer: Producer, topics: Sequence[str], timeout_s: float = 10.0
+    client: Producer | AdminClient, topics: Sequence[str], timeout_s: float = 10.0
 ) -> dict[str, int]:
-    metadata = producer.list_topics(timeout=timeout_s).topics
-    counts: dict[str, int] = {}
-    for topic in topics:
-        meta = metadata.get(topic)
-        if meta is None or meta.error is not None or not meta.partitions:
-            raise RuntimeError(f"topic {topic} does not exist; run `ductor topics create` first")
-        counts[topic] = len(meta.partitions)
-    return counts
+    """Partition counts of ``topics``. A topic created a moment ago can be missing from the
+    metadata of a broker that has not caught up yet, so ask again until ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        metadata = client.list_topics(timeout=timeout_s).topics
+        missing = [
+            t
+            for t in topics
+            if t not in metadata or metadata[t].error is not None or not metadata[t].partitions
+        ]
+        if not missing:
+            return {t: len(metadata[t].partitions) for t in topics}
+        if time.monotonic() > deadline:
+            raise RuntimeError(
+                f"topic {missing[0]} does not exist; run `ductor topics create` first"
+            )
+        time.sleep(0.2)  # metadata propagation; bounded by the deadline above

@@ -8,6 +8,7 @@ from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 
 from processor.config import Settings
+from processor.kafka_io import topic_partitions
 
 TIERS = ("t0", "t1", "t2")
 # The backoff ladder of the seed: 100 ms * 2^n, capped at 10 s. One topic per rung keeps due
@@ -123,4 +124,7 @@ def create_topics(settings: Settings, timeout_s: float = 30.0) -> dict[str, str]
                 report[topic] = "exists"
             else:
                 raise
+    # Return only once every topic is in the metadata, so a client started right after this
+    # (a processor, a test) finds them all.
+    topic_partitions(admin, list(wanted), timeout_s)
     return dict(sorted(report.items()))
