@@ -528,8 +528,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--hot-fraction",
         type=float,
-        default=0.25,
-        help="hot-mix load as a fraction of one instance's peak (default 0.25)",
+        default=0.2,
+        help="hot-mix load as a fraction of one instance's peak (default 0.2)",
     )
     args = parser.parse_args(argv)
     bench = Bench(load_settings(), args.scale)
