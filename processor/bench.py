@@ -112,6 +112,8 @@ class Bench:
 
     def setup(self) -> None:
         migrate(self.base.pg_dsn)
+        # Earlier runs leave dead rows behind; start from a vacuumed, analysed table.
+        self.conn.execute("VACUUM (ANALYZE) eec_workflow_run")
         for wf in (self.one, self.quad, self.chain):
             register_workflow(self.conn, wf)
 
@@ -141,9 +143,14 @@ class Bench:
 
     # -- ceiling -------------------------------------------------------------------------------
 
-    def ceiling(self) -> float:
-        """Ticks per second of the batched conditional UPDATE alone (states precomputed)."""
-        ids = self.ids("ceil", self.n(20000))
+    def ceiling(self, rounds: int = 3) -> float:
+        """Ticks per second of the batched conditional UPDATE alone (states precomputed): the
+        best of a few rounds, since a ceiling is what the database can do when nothing (an
+        autovacuum, a checkpoint) gets in its way."""
+        return max(self._ceiling_round(f"ceil{r}") for r in range(rounds))
+
+    def _ceiling_round(self, label: str) -> float:
+        ids = self.ids(label, self.n(10000))
         self.insert(self.one, ids)
         definitions = Definitions()
         now_ms = int(time.time() * 1000)
@@ -452,7 +459,7 @@ class Figures:
 
 def report(f: Figures) -> None:
     rows = [
-        ("DB-only ceiling (batched conditional UPDATE)", f"{f.ceiling:10.0f} ticks/s"),
+        ("DB-only ceiling (batched UPDATE, best of 3)", f"{f.ceiling:10.0f} ticks/s"),
         ("one `ductor process`, uncontended runs", f"{f.instance:10.0f} ticks/s"),
         ("naive one-record-at-a-time loop (baseline)", f"{f.naive:10.0f} ticks/s"),
         ("instance / naive", f"{f.instance / f.naive:10.1f} x   (target >= 10)"),
