@@ -147,6 +147,7 @@ def settings_env(settings: Settings) -> dict[str, str]:
             "DUCTOR_BATCH_SIZE": str(settings.batch_size),
             "DUCTOR_MAX_RECORD_BYTES": str(settings.max_record_bytes),
             "DUCTOR_HEALTH_PORT": str(settings.health_port),
+            "DUCTOR_METRICS_PORT": str(settings.metrics_port),
             "DUCTOR_LOG_FORMAT": "json",
         }
     )

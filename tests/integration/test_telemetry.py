@@ -3,6 +3,8 @@ conflict is told apart from an error, an outage is an error, a requeue stays in 
 
 from __future__ import annotations
 
+import socket
+import urllib.request
 import uuid
 from dataclasses import replace
 from typing import Any
@@ -171,3 +173,33 @@ def test_consumer_lag_counts_the_records_behind_a_paused_delay_partition(
         ("messaging.destination.partition.id", "0"),
     )
     wait_for(lambda: _metric(reader, "ductor.consumer.lag").get(key) == 5, 30, "the lag of 5")
+
+
+def test_the_prometheus_endpoint_serves_the_metrics(
+    settings: Settings, pg: psycopg.Connection[Any], spawn: Any
+) -> None:
+    with socket.socket() as probe:  # a free port for the scrape endpoint
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    run_id = f"scraped-{uuid.uuid4().hex[:6]}"
+    _start_one(settings, pg, run_id)
+    child = spawn(["process"], replace(settings, metrics_port=port), "scraped")
+    names = TopicNames(settings.topic_prefix)
+    produce_wakeups(
+        settings, [(names.wakeup("t1"), Wakeup(run_id, "start", produced_at=now_ms()), None)]
+    )
+    wait_for(lambda: run_statuses(pg, [run_id])[run_id] == "running", 60, "the run to tick")
+
+    def scraped() -> str:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as reply:
+                return str(reply.read().decode())
+        except OSError:
+            return ""
+
+    wait_for(lambda: 'ductor_ticks_total{ductor_outcome="committed"' in scraped(), 30, "the scrape")
+    text = scraped()
+    assert "ductor_conflicts_total" in text
+    assert "ductor_commit_duration_milliseconds_bucket" in text or "ductor_commit_duration" in text
+    assert run_id not in text  # never a run id as a label
+    assert child.terminate() == 0
