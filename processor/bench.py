@@ -30,7 +30,6 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-import orjson
 import psycopg
 from confluent_kafka import Consumer, Producer
 from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
@@ -38,6 +37,7 @@ from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-def
 from processor.config import Settings, load_settings
 from processor.envelope import Wakeup, decode_wakeup
 from processor.kafka_io import choose_partition, producer_config
+from processor.logs import read_stats
 from processor.migrate import migrate
 from processor.model import LoadedRun, WorkflowDef, parse_workflow
 from processor.store import (
@@ -433,15 +433,10 @@ def peak_rss(pid: int) -> int:
 
 
 def final_stats(path: Path) -> dict[str, Any]:
-    for raw in reversed(path.read_bytes().splitlines()):
-        try:
-            line = orjson.loads(raw)
-        except orjson.JSONDecodeError:
-            continue
-        if line.get("msg") == "processor stopped":
-            stats: dict[str, Any] = line["stats"]
-            return stats
-    raise RuntimeError(f"no final stats in {path}")
+    stats = read_stats(path, final=True)
+    if stats is None:
+        raise RuntimeError(f"no final stats in {path}")
+    return stats
 
 
 @dataclass

@@ -29,6 +29,7 @@ from confluent_kafka.admin import AdminClient
 from processor.config import Settings
 from processor.envelope import Wakeup
 from processor.kafka_io import partition_for, producer_config, topic_partitions
+from processor.logs import read_stats
 from processor.migrate import migrate
 from processor.model import SignalKind, WorkflowDef, parse_workflow
 from processor.store import insert_runs, insert_signal, register_workflow
@@ -214,21 +215,8 @@ class Fleet:
 
     def processor_stats(self) -> list[dict[str, Any]]:
         """The latest stats line of each processor (final if it stopped)."""
-        stats = []
-        for name, path in self.logs.items():
-            if name == "worker":
-                continue
-            latest: dict[str, Any] | None = None
-            for raw in path.read_bytes().splitlines()[-200:]:
-                try:
-                    line = orjson.loads(raw)
-                except orjson.JSONDecodeError:
-                    continue
-                if "stats" in line:
-                    latest = line["stats"]
-            if latest is not None:
-                stats.append(latest)
-        return stats
+        found = (read_stats(path) for name, path in self.logs.items() if name != "worker")
+        return [stats for stats in found if stats is not None]
 
     def dead(self) -> list[str]:
         return [name for name, child in self.children.items() if child.poll() is not None]

@@ -26,6 +26,25 @@ from processor.kafka_io import Headers, normalise_headers, partition_for, produc
 from processor.topics import TopicNames
 
 DLQ_HEADER_PREFIX = "ductor.dlq."
+REASON, DETAIL, SOURCE_TOPIC, SOURCE_PARTITION, SOURCE_OFFSET = (
+    f"{DLQ_HEADER_PREFIX}{name}" for name in ("reason", "detail", "topic", "partition", "offset")
+)
+
+
+def dead_letter_headers(
+    original: Headers, reason: str, detail: str, topic: str, partition: int, offset: int
+) -> Headers:
+    """The headers of a dead letter: the record's own, then why and where it came from."""
+    return [
+        *original,
+        (REASON, reason.encode()),
+        (DETAIL, detail.encode()[:1000]),
+        (SOURCE_TOPIC, topic.encode()),
+        (SOURCE_PARTITION, str(partition).encode()),
+        (SOURCE_OFFSET, str(offset).encode()),
+    ]
+
+
 # Every reason the processor dead-letters with (envelope.py and coordinator.py).
 DLQ_REASONS = (
     "not_json",
@@ -60,23 +79,23 @@ class DeadLetter:
 
     @property
     def reason(self) -> str:
-        return self.header("ductor.dlq.reason") or "?"
+        return self.header(REASON) or "?"
 
     @property
     def detail(self) -> str:
-        return self.header("ductor.dlq.detail") or ""
+        return self.header(DETAIL) or ""
 
     @property
     def source_topic(self) -> str | None:
-        return self.header("ductor.dlq.topic")
+        return self.header(SOURCE_TOPIC)
 
     @property
     def source_partition(self) -> int | None:
-        return _int_or_none(self.header("ductor.dlq.partition"))
+        return _int_or_none(self.header(SOURCE_PARTITION))
 
     @property
     def source_offset(self) -> int | None:
-        return _int_or_none(self.header("ductor.dlq.offset"))
+        return _int_or_none(self.header(SOURCE_OFFSET))
 
     def original_headers(self) -> Headers:
         """The headers the record had before it was dead-lettered."""

@@ -15,6 +15,7 @@ from typing import Any
 from confluent_kafka import KafkaError
 from opentelemetry.trace import Span
 
+from processor.dlq import dead_letter_headers
 from processor.envelope import Wakeup
 from processor.kafka_io import Headers, Outbox, choose_partition
 from processor.offsets import OffsetTracker, TopicPartition
@@ -136,14 +137,9 @@ class Effects:
         """Send every record of ``work`` to the dead-letter topic with its original key, value
         and headers, plus the reason and where it came from; then the work is done."""
         for record in work.records:
-            headers = [
-                *record.headers,
-                ("ductor.dlq.reason", reason.encode()),
-                ("ductor.dlq.detail", detail.encode()[:1000]),
-                ("ductor.dlq.topic", record.tp[0].encode()),
-                ("ductor.dlq.partition", str(record.tp[1]).encode()),
-                ("ductor.dlq.offset", str(record.offset).encode()),
-            ]
+            headers = dead_letter_headers(
+                record.headers, reason, detail, record.tp[0], record.tp[1], record.offset
+            )
             self._stats.dead_letters[reason] += 1
             log.warning(
                 "dead-lettered a record",

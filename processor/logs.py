@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import orjson
@@ -58,3 +59,17 @@ def setup_logging(fmt: str = "json", level: str = "INFO") -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level)
+
+
+def read_stats(path: Path, final: bool = False) -> dict[str, Any] | None:
+    """The newest stats a processor logged to ``path`` (JSON lines): from its periodic
+    ``processor stats`` lines, or with ``final`` only from its ``processor stopped`` line."""
+    for raw in reversed(path.read_bytes().splitlines()):
+        try:
+            line = orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            continue  # librdkafka writes plain lines to the same stream
+        if "stats" in line and (not final or line.get("msg") == "processor stopped"):
+            stats: dict[str, Any] = line["stats"]
+            return stats
+    return None

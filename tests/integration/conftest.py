@@ -28,6 +28,7 @@ from confluent_kafka.admin import AdminClient
 from processor.config import Settings, load_settings
 from processor.envelope import Wakeup
 from processor.kafka_io import producer_config
+from processor.logs import read_stats
 from processor.migrate import migrate
 from processor.model import WorkflowDef, parse_workflow
 from processor.runner import Processor
@@ -204,11 +205,9 @@ class Spawned:
         return owned
 
     def final_stats(self) -> dict[str, Any]:
-        for line in reversed(self.log_lines()):
-            if line.get("msg") == "processor stopped":
-                stats: dict[str, Any] = line["stats"]
-                return stats
-        raise AssertionError(f"no final stats line in {self.log_path}")
+        stats = read_stats(self.log_path, final=True)
+        assert stats is not None, f"no final stats line in {self.log_path}"
+        return stats
 
 
 @pytest.fixture
