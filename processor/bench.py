@@ -521,8 +521,8 @@ class OtlpSink:
         self.server.shutdown()
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="ductor bench", description=__doc__)
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The benchmark's options, for `python -m processor.bench` and `ductor bench` alike."""
     parser.add_argument("--scale", type=float, default=1.0, help="multiply the run counts")
     parser.add_argument(
         "--hot-seconds", type=float, default=15.0, help="length of each hot-mix phase"
@@ -533,7 +533,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         default=0.2,
         help="hot-mix load as a fraction of one instance's peak (default 0.2)",
     )
-    args = parser.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="ductor bench", description=__doc__)
+    add_arguments(parser)
+    return run(parser.parse_args(argv))
+
+
+def run(args: argparse.Namespace) -> int:
     bench = Bench(load_settings(), args.scale)
     bench.setup()
     figures = Figures()

@@ -20,7 +20,8 @@ import orjson
 import psycopg
 from confluent_kafka import KafkaError, KafkaException, Producer
 
-from processor.bench import main as bench_main
+from processor.bench import add_arguments as add_bench_arguments
+from processor.bench import run as run_bench
 from processor.config import ConfigError, Settings, load_settings
 from processor.demo import run_demo
 from processor.dlq import DLQ_REASONS, DlqError, fetch_dead_letter, read_dead_letters, replay
@@ -233,7 +234,7 @@ def cmd_demo(settings: Settings, args: argparse.Namespace) -> int:
 
 
 def cmd_bench(settings: Settings, args: argparse.Namespace) -> int:
-    return bench_main(args.bench_args)
+    return run_bench(args)
 
 
 def cmd_dlq_list(settings: Settings, args: argparse.Namespace) -> int:
@@ -335,11 +336,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_demo)
 
     p = sub.add_parser("bench", help="the benchmark (same as `make bench`); prints figures")
-    p.add_argument(
-        "bench_args",
-        nargs=argparse.REMAINDER,
-        help="options of the benchmark (--scale, --hot-seconds)",
-    )
+    add_bench_arguments(p)
     p.set_defaults(func=cmd_bench)
 
     dlq = sub.add_parser("dlq", help="list and replay dead-lettered records")
