@@ -77,7 +77,7 @@ test: venv tools ## everything CI runs: infra up, lint, typecheck, all tests
 	exit $$status
 
 bench: setup ## the benchmark: prints throughput, ratios, latency and memory figures
-	$(PY) -m processor.bench
+	$(PY) -m processor.tools.bench
 
 demo: venv ## the live demo: infra, two processors, a worker, thousands of runs
 	$(VENV)/bin/ductor demo

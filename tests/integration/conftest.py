@@ -25,18 +25,19 @@ import pytest
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient
 
-from processor.config import Settings, load_settings
-from processor.envelope import Wakeup
-from processor.kafka_io import producer_config
-from processor.logs import read_stats
-from processor.migrate import migrate
-from processor.model import WorkflowDef, parse_workflow
-from processor.runner import Processor
-from processor.stats import Stats
-from processor.store import insert_runs, register_workflow
-from processor.telemetry import Telemetry
-from processor.topics import TopicNames, create_topics, desired_topics
-from processor.worker import Worker, sample_registry
+from processor.core.envelope import Wakeup
+from processor.core.model import WorkflowDef, parse_workflow
+from processor.core.routing import TopicNames
+from processor.core.stats import Stats
+from processor.engine.processor import Processor
+from processor.engine.worker import Worker, sample_registry
+from processor.io.config import Settings, load_settings
+from processor.io.kafka import producer_config
+from processor.io.logs import read_stats
+from processor.io.migrate import migrate
+from processor.io.store import insert_runs, register_workflow
+from processor.io.telemetry import Telemetry
+from processor.io.topics import create_topics, desired_topics
 
 pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parents[2]

@@ -21,12 +21,12 @@ import psycopg
 import pytest
 from confluent_kafka import Consumer, TopicPartition
 
-from processor.config import Settings
-from processor.dlq import DeadLetter, read_dead_letters
-from processor.kafka_io import normalise_headers
-from processor.model import parse_workflow
-from processor.store import insert_runs, register_workflow
-from processor.topics import TopicNames
+from processor.core.model import parse_workflow
+from processor.core.records import normalise_headers
+from processor.core.routing import TopicNames
+from processor.io.config import Settings
+from processor.io.dlq import DeadLetter, read_dead_letters
+from processor.io.store import insert_runs, register_workflow
 
 from .conftest import (
     REPO,

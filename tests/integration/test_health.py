@@ -15,11 +15,11 @@ from typing import Any
 import psycopg
 import pytest
 
-from processor.config import Settings
-from processor.health import HealthServer
-from processor.runner import Processor
-from processor.stats import Stats
-from processor.telemetry import Telemetry
+from processor.core.stats import Stats
+from processor.engine.health import HealthServer
+from processor.engine.processor import Processor
+from processor.io.config import Settings
+from processor.io.telemetry import Telemetry
 
 from .conftest import ProcessorThread, wait_for
 from .proxy import TcpProxy

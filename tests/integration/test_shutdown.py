@@ -14,8 +14,8 @@ from typing import Any
 import psycopg
 import pytest
 
-from processor.cli import start_runs
-from processor.config import Settings
+from processor.cli.main import start_runs
+from processor.io.config import Settings
 
 from .audit import assert_results_applied, assert_transitions_applied_once
 from .conftest import WorkerThread, count_terminal, run_statuses, wait_for

@@ -10,9 +10,9 @@ import psycopg
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 
-from processor.config import Settings
-from processor.migrate import migrate
-from processor.topics import create_topics
+from processor.io.config import Settings
+from processor.io.migrate import migrate
+from processor.io.topics import create_topics
 
 from .conftest import wait_for
 

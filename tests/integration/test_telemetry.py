@@ -17,12 +17,12 @@ from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode
 
-from processor.config import Settings
-from processor.envelope import Wakeup
-from processor.model import parse_workflow
-from processor.store import insert_runs
-from processor.telemetry import Telemetry
-from processor.topics import TopicNames
+from processor.core.envelope import Wakeup
+from processor.core.model import parse_workflow
+from processor.core.routing import TopicNames
+from processor.io.config import Settings
+from processor.io.store import insert_runs
+from processor.io.telemetry import Telemetry
 
 from .conftest import (
     SAMPLE,

@@ -16,7 +16,7 @@ from typing import Any
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 
-from processor.model import (
+from processor.core.model import (
     NodeStatus,
     RunState,
     RunStatus,
@@ -27,7 +27,7 @@ from processor.model import (
     initial_state,
     parse_workflow,
 )
-from processor.tick import Decision, force_fail, tick
+from processor.core.tick import Decision, force_fail, tick
 
 # Fast enough for the whole tests/unit suite to stay well under 30 s.
 FAST = settings(

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from processor.cli import build_parser
+from processor.cli.main import build_parser
 
 
 def test_bench_takes_the_benchmark_options() -> None:

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from processor.config import (
+from processor.io.config import (
     ConfigError,
     Settings,
     TierWeights,

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from processor.envelope import ENVELOPE_VERSION, REASONS, Rejected, Wakeup, decode_wakeup
+from processor.core.envelope import ENVELOPE_VERSION, REASONS, Rejected, Wakeup, decode_wakeup
 
 from .strategies import FAST
 

@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from processor.flow import PauseBook, TierQueues, TopicPartition
+from processor.core.flow import PauseBook, TierQueues, TopicPartition
 
 from .strategies import FAST
 

@@ -7,8 +7,8 @@ import logging
 import orjson
 from opentelemetry.sdk.trace import TracerProvider
 
-from processor.logs import JsonFormatter, TextFormatter
-from processor.telemetry import log_ids
+from processor.io.logs import JsonFormatter, TextFormatter
+from processor.io.telemetry import log_ids
 
 
 def _record(**extra: object) -> logging.LogRecord:

@@ -10,7 +10,7 @@ import orjson
 import pytest
 from hypothesis import given
 
-from processor.model import (
+from processor.core.model import (
     LoadedRun,
     NodeState,
     NodeStatus,

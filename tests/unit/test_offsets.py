@@ -14,7 +14,7 @@ from hypothesis.stateful import (
     rule,
 )
 
-from processor.offsets import OffsetTracker, TopicPartition
+from processor.core.offsets import OffsetTracker, TopicPartition
 
 from .strategies import FAST
 

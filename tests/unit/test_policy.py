@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from processor.policy import (
+from processor.core.policy import (
     IN_PROCESS_BACKOFF_MS,
     MAX_IN_PROCESS_ATTEMPTS,
     ForceFail,
@@ -14,7 +14,7 @@ from processor.policy import (
     after_exhausted_conflicts,
     retry_wait_ms,
 )
-from processor.topics import DELAY_RUNGS_MS
+from processor.core.routing import DELAY_RUNGS_MS
 
 from .strategies import FAST
 

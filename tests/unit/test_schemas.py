@@ -13,8 +13,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 from jsonschema import Draft202012Validator
 
-from processor.envelope import REASONS, Rejected, Wakeup, decode_wakeup
-from processor.model import ValidationError, parse_workflow, workflow_to_json
+from processor.core.envelope import REASONS, Rejected, Wakeup, decode_wakeup
+from processor.core.model import ValidationError, parse_workflow, workflow_to_json
 
 from .strategies import QUICK, workflow_json
 

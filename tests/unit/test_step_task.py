@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from processor.model import ValidationError
-from processor.step_task import STEP_TASK_VERSION, StepTask, decode_step_task
+from processor.core.model import ValidationError
+from processor.core.step_task import STEP_TASK_VERSION, StepTask, decode_step_task
 
 from .strategies import FAST
 

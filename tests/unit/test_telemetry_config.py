@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from processor.telemetry import Telemetry
+from processor.io.telemetry import Telemetry
 
 
 def test_without_otel_variables_or_a_metrics_port_telemetry_is_a_no_op(

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from processor.model import (
+from processor.core.model import (
     NodeState,
     NodeStatus,
     RunState,
@@ -18,7 +18,7 @@ from processor.model import (
     initial_state,
     parse_workflow,
 )
-from processor.tick import NOOP, Decision, Dispatch, force_fail, tick
+from processor.core.tick import NOOP, Decision, Dispatch, force_fail, tick
 
 OK = StepOutcome.SUCCEEDED
 FAIL = StepOutcome.FAILED

@@ -11,7 +11,7 @@ import orjson
 from hypothesis import event, given
 from hypothesis import strategies as st
 
-from processor.model import (
+from processor.core.model import (
     NodeStatus,
     RunState,
     RunStatus,
@@ -23,7 +23,7 @@ from processor.model import (
     state_checksum,
     state_from_row,
 )
-from processor.tick import NOOP, Decision, tick
+from processor.core.tick import NOOP, Decision, tick
 
 from .strategies import (
     FAST,

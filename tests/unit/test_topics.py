@@ -6,15 +6,15 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from processor.config import Settings
-from processor.topics import (
+from processor.core.routing import (
     DELAY_RUNGS_MS,
     TIERS,
     TopicNames,
-    desired_topics,
     requeue_delay_ms,
     rung_for_delay,
 )
+from processor.io.config import Settings
+from processor.io.topics import desired_topics
 
 from .strategies import FAST
 

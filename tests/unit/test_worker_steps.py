@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
-from processor.model import StepOutcome
-from processor.step_task import StepTask
-from processor.worker import StepContext, StepFailed, StepRegistry, execute_step, sample_registry
+from processor.core.model import StepOutcome
+from processor.core.step_task import StepTask
+from processor.engine.worker import (
+    StepContext,
+    StepFailed,
+    StepRegistry,
+    execute_step,
+    sample_registry,
+)
 
 
 def _task(step_type: str, attempt: int = 1) -> StepTask:

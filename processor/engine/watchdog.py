@@ -18,14 +18,14 @@ from typing import TYPE_CHECKING, Any
 
 import psycopg
 
-from processor.config import Settings
-from processor.envelope import Wakeup
-from processor.kafka_io import partition_for
-from processor.stats import Outcome
-from processor.store import sweep_due, sweep_stuck
+from processor.core.envelope import Wakeup
+from processor.core.outcomes import Outcome
+from processor.core.routing import partition_for
+from processor.io.config import Settings
+from processor.io.store import sweep_due, sweep_stuck
 
 if TYPE_CHECKING:
-    from processor.runner import Processor
+    from processor.engine.processor import Processor
 
 log = logging.getLogger("ductor.watchdog")
 

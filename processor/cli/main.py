@@ -20,20 +20,22 @@ import orjson
 import psycopg
 from confluent_kafka import KafkaError, KafkaException, Producer
 
-from processor.bench import add_arguments as add_bench_arguments
-from processor.bench import run as run_bench
-from processor.config import ConfigError, Settings, load_settings
-from processor.demo import run_demo
-from processor.dlq import DLQ_REASONS, DlqError, fetch_dead_letter, read_dead_letters, replay
-from processor.envelope import Wakeup
-from processor.kafka_io import choose_partition, partition_for, producer_config, topic_partitions
-from processor.logs import setup_logging
-from processor.migrate import migrate
-from processor.model import SignalKind, ValidationError, parse_workflow, state_checksum
-from processor.runner import Processor
-from processor.store import Definitions, insert_runs, insert_signal, load_runs, register_workflow
-from processor.topics import TIERS, TopicNames, create_topics
-from processor.worker import Worker, sample_registry
+from processor.core.envelope import Wakeup
+from processor.core.model import SignalKind, ValidationError, parse_workflow, state_checksum
+from processor.core.outcomes import DLQ_REASONS
+from processor.core.routing import TIERS, TopicNames, partition_for
+from processor.engine.processor import Processor
+from processor.engine.worker import Worker, sample_registry
+from processor.io.config import ConfigError, Settings, load_settings
+from processor.io.dlq import DlqError, fetch_dead_letter, read_dead_letters, replay
+from processor.io.kafka import choose_partition, producer_config, topic_partitions
+from processor.io.logs import setup_logging
+from processor.io.migrate import migrate
+from processor.io.store import Definitions, insert_runs, insert_signal, load_runs, register_workflow
+from processor.io.topics import create_topics
+from processor.tools.bench import add_arguments as add_bench_arguments
+from processor.tools.bench import run as run_bench
+from processor.tools.demo import run_demo
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 

@@ -7,48 +7,16 @@ from __future__ import annotations
 import random
 import time
 from collections.abc import Callable, Sequence
-from typing import Any, Protocol
+from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, Producer
 from confluent_kafka.admin import AdminClient
 
-from processor.config import Settings
-from processor.store import run_shard
+from processor.core.records import Headers
+from processor.core.routing import partition_for
+from processor.io.config import Settings
 
-Headers = list[tuple[str, bytes]]
 DeliveryCallback = Callable[[KafkaError | None], None]
-
-
-class KafkaMessage(Protocol):
-    """What the processor reads from a consumed record (unit tests build plain fakes of it)."""
-
-    def topic(self) -> str | None: ...
-    def partition(self) -> int | None: ...
-    def offset(self) -> int | None: ...
-    def key(self) -> bytes | None: ...
-    def value(self) -> bytes | None: ...
-    def headers(
-        self,
-    ) -> list[tuple[str, str | bytes | None]] | dict[str, str | bytes | None] | None: ...
-    def error(self) -> KafkaError | None: ...
-    def timestamp(self) -> tuple[int, int]: ...
-
-
-def normalise_headers(message: KafkaMessage) -> Headers:
-    """A record's headers as (name, bytes) pairs, whatever form the client returned."""
-    raw = message.headers() or []
-    pairs = raw.items() if isinstance(raw, dict) else raw
-    return [(k, v.encode() if isinstance(v, str) else (v or b"")) for k, v in pairs]
-
-
-def partition_for(run_id: str, partitions: int) -> int:
-    """The partition of a run's records on a topic of ``partitions`` partitions.
-
-    Every producer of wakeups (start, workers, requeues, sweeps) uses this, so a run's wakeups
-    meet on one partition and coalesce in one instance's batch, while the Kafka key stays
-    ``run_id:attempt``.
-    """
-    return run_shard(run_id) % partitions
 
 
 def choose_partition(run_id: str, partitions: int, by_run: bool) -> int:

@@ -38,7 +38,7 @@ from opentelemetry.trace import Link, Span, SpanKind, Status, StatusCode, Tracer
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 from prometheus_client import start_http_server
 
-from processor.stats import Stats
+from processor.core.stats import Stats
 
 Headers = list[tuple[str, bytes]]
 _PROPAGATOR = TraceContextTextMapPropagator()

@@ -15,28 +15,17 @@ from typing import Any
 from confluent_kafka import KafkaError
 from opentelemetry.trace import Span
 
-from processor.dlq import dead_letter_headers
-from processor.envelope import Wakeup
-from processor.kafka_io import Headers, Outbox, choose_partition
-from processor.offsets import OffsetTracker, TopicPartition
-from processor.stats import Outcome, Stats
-from processor.telemetry import Telemetry, end_ok, log_ids
-from processor.topics import TopicNames
+from processor.core.dead_letters import dead_letter_headers
+from processor.core.envelope import Wakeup
+from processor.core.offsets import OffsetTracker
+from processor.core.outcomes import Outcome
+from processor.core.records import Headers, Inbound
+from processor.core.routing import TopicNames
+from processor.core.stats import Stats
+from processor.io.kafka import Outbox, choose_partition
+from processor.io.telemetry import Telemetry, end_ok, log_ids
 
 log = logging.getLogger("ductor.effects")
-
-
-@dataclass
-class Inbound:
-    """A consumed record, kept with what is needed to dead-letter it or store its offset."""
-
-    tp: TopicPartition
-    offset: int
-    key: bytes | None
-    value: bytes | None
-    headers: Headers
-    tier: str
-    wakeup: Wakeup | None = None
 
 
 @dataclass

@@ -20,41 +20,20 @@ from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 
-from processor.config import Settings
-from processor.envelope import Rejected, decode_wakeup
-from processor.kafka_io import Headers, normalise_headers, partition_for, producer_config
-from processor.topics import TopicNames
-
-DLQ_HEADER_PREFIX = "ductor.dlq."
-REASON, DETAIL, SOURCE_TOPIC, SOURCE_PARTITION, SOURCE_OFFSET = (
-    f"{DLQ_HEADER_PREFIX}{name}" for name in ("reason", "detail", "topic", "partition", "offset")
+from processor.core.dead_letters import (
+    DETAIL,
+    DLQ_HEADER_PREFIX,
+    REASON,
+    SOURCE_OFFSET,
+    SOURCE_PARTITION,
+    SOURCE_TOPIC,
 )
+from processor.core.envelope import Rejected, decode_wakeup
+from processor.core.records import Headers, normalise_headers
+from processor.core.routing import TopicNames, partition_for
+from processor.io.config import Settings
+from processor.io.kafka import producer_config
 
-
-def dead_letter_headers(
-    original: Headers, reason: str, detail: str, topic: str, partition: int, offset: int
-) -> Headers:
-    """The headers of a dead letter: the record's own, then why and where it came from."""
-    return [
-        *original,
-        (REASON, reason.encode()),
-        (DETAIL, detail.encode()[:1000]),
-        (SOURCE_TOPIC, topic.encode()),
-        (SOURCE_PARTITION, str(partition).encode()),
-        (SOURCE_OFFSET, str(offset).encode()),
-    ]
-
-
-# Every reason the processor dead-letters with (envelope.py and coordinator.py).
-DLQ_REASONS = (
-    "not_json",
-    "wrong_schema",
-    "unknown_envelope_version",
-    "oversize",
-    "unknown_run",
-    "unknown_workflow",
-    "checksum_mismatch",
-)
 _READ_TIMEOUT_S = 30.0
 
 

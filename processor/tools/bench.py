@@ -32,7 +32,23 @@ import psycopg
 from confluent_kafka import Consumer, Producer
 from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 
-from processor.bench_support import (
+from processor.core.envelope import Wakeup, decode_wakeup
+from processor.core.model import LoadedRun, WorkflowDef, parse_workflow
+from processor.core.routing import TopicNames
+from processor.core.tick import tick
+from processor.io.config import Settings, load_settings
+from processor.io.kafka import choose_partition, producer_config
+from processor.io.migrate import migrate
+from processor.io.store import (
+    Commit,
+    Definitions,
+    commit_batch,
+    insert_runs,
+    load_runs,
+    register_workflow,
+)
+from processor.io.topics import create_topics, desired_topics
+from processor.tools.bench_support import (
     Figures,
     OtlpSink,
     final_stats,
@@ -42,23 +58,8 @@ from processor.bench_support import (
     report,
     stop,
 )
-from processor.config import Settings, load_settings
-from processor.envelope import Wakeup, decode_wakeup
-from processor.kafka_io import choose_partition, producer_config
-from processor.migrate import migrate
-from processor.model import LoadedRun, WorkflowDef, parse_workflow
-from processor.store import (
-    Commit,
-    Definitions,
-    commit_batch,
-    insert_runs,
-    load_runs,
-    register_workflow,
-)
-from processor.tick import tick
-from processor.topics import TopicNames, create_topics, desired_topics
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _workflow(name: str, steps: int, chain: bool = False) -> WorkflowDef:

@@ -14,7 +14,7 @@ from typing import Any
 
 from confluent_kafka import Producer
 
-from processor.logs import read_stats
+from processor.io.logs import read_stats
 
 
 def produce(

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from processor.topics import requeue_delay_ms
+from processor.core.routing import requeue_delay_ms
 
 # Wait before in-process attempt k+1 (k from 0): the first attempt is immediate.
 IN_PROCESS_BACKOFF_MS = (0, 10, 20, 40, 1000)

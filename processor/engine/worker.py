@@ -25,20 +25,19 @@ import orjson
 import psycopg
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
-from processor.config import Settings
-from processor.envelope import Wakeup
-from processor.kafka_io import (
-    Headers,
+from processor.core.envelope import Wakeup
+from processor.core.model import StepOutcome, ValidationError
+from processor.core.records import Headers, normalise_headers
+from processor.core.routing import TopicNames
+from processor.core.step_task import StepTask, decode_step_task
+from processor.io.config import Settings
+from processor.io.kafka import (
     choose_partition,
     group_protocol_config,
-    normalise_headers,
     producer_config,
     topic_partitions,
 )
-from processor.model import StepOutcome, ValidationError
-from processor.step_task import StepTask, decode_step_task
-from processor.store import insert_step_result
-from processor.topics import TopicNames
+from processor.io.store import insert_step_result
 
 log = logging.getLogger("ductor.worker")
 

@@ -26,7 +26,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from processor.model import (
+from processor.core.model import (
     NodeState,
     NodeStatus,
     RunState,

@@ -16,7 +16,7 @@ import orjson
 import psycopg
 from psycopg.types.json import set_json_loads
 
-from processor.model import (
+from processor.core.model import (
     LoadedRun,
     RunState,
     SignalKind,

@@ -26,16 +26,17 @@ import psycopg
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient
 
-from processor.config import Settings
-from processor.envelope import Wakeup
-from processor.kafka_io import partition_for, producer_config, topic_partitions
-from processor.logs import read_stats
-from processor.migrate import migrate
-from processor.model import SignalKind, WorkflowDef, parse_workflow
-from processor.store import insert_runs, insert_signal, register_workflow
-from processor.topics import TopicNames, create_topics
+from processor.core.envelope import Wakeup
+from processor.core.model import SignalKind, WorkflowDef, parse_workflow
+from processor.core.routing import TopicNames, partition_for
+from processor.io.config import Settings
+from processor.io.kafka import producer_config, topic_partitions
+from processor.io.logs import read_stats
+from processor.io.migrate import migrate
+from processor.io.store import insert_runs, insert_signal, register_workflow
+from processor.io.topics import create_topics
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 SAMPLE = REPO / "schemas" / "workflows" / "sample.json"
 FAILING = parse_workflow(
     {

@@ -19,16 +19,6 @@ _HISTOGRAMS = {
 }
 
 
-class Outcome:
-    COMMITTED = "committed"
-    NOOP = "noop"
-    CONFLICT = "conflict"
-    REQUEUED = "requeued"
-    FORCE_FAILED = "force_failed"
-    DEAD_LETTERED = "dead_lettered"
-    ERROR = "error"
-
-
 @dataclass
 class Reservoir:
     """The last ``capacity`` samples (ms): enough for percentiles without unbounded memory."""
@@ -85,12 +75,12 @@ class Stats:
         """Totals for logs and reports (no run ids: those stay in the hot-runs log line)."""
         return {
             "records": self.records,
-            "ticks": dict(self.ticks),
+            "ticks": _plain(self.ticks),
             "conflicts": self.conflicts,
-            "errors": dict(self.errors),
+            "errors": _plain(self.errors),
             "requeues": {str(k): v for k, v in sorted(self.requeues.items())},
-            "force_fails": dict(self.force_fails),
-            "dead_letters": dict(self.dead_letters),
+            "force_fails": _plain(self.force_fails),
+            "dead_letters": _plain(self.dead_letters),
             "commit_attempts": self.commit_attempts,
             "latency_ms": {
                 name: dict(zip(("p50", "p99"), reservoir.percentiles(50, 99), strict=True))
@@ -122,3 +112,8 @@ class Stats:
         hot = self.hot_runs.most_common(n)
         self.hot_runs.clear()
         return hot
+
+
+def _plain(counter: Counter[str]) -> dict[str, int]:
+    """Counts keyed by plain strings (outcome enums are str subclasses, which JSON refuses)."""
+    return {str(k): n for k, n in counter.items()}

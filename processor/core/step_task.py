@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import orjson
 
-from processor.model import ValidationError
+from processor.core.model import ValidationError
 
 STEP_TASK_VERSION = 1
 

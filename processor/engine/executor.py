@@ -31,13 +31,17 @@ from typing import Any
 
 import psycopg
 
-from processor.effects import Effects, Inbound, RunWork
-from processor.envelope import Wakeup
-from processor.model import LoadedRun
-from processor.policy import ForceFail, Requeue, after_exhausted_conflicts, retry_wait_ms
-from processor.stats import Outcome, Stats
-from processor.step_task import StepTask
-from processor.store import (
+from processor.core.envelope import Wakeup
+from processor.core.model import LoadedRun
+from processor.core.outcomes import Outcome
+from processor.core.policy import ForceFail, Requeue, after_exhausted_conflicts, retry_wait_ms
+from processor.core.records import Inbound
+from processor.core.routing import TopicNames, rung_for_delay
+from processor.core.stats import Stats
+from processor.core.step_task import StepTask
+from processor.core.tick import Decision, force_fail, tick
+from processor.engine.effects import Effects, RunWork
+from processor.io.store import (
     Commit,
     Definitions,
     UnknownWorkflow,
@@ -46,9 +50,7 @@ from processor.store import (
     force_fail_write,
     load_runs,
 )
-from processor.telemetry import end_error, log_ids, now_ns
-from processor.tick import Decision, force_fail, tick
-from processor.topics import TopicNames, rung_for_delay
+from processor.io.telemetry import end_error, log_ids, now_ns
 
 __all__ = ["Coordinator", "Inbound", "RunWork"]
 

@@ -17,26 +17,20 @@ from typing import Any
 import psycopg
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 
-from processor.config import Settings
-from processor.coordinator import Coordinator
-from processor.effects import Effects, Inbound, RunWork
-from processor.envelope import Rejected, decode_wakeup
-from processor.flow import PauseBook, TierQueues
-from processor.health import start_health_server
-from processor.kafka_io import (
-    KafkaMessage,
-    Outbox,
-    consumer_config,
-    normalise_headers,
-    producer_config,
-    topic_partitions,
-)
-from processor.offsets import OffsetTracker
-from processor.stats import Stats
-from processor.store import use_orjson
-from processor.telemetry import Telemetry
-from processor.topics import TopicNames
-from processor.watchdog import Watchdog
+from processor.core.envelope import Rejected, decode_wakeup
+from processor.core.flow import PauseBook, TierQueues
+from processor.core.offsets import OffsetTracker
+from processor.core.records import Inbound, KafkaMessage, normalise_headers
+from processor.core.routing import TopicNames
+from processor.core.stats import Stats
+from processor.engine.effects import Effects, RunWork
+from processor.engine.executor import Coordinator
+from processor.engine.health import start_health_server
+from processor.engine.watchdog import Watchdog
+from processor.io.config import Settings
+from processor.io.kafka import Outbox, consumer_config, producer_config, topic_partitions
+from processor.io.store import use_orjson
+from processor.io.telemetry import Telemetry
 
 log = logging.getLogger("ductor.processor")
 

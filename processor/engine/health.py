@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 import psycopg
 
 if TYPE_CHECKING:
-    from processor.runner import Processor
+    from processor.engine.processor import Processor
 
 log = logging.getLogger("ductor.health")
 

@@ -1,14 +1,12 @@
-"""Topic names, the delay ladder, and idempotent topic creation with the admin client."""
+"""Where records go: topic names, the priority tiers, the delay ladder, and a run's partition.
+
+All of it is naming and arithmetic. Creating the topics is the shell's job (io/topics.py).
+"""
 
 from __future__ import annotations
 
+import zlib
 from dataclasses import dataclass
-
-from confluent_kafka import KafkaError, KafkaException
-from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
-
-from processor.config import Settings
-from processor.kafka_io import topic_partitions
 
 TIERS = ("t0", "t1", "t2")
 # The backoff ladder of the seed: 100 ms * 2^n, capped at 10 s. One topic per rung keeps due
@@ -35,6 +33,21 @@ def rung_for_delay(delay_ms: int) -> int:
         if rung <= delay_ms:
             chosen = rung
     return chosen
+
+
+def run_shard(run_id: str) -> int:
+    """A stable hash of the run id: it picks the run's wakeup partition and its sweep shard."""
+    return zlib.crc32(run_id.encode())
+
+
+def partition_for(run_id: str, partitions: int) -> int:
+    """The partition of a run's records on a topic of ``partitions`` partitions.
+
+    Every producer of wakeups (start, workers, requeues, sweeps) uses this, so a run's wakeups
+    meet on one partition and coalesce in one instance's batch, while the Kafka key stays
+    ``run_id:attempt``.
+    """
+    return run_shard(run_id) % partitions
 
 
 @dataclass(frozen=True)
@@ -80,51 +93,3 @@ class TopicNames:
 
     def rung_of(self, topic: str) -> int:
         return int(topic.rsplit(".", 1)[1])
-
-
-def desired_topics(settings: Settings) -> dict[str, int]:
-    """Every topic the system uses, with its partition count from the configuration."""
-    names = TopicNames(settings.topic_prefix)
-    topics = dict.fromkeys(names.wakeup_topics(), settings.wakeup_partitions)
-    topics.update(dict.fromkeys(names.delay_topics(), settings.delay_partitions))
-    topics[names.steps] = settings.step_partitions
-    topics[names.dlq] = settings.dlq_partitions
-    return topics
-
-
-def create_topics(settings: Settings, timeout_s: float = 30.0) -> dict[str, str]:
-    """Create missing topics; report 'created' or 'exists' per topic. Idempotent.
-
-    A topic that exists with fewer partitions than configured is reported, not altered:
-    adding partitions moves runs between partitions, which an operator should decide.
-    """
-    admin = AdminClient(dict(settings.kafka_common()))
-    wanted = desired_topics(settings)
-    existing = admin.list_topics(timeout=timeout_s).topics
-    report: dict[str, str] = {}
-    to_create: list[NewTopic] = []
-    for topic, partitions in wanted.items():
-        if topic in existing:
-            have = len(existing[topic].partitions)
-            report[topic] = "exists" if have >= partitions else f"exists with {have} partitions"
-        else:
-            to_create.append(
-                NewTopic(
-                    topic, num_partitions=partitions, replication_factor=settings.replication_factor
-                )
-            )
-    futures = admin.create_topics(to_create, operation_timeout=timeout_s) if to_create else {}
-    for topic, future in futures.items():
-        try:
-            future.result(timeout=timeout_s)
-            report[topic] = "created"
-        except KafkaException as exc:
-            error = exc.args[0]
-            if isinstance(error, KafkaError) and error.code() == KafkaError.TOPIC_ALREADY_EXISTS:
-                report[topic] = "exists"
-            else:
-                raise
-    # Return only once every topic is in the metadata, so a client started right after this
-    # (a processor, a test) finds them all.
-    topic_partitions(admin, list(wanted), timeout_s)
-    return dict(sorted(report.items()))

@@ -1,0 +1,44 @@
+"""The names the processor counts, traces and dead-letters with: one owner for each.
+
+To add an outcome or a dead-letter reason, add a member here; the counters, the span
+attribute ``ductor.outcome``, the metrics and `ductor dlq list --reason` all take it from here.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class Outcome(StrEnum):
+    """What became of one attempt at a run's wakeups (``ductor.outcome``)."""
+
+    COMMITTED = "committed"  # the tick's new state was written
+    NOOP = "noop"  # the tick changed nothing: nothing written
+    CONFLICT = "conflict"  # lost a version race: retried, never an error
+    REQUEUED = "requeued"  # in-process retries used up: sent to the delay ladder
+    FORCE_FAILED = "force_failed"  # livelock or stuck: failed through the terminal path
+    DEAD_LETTERED = "dead_lettered"  # a record that cannot be processed went to the DLQ
+    HOPPED = "hopped"  # a timer came due on a rung before its target and went on
+    ERROR = "error"  # a genuine failure (the database unreachable): retried
+
+
+class DeadLetterReason(StrEnum):
+    """Why a record went to the dead-letter topic (header ``ductor.dlq.reason``)."""
+
+    NOT_JSON = "not_json"
+    WRONG_SCHEMA = "wrong_schema"
+    UNKNOWN_ENVELOPE_VERSION = "unknown_envelope_version"
+    OVERSIZE = "oversize"
+    UNKNOWN_RUN = "unknown_run"
+    UNKNOWN_WORKFLOW = "unknown_workflow"
+    CHECKSUM_MISMATCH = "checksum_mismatch"
+
+
+DLQ_REASONS = tuple(r.value for r in DeadLetterReason)
+
+
+class ForceFailReason(StrEnum):
+    """Why a run was force-failed (``ductor.reason``, ``ductor.force_fails``)."""
+
+    LIVELOCK = "livelock"  # kept conflicting without progress
+    STUCK = "stuck"  # no transition for longer than DUCTOR_STUCK_AFTER_S

@@ -1,0 +1,54 @@
+"""Consumed records as the core sees them: a Protocol of the client's message (so tests build
+plain fakes of a *message*, never of the broker), headers, and the record kept while in flight.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+from processor.core.envelope import Wakeup
+
+Headers = list[tuple[str, bytes]]
+TopicPartition = tuple[str, int]
+
+
+class ClientError(Protocol):
+    """The part of the client's error object the processor reads."""
+
+    def code(self) -> int: ...
+    def str(self) -> str: ...
+
+
+class KafkaMessage(Protocol):
+    """What the processor reads from a consumed record."""
+
+    def topic(self) -> str | None: ...
+    def partition(self) -> int | None: ...
+    def offset(self) -> int | None: ...
+    def key(self) -> bytes | None: ...
+    def value(self) -> bytes | None: ...
+    def headers(
+        self,
+    ) -> list[tuple[str, str | bytes | None]] | dict[str, str | bytes | None] | None: ...
+    def error(self) -> ClientError | None: ...
+
+
+def normalise_headers(message: KafkaMessage) -> Headers:
+    """A record's headers as (name, bytes) pairs, whatever form the client returned."""
+    raw = message.headers() or []
+    pairs = raw.items() if isinstance(raw, dict) else raw
+    return [(k, v.encode() if isinstance(v, str) else (v or b"")) for k, v in pairs]
+
+
+@dataclass
+class Inbound:
+    """A consumed record, kept with what is needed to dead-letter it or store its offset."""
+
+    tp: TopicPartition
+    offset: int
+    key: bytes | None
+    value: bytes | None
+    headers: Headers
+    tier: str
+    wakeup: Wakeup | None = None

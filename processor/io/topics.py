@@ -1,0 +1,58 @@
+"""Idempotent topic creation with the admin client (the names are in core/routing.py)."""
+
+from __future__ import annotations
+
+from confluent_kafka import KafkaError, KafkaException
+from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
+
+from processor.core.routing import TopicNames
+from processor.io.config import Settings
+from processor.io.kafka import topic_partitions
+
+
+def desired_topics(settings: Settings) -> dict[str, int]:
+    """Every topic the system uses, with its partition count from the configuration."""
+    names = TopicNames(settings.topic_prefix)
+    topics = dict.fromkeys(names.wakeup_topics(), settings.wakeup_partitions)
+    topics.update(dict.fromkeys(names.delay_topics(), settings.delay_partitions))
+    topics[names.steps] = settings.step_partitions
+    topics[names.dlq] = settings.dlq_partitions
+    return topics
+
+
+def create_topics(settings: Settings, timeout_s: float = 30.0) -> dict[str, str]:
+    """Create missing topics; report 'created' or 'exists' per topic. Idempotent.
+
+    A topic that exists with fewer partitions than configured is reported, not altered:
+    adding partitions moves runs between partitions, which an operator should decide.
+    """
+    admin = AdminClient(dict(settings.kafka_common()))
+    wanted = desired_topics(settings)
+    existing = admin.list_topics(timeout=timeout_s).topics
+    report: dict[str, str] = {}
+    to_create: list[NewTopic] = []
+    for topic, partitions in wanted.items():
+        if topic in existing:
+            have = len(existing[topic].partitions)
+            report[topic] = "exists" if have >= partitions else f"exists with {have} partitions"
+        else:
+            to_create.append(
+                NewTopic(
+                    topic, num_partitions=partitions, replication_factor=settings.replication_factor
+                )
+            )
+    futures = admin.create_topics(to_create, operation_timeout=timeout_s) if to_create else {}
+    for topic, future in futures.items():
+        try:
+            future.result(timeout=timeout_s)
+            report[topic] = "created"
+        except KafkaException as exc:
+            error = exc.args[0]
+            if isinstance(error, KafkaError) and error.code() == KafkaError.TOPIC_ALREADY_EXISTS:
+                report[topic] = "exists"
+            else:
+                raise
+    # Return only once every topic is in the metadata, so a client started right after this
+    # (a processor, a test) finds them all.
+    topic_partitions(admin, list(wanted), timeout_s)
+    return dict(sorted(report.items()))
