@@ -12,6 +12,8 @@ from typing import Any
 
 import orjson
 
+from processor.core.outcomes import DeadLetterReason
+
 ENVELOPE_VERSION = 1
 MAX_RUN_ID_LENGTH = 200
 REASONS = frozenset({"start", "step_result", "signal", "timer", "requeue", "sweep", "replay"})
@@ -63,34 +65,41 @@ class Wakeup:
 class Rejected:
     """Why a record cannot be processed; ``reason`` is the dead-letter reason code."""
 
-    reason: str
+    reason: DeadLetterReason
     detail: str
 
 
 def decode_wakeup(value: bytes | None, max_bytes: int) -> Wakeup | Rejected:
     if value is None:
-        return Rejected("wrong_schema", "record has no value (tombstone)")
+        return Rejected(DeadLetterReason.WRONG_SCHEMA, "record has no value (tombstone)")
     if len(value) > max_bytes:
         return Rejected(
-            "oversize", f"record of {len(value)} bytes exceeds the limit of {max_bytes}"
+            DeadLetterReason.OVERSIZE,
+            f"record of {len(value)} bytes exceeds the limit of {max_bytes}",
         )
     try:
         raw = orjson.loads(value)
     except orjson.JSONDecodeError as exc:
-        return Rejected("not_json", f"value is not JSON: {exc}")
+        return Rejected(DeadLetterReason.NOT_JSON, f"value is not JSON: {exc}")
     if not isinstance(raw, dict):
-        return Rejected("wrong_schema", f"expected a JSON object, got {type(raw).__name__}")
+        return Rejected(
+            DeadLetterReason.WRONG_SCHEMA, f"expected a JSON object, got {type(raw).__name__}"
+        )
     version = raw.get("envelope_version")
     is_number = isinstance(version, int | float) and not isinstance(version, bool)
     if not is_number or version != ENVELOPE_VERSION:  # 1.0 is 1, as in the JSON schema
         if is_number:
             return Rejected(
-                "unknown_envelope_version", f"envelope_version {version} is not supported"
+                DeadLetterReason.UNKNOWN_ENVELOPE_VERSION,
+                f"envelope_version {version} is not supported",
             )
-        return Rejected("wrong_schema", f"envelope_version must be the integer {ENVELOPE_VERSION}")
+        return Rejected(
+            DeadLetterReason.WRONG_SCHEMA,
+            f"envelope_version must be the integer {ENVELOPE_VERSION}",
+        )
     problem = _schema_problem(raw)
     if problem is not None:
-        return Rejected("wrong_schema", problem)
+        return Rejected(DeadLetterReason.WRONG_SCHEMA, problem)
     return Wakeup(
         run_id=raw["run_id"],
         reason=raw["reason"],

@@ -355,7 +355,7 @@ class LoadedRun:
     """A run as loaded from the store, with everything its tick may read."""
 
     run_id: str
-    workflow: tuple[str, int]
+    wf: WorkflowDef
     state: RunState
     version: int
     tier: str
@@ -368,3 +368,19 @@ class LoadedRun:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "checksum_ok", self.stored_checksum == state_checksum(self.state))
+
+    @property
+    def workflow(self) -> tuple[str, int]:
+        return self.wf.key
+
+
+class UnknownWorkflow(LookupError):
+    """A run row names a workflow version that is not registered."""
+
+
+class UnreadableRun(ValueError):
+    """A run row whose state does not parse (changed out of band)."""
+
+
+# What loading one run id can give: the run, or why it cannot be ticked (absent: no such run).
+Loaded = LoadedRun | UnknownWorkflow | UnreadableRun

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from processor.core.outcomes import ForceFailReason
 from processor.core.routing import requeue_delay_ms
 
 # Wait before in-process attempt k+1 (k from 0): the first attempt is immediate.
@@ -41,7 +42,7 @@ class Requeue:
 
 @dataclass(frozen=True)
 class ForceFail:
-    reason: str
+    reason: ForceFailReason
     requeues: int
 
 
@@ -57,7 +58,7 @@ def after_exhausted_conflicts(
     progressed = observed_seq is None or current_seq != observed_seq
     non_progressing = 0 if progressed else requeue_count
     if non_progressing >= livelock_requeues:
-        return ForceFail(reason="livelock", requeues=non_progressing)
+        return ForceFail(reason=ForceFailReason.LIVELOCK, requeues=non_progressing)
     return Requeue(
         requeue_count=non_progressing + 1,
         attempt=attempt + 1,

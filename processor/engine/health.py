@@ -18,19 +18,30 @@ import json
 import logging
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import psycopg
 
-if TYPE_CHECKING:
-    from processor.engine.processor import Processor
+from processor.io import store
 
 log = logging.getLogger("ductor.health")
 
 _DB_CHECK_INTERVAL_S = 2.0
 _DB_CONNECT_TIMEOUT_S = 2
+
+
+@dataclass
+class Probe:
+    """What the endpoints read of one instance; its poll loop keeps it up to date (plain
+    attribute writes, read without a lock: a probe sees a value at most a turn old)."""
+
+    instance_id: str
+    last_loop_at: float = field(default_factory=time.monotonic)
+    assigned_partitions: int = 0
+    stopping: bool = False
+    database_ok: bool = True  # False after a batch failed on a database error
 
 
 @dataclass(frozen=True)
@@ -44,17 +55,20 @@ class Verdict:
 
 
 class HealthServer:
-    """Serves /healthz and /readyz for ``processor`` on ``port`` (0: any free port)."""
+    """Serves /healthz and /readyz for the instance behind ``probe`` on ``port`` (0: any free
+    port); the database check connects to ``dsn`` on its own thread."""
 
     def __init__(
         self,
-        processor: Processor,
+        probe: Probe,
+        dsn: str,
         port: int,
         host: str = "0.0.0.0",
         stall_s: float = 30.0,
         db_check_interval_s: float = _DB_CHECK_INTERVAL_S,
     ) -> None:
-        self._processor = processor
+        self._probe = probe
+        self._dsn = dsn
         self._stall_s = stall_s
         self._interval_s = db_check_interval_s
         self._db_problem: str | None = "not checked yet"
@@ -87,7 +101,7 @@ class HealthServer:
     # -- verdicts ----------------------------------------------------------------------------
 
     def liveness(self) -> Verdict:
-        age = time.monotonic() - self._processor.last_loop_at
+        age = time.monotonic() - self._probe.last_loop_at
         ok = age <= self._stall_s
         body: dict[str, Any] = {"status": "ok" if ok else "stalled", "last_loop_age_s": age}
         if not ok:
@@ -95,21 +109,21 @@ class HealthServer:
         return Verdict(ok, body)
 
     def readiness(self) -> Verdict:
-        processor = self._processor
+        probe = self._probe
         problems: list[str] = []
-        if processor.stopping:
+        if probe.stopping:
             problems.append("shutting down")
         if not self.liveness().ok:
             problems.append("the poll loop is stalled")
-        assigned = len(processor.assigned)
+        assigned = probe.assigned_partitions
         if assigned == 0:
             problems.append("no partitions assigned")
-        if not processor.coordinator.db_healthy:
+        if not probe.database_ok:
             problems.append("the last batch failed on a database error")
         problems += self._db_problems()
         body: dict[str, Any] = {
             "status": "ready" if not problems else "not ready",
-            "instance": processor.instance_id,
+            "instance": probe.instance_id,
             "assigned_partitions": assigned,
         }
         if problems:
@@ -133,12 +147,8 @@ class HealthServer:
             while not self._stop.is_set():
                 try:
                     if conn is None or conn.closed:
-                        conn = psycopg.connect(
-                            self._processor.settings.pg_dsn,
-                            autocommit=True,
-                            connect_timeout=_DB_CONNECT_TIMEOUT_S,
-                        )
-                    conn.execute("SELECT 1")
+                        conn = store.connect(self._dsn, _DB_CONNECT_TIMEOUT_S)
+                    store.ping(conn)
                     self._db_problem = None
                 except psycopg.Error as exc:
                     text = str(exc).strip()
@@ -151,15 +161,6 @@ class HealthServer:
         finally:
             if conn is not None:
                 conn.close()
-
-
-def start_health_server(processor: Processor) -> HealthServer | None:
-    """The instance's health server, if DUCTOR_HEALTH_PORT is set (else None)."""
-    settings = processor.settings
-    if settings.health_port == 0:
-        return None
-    server = HealthServer(processor, settings.health_port, stall_s=settings.health_stall_s)
-    return server.start()
 
 
 class _Server(ThreadingHTTPServer):

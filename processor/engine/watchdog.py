@@ -13,21 +13,25 @@ import logging
 import queue
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
 
 import psycopg
 
-from processor.core.envelope import Wakeup
-from processor.core.outcomes import Outcome
-from processor.core.routing import partition_for
-from processor.io.config import Settings
-from processor.io.store import sweep_due, sweep_stuck
-
-if TYPE_CHECKING:
-    from processor.engine.processor import Processor
+from processor.engine.database import Database
 
 log = logging.getLogger("ductor.watchdog")
+
+# (how many wakeup partitions the runs are sharded over, the ones this instance owns)
+Shards = tuple[int, list[int]]
+
+
+@dataclass(frozen=True)
+class SweepSettings:
+    interval_s: float
+    grace_s: float  # lateness tolerated before an overdue run is re-woken
+    stuck_after_s: float  # a live run with no transition for this long is force-failed
+    limit: int  # runs per sweep
 
 
 @dataclass(frozen=True)
@@ -40,87 +44,61 @@ class SweepResult:
 
 
 class Watchdog:
-    """Sweeps on a daemon thread with its own connection, so a slow or hung database never
-    holds the poll loop (nor a shutdown); the poll loop produces the re-wakes and meters."""
+    """Sweeps on a daemon thread with its own database connection, so a slow or hung database
+    never holds the poll loop (nor a shutdown); the poll loop hands the results on."""
 
-    def __init__(self, processor: Processor, settings: Settings) -> None:
-        self._processor = processor
+    def __init__(
+        self,
+        *,
+        database: Database,
+        owned_shards: Callable[[], Shards],
+        settings: SweepSettings,
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._db = database
+        self._owned_shards = owned_shards
         self._settings = settings
-        self.next_at: float | None = time.monotonic() + settings.sweep_interval_s
+        self._monotonic = monotonic
+        self.next_at: float | None = monotonic() + settings.interval_s
         self.rewoken = 0
-        self._conn: psycopg.Connection[Any] | None = None
         self._results: queue.SimpleQueue[SweepResult] = queue.SimpleQueue()
         self._sweeping = threading.Event()  # one sweep at a time
 
-    def shards(self) -> tuple[int, list[int]]:
-        topic = self._processor.names.wakeup("t2")
-        owned = sorted(p for t, p in set(self._processor.assigned) if t == topic)
-        return self._processor.partitions[topic], owned
-
-    def maybe_sweep(self) -> None:
-        """Called every loop turn: hand finished sweeps on, start the next one when due."""
+    def maybe_sweep(self) -> list[SweepResult]:
+        """Called every loop turn: returns the sweeps finished since, starts the next when due."""
+        finished: list[SweepResult] = []
         while not self._results.empty():
-            self._apply(self._results.get_nowait())
-        now = time.monotonic()
+            result = self._results.get_nowait()
+            self.rewoken += len(result.overdue)
+            finished.append(result)
+        now = self._monotonic()
         if (self.next_at is not None and now < self.next_at) or self._sweeping.is_set():
-            return
-        self.next_at = now + self._settings.sweep_interval_s
-        modulus, owned = self.shards()
+            return finished
+        self.next_at = now + self._settings.interval_s
+        modulus, owned = self._owned_shards()
         if owned:
             self._sweeping.set()
             threading.Thread(
                 target=self._sweep_thread, args=(modulus, owned), name="ductor-sweep", daemon=True
             ).start()
+        return finished
 
     def _sweep_thread(self, modulus: int, owned: list[int]) -> None:
         try:
             self._results.put(self.sweep(modulus, owned))
         except psycopg.Error as exc:
-            self.close()
+            self._db.close()
             self._results.put(SweepResult(error=exc))
         finally:
             self._sweeping.clear()
 
     def sweep(self, modulus: int, owned: list[int]) -> SweepResult:
         """Force-fail stuck runs and find overdue ones (database work only)."""
-        if self._conn is None or self._conn.closed:
-            self._conn = self._processor.connect()
-        conn, limit = self._conn, self._settings.sweep_limit
-        coordinator = self._processor.coordinator
-        stuck = sweep_stuck(conn, modulus, owned, self._settings.stuck_after_s, limit)
-        failed = [run_id for run_id in stuck if coordinator.force_fail_stuck(conn, run_id)]
-        due = sweep_due(conn, modulus, owned, self._settings.sweep_grace_s, limit)
-        return SweepResult(overdue=[run_id for run_id, _tier in due], force_failed=failed)
-
-    def _apply(self, result: SweepResult) -> None:
-        stats = self._processor.stats
-        if result.error is not None:
-            stats.errors[type(result.error).__name__] += 1
-            log.error("watchdog sweep failed: %s", result.error)
-            return
-        for run_id in result.force_failed:
-            stats.force_fails["stuck"] += 1
-            stats.ticks[Outcome.FORCE_FAILED] += 1
-            log.warning(
-                "run %s force-failed: stuck", run_id, extra={"run_id": run_id, "reason": "stuck"}
-            )
-        topic = self._processor.names.wakeup("t2")
-        now_ms = int(time.time() * 1000)
-        for run_id in result.overdue:
-            wakeup = Wakeup(run_id=run_id, reason="sweep", produced_at=now_ms)
-            partition = partition_for(run_id, self._processor.partitions[topic])
-            self._processor.outbox.send(topic, wakeup.encode(), wakeup.key(), self._sent, partition)
-        self.rewoken += len(result.overdue)
-        if result.overdue:
-            log.info("watchdog re-woke %d overdue run(s)", len(result.overdue))
+        s = self._settings
+        stuck = self._db.stuck(modulus, owned, s.stuck_after_s, s.limit)
+        failed = [run_id for run_id in stuck if self._db.force_fail_stuck(run_id)]
+        overdue = self._db.overdue(modulus, owned, s.grace_s, s.limit)
+        return SweepResult(overdue=overdue, force_failed=failed)
 
     def close(self) -> None:
-        if self._conn is not None:
-            self._conn.close()
-            self._conn = None
-
-    def _sent(self, err: object) -> None:
-        if err is not None:
-            # The run stays overdue, so the next sweep sends it again.
-            self._processor.stats.errors["produce"] += 1
-            log.error("watchdog wakeup not delivered: %s", err)
+        self._db.close()

@@ -9,19 +9,22 @@ from __future__ import annotations
 
 import zlib
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import orjson
 import psycopg
 from psycopg.types.json import set_json_loads
 
+from processor.core.decide import Commit
 from processor.core.model import (
+    Loaded,
     LoadedRun,
     RunState,
     SignalKind,
     StepOutcome,
     StepResult,
+    UnknownWorkflow,
+    UnreadableRun,
     WorkflowDef,
     initial_state,
     parse_workflow,
@@ -37,26 +40,24 @@ def use_orjson(conn: psycopg.Connection[Any]) -> psycopg.Connection[Any]:
     return conn
 
 
+def connect(dsn: str, connect_timeout_s: int = 5) -> psycopg.Connection[Any]:
+    """A connection for the processor's own statements: autocommit, jsonb parsed by orjson,
+    and a statement timeout. Every statement here is short; one that runs for minutes is a
+    hung database, and it must fail (and be counted) rather than hold the loop, the watchdog
+    or a shutdown."""
+    conn = psycopg.connect(dsn, autocommit=True, connect_timeout=connect_timeout_s)
+    conn.execute("SET statement_timeout = '30s'")
+    return use_orjson(conn)
+
+
+def ping(conn: psycopg.Connection[Any]) -> None:
+    """A round trip that proves the database answers (raises psycopg.Error otherwise)."""
+    conn.execute("SELECT 1")
+
+
 def run_shard(run_id: str) -> int:
     """A stable hash of the run id: it picks the run's wakeup partition and its sweep shard."""
     return zlib.crc32(run_id.encode())
-
-
-class UnknownWorkflow(LookupError):
-    pass
-
-
-class UnreadableRun(ValueError):
-    """A run row whose state does not parse (changed out of band)."""
-
-
-@dataclass(frozen=True)
-class Commit:
-    """One run's share of a batched commit: its new state and the version it was computed from."""
-
-    run_id: str
-    expected_version: int
-    state: RunState
 
 
 _LOAD_SQL = """
@@ -205,11 +206,11 @@ def insert_runs(
 
 def load_runs(
     conn: psycopg.Connection[Any], definitions: Definitions, run_ids: Iterable[str]
-) -> dict[str, LoadedRun | UnknownWorkflow | UnreadableRun]:
+) -> dict[str, Loaded]:
     """Load many runs in one round trip. Runs that do not exist are absent from the result."""
     # Ids travel as one JSON array: one orjson call instead of escaping an array element-wise.
     rows = conn.execute(_LOAD_SQL, (orjson.dumps(list(run_ids)).decode(),)).fetchall()
-    loaded: dict[str, LoadedRun | UnknownWorkflow | UnreadableRun] = {}
+    loaded: dict[str, Loaded] = {}
     for row in rows:
         run_id, wf_name, wf_version, status, nodes, seq, checksum, version, reason, tier = row[:10]
         raw_results, raw_signals = row[10], row[11]
@@ -232,7 +233,7 @@ def load_runs(
         signals = frozenset(SignalKind(s) for s in (raw_signals or ()))
         loaded[run_id] = LoadedRun(
             run_id=run_id,
-            workflow=(wf_name, wf_version),
+            wf=wf,
             state=state,
             version=version,
             tier=tier,

@@ -32,6 +32,7 @@ import psycopg
 from confluent_kafka import Consumer, Producer
 from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 
+from processor.core.decide import Commit
 from processor.core.envelope import Wakeup, decode_wakeup
 from processor.core.model import LoadedRun, WorkflowDef, parse_workflow
 from processor.core.routing import TopicNames
@@ -40,7 +41,6 @@ from processor.io.config import Settings, load_settings
 from processor.io.kafka import choose_partition, producer_config
 from processor.io.migrate import migrate
 from processor.io.store import (
-    Commit,
     Definitions,
     commit_batch,
     insert_runs,

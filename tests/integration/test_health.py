@@ -104,7 +104,9 @@ def test_not_alive_while_the_poll_loop_is_stalled(settings: Settings) -> None:
         return False
 
     processor = Processor(settings, Stats(), telemetry=Telemetry())
-    health = HealthServer(processor, port=0, host="127.0.0.1", stall_s=1.0).start()
+    health = HealthServer(
+        processor.probe, settings.pg_dsn, port=0, host="127.0.0.1", stall_s=1.0
+    ).start()
     thread = threading.Thread(target=processor.run, kwargs={"until": until}, daemon=True)
     thread.start()
     try:
@@ -127,7 +129,9 @@ def test_not_alive_while_the_poll_loop_is_stalled(settings: Settings) -> None:
         health.stop()
     assert not thread.is_alive()
     # Stopped and never ticking again: not ready, with every reason given.
-    again = HealthServer(processor, port=0, host="127.0.0.1", stall_s=1.0).start()
+    again = HealthServer(
+        processor.probe, settings.pg_dsn, port=0, host="127.0.0.1", stall_s=1.0
+    ).start()
     try:
         status, body = _get(again.port, "/readyz")
         assert status == 503
@@ -144,4 +148,4 @@ def test_a_port_in_use_is_a_clear_error(settings: Settings) -> None:
         taken.listen()
         port = taken.getsockname()[1]
         with pytest.raises(RuntimeError, match=f"cannot listen on port {port}"):
-            HealthServer(processor, port=port, host="127.0.0.1")
+            HealthServer(processor.probe, settings.pg_dsn, port=port, host="127.0.0.1")

@@ -239,7 +239,7 @@ def test_checksum_covers_every_part_of_the_state() -> None:
 @given(runs())
 def test_loaded_run_checksum_ok(run: Run) -> None:
     checksum = state_checksum(run.state)
-    loaded = LoadedRun("r1", run.wf.key, run.state, 1, "t1", stored_checksum=checksum)
+    loaded = LoadedRun("r1", run.wf, run.state, 1, "t1", stored_checksum=checksum)
     assert loaded.checksum_ok
     tampered = RunState(run.state.status, run.state.nodes, run.state.seq, "edited by hand")
-    assert not LoadedRun("r1", run.wf.key, tampered, 1, "t1", stored_checksum=checksum).checksum_ok
+    assert not LoadedRun("r1", run.wf, tampered, 1, "t1", stored_checksum=checksum).checksum_ok

@@ -6,6 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from processor.core.outcomes import ForceFailReason
 from processor.core.policy import (
     IN_PROCESS_BACKOFF_MS,
     MAX_IN_PROCESS_ATTEMPTS,
@@ -56,7 +57,7 @@ def test_a_run_that_never_progresses_is_force_failed_after_the_limit() -> None:
         current_seq=42,
         livelock_requeues=limit,
     )
-    assert final == ForceFail(reason="livelock", requeues=limit)
+    assert final == ForceFail(reason=ForceFailReason.LIVELOCK, requeues=limit)
 
 
 def test_progress_restarts_the_count_even_past_the_limit() -> None:
@@ -74,7 +75,7 @@ def test_limit_of_one_fails_at_the_first_non_progressing_round() -> None:
     second = after_exhausted_conflicts(
         requeue_count=1, attempt=1, observed_seq=1, current_seq=1, livelock_requeues=1
     )
-    assert second == ForceFail("livelock", 1)
+    assert second == ForceFail(ForceFailReason.LIVELOCK, 1)
 
 
 @pytest.mark.parametrize("n", range(12))
@@ -113,7 +114,7 @@ def test_requeue_lineage(limit: int, start_seq: int, progress: list[bool]) -> No
             livelock_requeues=limit,
         )
         if non_progressing >= limit:
-            assert decision == ForceFail(reason="livelock", requeues=non_progressing)
+            assert decision == ForceFail(reason=ForceFailReason.LIVELOCK, requeues=non_progressing)
             assert not moved and observed == seq
             return
         assert isinstance(decision, Requeue)

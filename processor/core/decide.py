@@ -1,0 +1,349 @@
+"""What becomes of each run's wakeups, decided as frozen plans the shell carries out.
+
+A batch goes through the commit path (engine/executor.py). Between its database steps, the
+decisions are made here, without I/O, clock or randomness:
+
+- ``tick_batch``: the tick of every loaded run, and the rows to commit (step 2);
+- ``decide``: once the commit answered, one ``Plan`` per run: which records to produce (step
+  dispatches, retry timers, a requeue, dead letters), whether to try again after a backoff,
+  whether to force-fail; ``force_fail_refused`` when that write found the run moved on;
+- ``reject``, ``hop`` and ``database_failed``: the plans for a record refused at intake, a
+  timer that must travel on, and a batch the database could not serve.
+
+Rules, in the order ``decide`` applies them:
+
+1. A run that does not exist, whose workflow is not registered, or whose row was changed out of
+   band (unreadable, or its checksum does not match) is never ticked: its records are
+   dead-lettered, and the row is never overwritten.
+2. A tick that changes nothing is a no-op: nothing is written, nothing produced.
+3. A committed tick produces its step dispatches and retry timers.
+4. A conflict (the commit matched no row) is retried in process after the policy's backoff,
+   each attempt from freshly loaded state; when those attempts are used up, the run is
+   requeued to the delay ladder or, after too many non-progressing requeues, force-failed
+   (policy.py). A conflict is never an error.
+5. A database error decides nothing: the run is retried after a second.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+
+from processor.core.dead_letters import dead_letter_headers
+from processor.core.envelope import Wakeup
+from processor.core.model import Loaded, LoadedRun, RunState, UnknownWorkflow, UnreadableRun
+from processor.core.outcomes import DeadLetterReason, ForceFailReason, Outcome
+from processor.core.policy import ForceFail, after_exhausted_conflicts, retry_wait_ms
+from processor.core.records import Inbound
+from processor.core.routing import TopicNames, rung_for_delay
+from processor.core.step_task import StepTask
+from processor.core.tick import Decision, force_fail, tick
+
+DATABASE_RETRY_MS = 1000  # a database error: the run is tried again after this wait
+
+Attributes = tuple[tuple[str, str | int], ...]
+
+
+@dataclass(frozen=True)
+class Send:
+    """One record to produce. ``by_run``: on the partition of that run's wakeups (the shell
+    knows the partition counts); None: wherever the client's partitioner puts the key."""
+
+    topic: str
+    key: bytes | None
+    value: bytes | None
+    by_run: str | None = None
+    headers: tuple[tuple[str, bytes], ...] = ()
+    attributes: Attributes = ()  # for the record's PRODUCER span
+
+
+@dataclass(frozen=True)
+class Commit:
+    """One run's share of a batched commit: its new state and the version it was computed from."""
+
+    run_id: str
+    expected_version: int
+    state: RunState
+
+
+@dataclass(frozen=True)
+class ForceFailWrite:
+    """The terminal write a plan needs before it holds: conditioned on the loaded checksum,
+    so it applies only if the run did not move since it was loaded."""
+
+    run_id: str
+    loaded_checksum: str
+    state: RunState
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What the shell does with one run's work.
+
+    ``outcome`` is what becomes of the work: it settles (committed, noop, requeued,
+    force_failed, dead_lettered, hopped) once every record in ``sends`` is acknowledged, or it
+    waits ``retry_in_ms`` for another attempt (conflict, error). ``attempt`` is the outcome of
+    the tick attempt itself (committed, noop or conflict; None when nothing was ticked).
+    """
+
+    run_id: str
+    outcome: Outcome
+    attempt: Outcome | None = None
+    sends: tuple[Send, ...] = ()
+    retry_in_ms: int | None = None
+    attempts: int = 0  # the work's in-process attempts from now on
+    expected_version: int | None = None
+    requeue_count: int | None = None  # requeued: the new envelope's count
+    rung_ms: int | None = None  # requeued: the delay rung
+    reason: ForceFailReason | DeadLetterReason | None = None  # force-failed, dead-lettered: why
+    detail: str = ""  # dead-lettered: what exactly was wrong
+    force_fail: ForceFailWrite | None = None  # a write to make before the plan holds
+
+    @property
+    def settles(self) -> bool:
+        return self.retry_in_ms is None
+
+
+@dataclass(frozen=True)
+class BatchItem:
+    """A run's work as the commit path sees it (a snapshot: the database thread reads it)."""
+
+    run_id: str
+    attempts: int
+    records: tuple[Inbound, ...]
+
+    def lineage(self) -> Wakeup:
+        """The envelope whose requeue history this work continues: the most requeued one."""
+        wakeups = [r.wakeup for r in self.records if r.wakeup is not None]
+        return max(wakeups, key=lambda w: (w.requeue_count, w.attempt))
+
+
+@dataclass(frozen=True)
+class Rules:
+    """What the decisions depend on besides their inputs (fixed at start)."""
+
+    names: TopicNames
+    livelock_requeues: int
+
+
+# -- step 2: tick ---------------------------------------------------------------------------
+
+
+def tick_batch(
+    loaded: Mapping[str, Loaded], now_ms: int
+) -> tuple[dict[str, Decision], list[Commit]]:
+    """The tick of every run that can be ticked, and the rows to commit (changed states only)."""
+    decisions: dict[str, Decision] = {}
+    commits: list[Commit] = []
+    for run_id, run in loaded.items():
+        if not isinstance(run, LoadedRun) or not run.checksum_ok:
+            continue
+        decision = tick(run.state, run.wf, run.results, run.signals, now_ms)
+        decisions[run_id] = decision
+        if decision.new_state is not None:
+            commits.append(Commit(run_id, run.version, decision.new_state))
+    return decisions, commits
+
+
+# -- after step 3: the plan of each run -----------------------------------------------------
+
+
+def decide(
+    item: BatchItem,
+    loaded: Loaded | None,
+    decision: Decision | None,
+    committed: bool,
+    now_ms: int,
+    rules: Rules,
+) -> Plan:
+    """The plan for one run of a batch once its commit (if any) answered."""
+    if loaded is None:
+        reason, detail = DeadLetterReason.UNKNOWN_RUN, f"run {item.run_id!r} does not exist"
+        return _dead_letter(item.run_id, item.records, reason, detail, rules.names)
+    if isinstance(loaded, UnknownWorkflow):
+        reason = DeadLetterReason.UNKNOWN_WORKFLOW
+        return _dead_letter(item.run_id, item.records, reason, str(loaded), rules.names)
+    if isinstance(loaded, UnreadableRun) or not loaded.checksum_ok:
+        detail = (
+            str(loaded)
+            if isinstance(loaded, UnreadableRun)
+            else "state_checksum does not match the row: changed out of band"
+        )
+        reason = DeadLetterReason.CHECKSUM_MISMATCH
+        return _dead_letter(item.run_id, item.records, reason, detail, rules.names)
+    assert decision is not None, "every readable run was ticked"
+    version = loaded.version
+    if decision.new_state is None:
+        return Plan(item.run_id, Outcome.NOOP, Outcome.NOOP, expected_version=version)
+    if committed:
+        sends = _effects(loaded, decision, now_ms, rules.names)
+        return Plan(
+            item.run_id, Outcome.COMMITTED, Outcome.COMMITTED, sends, expected_version=version
+        )
+    return _after_conflict(item, loaded, now_ms, rules)
+
+
+def _after_conflict(item: BatchItem, run: LoadedRun, now_ms: int, rules: Rules) -> Plan:
+    attempts = item.attempts + 1
+    conflict = Plan(
+        item.run_id, Outcome.CONFLICT, Outcome.CONFLICT, attempts=attempts,
+        expected_version=run.version,
+    )  # fmt: skip
+    wait_ms = retry_wait_ms(attempts)
+    if wait_ms is not None:
+        return replace(conflict, retry_in_ms=wait_ms)
+    lineage = item.lineage()
+    verdict = after_exhausted_conflicts(
+        requeue_count=lineage.requeue_count,
+        attempt=lineage.attempt,
+        observed_seq=lineage.observed_seq,
+        current_seq=run.state.seq,
+        livelock_requeues=rules.livelock_requeues,
+    )
+    if isinstance(verdict, ForceFail):
+        failed = force_fail(run.state, verdict.reason)
+        if failed is None:  # it ended meanwhile: nothing to fail, try again from fresh state
+            return force_fail_refused(conflict)
+        write = ForceFailWrite(item.run_id, run.stored_checksum, failed)
+        return replace(
+            conflict, outcome=Outcome.FORCE_FAILED, reason=verdict.reason, force_fail=write
+        )
+    wakeup = Wakeup(
+        run_id=item.run_id,
+        reason="requeue",
+        requeue_count=verdict.requeue_count,
+        attempt=verdict.attempt,
+        due_at=now_ms + verdict.delay_ms,
+        observed_seq=verdict.observed_seq,
+        produced_at=now_ms,
+    )
+    return replace(
+        conflict,
+        outcome=Outcome.REQUEUED,
+        sends=(_wakeup_send(rules.names.delay(verdict.delay_ms), wakeup),),
+        requeue_count=verdict.requeue_count,
+        rung_ms=verdict.delay_ms,
+    )
+
+
+def force_fail_refused(plan: Plan) -> Plan:
+    """The force-fail write matched nothing: the run moved since it was loaded (progress, or
+    it ended), so it is not a livelock. The attempts start again at once from fresh state; the
+    next exhaustion sees the new seq."""
+    return replace(
+        plan, outcome=Outcome.CONFLICT, retry_in_ms=0, attempts=0, reason=None, force_fail=None
+    )
+
+
+def database_failed(item: BatchItem) -> Plan:
+    """Nothing was decided for the run: try it again after a while (a genuine error)."""
+    return Plan(item.run_id, Outcome.ERROR, retry_in_ms=DATABASE_RETRY_MS, attempts=item.attempts)
+
+
+# -- records that never reach a tick --------------------------------------------------------
+
+
+def reject(record: Inbound, reason: DeadLetterReason, detail: str, names: TopicNames) -> Plan:
+    """A record refused at intake goes to the dead-letter topic."""
+    return _dead_letter("", (record,), reason, detail, names)
+
+
+def hop(record: Inbound, now_ms: int, names: TopicNames) -> Plan:
+    """A timer that came due on a rung before its target: send it on for the rest."""
+    wakeup = record.wakeup
+    assert wakeup is not None and wakeup.target_at is not None
+    send = _timer(wakeup.run_id, wakeup.target_at, now_ms, wakeup.reason, names)
+    return Plan(wakeup.run_id, Outcome.HOPPED, sends=(send,))
+
+
+# -- effects --------------------------------------------------------------------------------
+
+
+def _effects(
+    run: LoadedRun, decision: Decision, now_ms: int, names: TopicNames
+) -> tuple[Send, ...]:
+    sends = [
+        Send(
+            names.steps,
+            key=run.run_id.encode(),
+            value=StepTask(
+                run_id=run.run_id,
+                node=d.node,
+                attempt=d.attempt,
+                step_type=d.step_type,
+                deadline_ms=d.deadline_ms,
+                tier=run.tier,
+            ).encode(),
+            attributes=(("ductor.node", d.node), ("ductor.attempt", d.attempt)),
+        )
+        for d in decision.dispatches
+    ]
+    sends += [_timer(run.run_id, due_ms, now_ms, "timer", names) for due_ms in decision.timers]
+    return tuple(sends)
+
+
+def _timer(run_id: str, due_ms: int, now_ms: int, reason: str, names: TopicNames) -> Send:
+    """A wakeup at ``due_ms`` on the delay ladder: on the largest rung that fits the wait, and
+    hopping on (``target_at``) when the wait is longer than the top rung."""
+    wait = max(0, due_ms - now_ms)
+    rung = rung_for_delay(wait)
+    hop_due = now_ms + min(wait, rung)
+    wakeup = Wakeup(
+        run_id=run_id,
+        reason=reason,
+        due_at=hop_due,
+        target_at=due_ms if due_ms > hop_due else None,
+        produced_at=now_ms,
+    )
+    return _wakeup_send(names.delay(rung), wakeup)
+
+
+def _wakeup_send(topic: str, wakeup: Wakeup) -> Send:
+    key = wakeup.key()
+    attributes: Attributes = (
+        ("ductor.requeue_count", wakeup.requeue_count),
+        ("ductor.attempt", wakeup.attempt),
+        ("messaging.kafka.message.key", key.decode()),
+    )
+    return Send(topic, key, wakeup.encode(), by_run=wakeup.run_id, attributes=attributes)
+
+
+def _dead_letter(
+    run_id: str,
+    records: tuple[Inbound, ...],
+    reason: DeadLetterReason,
+    detail: str,
+    names: TopicNames,
+) -> Plan:
+    """Every record to the dead-letter topic with its original key, value (a tombstone stays a
+    tombstone) and headers, plus the reason and where it came from."""
+    sends = tuple(
+        Send(
+            names.dlq,
+            key=r.key,
+            value=r.value,
+            headers=tuple(
+                dead_letter_headers(r.headers, reason, detail, r.tp[0], r.tp[1], r.offset)
+            ),
+            attributes=(("ductor.reason", reason.value),),
+        )
+        for r in records
+    )
+    return Plan(run_id, Outcome.DEAD_LETTERED, sends=sends, reason=reason, detail=detail)
+
+
+__all__ = [
+    "DATABASE_RETRY_MS",
+    "BatchItem",
+    "Commit",
+    "ForceFailWrite",
+    "Plan",
+    "Rules",
+    "Send",
+    "database_failed",
+    "decide",
+    "force_fail_refused",
+    "hop",
+    "reject",
+    "tick_batch",
+]
