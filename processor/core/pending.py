@@ -63,8 +63,9 @@ class RunBook(Generic[S]):
         return ready
 
     def park(self, work: RunWork[S], ready_at: float) -> None:
-        """Put work back until ``ready_at``, merging with records that came for the run
-        meanwhile (the earlier ready time wins: new wakeups are not delayed by a backoff)."""
+        """Put work back until ``ready_at``. Records that came for the run while the work was
+        in flight wait in a work of their own, ready at once: they merge into this one, and the
+        earlier ready time wins (a fresh wakeup, a step result say, is not held by a backoff)."""
         work.ready_at = ready_at
         existing = self._works.get(work.run_id)
         if existing is not None:

@@ -25,7 +25,6 @@ never blocks, and the loop goes on serving every other run.
 
 from __future__ import annotations
 
-import logging
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -48,15 +47,14 @@ from processor.core.decide import (
 )
 from processor.core.envelope import Wakeup
 from processor.core.offsets import OffsetTracker
-from processor.core.outcomes import DeadLetterReason, ForceFailReason, Outcome
+from processor.core.outcomes import Outcome
 from processor.core.pending import RunBook, RunWork
 from processor.core.records import Inbound
 from processor.core.stats import Stats
 from processor.engine.database import Database
+from processor.engine.ledger import Ledger
 from processor.io.kafka import Outbox, choose_partition
-from processor.io.telemetry import Telemetry, end_error, end_ok, log_ids, now_ns
-
-log = logging.getLogger("ductor.executor")
+from processor.io.telemetry import Telemetry, now_ns
 
 Work = RunWork[Span]
 
@@ -108,6 +106,7 @@ class Executor:
         self._tracker = tracker
         self._stats = stats
         self._telemetry = telemetry
+        self._ledger = Ledger(stats, telemetry, wall_ms)
         self._wall_ms = wall_ms
         self._monotonic = monotonic
         self.book: RunBook[Span] = RunBook()
@@ -128,7 +127,7 @@ class Executor:
         """A plan for a record that never reaches a tick (a reject, a hop)."""
         work: Work = RunWork(plan.run_id, records=[record])
         if traced:
-            self._start_span(work)
+            self._ledger.start_span(work)
         self.carry_out(work, plan)
 
     # -- the commit path ---------------------------------------------------------------------
@@ -148,7 +147,7 @@ class Executor:
         if not batch:
             return
         for work in batch:
-            self._start_span(work)
+            self._ledger.start_span(work)
         items = [BatchItem(w.run_id, w.attempts, tuple(w.records)) for w in batch]
         self._stage = (batch, _on_daemon_thread(lambda: self._database_stage(items)))
 
@@ -224,17 +223,18 @@ class Executor:
             plans = result.plans
             for exc in result.failed.values():
                 self._database_failed(exc, 1)
+        tick = (result.started_ns, result.tick_ended_ns)
+        commit = (result.tick_ended_ns, result.commit_ended_ns)
         for work, plan in zip(batch, plans, strict=True):
-            self._trace_attempt(work, plan, result)
+            self._ledger.trace_attempt(work, plan, tick, commit)
             self.carry_out(work, plan, result.failed.get(work.run_id) or result.error)
 
     def carry_out(self, work: Work, plan: Plan, error: BaseException | None = None) -> None:
         """Count and log the plan, then park the work for its retry or carry out steps 4 to 6."""
-        self._count(work, plan)
+        self._ledger.record(work, plan)
         if plan.retry_in_ms is not None:
             if plan.outcome is Outcome.ERROR and error is not None:
-                end_error(work.span, error)  # the retry gets a span of its own
-                work.span = None
+                self._ledger.end_span_with_error(work, error)
             work.attempts = plan.attempts
             self.book.park(work, self._monotonic() + plan.retry_in_ms / 1000)
             return
@@ -249,8 +249,7 @@ class Executor:
         for record in work.records:
             self._tracker.done(record.tp, record.offset)
         work.records = []
-        end_ok(work.span, outcome, attempts=work.attempts)
-        work.span = None
+        self._ledger.end_span(work, outcome)
 
     def _produce(self, settling: _Settling, send: Send) -> None:
         work = settling.work
@@ -271,8 +270,9 @@ class Executor:
             if err is not None:
                 # The idempotent producer already retried for message.timeout.ms: the broker
                 # is away. Keep trying; the records' offsets stay unstored meanwhile.
-                self._stats.errors["produce"] += 1
-                log.error("effect not delivered to %s, retrying: %s", send.topic, err)
+                self._ledger.error(
+                    "produce", "effect not delivered to %s, retrying: %s", send.topic, err
+                )
                 self._outbox.send(send.topic, send.value, send.key, delivered, partition, headers)
                 return
             if span is not None:
@@ -282,102 +282,6 @@ class Executor:
                 self.finish(work, settling.outcome)
 
         self._outbox.send(send.topic, send.value, send.key, delivered, partition, headers)
-
-    # -- counting and tracing: every plan passes here once -----------------------------------
-
-    def _count(self, work: Work, plan: Plan) -> None:
-        stats = self._stats
-        if plan.attempt is not None:
-            stats.ticks[plan.attempt] += 1
-        if plan.outcome is not plan.attempt:
-            stats.ticks[plan.outcome] += 1
-        if plan.attempt is Outcome.CONFLICT:
-            stats.conflicts += 1
-            stats.hot_runs[work.run_id] += 1
-        elif plan.attempt is Outcome.COMMITTED:
-            self._sample_end_to_end(work)
-        if plan.outcome is Outcome.REQUEUED:
-            assert plan.rung_ms is not None and plan.requeue_count is not None
-            stats.requeues[plan.rung_ms] += 1
-            if work.span is not None:
-                work.span.set_attribute("ductor.requeue_count", plan.requeue_count)
-        elif plan.outcome is Outcome.FORCE_FAILED:
-            reason = plan.reason
-            assert isinstance(reason, ForceFailReason)
-            stats.force_fails[reason] += 1
-            log.warning(
-                "run %s force-failed: %s",
-                work.run_id,
-                reason,
-                extra={"run_id": work.run_id, "reason": reason.value, **log_ids(work.span)},
-            )
-            if work.span is not None:
-                work.span.set_attribute("ductor.reason", reason.value)
-        elif plan.outcome is Outcome.DEAD_LETTERED:
-            assert isinstance(plan.reason, DeadLetterReason)
-            self._count_dead_letters(work, plan.reason, plan.detail)
-
-    def _count_dead_letters(self, work: Work, reason: DeadLetterReason, detail: str) -> None:
-        if reason is DeadLetterReason.CHECKSUM_MISMATCH:
-            # Changed out of band: a genuine error as well as a dead letter (never overwritten).
-            self._stats.errors["checksum_mismatch"] += 1
-            log.error(
-                "run %s: the row was changed out of band",
-                work.run_id,
-                extra={"run_id": work.run_id, **log_ids(work.span)},
-            )
-        for record in work.records:
-            self._stats.dead_letters[reason] += 1
-            log.warning(
-                "dead-lettered a record",
-                extra={
-                    "reason": reason.value,
-                    "detail": detail,
-                    "topic": record.tp[0],
-                    "offset": record.offset,
-                    **log_ids(work.span),
-                },
-            )
-
-    def _database_failed(self, exc: psycopg.Error, runs: int) -> None:
-        """The database is unreachable: nothing was decided for these runs. A genuine error,
-        counted once; the runs are retried after a while (the loop keeps running)."""
-        self._stats.errors[type(exc).__name__] += 1
-        self.database_ok = False
-        log.error("database error, %d run(s) will be retried: %s", runs, exc)
-        self._db.close()
-
-    def _start_span(self, work: Work) -> None:
-        """Open the work's CONSUMER span (when tracing) from its records' producer contexts."""
-        if work.span is not None or not self._telemetry.tracing or not work.records:
-            return
-        records = [(r.tp[0], r.tp[1], r.offset, r.key, r.headers) for r in work.records]
-        work.span = self._telemetry.start_consumer_span(work.records[0].tp[0], records, work.run_id)
-
-    def _trace_attempt(self, work: Work, plan: Plan, result: StageResult) -> None:
-        """The attempt's `tick` span, and its `commit` span (the shared batch statement)."""
-        if work.span is None or plan.attempt is None:
-            return
-        attributes: dict[str, str | int] = {
-            "ductor.attempt": work.attempts + 1,
-            "ductor.expected_version": plan.expected_version or 0,
-            "ductor.outcome": plan.attempt,
-        }
-        commit = None
-        if plan.attempt is not Outcome.NOOP:
-            commit = (result.tick_ended_ns, result.commit_ended_ns)
-        tick = (result.started_ns, result.tick_ended_ns)
-        self._telemetry.attempt_spans(work.span, tick, commit, attributes)
-        if plan.attempt is Outcome.CONFLICT:
-            # An expected outcome of concurrency: an event, never an error status.
-            work.span.add_event("conflict", attributes)
-
-    def _sample_end_to_end(self, work: Work) -> None:
-        now_ms = self._wall_ms()
-        for record in work.records:
-            if record.wakeup is not None and record.wakeup.produced_at is not None:
-                start = record.wakeup.due_at or record.wakeup.produced_at
-                self._stats.sample("end_to_end", max(0, now_ms - start))
 
     # -- the watchdog's results --------------------------------------------------------------
 
@@ -392,31 +296,31 @@ class Executor:
     def _rewake_sent(self, err: KafkaError | None) -> None:
         if err is not None:
             # The run stays overdue, so the next sweep sends it again.
-            self._stats.errors["produce"] += 1
-            log.error("watchdog wakeup not delivered: %s", err)
+            self._ledger.error("produce", "watchdog wakeup not delivered: %s", err)
 
     def stuck_failed(self, run_ids: list[str]) -> None:
-        """Runs the watchdog force-failed as stuck (counted like the livelock guard's)."""
-        for run_id in run_ids:
-            self._stats.force_fails[ForceFailReason.STUCK] += 1
-            self._stats.ticks[Outcome.FORCE_FAILED] += 1
-            log.warning(
-                "run %s force-failed: stuck", run_id, extra={"run_id": run_id, "reason": "stuck"}
-            )
+        self._ledger.stuck_failed(run_ids)
 
     # -- rebalance and shutdown --------------------------------------------------------------
 
     def drop_partitions(self, revoked: set[tuple[str, int]]) -> None:
         """Forget waiting records of revoked partitions: their next owner redoes them."""
         for work in self.book.drop_partitions(revoked):
-            if work.span is not None:
-                work.span.end()
+            self._ledger.end_span(work)
 
     def drop_waiting(self) -> None:
         """Forget every waiting run (shutdown): unstored, so the group redelivers them."""
         for work in self.book.clear():
-            if work.span is not None:
-                work.span.end()
+            self._ledger.end_span(work)
+
+    def _database_failed(self, exc: psycopg.Error, runs: int) -> None:
+        """The database is unreachable: nothing was decided for these runs. A genuine error,
+        counted once; the runs are retried after a while (the loop keeps running)."""
+        self._ledger.error(
+            type(exc).__name__, "database error, %d run(s) will be retried: %s", runs, exc
+        )
+        self.database_ok = False
+        self._db.close()
 
     def close(self) -> None:
         # A batch still in flight (a flush that timed out, Postgres hung) is abandoned: its

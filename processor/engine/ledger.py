@@ -1,0 +1,153 @@
+"""Every plan the executor carries out is counted, traced and logged here, once.
+
+The counters are ``Stats`` (read by the metrics, the stats log line, tests, demo and bench);
+the spans are the work's CONSUMER span and its attempt children (io/telemetry.py). A conflict
+is counted and traced apart from errors: an event on the span, never an error status.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+
+from opentelemetry.trace import Span
+
+from processor.core.decide import Plan
+from processor.core.outcomes import DeadLetterReason, ForceFailReason, Outcome
+from processor.core.pending import RunWork
+from processor.core.stats import Stats
+from processor.io.telemetry import Telemetry, end_error, end_ok, log_ids
+
+log = logging.getLogger("ductor.executor")
+
+Work = RunWork[Span]
+Interval = tuple[int, int]  # start and end, epoch ns
+
+
+class Ledger:
+    def __init__(
+        self,
+        stats: Stats,
+        telemetry: Telemetry,
+        wall_ms: Callable[[], int] = lambda: int(time.time() * 1000),
+    ) -> None:
+        self._stats = stats
+        self._telemetry = telemetry
+        self._wall_ms = wall_ms
+
+    # -- counting ----------------------------------------------------------------------------
+
+    def record(self, work: Work, plan: Plan) -> None:
+        """Count the plan: the tick attempt's outcome, then the work's when it differs."""
+        stats = self._stats
+        if plan.attempt is not None:
+            stats.ticks[plan.attempt] += 1
+        if plan.outcome is not plan.attempt:
+            stats.ticks[plan.outcome] += 1
+        if plan.attempt is Outcome.CONFLICT:
+            stats.conflicts += 1
+            stats.hot_runs[work.run_id] += 1
+        elif plan.attempt is Outcome.COMMITTED:
+            self._sample_end_to_end(work)
+        if plan.outcome is Outcome.REQUEUED:
+            assert plan.rung_ms is not None and plan.requeue_count is not None
+            stats.requeues[plan.rung_ms] += 1
+            if work.span is not None:
+                work.span.set_attribute("ductor.requeue_count", plan.requeue_count)
+        elif plan.outcome is Outcome.FORCE_FAILED:
+            assert isinstance(plan.reason, ForceFailReason)
+            self.force_failed(work.run_id, plan.reason, work.span)
+        elif plan.outcome is Outcome.DEAD_LETTERED:
+            assert isinstance(plan.reason, DeadLetterReason)
+            self._dead_lettered(work, plan.reason, plan.detail)
+
+    def force_failed(self, run_id: str, reason: ForceFailReason, span: Span | None) -> None:
+        self._stats.force_fails[reason] += 1
+        log.warning(
+            "run %s force-failed: %s",
+            run_id,
+            reason.value,
+            extra={"run_id": run_id, "reason": reason.value, **log_ids(span)},
+        )
+        if span is not None:
+            span.set_attribute("ductor.reason", reason.value)
+
+    def stuck_failed(self, run_ids: list[str]) -> None:
+        """Runs the watchdog force-failed as stuck (counted like the livelock guard's)."""
+        for run_id in run_ids:
+            self._stats.ticks[Outcome.FORCE_FAILED] += 1
+            self.force_failed(run_id, ForceFailReason.STUCK, None)
+
+    def _dead_lettered(self, work: Work, reason: DeadLetterReason, detail: str) -> None:
+        if reason is DeadLetterReason.CHECKSUM_MISMATCH:
+            # Changed out of band: a genuine error as well as a dead letter (never overwritten).
+            self._stats.errors["checksum_mismatch"] += 1
+            log.error(
+                "run %s: the row was changed out of band",
+                work.run_id,
+                extra={"run_id": work.run_id, **log_ids(work.span)},
+            )
+        for record in work.records:
+            self._stats.dead_letters[reason] += 1
+            log.warning(
+                "dead-lettered a record",
+                extra={
+                    "reason": reason.value,
+                    "detail": detail,
+                    "topic": record.tp[0],
+                    "offset": record.offset,
+                    **log_ids(work.span),
+                },
+            )
+
+    def error(self, kind: str, message: str, *args: object) -> None:
+        """A genuine failure: counted by kind, logged as an error."""
+        self._stats.errors[kind] += 1
+        log.error(message, *args)
+
+    def _sample_end_to_end(self, work: Work) -> None:
+        now_ms = self._wall_ms()
+        for record in work.records:
+            if record.wakeup is not None and record.wakeup.produced_at is not None:
+                start = record.wakeup.due_at or record.wakeup.produced_at
+                self._stats.sample("end_to_end", max(0, now_ms - start))
+
+    # -- tracing -----------------------------------------------------------------------------
+
+    def start_span(self, work: Work) -> None:
+        """Open the work's CONSUMER span (when tracing) from its records' producer contexts."""
+        if work.span is not None or not self._telemetry.tracing or not work.records:
+            return
+        records = [(r.tp[0], r.tp[1], r.offset, r.key, r.headers) for r in work.records]
+        work.span = self._telemetry.start_consumer_span(work.records[0].tp[0], records, work.run_id)
+
+    def trace_attempt(self, work: Work, plan: Plan, tick: Interval, commit: Interval) -> None:
+        """The attempt's `tick` span, and its `commit` span (the shared batch statement)."""
+        if work.span is None or plan.attempt is None:
+            return
+        attributes: dict[str, str | int] = {
+            "ductor.attempt": work.attempts + 1,
+            "ductor.expected_version": plan.expected_version or 0,
+            "ductor.outcome": plan.attempt,
+        }
+        took_part = plan.attempt is not Outcome.NOOP
+        self._telemetry.attempt_spans(work.span, tick, commit if took_part else None, attributes)
+        if plan.attempt is Outcome.CONFLICT:
+            # An expected outcome of concurrency: an event, never an error status.
+            work.span.add_event("conflict", attributes)
+
+    def end_span(self, work: Work, outcome: Outcome | None = None) -> None:
+        """End the work's span: with its outcome when it settled, bare when it was dropped."""
+        if work.span is None:
+            return
+        if outcome is None:
+            work.span.end()
+        else:
+            end_ok(work.span, outcome, attempts=work.attempts)
+        work.span = None
+
+    def end_span_with_error(self, work: Work, exc: BaseException) -> None:
+        """A genuine failure ends the span as an error; the retry gets a span of its own."""
+        end_error(work.span, exc)
+        work.span = None
