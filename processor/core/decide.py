@@ -186,9 +186,12 @@ def decide(
 def _after_conflict(item: BatchItem, run: LoadedRun, now_ms: int, rules: Rules) -> Plan:
     attempts = item.attempts + 1
     conflict = Plan(
-        item.run_id, Outcome.CONFLICT, Outcome.CONFLICT, attempts=attempts,
+        item.run_id,
+        Outcome.CONFLICT,
+        attempt=Outcome.CONFLICT,
+        attempts=attempts,
         expected_version=run.version,
-    )  # fmt: skip
+    )
     wait_ms = retry_wait_ms(attempts)
     if wait_ms is not None:
         return replace(conflict, retry_in_ms=wait_ms)

@@ -188,10 +188,8 @@ class Executor:
             return result
         for item in items:
             run_id = item.run_id
-            plan = decide(
-                item, loaded.get(run_id), decisions.get(run_id), run_id in committed, now_ms,
-                self._rules,
-            )  # fmt: skip
+            found, decision = loaded.get(run_id), decisions.get(run_id)
+            plan = decide(item, found, decision, run_id in committed, now_ms, self._rules)
             if plan.force_fail is not None:
                 plan = self._write_force_fail(plan, item, result)
             result.plans.append(plan)
