@@ -28,7 +28,7 @@ from processor.engine.processor import Processor
 from processor.engine.worker import Worker, sample_registry
 from processor.io.config import ConfigError, Settings, load_settings
 from processor.io.dlq import DlqError, fetch_dead_letter, read_dead_letters, replay
-from processor.io.kafka import choose_partition, producer_config, topic_partitions
+from processor.io.kafka import choose_partition, produce, producer_config, topic_partitions
 from processor.io.logs import setup_logging
 from processor.io.migrate import migrate
 from processor.io.store import Definitions, insert_runs, insert_signal, load_runs, register_workflow
@@ -123,19 +123,10 @@ def start_runs(
     for run_id in run_ids:  # a repeated start wakes the run again; its tick is then a no-op
         wakeup = Wakeup(run_id=run_id, reason="start", produced_at=now_ms)
         partition = choose_partition(run_id, partitions, settings.partition_by_run)
-        _produce(producer, topic, wakeup.encode(), wakeup.key(), partition)
+        produce(producer, topic, wakeup.encode(), wakeup.key(), partition)
     if producer.flush(30) != 0:
         raise CliError("the broker did not acknowledge every start wakeup within 30 s")
     return inserted
-
-
-def _produce(producer: Producer, topic: str, value: bytes, key: bytes, partition: int) -> None:
-    while True:
-        try:
-            producer.produce(topic, value=value, key=key, partition=partition)
-            return
-        except BufferError:
-            producer.poll(0.1)
 
 
 def cmd_start(settings: Settings, args: argparse.Namespace) -> int:
@@ -224,7 +215,7 @@ def cmd_signal(settings: Settings, args: argparse.Namespace) -> int:
     topic = TopicNames(settings.topic_prefix).wakeup(tier_row[0])
     partitions = topic_partitions(producer, [topic])[topic]
     wakeup = Wakeup(run_id=args.run_id, reason="signal", produced_at=int(time.time() * 1000))
-    _produce(producer, topic, wakeup.encode(), wakeup.key(), partition_for(args.run_id, partitions))
+    produce(producer, topic, wakeup.encode(), wakeup.key(), partition_for(args.run_id, partitions))
     if producer.flush(30) != 0:
         raise CliError("the broker did not acknowledge the signal's wakeup within 30 s")
     print(f"signal {kind.value} {'sent' if new else 'was already recorded'} ({signal_id})")

@@ -37,7 +37,7 @@ from processor.core.model import LoadedRun, WorkflowDef, parse_workflow
 from processor.core.routing import TopicNames
 from processor.core.tick import tick
 from processor.io.config import Settings, load_settings
-from processor.io.kafka import choose_partition, producer_config
+from processor.io.kafka import choose_partition, produce, producer_config
 from processor.io.migrate import migrate
 from processor.io.store import (
     Commit,
@@ -54,7 +54,6 @@ from processor.tools.bench_support import (
     final_stats,
     paced,
     peak_rss,
-    produce,
     report,
     stop,
 )
@@ -275,7 +274,8 @@ class Bench:
             future.result(timeout=30)
         producer = Producer(producer_config(self.settings, "bench-naive"))
         for run_id in ids:
-            produce(producer, topic, Wakeup(run_id, "start").encode(), run_id.encode(), None)
+            produce(producer, topic, Wakeup(run_id, "start").encode(), run_id.encode())
+            producer.poll(0)
         producer.flush(60)
         consumer = Consumer(
             {
@@ -371,6 +371,7 @@ class Bench:
         for _ in range(duplicates):
             partition = choose_partition(run_id, self.settings.wakeup_partitions, by_run)
             produce(producer, topic, wakeup.encode(), wakeup.key(), partition)
+            producer.poll(0)
 
     def log_path(self, name: str) -> Path:
         return Path(f"/tmp/ductor-bench-{self.tag}-{name}.log")

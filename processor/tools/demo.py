@@ -30,7 +30,7 @@ from processor.core.envelope import Wakeup
 from processor.core.model import SignalKind, WorkflowDef, parse_workflow
 from processor.core.routing import TopicNames, partition_for
 from processor.io.config import Settings
-from processor.io.kafka import producer_config, topic_partitions
+from processor.io.kafka import produce, producer_config, topic_partitions
 from processor.io.logs import read_stats
 from processor.io.migrate import migrate
 from processor.io.store import insert_runs, insert_signal, register_workflow
@@ -143,14 +143,7 @@ def wake(settings: Settings, plan: Plan, hot_copies: int) -> None:
                 if run_id in hot
                 else partition_for(run_id, partitions[topic])
             )
-            while True:
-                try:
-                    producer.produce(
-                        topic, value=wakeup.encode(), key=wakeup.key(), partition=partition
-                    )
-                    break
-                except BufferError:
-                    producer.poll(0.1)
+            produce(producer, topic, wakeup.encode(), wakeup.key(), partition)
     producer.flush(60)
 
 
@@ -174,12 +167,7 @@ class HotPoker:
         while not self._stop.wait(self._period):
             for run_id in self._hot:
                 wakeup = Wakeup(run_id, "signal", produced_at=int(time.time() * 1000))
-                try:
-                    producer.produce(
-                        topic, value=wakeup.encode(), key=wakeup.key(), partition=turn % partitions
-                    )
-                except BufferError:
-                    producer.poll(0.1)
+                produce(producer, topic, wakeup.encode(), wakeup.key(), turn % partitions)
                 turn += 1
             producer.poll(0)
         producer.flush(10)

@@ -32,7 +32,7 @@ from processor.core.stats import Stats
 from processor.engine.processor import Processor
 from processor.engine.worker import Worker, sample_registry
 from processor.io.config import Settings, load_settings
-from processor.io.kafka import producer_config
+from processor.io.kafka import produce, producer_config
 from processor.io.logs import read_stats
 from processor.io.migrate import migrate
 from processor.io.store import insert_runs, register_workflow
@@ -335,15 +335,7 @@ def produce_wakeups(settings: Settings, records: Sequence[tuple[str, Wakeup, int
     """Produce (topic, wakeup, partition) records and wait until the broker has them all."""
     producer = Producer(producer_config(settings, "test-producer"))
     for topic, wakeup, partition in records:
-        kwargs: dict[str, Any] = {"key": wakeup.key(), "value": wakeup.encode()}
-        if partition is not None:
-            kwargs["partition"] = partition
-        while True:
-            try:
-                producer.produce(topic, **kwargs)
-                break
-            except BufferError:
-                producer.poll(0.1)
+        produce(producer, topic, wakeup.encode(), wakeup.key(), partition)
     assert producer.flush(30) == 0, "the broker did not acknowledge the test records"
 
 
