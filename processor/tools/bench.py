@@ -36,7 +36,7 @@ from processor.core.envelope import Wakeup, decode_wakeup
 from processor.core.model import LoadedRun, WorkflowDef, parse_workflow
 from processor.core.routing import TopicNames
 from processor.core.tick import tick
-from processor.io.config import Settings, load_settings
+from processor.io.config import Settings, load_settings, settings_env
 from processor.io.kafka import choose_partition, produce, producer_config
 from processor.io.migrate import migrate
 from processor.io.store import (
@@ -380,16 +380,8 @@ class Bench:
         self, args: list[str], extra_env: dict[str, str], name: str
     ) -> subprocess.Popen[bytes]:
         env = dict(os.environ)
-        env.update(
-            {
-                "DUCTOR_BOOTSTRAP_SERVERS": self.settings.bootstrap_servers,
-                "DUCTOR_PG_DSN": self.settings.pg_dsn,
-                "DUCTOR_TOPIC_PREFIX": self.settings.topic_prefix,
-                "DUCTOR_GROUP_ID": self.settings.group_id,
-                "DUCTOR_LOG_FORMAT": "json",
-                **extra_env,
-            }
-        )
+        env.update(settings_env(replace(self.settings, log_format="json")))
+        env.update(extra_env)
         log = self.log_path(name).open("wb")
         return subprocess.Popen(
             [sys.executable, "-m", "processor", *args], env=env, stdout=log, stderr=log

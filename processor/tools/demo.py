@@ -17,7 +17,7 @@ import threading
 import time
 import uuid
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +29,7 @@ from confluent_kafka.admin import AdminClient
 from processor.core.envelope import Wakeup
 from processor.core.model import SignalKind, WorkflowDef, parse_workflow
 from processor.core.routing import TopicNames, partition_for
-from processor.io.config import Settings
+from processor.io.config import Settings, settings_env
 from processor.io.kafka import produce, producer_config, topic_partitions
 from processor.io.logs import read_stats
 from processor.io.migrate import migrate
@@ -183,16 +183,7 @@ class Fleet:
     def __init__(self, settings: Settings, log_dir: Path) -> None:
         log_dir.mkdir(parents=True, exist_ok=True)
         env = dict(os.environ)
-        env.update(
-            {
-                "DUCTOR_LOG_FORMAT": "json",
-                "DUCTOR_STATS_LOG_INTERVAL_S": "1",
-                "DUCTOR_BOOTSTRAP_SERVERS": settings.bootstrap_servers,
-                "DUCTOR_PG_DSN": settings.pg_dsn,
-                "DUCTOR_TOPIC_PREFIX": settings.topic_prefix,
-                "DUCTOR_GROUP_ID": settings.group_id,
-            }
-        )
+        env.update(settings_env(replace(settings, log_format="json", stats_log_interval_s=1.0)))
         self.logs = {name: log_dir / f"{name}.log" for name in ("process-1", "process-2", "worker")}
         self.children: dict[str, subprocess.Popen[bytes]] = {}
         for name, path in self.logs.items():

@@ -1,6 +1,8 @@
-"""Settings from an environment mapping (processor/config.py)."""
+"""Settings from an environment mapping and back (processor/io/config.py)."""
 
 from __future__ import annotations
+
+from dataclasses import fields
 
 import pytest
 from hypothesis import given
@@ -12,6 +14,7 @@ from processor.io.config import (
     TierWeights,
     load_settings,
     redact_dsn,
+    settings_env,
 )
 
 from .strategies import FAST
@@ -245,3 +248,98 @@ def test_redact_dsn_hides_a_quoted_keyword_password() -> None:
 # "postgresql://u:***@::1:5432/db", which no longer says which host and port were used.
 def test_redact_dsn_keeps_an_ipv6_host_readable() -> None:
     assert redact_dsn("postgresql://u:secret@[::1]:5432/db") == "postgresql://u:***@[::1]:5432/db"
+
+
+# -- settings_env: the environment that reproduces a Settings --------------------------------
+
+_VARIABLES = [f"DUCTOR_{f.name.upper()}" for f in fields(Settings) if f.name != "kafka_extra"]
+
+
+def test_settings_env_covers_every_setting() -> None:
+    env = settings_env(Settings())
+    assert sorted(env) == sorted(_VARIABLES)
+    assert load_settings(env) == Settings()
+
+
+def test_settings_env_round_trips_every_field_changed() -> None:
+    env = {
+        "DUCTOR_BOOTSTRAP_SERVERS": "k1:9092,k2:9093",
+        "DUCTOR_GROUP_ID": "g",
+        "DUCTOR_GROUP_PROTOCOL": "classic",
+        "DUCTOR_PG_DSN": "host=db user=u password='a b' dbname=x",
+        "DUCTOR_TOPIC_PREFIX": "p.q",
+        "DUCTOR_WAKEUP_PARTITIONS": "7",
+        "DUCTOR_DELAY_PARTITIONS": "8",
+        "DUCTOR_STEP_PARTITIONS": "9",
+        "DUCTOR_DLQ_PARTITIONS": "2",
+        "DUCTOR_REPLICATION_FACTOR": "3",
+        "DUCTOR_BATCH_SIZE": "17",
+        "DUCTOR_BATCH_LINGER_MS": "5",
+        "DUCTOR_TIER_WEIGHTS": "5:3:2",
+        "DUCTOR_TIER_BUFFER_LIMIT": "11",
+        "DUCTOR_LIVELOCK_REQUEUES": "3",
+        "DUCTOR_STUCK_AFTER_S": "1.25",
+        "DUCTOR_SWEEP_INTERVAL_S": "0.1",
+        "DUCTOR_SWEEP_GRACE_S": "1e-7",
+        "DUCTOR_SWEEP_LIMIT": "12",
+        "DUCTOR_PARTITION_BY_RUN": "off",
+        "DUCTOR_MAX_RECORD_BYTES": "300",
+        "DUCTOR_SHUTDOWN_TIMEOUT_S": "inf",
+        "DUCTOR_LOG_FORMAT": "text",
+        "DUCTOR_LOG_LEVEL": "ERROR",
+        "DUCTOR_METRICS_PORT": "9464",
+        "DUCTOR_STATS_LOG_INTERVAL_S": "0.75",
+        "DUCTOR_HEALTH_PORT": "8081",
+        "DUCTOR_HEALTH_STALL_S": "3",
+        "DUCTOR_KAFKA_SECURITY_PROTOCOL": "SASL_SSL",
+        "DUCTOR_KAFKA_SASL_PASSWORD": "hunter2",
+    }
+    s = load_settings(env)
+    changed = [
+        f.name for f in fields(Settings) if getattr(s, f.name) == getattr(Settings(), f.name)
+    ]
+    assert changed == [], f"the example leaves {changed} at their defaults"
+    assert load_settings(settings_env(s)) == s
+    assert settings_env(s)["DUCTOR_TIER_WEIGHTS"] == "5:3:2:3"
+    assert settings_env(s)["DUCTOR_KAFKA_SASL_PASSWORD"] == "hunter2"
+
+
+_RAW = st.one_of(
+    st.integers(-1, 40).map(str),
+    st.integers(-1, 70_000).map(str),
+    st.floats(allow_nan=True).map(str),
+    st.sampled_from(["true", "Off", "", "x y"]),
+    st.sampled_from(["consumer", "classic", "json", "text", "DEBUG", "WARNING"]),
+    st.lists(st.integers(1, 1000).map(str), min_size=2, max_size=5).map(":".join),
+    st.from_regex(r"[A-Za-z0-9._-]{1,20}", fullmatch=True),
+    st.builds("{}:{}".format, st.sampled_from(["k", "10.0.0.1", "b.example"]), st.integers(1, 9)),
+    st.builds("postgresql://u:{}@db/x".format, st.text("abc%40-_", min_size=1, max_size=8)),
+)
+
+
+@FAST
+@given(
+    candidates=st.fixed_dictionaries({}, optional=dict.fromkeys(_VARIABLES, _RAW)),
+    kafka=st.dictionaries(
+        st.from_regex(r"[A-Z][A-Z0-9]{0,6}(_[A-Z0-9]{1,6}){0,3}", fullmatch=True).map(
+            "DUCTOR_KAFKA_{}".format
+        ),
+        st.text(max_size=10),
+        max_size=3,
+    ),
+)
+def test_settings_env_round_trips(candidates: dict[str, str], kafka: dict[str, str]) -> None:
+    env = dict(kafka)
+    for var, raw in candidates.items():  # keep the values load_settings accepts
+        try:
+            load_settings({var: raw})
+        except ConfigError:
+            continue
+        env[var] = raw
+    s = load_settings(env)
+    assert load_settings(settings_env(s)) == s
+
+
+def test_settings_env_refuses_a_property_no_variable_can_give() -> None:
+    with pytest.raises(ConfigError, match="ssl_key"):
+        settings_env(Settings(kafka_extra={"ssl_key": "x"}))
