@@ -11,7 +11,9 @@ import os
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
-from urllib.parse import urlsplit, urlunsplit
+
+import psycopg
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 # librdkafka properties can be passed through as DUCTOR_KAFKA_<PROPERTY>, with dots written as
 # underscores (DUCTOR_KAFKA_SECURITY_PROTOCOL=SASL_SSL -> security.protocol=SASL_SSL).
@@ -83,29 +85,26 @@ class Settings:
         return {k: ("***" if k in SECRET_KAFKA_KEYS else v) for k, v in self.kafka_common().items()}
 
 
-_KEYWORD_PASSWORD = re.compile(r"(password\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)")
+# libpq parameters whose value is a secret: the server password and the client key's password.
+_SECRET_DSN_KEYS = frozenset({"password", "sslpassword"})
+_URI_SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://")
 
 
 def redact_dsn(dsn: str) -> str:
     """The DSN with every password replaced, for logs and error messages.
 
-    libpq takes a password in the URI's userinfo, as a ``password`` query parameter, or as a
-    (possibly quoted) ``password=`` keyword; all three are hidden.
+    The DSN is read by libpq's own parser (through psycopg), so a password is found wherever
+    libpq would take it from: a URI's userinfo or ``password`` query parameter, or a (possibly
+    quoted) ``password=`` keyword. The result is in keyword form (``user=u password=*** ...``).
+    A DSN libpq cannot parse is hidden whole, but for its URI scheme.
     """
-    if "://" not in dsn:
-        return _KEYWORD_PASSWORD.sub(r"\1***", dsn)
-    parts = urlsplit(dsn)
-    netloc = parts.netloc
-    userinfo, at, hostport = netloc.rpartition("@")
-    if at and ":" in userinfo:
-        netloc = f"{userinfo.split(':', 1)[0]}:***@{hostport}"
-    query = "&".join(
-        f"{key}=***" if key == "password" else pair
-        for pair in parts.query.split("&")
-        if pair
-        for key in [pair.split("=", 1)[0]]
-    )
-    return urlunsplit(parts._replace(netloc=netloc, query=query))
+    try:
+        params = conninfo_to_dict(dsn)
+        hidden = {k: ("***" if k in _SECRET_DSN_KEYS else v) for k, v in params.items()}
+        return make_conninfo("", **hidden)
+    except (psycopg.Error, ValueError, TypeError):
+        scheme = _URI_SCHEME.match(dsn)
+        return f"{scheme.group(0)}***" if scheme else "***"
 
 
 def _parse_int(name: str, raw: str, minimum: int, maximum: int | None = None) -> int:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import fields
 
 import pytest
@@ -31,7 +32,10 @@ def test_defaults() -> None:
     assert settings.partition_by_run is True
     assert settings.kafka_extra == {}
     assert settings.kafka_common() == {"bootstrap.servers": "127.0.0.1:19092"}
-    assert settings.pg_dsn_redacted == "postgresql://ductor:***@127.0.0.1:55432/ductor"
+    assert (
+        settings.pg_dsn_redacted
+        == "user=ductor password=*** dbname=ductor host=127.0.0.1 port=55432"
+    )
 
 
 def test_unrelated_variables_are_ignored() -> None:
@@ -177,15 +181,24 @@ def test_kafka_passthrough() -> None:
     [
         (
             "postgresql://ductor:secret@127.0.0.1:55432/ductor",
-            "postgresql://ductor:***@127.0.0.1:55432/ductor",
+            "user=ductor password=*** dbname=ductor host=127.0.0.1 port=55432",
         ),
-        ("postgres://u:p%40ss@db/x?sslmode=require", "postgres://u:***@db/x?sslmode=require"),
-        ("postgresql://u:secret@db/x", "postgresql://u:***@db/x"),
-        ("postgresql://u@db:5432/x", "postgresql://u@db:5432/x"),
-        ("postgresql://db/x", "postgresql://db/x"),
-        ("host=db user=u password=secret dbname=x", "host=db user=u password=*** dbname=x"),
-        ("host=db password = secret", "host=db password = ***"),
-        ("host=db dbname=x", "host=db dbname=x"),
+        (
+            "postgres://u:p%40ss@db/x?sslmode=require",
+            "user=u password=*** dbname=x host=db sslmode=require",
+        ),
+        ("postgresql://u:secret@db/x", "user=u password=*** dbname=x host=db"),
+        ("postgresql://u@db:5432/x", "user=u dbname=x host=db port=5432"),
+        ("postgresql://db/x", "dbname=x host=db"),
+        (
+            "postgresql://u:p@h1:5432,h2:5433/x",
+            "user=u password=*** dbname=x host=h1,h2 port=5432,5433",
+        ),
+        ("host=db user=u password=secret dbname=x", "user=u password=*** dbname=x host=db"),
+        ("host=db password = secret", "password=*** host=db"),
+        ("host=db dbname=x", "dbname=x host=db"),
+        ("host=db sslpassword=secret sslkey=k", "host=db sslkey=k sslpassword=***"),
+        ("", ""),
     ],
 )
 def test_redact_dsn(dsn: str, expected: str) -> None:
@@ -208,7 +221,12 @@ def test_redact_dsn_hides_url_passwords(
 ) -> None:
     netloc = f"{user}:{password}@{host}" + (f":{port}" if port else "")
     redacted = redact_dsn(f"postgresql://{netloc}/db")
-    assert redacted == f"postgresql://{user}:***@{host}" + (f":{port}" if port else "") + "/db"
+    if re.search(r"%(?![0-9A-Fa-f]{2})", password):
+        # Not a valid percent-encoding: libpq cannot parse the URI, so all of it is hidden.
+        assert redacted == "postgresql://***"
+    else:
+        expected = f"user={user} password=*** dbname=db host={host}"
+        assert redacted == expected + (f" port={port}" if port else "")
 
 
 @FAST
@@ -221,7 +239,7 @@ def test_redact_dsn_hides_url_passwords(
 )
 def test_redact_dsn_hides_keyword_passwords(password: str) -> None:
     redacted = redact_dsn(f"host=db user=u password={password} dbname=x")
-    assert redacted == "host=db user=u password=*** dbname=x"
+    assert redacted == "user=u password=*** dbname=x host=db"
 
 
 # Fixed (config.py redact_dsn): libpq also takes the password as a URI query parameter
@@ -247,7 +265,25 @@ def test_redact_dsn_hides_a_quoted_keyword_password() -> None:
 # the brackets of an IPv6 literal: "postgresql://u:secret@[::1]:5432/db" becomes
 # "postgresql://u:***@::1:5432/db", which no longer says which host and port were used.
 def test_redact_dsn_keeps_an_ipv6_host_readable() -> None:
-    assert redact_dsn("postgresql://u:secret@[::1]:5432/db") == "postgresql://u:***@[::1]:5432/db"
+    assert redact_dsn("postgresql://u:secret@[::1]:5432/db") == (
+        "user=u password=*** dbname=db host=::1 port=5432"
+    )
+
+
+@pytest.mark.parametrize(
+    ("dsn", "expected"),
+    [
+        ("postgresql://u:a secret@h/x", "postgresql://***"),  # spaces must be %20 in a URI
+        ("postgresql://u:secret%zz@h/x", "postgresql://***"),
+        ("mysql://u:secret@h/db", "mysql://***"),
+        ("host='db password=secret", "***"),  # unterminated quote
+        ("password=secret dbname", "***"),
+        ("password=secret passwrd=x", "***"),  # an unknown keyword
+        ("password=secret host=a://b garbage", "***"),
+    ],
+)
+def test_an_unparseable_dsn_is_hidden_whole(dsn: str, expected: str) -> None:
+    assert redact_dsn(dsn) == expected
 
 
 # -- settings_env: the environment that reproduces a Settings --------------------------------
