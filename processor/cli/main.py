@@ -31,7 +31,14 @@ from processor.io.dlq import DlqError, fetch_dead_letter, read_dead_letters, rep
 from processor.io.kafka import choose_partition, produce, producer_config, topic_partitions
 from processor.io.logs import setup_logging
 from processor.io.migrate import migrate
-from processor.io.store import Definitions, insert_runs, insert_signal, load_runs, register_workflow
+from processor.io.runs_admin import (
+    insert_runs,
+    insert_signal,
+    register_workflow,
+    run_columns,
+    run_tier,
+)
+from processor.io.store import Definitions, load_runs
 from processor.io.topics import create_topics
 from processor.tools.bench import add_arguments as add_bench_arguments
 from processor.tools.bench import run as run_bench
@@ -175,12 +182,8 @@ def _stop_on_signals(stop: Any) -> None:
 def cmd_inspect(settings: Settings, args: argparse.Namespace) -> int:
     with _connect(settings) as conn:
         run = load_runs(conn, Definitions(), [args.run_id]).get(args.run_id)
-        row = conn.execute(
-            "SELECT db_record_version, next_wakeup_at, created_at, updated_at, failure_reason"
-            " FROM eec_workflow_run WHERE run_id = %s",
-            (args.run_id,),
-        ).fetchone()
-    if run is None or row is None:
+        columns = run_columns(conn, args.run_id)
+    if run is None or columns is None:
         raise CliError(f"no run with id {args.run_id!r}")
     if isinstance(run, Exception):
         raise CliError(str(run))
@@ -190,10 +193,10 @@ def cmd_inspect(settings: Settings, args: argparse.Namespace) -> int:
         f"status     {run.state.status.value}"
         + (f" ({run.state.reason})" if run.state.reason else "")
     )
-    print(f"version    {row[0]}   seq {run.state.seq}   tier {run.tier}")
+    print(f"version    {columns.version}   seq {run.state.seq}   tier {run.tier}")
     check = "ok" if run.checksum_ok else f"MISMATCH (row says {run.stored_checksum})"
     print(f"checksum   {state_checksum(run.state)} {check}")
-    print(f"next wake  {row[1] or '-'}")
+    print(f"next wake  {columns.next_wakeup_at or '-'}")
     print("nodes:")
     for name, node in run.state.nodes:
         extra = f"  error: {node.error}" if node.error else ""
@@ -205,14 +208,12 @@ def cmd_signal(settings: Settings, args: argparse.Namespace) -> int:
     kind = SignalKind(args.kind)
     signal_id = args.signal_id or f"{kind.value}-{uuid.uuid4().hex[:12]}"
     with _connect(settings) as conn:
-        tier_row = conn.execute(
-            "SELECT tier FROM eec_workflow_run WHERE run_id = %s", (args.run_id,)
-        ).fetchone()
-        if tier_row is None:
+        tier = run_tier(conn, args.run_id)
+        if tier is None:
             raise CliError(f"no run with id {args.run_id!r}")
         new = insert_signal(conn, args.run_id, signal_id, kind)
     producer = Producer(producer_config(settings, "ductor-cli"))
-    topic = TopicNames(settings.topic_prefix).wakeup(tier_row[0])
+    topic = TopicNames(settings.topic_prefix).wakeup(tier)
     partitions = topic_partitions(producer, [topic])[topic]
     wakeup = Wakeup(run_id=args.run_id, reason="signal", produced_at=int(time.time() * 1000))
     produce(producer, topic, wakeup.encode(), wakeup.key(), partition_for(args.run_id, partitions))

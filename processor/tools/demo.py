@@ -33,7 +33,12 @@ from processor.io.config import Settings, settings_env
 from processor.io.kafka import produce, producer_config, topic_partitions
 from processor.io.logs import read_stats
 from processor.io.migrate import migrate
-from processor.io.store import insert_runs, insert_signal, register_workflow
+from processor.io.runs_admin import (
+    insert_runs,
+    insert_signal,
+    register_workflow,
+    statuses_with_prefix,
+)
 from processor.io.topics import create_topics
 
 REPO = Path(__file__).resolve().parents[2]
@@ -213,10 +218,7 @@ class Fleet:
 
 
 def statuses(conn: psycopg.Connection[Any], tag: str) -> dict[str, str]:
-    rows = conn.execute(
-        "SELECT run_id, status FROM eec_workflow_run WHERE run_id LIKE %s", (f"demo-{tag}-%",)
-    ).fetchall()
-    return {r[0]: r[1] for r in rows}
+    return statuses_with_prefix(conn, f"demo-{tag}-")
 
 
 def totals(stats: list[dict[str, Any]]) -> dict[str, int]:

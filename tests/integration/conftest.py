@@ -35,7 +35,7 @@ from processor.io.config import Settings, load_settings, settings_env
 from processor.io.kafka import produce, producer_config
 from processor.io.logs import read_stats
 from processor.io.migrate import migrate
-from processor.io.store import insert_runs, register_workflow
+from processor.io.runs_admin import insert_runs, register_workflow
 from processor.io.telemetry import Telemetry
 from processor.io.topics import create_topics, desired_topics
 

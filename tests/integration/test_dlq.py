@@ -26,7 +26,7 @@ from processor.core.records import normalise_headers
 from processor.core.routing import TopicNames
 from processor.io.config import Settings
 from processor.io.dlq import DeadLetter, read_dead_letters
-from processor.io.store import insert_runs, register_workflow
+from processor.io.runs_admin import insert_runs, register_workflow
 
 from .conftest import (
     REPO,
