@@ -13,7 +13,7 @@ import psycopg
 import pytest
 from confluent_kafka import Consumer
 
-from processor.cli.main import start_runs
+from processor.client import start_runs
 from processor.core.envelope import Wakeup, decode_wakeup
 from processor.core.model import WorkflowDef, parse_workflow
 from processor.core.records import normalise_headers

@@ -14,7 +14,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from processor.cli.main import start_runs
+from processor.client import start_runs
 from processor.io.config import Settings
 
 from .audit import assert_results_applied, assert_transitions_applied_once
