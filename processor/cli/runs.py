@@ -19,6 +19,7 @@ from processor.io.config import Settings
 from processor.io.kafka import produce, producer_config, topic_partitions
 from processor.io.runs_admin import insert_signal, register_workflow, run_columns, run_tier
 from processor.io.store import Definitions, load_runs
+from processor.io.workflow_schema import WorkflowSchemaError, check_workflow_document
 
 
 def cmd_workflows_register(settings: Settings, args: argparse.Namespace) -> int:
@@ -30,8 +31,9 @@ def cmd_workflows_register(settings: Settings, args: argparse.Namespace) -> int:
     except orjson.JSONDecodeError as exc:
         raise CliError(f"{path} is not valid JSON: {exc}", EXIT_USAGE) from None
     try:
+        check_workflow_document(raw)
         wf = parse_workflow(raw)
-    except ValidationError as exc:
+    except (WorkflowSchemaError, ValidationError) as exc:
         raise CliError(f"{path}: {exc}", EXIT_USAGE) from None
     with connect(settings) as conn:
         try:
