@@ -1,4 +1,5 @@
-"""The ``ductor`` command line.
+"""The ``ductor`` command line: the parser and ``main``; the commands are in the modules
+beside this one.
 
 Exit codes scripts can rely on: 0 success, 1 the operation failed (a service is unreachable,
 a run did not end as expected), 2 bad usage or bad configuration. Errors are printed as one
@@ -8,273 +9,22 @@ sentence on stderr, never as a traceback.
 from __future__ import annotations
 
 import argparse
-import signal
 import sys
-import time
-import uuid
 from collections.abc import Sequence
-from pathlib import Path
-from typing import Any
 
-import orjson
 import psycopg
-from confluent_kafka import KafkaError, KafkaException, Producer
+from confluent_kafka import KafkaError, KafkaException
 
-from processor.core.envelope import Wakeup
-from processor.core.model import SignalKind, ValidationError, parse_workflow, state_checksum
+from processor.cli.common import EXIT_FAILED, EXIT_USAGE, CliError
+from processor.cli.dlq import cmd_dlq_list, cmd_dlq_replay
+from processor.cli.runs import cmd_inspect, cmd_signal, cmd_start, cmd_workflows_register
+from processor.cli.services import cmd_migrate, cmd_process, cmd_topics_create, cmd_worker
+from processor.cli.tool_commands import cmd_bench, cmd_demo, parse_bench_arguments
+from processor.core.model import SignalKind
 from processor.core.outcomes import DLQ_REASONS
-from processor.core.routing import TIERS, TopicNames, partition_for
-from processor.engine.processor import Processor
-from processor.engine.worker import Worker, sample_registry
-from processor.io.config import ConfigError, Settings, load_settings
-from processor.io.dlq import DlqError, fetch_dead_letter, read_dead_letters, replay
-from processor.io.kafka import choose_partition, producer_config, topic_partitions
+from processor.core.routing import TIERS
+from processor.io.config import ConfigError, load_settings
 from processor.io.logs import setup_logging
-from processor.io.migrate import migrate
-from processor.io.store import Definitions, insert_runs, insert_signal, load_runs, register_workflow
-from processor.io.topics import create_topics
-from processor.tools.bench import add_arguments as add_bench_arguments
-from processor.tools.bench import run as run_bench
-from processor.tools.demo import run_demo
-
-EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
-
-
-class CliError(Exception):
-    """A failure to report as one sentence, with its exit code."""
-
-    def __init__(self, message: str, code: int = EXIT_FAILED) -> None:
-        super().__init__(message)
-        self.code = code
-
-
-def _connect(settings: Settings) -> psycopg.Connection[Any]:
-    try:
-        return psycopg.connect(settings.pg_dsn, autocommit=True, connect_timeout=10)
-    except psycopg.OperationalError as exc:
-        first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise CliError(
-            f"cannot connect to Postgres at {settings.pg_dsn_redacted} ({first_line});"
-            " is it running (make up) and is DUCTOR_PG_DSN right?"
-        ) from None
-
-
-def cmd_migrate(settings: Settings, _args: argparse.Namespace) -> int:
-    with _connect(settings):
-        pass
-    applied = migrate(settings.pg_dsn)
-    print("applied: " + ", ".join(applied) if applied else "schema is up to date")
-    return EXIT_OK
-
-
-def cmd_topics_create(settings: Settings, _args: argparse.Namespace) -> int:
-    report = create_topics(settings)
-    for topic, state in report.items():
-        print(f"{topic:32} {state}")
-    return EXIT_OK
-
-
-def cmd_workflows_register(settings: Settings, args: argparse.Namespace) -> int:
-    path = Path(args.file)
-    try:
-        raw = orjson.loads(path.read_bytes())
-    except OSError as exc:
-        raise CliError(f"cannot read {path}: {exc.strerror}", EXIT_USAGE) from None
-    except orjson.JSONDecodeError as exc:
-        raise CliError(f"{path} is not valid JSON: {exc}", EXIT_USAGE) from None
-    try:
-        wf = parse_workflow(raw)
-    except ValidationError as exc:
-        raise CliError(f"{path}: {exc}", EXIT_USAGE) from None
-    with _connect(settings) as conn:
-        try:
-            new = register_workflow(conn, wf)
-        except ValueError as exc:
-            raise CliError(str(exc)) from None
-    print(f"workflow {wf.name} v{wf.version} {'registered' if new else 'already registered'}")
-    return EXIT_OK
-
-
-def start_runs(
-    settings: Settings,
-    workflow: str,
-    run_ids: Sequence[str],
-    run_input: Any = None,
-    tier: str = "t1",
-    version: int | None = None,
-) -> list[str]:
-    """Insert the runs (idempotently) and produce their first wakeups. Returns the new ids."""
-    names = TopicNames(settings.topic_prefix)
-    with _connect(settings) as conn:
-        definitions = Definitions()
-        wf = (
-            definitions.get(conn, (workflow, version))
-            if version
-            else definitions.latest(conn, workflow)
-        )
-        inserted: list[str] = []
-        for start in range(0, len(run_ids), 5000):
-            chunk = run_ids[start : start + 5000]
-            inserted += insert_runs(conn, wf, [(r, run_input or {}) for r in chunk], tier)
-    producer = Producer(producer_config(settings, "ductor-cli"))
-    topic = names.wakeup(tier)
-    partitions = topic_partitions(producer, [topic])[topic]
-    now_ms = int(time.time() * 1000)
-    for run_id in run_ids:  # a repeated start wakes the run again; its tick is then a no-op
-        wakeup = Wakeup(run_id=run_id, reason="start", produced_at=now_ms)
-        partition = choose_partition(run_id, partitions, settings.partition_by_run)
-        _produce(producer, topic, wakeup.encode(), wakeup.key(), partition)
-    if producer.flush(30) != 0:
-        raise CliError("the broker did not acknowledge every start wakeup within 30 s")
-    return inserted
-
-
-def _produce(producer: Producer, topic: str, value: bytes, key: bytes, partition: int) -> None:
-    while True:
-        try:
-            producer.produce(topic, value=value, key=key, partition=partition)
-            return
-        except BufferError:
-            producer.poll(0.1)
-
-
-def cmd_start(settings: Settings, args: argparse.Namespace) -> int:
-    try:
-        run_input = orjson.loads(args.input) if args.input else {}
-    except orjson.JSONDecodeError as exc:
-        raise CliError(f"--input is not valid JSON: {exc}", EXIT_USAGE) from None
-    if args.count < 1:
-        raise CliError("--count must be at least 1", EXIT_USAGE)
-    if args.run_id:
-        ids = (
-            [args.run_id] if args.count == 1 else [f"{args.run_id}-{i}" for i in range(args.count)]
-        )
-    else:
-        ids = [f"{args.workflow}-{uuid.uuid4().hex[:12]}" for _ in range(args.count)]
-    inserted = start_runs(settings, args.workflow, ids, run_input, args.tier)
-    if args.count == 1:
-        print(ids[0] if inserted else f"{ids[0]} (already started)")
-    else:
-        print(f"started {len(inserted)} run(s), {len(ids) - len(inserted)} already existed")
-    return EXIT_OK
-
-
-def cmd_process(settings: Settings, args: argparse.Namespace) -> int:
-    processor = Processor(settings)
-    _stop_on_signals(processor.stop)
-    processor.run()
-    return EXIT_OK
-
-
-def cmd_worker(settings: Settings, args: argparse.Namespace) -> int:
-    worker = Worker(settings, sample_registry(), threads=args.threads)
-    _stop_on_signals(worker.stop)
-    worker.run()
-    return EXIT_OK
-
-
-def _stop_on_signals(stop: Any) -> None:
-    def handler(_signum: int, _frame: Any) -> None:
-        stop()
-
-    signal.signal(signal.SIGTERM, handler)
-    signal.signal(signal.SIGINT, handler)
-
-
-def cmd_inspect(settings: Settings, args: argparse.Namespace) -> int:
-    with _connect(settings) as conn:
-        run = load_runs(conn, Definitions(), [args.run_id]).get(args.run_id)
-        row = conn.execute(
-            "SELECT db_record_version, next_wakeup_at, created_at, updated_at, failure_reason"
-            " FROM eec_workflow_run WHERE run_id = %s",
-            (args.run_id,),
-        ).fetchone()
-    if run is None or row is None:
-        raise CliError(f"no run with id {args.run_id!r}")
-    if isinstance(run, Exception):
-        raise CliError(str(run))
-    print(f"run        {run.run_id}")
-    print(f"workflow   {run.workflow[0]} v{run.workflow[1]}")
-    print(
-        f"status     {run.state.status.value}"
-        + (f" ({run.state.reason})" if run.state.reason else "")
-    )
-    print(f"version    {row[0]}   seq {run.state.seq}   tier {run.tier}")
-    check = "ok" if run.checksum_ok else f"MISMATCH (row says {run.stored_checksum})"
-    print(f"checksum   {state_checksum(run.state)} {check}")
-    print(f"next wake  {row[1] or '-'}")
-    print("nodes:")
-    for name, node in run.state.nodes:
-        extra = f"  error: {node.error}" if node.error else ""
-        print(f"  {name:20} {node.status.value:11} attempt {node.attempt}{extra}")
-    return EXIT_OK if run.checksum_ok else EXIT_FAILED
-
-
-def cmd_signal(settings: Settings, args: argparse.Namespace) -> int:
-    kind = SignalKind(args.kind)
-    signal_id = args.signal_id or f"{kind.value}-{uuid.uuid4().hex[:12]}"
-    with _connect(settings) as conn:
-        tier_row = conn.execute(
-            "SELECT tier FROM eec_workflow_run WHERE run_id = %s", (args.run_id,)
-        ).fetchone()
-        if tier_row is None:
-            raise CliError(f"no run with id {args.run_id!r}")
-        new = insert_signal(conn, args.run_id, signal_id, kind)
-    producer = Producer(producer_config(settings, "ductor-cli"))
-    topic = TopicNames(settings.topic_prefix).wakeup(tier_row[0])
-    partitions = topic_partitions(producer, [topic])[topic]
-    wakeup = Wakeup(run_id=args.run_id, reason="signal", produced_at=int(time.time() * 1000))
-    _produce(producer, topic, wakeup.encode(), wakeup.key(), partition_for(args.run_id, partitions))
-    if producer.flush(30) != 0:
-        raise CliError("the broker did not acknowledge the signal's wakeup within 30 s")
-    print(f"signal {kind.value} {'sent' if new else 'was already recorded'} ({signal_id})")
-    return EXIT_OK
-
-
-def cmd_demo(settings: Settings, args: argparse.Namespace) -> int:
-    return run_demo(settings, runs=args.runs, timeout_s=args.timeout)
-
-
-def cmd_bench(settings: Settings, args: argparse.Namespace) -> int:
-    return run_bench(args)
-
-
-def cmd_dlq_list(settings: Settings, args: argparse.Namespace) -> int:
-    if args.limit is not None and args.limit < 1:
-        raise CliError("--limit must be at least 1", EXIT_USAGE)
-    try:
-        letters = read_dead_letters(settings, reason=args.reason, limit=args.limit)
-    except DlqError as exc:
-        raise CliError(str(exc)) from None
-    for letter in letters:
-        print(letter.describe())
-    # The count goes to stderr, so stdout stays exactly one line per record for scripts.
-    which = f" with reason {args.reason}" if args.reason else ""
-    topic = TopicNames(settings.topic_prefix).dlq
-    print(f"{len(letters)} dead letter(s){which} listed from {topic}", file=sys.stderr)
-    return EXIT_OK
-
-
-def cmd_dlq_replay(settings: Settings, args: argparse.Namespace) -> int:
-    if args.dlq_offset < 0 or args.partition < 0:
-        raise CliError("the offset and --partition must not be negative", EXIT_USAGE)
-    value: bytes | None = None
-    if args.value_file:
-        try:
-            value = Path(args.value_file).read_bytes()
-        except OSError as exc:
-            raise CliError(f"cannot read {args.value_file}: {exc.strerror}", EXIT_USAGE) from None
-    try:
-        letter = fetch_dead_letter(settings, args.partition, args.dlq_offset)
-        done = replay(settings, letter, value, force=args.force)
-    except DlqError as exc:
-        raise CliError(str(exc)) from None
-    source = "a fixed value" if value is not None else "its original value"
-    print(
-        f"replayed {letter.partition}:{letter.offset} ({letter.reason}) with {source}"
-        f" to {done.topic} partition {done.partition} offset {done.offset}"
-    )
-    return EXIT_OK
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -337,8 +87,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--timeout", type=float, default=300.0, help="give up after this many seconds")
     p.set_defaults(func=cmd_demo)
 
-    p = sub.add_parser("bench", help="the benchmark (same as `make bench`); prints figures")
-    add_bench_arguments(p)
+    # The benchmark's options are its own (see parse_args): `ductor bench --help` lists them.
+    p = sub.add_parser(
+        "bench", help="the benchmark (same as `make bench`); prints figures", add_help=False
+    )
     p.set_defaults(func=cmd_bench)
 
     dlq = sub.add_parser("dlq", help="list and replay dead-lettered records")
@@ -368,8 +120,19 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    """The command line parsed; exits 2 with a usage message on bad usage (argparse)."""
+    parser = build_parser()
+    args, rest = parser.parse_known_args(argv)
+    if args.command == "bench":
+        return parse_bench_arguments(rest, args)
+    if rest:
+        parser.error(f"unrecognized arguments: {' '.join(rest)}")
+    return args
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = parse_args(argv)
     try:
         settings = load_settings()
         setup_logging(settings.log_format, settings.log_level)

@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from functools import cached_property
+from graphlib import CycleError, TopologicalSorter
 from typing import Any
 
 import orjson
@@ -203,16 +204,12 @@ def _check_graph(steps: list[StepDef]) -> None:
                 raise ValidationError(f"workflow.steps: {s.name!r} depends on unknown step {d!r}")
             if d == s.name:
                 raise ValidationError(f"workflow.steps: {s.name!r} depends on itself")
-    # Kahn's algorithm: whatever cannot be ordered sits on a cycle.
-    remaining = {s.name: set(s.depends_on) for s in steps}
-    while remaining:
-        ready = [n for n, deps in remaining.items() if not deps]
-        if not ready:
-            raise ValidationError(f"workflow.steps: dependency cycle among {sorted(remaining)}")
-        for n in ready:
-            del remaining[n]
-        for deps in remaining.values():
-            deps.difference_update(ready)
+    try:
+        TopologicalSorter({s.name: s.depends_on for s in steps}).prepare()
+    except CycleError as exc:
+        # The second argument is one cycle found, its first step repeated at its end.
+        on_cycle = sorted(set(exc.args[1]))
+        raise ValidationError(f"workflow.steps: dependency cycle among {on_cycle}") from None
 
 
 def workflow_to_json(wf: WorkflowDef) -> dict[str, Any]:

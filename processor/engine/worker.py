@@ -34,6 +34,7 @@ from processor.io.config import Settings
 from processor.io.kafka import (
     choose_partition,
     group_protocol_config,
+    produce,
     producer_config,
     topic_partitions,
 )
@@ -181,14 +182,15 @@ class Worker:
             now_ms = int(time.time() * 1000)
             wakeup = Wakeup(run_id=task.run_id, reason="step_result", produced_at=now_ms)
             topic = self.names.wakeup(task.tier)
-            self._producer.produce(
+            produce(
+                self._producer,
                 topic,
-                value=wakeup.encode(),
-                key=wakeup.key(),
-                headers=list(trace),
+                wakeup.encode(),
+                wakeup.key(),
                 partition=choose_partition(
                     task.run_id, self._partitions[topic], self.settings.partition_by_run
                 ),
+                headers=list(trace),
             )
             self._producer.poll(0)
         self.executed += len(tasks)

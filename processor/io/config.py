@@ -11,10 +11,9 @@ import os
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
-from typing import TypeVar
-from urllib.parse import urlsplit, urlunsplit
 
-T = TypeVar("T")
+import psycopg
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 # librdkafka properties can be passed through as DUCTOR_KAFKA_<PROPERTY>, with dots written as
 # underscores (DUCTOR_KAFKA_SECURITY_PROTOCOL=SASL_SSL -> security.protocol=SASL_SSL).
@@ -86,29 +85,26 @@ class Settings:
         return {k: ("***" if k in SECRET_KAFKA_KEYS else v) for k, v in self.kafka_common().items()}
 
 
-_KEYWORD_PASSWORD = re.compile(r"(password\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)")
+# libpq parameters whose value is a secret: the server password and the client key's password.
+_SECRET_DSN_KEYS = frozenset({"password", "sslpassword"})
+_URI_SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://")
 
 
 def redact_dsn(dsn: str) -> str:
     """The DSN with every password replaced, for logs and error messages.
 
-    libpq takes a password in the URI's userinfo, as a ``password`` query parameter, or as a
-    (possibly quoted) ``password=`` keyword; all three are hidden.
+    The DSN is read by libpq's own parser (through psycopg), so a password is found wherever
+    libpq would take it from: a URI's userinfo or ``password`` query parameter, or a (possibly
+    quoted) ``password=`` keyword. The result is in keyword form (``user=u password=*** ...``).
+    A DSN libpq cannot parse is hidden whole, but for its URI scheme.
     """
-    if "://" not in dsn:
-        return _KEYWORD_PASSWORD.sub(r"\1***", dsn)
-    parts = urlsplit(dsn)
-    netloc = parts.netloc
-    userinfo, at, hostport = netloc.rpartition("@")
-    if at and ":" in userinfo:
-        netloc = f"{userinfo.split(':', 1)[0]}:***@{hostport}"
-    query = "&".join(
-        f"{key}=***" if key == "password" else pair
-        for pair in parts.query.split("&")
-        if pair
-        for key in [pair.split("=", 1)[0]]
-    )
-    return urlunsplit(parts._replace(netloc=netloc, query=query))
+    try:
+        params = conninfo_to_dict(dsn)
+        hidden = {k: ("***" if k in _SECRET_DSN_KEYS else v) for k, v in params.items()}
+        return make_conninfo("", **hidden)
+    except (psycopg.Error, ValueError, TypeError):
+        scheme = _URI_SCHEME.match(dsn)
+        return f"{scheme.group(0)}***" if scheme else "***"
 
 
 def _parse_int(name: str, raw: str, minimum: int, maximum: int | None = None) -> int:
@@ -186,63 +182,103 @@ def _parse_name(name: str, raw: str) -> str:
     return raw
 
 
+def _kafka_property(var: str) -> str:
+    """The librdkafka property a DUCTOR_KAFKA_<PROPERTY> variable names."""
+    return var[len(KAFKA_PASSTHROUGH_PREFIX) :].lower().replace("_", ".")
+
+
 def _kafka_passthrough(env: Mapping[str, str]) -> dict[str, str]:
     extra: dict[str, str] = {}
     for key, value in env.items():
         if key.startswith(KAFKA_PASSTHROUGH_PREFIX):
-            prop = key[len(KAFKA_PASSTHROUGH_PREFIX) :].lower().replace("_", ".")
+            prop = _kafka_property(key)
             if not prop:
                 raise ConfigError(f"{key}: name a librdkafka property after the prefix")
             extra[prop] = value
     return extra
 
 
+def _int_in(minimum: int, maximum: int | None = None) -> Callable[[str, str], int]:
+    return lambda n, r: _parse_int(n, r, minimum, maximum)
+
+
+def _float_min(minimum: float) -> Callable[[str, str], float]:
+    return lambda n, r: _parse_float(n, r, minimum)
+
+
+# Every setting but kafka_extra, with the parser of its DUCTOR_<FIELD> variable. Both
+# load_settings and settings_env are built from this one table, so they cannot drift apart.
+_FIELDS: tuple[tuple[str, Callable[[str, str], object]], ...] = (
+    ("bootstrap_servers", _parse_servers),
+    ("group_id", _parse_name),
+    ("group_protocol", _parse_choice(("consumer", "classic"))),
+    ("pg_dsn", _parse_dsn),
+    ("topic_prefix", _parse_name),
+    ("wakeup_partitions", _int_in(1, 10_000)),
+    ("delay_partitions", _int_in(1, 10_000)),
+    ("step_partitions", _int_in(1, 10_000)),
+    ("dlq_partitions", _int_in(1, 10_000)),
+    ("replication_factor", _int_in(1, 32)),
+    ("batch_size", _int_in(1, 100_000)),
+    ("batch_linger_ms", _int_in(0, 10_000)),
+    ("tier_weights", _parse_weights),
+    ("tier_buffer_limit", _int_in(1, 10_000_000)),
+    ("livelock_requeues", _int_in(1, 1000)),
+    ("stuck_after_s", _float_min(1.0)),
+    ("sweep_interval_s", _float_min(0.05)),
+    ("sweep_grace_s", _float_min(0.0)),
+    ("sweep_limit", _int_in(1, 1_000_000)),
+    ("partition_by_run", _parse_bool),
+    ("max_record_bytes", _int_in(256, 100 * 1024 * 1024)),
+    ("shutdown_timeout_s", _float_min(0.5)),
+    ("log_format", _parse_choice(("json", "text"))),
+    ("log_level", _parse_choice(("DEBUG", "INFO", "WARNING", "ERROR"))),
+    ("metrics_port", _int_in(0, 65535)),
+    ("stats_log_interval_s", _float_min(0.5)),
+    ("health_port", _int_in(0, 65535)),
+    ("health_stall_s", _float_min(0.1)),
+)
+
+
+def _variable(field_name: str) -> str:
+    return f"DUCTOR_{field_name.upper()}"
+
+
+def _format(value: object) -> str:
+    """A setting's value written the way its parser reads it back."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, TierWeights):
+        return f"{value.t0}:{value.t1}:{value.t2}:{value.delay}"
+    if isinstance(value, float):
+        return repr(value)  # the shortest text that reads back as the same float
+    return str(value)
+
+
 def load_settings(env: Mapping[str, str] | None = None) -> Settings:
     """Build the settings from ``env`` (default: the process environment) or raise ConfigError."""
     source = os.environ if env is None else env
-    defaults = Settings()
     values: dict[str, object] = {}
-
-    def take(field_name: str, parse: Callable[[str, str], T]) -> None:
-        var = f"DUCTOR_{field_name.upper()}"
+    for field_name, parse in _FIELDS:
+        var = _variable(field_name)
         raw = source.get(var)
         if raw is not None:
             values[field_name] = parse(var, raw)
-
-    def int_in(minimum: int, maximum: int | None = None) -> Callable[[str, str], int]:
-        return lambda n, r: _parse_int(n, r, minimum, maximum)
-
-    def float_min(minimum: float) -> Callable[[str, str], float]:
-        return lambda n, r: _parse_float(n, r, minimum)
-
-    take("bootstrap_servers", _parse_servers)
-    take("group_id", _parse_name)
-    take("group_protocol", _parse_choice(("consumer", "classic")))
-    take("pg_dsn", _parse_dsn)
-    take("topic_prefix", _parse_name)
-    take("wakeup_partitions", int_in(1, 10_000))
-    take("delay_partitions", int_in(1, 10_000))
-    take("step_partitions", int_in(1, 10_000))
-    take("dlq_partitions", int_in(1, 10_000))
-    take("replication_factor", int_in(1, 32))
-    take("batch_size", int_in(1, 100_000))
-    take("batch_linger_ms", int_in(0, 10_000))
-    take("tier_weights", _parse_weights)
-    take("tier_buffer_limit", int_in(1, 10_000_000))
-    take("livelock_requeues", int_in(1, 1000))
-    take("stuck_after_s", float_min(1.0))
-    take("sweep_interval_s", float_min(0.05))
-    take("sweep_grace_s", float_min(0.0))
-    take("sweep_limit", int_in(1, 1_000_000))
-    take("partition_by_run", _parse_bool)
-    take("max_record_bytes", int_in(256, 100 * 1024 * 1024))
-    take("shutdown_timeout_s", float_min(0.5))
-    take("log_format", _parse_choice(("json", "text")))
-    take("log_level", _parse_choice(("DEBUG", "INFO", "WARNING", "ERROR")))
-    take("metrics_port", int_in(0, 65535))
-    take("stats_log_interval_s", float_min(0.5))
-    take("health_port", int_in(0, 65535))
-    take("health_stall_s", float_min(0.1))
     values["kafka_extra"] = _kafka_passthrough(source)
+    return replace(Settings(), **values)  # type: ignore[arg-type]
 
-    return replace(defaults, **values)  # type: ignore[arg-type]
+
+def settings_env(settings: Settings) -> dict[str, str]:
+    """The ``DUCTOR_*`` variables that give these settings through ``load_settings``: every
+    setting, defaults included, so a child process gets exactly them whatever else its
+    environment says (except ``DUCTOR_KAFKA_*`` variables not among ``kafka_extra``)."""
+    env = {_variable(name): _format(getattr(settings, name)) for name, _ in _FIELDS}
+    for prop, value in settings.kafka_extra.items():
+        var = KAFKA_PASSTHROUGH_PREFIX + prop.upper().replace(".", "_")
+        if not prop or _kafka_property(var) != prop:
+            raise ConfigError(
+                f"librdkafka property {prop!r} cannot be written as a {KAFKA_PASSTHROUGH_PREFIX}*"
+                " variable (lower case, dots, no underscores)"
+            )
+        env[var] = str(value)
+    return env

@@ -32,7 +32,7 @@ from processor.core.envelope import Rejected, decode_wakeup
 from processor.core.records import Headers, normalise_headers
 from processor.core.routing import TopicNames, partition_for
 from processor.io.config import Settings
-from processor.io.kafka import producer_config
+from processor.io.kafka import produce, producer_config
 
 _READ_TIMEOUT_S = 30.0
 
@@ -180,14 +180,15 @@ def replay(
     else:
         partition = None
     acked: list[tuple[KafkaError | None, Any]] = []
-    kwargs: dict[str, Any] = {
-        "key": letter.key,
-        "value": body,
-        "headers": letter.original_headers(),
-    }
-    if partition is not None:
-        kwargs["partition"] = partition
-    producer.produce(topic, on_delivery=lambda err, msg: acked.append((err, msg)), **kwargs)
+    produce(
+        producer,
+        topic,
+        body,
+        letter.key,
+        partition,
+        letter.original_headers(),
+        lambda err, msg: acked.append((err, msg)),
+    )
     if producer.flush(_READ_TIMEOUT_S) != 0 or not acked:
         raise DlqError(
             f"the broker did not acknowledge the replayed record within {_READ_TIMEOUT_S:.0f} s"

@@ -1,5 +1,6 @@
-"""Kafka plumbing: client configuration, the message protocol, partition choice, and a producer
-wrapper that reports each record's delivery to a callback.
+"""Kafka plumbing: client configuration, partition choice, the one way to produce a record
+(``produce``, which waits while the local queue is full), and a producer wrapper that reports
+each record's delivery to a callback.
 """
 
 from __future__ import annotations
@@ -17,6 +18,36 @@ from processor.core.routing import partition_for
 from processor.io.config import Settings
 
 DeliveryCallback = Callable[[KafkaError | None], None]
+# librdkafka's own delivery report: the error (None once acknowledged) and the message.
+DeliveryReport = Callable[[KafkaError | None, Any], None]
+
+_QUEUE_FULL_POLL_S = 0.05
+
+
+def produce(
+    producer: Producer,
+    topic: str,
+    value: bytes | None,
+    key: bytes | None,
+    partition: int | None = None,
+    headers: Headers | None = None,
+    on_delivery: DeliveryReport | None = None,
+) -> None:
+    """Produce one record; while the producer's local queue is full, serve delivery reports
+    (``poll``) until there is room, so a fast loop slows down instead of failing."""
+    kwargs: dict[str, Any] = {"key": key, "value": value}
+    if partition is not None:
+        kwargs["partition"] = partition
+    if headers:
+        kwargs["headers"] = headers
+    if on_delivery is not None:
+        kwargs["on_delivery"] = on_delivery
+    while True:
+        try:
+            producer.produce(topic, **kwargs)
+            return
+        except BufferError:
+            producer.poll(_QUEUE_FULL_POLL_S)
 
 
 def choose_partition(run_id: str, partitions: int, by_run: bool) -> int:
@@ -90,18 +121,7 @@ class Outbox:
             self.in_flight -= 1
             on_delivery(err)
 
-        kwargs: dict[str, Any] = {"key": key, "value": value, "on_delivery": delivered}
-        if partition is not None:
-            kwargs["partition"] = partition
-        if headers:
-            kwargs["headers"] = headers
-        while True:
-            try:
-                self._producer.produce(topic, **kwargs)
-                break
-            except BufferError:
-                # The local queue is full: serve delivery reports until there is room.
-                self._producer.poll(0.05)
+        produce(self._producer, topic, value, key, partition, headers, delivered)
         self.in_flight += 1
 
     def poll(self, timeout: float = 0.0) -> None:

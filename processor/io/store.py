@@ -1,5 +1,7 @@
-"""Postgres access: batched loads, the seed's versioned conditional UPDATE (batched), the
-force-fail write, idempotent inserts of runs, step results and signals.
+"""Postgres on the hot paths: the coordinator's batched load, the seed's versioned conditional
+UPDATE (batched), the force-fail write and the watchdog's sweeps; the workers' idempotent
+insert of step results. Registration, starting runs, signals and inspection are in
+``runs_admin.py``.
 
 Every statement is a single round trip on an autocommit connection: one statement is atomic on
 its own, so no transaction is ever left open between steps of the commit path.
@@ -26,11 +28,9 @@ from processor.core.model import (
     UnknownWorkflow,
     UnreadableRun,
     WorkflowDef,
-    initial_state,
     parse_workflow,
     state_checksum,
     state_from_row,
-    workflow_to_json,
 )
 
 
@@ -149,61 +149,6 @@ class Definitions:
         return self.get(conn, (name, int(row[0])))
 
 
-def register_workflow(conn: psycopg.Connection[Any], wf: WorkflowDef) -> bool:
-    """Register a definition; True if new. Re-registering the same content is a no-op, a
-    different content under an existing (name, version) is refused (versions are immutable)."""
-    body = orjson.dumps(workflow_to_json(wf)).decode()
-    row = conn.execute(
-        "INSERT INTO eec_workflow_definition (name, version, definition) VALUES (%s, %s, %s)"
-        " ON CONFLICT (name, version) DO NOTHING RETURNING 1",
-        (wf.name, wf.version, body),
-    ).fetchone()
-    if row is not None:
-        return True
-    existing = conn.execute(
-        "SELECT definition FROM eec_workflow_definition WHERE name = %s AND version = %s",
-        (wf.name, wf.version),
-    ).fetchone()
-    if existing is not None and parse_workflow(existing[0]) != wf:
-        raise ValueError(
-            f"workflow {wf.name!r} version {wf.version} is already registered with a different"
-            " definition; register it under a new version"
-        )
-    return False
-
-
-def insert_runs(
-    conn: psycopg.Connection[Any], wf: WorkflowDef, runs: Sequence[tuple[str, Any]], tier: str
-) -> list[str]:
-    """Insert new runs idempotently (an existing run id is left alone); return the ids inserted."""
-    state = initial_state(wf)
-    nodes = orjson.dumps(state.nodes_json()).decode()
-    checksum = state_checksum(state)
-    ids = [r[0] for r in runs]
-    rows = conn.execute(
-        """
-        INSERT INTO eec_workflow_run (run_id, workflow_name, workflow_version, status, node_states,
-                                      last_transition_seq, state_checksum, tier, shard, input)
-        SELECT i.run_id, %s, %s, %s, %s::jsonb, 0, %s, %s, i.shard, i.input
-          FROM unnest(%s::text[], %s::bigint[], %s::jsonb[]) AS i(run_id, shard, input)
-        ON CONFLICT (run_id) DO NOTHING
-        RETURNING run_id
-        """,
-        (
-            wf.name,
-            wf.version,
-            state.status.value,
-            nodes,
-            checksum,
-            tier,
-            ids,
-            [run_shard(i) for i in ids],
-            [orjson.dumps(r[1]).decode() for r in runs],
-        ),
-    ).fetchall()
-    return [r[0] for r in rows]
-
-
 def load_runs(
     conn: psycopg.Connection[Any], definitions: Definitions, run_ids: Iterable[str]
 ) -> dict[str, Loaded]:
@@ -309,17 +254,6 @@ def insert_step_result(
         "INSERT INTO eec_step_result (run_id, node_id, attempt, outcome, output, error)"
         " VALUES (%s, %s, %s, %s, %s, %s) ON CONFLICT DO NOTHING RETURNING 1",
         (run_id, node, attempt, outcome.value, orjson.dumps(output).decode(), error),
-    ).fetchone()
-    return row is not None
-
-
-def insert_signal(
-    conn: psycopg.Connection[Any], run_id: str, signal_id: str, kind: SignalKind
-) -> bool:
-    row = conn.execute(
-        "INSERT INTO eec_run_signal (run_id, signal_id, kind) VALUES (%s, %s, %s)"
-        " ON CONFLICT DO NOTHING RETURNING 1",
-        (run_id, signal_id, kind.value),
     ).fetchone()
     return row is not None
 

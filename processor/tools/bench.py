@@ -23,7 +23,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -37,16 +37,19 @@ from processor.core.envelope import Wakeup, decode_wakeup
 from processor.core.model import LoadedRun, WorkflowDef, parse_workflow
 from processor.core.routing import TopicNames
 from processor.core.tick import tick
-from processor.io.config import Settings, load_settings
-from processor.io.kafka import choose_partition, producer_config
+from processor.io.config import Settings, load_settings, settings_env
+from processor.io.kafka import choose_partition, produce, producer_config
 from processor.io.migrate import migrate
-from processor.io.store import (
-    Definitions,
-    commit_batch,
+from processor.io.runs_admin import (
+    count_ended,
+    count_ticked,
+    count_ticked_with_prefix,
+    delete_runs_with_prefix,
     insert_runs,
-    load_runs,
     register_workflow,
+    vacuum_runs,
 )
+from processor.io.store import Definitions, commit_batch, load_runs
 from processor.io.topics import create_topics, desired_topics
 from processor.tools.bench_support import (
     Figures,
@@ -54,7 +57,6 @@ from processor.tools.bench_support import (
     final_stats,
     paced,
     peak_rss,
-    produce,
     report,
     stop,
 )
@@ -113,20 +115,18 @@ class Bench:
         self.settings = settings
         if label != "setup":
             create_topics(settings)
-            self.conn.execute(
-                "DELETE FROM eec_workflow_run WHERE run_id LIKE %s", (f"b{self.tag}-%",)
-            )
+            delete_runs_with_prefix(self.conn, f"b{self.tag}-")
         return settings
 
     def setup(self) -> None:
         migrate(self.base.pg_dsn)
         # Earlier runs leave dead rows behind; start from a vacuumed, analysed table.
-        self.conn.execute("VACUUM (ANALYZE) eec_workflow_run")
+        vacuum_runs(self.conn)
         for wf in (self.one, self.quad, self.chain):
             register_workflow(self.conn, wf)
 
     def teardown(self) -> None:
-        self.conn.execute("DELETE FROM eec_workflow_run WHERE run_id LIKE %s", (f"b{self.tag}-%",))
+        delete_runs_with_prefix(self.conn, f"b{self.tag}-")
         admin = AdminClient(self.base.kafka_common())
         existing = admin.list_topics(timeout=10).topics
         topics = [
@@ -199,16 +199,11 @@ class Bench:
         return rate, rss
 
     def rate_between(self, ids: list[str], low: float, high: float, timeout: float) -> float:
-        pattern = ids[0].rsplit("-", 1)[0] + "-%"
+        prefix = ids[0].rsplit("-", 1)[0] + "-"
         marks: dict[float, float] = {}
         deadline = time.monotonic() + timeout
         while len(marks) < 2:
-            row = self.conn.execute(
-                "SELECT count(*) FROM eec_workflow_run"
-                " WHERE run_id LIKE %s AND last_transition_seq >= 1",
-                (pattern,),
-            ).fetchone()
-            done = row[0] if row else 0
+            done = count_ticked_with_prefix(self.conn, prefix)
             now = time.monotonic()
             for fraction in (low, high):
                 if fraction not in marks and done >= fraction * len(ids):
@@ -245,18 +240,22 @@ class Bench:
         return {"rate": ticks_per_s, "p50": e2e["p50"] or 0.0, "p99": e2e["p99"] or 0.0}
 
     def wait_ticked(self, ids: list[str], timeout: float) -> None:
-        self.wait_count(ids, "last_transition_seq >= 1", timeout, "ticked")
+        self.wait_count(ids, count_ticked, timeout, "ticked")
 
     def wait_terminal(self, ids: list[str], timeout: float) -> None:
-        self.wait_count(ids, "status IN ('succeeded', 'failed', 'cancelled')", timeout, "ended")
+        self.wait_count(ids, count_ended, timeout, "ended")
 
-    def wait_count(self, ids: list[str], condition: str, timeout: float, what: str) -> None:
-        """Until every run of ``ids`` meets the SQL ``condition`` (a constant of this module)."""
+    def wait_count(
+        self,
+        ids: list[str],
+        count: Callable[[psycopg.Connection[Any], Sequence[str]], int],
+        timeout: float,
+        what: str,
+    ) -> None:
+        """Until ``count`` says every run of ``ids`` is there."""
         deadline = time.monotonic() + timeout
-        query = f"SELECT count(*) FROM eec_workflow_run WHERE run_id = ANY(%s) AND {condition}"
         while True:
-            row = self.conn.execute(query, (ids,)).fetchone()
-            done = row[0] if row else 0
+            done = count(self.conn, ids)
             if done == len(ids):
                 return
             if time.monotonic() > deadline:
@@ -275,7 +274,8 @@ class Bench:
             future.result(timeout=30)
         producer = Producer(producer_config(self.settings, "bench-naive"))
         for run_id in ids:
-            produce(producer, topic, Wakeup(run_id, "start").encode(), run_id.encode(), None)
+            produce(producer, topic, Wakeup(run_id, "start").encode(), run_id.encode())
+            producer.poll(0)
         producer.flush(60)
         consumer = Consumer(
             {
@@ -371,6 +371,7 @@ class Bench:
         for _ in range(duplicates):
             partition = choose_partition(run_id, self.settings.wakeup_partitions, by_run)
             produce(producer, topic, wakeup.encode(), wakeup.key(), partition)
+            producer.poll(0)
 
     def log_path(self, name: str) -> Path:
         return Path(f"/tmp/ductor-bench-{self.tag}-{name}.log")
@@ -379,16 +380,8 @@ class Bench:
         self, args: list[str], extra_env: dict[str, str], name: str
     ) -> subprocess.Popen[bytes]:
         env = dict(os.environ)
-        env.update(
-            {
-                "DUCTOR_BOOTSTRAP_SERVERS": self.settings.bootstrap_servers,
-                "DUCTOR_PG_DSN": self.settings.pg_dsn,
-                "DUCTOR_TOPIC_PREFIX": self.settings.topic_prefix,
-                "DUCTOR_GROUP_ID": self.settings.group_id,
-                "DUCTOR_LOG_FORMAT": "json",
-                **extra_env,
-            }
-        )
+        env.update(settings_env(replace(self.settings, log_format="json")))
+        env.update(extra_env)
         log = self.log_path(name).open("wb")
         return subprocess.Popen(
             [sys.executable, "-m", "processor", *args], env=env, stdout=log, stderr=log

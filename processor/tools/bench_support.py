@@ -1,4 +1,4 @@
-"""Plumbing of the benchmark: producing at a pace, child processes, the figures and their
+"""Plumbing of the benchmark: pacing, child processes, the figures and their
 report, and a stand-in OTLP collector."""
 
 from __future__ import annotations
@@ -12,24 +12,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-from confluent_kafka import Producer
-
 from processor.io.logs import read_stats
-
-
-def produce(
-    producer: Producer, topic: str, value: bytes, key: bytes, partition: int | None
-) -> None:
-    kwargs: dict[str, Any] = {"value": value, "key": key}
-    if partition is not None:
-        kwargs["partition"] = partition
-    while True:
-        try:
-            producer.produce(topic, **kwargs)
-            producer.poll(0)
-            return
-        except BufferError:
-            producer.poll(0.05)
 
 
 def paced(

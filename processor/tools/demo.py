@@ -17,7 +17,7 @@ import threading
 import time
 import uuid
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -29,11 +29,16 @@ from confluent_kafka.admin import AdminClient
 from processor.core.envelope import Wakeup
 from processor.core.model import SignalKind, WorkflowDef, parse_workflow
 from processor.core.routing import TopicNames, partition_for
-from processor.io.config import Settings
-from processor.io.kafka import producer_config, topic_partitions
+from processor.io.config import Settings, settings_env
+from processor.io.kafka import produce, producer_config, topic_partitions
 from processor.io.logs import read_stats
 from processor.io.migrate import migrate
-from processor.io.store import insert_runs, insert_signal, register_workflow
+from processor.io.runs_admin import (
+    insert_runs,
+    insert_signal,
+    register_workflow,
+    statuses_with_prefix,
+)
 from processor.io.topics import create_topics
 
 REPO = Path(__file__).resolve().parents[2]
@@ -143,14 +148,7 @@ def wake(settings: Settings, plan: Plan, hot_copies: int) -> None:
                 if run_id in hot
                 else partition_for(run_id, partitions[topic])
             )
-            while True:
-                try:
-                    producer.produce(
-                        topic, value=wakeup.encode(), key=wakeup.key(), partition=partition
-                    )
-                    break
-                except BufferError:
-                    producer.poll(0.1)
+            produce(producer, topic, wakeup.encode(), wakeup.key(), partition)
     producer.flush(60)
 
 
@@ -174,12 +172,7 @@ class HotPoker:
         while not self._stop.wait(self._period):
             for run_id in self._hot:
                 wakeup = Wakeup(run_id, "signal", produced_at=int(time.time() * 1000))
-                try:
-                    producer.produce(
-                        topic, value=wakeup.encode(), key=wakeup.key(), partition=turn % partitions
-                    )
-                except BufferError:
-                    producer.poll(0.1)
+                produce(producer, topic, wakeup.encode(), wakeup.key(), turn % partitions)
                 turn += 1
             producer.poll(0)
         producer.flush(10)
@@ -195,16 +188,7 @@ class Fleet:
     def __init__(self, settings: Settings, log_dir: Path) -> None:
         log_dir.mkdir(parents=True, exist_ok=True)
         env = dict(os.environ)
-        env.update(
-            {
-                "DUCTOR_LOG_FORMAT": "json",
-                "DUCTOR_STATS_LOG_INTERVAL_S": "1",
-                "DUCTOR_BOOTSTRAP_SERVERS": settings.bootstrap_servers,
-                "DUCTOR_PG_DSN": settings.pg_dsn,
-                "DUCTOR_TOPIC_PREFIX": settings.topic_prefix,
-                "DUCTOR_GROUP_ID": settings.group_id,
-            }
-        )
+        env.update(settings_env(replace(settings, log_format="json", stats_log_interval_s=1.0)))
         self.logs = {name: log_dir / f"{name}.log" for name in ("process-1", "process-2", "worker")}
         self.children: dict[str, subprocess.Popen[bytes]] = {}
         for name, path in self.logs.items():
@@ -234,10 +218,7 @@ class Fleet:
 
 
 def statuses(conn: psycopg.Connection[Any], tag: str) -> dict[str, str]:
-    rows = conn.execute(
-        "SELECT run_id, status FROM eec_workflow_run WHERE run_id LIKE %s", (f"demo-{tag}-%",)
-    ).fetchall()
-    return {r[0]: r[1] for r in rows}
+    return statuses_with_prefix(conn, f"demo-{tag}-")
 
 
 def totals(stats: list[dict[str, Any]]) -> dict[str, int]:

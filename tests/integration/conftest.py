@@ -31,11 +31,11 @@ from processor.core.routing import TopicNames
 from processor.core.stats import Stats
 from processor.engine.processor import Processor
 from processor.engine.worker import Worker, sample_registry
-from processor.io.config import Settings, load_settings
-from processor.io.kafka import producer_config
+from processor.io.config import Settings, load_settings, settings_env
+from processor.io.kafka import produce, producer_config
 from processor.io.logs import read_stats
 from processor.io.migrate import migrate
-from processor.io.store import insert_runs, register_workflow
+from processor.io.runs_admin import insert_runs, register_workflow
 from processor.io.telemetry import Telemetry
 from processor.io.topics import create_topics, desired_topics
 
@@ -130,29 +130,10 @@ def audit(pg: psycopg.Connection[Any]) -> Iterator[psycopg.Connection[Any]]:
     pg.execute("DROP TRIGGER IF EXISTS test_run_audit_trg ON eec_workflow_run")
 
 
-def settings_env(settings: Settings) -> dict[str, str]:
-    """The environment that gives a `ductor` subprocess these settings."""
+def child_env(settings: Settings) -> dict[str, str]:
+    """The environment that gives a `ductor` subprocess these settings, logging JSON."""
     env = dict(os.environ)
-    env.update(
-        {
-            "DUCTOR_BOOTSTRAP_SERVERS": settings.bootstrap_servers,
-            "DUCTOR_PG_DSN": settings.pg_dsn,
-            "DUCTOR_TOPIC_PREFIX": settings.topic_prefix,
-            "DUCTOR_GROUP_ID": settings.group_id,
-            "DUCTOR_WAKEUP_PARTITIONS": str(settings.wakeup_partitions),
-            "DUCTOR_DELAY_PARTITIONS": str(settings.delay_partitions),
-            "DUCTOR_LIVELOCK_REQUEUES": str(settings.livelock_requeues),
-            "DUCTOR_PARTITION_BY_RUN": "true" if settings.partition_by_run else "false",
-            "DUCTOR_SWEEP_INTERVAL_S": str(settings.sweep_interval_s),
-            "DUCTOR_SWEEP_GRACE_S": str(settings.sweep_grace_s),
-            "DUCTOR_SHUTDOWN_TIMEOUT_S": str(settings.shutdown_timeout_s),
-            "DUCTOR_BATCH_SIZE": str(settings.batch_size),
-            "DUCTOR_MAX_RECORD_BYTES": str(settings.max_record_bytes),
-            "DUCTOR_HEALTH_PORT": str(settings.health_port),
-            "DUCTOR_METRICS_PORT": str(settings.metrics_port),
-            "DUCTOR_LOG_FORMAT": "json",
-        }
-    )
+    env.update(settings_env(replace(settings, log_format="json")))
     return env
 
 
@@ -217,7 +198,7 @@ def spawn(tmp_path: Path) -> Iterator[Callable[..., Spawned]]:
     started: list[Spawned] = []
 
     def start(args: list[str], settings: Settings, name: str) -> Spawned:
-        child = Spawned(args, settings_env(settings), tmp_path / f"{name}.log")
+        child = Spawned(args, child_env(settings), tmp_path / f"{name}.log")
         started.append(child)
         return child
 
@@ -335,15 +316,7 @@ def produce_wakeups(settings: Settings, records: Sequence[tuple[str, Wakeup, int
     """Produce (topic, wakeup, partition) records and wait until the broker has them all."""
     producer = Producer(producer_config(settings, "test-producer"))
     for topic, wakeup, partition in records:
-        kwargs: dict[str, Any] = {"key": wakeup.key(), "value": wakeup.encode()}
-        if partition is not None:
-            kwargs["partition"] = partition
-        while True:
-            try:
-                producer.produce(topic, **kwargs)
-                break
-            except BufferError:
-                producer.poll(0.1)
+        produce(producer, topic, wakeup.encode(), wakeup.key(), partition)
     assert producer.flush(30) == 0, "the broker did not acknowledge the test records"
 
 

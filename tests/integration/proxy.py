@@ -1,4 +1,5 @@
-"""A TCP proxy in front of a real service, to cut it off and bring it back (an outage)."""
+"""A TCP proxy in front of a real service, to simulate its outages: cut it off (connections
+reset, new ones refused), freeze it (connections stay open and silent), bring it back."""
 
 from __future__ import annotations
 
@@ -17,6 +18,9 @@ class TcpProxy:
         self._lock = threading.Lock()
         self._open = threading.Event()
         self._open.set()
+        self._flowing = threading.Event()
+        self._flowing.set()
+        self.held = 0  # chunks read and held back while frozen: a peer waits on each
         self._closed = threading.Event()
         threading.Thread(target=self._accept, daemon=True).start()
 
@@ -34,6 +38,7 @@ class TcpProxy:
             except OSError:
                 client.close()
                 continue
+            upstream.settimeout(None)  # a frozen connection must hang, not time out here
             with self._lock:
                 self._pairs.append((client, upstream))
             threading.Thread(target=self._pump, args=(client, upstream), daemon=True).start()
@@ -49,7 +54,11 @@ class TcpProxy:
                     data = source.recv(65536)
                     if not data:
                         return
-                    key.data.sendall(data)
+                    if not self._flowing.is_set():
+                        with self._lock:
+                            self.held += 1
+                        self._flowing.wait()  # frozen: hold the bytes, answer nothing
+                    key.data.sendall(data)  # after a cut, the socket is shut: OSError
         except OSError:
             return
         finally:
@@ -58,7 +67,7 @@ class TcpProxy:
                 s.close()
 
     def cut(self) -> None:
-        """Drop every open connection and refuse new ones until restore()."""
+        """Drop every open connection and refuse new ones until restore(). Ends a freeze."""
         self._open.clear()
         with self._lock:
             pairs, self._pairs = self._pairs, []
@@ -66,9 +75,18 @@ class TcpProxy:
             for s in (a, b):
                 with contextlib.suppress(OSError):
                     s.shutdown(socket.SHUT_RDWR)
+        self._flowing.set()  # held bytes go nowhere: their sockets are shut
+
+    def freeze(self) -> None:
+        """Keep every connection open but pass nothing on, in either direction, until
+        restore(): a hung service or a dropped network path (no reset, no answer). New
+        connections are accepted and frozen too."""
+        self._flowing.clear()
 
     def restore(self) -> None:
+        """Accept connections and pass bytes on again (the bytes held while frozen first)."""
         self._open.set()
+        self._flowing.set()
 
     def close(self) -> None:
         self._closed.set()

@@ -13,13 +13,13 @@ import psycopg
 import pytest
 from confluent_kafka import Consumer
 
-from processor.cli.main import start_runs
+from processor.client import start_runs
 from processor.core.envelope import Wakeup, decode_wakeup
 from processor.core.model import WorkflowDef, parse_workflow
 from processor.core.records import normalise_headers
 from processor.core.routing import TopicNames
 from processor.io.config import Settings
-from processor.io.store import insert_runs, register_workflow
+from processor.io.runs_admin import insert_runs, register_workflow
 
 from .audit import assert_results_applied, assert_transitions_applied_once
 from .conftest import (

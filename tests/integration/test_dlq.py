@@ -26,16 +26,16 @@ from processor.core.records import normalise_headers
 from processor.core.routing import TopicNames
 from processor.io.config import Settings
 from processor.io.dlq import DeadLetter, read_dead_letters
-from processor.io.store import insert_runs, register_workflow
+from processor.io.runs_admin import insert_runs, register_workflow
 
 from .conftest import (
     REPO,
     SAMPLE,
     ProcessorThread,
     WorkerThread,
+    child_env,
     count_terminal,
     run_statuses,
-    settings_env,
     wait_for,
 )
 
@@ -159,11 +159,9 @@ def _read_at(settings: Settings, topic: str, partition: int, offset: int) -> Any
 
 
 def _cli(settings: Settings, *args: str) -> subprocess.CompletedProcess[str]:
-    env = settings_env(settings)
-    env["DUCTOR_MAX_RECORD_BYTES"] = str(settings.max_record_bytes)
     return subprocess.run(
         [sys.executable, "-m", "processor", *args],
-        env=env,
+        env=child_env(settings),
         cwd=REPO,
         capture_output=True,
         text=True,

@@ -4,9 +4,6 @@ instance started afterwards finishes every run."""
 
 from __future__ import annotations
 
-import contextlib
-import socket
-import threading
 import time
 from dataclasses import replace
 from typing import Any
@@ -14,11 +11,12 @@ from typing import Any
 import psycopg
 import pytest
 
-from processor.cli.main import start_runs
+from processor.client import start_runs
 from processor.io.config import Settings
 
 from .audit import assert_results_applied, assert_transitions_applied_once
 from .conftest import WorkerThread, count_terminal, run_statuses, wait_for
+from .proxy import TcpProxy
 
 pytestmark = pytest.mark.integration
 
@@ -63,56 +61,6 @@ def test_sigterm_while_busy_exits_cleanly_in_bound_and_loses_nothing(
     assert sum(second.final_stats()["errors"].values()) == 0
 
 
-class _FreezingProxy:
-    """A TCP proxy to Postgres that can freeze: connections stay open and silent, the way a
-    hung database or a dropped network path looks to a client (no reset, no answer)."""
-
-    def __init__(self, host: str, port: int) -> None:
-        self._target = (host, port)
-        self._listener = socket.create_server(("127.0.0.1", 0))
-        self.port: int = self._listener.getsockname()[1]
-        self._flowing = threading.Event()
-        self._flowing.set()
-        self.held = 0  # chunks held back while frozen: a client waits on each
-        self._closed = threading.Event()
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def freeze(self) -> None:
-        self._flowing.clear()
-
-    def close(self) -> None:
-        self._closed.set()
-        self._flowing.set()
-        self._listener.close()
-
-    def _accept(self) -> None:
-        while not self._closed.is_set():
-            try:
-                client, _ = self._listener.accept()
-            except OSError:
-                return
-            upstream = socket.create_connection(self._target, timeout=5)
-            upstream.settimeout(None)  # a frozen connection must hang, not time out here
-            for a, b in ((client, upstream), (upstream, client)):
-                threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
-
-    def _pump(self, source: socket.socket, sink: socket.socket) -> None:
-        with contextlib.suppress(OSError):
-            while not self._closed.is_set():
-                data = source.recv(65536)
-                if not data:
-                    break
-                if not self._flowing.is_set():
-                    self.held += 1
-                self._flowing.wait()  # frozen: hold the bytes, answer nothing
-                if self._closed.is_set():
-                    break
-                sink.sendall(data)
-        for s in (source, sink):
-            with contextlib.suppress(OSError):
-                s.shutdown(socket.SHUT_RDWR)
-
-
 def test_sigterm_with_the_database_hung_still_exits_within_the_bound(
     settings: Settings, audit: psycopg.Connection[Any], spawn: Any
 ) -> None:
@@ -122,7 +70,7 @@ def test_sigterm_with_the_database_hung_still_exits_within_the_bound(
     pg = audit
     conninfo = psycopg.conninfo.conninfo_to_dict(settings.pg_dsn)
     host, port = str(conninfo.get("host", "127.0.0.1")), int(str(conninfo.get("port", 5432)))
-    proxy = _FreezingProxy(host, port)
+    proxy = TcpProxy(host, port)
     conninfo.update(host="127.0.0.1", port=str(proxy.port))
     dsn = psycopg.conninfo.make_conninfo("", **conninfo)
     settings = replace(settings, shutdown_timeout_s=BOUND_S)

@@ -21,7 +21,7 @@ from processor.core.envelope import Wakeup
 from processor.core.model import parse_workflow
 from processor.core.routing import TopicNames
 from processor.io.config import Settings
-from processor.io.store import insert_runs
+from processor.io.runs_admin import insert_runs
 from processor.io.telemetry import Telemetry
 
 from .conftest import (

@@ -1,17 +1,60 @@
-"""The command line parses what the README and the docs show."""
+"""The command line parses what the README and the docs show, and loads the demo and the
+benchmark only for their own commands."""
 
 from __future__ import annotations
 
-from processor.cli.main import build_parser
+import subprocess
+import sys
+
+import pytest
+
+from processor.cli.main import parse_args
 
 
 def test_bench_takes_the_benchmark_options() -> None:
-    args = build_parser().parse_args(["bench", "--scale", "0.5", "--hot-seconds", "3"])
+    args = parse_args(["bench", "--scale", "0.5", "--hot-seconds", "3"])
     assert (args.scale, args.hot_seconds, args.hot_fraction) == (0.5, 3.0, 0.2)
 
 
 def test_start_takes_count_tier_and_run_id() -> None:
-    args = build_parser().parse_args(
-        ["start", "sample", "--count", "3", "--tier", "t0", "--run-id", "r"]
-    )
+    args = parse_args(["start", "sample", "--count", "3", "--tier", "t0", "--run-id", "r"])
     assert (args.workflow, args.count, args.tier, args.run_id) == ("sample", 3, "t0", "r")
+
+
+@pytest.mark.parametrize(
+    "argv", [["start", "sample", "--bogus"], ["bench", "--bogus"], ["inspect"], []]
+)
+def test_bad_usage_exits_2_with_a_usage_line(
+    argv: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as info:
+        parse_args(argv)
+    assert info.value.code == 2
+    assert capsys.readouterr().err.startswith("usage: ductor")
+
+
+def test_bench_help_lists_the_benchmark_options(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as info:
+        parse_args(["bench", "--help"])
+    assert info.value.code == 0
+    out = capsys.readouterr().out
+    assert out.startswith("usage: ductor bench")
+    assert "--hot-fraction" in out
+
+
+def test_the_command_line_does_not_load_the_demo_or_the_benchmark() -> None:
+    """`ductor --help` and every command but demo and bench start without processor.tools."""
+    code = (
+        "import contextlib, io, sys\n"
+        "import processor.cli\n"
+        "from processor.cli.main import parse_args\n"
+        "for argv in (['start', 'x'], ['process'], ['dlq', 'list'], ['inspect', 'r']):\n"
+        "    parse_args(argv)\n"
+        "with contextlib.suppress(SystemExit), contextlib.redirect_stdout(io.StringIO()):\n"
+        "    parse_args(['--help'])\n"
+        "print(sorted(n for n in sys.modules if n.startswith('processor.tools')))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60
+    )
+    assert done.stdout.strip() == "[]"

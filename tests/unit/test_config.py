@@ -1,6 +1,8 @@
-"""Settings from an environment mapping (processor/config.py)."""
+"""Settings from an environment mapping and back (processor/io/config.py)."""
 
 from __future__ import annotations
+
+from dataclasses import fields
 
 import pytest
 from hypothesis import given
@@ -12,6 +14,7 @@ from processor.io.config import (
     TierWeights,
     load_settings,
     redact_dsn,
+    settings_env,
 )
 
 from .strategies import FAST
@@ -28,7 +31,10 @@ def test_defaults() -> None:
     assert settings.partition_by_run is True
     assert settings.kafka_extra == {}
     assert settings.kafka_common() == {"bootstrap.servers": "127.0.0.1:19092"}
-    assert settings.pg_dsn_redacted == "postgresql://ductor:***@127.0.0.1:55432/ductor"
+    assert (
+        settings.pg_dsn_redacted
+        == "user=ductor password=*** dbname=ductor host=127.0.0.1 port=55432"
+    )
 
 
 def test_unrelated_variables_are_ignored() -> None:
@@ -174,15 +180,24 @@ def test_kafka_passthrough() -> None:
     [
         (
             "postgresql://ductor:secret@127.0.0.1:55432/ductor",
-            "postgresql://ductor:***@127.0.0.1:55432/ductor",
+            "user=ductor password=*** dbname=ductor host=127.0.0.1 port=55432",
         ),
-        ("postgres://u:p%40ss@db/x?sslmode=require", "postgres://u:***@db/x?sslmode=require"),
-        ("postgresql://u:secret@db/x", "postgresql://u:***@db/x"),
-        ("postgresql://u@db:5432/x", "postgresql://u@db:5432/x"),
-        ("postgresql://db/x", "postgresql://db/x"),
-        ("host=db user=u password=secret dbname=x", "host=db user=u password=*** dbname=x"),
-        ("host=db password = secret", "host=db password = ***"),
-        ("host=db dbname=x", "host=db dbname=x"),
+        (
+            "postgres://u:p%40ss@db/x?sslmode=require",
+            "user=u password=*** dbname=x host=db sslmode=require",
+        ),
+        ("postgresql://u:secret@db/x", "user=u password=*** dbname=x host=db"),
+        ("postgresql://u@db:5432/x", "user=u dbname=x host=db port=5432"),
+        ("postgresql://db/x", "dbname=x host=db"),
+        (
+            "postgresql://u:p@h1:5432,h2:5433/x",
+            "user=u password=*** dbname=x host=h1,h2 port=5432,5433",
+        ),
+        ("host=db user=u password=secret dbname=x", "user=u password=*** dbname=x host=db"),
+        ("host=db password = secret", "password=*** host=db"),
+        ("host=db dbname=x", "dbname=x host=db"),
+        ("host=db sslpassword=secret sslkey=k", "host=db sslkey=k sslpassword=***"),
+        ("", ""),
     ],
 )
 def test_redact_dsn(dsn: str, expected: str) -> None:
@@ -205,7 +220,13 @@ def test_redact_dsn_hides_url_passwords(
 ) -> None:
     netloc = f"{user}:{password}@{host}" + (f":{port}" if port else "")
     redacted = redact_dsn(f"postgresql://{netloc}/db")
-    assert redacted == f"postgresql://{user}:***@{host}" + (f":{port}" if port else "") + "/db"
+    expected = f"user={user} password=*** dbname=db host={host}" + (f" port={port}" if port else "")
+    if "%" in password:
+        # A percent-encoding libpq refuses (bad hex, a NUL, not UTF-8) makes the whole URI
+        # unparseable: then all of it is hidden.
+        assert redacted in (expected, "postgresql://***")
+    else:
+        assert redacted == expected
 
 
 @FAST
@@ -218,7 +239,7 @@ def test_redact_dsn_hides_url_passwords(
 )
 def test_redact_dsn_hides_keyword_passwords(password: str) -> None:
     redacted = redact_dsn(f"host=db user=u password={password} dbname=x")
-    assert redacted == "host=db user=u password=*** dbname=x"
+    assert redacted == "user=u password=*** dbname=x host=db"
 
 
 # Fixed (config.py redact_dsn): libpq also takes the password as a URI query parameter
@@ -244,4 +265,117 @@ def test_redact_dsn_hides_a_quoted_keyword_password() -> None:
 # the brackets of an IPv6 literal: "postgresql://u:secret@[::1]:5432/db" becomes
 # "postgresql://u:***@::1:5432/db", which no longer says which host and port were used.
 def test_redact_dsn_keeps_an_ipv6_host_readable() -> None:
-    assert redact_dsn("postgresql://u:secret@[::1]:5432/db") == "postgresql://u:***@[::1]:5432/db"
+    assert redact_dsn("postgresql://u:secret@[::1]:5432/db") == (
+        "user=u password=*** dbname=db host=::1 port=5432"
+    )
+
+
+@pytest.mark.parametrize(
+    ("dsn", "expected"),
+    [
+        ("postgresql://u:a secret@h/x", "postgresql://***"),  # spaces must be %20 in a URI
+        ("postgresql://u:secret%zz@h/x", "postgresql://***"),
+        ("mysql://u:secret@h/db", "mysql://***"),
+        ("host='db password=secret", "***"),  # unterminated quote
+        ("password=secret dbname", "***"),
+        ("password=secret passwrd=x", "***"),  # an unknown keyword
+        ("password=secret host=a://b garbage", "***"),
+    ],
+)
+def test_an_unparseable_dsn_is_hidden_whole(dsn: str, expected: str) -> None:
+    assert redact_dsn(dsn) == expected
+
+
+# -- settings_env: the environment that reproduces a Settings --------------------------------
+
+_VARIABLES = [f"DUCTOR_{f.name.upper()}" for f in fields(Settings) if f.name != "kafka_extra"]
+
+
+def test_settings_env_covers_every_setting() -> None:
+    env = settings_env(Settings())
+    assert sorted(env) == sorted(_VARIABLES)
+    assert load_settings(env) == Settings()
+
+
+def test_settings_env_round_trips_every_field_changed() -> None:
+    env = {
+        "DUCTOR_BOOTSTRAP_SERVERS": "k1:9092,k2:9093",
+        "DUCTOR_GROUP_ID": "g",
+        "DUCTOR_GROUP_PROTOCOL": "classic",
+        "DUCTOR_PG_DSN": "host=db user=u password='a b' dbname=x",
+        "DUCTOR_TOPIC_PREFIX": "p.q",
+        "DUCTOR_WAKEUP_PARTITIONS": "7",
+        "DUCTOR_DELAY_PARTITIONS": "8",
+        "DUCTOR_STEP_PARTITIONS": "9",
+        "DUCTOR_DLQ_PARTITIONS": "2",
+        "DUCTOR_REPLICATION_FACTOR": "3",
+        "DUCTOR_BATCH_SIZE": "17",
+        "DUCTOR_BATCH_LINGER_MS": "5",
+        "DUCTOR_TIER_WEIGHTS": "5:3:2",
+        "DUCTOR_TIER_BUFFER_LIMIT": "11",
+        "DUCTOR_LIVELOCK_REQUEUES": "3",
+        "DUCTOR_STUCK_AFTER_S": "1.25",
+        "DUCTOR_SWEEP_INTERVAL_S": "0.1",
+        "DUCTOR_SWEEP_GRACE_S": "1e-7",
+        "DUCTOR_SWEEP_LIMIT": "12",
+        "DUCTOR_PARTITION_BY_RUN": "off",
+        "DUCTOR_MAX_RECORD_BYTES": "300",
+        "DUCTOR_SHUTDOWN_TIMEOUT_S": "inf",
+        "DUCTOR_LOG_FORMAT": "text",
+        "DUCTOR_LOG_LEVEL": "ERROR",
+        "DUCTOR_METRICS_PORT": "9464",
+        "DUCTOR_STATS_LOG_INTERVAL_S": "0.75",
+        "DUCTOR_HEALTH_PORT": "8081",
+        "DUCTOR_HEALTH_STALL_S": "3",
+        "DUCTOR_KAFKA_SECURITY_PROTOCOL": "SASL_SSL",
+        "DUCTOR_KAFKA_SASL_PASSWORD": "hunter2",
+    }
+    s = load_settings(env)
+    changed = [
+        f.name for f in fields(Settings) if getattr(s, f.name) == getattr(Settings(), f.name)
+    ]
+    assert changed == [], f"the example leaves {changed} at their defaults"
+    assert load_settings(settings_env(s)) == s
+    assert settings_env(s)["DUCTOR_TIER_WEIGHTS"] == "5:3:2:3"
+    assert settings_env(s)["DUCTOR_KAFKA_SASL_PASSWORD"] == "hunter2"
+
+
+_RAW = st.one_of(
+    st.integers(-1, 40).map(str),
+    st.integers(-1, 70_000).map(str),
+    st.floats(allow_nan=True).map(str),
+    st.sampled_from(["true", "Off", "", "x y"]),
+    st.sampled_from(["consumer", "classic", "json", "text", "DEBUG", "WARNING"]),
+    st.lists(st.integers(1, 1000).map(str), min_size=2, max_size=5).map(":".join),
+    st.from_regex(r"[A-Za-z0-9._-]{1,20}", fullmatch=True),
+    st.builds("{}:{}".format, st.sampled_from(["k", "10.0.0.1", "b.example"]), st.integers(1, 9)),
+    st.builds("postgresql://u:{}@db/x".format, st.text("abc%40-_", min_size=1, max_size=8)),
+)
+
+
+@FAST
+@given(
+    candidates=st.fixed_dictionaries({}, optional=dict.fromkeys(_VARIABLES, _RAW)),
+    kafka=st.dictionaries(
+        st.from_regex(r"[A-Z][A-Z0-9]{0,6}(_[A-Z0-9]{1,6}){0,3}", fullmatch=True).map(
+            "DUCTOR_KAFKA_{}".format
+        ),
+        st.text(max_size=10),
+        max_size=3,
+    ),
+)
+def test_settings_env_round_trips(candidates: dict[str, str], kafka: dict[str, str]) -> None:
+    env = dict(kafka)
+    for var, raw in candidates.items():  # keep the values load_settings accepts
+        try:
+            load_settings({var: raw})
+        except ConfigError:
+            continue
+        env[var] = raw
+    s = load_settings(env)
+    assert load_settings(settings_env(s)) == s
+
+
+def test_settings_env_refuses_a_property_no_variable_can_give() -> None:
+    with pytest.raises(ConfigError, match="ssl_key"):
+        settings_env(Settings(kafka_extra={"ssl_key": "x"}))

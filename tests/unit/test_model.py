@@ -133,6 +133,20 @@ def test_a_dependency_cycle_is_rejected() -> None:
         parse_workflow(raw)
 
 
+def test_a_cycle_error_names_only_the_steps_on_the_cycle() -> None:
+    raw = {
+        "name": "cyc",
+        "version": 1,
+        "steps": [
+            {"name": "a", "type": "t", "depends_on": ["b"]},
+            {"name": "b", "type": "t", "depends_on": ["a"]},
+            {"name": "after", "type": "t", "depends_on": ["b"]},
+        ],
+    }
+    with pytest.raises(ValidationError, match=r"dependency cycle among \['a', 'b'\]$"):
+        parse_workflow(raw)
+
+
 def test_forward_dependencies_are_fine_when_acyclic() -> None:
     raw = {
         "name": "fwd",

@@ -1,0 +1,42 @@
+"""Commands that set up and run the services: migrate, topics create, process, worker."""
+
+from __future__ import annotations
+
+import argparse
+
+from processor.cli.common import EXIT_OK, stop_on_signals
+from processor.client import connect
+from processor.engine.processor import Processor
+from processor.engine.worker import Worker, sample_registry
+from processor.io.config import Settings
+from processor.io.migrate import migrate
+from processor.io.topics import create_topics
+
+
+def cmd_migrate(settings: Settings, _args: argparse.Namespace) -> int:
+    with connect(settings):
+        pass
+    applied = migrate(settings.pg_dsn)
+    print("applied: " + ", ".join(applied) if applied else "schema is up to date")
+    return EXIT_OK
+
+
+def cmd_topics_create(settings: Settings, _args: argparse.Namespace) -> int:
+    report = create_topics(settings)
+    for topic, state in report.items():
+        print(f"{topic:32} {state}")
+    return EXIT_OK
+
+
+def cmd_process(settings: Settings, args: argparse.Namespace) -> int:
+    processor = Processor(settings)
+    stop_on_signals(processor.stop)
+    processor.run()
+    return EXIT_OK
+
+
+def cmd_worker(settings: Settings, args: argparse.Namespace) -> int:
+    worker = Worker(settings, sample_registry(), threads=args.threads)
+    stop_on_signals(worker.stop)
+    worker.run()
+    return EXIT_OK

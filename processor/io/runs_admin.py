@@ -1,0 +1,174 @@
+"""Postgres off the hot paths: registering workflows, inserting runs and signals, reading a
+run for inspection, and the few queries the demo and the benchmark make about their own runs.
+
+Like ``store.py``, every statement is one round trip on an autocommit connection.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+import orjson
+import psycopg
+
+from processor.core.model import (
+    SignalKind,
+    WorkflowDef,
+    initial_state,
+    parse_workflow,
+    state_checksum,
+    workflow_to_json,
+)
+from processor.io.store import run_shard
+
+
+@dataclass(frozen=True)
+class RunColumns:
+    """The bookkeeping columns of a run row that its loaded state does not carry."""
+
+    version: int
+    next_wakeup_at: datetime | None
+    created_at: datetime
+    updated_at: datetime
+    failure_reason: str | None
+
+
+def register_workflow(conn: psycopg.Connection[Any], wf: WorkflowDef) -> bool:
+    """Register a definition; True if new. Re-registering the same content is a no-op, a
+    different content under an existing (name, version) is refused (versions are immutable)."""
+    body = orjson.dumps(workflow_to_json(wf)).decode()
+    row = conn.execute(
+        "INSERT INTO eec_workflow_definition (name, version, definition) VALUES (%s, %s, %s)"
+        " ON CONFLICT (name, version) DO NOTHING RETURNING 1",
+        (wf.name, wf.version, body),
+    ).fetchone()
+    if row is not None:
+        return True
+    existing = conn.execute(
+        "SELECT definition FROM eec_workflow_definition WHERE name = %s AND version = %s",
+        (wf.name, wf.version),
+    ).fetchone()
+    if existing is not None and parse_workflow(existing[0]) != wf:
+        raise ValueError(
+            f"workflow {wf.name!r} version {wf.version} is already registered with a different"
+            " definition; register it under a new version"
+        )
+    return False
+
+
+def insert_runs(
+    conn: psycopg.Connection[Any], wf: WorkflowDef, runs: Sequence[tuple[str, Any]], tier: str
+) -> list[str]:
+    """Insert new runs idempotently (an existing run id is left alone); return the ids inserted."""
+    state = initial_state(wf)
+    nodes = orjson.dumps(state.nodes_json()).decode()
+    checksum = state_checksum(state)
+    ids = [r[0] for r in runs]
+    rows = conn.execute(
+        """
+        INSERT INTO eec_workflow_run (run_id, workflow_name, workflow_version, status, node_states,
+                                      last_transition_seq, state_checksum, tier, shard, input)
+        SELECT i.run_id, %s, %s, %s, %s::jsonb, 0, %s, %s, i.shard, i.input
+          FROM unnest(%s::text[], %s::bigint[], %s::jsonb[]) AS i(run_id, shard, input)
+        ON CONFLICT (run_id) DO NOTHING
+        RETURNING run_id
+        """,
+        (
+            wf.name,
+            wf.version,
+            state.status.value,
+            nodes,
+            checksum,
+            tier,
+            ids,
+            [run_shard(i) for i in ids],
+            [orjson.dumps(r[1]).decode() for r in runs],
+        ),
+    ).fetchall()
+    return [r[0] for r in rows]
+
+
+def insert_signal(
+    conn: psycopg.Connection[Any], run_id: str, signal_id: str, kind: SignalKind
+) -> bool:
+    row = conn.execute(
+        "INSERT INTO eec_run_signal (run_id, signal_id, kind) VALUES (%s, %s, %s)"
+        " ON CONFLICT DO NOTHING RETURNING 1",
+        (run_id, signal_id, kind.value),
+    ).fetchone()
+    return row is not None
+
+
+def run_columns(conn: psycopg.Connection[Any], run_id: str) -> RunColumns | None:
+    """The run's version, next wakeup, creation and update times and failure reason, or None
+    if there is no such run."""
+    row = conn.execute(
+        "SELECT db_record_version, next_wakeup_at, created_at, updated_at, failure_reason"
+        " FROM eec_workflow_run WHERE run_id = %s",
+        (run_id,),
+    ).fetchone()
+    return None if row is None else RunColumns(row[0], row[1], row[2], row[3], row[4])
+
+
+def run_tier(conn: psycopg.Connection[Any], run_id: str) -> str | None:
+    """The wakeup tier of the run, or None if there is no such run."""
+    row = conn.execute("SELECT tier FROM eec_workflow_run WHERE run_id = %s", (run_id,)).fetchone()
+    return None if row is None else str(row[0])
+
+
+def _like_prefix(prefix: str) -> str:
+    """A LIKE pattern matching the strings that start with ``prefix`` (its % and _ literal)."""
+    escaped = prefix.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+    return escaped + "%"
+
+
+def statuses_with_prefix(conn: psycopg.Connection[Any], prefix: str) -> dict[str, str]:
+    """The status of every run whose id starts with ``prefix``, by run id."""
+    rows = conn.execute(
+        "SELECT run_id, status FROM eec_workflow_run WHERE run_id LIKE %s", (_like_prefix(prefix),)
+    ).fetchall()
+    return {r[0]: r[1] for r in rows}
+
+
+def count_ticked_with_prefix(conn: psycopg.Connection[Any], prefix: str) -> int:
+    """How many runs whose id starts with ``prefix`` were ticked at least once."""
+    row = conn.execute(
+        "SELECT count(*) FROM eec_workflow_run WHERE run_id LIKE %s AND last_transition_seq >= 1",
+        (_like_prefix(prefix),),
+    ).fetchone()
+    return int(row[0]) if row else 0
+
+
+def count_ticked(conn: psycopg.Connection[Any], run_ids: Sequence[str]) -> int:
+    """How many of ``run_ids`` were ticked at least once."""
+    row = conn.execute(
+        "SELECT count(*) FROM eec_workflow_run WHERE run_id = ANY(%s) AND last_transition_seq >= 1",
+        (list(run_ids),),
+    ).fetchone()
+    return int(row[0]) if row else 0
+
+
+def count_ended(conn: psycopg.Connection[Any], run_ids: Sequence[str]) -> int:
+    """How many of ``run_ids`` reached a terminal status."""
+    row = conn.execute(
+        "SELECT count(*) FROM eec_workflow_run"
+        " WHERE run_id = ANY(%s) AND status IN ('succeeded', 'failed', 'cancelled')",
+        (list(run_ids),),
+    ).fetchone()
+    return int(row[0]) if row else 0
+
+
+def delete_runs_with_prefix(conn: psycopg.Connection[Any], prefix: str) -> int:
+    """Delete the runs whose id starts with ``prefix`` (their results and signals go with
+    them); returns how many were deleted."""
+    cur = conn.execute("DELETE FROM eec_workflow_run WHERE run_id LIKE %s", (_like_prefix(prefix),))
+    return cur.rowcount
+
+
+def vacuum_runs(conn: psycopg.Connection[Any]) -> None:
+    """VACUUM (ANALYZE) the run table: dead rows gone and statistics fresh (the benchmark
+    starts from there). Needs an autocommit connection."""
+    conn.execute("VACUUM (ANALYZE) eec_workflow_run")
