@@ -44,7 +44,7 @@ DATABASE_RETRY_MS = 1000  # a database error: the run is tried again after this 
 Attributes = tuple[tuple[str, str | int], ...]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Send:
     """One record to produce. ``by_run``: on the partition of that run's wakeups (the shell
     knows the partition counts); None: wherever the client's partitioner puts the key."""
@@ -57,7 +57,7 @@ class Send:
     attributes: Attributes = ()  # for the record's PRODUCER span
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Commit:
     """One run's share of a batched commit: its new state and the version it was computed from."""
 
@@ -66,7 +66,7 @@ class Commit:
     state: RunState
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class ForceFailWrite:
     """The terminal write a plan needs before it holds: conditioned on the loaded checksum,
     so it applies only if the run did not move since it was loaded."""
@@ -76,7 +76,7 @@ class ForceFailWrite:
     state: RunState
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Plan:
     """What the shell does with one run's work.
 
@@ -104,7 +104,7 @@ class Plan:
         return self.retry_in_ms is None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class BatchItem:
     """A run's work as the commit path sees it (a snapshot: the database thread reads it)."""
 
@@ -118,7 +118,7 @@ class BatchItem:
         return max(wakeups, key=lambda w: (w.requeue_count, w.attempt))
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Rules:
     """What the decisions depend on besides their inputs (fixed at start)."""
 

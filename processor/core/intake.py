@@ -22,23 +22,23 @@ from processor.core.records import Inbound, KafkaMessage, normalise_headers
 from processor.core.routing import TopicNames
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Accepted:
     record: Inbound
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class NotDue:
     record: Inbound
     wait_ms: int
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Hop:
     record: Inbound
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Reject:
     record: Inbound
     reason: DeadLetterReason

@@ -31,7 +31,9 @@ class OffsetTracker:
         self._stored: dict[TopicPartition, int] = {}
 
     def started(self, tp: TopicPartition, offset: int) -> None:
-        part = self._partitions.setdefault(tp, _PartitionOffsets())
+        part = self._partitions.get(tp)
+        if part is None:  # (not setdefault: that would build a new one on every call)
+            part = self._partitions[tp] = _PartitionOffsets()
         if offset not in part.in_flight:
             part.in_flight.add(offset)
             heapq.heappush(part.heap, offset)

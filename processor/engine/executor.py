@@ -50,6 +50,7 @@ from processor.core.offsets import OffsetTracker
 from processor.core.outcomes import Outcome
 from processor.core.pending import RunBook, RunWork
 from processor.core.records import Inbound
+from processor.core.routing import partition_for
 from processor.core.stats import Stats
 from processor.engine.database import Database
 from processor.engine.ledger import Ledger
@@ -66,7 +67,7 @@ class StageResult:
     started_ns: int
     plans: list[Plan] = field(default_factory=list)
     error: psycopg.Error | None = None  # the whole batch failed: nothing was decided
-    failed: dict[str, psycopg.Error] = field(default_factory=dict)  # a force-fail write failed
+    force_fail_errors: dict[str, psycopg.Error] = field(default_factory=dict)
     commit_attempts: int = 0
     tick_ended_ns: int = 0
     commit_ended_ns: int = 0
@@ -74,7 +75,7 @@ class StageResult:
     commit_ms: float = 0.0
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class _Settling:
     """A work whose plan settles once ``outstanding`` records are acknowledged."""
 
@@ -201,7 +202,7 @@ class Executor:
             written = self._db.force_fail(plan.force_fail)
         except psycopg.Error as exc:
             self._db.close()
-            result.failed[item.run_id] = exc
+            result.force_fail_errors[item.run_id] = exc
             return database_failed(item)
         return plan if written else force_fail_refused(plan)
 
@@ -214,18 +215,18 @@ class Executor:
             self._database_failed(result.error, len(batch))
             plans = [database_failed(BatchItem(w.run_id, w.attempts, ())) for w in batch]
         else:
-            self.database_ok = not result.failed
+            self.database_ok = not result.force_fail_errors
             self._stats.sample("tick", result.tick_ms)
             self._stats.sample("commit", result.commit_ms)
             self._stats.commit_attempts += result.commit_attempts
             plans = result.plans
-            for exc in result.failed.values():
+            for exc in result.force_fail_errors.values():
                 self._database_failed(exc, 1)
         tick = (result.started_ns, result.tick_ended_ns)
         commit = (result.tick_ended_ns, result.commit_ended_ns)
         for work, plan in zip(batch, plans, strict=True):
             self._ledger.trace_attempt(work, plan, tick, commit)
-            self.carry_out(work, plan, result.failed.get(work.run_id) or result.error)
+            self.carry_out(work, plan, result.force_fail_errors.get(work.run_id) or result.error)
 
     def carry_out(self, work: Work, plan: Plan, error: BaseException | None = None) -> None:
         """Count and log the plan, then park the work for its retry or carry out steps 4 to 6."""
@@ -288,7 +289,7 @@ class Executor:
         now_ms = self._wall_ms()
         for run_id in run_ids:
             wakeup = Wakeup(run_id=run_id, reason="sweep", produced_at=now_ms)
-            partition = choose_partition(run_id, self._partitions[topic], by_run=True)
+            partition = partition_for(run_id, self._partitions[topic])
             self._outbox.send(topic, wakeup.encode(), wakeup.key(), self._rewake_sent, partition)
 
     def _rewake_sent(self, err: KafkaError | None) -> None:

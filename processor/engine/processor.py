@@ -11,6 +11,7 @@ ready time, and the consume timeout is the time to the next of those events.
 
 from __future__ import annotations
 
+import gc
 import logging
 import threading
 import time
@@ -122,6 +123,9 @@ class Processor:
                 on_lost=self._on_lost,
             )
             log.info("processor started", extra={"instance": self.instance_id})
+            # Everything alive now (modules, clients, settings) lives as long as the process:
+            # keep it out of the collector's full passes, which otherwise rescan it all.
+            gc.freeze()
             try:
                 while not self._stop.is_set() and not (until is not None and until()):
                     self.step()

@@ -29,14 +29,12 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
-from confluent_kafka import Consumer, Producer
-from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
+from confluent_kafka import Producer
+from confluent_kafka.admin import AdminClient
 
-from processor.core.decide import Commit
-from processor.core.envelope import Wakeup, decode_wakeup
-from processor.core.model import LoadedRun, WorkflowDef, parse_workflow
+from processor.core.envelope import Wakeup
+from processor.core.model import WorkflowDef, parse_workflow
 from processor.core.routing import TopicNames
-from processor.core.tick import tick
 from processor.io.config import Settings, load_settings, settings_env
 from processor.io.kafka import choose_partition, produce, producer_config
 from processor.io.migrate import migrate
@@ -49,8 +47,8 @@ from processor.io.runs_admin import (
     register_workflow,
     vacuum_runs,
 )
-from processor.io.store import Definitions, commit_batch, load_runs
 from processor.io.topics import create_topics, desired_topics
+from processor.tools.bench_baselines import ceiling_rate, naive_rate
 from processor.tools.bench_support import (
     Figures,
     OtlpSink,
@@ -160,24 +158,7 @@ class Bench:
     def _ceiling_round(self, label: str) -> float:
         ids = self.ids(label, self.n(10000))
         self.insert(self.one, ids)
-        definitions = Definitions()
-        now_ms = int(time.time() * 1000)
-        batches: list[list[Commit]] = []
-        size = self.settings.batch_size
-        for start in range(0, len(ids), size):
-            loaded = load_runs(self.conn, definitions, ids[start : start + size])
-            commits = []
-            for run in loaded.values():
-                assert isinstance(run, LoadedRun)
-                decision = tick(run.state, self.one, (), (), now_ms)
-                assert decision.new_state is not None
-                commits.append(Commit(run.run_id, run.version, decision.new_state))
-            batches.append(commits)
-        started = time.perf_counter()
-        committed = sum(len(commit_batch(self.conn, batch)) for batch in batches)
-        elapsed = time.perf_counter() - started
-        assert committed == len(ids), f"ceiling: only {committed} of {len(ids)} committed"
-        return committed / elapsed
+        return ceiling_rate(self.conn, ids, self.settings.batch_size)
 
     # -- one instance --------------------------------------------------------------------------
 
@@ -268,46 +249,7 @@ class Bench:
         """The baseline: one record at a time, load, tick, conditional UPDATE, sync commit."""
         ids = self.ids("naive", self.n(3000))
         self.insert(self.one, ids)
-        topic = f"{self.settings.topic_prefix}.naive"
-        admin = AdminClient(self.settings.kafka_common())
-        for future in admin.create_topics([NewTopic(topic, num_partitions=6)]).values():
-            future.result(timeout=30)
-        producer = Producer(producer_config(self.settings, "bench-naive"))
-        for run_id in ids:
-            produce(producer, topic, Wakeup(run_id, "start").encode(), run_id.encode())
-            producer.poll(0)
-        producer.flush(60)
-        consumer = Consumer(
-            {
-                "bootstrap.servers": self.settings.bootstrap_servers,
-                "group.id": f"bench-naive-{self.tag}",
-                "auto.offset.reset": "earliest",
-                "enable.auto.commit": False,
-            }
-        )
-        consumer.subscribe([topic])
-        definitions = Definitions()
-        done = 0
-        started: float | None = None
-        while done < len(ids):
-            message = consumer.poll(5.0)
-            if message is None:
-                raise RuntimeError("naive baseline: no record within 5 s")
-            if message.error() is not None:
-                continue
-            started = started or time.perf_counter()
-            wakeup = decode_wakeup(message.value(), 65536)
-            assert isinstance(wakeup, Wakeup)
-            run = load_runs(self.conn, definitions, [wakeup.run_id])[wakeup.run_id]
-            assert isinstance(run, LoadedRun)
-            decision = tick(run.state, self.one, run.results, run.signals, int(time.time() * 1000))
-            if decision.new_state is not None:
-                commit_batch(self.conn, [Commit(run.run_id, run.version, decision.new_state)])
-            consumer.commit(message=message, asynchronous=False)
-            done += 1
-        elapsed = time.perf_counter() - (started or time.perf_counter())
-        consumer.close()
-        return done / elapsed
+        return naive_rate(self.settings, self.conn, ids, f"bench-naive-{self.tag}")
 
     # -- hot mix -------------------------------------------------------------------------------
 

@@ -1,0 +1,84 @@
+"""The benchmark's two reference points, measured on the same broker and database as the
+instance: what Postgres alone can do, and what a naive consumer loop does."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import psycopg
+from confluent_kafka import Consumer, Producer
+from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
+
+from processor.core.decide import Commit, tick_batch
+from processor.core.envelope import Wakeup, decode_wakeup
+from processor.core.model import LoadedRun
+from processor.core.tick import tick
+from processor.io.config import Settings
+from processor.io.kafka import produce, producer_config
+from processor.io.store import Definitions, commit_batch, load_runs
+
+
+def ceiling_rate(conn: psycopg.Connection[Any], run_ids: Sequence[str], batch_size: int) -> float:
+    """Ticks per second of the batched conditional UPDATE alone, on new runs: the states are
+    loaded and ticked first, only the commits are timed."""
+    definitions = Definitions()
+    now_ms = int(time.time() * 1000)
+    batches: list[list[Commit]] = []
+    for start in range(0, len(run_ids), batch_size):
+        loaded = load_runs(conn, definitions, run_ids[start : start + batch_size])
+        _decisions, commits = tick_batch(loaded, now_ms)
+        batches.append(commits)
+    started = time.perf_counter()
+    committed = sum(len(commit_batch(conn, batch)) for batch in batches)
+    elapsed = time.perf_counter() - started
+    assert committed == len(run_ids), f"ceiling: only {committed} of {len(run_ids)} committed"
+    return committed / elapsed
+
+
+def naive_rate(
+    settings: Settings, conn: psycopg.Connection[Any], run_ids: Sequence[str], group: str
+) -> float:
+    """The baseline: one record at a time, load, tick, conditional UPDATE, synchronous offset
+    commit, on a topic of its own (``<prefix>.naive``)."""
+    topic = f"{settings.topic_prefix}.naive"
+    admin = AdminClient(settings.kafka_common())
+    for future in admin.create_topics([NewTopic(topic, num_partitions=6)]).values():
+        future.result(timeout=30)
+    producer = Producer(producer_config(settings, "bench-naive"))
+    for run_id in run_ids:
+        produce(producer, topic, Wakeup(run_id, "start").encode(), run_id.encode())
+        producer.poll(0)
+    producer.flush(60)
+    consumer = Consumer(
+        {
+            "bootstrap.servers": settings.bootstrap_servers,
+            "group.id": group,
+            "auto.offset.reset": "earliest",
+            "enable.auto.commit": False,
+        }
+    )
+    consumer.subscribe([topic])
+    definitions = Definitions()
+    done = 0
+    started: float | None = None
+    while done < len(run_ids):
+        message = consumer.poll(5.0)
+        if message is None:
+            raise RuntimeError("naive baseline: no record within 5 s")
+        if message.error() is not None:
+            continue
+        started = started or time.perf_counter()
+        wakeup = decode_wakeup(message.value(), 65536)
+        assert isinstance(wakeup, Wakeup)
+        run = load_runs(conn, definitions, [wakeup.run_id])[wakeup.run_id]
+        assert isinstance(run, LoadedRun)
+        decision = tick(run.state, run.wf, run.results, run.signals, int(time.time() * 1000))
+        if decision.new_state is not None:
+            commit_batch(conn, [Commit(run.run_id, run.version, decision.new_state)])
+        consumer.commit(message=message, asynchronous=False)
+        done += 1
+    elapsed = time.perf_counter() - (started or time.perf_counter())
+    consumer.close()
+    return done / elapsed
