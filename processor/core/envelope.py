@@ -7,7 +7,7 @@ dead-letter reason, because a malformed record is an expected outcome the consum
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 import orjson
@@ -17,19 +17,6 @@ from processor.core.outcomes import DeadLetterReason
 ENVELOPE_VERSION = 1
 MAX_RUN_ID_LENGTH = 200
 REASONS = frozenset({"start", "step_result", "signal", "timer", "requeue", "sweep", "replay"})
-_FIELDS = frozenset(
-    {
-        "envelope_version",
-        "run_id",
-        "reason",
-        "requeue_count",
-        "attempt",
-        "due_at",
-        "target_at",
-        "observed_seq",
-        "produced_at",
-    }
-)
 
 
 @dataclass(frozen=True)
@@ -54,11 +41,17 @@ class Wakeup:
             "requeue_count": self.requeue_count,
             "attempt": self.attempt,
         }
-        for name in ("due_at", "target_at", "observed_seq", "produced_at"):
+        for name in OPTIONAL_FIELDS:
             value = getattr(self, name)
             if value is not None:
                 body[name] = value
         return orjson.dumps(body)
+
+
+# The envelope's fields, owned by the dataclass above: what decoding accepts, and the ones
+# written only when set (those that default to None).
+FIELDS = frozenset({"envelope_version", *(f.name for f in fields(Wakeup))})
+OPTIONAL_FIELDS = tuple(f.name for f in fields(Wakeup) if f.default is None)
 
 
 @dataclass(frozen=True)
@@ -117,7 +110,7 @@ def _is_int(value: Any) -> bool:
 
 
 def _schema_problem(raw: dict[str, Any]) -> str | None:
-    unknown = sorted(set(raw) - _FIELDS)
+    unknown = sorted(set(raw) - FIELDS)
     if unknown:
         return f"unknown field(s): {', '.join(unknown)}"
     run_id = raw.get("run_id")
@@ -129,7 +122,7 @@ def _schema_problem(raw: dict[str, Any]) -> str | None:
     for name in ("requeue_count", "attempt"):
         if name in raw and not (_is_int(raw[name]) and raw[name] >= 0):
             return f"{name} must be a non-negative integer"
-    for name in ("due_at", "target_at", "observed_seq", "produced_at"):
+    for name in OPTIONAL_FIELDS:
         value = raw.get(name)
         if value is not None and not (_is_int(value) and value >= 0):
             return f"{name} must be a non-negative integer or absent"

@@ -22,7 +22,7 @@ from processor.core.model import (
     state_checksum,
     workflow_to_json,
 )
-from processor.io.store import run_shard
+from processor.core.routing import run_shard
 
 
 @dataclass(frozen=True)
@@ -123,6 +123,14 @@ def _like_prefix(prefix: str) -> str:
     """A LIKE pattern matching the strings that start with ``prefix`` (its % and _ literal)."""
     escaped = prefix.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
     return escaped + "%"
+
+
+def statuses(conn: psycopg.Connection[Any], run_ids: Sequence[str]) -> dict[str, str]:
+    """The status of each of ``run_ids`` that exists."""
+    rows = conn.execute(
+        "SELECT run_id, status FROM eec_workflow_run WHERE run_id = ANY(%s)", (list(run_ids),)
+    ).fetchall()
+    return {r[0]: r[1] for r in rows}
 
 
 def statuses_with_prefix(conn: psycopg.Connection[Any], prefix: str) -> dict[str, str]:

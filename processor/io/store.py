@@ -9,7 +9,6 @@ its own, so no transaction is ever left open between steps of the commit path.
 
 from __future__ import annotations
 
-import zlib
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -53,11 +52,6 @@ def connect(dsn: str, connect_timeout_s: int = 5) -> psycopg.Connection[Any]:
 def ping(conn: psycopg.Connection[Any]) -> None:
     """A round trip that proves the database answers (raises psycopg.Error otherwise)."""
     conn.execute("SELECT 1")
-
-
-def run_shard(run_id: str) -> int:
-    """A stable hash of the run id: it picks the run's wakeup partition and its sweep shard."""
-    return zlib.crc32(run_id.encode())
 
 
 _LOAD_SQL = """

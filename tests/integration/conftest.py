@@ -31,6 +31,7 @@ from processor.core.routing import TopicNames
 from processor.core.stats import Stats
 from processor.engine.processor import Processor
 from processor.engine.worker import Worker, sample_registry
+from processor.io import runs_admin
 from processor.io.config import Settings, load_settings, settings_env
 from processor.io.kafka import produce, producer_config
 from processor.io.logs import read_stats
@@ -321,20 +322,11 @@ def produce_wakeups(settings: Settings, records: Sequence[tuple[str, Wakeup, int
 
 
 def run_statuses(pg: psycopg.Connection[Any], run_ids: list[str]) -> dict[str, str]:
-    rows = pg.execute(
-        "SELECT run_id, status FROM eec_workflow_run WHERE run_id = ANY(%s)", (run_ids,)
-    ).fetchall()
-    return {r[0]: r[1] for r in rows}
+    return runs_admin.statuses(pg, run_ids)
 
 
 def count_terminal(pg: psycopg.Connection[Any], run_ids: list[str]) -> int:
-    row = pg.execute(
-        "SELECT count(*) FROM eec_workflow_run WHERE run_id = ANY(%s)"
-        " AND status IN ('succeeded', 'failed', 'cancelled')",
-        (run_ids,),
-    ).fetchone()
-    assert row is not None
-    return int(row[0])
+    return runs_admin.count_ended(pg, run_ids)
 
 
 def now_ms() -> int:
