@@ -48,17 +48,21 @@ class Database:
         state only if the run did not move since it was loaded."""
         return store.force_fail_write(self.conn, write.run_id, write.loaded_checksum, write.state)
 
-    def force_fail_stuck(self, run_id: str) -> bool:
-        """Fail a run that made no transition for too long, through the same terminal path."""
+    def force_fail_stuck(self, run_id: str, selected_seq: int) -> bool:
+        """Fail a run that made no transition for too long, through the same terminal path,
+        only if it is still at the seq it was selected at (a transition committed between
+        the sweep's select and this write means it is not stuck)."""
         run = self.load([run_id]).get(run_id)
-        if not isinstance(run, LoadedRun) or not run.checksum_ok:
+        if not isinstance(run, LoadedRun) or not run.checksum_ok or run.state.seq != selected_seq:
             return False
         failed = force_fail(run.state, ForceFailReason.STUCK)
         if failed is None:
             return False
         return self.force_fail(ForceFailWrite(run_id, run.stored_checksum, failed))
 
-    def stuck(self, modulus: int, shards: Sequence[int], stuck_s: float, limit: int) -> list[str]:
+    def stuck(
+        self, modulus: int, shards: Sequence[int], stuck_s: float, limit: int
+    ) -> list[tuple[str, int]]:
         return store.sweep_stuck(self.conn, modulus, shards, stuck_s, limit)
 
     def overdue(self, modulus: int, shards: Sequence[int], grace_s: float, limit: int) -> list[str]:

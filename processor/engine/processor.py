@@ -29,6 +29,7 @@ from processor.core.routing import TIERS, TopicNames
 from processor.core.stats import Stats
 from processor.engine.database import Database
 from processor.engine.executor import Executor
+from processor.engine.faults import NO_FAULTS, Faults
 from processor.engine.health import HealthServer, Probe
 from processor.engine.lag import LagMeter
 from processor.engine.watchdog import Shards, SweepSettings, Watchdog
@@ -52,6 +53,7 @@ class Processor:
         stats: Stats | None = None,
         instance_id: str | None = None,
         telemetry: Telemetry | None = None,
+        faults: Faults = NO_FAULTS,  # tests only: see faults.py
     ) -> None:
         self.settings = settings
         self.instance_id = instance_id or f"ductor-{uuid.uuid4().hex[:8]}"
@@ -89,6 +91,7 @@ class Processor:
                 settings.stuck_after_s,
                 settings.sweep_limit,
             ),
+            faults=faults,
         )
         self._consumer = Consumer(consumer_config(settings, self.instance_id))
         self.lag = LagMeter(self._consumer, enabled=self.telemetry.meter_provider is not None)

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 import psycopg
 
 from processor.engine.database import Database
+from processor.engine.faults import NO_FAULTS, Faults, Point
 
 log = logging.getLogger("ductor.watchdog")
 
@@ -54,13 +55,16 @@ class Watchdog:
         owned_shards: Callable[[], Shards],
         settings: SweepSettings,
         monotonic: Callable[[], float] = time.monotonic,
+        faults: Faults = NO_FAULTS,
     ) -> None:
         self._db = database
+        self._faults = faults
         self._owned_shards = owned_shards
         self._settings = settings
         self._monotonic = monotonic
         self.next_at: float | None = monotonic() + settings.interval_s
         self.rewoken = 0
+        self.sweeps = 0  # sweeps finished and handed on
         self._results: queue.SimpleQueue[SweepResult] = queue.SimpleQueue()
         self._sweeping = threading.Event()  # one sweep at a time
 
@@ -69,6 +73,7 @@ class Watchdog:
         finished: list[SweepResult] = []
         while not self._results.empty():
             result = self._results.get_nowait()
+            self.sweeps += 1
             self.rewoken += len(result.overdue)
             finished.append(result)
         now = self._monotonic()
@@ -96,7 +101,8 @@ class Watchdog:
         """Force-fail stuck runs and find overdue ones (database work only)."""
         s = self._settings
         stuck = self._db.stuck(modulus, owned, s.stuck_after_s, s.limit)
-        failed = [run_id for run_id in stuck if self._db.force_fail_stuck(run_id)]
+        self._faults.hit(Point.STUCK_SELECTED, [run_id for run_id, _seq in stuck])
+        failed = [run_id for run_id, seq in stuck if self._db.force_fail_stuck(run_id, seq)]
         overdue = self._db.overdue(modulus, owned, s.grace_s, s.limit)
         return SweepResult(overdue=overdue, force_failed=failed)
 

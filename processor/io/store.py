@@ -271,16 +271,21 @@ def sweep_due(
 
 def sweep_stuck(
     conn: psycopg.Connection[Any], modulus: int, shards: Sequence[int], stuck_s: float, limit: int
-) -> list[str]:
-    """Live runs of the given shards with no transition for longer than ``stuck_s``."""
+) -> list[tuple[str, int]]:
+    """Live runs of the given shards that made no transition for longer than ``stuck_s`` and
+    are not legitimately waiting: no deadline or retry time is ahead of them, and the last one
+    passed more than ``stuck_s`` ago (re-waking it did not help). Each with the seq it was
+    selected at, so that a force-fail never lands on a run that moved since."""
     return [
-        r[0]
+        (r[0], r[1])
         for r in conn.execute(
-            "SELECT run_id FROM eec_workflow_run"
+            "SELECT run_id, last_transition_seq FROM eec_workflow_run"
             " WHERE status IN ('pending', 'running')"
             "   AND last_transition_at < now() - make_interval(secs => %s)"
+            "   AND (next_wakeup_at IS NULL"
+            "        OR next_wakeup_at < now() - make_interval(secs => %s))"
             "   AND shard %% %s = ANY(%s)"
             " ORDER BY last_transition_at LIMIT %s",
-            (stuck_s, modulus, list(shards), limit),
+            (stuck_s, stuck_s, modulus, list(shards), limit),
         ).fetchall()
     ]

@@ -29,6 +29,7 @@ from processor.core.envelope import Wakeup
 from processor.core.model import WorkflowDef, parse_workflow
 from processor.core.routing import TopicNames
 from processor.core.stats import Stats
+from processor.engine.faults import NO_FAULTS, Faults
 from processor.engine.processor import Processor
 from processor.engine.worker import Worker, sample_registry
 from processor.io import runs_admin
@@ -212,9 +213,13 @@ def spawn(tmp_path: Path) -> Iterator[Callable[..., Spawned]]:
 class ProcessorThread:
     """A processor instance in a thread of the test process, so its stats can be read live."""
 
-    def __init__(self, settings: Settings, telemetry: Telemetry | None = None) -> None:
+    def __init__(
+        self, settings: Settings, telemetry: Telemetry | None = None, faults: Faults = NO_FAULTS
+    ) -> None:
         self.stats = Stats()
-        self.processor = Processor(settings, self.stats, telemetry=telemetry or Telemetry())
+        self.processor = Processor(
+            settings, self.stats, telemetry=telemetry or Telemetry(), faults=faults
+        )
         self._thread = threading.Thread(target=self.processor.run, name="processor", daemon=True)
         self._thread.start()
 
@@ -228,8 +233,10 @@ class ProcessorThread:
 def processor_thread() -> Iterator[Callable[..., ProcessorThread]]:
     started: list[ProcessorThread] = []
 
-    def start(settings: Settings, telemetry: Telemetry | None = None) -> ProcessorThread:
-        instance = ProcessorThread(settings, telemetry)
+    def start(
+        settings: Settings, telemetry: Telemetry | None = None, faults: Faults = NO_FAULTS
+    ) -> ProcessorThread:
+        instance = ProcessorThread(settings, telemetry, faults)
         started.append(instance)
         return instance
 

@@ -294,40 +294,6 @@ def _read_raw(settings: Settings, topic: str) -> list[list[tuple[str, bytes]]]:
     return seen
 
 
-def test_the_watchdog_rewakes_overdue_runs_and_fails_stuck_ones(
-    settings: Settings, pg: psycopg.Connection[Any], processor_thread: Any
-) -> None:
-    """A run whose wakeup was lost (never produced) is re-woken from next_wakeup_at; a run
-    with no transition past the threshold is force-failed with reason stuck."""
-    settings = replace(settings, sweep_grace_s=0.0, stuck_after_s=3.0)
-    wf = _sample()
-    lost, stuck = f"lost-{uuid.uuid4().hex[:6]}", f"stuck-{uuid.uuid4().hex[:6]}"
-    insert_runs(pg, wf, [(lost, {}), (stuck, {})], "t1")
-    pg.execute(
-        "UPDATE eec_workflow_run SET next_wakeup_at = now() - interval '1 minute'"
-        " WHERE run_id = %s",
-        (lost,),
-    )
-    pg.execute(
-        "UPDATE eec_workflow_run SET last_transition_at = now() - interval '1 hour'"
-        " WHERE run_id = %s",
-        (stuck,),
-    )
-    instance: ProcessorThread = processor_thread(settings)
-    worker = WorkerThread(settings)
-    try:
-        wait_for(lambda: count_terminal(pg, [lost, stuck]) == 2, 60, "both runs to end")
-    finally:
-        worker.stop()
-    assert run_statuses(pg, [lost, stuck]) == {lost: "succeeded", stuck: "failed"}
-    reason = pg.execute(
-        "SELECT failure_reason FROM eec_workflow_run WHERE run_id = %s", (stuck,)
-    ).fetchone()
-    assert reason is not None and reason[0] == "stuck"
-    assert instance.stats.force_fails == {"stuck": 1}
-    assert instance.processor.watchdog.rewoken >= 1
-
-
 def test_a_row_whose_state_cannot_be_read_is_reported_and_the_batch_goes_on(
     settings: Settings, pg: psycopg.Connection[Any], processor_thread: Any
 ) -> None:
