@@ -6,9 +6,10 @@ import argparse
 
 from processor.cli.common import EXIT_OK, stop_on_signals
 from processor.client import connect
+from processor.engine.faults import Faults
 from processor.engine.processor import Processor
 from processor.engine.worker import Worker, sample_registry
-from processor.io.config import Settings
+from processor.io.config import ConfigError, Settings
 from processor.io.migrate import migrate
 from processor.io.topics import create_topics
 
@@ -29,7 +30,11 @@ def cmd_topics_create(settings: Settings, _args: argparse.Namespace) -> int:
 
 
 def cmd_process(settings: Settings, args: argparse.Namespace) -> int:
-    processor = Processor(settings)
+    try:
+        faults = Faults.from_spec(settings.test_faults)
+    except ValueError as exc:
+        raise ConfigError(f"DUCTOR_TEST_FAULTS: {exc}") from None
+    processor = Processor(settings, faults=faults)
     stop_on_signals(processor.stop)
     processor.run()
     return EXIT_OK

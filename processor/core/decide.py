@@ -3,10 +3,12 @@
 A batch goes through the commit path (engine/executor.py). Between its database steps, the
 decisions are made here, without I/O, clock or randomness:
 
-- ``tick_batch``: the tick of every loaded run, and the rows to commit (step 2);
-- ``decide``: once the commit answered, one ``Plan`` per run: which records to produce (step
-  dispatches, retry timers, a requeue, dead letters), whether to try again after a backoff,
-  whether to force-fail; ``force_fail_refused`` when that write found the run moved on;
+- ``tick_batch``: the tick of every loaded run, and the rows to commit with the records each
+  transition must produce (step dispatches, retry timers), which go into the outbox in the
+  same statement (step 2);
+- ``decide``: once the commit answered, one ``Plan`` per run: which records to produce (the
+  transition's, a requeue, dead letters), whether to try again after a backoff, whether to
+  force-fail; ``force_fail_refused`` when that write found the run moved on;
 - ``reject``, ``hop`` and ``database_failed``: the plans for a record refused at intake, a
   timer that must travel on, and a batch the database could not serve.
 
@@ -59,11 +61,13 @@ class Send:
 
 @dataclass(frozen=True, slots=True)
 class Commit:
-    """One run's share of a batched commit: its new state and the version it was computed from."""
+    """One run's share of a batched commit: its new state, the version it was computed from,
+    and the records the transition must produce (written to the outbox with it)."""
 
     run_id: str
     expected_version: int
     state: RunState
+    effects: tuple[Send, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,6 +94,7 @@ class Plan:
     outcome: Outcome
     attempt: Outcome | None = None
     sends: tuple[Send, ...] = ()
+    outboxed_seq: int | None = None  # committed with an outbox row: delete it once all acked
     retry_in_ms: int | None = None
     attempts: int = 0  # the work's in-process attempts from now on
     expected_version: int | None = None
@@ -129,20 +134,18 @@ class Rules:
 # -- step 2: tick ---------------------------------------------------------------------------
 
 
-def tick_batch(
-    loaded: Mapping[str, Loaded], now_ms: int
-) -> tuple[dict[str, Decision], list[Commit]]:
-    """The tick of every run that can be ticked, and the rows to commit (changed states only)."""
-    decisions: dict[str, Decision] = {}
-    commits: list[Commit] = []
+def tick_batch(loaded: Mapping[str, Loaded], now_ms: int, names: TopicNames) -> dict[str, Commit]:
+    """The tick of every run that can be ticked: the rows to commit, by run id, for the runs
+    whose state changed (a run that can be ticked and is absent here was a no-op)."""
+    commits: dict[str, Commit] = {}
     for run_id, run in loaded.items():
         if not isinstance(run, LoadedRun) or not run.checksum_ok:
             continue
         decision = tick(run.state, run.wf, run.results, run.signals, now_ms)
-        decisions[run_id] = decision
         if decision.new_state is not None:
-            commits.append(Commit(run_id, run.version, decision.new_state))
-    return decisions, commits
+            effects = _effects(run, decision, now_ms, names)
+            commits[run_id] = Commit(run_id, run.version, decision.new_state, effects)
+    return commits
 
 
 # -- after step 3: the plan of each run -----------------------------------------------------
@@ -151,12 +154,13 @@ def tick_batch(
 def decide(
     item: BatchItem,
     loaded: Loaded | None,
-    decision: Decision | None,
+    commit: Commit | None,
     committed: bool,
     now_ms: int,
     rules: Rules,
 ) -> Plan:
-    """The plan for one run of a batch once its commit (if any) answered."""
+    """The plan for one run of a batch once its commit (``None``: the tick was a no-op)
+    answered (``committed``: the row matched its expected version)."""
     if loaded is None:
         reason, detail = DeadLetterReason.UNKNOWN_RUN, f"run {item.run_id!r} does not exist"
         return _dead_letter(item.run_id, item.records, reason, detail, rules.names)
@@ -171,14 +175,17 @@ def decide(
         )
         reason = DeadLetterReason.CHECKSUM_MISMATCH
         return _dead_letter(item.run_id, item.records, reason, detail, rules.names)
-    assert decision is not None, "every readable run was ticked"
     version = loaded.version
-    if decision.new_state is None:
+    if commit is None:
         return Plan(item.run_id, Outcome.NOOP, Outcome.NOOP, expected_version=version)
     if committed:
-        sends = _effects(loaded, decision, now_ms, rules.names)
         return Plan(
-            item.run_id, Outcome.COMMITTED, Outcome.COMMITTED, sends, expected_version=version
+            item.run_id,
+            Outcome.COMMITTED,
+            Outcome.COMMITTED,
+            commit.effects,
+            outboxed_seq=commit.state.seq if commit.effects else None,
+            expected_version=version,
         )
     return _after_conflict(item, loaded, now_ms, rules)
 

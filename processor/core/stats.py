@@ -56,6 +56,7 @@ class Stats:
     dead_letters: Counter[str] = field(default_factory=Counter)  # by reason
     records: int = 0  # wakeup records accepted
     commit_attempts: int = 0  # runs sent to a batched commit
+    relayed: int = 0  # records sent again from the outbox (an instance died after its commit)
     hot_runs: Counter[str] = field(default_factory=Counter)  # conflicts by run id, logged only
     tick_ms: Reservoir = field(default_factory=Reservoir)
     commit_ms: Reservoir = field(default_factory=Reservoir)
@@ -82,6 +83,7 @@ class Stats:
             "force_fails": _plain(self.force_fails),
             "dead_letters": _plain(self.dead_letters),
             "commit_attempts": self.commit_attempts,
+            "relayed": self.relayed,
             "latency_ms": {
                 name: dict(zip(("p50", "p99"), reservoir.percentiles(50, 99), strict=True))
                 for name, reservoir in (

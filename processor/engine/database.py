@@ -12,7 +12,7 @@ from typing import Any
 
 import psycopg
 
-from processor.core.decide import Commit, ForceFailWrite
+from processor.core.decide import Commit, ForceFailWrite, Send
 from processor.core.model import Loaded, LoadedRun
 from processor.core.outcomes import ForceFailReason
 from processor.core.tick import force_fail
@@ -40,8 +40,18 @@ class Database:
     def load(self, run_ids: Sequence[str]) -> dict[str, Loaded]:
         return store.load_runs(self.conn, self._definitions, run_ids)
 
-    def commit(self, commits: Sequence[Commit]) -> set[str]:
-        return store.commit_batch(self.conn, commits)
+    def commit(
+        self, commits: Sequence[Commit], acknowledged: Sequence[tuple[str, int]]
+    ) -> set[str]:
+        return store.commit_batch(self.conn, commits, acknowledged)
+
+    def delete_outbox(self, acknowledged: Sequence[tuple[str, int]]) -> None:
+        store.delete_outbox(self.conn, acknowledged)
+
+    def claim_outbox(
+        self, older_than_s: float, limit: int
+    ) -> list[tuple[str, int, tuple[Send, ...]]]:
+        return store.claim_outbox(self.conn, older_than_s, limit)
 
     def force_fail(self, write: ForceFailWrite) -> bool:
         """The terminal path shared by the livelock guard and the watchdog: write the failed

@@ -5,16 +5,19 @@ The commit path of a batch, numbered as it happens (a crash between any two step
 1. Load every run of the batch in one query.
 2. Tick each run (pure, core/decide.py ``tick_batch``). A no-op writes nothing.
 3. Commit every changed run in one conditional UPDATE, each with its own expected version; a
-   run missing from ``RETURNING`` lost a version race. The core then decides each run's plan
+   run missing from ``RETURNING`` lost a version race. The same statement writes each
+   transition's records (step dispatches, retry timers) to the outbox, and deletes the outbox
+   rows acknowledged since the previous commit. The core then decides each run's plan
    (``decide``); a livelocked run's force-fail is written here too (the terminal path).
    A crash up to here loses nothing: no offset was stored, the records are redelivered, and
    the redelivered tick finds the commit done (a no-op) or does it.
-4. Produce the plan's records: step dispatches, retry timers, a requeue, dead letters.
-   A crash between 3 and 4 loses effects, never transitions: a dispatched step's deadline and
-   a timer are on the row (next_wakeup_at) and the watchdog re-wakes the run when due.
+4. Produce the plan's records: the transition's, or a requeue, or dead letters.
+   A crash between 3 and 4 loses nothing either: the transition's records wait in the outbox,
+   and any instance's relay sends them after ``DUCTOR_RELAY_AFTER_S`` (the watchdog claims them).
 5. Wait for the broker to acknowledge every one of them (delivery reports, on the loop thread).
 6. ``finish``: the work is done; its records' offsets may be stored (offsets.py keeps the
-   stored offset behind any record still in flight) and its span ends with the outcome.
+   stored offset behind any record still in flight), its outbox row is due for deletion (with
+   the next commit), and its span ends with the outcome.
 
 Steps 1 to 3 run on a database thread (``_database_stage``) so the poll loop keeps consuming,
 delivering and storing offsets while Postgres works; one batch is in flight at a time, so an
@@ -53,6 +56,7 @@ from processor.core.records import Inbound
 from processor.core.routing import partition_for
 from processor.core.stats import Stats
 from processor.engine.database import Database
+from processor.engine.faults import NO_FAULTS, Faults, Point
 from processor.engine.ledger import Ledger
 from processor.io.kafka import Outbox, choose_partition
 from processor.io.telemetry import Telemetry, now_ns
@@ -65,6 +69,7 @@ class StageResult:
     """What the database stage of one batch found and decided (steps 1 to 3)."""
 
     started_ns: int
+    acknowledged: list[tuple[str, int]]  # outbox rows this stage deletes
     plans: list[Plan] = field(default_factory=list)
     error: psycopg.Error | None = None  # the whole batch failed: nothing was decided
     force_fail_errors: dict[str, psycopg.Error] = field(default_factory=dict)
@@ -82,6 +87,13 @@ class _Settling:
     work: Work
     outcome: Outcome
     outstanding: int
+    outboxed_seq: int | None  # its outbox row, deleted once everything is acknowledged
+
+
+# Outbox deletions wait for the next commit statement, or go on their own once this many
+# have gathered or the oldest has waited this long.
+_ACKS_PER_DELETE = 500
+_ACKS_WAIT_S = 0.2
 
 
 class Executor:
@@ -98,8 +110,10 @@ class Executor:
         telemetry: Telemetry,
         wall_ms: Callable[[], int] = lambda: int(time.time() * 1000),
         monotonic: Callable[[], float] = time.monotonic,
+        faults: Faults = NO_FAULTS,
     ) -> None:
         self._db = database
+        self._faults = faults
         self._outbox = outbox
         self._partitions = partitions  # filled by the processor once the topics are known
         self._rules = rules
@@ -113,6 +127,9 @@ class Executor:
         self.book: RunBook[Span] = RunBook()
         self.database_ok = True  # False after a batch failed on a database error
         self._stage: tuple[list[Work], Future[StageResult]] | None = None
+        self._acknowledged: list[tuple[str, int]] = []  # outbox rows to delete
+        self._acknowledged_since = 0.0
+        self._delivery_failed_at: float | None = None
 
     # -- intake ------------------------------------------------------------------------------
 
@@ -144,13 +161,18 @@ class Executor:
             if not self._stage[1].done():
                 return
             self._carry_out_stage()
-        batch = self.book.take_ready(self._monotonic(), limit)
-        if not batch:
+        now = self._monotonic()
+        batch = self.book.take_ready(now, limit)
+        acks_due = len(self._acknowledged) >= _ACKS_PER_DELETE or (
+            bool(self._acknowledged) and now - self._acknowledged_since >= _ACKS_WAIT_S
+        )
+        if not batch and not acks_due:
             return
         for work in batch:
             self._ledger.start_span(work)
         items = [BatchItem(w.run_id, w.attempts, tuple(w.records)) for w in batch]
-        self._stage = (batch, _on_daemon_thread(lambda: self._database_stage(items)))
+        acknowledged, self._acknowledged = self._acknowledged, []
+        self._stage = (batch, _on_daemon_thread(lambda: self._database_stage(items, acknowledged)))
 
     def flush(self, timeout_s: float | None = None) -> bool:
         """Wait for the batch in flight and carry it out (before a rebalance or shutdown).
@@ -166,21 +188,28 @@ class Executor:
         self._carry_out_stage()
         return True
 
-    def _database_stage(self, items: list[BatchItem]) -> StageResult:
-        """Steps 1 to 3, on the database thread: touches nothing but its Database and result."""
-        result = StageResult(started_ns=now_ns())
+    def _database_stage(
+        self, items: list[BatchItem], acknowledged: list[tuple[str, int]]
+    ) -> StageResult:
+        """Steps 1 to 3, on the database thread: touches nothing but its Database and result.
+        With no run to tick, it only deletes the acknowledged outbox rows."""
+        result = StageResult(started_ns=now_ns(), acknowledged=acknowledged)
         started = time.perf_counter()
         run_ids = [item.run_id for item in items]
         try:
+            if not items:
+                self._db.delete_outbox(acknowledged)
+                return result
             # 1. Load.
             loaded = self._db.load(run_ids)
             now_ms = self._wall_ms()
             # 2. Tick.
-            decisions, commits = tick_batch(loaded, now_ms)
+            commits = tick_batch(loaded, now_ms, self._rules.names)
             result.tick_ended_ns, result.tick_ms = now_ns(), (time.perf_counter() - started) * 1000
             # 3. Commit.
             commit_started = time.perf_counter()
-            committed = self._db.commit(commits)
+            committed = self._db.commit(list(commits.values()), acknowledged)
+            self._faults.hit(Point.AFTER_COMMIT, committed)
             result.commit_ended_ns = now_ns()
             result.commit_ms = (time.perf_counter() - commit_started) * 1000
             result.commit_attempts = len(commits)
@@ -189,8 +218,8 @@ class Executor:
             return result
         for item in items:
             run_id = item.run_id
-            found, decision = loaded.get(run_id), decisions.get(run_id)
-            plan = decide(item, found, decision, run_id in committed, now_ms, self._rules)
+            found, commit = loaded.get(run_id), commits.get(run_id)
+            plan = decide(item, found, commit, run_id in committed, now_ms, self._rules)
             if plan.force_fail is not None:
                 plan = self._write_force_fail(plan, item, result)
             result.plans.append(plan)
@@ -212,6 +241,8 @@ class Executor:
         self._stage = None
         result = future.result()
         if result.error is not None:
+            # The deletions did not happen: they go with the next stage.
+            self._acknowledge(result.acknowledged)
             self._database_failed(result.error, len(batch))
             plans = [database_failed(BatchItem(w.run_id, w.attempts, ())) for w in batch]
         else:
@@ -237,11 +268,22 @@ class Executor:
             work.attempts = plan.attempts
             self.book.park(work, self._monotonic() + plan.retry_in_ms / 1000)
             return
-        settling = _Settling(work, plan.outcome, outstanding=len(plan.sends))
+        settling = _Settling(work, plan.outcome, len(plan.sends), plan.outboxed_seq)
         for send in plan.sends:
             self._produce(settling, send)  # 4. produce; 5. acknowledged in _produce's callback
         if settling.outstanding == 0:
-            self.finish(work, plan.outcome)
+            self._settled(settling)
+
+    def _settled(self, settling: _Settling) -> None:
+        if settling.outboxed_seq is not None:
+            self._acknowledge([(settling.work.run_id, settling.outboxed_seq)])
+        self.finish(settling.work, settling.outcome)
+
+    def _acknowledge(self, rows: list[tuple[str, int]]) -> None:
+        """Outbox rows whose records the broker has: deleted by the next database stage."""
+        if rows and not self._acknowledged:
+            self._acknowledged_since = self._monotonic()
+        self._acknowledged.extend(rows)
 
     def finish(self, work: Work, outcome: Outcome) -> None:
         """6. The work is done: its records' offsets may be stored; its span ends."""
@@ -269,20 +311,37 @@ class Executor:
             if err is not None:
                 # The idempotent producer already retried for message.timeout.ms: the broker
                 # is away. Keep trying; the records' offsets stay unstored meanwhile.
-                self._ledger.error(
-                    "produce", "effect not delivered to %s, retrying: %s", send.topic, err
-                )
+                problem = "effect not delivered to %s, retrying: %s"
+                self._ledger.error("produce", problem, send.topic, err)
+                self._delivery_failed_at = self._monotonic()
                 self._outbox.send(send.topic, send.value, send.key, delivered, partition, headers)
                 return
             if span is not None:
                 span.end()
             settling.outstanding -= 1
             if settling.outstanding == 0:
-                self.finish(work, settling.outcome)
+                self._settled(settling)
 
         self._outbox.send(send.topic, send.value, send.key, delivered, partition, headers)
 
     # -- the watchdog's results --------------------------------------------------------------
+
+    def relay(self, rows: list[tuple[str, int, tuple[Send, ...]]]) -> None:
+        """Send again the records of outbox rows left behind (their instance died after its
+        commit, or the broker was away); each row is deleted once all its records are in."""
+        for run_id, seq, sends in rows:
+            settling = _Settling(RunWork(run_id), Outcome.COMMITTED, len(sends), seq)
+            self._ledger.relayed(run_id, len(sends))
+            for send in sends:
+                self._produce(settling, send)
+            if settling.outstanding == 0:
+                self._settled(settling)
+
+    def may_relay(self, quiet_s: float) -> bool:
+        """Whether the broker took every record lately: while it does not, records left in
+        the outbox are this instance's own, still being retried; relaying would only add."""
+        failed = self._delivery_failed_at
+        return failed is None or self._monotonic() - failed > quiet_s
 
     def rewake(self, run_ids: list[str], topic: str) -> None:
         """Wake overdue runs again (their wakeups were lost, or a deadline passed)."""

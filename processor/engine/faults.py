@@ -2,12 +2,17 @@
 exactly that moment (a concurrent write, a crash, a cut connection), so the bad interleaving
 is forced instead of hoped for (in the spirit of FoundationDB's BUGGIFY).
 
-Production never arms one: ``NO_FAULTS`` does nothing, and only a test passes a ``Faults``
-with actions. Points are constants here, so a test cannot arm a point that does not exist.
+Production never arms one: ``NO_FAULTS`` does nothing. A test in the same process passes a
+``Faults`` with actions; a test that runs ``ductor process`` as a child arms points with
+``DUCTOR_TEST_FAULTS`` (``after_commit=kill@3``: SIGKILL the process the third time the
+point is reached), which the processor announces loudly in its log. Points are constants
+here, so a test cannot arm a point that does not exist.
 """
 
 from __future__ import annotations
 
+import os
+import signal
 from collections.abc import Callable, Mapping
 from enum import StrEnum
 
@@ -15,6 +20,8 @@ from enum import StrEnum
 class Point(StrEnum):
     # The stuck sweep selected these runs and is about to force-fail them (run ids).
     STUCK_SELECTED = "watchdog.stuck_selected"
+    # A batch committed; its effects are not produced yet (committed run ids).
+    AFTER_COMMIT = "after_commit"
 
 
 Action = Callable[..., None]
@@ -24,11 +31,45 @@ class Faults:
     def __init__(self, actions: Mapping[Point, Action] | None = None) -> None:
         self._actions = dict(actions or {})
 
+    @property
+    def armed(self) -> list[str]:
+        return sorted(self._actions)
+
     def hit(self, point: Point, *args: object) -> None:
         """Run the action armed at ``point``, if any (a dict lookup when none is)."""
         action = self._actions.get(point)
         if action is not None:
             action(*args)
+
+    @staticmethod
+    def from_spec(spec: str) -> Faults:
+        """Faults from ``point=kill@n,...`` (``DUCTOR_TEST_FAULTS``); ValueError if malformed."""
+        actions: dict[Point, Action] = {}
+        for item in filter(None, (part.strip() for part in spec.split(","))):
+            name, _, what = item.partition("=")
+            action, _, nth = what.partition("@")
+            try:
+                point = Point(name)
+            except ValueError:
+                known = ", ".join(p.value for p in Point)
+                raise ValueError(f"unknown fault point {name!r}; known: {known}") from None
+            if action != "kill" or not (nth or "1").isdigit() or int(nth or "1") < 1:
+                raise ValueError(f"fault {item!r}: expected {name}=kill or {name}=kill@N")
+            actions[point] = _KillOnHit(int(nth or "1"))
+        return Faults(actions)
+
+
+class _KillOnHit:
+    """SIGKILL this process the n-th time the point is reached: no cleanup runs, exactly
+    like a crash (the OOM killer, a power cut) at that point."""
+
+    def __init__(self, nth: int) -> None:
+        self._left = nth
+
+    def __call__(self, *_args: object) -> None:
+        self._left -= 1
+        if self._left == 0:
+            os.kill(os.getpid(), signal.SIGKILL)
 
 
 NO_FAULTS = Faults()

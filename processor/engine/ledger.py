@@ -73,6 +73,11 @@ class Ledger:
         if span is not None:
             span.set_attribute("ductor.reason", reason.value)
 
+    def relayed(self, run_id: str, records: int) -> None:
+        """Records of a transition sent again from the outbox (their first send was lost)."""
+        self._stats.relayed += records
+        log.debug("relaying %d record(s) of run %s from the outbox", records, run_id)
+
     def stuck_failed(self, run_ids: list[str]) -> None:
         """Runs the watchdog force-failed as stuck (counted like the livelock guard's)."""
         for run_id in run_ids:

@@ -72,6 +72,8 @@ class Processor:
             "ductor-processor", settings.metrics_port, settings.group_id
         )
         self.telemetry.group_id = settings.group_id
+        if faults.armed:
+            log.warning("fault injection armed (tests only): %s", ", ".join(faults.armed))
         self.executor = Executor(
             database=Database(settings.pg_dsn),
             outbox=self.outbox,
@@ -81,15 +83,18 @@ class Processor:
             tracker=self.tracker,
             stats=self.stats,
             telemetry=self.telemetry,
+            faults=faults,
         )
         self.watchdog = Watchdog(
             database=Database(settings.pg_dsn),
             owned_shards=self._owned_shards,
+            may_relay=lambda: self.executor.may_relay(settings.relay_after_s),
             settings=SweepSettings(
                 settings.sweep_interval_s,
                 settings.sweep_grace_s,
                 settings.stuck_after_s,
                 settings.sweep_limit,
+                settings.relay_after_s,
             ),
             faults=faults,
         )
@@ -157,8 +162,13 @@ class Processor:
                 continue
             self.executor.stuck_failed(sweep.force_failed)
             self.executor.rewake(sweep.overdue, self.names.wakeup("t2"))
+            self.executor.relay(sweep.relay)
             if sweep.overdue:
                 log.info("watchdog re-woke %d overdue run(s)", len(sweep.overdue))
+            if sweep.relay:
+                log.info(
+                    "relaying the records of %d transition(s) left in the outbox", len(sweep.relay)
+                )
         self._maybe_log_stats(now)
         self.lag.maybe_update(now, self.assigned, self.pauses.paused())
 

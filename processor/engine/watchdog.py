@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 
 import psycopg
 
+from processor.core.decide import Send
 from processor.engine.database import Database
 from processor.engine.faults import NO_FAULTS, Faults, Point
 
@@ -33,6 +34,7 @@ class SweepSettings:
     grace_s: float  # lateness tolerated before an overdue run is re-woken
     stuck_after_s: float  # a live run with no transition for this long is force-failed
     limit: int  # runs per sweep
+    relay_after_s: float  # outbox rows left this long are relayed by whoever sweeps first
 
 
 @dataclass(frozen=True)
@@ -41,6 +43,8 @@ class SweepResult:
 
     overdue: list[str] = field(default_factory=list)  # runs to re-wake
     force_failed: list[str] = field(default_factory=list)  # runs failed as stuck
+    # Outbox rows claimed for relaying: (run id, transition seq, records).
+    relay: list[tuple[str, int, tuple[Send, ...]]] = field(default_factory=list)
     error: psycopg.Error | None = None
 
 
@@ -53,6 +57,7 @@ class Watchdog:
         *,
         database: Database,
         owned_shards: Callable[[], Shards],
+        may_relay: Callable[[], bool],
         settings: SweepSettings,
         monotonic: Callable[[], float] = time.monotonic,
         faults: Faults = NO_FAULTS,
@@ -60,6 +65,7 @@ class Watchdog:
         self._db = database
         self._faults = faults
         self._owned_shards = owned_shards
+        self._may_relay = may_relay
         self._settings = settings
         self._monotonic = monotonic
         self.next_at: float | None = monotonic() + settings.interval_s
@@ -83,28 +89,34 @@ class Watchdog:
         modulus, owned = self._owned_shards()
         if owned:
             self._sweeping.set()
+            relay = self._may_relay()
             threading.Thread(
-                target=self._sweep_thread, args=(modulus, owned), name="ductor-sweep", daemon=True
+                target=self._sweep_thread,
+                args=(modulus, owned, relay),
+                name="ductor-sweep",
+                daemon=True,
             ).start()
         return finished
 
-    def _sweep_thread(self, modulus: int, owned: list[int]) -> None:
+    def _sweep_thread(self, modulus: int, owned: list[int], relay: bool) -> None:
         try:
-            self._results.put(self.sweep(modulus, owned))
+            self._results.put(self.sweep(modulus, owned, relay))
         except psycopg.Error as exc:
             self._db.close()
             self._results.put(SweepResult(error=exc))
         finally:
             self._sweeping.clear()
 
-    def sweep(self, modulus: int, owned: list[int]) -> SweepResult:
-        """Force-fail stuck runs and find overdue ones (database work only)."""
+    def sweep(self, modulus: int, owned: list[int], relay: bool) -> SweepResult:
+        """Force-fail stuck runs, find overdue ones and, when ``relay``, claim outbox rows
+        left behind (database work only; the loop produces)."""
         s = self._settings
         stuck = self._db.stuck(modulus, owned, s.stuck_after_s, s.limit)
         self._faults.hit(Point.STUCK_SELECTED, [run_id for run_id, _seq in stuck])
         failed = [run_id for run_id, seq in stuck if self._db.force_fail_stuck(run_id, seq)]
         overdue = self._db.overdue(modulus, owned, s.grace_s, s.limit)
-        return SweepResult(overdue=overdue, force_failed=failed)
+        claimed = self._db.claim_outbox(s.relay_after_s, s.limit) if relay else []
+        return SweepResult(overdue=overdue, force_failed=failed, relay=claimed)
 
     def close(self) -> None:
         self._db.close()

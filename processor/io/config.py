@@ -61,6 +61,9 @@ class Settings:
     sweep_interval_s: float = 1.0
     sweep_grace_s: float = 2.0
     sweep_limit: int = 1000
+    # Outbox rows (a committed transition's records) left unacknowledged this long are sent
+    # again by any instance's relay: their instance died between commit and produce.
+    relay_after_s: float = 3.0
     partition_by_run: bool = True
     max_record_bytes: int = 65536
     shutdown_timeout_s: float = 20.0
@@ -71,6 +74,8 @@ class Settings:
     health_port: int = 0
     # /healthz fails once the poll loop has not turned for this long (see health.py).
     health_stall_s: float = 30.0
+    # Tests only: fault-injection points to arm (see engine/faults.py). Empty in production.
+    test_faults: str = ""
     kafka_extra: Mapping[str, str] = field(default_factory=dict)
 
     @property
@@ -187,6 +192,12 @@ def _kafka_property(var: str) -> str:
     return var[len(KAFKA_PASSTHROUGH_PREFIX) :].lower().replace("_", ".")
 
 
+def _parse_faults(name: str, raw: str) -> str:
+    if not re.fullmatch(r"([a-z_.]+=[a-z]+(@\d+)?)?(,[a-z_.]+=[a-z]+(@\d+)?)*", raw):
+        raise ConfigError(f"{name}={raw!r} must look like after_commit=kill@3 (tests only)")
+    return raw
+
+
 def _kafka_passthrough(env: Mapping[str, str]) -> dict[str, str]:
     extra: dict[str, str] = {}
     for key, value in env.items():
@@ -228,6 +239,7 @@ _FIELDS: tuple[tuple[str, Callable[[str, str], object]], ...] = (
     ("sweep_interval_s", _float_min(0.05)),
     ("sweep_grace_s", _float_min(0.0)),
     ("sweep_limit", _int_in(1, 1_000_000)),
+    ("relay_after_s", _float_min(0.5)),
     ("partition_by_run", _parse_bool),
     ("max_record_bytes", _int_in(256, 100 * 1024 * 1024)),
     ("shutdown_timeout_s", _float_min(0.5)),
@@ -237,6 +249,7 @@ _FIELDS: tuple[tuple[str, Callable[[str, str], object]], ...] = (
     ("stats_log_interval_s", _float_min(0.5)),
     ("health_port", _int_in(0, 65535)),
     ("health_stall_s", _float_min(0.1)),
+    ("test_faults", _parse_faults),
 )
 
 

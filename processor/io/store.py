@@ -16,7 +16,7 @@ import orjson
 import psycopg
 from psycopg.types.json import set_json_loads
 
-from processor.core.decide import Commit
+from processor.core.decide import Commit, Send
 from processor.core.model import (
     Loaded,
     LoadedRun,
@@ -71,7 +71,9 @@ SELECT r.run_id, r.workflow_name, r.workflow_version, r.status, r.node_states,
 
 # The seed's conditional UPDATE, generalised to many rows: each run carries its own expected
 # version, and a run whose version moved on simply matches no row (its conflict is detected
-# individually by its absence from RETURNING).
+# individually by its absence from RETURNING). The same statement writes each committed
+# transition's records to the outbox (so a crash after the commit cannot lose them) and
+# deletes the outbox rows whose records the broker has acknowledged since the last commit.
 #
 # Two instances committing overlapping batches would deadlock if each locked its rows in a
 # different order, so the rows are first locked in run_id order (a sort below the row lock,
@@ -80,9 +82,9 @@ SELECT r.run_id, r.workflow_name, r.workflow_version, r.status, r.node_states,
 _COMMIT_SQL = """
 WITH ordered AS MATERIALIZED (
     SELECT run_id FROM eec_workflow_run
-     WHERE run_id IN (SELECT jsonb_array_elements_text(%s::jsonb))
+     WHERE run_id IN (SELECT jsonb_array_elements_text(%(ids)s::jsonb))
      ORDER BY run_id FOR UPDATE
-)
+), updated AS (
 UPDATE eec_workflow_run AS r
    SET db_record_version = r.db_record_version + 1,
        status = c.status,
@@ -93,13 +95,40 @@ UPDATE eec_workflow_run AS r
        next_wakeup_at = to_timestamp(c.next_wakeup_ms / 1000.0),
        updated_at = now(),
        last_transition_at = now()
-  FROM jsonb_to_recordset(%s::jsonb)
+  FROM jsonb_to_recordset(%(batch)s::jsonb)
        AS c(run_id text, expected_version bigint, status text, node_states jsonb, seq bigint,
-            checksum text, reason text, next_wakeup_ms bigint)
+            checksum text, reason text, next_wakeup_ms bigint, effects jsonb)
  WHERE r.run_id = c.run_id
    AND r.db_record_version = c.expected_version
    AND r.run_id IN (SELECT run_id FROM ordered)
-RETURNING r.run_id
+RETURNING r.run_id, c.seq, c.effects
+), outboxed AS (
+    INSERT INTO eec_outbox (run_id, seq, records)
+    SELECT run_id, seq, effects FROM updated WHERE effects IS NOT NULL
+), acknowledged AS (
+    DELETE FROM eec_outbox o
+     USING jsonb_to_recordset(%(acked)s::jsonb) AS a(run_id text, seq bigint)
+     WHERE o.run_id = a.run_id AND o.seq = a.seq
+)
+SELECT run_id FROM updated
+"""
+
+_DELETE_OUTBOX_SQL = """
+DELETE FROM eec_outbox o USING jsonb_to_recordset(%s::jsonb) AS a(run_id text, seq bigint)
+ WHERE o.run_id = a.run_id AND o.seq = a.seq
+"""
+
+# A relay claims outbox rows left behind for longer than it waits (their instance died, or the
+# broker was away) by moving their time forward, so no other relay takes them for as long;
+# the claim needs no lease: a relay that dies lets the row come back after the same wait.
+_CLAIM_OUTBOX_SQL = """
+UPDATE eec_outbox SET created_at = now()
+ WHERE (run_id, seq) IN (
+       SELECT run_id, seq FROM eec_outbox
+        WHERE created_at < now() - make_interval(secs => %s)
+        ORDER BY created_at LIMIT %s
+          FOR UPDATE SKIP LOCKED)
+RETURNING run_id, seq, records
 """
 
 # The terminal path shared by the livelock guard and the watchdog. It is conditioned on the
@@ -183,13 +212,20 @@ def load_runs(
     return loaded
 
 
-def commit_batch(conn: psycopg.Connection[Any], commits: Sequence[Commit]) -> set[str]:
-    """The batched conditional UPDATE. Returns the run ids that committed; the rest conflicted."""
+def commit_batch(
+    conn: psycopg.Connection[Any],
+    commits: Sequence[Commit],
+    acknowledged: Sequence[tuple[str, int]] = (),
+) -> set[str]:
+    """The batched conditional UPDATE, with each transition's records into the outbox and
+    the ``acknowledged`` (run_id, seq) outbox rows deleted. Returns the run ids that
+    committed; the rest conflicted."""
     if not commits:
+        delete_outbox(conn, acknowledged)
         return set()
     ids = [c.run_id for c in commits]
     # The whole batch travels as one JSON document: one orjson call instead of adapting
-    # eight arrays element by element.
+    # nine arrays element by element.
     batch = orjson.dumps(
         [
             {
@@ -201,18 +237,61 @@ def commit_batch(conn: psycopg.Connection[Any], commits: Sequence[Commit]) -> se
                 "checksum": state_checksum(c.state),
                 "reason": c.state.reason,
                 "next_wakeup_ms": c.state.next_due_ms(),
+                "effects": [_outbox_record(s) for s in c.effects] if c.effects else None,
             }
             for c in commits
         ]
     ).decode()
+    params = {"ids": orjson.dumps(ids).decode(), "batch": batch, "acked": _pairs(acknowledged)}
     try:
-        rows = conn.execute(_COMMIT_SQL, (orjson.dumps(ids).decode(), batch)).fetchall()
+        rows = conn.execute(_COMMIT_SQL, params).fetchall()
     except psycopg.errors.DeadlockDetected:
         # Cannot happen while every writer locks in run_id order; if an outside writer does
         # not, Postgres aborted this statement and nothing was written: every run of the
         # batch lost the race, which the conflict policy retries. Not an error.
+        delete_outbox(conn, acknowledged)
         return set()
     return {r[0] for r in rows}
+
+
+def delete_outbox(conn: psycopg.Connection[Any], acknowledged: Sequence[tuple[str, int]]) -> None:
+    """Delete the outbox rows whose records the broker acknowledged."""
+    if acknowledged:
+        conn.execute(_DELETE_OUTBOX_SQL, (_pairs(acknowledged),))
+
+
+def claim_outbox(
+    conn: psycopg.Connection[Any], older_than_s: float, limit: int
+) -> list[tuple[str, int, tuple[Send, ...]]]:
+    """Outbox rows left behind for longer than ``older_than_s``, claimed for this relay."""
+    rows = conn.execute(_CLAIM_OUTBOX_SQL, (older_than_s, limit)).fetchall()
+    return [
+        (run_id, seq, tuple(_send_of(record) for record in records))
+        for run_id, seq, records in rows
+    ]
+
+
+def _outbox_record(send: Send) -> list[str | None]:
+    """A record as the outbox keeps it: keys and values of the engine's records are UTF-8
+    JSON text and run ids; headers are not kept (trace context is added when sent)."""
+    key = None if send.key is None else send.key.decode()
+    value = None if send.value is None else send.value.decode()
+    return [send.topic, key, value, send.by_run]
+
+
+def _send_of(record: list[str | None]) -> Send:
+    topic, key, value, by_run = record
+    assert topic is not None
+    return Send(
+        topic,
+        key=None if key is None else key.encode(),
+        value=None if value is None else value.encode(),
+        by_run=by_run,
+    )
+
+
+def _pairs(acknowledged: Sequence[tuple[str, int]]) -> str:
+    return orjson.dumps([{"run_id": r, "seq": s} for r, s in acknowledged]).decode()
 
 
 def force_fail_write(

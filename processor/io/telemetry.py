@@ -143,6 +143,12 @@ class Telemetry:
             lambda: [Observation(stats.conflicts)],
         )
         counter(
+            "ductor.relayed",
+            "{record}",
+            "records sent again from the outbox (their instance died after its commit)",
+            lambda: [Observation(stats.relayed)],
+        )
+        counter(
             "ductor.errors",
             "{error}",
             "genuine failures by type",

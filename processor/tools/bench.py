@@ -158,7 +158,7 @@ class Bench:
     def _ceiling_round(self, label: str) -> float:
         ids = self.ids(label, self.n(10000))
         self.insert(self.one, ids)
-        return ceiling_rate(self.conn, ids, self.settings.batch_size)
+        return ceiling_rate(self.conn, ids, self.settings.batch_size, self.names)
 
     # -- one instance --------------------------------------------------------------------------
 

@@ -14,24 +14,31 @@ from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-def
 from processor.core.decide import Commit, tick_batch
 from processor.core.envelope import Wakeup, decode_wakeup
 from processor.core.model import LoadedRun
+from processor.core.routing import TopicNames
 from processor.core.tick import tick
 from processor.io.config import Settings
 from processor.io.kafka import produce, producer_config
 from processor.io.store import Definitions, commit_batch, load_runs
 
 
-def ceiling_rate(conn: psycopg.Connection[Any], run_ids: Sequence[str], batch_size: int) -> float:
-    """Ticks per second of the batched conditional UPDATE alone, on new runs: the states are
-    loaded and ticked first, only the commits are timed."""
+def ceiling_rate(
+    conn: psycopg.Connection[Any], run_ids: Sequence[str], batch_size: int, names: TopicNames
+) -> float:
+    """Ticks per second of the batched conditional UPDATE alone, on new runs, with its outbox
+    writes and deletions as the instance does them: the states are loaded and ticked first,
+    only the commits are timed."""
     definitions = Definitions()
     now_ms = int(time.time() * 1000)
     batches: list[list[Commit]] = []
     for start in range(0, len(run_ids), batch_size):
         loaded = load_runs(conn, definitions, run_ids[start : start + batch_size])
-        _decisions, commits = tick_batch(loaded, now_ms)
-        batches.append(commits)
+        batches.append(list(tick_batch(loaded, now_ms, names).values()))
     started = time.perf_counter()
-    committed = sum(len(commit_batch(conn, batch)) for batch in batches)
+    committed = 0
+    acknowledged: list[tuple[str, int]] = []
+    for batch in batches:  # each commit deletes the previous batch's outbox rows, as live
+        committed += len(commit_batch(conn, batch, acknowledged))
+        acknowledged = [(c.run_id, c.state.seq) for c in batch]
     elapsed = time.perf_counter() - started
     assert committed == len(run_ids), f"ceiling: only {committed} of {len(run_ids)} committed"
     return committed / elapsed

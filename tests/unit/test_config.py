@@ -318,6 +318,7 @@ def test_settings_env_round_trips_every_field_changed() -> None:
         "DUCTOR_SWEEP_INTERVAL_S": "0.1",
         "DUCTOR_SWEEP_GRACE_S": "1e-7",
         "DUCTOR_SWEEP_LIMIT": "12",
+        "DUCTOR_RELAY_AFTER_S": "4.5",
         "DUCTOR_PARTITION_BY_RUN": "off",
         "DUCTOR_MAX_RECORD_BYTES": "300",
         "DUCTOR_SHUTDOWN_TIMEOUT_S": "inf",
@@ -327,6 +328,7 @@ def test_settings_env_round_trips_every_field_changed() -> None:
         "DUCTOR_STATS_LOG_INTERVAL_S": "0.75",
         "DUCTOR_HEALTH_PORT": "8081",
         "DUCTOR_HEALTH_STALL_S": "3",
+        "DUCTOR_TEST_FAULTS": "after_commit=kill@2",
         "DUCTOR_KAFKA_SECURITY_PROTOCOL": "SASL_SSL",
         "DUCTOR_KAFKA_SASL_PASSWORD": "hunter2",
     }

@@ -101,8 +101,8 @@ def _rejected_at_intake(value: bytes | None) -> Callable[[], Plan]:
 def _refused_after_load(load: Loaded | None) -> Callable[[], Plan]:
     def plan() -> Plan:
         record = accepted(wakeup_message(7, Wakeup("r", "start"), partition=2))
-        decisions, _ = tick_batch({"r": load} if load is not None else {}, NOW_MS)
-        return decide(item("r", [record]), load, decisions.get("r"), False, NOW_MS, RULES)
+        commits = tick_batch({"r": load} if load is not None else {}, NOW_MS, NAMES)
+        return decide(item("r", [record]), load, commits.get("r"), False, NOW_MS, RULES)
 
     return plan
 
@@ -156,10 +156,10 @@ def test_duplicate_wakeups_of_a_run_coalesce_into_one_tick() -> None:
     works = book.take_ready(now=0.0, limit=10)
     assert sorted((w.run_id, len(w.records)) for w in works) == [("other", 1), ("r", 4)]
     assert len(book) == 0
-    decisions, commits = tick_batch({"r": loaded("r"), "other": loaded("other")}, NOW_MS)
-    assert [c.run_id for c in commits] == ["r", "other"]  # one row per run, however many records
+    commits = tick_batch({"r": loaded("r"), "other": loaded("other")}, NOW_MS, NAMES)
+    assert list(commits) == ["r", "other"]  # one row per run, however many records
     (r,) = [w for w in works if w.run_id == "r"]
-    plan = decide(item("r", r.records), loaded("r"), decisions["r"], True, NOW_MS, RULES)
+    plan = decide(item("r", r.records), loaded("r"), commits["r"], True, NOW_MS, RULES)
     assert plan.outcome is Outcome.COMMITTED
     assert [s.topic for s in plan.sends] == [NAMES.steps]  # `first` dispatched once
 
@@ -202,8 +202,8 @@ def test_revoked_partitions_leave_the_book() -> None:
 def _conflict(records: list[Inbound], attempts: int, seq: int = 0) -> Plan:
     """The plan for a commit of run ``r`` (at ``seq``) that matched no row."""
     run = loaded("r", replace(initial_state(WF), seq=seq))
-    decisions, _ = tick_batch({"r": run}, NOW_MS)
-    return decide(item("r", records, attempts), run, decisions["r"], False, NOW_MS, RULES)
+    commits = tick_batch({"r": run}, NOW_MS, NAMES)
+    return decide(item("r", records, attempts), run, commits["r"], False, NOW_MS, RULES)
 
 
 def _due(message: FakeMessage) -> Inbound:
@@ -270,15 +270,18 @@ def test_a_database_error_decides_nothing_and_retries_later() -> None:
 
 def test_a_committed_tick_dispatches_and_a_noop_does_nothing() -> None:
     run = loaded("r")
-    decisions, commits = tick_batch({"r": run}, NOW_MS)
-    plan = decide(item("r", []), run, decisions["r"], True, NOW_MS, RULES)
+    commits = tick_batch({"r": run}, NOW_MS, NAMES)
+    plan = decide(item("r", []), run, commits["r"], True, NOW_MS, RULES)
     assert plan.outcome is Outcome.COMMITTED and plan.expected_version == run.version
     task = orjson.loads(plan.sends[0].value or b"")
     assert (task["node"], task["attempt"], task["tier"]) == ("first", 1, "t1")
-    assert commits[0].expected_version == run.version
-    assert commits[0].state.status is RunStatus.RUNNING
-    noop = tick_batch({"r": loaded("r", commits[0].state)}, NOW_MS)[0]["r"]
-    plan = decide(item("r", []), run, noop, False, NOW_MS, RULES)
+    commit = commits["r"]
+    assert commit.expected_version == run.version and commit.state.status is RunStatus.RUNNING
+    assert commit.effects == plan.sends  # what goes to the outbox is what gets produced
+    assert plan.outboxed_seq == commit.state.seq
+    started = loaded("r", commit.state)
+    assert tick_batch({"r": started}, NOW_MS, NAMES) == {}  # nothing changes: a no-op
+    plan = decide(item("r", []), started, None, False, NOW_MS, RULES)
     assert (plan.outcome, plan.sends, plan.settles) == (Outcome.NOOP, (), True)
 
 

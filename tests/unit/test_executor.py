@@ -84,9 +84,8 @@ def _work(h: Harness, offset: int) -> Work:
 
 def test_a_noop_settles_at_once_and_frees_the_offset(h: Harness) -> None:
     work = _work(h, 4)
-    run = loaded("r", tick_batch({"r": loaded("r")}, NOW_MS)[1][0].state)  # already started
-    decisions, _ = tick_batch({"r": run}, NOW_MS)
-    plan = decide(item("r", work.records), run, decisions["r"], False, NOW_MS, RULES)
+    run = loaded("r", tick_batch({"r": loaded("r")}, NOW_MS, NAMES)["r"].state)  # started
+    plan = decide(item("r", work.records), run, None, False, NOW_MS, RULES)
     h.executor.carry_out(work, plan)
     assert plan.outcome is Outcome.NOOP
     assert h.tracker.committable() == {TP: 5} and not work.records
@@ -96,8 +95,8 @@ def test_a_noop_settles_at_once_and_frees_the_offset(h: Harness) -> None:
 def test_a_conflict_is_parked_for_its_backoff_and_never_counted_as_an_error(h: Harness) -> None:
     work = _work(h, 4)
     run = loaded("r")
-    decisions, _ = tick_batch({"r": run}, NOW_MS)
-    plan = decide(item("r", work.records), run, decisions["r"], False, NOW_MS, RULES)
+    commits = tick_batch({"r": run}, NOW_MS, NAMES)
+    plan = decide(item("r", work.records), run, commits["r"], False, NOW_MS, RULES)
     h.executor.carry_out(work, plan)
     assert h.executor.book.take_ready(h.clock.now, 10) == []
     assert h.executor.book.next_ready_at() == h.clock.now + IN_PROCESS_BACKOFF_MS[1] / 1000
@@ -111,9 +110,9 @@ def test_a_conflict_is_parked_for_its_backoff_and_never_counted_as_an_error(h: H
 def test_a_requeue_settles_only_once_the_broker_acknowledged_it(h: Harness) -> None:
     work = _work(h, 4)
     run = loaded("r")
-    decisions, _ = tick_batch({"r": run}, NOW_MS)
+    commits = tick_batch({"r": run}, NOW_MS, NAMES)
     exhausted = item("r", work.records, attempts=MAX_IN_PROCESS_ATTEMPTS - 1)
-    plan = decide(exhausted, run, decisions["r"], False, NOW_MS, RULES)
+    plan = decide(exhausted, run, commits["r"], False, NOW_MS, RULES)
     h.executor.carry_out(work, plan)
     assert plan.outcome is Outcome.REQUEUED and h.outbox.in_flight == 1
     assert h.stats.ticks == {Outcome.CONFLICT: 1, Outcome.REQUEUED: 1}
