@@ -40,6 +40,8 @@ from processor.io.runs_admin import insert_runs, register_workflow
 from processor.io.telemetry import Telemetry
 from processor.io.topics import create_topics, desired_topics
 
+from .restarts import LocalInfra, local_infra_for
+
 pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parents[2]
 SAMPLE = REPO / "schemas" / "workflows" / "sample.json"
@@ -129,6 +131,18 @@ def audit(pg: psycopg.Connection[Any]) -> Iterator[psycopg.Connection[Any]]:
     pg.execute(_AUDIT_SQL)
     yield pg
     pg.execute("DROP TRIGGER IF EXISTS test_run_audit_trg ON eec_workflow_run")
+
+
+@pytest.fixture
+def local_infra(settings: Settings) -> Iterator[LocalInfra]:
+    """The local Kafka and Postgres, to restart or crash on their data (tests/integration/
+    restarts.py). Whatever the test left down is started again on its data afterwards, before
+    the test's topics are deleted."""
+    infra = local_infra_for(settings)
+    try:
+        yield infra
+    finally:
+        infra.ensure_running()
 
 
 def child_env(settings: Settings) -> dict[str, str]:
