@@ -13,6 +13,7 @@ from typing import Any
 
 import psycopg
 import pytest
+from confluent_kafka.admin import AdminClient
 
 from infra.local import StopMode
 from processor.client import start_runs
@@ -93,6 +94,14 @@ def test_the_worker_rides_through_an_immediate_postgres_restart(
     )
 
 
+def _owners(settings: Settings) -> int:
+    """Members of the workers' group that own partitions, as the broker describes the group."""
+    group = f"{settings.group_id}-workers"
+    admin = AdminClient(settings.kafka_common())
+    described = admin.describe_consumer_groups([group])[group].result(timeout=10)
+    return sum(1 for m in described.members if m.assignment.topic_partitions)
+
+
 def _gated_workflow() -> WorkflowDef:
     # Long deadlines: the outage must not time out attempts the worker holds meanwhile.
     return parse_workflow(
@@ -141,6 +150,9 @@ def test_the_worker_rides_through_a_broker_outage_longer_than_a_flush(
     processor = spawn(["process"], settings, "process")
     rider, quitter = (WorkerThread(settings, _gated_registry(gate, e)) for e in entered)
     try:
+        # A worker blocked in a gated batch cannot hand a partition over, so the group settles
+        # first: then each worker gets tasks of its own.
+        wait_for(lambda: _owners(settings) == 2, 60, "both workers to own step partitions")
         start_runs(settings, "gated", run_ids)
         wait_for(lambda: all(e.is_set() for e in entered), 60, "both workers to hold tasks")
 
