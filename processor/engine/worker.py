@@ -65,6 +65,11 @@ __all__ = [
 
 log = logging.getLogger("ductor.worker")
 
+# How often the wait for acknowledgements serves delivery reports and checks for a stop, and
+# how long acknowledgements may take before the broker counts as unavailable.
+_ACK_POLL_S = 0.1
+_ACK_PATIENCE_S = 5.0
+
 
 class Worker:
     def __init__(self, settings: Settings, registry: StepRegistry, threads: int = 8) -> None:
@@ -245,12 +250,6 @@ class Worker:
             # The partition was revoked meanwhile: its new owner runs those tasks again, and
             # their results are idempotent.
             log.warning("could not store worker offsets: %s", exc)
-
-
-# How often the wait for acknowledgements serves delivery reports and checks for a stop, and
-# how long acknowledgements may take before the broker counts as unavailable.
-_ACK_POLL_S = 0.1
-_ACK_PATIENCE_S = 5.0
 
 
 @dataclass
