@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
 .DEFAULT_GOAL := help
-.PHONY: help venv tools up down status migrate topics setup lint format typecheck unit pytest test bench demo clean
+.PHONY: help venv tools up down status restart migrate topics setup lint format typecheck unit pytest test bench demo clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -41,6 +41,11 @@ down: venv ## stop local Kafka and Postgres
 
 status: venv ## say whether Kafka and Postgres are running
 	$(PY) infra/local.py status
+
+# MODE=immediate or kill crashes the service instead (see infra/local.py); `infra/local.py kill
+# SERVICE` crashes one and leaves it down, for outage tests.
+restart: venv ## restart SERVICE=kafka|postgres on its data (MODE=fast|immediate|kill)
+	$(PY) infra/local.py restart $(SERVICE) --mode $(or $(MODE),fast)
 
 migrate: venv ## apply the SQL migrations
 	$(VENV)/bin/ductor migrate

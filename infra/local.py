@@ -1,11 +1,24 @@
 """Run ductor's development infrastructure on this machine: Kafka and PostgreSQL, no Docker.
 
     .venv/bin/python infra/local.py up|down|status [kafka|postgres]
+    .venv/bin/python infra/local.py restart [kafka|postgres] [--mode fast|immediate|kill]
+                                            [--down-for SECONDS]
+    .venv/bin/python infra/local.py kill [kafka|postgres]
 
 Kafka 4.1.1 (KRaft, one combined broker/controller node) runs from Maven Central jars with the
 system JDK; PostgreSQL runs as a private cluster of the Debian server packages, beside (never
 instead of) any cluster the machine already has. Both listen on 127.0.0.1 only. Missing JDK,
 Maven or PostgreSQL packages are installed with apt-get when running as root.
+
+`up` starts Kafka on a freshly formatted log dir every time (a new, empty cluster); Postgres
+keeps its data directory. `restart` stops a service and starts it again on its data, keeping
+Kafka's topics, records and committed offsets too: `--mode fast` (default) shuts it down
+cleanly, `immediate` is `pg_ctl stop -m immediate` (crash recovery at the next start; for
+Kafka, which has no such mode, a SIGKILL), `kill` sends SIGKILL to the server and every
+process of its group; `--down-for` keeps it stopped that long first (an outage of chosen
+length). `kill` crashes a service with SIGKILL and leaves it stopped, its data kept; `restart`
+brings it back on that data. Both are for outage and chaos tests, which call the same
+methods (`Kafka.restart`, `Postgres.down(StopMode.KILL)`...: tests/integration/restarts.py).
 
 Environment:
     DUCTOR_INFRA_DIR                    state directory (default: <repo>/.infra)
@@ -118,6 +131,14 @@ class Status:
         if self.state is State.DEAD:
             return f"DEAD (pid file but process gone: pid {self.pid})"
         return f"stopped{f' ({self.detail})' if self.detail else ''}"
+
+
+class StopMode(enum.Enum):
+    """How `restart` and `kill` stop a service. Every mode keeps the service's data."""
+
+    FAST = "fast"  # kafka: controlled shutdown (SIGTERM); postgres: pg_ctl stop -m fast
+    IMMEDIATE = "immediate"  # kafka: SIGKILL; postgres: pg_ctl stop -m immediate (no checkpoint)
+    KILL = "kill"  # SIGKILL to the server and every process of its group: a crash
 
 
 def note(message: str) -> None:
@@ -358,6 +379,39 @@ class Kafka:
         if current.state is not State.STOPPED:
             note(f"kafka: {current.describe(self.endpoint)}; starting it afresh")
             self.down()
+        java = self.prepare()
+        started = time.monotonic()
+        self.write_config()
+        self.format_storage(java)
+        self.launch_and_wait(java)
+        note(f"kafka: started in {time.monotonic() - started:.1f} s")
+
+    def restart(self, mode: StopMode = StopMode.FAST, down_for_s: float = 0.0) -> None:
+        """Stop the broker by ``mode`` and start it again on the same log dir: topics, records,
+        committed offsets and groups survive, as after a real broker restart (unlike `up`,
+        which formats a new cluster). A broker that is not running is started on its data."""
+        self.down(mode)
+        wait_down(self.name, down_for_s)
+        started = time.monotonic()
+        if not (self.data_dir / "meta.properties").is_file() or not self.props_file.is_file():
+            raise InfraError(
+                f"kafka: no formatted log dir in {self.data_dir} to restart on; run `up` first"
+            )
+        # The controller's host, port and directory id were baked in when `up` formatted the
+        # log dir: a broker on other ports would not find its own quorum.
+        if self.props_file.read_text() != self.server_properties():
+            raise InfraError(
+                f"kafka: {self.data_dir} was formatted with other ports or paths than the "
+                "current settings; restore them, or run `down` and `up` for a fresh broker"
+            )
+        java = self.prepare()
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        self.log4j_file.write_text(LOG4J2_PROPERTIES)
+        self.launch_and_wait(java)
+        note(f"kafka: started on its data in {time.monotonic() - started:.1f} s")
+
+    def prepare(self) -> Path:
+        """A java to run the broker with, the jars installed, and the broker's ports free."""
         java = ensure_java(need_maven=not self.installed())
         self.install(java)
         for port, variable in (
@@ -365,9 +419,9 @@ class Kafka:
             (self.settings.controller_port, "DUCTOR_LOCAL_KAFKA_CONTROLLER_PORT"),
         ):
             require_free_port(port, variable, "kafka broker")
-        started = time.monotonic()
-        self.write_config()
-        self.format_storage(java)
+        return java
+
+    def launch_and_wait(self, java: Path) -> None:
         proc = self.launch(java)
         try:
             self.wait_ready(proc)
@@ -376,7 +430,6 @@ class Kafka:
             proc.wait()
             self.pid_file.unlink(missing_ok=True)  # the logs stay, for the error message
             raise
-        note(f"kafka: started in {time.monotonic() - started:.1f} s")
 
     def installed(self) -> bool:
         return (
@@ -478,11 +531,18 @@ class Kafka:
         parts = (tail(self.log_dir / "server.log"), tail(self.out_file))
         return "\n".join(p for p in parts if p)
 
-    def down(self) -> None:
+    def down(self, mode: StopMode = StopMode.FAST) -> None:
+        """Stop the broker; the log dir stays (the next `up` formats a new one, `restart`
+        starts on it)."""
         pid = read_pid(self.pid_file)
         if pid is not None and process_alive(pid, self.marker):
-            note(f"kafka: stopping pid {pid}")
-            self.stop_pid(pid)
+            if mode is StopMode.FAST:
+                note(f"kafka: stopping pid {pid}")
+                self.stop_pid(pid)
+            else:  # a broker has no immediate shutdown short of a kill
+                note(f"kafka: killing pid {pid} (SIGKILL)")
+                signal_group(pid, signal.SIGKILL)
+                wait_gone(pid, self.marker, 10)
         elif pid is not None:
             note(f"kafka: pid {pid} was already gone; cleaning up")
         kill_leftovers(self.run_dir, "java")
@@ -761,11 +821,30 @@ class Postgres:
             f"{tail(self.log_file)}"
         )
 
-    def down(self) -> None:
+    def restart(self, mode: StopMode = StopMode.FAST, down_for_s: float = 0.0) -> None:
+        """Stop the server by ``mode`` and start it again on its data directory (`pg_ctl
+        restart -m <mode>`, with an optional pause). After `immediate` or `kill` the server
+        runs crash recovery from its WAL, as after a crash of the database alone: the last
+        commits made with synchronous_commit off (this cluster's default) may be lost."""
+        self.down(mode)
+        wait_down(self.name, down_for_s)
+        self.up()
+
+    def down(self, mode: StopMode = StopMode.FAST) -> None:
         pid = read_pid(self.data / "postmaster.pid")
-        if pid is not None and process_alive(pid, str(self.data)):
-            note(f"postgres: stopping pid {pid}")
-            stop = self.pg_ctl("stop", "-m", "fast", "-w", "-t", "60")
+        if pid is not None and process_alive(pid, str(self.data)) and mode is StopMode.KILL:
+            # pg_ctl starts the postmaster in a session of its own: its pid is the group of
+            # every backend; any straggler is found by its working directory below.
+            note(f"postgres: killing postmaster {pid} and its backends (SIGKILL)")
+            signal_group(pid, signal.SIGKILL)
+            wait_gone(pid, str(self.data), 10)
+            kill_leftovers(self.data, "postgres")
+            (self.data / "postmaster.pid").unlink(missing_ok=True)
+        elif pid is not None and process_alive(pid, str(self.data)):
+            note(
+                f"postgres: stopping pid {pid}" + ("" if mode is StopMode.FAST else " (immediate)")
+            )
+            stop = self.pg_ctl("stop", "-m", mode.value, "-w", "-t", "60")
             run_checked(stop, "pg_ctl stop", cwd=self.root)
         elif pid is not None:
             note(f"postgres: postmaster {pid} was already gone; cleaning up")
@@ -800,7 +879,15 @@ class Service(Protocol):
     def env(self) -> dict[str, str]: ...
     def status(self) -> Status: ...
     def up(self) -> None: ...
-    def down(self) -> None: ...
+    def down(self, mode: StopMode = StopMode.FAST) -> None: ...
+    def restart(self, mode: StopMode = StopMode.FAST, down_for_s: float = 0.0) -> None: ...
+
+
+def wait_down(name: str, seconds: float) -> None:
+    """Keep a stopped service down for ``seconds`` (an outage of chosen length)."""
+    if seconds > 0:
+        note(f"{name}: down for {seconds:g} s")
+        time.sleep(seconds)
 
 
 def print_summary(services: Sequence[Service]) -> bool:
@@ -820,13 +907,21 @@ def print_env(running: Sequence[Service]) -> None:
             print(f"export {key}={value}")
 
 
-def run_local(command: str, services: Sequence[Service]) -> int:
+def run_local(
+    command: str, services: Sequence[Service], mode: StopMode = StopMode.FAST, down_for_s: float = 0
+) -> int:
     if command == "up":
         for svc in services:
             svc.up()
     elif command == "down":
         for svc in reversed(services):
             svc.down()
+    elif command == "restart":
+        for svc in services:
+            svc.restart(mode, down_for_s)
+    elif command == "kill":
+        for svc in services:
+            svc.down(StopMode.KILL)
     all_running = print_summary(services)
     if command == "status" and not all_running:
         return EXIT_NOT_RUNNING
@@ -842,6 +937,11 @@ def run_docker(command: str, names: Sequence[str], services: Sequence[Service]) 
         raise InfraError(
             "DUCTOR_INFRA=docker but no Docker engine answers `docker info`; "
             "start Docker, or unset DUCTOR_INFRA to run Kafka and Postgres locally"
+        )
+    if command in ("restart", "kill"):
+        raise InfraError(
+            f"`{command}` works on the local services; with Docker use "
+            f"`docker compose -f {COMPOSE_FILE} {command} SERVICE`"
         )
     # No names means every compose service, jaeger included.
     compose = ["docker", "compose", "-f", str(COMPOSE_FILE)]
@@ -868,9 +968,28 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         prog="infra/local.py",
         description=__doc__.split("\n\n", 1)[0] if __doc__ else None,
     )
-    parser.add_argument("command", choices=("up", "down", "status"))
+    parser.add_argument("command", choices=("up", "down", "status", "restart", "kill"))
     parser.add_argument("service", nargs="?", choices=SERVICES, help="default: both")
-    return parser.parse_args(argv)
+    parser.add_argument(
+        "--mode",
+        choices=[m.value for m in StopMode],
+        default=StopMode.FAST.value,
+        help="restart: how to stop (fast: a clean shutdown; immediate: pg_ctl's immediate "
+        "mode, a SIGKILL for kafka; kill: SIGKILL to every process of the service)",
+    )
+    parser.add_argument(
+        "--down-for",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="restart: stay stopped this long before starting again",
+    )
+    args = parser.parse_args(argv)
+    if args.command != "restart" and (args.mode != StopMode.FAST.value or args.down_for):
+        parser.error("--mode and --down-for go with `restart`")
+    if args.down_for < 0:
+        parser.error("--down-for must be >= 0")
+    return args
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -885,7 +1004,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return run_docker(args.command, names, services)
         if mode != "local":
             raise InfraError(f"DUCTOR_INFRA={mode!r}: expected 'local' (default) or 'docker'")
-        return run_local(args.command, services)
+        return run_local(args.command, services, StopMode(args.mode), args.down_for)
     except InfraError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1

@@ -5,9 +5,14 @@ For each task the worker runs the function, records the result idempotently keye
 attempt (a crash before the offset commit runs the attempt again); the result insert is
 ``ON CONFLICT DO NOTHING`` and the coordinator applies each attempt's result once.
 
-Register your own step function with ``@registry.step("my_type")``; it receives a
-``StepContext`` and returns a JSON-serialisable output, or raises ``StepFailed`` (or any
-exception) to fail the attempt. See the README.
+Outages are ridden through, never a reason to exit: a lost database connection is reopened
+with capped exponential backoff and the same result inserted again; wakeups the broker has not
+acknowledged are waited for (and re-sent if their delivery failed) for as long as it takes.
+Offsets are stored only past tasks whose result is recorded (durably) and whose wakeup is
+acknowledged, so ``stop()`` may abandon a batch mid-outage: its tasks are redelivered and
+their results are idempotent. Each outage is logged once when it starts and once when it ends.
+
+Step functions and their registry live in ``processor.engine.steps`` (re-exported here).
 """
 
 from __future__ import annotations
@@ -16,12 +21,10 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-import orjson
 import psycopg
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
@@ -30,6 +33,15 @@ from processor.core.model import StepOutcome, ValidationError
 from processor.core.records import Headers, normalise_headers
 from processor.core.routing import TopicNames
 from processor.core.step_task import StepTask, decode_step_task
+from processor.engine.outage import Outage
+from processor.engine.steps import (
+    StepContext,
+    StepFailed,
+    StepFn,
+    StepRegistry,
+    execute_step,
+    sample_registry,
+)
 from processor.io.config import Settings
 from processor.io.kafka import (
     choose_partition,
@@ -38,75 +50,25 @@ from processor.io.kafka import (
     producer_config,
     topic_partitions,
 )
-from processor.io.store import insert_step_result
+from processor.io.store import connect_durable, insert_step_result
+
+# The step API has always been importable from here (docs/operations.md shows it).
+__all__ = [
+    "StepContext",
+    "StepFailed",
+    "StepFn",
+    "StepRegistry",
+    "Worker",
+    "execute_step",
+    "sample_registry",
+]
 
 log = logging.getLogger("ductor.worker")
 
-
-class StepFailed(Exception):
-    """Raised by a step function to fail its attempt with a message."""
-
-
-@dataclass(frozen=True)
-class StepContext:
-    run_id: str
-    node: str
-    attempt: int
-    deadline_ms: int
-
-
-StepFn = Callable[[StepContext], Any]
-
-
-class StepRegistry:
-    def __init__(self) -> None:
-        self._steps: dict[str, StepFn] = {}
-
-    def step(self, step_type: str) -> Callable[[StepFn], StepFn]:
-        def register(fn: StepFn) -> StepFn:
-            self._steps[step_type] = fn
-            return fn
-
-        return register
-
-    def get(self, step_type: str) -> StepFn | None:
-        return self._steps.get(step_type)
-
-    def types(self) -> list[str]:
-        return sorted(self._steps)
-
-
-def sample_registry(flaky_failures: int = 2) -> StepRegistry:
-    """The sample steps used by the demo, the tests and the benchmark."""
-    registry = StepRegistry()
-
-    @registry.step("fast")
-    def fast(ctx: StepContext) -> Any:
-        return {"node": ctx.node, "attempt": ctx.attempt}
-
-    @registry.step("slow")
-    def slow(ctx: StepContext) -> Any:
-        time.sleep(0.2)
-        return {"slept_ms": 200}
-
-    @registry.step("flaky")
-    def flaky(ctx: StepContext) -> Any:
-        if ctx.attempt <= flaky_failures:
-            raise StepFailed(f"flaky step fails its first {flaky_failures} attempt(s)")
-        return {"succeeded_on_attempt": ctx.attempt}
-
-    @registry.step("hang")
-    def hang(ctx: StepContext) -> Any:
-        # Outlives its deadline on the first attempt: the coordinator times it out and retries.
-        if ctx.attempt == 1:
-            time.sleep(max(0.0, (ctx.deadline_ms - time.time() * 1000) / 1000) + 0.5)
-        return {"attempt": ctx.attempt}
-
-    @registry.step("fail")
-    def fail(ctx: StepContext) -> Any:
-        raise StepFailed("this step always fails")
-
-    return registry
+# How often the wait for acknowledgements serves delivery reports and checks for a stop, and
+# how long acknowledgements may take before the broker counts as unavailable.
+_ACK_POLL_S = 0.1
+_ACK_PATIENCE_S = 5.0
 
 
 class Worker:
@@ -133,6 +95,9 @@ class Worker:
         )
         self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="step")
         self._stop = threading.Event()
+        self._shutdown_by: float | None = None
+        self._conn: psycopg.Connection[Any] | None = None
+        self.outages = {name: Outage(name, log) for name in ("postgres", "kafka")}
         self.executed = 0
 
     def stop(self) -> None:
@@ -140,20 +105,29 @@ class Worker:
 
     def run(self) -> None:
         self._consumer.subscribe([self.names.steps])
-        conn = psycopg.connect(self.settings.pg_dsn, autocommit=True)
+        # The first connection is not retried: a worker that never reached its database is
+        # misconfigured (and exits), one that lost it is in an outage (and waits).
+        self._conn = connect_durable(self.settings.pg_dsn)
         try:
             while not self._stop.is_set():
                 messages = self._consumer.consume(200, 0.1)
                 tasks = [t for t in (self._task_of(m) for m in messages) if t is not None]
-                if tasks:
-                    self._run_tasks(conn, tasks)
+                if tasks and not self._run_tasks(tasks):
+                    break  # stopped mid-outage: the batch's offsets are not stored
                 if messages:
                     self._store(messages)
         finally:
             self._pool.shutdown(wait=False, cancel_futures=True)
-            self._producer.flush(10)
+            self._producer.flush(max(0.0, self._shutdown_deadline() - time.monotonic()))
             self._consumer.close()
-            conn.close()
+            self._disconnect()
+            log.info(
+                "worker stopped",
+                extra={
+                    "executed": self.executed,
+                    "outages": {name: o.count for name, o in self.outages.items()},
+                },
+            )
 
     def _task_of(self, message: Any) -> tuple[StepTask, Headers] | None:
         if message.error() is not None:
@@ -171,32 +145,103 @@ class Worker:
             log.error("skipping malformed step task at offset %s: %s", message.offset(), exc)
             return None
 
-    def _run_tasks(
-        self, conn: psycopg.Connection[Any], tasks: list[tuple[StepTask, Headers]]
-    ) -> None:
+    def _run_tasks(self, tasks: list[tuple[StepTask, Headers]]) -> bool:
+        """Run, record and announce a batch; False if stopped before all of it was done."""
         outcomes = list(
             self._pool.map(lambda t: execute_step(self.registry, t), [t for t, _ in tasks])
         )
+        wakeups: list[_Outgoing] = []
         for (task, trace), (outcome, output, error) in zip(tasks, outcomes, strict=True):
-            insert_step_result(conn, task.run_id, task.node, task.attempt, outcome, output, error)
+            if not self._record(task, outcome, output, error):
+                return False
             now_ms = int(time.time() * 1000)
             wakeup = Wakeup(run_id=task.run_id, reason="step_result", produced_at=now_ms)
             topic = self.names.wakeup(task.tier)
-            produce(
-                self._producer,
-                topic,
-                wakeup.encode(),
-                wakeup.key(),
-                partition=choose_partition(
-                    task.run_id, self._partitions[topic], self.settings.partition_by_run
-                ),
-                headers=list(trace),
+            partition = choose_partition(
+                task.run_id, self._partitions[topic], self.settings.partition_by_run
             )
+            outgoing = _Outgoing(topic, wakeup.encode(), wakeup.key(), partition, list(trace))
+            self._send(outgoing)
+            wakeups.append(outgoing)
             self._producer.poll(0)
         self.executed += len(tasks)
         # Results are recorded; the wakeups must be acknowledged before the offsets move on.
-        if self._producer.flush(30) != 0:
-            raise RuntimeError("wakeups for step results were not acknowledged by the broker")
+        return self._await_acknowledgements(wakeups)
+
+    def _record(self, task: StepTask, outcome: StepOutcome, output: Any, error: str | None) -> bool:
+        """Insert the task's result, reconnecting through an outage; False if stopped first."""
+        postgres = self.outages["postgres"]
+        while True:
+            try:
+                if self._conn is None:
+                    self._conn = connect_durable(self.settings.pg_dsn)
+                insert_step_result(
+                    self._conn, task.run_id, task.node, task.attempt, outcome, output, error
+                )
+            except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
+                # Whether a lost insert committed is unknown: the retry is idempotent.
+                self._disconnect()
+                if self._stop.wait(postgres.failed(_first_line(exc))):
+                    return False
+                continue
+            postgres.ok()
+            return True
+
+    def _send(self, outgoing: _Outgoing) -> None:
+        def delivered(err: KafkaError | None, _msg: Any) -> None:
+            outgoing.error = err
+            outgoing.acknowledged = err is None
+
+        outgoing.error = None
+        produce(
+            self._producer,
+            outgoing.topic,
+            outgoing.value,
+            outgoing.key,
+            partition=outgoing.partition,
+            headers=outgoing.headers,
+            on_delivery=delivered,
+        )
+
+    def _await_acknowledgements(self, wakeups: list[_Outgoing]) -> bool:
+        """Wait until the broker acknowledged every wakeup, re-sending refused ones with
+        backoff; False if stopped before that (see ``_shutdown_deadline``)."""
+        kafka = self.outages["kafka"]
+        waiting_since = time.monotonic()
+        resend_at = 0.0
+        while True:
+            self._producer.poll(_ACK_POLL_S)
+            pending = [w for w in wakeups if not w.acknowledged]
+            if not pending:
+                kafka.ok()
+                return True
+            now = time.monotonic()
+            if self._stop.is_set() and now >= self._shutdown_deadline():
+                return False
+            refused = [w for w in pending if w.error is not None]
+            if refused and now >= resend_at:
+                problem = f"{len(refused)} wakeup(s) refused: {refused[0].error}"
+                resend_at = now + kafka.failed(problem)
+                for outgoing in refused:
+                    self._send(outgoing)
+            elif not kafka.active and now - waiting_since > _ACK_PATIENCE_S:
+                kafka.failed(
+                    f"{len(pending)} wakeup(s) not acknowledged after {_ACK_PATIENCE_S:.0f} s"
+                )
+
+    def _shutdown_deadline(self) -> float:
+        """When a stopping worker gives up on acknowledgements: after the shutdown timeout if
+        the broker answers, at once if it is in an outage (the batch's offsets are not stored,
+        so its tasks are redelivered; nothing is lost by not waiting)."""
+        if self._shutdown_by is None:
+            wait_s = 0.0 if self.outages["kafka"].active else self.settings.shutdown_timeout_s
+            self._shutdown_by = time.monotonic() + wait_s
+        return self._shutdown_by
+
+    def _disconnect(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
 
     def _store(self, messages: list[Any]) -> None:
         try:
@@ -207,6 +252,25 @@ class Worker:
             log.warning("could not store worker offsets: %s", exc)
 
 
+@dataclass
+class _Outgoing:
+    """A wakeup for a recorded result, kept until the broker acknowledges it (to re-send it
+    if its delivery fails)."""
+
+    topic: str
+    value: bytes
+    key: bytes
+    partition: int
+    headers: Headers
+    acknowledged: bool = False
+    error: KafkaError | None = None
+
+
+def _first_line(exc: Exception) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
 def _next_offsets(messages: list[Any]) -> list[TopicPartition]:
     highest: dict[tuple[str, int], int] = {}
     for m in messages:
@@ -214,17 +278,3 @@ def _next_offsets(messages: list[Any]) -> list[TopicPartition]:
             tp = (m.topic(), m.partition())
             highest[tp] = max(highest.get(tp, -1), m.offset())
     return [TopicPartition(t, p, o + 1) for (t, p), o in highest.items()]
-
-
-def execute_step(registry: StepRegistry, task: StepTask) -> tuple[StepOutcome, Any, str | None]:
-    """Run one attempt: its output, or its failure as the attempt's result (never the worker's)."""
-    fn = registry.get(task.step_type)
-    if fn is None:
-        return StepOutcome.FAILED, None, f"no step function registered for type {task.step_type!r}"
-    ctx = StepContext(task.run_id, task.node, task.attempt, task.deadline_ms)
-    try:
-        output = fn(ctx)
-        orjson.dumps(output)  # the result is stored as JSON: check it here, in the attempt
-        return StepOutcome.SUCCEEDED, output, None
-    except Exception as exc:  # a step's failure is the attempt's result, not the worker's
-        return StepOutcome.FAILED, None, f"{type(exc).__name__}: {exc}"

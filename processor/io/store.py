@@ -49,6 +49,16 @@ def connect(dsn: str, connect_timeout_s: int = 5) -> psycopg.Connection[Any]:
     return use_orjson(conn)
 
 
+def connect_durable(dsn: str) -> psycopg.Connection[Any]:
+    """A connection as ``connect``, whose commits are durable before they return
+    (synchronous_commit on, whatever the server's default). The worker's: it acknowledges a
+    task once its result is recorded, and a result lost afterwards by a crash of the database
+    would be recovered only when the attempt times out."""
+    conn = connect(dsn)
+    conn.execute("SET synchronous_commit = on")
+    return conn
+
+
 def ping(conn: psycopg.Connection[Any]) -> None:
     """A round trip that proves the database answers (raises psycopg.Error otherwise)."""
     conn.execute("SELECT 1")

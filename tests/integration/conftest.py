@@ -31,7 +31,8 @@ from processor.core.routing import TopicNames
 from processor.core.stats import Stats
 from processor.engine.faults import NO_FAULTS, Faults
 from processor.engine.processor import Processor
-from processor.engine.worker import Worker, sample_registry
+from processor.engine.steps import StepRegistry, sample_registry
+from processor.engine.worker import Worker
 from processor.io import runs_admin
 from processor.io.config import Settings, load_settings, settings_env
 from processor.io.kafka import produce, producer_config
@@ -40,6 +41,8 @@ from processor.io.migrate import migrate
 from processor.io.runs_admin import insert_runs, register_workflow
 from processor.io.telemetry import Telemetry
 from processor.io.topics import create_topics, desired_topics
+
+from .restarts import LocalInfra, local_infra_for
 
 pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parents[2]
@@ -126,10 +129,26 @@ def settings(base_settings: Settings, pg: psycopg.Connection[Any]) -> Iterator[S
 
 
 @pytest.fixture
-def audit(pg: psycopg.Connection[Any]) -> Iterator[psycopg.Connection[Any]]:
+def audit(
+    pg: psycopg.Connection[Any], base_settings: Settings
+) -> Iterator[psycopg.Connection[Any]]:
     pg.execute(_AUDIT_SQL)
     yield pg
-    pg.execute("DROP TRIGGER IF EXISTS test_run_audit_trg ON eec_workflow_run")
+    # A connection of its own: the test may have restarted the database under ``pg``.
+    with psycopg.connect(base_settings.pg_dsn, autocommit=True) as conn:
+        conn.execute("DROP TRIGGER IF EXISTS test_run_audit_trg ON eec_workflow_run")
+
+
+@pytest.fixture
+def local_infra(settings: Settings) -> Iterator[LocalInfra]:
+    """The local Kafka and Postgres, to restart or crash on their data (tests/integration/
+    restarts.py). Whatever the test left down is started again on its data afterwards, before
+    the test's topics are deleted."""
+    infra = local_infra_for(settings)
+    try:
+        yield infra
+    finally:
+        infra.ensure_running()
 
 
 def child_env(settings: Settings) -> dict[str, str]:
@@ -246,14 +265,33 @@ def processor_thread() -> Iterator[Callable[..., ProcessorThread]]:
 
 
 class WorkerThread:
-    def __init__(self, settings: Settings) -> None:
-        self.worker = Worker(settings, sample_registry(), threads=4)
-        self._thread = threading.Thread(target=self.worker.run, name="worker", daemon=True)
+    """A step worker in a thread of the test process, so its state can be read live."""
+
+    def __init__(
+        self, settings: Settings, registry: StepRegistry | None = None, threads: int = 4
+    ) -> None:
+        self.worker = Worker(settings, registry or sample_registry(), threads=threads)
+        self.error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="worker", daemon=True)
         self._thread.start()
 
-    def stop(self) -> None:
+    def _run(self) -> None:
+        try:
+            self.worker.run()
+        except BaseException as exc:  # what would have ended a `ductor worker` process
+            self.error = exc
+            raise
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive()
+
+    def stop(self, timeout: float = 30.0) -> float:
+        """Stop the worker; returns how long it took."""
+        started = time.monotonic()
         self.worker.stop()
-        self._thread.join(30)
+        self._thread.join(timeout)
+        return time.monotonic() - started
 
 
 class OutsideWriter:

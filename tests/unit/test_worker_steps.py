@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from processor.core.model import StepOutcome
 from processor.core.step_task import StepTask
-from processor.engine.worker import (
+from processor.engine.steps import (
     StepContext,
     StepFailed,
     StepRegistry,

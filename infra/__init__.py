@@ -1,0 +1,1 @@
+"""Development infrastructure; a package so the integration tests can import `infra.local`."""

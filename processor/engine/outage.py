@@ -1,0 +1,66 @@
+"""One dependency's outages as a long-running component sees them: one error line when an
+outage starts, one info line when it ends, how many there were, and the backoff between tries.
+
+A component that keeps trying (a reconnect, waiting for acknowledgements) reports every
+failure with ``failed``; only the first of an outage is logged. The first success reports
+``ok``, which logs the end with the outage's length and tries, and resets the backoff.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from processor.core.backoff import retry_delay_s
+
+
+class Outage:
+    def __init__(self, dependency: str, log: logging.Logger) -> None:
+        self.dependency = dependency
+        self.count = 0  # outages so far
+        self._log = log
+        self._since: float | None = None
+        self._failures = 0
+
+    @property
+    def active(self) -> bool:
+        return self._since is not None
+
+    @property
+    def lasted_s(self) -> float:
+        """How long the current outage has lasted so far (0 when there is none)."""
+        return 0.0 if self._since is None else time.monotonic() - self._since
+
+    def failed(self, problem: str) -> float:
+        """Report a failure; returns how long to wait before the next try."""
+        if self._since is None:
+            self._since = time.monotonic()
+            self.count += 1
+            self._log.error(
+                "%s unavailable: %s; waiting and retrying",
+                self.dependency,
+                problem,
+                extra={"dependency": self.dependency, "outage": "started", "problem": problem},
+            )
+        delay = retry_delay_s(self._failures)
+        self._failures += 1
+        return delay
+
+    def ok(self) -> None:
+        """Report a success; ends the outage, if there was one."""
+        if self._since is not None:
+            seconds = time.monotonic() - self._since
+            self._log.info(
+                "%s available again after %.1f s (%d tries failed)",
+                self.dependency,
+                seconds,
+                self._failures,
+                extra={
+                    "dependency": self.dependency,
+                    "outage": "ended",
+                    "outage_s": round(seconds, 3),
+                    "failures": self._failures,
+                },
+            )
+        self._since = None
+        self._failures = 0

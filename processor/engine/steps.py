@@ -1,0 +1,99 @@
+"""Step functions: the registry a worker runs them from, the sample steps, and running one
+attempt.
+
+Register your own step function with ``@registry.step("my_type")``; it receives a
+``StepContext`` and returns a JSON-serialisable output, or raises ``StepFailed`` (or any
+exception) to fail the attempt. See docs/operations.md.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from processor.core.model import StepOutcome
+from processor.core.step_task import StepTask
+
+
+class StepFailed(Exception):
+    """Raised by a step function to fail its attempt with a message."""
+
+
+@dataclass(frozen=True)
+class StepContext:
+    run_id: str
+    node: str
+    attempt: int
+    deadline_ms: int
+
+
+StepFn = Callable[[StepContext], Any]
+
+
+class StepRegistry:
+    def __init__(self) -> None:
+        self._steps: dict[str, StepFn] = {}
+
+    def step(self, step_type: str) -> Callable[[StepFn], StepFn]:
+        def register(fn: StepFn) -> StepFn:
+            self._steps[step_type] = fn
+            return fn
+
+        return register
+
+    def get(self, step_type: str) -> StepFn | None:
+        return self._steps.get(step_type)
+
+    def types(self) -> list[str]:
+        return sorted(self._steps)
+
+
+def sample_registry(flaky_failures: int = 2) -> StepRegistry:
+    """The sample steps used by the demo, the tests and the benchmark."""
+    registry = StepRegistry()
+
+    @registry.step("fast")
+    def fast(ctx: StepContext) -> Any:
+        return {"node": ctx.node, "attempt": ctx.attempt}
+
+    @registry.step("slow")
+    def slow(ctx: StepContext) -> Any:
+        time.sleep(0.2)
+        return {"slept_ms": 200}
+
+    @registry.step("flaky")
+    def flaky(ctx: StepContext) -> Any:
+        if ctx.attempt <= flaky_failures:
+            raise StepFailed(f"flaky step fails its first {flaky_failures} attempt(s)")
+        return {"succeeded_on_attempt": ctx.attempt}
+
+    @registry.step("hang")
+    def hang(ctx: StepContext) -> Any:
+        # Outlives its deadline on the first attempt: the coordinator times it out and retries.
+        if ctx.attempt == 1:
+            time.sleep(max(0.0, (ctx.deadline_ms - time.time() * 1000) / 1000) + 0.5)
+        return {"attempt": ctx.attempt}
+
+    @registry.step("fail")
+    def fail(ctx: StepContext) -> Any:
+        raise StepFailed("this step always fails")
+
+    return registry
+
+
+def execute_step(registry: StepRegistry, task: StepTask) -> tuple[StepOutcome, Any, str | None]:
+    """Run one attempt: its output, or its failure as the attempt's result (never the worker's)."""
+    fn = registry.get(task.step_type)
+    if fn is None:
+        return StepOutcome.FAILED, None, f"no step function registered for type {task.step_type!r}"
+    ctx = StepContext(task.run_id, task.node, task.attempt, task.deadline_ms)
+    try:
+        output = fn(ctx)
+        orjson.dumps(output)  # the result is stored as JSON: check it here, in the attempt
+        return StepOutcome.SUCCEEDED, output, None
+    except Exception as exc:  # a step's failure is the attempt's result, not the worker's
+        return StepOutcome.FAILED, None, f"{type(exc).__name__}: {exc}"
