@@ -23,7 +23,7 @@ Rules, in the order ``decide`` applies them:
    each attempt from freshly loaded state; when those attempts are used up, the run is
    requeued to the delay ladder or, after too many non-progressing requeues, force-failed
    (policy.py). A conflict is never an error.
-5. A database error decides nothing: the run is retried after a second.
+5. A database error decides nothing: the run is retried after the shell's backoff.
 """
 
 from __future__ import annotations
@@ -40,8 +40,6 @@ from processor.core.records import Inbound
 from processor.core.routing import TopicNames, rung_for_delay
 from processor.core.step_task import StepTask
 from processor.core.tick import Decision, force_fail, tick
-
-DATABASE_RETRY_MS = 1000  # a database error: the run is tried again after this wait
 
 Attributes = tuple[tuple[str, str | int], ...]
 
@@ -245,9 +243,10 @@ def force_fail_refused(plan: Plan) -> Plan:
     )
 
 
-def database_failed(item: BatchItem) -> Plan:
-    """Nothing was decided for the run: try it again after a while (a genuine error)."""
-    return Plan(item.run_id, Outcome.ERROR, retry_in_ms=DATABASE_RETRY_MS, attempts=item.attempts)
+def database_failed(item: BatchItem, retry_in_ms: int) -> Plan:
+    """Nothing was decided for the run (a genuine error): try it again after ``retry_in_ms``
+    (the shell's backoff through a database outage; 0 when the database answers again)."""
+    return Plan(item.run_id, Outcome.ERROR, retry_in_ms=retry_in_ms, attempts=item.attempts)
 
 
 # -- records that never reach a tick --------------------------------------------------------
@@ -343,7 +342,6 @@ def _dead_letter(
 
 
 __all__ = [
-    "DATABASE_RETRY_MS",
     "BatchItem",
     "Commit",
     "ForceFailWrite",

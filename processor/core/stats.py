@@ -57,6 +57,8 @@ class Stats:
     records: int = 0  # wakeup records accepted
     commit_attempts: int = 0  # runs sent to a batched commit
     relayed: int = 0  # records sent again from the outbox (an instance died after its commit)
+    # Commits whose connection was lost before the answer, by what the re-read found.
+    unknown_commits: Counter[str] = field(default_factory=Counter)
     hot_runs: Counter[str] = field(default_factory=Counter)  # conflicts by run id, logged only
     tick_ms: Reservoir = field(default_factory=Reservoir)
     commit_ms: Reservoir = field(default_factory=Reservoir)
@@ -84,6 +86,7 @@ class Stats:
             "dead_letters": _plain(self.dead_letters),
             "commit_attempts": self.commit_attempts,
             "relayed": self.relayed,
+            "unknown_commits": _plain(self.unknown_commits),
             "latency_ms": {
                 name: dict(zip(("p50", "p99"), reservoir.percentiles(50, 99), strict=True))
                 for name, reservoir in (

@@ -45,6 +45,9 @@ class Database:
     ) -> set[str]:
         return store.commit_batch(self.conn, commits, acknowledged)
 
+    def landed(self, commits: Sequence[Commit]) -> set[str]:
+        return store.commits_landed(self.conn, commits)
+
     def delete_outbox(self, acknowledged: Sequence[tuple[str, int]]) -> None:
         store.delete_outbox(self.conn, acknowledged)
 

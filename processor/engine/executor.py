@@ -28,11 +28,12 @@ never blocks, and the loop goes on serving every other run.
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import psycopg
 from confluent_kafka import KafkaError
@@ -40,6 +41,7 @@ from opentelemetry.trace import Span
 
 from processor.core.decide import (
     BatchItem,
+    Commit,
     Plan,
     Rules,
     Send,
@@ -56,10 +58,14 @@ from processor.core.records import Inbound
 from processor.core.routing import partition_for
 from processor.core.stats import Stats
 from processor.engine.database import Database
+from processor.engine.delivery import Delivery
 from processor.engine.faults import NO_FAULTS, Faults, Point
 from processor.engine.ledger import Ledger
+from processor.engine.outage import Outage
 from processor.io.kafka import Outbox, choose_partition
 from processor.io.telemetry import Telemetry, now_ns
+
+log = logging.getLogger("ductor.executor")
 
 Work = RunWork[Span]
 
@@ -72,6 +78,10 @@ class StageResult:
     acknowledged: list[tuple[str, int]]  # outbox rows this stage deletes
     plans: list[Plan] = field(default_factory=list)
     error: psycopg.Error | None = None  # the whole batch failed: nothing was decided
+    # The commit's answer was lost with its connection (then resolved by reading it back).
+    unknown_commit: psycopg.Error | None = None
+    not_landed: set[str] = field(default_factory=set)
+    redo_acknowledged: bool = False  # the outbox deletions did not land either
     force_fail_errors: dict[str, psycopg.Error] = field(default_factory=dict)
     commit_attempts: int = 0
     tick_ended_ns: int = 0
@@ -111,6 +121,7 @@ class Executor:
         wall_ms: Callable[[], int] = lambda: int(time.time() * 1000),
         monotonic: Callable[[], float] = time.monotonic,
         faults: Faults = NO_FAULTS,
+        postgres: Outage | None = None,
     ) -> None:
         self._db = database
         self._faults = faults
@@ -127,9 +138,10 @@ class Executor:
         self.book: RunBook[Span] = RunBook()
         self.database_ok = True  # False after a batch failed on a database error
         self._stage: tuple[list[Work], Future[StageResult]] | None = None
+        self._outage = postgres or Outage("postgres", log)  # shared with the watchdog's
         self._acknowledged: list[tuple[str, int]] = []  # outbox rows to delete
         self._acknowledged_since = 0.0
-        self._delivery_failed_at: float | None = None
+        self._delivery = Delivery(outbox, stats, monotonic)
 
     # -- intake ------------------------------------------------------------------------------
 
@@ -208,7 +220,10 @@ class Executor:
             result.tick_ended_ns, result.tick_ms = now_ns(), (time.perf_counter() - started) * 1000
             # 3. Commit.
             commit_started = time.perf_counter()
-            committed = self._db.commit(list(commits.values()), acknowledged)
+            try:
+                committed = self._db.commit(list(commits.values()), acknowledged)
+            except psycopg.OperationalError as exc:
+                committed = self._resolve_unknown_commit(list(commits.values()), exc, result)
             self._faults.hit(Point.AFTER_COMMIT, committed)
             result.commit_ended_ns = now_ns()
             result.commit_ms = (time.perf_counter() - commit_started) * 1000
@@ -218,12 +233,30 @@ class Executor:
             return result
         for item in items:
             run_id = item.run_id
+            if run_id in result.not_landed:  # lost with its connection: try again at once
+                result.plans.append(database_failed(item, 0))
+                continue
             found, commit = loaded.get(run_id), commits.get(run_id)
             plan = decide(item, found, commit, run_id in committed, now_ms, self._rules)
             if plan.force_fail is not None:
                 plan = self._write_force_fail(plan, item, result)
             result.plans.append(plan)
         return result
+
+    def _resolve_unknown_commit(
+        self, commits: list[Commit], exc: psycopg.OperationalError, result: StageResult
+    ) -> set[str]:
+        """The connection was lost while the commit was in flight: it may have landed or not.
+        Read the rows back on a new connection: a run at the version and checksum the commit
+        wrote landed (its records are in the outbox too); the others did not, and neither
+        did the outbox deletions. Raises psycopg.Error if the database cannot be read."""
+        self._db.close()
+        landed = self._db.landed(commits)
+        result.unknown_commit = exc
+        result.not_landed = {c.run_id for c in commits} - landed
+        if result.not_landed:
+            result.redo_acknowledged = True
+        return landed
 
     def _write_force_fail(self, plan: Plan, item: BatchItem, result: StageResult) -> Plan:
         assert plan.force_fail is not None
@@ -232,7 +265,7 @@ class Executor:
         except psycopg.Error as exc:
             self._db.close()
             result.force_fail_errors[item.run_id] = exc
-            return database_failed(item)
+            return database_failed(item, 0)  # the delay is the outage's (_carry_out_stage)
         return plan if written else force_fail_refused(plan)
 
     def _carry_out_stage(self) -> None:
@@ -240,19 +273,26 @@ class Executor:
         batch, future = self._stage
         self._stage = None
         result = future.result()
-        if result.error is not None:
+        if result.error is not None or result.redo_acknowledged:
             # The deletions did not happen: they go with the next stage.
             self._acknowledge(result.acknowledged)
-            self._database_failed(result.error, len(batch))
-            plans = [database_failed(BatchItem(w.run_id, w.attempts, ())) for w in batch]
+        if result.error is not None:
+            retry_ms = self._database_failed(result.error, len(batch))
+            plans = [database_failed(BatchItem(w.run_id, w.attempts, ()), retry_ms) for w in batch]
         else:
-            self.database_ok = not result.force_fail_errors
             self._stats.sample("tick", result.tick_ms)
             self._stats.sample("commit", result.commit_ms)
             self._stats.commit_attempts += result.commit_attempts
             plans = result.plans
-            for exc in result.force_fail_errors.values():
-                self._database_failed(exc, 1)
+            if result.unknown_commit is not None:
+                self._unknown_commit_resolved(result)
+            for run_id, exc in result.force_fail_errors.items():
+                retry_ms = self._database_failed(exc, 1)
+                plans = [
+                    replace(p, retry_in_ms=retry_ms) if p.run_id == run_id else p for p in plans
+                ]
+            if not result.force_fail_errors:
+                self._database_back()
         tick = (result.started_ns, result.tick_ended_ns)
         commit = (result.tick_ended_ns, result.commit_ended_ns)
         for work, plan in zip(batch, plans, strict=True):
@@ -307,22 +347,14 @@ class Executor:
             headers = [h for h in headers if h[0] not in ("traceparent", "tracestate")]
             headers += trace_headers
 
-        def delivered(err: KafkaError | None) -> None:
-            if err is not None:
-                # The idempotent producer already retried for message.timeout.ms: the broker
-                # is away. Keep trying; the records' offsets stay unstored meanwhile.
-                problem = "effect not delivered to %s, retrying: %s"
-                self._ledger.error("produce", problem, send.topic, err)
-                self._delivery_failed_at = self._monotonic()
-                self._outbox.send(send.topic, send.value, send.key, delivered, partition, headers)
-                return
+        def delivered() -> None:
             if span is not None:
                 span.end()
             settling.outstanding -= 1
             if settling.outstanding == 0:
                 self._settled(settling)
 
-        self._outbox.send(send.topic, send.value, send.key, delivered, partition, headers)
+        self._delivery.send(send.topic, send.value, send.key, partition, headers, delivered)
 
     # -- the watchdog's results --------------------------------------------------------------
 
@@ -340,8 +372,14 @@ class Executor:
     def may_relay(self, quiet_s: float) -> bool:
         """Whether the broker took every record lately: while it does not, records left in
         the outbox are this instance's own, still being retried; relaying would only add."""
-        failed = self._delivery_failed_at
-        return failed is None or self._monotonic() - failed > quiet_s
+        return self._delivery.healthy_for(quiet_s)
+
+    def send_due(self, now: float) -> None:
+        """Records whose delivery failed go again once their backoff is over."""
+        self._delivery.send_due(now)
+
+    def next_send_at(self) -> float | None:
+        return self._delivery.next_due_at()
 
     def rewake(self, run_ids: list[str], topic: str) -> None:
         """Wake overdue runs again (their wakeups were lost, or a deadline passed)."""
@@ -371,14 +409,36 @@ class Executor:
         for work in self.book.clear():
             self._ledger.end_span(work)
 
-    def _database_failed(self, exc: psycopg.Error, runs: int) -> None:
-        """The database is unreachable: nothing was decided for these runs. A genuine error,
-        counted once; the runs are retried after a while (the loop keeps running)."""
-        self._ledger.error(
-            type(exc).__name__, "database error, %d run(s) will be retried: %s", runs, exc
-        )
+    def _database_failed(self, exc: psycopg.Error, runs: int) -> int:
+        """The database failed a stage: nothing was decided for these runs. A genuine error,
+        counted every time, logged once per outage; returns after how many ms to try again
+        (backing off while the outage lasts; the loop keeps running meanwhile)."""
+        self._stats.errors[type(exc).__name__] += 1
+        text = str(exc).strip()
+        problem = text.splitlines()[0] if text else type(exc).__name__
+        delay_s = self._outage.failed(f"{problem} ({runs} run(s) will be retried)")
         self.database_ok = False
         self._db.close()
+        return int(delay_s * 1000)
+
+    def _database_back(self) -> None:
+        self.database_ok = True
+        self._outage.ok()
+
+    def _unknown_commit_resolved(self, result: StageResult) -> None:
+        """A commit's answer was lost with its connection, and reading the rows back told
+        which runs it moved: counted apart (neither a conflict nor a lost transition)."""
+        assert result.unknown_commit is not None
+        landed = result.commit_attempts - len(result.not_landed)
+        self._stats.unknown_commits["landed"] += landed
+        self._stats.unknown_commits["not_landed"] += len(result.not_landed)
+        self._stats.errors[type(result.unknown_commit).__name__] += 1
+        log.warning(
+            "the connection was lost during a commit; read back: %d run(s) landed, %d did not",
+            landed,
+            len(result.not_landed),
+            extra={"landed": landed, "not_landed": len(result.not_landed)},
+        )
 
     def close(self) -> None:
         # A batch still in flight (a flush that timed out, Postgres hung) is abandoned: its

@@ -32,6 +32,7 @@ from processor.engine.executor import Executor
 from processor.engine.faults import NO_FAULTS, Faults
 from processor.engine.health import HealthServer, Probe
 from processor.engine.lag import LagMeter
+from processor.engine.outage import Outage
 from processor.engine.watchdog import Shards, SweepSettings, Watchdog
 from processor.io.config import Settings
 from processor.io.kafka import Outbox, consumer_config, producer_config, topic_partitions
@@ -72,6 +73,9 @@ class Processor:
             "ductor-processor", settings.metrics_port, settings.group_id
         )
         self.telemetry.group_id = settings.group_id
+        # One outage of Postgres as this instance sees it: batches and sweeps both report to
+        # it, so an outage gives one line when it starts and one when it ends.
+        self.postgres = Outage("postgres", log)
         if faults.armed:
             log.warning("fault injection armed (tests only): %s", ", ".join(faults.armed))
         self.executor = Executor(
@@ -84,6 +88,7 @@ class Processor:
             stats=self.stats,
             telemetry=self.telemetry,
             faults=faults,
+            postgres=self.postgres,
         )
         self.watchdog = Watchdog(
             database=Database(settings.pg_dsn),
@@ -151,6 +156,7 @@ class Processor:
             self._intake(message)
         self._resume_due()
         self._feed_executor()
+        self.executor.send_due(now)
         self.executor.advance(self.settings.batch_size)
         self.probe.database_ok = self.executor.database_ok
         self.outbox.poll(0)
@@ -158,8 +164,10 @@ class Processor:
         for sweep in self.watchdog.maybe_sweep():
             if sweep.error is not None:
                 self.stats.errors[type(sweep.error).__name__] += 1
-                log.error("watchdog sweep failed: %s", sweep.error)
+                self.postgres.failed(f"watchdog sweep: {_first_line(sweep.error)}")
                 continue
+            if not self.executor.busy:
+                self.postgres.ok()  # (while a batch is in flight, its outcome says)
             self.executor.stuck_failed(sweep.force_failed)
             self.executor.rewake(sweep.overdue, self.names.wakeup("t2"))
             self.executor.relay(sweep.relay)
@@ -221,6 +229,7 @@ class Processor:
             d
             for d in (
                 self.executor.book.next_ready_at(),
+                self.executor.next_send_at(),
                 self.pauses.next_resume_at(),
                 self.watchdog.next_at,
             )
@@ -388,3 +397,8 @@ class Processor:
         except KafkaException as exc:
             if exc.args[0].code() != KafkaError._NO_OFFSET:
                 log.warning(failure, exc)
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__

@@ -264,6 +264,18 @@ def commit_batch(
     return {r[0] for r in rows}
 
 
+def commits_landed(conn: psycopg.Connection[Any], commits: Sequence[Commit]) -> set[str]:
+    """Which of ``commits`` are in the table: the row is at the version the commit wrote, with
+    the checksum of its state (for a commit whose answer was lost with its connection)."""
+    expected = {c.run_id: (c.expected_version + 1, state_checksum(c.state)) for c in commits}
+    rows = conn.execute(
+        "SELECT run_id, db_record_version, state_checksum FROM eec_workflow_run"
+        " WHERE run_id = ANY(%s)",
+        (list(expected),),
+    ).fetchall()
+    return {run_id for run_id, version, checksum in rows if expected[run_id] == (version, checksum)}
+
+
 def delete_outbox(conn: psycopg.Connection[Any], acknowledged: Sequence[tuple[str, int]]) -> None:
     """Delete the outbox rows whose records the broker acknowledged."""
     if acknowledged:

@@ -1,5 +1,7 @@
 """A TCP proxy in front of a real service, to simulate its outages: cut it off (connections
-reset, new ones refused), freeze it (connections stay open and silent), bring it back."""
+reset, new ones refused), freeze it (connections stay open and silent), bring it back; or, for
+Postgres, drop one connection right after a statement was executed and committed but before
+its answer reached the client (an unknown commit outcome)."""
 
 from __future__ import annotations
 
@@ -7,6 +9,8 @@ import contextlib
 import selectors
 import socket
 import threading
+
+_READY_FOR_QUERY = b"Z\x00\x00\x00\x05"  # Postgres' ReadyForQuery message, any status
 
 
 class TcpProxy:
@@ -21,6 +25,8 @@ class TcpProxy:
         self._flowing = threading.Event()
         self._flowing.set()
         self.held = 0  # chunks read and held back while frozen: a peer waits on each
+        self._lose_answer_to: bytes | None = None
+        self.answers_lost = 0
         self._closed = threading.Event()
         threading.Thread(target=self._accept, daemon=True).start()
 
@@ -47,6 +53,7 @@ class TcpProxy:
         selector = selectors.DefaultSelector()
         selector.register(a, selectors.EVENT_READ, b)
         selector.register(b, selectors.EVENT_READ, a)
+        losing = False  # a marked statement went up: its answer never comes back
         try:
             while True:
                 for key, _ in selector.select(timeout=1):
@@ -58,6 +65,16 @@ class TcpProxy:
                         with self._lock:
                             self.held += 1
                         self._flowing.wait()  # frozen: hold the bytes, answer nothing
+                    if source is a and self._take_marked(data):
+                        losing = True
+                    elif source is b and losing:
+                        # Swallow the answer until Postgres is ready for the next query
+                        # (ReadyForQuery: the statement's transaction is over), then drop.
+                        if _READY_FOR_QUERY in data:
+                            with self._lock:
+                                self.answers_lost += 1
+                            return
+                        continue
                     key.data.sendall(data)  # after a cut, the socket is shut: OSError
         except OSError:
             return
@@ -76,6 +93,18 @@ class TcpProxy:
                 with contextlib.suppress(OSError):
                     s.shutdown(socket.SHUT_RDWR)
         self._flowing.set()  # held bytes go nowhere: their sockets are shut
+
+    def lose_answer_to(self, marker: bytes) -> None:
+        """The next statement whose bytes contain ``marker`` runs (and commits), but the
+        connection drops before its answer reaches the client."""
+        self._lose_answer_to = marker
+
+    def _take_marked(self, data: bytes) -> bool:
+        with self._lock:
+            if self._lose_answer_to is not None and self._lose_answer_to in data:
+                self._lose_answer_to = None
+                return True
+        return False
 
     def freeze(self) -> None:
         """Keep every connection open but pass nothing on, in either direction, until

@@ -135,3 +135,41 @@ def test_a_crash_between_commit_and_produce_loses_no_effect_and_costs_no_attempt
         ("fetch", "enrich", "publish"), 1
     ), f"an attempt was lost and retried: {attempts}"
     assert pg.execute("SELECT count(*) FROM eec_outbox").fetchone() == (0,)
+
+
+def test_a_commit_whose_answer_is_lost_is_read_back_and_carried_on(
+    settings: Settings, audit: psycopg.Connection[Any], processor_thread: Any
+) -> None:
+    """The connection drops after Postgres committed a batch but before the answer reached the
+    processor (the proxy swallows it). The processor reads the rows back, finds the commit
+    landed, and produces its step tasks at once: no attempt lost, nothing relayed later,
+    nothing applied twice, and the case is counted apart from conflicts."""
+    pg = audit
+    conninfo = psycopg.conninfo.conninfo_to_dict(settings.pg_dsn)
+    proxy = TcpProxy(str(conninfo.get("host", "127.0.0.1")), int(str(conninfo.get("port", 5432))))
+    conninfo.update(host="127.0.0.1", port=str(proxy.port))
+    through_proxy = replace(settings, pg_dsn=psycopg.conninfo.make_conninfo("", **conninfo))
+    run_ids = [f"lost-answer-{i}" for i in range(50)]
+    proxy.lose_answer_to(b"INSERT INTO eec_outbox")  # the first commit statement
+    instance = processor_thread(through_proxy)
+    worker = WorkerThread(settings)
+    try:
+        start_runs(settings, "sample", run_ids)
+        wait_for(lambda: count_terminal(pg, run_ids) == len(run_ids), 90, "every run to end")
+    finally:
+        worker.stop()
+        proxy.close()
+    assert proxy.answers_lost == 1
+    stats = instance.stats
+    assert stats.unknown_commits["landed"] >= 1 and stats.unknown_commits["not_landed"] == 0
+    assert stats.relayed == 0, "the landed commit's records waited for the relay"
+    assert stats.conflicts == 0
+    assert set(run_statuses(pg, run_ids).values()) == {"succeeded"}
+    assert_results_applied(pg, run_ids)
+    assert_transitions_applied_once(pg)
+    attempts = pg.execute(
+        "SELECT max((n.value->>'attempt')::int) FROM eec_workflow_run r,"
+        " jsonb_each(r.node_states) n WHERE r.run_id = ANY(%s) AND n.key = 'fetch'",
+        (run_ids,),
+    ).fetchone()
+    assert attempts == (1,), "a step attempt was lost and retried"

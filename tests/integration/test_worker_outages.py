@@ -55,7 +55,7 @@ def _timed_out_attempts(pg: psycopg.Connection[Any]) -> int:
     return int(row[0])
 
 
-def test_the_worker_rides_through_an_immediate_postgres_restart(
+def test_the_worker_and_the_processor_ride_through_an_immediate_postgres_restart(
     settings: Settings, audit: psycopg.Connection[Any], spawn: Any, local_infra: LocalInfra
 ) -> None:
     run_ids = [f"pg-restart-{i}" for i in range(300)]
@@ -69,7 +69,11 @@ def test_the_worker_rides_through_an_immediate_postgres_restart(
 
     with psycopg.connect(settings.pg_dsn, autocommit=True) as pg:
         wait_for(
-            lambda: _running(worker) and count_terminal(pg, run_ids) == len(run_ids),
+            lambda: (
+                _running(worker)
+                and _running(processor)
+                and count_terminal(pg, run_ids) == len(run_ids)
+            ),
             180,
             "every run to end after the restart",
             0.5,
@@ -87,6 +91,13 @@ def test_the_worker_rides_through_an_immediate_postgres_restart(
     assert len(started) == 1 and len(ended) == 1, (started, ended)
     stopped = next(line for line in lines if line.get("msg") == "worker stopped")
     assert stopped["outages"] == {"postgres": 1, "kafka": 0}
+    # The processor too: one line when it saw the outage start, one when it ended (never
+    # one per batch or per sweep), and no error of any other kind.
+    lines = processor.log_lines()
+    seen = _outage_lines(lines, "postgres", "started")
+    assert len(seen) <= 1 and len(_outage_lines(lines, "postgres", "ended")) == len(seen)
+    others = [line for line in lines if line.get("level") == "ERROR" and "outage" not in line]
+    assert not others, others[:3]
     print(
         f"postgres down {down_s:.1f} s (restart, immediate); the worker recorded results "
         f"again {ended[0]['outage_s']:.1f} s after its first failure, "

@@ -263,7 +263,7 @@ def test_progress_since_the_last_requeue_restarts_the_count() -> None:
 
 
 def test_a_database_error_decides_nothing_and_retries_later() -> None:
-    plan = database_failed(item("r", [accepted(_start("r", 1))], attempts=2))
+    plan = database_failed(item("r", [accepted(_start("r", 1))], attempts=2), 1000)
     assert (plan.outcome, plan.attempt, plan.attempts) == (Outcome.ERROR, None, 2)
     assert plan.retry_in_ms and not plan.sends
 

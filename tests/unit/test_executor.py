@@ -122,7 +122,7 @@ def test_a_requeue_settles_only_once_the_broker_acknowledged_it(h: Harness) -> N
 
 def test_a_database_error_is_an_error_and_the_run_retries_later(h: Harness) -> None:
     work = _work(h, 4)
-    plan = database_failed(item("r", work.records))
+    plan = database_failed(item("r", work.records), 1000)
     h.executor.carry_out(work, plan, psycopg.OperationalError("the server went away"))
     assert h.stats.ticks == {Outcome.ERROR: 1} and h.stats.conflicts == 0
     assert h.executor.book.take_ready(h.clock.now + 0.5, 10) == []
