@@ -11,12 +11,19 @@ partitions back (committing their offsets) and is killed.
 
 from __future__ import annotations
 
+import time
 from dataclasses import replace
 from typing import Any
 
 import psycopg
 import pytest
 from confluent_kafka import Producer
+from confluent_kafka.admin import (  # type: ignore[attr-defined]
+    AdminClient,
+    AlterConfigOpType,
+    ConfigEntry,
+    ConfigResource,
+)
 
 from processor.client import start_runs
 from processor.core.envelope import Wakeup
@@ -28,6 +35,7 @@ from processor.io.runs_admin import count_ticked, insert_runs
 
 from .audit import assert_results_applied, assert_transitions_applied_once
 from .conftest import (
+    ProcessorThread,
     WorkerThread,
     count_terminal,
     now_ms,
@@ -173,3 +181,49 @@ def test_a_commit_whose_answer_is_lost_is_read_back_and_carried_on(
         (run_ids,),
     ).fetchone()
     assert attempts == (1,), "a step attempt was lost and retried"
+
+
+def _set_topic_config(settings: Settings, topic: str, name: str, value: str | None) -> None:
+    """Set (or, with None, delete back to the broker's default) one config of ``topic``."""
+    op = AlterConfigOpType.SET if value is not None else AlterConfigOpType.DELETE
+    resource = ConfigResource(
+        ConfigResource.Type.TOPIC,
+        topic,
+        incremental_configs=[ConfigEntry(name, value or "", incremental_operation=op)],
+    )
+    admin = AdminClient(settings.kafka_common())
+    for future in admin.incremental_alter_configs([resource]).values():
+        future.result(timeout=30)
+
+
+def test_a_record_the_broker_refuses_is_retried_with_backoff_not_in_a_hot_loop(
+    settings: Settings, pg: psycopg.Connection[Any], processor_thread: Any
+) -> None:
+    """The steps topic is made to refuse every step task (max.message.bytes below their size):
+    a permanent refusal. The processor counts it apart, keeps the runs' records held, sends
+    again with a growing backoff instead of at once, and goes on once the topic is fixed."""
+    steps = TopicNames(settings.topic_prefix).steps
+    _set_topic_config(settings, steps, "max.message.bytes", "64")
+    run_ids = [f"refused-{i}" for i in range(5)]
+    instance: ProcessorThread = processor_thread(settings)
+    worker = WorkerThread(settings)
+
+    def refusals() -> int:
+        return instance.stats.errors["produce_permanent"]
+
+    try:
+        start_runs(settings, "sample", run_ids)
+        wait_for(lambda: refusals() >= 1, 60, "the broker to refuse a step task")
+        first = time.monotonic()
+        wait_for(lambda: refusals() >= 4 * len(run_ids), 60, "four refusals per run")
+        spread = time.monotonic() - first
+        # Each record waits 0.1, 0.2, 0.4 s ... between sends: four sends take 0.7 s or more
+        # (a record sent again at once would make thousands of refusals in that time).
+        assert spread >= 0.7, f"{refusals()} refusals within {spread:.2f} s"
+        assert count_terminal(pg, run_ids) == 0 and instance.stats.ticks["committed"] == 5
+        _set_topic_config(settings, steps, "max.message.bytes", None)
+        wait_for(lambda: count_terminal(pg, run_ids) == len(run_ids), 90, "every run to end")
+    finally:
+        worker.stop()
+    assert set(run_statuses(pg, run_ids).values()) == {"succeeded"}
+    assert not instance.stats.dead_letters
