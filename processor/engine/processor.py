@@ -69,6 +69,7 @@ class Processor:
         self.pauses = PauseBook()
         self.queues: TierQueues[Inbound] = TierQueues(settings.tier_weights.as_dict())
         self.assigned: TPs = set()
+        self._tps_by_tier: dict[str, list[tuple[str, int]]] = {}  # the assigned, by source
         self.telemetry = telemetry or Telemetry.from_environment(
             "ductor-processor", settings.metrics_port, settings.group_id
         )
@@ -294,16 +295,20 @@ class Processor:
         self._apply_backpressure()
 
     def _apply_backpressure(self) -> None:
+        """Bounded memory: a source whose local backlog passes DUCTOR_TIER_BUFFER_LIMIT records
+        is paused until the backlog is down to half. Each tier and the delay topics count
+        their queue; every source also counts the runs waiting in the executor's book (ready,
+        backing off after a conflict, or retried through a database outage), so a backlog the
+        database cannot drain stops consumption instead of filling the heap."""
         limit = self.settings.tier_buffer_limit
-        for tier in TIERS:
-            topic = self.names.wakeup(tier)
-            tps = [tp for tp in self.assigned if tp[0] == topic]
+        parked = self.executor.book.records
+        for tier, tps in self._tps_by_tier.items():
             size = self.queues.size(tier)
-            if size > limit:
+            if size > limit or parked > limit:
                 newly = self.pauses.hold(tps)
                 if newly:
                     self._consumer.pause([TopicPartition(t, p) for t, p in newly])
-            elif size < limit // 2:
+            elif size < limit // 2 and parked < limit // 2:
                 lifted = self.pauses.release(tps)
                 if lifted:
                     self._consumer.resume([TopicPartition(t, p) for t, p in lifted])
@@ -325,12 +330,19 @@ class Processor:
         consumer.incremental_assign(partitions)
         tps = {(p.topic, p.partition) for p in partitions}
         self.assigned |= tps
-        self.probe.assigned_partitions = len(self.assigned)
+        self._assignment_changed()
         # A delay partition paused before a rebalance stays paused until its due time.
         delayed = [TopicPartition(t, p) for (t, p) in self.pauses.delayed() if (t, p) in tps]
         if delayed:
             consumer.pause(delayed)
         log.info("partitions assigned", extra={"count": len(tps), "instance": self.instance_id})
+
+    def _assignment_changed(self) -> None:
+        self.probe.assigned_partitions = len(self.assigned)
+        by_tier: dict[str, list[tuple[str, int]]] = {tier: [] for tier in (*TIERS, "delay")}
+        for tp in sorted(self.assigned):
+            by_tier[self.names.tier_of(tp[0])].append(tp)
+        self._tps_by_tier = by_tier
 
     def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         self._release(consumer, partitions, commit=True)
@@ -364,7 +376,7 @@ class Processor:
             self.pauses.on_revoked(tp)
             self.lag.released(tp)
         self.assigned -= tps
-        self.probe.assigned_partitions = len(self.assigned)
+        self._assignment_changed()
         log.info("partitions released", extra={"count": len(tps), "instance": self.instance_id})
 
     def _shutdown(self) -> None:

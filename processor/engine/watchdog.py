@@ -100,7 +100,15 @@ class Watchdog:
 
     def _sweep_thread(self, modulus: int, owned: list[int], relay: bool) -> None:
         try:
-            self._results.put(self.sweep(modulus, owned, relay))
+            try:
+                result = self.sweep(modulus, owned, relay)
+            except psycopg.OperationalError:
+                # Most often a connection the database dropped while the sweep slept (it was
+                # restarted): a sweep is safe to run twice, so try once more on a new one
+                # before reporting an outage.
+                self._db.close()
+                result = self.sweep(modulus, owned, relay)
+            self._results.put(result)
         except psycopg.Error as exc:
             self._db.close()
             self._results.put(SweepResult(error=exc))

@@ -227,3 +227,50 @@ def test_a_record_the_broker_refuses_is_retried_with_backoff_not_in_a_hot_loop(
         worker.stop()
     assert set(run_statuses(pg, run_ids).values()) == {"succeeded"}
     assert not instance.stats.dead_letters
+
+
+def test_a_backlog_the_database_cannot_drain_pauses_consumption(
+    settings: Settings, pg: psycopg.Connection[Any], processor_thread: Any
+) -> None:
+    """Postgres unreachable while thousands of wakeups (and due timers on the delay ladder)
+    wait: the runs retried through the outage fill the executor's book up to the backlog
+    limit, then every source is paused — consumption stops instead of the heap growing —
+    and once the database is back, every run is ticked."""
+    limit, runs = 300, 4000
+    conninfo = psycopg.conninfo.conninfo_to_dict(settings.pg_dsn)
+    proxy = TcpProxy(str(conninfo.get("host", "127.0.0.1")), int(str(conninfo.get("port", 5432))))
+    conninfo.update(host="127.0.0.1", port=str(proxy.port))
+    through_proxy = replace(
+        settings,
+        pg_dsn=psycopg.conninfo.make_conninfo("", **conninfo),
+        tier_buffer_limit=limit,
+        batch_size=100,
+    )
+    run_ids = [f"backlog-{i}" for i in range(runs)]
+    insert_runs(pg, sample_workflow(), [(r, {}) for r in run_ids], "t1")
+    names = TopicNames(settings.topic_prefix)
+    producer = Producer(producer_config(settings, "test-backlog"))
+    for i, run_id in enumerate(run_ids):  # a start wakeup, and a due timer for every 4th
+        wakeup = Wakeup(run_id, "start", produced_at=now_ms())
+        produce(producer, names.wakeup("t1"), wakeup.encode(), wakeup.key(), i % 3)
+        if i % 4 == 0:
+            timer = Wakeup(run_id, "timer", due_at=now_ms(), produced_at=now_ms())
+            produce(producer, names.delay(100), timer.encode(), timer.key(), i % 3)
+    assert producer.flush(30) == 0
+    proxy.cut()
+    instance: ProcessorThread = processor_thread(through_proxy)
+    processor = instance.processor
+    try:
+        wait_for(lambda: len(processor.assigned) > 0, 60, "partitions to be assigned")
+        wait_for(
+            lambda: all(processor.pauses.held(tp) for tp in processor.assigned),
+            60,
+            "every source to be paused by backpressure",
+        )
+        taken = instance.stats.records
+        assert processor.executor.book.records > limit  # runs retried through the outage
+        assert taken < runs, f"{taken} records taken with the database away"
+    finally:
+        proxy.restore()
+    wait_for(lambda: count_ticked(pg, run_ids) == runs, 120, "every run to be ticked", 0.2)
+    proxy.close()
