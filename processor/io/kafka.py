@@ -80,7 +80,11 @@ def consumer_config(settings: Settings, client_id: str) -> dict[str, Any]:
         "auto.commit.interval.ms": 1000,
         "max.poll.interval.ms": 300_000,
         "fetch.wait.max.ms": 10,
-        "queued.max.messages.kbytes": 16384,
+        # What the client prefetches is the processor's memory when a backlog waits (the
+        # records themselves stay in Kafka): a few MiB keep the pipeline full (one fetch is
+        # thousands of wakeups) without the defaults' 50 MiB responses (bench_memory.py).
+        "fetch.max.bytes": 4 * 1024 * 1024,
+        "queued.max.messages.kbytes": 8192,
         "enable.partition.eof": False,
     }
     return {**config, **group_protocol_config(settings)}
