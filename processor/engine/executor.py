@@ -19,9 +19,10 @@ The commit path of a batch, numbered as it happens (a crash between any two step
    stored offset behind any record still in flight), its outbox row is due for deletion (with
    the next commit), and its span ends with the outcome.
 
-Steps 1 to 3 run on a database thread (``_database_stage``) so the poll loop keeps consuming,
-delivering and storing offsets while Postgres works; one batch is in flight at a time, so an
-instance never ticks a run twice at once. Steps 4 to 6 run on the loop thread (``carry_out``).
+Steps 1 to 3 run on a database thread (``stage.DatabaseStage.run``) so the poll loop keeps
+consuming, delivering and storing offsets while Postgres works; one batch is in flight at a
+time, so an instance never ticks a run twice at once. Steps 4 to 6 run on the loop thread
+(``carry_out``, ``_produce``, ``finish``).
 A plan that retries (a conflict's backoff, a database error) parks its work instead: waiting
 never blocks, and the loop goes on serving every other run.
 """
@@ -29,11 +30,10 @@ never blocks, and the loop goes on serving every other run.
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 
 import psycopg
 from confluent_kafka import KafkaError
@@ -41,14 +41,10 @@ from opentelemetry.trace import Span
 
 from processor.core.decide import (
     BatchItem,
-    Commit,
     Plan,
     Rules,
     Send,
     database_failed,
-    decide,
-    force_fail_refused,
-    tick_batch,
 )
 from processor.core.envelope import Wakeup
 from processor.core.offsets import OffsetTracker
@@ -59,35 +55,16 @@ from processor.core.routing import partition_for
 from processor.core.stats import Stats
 from processor.engine.database import Database
 from processor.engine.delivery import Delivery
-from processor.engine.faults import NO_FAULTS, Faults, Point
+from processor.engine.faults import NO_FAULTS, Faults
 from processor.engine.ledger import Ledger
 from processor.engine.outage import Outage
+from processor.engine.stage import DatabaseStage, StageResult
 from processor.io.kafka import Outbox, choose_partition
-from processor.io.telemetry import Telemetry, now_ns
+from processor.io.telemetry import Telemetry
 
 log = logging.getLogger("ductor.executor")
 
 Work = RunWork[Span]
-
-
-@dataclass
-class StageResult:
-    """What the database stage of one batch found and decided (steps 1 to 3)."""
-
-    started_ns: int
-    acknowledged: list[tuple[str, int]]  # outbox rows this stage deletes
-    plans: list[Plan] = field(default_factory=list)
-    error: psycopg.Error | None = None  # the whole batch failed: nothing was decided
-    # The commit's answer was lost with its connection (then resolved by reading it back).
-    unknown_commit: psycopg.Error | None = None
-    not_landed: set[str] = field(default_factory=set)
-    redo_acknowledged: bool = False  # the outbox deletions did not land either
-    force_fail_errors: dict[str, psycopg.Error] = field(default_factory=dict)
-    commit_attempts: int = 0
-    tick_ended_ns: int = 0
-    commit_ended_ns: int = 0
-    tick_ms: float = 0.0
-    commit_ms: float = 0.0
 
 
 @dataclass(eq=False, slots=True)
@@ -123,8 +100,7 @@ class Executor:
         faults: Faults = NO_FAULTS,
         postgres: Outage | None = None,
     ) -> None:
-        self._db = database
-        self._faults = faults
+        self._stage_runner = DatabaseStage(database, rules, wall_ms, faults)
         self._outbox = outbox
         self._partitions = partitions  # filled by the processor once the topics are known
         self._rules = rules
@@ -184,7 +160,7 @@ class Executor:
             self._ledger.start_span(work)
         items = [BatchItem(w.run_id, w.attempts, tuple(w.records)) for w in batch]
         acknowledged, self._acknowledged = self._acknowledged, []
-        self._stage = (batch, _on_daemon_thread(lambda: self._database_stage(items, acknowledged)))
+        self._stage = (batch, self._stage_runner.start(items, acknowledged))
 
     def flush(self, timeout_s: float | None = None) -> bool:
         """Wait for the batch in flight and carry it out (before a rebalance or shutdown).
@@ -199,74 +175,6 @@ class Executor:
             return False
         self._carry_out_stage()
         return True
-
-    def _database_stage(
-        self, items: list[BatchItem], acknowledged: list[tuple[str, int]]
-    ) -> StageResult:
-        """Steps 1 to 3, on the database thread: touches nothing but its Database and result.
-        With no run to tick, it only deletes the acknowledged outbox rows."""
-        result = StageResult(started_ns=now_ns(), acknowledged=acknowledged)
-        started = time.perf_counter()
-        run_ids = [item.run_id for item in items]
-        try:
-            if not items:
-                self._db.delete_outbox(acknowledged)
-                return result
-            # 1. Load.
-            loaded = self._db.load(run_ids)
-            now_ms = self._wall_ms()
-            # 2. Tick.
-            commits = tick_batch(loaded, now_ms, self._rules.names)
-            result.tick_ended_ns, result.tick_ms = now_ns(), (time.perf_counter() - started) * 1000
-            # 3. Commit.
-            commit_started = time.perf_counter()
-            try:
-                committed = self._db.commit(list(commits.values()), acknowledged)
-            except psycopg.OperationalError as exc:
-                committed = self._resolve_unknown_commit(list(commits.values()), exc, result)
-            self._faults.hit(Point.AFTER_COMMIT, committed)
-            result.commit_ended_ns = now_ns()
-            result.commit_ms = (time.perf_counter() - commit_started) * 1000
-            result.commit_attempts = len(commits)
-        except psycopg.Error as exc:
-            result.error = exc
-            return result
-        for item in items:
-            run_id = item.run_id
-            if run_id in result.not_landed:  # lost with its connection: try again at once
-                result.plans.append(database_failed(item, 0))
-                continue
-            found, commit = loaded.get(run_id), commits.get(run_id)
-            plan = decide(item, found, commit, run_id in committed, now_ms, self._rules)
-            if plan.force_fail is not None:
-                plan = self._write_force_fail(plan, item, result)
-            result.plans.append(plan)
-        return result
-
-    def _resolve_unknown_commit(
-        self, commits: list[Commit], exc: psycopg.OperationalError, result: StageResult
-    ) -> set[str]:
-        """The connection was lost while the commit was in flight: it may have landed or not.
-        Read the rows back on a new connection: a run at the version and checksum the commit
-        wrote landed (its records are in the outbox too); the others did not, and neither
-        did the outbox deletions. Raises psycopg.Error if the database cannot be read."""
-        self._db.close()
-        landed = self._db.landed(commits)
-        result.unknown_commit = exc
-        result.not_landed = {c.run_id for c in commits} - landed
-        if result.not_landed:
-            result.redo_acknowledged = True
-        return landed
-
-    def _write_force_fail(self, plan: Plan, item: BatchItem, result: StageResult) -> Plan:
-        assert plan.force_fail is not None
-        try:
-            written = self._db.force_fail(plan.force_fail)
-        except psycopg.Error as exc:
-            self._db.close()
-            result.force_fail_errors[item.run_id] = exc
-            return database_failed(item, 0)  # the delay is the outage's (_carry_out_stage)
-        return plan if written else force_fail_refused(plan)
 
     def _carry_out_stage(self) -> None:
         assert self._stage is not None
@@ -418,7 +326,7 @@ class Executor:
         problem = text.splitlines()[0] if text else type(exc).__name__
         delay_s = self._outage.failed(f"{problem} ({runs} run(s) will be retried)")
         self.database_ok = False
-        self._db.close()
+        self._stage_runner.close()
         return int(delay_s * 1000)
 
     def _database_back(self) -> None:
@@ -444,22 +352,7 @@ class Executor:
         # A batch still in flight (a flush that timed out, Postgres hung) is abandoned: its
         # daemon thread does not keep the process alive, and its records are redelivered.
         if self._stage is None:
-            self._db.close()
+            self._stage_runner.close()
 
 
-def _on_daemon_thread(stage: Callable[[], StageResult]) -> Future[StageResult]:
-    """Run the database stage on a daemon thread (one per batch: a hung query must never
-    keep the process from exiting within its shutdown bound)."""
-    future: Future[StageResult] = Future()
-
-    def run() -> None:
-        try:
-            future.set_result(stage())
-        except BaseException as exc:  # a bug: surfaced on the poll-loop thread
-            future.set_exception(exc)
-
-    threading.Thread(target=run, name="ductor-db", daemon=True).start()
-    return future
-
-
-__all__ = ["Executor", "StageResult"]
+__all__ = ["Executor"]

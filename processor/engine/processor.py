@@ -16,12 +16,12 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Set
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 
 from processor.core.decide import Rules, hop, reject
-from processor.core.flow import PauseBook, TierQueues
+from processor.core.flow import TierQueues
 from processor.core.intake import Accepted, Hop, NotDue, Reject, admit
 from processor.core.offsets import OffsetTracker
 from processor.core.records import Inbound, KafkaMessage
@@ -30,6 +30,7 @@ from processor.core.stats import Stats
 from processor.engine.database import Database
 from processor.engine.executor import Executor
 from processor.engine.faults import NO_FAULTS, Faults
+from processor.engine.flow_control import FlowControl
 from processor.engine.health import HealthServer, Probe
 from processor.engine.lag import LagMeter
 from processor.engine.outage import Outage
@@ -41,8 +42,6 @@ from processor.io.telemetry import Telemetry
 log = logging.getLogger("ductor.processor")
 
 _IDLE_POLL_S = 0.1
-
-TPs = set[tuple[str, int]]
 
 
 class Processor:
@@ -66,10 +65,7 @@ class Processor:
         self.outbox = Outbox(self._producer)
         self.partitions: dict[str, int] = {}  # partition counts, read from the broker in run()
         self.tracker = OffsetTracker()
-        self.pauses = PauseBook()
         self.queues: TierQueues[Inbound] = TierQueues(settings.tier_weights.as_dict())
-        self.assigned: TPs = set()
-        self._tps_by_tier: dict[str, list[tuple[str, int]]] = {}  # the assigned, by source
         self.telemetry = telemetry or Telemetry.from_environment(
             "ductor-processor", settings.metrics_port, settings.group_id
         )
@@ -106,6 +102,7 @@ class Processor:
         )
         self._consumer = Consumer(consumer_config(settings, self.instance_id))
         self.lag = LagMeter(self._consumer, enabled=self.telemetry.meter_provider is not None)
+        self.flow = FlowControl(self._consumer, self.names, self.lag)
         self.telemetry.instrument(self.stats, self.lag.read)
         self._next_stats_log = time.monotonic() + settings.stats_log_interval_s
         self._shutdown_deadline: float | None = None
@@ -155,7 +152,7 @@ class Processor:
         self.probe.last_loop_at = now
         for message in self._consume():
             self._intake(message)
-        self._resume_due()
+        self.flow.resume_due(now)
         self._feed_executor()
         self.executor.send_due(now)
         self.executor.advance(self.settings.batch_size)
@@ -179,12 +176,16 @@ class Processor:
                     "relaying the records of %d transition(s) left in the outbox", len(sweep.relay)
                 )
         self._maybe_log_stats(now)
-        self.lag.maybe_update(now, self.assigned, self.pauses.paused())
+        self.lag.maybe_update(now, set(self.flow.assigned), self.flow.paused())
+
+    @property
+    def assigned(self) -> Set[tuple[str, int]]:
+        return self.flow.assigned
 
     def _owned_shards(self) -> Shards:
         """The watchdog sweeps the runs of the bulk-tier partitions this instance owns."""
         topic = self.names.wakeup("t2")
-        owned = sorted(p for t, p in set(self.assigned) if t == topic)
+        owned = sorted(p for t, p in set(self.flow.assigned) if t == topic)
         return self.partitions[topic], owned
 
     def _maybe_log_stats(self, now: float) -> None:
@@ -231,7 +232,7 @@ class Processor:
             for d in (
                 self.executor.book.next_ready_at(),
                 self.executor.next_send_at(),
-                self.pauses.next_resume_at(),
+                self.flow.next_resume_at(),
                 self.watchdog.next_at,
             )
             if d is not None
@@ -251,12 +252,12 @@ class Processor:
         topic, partition = message.topic(), message.partition()
         assert topic is not None and partition is not None
         tp = (topic, partition)
-        if self.pauses.is_paused(tp) and tp in self.pauses.delayed():
+        if self.flow.waits_for_due_head(tp):
             return  # prefetched behind a not-due head: it will be read again after the resume
         now_ms = int(time.time() * 1000)
         verdict = admit(message, self.names, self.settings.max_record_bytes, now_ms)
         if isinstance(verdict, NotDue):
-            self._hold_until_due(tp, verdict.record.offset, verdict.wait_ms)
+            self.flow.hold_until_due(tp, verdict.record.offset, time.monotonic(), verdict.wait_ms)
             return
         # From here the record is taken: its offset is held back until it is done.
         record = verdict.record
@@ -272,51 +273,19 @@ class Processor:
         assert isinstance(verdict, Accepted)
         self.queues.push(record.tier, record)
 
-    def _hold_until_due(self, tp: tuple[str, int], offset: int, wait_ms: int) -> None:
-        """Pause a delay partition at its not-due head and read the head again when due."""
-        kafka_tp = TopicPartition(tp[0], tp[1], offset)
-        self._consumer.pause([kafka_tp])
-        self._consumer.seek(kafka_tp)
-        self.lag.held_at(tp, offset)  # where the partition stands while paused
-        self.pauses.pause_until(tp, time.monotonic() + wait_ms / 1000)
-
-    def _resume_due(self) -> None:
-        due = [tp for tp in self.pauses.due_to_resume(time.monotonic()) if tp in self.assigned]
-        for tp in due:
-            self.lag.released(tp)
-        if due:
-            self._consumer.resume([TopicPartition(t, p) for t, p in due])
-
     def _feed_executor(self) -> None:
         room = self.settings.batch_size - self.executor.book.ready_count(time.monotonic())
         if room > 0:
             for record in self.queues.take(room):
                 self.executor.add(record)
-        self._apply_backpressure()
-
-    def _apply_backpressure(self) -> None:
-        """Bounded memory: a source whose local backlog passes DUCTOR_TIER_BUFFER_LIMIT records
-        is paused until the backlog is down to half. Each tier and the delay topics count
-        their queue; every source also counts the runs waiting in the executor's book (ready,
-        backing off after a conflict, or retried through a database outage), so a backlog the
-        database cannot drain stops consumption instead of filling the heap."""
+        backlog = {source: self.queues.size(source) for source in (*TIERS, "delay")}
         limit = self.settings.tier_buffer_limit
-        parked = self.executor.book.records
-        for tier, tps in self._tps_by_tier.items():
-            size = self.queues.size(tier)
-            if size > limit or parked > limit:
-                newly = self.pauses.hold(tps)
-                if newly:
-                    self._consumer.pause([TopicPartition(t, p) for t, p in newly])
-            elif size < limit // 2 and parked < limit // 2:
-                lifted = self.pauses.release(tps)
-                if lifted:
-                    self._consumer.resume([TopicPartition(t, p) for t, p in lifted])
+        self.flow.apply_backpressure(backlog, self.executor.book.records, limit)
 
     def _store_offsets(self) -> None:
         moved = self.tracker.committable()
         offsets = [
-            TopicPartition(t, p, o) for (t, p), o in moved.items() if (t, p) in self.assigned
+            TopicPartition(t, p, o) for (t, p), o in moved.items() if (t, p) in self.flow.assigned
         ]
         if offsets:
             try:
@@ -329,20 +298,9 @@ class Processor:
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         consumer.incremental_assign(partitions)
         tps = {(p.topic, p.partition) for p in partitions}
-        self.assigned |= tps
-        self._assignment_changed()
-        # A delay partition paused before a rebalance stays paused until its due time.
-        delayed = [TopicPartition(t, p) for (t, p) in self.pauses.delayed() if (t, p) in tps]
-        if delayed:
-            consumer.pause(delayed)
+        self.flow.assigned_now(tps)
+        self.probe.assigned_partitions = len(self.flow.assigned)
         log.info("partitions assigned", extra={"count": len(tps), "instance": self.instance_id})
-
-    def _assignment_changed(self) -> None:
-        self.probe.assigned_partitions = len(self.assigned)
-        by_tier: dict[str, list[tuple[str, int]]] = {tier: [] for tier in (*TIERS, "delay")}
-        for tp in sorted(self.assigned):
-            by_tier[self.names.tier_of(tp[0])].append(tp)
-        self._tps_by_tier = by_tier
 
     def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         self._release(consumer, partitions, commit=True)
@@ -373,10 +331,8 @@ class Processor:
             self._commit_offsets(consumer, "offset commit on revoke failed: %s")
         for tp in tps:
             self.tracker.forget(tp)
-            self.pauses.on_revoked(tp)
-            self.lag.released(tp)
-        self.assigned -= tps
-        self._assignment_changed()
+        self.flow.released(tps)
+        self.probe.assigned_partitions = len(self.flow.assigned)
         log.info("partitions released", extra={"count": len(tps), "instance": self.instance_id})
 
     def _shutdown(self) -> None:

@@ -263,7 +263,7 @@ def test_a_backlog_the_database_cannot_drain_pauses_consumption(
     try:
         wait_for(lambda: len(processor.assigned) > 0, 60, "partitions to be assigned")
         wait_for(
-            lambda: all(processor.pauses.held(tp) for tp in processor.assigned),
+            processor.flow.all_held_by_backpressure,
             60,
             "every source to be paused by backpressure",
         )

@@ -1,0 +1,160 @@
+"""The database stage of the commit path: steps 1 to 3 of a batch (engine/executor.py holds the
+numbered list), run on a daemon thread of its own with its own Database, so the poll loop keeps
+consuming, delivering and storing offsets while Postgres works.
+
+1. Load every run of the batch in one query.
+2. Tick each run (pure, ``tick_batch``); a no-op writes nothing.
+3. Commit every changed run in one conditional UPDATE that also writes the transitions'
+   records to the outbox and deletes the acknowledged outbox rows; a commit whose answer was
+   lost with its connection is read back. The core then decides each run's plan
+   (``decide``); a livelocked run's force-fail is written here (the terminal path).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+
+import psycopg
+
+from processor.core.decide import (
+    BatchItem,
+    Commit,
+    Plan,
+    Rules,
+    database_failed,
+    decide,
+    force_fail_refused,
+    tick_batch,
+)
+from processor.engine.database import Database
+from processor.engine.faults import NO_FAULTS, Faults, Point
+from processor.io.telemetry import now_ns
+
+
+@dataclass
+class StageResult:
+    """What the database stage of one batch found and decided (steps 1 to 3)."""
+
+    started_ns: int
+    acknowledged: list[tuple[str, int]]  # outbox rows this stage deletes
+    plans: list[Plan] = field(default_factory=list)
+    error: psycopg.Error | None = None  # the whole batch failed: nothing was decided
+    # The commit's answer was lost with its connection (then resolved by reading it back).
+    unknown_commit: psycopg.Error | None = None
+    not_landed: set[str] = field(default_factory=set)
+    redo_acknowledged: bool = False  # the outbox deletions did not land either
+    force_fail_errors: dict[str, psycopg.Error] = field(default_factory=dict)
+    commit_attempts: int = 0
+    tick_ended_ns: int = 0
+    commit_ended_ns: int = 0
+    tick_ms: float = 0.0
+    commit_ms: float = 0.0
+
+
+class DatabaseStage:
+    def __init__(
+        self,
+        database: Database,
+        rules: Rules,
+        wall_ms: Callable[[], int],
+        faults: Faults = NO_FAULTS,
+    ) -> None:
+        self._db = database
+        self._rules = rules
+        self._wall_ms = wall_ms
+        self._faults = faults
+
+    def start(
+        self, items: list[BatchItem], acknowledged: list[tuple[str, int]]
+    ) -> Future[StageResult]:
+        """Run the stage on a daemon thread (one per batch: a hung query must never keep the
+        process from exiting within its shutdown bound)."""
+        return _on_daemon_thread(lambda: self.run(items, acknowledged))
+
+    def close(self) -> None:
+        """Forget the connection (after a failure, or at the end); the next batch reopens it."""
+        self._db.close()
+
+    def run(self, items: list[BatchItem], acknowledged: list[tuple[str, int]]) -> StageResult:
+        """Steps 1 to 3 for ``items``, deleting the ``acknowledged`` outbox rows on the way.
+        Touches nothing but its Database and its result; with no run to tick, it only
+        deletes the rows."""
+        result = StageResult(started_ns=now_ns(), acknowledged=acknowledged)
+        started = time.perf_counter()
+        run_ids = [item.run_id for item in items]
+        try:
+            if not items:
+                self._db.delete_outbox(acknowledged)
+                return result
+            # 1. Load.
+            loaded = self._db.load(run_ids)
+            now_ms = self._wall_ms()
+            # 2. Tick.
+            commits = tick_batch(loaded, now_ms, self._rules.names)
+            result.tick_ended_ns, result.tick_ms = now_ns(), (time.perf_counter() - started) * 1000
+            # 3. Commit.
+            commit_started = time.perf_counter()
+            try:
+                committed = self._db.commit(list(commits.values()), acknowledged)
+            except psycopg.OperationalError as exc:
+                committed = self._resolve_unknown_commit(list(commits.values()), exc, result)
+            self._faults.hit(Point.AFTER_COMMIT, committed)
+            result.commit_ended_ns = now_ns()
+            result.commit_ms = (time.perf_counter() - commit_started) * 1000
+            result.commit_attempts = len(commits)
+        except psycopg.Error as exc:
+            result.error = exc
+            return result
+        for item in items:
+            run_id = item.run_id
+            if run_id in result.not_landed:  # lost with its connection: try again at once
+                result.plans.append(database_failed(item, 0))
+                continue
+            found, commit = loaded.get(run_id), commits.get(run_id)
+            plan = decide(item, found, commit, run_id in committed, now_ms, self._rules)
+            if plan.force_fail is not None:
+                plan = self._write_force_fail(plan, item, result)
+            result.plans.append(plan)
+        return result
+
+    def _resolve_unknown_commit(
+        self, commits: list[Commit], exc: psycopg.OperationalError, result: StageResult
+    ) -> set[str]:
+        """The connection was lost while the commit was in flight: it may have landed or not.
+        Read the rows back on a new connection: a run at the version and checksum the commit
+        wrote landed (its records are in the outbox too); the others did not, and neither
+        did the outbox deletions. Raises psycopg.Error if the database cannot be read."""
+        self._db.close()
+        landed = self._db.landed(commits)
+        result.unknown_commit = exc
+        result.not_landed = {c.run_id for c in commits} - landed
+        if result.not_landed:
+            result.redo_acknowledged = True
+        return landed
+
+    def _write_force_fail(self, plan: Plan, item: BatchItem, result: StageResult) -> Plan:
+        assert plan.force_fail is not None
+        try:
+            written = self._db.force_fail(plan.force_fail)
+        except psycopg.Error as exc:
+            self._db.close()
+            result.force_fail_errors[item.run_id] = exc
+            return database_failed(item, 0)  # the delay is the outage's (the executor's)
+        return plan if written else force_fail_refused(plan)
+
+
+def _on_daemon_thread(stage: Callable[[], StageResult]) -> Future[StageResult]:
+    future: Future[StageResult] = Future()
+
+    def run() -> None:
+        try:
+            future.set_result(stage())
+        except BaseException as exc:  # a bug: surfaced on the poll-loop thread
+            future.set_exception(exc)
+
+    threading.Thread(target=run, name="ductor-db", daemon=True).start()
+    return future
