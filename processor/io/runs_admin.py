@@ -119,7 +119,7 @@ def run_tier(conn: psycopg.Connection[Any], run_id: str) -> str | None:
     return None if row is None else str(row[0])
 
 
-def _like_prefix(prefix: str) -> str:
+def like_prefix(prefix: str) -> str:
     """A LIKE pattern matching the strings that start with ``prefix`` (its % and _ literal)."""
     escaped = prefix.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
     return escaped + "%"
@@ -136,7 +136,7 @@ def statuses(conn: psycopg.Connection[Any], run_ids: Sequence[str]) -> dict[str,
 def statuses_with_prefix(conn: psycopg.Connection[Any], prefix: str) -> dict[str, str]:
     """The status of every run whose id starts with ``prefix``, by run id."""
     rows = conn.execute(
-        "SELECT run_id, status FROM eec_workflow_run WHERE run_id LIKE %s", (_like_prefix(prefix),)
+        "SELECT run_id, status FROM eec_workflow_run WHERE run_id LIKE %s", (like_prefix(prefix),)
     ).fetchall()
     return {r[0]: r[1] for r in rows}
 
@@ -145,7 +145,7 @@ def count_ticked_with_prefix(conn: psycopg.Connection[Any], prefix: str) -> int:
     """How many runs whose id starts with ``prefix`` were ticked at least once."""
     row = conn.execute(
         "SELECT count(*) FROM eec_workflow_run WHERE run_id LIKE %s AND last_transition_seq >= 1",
-        (_like_prefix(prefix),),
+        (like_prefix(prefix),),
     ).fetchone()
     return int(row[0]) if row else 0
 
@@ -172,7 +172,7 @@ def count_ended(conn: psycopg.Connection[Any], run_ids: Sequence[str]) -> int:
 def delete_runs_with_prefix(conn: psycopg.Connection[Any], prefix: str) -> int:
     """Delete the runs whose id starts with ``prefix`` (their results and signals go with
     them); returns how many were deleted."""
-    cur = conn.execute("DELETE FROM eec_workflow_run WHERE run_id LIKE %s", (_like_prefix(prefix),))
+    cur = conn.execute("DELETE FROM eec_workflow_run WHERE run_id LIKE %s", (like_prefix(prefix),))
     return cur.rowcount
 
 

@@ -53,11 +53,9 @@ GOOD = 600  # per partition
 def test_a_rebalance_and_a_kill_mid_flood_lose_no_record_good_or_bad(
     settings: Settings, pg: psycopg.Connection[Any], spawn: Any
 ) -> None:
-    conninfo = psycopg.conninfo.conninfo_to_dict(settings.pg_dsn)
-    proxy = TcpProxy(str(conninfo.get("host", "127.0.0.1")), int(str(conninfo.get("port", 5432))))
-    conninfo.update(host="127.0.0.1", port=str(proxy.port))
+    proxy = TcpProxy.for_dsn(settings.pg_dsn)
     settings = replace(settings, batch_size=50, shutdown_timeout_s=3.0)
-    frozen_db = replace(settings, pg_dsn=psycopg.conninfo.make_conninfo("", **conninfo))
+    frozen_db = replace(settings, pg_dsn=proxy.dsn(settings.pg_dsn))
     topic = TopicNames(settings.topic_prefix).wakeup("t1")
     run_ids: list[str] = []
     bad: set[tuple[int, int]] = set()  # (partition, offset)
@@ -153,10 +151,8 @@ def test_a_commit_whose_answer_is_lost_is_read_back_and_carried_on(
     landed, and produces its step tasks at once: no attempt lost, nothing relayed later,
     nothing applied twice, and the case is counted apart from conflicts."""
     pg = audit
-    conninfo = psycopg.conninfo.conninfo_to_dict(settings.pg_dsn)
-    proxy = TcpProxy(str(conninfo.get("host", "127.0.0.1")), int(str(conninfo.get("port", 5432))))
-    conninfo.update(host="127.0.0.1", port=str(proxy.port))
-    through_proxy = replace(settings, pg_dsn=psycopg.conninfo.make_conninfo("", **conninfo))
+    proxy = TcpProxy.for_dsn(settings.pg_dsn)
+    through_proxy = replace(settings, pg_dsn=proxy.dsn(settings.pg_dsn))
     run_ids = [f"lost-answer-{i}" for i in range(50)]
     proxy.lose_answer_to(b"INSERT INTO eec_outbox")  # the first commit statement
     instance = processor_thread(through_proxy)
