@@ -40,7 +40,7 @@ from processor.io.logs import read_stats
 from processor.io.migrate import migrate
 from processor.io.runs_admin import insert_runs, register_workflow
 from processor.io.telemetry import Telemetry
-from processor.io.topics import create_topics, desired_topics
+from processor.io.topics import create_topics, delete_topics
 from processor.tools import audit as audit_trail
 
 from .restarts import LocalInfra, local_infra_for
@@ -102,11 +102,7 @@ def settings(base_settings: Settings, pg: psycopg.Connection[Any]) -> Iterator[S
     create_topics(settings)
     register_workflow(pg, parse_workflow(orjson.loads(SAMPLE.read_bytes())))
     yield settings
-    admin = AdminClient(settings.kafka_common())
-    for future in admin.delete_topics(
-        list(desired_topics(settings)), operation_timeout=30
-    ).values():
-        future.result(timeout=30)
+    delete_topics(settings)
 
 
 @pytest.fixture
