@@ -54,7 +54,9 @@ class TimedOut:
     run_id: str
     node: str
     attempt: int
+    deadline_ms: int  # epoch ms: the attempt's deadline (it was dispatched one timeout before)
     at: datetime  # when the write that timed it out was made
+    result_at: datetime | None  # when a worker recorded the attempt's result (None: never)
 
 
 def install(conn: psycopg.Connection[Any]) -> None:
@@ -144,7 +146,10 @@ def timed_out_attempts(conn: psycopg.Connection[Any], run_prefix: str = "") -> l
     error (a step that answered in time ends with its own result instead)."""
     rows = conn.execute(
         """
-        SELECT a.run_id, n.key, (o.value->>'attempt')::int, a.at
+        SELECT a.run_id, n.key, (o.value->>'attempt')::int, (o.value->>'due_ms')::bigint, a.at,
+               (SELECT s.recorded_at FROM eec_step_result s
+                 WHERE s.run_id = a.run_id AND s.node_id = n.key
+                   AND s.attempt = (o.value->>'attempt')::int)
           FROM test_run_audit a, jsonb_each(a.new_nodes) n, jsonb_each(a.old_nodes) o
          WHERE a.run_id LIKE %s
            AND o.key = n.key
@@ -156,7 +161,7 @@ def timed_out_attempts(conn: psycopg.Connection[Any], run_prefix: str = "") -> l
         """,
         (like_prefix(run_prefix),),
     ).fetchall()
-    return [TimedOut(run_id, node, attempt, at) for run_id, node, attempt, at in rows]
+    return [TimedOut(*row) for row in rows]
 
 
 def _check(condition: bool, message: str) -> None:
