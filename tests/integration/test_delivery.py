@@ -27,13 +27,14 @@ from confluent_kafka.admin import (  # type: ignore[attr-defined]
 
 from processor.client import start_runs
 from processor.core.envelope import Wakeup
+from processor.core.model import parse_workflow
 from processor.core.routing import TopicNames
 from processor.io.config import Settings
 from processor.io.dlq import read_dead_letters
 from processor.io.kafka import produce, producer_config
-from processor.io.runs_admin import count_ticked, insert_runs
+from processor.io.runs_admin import count_ticked, insert_runs, register_workflow
 
-from .audit import assert_results_applied, assert_transitions_applied_once
+from .audit import assert_results_applied, assert_transitions_applied_once, timed_out_attempts
 from .conftest import (
     ProcessorThread,
     WorkerThread,
@@ -223,3 +224,41 @@ def test_a_record_the_broker_refuses_is_retried_with_backoff_not_in_a_hot_loop(
         worker.stop()
     assert set(run_statuses(pg, run_ids).values()) == {"succeeded"}
     assert not instance.stats.dead_letters
+
+
+def test_an_instance_that_owns_no_partition_yet_relays_a_dead_instances_effects(
+    settings: Settings, audit: psycopg.Connection[Any], spawn: Any
+) -> None:
+    """Found by the chaos run: every instance is killed within a few seconds, so the group's
+    partitions stay with dead members until their session expires (10 s on the local broker)
+    and the live instances own none meanwhile. The relay must not wait for partitions: a
+    dead instance's step tasks go out within the relay delay, not after the session timeout,
+    so a step whose timeout is shorter than that session does not time out for it."""
+    pg = audit
+    settings = replace(settings, relay_after_s=2.0)
+    wf = parse_workflow(
+        {
+            "name": "relay-short",
+            "version": 1,
+            "steps": [
+                {"name": "only", "type": "fast", "timeout_ms": 5000, "retry": {"max_attempts": 1}}
+            ],
+        }
+    )
+    register_workflow(pg, wf)
+    run_ids = [f"orphan-{i}" for i in range(20)]
+    doomed = spawn(["process"], replace(settings, test_faults="after_commit=kill@1"), "doomed")
+    wait_for(lambda: doomed.owned_partitions() > 0, 60, "the doomed instance to own partitions")
+    start_runs(settings, "relay-short", run_ids)
+    wait_for(lambda: doomed.proc.poll() is not None, 60, "the fault to kill the instance")
+    heir = spawn(["process"], settings, "heir")  # joins while the dead member holds everything
+    worker = WorkerThread(settings)
+    try:
+        wait_for(lambda: count_terminal(pg, run_ids) == len(run_ids), 90, "every run to end")
+        assert heir.terminate() == 0
+    finally:
+        worker.stop()
+    assert set(run_statuses(pg, run_ids).values()) == {"succeeded"}, "a step timed out"
+    assert not timed_out_attempts(pg)
+    assert_transitions_applied_once(pg)
+    assert heir.final_stats()["relayed"] > 0
