@@ -70,6 +70,7 @@ class ChaosPlan:
     runs: int = 3000
     duration_s: float = 150.0  # faults come within this; the runs are started over 80 % of it
     kills: int = 60  # SIGKILLs of processors and workers (the armed processors' come on top)
+    worker_share: float = 1 / 3  # of the kills, the share that kills a worker
     arming: Arming = field(default_factory=Arming)
     broker_restarts: int = 1
     broker_down_s: float = 5.0  # how long the killed broker stays down before its restart
@@ -111,7 +112,7 @@ def expected_s(kind: str, plan: ChaosPlan) -> float:
 
 def schedule(plan: ChaosPlan, rng: random.Random) -> list[Fault]:
     """The outages evenly spaced over the duration (interleaved: broker, postgres, freeze,
-    broker...), and the kills at random times between them, two in three of a processor."""
+    broker...), and the kills at random times between them."""
     counts = {BROKER: plan.broker_restarts, POSTGRES: plan.postgres_restarts}
     counts[FREEZE] = 1 if plan.freeze_s > 0 else 0
     kinds: list[str] = []
@@ -132,7 +133,7 @@ def schedule(plan: ChaosPlan, rng: random.Random) -> list[Fault]:
         offset = rng.uniform(0, total)
         for start, end in free:
             if offset <= end - start:
-                kind = PROCESSOR if rng.random() < 2 / 3 else WORKER
+                kind = WORKER if rng.random() < plan.worker_share else PROCESSOR
                 kills.append(Fault(start + offset, kind))
                 break
             offset -= end - start
@@ -320,6 +321,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     p.add_argument("--kills", type=int, default=d.kills, help="SIGKILLs of processors/workers")
     p.add_argument(
+        "--worker-share", type=float, default=d.worker_share, help="share of kills of a worker"
+    )
+    p.add_argument(
         "--armed",
         type=int,
         default=d.arming.budget,
@@ -348,6 +352,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         runs=args.runs,
         duration_s=args.duration,
         kills=args.kills,
+        worker_share=args.worker_share,
         arming=replace(ChaosPlan().arming, budget=args.armed),
         broker_restarts=args.broker_restarts,
         broker_down_s=args.broker_down,
