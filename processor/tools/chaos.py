@@ -35,6 +35,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import orjson
+from confluent_kafka.admin import AdminClient, ConfigResource  # type: ignore[attr-defined]
 
 from infra.local import StopMode
 from processor.core.model import WorkflowDef, parse_workflow
@@ -222,6 +223,7 @@ class _Chaos:
             wf=wf,
             fleet=self.fleet,
             windows=self.windows,
+            session_timeout_s=group_session_timeout_s(self.settings),
             stop_codes=codes,
             elapsed_s=self._t(),
             ended_at=ended_at,
@@ -282,6 +284,16 @@ class _Chaos:
                     self.out(f"{self._t():6.1f} s  runs ended {ended}/{len(self.run_ids)}")
                     next_progress = self._t() + _PROGRESS_EVERY_S
                 time.sleep(0.2)  # polling the database for the end; bounded by the deadline
+
+
+def group_session_timeout_s(settings: Settings) -> float:
+    """The broker's session timeout of consumer-protocol groups: how long a killed member
+    keeps its partitions."""
+    admin = AdminClient(dict(settings.kafka_common()))
+    broker = next(iter(admin.list_topics(timeout=10).brokers))
+    resource = ConfigResource(ConfigResource.Type.BROKER, str(broker))
+    configs = admin.describe_configs([resource])[resource].result(timeout=10)
+    return int(configs["group.consumer.session.timeout.ms"].value) / 1000
 
 
 def run_chaos(

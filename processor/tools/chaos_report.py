@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from processor.core.model import WorkflowDef
@@ -24,8 +24,9 @@ _KILL_KINDS = (KILL_PROCESSOR, KILL_WORKER, KILL_AFTER_COMMIT)
 # Faults that can make a step attempt time out for real: its task cannot be run, or its
 # result cannot be recorded, before the deadline. While Postgres is frozen nothing records a
 # result; while the broker is down no task is consumed; a SIGKILLed worker's step partitions
-# wait for the group's session timeout (10 s on the local broker, the sample steps' timeout)
-# before another worker takes them. A processor's crash or a Postgres restart must never cost
+# stay with the dead member for the group's session timeout (10 s on the local broker, the
+# sample steps' timeout) before another worker takes them, so a worker kill counts from the
+# kill to the end of that session. A processor's crash or a Postgres restart must never cost
 # an attempt: the outbox relays a dead instance's effects within seconds.
 _REAL_CAUSES = (FREEZE, BROKER, KILL_WORKER)
 
@@ -82,7 +83,9 @@ class ChaosReport:
     totals: Totals
     writes: int | None  # audit rows checked (None: the check failed)
     timeouts: list[TimedOut]
-    timeout_causes: Counter[str]  # timed-out attempts by the first real cause in flight
+    # Timed-out attempts by the first fault in flight that can delay a step for real (see
+    # _REAL_CAUSES; "no such fault" is a problem).
+    timeout_causes: Counter[str]
     problems: list[str]
 
     @property
@@ -127,8 +130,13 @@ class ChaosReport:
             ),
             (
                 "timeouts",
-                f"{len(self.timeouts)} attempts timed out, in flight during: "
-                + (_counts(self.timeout_causes) if self.timeouts else "-"),
+                f"{len(self.timeouts)} attempts timed out"
+                + (
+                    f" ({sum(1 for x in self.timeouts if x.result_at is None)} never ran),"
+                    f" in flight during: {_counts(self.timeout_causes)}"
+                    if self.timeouts
+                    else ""
+                ),
             ),
             ("relayed", f"{t.relayed} records sent again from the outbox"),
             ("ticks", f"{t.committed} committed, {t.conflicts} conflicts"),
@@ -178,6 +186,7 @@ def check(
     wf: WorkflowDef,
     fleet: Fleet,
     windows: list[Window],
+    session_timeout_s: float,
     stop_codes: dict[str, int | None],
     elapsed_s: float,
     ended_at: float | None,
@@ -204,9 +213,12 @@ def check(
         for run_id, status, nodes, nxt in live
     ]
     timeout_ms = {s.name: s.timeout_ms for s in wf.steps}
+    stalls = [
+        replace(w, end=w.start + session_timeout_s) if w.kind == KILL_WORKER else w for w in windows
+    ]
     causes: Counter[str] = Counter()
     for t in timeouts:
-        during = {w.kind for w in windows if _in_flight(t, timeout_ms[t.node], w)}
+        during = {w.kind for w in stalls if _in_flight(t, timeout_ms[t.node], w)}
         real = [c for c in _REAL_CAUSES if c in during]
         causes[real[0] if real else "no such fault"] += 1
         where = (
