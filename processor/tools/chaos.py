@@ -12,8 +12,10 @@ the proxy. Then every run must end.
 Checked with the audit trail (processor/tools/audit.py) in the same database: every run
 succeeded (so none was force-failed as stuck or for livelock), no transition was applied
 twice, no step attempt was dispatched or resolved twice, every succeeded node's result was
-recorded and applied, no attempt timed out unless it was in flight while Postgres was frozen,
-no process exited by itself, no effect was left in the outbox, nothing was dead-lettered.
+recorded and applied, every attempt that timed out did run (no task was lost) and was in
+flight while a step could really be held back (Postgres frozen, the broker down, a killed
+worker's session not yet expired: processor/tools/chaos_report.py), no process exited by
+itself, no effect was left in the outbox, nothing was dead-lettered.
 
 It needs the services infra/local.py runs (it restarts them) and runs from the repository:
 
