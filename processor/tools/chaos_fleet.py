@@ -124,16 +124,21 @@ class Fleet:
             self._armed_left = 0
 
     def stop(self, timeout_s: float = 30.0) -> dict[str, int | None]:
-        """SIGTERM every member and wait; returns each one's exit code (None: had to be killed)."""
+        """SIGTERM every running member and wait; returns each one's exit code (None: had to
+        be killed). Members already down are counted as the watch would have."""
         self._stopping.set()
         self._watch.join(5)
         with self._lock:
+            running = []
             for member in self.members:
                 if member.current.proc.poll() is None:
                     member.current.proc.send_signal(signal.SIGTERM)
+                    running.append(member)
+                else:
+                    self._count_end(member)
             codes: dict[str, int | None] = {}
             deadline = time.monotonic() + timeout_s
-            for member in self.members:
+            for member in running:
                 proc = member.current.proc
                 try:
                     codes[member.name] = proc.wait(max(0.1, deadline - time.monotonic()))
@@ -206,20 +211,25 @@ class Fleet:
             if self._stopping.is_set():
                 return
             for member in self.members:
-                incarnation = member.current
-                code = incarnation.proc.poll()
-                if code is None:
+                if member.current.proc.poll() is None:
                     continue
-                if not incarnation.handled:
-                    incarnation.handled = True
-                    if incarnation.armed and code == -signal.SIGKILL:
-                        self.kills[KILL_AFTER_COMMIT] += 1
-                        self._on_fault(KILL_AFTER_COMMIT, member.name)
-                    else:
-                        self.exits.append(Exit(member.name, code, _tail(incarnation.log_path)))
+                self._count_end(member)
                 if not self._held:
                     self._launch(member)
                     self.restarts += 1
+
+    def _count_end(self, member: Member) -> None:
+        """Count how the member's current start ended, once: its armed fault, or an exit."""
+        incarnation = member.current
+        code = incarnation.proc.poll()
+        if code is None or incarnation.handled:
+            return
+        incarnation.handled = True
+        if incarnation.armed and code == -signal.SIGKILL:
+            self.kills[KILL_AFTER_COMMIT] += 1
+            self._on_fault(KILL_AFTER_COMMIT, member.name)
+        else:
+            self.exits.append(Exit(member.name, code, _tail(incarnation.log_path)))
 
     def _launch(self, member: Member) -> None:
         armed = ""

@@ -17,7 +17,14 @@ from processor.io.runs_admin import (
 from processor.io.store import connect_durable
 from processor.tools import audit
 from processor.tools.audit import TimedOut
-from processor.tools.chaos_fleet import KILL_AFTER_COMMIT, KILL_PROCESSOR, KILL_WORKER, Fleet
+from processor.tools.chaos_fleet import (
+    KILL_AFTER_COMMIT,
+    KILL_PROCESSOR,
+    KILL_WORKER,
+    PROCESSOR,
+    WORKER,
+    Fleet,
+)
 
 BROKER, POSTGRES, FREEZE = "broker restart", "postgres restart", "postgres freeze"
 _KILL_KINDS = (KILL_PROCESSOR, KILL_WORKER, KILL_AFTER_COMMIT)
@@ -252,8 +259,8 @@ def check(
         runs=len(run_ids),
         copies=copies,
         seed=seed,
-        processors=sum(1 for m in fleet.members if m.kind == "process"),
-        workers=sum(1 for m in fleet.members if m.kind == "worker"),
+        processors=sum(1 for m in fleet.members if m.kind == PROCESSOR),
+        workers=sum(1 for m in fleet.members if m.kind == WORKER),
         elapsed_s=elapsed_s,
         outcomes=outcomes,
         kills=fleet.kills,
