@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
 .DEFAULT_GOAL := help
-.PHONY: help venv tools up down status restart migrate topics setup lint format typecheck unit pytest test bench demo clean
+.PHONY: help venv tools up down status restart migrate topics setup lint format typecheck unit pytest test bench chaos demo clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -83,6 +83,10 @@ test: venv tools ## everything CI runs: infra up, lint, typecheck, all tests
 
 bench: setup ## the benchmark: prints throughput, ratios, latency and memory figures
 	$(PY) -m processor.tools.bench
+
+# Options of the run: CHAOS_ARGS="--seed 3 --kills 80" (python -m processor.tools.chaos --help).
+chaos: setup ## the chaos run: >= 50 kills, broker and Postgres restarts, a 30 s freeze; prints figures
+	$(PY) -m processor.tools.chaos $(CHAOS_ARGS)
 
 demo: venv ## the live demo: infra, two processors, a worker, thousands of runs
 	$(VENV)/bin/ductor demo

@@ -1,10 +1,17 @@
-"""The watchdog: re-wakes runs whose next wakeup is overdue and force-fails stuck runs.
+"""The watchdog: re-wakes runs whose next wakeup is overdue, force-fails stuck runs, and
+relays the outbox rows a dead instance left behind.
 
 Sweeps are split across the live instances without a lock or a lease: a run belongs to the
 wakeup partition its id hashes to (the same partition its wakeups go to), and an instance only
 sweeps the runs of the bulk-tier (t2) partitions the consumer group assigned to it. The group
 protocol already guarantees one owner per partition; a brief overlap during a rebalance only
 produces a duplicate wakeup, which a no-op tick absorbs.
+
+The relay is not split: every live instance claims rows left behind, whether it owns
+partitions or not. After a crash the dead instance's partitions stay with it until the group's
+session timeout (10 s on the local broker, 45 s by Kafka's default); when every instance
+crashed, the new ones own nothing for that long, and a relay that waited for partitions would
+let the dead instances' step tasks wait past their deadlines.
 """
 
 from __future__ import annotations
@@ -87,9 +94,9 @@ class Watchdog:
             return finished
         self.next_at = now + self._settings.interval_s
         modulus, owned = self._owned_shards()
-        if owned:
+        relay = self._may_relay()
+        if owned or relay:
             self._sweeping.set()
-            relay = self._may_relay()
             threading.Thread(
                 target=self._sweep_thread,
                 args=(modulus, owned, relay),
@@ -116,13 +123,13 @@ class Watchdog:
             self._sweeping.clear()
 
     def sweep(self, modulus: int, owned: list[int], relay: bool) -> SweepResult:
-        """Force-fail stuck runs, find overdue ones and, when ``relay``, claim outbox rows
-        left behind (database work only; the loop produces)."""
+        """Force-fail stuck runs and find overdue ones among the ``owned`` shards and, when
+        ``relay``, claim outbox rows left behind (database work only; the loop produces)."""
         s = self._settings
-        stuck = self._db.stuck(modulus, owned, s.stuck_after_s, s.limit)
+        stuck = self._db.stuck(modulus, owned, s.stuck_after_s, s.limit) if owned else []
         self._faults.hit(Point.STUCK_SELECTED, [run_id for run_id, _seq in stuck])
         failed = [run_id for run_id, seq in stuck if self._db.force_fail_stuck(run_id, seq)]
-        overdue = self._db.overdue(modulus, owned, s.grace_s, s.limit)
+        overdue = self._db.overdue(modulus, owned, s.grace_s, s.limit) if owned else []
         claimed = self._db.claim_outbox(s.relay_after_s, s.limit) if relay else []
         return SweepResult(overdue=overdue, force_failed=failed, relay=claimed)
 

@@ -76,7 +76,7 @@ class Worker:
         self.settings = settings
         self.registry = registry
         self.names = TopicNames(settings.topic_prefix)
-        client_id = f"ductor-worker-{uuid.uuid4().hex[:8]}"
+        client_id = self.instance_id = f"ductor-worker-{uuid.uuid4().hex[:8]}"
         self._producer = Producer(producer_config(settings, client_id))
         self._partitions = topic_partitions(self._producer, self.names.wakeup_topics())
         self._consumer = Consumer(
@@ -108,6 +108,7 @@ class Worker:
         # The first connection is not retried: a worker that never reached its database is
         # misconfigured (and exits), one that lost it is in an outage (and waits).
         self._conn = connect_durable(self.settings.pg_dsn)
+        log.info("worker started", extra={"instance": self.instance_id})
         try:
             while not self._stop.is_set():
                 messages = self._consumer.consume(200, 0.1)

@@ -119,7 +119,7 @@ def run_tier(conn: psycopg.Connection[Any], run_id: str) -> str | None:
     return None if row is None else str(row[0])
 
 
-def _like_prefix(prefix: str) -> str:
+def like_prefix(prefix: str) -> str:
     """A LIKE pattern matching the strings that start with ``prefix`` (its % and _ literal)."""
     escaped = prefix.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
     return escaped + "%"
@@ -136,7 +136,7 @@ def statuses(conn: psycopg.Connection[Any], run_ids: Sequence[str]) -> dict[str,
 def statuses_with_prefix(conn: psycopg.Connection[Any], prefix: str) -> dict[str, str]:
     """The status of every run whose id starts with ``prefix``, by run id."""
     rows = conn.execute(
-        "SELECT run_id, status FROM eec_workflow_run WHERE run_id LIKE %s", (_like_prefix(prefix),)
+        "SELECT run_id, status FROM eec_workflow_run WHERE run_id LIKE %s", (like_prefix(prefix),)
     ).fetchall()
     return {r[0]: r[1] for r in rows}
 
@@ -145,7 +145,7 @@ def count_ticked_with_prefix(conn: psycopg.Connection[Any], prefix: str) -> int:
     """How many runs whose id starts with ``prefix`` were ticked at least once."""
     row = conn.execute(
         "SELECT count(*) FROM eec_workflow_run WHERE run_id LIKE %s AND last_transition_seq >= 1",
-        (_like_prefix(prefix),),
+        (like_prefix(prefix),),
     ).fetchone()
     return int(row[0]) if row else 0
 
@@ -169,10 +169,43 @@ def count_ended(conn: psycopg.Connection[Any], run_ids: Sequence[str]) -> int:
     return int(row[0]) if row else 0
 
 
+def outcomes_with_prefix(
+    conn: psycopg.Connection[Any], prefix: str
+) -> dict[tuple[str, str | None], int]:
+    """How many runs whose id starts with ``prefix`` are in each (status, failure reason)."""
+    rows = conn.execute(
+        "SELECT status, failure_reason, count(*) FROM eec_workflow_run WHERE run_id LIKE %s"
+        " GROUP BY 1, 2",
+        (like_prefix(prefix),),
+    ).fetchall()
+    return {(r[0], r[1]): int(r[2]) for r in rows}
+
+
+def live_runs_with_prefix(
+    conn: psycopg.Connection[Any], prefix: str, limit: int
+) -> list[tuple[str, str, Any, datetime | None]]:
+    """Up to ``limit`` runs whose id starts with ``prefix`` that have not ended: run id,
+    status, node states and next wakeup time (to show why they did not end)."""
+    rows = conn.execute(
+        "SELECT run_id, status, node_states, next_wakeup_at FROM eec_workflow_run"
+        " WHERE run_id LIKE %s AND status IN ('pending', 'running') ORDER BY run_id LIMIT %s",
+        (like_prefix(prefix), limit),
+    ).fetchall()
+    return [(r[0], r[1], r[2], r[3]) for r in rows]
+
+
+def count_outbox_with_prefix(conn: psycopg.Connection[Any], prefix: str) -> int:
+    """Outbox rows (effects not yet acknowledged) of the runs whose id starts with ``prefix``."""
+    row = conn.execute(
+        "SELECT count(*) FROM eec_outbox WHERE run_id LIKE %s", (like_prefix(prefix),)
+    ).fetchone()
+    return int(row[0]) if row else 0
+
+
 def delete_runs_with_prefix(conn: psycopg.Connection[Any], prefix: str) -> int:
     """Delete the runs whose id starts with ``prefix`` (their results and signals go with
     them); returns how many were deleted."""
-    cur = conn.execute("DELETE FROM eec_workflow_run WHERE run_id LIKE %s", (_like_prefix(prefix),))
+    cur = conn.execute("DELETE FROM eec_workflow_run WHERE run_id LIKE %s", (like_prefix(prefix),))
     return cur.rowcount
 
 

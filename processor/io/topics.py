@@ -56,3 +56,11 @@ def create_topics(settings: Settings, timeout_s: float = 30.0) -> dict[str, str]
     # (a processor, a test) finds them all.
     topic_partitions(admin, list(wanted), timeout_s)
     return dict(sorted(report.items()))
+
+
+def delete_topics(settings: Settings, timeout_s: float = 30.0) -> None:
+    """Delete every topic of the settings' prefix (a test's or a chaos run's own topics)."""
+    admin = AdminClient(dict(settings.kafka_common()))
+    futures = admin.delete_topics(list(desired_topics(settings)), operation_timeout=timeout_s)
+    for future in futures.values():
+        future.result(timeout=timeout_s)

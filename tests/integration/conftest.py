@@ -40,33 +40,14 @@ from processor.io.logs import read_stats
 from processor.io.migrate import migrate
 from processor.io.runs_admin import insert_runs, register_workflow
 from processor.io.telemetry import Telemetry
-from processor.io.topics import create_topics, desired_topics
+from processor.io.topics import create_topics, delete_topics
+from processor.tools import audit as audit_trail
 
 from .restarts import LocalInfra, local_infra_for
 
 pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parents[2]
 SAMPLE = REPO / "schemas" / "workflows" / "sample.json"
-
-# An audit trail of every committed write to a run row, to prove that no transition is
-# applied twice. Installed only for the tests that ask for it (see the `audit` fixture).
-_AUDIT_SQL = """
-CREATE TABLE IF NOT EXISTS test_run_audit (
-    id bigserial PRIMARY KEY, run_id text, old_version bigint, new_version bigint,
-    old_seq bigint, new_seq bigint, old_nodes jsonb, new_nodes jsonb, new_status text);
-CREATE OR REPLACE FUNCTION test_run_audit_fn() RETURNS trigger AS $$
-BEGIN
-  INSERT INTO test_run_audit (run_id, old_version, new_version, old_seq, new_seq,
-                              old_nodes, new_nodes, new_status)
-  VALUES (OLD.run_id, OLD.db_record_version, NEW.db_record_version, OLD.last_transition_seq,
-          NEW.last_transition_seq, OLD.node_states, NEW.node_states, NEW.status);
-  RETURN NEW;
-END $$ LANGUAGE plpgsql;
-DROP TRIGGER IF EXISTS test_run_audit_trg ON eec_workflow_run;
-CREATE TRIGGER test_run_audit_trg AFTER UPDATE ON eec_workflow_run
-    FOR EACH ROW EXECUTE FUNCTION test_run_audit_fn();
-TRUNCATE test_run_audit;
-"""
 
 
 def wait_for(
@@ -121,22 +102,21 @@ def settings(base_settings: Settings, pg: psycopg.Connection[Any]) -> Iterator[S
     create_topics(settings)
     register_workflow(pg, parse_workflow(orjson.loads(SAMPLE.read_bytes())))
     yield settings
-    admin = AdminClient(settings.kafka_common())
-    for future in admin.delete_topics(
-        list(desired_topics(settings)), operation_timeout=30
-    ).values():
-        future.result(timeout=30)
+    delete_topics(settings)
 
 
 @pytest.fixture
 def audit(
     pg: psycopg.Connection[Any], base_settings: Settings
 ) -> Iterator[psycopg.Connection[Any]]:
-    pg.execute(_AUDIT_SQL)
+    """An audit trail of every committed write to a run row (processor/tools/audit.py), to
+    prove that no transition is applied twice; emptied before the test."""
+    audit_trail.install(pg)
+    audit_trail.clear(pg)
     yield pg
     # A connection of its own: the test may have restarted the database under ``pg``.
     with psycopg.connect(base_settings.pg_dsn, autocommit=True) as conn:
-        conn.execute("DROP TRIGGER IF EXISTS test_run_audit_trg ON eec_workflow_run")
+        audit_trail.uninstall(conn)
 
 
 @pytest.fixture

@@ -27,13 +27,14 @@ from confluent_kafka.admin import (  # type: ignore[attr-defined]
 
 from processor.client import start_runs
 from processor.core.envelope import Wakeup
+from processor.core.model import parse_workflow
 from processor.core.routing import TopicNames
 from processor.io.config import Settings
 from processor.io.dlq import read_dead_letters
 from processor.io.kafka import produce, producer_config
-from processor.io.runs_admin import count_ticked, insert_runs
+from processor.io.runs_admin import count_ticked, insert_runs, register_workflow
 
-from .audit import assert_results_applied, assert_transitions_applied_once
+from .audit import assert_results_applied, assert_transitions_applied_once, timed_out_attempts
 from .conftest import (
     ProcessorThread,
     WorkerThread,
@@ -53,11 +54,9 @@ GOOD = 600  # per partition
 def test_a_rebalance_and_a_kill_mid_flood_lose_no_record_good_or_bad(
     settings: Settings, pg: psycopg.Connection[Any], spawn: Any
 ) -> None:
-    conninfo = psycopg.conninfo.conninfo_to_dict(settings.pg_dsn)
-    proxy = TcpProxy(str(conninfo.get("host", "127.0.0.1")), int(str(conninfo.get("port", 5432))))
-    conninfo.update(host="127.0.0.1", port=str(proxy.port))
+    proxy = TcpProxy.for_dsn(settings.pg_dsn)
     settings = replace(settings, batch_size=50, shutdown_timeout_s=3.0)
-    frozen_db = replace(settings, pg_dsn=psycopg.conninfo.make_conninfo("", **conninfo))
+    frozen_db = replace(settings, pg_dsn=proxy.dsn(settings.pg_dsn))
     topic = TopicNames(settings.topic_prefix).wakeup("t1")
     run_ids: list[str] = []
     bad: set[tuple[int, int]] = set()  # (partition, offset)
@@ -153,10 +152,8 @@ def test_a_commit_whose_answer_is_lost_is_read_back_and_carried_on(
     landed, and produces its step tasks at once: no attempt lost, nothing relayed later,
     nothing applied twice, and the case is counted apart from conflicts."""
     pg = audit
-    conninfo = psycopg.conninfo.conninfo_to_dict(settings.pg_dsn)
-    proxy = TcpProxy(str(conninfo.get("host", "127.0.0.1")), int(str(conninfo.get("port", 5432))))
-    conninfo.update(host="127.0.0.1", port=str(proxy.port))
-    through_proxy = replace(settings, pg_dsn=psycopg.conninfo.make_conninfo("", **conninfo))
+    proxy = TcpProxy.for_dsn(settings.pg_dsn)
+    through_proxy = replace(settings, pg_dsn=proxy.dsn(settings.pg_dsn))
     run_ids = [f"lost-answer-{i}" for i in range(50)]
     proxy.lose_answer_to(b"INSERT INTO eec_outbox")  # the first commit statement
     instance = processor_thread(through_proxy)
@@ -237,14 +234,9 @@ def test_a_backlog_the_database_cannot_drain_pauses_consumption(
     limit, then every source is paused — consumption stops instead of the heap growing —
     and once the database is back, every run is ticked."""
     limit, runs = 300, 4000
-    conninfo = psycopg.conninfo.conninfo_to_dict(settings.pg_dsn)
-    proxy = TcpProxy(str(conninfo.get("host", "127.0.0.1")), int(str(conninfo.get("port", 5432))))
-    conninfo.update(host="127.0.0.1", port=str(proxy.port))
+    proxy = TcpProxy.for_dsn(settings.pg_dsn)
     through_proxy = replace(
-        settings,
-        pg_dsn=psycopg.conninfo.make_conninfo("", **conninfo),
-        tier_buffer_limit=limit,
-        batch_size=100,
+        settings, pg_dsn=proxy.dsn(settings.pg_dsn), tier_buffer_limit=limit, batch_size=100
     )
     run_ids = [f"backlog-{i}" for i in range(runs)]
     insert_runs(pg, sample_workflow(), [(r, {}) for r in run_ids], "t1")
@@ -274,3 +266,41 @@ def test_a_backlog_the_database_cannot_drain_pauses_consumption(
         proxy.restore()
     wait_for(lambda: count_ticked(pg, run_ids) == runs, 120, "every run to be ticked", 0.2)
     proxy.close()
+
+
+def test_an_instance_that_owns_no_partition_yet_relays_a_dead_instances_effects(
+    settings: Settings, audit: psycopg.Connection[Any], spawn: Any
+) -> None:
+    """Found by the chaos run: every instance is killed within a few seconds, so the group's
+    partitions stay with dead members until their session expires (10 s on the local broker)
+    and the live instances own none meanwhile. The relay must not wait for partitions: a
+    dead instance's step tasks go out within the relay delay, not after the session timeout,
+    so a step whose timeout is shorter than that session does not time out for it."""
+    pg = audit
+    settings = replace(settings, relay_after_s=2.0)
+    wf = parse_workflow(
+        {
+            "name": "relay-short",
+            "version": 1,
+            "steps": [
+                {"name": "only", "type": "fast", "timeout_ms": 5000, "retry": {"max_attempts": 1}}
+            ],
+        }
+    )
+    register_workflow(pg, wf)
+    run_ids = [f"orphan-{i}" for i in range(20)]
+    doomed = spawn(["process"], replace(settings, test_faults="after_commit=kill@1"), "doomed")
+    wait_for(lambda: doomed.owned_partitions() > 0, 60, "the doomed instance to own partitions")
+    start_runs(settings, "relay-short", run_ids)
+    wait_for(lambda: doomed.proc.poll() is not None, 60, "the fault to kill the instance")
+    heir = spawn(["process"], settings, "heir")  # joins while the dead member holds everything
+    worker = WorkerThread(settings)
+    try:
+        wait_for(lambda: count_terminal(pg, run_ids) == len(run_ids), 90, "every run to end")
+        assert heir.terminate() == 0
+    finally:
+        worker.stop()
+    assert set(run_statuses(pg, run_ids).values()) == {"succeeded"}, "a step timed out"
+    assert not timed_out_attempts(pg)
+    assert_transitions_applied_once(pg)
+    assert heir.final_stats()["relayed"] > 0

@@ -12,7 +12,6 @@ import urllib.request
 from dataclasses import replace
 from typing import Any
 
-import psycopg
 import pytest
 
 from processor.core.stats import Stats
@@ -71,13 +70,9 @@ def test_ready_when_partitions_are_assigned_and_closed_after_shutdown(
 def test_not_ready_through_a_database_outage_but_alive(
     settings: Settings, processor_thread: Any
 ) -> None:
-    conninfo = psycopg.conninfo.conninfo_to_dict(settings.pg_dsn)
-    proxy = TcpProxy(str(conninfo.get("host", "127.0.0.1")), int(str(conninfo.get("port", 5432))))
-    conninfo.update(host="127.0.0.1", port=str(proxy.port))
+    proxy = TcpProxy.for_dsn(settings.pg_dsn)
     port = _free_port()
-    through_proxy = replace(
-        settings, pg_dsn=psycopg.conninfo.make_conninfo("", **conninfo), health_port=port
-    )
+    through_proxy = replace(settings, pg_dsn=proxy.dsn(settings.pg_dsn), health_port=port)
     processor_thread(through_proxy)
     try:
         wait_for(lambda: _status(port, "/readyz") == 200, 60, "/readyz to answer 200")

@@ -68,11 +68,8 @@ def test_sigterm_with_the_database_hung_still_exits_within_the_bound(
     abandoned (its records are redelivered), the process exits 0 in time, and a second
     instance finishes every run with nothing applied twice."""
     pg = audit
-    conninfo = psycopg.conninfo.conninfo_to_dict(settings.pg_dsn)
-    host, port = str(conninfo.get("host", "127.0.0.1")), int(str(conninfo.get("port", 5432)))
-    proxy = TcpProxy(host, port)
-    conninfo.update(host="127.0.0.1", port=str(proxy.port))
-    dsn = psycopg.conninfo.make_conninfo("", **conninfo)
+    proxy = TcpProxy.for_dsn(settings.pg_dsn)
+    dsn = proxy.dsn(settings.pg_dsn)
     settings = replace(settings, shutdown_timeout_s=BOUND_S)
     run_ids = [f"hung-{i}" for i in range(RUNS)]
     worker = WorkerThread(settings)  # the worker's own database path is not frozen

@@ -111,10 +111,8 @@ def test_a_conflict_is_an_event_with_unset_status_and_a_requeue_stays_in_one_tra
 def test_a_database_outage_makes_error_spans_and_counts_errors(
     settings: Settings, pg: psycopg.Connection[Any], processor_thread: Any
 ) -> None:
-    conninfo = psycopg.conninfo.conninfo_to_dict(settings.pg_dsn)
-    proxy = TcpProxy(str(conninfo.get("host", "127.0.0.1")), int(str(conninfo.get("port", 5432))))
-    conninfo.update(host="127.0.0.1", port=str(proxy.port))
-    through_proxy = replace(settings, pg_dsn=psycopg.conninfo.make_conninfo("", **conninfo))
+    proxy = TcpProxy.for_dsn(settings.pg_dsn)
+    through_proxy = replace(settings, pg_dsn=proxy.dsn(settings.pg_dsn))
     exporter, reader = InMemorySpanExporter(), InMemoryMetricReader()
     run_id = f"outage-{uuid.uuid4().hex[:6]}"
     _start_one(settings, pg, run_id)

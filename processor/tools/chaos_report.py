@@ -1,0 +1,275 @@
+"""The chaos run's checks and figures: what the audit trail, the runs and the processes' logs
+say after the run, and the report printed at the end (processor/tools/chaos.py)."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from processor.core.model import WorkflowDef
+from processor.io.runs_admin import (
+    count_outbox_with_prefix,
+    live_runs_with_prefix,
+    outcomes_with_prefix,
+)
+from processor.io.store import connect_durable
+from processor.tools import audit
+from processor.tools.audit import TimedOut
+from processor.tools.chaos_fleet import (
+    KILL_AFTER_COMMIT,
+    KILL_PROCESSOR,
+    KILL_WORKER,
+    PROCESSOR,
+    WORKER,
+    Fleet,
+)
+
+BROKER, POSTGRES, FREEZE = "broker restart", "postgres restart", "postgres freeze"
+_KILL_KINDS = (KILL_PROCESSOR, KILL_WORKER, KILL_AFTER_COMMIT)
+# Faults that can make a step attempt time out for real: its task cannot be run, or its
+# result cannot be recorded, before the deadline. While Postgres is frozen nothing records a
+# result; while the broker is down no task is consumed; a SIGKILLed worker's step partitions
+# stay with the dead member for the group's session timeout (10 s on the local broker, the
+# sample steps' timeout) before another worker takes them, so a worker kill counts from the
+# kill to the end of that session. A processor's crash or a Postgres restart must never cost
+# an attempt: the outbox relays a dead instance's effects within seconds.
+_REAL_CAUSES = (FREEZE, BROKER, KILL_WORKER)
+
+
+@dataclass(frozen=True)
+class Window:
+    """A fault as it happened: a kill (start == end) or an outage, in wall-clock seconds."""
+
+    kind: str  # BROKER, POSTGRES, FREEZE or one of the kill kinds of chaos_fleet
+    what: str  # the process killed ("" for an outage)
+    start: float
+    end: float
+
+
+@dataclass
+class Totals:
+    """The processors' stats summed over every start of every processor."""
+
+    committed: int = 0
+    conflicts: int = 0
+    relayed: int = 0
+    errors: Counter[str] = field(default_factory=Counter)
+    unknown_commits: Counter[str] = field(default_factory=Counter)
+    dead_letters: Counter[str] = field(default_factory=Counter)
+    force_fails: Counter[str] = field(default_factory=Counter)
+
+    @staticmethod
+    def of(stats: Sequence[dict[str, Any]]) -> Totals:
+        t = Totals()
+        for s in stats:
+            t.committed += s["ticks"].get("committed", 0)
+            t.conflicts += s["conflicts"]
+            t.relayed += s["relayed"]
+            t.errors.update(s["errors"])
+            t.unknown_commits.update(s["unknown_commits"])
+            t.dead_letters.update(s["dead_letters"])
+            t.force_fails.update(s["force_fails"])
+        return t
+
+
+@dataclass
+class ChaosReport:
+    runs: int
+    copies: int
+    seed: int
+    processors: int
+    workers: int
+    elapsed_s: float
+    outcomes: dict[tuple[str, str | None], int]
+    kills: Counter[str]
+    restarts: int
+    windows: list[Window]
+    finished_after_s: float | None  # from the end of the last fault to every run ended
+    totals: Totals
+    writes: int | None  # audit rows checked (None: the check failed)
+    timeouts: list[TimedOut]
+    # Timed-out attempts by the first fault in flight that can delay a step for real (see
+    # _REAL_CAUSES; "no such fault" is a problem).
+    timeout_causes: Counter[str]
+    problems: list[str]
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    def lines(self) -> list[str]:
+        outages = {k: [w for w in self.windows if w.kind == k] for k in (BROKER, POSTGRES, FREEZE)}
+        t = self.totals
+        kills = ", ".join(f"{self.kills[k]} {k}" for k in _KILL_KINDS)
+        finished = (
+            f"{self.finished_after_s:.1f} s after the last fault"
+            if self.finished_after_s is not None
+            else "NOT ALL (see problems)"
+        )
+        outcomes = ", ".join(
+            f"{n} {status}" + (f" ({reason})" if reason else "")
+            for (status, reason), n in sorted(self.outcomes.items(), key=lambda kv: -kv[1])
+        )
+        rows = [
+            (
+                "runs",
+                f"{self.runs} of the sample workflow, each start wakeup delivered"
+                f" {self.copies} times onto random partitions",
+            ),
+            (
+                "processes",
+                f"{self.processors} processors, {self.workers} workers;"
+                f" {self.restarts} restarts after kills",
+            ),
+            ("kills", f"{sum(self.kills.values())}: {kills}"),
+            ("broker", _outage(outages[BROKER], "SIGKILL and restart on its data")),
+            ("postgres", _outage(outages[POSTGRES], "immediate restart")),
+            ("freeze", _outage(outages[FREEZE], "frozen behind the proxy")),
+            ("duration", f"{self.elapsed_s:.0f} s; every run ended {finished}"),
+            ("outcomes", outcomes or "none"),
+            (
+                "audit",
+                f"{self.writes} committed writes checked"
+                if self.writes is not None
+                else "FAILED (see problems)",
+            ),
+            (
+                "timeouts",
+                f"{len(self.timeouts)} attempts timed out"
+                + (
+                    f" ({sum(1 for x in self.timeouts if x.result_at is None)} never ran),"
+                    f" in flight during: {_counts(self.timeout_causes)}"
+                    if self.timeouts
+                    else ""
+                ),
+            ),
+            ("relayed", f"{t.relayed} records sent again from the outbox"),
+            ("ticks", f"{t.committed} committed, {t.conflicts} conflicts"),
+            ("errors", _counts(t.errors)),
+            ("unknown commits", _counts(t.unknown_commits)),
+            ("dead letters", _counts(t.dead_letters)),
+            ("force-fails", _counts(t.force_fails)),
+        ]
+        out = [f"Ductor chaos run (real Kafka and Postgres on this machine, seed {self.seed})"]
+        out += [f"  {label:16} {value}" for label, value in rows]
+        out.append(
+            "  (stats of killed processors stop at their last periodic line: up to a second"
+            " is missing)"
+        )
+        if self.problems:
+            out.append(f"FAILED: {len(self.problems)} problem(s)")
+            out += [f"  - {p}" for p in self.problems]
+        else:
+            out.append("PASSED: every check held")
+        return out
+
+
+def _outage(windows: list[Window], what: str) -> str:
+    if not windows:
+        return "none"
+    downs = ", ".join(f"{w.end - w.start:.1f} s" for w in windows)
+    return f"{len(windows)} x {what} (unavailable {downs})"
+
+
+def _counts(counter: Counter[str]) -> str:
+    return ", ".join(f"{k} {n}" for k, n in counter.most_common()) or "none"
+
+
+def _in_flight(timed_out: TimedOut, timeout_ms: int, window: Window) -> bool:
+    """Whether the attempt was out (dispatched, deadline not passed) during the window."""
+    deadline = timed_out.deadline_ms / 1000
+    return deadline - timeout_ms / 1000 <= window.end and deadline >= window.start
+
+
+def check(
+    dsn: str,
+    *,
+    copies: int,
+    seed: int,
+    prefix: str,
+    run_ids: Sequence[str],
+    wf: WorkflowDef,
+    fleet: Fleet,
+    windows: list[Window],
+    session_timeout_s: float,
+    stop_codes: dict[str, int | None],
+    elapsed_s: float,
+    ended_at: float | None,
+    problems: list[str],
+) -> ChaosReport:
+    """Every check of the run, with its figures; failed checks are added to ``problems``."""
+    writes: int | None = None
+    with connect_durable(dsn) as conn:
+        outcomes = outcomes_with_prefix(conn, prefix)
+        live = live_runs_with_prefix(conn, prefix, 5)
+        try:
+            writes = audit.assert_transitions_applied_once(conn, prefix)
+            audit.assert_results_applied(conn, run_ids)
+        except audit.AuditFailure as exc:
+            problems.append(f"audit: {exc}")
+        timeouts = audit.timed_out_attempts(conn, prefix)
+        outbox = count_outbox_with_prefix(conn, prefix)
+
+    wrong = {k: n for k, n in outcomes.items() if k != ("succeeded", None)}
+    if wrong or sum(outcomes.values()) != len(run_ids):
+        problems.append(f"runs not succeeded: {wrong}, of {sum(outcomes.values())} found")
+    problems += [
+        f"  live: {run_id} {status} next wakeup {nxt} nodes {nodes}"
+        for run_id, status, nodes, nxt in live
+    ]
+    timeout_ms = {s.name: s.timeout_ms for s in wf.steps}
+    stalls = [
+        replace(w, end=w.start + session_timeout_s) if w.kind == KILL_WORKER else w for w in windows
+    ]
+    causes: Counter[str] = Counter()
+    for t in timeouts:
+        during = {w.kind for w in stalls if _in_flight(t, timeout_ms[t.node], w)}
+        real = [c for c in _REAL_CAUSES if c in during]
+        causes[real[0] if real else "no such fault"] += 1
+        where = (
+            f"{t.run_id}/{t.node} #{t.attempt}, deadline {t.deadline_ms / 1000:.3f},"
+            f" timed out at {t.at.timestamp():.3f}, in flight during {sorted(during) or 'no fault'}"
+        )
+        if t.result_at is None:  # its task never reached a worker: a lost dispatch
+            problems.append(f"attempt timed out and never ran: {where}")
+        elif not real:
+            problems.append(
+                f"attempt timed out with no outage to explain it: {where},"
+                f" result recorded at {t.result_at.timestamp():.3f}"
+            )
+    if outbox:
+        problems.append(f"{outbox} outbox rows left after every process stopped")
+    for exit_ in fleet.exits:
+        problems.append(f"{exit_.name} exited by itself with {exit_.code}:\n{exit_.log_tail}")
+    for name, code in stop_codes.items():
+        if code != 0:
+            problems.append(f"{name} did not stop cleanly on SIGTERM: exit {code}")
+    totals = Totals.of(fleet.processor_stats())
+    if totals.dead_letters:
+        problems.append(f"records dead-lettered: {dict(totals.dead_letters)}")
+    last_fault = max((w.end for w in windows), default=None)
+    finished_after = (
+        ended_at - last_fault if ended_at is not None and last_fault is not None else None
+    )
+    if ended_at is None:
+        problems.append("not every run ended within the bound after the last fault")
+    return ChaosReport(
+        runs=len(run_ids),
+        copies=copies,
+        seed=seed,
+        processors=sum(1 for m in fleet.members if m.kind == PROCESSOR),
+        workers=sum(1 for m in fleet.members if m.kind == WORKER),
+        elapsed_s=elapsed_s,
+        outcomes=outcomes,
+        kills=fleet.kills,
+        restarts=fleet.restarts,
+        windows=windows,
+        finished_after_s=finished_after,
+        totals=totals,
+        writes=writes,
+        timeouts=timeouts,
+        timeout_causes=causes,
+        problems=problems,
+    )

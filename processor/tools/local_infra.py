@@ -1,0 +1,98 @@
+"""Restart or crash the local Kafka and Postgres on their data, for outage tests and the chaos
+run.
+
+Built on infra/local.py: the same code as `infra/local.py restart|kill` (so it is importable
+only from the repository, where `make` and the tests run). The services must be the ones
+infra/local.py runs for the environment (DUCTOR_INFRA_DIR, DUCTOR_LOCAL_*_PORT) and the ones
+the settings point at; otherwise ``local_services`` refuses, so nothing ever restarts a broker
+or a database it was not given.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+import psycopg
+
+from infra.local import Kafka, Postgres, State, StopMode
+from infra.local import Settings as InfraSettings
+from processor.io.config import Settings
+
+
+class NotLocalServices(Exception):
+    """The settings' services are not the ones infra/local.py runs here (the message says
+    why): they must not be restarted."""
+
+
+class LocalInfra:
+    """The local Kafka and Postgres, as infra/local.py runs them. Each method returns how
+    long the service was unavailable (from the stop to answering again), in seconds."""
+
+    def __init__(self, kafka: Kafka, postgres: Postgres) -> None:
+        self.kafka = kafka
+        self.postgres = postgres
+
+    def restart_kafka(self, keep_data: bool = True, mode: StopMode = StopMode.FAST) -> float:
+        """Stop the broker by ``mode`` and start it again: on its log dir (topics, records
+        and offsets kept), or with ``keep_data=False`` as a new empty cluster (`up`)."""
+        started = time.monotonic()
+        if keep_data:
+            self.kafka.restart(mode)
+        else:
+            self.kafka.down(mode)
+            self.kafka.up()
+        return time.monotonic() - started
+
+    def kill_kafka(self) -> None:
+        """SIGKILL the broker and leave it down; ``start_kafka`` brings it back on its data."""
+        self.kafka.down(StopMode.KILL)
+
+    def start_kafka(self) -> float:
+        started = time.monotonic()
+        self.kafka.restart()  # nothing to stop: starts it on its log dir
+        return time.monotonic() - started
+
+    def restart_postgres(self, mode: StopMode = StopMode.IMMEDIATE) -> float:
+        """`pg_ctl restart -m <mode>`; after immediate or kill the server recovers from WAL."""
+        started = time.monotonic()
+        self.postgres.restart(mode)
+        return time.monotonic() - started
+
+    def kill_postgres(self) -> None:
+        self.postgres.down(StopMode.KILL)
+
+    def start_postgres(self) -> float:
+        started = time.monotonic()
+        self.postgres.up()
+        return time.monotonic() - started
+
+    def ensure_running(self) -> None:
+        """Bring back whatever was left down, on its data."""
+        if self.kafka.status().state is not State.RUNNING:
+            self.kafka.restart()
+        if self.postgres.status().state is not State.RUNNING:
+            self.postgres.restart()
+
+
+def local_services(settings: Settings) -> LocalInfra:
+    """The services infra/local.py runs, if they are the ones ``settings`` use and they run;
+    NotLocalServices otherwise."""
+    if os.environ.get("DUCTOR_INFRA", "local") != "local":
+        raise NotLocalServices(
+            "restarting services needs the local infra (DUCTOR_INFRA is not local)"
+        )
+    infra = InfraSettings.from_env()
+    kafka, postgres = Kafka(infra), Postgres(infra)
+    dsn = psycopg.conninfo.conninfo_to_dict(settings.pg_dsn)
+    if settings.bootstrap_servers != kafka.endpoint or str(dsn.get("port")) != str(infra.pg_port):
+        raise NotLocalServices(
+            f"the services ({settings.bootstrap_servers}, {settings.pg_dsn_redacted}) "
+            "are not the ones infra/local.py runs here; not restarting them"
+        )
+    for svc in (kafka, postgres):
+        if svc.status().state is not State.RUNNING:
+            raise NotLocalServices(
+                f"{svc.name} is not running under infra/local.py ({infra.infra_dir})"
+            )
+    return LocalInfra(kafka, postgres)
