@@ -82,6 +82,11 @@ class ChaosPlan:
     processors: int = 3
     workers: int = 2
     copies: int = 3  # deliveries of each start wakeup
+    # Every step's deadline, well above the group's session timeout (10 s locally: a killed
+    # worker's tasks wait that long for another worker) and the freeze, as the README
+    # advises for production; the sample's own 10 s would let worker kills exhaust a step's
+    # attempts, a configuration limit rather than the coordinator's.
+    step_timeout_s: float = 60.0
     finish_timeout_s: float = 300.0  # after the last fault, for every run to end
     seed: int = 0
 
@@ -298,6 +303,15 @@ def group_session_timeout_s(settings: Settings) -> float:
     return int(configs["group.consumer.session.timeout.ms"].value) / 1000
 
 
+def chaos_workflow(step_timeout_s: float) -> WorkflowDef:
+    """The sample workflow under a name of its own, with every step's timeout set."""
+    raw = orjson.loads(SAMPLE.read_bytes())
+    raw["name"] = "chaos-sample"
+    for step in raw["steps"]:
+        step["timeout_ms"] = int(step_timeout_s * 1000)
+    return parse_workflow(raw)
+
+
 def run_chaos(
     settings: Settings,
     plan: ChaosPlan,
@@ -307,7 +321,7 @@ def run_chaos(
 ) -> ChaosReport:
     """One chaos run with the settings' topics (created beforehand) and database; the runs'
     ids start with the topic prefix. Returns the report; its ``problems`` say what failed."""
-    wf = parse_workflow(orjson.loads(SAMPLE.read_bytes()))
+    wf = chaos_workflow(plan.step_timeout_s)
     with connect_durable(settings.pg_dsn) as conn:
         register_workflow(conn, wf)
         audit.install(conn)
@@ -349,6 +363,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--freeze", type=float, default=d.freeze_s, help="seconds (0: none)")
     p.add_argument("--processors", type=int, default=d.processors)
     p.add_argument("--workers", type=int, default=d.workers)
+    p.add_argument(
+        "--step-timeout", type=float, default=d.step_timeout_s, help="every step's deadline, s"
+    )
     p.add_argument("--seed", type=int, help="random seed (default: drawn and printed)")
     p.add_argument("--keep", action="store_true", help="keep the runs and topics afterwards")
     return p.parse_args(argv)
@@ -374,6 +391,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         freeze_s=args.freeze,
         processors=args.processors,
         workers=args.workers,
+        step_timeout_s=args.step_timeout,
         seed=args.seed if args.seed is not None else random.randrange(1_000_000),
     )
     tag = uuid.uuid4().hex[:6]

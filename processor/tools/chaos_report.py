@@ -77,6 +77,7 @@ class Totals:
 @dataclass
 class ChaosReport:
     runs: int
+    step_timeout_s: float
     copies: int
     seed: int
     processors: int
@@ -115,8 +116,9 @@ class ChaosReport:
         rows = [
             (
                 "runs",
-                f"{self.runs} of the sample workflow, each start wakeup delivered"
-                f" {self.copies} times onto random partitions",
+                f"{self.runs} of the sample workflow (steps time out after"
+                f" {self.step_timeout_s:.0f} s), each start wakeup delivered {self.copies} times"
+                " onto random partitions",
             ),
             (
                 "processes",
@@ -257,6 +259,7 @@ def check(
         problems.append("not every run ended within the bound after the last fault")
     return ChaosReport(
         runs=len(run_ids),
+        step_timeout_s=max(s.timeout_ms for s in wf.steps) / 1000,
         copies=copies,
         seed=seed,
         processors=sum(1 for m in fleet.members if m.kind == PROCESSOR),
