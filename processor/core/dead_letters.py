@@ -16,9 +16,10 @@ REASON, DETAIL, SOURCE_TOPIC, SOURCE_PARTITION, SOURCE_OFFSET = (
 def dead_letter_headers(
     original: Headers, reason: str, detail: str, topic: str, partition: int, offset: int
 ) -> Headers:
-    """The headers of a dead letter: the record's own, then why and where it came from."""
+    """The headers of a dead letter: the record's own (but any named like ours: a record must
+    not bring its own verdict), then why and where it came from."""
     return [
-        *original,
+        *(h for h in original if not h[0].startswith(DLQ_HEADER_PREFIX)),
         (REASON, reason.encode()),
         (DETAIL, detail.encode()[:1000]),
         (SOURCE_TOPIC, topic.encode()),

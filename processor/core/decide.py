@@ -257,11 +257,12 @@ def reject(record: Inbound, reason: DeadLetterReason, detail: str, names: TopicN
     return _dead_letter("", (record,), reason, detail, names)
 
 
-def hop(record: Inbound, now_ms: int, names: TopicNames) -> Plan:
-    """A timer that came due on a rung before its target: send it on for the rest."""
+def hop(record: Inbound, target_ms: int, now_ms: int, names: TopicNames) -> Plan:
+    """A wakeup that must wait until ``target_ms`` (a timer that came due on a rung before
+    its target, a wakeup-tier record with a due time ahead): sent on along the delay ladder."""
     wakeup = record.wakeup
-    assert wakeup is not None and wakeup.target_at is not None
-    send = _timer(wakeup.run_id, wakeup.target_at, now_ms, wakeup.reason, names)
+    assert wakeup is not None
+    send = _timer(wakeup.run_id, target_ms, now_ms, wakeup.reason, names)
     return Plan(wakeup.run_id, Outcome.HOPPED, sends=(send,))
 
 

@@ -16,6 +16,12 @@ from processor.core.outcomes import DeadLetterReason
 
 ENVELOPE_VERSION = 1
 MAX_RUN_ID_LENGTH = 200
+# Every number is bounded where it is decoded, so that nothing downstream (a bigint column, an
+# encoder, the delay ladder) meets a value it cannot hold.
+MAX_REQUEUE_COUNT = 1_000_000
+MAX_ATTEMPT = 2**31 - 1
+MAX_SEQ = 2**63 - 1
+MAX_EPOCH_MS = 253_402_300_799_999  # the end of the year 9999
 REASONS = frozenset({"start", "step_result", "signal", "timer", "requeue", "sweep", "replay"})
 
 
@@ -93,6 +99,9 @@ def decode_wakeup(value: bytes | None, max_bytes: int) -> Wakeup | Rejected:
     problem = _schema_problem(raw)
     if problem is not None:
         return Rejected(DeadLetterReason.WRONG_SCHEMA, problem)
+    problem = _bounds_problem(raw)
+    if problem is not None:
+        return Rejected(DeadLetterReason.OUT_OF_BOUNDS, problem)
     return Wakeup(
         run_id=raw["run_id"],
         reason=raw["reason"],
@@ -126,4 +135,25 @@ def _schema_problem(raw: dict[str, Any]) -> str | None:
         value = raw.get(name)
         if value is not None and not (_is_int(value) and value >= 0):
             return f"{name} must be a non-negative integer or absent"
+    return None
+
+
+_BOUNDS = {
+    "requeue_count": MAX_REQUEUE_COUNT,
+    "attempt": MAX_ATTEMPT,
+    "observed_seq": MAX_SEQ,
+    "due_at": MAX_EPOCH_MS,
+    "target_at": MAX_EPOCH_MS,
+    "produced_at": MAX_EPOCH_MS,
+}
+
+
+def _bounds_problem(raw: dict[str, Any]) -> str | None:
+    """Well-typed values the processor could not store or honour (checked after the schema)."""
+    if "\x00" in raw["run_id"]:
+        return "run_id contains a NUL character, which Postgres cannot store"
+    for name, bound in _BOUNDS.items():
+        value = raw.get(name)
+        if value is not None and value > bound:
+            return f"{name} {value} is beyond its bound {bound}"
     return None

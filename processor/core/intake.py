@@ -5,8 +5,15 @@ Every record that reaches the processor gets exactly one of these verdicts:
 - ``Accepted``: a decoded wakeup that is due: it joins its tier's queue, then its run's work.
 - ``NotDue``: a delay-topic record whose due time has not come: its partition pauses at it and
   reads it again when due (the record is not taken: nothing is tracked for it).
-- ``Hop``: a timer that came due on a rung before its real target: sent on for the rest.
+- ``Hop``: a wakeup that must wait longer than where it is: a timer due on a rung before its
+  real target, or a wakeup-tier record with a due time ahead (a tier is never paused for one
+  record: it goes to the delay ladder instead).
 - ``Reject``: a record that cannot be processed: dead-lettered with its reason.
+
+Due times have a horizon: a delay record is never due later than its rung, a wakeup-tier
+record never later than the longest rung, a timer's target never later than the longest retry
+wait a workflow may declare — each plus a tolerance for clocks that disagree. A time past its
+horizon is out of bounds (it would hold a partition, or hop from rung to rung, for nothing).
 
 Every verdict but ``NotDue`` takes the record: from then on its offset is held back until the
 record is done (see offsets.py), whether it waits in a queue, a run's work or a dead letter.
@@ -17,9 +24,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from processor.core.envelope import Rejected, decode_wakeup
+from processor.core.model import MAX_BACKOFF_MS
 from processor.core.outcomes import DeadLetterReason
 from processor.core.records import Inbound, KafkaMessage, normalise_headers
-from processor.core.routing import TopicNames
+from processor.core.routing import DELAY_RUNGS_MS, TopicNames
+
+CLOCK_TOLERANCE_MS = 60_000  # producers' clocks may be this far ahead of ours
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,6 +46,7 @@ class NotDue:
 @dataclass(frozen=True, slots=True)
 class Hop:
     record: Inbound
+    target_ms: int  # when the wakeup is really due
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,7 +60,8 @@ Verdict = Accepted | NotDue | Hop | Reject
 
 
 def admit(message: KafkaMessage, names: TopicNames, max_bytes: int, now_ms: int) -> Verdict:
-    """The verdict on a record the consumer returned without an error."""
+    """The verdict on a record the consumer returned without an error. Never raises on what
+    the record holds: a poison record must never stop the consumer."""
     topic, partition, offset = message.topic(), message.partition(), message.offset()
     assert topic is not None and partition is not None and offset is not None
     record = Inbound(
@@ -57,19 +69,30 @@ def admit(message: KafkaMessage, names: TopicNames, max_bytes: int, now_ms: int)
         offset=offset,
         key=message.key(),
         value=message.value(),
-        headers=normalise_headers(message),
+        headers=[],
         tier=names.tier_of(topic),
     )
     try:
+        record.headers = normalise_headers(message)
         decoded = decode_wakeup(record.value, max_bytes)
-    except Exception as exc:  # a poison record must never stop the consumer
+    except Exception as exc:
         detail = f"undecodable record: {type(exc).__name__}: {exc}"
         return Reject(record, DeadLetterReason.WRONG_SCHEMA, detail)
     if isinstance(decoded, Rejected):
         return Reject(record, decoded.reason, decoded.detail)
     record.wakeup = decoded
     if decoded.due_at is not None and decoded.due_at > now_ms:
-        return NotDue(record, decoded.due_at - now_ms)
+        on_delay = record.tier == "delay"
+        horizon = names.rung_of(topic) if on_delay else DELAY_RUNGS_MS[-1]
+        if decoded.due_at > now_ms + horizon + CLOCK_TOLERANCE_MS:
+            detail = f"due_at is {decoded.due_at - now_ms} ms ahead, past its horizon {horizon} ms"
+            return Reject(record, DeadLetterReason.OUT_OF_BOUNDS, detail)
+        if on_delay:
+            return NotDue(record, decoded.due_at - now_ms)
+        return Hop(record, decoded.due_at)
     if decoded.target_at is not None and decoded.target_at > now_ms:
-        return Hop(record)
+        if decoded.target_at > now_ms + MAX_BACKOFF_MS + CLOCK_TOLERANCE_MS:
+            detail = f"target_at is {decoded.target_at - now_ms} ms ahead, past {MAX_BACKOFF_MS} ms"
+            return Reject(record, DeadLetterReason.OUT_OF_BOUNDS, detail)
+        return Hop(record, decoded.target_at)
     return Accepted(record)

@@ -52,6 +52,11 @@ _NODE_STATUSES = {s.value: s for s in NodeStatus}
 # Workflow definitions
 
 
+# The longest wait between two attempts a workflow may declare: a retry timer's target is
+# never further ahead than this (intake.py rejects a wakeup that says otherwise).
+MAX_BACKOFF_MS = 7 * 24 * 3600 * 1000
+
+
 @dataclass(frozen=True)
 class RetryPolicy:
     max_attempts: int = 3
@@ -139,6 +144,8 @@ def parse_retry(raw: Any, where: str) -> RetryPolicy:
         raise ValidationError(f"{where}.max_attempts: must be between 1 and 100")
     if policy.backoff_ms < 0 or policy.max_backoff_ms < 0:
         raise ValidationError(f"{where}: backoff values must be >= 0")
+    if max(policy.backoff_ms, policy.max_backoff_ms) > MAX_BACKOFF_MS:
+        raise ValidationError(f"{where}: backoff values must be at most {MAX_BACKOFF_MS} ms")
     if not 1.0 <= policy.backoff_multiplier <= 10.0:
         raise ValidationError(f"{where}.backoff_multiplier: must be between 1 and 10")
     return policy

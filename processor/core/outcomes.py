@@ -32,6 +32,7 @@ class DeadLetterReason(StrEnum):
     UNKNOWN_RUN = "unknown_run"
     UNKNOWN_WORKFLOW = "unknown_workflow"
     CHECKSUM_MISMATCH = "checksum_mismatch"
+    OUT_OF_BOUNDS = "out_of_bounds"  # a value the processor could not store or honour
 
 
 DLQ_REASONS = tuple(r.value for r in DeadLetterReason)

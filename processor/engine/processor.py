@@ -268,7 +268,8 @@ class Processor:
             return
         self.stats.records += 1
         if isinstance(verdict, Hop):
-            self.executor.carry_out_now(record, hop(record, now_ms, self.names), traced=False)
+            plan = hop(record, verdict.target_ms, now_ms, self.names)
+            self.executor.carry_out_now(record, plan, traced=False)
             return
         assert isinstance(verdict, Accepted)
         self.queues.push(record.tier, record)

@@ -76,14 +76,70 @@ def test_a_hop_travels_on_toward_its_target() -> None:
         1, Wakeup("r", "timer", due_at=NOW_MS, target_at=target), NAMES.delay(10000)
     )
     verdict = admit(message, NAMES, MAX_BYTES, NOW_MS)
-    assert isinstance(verdict, Hop)
-    plan = hop(verdict.record, NOW_MS, NAMES)
+    assert isinstance(verdict, Hop) and verdict.target_ms == target
+    plan = hop(verdict.record, verdict.target_ms, NOW_MS, NAMES)
     assert plan.outcome is Outcome.HOPPED and plan.settles
     (send,) = plan.sends
     onward = decode_wakeup(send.value, MAX_BYTES)
     assert isinstance(onward, Wakeup)
     assert send.topic == NAMES.delay(DELAY_RUNGS_MS[-1]) and send.by_run == "r"
     assert onward.due_at == NOW_MS + DELAY_RUNGS_MS[-1] and onward.target_at == target
+
+
+def test_a_wakeup_tier_record_due_later_goes_to_the_ladder_instead_of_pausing_its_tier() -> None:
+    message = wakeup_message(1, Wakeup("r", "start", due_at=NOW_MS + 5_000))
+    verdict = admit(message, NAMES, MAX_BYTES, NOW_MS)
+    assert isinstance(verdict, Hop) and verdict.target_ms == NOW_MS + 5_000
+    (send,) = hop(verdict.record, verdict.target_ms, NOW_MS, NAMES).sends
+    assert send.topic == NAMES.delay(3200)  # the largest rung that fits the wait
+
+
+@pytest.mark.parametrize(
+    ("topic", "wakeup", "bound"),
+    [
+        # A wakeup tier: never due later than the longest rung (plus the clock tolerance).
+        (NAMES.wakeup("t1"), Wakeup("r", "start", due_at=NOW_MS + 3_600_000), "due_at"),
+        # A delay record: never due later than its own rung.
+        (NAMES.delay(100), Wakeup("r", "timer", due_at=NOW_MS + 600_000), "due_at"),
+        # A timer's target: never further than the longest retry wait a workflow may declare.
+        (NAMES.delay(100), Wakeup("r", "timer", target_at=NOW_MS + 10**12), "target_at"),
+    ],
+)
+def test_a_due_time_past_its_horizon_is_out_of_bounds(
+    topic: str, wakeup: Wakeup, bound: str
+) -> None:
+    verdict = admit(wakeup_message(1, wakeup, topic=topic), NAMES, MAX_BYTES, NOW_MS)
+    assert isinstance(verdict, Reject) and verdict.reason is DeadLetterReason.OUT_OF_BOUNDS
+    assert verdict.detail.startswith(bound)
+
+
+_ENVELOPE = '{"envelope_version":1,"reason":"requeue",'
+
+
+@pytest.mark.parametrize(
+    ("body", "names_the"),
+    [
+        (_ENVELOPE + '"run_id":"a\\u0000b"}', "NUL"),
+        (_ENVELOPE + '"run_id":"r","attempt":18446744073709551615}', "attempt"),
+        (_ENVELOPE + '"run_id":"r","produced_at":99999999999999999}', "produced_at"),
+    ],
+)
+def test_values_nothing_downstream_could_hold_are_out_of_bounds(body: str, names_the: str) -> None:
+    message = FakeMessage(NAMES.wakeup("t1"), 1, body.encode())
+    verdict = admit(message, NAMES, MAX_BYTES, NOW_MS)
+    assert isinstance(verdict, Reject) and verdict.reason is DeadLetterReason.OUT_OF_BOUNDS
+    assert names_the in verdict.detail
+
+
+def test_a_record_cannot_bring_its_own_dead_letter_verdict() -> None:
+    forged = FakeMessage(
+        NAMES.wakeup("t1"), 3, b"junk", headers_=[(REASON, b"unknown_run"), ("trace", b"x")]
+    )
+    verdict = admit(forged, NAMES, MAX_BYTES, NOW_MS)
+    assert isinstance(verdict, Reject)
+    (send,) = reject(verdict.record, verdict.reason, verdict.detail, NAMES).sends
+    reasons = [v for k, v in send.headers if k == REASON]
+    assert reasons == [b"not_json"] and ("trace", b"x") in send.headers
 
 
 # -- dead letters ---------------------------------------------------------------------------
@@ -112,6 +168,9 @@ DEAD_LETTERS: dict[DeadLetterReason, Callable[[], Plan]] = {
     DeadLetterReason.WRONG_SCHEMA: _rejected_at_intake(b'{"envelope_version": 1, "run_id": 3}'),
     DeadLetterReason.UNKNOWN_ENVELOPE_VERSION: _rejected_at_intake(b'{"envelope_version": 9}'),
     DeadLetterReason.OVERSIZE: _rejected_at_intake(b" " * (MAX_BYTES + 1)),
+    DeadLetterReason.OUT_OF_BOUNDS: _rejected_at_intake(
+        b'{"envelope_version": 1, "run_id": "r", "reason": "start", "attempt": 4294967296}'
+    ),
     DeadLetterReason.UNKNOWN_RUN: _refused_after_load(None),
     DeadLetterReason.UNKNOWN_WORKFLOW: _refused_after_load(UnknownWorkflow("not registered")),
     DeadLetterReason.CHECKSUM_MISMATCH: _refused_after_load(loaded("r", tampered=True)),

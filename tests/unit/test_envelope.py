@@ -9,7 +9,17 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from processor.core.envelope import ENVELOPE_VERSION, REASONS, Rejected, Wakeup, decode_wakeup
+from processor.core.envelope import (
+    ENVELOPE_VERSION,
+    MAX_ATTEMPT,
+    MAX_EPOCH_MS,
+    MAX_REQUEUE_COUNT,
+    MAX_SEQ,
+    REASONS,
+    Rejected,
+    Wakeup,
+    decode_wakeup,
+)
 
 from .strategies import FAST
 
@@ -57,14 +67,18 @@ def test_minimal_envelope_gets_defaults_and_encodes_only_set_fields() -> None:
 @given(
     st.builds(
         Wakeup,
-        run_id=st.text(min_size=1, max_size=200),
+        run_id=st.text(
+            st.characters(codec="utf-8", exclude_characters="\x00"),
+            min_size=1,
+            max_size=200,
+        ),
         reason=st.sampled_from(sorted(REASONS)),
-        requeue_count=st.integers(0, 2**31),
-        attempt=st.integers(0, 2**62),
-        due_at=st.one_of(st.none(), st.integers(0, 2**62)),
-        target_at=st.one_of(st.none(), st.integers(0, 2**62)),
-        observed_seq=st.one_of(st.none(), st.integers(0, 2**62)),
-        produced_at=st.one_of(st.none(), st.integers(0, 2**62)),
+        requeue_count=st.integers(0, MAX_REQUEUE_COUNT),
+        attempt=st.integers(0, MAX_ATTEMPT),
+        due_at=st.one_of(st.none(), st.integers(0, MAX_EPOCH_MS)),
+        target_at=st.one_of(st.none(), st.integers(0, MAX_EPOCH_MS)),
+        observed_seq=st.one_of(st.none(), st.integers(0, MAX_SEQ)),
+        produced_at=st.one_of(st.none(), st.integers(0, MAX_EPOCH_MS)),
     )
 )
 def test_round_trip(wakeup: Wakeup) -> None:

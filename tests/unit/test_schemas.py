@@ -176,13 +176,17 @@ def test_generated_definitions_and_their_canonical_json_validate(raw: dict[str, 
 # ---------------------------------------------------------------------------------------------
 # The wakeup envelope
 
-optional_ms = st.one_of(st.none(), st.integers(0, 2**53))
+optional_ms = st.one_of(st.none(), st.integers(0, 253_402_300_799_999))  # to the year 9999
 wakeups = st.builds(
     Wakeup,
-    run_id=st.text(min_size=1, max_size=200),
+    run_id=st.text(
+        st.characters(codec="utf-8", exclude_characters="\x00"),
+        min_size=1,
+        max_size=200,
+    ),
     reason=st.sampled_from(sorted(REASONS)),
     requeue_count=st.integers(0, 10_000),
-    attempt=st.integers(0, 2**40),
+    attempt=st.integers(0, 2**31 - 1),
     due_at=optional_ms,
     target_at=optional_ms,
     observed_seq=optional_ms,
