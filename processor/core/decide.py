@@ -243,6 +243,12 @@ def force_fail_refused(plan: Plan) -> Plan:
     )
 
 
+def poisoned(item: BatchItem, detail: str, names: TopicNames) -> Plan:
+    """The run made a statement fail on what it holds (isolated from its batch): its records
+    are dead-lettered, so that it never holds the runs batched with it again."""
+    return _dead_letter(item.run_id, item.records, DeadLetterReason.POISON, detail, names)
+
+
 def database_failed(item: BatchItem, retry_in_ms: int) -> Plan:
     """Nothing was decided for the run (a genuine error): try it again after ``retry_in_ms``
     (the shell's backoff through a database outage; 0 when the database answers again)."""
@@ -353,6 +359,7 @@ __all__ = [
     "decide",
     "force_fail_refused",
     "hop",
+    "poisoned",
     "reject",
     "tick_batch",
 ]

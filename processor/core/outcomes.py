@@ -33,6 +33,7 @@ class DeadLetterReason(StrEnum):
     UNKNOWN_WORKFLOW = "unknown_workflow"
     CHECKSUM_MISMATCH = "checksum_mismatch"
     OUT_OF_BOUNDS = "out_of_bounds"  # a value the processor could not store or honour
+    POISON = "poison"  # the run made a batched statement fail (its error text says how)
 
 
 DLQ_REASONS = tuple(r.value for r in DeadLetterReason)

@@ -22,6 +22,11 @@ from processor.io.telemetry import Telemetry, end_error, end_ok, log_ids
 log = logging.getLogger("ductor.executor")
 
 Work = RunWork[Span]
+
+_ALSO_ERRORS = {
+    DeadLetterReason.CHECKSUM_MISMATCH: "the row was changed out of band",
+    DeadLetterReason.POISON: "a batched statement fails on this run: isolated from its batch",
+}
 Interval = tuple[int, int]  # start and end, epoch ns
 
 
@@ -85,13 +90,15 @@ class Ledger:
             self.force_failed(run_id, ForceFailReason.STUCK, None)
 
     def _dead_lettered(self, work: Work, reason: DeadLetterReason, detail: str) -> None:
-        if reason is DeadLetterReason.CHECKSUM_MISMATCH:
-            # Changed out of band: a genuine error as well as a dead letter (never overwritten).
-            self._stats.errors["checksum_mismatch"] += 1
+        if reason in _ALSO_ERRORS:
+            # A row changed out of band (never overwritten), a row a statement fails on: a
+            # genuine error as well as a dead letter.
+            self._stats.errors[reason] += 1
             log.error(
-                "run %s: the row was changed out of band",
+                "run %s: %s",
                 work.run_id,
-                extra={"run_id": work.run_id, **log_ids(work.span)},
+                _ALSO_ERRORS[reason],
+                extra={"run_id": work.run_id, "detail": detail, **log_ids(work.span)},
             )
         for record in work.records:
             self._stats.dead_letters[reason] += 1

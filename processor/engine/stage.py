@@ -28,11 +28,16 @@ from processor.core.decide import (
     database_failed,
     decide,
     force_fail_refused,
+    poisoned,
     tick_batch,
 )
 from processor.engine.database import Database
 from processor.engine.faults import NO_FAULTS, Faults, Point
 from processor.io.telemetry import now_ns
+
+# Errors a statement meets on what a row holds (text Postgres cannot store, a constraint):
+# another run of the same batch would not meet them. Anything else is the database's.
+_CAUSED_BY_A_ROW = (psycopg.DataError, psycopg.IntegrityError)
 
 
 @dataclass
@@ -82,33 +87,59 @@ class DatabaseStage:
     def run(self, items: list[BatchItem], acknowledged: list[tuple[str, int]]) -> StageResult:
         """Steps 1 to 3 for ``items``, deleting the ``acknowledged`` outbox rows on the way.
         Touches nothing but its Database and its result; with no run to tick, it only
-        deletes the rows."""
+        deletes the rows. A database that fails the batch (unreachable, a timeout) decides
+        nothing: ``error`` says why, and the executor retries the batch."""
         result = StageResult(started_ns=now_ns(), acknowledged=acknowledged)
-        started = time.perf_counter()
-        run_ids = [item.run_id for item in items]
         try:
             if not items:
                 self._db.delete_outbox(acknowledged)
-                return result
-            # 1. Load.
-            loaded = self._db.load(run_ids)
-            now_ms = self._wall_ms()
-            # 2. Tick.
-            commits = tick_batch(loaded, now_ms, self._rules.names)
-            result.tick_ended_ns, result.tick_ms = now_ns(), (time.perf_counter() - started) * 1000
-            # 3. Commit.
-            commit_started = time.perf_counter()
-            try:
-                committed = self._db.commit(list(commits.values()), acknowledged)
-            except psycopg.OperationalError as exc:
-                committed = self._resolve_unknown_commit(list(commits.values()), exc, result)
-            self._faults.hit(Point.AFTER_COMMIT, committed)
-            result.commit_ended_ns = now_ns()
-            result.commit_ms = (time.perf_counter() - commit_started) * 1000
-            result.commit_attempts = len(commits)
+            else:
+                self._isolating_poison(items, acknowledged, result)
         except psycopg.Error as exc:
             result.error = exc
-            return result
+            result.plans.clear()
+        return result
+
+    def _isolating_poison(
+        self, items: list[BatchItem], acknowledged: list[tuple[str, int]], result: StageResult
+    ) -> None:
+        """Steps 1 to 3; a statement that fails on what one run holds (not on the connection)
+        is tried again on each half of the batch, down to the run that makes it fail, which is
+        dead-lettered as poison: one bad run never holds the others."""
+        try:
+            self._steps(items, acknowledged, result)
+        except _CAUSED_BY_A_ROW as exc:
+            text = str(exc).strip()
+            detail = f"{type(exc).__name__}: {text.splitlines()[0] if text else ''}"
+            if len(items) == 1:
+                self._db.delete_outbox(acknowledged)  # the failed statement did not
+                result.plans.append(poisoned(items[0], detail, self._rules.names))
+                return
+            half = len(items) // 2
+            self._isolating_poison(items[:half], acknowledged, result)
+            self._isolating_poison(items[half:], [], result)
+
+    def _steps(
+        self, items: list[BatchItem], acknowledged: list[tuple[str, int]], result: StageResult
+    ) -> None:
+        started = time.perf_counter()
+        run_ids = [item.run_id for item in items]
+        # 1. Load.
+        loaded = self._db.load(run_ids)
+        now_ms = self._wall_ms()
+        # 2. Tick.
+        commits = tick_batch(loaded, now_ms, self._rules.names)
+        result.tick_ended_ns, result.tick_ms = now_ns(), (time.perf_counter() - started) * 1000
+        # 3. Commit.
+        commit_started = time.perf_counter()
+        try:
+            committed = self._db.commit(list(commits.values()), acknowledged)
+        except psycopg.OperationalError as exc:
+            committed = self._resolve_unknown_commit(list(commits.values()), exc, result)
+        self._faults.hit(Point.AFTER_COMMIT, committed)
+        result.commit_ended_ns = now_ns()
+        result.commit_ms = (time.perf_counter() - commit_started) * 1000
+        result.commit_attempts += len(commits)
         for item in items:
             run_id = item.run_id
             if run_id in result.not_landed:  # lost with its connection: try again at once
@@ -119,7 +150,6 @@ class DatabaseStage:
             if plan.force_fail is not None:
                 plan = self._write_force_fail(plan, item, result)
             result.plans.append(plan)
-        return result
 
     def _resolve_unknown_commit(
         self, commits: list[Commit], exc: psycopg.OperationalError, result: StageResult

@@ -26,6 +26,7 @@ from processor.core.model import (
     StepResult,
     UnknownWorkflow,
     UnreadableRun,
+    ValidationError,
     WorkflowDef,
     parse_workflow,
     state_checksum,
@@ -169,7 +170,12 @@ class Definitions:
         ).fetchone()
         if row is None:
             raise UnknownWorkflow(f"workflow {key[0]!r} version {key[1]} is not registered")
-        wf = parse_workflow(row[0])
+        try:
+            wf = parse_workflow(row[0])
+        except ValidationError as exc:  # written by hand: its runs cannot be ticked
+            raise UnknownWorkflow(
+                f"workflow {key[0]!r} version {key[1]} cannot be read: {exc}"
+            ) from None
         self._cache[key] = wf
         return wf
 

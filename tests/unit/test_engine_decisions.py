@@ -20,6 +20,7 @@ from processor.core.decide import (
     decide,
     force_fail_refused,
     hop,
+    poisoned,
     reject,
     tick_batch,
 )
@@ -168,6 +169,11 @@ DEAD_LETTERS: dict[DeadLetterReason, Callable[[], Plan]] = {
     DeadLetterReason.WRONG_SCHEMA: _rejected_at_intake(b'{"envelope_version": 1, "run_id": 3}'),
     DeadLetterReason.UNKNOWN_ENVELOPE_VERSION: _rejected_at_intake(b'{"envelope_version": 9}'),
     DeadLetterReason.OVERSIZE: _rejected_at_intake(b" " * (MAX_BYTES + 1)),
+    DeadLetterReason.POISON: lambda: poisoned(
+        item("r", [accepted(wakeup_message(7, Wakeup("r", "start"), partition=2))]),
+        "DataError: a statement failed on this run",
+        NAMES,
+    ),
     DeadLetterReason.OUT_OF_BOUNDS: _rejected_at_intake(
         b'{"envelope_version": 1, "run_id": "r", "reason": "start", "attempt": 4294967296}'
     ),

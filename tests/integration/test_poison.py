@@ -1,0 +1,101 @@
+"""One bad row never stops the line, against the real database: a run whose commit fails on
+what it holds is isolated from its batch and dead-lettered as poison while the runs batched
+with it go on; runs of a workflow whose definition row cannot be read are dead-lettered."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import replace
+from typing import Any
+
+import psycopg
+import pytest
+
+from processor.client import start_runs
+from processor.core.envelope import Wakeup
+from processor.core.routing import TopicNames
+from processor.io.config import Settings
+from processor.io.dlq import read_dead_letters
+from processor.io.runs_admin import insert_runs
+
+from .conftest import (
+    ProcessorThread,
+    count_terminal,
+    produce_wakeups,
+    run_statuses,
+    sample_workflow,
+    wait_for,
+)
+
+pytestmark = pytest.mark.integration
+
+# A row that makes any batched UPDATE containing it fail with a data error (SQLSTATE 22000),
+# the way text Postgres cannot store or a constraint would: test-only, dropped afterwards.
+_POISON_TRIGGER = """
+CREATE OR REPLACE FUNCTION test_poison_fn() RETURNS trigger AS $$
+BEGIN
+  IF NEW.run_id LIKE 'poison-%' THEN
+    RAISE EXCEPTION 'this row cannot be written' USING ERRCODE = '22000';
+  END IF;
+  RETURN NEW;
+END $$ LANGUAGE plpgsql;
+CREATE TRIGGER test_poison_trg BEFORE UPDATE ON eec_workflow_run
+    FOR EACH ROW EXECUTE FUNCTION test_poison_fn();
+"""
+
+
+@pytest.fixture
+def poison_trigger(pg: psycopg.Connection[Any]) -> Iterator[None]:
+    pg.execute(_POISON_TRIGGER)
+    yield
+    pg.execute("DROP TRIGGER IF EXISTS test_poison_trg ON eec_workflow_run")
+
+
+def test_a_run_that_fails_its_batch_is_isolated_and_dead_lettered_as_poison(
+    settings: Settings, pg: psycopg.Connection[Any], processor_thread: Any, poison_trigger: None
+) -> None:
+    good = [f"good-{i}" for i in range(60)]
+    run_ids = [*good[:30], "poison-1", *good[30:]]
+    insert_runs(pg, sample_workflow(), [(r, {}) for r in run_ids], "t1")
+    # All on one partition, produced before the processor starts: they arrive in one fetch and
+    # go into one batch, the poison run in the middle of the good ones.
+    topic = TopicNames(settings.topic_prefix).wakeup("t1")
+    produce_wakeups(settings, [(topic, Wakeup(r, "start"), 0) for r in run_ids])
+    # (and a linger long enough for the first batch to take them all)
+    instance: ProcessorThread = processor_thread(replace(settings, batch_linger_ms=1000))
+    # Their first tick dispatches `fetch`: every good run moves to running in the same batches.
+    wait_for(
+        lambda: set(run_statuses(pg, good).values()) == {"running"}, 60, "the good runs to move"
+    )
+    wait_for(lambda: instance.stats.dead_letters["poison"] == 1, 30, "the poison dead letter")
+    (letter,) = [d for d in read_dead_letters(settings) if d.reason == "poison"]
+    assert letter.key == b"poison-1:0"
+    assert "this row cannot be written" in letter.detail
+    assert run_statuses(pg, ["poison-1"]) == {"poison-1": "pending"}  # never written
+    # Isolated at once: the batch never failed as a whole, no run was retried for it.
+    assert dict(instance.stats.errors) == {"poison": 1} and not instance.stats.ticks["error"]
+    assert instance.stats.conflicts == 0
+    assert instance.stats.ticks["committed"] == len(good)  # each good run once, none held
+
+
+def test_runs_of_an_unreadable_workflow_definition_are_dead_lettered(
+    settings: Settings, pg: psycopg.Connection[Any], processor_thread: Any
+) -> None:
+    """A definition row written by hand that does not parse: its runs are dead-lettered as
+    unknown_workflow, and the processor goes on with every other run."""
+    start_runs(settings, "sample", ["broken-1", "fine-1"])
+    pg.execute(
+        "INSERT INTO eec_workflow_definition (name, version, definition) VALUES (%s, 1, %s)",
+        ("broken", '{"name": "broken"}'),
+    )
+    pg.execute("UPDATE eec_workflow_run SET workflow_name = 'broken' WHERE run_id = 'broken-1'")
+    instance: ProcessorThread = processor_thread(settings)
+    wait_for(
+        lambda: run_statuses(pg, ["fine-1"]) == {"fine-1": "running"}, 60, "the fine run to move"
+    )
+    wait_for(lambda: instance.stats.dead_letters["unknown_workflow"] == 1, 30, "the dead letter")
+    (letter,) = [d for d in read_dead_letters(settings) if d.reason == "unknown_workflow"]
+    assert "cannot be read" in letter.detail and letter.key == b"broken-1:0"
+    assert count_terminal(pg, ["broken-1", "fine-1"]) == 0
+    pg.execute("DELETE FROM eec_workflow_run WHERE workflow_name = 'broken'")
+    pg.execute("DELETE FROM eec_workflow_definition WHERE name = 'broken'")
