@@ -31,7 +31,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
-from processor.core.dead_letters import dead_letter_headers
+from processor.core.dead_letters import dead_letter_headers, truncate_dead_letter
 from processor.core.envelope import Wakeup
 from processor.core.model import Loaded, LoadedRun, RunState, UnknownWorkflow, UnreadableRun
 from processor.core.outcomes import DeadLetterReason, ForceFailReason, Outcome
@@ -127,6 +127,9 @@ class Rules:
 
     names: TopicNames
     livelock_requeues: int
+    # The largest dead letter the producer and the dead-letter topic both take (key, value and
+    # headers); a larger record is dead-lettered truncated, with its size in a header.
+    dlq_max_bytes: int = 1_000_000
 
 
 # -- step 2: tick ---------------------------------------------------------------------------
@@ -161,10 +164,10 @@ def decide(
     answered (``committed``: the row matched its expected version)."""
     if loaded is None:
         reason, detail = DeadLetterReason.UNKNOWN_RUN, f"run {item.run_id!r} does not exist"
-        return _dead_letter(item.run_id, item.records, reason, detail, rules.names)
+        return _dead_letter(item.run_id, item.records, reason, detail, rules)
     if isinstance(loaded, UnknownWorkflow):
         reason = DeadLetterReason.UNKNOWN_WORKFLOW
-        return _dead_letter(item.run_id, item.records, reason, str(loaded), rules.names)
+        return _dead_letter(item.run_id, item.records, reason, str(loaded), rules)
     if isinstance(loaded, UnreadableRun) or not loaded.checksum_ok:
         detail = (
             str(loaded)
@@ -172,7 +175,7 @@ def decide(
             else "state_checksum does not match the row: changed out of band"
         )
         reason = DeadLetterReason.CHECKSUM_MISMATCH
-        return _dead_letter(item.run_id, item.records, reason, detail, rules.names)
+        return _dead_letter(item.run_id, item.records, reason, detail, rules)
     version = loaded.version
     if commit is None:
         return Plan(item.run_id, Outcome.NOOP, Outcome.NOOP, expected_version=version)
@@ -243,10 +246,10 @@ def force_fail_refused(plan: Plan) -> Plan:
     )
 
 
-def poisoned(item: BatchItem, detail: str, names: TopicNames) -> Plan:
+def poisoned(item: BatchItem, detail: str, rules: Rules) -> Plan:
     """The run made a statement fail on what it holds (isolated from its batch): its records
     are dead-lettered, so that it never holds the runs batched with it again."""
-    return _dead_letter(item.run_id, item.records, DeadLetterReason.POISON, detail, names)
+    return _dead_letter(item.run_id, item.records, DeadLetterReason.POISON, detail, rules)
 
 
 def database_failed(item: BatchItem, retry_in_ms: int) -> Plan:
@@ -258,9 +261,9 @@ def database_failed(item: BatchItem, retry_in_ms: int) -> Plan:
 # -- records that never reach a tick --------------------------------------------------------
 
 
-def reject(record: Inbound, reason: DeadLetterReason, detail: str, names: TopicNames) -> Plan:
+def reject(record: Inbound, reason: DeadLetterReason, detail: str, rules: Rules) -> Plan:
     """A record refused at intake goes to the dead-letter topic."""
-    return _dead_letter("", (record,), reason, detail, names)
+    return _dead_letter("", (record,), reason, detail, rules)
 
 
 def hop(record: Inbound, target_ms: int, now_ms: int, names: TopicNames) -> Plan:
@@ -329,23 +332,20 @@ def _dead_letter(
     records: tuple[Inbound, ...],
     reason: DeadLetterReason,
     detail: str,
-    names: TopicNames,
+    rules: Rules,
 ) -> Plan:
     """Every record to the dead-letter topic with its original key, value (a tombstone stays a
-    tombstone) and headers, plus the reason and where it came from."""
-    sends = tuple(
-        Send(
-            names.dlq,
-            key=r.key,
-            value=r.value,
-            headers=tuple(
-                dead_letter_headers(r.headers, reason, detail, r.tp[0], r.tp[1], r.offset)
-            ),
-            attributes=(("ductor.reason", reason.value),),
+    tombstone) and headers, plus the reason and where it came from; one too large for the
+    dead-letter topic goes truncated (``truncate_dead_letter``)."""
+    sends = []
+    for r in records:
+        headers = dead_letter_headers(r.headers, reason, detail, r.tp[0], r.tp[1], r.offset)
+        value, headers = truncate_dead_letter(r.key, r.value, headers, rules.dlq_max_bytes)
+        attributes: Attributes = (("ductor.reason", reason.value),)
+        sends.append(
+            Send(rules.names.dlq, r.key, value, headers=tuple(headers), attributes=attributes)
         )
-        for r in records
-    )
-    return Plan(run_id, Outcome.DEAD_LETTERED, sends=sends, reason=reason, detail=detail)
+    return Plan(run_id, Outcome.DEAD_LETTERED, sends=tuple(sends), reason=reason, detail=detail)
 
 
 __all__ = [

@@ -18,7 +18,7 @@ import logging
 import time
 from collections.abc import Callable
 
-from confluent_kafka import KafkaError
+from confluent_kafka import KafkaError, KafkaException
 
 from processor.core.backoff import retry_delay_s
 from processor.core.records import Headers
@@ -78,7 +78,10 @@ class Delivery:
             heapq.heappush(self._due, (now + delay, next(self._order), send))
 
         def send() -> None:
-            self._outbox.send(topic, value, key, delivered, partition, headers)
+            try:
+                self._outbox.send(topic, value, key, delivered, partition, headers)
+            except KafkaException as exc:  # refused by the client itself (too large, say)
+                delivered(exc.args[0])
 
         send()
 

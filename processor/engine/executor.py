@@ -119,6 +119,11 @@ class Executor:
         self._acknowledged_since = 0.0
         self._delivery = Delivery(outbox, stats, monotonic)
 
+    def use_rules(self, rules: Rules) -> None:
+        """Rules learnt once the broker answered (the dead-letter topic's size limit)."""
+        self._rules = rules
+        self._stage_runner.use_rules(rules)
+
     # -- intake ------------------------------------------------------------------------------
 
     def add(self, record: Inbound) -> None:

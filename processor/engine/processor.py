@@ -17,6 +17,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Set
+from dataclasses import replace
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 
@@ -36,8 +37,15 @@ from processor.engine.lag import LagMeter
 from processor.engine.outage import Outage
 from processor.engine.watchdog import Shards, SweepSettings, Watchdog
 from processor.io.config import Settings
-from processor.io.kafka import Outbox, consumer_config, producer_config, topic_partitions
+from processor.io.kafka import (
+    Outbox,
+    consumer_config,
+    producer_config,
+    producer_max_bytes,
+    topic_partitions,
+)
 from processor.io.telemetry import Telemetry
+from processor.io.topics import topic_max_message_bytes
 
 log = logging.getLogger("ductor.processor")
 
@@ -75,11 +83,12 @@ class Processor:
         self.postgres = Outage("postgres", log)
         if faults.armed:
             log.warning("fault injection armed (tests only): %s", ", ".join(faults.armed))
+        self.rules = Rules(self.names, settings.livelock_requeues, producer_max_bytes(settings))
         self.executor = Executor(
             database=Database(settings.pg_dsn),
             outbox=self.outbox,
             partitions=self.partitions,
-            rules=Rules(self.names, settings.livelock_requeues),
+            rules=self.rules,
             partition_by_run=settings.partition_by_run,
             tracker=self.tracker,
             stats=self.stats,
@@ -127,6 +136,11 @@ class Processor:
         try:
             topics = [*self.names.coordinator_topics(), self.names.steps, self.names.dlq]
             self.partitions.update(topic_partitions(self._producer, topics))
+            # A dead letter must fit the dead-letter topic as well as the producer.
+            dlq_limit = topic_max_message_bytes(self.settings, self.names.dlq)
+            if dlq_limit < self.rules.dlq_max_bytes:
+                self.rules = replace(self.rules, dlq_max_bytes=dlq_limit)
+                self.executor.use_rules(self.rules)
             self._consumer.subscribe(
                 self.names.coordinator_topics(),
                 on_assign=self._on_assign,
@@ -263,7 +277,7 @@ class Processor:
         record = verdict.record
         self.tracker.started(record.tp, record.offset)
         if isinstance(verdict, Reject):
-            plan = reject(record, verdict.reason, verdict.detail, self.names)
+            plan = reject(record, verdict.reason, verdict.detail, self.rules)
             self.executor.carry_out_now(record, plan)
             return
         self.stats.records += 1

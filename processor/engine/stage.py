@@ -80,6 +80,9 @@ class DatabaseStage:
         process from exiting within its shutdown bound)."""
         return _on_daemon_thread(lambda: self.run(items, acknowledged))
 
+    def use_rules(self, rules: Rules) -> None:
+        self._rules = rules  # read by the next batch's thread (one batch at a time)
+
     def close(self) -> None:
         """Forget the connection (after a failure, or at the end); the next batch reopens it."""
         self._db.close()
@@ -113,7 +116,7 @@ class DatabaseStage:
             detail = f"{type(exc).__name__}: {text.splitlines()[0] if text else ''}"
             if len(items) == 1:
                 self._db.delete_outbox(acknowledged)  # the failed statement did not
-                result.plans.append(poisoned(items[0], detail, self._rules.names))
+                result.plans.append(poisoned(items[0], detail, self._rules))
                 return
             half = len(items) // 2
             self._isolating_poison(items[:half], acknowledged, result)

@@ -56,6 +56,11 @@ def choose_partition(run_id: str, partitions: int, by_run: bool) -> int:
     return partition_for(run_id, partitions) if by_run else random.randrange(partitions)
 
 
+def producer_max_bytes(settings: Settings) -> int:
+    """The largest record this project's producers send (``message.max.bytes``)."""
+    return max(1_000_000, settings.max_record_bytes * 2)
+
+
 def producer_config(settings: Settings, client_id: str) -> dict[str, Any]:
     return {
         **settings.kafka_common(),
@@ -63,7 +68,7 @@ def producer_config(settings: Settings, client_id: str) -> dict[str, Any]:
         "enable.idempotence": True,  # acks=all, in order, no duplicates from internal retries
         "linger.ms": 2,
         "compression.type": "lz4",
-        "message.max.bytes": max(1_000_000, settings.max_record_bytes * 2),
+        "message.max.bytes": producer_max_bytes(settings),
     }
 
 

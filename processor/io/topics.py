@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 from confluent_kafka import KafkaError, KafkaException
-from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
+from confluent_kafka.admin import (  # type: ignore[attr-defined]
+    AdminClient,
+    ConfigResource,
+    NewTopic,
+)
 
 from processor.core.routing import TopicNames
 from processor.io.config import Settings
@@ -64,3 +68,12 @@ def delete_topics(settings: Settings, timeout_s: float = 30.0) -> None:
     futures = admin.delete_topics(list(desired_topics(settings)), operation_timeout=timeout_s)
     for future in futures.values():
         future.result(timeout=timeout_s)
+
+
+def topic_max_message_bytes(settings: Settings, topic: str, timeout_s: float = 10.0) -> int:
+    """The largest record ``topic`` takes (its ``max.message.bytes``, the broker's default
+    unless set on the topic)."""
+    admin = AdminClient(dict(settings.kafka_common()))
+    resource = ConfigResource(ConfigResource.Type.TOPIC, topic)
+    configs = admin.describe_configs([resource])[resource].result(timeout=timeout_s)
+    return int(configs["max.message.bytes"].value)

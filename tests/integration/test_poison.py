@@ -10,8 +10,10 @@ from typing import Any
 
 import psycopg
 import pytest
+from confluent_kafka import Producer
 
 from processor.client import start_runs
+from processor.core.dead_letters import TRUNCATED
 from processor.core.envelope import Wakeup
 from processor.core.routing import TopicNames
 from processor.io.config import Settings
@@ -99,3 +101,29 @@ def test_runs_of_an_unreadable_workflow_definition_are_dead_lettered(
     assert count_terminal(pg, ["broken-1", "fine-1"]) == 0
     pg.execute("DELETE FROM eec_workflow_run WHERE workflow_name = 'broken'")
     pg.execute("DELETE FROM eec_workflow_definition WHERE name = 'broken'")
+
+
+def test_a_record_too_large_to_dead_letter_whole_goes_truncated_and_nothing_stops(
+    settings: Settings, pg: psycopg.Connection[Any], processor_thread: Any
+) -> None:
+    """A 1,040,000-byte record (the broker takes it; our producer's limit is 1,000,000) on a
+    wakeup topic beside good runs: its dead letter keeps a prefix and says the original size,
+    the processor does not stop, and the good runs move."""
+    good = [f"beside-big-{i}" for i in range(20)]
+    start_runs(settings, "sample", good)
+    topic = TopicNames(settings.topic_prefix).wakeup("t1")
+    big = b"{" + b" " * 1_039_998 + b"}"
+    producer = Producer({**settings.kafka_common(), "message.max.bytes": 2_000_000})
+    producer.produce(topic, value=big, key=b"big", headers=[("origin", b"test")], partition=1)
+    assert producer.flush(30) == 0
+    instance: ProcessorThread = processor_thread(settings)
+    wait_for(
+        lambda: set(run_statuses(pg, good).values()) == {"running"}, 60, "the good runs to move"
+    )
+    wait_for(lambda: instance.stats.dead_letters["oversize"] == 1, 30, "the oversize dead letter")
+    (letter,) = [d for d in read_dead_letters(settings) if d.reason == "oversize"]
+    assert letter.header(TRUNCATED) == str(len(big))
+    assert letter.value is not None and big.startswith(letter.value)
+    assert 0 < len(letter.value) < 1_000_000 and letter.key == b"big"
+    assert letter.header("origin") == "test" and letter.source_offset is not None
+    assert not instance.stats.errors

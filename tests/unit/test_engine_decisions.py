@@ -12,7 +12,16 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from processor.core.dead_letters import REASON, SOURCE_OFFSET, SOURCE_PARTITION, SOURCE_TOPIC
+from processor.core.dead_letters import (
+    REASON,
+    RECORD_OVERHEAD_BYTES,
+    SOURCE_OFFSET,
+    SOURCE_PARTITION,
+    SOURCE_TOPIC,
+    TRUNCATED,
+    dead_letter_headers,
+    truncate_dead_letter,
+)
 from processor.core.decide import (
     Plan,
     Rules,
@@ -138,7 +147,7 @@ def test_a_record_cannot_bring_its_own_dead_letter_verdict() -> None:
     )
     verdict = admit(forged, NAMES, MAX_BYTES, NOW_MS)
     assert isinstance(verdict, Reject)
-    (send,) = reject(verdict.record, verdict.reason, verdict.detail, NAMES).sends
+    (send,) = reject(verdict.record, verdict.reason, verdict.detail, RULES).sends
     reasons = [v for k, v in send.headers if k == REASON]
     assert reasons == [b"not_json"] and ("trace", b"x") in send.headers
 
@@ -150,7 +159,7 @@ def _rejected_at_intake(value: bytes | None) -> Callable[[], Plan]:
     def plan() -> Plan:
         verdict = admit(FakeMessage(NAMES.wakeup("t1"), 7, value, 2), NAMES, MAX_BYTES, NOW_MS)
         assert isinstance(verdict, Reject)
-        return reject(verdict.record, verdict.reason, verdict.detail, NAMES)
+        return reject(verdict.record, verdict.reason, verdict.detail, RULES)
 
     return plan
 
@@ -172,7 +181,7 @@ DEAD_LETTERS: dict[DeadLetterReason, Callable[[], Plan]] = {
     DeadLetterReason.POISON: lambda: poisoned(
         item("r", [accepted(wakeup_message(7, Wakeup("r", "start"), partition=2))]),
         "DataError: a statement failed on this run",
-        NAMES,
+        RULES,
     ),
     DeadLetterReason.OUT_OF_BOUNDS: _rejected_at_intake(
         b'{"envelope_version": 1, "run_id": "r", "reason": "start", "attempt": 4294967296}'
@@ -410,3 +419,24 @@ def test_the_stored_position_never_passes_an_unfinished_record(
         unfinished.discard(offset)
         check()
     assert position == len(good)  # everything done: nothing is redelivered
+
+
+@FAST
+@given(
+    st.binary(max_size=3000),
+    st.lists(st.tuples(st.text(max_size=8), st.binary(max_size=400)), max_size=5),
+    st.integers(2000, 6000),  # the smallest real limits are a thousand times larger
+)
+def test_a_dead_letter_always_fits_and_says_when_it_was_cut(
+    value: bytes, own: list[tuple[str, bytes]], limit: int
+) -> None:
+    headers = dead_letter_headers(own, "oversize", "too big", NAMES.wakeup("t1"), 0, 5)
+    cut, kept = truncate_dead_letter(b"key", value, headers, limit)
+    size = 3 + (len(cut) if cut is not None else 0) + sum(len(k) + len(v) for k, v in kept)
+    sizes = dict(kept)
+    if cut == value:
+        assert kept == headers and TRUNCATED not in sizes
+    else:
+        assert size + RECORD_OVERHEAD_BYTES <= limit
+        assert cut is not None and value.startswith(cut)
+        assert sizes[TRUNCATED] == str(len(value)).encode() and sizes[REASON] == b"oversize"

@@ -133,7 +133,7 @@ def test_a_rejected_record_is_dead_lettered_and_counted_by_reason(h: Harness) ->
     verdict = admit(FakeMessage(TP[0], 9, b"nope"), NAMES, MAX_BYTES, NOW_MS)
     assert isinstance(verdict, Reject)
     h.tracker.started(verdict.record.tp, verdict.record.offset)
-    plan = reject(verdict.record, verdict.reason, verdict.detail, NAMES)
+    plan = reject(verdict.record, verdict.reason, verdict.detail, RULES)
     h.executor.carry_out_now(verdict.record, plan)
     assert h.stats.dead_letters == {DeadLetterReason.NOT_JSON: 1}
     assert h.stats.ticks == {Outcome.DEAD_LETTERED: 1} and h.outbox.in_flight == 1

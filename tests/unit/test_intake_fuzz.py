@@ -11,7 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from processor.core.dead_letters import REASON
-from processor.core.decide import hop, reject
+from processor.core.decide import Rules, hop, reject
 from processor.core.envelope import (
     FIELDS,
     MAX_ATTEMPT,
@@ -27,6 +27,7 @@ from .fakes import MAX_BYTES, NAMES, NOW_MS, FakeMessage
 from .strategies import FAST
 
 TOPICS = [*NAMES.coordinator_topics()]
+RULES = Rules(NAMES, livelock_requeues=8)
 _numbers = st.one_of(
     st.integers(-(2**70), 2**70),
     st.sampled_from([0, NOW_MS, NOW_MS + 5_000, NOW_MS + 10**9, 2**63, 2**64 - 1]),
@@ -72,7 +73,7 @@ def test_no_record_escapes_a_verdict(
     verdict = admit(message, NAMES, MAX_BYTES, NOW_MS)
     if isinstance(verdict, Reject):
         assert isinstance(verdict.reason, DeadLetterReason) and verdict.detail
-        (send,) = reject(verdict.record, verdict.reason, verdict.detail, NAMES).sends
+        (send,) = reject(verdict.record, verdict.reason, verdict.detail, RULES).sends
         assert [v for k, v in send.headers if k == REASON] == [verdict.reason.value.encode()]
         assert send.value == value  # the original bytes, untouched
         return
