@@ -152,3 +152,18 @@ def test_readyz_names_the_database_problem_without_echoing_its_error(
     text = json.dumps(body)
     for leak in ("refused", "127.0.0.1", "port 1", "ductor", "hunter2"):
         assert leak not in text.replace("test-instance", ""), leak
+
+
+def test_it_listens_on_an_ipv6_address_when_told(server: Callable[..., HealthServer]) -> None:
+    if not socket.has_ipv6:
+        pytest.skip("no IPv6 on this machine")
+    try:
+        health = server(host="::1")
+    except RuntimeError as exc:
+        pytest.skip(f"no IPv6 loopback here: {exc}")
+    conn = http.client.HTTPConnection("::1", health.port, timeout=3)
+    try:
+        conn.request("GET", "/healthz")
+        assert conn.getresponse().status == 200
+    finally:
+        conn.close()
