@@ -10,6 +10,12 @@ system JDK; PostgreSQL runs as a private cluster of the Debian server packages, 
 instead of) any cluster the machine already has. Both listen on 127.0.0.1 only. Missing JDK,
 Maven or PostgreSQL packages are installed with apt-get when running as root.
 
+The broker has two client listeners: PLAINTEXT (what everything uses by default) and
+SASL_PLAINTEXT with SCRAM-SHA-512, for testing authenticated clients. The SCRAM credentials
+(user `ductor`, password `ductor-scram-secret`: a development secret, like the Postgres
+password) are written into the cluster metadata when `up` formats the log dir
+(`kafka-storage format --add-scram`), so they exist before the broker first answers.
+
 `up` starts Kafka on a freshly formatted log dir every time (a new, empty cluster); Postgres
 keeps its data directory. `restart` stops a service and starts it again on its data, keeping
 Kafka's topics, records and committed offsets too: `--mode fast` (default) shuts it down
@@ -24,6 +30,7 @@ Environment:
     DUCTOR_INFRA_DIR                    state directory (default: <repo>/.infra)
     DUCTOR_LOCAL_KAFKA_PORT             broker port (default 19092)
     DUCTOR_LOCAL_KAFKA_CONTROLLER_PORT  KRaft controller port (default 19093)
+    DUCTOR_LOCAL_KAFKA_SASL_PORT        SASL_PLAINTEXT (SCRAM-SHA-512) listener port (default 19094)
     DUCTOR_LOCAL_PG_PORT                PostgreSQL port (default 55432)
     DUCTOR_INFRA=docker                 use infra/compose.yaml instead (needs a Docker engine)
 
@@ -68,6 +75,10 @@ KAFKA_READY_SECONDS = 90.0
 KAFKA_STOP_GRACE_SECONDS = 20.0
 PG_READY_SECONDS = 60.0
 PG_USER = PG_PASSWORD = PG_DATABASE = "ductor"
+# The SASL listener's one SCRAM user (development credentials, like the Postgres ones).
+KAFKA_SASL_MECHANISM = "SCRAM-SHA-512"
+KAFKA_SASL_USER = "ductor"
+KAFKA_SASL_PASSWORD = "ductor-scram-secret"
 SERVICES = ("kafka", "postgres")
 EXIT_NOT_RUNNING = 3
 
@@ -84,6 +95,7 @@ class Settings:
     infra_dir: Path
     kafka_port: int
     controller_port: int
+    sasl_port: int
     pg_port: int
 
     @classmethod
@@ -94,6 +106,7 @@ class Settings:
             infra_dir=infra_dir.expanduser().resolve(),
             kafka_port=_port_from_env("DUCTOR_LOCAL_KAFKA_PORT", 19092),
             controller_port=_port_from_env("DUCTOR_LOCAL_KAFKA_CONTROLLER_PORT", 19093),
+            sasl_port=_port_from_env("DUCTOR_LOCAL_KAFKA_SASL_PORT", 19094),
             pg_port=_port_from_env("DUCTOR_LOCAL_PG_PORT", 55432),
         )
 
@@ -343,8 +356,42 @@ class Kafka:
     def endpoint(self) -> str:
         return f"{HOST}:{self.settings.kafka_port}"
 
+    @property
+    def sasl_endpoint(self) -> str:
+        return f"{HOST}:{self.settings.sasl_port}"
+
     def env(self) -> dict[str, str]:
         return {"DUCTOR_BOOTSTRAP_SERVERS": self.endpoint}
+
+    def sasl_env(self) -> dict[str, str]:
+        """The settings of a ductor client that goes through the SASL listener instead."""
+        return {
+            "DUCTOR_BOOTSTRAP_SERVERS": self.sasl_endpoint,
+            "DUCTOR_KAFKA_SECURITY_PROTOCOL": "SASL_PLAINTEXT",
+            "DUCTOR_KAFKA_SASL_MECHANISM": KAFKA_SASL_MECHANISM,
+            "DUCTOR_KAFKA_SASL_USERNAME": KAFKA_SASL_USER,
+            "DUCTOR_KAFKA_SASL_PASSWORD": KAFKA_SASL_PASSWORD,
+        }
+
+    def sasl_client_config(
+        self, password: str = KAFKA_SASL_PASSWORD
+    ) -> dict[str, str | int | float | bool]:
+        """librdkafka properties of a client of the SASL listener."""
+        return {
+            "bootstrap.servers": self.sasl_endpoint,
+            "security.protocol": "SASL_PLAINTEXT",
+            "sasl.mechanism": KAFKA_SASL_MECHANISM,
+            "sasl.username": KAFKA_SASL_USER,
+            "sasl.password": password,
+        }
+
+    def configuration_is_current(self) -> bool:
+        """Whether the running broker was started with the properties this script writes now
+        (False e.g. for a broker started before the SASL listener existed)."""
+        try:
+            return self.props_file.read_text() == self.server_properties()
+        except OSError:
+            return False
 
     # The props file path is unique to this infra dir: it identifies *our* JVM in /proc.
     @property
@@ -371,10 +418,28 @@ class Kafka:
             return f"no metadata response: {exc}"
         return None
 
+    def probe_sasl(self, timeout: float) -> str | None:
+        """None if the SASL listener authenticates our SCRAM user and answers a metadata
+        request with it, else what is wrong."""
+        if not tcp_open(self.settings.sasl_port):
+            return f"nothing accepts connections on {self.sasl_endpoint} (the SASL listener)"
+        admin = AdminClient(self.sasl_client_config())
+        try:
+            admin.list_topics(timeout=timeout)
+        except KafkaException as exc:
+            return f"no metadata response through the SASL listener: {exc}"
+        return None
+
     def up(self) -> None:
         current = self.status()
         if current.state is State.RUNNING:
             note(f"kafka: already running and answering (pid {current.pid}); nothing to do")
+            if not self.configuration_is_current():
+                note(
+                    "kafka: but it was started with other settings than this script writes now"
+                    " (e.g. before the SASL listener existed); `infra/local.py down kafka` and"
+                    " `up kafka` start a new broker with them"
+                )
             return
         if current.state is not State.STOPPED:
             note(f"kafka: {current.describe(self.endpoint)}; starting it afresh")
@@ -417,6 +482,7 @@ class Kafka:
         for port, variable in (
             (self.settings.kafka_port, "DUCTOR_LOCAL_KAFKA_PORT"),
             (self.settings.controller_port, "DUCTOR_LOCAL_KAFKA_CONTROLLER_PORT"),
+            (self.settings.sasl_port, "DUCTOR_LOCAL_KAFKA_SASL_PORT"),
         ):
             require_free_port(port, variable, "kafka broker")
         return java
@@ -474,9 +540,12 @@ class Kafka:
         self.log4j_file.write_text(LOG4J2_PROPERTIES)
 
     def server_properties(self) -> str:
-        port, cport = self.settings.kafka_port, self.settings.controller_port
         return KAFKA_PROPERTIES.format(
-            host=HOST, port=port, controller_port=cport, log_dirs=self.data_dir
+            host=HOST,
+            port=self.settings.kafka_port,
+            sasl_port=self.settings.sasl_port,
+            controller_port=self.settings.controller_port,
+            log_dirs=self.data_dir,
         )
 
     def java_cmd(self, java: Path, *jvm_options: str) -> list[str]:
@@ -486,6 +555,10 @@ class Kafka:
     def format_storage(self, java: Path) -> None:
         cmd = [*self.java_cmd(java, "-Xmx256m"), "kafka.tools.StorageTool", "format"]
         cmd += ["--standalone", "-t", new_cluster_id(), "-c", str(self.props_file)]
+        # The SCRAM credentials go into the bootstrap metadata: the broker knows them from its
+        # first start, with no admin call racing the first clients.
+        scram = f"{KAFKA_SASL_MECHANISM}=[name={KAFKA_SASL_USER},password={KAFKA_SASL_PASSWORD}]"
+        cmd += ["--add-scram", scram]
         run_checked(cmd, "kafka storage format", cwd=self.run_dir)
 
     def launch(self, java: Path) -> subprocess.Popen[bytes]:
@@ -519,7 +592,8 @@ class Kafka:
                 raise InfraError(
                     f"kafka exited with code {proc.returncode} while starting\n{self.log_tail()}"
                 )
-            problem = self.probe(timeout=min(10.0, max(1.0, deadline - time.monotonic()))) or ""
+            timeout = min(10.0, max(1.0, deadline - time.monotonic()))
+            problem = self.probe(timeout) or self.probe_sasl(timeout) or ""
             if not problem:
                 return
             time.sleep(0.2)
@@ -586,9 +660,16 @@ KAFKA_PROPERTIES = """\
 process.roles=broker,controller
 node.id=1
 controller.quorum.bootstrap.servers={host}:{controller_port}
-listeners=PLAINTEXT://{host}:{port},CONTROLLER://{host}:{controller_port}
+listeners=PLAINTEXT://{host}:{port},SASL_PLAINTEXT://{host}:{sasl_port},CONTROLLER://{host}:{controller_port}
 controller.listener.names=CONTROLLER
-listener.security.protocol.map=CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT
+listener.security.protocol.map=CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT,SASL_PLAINTEXT:SASL_PLAINTEXT
+inter.broker.listener.name=PLAINTEXT
+# Clients of the SASL_PLAINTEXT listener authenticate with SCRAM-SHA-512; the credentials are
+# written at format time (format_storage). Brokers talk to each other over PLAINTEXT, so the
+# listener's login module needs no credentials of its own.
+sasl.enabled.mechanisms=SCRAM-SHA-512
+listener.name.sasl_plaintext.scram-sha-512.sasl.jaas.config=\\
+  org.apache.kafka.common.security.scram.ScramLoginModule required;
 log.dirs={log_dirs}
 num.partitions=1
 auto.create.topics.enable=false
@@ -905,6 +986,11 @@ def print_env(running: Sequence[Service]) -> None:
         print()
         for key, value in env.items():
             print(f"export {key}={value}")
+    for svc in running:
+        if isinstance(svc, Kafka):
+            # Commented out: the plaintext listener stays the default for everything.
+            print(f"# through the SASL_PLAINTEXT listener ({KAFKA_SASL_MECHANISM}) instead:")
+            print("# export " + " ".join(f"{k}={v}" for k, v in svc.sasl_env().items()))
 
 
 def run_local(

@@ -17,6 +17,7 @@ from confluent_kafka import KafkaError, KafkaException
 
 from processor.cli.common import EXIT_FAILED, EXIT_USAGE, CliError
 from processor.cli.dlq import cmd_dlq_list, cmd_dlq_replay
+from processor.cli.gc import cmd_gc
 from processor.cli.runs import cmd_inspect, cmd_signal, cmd_start, cmd_workflows_register
 from processor.cli.services import cmd_migrate, cmd_process, cmd_topics_create, cmd_worker
 from processor.cli.tool_commands import cmd_bench, cmd_demo, parse_bench_arguments
@@ -92,6 +93,23 @@ def build_parser() -> argparse.ArgumentParser:
         "bench", help="the benchmark (same as `make bench`); prints figures", add_help=False
     )
     p.set_defaults(func=cmd_bench)
+
+    p = sub.add_parser(
+        "gc",
+        help="delete finished runs (succeeded, failed, cancelled) last moved before a time,"
+        " with their step results, signals and outbox rows, in batches",
+    )
+    p.add_argument(
+        "--finished-before",
+        required=True,
+        metavar="DURATION",
+        help="how long ago: 90s, 30m, 12h or 7d (runs whose last transition is older go)",
+    )
+    p.add_argument(
+        "--batch-size", type=int, default=1000, help="runs per statement and transaction (1000)"
+    )
+    p.add_argument("--dry-run", action="store_true", help="count what would go; delete nothing")
+    p.set_defaults(func=cmd_gc)
 
     dlq = sub.add_parser("dlq", help="list and replay dead-lettered records")
     dlq_sub = dlq.add_subparsers(dest="dlq_command", required=True, metavar="ACTION")

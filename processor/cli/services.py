@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import argparse
 
-from processor.cli.common import EXIT_OK, stop_on_signals
+from processor.cli.common import EXIT_OK, EXIT_USAGE, CliError, stop_on_signals
 from processor.client import connect
 from processor.engine.faults import Faults
 from processor.engine.processor import Processor
 from processor.engine.worker import Worker, sample_registry
 from processor.io.config import ConfigError, Settings
+from processor.io.kafka import KafkaAuthError, check_authentication
 from processor.io.migrate import migrate
 from processor.io.topics import create_topics
 
@@ -34,6 +35,7 @@ def cmd_process(settings: Settings, args: argparse.Namespace) -> int:
         faults = Faults.from_spec(settings.test_faults)
     except ValueError as exc:
         raise ConfigError(f"DUCTOR_TEST_FAULTS: {exc}") from None
+    _check_kafka_credentials(settings)
     processor = Processor(settings, faults=faults)
     stop_on_signals(processor.stop)
     processor.run()
@@ -41,7 +43,17 @@ def cmd_process(settings: Settings, args: argparse.Namespace) -> int:
 
 
 def cmd_worker(settings: Settings, args: argparse.Namespace) -> int:
+    _check_kafka_credentials(settings)
     worker = Worker(settings, sample_registry(), threads=args.threads)
     stop_on_signals(worker.stop)
     worker.run()
     return EXIT_OK
+
+
+def _check_kafka_credentials(settings: Settings) -> None:
+    """Refused credentials stop a long-running command at once, with exit code 2: its Kafka
+    clients would otherwise retry them forever without saying so."""
+    try:
+        check_authentication(settings)
+    except KafkaAuthError as exc:
+        raise CliError(str(exc), EXIT_USAGE) from None

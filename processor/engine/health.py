@@ -9,13 +9,22 @@ is not shutting down; otherwise 503. Both answer JSON saying why.
 
 The database is checked by a thread of its own with its own connection, never the batch's, and
 a request only reads the last result: a hung database cannot hang a probe, it turns the check
-stale, which is reported as not ready.
+stale, which is reported as not ready. A failed check is reported as ``database: unreachable
+(<error class>)``: the server's own message (host names, user names, SQL state text) is for the
+log, not for whoever can reach the port.
+
+The server listens on 127.0.0.1 unless told otherwise (``DUCTOR_HTTP_HOST``). A slow or idle
+client cannot hold it: each connection has ``request_timeout_s`` in all to send its request and
+read the answer, after which it is closed, and at most ``max_connections`` are served at once;
+one more is answered ``503`` at once and closed, without a thread.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
+import socket
 import threading
 import time
 from dataclasses import dataclass, field
@@ -30,6 +39,15 @@ log = logging.getLogger("ductor.health")
 
 _DB_CHECK_INTERVAL_S = 2.0
 _DB_CONNECT_TIMEOUT_S = 2
+# A probe sends its few bytes at once and reads a small answer: seconds are plenty.
+_REQUEST_TIMEOUT_S = 5.0
+# Orchestrator probes come one at a time per instance; a few spare for people and tools.
+_MAX_CONNECTIONS = 16
+_BUSY_BODY = b'{"status": "busy", "problems": ["too many connections"]}'
+_BUSY = (
+    b"HTTP/1.0 503 Service Unavailable\r\nContent-Type: application/json\r\n"
+    b"Content-Length: %d\r\nConnection: close\r\n\r\n%s" % (len(_BUSY_BODY), _BUSY_BODY)
+)
 
 
 @dataclass
@@ -55,17 +73,19 @@ class Verdict:
 
 
 class HealthServer:
-    """Serves /healthz and /readyz for the instance behind ``probe`` on ``port`` (0: any free
-    port); the database check connects to ``dsn`` on its own thread."""
+    """Serves /healthz and /readyz for the instance behind ``probe`` on ``host``:``port`` (0:
+    any free port); the database check connects to ``dsn`` on its own thread."""
 
     def __init__(
         self,
         probe: Probe,
         dsn: str,
         port: int,
-        host: str = "0.0.0.0",
+        host: str = "127.0.0.1",
         stall_s: float = 30.0,
         db_check_interval_s: float = _DB_CHECK_INTERVAL_S,
+        request_timeout_s: float = _REQUEST_TIMEOUT_S,
+        max_connections: int = _MAX_CONNECTIONS,
     ) -> None:
         self._probe = probe
         self._dsn = dsn
@@ -75,10 +95,13 @@ class HealthServer:
         self._db_checked_at: float | None = None
         self._stop = threading.Event()
         try:
-            self._server = _Server((host, port), _Handler)
+            self._server = _Server((host, port), request_timeout_s, max_connections)
         except OSError as exc:
-            raise RuntimeError(f"cannot listen on port {port} for health checks: {exc}") from None
+            raise RuntimeError(
+                f"cannot listen on port {port} of {host} for health checks: {exc}"
+            ) from None
         self._server.health = self
+        self.host: str = host
         self.port: int = self._server.server_address[1]
         self._threads = [
             threading.Thread(target=self._server.serve_forever, name="health-http", daemon=True),
@@ -88,7 +111,7 @@ class HealthServer:
     def start(self) -> HealthServer:
         for thread in self._threads:
             thread.start()
-        log.info("health endpoints listening", extra={"port": self.port})
+        log.info("health endpoints listening", extra={"host": self.host, "port": self.port})
         return self
 
     def stop(self) -> None:
@@ -149,10 +172,17 @@ class HealthServer:
                     if conn is None or conn.closed:
                         conn = store.connect(self._dsn, _DB_CONNECT_TIMEOUT_S)
                     store.ping(conn)
+                    if self._db_problem is not None and self._db_checked_at is not None:
+                        log.info("health check: the database answers again")
                     self._db_problem = None
                 except psycopg.Error as exc:
-                    text = str(exc).strip()
-                    self._db_problem = text.splitlines()[0] if text else type(exc).__name__
+                    if self._db_problem is None or self._db_checked_at is None:
+                        text = str(exc).strip()
+                        log.warning(
+                            "health check: the database does not answer: %s",
+                            text.splitlines()[0] if text else type(exc).__name__,
+                        )
+                    self._db_problem = f"unreachable ({type(exc).__name__})"
                     if conn is not None:
                         conn.close()
                         conn = None
@@ -164,12 +194,63 @@ class HealthServer:
 
 
 class _Server(ThreadingHTTPServer):
+    """A thread per connection, at most ``max_connections`` of them, each closed once it has
+    been open ``request_timeout_s`` whatever it is doing (a client that trickles its request
+    a byte at a time included)."""
+
     daemon_threads = True
     health: HealthServer
+
+    def __init__(
+        self, address: tuple[str, int], request_timeout_s: float, max_connections: int
+    ) -> None:
+        if ":" in address[0]:
+            self.address_family = socket.AF_INET6
+        self.request_timeout_s = request_timeout_s
+        self._slots = threading.BoundedSemaphore(max_connections)
+        super().__init__(address, _Handler)
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        if not self._slots.acquire(blocking=False):
+            _refuse(request)
+            self.shutdown_request(request)
+            return
+        try:
+            super().process_request(request, client_address)  # starts the connection's thread
+        except BaseException:
+            self._slots.release()
+            raise
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        deadline = threading.Timer(self.request_timeout_s, _cut, args=(request,))
+        deadline.daemon = True
+        deadline.start()
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            deadline.cancel()
+            self._slots.release()
+
+
+def _refuse(request: socket.socket) -> None:
+    """Answer 503 without reading the request; never block the accepting thread for it."""
+    with contextlib.suppress(OSError):
+        request.setblocking(False)
+        request.send(_BUSY)
+
+
+def _cut(request: socket.socket) -> None:
+    """End a connection that outlived its time: its handler's next read or write fails."""
+    with contextlib.suppress(OSError):
+        request.shutdown(socket.SHUT_RDWR)
 
 
 class _Handler(BaseHTTPRequestHandler):
     server: _Server
+
+    def setup(self) -> None:
+        super().setup()
+        self.connection.settimeout(self.server.request_timeout_s)  # each read and write
 
     def do_GET(self) -> None:
         path = self.path.split("?", 1)[0]

@@ -75,7 +75,7 @@ class Processor:
         self.tracker = OffsetTracker()
         self.queues: TierQueues[Inbound] = TierQueues(settings.tier_weights.as_dict())
         self.telemetry = telemetry or Telemetry.from_environment(
-            "ductor-processor", settings.metrics_port, settings.group_id
+            "ductor-processor", settings.metrics_port, settings.group_id, settings.http_host
         )
         self.telemetry.group_id = settings.group_id
         # One outage of Postgres as this instance sees it: batches and sweeps both report to
@@ -131,6 +131,7 @@ class Processor:
                 self.probe,
                 self.settings.pg_dsn,
                 self.settings.health_port,
+                host=self.settings.http_host,
                 stall_s=self.settings.health_stall_s,
             ).start()
         try:

@@ -7,6 +7,7 @@ message that names the variable to fix. Nothing else in the package reads the en
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import re
 from collections.abc import Callable, Mapping
@@ -72,6 +73,9 @@ class Settings:
     metrics_port: int = 0
     stats_log_interval_s: float = 10.0
     health_port: int = 0
+    # The address the health and metrics servers listen on: this machine only by default;
+    # 0.0.0.0 (or ::) for every interface, e.g. for probes from outside a container.
+    http_host: str = "127.0.0.1"
     # /healthz fails once the poll loop has not turned for this long (see health.py).
     health_stall_s: float = 30.0
     # Tests only: fault-injection points to arm (see engine/faults.py). Empty in production.
@@ -187,6 +191,24 @@ def _parse_name(name: str, raw: str) -> str:
     return raw
 
 
+# A host name: dot-separated labels of letters, digits and inner hyphens (RFC 1123).
+_HOSTNAME = re.compile(r"(?!-)[A-Za-z0-9-]{1,63}(?<!-)(\.(?!-)[A-Za-z0-9-]{1,63}(?<!-))*")
+
+
+def _parse_host(name: str, raw: str) -> str:
+    """An IPv4 or IPv6 address (without brackets) or a host name, to listen on."""
+    try:
+        return str(ipaddress.ip_address(raw))
+    except ValueError:
+        pass
+    if len(raw) > 253 or not _HOSTNAME.fullmatch(raw):
+        raise ConfigError(
+            f"{name}={raw!r} is not an IP address or a host name to listen on"
+            " (e.g. 127.0.0.1, 0.0.0.0, ::1)"
+        )
+    return raw
+
+
 def _kafka_property(var: str) -> str:
     """The librdkafka property a DUCTOR_KAFKA_<PROPERTY> variable names."""
     return var[len(KAFKA_PASSTHROUGH_PREFIX) :].lower().replace("_", ".")
@@ -248,6 +270,7 @@ _FIELDS: tuple[tuple[str, Callable[[str, str], object]], ...] = (
     ("metrics_port", _int_in(0, 65535)),
     ("stats_log_interval_s", _float_min(0.5)),
     ("health_port", _int_in(0, 65535)),
+    ("http_host", _parse_host),
     ("health_stall_s", _float_min(0.1)),
     ("test_faults", _parse_faults),
 )

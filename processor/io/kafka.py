@@ -5,12 +5,14 @@ each record's delivery to a callback.
 
 from __future__ import annotations
 
+import logging
 import random
+import re
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from confluent_kafka import Consumer, KafkaError, Producer
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer
 from confluent_kafka.admin import AdminClient
 
 from processor.core.records import Headers
@@ -162,3 +164,61 @@ def topic_partitions(
                 f"topic {missing[0]} does not exist; run `ductor topics create` first"
             )
         time.sleep(0.2)  # metadata propagation; bounded by the deadline above
+
+
+class KafkaAuthError(Exception):
+    """The broker refused this client's credentials (a configuration error, not an outage:
+    retrying with the same settings cannot help). The message names no secret."""
+
+
+# librdkafka's error text: "<protocol>://<host:port>/<id>: <reason> (after 314ms in state X)".
+_BROKER_PREFIX = re.compile(r"^\w+://([^/\s]+)/\S*:\s*")
+_STATE_SUFFIX = re.compile(r"\s*\(after \d+ms in state \w+\)\s*$")
+
+
+def check_authentication(settings: Settings, timeout_s: float = 10.0) -> None:
+    """With a SASL security protocol, connect once and raise ``KafkaAuthError`` if the broker
+    refuses the credentials (librdkafka would otherwise retry them forever, silently for the
+    caller). Returns as soon as the broker answers a metadata request, when every broker is
+    unreachable (an outage is the caller's to ride through, not a configuration error), or
+    after ``timeout_s``. librdkafka's own log lines go to a logger that drops them, so the
+    caller's one-sentence error is the only output."""
+    protocol = str(settings.kafka_extra.get("security.protocol", "")).upper()
+    if not protocol.startswith("SASL"):
+        return
+    errors: list[KafkaError] = []
+    config: dict[str, Any] = {
+        **settings.kafka_common(),
+        "client.id": "ductor-auth-check",
+        "error_cb": errors.append,
+        # Not registered with logging, and above every level: it drops what it is given.
+        "logger": logging.Logger("ductor.kafka.auth-check", logging.CRITICAL + 1),
+    }
+    admin = AdminClient(config)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            admin.list_topics(timeout=0.2)
+            return
+        except KafkaException:
+            pass  # no answer yet: the error callback says why, on the next poll
+        admin.poll(0.05)
+        refused = next((e for e in errors if e.code() == KafkaError._AUTHENTICATION), None)
+        if refused is not None:
+            raise KafkaAuthError(_refusal(settings, protocol, refused.str()))
+        if any(e.code() == KafkaError._ALL_BROKERS_DOWN for e in errors):
+            return
+
+
+def _refusal(settings: Settings, protocol: str, text: str) -> str:
+    broker = _BROKER_PREFIX.match(text)
+    reason = _STATE_SUFFIX.sub("", _BROKER_PREFIX.sub("", text)).rstrip(".")
+    extra = settings.kafka_extra
+    mechanism = extra.get("sasl.mechanism") or extra.get("sasl.mechanisms") or "GSSAPI"
+    user = extra.get("sasl.username")
+    return (
+        f"the Kafka broker{f' at {broker.group(1)}' if broker else ''} refused to authenticate"
+        f" this client{f' as user {user!r}' if user else ''} ({protocol}, {mechanism}: {reason});"
+        " check DUCTOR_KAFKA_SASL_USERNAME, DUCTOR_KAFKA_SASL_PASSWORD and"
+        " DUCTOR_KAFKA_SASL_MECHANISM"
+    )

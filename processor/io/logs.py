@@ -2,6 +2,12 @@
 
 Fields passed with ``extra=`` become JSON keys; the active trace and span ids are added when a
 span is recording, so a log line can be found from its trace and the other way round.
+
+Text lines escape control characters in the message and the extra fields (a newline as
+``\\n``, ESC as ``\\x1b``...): what a record carries (a run id, a header, an error from
+elsewhere) can neither forge a log line of its own nor drive the terminal. A traceback keeps its
+line breaks but every line of it is indented, so none of them can pass for a record either.
+JSON lines need none of this: the encoder escapes every control character.
 """
 
 from __future__ import annotations
@@ -39,17 +45,40 @@ class JsonFormatter(logging.Formatter):
         return orjson.dumps(body, default=str).decode()
 
 
+# C0 controls, DEL, C1 controls, and the Unicode line and paragraph separators.
+_CONTROL = {c: f"\\x{c:02x}" for c in (*range(0x20), *range(0x7F, 0xA0))}
+_CONTROL |= {0x2028: "\\u2028", 0x2029: "\\u2029"}
+_CONTROL |= {ord("\n"): "\\n", ord("\r"): "\\r", ord("\t"): "\\t"}
+_CONTROL_BUT_NEWLINE = {c: e for c, e in _CONTROL.items() if c != ord("\n")}
+
+
+def escape_control(text: str) -> str:
+    """``text`` with every control character written as an escape sequence (one line)."""
+    return text.translate(_CONTROL)
+
+
 class TextFormatter(logging.Formatter):
     def __init__(self) -> None:
         super().__init__("%(asctime)s %(levelname)-7s %(name)s: %(message)s")
 
     def format(self, record: logging.LogRecord) -> str:
-        line = super().format(record)
+        record.message = escape_control(record.getMessage())
+        record.asctime = self.formatTime(record, self.datefmt)
+        line = self.formatMessage(record)
         extras = {
             k: v for k, v in record.__dict__.items() if k not in _STANDARD and not k.startswith("_")
         }
         if extras:
-            line += " " + " ".join(f"{k}={v}" for k, v in extras.items())
+            line += " " + " ".join(
+                f"{escape_control(k)}={escape_control(str(v))}" for k, v in extras.items()
+            )
+        if record.exc_info and not record.exc_text:
+            record.exc_text = self.formatException(record.exc_info)
+        for block in (record.exc_text, record.stack_info and self.formatStack(record.stack_info)):
+            if block:
+                line += "".join(
+                    "\n  " + part.translate(_CONTROL_BUT_NEWLINE) for part in block.split("\n")
+                )
         return line
 
 

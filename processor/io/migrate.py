@@ -2,7 +2,9 @@
 
 A migration is applied in its own transaction together with its record, so a crash leaves it
 either fully applied and recorded or not at all. An advisory lock serialises concurrent
-``ductor migrate`` runs (two instances started at once must not both apply 0001).
+``ductor migrate`` runs (two instances started at once must not both apply 0001), and it is
+taken before anything else, the bookkeeping table's creation included: two runs creating it at
+once on a fresh database would race in the catalog, and one would fail.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from pathlib import Path
 import psycopg
 
 MIGRATIONS_TABLE = "ductor_schema_migration"
-_LOCK_KEY = 0x0D0C7012  # arbitrary constant naming "ductor migrations"
+MIGRATION_LOCK_KEY = 0x0D0C7012  # arbitrary constant naming "ductor migrations"
 
 
 def migrations_dir() -> Path:
@@ -33,17 +35,16 @@ def migrate(dsn: str, directory: Path | None = None) -> list[str]:
     if not directory.is_dir():
         raise FileNotFoundError(f"no migrations directory at {directory}")
     applied_now: list[str] = []
-    with psycopg.connect(dsn, autocommit=True) as conn:
+    with psycopg.connect(dsn, autocommit=True) as conn, conn.transaction():
+        conn.execute("SELECT pg_advisory_xact_lock(%s)", (MIGRATION_LOCK_KEY,))
         conn.execute(
             f"CREATE TABLE IF NOT EXISTS {MIGRATIONS_TABLE} ("
             " name text PRIMARY KEY, applied_at timestamptz NOT NULL DEFAULT now())"
         )
-        with conn.transaction():
-            conn.execute("SELECT pg_advisory_xact_lock(%s)", (_LOCK_KEY,))
-            rows = conn.execute(f"SELECT name FROM {MIGRATIONS_TABLE}").fetchall()
-            for path in pending_migrations(directory, {r[0] for r in rows}):
-                with conn.transaction():
-                    conn.execute(path.read_text())
-                    conn.execute(f"INSERT INTO {MIGRATIONS_TABLE} (name) VALUES (%s)", (path.stem,))
-                applied_now.append(path.stem)
+        rows = conn.execute(f"SELECT name FROM {MIGRATIONS_TABLE}").fetchall()
+        for path in pending_migrations(directory, {r[0] for r in rows}):
+            with conn.transaction():
+                conn.execute(path.read_text())
+                conn.execute(f"INSERT INTO {MIGRATIONS_TABLE} (name) VALUES (%s)", (path.stem,))
+            applied_now.append(path.stem)
     return applied_now

@@ -69,8 +69,11 @@ class Telemetry:
         return self.tracer is not _NOOP_TRACER
 
     @staticmethod
-    def from_environment(service: str, metrics_port: int, group_id: str) -> Telemetry:
-        """OTLP by the standard OTEL_* variables, Prometheus on ``metrics_port`` if > 0."""
+    def from_environment(
+        service: str, metrics_port: int, group_id: str, http_host: str = "127.0.0.1"
+    ) -> Telemetry:
+        """OTLP by the standard OTEL_* variables, Prometheus on ``http_host``:``metrics_port``
+        if the port is > 0 (this machine only by default: DUCTOR_HTTP_HOST)."""
         resource = Resource.create({"service.name": os.environ.get("OTEL_SERVICE_NAME", service)})
         processors: list[SpanProcessor] = []
         if _otlp_configured("traces"):
@@ -79,7 +82,7 @@ class Telemetry:
         if _otlp_configured("metrics"):
             readers.append(PeriodicExportingMetricReader(OTLPMetricExporter()))
         if metrics_port > 0:
-            start_http_server(metrics_port, addr="0.0.0.0")
+            start_http_server(metrics_port, addr=http_host)
             readers.append(PrometheusMetricReader())
         return Telemetry.build(resource, processors, readers, group_id)
 

@@ -126,6 +126,12 @@ def test_booleans(raw: str) -> None:
         ("DUCTOR_LOG_LEVEL", "TRACE"),
         ("DUCTOR_METRICS_PORT", "65536"),
         ("DUCTOR_HEALTH_PORT", "-1"),
+        ("DUCTOR_HTTP_HOST", ""),
+        ("DUCTOR_HTTP_HOST", "0.0.0.0:8080"),
+        ("DUCTOR_HTTP_HOST", "[::1]"),
+        ("DUCTOR_HTTP_HOST", "my host"),
+        ("DUCTOR_HTTP_HOST", "-bad.example"),
+        ("DUCTOR_HTTP_HOST", "a" * 64),
         ("DUCTOR_KAFKA_", "x"),
     ],
 )
@@ -133,6 +139,22 @@ def test_each_invalid_value_names_its_variable(var: str, raw: str) -> None:
     with pytest.raises(ConfigError) as info:
         load_settings({var: raw})
     assert var in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("raw", "expected"),
+    [
+        ("127.0.0.1", "127.0.0.1"),
+        ("0.0.0.0", "0.0.0.0"),
+        ("::", "::"),
+        ("0:0::1", "::1"),
+        ("localhost", "localhost"),
+        ("ductor-1.pods.internal", "ductor-1.pods.internal"),
+    ],
+)
+def test_the_http_host_is_an_address_or_a_host_name(raw: str, expected: str) -> None:
+    assert Settings().http_host == "127.0.0.1"  # this machine only, unless told otherwise
+    assert load_settings({"DUCTOR_HTTP_HOST": raw}).http_host == expected
 
 
 def test_an_invalid_dsn_is_redacted_in_the_error() -> None:
@@ -328,6 +350,7 @@ def test_settings_env_round_trips_every_field_changed() -> None:
         "DUCTOR_STATS_LOG_INTERVAL_S": "0.75",
         "DUCTOR_HEALTH_PORT": "8081",
         "DUCTOR_HEALTH_STALL_S": "3",
+        "DUCTOR_HTTP_HOST": "0.0.0.0",
         "DUCTOR_TEST_FAULTS": "after_commit=kill@2",
         "DUCTOR_KAFKA_SECURITY_PROTOCOL": "SASL_SSL",
         "DUCTOR_KAFKA_SASL_PASSWORD": "hunter2",

@@ -1,0 +1,58 @@
+"""`ductor gc`: delete finished runs older than a duration (processor/io/retention.py)."""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+import time
+
+from processor.cli.common import EXIT_OK, EXIT_USAGE, CliError
+from processor.client import connect
+from processor.io.config import Settings
+from processor.io.retention import Removed, count_finished, cutoff, delete_finished
+
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+_DURATION = re.compile(r"(\d{1,9})([smhd])")
+_PROGRESS_EVERY_S = 5.0
+
+
+def parse_duration(text: str) -> int:
+    """Seconds in a duration such as ``90s``, ``30m``, ``12h`` or ``7d`` (more than zero)."""
+    match = _DURATION.fullmatch(text.strip())
+    if match is None or int(match[1]) == 0:
+        raise ValueError(f"{text!r} is not a duration such as 90s, 30m, 12h or 7d")
+    return int(match[1]) * _UNITS[match[2]]
+
+
+def _describe(removed: Removed) -> str:
+    return (
+        f"{removed.runs} run(s), {removed.results} step result(s), {removed.signals} signal(s),"
+        f" {removed.outbox} outbox row(s)"
+    )
+
+
+def cmd_gc(settings: Settings, args: argparse.Namespace) -> int:
+    try:
+        older_than_s = parse_duration(args.finished_before)
+    except ValueError as exc:
+        raise CliError(f"--finished-before: {exc}", EXIT_USAGE) from None
+    if not 1 <= args.batch_size <= 100_000:
+        raise CliError("--batch-size must be between 1 and 100000", EXIT_USAGE)
+    with connect(settings) as conn:
+        before = cutoff(conn, older_than_s)
+        when = f"finished before {before.isoformat(timespec='seconds')}"
+        if args.dry_run:
+            print(f"would delete {_describe(count_finished(conn, before))} ({when}; dry run)")
+            return EXIT_OK
+        next_note = time.monotonic() + _PROGRESS_EVERY_S
+
+        def progress(total: Removed) -> None:
+            nonlocal next_note
+            if time.monotonic() >= next_note:
+                next_note = time.monotonic() + _PROGRESS_EVERY_S
+                print(f"deleted {total.runs} run(s) so far", file=sys.stderr, flush=True)
+
+        total, batches = delete_finished(conn, before, args.batch_size, progress)
+    print(f"deleted {_describe(total)} ({when}; {batches} batch(es))")
+    return EXIT_OK
