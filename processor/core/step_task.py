@@ -6,7 +6,9 @@ from dataclasses import dataclass
 
 import orjson
 
+from processor.core.envelope import MAX_ATTEMPT, MAX_EPOCH_MS
 from processor.core.model import ValidationError
+from processor.core.routing import TIERS
 
 STEP_TASK_VERSION = 1
 
@@ -62,4 +64,11 @@ def decode_step_task(value: bytes | None) -> StepTask:
         isinstance(v, int) and not isinstance(v, bool) for v in (task.attempt, task.deadline_ms)
     ):
         raise ValidationError("step task: attempt and deadline_ms must be integers")
+    # Bounded as wakeups are: every value here goes into a row or a topic name.
+    if any("\x00" in v for v in (task.run_id, task.node, task.step_type)):
+        raise ValidationError("step task: a NUL character, which Postgres cannot store")
+    if task.tier not in TIERS:
+        raise ValidationError(f"step task: tier must be one of {', '.join(TIERS)}")
+    if not (1 <= task.attempt <= MAX_ATTEMPT and 0 <= task.deadline_ms <= MAX_EPOCH_MS):
+        raise ValidationError("step task: attempt or deadline_ms out of range")
     return task

@@ -94,6 +94,24 @@ def execute_step(registry: StepRegistry, task: StepTask) -> tuple[StepOutcome, A
     try:
         output = fn(ctx)
         orjson.dumps(output)  # the result is stored as JSON: check it here, in the attempt
+        if _holds_nul(output):
+            raise ValueError("the output holds a NUL character, which Postgres cannot store")
         return StepOutcome.SUCCEEDED, output, None
     except Exception as exc:  # a step's failure is the attempt's result, not the worker's
-        return StepOutcome.FAILED, None, f"{type(exc).__name__}: {exc}"
+        return StepOutcome.FAILED, None, storable_text(f"{type(exc).__name__}: {exc}")
+
+
+def storable_text(text: str) -> str:
+    """``text`` with what Postgres cannot store in text (NUL) replaced."""
+    return text.replace("\x00", "\ufffd")
+
+
+def _holds_nul(value: Any) -> bool:
+    """Whether a JSON-like value holds a NUL character in a string or a key (jsonb refuses)."""
+    if isinstance(value, str):
+        return "\x00" in value
+    if isinstance(value, dict):
+        return any(_holds_nul(k) or _holds_nul(v) for k, v in value.items())
+    if isinstance(value, list | tuple):
+        return any(_holds_nul(v) for v in value)
+    return False

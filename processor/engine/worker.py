@@ -12,6 +12,11 @@ Offsets are stored only past tasks whose result is recorded (durably) and whose 
 acknowledged, so ``stop()`` may abandon a batch mid-outage: its tasks are redelivered and
 their results are idempotent. Each outage is logged once when it starts and once when it ends.
 
+No task stops the worker either: a task that cannot be decoded (or names a tier, an attempt,
+a text Postgres cannot hold) is dead-lettered with the reason; a result that cannot be stored
+is recorded as a failed attempt saying why; a result for a run that no longer exists (deleted
+by ``ductor gc``, say) is dropped with a log line.
+
 Step functions and their registry live in ``processor.engine.steps`` (re-exported here).
 """
 
@@ -28,8 +33,10 @@ from typing import Any
 import psycopg
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
+from processor.core.dead_letters import dead_letter_headers, truncate_dead_letter
 from processor.core.envelope import Wakeup
-from processor.core.model import StepOutcome, ValidationError
+from processor.core.model import StepOutcome
+from processor.core.outcomes import DeadLetterReason
 from processor.core.records import Headers, normalise_headers
 from processor.core.routing import TopicNames
 from processor.core.step_task import StepTask, decode_step_task
@@ -41,6 +48,7 @@ from processor.engine.steps import (
     StepRegistry,
     execute_step,
     sample_registry,
+    storable_text,
 )
 from processor.io.config import Settings
 from processor.io.kafka import (
@@ -48,6 +56,7 @@ from processor.io.kafka import (
     group_protocol_config,
     produce,
     producer_config,
+    producer_max_bytes,
     topic_partitions,
 )
 from processor.io.store import connect_durable, insert_step_result
@@ -99,6 +108,9 @@ class Worker:
         self._conn: psycopg.Connection[Any] | None = None
         self.outages = {name: Outage(name, log) for name in ("postgres", "kafka")}
         self.executed = 0
+        self.dead_letters = 0  # tasks that could not be decoded
+        self.dropped = 0  # results for runs that no longer exist
+        self._dlq_max_bytes = producer_max_bytes(settings)
 
     def stop(self) -> None:
         self._stop.set()
@@ -112,8 +124,15 @@ class Worker:
         try:
             while not self._stop.is_set():
                 messages = self._consumer.consume(200, 0.1)
-                tasks = [t for t in (self._task_of(m) for m in messages) if t is not None]
-                if tasks and not self._run_tasks(tasks):
+                tasks: list[tuple[StepTask, Headers]] = []
+                letters: list[_Outgoing] = []
+                for message in messages:
+                    taken = self._task_of(message)
+                    if isinstance(taken, _Outgoing):
+                        letters.append(taken)
+                    elif taken is not None:
+                        tasks.append(taken)
+                if (tasks or letters) and not self._run_tasks(tasks, letters):
                     break  # stopped mid-outage: the batch's offsets are not stored
                 if messages:
                     self._store(messages)
@@ -126,35 +145,62 @@ class Worker:
                 "worker stopped",
                 extra={
                     "executed": self.executed,
+                    "dead_letters": self.dead_letters,
+                    "dropped": self.dropped,
                     "outages": {name: o.count for name, o in self.outages.items()},
                 },
             )
 
-    def _task_of(self, message: Any) -> tuple[StepTask, Headers] | None:
+    def _task_of(self, message: Any) -> tuple[StepTask, Headers] | _Outgoing | None:
+        """The task a message holds with its trace context, or its dead letter."""
         if message.error() is not None:
             if message.error().code() != KafkaError._PARTITION_EOF:
                 log.error("worker consumer error: %s", message.error())
             return None
         try:
+            headers = normalise_headers(message)
             # The task's trace context rides on to the wakeup, so one trace follows the run
             # through its step round trips.
-            trace = [
-                (k, v) for k, v in normalise_headers(message) if k in ("traceparent", "tracestate")
-            ]
+            trace = [(k, v) for k, v in headers if k in ("traceparent", "tracestate")]
             return decode_step_task(message.value()), trace
-        except ValidationError as exc:
-            log.error("skipping malformed step task at offset %s: %s", message.offset(), exc)
-            return None
+        except Exception as exc:  # a poison task must never stop the worker
+            return self._dead_letter(message, exc)
 
-    def _run_tasks(self, tasks: list[tuple[StepTask, Headers]]) -> bool:
-        """Run, record and announce a batch; False if stopped before all of it was done."""
+    def _dead_letter(self, message: Any, exc: Exception) -> _Outgoing:
+        """A task that cannot be run goes to the dead-letter topic with why and where from."""
+        detail = f"undecodable step task: {exc}"
+        try:
+            own = normalise_headers(message)
+        except Exception:
+            own = []
+        topic, partition, offset = message.topic(), message.partition(), message.offset()
+        reason = DeadLetterReason.WRONG_SCHEMA
+        headers = dead_letter_headers(own, reason, detail, topic, partition, offset)
+        key, value = message.key(), message.value()
+        value, headers = truncate_dead_letter(key, value, headers, self._dlq_max_bytes)
+        log.error(
+            "dead-lettered a step task",
+            extra={"reason": reason.value, "detail": detail, "topic": topic, "offset": offset},
+        )
+        self.dead_letters += 1
+        return _Outgoing(self.names.dlq, value, key, None, headers)
+
+    def _run_tasks(self, tasks: list[tuple[StepTask, Headers]], letters: list[_Outgoing]) -> bool:
+        """Run, record and announce a batch (and send its dead letters); False if stopped
+        before all of it was done."""
         outcomes = list(
             self._pool.map(lambda t: execute_step(self.registry, t), [t for t, _ in tasks])
         )
         wakeups: list[_Outgoing] = []
+        for letter in letters:
+            self._send(letter)
+            wakeups.append(letter)
         for (task, trace), (outcome, output, error) in zip(tasks, outcomes, strict=True):
-            if not self._record(task, outcome, output, error):
+            recorded = self._record(task, outcome, output, error)
+            if recorded is None:
                 return False
+            if not recorded:
+                continue  # the run is gone: nothing to wake
             now_ms = int(time.time() * 1000)
             wakeup = Wakeup(run_id=task.run_id, reason="step_result", produced_at=now_ms)
             topic = self.names.wakeup(task.tier)
@@ -169,8 +215,11 @@ class Worker:
         # Results are recorded; the wakeups must be acknowledged before the offsets move on.
         return self._await_acknowledgements(wakeups)
 
-    def _record(self, task: StepTask, outcome: StepOutcome, output: Any, error: str | None) -> bool:
-        """Insert the task's result, reconnecting through an outage; False if stopped first."""
+    def _record(
+        self, task: StepTask, outcome: StepOutcome, output: Any, error: str | None
+    ) -> bool | None:
+        """Insert the task's result, reconnecting through an outage. True: recorded; False:
+        the run no longer exists (nothing recorded); None: stopped first."""
         postgres = self.outages["postgres"]
         while True:
             try:
@@ -183,7 +232,30 @@ class Worker:
                 # Whether a lost insert committed is unknown: the retry is idempotent.
                 self._disconnect()
                 if self._stop.wait(postgres.failed(_first_line(exc))):
+                    return None
+                continue
+            except psycopg.errors.ForeignKeyViolation:
+                postgres.ok()
+                log.warning(
+                    "dropped a step result: the run no longer exists",
+                    extra={"run_id": task.run_id, "node": task.node, "attempt": task.attempt},
+                )
+                self.dropped += 1
+                return False
+            except psycopg.Error as exc:  # the result itself cannot be stored: the attempt fails
+                postgres.ok()
+                if outcome is StepOutcome.FAILED and output is None:
+                    # Not even a bare failure can be stored: drop it, visibly; the attempt
+                    # then times out and the coordinator retries it.
+                    log.error(
+                        "dropped a step result that cannot be stored: %s",
+                        _first_line(exc),
+                        extra={"run_id": task.run_id, "node": task.node, "attempt": task.attempt},
+                    )
+                    self.dropped += 1
                     return False
+                why = storable_text(f"the step's result could not be stored: {_first_line(exc)}")
+                outcome, output, error = StepOutcome.FAILED, None, why
                 continue
             postgres.ok()
             return True
@@ -255,13 +327,13 @@ class Worker:
 
 @dataclass
 class _Outgoing:
-    """A wakeup for a recorded result, kept until the broker acknowledges it (to re-send it
-    if its delivery fails)."""
+    """A wakeup for a recorded result (or a task's dead letter), kept until the broker
+    acknowledges it (to re-send it if its delivery fails)."""
 
     topic: str
-    value: bytes
-    key: bytes
-    partition: int
+    value: bytes | None
+    key: bytes | None
+    partition: int | None
     headers: Headers
     acknowledged: bool = False
     error: KafkaError | None = None

@@ -14,13 +14,14 @@ from processor.core.step_task import STEP_TASK_VERSION, StepTask, decode_step_ta
 
 from .strategies import FAST
 
+_STORABLE = st.characters(codec="utf-8", exclude_characters="\x00")
 tasks = st.builds(
     StepTask,
-    run_id=st.text(min_size=1, max_size=50),
-    node=st.text(min_size=1, max_size=20),
+    run_id=st.text(_STORABLE, min_size=1, max_size=50),
+    node=st.text(_STORABLE, min_size=1, max_size=20),
     attempt=st.integers(1, 100),
-    step_type=st.text(min_size=1, max_size=20),
-    deadline_ms=st.integers(0, 2**53),
+    step_type=st.text(_STORABLE, min_size=1, max_size=20),
+    deadline_ms=st.integers(0, 253_402_300_799_999),
     tier=st.sampled_from(["t0", "t1", "t2"]),
 )
 
@@ -74,6 +75,11 @@ def test_tier_defaults_to_t1() -> None:
         (orjson.dumps(_body(attempt="2")), "must be integers"),
         (orjson.dumps(_body(attempt=True)), "must be integers"),
         (orjson.dumps(_body(deadline_ms=1.5)), "must be integers"),
+        # Bounded as wakeups are: a poison task must fail here, not in the worker's insert.
+        (orjson.dumps(_body(tier="t9")), "tier must be one of"),
+        (orjson.dumps(_body(node="a\x00b")), "NUL"),
+        (orjson.dumps(_body(attempt=0)), "out of range"),
+        (orjson.dumps(_body(attempt=2**40)), "out of range"),
     ],
 )
 def test_invalid_tasks_raise_validation_error(value: bytes | None, message: str) -> None:
