@@ -47,7 +47,6 @@ def start_runs(
     version: int | None = None,
 ) -> list[str]:
     """Insert the runs (idempotently) and produce their first wakeups. Returns the new ids."""
-    names = TopicNames(settings.topic_prefix)
     with connect(settings) as conn:
         definitions = Definitions()
         wf = (
@@ -59,14 +58,21 @@ def start_runs(
         for start in range(0, len(run_ids), 5000):
             chunk = run_ids[start : start + 5000]
             inserted += insert_runs(conn, wf, [(r, run_input or {}) for r in chunk], tier)
+    # A repeated start wakes the run again; its tick is then a no-op.
+    wake(settings, run_ids, tier, "start")
+    return inserted
+
+
+def wake(settings: Settings, run_ids: Sequence[str], tier: str, reason: str) -> None:
+    """Produce a wakeup for each run on its tier's wakeup topic and wait for the broker's
+    acknowledgement (ClientError after 30 s)."""
     producer = Producer(producer_config(settings, "ductor-cli"))
-    topic = names.wakeup(tier)
+    topic = TopicNames(settings.topic_prefix).wakeup(tier)
     partitions = topic_partitions(producer, [topic])[topic]
     now_ms = int(time.time() * 1000)
-    for run_id in run_ids:  # a repeated start wakes the run again; its tick is then a no-op
-        wakeup = Wakeup(run_id=run_id, reason="start", produced_at=now_ms)
+    for run_id in run_ids:
+        wakeup = Wakeup(run_id=run_id, reason=reason, produced_at=now_ms)
         partition = choose_partition(run_id, partitions, settings.partition_by_run)
         produce(producer, topic, wakeup.encode(), wakeup.key(), partition)
     if producer.flush(30) != 0:
-        raise ClientError("the broker did not acknowledge every start wakeup within 30 s")
-    return inserted
+        raise ClientError(f"the broker did not acknowledge every {reason} wakeup within 30 s")

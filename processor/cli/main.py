@@ -18,7 +18,13 @@ from confluent_kafka import KafkaError, KafkaException
 from processor.cli.common import EXIT_FAILED, EXIT_USAGE, CliError
 from processor.cli.dlq import cmd_dlq_list, cmd_dlq_replay
 from processor.cli.gc import cmd_gc
-from processor.cli.runs import cmd_inspect, cmd_signal, cmd_start, cmd_workflows_register
+from processor.cli.runs import (
+    cmd_inspect,
+    cmd_runs_release,
+    cmd_signal,
+    cmd_start,
+    cmd_workflows_register,
+)
 from processor.cli.services import cmd_migrate, cmd_process, cmd_topics_create, cmd_worker
 from processor.cli.tool_commands import cmd_bench, cmd_demo, parse_bench_arguments
 from processor.core.model import SignalKind
@@ -72,6 +78,15 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("inspect", help="show a run: status, nodes, version, seq, checksum check")
     p.add_argument("run_id")
     p.set_defaults(func=cmd_inspect)
+
+    runs = sub.add_parser("runs", help="act on runs")
+    runs_sub = runs.add_subparsers(dest="runs_command", required=True, metavar="ACTION")
+    p = runs_sub.add_parser(
+        "release",
+        help="clear a quarantined run's flag (once its row is repaired) and wake it",
+    )
+    p.add_argument("run_id")
+    p.set_defaults(func=cmd_runs_release)
 
     p = sub.add_parser("signal", help="send a signal to a run")
     p.add_argument("run_id")

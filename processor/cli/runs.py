@@ -1,23 +1,25 @@
-"""Commands about workflows and runs: workflows register, start, inspect, signal."""
+"""Commands about workflows and runs: workflows register, start, inspect, signal, runs
+release."""
 
 from __future__ import annotations
 
 import argparse
-import time
 import uuid
 from pathlib import Path
 
 import orjson
-from confluent_kafka import Producer
 
 from processor.cli.common import EXIT_FAILED, EXIT_OK, EXIT_USAGE, CliError
-from processor.client import connect, start_runs
-from processor.core.envelope import Wakeup
+from processor.client import connect, start_runs, wake
 from processor.core.model import SignalKind, ValidationError, parse_workflow, state_checksum
-from processor.core.routing import TopicNames, partition_for
 from processor.io.config import Settings
-from processor.io.kafka import produce, producer_config, topic_partitions
-from processor.io.runs_admin import insert_signal, register_workflow, run_columns, run_tier
+from processor.io.runs_admin import (
+    insert_signal,
+    register_workflow,
+    release_quarantine,
+    run_columns,
+    run_tier,
+)
 from processor.io.store import Definitions, load_runs
 from processor.io.workflow_schema import WorkflowSchemaError, check_workflow_document
 
@@ -67,14 +69,19 @@ def cmd_start(settings: Settings, args: argparse.Namespace) -> int:
 
 def cmd_inspect(settings: Settings, args: argparse.Namespace) -> int:
     with connect(settings) as conn:
-        run = load_runs(conn, Definitions(), [args.run_id]).get(args.run_id)
         columns = run_columns(conn, args.run_id)
+        run = load_runs(conn, Definitions(), [args.run_id]).get(args.run_id)
     if run is None or columns is None:
         raise CliError(f"no run with id {args.run_id!r}")
-    if isinstance(run, Exception):
-        raise CliError(str(run))
-    print(f"run        {run.run_id}")
-    print(f"workflow   {run.workflow[0]} v{run.workflow[1]}")
+    print(f"run        {args.run_id}")
+    print(f"workflow   {columns.workflow[0]} v{columns.workflow[1]}")
+    if columns.quarantined_at is not None:
+        print(f"QUARANTINED since {columns.quarantined_at}: {columns.quarantine_reason}")
+        print("           the sweeps skip it; repair the row, then `ductor runs release RUN_ID`")
+    if isinstance(run, Exception):  # the row cannot be loaded: what it says, as stored
+        print(f"status     {columns.status} (as stored; the row cannot be loaded: {run})")
+        print(f"version    {columns.version}   tier {columns.tier}")
+        return EXIT_FAILED
     print(
         f"status     {run.state.status.value}"
         + (f" ({run.state.reason})" if run.state.reason else "")
@@ -87,7 +94,8 @@ def cmd_inspect(settings: Settings, args: argparse.Namespace) -> int:
     for name, node in run.state.nodes:
         extra = f"  error: {node.error}" if node.error else ""
         print(f"  {name:20} {node.status.value:11} attempt {node.attempt}{extra}")
-    return EXIT_OK if run.checksum_ok else EXIT_FAILED
+    healthy = run.checksum_ok and columns.quarantined_at is None
+    return EXIT_OK if healthy else EXIT_FAILED
 
 
 def cmd_signal(settings: Settings, args: argparse.Namespace) -> int:
@@ -98,12 +106,20 @@ def cmd_signal(settings: Settings, args: argparse.Namespace) -> int:
         if tier is None:
             raise CliError(f"no run with id {args.run_id!r}")
         new = insert_signal(conn, args.run_id, signal_id, kind)
-    producer = Producer(producer_config(settings, "ductor-cli"))
-    topic = TopicNames(settings.topic_prefix).wakeup(tier)
-    partitions = topic_partitions(producer, [topic])[topic]
-    wakeup = Wakeup(run_id=args.run_id, reason="signal", produced_at=int(time.time() * 1000))
-    produce(producer, topic, wakeup.encode(), wakeup.key(), partition_for(args.run_id, partitions))
-    if producer.flush(30) != 0:
-        raise CliError("the broker did not acknowledge the signal's wakeup within 30 s")
+    wake(settings, [args.run_id], tier, "signal")
     print(f"signal {kind.value} {'sent' if new else 'was already recorded'} ({signal_id})")
+    return EXIT_OK
+
+
+def cmd_runs_release(settings: Settings, args: argparse.Namespace) -> int:
+    """Clear a run's quarantine flag and wake it: a repaired row goes on; one still broken is
+    dead-lettered and quarantined again."""
+    with connect(settings) as conn:
+        tier = run_tier(conn, args.run_id)
+        if tier is None:
+            raise CliError(f"no run with id {args.run_id!r}")
+        if not release_quarantine(conn, args.run_id):
+            raise CliError(f"run {args.run_id!r} is not quarantined")
+    wake(settings, [args.run_id], tier, "replay")
+    print(f"run {args.run_id} released and woken")
     return EXIT_OK

@@ -101,6 +101,9 @@ class Plan:
     reason: ForceFailReason | DeadLetterReason | None = None  # force-failed, dead-lettered: why
     detail: str = ""  # dead-lettered: what exactly was wrong
     force_fail: ForceFailWrite | None = None  # a write to make before the plan holds
+    # The run's row cannot be used (dead-lettered for what it holds): flag it, so the sweeps
+    # stop re-waking it. Written before the plan is carried out, like ``force_fail``.
+    quarantine: bool = False
 
     @property
     def settles(self) -> bool:
@@ -167,7 +170,8 @@ def decide(
         return _dead_letter(item.run_id, item.records, reason, detail, rules)
     if isinstance(loaded, UnknownWorkflow):
         reason = DeadLetterReason.UNKNOWN_WORKFLOW
-        return _dead_letter(item.run_id, item.records, reason, str(loaded), rules)
+        plan = _dead_letter(item.run_id, item.records, reason, str(loaded), rules)
+        return replace(plan, quarantine=True)
     if isinstance(loaded, UnreadableRun) or not loaded.checksum_ok:
         detail = (
             str(loaded)
@@ -175,7 +179,8 @@ def decide(
             else "state_checksum does not match the row: changed out of band"
         )
         reason = DeadLetterReason.CHECKSUM_MISMATCH
-        return _dead_letter(item.run_id, item.records, reason, detail, rules)
+        plan = _dead_letter(item.run_id, item.records, reason, detail, rules)
+        return replace(plan, quarantine=True)
     version = loaded.version
     if commit is None:
         return Plan(item.run_id, Outcome.NOOP, Outcome.NOOP, expected_version=version)
@@ -248,8 +253,10 @@ def force_fail_refused(plan: Plan) -> Plan:
 
 def poisoned(item: BatchItem, detail: str, rules: Rules) -> Plan:
     """The run made a statement fail on what it holds (isolated from its batch): its records
-    are dead-lettered, so that it never holds the runs batched with it again."""
-    return _dead_letter(item.run_id, item.records, DeadLetterReason.POISON, detail, rules)
+    are dead-lettered and the run quarantined, so that it never holds the runs batched with it
+    again."""
+    plan = _dead_letter(item.run_id, item.records, DeadLetterReason.POISON, detail, rules)
+    return replace(plan, quarantine=True)
 
 
 def database_failed(item: BatchItem, retry_in_ms: int) -> Plan:

@@ -54,6 +54,7 @@ class Stats:
     requeues: Counter[int] = field(default_factory=Counter)  # by delay rung (ms)
     force_fails: Counter[str] = field(default_factory=Counter)  # by reason
     dead_letters: Counter[str] = field(default_factory=Counter)  # by reason
+    quarantined: Counter[str] = field(default_factory=Counter)  # runs flagged, by reason
     records: int = 0  # wakeup records accepted
     commit_attempts: int = 0  # runs sent to a batched commit
     relayed: int = 0  # records sent again from the outbox (an instance died after its commit)
@@ -84,6 +85,7 @@ class Stats:
             "requeues": {str(k): v for k, v in sorted(self.requeues.items())},
             "force_fails": _plain(self.force_fails),
             "dead_letters": _plain(self.dead_letters),
+            "quarantined": _plain(self.quarantined),
             "commit_attempts": self.commit_attempts,
             "relayed": self.relayed,
             "unknown_commits": _plain(self.unknown_commits),

@@ -61,6 +61,10 @@ class Database:
         state only if the run did not move since it was loaded."""
         return store.force_fail_write(self.conn, write.run_id, write.loaded_checksum, write.state)
 
+    def quarantine(self, runs: Sequence[tuple[str, str]]) -> set[str]:
+        """Flag runs whose rows cannot be used, ``(run_id, why)``; returns the newly flagged."""
+        return store.quarantine_runs(self.conn, runs)
+
     def force_fail_stuck(self, run_id: str, selected_seq: int) -> bool:
         """Fail a run that made no transition for too long, through the same terminal path,
         only if it is still at the seq it was selected at (a transition committed between

@@ -206,6 +206,7 @@ class Executor:
                 ]
             if not result.force_fail_errors:
                 self._database_back()
+            self._ledger.quarantined(result.quarantined, result.quarantine_error)
         tick = (result.started_ns, result.tick_ended_ns)
         commit = (result.tick_ended_ns, result.commit_ended_ns)
         for work, plan in zip(batch, plans, strict=True):

@@ -78,6 +78,19 @@ class Ledger:
         if span is not None:
             span.set_attribute("ductor.reason", reason.value)
 
+    def quarantined(self, plans: list[Plan], error: Exception | None) -> None:
+        """Runs flagged so the sweeps skip them (their rows cannot be used), each once."""
+        for plan in plans:
+            assert isinstance(plan.reason, DeadLetterReason)
+            self._stats.quarantined[plan.reason] += 1
+            log.warning(
+                "run %s quarantined: the sweeps skip it until `ductor runs release`",
+                plan.run_id,
+                extra={"run_id": plan.run_id, "reason": plan.reason.value, "detail": plan.detail},
+            )
+        if error is not None:  # tried again when the run is next met: not an outage
+            log.warning("could not write quarantine flags: %s", _first_line(error))
+
     def relayed(self, run_id: str, records: int) -> None:
         """Records of a transition sent again from the outbox (their first send was lost)."""
         self._stats.relayed += records
@@ -163,3 +176,8 @@ class Ledger:
         """A genuine failure ends the span as an error; the retry gets a span of its own."""
         end_error(work.span, exc)
         work.span = None
+
+
+def _first_line(exc: Exception) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__

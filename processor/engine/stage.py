@@ -53,6 +53,8 @@ class StageResult:
     not_landed: set[str] = field(default_factory=set)
     redo_acknowledged: bool = False  # the outbox deletions did not land either
     force_fail_errors: dict[str, psycopg.Error] = field(default_factory=dict)
+    quarantined: list[Plan] = field(default_factory=list)  # plans whose run this stage flagged
+    quarantine_error: psycopg.Error | None = None  # the flags could not be written
     commit_attempts: int = 0
     tick_ended_ns: int = 0
     commit_ended_ns: int = 0
@@ -101,7 +103,24 @@ class DatabaseStage:
         except psycopg.Error as exc:
             result.error = exc
             result.plans.clear()
+            return result
+        self._quarantine(result)
         return result
+
+    def _quarantine(self, result: StageResult) -> None:
+        """Flag the runs whose rows the plans found unusable. The flag only spares the sweeps:
+        one that could not be written is written when the run is met again, so a failure
+        here fails nothing of the batch."""
+        flagged = [p for p in result.plans if p.quarantine]
+        if not flagged:
+            return
+        try:
+            done = self._db.quarantine([(p.run_id, f"{p.reason}: {p.detail}") for p in flagged])
+        except psycopg.Error as exc:
+            self._db.close()
+            result.quarantine_error = exc
+            return
+        result.quarantined = [p for p in flagged if p.run_id in done]
 
     def _isolating_poison(
         self, items: list[BatchItem], acknowledged: list[tuple[str, int]], result: StageResult

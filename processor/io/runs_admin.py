@@ -34,6 +34,11 @@ class RunColumns:
     created_at: datetime
     updated_at: datetime
     failure_reason: str | None
+    workflow: tuple[str, int]
+    status: str  # as stored (a row that cannot be loaded still has one)
+    tier: str
+    quarantined_at: datetime | None
+    quarantine_reason: str | None
 
 
 def register_workflow(conn: psycopg.Connection[Any], wf: WorkflowDef) -> bool:
@@ -103,14 +108,39 @@ def insert_signal(
 
 
 def run_columns(conn: psycopg.Connection[Any], run_id: str) -> RunColumns | None:
-    """The run's version, next wakeup, creation and update times and failure reason, or None
-    if there is no such run."""
+    """The run row's columns as stored (readable or not), or None if there is no such run."""
     row = conn.execute(
-        "SELECT db_record_version, next_wakeup_at, created_at, updated_at, failure_reason"
+        "SELECT db_record_version, next_wakeup_at, created_at, updated_at, failure_reason,"
+        "       workflow_name, workflow_version, status, tier, quarantined_at, quarantine_reason"
         " FROM eec_workflow_run WHERE run_id = %s",
         (run_id,),
     ).fetchone()
-    return None if row is None else RunColumns(row[0], row[1], row[2], row[3], row[4])
+    if row is None:
+        return None
+    version, next_wakeup_at, created, updated, failure, wf_name, wf_version, *rest = row
+    status, tier, quarantined_at, quarantine_reason = rest
+    return RunColumns(
+        version,
+        next_wakeup_at,
+        created,
+        updated,
+        failure,
+        (wf_name, wf_version),
+        status,
+        tier,
+        quarantined_at,
+        quarantine_reason,
+    )
+
+
+def release_quarantine(conn: psycopg.Connection[Any], run_id: str) -> bool:
+    """Clear a run's quarantine flag (its row was repaired); False if it was not flagged."""
+    cur = conn.execute(
+        "UPDATE eec_workflow_run SET quarantined_at = NULL, quarantine_reason = NULL"
+        " WHERE run_id = %s AND quarantined_at IS NOT NULL",
+        (run_id,),
+    )
+    return cur.rowcount == 1
 
 
 def run_tier(conn: psycopg.Connection[Any], run_id: str) -> str | None:

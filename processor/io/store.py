@@ -154,6 +154,17 @@ UPDATE eec_workflow_run
  WHERE run_id = %s AND state_checksum = %s AND status IN ('pending', 'running')
 """
 
+# Only the flag and its reason: the run's state, version and checksum stay as they were (the
+# row is written by committed ticks only), so nothing here can race a commit.
+_QUARANTINE_SQL = """
+UPDATE eec_workflow_run r
+   SET quarantined_at = now(), quarantine_reason = q.why
+  FROM jsonb_to_recordset(%s::jsonb) AS q(run_id text, why text)
+ WHERE r.run_id = q.run_id AND r.quarantined_at IS NULL
+RETURNING r.run_id
+"""
+_QUARANTINE_WHY_CHARS = 1000
+
 
 class Definitions:
     """Workflow definitions by (name, version). Registered versions are immutable, so cache."""
@@ -341,6 +352,16 @@ def force_fail_write(
     return cur.rowcount == 1
 
 
+def quarantine_runs(conn: psycopg.Connection[Any], runs: Sequence[tuple[str, str]]) -> set[str]:
+    """Flag runs whose rows cannot be used, with why (``(run_id, why)``), so the sweeps skip
+    them; returns the ones newly flagged (a run flagged already keeps its first reason)."""
+    flagged = orjson.dumps(
+        [{"run_id": run_id, "why": why[:_QUARANTINE_WHY_CHARS]} for run_id, why in runs]
+    ).decode()
+    rows = conn.execute(_QUARANTINE_SQL, (flagged,)).fetchall()
+    return {r[0] for r in rows}
+
+
 def insert_step_result(
     conn: psycopg.Connection[Any],
     run_id: str,
@@ -362,12 +383,13 @@ def insert_step_result(
 def sweep_due(
     conn: psycopg.Connection[Any], modulus: int, shards: Sequence[int], grace_s: float, limit: int
 ) -> list[tuple[str, str]]:
-    """Live runs of the given shards whose next wakeup is overdue by more than the grace."""
+    """Live runs of the given shards whose next wakeup is overdue by more than the grace
+    (quarantined runs are left out: re-waking them would only dead-letter the wakeup)."""
     return [
         (r[0], r[1])
         for r in conn.execute(
             "SELECT run_id, tier FROM eec_workflow_run"
-            " WHERE status IN ('pending', 'running')"
+            " WHERE status IN ('pending', 'running') AND quarantined_at IS NULL"
             "   AND next_wakeup_at < now() - make_interval(secs => %s)"
             "   AND shard %% %s = ANY(%s)"
             " ORDER BY next_wakeup_at LIMIT %s",
@@ -387,7 +409,7 @@ def sweep_stuck(
         (r[0], r[1])
         for r in conn.execute(
             "SELECT run_id, last_transition_seq FROM eec_workflow_run"
-            " WHERE status IN ('pending', 'running')"
+            " WHERE status IN ('pending', 'running') AND quarantined_at IS NULL"
             "   AND last_transition_at < now() - make_interval(secs => %s)"
             "   AND (next_wakeup_at IS NULL"
             "        OR next_wakeup_at < now() - make_interval(secs => %s))"

@@ -180,6 +180,12 @@ class Telemetry:
             "records dead-lettered by reason",
             lambda: [Observation(n, {"ductor.reason": k}) for k, n in stats.dead_letters.items()],
         )
+        counter(
+            "ductor.quarantined",
+            "{run}",
+            "runs flagged as unusable (the sweeps skip them) by reason",
+            lambda: [Observation(n, {"ductor.reason": k}) for k, n in stats.quarantined.items()],
+        )
 
         def read_lag(_options: CallbackOptions) -> list[Observation]:
             return [

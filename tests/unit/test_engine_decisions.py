@@ -212,6 +212,21 @@ def test_an_unreadable_row_is_dead_lettered_as_a_checksum_mismatch() -> None:
     plan = _refused_after_load(UnreadableRun("node_states cannot be read"))()
     assert plan.reason is DeadLetterReason.CHECKSUM_MISMATCH
     assert "cannot be read" in plan.detail
+    assert plan.quarantine
+
+
+# A run whose row exists but cannot be used is flagged so the sweeps stop re-waking it; a record
+# refused before (or without) a row has nothing to flag.
+_QUARANTINED = {
+    DeadLetterReason.POISON,
+    DeadLetterReason.UNKNOWN_WORKFLOW,
+    DeadLetterReason.CHECKSUM_MISMATCH,
+}
+
+
+@pytest.mark.parametrize("reason", list(DeadLetterReason))
+def test_only_a_run_whose_row_cannot_be_used_is_quarantined(reason: DeadLetterReason) -> None:
+    assert DEAD_LETTERS[reason]().quarantine is (reason in _QUARANTINED)
 
 
 def test_a_tombstone_stays_a_tombstone() -> None:

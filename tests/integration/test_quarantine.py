@@ -1,0 +1,180 @@
+"""Quarantine: a run whose row cannot be used (changed out of band, a definition that cannot be
+read) is dead-lettered once and flagged, so the watchdog stops re-waking it on every sweep and
+bad rows never fill a sweep's limit; `ductor inspect` shows the flag and `ductor runs release`
+clears it once the row is repaired."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import uuid
+from dataclasses import replace
+from typing import Any
+
+import orjson
+import psycopg
+import pytest
+
+from processor.core.model import parse_workflow
+from processor.io.config import Settings
+from processor.io.dlq import DeadLetter, read_dead_letters
+from processor.io.runs_admin import insert_runs, register_workflow
+
+from .conftest import (
+    REPO,
+    ProcessorThread,
+    WorkerThread,
+    child_env,
+    count_terminal,
+    run_statuses,
+    sample_workflow,
+    wait_for,
+)
+
+pytestmark = pytest.mark.integration
+
+LIMIT = 4  # runs per sweep: fewer than the bad rows, so they would fill every sweep
+CLOCK_SLACK_MS = 50  # Postgres's now() is taken when its statement started
+
+
+def _quarantined(pg: psycopg.Connection[Any], run_ids: list[str]) -> dict[str, str]:
+    rows = pg.execute(
+        "SELECT run_id, quarantine_reason FROM eec_workflow_run"
+        " WHERE run_id = ANY(%s) AND quarantined_at IS NOT NULL",
+        (run_ids,),
+    ).fetchall()
+    return {r[0]: r[1] for r in rows}
+
+
+def _flagged_ms(pg: psycopg.Connection[Any], run_ids: list[str]) -> dict[str, int]:
+    rows = pg.execute(
+        "SELECT run_id, (extract(epoch FROM quarantined_at) * 1000)::bigint"
+        " FROM eec_workflow_run WHERE run_id = ANY(%s)",
+        (run_ids,),
+    ).fetchall()
+    return {r[0]: r[1] for r in rows}
+
+
+def _run_of(letter: DeadLetter) -> str:
+    return str(orjson.loads(letter.value or b"{}")["run_id"])
+
+
+def _cli(settings: Settings, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "processor", *args],
+        env=child_env(settings),
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
+def test_bad_rows_are_quarantined_once_and_released_after_repair(
+    settings: Settings, pg: psycopg.Connection[Any], processor_thread: Any
+) -> None:
+    settings = replace(settings, sweep_grace_s=0.0, sweep_limit=LIMIT, stuck_after_s=3600.0)
+    tag = uuid.uuid4().hex[:6]
+    tampered = [f"tampered-{tag}-{i}" for i in range(5)]
+    unreadable = [f"unreadable-{tag}-{i}" for i in range(4)]
+    lost = [f"lost-{tag}-{i}" for i in range(6)]  # good runs whose wakeups were never sent
+    insert_runs(pg, sample_workflow(), [(r, {}) for r in tampered + lost], "t1")
+    broken = parse_workflow(
+        {"name": f"broken-{tag}", "version": 1, "steps": [{"name": "a", "type": "fast"}]}
+    )
+    register_workflow(pg, broken)
+    insert_runs(pg, broken, [(r, {}) for r in unreadable], "t1")
+    # The definition row no longer parses (written by hand): its runs cannot be loaded.
+    pg.execute(
+        "UPDATE eec_workflow_definition SET definition = '{\"steps\": 3}' WHERE name = %s",
+        (broken.name,),
+    )
+    checksum = pg.execute(
+        "SELECT state_checksum FROM eec_workflow_run WHERE run_id = %s", (tampered[0],)
+    ).fetchone()
+    assert checksum is not None
+    pg.execute(
+        "UPDATE eec_workflow_run SET state_checksum = 'changed-by-hand' WHERE run_id = ANY(%s)",
+        (tampered,),
+    )
+    # Every run is overdue, the bad ones longest: without quarantine they would come first in
+    # every sweep and fill its limit, and the lost good runs would never be re-woken.
+    pg.execute(
+        "UPDATE eec_workflow_run SET next_wakeup_at = now() - interval '1 hour'"
+        " WHERE run_id = ANY(%s)",
+        (tampered + unreadable,),
+    )
+    pg.execute(
+        "UPDATE eec_workflow_run SET next_wakeup_at = now() - interval '1 minute'"
+        " WHERE run_id = ANY(%s)",
+        (lost,),
+    )
+    bad = tampered + unreadable
+
+    instance: ProcessorThread = processor_thread(settings)
+    worker = WorkerThread(settings)
+    try:
+        wait_for(lambda: count_terminal(pg, lost) == len(lost), 90, "the lost good runs to end")
+        assert set(run_statuses(pg, lost).values()) == {"succeeded"}
+        wait_for(lambda: len(_quarantined(pg, bad)) == len(bad), 30, "every bad run flagged")
+        # A sweep that started before the last flag may still re-wake; none after it does.
+        watchdog = instance.processor.watchdog
+        sweeps = watchdog.sweeps
+        wait_for(lambda: watchdog.sweeps >= sweeps + 2, 30, "two sweeps")
+        rewoken, sweeps = watchdog.rewoken, watchdog.sweeps
+        wait_for(lambda: watchdog.sweeps >= sweeps + 4, 30, "four more sweeps")
+        assert watchdog.rewoken == rewoken
+        # Flagged exactly once each, with its reason.
+        assert dict(instance.stats.quarantined) == {
+            "checksum_mismatch": len(tampered),
+            "unknown_workflow": len(unreadable),
+        }
+        # Every bad run's wakeups went to the dead-letter topic, and none was produced after
+        # the run was flagged (one re-woken just before its flag may still arrive after it).
+        flagged_ms = _flagged_ms(pg, bad)
+        wait_for(
+            lambda: {_run_of(d) for d in read_dead_letters(settings)} == set(bad),
+            30,
+            "a dead letter for every bad run",
+        )
+        for letter in read_dead_letters(settings):
+            wakeup = orjson.loads(letter.value or b"{}")
+            assert wakeup["produced_at"] <= flagged_ms[wakeup["run_id"]] + CLOCK_SLACK_MS, letter
+        flags = _quarantined(pg, bad)
+        assert all(flags[r].startswith("checksum_mismatch: ") for r in tampered)
+        assert all(flags[r].startswith("unknown_workflow: ") for r in unreadable)
+
+        shown = _cli(settings, "inspect", tampered[0])
+        assert shown.returncode == 1
+        assert "QUARANTINED since" in shown.stdout and "checksum_mismatch" in shown.stdout
+        shown = _cli(settings, "inspect", unreadable[0])
+        assert shown.returncode == 1, shown.stderr
+        assert "QUARANTINED since" in shown.stdout and "as stored" in shown.stdout
+
+        refused = _cli(settings, "runs", "release", lost[0])
+        assert refused.returncode == 1 and "is not quarantined" in refused.stderr
+
+        # Repaired, then released: the run goes on from where it was.
+        pg.execute(
+            "UPDATE eec_workflow_run SET state_checksum = %s WHERE run_id = %s",
+            (checksum[0], tampered[0]),
+        )
+        released = _cli(settings, "runs", "release", tampered[0])
+        assert released.returncode == 0, released.stderr
+        wait_for(
+            lambda: run_statuses(pg, [tampered[0]]) == {tampered[0]: "succeeded"},
+            60,
+            "the repaired run to succeed",
+        )
+        # Released while still broken: dead-lettered and quarantined again, once.
+        released = _cli(settings, "runs", "release", tampered[1])
+        assert released.returncode == 0, released.stderr
+        wait_for(
+            lambda: instance.stats.quarantined["checksum_mismatch"] == len(tampered) + 1,
+            30,
+            "the still-broken run to be quarantined again",
+        )
+        assert tampered[1] in _quarantined(pg, [tampered[1]])
+    finally:
+        worker.stop()
