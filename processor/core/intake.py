@@ -81,18 +81,21 @@ def admit(message: KafkaMessage, names: TopicNames, max_bytes: int, now_ms: int)
     if isinstance(decoded, Rejected):
         return Reject(record, decoded.reason, decoded.detail)
     record.wakeup = decoded
-    if decoded.due_at is not None and decoded.due_at > now_ms:
+    due_at, target_at = decoded.due_at, decoded.target_at
+    # A target is bounded whatever the due time: a record due soon must not carry one past it.
+    if target_at is not None and target_at > now_ms + MAX_BACKOFF_MS + CLOCK_TOLERANCE_MS:
+        detail = f"target_at is {target_at - now_ms} ms ahead, past {MAX_BACKOFF_MS} ms"
+        return Reject(record, DeadLetterReason.OUT_OF_BOUNDS, detail)
+    if due_at is not None and due_at > now_ms:
         on_delay = record.tier == "delay"
         horizon = names.rung_of(topic) if on_delay else DELAY_RUNGS_MS[-1]
-        if decoded.due_at > now_ms + horizon + CLOCK_TOLERANCE_MS:
-            detail = f"due_at is {decoded.due_at - now_ms} ms ahead, past its horizon {horizon} ms"
+        if due_at > now_ms + horizon + CLOCK_TOLERANCE_MS:
+            detail = f"due_at is {due_at - now_ms} ms ahead, past its horizon {horizon} ms"
             return Reject(record, DeadLetterReason.OUT_OF_BOUNDS, detail)
         if on_delay:
-            return NotDue(record, decoded.due_at - now_ms)
-        return Hop(record, decoded.due_at)
-    if decoded.target_at is not None and decoded.target_at > now_ms:
-        if decoded.target_at > now_ms + MAX_BACKOFF_MS + CLOCK_TOLERANCE_MS:
-            detail = f"target_at is {decoded.target_at - now_ms} ms ahead, past {MAX_BACKOFF_MS} ms"
-            return Reject(record, DeadLetterReason.OUT_OF_BOUNDS, detail)
-        return Hop(record, decoded.target_at)
+            return NotDue(record, due_at - now_ms)
+        # Really due at the later of the two: the hop must not drop a target it carries.
+        return Hop(record, max(due_at, target_at or 0))
+    if target_at is not None and target_at > now_ms:
+        return Hop(record, target_at)
     return Accepted(record)

@@ -222,6 +222,11 @@ class ProcessorThread:
         self._thread = threading.Thread(target=self.processor.run, name="processor", daemon=True)
         self._thread.start()
 
+    @property
+    def alive(self) -> bool:
+        """The instance's loop is still running (it stops only when told to, or on a crash)."""
+        return self._thread.is_alive()
+
     def stop(self) -> None:
         self.processor.stop()
         self._thread.join(60)

@@ -6,12 +6,9 @@ and `ductor dlq replay` sends a fixed or now-valid record back to be processed."
 from __future__ import annotations
 
 import re
-import shutil
 import subprocess
 import sys
 import uuid
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -26,7 +23,7 @@ from processor.core.records import normalise_headers
 from processor.core.routing import TopicNames
 from processor.io.config import Settings
 from processor.io.dlq import DeadLetter, read_dead_letters
-from processor.io.runs_admin import insert_runs, register_workflow
+from processor.io.runs_admin import insert_runs
 
 from .conftest import (
     REPO,
@@ -38,11 +35,11 @@ from .conftest import (
     run_statuses,
     wait_for,
 )
+from .kcat import envelope, kcat_path, run_of_a_vanished_workflow
 
 pytestmark = pytest.mark.integration
 
 MAX_BYTES = 1024
-_FK = "eec_workflow_run_workflow_name_workflow_version_fkey"
 
 
 @dataclass(frozen=True)
@@ -58,16 +55,9 @@ class Sent:
         return [("x-origin", b"kcat"), ("x-seq", str(self.seq).encode())]
 
 
-def _kcat() -> str:
-    found = shutil.which("kcat") or shutil.which("kafkacat")
-    if found is None:
-        pytest.fail("kcat is not installed: run `make tools` (apt-get install kafkacat)")
-    return found
-
-
 def _kcat_produce(settings: Settings, topic: str, record: Sent, tmp_path: Path) -> None:
     """One record per kcat run: a file given to `kcat -P` is sent whole as one message."""
-    command = [_kcat(), "-b", settings.bootstrap_servers, "-P", "-t", topic]
+    command = [kcat_path(), "-b", settings.bootstrap_servers, "-P", "-t", topic]
     for name, value in record.headers():
         command += ["-H", f"{name}={value.decode()}"]
     stdin = None
@@ -85,53 +75,24 @@ def _kcat_produce(settings: Settings, topic: str, record: Sent, tmp_path: Path) 
     assert done.returncode == 0, f"kcat failed: {done.stderr.decode(errors='replace')}"
 
 
-def _envelope(run_id: str, **extra: Any) -> bytes:
-    return orjson.dumps({"envelope_version": 1, "run_id": run_id, "reason": "start", **extra})
-
-
 def _garbage(tag: str) -> list[tuple[bytes | None, str]]:
     """(value, expected reason) for every way a wakeup can be bad."""
     return [
         (b"\x00\xff\xfe binary, not JSON {", "not_json"),
         (b"hello, processor", "not_json"),
         (b'{"envelope_version": 1, "reason": "start"}', "wrong_schema"),  # no run_id
-        (_envelope(f"good-{tag}-0", colour="blue"), "wrong_schema"),  # unknown field
+        (envelope(f"good-{tag}-0", colour="blue"), "wrong_schema"),  # unknown field
         (b"[1, 2, 3]", "wrong_schema"),
         (None, "wrong_schema"),  # tombstone
         (
             orjson.dumps({"envelope_version": 99, "run_id": "r", "reason": "start"}),
             "unknown_envelope_version",
         ),
-        (_envelope(f"good-{tag}-1") + b" " * (MAX_BYTES + 100), "oversize"),
-        (_envelope(f"ghost-{tag}"), "unknown_run"),
-        (_envelope(f"orphan-{tag}"), "unknown_workflow"),
-        (_envelope(f"tampered-{tag}"), "checksum_mismatch"),
+        (envelope(f"good-{tag}-1") + b" " * (MAX_BYTES + 100), "oversize"),
+        (envelope(f"ghost-{tag}"), "unknown_run"),
+        (envelope(f"orphan-{tag}"), "unknown_workflow"),
+        (envelope(f"tampered-{tag}"), "checksum_mismatch"),
     ]
-
-
-@contextmanager
-def _run_of_a_vanished_workflow(pg: psycopg.Connection[Any], run_id: str) -> Iterator[None]:
-    """A run whose workflow definition is gone. The foreign key forbids that state, so the
-    key is dropped, the definition deleted and the key added back NOT VALID (enforced for new
-    rows, not checked against this one). Afterwards the row goes and the key is validated."""
-    wf = parse_workflow(
-        {"name": f"vanished-{run_id}", "version": 1, "steps": [{"name": "a", "type": "fast"}]}
-    )
-    register_workflow(pg, wf)
-    insert_runs(pg, wf, [(run_id, {})], "t1")
-    with pg.transaction():
-        pg.execute(f"ALTER TABLE eec_workflow_run DROP CONSTRAINT {_FK}")
-        pg.execute("DELETE FROM eec_workflow_definition WHERE name = %s", (wf.name,))
-        pg.execute(
-            f"ALTER TABLE eec_workflow_run ADD CONSTRAINT {_FK} FOREIGN KEY"
-            " (workflow_name, workflow_version) REFERENCES eec_workflow_definition (name, version)"
-            " NOT VALID"
-        )
-    try:
-        yield
-    finally:
-        pg.execute("DELETE FROM eec_workflow_run WHERE run_id = %s", (run_id,))
-        pg.execute(f"ALTER TABLE eec_workflow_run VALIDATE CONSTRAINT {_FK}")
 
 
 def _read_at(settings: Settings, topic: str, partition: int, offset: int) -> Any:
@@ -187,7 +148,7 @@ def test_garbage_from_an_outside_client_is_dead_lettered_listed_and_replayed(
     # Good and bad records interleaved, so the processor commits good runs between poison.
     records: list[Sent] = []
     for i, run_id in enumerate(good_ids):
-        records.append(Sent(len(records), f"{run_id}:0", _envelope(run_id), None))
+        records.append(Sent(len(records), f"{run_id}:0", envelope(run_id), None))
         if i < len(garbage):
             value, reason = garbage[i]
             records.append(Sent(len(records), f"bad-{i}", value, reason))
@@ -204,7 +165,7 @@ def test_garbage_from_an_outside_client_is_dead_lettered_listed_and_replayed(
     names = TopicNames(settings.topic_prefix)
     source_topic = names.wakeup("t1")
 
-    with _run_of_a_vanished_workflow(pg, f"orphan-{tag}"):
+    with run_of_a_vanished_workflow(pg, f"orphan-{tag}"):
         instance: ProcessorThread = processor_thread(settings)
         worker = WorkerThread(settings)
         try:
@@ -291,7 +252,7 @@ def _check_replays(
     # Fixed: a valid wakeup for a run that was never woken.
     fixed_id = f"fixed-{tag}"
     fix = tmp_path / "fixed.json"
-    fix.write_bytes(_envelope(fixed_id))
+    fix.write_bytes(envelope(fixed_id))
     replayed = _cli(settings, "dlq", "replay", str(not_json.offset), "--value-file", str(fix))
     assert replayed.returncode == 0, replayed.stderr
     where = re.search(r"to (\S+) partition (\d+) offset (\d+)", replayed.stdout)

@@ -104,6 +104,16 @@ def test_a_wakeup_tier_record_due_later_goes_to_the_ladder_instead_of_pausing_it
     assert send.topic == NAMES.delay(3200)  # the largest rung that fits the wait
 
 
+def test_a_wakeup_tier_record_due_soon_hops_toward_the_target_it_carries() -> None:
+    target = NOW_MS + 30_000
+    message = wakeup_message(1, Wakeup("r", "start", due_at=NOW_MS + 2_000, target_at=target))
+    verdict = admit(message, NAMES, MAX_BYTES, NOW_MS)
+    assert isinstance(verdict, Hop) and verdict.target_ms == target
+    (send,) = hop(verdict.record, verdict.target_ms, NOW_MS, NAMES).sends
+    onward = decode_wakeup(send.value, MAX_BYTES)
+    assert isinstance(onward, Wakeup) and onward.target_at == target
+
+
 @pytest.mark.parametrize(
     ("topic", "wakeup", "bound"),
     [
@@ -113,6 +123,17 @@ def test_a_wakeup_tier_record_due_later_goes_to_the_ladder_instead_of_pausing_it
         (NAMES.delay(100), Wakeup("r", "timer", due_at=NOW_MS + 600_000), "due_at"),
         # A timer's target: never further than the longest retry wait a workflow may declare.
         (NAMES.delay(100), Wakeup("r", "timer", target_at=NOW_MS + 10**12), "target_at"),
+        # ... even when the record is not due yet: it is not held, nor hopped, for nothing.
+        (
+            NAMES.delay(100),
+            Wakeup("r", "timer", due_at=NOW_MS + 50, target_at=NOW_MS + 10**12),
+            "target_at",
+        ),
+        (
+            NAMES.wakeup("t0"),
+            Wakeup("r", "start", due_at=NOW_MS + 2_000, target_at=NOW_MS + 10**12),
+            "target_at",
+        ),
     ],
 )
 def test_a_due_time_past_its_horizon_is_out_of_bounds(
