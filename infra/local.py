@@ -247,7 +247,17 @@ def port_free(port: int) -> bool:
     return True
 
 
-def require_free_port(port: int, variable: str, service: str) -> None:
+# A JVM killed with SIGKILL: its main thread is a zombie at once, its other threads (and the
+# sockets they hold) go a moment later.
+PORT_RELEASE_GRACE_S = 15.0
+
+
+def require_free_port(port: int, variable: str, service: str, grace_s: float = 0.0) -> None:
+    """Fail unless the port is free, waiting up to ``grace_s`` for it (a process we killed
+    can release its sockets a moment after its main thread is reported gone)."""
+    deadline = time.monotonic() + grace_s
+    while not port_free(port) and time.monotonic() < deadline:
+        time.sleep(0.1)
     if not port_free(port):
         raise InfraError(
             f"{HOST}:{port} is already in use by another process (not our {service}); "
@@ -469,14 +479,15 @@ class Kafka:
                 f"kafka: {self.data_dir} was formatted with other ports or paths than the "
                 "current settings; restore them, or run `down` and `up` for a fresh broker"
             )
-        java = self.prepare()
+        java = self.prepare(grace_s=PORT_RELEASE_GRACE_S)
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self.log4j_file.write_text(LOG4J2_PROPERTIES)
         self.launch_and_wait(java)
         note(f"kafka: started on its data in {time.monotonic() - started:.1f} s")
 
-    def prepare(self) -> Path:
-        """A java to run the broker with, the jars installed, and the broker's ports free."""
+    def prepare(self, grace_s: float = 0.0) -> Path:
+        """A java to run the broker with, the jars installed, and the broker's ports free
+        (waiting up to ``grace_s`` for them after a stop)."""
         java = ensure_java(need_maven=not self.installed())
         self.install(java)
         for port, variable in (
@@ -484,7 +495,7 @@ class Kafka:
             (self.settings.controller_port, "DUCTOR_LOCAL_KAFKA_CONTROLLER_PORT"),
             (self.settings.sasl_port, "DUCTOR_LOCAL_KAFKA_SASL_PORT"),
         ):
-            require_free_port(port, variable, "kafka broker")
+            require_free_port(port, variable, "kafka broker", grace_s)
         return java
 
     def launch_and_wait(self, java: Path) -> None:

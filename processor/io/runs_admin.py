@@ -234,8 +234,10 @@ def count_outbox_with_prefix(conn: psycopg.Connection[Any], prefix: str) -> int:
 
 def delete_runs_with_prefix(conn: psycopg.Connection[Any], prefix: str) -> int:
     """Delete the runs whose id starts with ``prefix`` (their results and signals go with
-    them); returns how many were deleted."""
-    cur = conn.execute("DELETE FROM eec_workflow_run WHERE run_id LIKE %s", (like_prefix(prefix),))
+    them by cascade, their outbox rows explicitly); returns how many were deleted."""
+    pattern = like_prefix(prefix)
+    conn.execute("DELETE FROM eec_outbox WHERE run_id LIKE %s", (pattern,))
+    cur = conn.execute("DELETE FROM eec_workflow_run WHERE run_id LIKE %s", (pattern,))
     return cur.rowcount
 
 

@@ -81,7 +81,7 @@ def base_settings() -> Settings:
 @pytest.fixture
 def pg(base_settings: Settings) -> Iterator[psycopg.Connection[Any]]:
     with psycopg.connect(base_settings.pg_dsn, autocommit=True) as conn:
-        conn.execute("TRUNCATE eec_workflow_run CASCADE")
+        conn.execute("TRUNCATE eec_workflow_run, eec_outbox CASCADE")
         yield conn
 
 

@@ -209,5 +209,6 @@ def run_of_a_vanished_workflow(pg: psycopg.Connection[Any], run_id: str) -> Iter
     try:
         yield
     finally:
+        pg.execute("DELETE FROM eec_outbox WHERE run_id = %s", (run_id,))
         pg.execute("DELETE FROM eec_workflow_run WHERE run_id = %s", (run_id,))
         pg.execute(f"ALTER TABLE eec_workflow_run VALIDATE CONSTRAINT {_FK}")

@@ -17,7 +17,7 @@ from processor.core.dead_letters import TRUNCATED
 from processor.core.envelope import Wakeup
 from processor.core.routing import TopicNames
 from processor.io.config import Settings
-from processor.io.dlq import read_dead_letters
+from processor.io.dlq import DeadLetter, read_dead_letters
 from processor.io.runs_admin import insert_runs
 
 from .conftest import (
@@ -80,6 +80,10 @@ def test_a_run_that_fails_its_batch_is_isolated_and_dead_lettered_as_poison(
     assert instance.stats.ticks["committed"] == len(good)  # each good run once, none held
 
 
+def _letters(settings: Settings, reason: str) -> list[DeadLetter]:
+    return [d for d in read_dead_letters(settings) if d.reason == reason]
+
+
 def test_runs_of_an_unreadable_workflow_definition_are_dead_lettered(
     settings: Settings, pg: psycopg.Connection[Any], processor_thread: Any
 ) -> None:
@@ -87,7 +91,8 @@ def test_runs_of_an_unreadable_workflow_definition_are_dead_lettered(
     unknown_workflow, and the processor goes on with every other run."""
     start_runs(settings, "sample", ["broken-1", "fine-1"])
     pg.execute(
-        "INSERT INTO eec_workflow_definition (name, version, definition) VALUES (%s, 1, %s)",
+        "INSERT INTO eec_workflow_definition (name, version, definition) VALUES (%s, 1, %s)"
+        " ON CONFLICT (name, version) DO NOTHING",  # left by an earlier run that failed
         ("broken", '{"name": "broken"}'),
     )
     pg.execute("UPDATE eec_workflow_run SET workflow_name = 'broken' WHERE run_id = 'broken-1'")
@@ -96,9 +101,15 @@ def test_runs_of_an_unreadable_workflow_definition_are_dead_lettered(
         lambda: run_statuses(pg, ["fine-1"]) == {"fine-1": "running"}, 60, "the fine run to move"
     )
     wait_for(lambda: instance.stats.dead_letters["unknown_workflow"] == 1, 30, "the dead letter")
-    (letter,) = [d for d in read_dead_letters(settings) if d.reason == "unknown_workflow"]
+    # Counted when decided; in the topic once the broker acknowledged it.
+    wait_for(lambda: len(_letters(settings, "unknown_workflow")) == 1, 30, "it in its topic")
+    (letter,) = _letters(settings, "unknown_workflow")
     assert "cannot be read" in letter.detail and letter.key == b"broken-1:0"
     assert count_terminal(pg, ["broken-1", "fine-1"]) == 0
+    pg.execute(
+        "DELETE FROM eec_outbox WHERE run_id IN"
+        " (SELECT run_id FROM eec_workflow_run WHERE workflow_name = 'broken')"
+    )
     pg.execute("DELETE FROM eec_workflow_run WHERE workflow_name = 'broken'")
     pg.execute("DELETE FROM eec_workflow_definition WHERE name = 'broken'")
 
