@@ -60,7 +60,7 @@ from processor.engine.ledger import Ledger
 from processor.engine.outage import Outage
 from processor.engine.stage import DatabaseStage, StageResult
 from processor.io.kafka import Outbox, choose_partition
-from processor.io.telemetry import Telemetry
+from processor.io.telemetry import Telemetry, context_headers
 
 log = logging.getLogger("ductor.executor")
 
@@ -255,9 +255,16 @@ class Executor:
         headers = list(send.headers)
         span: Span | None = None
         if self._telemetry.tracing:
-            span, trace_headers = self._telemetry.start_producer_span(
-                work.span, send.topic, dict(send.attributes)
-            )
+            if work.span is None:  # a relayed record: its own PRODUCER span starts a trace
+                span, trace_headers = self._telemetry.start_producer_span(
+                    None, send.topic, dict(send.attributes)
+                )
+            else:
+                # The record carries the CONSUMER span's context (its parent downstream); a
+                # sampled one notes the send as an event: a tick costs one span, not two.
+                if work.span.is_recording():
+                    self._telemetry.note_send(work.span, send.topic, send.attributes)
+                trace_headers = context_headers(work.span)
             headers = [h for h in headers if h[0] not in ("traceparent", "tracestate")]
             headers += trace_headers
 

@@ -2,9 +2,9 @@
 
 Traces follow the messaging semantic conventions: a CONSUMER span ``process <topic>`` for the
 wakeup records of a run, with the producer's context (the ``traceparent`` header) as parent when
-it is one record and as links when several records were coalesced into one tick; INTERNAL
-children ``tick`` for each attempt and ``commit`` for the batched UPDATE the attempt took part
-in; a PRODUCER span ``send <topic>`` for every record the tick produced, ended when the broker
+it is one record and as links when several records were coalesced into one tick, with a
+``tick`` event for each attempt (its outcome and the batch's tick and commit times); a PRODUCER
+span ``send <topic>`` for every record the tick produced, ended when the broker
 acknowledged it, whose context travels in the record's headers. A conflict is a span event
 plus ``ductor.outcome=conflict`` with the status left unset; only a genuine failure sets the
 status to ERROR, ``error.type`` and the recorded exception.
@@ -34,6 +34,7 @@ from opentelemetry.sdk.metrics.export import MetricReader, PeriodicExportingMetr
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor, SpanExporter
+from opentelemetry.sdk.trace.sampling import ParentBased, Sampler, TraceIdRatioBased
 from opentelemetry.trace import Link, Span, SpanKind, Status, StatusCode, Tracer
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 from prometheus_client import start_http_server
@@ -43,6 +44,8 @@ from processor.core.stats import Stats
 Headers = list[tuple[str, bytes]]
 _PROPAGATOR = TraceContextTextMapPropagator()
 _NOOP_TRACER: Tracer = trace.NoOpTracer()
+DEFAULT_SAMPLE_RATIO = 0.1
+DEFAULT_SAMPLER: Sampler = ParentBased(TraceIdRatioBased(DEFAULT_SAMPLE_RATIO))
 
 
 def _otlp_configured(signal: str) -> bool:
@@ -75,6 +78,9 @@ class Telemetry:
         """OTLP by the standard OTEL_* variables, Prometheus on ``http_host``:``metrics_port``
         if the port is > 0 (this machine only by default: DUCTOR_HTTP_HOST)."""
         resource = Resource.create({"service.name": os.environ.get("OTEL_SERVICE_NAME", service)})
+        # One trace in ten unless OTEL_TRACES_SAMPLER says otherwise (the SDK's own default
+        # samples every trace, which costs several times the tick itself).
+        sampler = None if os.environ.get("OTEL_TRACES_SAMPLER") else DEFAULT_SAMPLER
         processors: list[SpanProcessor] = []
         if _otlp_configured("traces"):
             processors.append(BatchSpanProcessor(OTLPSpanExporter()))
@@ -84,7 +90,7 @@ class Telemetry:
         if metrics_port > 0:
             start_http_server(metrics_port, addr=http_host)
             readers.append(PrometheusMetricReader())
-        return Telemetry.build(resource, processors, readers, group_id)
+        return Telemetry.build(resource, processors, readers, group_id, sampler)
 
     @staticmethod
     def build(
@@ -92,11 +98,13 @@ class Telemetry:
         span_processors: Sequence[SpanProcessor],
         metric_readers: Sequence[MetricReader],
         group_id: str = "",
+        sampler: Sampler | None = None,
     ) -> Telemetry:
         """Explicit wiring (tests pass in-memory exporters and readers here)."""
         telemetry = Telemetry(group_id=group_id)
         if span_processors:
-            provider = TracerProvider(resource=resource)  # sampler from OTEL_TRACES_SAMPLER
+            # Without a sampler, the SDK's: OTEL_TRACES_SAMPLER, or every trace.
+            provider = TracerProvider(resource=resource, sampler=sampler)
             for processor in span_processors:
                 provider.add_span_processor(processor)
             telemetry.tracer = provider.get_tracer("ductor.processor")
@@ -259,24 +267,9 @@ class Telemetry:
             attributes=attributes,
         )
 
-    def attempt_spans(
-        self,
-        parent: Span,
-        tick: tuple[int, int],
-        commit: tuple[int, int] | None,
-        attributes: Mapping[str, Any],
-    ) -> None:
-        """An attempt's finished `tick` span and, when it took part in one, its `commit` span,
-        with the batch's timings. The run id and messaging attributes are on the parent; the
-        children carry only what differs per attempt (each attribute costs on the hot path)."""
-        context = trace.set_span_in_context(parent)
-        span = self.tracer.start_span(
-            "tick", context=context, start_time=tick[0], attributes=attributes
-        )
-        span.end(end_time=tick[1])
-        if commit is not None:
-            span = self.tracer.start_span("commit", context=context, start_time=commit[0])
-            span.end(end_time=commit[1])
+    def note_send(self, span: Span, topic: str, attributes: Iterable[tuple[str, Any]]) -> None:
+        """A record produced by the work of ``span`` (its context rides in the record)."""
+        span.add_event("send", {"messaging.destination.name": topic, **dict(attributes)})
 
     def start_producer_span(
         self, parent: Span | None, topic: str, attributes: Mapping[str, Any]
@@ -298,6 +291,19 @@ class Telemetry:
         carrier: dict[str, str] = {}
         _PROPAGATOR.inject(carrier, context=trace.set_span_in_context(span))
         return span, [(k, v.encode()) for k, v in carrier.items()]
+
+
+def context_headers(span: Span) -> Headers:
+    """The W3C trace-context headers of ``span`` without going through a propagator (for
+    spans that record nothing: a trace not sampled still passes its decision on)."""
+    context = span.get_span_context()
+    if not context.is_valid:
+        return []
+    parent = f"00-{context.trace_id:032x}-{context.span_id:016x}-{context.trace_flags:02x}"
+    headers = [("traceparent", parent.encode())]
+    if context.trace_state:
+        headers.append(("tracestate", context.trace_state.to_header().encode()))
+    return headers
 
 
 def _extract(headers: Headers) -> Context:

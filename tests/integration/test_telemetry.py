@@ -76,30 +76,41 @@ def test_a_conflict_is_an_event_with_unset_status_and_a_requeue_stays_in_one_tra
     instance.stop()
     spans = exporter.get_finished_spans()
 
-    # Conflicts: `tick` spans with outcome conflict, status unset; events on the consumer span.
-    conflicts = [s for s in spans if s.name == "tick" and _attr(s, "ductor.outcome") == "conflict"]
-    assert len(conflicts) == 10  # five in-process attempts, twice
-    assert {s.status.status_code for s in conflicts} == {StatusCode.UNSET}
+    # One span per run's work: attempts are `tick` events on it, each conflict a `conflict`
+    # event too, and nothing has an error status.
+    assert {s.kind for s in spans} == {SpanKind.CONSUMER}
     assert not [s for s in spans if s.status.status_code is StatusCode.ERROR]
     consumers = [s for s in spans if s.kind is SpanKind.CONSUMER]
     first = next(s for s in consumers if s.name == f"process {names.wakeup('t1')}")
     later = next(s for s in consumers if s.name == f"process {names.delay(100)}")
+    ticks = [e for s in spans for e in s.events if e.name == "tick"]
+    conflicts = [e for e in ticks if (e.attributes or {}).get("ductor.outcome") == "conflict"]
+    assert len(conflicts) == 10  # five in-process attempts, twice
     assert [e.name for e in first.events].count("conflict") == 5
+    assert [
+        (e.attributes or {}).get("ductor.attempt") for e in first.events if e.name == "tick"
+    ] == [
+        1,
+        2,
+        3,
+        4,
+        5,
+    ]
+    assert all("ductor.commit_ms" in (e.attributes or {}) for e in conflicts)
     assert _attr(first, "ductor.outcome") == "requeued"
     assert _attr(later, "ductor.outcome") == "force_failed"
     assert _attr(first, "messaging.system") == "kafka"
     assert _attr(first, "messaging.consumer.group.name") == settings.group_id
     assert _attr(first, "ductor.run_id") == run_id
 
-    # One trace: original wakeup -> requeue (PRODUCER, ended on delivery) -> later tick.
-    send = next(
-        s for s in spans if s.kind is SpanKind.PRODUCER and s.name == f"send {names.delay(100)}"
-    )
-    assert first.context is not None and send.context is not None and later.context is not None
-    assert send.parent is not None and send.parent.span_id == first.context.span_id
-    assert _attr(send, "messaging.kafka.message.key") == f"{run_id}:1"
-    assert later.parent is not None and later.parent.span_id == send.context.span_id
-    assert later.context.trace_id == first.context.trace_id == send.context.trace_id
+    # One trace: original wakeup -> requeue (a `send` event, the record carrying the
+    # consumer span's context) -> later tick, a child of the first.
+    (send,) = [e for e in first.events if e.name == "send"]
+    assert (send.attributes or {}).get("messaging.destination.name") == names.delay(100)
+    assert (send.attributes or {}).get("messaging.kafka.message.key") == f"{run_id}:1"
+    assert first.context is not None and later.context is not None
+    assert later.parent is not None and later.parent.span_id == first.context.span_id
+    assert later.context.trace_id == first.context.trace_id
 
     # Metrics: conflicts counted, errors not; the force-fail by reason.
     assert _total(reader, "ductor.conflicts") == 10

@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import pytest
+from opentelemetry import trace
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ALWAYS_ON
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
-from processor.io.telemetry import Telemetry
+from processor.io.telemetry import DEFAULT_SAMPLER, Telemetry, context_headers
 
 
 def test_without_otel_variables_or_a_metrics_port_telemetry_is_a_no_op(
@@ -37,5 +41,40 @@ def test_an_otlp_endpoint_turns_traces_and_metrics_on_and_none_turns_traces_off(
     try:
         assert not telemetry.tracing
         assert telemetry.meter_provider is not None
+    finally:
+        telemetry.shutdown()
+
+
+def test_a_trace_not_sampled_still_passes_its_ids_and_decision_on() -> None:
+    """What an unsampled tick puts on the records it produces: the W3C header a propagator
+    would write, built without one."""
+    provider = TracerProvider(sampler=ALWAYS_OFF)
+    span = provider.get_tracer("t").start_span("process")
+    assert not span.is_recording()
+    carrier: dict[str, str] = {}
+    TraceContextTextMapPropagator().inject(carrier, context=trace.set_span_in_context(span))
+    assert context_headers(span) == [("traceparent", carrier["traceparent"].encode())]
+    assert int(carrier["traceparent"][-2:], 16) & 1 == 0  # the sampled flag is off
+    sampled = TracerProvider(sampler=ALWAYS_ON).get_tracer("t").start_span("process")
+    assert int(context_headers(sampled)[0][1][-2:], 16) & 1 == 1
+    assert context_headers(trace.INVALID_SPAN) == []
+
+
+def test_one_trace_in_ten_is_sampled_unless_the_environment_says_otherwise(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:9")
+    monkeypatch.delenv("OTEL_TRACES_EXPORTER", raising=False)
+    monkeypatch.delenv("OTEL_TRACES_SAMPLER", raising=False)
+    telemetry = Telemetry.from_environment("ductor-test", metrics_port=0, group_id="g")
+    try:
+        assert telemetry.tracer.sampler is DEFAULT_SAMPLER  # type: ignore[attr-defined]
+        assert "TraceIdRatioBased{0.1}" in DEFAULT_SAMPLER.get_description()
+    finally:
+        telemetry.shutdown()
+    monkeypatch.setenv("OTEL_TRACES_SAMPLER", "always_on")
+    telemetry = Telemetry.from_environment("ductor-test", metrics_port=0, group_id="g")
+    try:
+        assert telemetry.tracer.sampler is ALWAYS_ON  # type: ignore[attr-defined]
     finally:
         telemetry.shutdown()
