@@ -245,6 +245,11 @@ class Telemetry:
                 for sc in (trace.get_current_span(c).get_span_context() for c in contexts)
                 if sc.is_valid
             ]
+        span = self.tracer.start_span(
+            f"process {topic}", context=parent, kind=SpanKind.CONSUMER, links=links
+        )
+        if not span.is_recording():
+            return span  # not sampled: build nothing more (the ratio sampler reads no attribute)
         first_topic, partition, offset, key, _headers = records[0]
         attributes: dict[str, Any] = {
             "messaging.system": "kafka",
@@ -259,13 +264,8 @@ class Telemetry:
         }
         if key is not None:
             attributes["messaging.kafka.message.key"] = key.decode(errors="replace")
-        return self.tracer.start_span(
-            f"process {topic}",
-            context=parent,
-            kind=SpanKind.CONSUMER,
-            links=links,
-            attributes=attributes,
-        )
+        span.set_attributes(attributes)
+        return span
 
     def note_send(self, span: Span, topic: str, attributes: Iterable[tuple[str, Any]]) -> None:
         """A record produced by the work of ``span`` (its context rides in the record)."""
@@ -325,6 +325,9 @@ def log_ids(span: Span | None) -> dict[str, str]:
 
 def end_ok(span: Span | None, outcome: str, **attributes: Any) -> None:
     if span is None:
+        return
+    if not span.is_recording():
+        span.end()
         return
     span.set_attribute("ductor.outcome", outcome)
     for key, value in attributes.items():
