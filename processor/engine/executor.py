@@ -32,6 +32,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Mapping
+from concurrent import futures
 from concurrent.futures import Future
 from dataclasses import dataclass, replace
 
@@ -166,6 +167,11 @@ class Executor:
         items = [BatchItem(w.run_id, w.attempts, tuple(w.records)) for w in batch]
         acknowledged, self._acknowledged = self._acknowledged, []
         self._stage = (batch, self._stage_runner.start(items, acknowledged))
+
+    def wait_for_stage(self, timeout_s: float) -> None:
+        """Block until the batch in flight finished its database stage, ``timeout_s`` at most."""
+        if self._stage is not None:
+            futures.wait([self._stage[1]], timeout=timeout_s)
 
     def flush(self, timeout_s: float | None = None) -> bool:
         """Wait for the batch in flight and carry it out (before a rebalance or shutdown).

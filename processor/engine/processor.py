@@ -49,6 +49,10 @@ from processor.io.topics import topic_max_message_bytes
 
 log = logging.getLogger("ductor.processor")
 
+# While a batch is in flight and nothing is left to take, the loop waits this long for it at
+# most before its next turn (delivery reports, sweeps, new records): a short wait that ends
+# when the batch does, instead of a spin that took the GIL from the batch's own thread.
+_BUSY_WAIT_S = 0.005
 _IDLE_POLL_S = 0.1
 
 
@@ -224,6 +228,11 @@ class Processor:
         messages: list[Message] = self._consumer.consume(batch, 0)
         if messages:
             return messages
+        if self.executor.busy:
+            # Nothing to take: wait for the batch in flight rather than spin (the client keeps
+            # fetching meanwhile); this returns the moment the batch is done.
+            self.executor.wait_for_stage(_BUSY_WAIT_S)
+            return []
         timeout = self._idle_timeout()
         if timeout <= 0:
             return []
@@ -238,8 +247,8 @@ class Processor:
     def _idle_timeout(self) -> float:
         """How long the loop may block in poll: until the next due event, at most 100 ms."""
         now = time.monotonic()
-        if self.outbox.in_flight or self.executor.busy:
-            return 0.001  # delivery reports and the batch in flight wait for this loop
+        if self.outbox.in_flight:
+            return 0.001  # delivery reports wait for this loop
         if len(self.queues) or self.executor.book.ready_count(now):
             return 0.0
         deadlines = [
