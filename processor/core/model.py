@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import InitVar, dataclass, field, replace
 from enum import StrEnum
 from functools import cached_property
 from graphlib import CycleError, TopologicalSorter
@@ -310,13 +310,15 @@ def initial_state(wf: WorkflowDef) -> RunState:
 
 def state_checksum(state: RunState) -> str:
     """SHA-256 over the canonical JSON of the state (status, nodes, seq, reason)."""
+    return row_checksum(state.status.value, state.nodes_json(), state.seq, state.reason)
+
+
+def row_checksum(status: str, nodes: Mapping[str, Any], seq: int, reason: str | None) -> str:
+    """The checksum of a row's state as stored (``nodes`` as ``node_states`` holds it): the
+    same as ``state_checksum`` of the state it decodes to, without decoding it first. Any key
+    the processor would not have written changes it."""
     canonical = orjson.dumps(
-        {
-            "status": state.status.value,
-            "nodes": state.nodes_json(),
-            "seq": state.seq,
-            "reason": state.reason,
-        },
+        {"status": status, "nodes": nodes, "seq": seq, "reason": reason},
         option=orjson.OPT_SORT_KEYS,
     )
     return hashlib.sha256(canonical).hexdigest()[:32]
@@ -366,12 +368,17 @@ class LoadedRun:
     results: tuple[StepResult, ...] = ()
     signals: frozenset[SignalKind] = frozenset()
     stored_checksum: str = ""
+    # Whether the loader found the stored checksum right for the row as stored (row_checksum);
+    # when not given, it is checked against the state here.
+    verified: InitVar[bool | None] = None
     # False when the row was changed out of band: its checksum does not match its state.
     # Computed once here (it hashes the state), not at every use.
     checksum_ok: bool = field(init=False)
 
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "checksum_ok", self.stored_checksum == state_checksum(self.state))
+    def __post_init__(self, verified: bool | None) -> None:
+        if verified is None:
+            verified = self.stored_checksum == state_checksum(self.state)
+        object.__setattr__(self, "checksum_ok", verified)
 
     @property
     def workflow(self) -> tuple[str, int]:

@@ -29,6 +29,7 @@ from processor.core.model import (
     ValidationError,
     WorkflowDef,
     parse_workflow,
+    row_checksum,
     state_checksum,
     state_from_row,
 )
@@ -242,6 +243,7 @@ def load_runs(
             results=results,
             signals=signals,
             stored_checksum=checksum,
+            verified=checksum == row_checksum(status, nodes, seq, reason),
         )
     return loaded
 

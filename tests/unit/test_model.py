@@ -20,6 +20,7 @@ from processor.core.model import (
     ValidationError,
     initial_state,
     parse_workflow,
+    row_checksum,
     state_checksum,
     state_from_row,
     workflow_to_json,
@@ -257,3 +258,20 @@ def test_loaded_run_checksum_ok(run: Run) -> None:
     assert loaded.checksum_ok
     tampered = RunState(run.state.status, run.state.nodes, run.state.seq, "edited by hand")
     assert not LoadedRun("r1", run.wf, tampered, 1, "t1", stored_checksum=checksum).checksum_ok
+
+
+@FAST
+@given(runs())
+def test_the_checksum_of_a_row_as_stored_is_the_checksum_of_its_state(run: Run) -> None:
+    """The loader checks the raw row (no decoding first): the same checksum for every row the
+    processor writes, and a different one for a key it would not have written."""
+    state = run.state
+    stored = orjson.loads(orjson.dumps(state.nodes_json()))  # what node_states gives back
+    assert row_checksum(state.status.value, stored, state.seq, state.reason) == state_checksum(
+        state
+    )
+    name = next(iter(stored))
+    stored[name] = {**stored[name], "note": "added by hand"}
+    assert row_checksum(state.status.value, stored, state.seq, state.reason) != state_checksum(
+        state
+    )
