@@ -32,8 +32,6 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Mapping
-from concurrent import futures
-from concurrent.futures import Future
 from dataclasses import dataclass, replace
 
 import psycopg
@@ -59,7 +57,7 @@ from processor.engine.delivery import Delivery
 from processor.engine.faults import NO_FAULTS, Faults
 from processor.engine.ledger import Ledger
 from processor.engine.outage import Outage
-from processor.engine.stage import DatabaseStage, StageResult
+from processor.engine.stage import DatabaseStage, InFlight, StageResult
 from processor.io.kafka import Outbox, choose_partition
 from processor.io.telemetry import Telemetry, context_headers
 
@@ -114,7 +112,7 @@ class Executor:
         self._monotonic = monotonic
         self.book: RunBook[Span] = RunBook()
         self.database_ok = True  # False after a batch failed on a database error
-        self._stage: tuple[list[Work], Future[StageResult]] | None = None
+        self._stage: tuple[list[Work], InFlight] | None = None
         self._outage = postgres or Outage("postgres", log)  # shared with the watchdog's
         self._acknowledged: list[tuple[str, int]] = []  # outbox rows to delete
         self._acknowledged_since = 0.0
@@ -171,7 +169,7 @@ class Executor:
     def wait_for_stage(self, timeout_s: float) -> None:
         """Block until the batch in flight finished its database stage, ``timeout_s`` at most."""
         if self._stage is not None:
-            futures.wait([self._stage[1]], timeout=timeout_s)
+            self._stage[1].wait(timeout_s)
 
     def flush(self, timeout_s: float | None = None) -> bool:
         """Wait for the batch in flight and carry it out (before a rebalance or shutdown).
@@ -181,7 +179,7 @@ class Executor:
         if self._stage is None:
             return True
         try:
-            self._stage[1].result(timeout=timeout_s)
+            self._stage[1].result(timeout_s)
         except TimeoutError:
             return False
         self._carry_out_stage()

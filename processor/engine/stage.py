@@ -15,7 +15,6 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import Future
 from dataclasses import dataclass, field
 
 import psycopg
@@ -75,12 +74,9 @@ class DatabaseStage:
         self._wall_ms = wall_ms
         self._faults = faults
 
-    def start(
-        self, items: list[BatchItem], acknowledged: list[tuple[str, int]]
-    ) -> Future[StageResult]:
-        """Run the stage on a daemon thread (one per batch: a hung query must never keep the
-        process from exiting within its shutdown bound)."""
-        return _on_daemon_thread(lambda: self.run(items, acknowledged))
+    def start(self, items: list[BatchItem], acknowledged: list[tuple[str, int]]) -> InFlight:
+        """Run the stage on a daemon thread of its own."""
+        return InFlight(lambda: self.run(items, acknowledged))
 
     def use_rules(self, rules: Rules) -> None:
         self._rules = rules  # read by the next batch's thread (one batch at a time)
@@ -199,14 +195,47 @@ class DatabaseStage:
         return plan if written else force_fail_refused(plan)
 
 
-def _on_daemon_thread(stage: Callable[[], StageResult]) -> Future[StageResult]:
-    future: Future[StageResult] = Future()
+class InFlight:
+    """A database stage running on a daemon thread of its own (one per batch: a hung query
+    must never keep the process from exiting within its shutdown bound). ``done`` and
+    ``wait`` are one lock operation each, cheap enough for every turn of the poll loop (a
+    Future's go through a Condition written in Python)."""
 
-    def run() -> None:
+    def __init__(self, stage: Callable[[], StageResult]) -> None:
+        self._finished = threading.Lock()
+        self._finished.acquire()  # released by the stage's thread when it ends
+        self._result: StageResult | None = None
+        self._error: BaseException | None = None
+        threading.Thread(target=self._run, args=(stage,), name="ductor-db", daemon=True).start()
+
+    def _run(self, stage: Callable[[], StageResult]) -> None:
         try:
-            future.set_result(stage())
-        except BaseException as exc:  # a bug: surfaced on the poll-loop thread
-            future.set_exception(exc)
+            self._result = stage()
+        except BaseException as exc:  # a bug: surfaced on the poll-loop thread by result()
+            self._error = exc
+        finally:
+            self._finished.release()
 
-    threading.Thread(target=run, name="ductor-db", daemon=True).start()
-    return future
+    def done(self) -> bool:
+        return self.wait(0)
+
+    def wait(self, timeout_s: float | None) -> bool:
+        """Whether the stage ended within ``timeout_s`` (None: wait for it)."""
+        if timeout_s is None:
+            ended = self._finished.acquire()
+        elif timeout_s <= 0:
+            ended = self._finished.acquire(blocking=False)
+        else:
+            ended = self._finished.acquire(timeout=timeout_s)
+        if ended:
+            self._finished.release()
+        return ended
+
+    def result(self, timeout_s: float | None = None) -> StageResult:
+        """The stage's result; TimeoutError if it did not end within ``timeout_s``."""
+        if not self.wait(timeout_s):
+            raise TimeoutError(f"the database stage did not end within {timeout_s} s")
+        if self._error is not None:
+            raise self._error
+        assert self._result is not None
+        return self._result

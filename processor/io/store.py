@@ -262,22 +262,7 @@ def commit_batch(
     ids = [c.run_id for c in commits]
     # The whole batch travels as one JSON document: one orjson call instead of adapting
     # nine arrays element by element.
-    batch = orjson.dumps(
-        [
-            {
-                "run_id": c.run_id,
-                "expected_version": c.expected_version,
-                "status": c.state.status.value,
-                "node_states": c.state.nodes_json(),
-                "seq": c.state.seq,
-                "checksum": state_checksum(c.state),
-                "reason": c.state.reason,
-                "next_wakeup_ms": c.state.next_due_ms(),
-                "effects": [_outbox_record(s) for s in c.effects] if c.effects else None,
-            }
-            for c in commits
-        ]
-    ).decode()
+    batch = orjson.dumps([_commit_row(c) for c in commits]).decode()
     params = {"ids": orjson.dumps(ids).decode(), "batch": batch, "acked": _pairs(acknowledged)}
     try:
         rows = conn.execute(_COMMIT_SQL, params).fetchall()
@@ -288,6 +273,22 @@ def commit_batch(
         delete_outbox(conn, acknowledged)
         return set()
     return {r[0] for r in rows}
+
+
+def _commit_row(c: Commit) -> dict[str, Any]:
+    state = c.state
+    status, nodes = state.status.value, state.nodes_json()  # encoded once, hashed as written
+    return {
+        "run_id": c.run_id,
+        "expected_version": c.expected_version,
+        "status": status,
+        "node_states": nodes,
+        "seq": state.seq,
+        "checksum": row_checksum(status, nodes, state.seq, state.reason),
+        "reason": state.reason,
+        "next_wakeup_ms": state.next_due_ms(),
+        "effects": [_outbox_record(s) for s in c.effects] if c.effects else None,
+    }
 
 
 def commits_landed(conn: psycopg.Connection[Any], commits: Sequence[Commit]) -> set[str]:
