@@ -9,7 +9,15 @@ It measures, in the same run so that the ratios hold on a noisy shared machine:
 - hot mix: two instances, workers, duplicated wakeups and a few hot runs at about half of the
   instance's peak rate, with co-partitioning by run on and off: wasted attempts (conflicts per
   commit attempt) and wakeup-to-commit latency;
-- peak RSS of the instance.
+- peak RSS of the instance;
+- CPU per committed tick of each process (the instances, the workers, the broker, Postgres
+  with all its processes) in every phase, over the same window as the phase's rate
+  (bench_cpu.py reads it from /proc);
+- end to end: runs per second of a 4-step workflow (one step, two in parallel after it, one
+  after both; no-op steps) started the way `ductor start` starts them (insert, then produce
+  the start wakeups), from the first start wakeup to the last run ended, with 1 processor +
+  1 worker and 2 + 2, and the CPU per run of every process;
+- scaling: 1, 2 and 4 instances in one group over the same topics.
 
 It prints the figures; it asserts nothing about speed (that would make a flaky test).
 """
@@ -31,7 +39,9 @@ from typing import Any
 import psycopg
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient
+from psycopg.conninfo import conninfo_to_dict
 
+from processor.client import wake
 from processor.core.envelope import Wakeup
 from processor.core.model import WorkflowDef, parse_workflow
 from processor.core.routing import TopicNames
@@ -44,12 +54,22 @@ from processor.io.runs_admin import (
     count_ticked_with_prefix,
     delete_runs_with_prefix,
     insert_runs,
+    like_prefix,
     register_workflow,
     vacuum_runs,
 )
 from processor.io.topics import create_topics, desired_topics
 from processor.tools.bench_baselines import ceiling_rate, naive_rate
+from processor.tools.bench_cpu import (
+    CpuMeter,
+    CpuUse,
+    Group,
+    find_broker,
+    find_postmaster,
+    other_sessions,
+)
 from processor.tools.bench_support import (
+    Cost,
     Figures,
     OtlpSink,
     final_stats,
@@ -60,6 +80,9 @@ from processor.tools.bench_support import (
 )
 
 REPO = Path(__file__).resolve().parents[2]
+# Partitions per wakeup and delay topic in the scaling phases: 1, 2 and 4 instances each get
+# the same share (the range assignor gives the first members one more when it does not divide).
+SCALING_PARTITIONS = 8
 
 
 def _workflow(name: str, steps: int, chain: bool = False) -> WorkflowDef:
@@ -86,9 +109,14 @@ class Bench:
         self.settings = self.phase("setup")
         self.scale = scale
         self.conn = psycopg.connect(base.pg_dsn, autocommit=True)
+        self.admin = AdminClient(base.kafka_common())
         self.one = _workflow("bench-one", 1)
         self.quad = _workflow("bench-quad", 4)
         self.chain = _workflow("bench-chain", 40, chain=True)
+        dsn = conninfo_to_dict(base.pg_dsn)
+        self.pg_host = str(dsn.get("host") or "/var/run/postgresql").split(",")[0]
+        self.pg_port = int(str(dsn.get("port") or 5432).split(",")[0])
+        self.database = str(dsn.get("dbname") or dsn.get("user") or "")
 
     def n(self, base: int) -> int:
         return max(100, int(base * self.scale))
@@ -97,7 +125,7 @@ class Bench:
     def names(self) -> TopicNames:
         return TopicNames(self.settings.topic_prefix)
 
-    def phase(self, label: str) -> Settings:
+    def phase(self, label: str, partitions: int = 6) -> Settings:
         """Fresh topics and group for a phase, and no live runs left from the previous one:
         a phase's workers must not pick up another phase's step tasks, nor its watchdog
         re-wake another phase's runs."""
@@ -105,8 +133,8 @@ class Bench:
             self.base,
             topic_prefix=f"bench-{self.tag}-{label}",
             group_id=f"bench-{self.tag}-{label}",
-            wakeup_partitions=6,
-            delay_partitions=6,
+            wakeup_partitions=partitions,
+            delay_partitions=partitions,
             step_partitions=4,
         )
         self.phases.append(settings)
@@ -124,8 +152,11 @@ class Bench:
             register_workflow(self.conn, wf)
 
     def teardown(self) -> None:
-        delete_runs_with_prefix(self.conn, f"b{self.tag}-")
-        admin = AdminClient(self.base.kafka_common())
+        try:
+            delete_runs_with_prefix(self.conn, f"b{self.tag}-")
+        except psycopg.Error as exc:  # best effort, as below: do not mask what failed
+            print(f"  (could not delete the bench's runs: {exc})", file=sys.stderr)
+        admin = self.admin
         existing = admin.list_topics(timeout=10).topics
         topics = [
             t
@@ -146,25 +177,42 @@ class Bench:
     def insert(self, wf: WorkflowDef, ids: Sequence[str]) -> None:
         for start in range(0, len(ids), 5000):
             insert_runs(self.conn, wf, [(r, {}) for r in ids[start : start + 5000]], "t1")
+        # The rows the previous phase left dead and the ones just inserted would draw an
+        # autovacuum into the measured window (a cost of the benchmark's own set-up, not of
+        # the ticks): vacuum them now.
+        vacuum_runs(self.conn)
+
+    # -- idle ----------------------------------------------------------------------------------
+
+    def idle(self, seconds: float) -> CpuUse:
+        """What the broker and Postgres spend with nothing of ours running (the machine's
+        other users show in its busy time): the floor under the figures of slow phases."""
+        meter = self.meter([])
+        meter.start()
+        time.sleep(seconds)  # a measurement window, not a wait for a condition
+        return meter.stop()
 
     # -- ceiling -------------------------------------------------------------------------------
 
-    def ceiling(self, rounds: int = 3) -> float:
+    def ceiling(self, rounds: int = 3) -> Cost:
         """Ticks per second of the batched conditional UPDATE alone (states precomputed): the
         best of a few rounds, since a ceiling is what the database can do when nothing (an
-        autovacuum, a checkpoint) gets in its way."""
-        return max(self._ceiling_round(f"ceil{r}") for r in range(rounds))
+        autovacuum, a checkpoint) gets in its way. Its CPU is the best round's; the
+        "instance" there is the benchmark's own process, the client of the UPDATEs."""
+        return max((self._ceiling_round(f"ceil{r}") for r in range(rounds)), key=lambda c: c.rate)
 
-    def _ceiling_round(self, label: str) -> float:
+    def _ceiling_round(self, label: str) -> Cost:
         ids = self.ids(label, self.n(10000))
         self.insert(self.one, ids)
-        return ceiling_rate(self.conn, ids, self.settings.batch_size, self.names)
+        meter = self.meter([os.getpid()], polling=False)
+        rate, cpu = ceiling_rate(self.conn, ids, self.settings.batch_size, self.names, meter)
+        return Cost(len(ids), len(ids) / rate, cpu)
 
     # -- one instance --------------------------------------------------------------------------
 
     def instance(
         self, extra_env: dict[str, str] | None = None, label: str = "inst"
-    ) -> tuple[float, int]:
+    ) -> tuple[Cost, int]:
         """Committed ticks per second of one `ductor process` on uncontended runs, and its
         peak RSS in bytes. The backlog is produced first; the rate is taken between 10 % and
         90 % of the commits so that start-up and the tail do not count."""
@@ -173,26 +221,81 @@ class Bench:
         self.produce_starts(ids, duplicates=1, by_run=True)
         child = self.spawn(["process"], extra_env or {}, f"{label}-process")
         try:
-            rate = self.rate_between(ids, 0.1, 0.9, timeout=300)
+            meter = self.meter([child.pid])
+            cost = self.rate_between(ids, 0.1, 0.9, timeout=300, meter=meter)
             rss = peak_rss(child.pid)
         finally:
             stop(child)
-        return rate, rss
+        return cost, rss
 
-    def rate_between(self, ids: list[str], low: float, high: float, timeout: float) -> float:
+    def rate_between(
+        self, ids: list[str], low: float, high: float, timeout: float, meter: CpuMeter
+    ) -> Cost:
+        """The committed ticks per second between ``low`` and ``high`` of the runs ticked
+        (one tick each), and the CPU ``meter`` saw over that window."""
         prefix = ids[0].rsplit("-", 1)[0] + "-"
-        marks: dict[float, float] = {}
+        marks: dict[float, tuple[float, int]] = {}
+        cpu: CpuUse | None = None
         deadline = time.monotonic() + timeout
         while len(marks) < 2:
             done = count_ticked_with_prefix(self.conn, prefix)
             now = time.monotonic()
-            for fraction in (low, high):
-                if fraction not in marks and done >= fraction * len(ids):
-                    marks[fraction] = now
+            if low not in marks and done >= low * len(ids):
+                marks[low] = (now, done)
+                meter.start()
+            elif low in marks and high not in marks and done >= high * len(ids):
+                marks[high] = (now, done)
+                cpu = meter.stop()
             if now > deadline:
                 raise RuntimeError(f"only {done} of {len(ids)} runs ticked within {timeout} s")
             time.sleep(0.05)  # the benchmark samples progress; this is not a test
-        return (high - low) * len(ids) / max(1e-6, marks[high] - marks[low])
+        (t0, c0), (t1, c1) = marks[low], marks[high]
+        assert cpu is not None
+        return Cost(c1 - c0, max(1e-6, t1 - t0), cpu)
+
+    def meter(
+        self, instances: Sequence[int], workers: Sequence[int] = (), polling: bool = True
+    ) -> CpuMeter:
+        """A meter of the processes of a phase: its instances (or the benchmark's own process
+        where it is the client), its workers, the broker, and Postgres with every process of
+        its cluster but the backends of other databases and, when it only samples progress
+        (``polling``), the benchmark's own session."""
+        own = [self.conn.info.backend_pid] if polling else []
+        # The services' processes, looked up afresh (a restart gives them new pids), when
+        # they run on this machine; else their CPU is unknown.
+        broker = find_broker(self.base.bootstrap_servers)
+        postmaster = find_postmaster(self.pg_host, self.pg_port)
+        return CpuMeter(
+            [
+                Group("instance", tuple(instances)),
+                Group("worker", tuple(workers)),
+                Group("broker", (broker,) if broker else ()),
+                Group(
+                    "postgres",
+                    (postmaster,) if postmaster else (),
+                    tree=True,
+                    exclude=other_sessions(self.database, own),
+                ),
+            ]
+        )
+
+    def committed(self, prefix: str) -> int:
+        """Transitions committed so far on the runs whose id starts with ``prefix`` (each
+        committed tick adds exactly one to its run's ``last_transition_seq``)."""
+        row = self.conn.execute(
+            "SELECT coalesce(sum(last_transition_seq), 0) FROM eec_workflow_run"
+            " WHERE run_id LIKE %s",
+            (like_prefix(prefix),),
+        ).fetchone()
+        return int(row[0]) if row else 0
+
+    def count_ended_with_prefix(self, prefix: str) -> int:
+        row = self.conn.execute(
+            "SELECT count(*) FROM eec_workflow_run WHERE run_id LIKE %s"
+            " AND status IN ('succeeded', 'failed', 'cancelled')",
+            (like_prefix(prefix),),
+        ).fetchone()
+        return int(row[0]) if row else 0
 
     # -- latency at a paced load -------------------------------------------------------------------
 
@@ -206,6 +309,9 @@ class Bench:
         try:
             self.produce_starts(warmup, duplicates=1, by_run=True)
             self.wait_ticked(warmup, timeout=60)  # the instance is assigned and warm
+            meter = self.meter([child.pid])
+            meter.start()
+            started = time.monotonic()
             paced(
                 seconds,
                 len(ids),
@@ -214,11 +320,17 @@ class Bench:
             )
             producer.flush(30)
             self.wait_ticked(ids, timeout=120)
+            cost = Cost(len(ids), time.monotonic() - started, meter.stop())
         finally:
             stop(child)
         stats = final_stats(self.log_path("latency-process"))
         e2e = stats["latency_ms"]["end_to_end"]
-        return {"rate": ticks_per_s, "p50": e2e["p50"] or 0.0, "p99": e2e["p99"] or 0.0}
+        return {
+            "rate": ticks_per_s,
+            "p50": e2e["p50"] or 0.0,
+            "p99": e2e["p99"] or 0.0,
+            "cost": cost,
+        }
 
     def wait_ticked(self, ids: list[str], timeout: float) -> None:
         self.wait_count(ids, count_ticked, timeout, "ticked")
@@ -245,11 +357,14 @@ class Bench:
 
     # -- naive baseline ------------------------------------------------------------------------
 
-    def naive(self) -> float:
-        """The baseline: one record at a time, load, tick, conditional UPDATE, sync commit."""
+    def naive(self) -> Cost:
+        """The baseline: one record at a time, load, tick, conditional UPDATE, sync commit.
+        It runs in the benchmark's own process, which is the "instance" of its CPU figures."""
         ids = self.ids("naive", self.n(3000))
         self.insert(self.one, ids)
-        return naive_rate(self.settings, self.conn, ids, f"bench-naive-{self.tag}")
+        meter = self.meter([os.getpid()], polling=False)
+        rate, cpu = naive_rate(self.settings, self.conn, ids, f"bench-naive-{self.tag}", meter)
+        return Cost(len(ids), len(ids) / rate, cpu)
 
     # -- hot mix -------------------------------------------------------------------------------
 
@@ -269,8 +384,15 @@ class Bench:
             self.spawn(["worker", "--threads", "8"], env, f"{label}-worker-{i}") for i in range(2)
         ]
         producer = Producer(producer_config(self.settings, "bench-load"))
+        prefix = f"b{self.tag}-{label}-"
         try:
             self.produce_starts(hot_ids, duplicates=1, by_run=by_run)
+            meter = self.meter(
+                [c.pid for c in children[:2]], [c.pid for c in children[2:]], polling=True
+            )
+            before = self.committed(prefix)
+            meter.start()
+            started = time.monotonic()
             paced(
                 seconds,
                 len(ids),
@@ -281,6 +403,9 @@ class Bench:
             )
             producer.flush(30)
             self.wait_terminal(ids, timeout=120)
+            cpu = meter.stop()
+            wall = time.monotonic() - started
+            cost = Cost(self.committed(prefix) - before, wall, cpu)
         finally:
             for child in children:
                 stop(child)
@@ -297,7 +422,114 @@ class Bench:
             "p99": max(x["p99"] or 0 for x in e2e),
             "runs": len(ids),
             "rate": target_ticks_per_s,
+            "cost": cost,
         }
+
+    # -- end to end ----------------------------------------------------------------------------
+
+    def end_to_end(self, processors: int, workers: int, runs: int) -> dict[str, Any]:
+        """Runs per second of the 4-step workflow (s0; s1 and s2 after it; s3 after both; the
+        sample registry's no-op `fast` steps) with ``processors`` instances and ``workers``
+        workers, from the first start wakeup produced to the last run ended, with the CPU of
+        every process over that time.
+
+        The runs are inserted first, as `ductor start` inserts them, and the clock starts
+        when their start wakeups are produced, as `ductor start` then does (``wake``). The
+        insert comes before the processes start so that their statements are planned on the
+        table as it will be (plans made on a nearly empty table and kept by a connection
+        scan the whole table later: docs/performance.md)."""
+        label = f"e2e{processors}"
+        ids = self.ids(f"{label}-run", runs)
+        warmup = self.ids(f"{label}-warmup", 20)
+        self.insert(self.quad, ids + warmup)
+        children = [self.spawn(["process"], {}, f"{label}-process-{i}") for i in range(processors)]
+        children += [
+            self.spawn(["worker", "--threads", "8"], {}, f"{label}-worker-{i}")
+            for i in range(workers)
+        ]
+        prefix = f"b{self.tag}-{label}-run-"
+        try:
+            # Every instance and worker has joined its group and holds partitions, and the
+            # whole path (connections, topics, step functions) is warm.
+            self.wait_group(self.settings.group_id, processors, coordinator=True)
+            self.wait_group(f"{self.settings.group_id}-workers", workers, coordinator=False)
+            wake(self.settings, warmup, "t1", "start")
+            self.wait_terminal(warmup, timeout=60)
+            meter = self.meter(
+                [c.pid for c in children[:processors]], [c.pid for c in children[processors:]]
+            )
+            meter.start()
+            started = time.monotonic()
+            wake(self.settings, ids, "t1", "start")  # what `ductor start` does after inserting
+            deadline = started + 600
+            while (done := self.count_ended_with_prefix(prefix)) < runs:
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"end to end: only {done} of {runs} runs ended in 600 s")
+                time.sleep(0.05)  # the benchmark samples progress; this is not a test
+            cpu = meter.stop()
+            wall = time.monotonic() - started
+            ticks = self.committed(prefix)
+            succeeded = self.count_succeeded_with_prefix(prefix)
+        finally:
+            for child in children:
+                stop(child)
+        return {
+            "processors": processors,
+            "workers": workers,
+            "runs": runs,
+            "succeeded": succeeded,
+            "cost": Cost(ticks, wall, cpu),
+        }
+
+    def count_succeeded_with_prefix(self, prefix: str) -> int:
+        row = self.conn.execute(
+            "SELECT count(*) FROM eec_workflow_run WHERE run_id LIKE %s AND status = 'succeeded'",
+            (like_prefix(prefix),),
+        ).fetchone()
+        return int(row[0]) if row else 0
+
+    def wait_group(self, group: str, members: int, coordinator: bool, timeout: float = 60) -> None:
+        """Until the consumer group is stable with ``members`` members, each holding
+        partitions, and every partition of its topics assigned."""
+        names = self.names
+        topics = names.coordinator_topics() if coordinator else [names.steps]
+        per_topic = (
+            self.settings.wakeup_partitions if coordinator else self.settings.step_partitions
+        )
+        wanted = len(topics) * per_topic
+        deadline = time.monotonic() + timeout
+        while True:
+            description = self.admin.describe_consumer_groups([group])[group].result(timeout=10)
+            held = [len(m.assignment.topic_partitions) for m in description.members]
+            stable = str(description.state).endswith("STABLE")
+            if stable and len(held) == members and all(held) and sum(held) == wanted:
+                return
+            if time.monotonic() > deadline:
+                raise RuntimeError(
+                    f"group {group}: {description.state}, partitions held {held},"
+                    f" not {members} members holding {wanted} within {timeout} s"
+                )
+            time.sleep(0.2)  # the benchmark waits for the group; this is not a test
+
+    # -- scaling -------------------------------------------------------------------------------
+
+    def scaling(self, instances: int) -> dict[str, Any]:
+        """Committed ticks per second of ``instances`` instances in one group over the same
+        topics on uncontended one-step runs, between 10 % and 90 % of the commits, once
+        every instance holds its partitions (the backlog is produced after that)."""
+        label = f"scale{instances}"
+        ids = self.ids(label, self.n(60000))
+        self.insert(self.one, ids)
+        children = [self.spawn(["process"], {}, f"{label}-process-{i}") for i in range(instances)]
+        try:
+            self.wait_group(self.settings.group_id, instances, coordinator=True)
+            meter = self.meter([c.pid for c in children])
+            self.produce_starts(ids, duplicates=1, by_run=True)
+            cost = self.rate_between(ids, 0.1, 0.9, timeout=300, meter=meter)
+        finally:
+            for child in children:
+                stop(child)
+        return {"instances": instances, "cost": cost}
 
     # -- plumbing ------------------------------------------------------------------------------
 
@@ -342,6 +574,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=0.2,
         help="hot-mix load as a fraction of one instance's peak (default 0.2)",
     )
+    parser.add_argument(
+        "--e2e-runs",
+        type=int,
+        default=8000,
+        help="runs of the 4-step workflow per end-to-end phase, before --scale (default 8000)",
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -355,19 +593,27 @@ def run(args: argparse.Namespace) -> int:
     bench.setup()
     figures = Figures()
     sink = OtlpSink()
+    started = time.monotonic()
     try:
+        print("measuring the services idle ...", flush=True)
+        figures.idle = bench.idle(seconds=3)
         print("measuring the DB-only ceiling ...", flush=True)
         bench.phase("ceiling")
-        figures.ceiling = bench.ceiling()
+        cost = figures.costs["DB-only ceiling (best round) *"] = bench.ceiling()
+        figures.ceiling = cost.rate
         print("measuring one instance on uncontended runs ...", flush=True)
         bench.phase("instance")
-        figures.instance, figures.rss = bench.instance()
+        cost, figures.rss = bench.instance()
+        figures.costs["one instance, uncontended"] = cost
+        figures.instance = cost.rate
         print(
             "measuring one instance with tracing and metrics on (sampling everything) ...",
             flush=True,
         )
         bench.phase("traced")
-        figures.traced, _ = bench.instance(sink.env, label="traced")
+        cost, _ = bench.instance(sink.env, label="traced")
+        figures.costs["same, tracing + metrics, all sampled"] = cost
+        figures.traced = cost.rate
         print("measuring one instance with tracing sampled at 10 % ...", flush=True)
         bench.phase("sampled")
         sampled_env = {
@@ -375,26 +621,47 @@ def run(args: argparse.Namespace) -> int:
             "OTEL_TRACES_SAMPLER": "parentbased_traceidratio",
             "OTEL_TRACES_SAMPLER_ARG": "0.1",
         }
-        figures.sampled, _ = bench.instance(sampled_env, label="sampled")
+        cost, _ = bench.instance(sampled_env, label="sampled")
+        figures.costs["same, traces sampled at 10 %"] = cost
+        figures.sampled = cost.rate
         print("measuring the naive baseline ...", flush=True)
         bench.phase("naive")
-        figures.naive = bench.naive()
+        cost = figures.costs["naive loop *"] = bench.naive()
+        figures.naive = cost.rate
         target = figures.instance / 2
         print(f"latency of one instance at ~{target:.0f} ticks/s (half its peak) ...", flush=True)
         bench.phase("latency")
         figures.latency = bench.latency(target, seconds=10)
+        figures.costs["one instance at half its peak"] = figures.latency["cost"]
         # The hot mix runs two instances, two workers and the load generator on the same two
         # cores as the broker and Postgres, so it is fed at a fraction of one instance's peak.
         mix = figures.instance * args.hot_fraction
         print(f"hot mix at ~{mix:.0f} ticks/s, co-partitioned by run ...", flush=True)
         bench.phase("hot-on")
         figures.hot_on = bench.hot_mix(mix, by_run=True, seconds=args.hot_seconds)
+        figures.costs["hot mix, co-partitioned (2 + 2 workers)"] = figures.hot_on["cost"]
         print(f"hot mix at ~{mix:.0f} ticks/s, spread over partitions ...", flush=True)
         bench.phase("hot-off")
         figures.hot_off = bench.hot_mix(mix, by_run=False, seconds=args.hot_seconds)
+        figures.costs["hot mix, spread (2 + 2 workers)"] = figures.hot_off["cost"]
+        runs = bench.n(args.e2e_runs)
+        for processes in (1, 2):
+            print(
+                f"end to end: {runs} runs of the 4-step workflow, {processes} processor(s)"
+                f" and {processes} worker(s) ...",
+                flush=True,
+            )
+            bench.phase(f"e2e{processes}")
+            figures.e2e.append(bench.end_to_end(processes, processes, runs))
+        for instances in (1, 2, 4):
+            print(f"scaling: {instances} instance(s) in one group ...", flush=True)
+            bench.phase(f"scale{instances}", partitions=SCALING_PARTITIONS)
+            figures.scaling.append(bench.scaling(instances))
     finally:
         sink.close()
         bench.teardown()
+    figures.wall = time.monotonic() - started
+    figures.partitions = SCALING_PARTITIONS
     report(figures)
     return 0
 

@@ -1,5 +1,6 @@
 """The benchmark's two reference points, measured on the same broker and database as the
-instance: what Postgres alone can do, and what a naive consumer loop does."""
+instance: what Postgres alone can do, and what a naive consumer loop does. Each also gives the
+CPU the processes spent over its timed part (``meter``: see bench_cpu.py)."""
 
 from __future__ import annotations
 
@@ -19,11 +20,16 @@ from processor.core.tick import tick
 from processor.io.config import Settings
 from processor.io.kafka import produce, producer_config
 from processor.io.store import Definitions, commit_batch, load_runs
+from processor.tools.bench_cpu import CpuMeter, CpuUse
 
 
 def ceiling_rate(
-    conn: psycopg.Connection[Any], run_ids: Sequence[str], batch_size: int, names: TopicNames
-) -> float:
+    conn: psycopg.Connection[Any],
+    run_ids: Sequence[str],
+    batch_size: int,
+    names: TopicNames,
+    meter: CpuMeter,
+) -> tuple[float, CpuUse]:
     """Ticks per second of the batched conditional UPDATE alone, on new runs, with its outbox
     writes and deletions as the instance does them: the states are loaded and ticked first,
     only the commits are timed."""
@@ -33,6 +39,7 @@ def ceiling_rate(
     for start in range(0, len(run_ids), batch_size):
         loaded = load_runs(conn, definitions, run_ids[start : start + batch_size])
         batches.append(list(tick_batch(loaded, now_ms, names).values()))
+    meter.start()
     started = time.perf_counter()
     committed = 0
     acknowledged: list[tuple[str, int]] = []
@@ -40,13 +47,18 @@ def ceiling_rate(
         committed += len(commit_batch(conn, batch, acknowledged))
         acknowledged = [(c.run_id, c.state.seq) for c in batch]
     elapsed = time.perf_counter() - started
+    cpu = meter.stop()
     assert committed == len(run_ids), f"ceiling: only {committed} of {len(run_ids)} committed"
-    return committed / elapsed
+    return committed / elapsed, cpu
 
 
 def naive_rate(
-    settings: Settings, conn: psycopg.Connection[Any], run_ids: Sequence[str], group: str
-) -> float:
+    settings: Settings,
+    conn: psycopg.Connection[Any],
+    run_ids: Sequence[str],
+    group: str,
+    meter: CpuMeter,
+) -> tuple[float, CpuUse]:
     """The baseline: one record at a time, load, tick, conditional UPDATE, synchronous offset
     commit, on a topic of its own (``<prefix>.naive``)."""
     topic = f"{settings.topic_prefix}.naive"
@@ -76,7 +88,9 @@ def naive_rate(
             raise RuntimeError("naive baseline: no record within 5 s")
         if message.error() is not None:
             continue
-        started = started or time.perf_counter()
+        if started is None:
+            meter.start()
+            started = time.perf_counter()
         wakeup = decode_wakeup(message.value(), 65536)
         assert isinstance(wakeup, Wakeup)
         run = load_runs(conn, definitions, [wakeup.run_id])[wakeup.run_id]
@@ -87,5 +101,6 @@ def naive_rate(
         consumer.commit(message=message, asynchronous=False)
         done += 1
     elapsed = time.perf_counter() - (started or time.perf_counter())
+    cpu = meter.stop()
     consumer.close()
-    return done / elapsed
+    return done / elapsed, cpu

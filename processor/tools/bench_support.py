@@ -7,12 +7,16 @@ import subprocess
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
 from processor.io.logs import read_stats
+from processor.tools.bench_cpu import CpuUse
+
+# The process groups of the CPU figures, in the order of the report's columns.
+GROUPS = ("instance", "worker", "broker", "postgres")
 
 
 def paced(
@@ -52,6 +56,37 @@ def final_stats(path: Path) -> dict[str, Any]:
     return stats
 
 
+@dataclass(frozen=True)
+class Cost:
+    """One measured window: the ticks committed in it, its length, and the CPU each group
+    of processes spent in it."""
+
+    ticks: int
+    seconds: float
+    cpu: CpuUse
+
+    @property
+    def rate(self) -> float:
+        return self.ticks / self.seconds if self.seconds > 0 else 0.0
+
+    def per_unit_us(self, group: str, units: int) -> float | None:
+        """CPU µs of ``group`` per unit (tick, run); None when its processes are unknown."""
+        seconds = self.cpu.seconds.get(group)
+        return None if seconds is None or units <= 0 else seconds / units * 1e6
+
+    def total_us(self, units: int) -> float:
+        known = [v for g in GROUPS if (v := self.per_unit_us(g, units)) is not None]
+        return sum(known)
+
+    def machine_us(self, units: int) -> float:
+        return self.cpu.machine / units * 1e6 if units > 0 else 0.0
+
+    def cores(self, group: str) -> float | None:
+        """How many cores ``group`` kept busy on average over the window."""
+        seconds = self.cpu.seconds.get(group)
+        return None if seconds is None or self.cpu.wall <= 0 else seconds / self.cpu.wall
+
+
 @dataclass
 class Figures:
     ceiling: float = 0.0
@@ -63,6 +98,12 @@ class Figures:
     latency: dict[str, Any] | None = None
     hot_on: dict[str, Any] | None = None
     hot_off: dict[str, Any] | None = None
+    costs: dict[str, Cost] = field(default_factory=dict)  # by phase, in the order measured
+    e2e: list[dict[str, Any]] = field(default_factory=list)
+    scaling: list[dict[str, Any]] = field(default_factory=list)
+    partitions: int = 0  # per wakeup topic in the scaling phases
+    idle: CpuUse | None = None  # the services with nothing of ours running
+    wall: float = 0.0  # the whole benchmark, seconds
 
 
 def report(f: Figures) -> None:
@@ -101,6 +142,90 @@ def report(f: Figures) -> None:
         )
         latency = f"p50 {hot['p50']:.1f} ms, p99 {hot['p99']:.1f} ms"
         print(f"    wakeup-to-commit {latency} (target p99 <= 50)")
+    report_costs(f)
+
+
+def _us(value: float | None) -> str:
+    return "-" if value is None else f"{value:.0f}"
+
+
+def _cpu_columns(cost: Cost, units: int) -> str:
+    cells = [_us(cost.per_unit_us(g, units)) for g in GROUPS]
+    cells += [_us(cost.total_us(units)), _us(cost.machine_us(units))]
+    return "".join(f"{c:>9}" for c in cells)
+
+
+_CPU_HEAD = "".join(f"{h:>9}" for h in ("instance", "worker", "broker", "Postgres", "total"))
+_CPU_HEAD += f"{'machine':>9}"
+
+
+def report_costs(f: Figures) -> None:
+    """The CPU tables: per committed tick of every phase, per run end to end, and scaling."""
+    if f.costs:
+        print()
+        print("CPU per committed tick (µs of user + system CPU, over the same window as the rate)")
+        if f.idle is not None and f.idle.wall > 0:
+            shares = {g: f.idle.seconds.get(g) for g in ("broker", "postgres")}
+            cells = [
+                f"{name} {'-' if v is None else f'{v / f.idle.wall * 100:.1f} %'}"
+                for name, v in (("broker", shares["broker"]), ("Postgres", shares["postgres"]))
+            ]
+            machine = f.idle.machine / f.idle.wall * 100
+            print(
+                f"  idle, before the phases ({f.idle.wall:.0f} s; % of one core): "
+                f"{', '.join(cells)}, machine {machine:.1f} %"
+            )
+        print(f"  {'phase':42}{'ticks/s':>9}{_CPU_HEAD}")
+        for label, cost in f.costs.items():
+            print(f"  {label:42}{cost.rate:9.0f}{_cpu_columns(cost, cost.ticks)}")
+        print(
+            "  * instance = the benchmark's own process (the UPDATEs' client, the naive loop);"
+            " machine = all busy CPU\n    of the machine (the load generator and other users"
+            " included)"
+        )
+    if f.e2e:
+        runs = f.e2e[0]["runs"]
+        print()
+        print(
+            f"End to end: {runs} runs of a 4-step workflow (s0; s1 + s2 in parallel; s3; no-op"
+            " steps),\n  from the first start wakeup (as `ductor start` produces them) to the last"
+            " run ended (CPU: µs per run)"
+        )
+        print(f"  {'processes':26}{'runs/s':>7}{'wall s':>8}{'ticks/run':>10}{_CPU_HEAD}")
+        for e in f.e2e:
+            cost = e["cost"]
+            name = f"{e['processors']} processor{'s' * (e['processors'] > 1)}"
+            name += f" + {e['workers']} worker{'s' * (e['workers'] > 1)}"
+            failed = "" if e["succeeded"] == e["runs"] else f"  ({e['succeeded']} succeeded)"
+            print(
+                f"  {name:26}{e['runs'] / cost.seconds:7.0f}{cost.seconds:8.1f}"
+                f"{cost.ticks / e['runs']:10.2f}{_cpu_columns(cost, e['runs'])}{failed}"
+            )
+    if f.scaling:
+        print()
+        print(
+            f"Scaling: instances in one group over the same topics ({f.partitions} partitions"
+            " per wakeup topic), one-step runs\n  (CPU: µs per committed tick; cores ="
+            " CPU of one instance / wall time, on average)"
+        )
+        head = "".join(f"{h:>9}" for h in ("instance", "broker", "Postgres", "total", "machine"))
+        print(f"  {'instances':>9}{'ticks/s':>9}{'per inst':>9}{head}{'cores':>7}")
+        for row in f.scaling:
+            cost = row["cost"]
+            n = row["instances"]
+            cells = [_us(cost.per_unit_us(g, cost.ticks)) for g in ("instance", "broker")]
+            cells += [_us(cost.per_unit_us("postgres", cost.ticks)), _us(cost.total_us(cost.ticks))]
+            cells.append(_us(cost.machine_us(cost.ticks)))
+            cores = cost.cores("instance")
+            per_core = "-" if cores is None else f"{cores / n:.2f}"
+            print(
+                f"  {n:9}{cost.rate:9.0f}{cost.rate / n:9.0f}"
+                + "".join(f"{c:>9}" for c in cells)
+                + f"{per_core:>7}"
+            )
+    if f.wall:
+        print()
+        print(f"whole benchmark: {f.wall / 60:.1f} min")
 
 
 class OtlpSink:
