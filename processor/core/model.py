@@ -13,7 +13,7 @@ from dataclasses import InitVar, dataclass, field, replace
 from enum import StrEnum
 from functools import cached_property
 from graphlib import CycleError, TopologicalSorter
-from typing import Any
+from typing import Any, NamedTuple
 
 import orjson
 
@@ -31,10 +31,13 @@ class RunStatus(StrEnum):
 
     @property
     def terminal(self) -> bool:
-        return self in TERMINAL_STATUSES
+        # Identity with module globals, not `in` a set: hashing an enum member runs Python
+        # code, and so does reading one from its class (the tick asks this for every run).
+        return self is _SUCCEEDED or self is _FAILED or self is _CANCELLED
 
 
 TERMINAL_STATUSES = frozenset({RunStatus.SUCCEEDED, RunStatus.FAILED, RunStatus.CANCELLED})
+_SUCCEEDED, _FAILED, _CANCELLED = RunStatus.SUCCEEDED, RunStatus.FAILED, RunStatus.CANCELLED
 
 
 class NodeStatus(StrEnum):
@@ -245,15 +248,19 @@ def workflow_to_json(wf: WorkflowDef) -> dict[str, Any]:
 # Run state
 
 
-@dataclass(frozen=True)
-class NodeState:
+class NodeState(NamedTuple):
+    """One node of a run's state. A NamedTuple (immutable, compared and hashed in C, made
+    without a field-by-field __init__): every loaded run has one per step."""
+
     status: NodeStatus = NodeStatus.PENDING
     attempt: int = 0  # the attempt in flight or last finished; 0 = never dispatched
     due_ms: int | None = None  # DISPATCHED: deadline; RETRY_WAIT: when the next attempt is due
     error: str | None = None
 
     def to_json(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"status": self.status.value, "attempt": self.attempt}
+        # The member itself: a StrEnum is its value, and orjson writes it as such (`.value`
+        # is a Python-level property call, once per node of every run loaded or committed).
+        out: dict[str, Any] = {"status": self.status, "attempt": self.attempt}
         if self.due_ms is not None:
             out["due_ms"] = self.due_ms
         if self.error is not None:
@@ -310,7 +317,7 @@ def initial_state(wf: WorkflowDef) -> RunState:
 
 def state_checksum(state: RunState) -> str:
     """SHA-256 over the canonical JSON of the state (status, nodes, seq, reason)."""
-    return row_checksum(state.status.value, state.nodes_json(), state.seq, state.reason)
+    return row_checksum(state.status, state.nodes_json(), state.seq, state.reason)
 
 
 def row_checksum(status: str, nodes: Mapping[str, Any], seq: int, reason: str | None) -> str:

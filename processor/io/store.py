@@ -277,7 +277,7 @@ def commit_batch(
 
 def _commit_row(c: Commit) -> dict[str, Any]:
     state = c.state
-    status, nodes = state.status.value, state.nodes_json()  # encoded once, hashed as written
+    status, nodes = state.status, state.nodes_json()  # encoded once, hashed as written
     return {
         "run_id": c.run_id,
         "expected_version": c.expected_version,
