@@ -7,8 +7,8 @@ dead-letter reason, because a malformed record is an expected outcome the consum
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, NamedTuple
 
 import orjson
 
@@ -25,8 +25,10 @@ MAX_EPOCH_MS = 253_402_300_799_999  # the end of the year 9999
 REASONS = frozenset({"start", "step_result", "signal", "timer", "requeue", "sweep", "replay"})
 
 
-@dataclass(frozen=True)
-class Wakeup:
+class Wakeup(NamedTuple):
+    """A decoded envelope. A NamedTuple: one is made for every record consumed, and a frozen
+    dataclass's __init__ sets its eight fields one object.__setattr__ at a time."""
+
     run_id: str
     reason: str
     requeue_count: int = 0  # non-progressing requeues so far; rides here, never on the row
@@ -54,10 +56,14 @@ class Wakeup:
         return orjson.dumps(body)
 
 
-# The envelope's fields, owned by the dataclass above: what decoding accepts, and the ones
+# The envelope's fields, owned by the class above: what decoding accepts, and the ones
 # written only when set (those that default to None).
-FIELDS = frozenset({"envelope_version", *(f.name for f in fields(Wakeup))})
-OPTIONAL_FIELDS = tuple(f.name for f in fields(Wakeup) if f.default is None)
+FIELDS = frozenset({"envelope_version", *Wakeup._fields})
+OPTIONAL_FIELDS = tuple(
+    name
+    for name in Wakeup._fields
+    if name in Wakeup._field_defaults and Wakeup._field_defaults[name] is None
+)
 
 
 @dataclass(frozen=True)
@@ -119,9 +125,8 @@ def _is_int(value: Any) -> bool:
 
 
 def _schema_problem(raw: dict[str, Any]) -> str | None:
-    unknown = sorted(set(raw) - FIELDS)
-    if unknown:
-        return f"unknown field(s): {', '.join(unknown)}"
+    if not FIELDS.issuperset(raw):
+        return f"unknown field(s): {', '.join(sorted(set(raw) - FIELDS))}"
     run_id = raw.get("run_id")
     if not isinstance(run_id, str) or not 1 <= len(run_id) <= MAX_RUN_ID_LENGTH:
         return f"run_id must be a string of 1 to {MAX_RUN_ID_LENGTH} characters"
