@@ -50,6 +50,7 @@ class NodeStatus(StrEnum):
 
 
 _NODE_STATUSES = {s.value: s for s in NodeStatus}
+_RUN_STATUSES = {s.value: s for s in RunStatus}
 
 # ---------------------------------------------------------------------------------------------
 # Workflow definitions
@@ -339,7 +340,8 @@ def state_from_row(
     for step in wf.steps:
         raw = node_states.get(step.name)
         nodes.append((step.name, NodeState() if raw is None else NodeState.from_json(raw)))
-    return RunState(status=RunStatus(status), nodes=tuple(nodes), seq=seq, reason=reason)
+    # A dict lookup, not RunStatus(...) (the enum's call runs Python code): once per loaded run.
+    return RunState(status=_RUN_STATUSES[status], nodes=tuple(nodes), seq=seq, reason=reason)
 
 
 # ---------------------------------------------------------------------------------------------
