@@ -4,11 +4,19 @@ from __future__ import annotations
 
 import pytest
 from opentelemetry import trace
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ALWAYS_ON
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
-from processor.io.telemetry import DEFAULT_SAMPLER, Telemetry, context_headers
+from processor.core.stats import Stats
+from processor.io.telemetry import (
+    DEFAULT_SAMPLER,
+    END_TO_END,
+    END_TO_END_STRIDE,
+    Telemetry,
+    context_headers,
+)
 
 
 def test_without_otel_variables_or_a_metrics_port_telemetry_is_a_no_op(
@@ -78,3 +86,27 @@ def test_one_trace_in_ten_is_sampled_unless_the_environment_says_otherwise(
         assert telemetry.tracer.sampler is ALWAYS_ON  # type: ignore[attr-defined]
     finally:
         telemetry.shutdown()
+
+
+def test_the_end_to_end_histogram_records_one_committed_tick_in_its_stride() -> None:
+    """Every sample still reaches the stats' reservoir (the stats line, the benchmark); the
+    OpenTelemetry histogram takes one in END_TO_END_STRIDE, the others every sample."""
+    reader = InMemoryMetricReader()
+    telemetry = Telemetry.build(None, [], [reader])
+    stats = Stats()
+    telemetry.instrument(stats, lambda: {})
+    for value in range(3 * END_TO_END_STRIDE):
+        stats.sample("end_to_end", float(value))
+        stats.sample("commit", 1.0)
+    counts: dict[str, int] = {}
+    data = reader.get_metrics_data()
+    assert data is not None
+    for resource in data.resource_metrics:
+        for scope in resource.scope_metrics:
+            for metric in scope.metrics:
+                if metric.name in (END_TO_END, "ductor.commit.duration"):
+                    points = metric.data.data_points
+                    counts[metric.name] = sum(getattr(p, "count", 0) for p in points)
+    assert counts == {END_TO_END: 3, "ductor.commit.duration": 3 * END_TO_END_STRIDE}
+    assert len(stats.end_to_end_ms.samples) == 3 * END_TO_END_STRIDE
+    telemetry.shutdown()
