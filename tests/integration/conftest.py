@@ -138,6 +138,19 @@ def child_env(settings: Settings) -> dict[str, str]:
     return env
 
 
+def run_ductor(settings: Settings, *args: str) -> subprocess.CompletedProcess[str]:
+    """`ductor ARGS...` run to its end with these settings, its output captured as text."""
+    return subprocess.run(
+        [sys.executable, "-m", "processor", *args],
+        env=child_env(settings),
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
 class Spawned:
     """A `ductor` subprocess whose stderr (JSON logs) is captured to a file."""
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import re
 import subprocess
-import sys
 import uuid
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -26,12 +25,11 @@ from processor.io.dlq import DeadLetter, read_dead_letters
 from processor.io.runs_admin import insert_runs
 
 from .conftest import (
-    REPO,
     SAMPLE,
     ProcessorThread,
     WorkerThread,
-    child_env,
     count_terminal,
+    run_ductor,
     run_statuses,
     wait_for,
 )
@@ -119,18 +117,6 @@ def _read_at(settings: Settings, topic: str, partition: int, offset: int) -> Any
     return found[0]
 
 
-def _cli(settings: Settings, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "processor", *args],
-        env=child_env(settings),
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-
-
 def test_garbage_from_an_outside_client_is_dead_lettered_listed_and_replayed(
     settings: Settings, pg: psycopg.Connection[Any], processor_thread: Any, tmp_path: Path
 ) -> None:
@@ -214,7 +200,7 @@ def _check_letter(settings: Settings, letter: DeadLetter, sent: Sent, source_top
 
 
 def _check_list_command(settings: Settings, letters: list[DeadLetter]) -> None:
-    listed = _cli(settings, "dlq", "list")
+    listed = run_ductor(settings, "dlq", "list")
     assert listed.returncode == 0, listed.stderr
     lines = listed.stdout.splitlines()
     assert len(lines) == len(letters)
@@ -224,16 +210,16 @@ def _check_list_command(settings: Settings, letters: list[DeadLetter]) -> None:
         assert "key=" in line and "value=" in line
     assert f"{len(letters)} dead letter(s)" in listed.stderr
 
-    only = _cli(settings, "dlq", "list", "--reason", "not_json")
+    only = run_ductor(settings, "dlq", "list", "--reason", "not_json")
     assert only.returncode == 0, only.stderr
     assert len(only.stdout.splitlines()) == 2
     assert all("  not_json  " in line for line in only.stdout.splitlines())
 
-    limited = _cli(settings, "dlq", "list", "--limit", "3")
+    limited = run_ductor(settings, "dlq", "list", "--limit", "3")
     assert limited.returncode == 0 and len(limited.stdout.splitlines()) == 3
 
-    assert _cli(settings, "dlq", "list", "--reason", "no_such_reason").returncode == 2
-    assert _cli(settings, "dlq", "list", "--limit", "0").returncode == 2
+    assert run_ductor(settings, "dlq", "list", "--reason", "no_such_reason").returncode == 2
+    assert run_ductor(settings, "dlq", "list", "--limit", "0").returncode == 2
 
 
 def _check_replays(
@@ -245,7 +231,7 @@ def _check_replays(
 ) -> None:
     not_json = next(d for d in letters if d.reason == "not_json")
     # Unfixed, it would only be dead-lettered again: refused.
-    refused = _cli(settings, "dlq", "replay", str(not_json.offset))
+    refused = run_ductor(settings, "dlq", "replay", str(not_json.offset))
     assert refused.returncode == 1
     assert "dead-lettered again" in refused.stderr
 
@@ -253,7 +239,7 @@ def _check_replays(
     fixed_id = f"fixed-{tag}"
     fix = tmp_path / "fixed.json"
     fix.write_bytes(envelope(fixed_id))
-    replayed = _cli(settings, "dlq", "replay", str(not_json.offset), "--value-file", str(fix))
+    replayed = run_ductor(settings, "dlq", "replay", str(not_json.offset), "--value-file", str(fix))
     assert replayed.returncode == 0, replayed.stderr
     where = re.search(r"to (\S+) partition (\d+) offset (\d+)", replayed.stdout)
     assert where is not None, replayed.stdout
@@ -273,7 +259,7 @@ def _check_replays(
     unknown = next(d for d in letters if d.reason == "unknown_run")
     ghost_id = f"ghost-{tag}"
     insert_runs(pg, parse_workflow(orjson.loads(SAMPLE.read_bytes())), [(ghost_id, {})], "t1")
-    replayed = _cli(settings, "dlq", "replay", str(unknown.offset), "--partition", "0")
+    replayed = run_ductor(settings, "dlq", "replay", str(unknown.offset), "--partition", "0")
     assert replayed.returncode == 0, replayed.stderr
     wait_for(
         lambda: run_statuses(pg, [ghost_id]).get(ghost_id) == "succeeded",
@@ -281,6 +267,6 @@ def _check_replays(
         "the replayed run to succeed",
     )
 
-    missing = _cli(settings, "dlq", "replay", "999999")
+    missing = run_ductor(settings, "dlq", "replay", "999999")
     assert missing.returncode == 1
     assert "has no offset 999999" in missing.stderr

@@ -6,8 +6,6 @@ are unaffected."""
 from __future__ import annotations
 
 import re
-import subprocess
-import sys
 import uuid
 from typing import Any
 
@@ -20,11 +18,10 @@ from processor.io.runs_admin import insert_runs
 
 from .audit import assert_results_applied
 from .conftest import (
-    REPO,
     ProcessorThread,
     WorkerThread,
-    child_env,
     count_terminal,
+    run_ductor,
     run_statuses,
     sample_workflow,
     wait_for,
@@ -70,15 +67,7 @@ def _rows(pg: psycopg.Connection[Any], table: str, ids: list[str]) -> int:
 
 
 def _gc(settings: Settings, *args: str) -> tuple[int, str, str]:
-    done = subprocess.run(
-        [sys.executable, "-m", "processor", "gc", *args],
-        env=child_env(settings),
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    done = run_ductor(settings, "gc", *args)
     return done.returncode, done.stdout, done.stderr
 
 

@@ -5,8 +5,6 @@ clears it once the row is repaired."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import uuid
 from dataclasses import replace
 from typing import Any
@@ -21,11 +19,10 @@ from processor.io.dlq import DeadLetter, read_dead_letters
 from processor.io.runs_admin import insert_runs, register_workflow
 
 from .conftest import (
-    REPO,
     ProcessorThread,
     WorkerThread,
-    child_env,
     count_terminal,
+    run_ductor,
     run_statuses,
     sample_workflow,
     wait_for,
@@ -57,18 +54,6 @@ def _flagged_ms(pg: psycopg.Connection[Any], run_ids: list[str]) -> dict[str, in
 
 def _run_of(letter: DeadLetter) -> str:
     return str(orjson.loads(letter.value or b"{}")["run_id"])
-
-
-def _cli(settings: Settings, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "processor", *args],
-        env=child_env(settings),
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
 
 
 def test_bad_rows_are_quarantined_once_and_released_after_repair(
@@ -145,14 +130,14 @@ def test_bad_rows_are_quarantined_once_and_released_after_repair(
         assert all(flags[r].startswith("checksum_mismatch: ") for r in tampered)
         assert all(flags[r].startswith("unknown_workflow: ") for r in unreadable)
 
-        shown = _cli(settings, "inspect", tampered[0])
+        shown = run_ductor(settings, "inspect", tampered[0])
         assert shown.returncode == 1
         assert "QUARANTINED since" in shown.stdout and "checksum_mismatch" in shown.stdout
-        shown = _cli(settings, "inspect", unreadable[0])
+        shown = run_ductor(settings, "inspect", unreadable[0])
         assert shown.returncode == 1, shown.stderr
         assert "QUARANTINED since" in shown.stdout and "as stored" in shown.stdout
 
-        refused = _cli(settings, "runs", "release", lost[0])
+        refused = run_ductor(settings, "runs", "release", lost[0])
         assert refused.returncode == 1 and "is not quarantined" in refused.stderr
 
         # Repaired, then released: the run goes on from where it was.
@@ -160,7 +145,7 @@ def test_bad_rows_are_quarantined_once_and_released_after_repair(
             "UPDATE eec_workflow_run SET state_checksum = %s WHERE run_id = %s",
             (checksum[0], tampered[0]),
         )
-        released = _cli(settings, "runs", "release", tampered[0])
+        released = run_ductor(settings, "runs", "release", tampered[0])
         assert released.returncode == 0, released.stderr
         wait_for(
             lambda: run_statuses(pg, [tampered[0]]) == {tampered[0]: "succeeded"},
@@ -168,7 +153,7 @@ def test_bad_rows_are_quarantined_once_and_released_after_repair(
             "the repaired run to succeed",
         )
         # Released while still broken: dead-lettered and quarantined again, once.
-        released = _cli(settings, "runs", "release", tampered[1])
+        released = run_ductor(settings, "runs", "release", tampered[1])
         assert released.returncode == 0, released.stderr
         wait_for(
             lambda: instance.stats.quarantined["checksum_mismatch"] == len(tampered) + 1,
