@@ -17,6 +17,7 @@ from processor.core.envelope import Wakeup
 from processor.core.routing import TopicNames
 from processor.io.config import Settings
 from processor.io.kafka import choose_partition, produce, producer_config, topic_partitions
+from processor.io.logs import first_line
 from processor.io.runs_admin import insert_runs
 from processor.io.store import Definitions
 
@@ -31,9 +32,8 @@ def connect(settings: Settings) -> psycopg.Connection[Any]:
     try:
         return psycopg.connect(settings.pg_dsn, autocommit=True, connect_timeout=10)
     except psycopg.OperationalError as exc:
-        first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise ClientError(
-            f"cannot connect to Postgres at {settings.pg_dsn_redacted} ({first_line});"
+            f"cannot connect to Postgres at {settings.pg_dsn_redacted} ({first_line(exc)});"
             " is it running (make up) and is DUCTOR_PG_DSN right?"
         ) from None
 

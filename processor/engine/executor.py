@@ -59,6 +59,7 @@ from processor.engine.ledger import Ledger
 from processor.engine.outage import Outage
 from processor.engine.stage import DatabaseStage, InFlight, StageResult
 from processor.io.kafka import Outbox, choose_partition
+from processor.io.logs import first_line
 from processor.io.telemetry import Telemetry, context_headers
 
 log = logging.getLogger("ductor.executor")
@@ -339,9 +340,7 @@ class Executor:
         counted every time, logged once per outage; returns after how many ms to try again
         (backing off while the outage lasts; the loop keeps running meanwhile)."""
         self._stats.errors[type(exc).__name__] += 1
-        text = str(exc).strip()
-        problem = text.splitlines()[0] if text else type(exc).__name__
-        delay_s = self._outage.failed(f"{problem} ({runs} run(s) will be retried)")
+        delay_s = self._outage.failed(f"{first_line(exc)} ({runs} run(s) will be retried)")
         self.database_ok = False
         self._stage_runner.close()
         return int(delay_s * 1000)

@@ -34,6 +34,7 @@ from typing import Any
 import psycopg
 
 from processor.io import store
+from processor.io.logs import first_line
 
 log = logging.getLogger("ductor.health")
 
@@ -177,10 +178,8 @@ class HealthServer:
                     self._db_problem = None
                 except psycopg.Error as exc:
                     if self._db_problem is None or self._db_checked_at is None:
-                        text = str(exc).strip()
                         log.warning(
-                            "health check: the database does not answer: %s",
-                            text.splitlines()[0] if text else type(exc).__name__,
+                            "health check: the database does not answer: %s", first_line(exc)
                         )
                     self._db_problem = f"unreachable ({type(exc).__name__})"
                     if conn is not None:

@@ -17,6 +17,7 @@ from processor.core.decide import Plan
 from processor.core.outcomes import DeadLetterReason, ForceFailReason, Outcome
 from processor.core.pending import RunWork
 from processor.core.stats import Stats
+from processor.io.logs import first_line
 from processor.io.telemetry import Telemetry, end_error, end_ok, log_ids
 
 log = logging.getLogger("ductor.executor")
@@ -89,7 +90,7 @@ class Ledger:
                 extra={"run_id": plan.run_id, "reason": plan.reason.value, "detail": plan.detail},
             )
         if error is not None:  # tried again when the run is next met: not an outage
-            log.warning("could not write quarantine flags: %s", _first_line(error))
+            log.warning("could not write quarantine flags: %s", first_line(error))
 
     def relayed(self, run_id: str, records: int) -> None:
         """Records of a transition sent again from the outbox (their first send was lost)."""
@@ -180,8 +181,3 @@ class Ledger:
         """A genuine failure ends the span as an error; the retry gets a span of its own."""
         end_error(work.span, exc)
         work.span = None
-
-
-def _first_line(exc: Exception) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__

@@ -44,6 +44,7 @@ from processor.io.kafka import (
     producer_max_bytes,
     topic_partitions,
 )
+from processor.io.logs import first_line
 from processor.io.telemetry import Telemetry
 from processor.io.topics import topic_max_message_bytes
 
@@ -181,7 +182,7 @@ class Processor:
         for sweep in self.watchdog.maybe_sweep():
             if sweep.error is not None:
                 self.stats.errors[type(sweep.error).__name__] += 1
-                self.postgres.failed(f"watchdog sweep: {_first_line(sweep.error)}")
+                self.postgres.failed(f"watchdog sweep: {first_line(sweep.error)}")
                 continue
             if not self.executor.busy:
                 self.postgres.ok()  # (while a batch is in flight, its outcome says)
@@ -390,8 +391,3 @@ class Processor:
         except KafkaException as exc:
             if exc.args[0].code() != KafkaError._NO_OFFSET:
                 log.warning(failure, exc)
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__

@@ -59,6 +59,7 @@ from processor.io.kafka import (
     producer_max_bytes,
     topic_partitions,
 )
+from processor.io.logs import first_line
 from processor.io.store import connect_durable, insert_step_result
 
 # The step API has always been importable from here (docs/operations.md shows it).
@@ -231,7 +232,7 @@ class Worker:
             except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
                 # Whether a lost insert committed is unknown: the retry is idempotent.
                 self._disconnect()
-                if self._stop.wait(postgres.failed(_first_line(exc))):
+                if self._stop.wait(postgres.failed(first_line(exc))):
                     return None
                 continue
             except psycopg.errors.ForeignKeyViolation:
@@ -249,12 +250,12 @@ class Worker:
                     # then times out and the coordinator retries it.
                     log.error(
                         "dropped a step result that cannot be stored: %s",
-                        _first_line(exc),
+                        first_line(exc),
                         extra={"run_id": task.run_id, "node": task.node, "attempt": task.attempt},
                     )
                     self.dropped += 1
                     return False
-                why = storable_text(f"the step's result could not be stored: {_first_line(exc)}")
+                why = storable_text(f"the step's result could not be stored: {first_line(exc)}")
                 outcome, output, error = StepOutcome.FAILED, None, why
                 continue
             postgres.ok()
@@ -337,11 +338,6 @@ class _Outgoing:
     headers: Headers
     acknowledged: bool = False
     error: KafkaError | None = None
-
-
-def _first_line(exc: Exception) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
 
 
 def _next_offsets(messages: list[Any]) -> list[TopicPartition]:

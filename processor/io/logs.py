@@ -21,6 +21,14 @@ from typing import Any
 import orjson
 from opentelemetry import trace
 
+
+def first_line(exc: BaseException) -> str:
+    """What a log line or a message says of an error: the first line of its text, or its class
+    name when it has none (a database error's text runs on with hints and context)."""
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
 _STANDARD = set(logging.LogRecord("", 0, "", 0, "", None, None).__dict__) | {"message", "asctime"}
 
 
