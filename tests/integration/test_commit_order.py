@@ -12,7 +12,8 @@ import orjson
 import psycopg
 import pytest
 
-from processor.core.model import LoadedRun, state_checksum
+from processor.core.decide import Commit
+from processor.core.model import LoadedRun
 from processor.io import store
 from processor.io.config import Settings
 from processor.io.runs_admin import insert_runs
@@ -34,19 +35,7 @@ def _batch(conn: psycopg.Connection[Any], run_ids: list[str]) -> dict[str, str]:
         run = loaded[run_id]
         assert isinstance(run, LoadedRun)
         state = replace(run.state, seq=run.state.seq + 1)
-        rows.append(
-            {
-                "run_id": run_id,
-                "expected_version": run.version,
-                "status": state.status.value,
-                "node_states": state.nodes_json(),
-                "seq": state.seq,
-                "checksum": state_checksum(state),
-                "reason": state.reason,
-                "next_wakeup_ms": None,
-                "effects": None,
-            }
-        )
+        rows.append(store._commit_row(Commit(run_id, run.version, state, ())))
     return {
         "ids": orjson.dumps(run_ids).decode(),
         "batch": orjson.dumps(rows).decode(),
