@@ -35,13 +35,14 @@ from opentelemetry.sdk.metrics.export import MetricReader, PeriodicExportingMetr
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor, SpanExporter
-from opentelemetry.sdk.trace.sampling import ParentBased, Sampler, TraceIdRatioBased
+from opentelemetry.sdk.trace.sampling import Sampler
 from opentelemetry.trace import Link, Span, SpanKind, Status, StatusCode, Tracer
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 from prometheus_client import start_http_server
 
 from processor.core.stats import Stats
 from processor.io.otlp_json import OtlpJsonSpanExporter, json_protocol_requested
+from processor.io.sampling import RatioSampling
 
 Headers = list[tuple[str, bytes]]
 _PROPAGATOR = TraceContextTextMapPropagator()
@@ -49,7 +50,24 @@ _NOOP_TRACER: Tracer = trace.NoOpTracer()
 DEFAULT_SAMPLE_RATIO = 0.1
 END_TO_END = "ductor.end_to_end.latency"
 END_TO_END_STRIDE = 8  # the end-to-end histogram records one committed tick in this many
-DEFAULT_SAMPLER: Sampler = ParentBased(TraceIdRatioBased(DEFAULT_SAMPLE_RATIO))
+_RATIO_SAMPLER = "parentbased_traceidratio"
+
+
+def sampler_from_environment() -> RatioSampling | None:
+    """One trace in ten unless OTEL_TRACES_SAMPLER says otherwise (the SDK's own default
+    samples every trace, which costs several times the tick itself). The parent-based ratio
+    sampler, ours or asked for by name with a valid ratio, comes with its shortcut for the
+    traces it does not sample (io/sampling.py); any other is left to the SDK (None)."""
+    name = os.environ.get("OTEL_TRACES_SAMPLER", "").strip().lower()
+    if not name:
+        return RatioSampling(DEFAULT_SAMPLE_RATIO)
+    if name != _RATIO_SAMPLER:
+        return None
+    try:
+        ratio = float(os.environ.get("OTEL_TRACES_SAMPLER_ARG", "1.0"))
+    except ValueError:
+        return None  # the SDK warns and takes its own default
+    return RatioSampling(ratio) if 0.0 <= ratio <= 1.0 else None
 
 
 def _otlp_configured(signal: str) -> bool:
@@ -69,6 +87,7 @@ class Telemetry:
     meter_provider: MeterProvider | None = None
     group_id: str = ""
     histograms: dict[str, Histogram] = field(default_factory=dict)
+    sampling: RatioSampling | None = None  # the ratio sampler's shortcut, when it is the one
     _end_to_end_seen: int = 0
     _shutdown: list[Callable[[], Any]] = field(default_factory=list)
 
@@ -83,9 +102,7 @@ class Telemetry:
         """OTLP by the standard OTEL_* variables, Prometheus on ``http_host``:``metrics_port``
         if the port is > 0 (this machine only by default: DUCTOR_HTTP_HOST)."""
         resource = Resource.create({"service.name": os.environ.get("OTEL_SERVICE_NAME", service)})
-        # One trace in ten unless OTEL_TRACES_SAMPLER says otherwise (the SDK's own default
-        # samples every trace, which costs several times the tick itself).
-        sampler = None if os.environ.get("OTEL_TRACES_SAMPLER") else DEFAULT_SAMPLER
+        sampler = sampler_from_environment()
         processors: list[SpanProcessor] = []
         if _otlp_configured("traces"):
             # OTLP/HTTP with protobuf (the default) or JSON, as OTEL_EXPORTER_OTLP_PROTOCOL
@@ -106,13 +123,19 @@ class Telemetry:
         span_processors: Sequence[SpanProcessor],
         metric_readers: Sequence[MetricReader],
         group_id: str = "",
-        sampler: Sampler | None = None,
+        sampler: Sampler | RatioSampling | None = None,
     ) -> Telemetry:
         """Explicit wiring (tests pass in-memory exporters and readers here)."""
         telemetry = Telemetry(group_id=group_id)
         if span_processors:
             # Without a sampler, the SDK's: OTEL_TRACES_SAMPLER, or every trace.
-            provider = TracerProvider(resource=resource, sampler=sampler)
+            if isinstance(sampler, RatioSampling):
+                telemetry.sampling = sampler
+                provider = TracerProvider(
+                    resource=resource, sampler=sampler.sampler, id_generator=sampler.ids
+                )
+            else:
+                provider = TracerProvider(resource=resource, sampler=sampler)
             for processor in span_processors:
                 provider.add_span_processor(processor)
             telemetry.tracer = provider.get_tracer("ductor.processor")
@@ -254,6 +277,10 @@ class Telemetry:
     ) -> Span:
         """``process <topic>`` for the records of one run's tick: parent or links from each
         record's producer context."""
+        if self.sampling is not None and len(records) == 1:
+            unsampled = self.sampling.unsampled(records[0][4])
+            if unsampled is not None:
+                return unsampled  # certain not to be sampled: no SDK span (io/sampling.py)
         contexts = [_extract(headers) for *_rest, headers in records]
         parent: Context | None = None
         links: list[Link] = []

@@ -11,7 +11,6 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 
 from processor.core.stats import Stats
 from processor.io.telemetry import (
-    DEFAULT_SAMPLER,
     END_TO_END,
     END_TO_END_STRIDE,
     Telemetry,
@@ -76,14 +75,23 @@ def test_one_trace_in_ten_is_sampled_unless_the_environment_says_otherwise(
     monkeypatch.delenv("OTEL_TRACES_SAMPLER", raising=False)
     telemetry = Telemetry.from_environment("ductor-test", metrics_port=0, group_id="g")
     try:
-        assert telemetry.tracer.sampler is DEFAULT_SAMPLER  # type: ignore[attr-defined]
-        assert "TraceIdRatioBased{0.1}" in DEFAULT_SAMPLER.get_description()
+        sampler = telemetry.tracer.sampler  # type: ignore[attr-defined]
+        assert telemetry.sampling is not None and sampler is telemetry.sampling.sampler
+        assert "TraceIdRatioBased{0.1}" in sampler.get_description()  # type: ignore[no-untyped-call]
     finally:
         telemetry.shutdown()
     monkeypatch.setenv("OTEL_TRACES_SAMPLER", "always_on")
     telemetry = Telemetry.from_environment("ductor-test", metrics_port=0, group_id="g")
     try:
         assert telemetry.tracer.sampler is ALWAYS_ON  # type: ignore[attr-defined]
+        assert telemetry.sampling is None  # the shortcut is the ratio sampler's only
+    finally:
+        telemetry.shutdown()
+    monkeypatch.setenv("OTEL_TRACES_SAMPLER", "parentbased_traceidratio")
+    monkeypatch.setenv("OTEL_TRACES_SAMPLER_ARG", "0.25")
+    telemetry = Telemetry.from_environment("ductor-test", metrics_port=0, group_id="g")
+    try:
+        assert telemetry.sampling is not None and telemetry.sampling.root.rate == 0.25
     finally:
         telemetry.shutdown()
 
