@@ -29,6 +29,49 @@ from processor.io.kafka import Outbox
 log = logging.getLogger("ductor.delivery")
 
 
+class _Record:
+    """One record on its way to the broker: what to send, what to call once it is there, and
+    its failures so far. Its bound ``report`` is the client's delivery callback: one object
+    per record, no closures."""
+
+    __slots__ = (
+        "delivery",
+        "failures",
+        "headers",
+        "key",
+        "on_delivered",
+        "partition",
+        "topic",
+        "value",
+    )
+
+    def __init__(
+        self,
+        delivery: Delivery,
+        topic: str,
+        value: bytes | None,
+        key: bytes | None,
+        partition: int | None,
+        headers: Headers,
+        on_delivered: Callable[[], None],
+    ) -> None:
+        self.delivery = delivery
+        self.topic = topic
+        self.value = value
+        self.key = key
+        self.partition = partition
+        self.headers = headers
+        self.on_delivered = on_delivered
+        self.failures = 0
+
+    def report(self, err: KafkaError | None, _msg: object = None) -> None:
+        if err is None:
+            self.delivery.outage.ok()
+            self.on_delivered()
+        else:
+            self.delivery.failed(self, err)
+
+
 class Delivery:
     def __init__(
         self, outbox: Outbox, stats: Stats, monotonic: Callable[[], float] = time.monotonic
@@ -37,8 +80,8 @@ class Delivery:
         self._stats = stats
         self._monotonic = monotonic
         self.outage = Outage("kafka", log)
-        self._due: list[tuple[float, int, Callable[[], None]]] = []  # records to send again
-        self._order = itertools.count()  # ties in the heap never compare the callables
+        self._due: list[tuple[float, int, _Record]] = []  # records to send again
+        self._order = itertools.count()  # ties in the heap never compare the records
         self._failed_at: float | None = None
 
     def send(
@@ -51,45 +94,41 @@ class Delivery:
         on_delivered: Callable[[], None],
     ) -> None:
         """Send a record until the broker has it; then call ``on_delivered`` (once)."""
-        failures = 0
+        self._send(_Record(self, topic, value, key, partition, headers, on_delivered))
 
-        def delivered(err: KafkaError | None) -> None:
-            nonlocal failures
-            if err is None:
-                self.outage.ok()
-                on_delivered()
-                return
-            now = self._monotonic()
-            self._failed_at = now
-            delay = retry_delay_s(failures)
-            failures += 1
-            if err.retriable() or err.code() == KafkaError._MSG_TIMED_OUT:
-                self._stats.errors["produce"] += 1
-                self.outage.failed(f"a record to {topic} was not delivered: {err.str()}")
-            else:
-                self._stats.errors["produce_permanent"] += 1
-                log.error(
-                    "the broker refuses a record to %s: %s; trying again in %.1f s",
-                    topic,
-                    err.str(),
-                    delay,
-                    extra={"topic": topic, "error": err.name(), "failures": failures},
-                )
-            heapq.heappush(self._due, (now + delay, next(self._order), send))
+    def _send(self, r: _Record) -> None:
+        try:
+            self._outbox.send(r.topic, r.value, r.key, r.report, r.partition, r.headers)
+        except KafkaException as exc:  # refused by the client itself (too large, say)
+            r.report(exc.args[0])
 
-        def send() -> None:
-            try:
-                self._outbox.send(topic, value, key, delivered, partition, headers)
-            except KafkaException as exc:  # refused by the client itself (too large, say)
-                delivered(exc.args[0])
-
-        send()
+    def failed(self, record: _Record, err: KafkaError) -> None:
+        """A delivery that failed for good in the client: the record goes again after its
+        backoff."""
+        now = self._monotonic()
+        self._failed_at = now
+        delay = retry_delay_s(record.failures)
+        record.failures = failures = record.failures + 1
+        topic = record.topic
+        if err.retriable() or err.code() == KafkaError._MSG_TIMED_OUT:
+            self._stats.errors["produce"] += 1
+            self.outage.failed(f"a record to {topic} was not delivered: {err.str()}")
+        else:
+            self._stats.errors["produce_permanent"] += 1
+            log.error(
+                "the broker refuses a record to %s: %s; trying again in %.1f s",
+                topic,
+                err.str(),
+                delay,
+                extra={"topic": topic, "error": err.name(), "failures": failures},
+            )
+        heapq.heappush(self._due, (now + delay, next(self._order), record))
 
     def send_due(self, now: float) -> None:
         """Send again the records whose backoff is over (called every loop turn)."""
         while self._due and self._due[0][0] <= now:
-            _at, _order, send = heapq.heappop(self._due)
-            send()
+            _at, _order, record = heapq.heappop(self._due)
+            self._send(record)
 
     def next_due_at(self) -> float | None:
         return self._due[0][0] if self._due else None

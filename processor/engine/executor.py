@@ -32,7 +32,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 import psycopg
 from confluent_kafka import KafkaError
@@ -67,14 +67,40 @@ log = logging.getLogger("ductor.executor")
 Work = RunWork[Span]
 
 
-@dataclass(eq=False, slots=True)
 class _Settling:
-    """A work whose plan settles once ``outstanding`` records are acknowledged."""
+    """A work whose plan settles once ``outstanding`` records are acknowledged: its bound
+    ``delivered`` is what each of them calls back (one object per plan, no closures)."""
 
-    work: Work
-    outcome: Outcome
-    outstanding: int
-    outboxed_seq: int | None  # its outbox row, deleted once everything is acknowledged
+    __slots__ = ("_settled", "outboxed_seq", "outcome", "outstanding", "work")
+
+    def __init__(
+        self,
+        work: Work,
+        outcome: Outcome,
+        outstanding: int,
+        outboxed_seq: int | None,  # its outbox row, deleted once everything is acknowledged
+        settled: Callable[[_Settling], None],
+    ) -> None:
+        self.work = work
+        self.outcome = outcome
+        self.outstanding = outstanding
+        self.outboxed_seq = outboxed_seq
+        self._settled = settled
+
+    def delivered(self) -> None:
+        self.outstanding -= 1
+        if self.outstanding == 0:
+            self._settled(self)
+
+
+def _ending(span: Span, delivered: Callable[[], None]) -> Callable[[], None]:
+    """``delivered``, ending a relayed record's own PRODUCER span first."""
+
+    def end_then_deliver() -> None:
+        span.end()
+        delivered()
+
+    return end_then_deliver
 
 
 # Outbox deletions wait for the next commit statement, or go on their own once this many
@@ -227,7 +253,7 @@ class Executor:
             work.attempts = plan.attempts
             self.book.park(work, self._monotonic() + plan.retry_in_ms / 1000)
             return
-        settling = _Settling(work, plan.outcome, len(plan.sends), plan.outboxed_seq)
+        settling = _Settling(work, plan.outcome, len(plan.sends), plan.outboxed_seq, self._settled)
         for send in plan.sends:
             self._produce(settling, send)  # 4. produce; 5. acknowledged in _produce's callback
         if settling.outstanding == 0:
@@ -258,12 +284,13 @@ class Executor:
             count = self._partitions[send.topic]
             partition = choose_partition(send.by_run, count, self._partition_by_run)
         headers = list(send.headers)
-        span: Span | None = None
+        on_delivered = settling.delivered
         if self._telemetry.tracing:
             if work.span is None:  # a relayed record: its own PRODUCER span starts a trace
                 span, trace_headers = self._telemetry.start_producer_span(
                     None, send.topic, dict(send.attributes)
                 )
+                on_delivered = _ending(span, settling.delivered)
             else:
                 # The record carries the CONSUMER span's context (its parent downstream); a
                 # sampled one notes the send as an event: a tick costs one span, not two.
@@ -272,15 +299,7 @@ class Executor:
                 trace_headers = context_headers(work.span)
             headers = [h for h in headers if h[0] not in ("traceparent", "tracestate")]
             headers += trace_headers
-
-        def delivered() -> None:
-            if span is not None:
-                span.end()
-            settling.outstanding -= 1
-            if settling.outstanding == 0:
-                self._settled(settling)
-
-        self._delivery.send(send.topic, send.value, send.key, partition, headers, delivered)
+        self._delivery.send(send.topic, send.value, send.key, partition, headers, on_delivered)
 
     # -- the watchdog's results --------------------------------------------------------------
 
@@ -288,7 +307,7 @@ class Executor:
         """Send again the records of outbox rows left behind (their instance died after its
         commit, or the broker was away); each row is deleted once all its records are in."""
         for run_id, seq, sends in rows:
-            settling = _Settling(RunWork(run_id), Outcome.COMMITTED, len(sends), seq)
+            settling = _Settling(RunWork(run_id), Outcome.COMMITTED, len(sends), seq, self._settled)
             self._ledger.relayed(run_id, len(sends))
             for send in sends:
                 self._produce(settling, send)
@@ -315,7 +334,7 @@ class Executor:
             partition = partition_for(run_id, self._partitions[topic])
             self._outbox.send(topic, wakeup.encode(), wakeup.key(), self._rewake_sent, partition)
 
-    def _rewake_sent(self, err: KafkaError | None) -> None:
+    def _rewake_sent(self, err: KafkaError | None, _msg: object = None) -> None:
         if err is not None:
             # The run stays overdue, so the next sweep sends it again.
             self._ledger.error("produce", "watchdog wakeup not delivered: %s", err)

@@ -19,7 +19,6 @@ from processor.core.records import Headers
 from processor.core.routing import partition_for
 from processor.io.config import Settings
 
-DeliveryCallback = Callable[[KafkaError | None], None]
 # librdkafka's own delivery report: the error (None once acknowledged) and the message.
 DeliveryReport = Callable[[KafkaError | None, Any], None]
 
@@ -113,27 +112,29 @@ def make_consumer(settings: Settings, client_id: str) -> Consumer:
 
 
 class Outbox:
-    """Produces records and calls back once the broker acknowledged (or finally refused) each."""
+    """Produces records; the broker's acknowledgement (or final refusal) of each comes back
+    through its delivery report, served by ``poll``."""
 
     def __init__(self, producer: Producer) -> None:
         self._producer = producer
-        self.in_flight = 0
+
+    @property
+    def in_flight(self) -> int:
+        """What waits for this client: records queued or not yet acknowledged, and delivery
+        reports (or client events) waiting for ``poll`` (librdkafka's out-queue length, so no
+        Python wrapper around each delivery report is needed to count)."""
+        return len(self._producer)
 
     def send(
         self,
         topic: str,
         value: bytes | None,
         key: bytes | None,
-        on_delivery: DeliveryCallback,
+        on_delivery: DeliveryReport,
         partition: int | None = None,
         headers: Headers | None = None,
     ) -> None:
-        def delivered(err: KafkaError | None, _msg: Any) -> None:
-            self.in_flight -= 1
-            on_delivery(err)
-
-        produce(self._producer, topic, value, key, partition, headers, delivered)
-        self.in_flight += 1
+        produce(self._producer, topic, value, key, partition, headers, on_delivery)
 
     def poll(self, timeout: float = 0.0) -> None:
         self._producer.poll(timeout)
