@@ -41,7 +41,7 @@ def normalise_headers(message: KafkaMessage) -> Headers:
     return [(k, v.encode() if isinstance(v, str) else (v or b"")) for k, v in pairs]
 
 
-@dataclass
+@dataclass(slots=True)
 class Inbound:
     """A consumed record, kept with what is needed to dead-letter it or store its offset."""
 

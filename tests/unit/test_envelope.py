@@ -18,7 +18,10 @@ from processor.core.envelope import (
     REASONS,
     Rejected,
     Wakeup,
+    _bounds_problem,
+    _schema_problem,
     decode_wakeup,
+    plainly_valid,
 )
 
 from .strategies import FAST
@@ -199,3 +202,44 @@ def test_a_reason_that_is_not_a_string_is_rejected(reason: Any) -> None:
     decoded = decode_wakeup(_encode(_valid(reason=reason)), LIMIT)
     assert isinstance(decoded, Rejected)
     assert decoded.reason == "wrong_schema"
+
+
+_FIELD_VALUES = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(-5, 5),
+    st.sampled_from([MAX_ATTEMPT, MAX_ATTEMPT + 1, MAX_REQUEUE_COUNT + 1, MAX_SEQ + 1]),
+    st.sampled_from([MAX_EPOCH_MS, MAX_EPOCH_MS + 1, 2**64]),
+    st.floats(allow_nan=False, allow_infinity=False),
+    st.sampled_from(sorted(REASONS)),
+    st.text(max_size=3),
+    st.sampled_from(["", "a\x00b", "r" * 200, "r" * 201]),
+    st.lists(st.integers(), max_size=2),
+)
+
+
+@given(
+    st.dictionaries(
+        st.sampled_from(
+            [
+                "run_id",
+                "reason",
+                "requeue_count",
+                "attempt",
+                "due_at",
+                "target_at",
+                "observed_seq",
+                "produced_at",
+                "extra",
+            ]
+        ),
+        _FIELD_VALUES,
+    )
+)
+def test_the_one_pass_check_agrees_with_the_checks_that_name_the_problem(
+    fields: dict[str, Any],
+) -> None:
+    """The fast path passes exactly the records the schema and bounds checks pass."""
+    raw = _valid(**fields)
+    slow_ok = _schema_problem(raw) is None and _bounds_problem(raw) is None
+    assert plainly_valid(raw) == slow_ok, raw
