@@ -31,6 +31,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
+from processor.core.dataflow import OutputRefs, data_at_hand, dependency_attempts, output_refs
 from processor.core.dead_letters import dead_letter_headers, truncate_dead_letter
 from processor.core.envelope import Wakeup
 from processor.core.model import Loaded, LoadedRun, RunState, UnknownWorkflow, UnreadableRun
@@ -66,6 +67,9 @@ class Commit:
     expected_version: int
     state: RunState
     effects: tuple[Send, ...] = ()
+    # Set only on the commit that ends a run succeeded whose workflow declares an output: the
+    # step results the statement reads it from (dataflow.py).
+    output: OutputRefs | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,9 +150,11 @@ def tick_batch(loaded: Mapping[str, Loaded], now_ms: int, names: TopicNames) -> 
         if not isinstance(run, LoadedRun) or not run.checksum_ok:
             continue
         decision = tick(run.state, run.wf, run.results, run.signals, now_ms)
-        if decision.new_state is not None:
+        new_state = decision.new_state
+        if new_state is not None:
             effects = _effects(run, decision, now_ms, names)
-            commits[run_id] = Commit(run_id, run.version, decision.new_state, effects)
+            output = output_refs(run.wf, new_state)
+            commits[run_id] = Commit(run_id, run.version, new_state, effects, output)
     return commits
 
 
@@ -288,22 +294,30 @@ def hop(record: Inbound, target_ms: int, now_ms: int, names: TopicNames) -> Plan
 def _effects(
     run: LoadedRun, decision: Decision, now_ms: int, names: TopicNames
 ) -> tuple[Send, ...]:
-    sends = [
-        Send(
-            names.steps,
-            key=run.run_id.encode(),
-            value=StepTask(
+    sends = []
+    if decision.dispatches:
+        assert decision.new_state is not None
+        nodes, steps = decision.new_state.node_map(), run.wf.step_map
+        for d in decision.dispatches:
+            step = steps[d.node]
+            task = StepTask(
                 run_id=run.run_id,
                 node=d.node,
                 attempt=d.attempt,
                 step_type=d.step_type,
                 deadline_ms=d.deadline_ms,
                 tier=run.tier,
-            ).encode(),
-            attributes=(("ductor.node", d.node), ("ductor.attempt", d.attempt)),
-        )
-        for d in decision.dispatches
-    ]
+                dep_attempts=dependency_attempts(step, nodes),
+                data=data_at_hand(run, step),
+            )
+            sends.append(
+                Send(
+                    names.steps,
+                    key=run.run_id.encode(),
+                    value=task.encode(),
+                    attributes=(("ductor.node", d.node), ("ductor.attempt", d.attempt)),
+                )
+            )
     sends += [_timer(run.run_id, due_ms, now_ms, "timer", names) for due_ms in decision.timers]
     return tuple(sends)
 

@@ -84,10 +84,23 @@ class StepDef:
 
 
 @dataclass(frozen=True)
+class WorkflowOutput:
+    """What a succeeded run stores as its output (``eec_workflow_run.output``): the output of
+    one step (``step``), or a mapping of names to steps' outputs (``fields``, in order)."""
+
+    step: str | None = None
+    fields: tuple[tuple[str, str], ...] = ()
+
+    def to_json(self) -> str | dict[str, str]:
+        return self.step if self.step is not None else dict(self.fields)
+
+
+@dataclass(frozen=True)
 class WorkflowDef:
     name: str
     version: int
     steps: tuple[StepDef, ...]
+    output: WorkflowOutput | None = None  # None: the workflow declares no output
 
     @property
     def key(self) -> tuple[str, int]:
@@ -159,7 +172,7 @@ def parse_workflow(raw: Any) -> WorkflowDef:
     """Validate a workflow definition (see schemas/workflow.schema.json) into a WorkflowDef."""
     if not isinstance(raw, dict):
         raise ValidationError("workflow: expected a JSON object")
-    _check_keys(raw, {"name", "version", "steps", "description"}, "workflow")
+    _check_keys(raw, {"name", "version", "steps", "description", "output"}, "workflow")
     if not isinstance(raw.get("description", ""), str):
         raise ValidationError("workflow.description: expected str")
     name = _require(raw, "name", str, "workflow")
@@ -197,7 +210,31 @@ def parse_workflow(raw: Any) -> WorkflowDef:
             )
         )
     _check_graph(steps)
-    return WorkflowDef(name=name, version=version, steps=tuple(steps))
+    output = _parse_output(raw["output"], steps) if "output" in raw else None
+    return WorkflowDef(name=name, version=version, steps=tuple(steps), output=output)
+
+
+def _parse_output(raw: Any, steps: list[StepDef]) -> WorkflowOutput:
+    names = {s.name for s in steps}
+    if isinstance(raw, str):
+        if raw not in names:
+            raise ValidationError(f"workflow.output: {raw!r} is not a step of this workflow")
+        return WorkflowOutput(step=raw)
+    if not isinstance(raw, dict):
+        raise ValidationError(
+            f"workflow.output: expected a step name or an object of names to step names,"
+            f" got {raw!r}"
+        )
+    if not raw:
+        raise ValidationError("workflow.output: an object of names needs at least one name")
+    for key, step in raw.items():
+        if not key:
+            raise ValidationError("workflow.output: a name is empty")
+        if not isinstance(step, str):
+            raise ValidationError(f"workflow.output.{key}: expected a step name, got {step!r}")
+        if step not in names:
+            raise ValidationError(f"workflow.output.{key}: {step!r} is not a step of this workflow")
+    return WorkflowOutput(fields=tuple(raw.items()))
 
 
 def _check_graph(steps: list[StepDef]) -> None:
@@ -224,7 +261,7 @@ def _check_graph(steps: list[StepDef]) -> None:
 
 
 def workflow_to_json(wf: WorkflowDef) -> dict[str, Any]:
-    return {
+    raw = {
         "name": wf.name,
         "version": wf.version,
         "steps": [
@@ -243,6 +280,9 @@ def workflow_to_json(wf: WorkflowDef) -> dict[str, Any]:
             for s in wf.steps
         ],
     }
+    if wf.output is not None:  # absent otherwise: definitions from before outputs are unchanged
+        raw["output"] = wf.output.to_json()
+    return raw
 
 
 # ---------------------------------------------------------------------------------------------
@@ -377,6 +417,9 @@ class LoadedRun:
     results: tuple[StepResult, ...] = ()
     signals: frozenset[SignalKind] = frozenset()
     stored_checksum: str = ""
+    # The run's input, when the load carried it (a pending run's, if small): what its first
+    # dispatches carry inline. None: not loaded (the workers fetch it).
+    input: RunInput | None = None
     # Whether the loader found the stored checksum right for the row as stored (row_checksum);
     # when not given, it is checked against the state here.
     verified: InitVar[bool | None] = None
@@ -392,6 +435,12 @@ class LoadedRun:
     @property
     def workflow(self) -> tuple[str, int]:
         return self.wf.key
+
+
+class RunInput(NamedTuple):
+    """A run's input as loaded (a wrapper: the input itself may be JSON null)."""
+
+    value: Any
 
 
 class UnknownWorkflow(LookupError):

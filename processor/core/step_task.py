@@ -1,8 +1,31 @@
-"""The step task: what the coordinator sends to the workers on the steps topic."""
+"""The step task: what the coordinator sends to the workers on the steps topic.
+
+A task names one attempt of one step, the attempts of the step's dependencies whose outputs it
+reads (``dep_attempts``) and, when they are at hand and small, the data itself (``data``: the
+run's input and those outputs). The format, one JSON object:
+
+    {"task_version": 1, "run_id": ..., "node": ..., "attempt": 1, "step_type": ...,
+     "deadline_ms": ..., "tier": "t1",
+     "dep_attempts": {"fetch": 1},                           # dependency -> attempt that succeeded
+     "data": {"input": {...}, "deps": {"fetch": {...}}}}     # inline; null: the worker fetches
+
+The data is inline only when its encoded JSON is at most ``MAX_INLINE_DATA_BYTES``; otherwise
+``data`` is null and the worker reads the run's input and those outputs from Postgres in one
+query per batch (docs/operations.md, "Data between steps", says why the bound is what it is).
+
+``task_version`` stays 1: ``dep_attempts`` and ``data`` are optional additions. A worker from
+before them ignores fields it does not know and runs the task as before, and a worker from
+after them reads a task without them (from an older coordinator) as "fetch everything", finding
+the dependencies in the run's definition and state. Coordinators and workers can so be
+upgraded in any order. The version is for changes an older worker must not run.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Any, NamedTuple
 
 import orjson
 
@@ -11,6 +34,29 @@ from processor.core.model import ValidationError
 from processor.core.routing import TIERS
 
 STEP_TASK_VERSION = 1
+
+# The largest ``data`` a task carries inline: the encoded JSON of the run's input and the
+# dependencies' outputs. Inline data goes through the coordinator's commit (the outbox row)
+# and costs it about 25 us per KiB; a worker's fetch costs a few tens of us per task, paid by
+# the workers and the database, not the coordinator. 4 KiB keeps the common small input
+# inline and every larger one off the coordinator's path.
+MAX_INLINE_DATA_BYTES = 2 * 1024
+
+NO_DEPS: Mapping[str, Any] = MappingProxyType({})
+
+# (dependency, its attempt that succeeded), in the step's depends_on order.
+DepAttempts = tuple[tuple[str, int], ...]
+
+
+class StepData(NamedTuple):
+    """What a step reads besides its own identity: the run's input, and the outputs of the
+    step's dependencies by step name (read-only)."""
+
+    input: Any
+    deps: Mapping[str, Any] = NO_DEPS
+
+    def to_json(self) -> dict[str, Any]:
+        return {"input": self.input, "deps": dict(self.deps)}
 
 
 @dataclass(frozen=True)
@@ -21,19 +67,37 @@ class StepTask:
     step_type: str
     deadline_ms: int
     tier: str = "t1"  # the run's tier: the worker's wakeup goes back on it
+    # The dependencies whose outputs the step reads, each with its attempt that succeeded.
+    # None: a task from a coordinator older than data flow, which did not say.
+    dep_attempts: DepAttempts | None = None
+    # The run's input and the dependencies' outputs, when the coordinator had them at hand;
+    # carried inline only up to MAX_INLINE_DATA_BYTES (``encode``). None: the worker fetches.
+    data: StepData | None = None
 
     def encode(self) -> bytes:
-        return orjson.dumps(
-            {
-                "task_version": STEP_TASK_VERSION,
-                "run_id": self.run_id,
-                "node": self.node,
-                "attempt": self.attempt,
-                "step_type": self.step_type,
-                "deadline_ms": self.deadline_ms,
-                "tier": self.tier,
-            }
-        )
+        body: dict[str, Any] = {
+            "task_version": STEP_TASK_VERSION,
+            "run_id": self.run_id,
+            "node": self.node,
+            "attempt": self.attempt,
+            "step_type": self.step_type,
+            "deadline_ms": self.deadline_ms,
+            "tier": self.tier,
+        }
+        if self.dep_attempts is not None:
+            body["dep_attempts"] = dict(self.dep_attempts)
+            body["data"] = inline_data(self.data)
+        return orjson.dumps(body)
+
+
+def inline_data(data: StepData | None) -> orjson.Fragment | None:
+    """``data`` encoded, if it is small enough to travel inline (None: the worker fetches)."""
+    if data is None:
+        return None
+    encoded = orjson.dumps(data.to_json())
+    if len(encoded) > MAX_INLINE_DATA_BYTES:
+        return None
+    return orjson.Fragment(encoded)  # written into the task as it is: encoded once
 
 
 def decode_step_task(value: bytes | None) -> StepTask:
@@ -55,6 +119,8 @@ def decode_step_task(value: bytes | None) -> StepTask:
             step_type=raw["step_type"],
             deadline_ms=raw["deadline_ms"],
             tier=raw.get("tier", "t1"),
+            dep_attempts=_dep_attempts(raw.get("dep_attempts")),
+            data=_data(raw.get("data")),
         )
     except KeyError as exc:
         raise ValidationError(f"step task is missing {exc.args[0]!r}") from None
@@ -72,3 +138,27 @@ def decode_step_task(value: bytes | None) -> StepTask:
     if not (1 <= task.attempt <= MAX_ATTEMPT and 0 <= task.deadline_ms <= MAX_EPOCH_MS):
         raise ValidationError("step task: attempt or deadline_ms out of range")
     return task
+
+
+def _dep_attempts(raw: Any) -> DepAttempts | None:
+    if raw is None:
+        return None
+    if not isinstance(raw, dict):
+        raise ValidationError("step task: dep_attempts must be an object of step names")
+    for name, attempt in raw.items():
+        # The names and attempts go into the worker's fetch query.
+        if "\x00" in name:
+            raise ValidationError("step task: a NUL character, which Postgres cannot store")
+        if type(attempt) is not int or not 1 <= attempt <= MAX_ATTEMPT:
+            raise ValidationError(f"step task: dep_attempts.{name} must be an attempt number")
+    return tuple(raw.items())
+
+
+def _data(raw: Any) -> StepData | None:
+    if raw is None:
+        return None
+    if not isinstance(raw, dict) or set(raw) != {"input", "deps"}:
+        raise ValidationError("step task: data must be an object with input and deps")
+    if not isinstance(raw["deps"], dict):
+        raise ValidationError("step task: data.deps must be an object of step outputs")
+    return StepData(raw["input"], MappingProxyType(raw["deps"]))

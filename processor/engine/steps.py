@@ -2,21 +2,27 @@
 attempt.
 
 Register your own step function with ``@registry.step("my_type")``; it receives a
-``StepContext`` and returns a JSON-serialisable output, or raises ``StepFailed`` (or any
+``StepContext`` (which attempt of which step, the run's input and the outputs of the step's
+dependencies) and returns a JSON-serialisable output, or raises ``StepFailed`` (or any
 exception) to fail the attempt. See docs/operations.md.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
 
 from processor.core.model import StepOutcome
-from processor.core.step_task import StepTask
+from processor.core.step_task import NO_DEPS, StepData, StepTask
+
+# The largest output a step may return (its encoded JSON). It is stored in Postgres, read by
+# the steps that depend on it and may become part of the run's output; data larger than this
+# belongs in object storage, with its key as the output. A larger output fails the attempt.
+MAX_STEP_OUTPUT_BYTES = 1024 * 1024
 
 
 class StepFailed(Exception):
@@ -25,10 +31,18 @@ class StepFailed(Exception):
 
 @dataclass(frozen=True)
 class StepContext:
+    """What a step function is given: which attempt of which step it runs, by when, and its
+    data: the run's input (``{}`` when the run was started without one) and the outputs of
+    the steps it depends on, by step name (read-only; a step with no dependencies gets an
+    empty mapping). The data is the same whether the task carried it or the worker fetched it.
+    """
+
     run_id: str
     node: str
     attempt: int
     deadline_ms: int
+    input: Any = None
+    deps: Mapping[str, Any] = field(default_factory=lambda: NO_DEPS)
 
 
 StepFn = Callable[[StepContext], Any]
@@ -82,18 +96,32 @@ def sample_registry(flaky_failures: int = 2) -> StepRegistry:
     def fail(ctx: StepContext) -> Any:
         raise StepFailed("this step always fails")
 
+    @registry.step("echo")
+    def echo(ctx: StepContext) -> Any:
+        # What the step was given, as its output: shows the data flowing between steps.
+        return {"node": ctx.node, "input": ctx.input, "deps": dict(ctx.deps)}
+
     return registry
 
 
-def execute_step(registry: StepRegistry, task: StepTask) -> tuple[StepOutcome, Any, str | None]:
-    """Run one attempt: its output, or its failure as the attempt's result (never the worker's)."""
+def execute_step(
+    registry: StepRegistry, task: StepTask, data: StepData
+) -> tuple[StepOutcome, Any, str | None]:
+    """Run one attempt with its ``data`` (the task's own, or fetched): its output, or its
+    failure as the attempt's result (never the worker's)."""
     fn = registry.get(task.step_type)
     if fn is None:
         return StepOutcome.FAILED, None, f"no step function registered for type {task.step_type!r}"
-    ctx = StepContext(task.run_id, task.node, task.attempt, task.deadline_ms)
+    ctx = StepContext(task.run_id, task.node, task.attempt, task.deadline_ms, data.input, data.deps)
     try:
         output = fn(ctx)
-        orjson.dumps(output)  # the result is stored as JSON: check it here, in the attempt
+        # The result is stored as JSON: check it here, in the attempt.
+        size = len(orjson.dumps(output))
+        if size > MAX_STEP_OUTPUT_BYTES:
+            raise ValueError(
+                f"the output is {size} bytes as JSON, more than the {MAX_STEP_OUTPUT_BYTES}"
+                " a step may return"
+            )
         if _holds_nul(output):
             raise ValueError("the output holds a NUL character, which Postgres cannot store")
         return StepOutcome.SUCCEEDED, output, None

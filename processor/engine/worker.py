@@ -1,7 +1,9 @@
 """Step workers: run registered step functions for the tasks on the steps topic.
 
-For each task the worker runs the function, records the result idempotently keyed by
-(run, node, attempt), then produces a wakeup for the run. Execution is at-least-once per
+For each task the worker gathers the step's data (the run's input and its dependencies'
+outputs: carried by the task, or read for the whole batch in one query), runs the function,
+records the result idempotently keyed by (run, node, attempt), then produces a wakeup for the
+run. Execution is at-least-once per
 attempt (a crash before the offset commit runs the attempt again); the result insert is
 ``ON CONFLICT DO NOTHING`` and the coordinator applies each attempt's result once.
 
@@ -39,7 +41,7 @@ from processor.core.model import StepOutcome
 from processor.core.outcomes import DeadLetterReason
 from processor.core.records import Headers, normalise_headers
 from processor.core.routing import TopicNames
-from processor.core.step_task import StepTask, decode_step_task
+from processor.core.step_task import StepData, StepTask, decode_step_task
 from processor.engine.outage import Outage
 from processor.engine.steps import (
     StepContext,
@@ -60,6 +62,7 @@ from processor.io.kafka import (
     topic_partitions,
 )
 from processor.io.logs import first_line
+from processor.io.step_data import MissingData, fetch_step_data
 from processor.io.store import connect_durable, insert_step_result
 
 # The step API has always been importable from here (docs/operations.md shows it).
@@ -111,6 +114,7 @@ class Worker:
         self.executed = 0
         self.dead_letters = 0  # tasks that could not be decoded
         self.dropped = 0  # results for runs that no longer exist
+        self.fetched = 0  # tasks whose data was read from the database (not carried inline)
         self._dlq_max_bytes = producer_max_bytes(settings)
 
     def stop(self) -> None:
@@ -148,6 +152,7 @@ class Worker:
                     "executed": self.executed,
                     "dead_letters": self.dead_letters,
                     "dropped": self.dropped,
+                    "fetched": self.fetched,
                     "outages": {name: o.count for name, o in self.outages.items()},
                 },
             )
@@ -189,9 +194,10 @@ class Worker:
     def _run_tasks(self, tasks: list[tuple[StepTask, Headers]], letters: list[_Outgoing]) -> bool:
         """Run, record and announce a batch (and send its dead letters); False if stopped
         before all of it was done."""
-        outcomes = list(
-            self._pool.map(lambda t: execute_step(self.registry, t), [t for t, _ in tasks])
-        )
+        data = self._data_of([t for t, _ in tasks])
+        if data is None:
+            return False
+        outcomes = list(self._pool.map(self._execute, [t for t, _ in tasks], data))
         wakeups: list[_Outgoing] = []
         for letter in letters:
             self._send(letter)
@@ -215,6 +221,54 @@ class Worker:
         self.executed += len(tasks)
         # Results are recorded; the wakeups must be acknowledged before the offsets move on.
         return self._await_acknowledgements(wakeups)
+
+    def _execute(
+        self, task: StepTask, data: StepData | MissingData
+    ) -> tuple[StepOutcome, Any, str | None]:
+        if isinstance(data, MissingData):  # the attempt fails; a deleted run's is then dropped
+            return StepOutcome.FAILED, None, storable_text(f"the step's data: {data}")
+        return execute_step(self.registry, task, data)
+
+    def _data_of(self, tasks: list[StepTask]) -> list[StepData | MissingData] | None:
+        """Each task's data: its own when inline, the rest read in one query (through an
+        outage, as ``_record`` does); None if stopped first."""
+        to_fetch = [t for t in tasks if t.data is None]
+        fetched = self._fetch(to_fetch) if to_fetch else []
+        if fetched is None:
+            return None
+        in_order = iter(fetched)
+        return [t.data if t.data is not None else next(in_order) for t in tasks]
+
+    def _fetch(self, tasks: list[StepTask]) -> list[StepData | MissingData] | None:
+        postgres = self.outages["postgres"]
+        while True:
+            try:
+                if self._conn is None:
+                    self._conn = connect_durable(self.settings.pg_dsn)
+                fetched = self._fetch_isolating(self._conn, tasks)
+            except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
+                self._disconnect()
+                if self._stop.wait(postgres.failed(first_line(exc))):
+                    return None
+                continue
+            postgres.ok()
+            self.fetched += len(tasks)
+            return fetched
+
+    @staticmethod
+    def _fetch_isolating(
+        conn: psycopg.Connection[Any], tasks: list[StepTask]
+    ) -> list[StepData | MissingData]:
+        """The batch's data in one query; should a task make it fail on what it holds, each
+        task alone, so that one bad task fails only its own attempt."""
+        try:
+            return fetch_step_data(conn, tasks)
+        except (psycopg.OperationalError, psycopg.InterfaceError):
+            raise
+        except psycopg.Error as exc:
+            if len(tasks) == 1:
+                return [MissingData(f"cannot be read: {first_line(exc)}")]
+            return [d for t in tasks for d in Worker._fetch_isolating(conn, [t])]
 
     def _record(
         self, task: StepTask, outcome: StepOutcome, output: Any, error: str | None

@@ -20,6 +20,7 @@ from processor.core.decide import Commit, Send
 from processor.core.model import (
     Loaded,
     LoadedRun,
+    RunInput,
     RunState,
     SignalKind,
     StepOutcome,
@@ -33,6 +34,7 @@ from processor.core.model import (
     state_checksum,
     state_from_row,
 )
+from processor.core.step_task import MAX_INLINE_DATA_BYTES
 
 
 def use_orjson(conn: psycopg.Connection[Any]) -> psycopg.Connection[Any]:
@@ -76,16 +78,27 @@ SELECT coalesce(json_agg(json_build_array(
          END,
          CASE WHEN r.status IN ('pending', 'running') THEN
              (SELECT json_agg(DISTINCT g.kind) FROM eec_run_signal g WHERE g.run_id = r.run_id)
+         END,
+         CASE WHEN r.status = 'pending' AND pg_column_size(r.input) <= %s THEN
+             json_build_array(r.input)
          END)), '[]')::text
   FROM eec_workflow_run r
  WHERE r.run_id IN (SELECT jsonb_array_elements_text(%s::jsonb))
 """
+# The input of a pending run (its first tick dispatches its first steps) rides with the load,
+# for those steps to carry it inline (core/dataflow.py); no other tick loads it. The stored
+# size is only a first filter (a large input may be stored compressed); the task's encoder
+# checks the bound exactly.
+_INPUT_LOAD_BYTES = 2 * MAX_INLINE_DATA_BYTES
 
 # The seed's conditional UPDATE, generalised to many rows: each run carries its own expected
 # version, and a run whose version moved on simply matches no row (its conflict is detected
 # individually by its absence from RETURNING). The same statement writes each committed
 # transition's records to the outbox (so a crash after the commit cannot lose them) and
 # deletes the outbox rows whose records the broker has acknowledged since the last commit.
+# The commit that ends a run succeeded names the step results its declared output is made of
+# (``output``, absent from every other row): the statement reads them and writes the output
+# with the status, so no run is ever succeeded without it.
 #
 # Two instances committing overlapping batches would deadlock if each locked its rows in a
 # different order, so the rows are first locked in run_id order (a sort below the row lock,
@@ -110,10 +123,17 @@ UPDATE eec_workflow_run AS r
        failure_reason = c.reason,
        next_wakeup_at = to_timestamp(c.next_wakeup_ms / 1000.0),
        updated_at = now(),
-       last_transition_at = now()
+       last_transition_at = now(),
+       output = CASE WHEN c.output IS NULL THEN r.output ELSE (
+           SELECT CASE WHEN (c.output ->> 'single')::boolean THEN (array_agg(s.output))[1]
+                       ELSE jsonb_object_agg(o.key, s.output) END
+             FROM jsonb_to_recordset(c.output -> 'refs') AS o(key text, node text, attempt int)
+             JOIN eec_step_result s
+               ON s.run_id = r.run_id AND s.node_id = o.node AND s.attempt = o.attempt)
+       END
   FROM jsonb_to_recordset(%(batch)s::jsonb)
        AS c(run_id text, expected_version bigint, status text, node_states jsonb, seq bigint,
-            checksum text, reason text, next_wakeup_ms bigint, effects jsonb)
+            checksum text, reason text, next_wakeup_ms bigint, effects jsonb, output jsonb)
  WHERE r.run_id = c.run_id
    AND r.db_record_version = c.expected_version
    AND (SELECT count(*) FROM ordered) >= 0
@@ -211,12 +231,13 @@ def load_runs(
     # Ids travel as one JSON array: one orjson call instead of escaping an array element-wise.
     # The whole batch comes back as one JSON document: one orjson call instead of psycopg
     # converting every column of every row.
-    found = conn.execute(_LOAD_SQL, (orjson.dumps(list(run_ids)).decode(),)).fetchone()
+    ids = orjson.dumps(list(run_ids)).decode()
+    found = conn.execute(_LOAD_SQL, (_INPUT_LOAD_BYTES, ids)).fetchone()
     assert found is not None
     loaded: dict[str, Loaded] = {}
     for row in orjson.loads(found[0]):
         run_id, wf_name, wf_version, status, nodes, seq, checksum, version, reason, tier = row[:10]
-        raw_results, raw_signals = row[10], row[11]
+        raw_results, raw_signals, raw_input = row[10], row[11], row[12]
         try:
             wf = definitions.get(conn, (wf_name, wf_version))
         except UnknownWorkflow as exc:
@@ -244,6 +265,7 @@ def load_runs(
             signals=signals,
             stored_checksum=checksum,
             verified=checksum == row_checksum(status, nodes, seq, reason),
+            input=None if raw_input is None else RunInput(raw_input[0]),
         )
     return loaded
 
@@ -278,7 +300,7 @@ def commit_batch(
 def _commit_row(c: Commit) -> dict[str, Any]:
     state = c.state
     status, nodes = state.status, state.nodes_json()  # encoded once, hashed as written
-    return {
+    row = {
         "run_id": c.run_id,
         "expected_version": c.expected_version,
         "status": status,
@@ -289,6 +311,9 @@ def _commit_row(c: Commit) -> dict[str, Any]:
         "next_wakeup_ms": state.next_due_ms(),
         "effects": [_outbox_record(s) for s in c.effects] if c.effects else None,
     }
+    if c.output is not None:
+        row["output"] = c.output.to_json()
+    return row
 
 
 def commits_landed(conn: psycopg.Connection[Any], commits: Sequence[Commit]) -> set[str]:

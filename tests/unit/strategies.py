@@ -69,7 +69,14 @@ def workflow_json(draw: st.DrawFn, max_steps: int = 6) -> dict[str, Any]:
         if draw(st.integers(0, 4)):
             step["timeout_ms"] = draw(st.integers(1, 1_000))
         steps.append(step)
-    return {"name": draw(st.sampled_from(["wf", "orders", "etl"])), "version": 1, "steps": steps}
+    raw = {"name": draw(st.sampled_from(["wf", "orders", "etl"])), "version": 1, "steps": steps}
+    match draw(st.integers(0, 2)):  # the declared output: none, one step's, or a mapping
+        case 1:
+            raw["output"] = draw(st.sampled_from(names))
+        case 2:
+            keys = st.text(st.characters(codec="utf-8"), min_size=1, max_size=8)
+            raw["output"] = draw(st.dictionaries(keys, st.sampled_from(names), min_size=1))
+    return raw
 
 
 workflows: st.SearchStrategy[WorkflowDef] = workflow_json().map(parse_workflow)

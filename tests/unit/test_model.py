@@ -18,6 +18,7 @@ from processor.core.model import (
     RunState,
     RunStatus,
     ValidationError,
+    WorkflowOutput,
     initial_state,
     parse_workflow,
     row_checksum,
@@ -111,12 +112,34 @@ def test_parse_a_definition_with_defaults() -> None:
         (_with(("steps", 1, "retry", "backoff_multiplier"), 11), "backoff_multiplier"),
         (_with(("steps", 1, "retry", "backoff_multiplier"), True), "backoff_multiplier"),
         (_with(("steps", 1, "retry", "jitter"), 1), "retry: unknown field(s) jitter"),
+        (_with(("output",), "zz"), "workflow.output: 'zz' is not a step of this workflow"),
+        (_with(("output",), ""), "workflow.output: '' is not a step of this workflow"),
+        (_with(("output",), None), "workflow.output: expected a step name or an object"),
+        (_with(("output",), ["a"]), "workflow.output: expected a step name or an object"),
+        (_with(("output",), {}), "workflow.output: an object of names needs at least one name"),
+        (_with(("output",), {"": "a"}), "workflow.output: a name is empty"),
+        (_with(("output",), {"x": 1}), "workflow.output.x: expected a step name, got 1"),
+        (_with(("output",), {"x": "a", "y": "zz"}), "workflow.output.y: 'zz' is not a step"),
     ],
 )
 def test_invalid_definitions_name_the_offending_field(raw: Any, message: str) -> None:
     with pytest.raises(ValidationError) as info:
         parse_workflow(raw)
     assert message in str(info.value)
+
+
+def test_a_declared_output_is_one_step_or_a_mapping_of_names_to_steps() -> None:
+    assert parse_workflow(BASE).output is None
+    assert parse_workflow(_with(("output",), "b")).output == WorkflowOutput(step="b")
+    mapping = parse_workflow(_with(("output",), {"total": "b", "first": "a", "again": "b"}))
+    assert mapping.output == WorkflowOutput(fields=(("total", "b"), ("first", "a"), ("again", "b")))
+    assert mapping.output.to_json() == {"total": "b", "first": "a", "again": "b"}
+
+
+def test_a_definition_without_output_keeps_its_canonical_json() -> None:
+    # Definitions registered before outputs existed compare equal to their re-registration.
+    assert "output" not in workflow_to_json(parse_workflow(BASE))
+    assert workflow_to_json(parse_workflow(_with(("output",), "a")))["output"] == "a"
 
 
 def test_a_dependency_cycle_is_rejected() -> None:

@@ -101,12 +101,30 @@ def _sample_with(edit: str) -> dict[str, Any]:
             steps[0]["type"] = ""
         case "duplicate_dependency":
             steps[1]["depends_on"] = ["fetch", "fetch"]
+        case "output_one_step":
+            raw["output"] = "publish"
+        case "output_mapping":
+            raw["output"] = {"published": "publish", "fetched": "fetch"}
+        case "output_empty_name":
+            raw["output"] = ""
+        case "output_empty_mapping":
+            raw["output"] = {}
+        case "output_not_a_name":
+            raw["output"] = {"x": 3}
+        case "output_empty_key":
+            raw["output"] = {"": "fetch"}
+        case "output_list":
+            raw["output"] = ["fetch"]
+        case "output_unknown_step":
+            raw["output"] = {"x": "nowhere"}
         case _:
             raise AssertionError(edit)
     return raw
 
 
-@pytest.mark.parametrize("edit", ["minimal", "full_retry", "no_description"])
+@pytest.mark.parametrize(
+    "edit", ["minimal", "full_retry", "no_description", "output_one_step", "output_mapping"]
+)
 def test_schema_and_parser_accept_the_same_valid_definitions(edit: str) -> None:
     raw = _sample_with(edit)
     assert WORKFLOW.is_valid(raw)
@@ -132,6 +150,11 @@ def test_schema_and_parser_accept_the_same_valid_definitions(edit: str) -> None:
         "unknown_retry_field",
         "depends_on_not_strings",
         "name_too_long",
+        "output_empty_name",
+        "output_empty_mapping",
+        "output_not_a_name",
+        "output_empty_key",
+        "output_list",
     ],
 )
 def test_schema_and_parser_reject_the_same_invalid_definitions(edit: str) -> None:
@@ -163,6 +186,13 @@ def test_graph_errors_are_beyond_the_schema_but_caught_by_the_parser() -> None:
     ]
     assert WORKFLOW.is_valid(raw)
     assert not _parses(raw)
+
+
+def test_an_output_naming_an_unknown_step_is_beyond_the_schema_but_caught_by_the_parser() -> None:
+    raw = _sample_with("output_unknown_step")
+    assert WORKFLOW.is_valid(raw)
+    with pytest.raises(ValidationError, match=r"workflow\.output\.x: 'nowhere' is not a step"):
+        parse_workflow(raw)
 
 
 @QUICK

@@ -1,7 +1,9 @@
-"""The step task sent to the workers (processor/step_task.py)."""
+"""The step task sent to the workers (processor/core/step_task.py): its fields, the data it
+carries inline up to the bound, and tasks from before data flow."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import orjson
@@ -10,7 +12,13 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from processor.core.model import ValidationError
-from processor.core.step_task import STEP_TASK_VERSION, StepTask, decode_step_task
+from processor.core.step_task import (
+    MAX_INLINE_DATA_BYTES,
+    STEP_TASK_VERSION,
+    StepData,
+    StepTask,
+    decode_step_task,
+)
 
 from .strategies import FAST
 
@@ -24,6 +32,34 @@ tasks = st.builds(
     deadline_ms=st.integers(0, 253_402_300_799_999),
     tier=st.sampled_from(["t0", "t1", "t2"]),
 )
+
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers(-(2**63), 2**63 - 1) | st.text(_STORABLE, max_size=8),
+    lambda inner: (
+        st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=4), inner, max_size=3)
+    ),
+    max_leaves=8,
+)
+dep_attempts = st.lists(
+    st.tuples(st.text(_STORABLE, min_size=1, max_size=8), st.integers(1, 2**31 - 1)),
+    max_size=4,
+    unique_by=lambda pair: pair[0],
+).map(tuple)
+
+
+@st.composite
+def tasks_with_data(draw: st.DrawFn) -> StepTask:
+    attempts = draw(dep_attempts)
+    data = None
+    if draw(st.booleans()):
+        # Sometimes larger than the bound: a long string in the input.
+        run_input = draw(
+            json_values
+            | st.text(min_size=MAX_INLINE_DATA_BYTES, max_size=MAX_INLINE_DATA_BYTES + 64)
+        )
+        data = StepData(run_input, {name: draw(json_values) for name, _ in attempts})
+    return replace(draw(tasks), dep_attempts=attempts, data=data)
 
 
 def _body(**changes: Any) -> dict[str, Any]:
@@ -55,6 +91,52 @@ def test_encoding_is_the_documented_object() -> None:
     assert orjson.loads(task.encode()) == _body()
 
 
+@FAST
+@given(tasks_with_data())
+def test_data_travels_inline_up_to_the_bound_and_is_fetched_above_it(task: StepTask) -> None:
+    assert task.data is not None or task.dep_attempts is not None
+    size = len(orjson.dumps(task.data.to_json())) if task.data is not None else None
+    decoded = decode_step_task(task.encode())
+    if size is not None and size <= MAX_INLINE_DATA_BYTES:
+        assert decoded == task
+    else:
+        assert decoded == replace(task, data=None)  # the worker fetches it
+    assert decoded.dep_attempts == task.dep_attempts
+
+
+def _sized_data(size: int) -> StepData:
+    """Data whose encoded JSON is exactly ``size`` bytes."""
+    empty = len(orjson.dumps(StepData("").to_json()))
+    return StepData("x" * (size - empty))
+
+
+def test_the_bound_is_on_the_encoded_data() -> None:
+    task = StepTask("r1", "fetch", 1, "fast", 5, dep_attempts=())
+    at_bound, above = _sized_data(MAX_INLINE_DATA_BYTES), _sized_data(MAX_INLINE_DATA_BYTES + 1)
+    assert len(orjson.dumps(at_bound.to_json())) == MAX_INLINE_DATA_BYTES
+    assert orjson.loads(replace(task, data=at_bound).encode())["data"] == at_bound.to_json()
+    assert orjson.loads(replace(task, data=above).encode())["data"] is None
+
+
+def test_encoding_with_data_is_the_documented_object() -> None:
+    data = StepData({"order": 7}, {"fetch": {"rows": 3}})
+    task = StepTask("r1", "publish", 2, "fast", 1_700_000_000_000, "t0", (("fetch", 3),), data)
+    inline = {
+        "dep_attempts": {"fetch": 3},
+        "data": {"input": {"order": 7}, "deps": {"fetch": {"rows": 3}}},
+    }
+    assert orjson.loads(task.encode()) == _body(node="publish", **inline)
+    fetched = replace(task, data=None)  # not at hand, or too large: the worker fetches it
+    assert orjson.loads(fetched.encode()) == _body(
+        node="publish", dep_attempts={"fetch": 3}, data=None
+    )
+
+
+def test_a_task_from_before_data_flow_decodes_as_fetch_everything() -> None:
+    task = decode_step_task(orjson.dumps(_body()))
+    assert task.dep_attempts is None and task.data is None
+
+
 def test_tier_defaults_to_t1() -> None:
     assert decode_step_task(orjson.dumps(_body(tier=...))).tier == "t1"
     assert StepTask("r", "n", 1, "t", 5).tier == "t1"
@@ -80,6 +162,15 @@ def test_tier_defaults_to_t1() -> None:
         (orjson.dumps(_body(node="a\x00b")), "NUL"),
         (orjson.dumps(_body(attempt=0)), "out of range"),
         (orjson.dumps(_body(attempt=2**40)), "out of range"),
+        (orjson.dumps(_body(dep_attempts=["a"])), "dep_attempts must be an object"),
+        (orjson.dumps(_body(dep_attempts={"a": 0})), "dep_attempts.a must be an attempt"),
+        (orjson.dumps(_body(dep_attempts={"a": True})), "dep_attempts.a must be an attempt"),
+        (orjson.dumps(_body(dep_attempts={"a": 2**31})), "dep_attempts.a must be an attempt"),
+        (orjson.dumps(_body(dep_attempts={"a\x00": 1})), "NUL"),
+        (orjson.dumps(_body(data=[])), "data must be an object with input and deps"),
+        (orjson.dumps(_body(data={"input": 1})), "data must be an object with input and deps"),
+        (orjson.dumps(_body(data={"input": 1, "deps": {}, "x": 2})), "with input and deps"),
+        (orjson.dumps(_body(data={"input": 1, "deps": [1]})), "data.deps must be an object"),
     ],
 )
 def test_invalid_tasks_raise_validation_error(value: bytes | None, message: str) -> None:
@@ -100,7 +191,7 @@ def test_arbitrary_bytes_give_a_task_or_a_validation_error(value: bytes) -> None
 @FAST
 @given(
     st.dictionaries(
-        st.sampled_from(["run_id", "node", "attempt", "step_type", "deadline_ms", "tier", "x"]),
+        st.sampled_from([*_body(), "x", "dep_attempts", "data"]),
         st.one_of(
             st.none(),
             st.booleans(),

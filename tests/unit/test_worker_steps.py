@@ -1,10 +1,17 @@
-"""Step functions run by the worker: outputs, failures, and outputs that cannot be stored."""
+"""Step functions run by the worker: outputs, failures, outputs that cannot be stored, and the
+data a step is given."""
 
 from __future__ import annotations
 
+from types import MappingProxyType
+from typing import Any
+
+import pytest
+
 from processor.core.model import StepOutcome
-from processor.core.step_task import StepTask
+from processor.core.step_task import StepData, StepTask
 from processor.engine.steps import (
+    MAX_STEP_OUTPUT_BYTES,
     StepContext,
     StepFailed,
     StepRegistry,
@@ -12,13 +19,15 @@ from processor.engine.steps import (
     sample_registry,
 )
 
+NO_DATA = StepData({})
+
 
 def _task(step_type: str, attempt: int = 1) -> StepTask:
     return StepTask("run-1", "node", attempt, step_type, deadline_ms=2**40)
 
 
 def test_a_step_output_is_the_attempts_result() -> None:
-    assert execute_step(sample_registry(), _task("fast")) == (
+    assert execute_step(sample_registry(), _task("fast"), NO_DATA) == (
         StepOutcome.SUCCEEDED,
         {"node": "node", "attempt": 1},
         None,
@@ -27,12 +36,12 @@ def test_a_step_output_is_the_attempts_result() -> None:
 
 def test_a_flaky_step_fails_its_first_attempts_then_succeeds() -> None:
     registry = sample_registry(flaky_failures=2)
-    assert execute_step(registry, _task("flaky", 2))[0] is StepOutcome.FAILED
-    assert execute_step(registry, _task("flaky", 3))[0] is StepOutcome.SUCCEEDED
+    assert execute_step(registry, _task("flaky", 2), NO_DATA)[0] is StepOutcome.FAILED
+    assert execute_step(registry, _task("flaky", 3), NO_DATA)[0] is StepOutcome.SUCCEEDED
 
 
 def test_an_unknown_step_type_fails_the_attempt() -> None:
-    outcome, _, error = execute_step(StepRegistry(), _task("nope"))
+    outcome, _, error = execute_step(StepRegistry(), _task("nope"), NO_DATA)
     assert outcome is StepOutcome.FAILED and error is not None and "nope" in error
 
 
@@ -47,6 +56,57 @@ def test_an_output_that_cannot_be_stored_fails_the_attempt_instead_of_the_worker
     def raises(ctx: StepContext) -> object:
         raise StepFailed("boom")
 
-    outcome, output, error = execute_step(registry, _task("sets"))
+    outcome, output, error = execute_step(registry, _task("sets"), NO_DATA)
     assert outcome is StepOutcome.FAILED and output is None and error is not None
-    assert execute_step(registry, _task("raises")) == (StepOutcome.FAILED, None, "StepFailed: boom")
+    assert execute_step(registry, _task("raises"), NO_DATA) == (
+        StepOutcome.FAILED,
+        None,
+        "StepFailed: boom",
+    )
+
+
+def test_a_step_is_given_the_run_input_and_its_dependencies_outputs() -> None:
+    data = StepData({"order": 7}, {"fetch": {"rows": 3}, "enrich": None})
+    outcome, output, _ = execute_step(sample_registry(), _task("echo"), data)
+    assert outcome is StepOutcome.SUCCEEDED
+    assert output == {
+        "node": "node",
+        "input": {"order": 7},
+        "deps": {"fetch": {"rows": 3}, "enrich": None},
+    }
+
+
+def test_a_step_cannot_change_the_outputs_it_is_given() -> None:
+    registry = StepRegistry()
+
+    @registry.step("writes")
+    def writes(ctx: StepContext) -> Any:
+        ctx.deps["fetch"] = 1  # type: ignore[index]
+        return None
+
+    outcome, _, error = execute_step(
+        registry, _task("writes"), StepData({}, MappingProxyType({"fetch": 0}))
+    )
+    assert outcome is StepOutcome.FAILED and error is not None and error.startswith("TypeError")
+
+
+def test_a_context_built_without_data_has_no_input_and_no_dependencies() -> None:
+    ctx = StepContext("r", "n", 1, 5)  # the four fields steps were given before data flow
+    assert ctx.input is None and dict(ctx.deps) == {}
+
+
+@pytest.mark.parametrize(
+    ("size", "succeeds"), [(MAX_STEP_OUTPUT_BYTES, True), (MAX_STEP_OUTPUT_BYTES + 1, False)]
+)
+def test_an_output_larger_than_the_bound_fails_the_attempt(size: int, succeeds: bool) -> None:
+    registry = StepRegistry()
+
+    @registry.step("big")
+    def big(ctx: StepContext) -> Any:
+        return "x" * (size - 2)  # a JSON string: its two quotes and the characters
+
+    outcome, output, error = execute_step(registry, _task("big"), NO_DATA)
+    assert (outcome is StepOutcome.SUCCEEDED) is succeeds
+    if not succeeds:
+        assert output is None and error is not None
+        assert f"{size} bytes as JSON, more than the {MAX_STEP_OUTPUT_BYTES}" in error
