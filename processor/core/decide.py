@@ -34,12 +34,19 @@ from dataclasses import dataclass, replace
 from processor.core.dataflow import OutputRefs, data_at_hand, dependency_attempts, output_refs
 from processor.core.dead_letters import dead_letter_headers, truncate_dead_letter
 from processor.core.envelope import Wakeup
-from processor.core.model import Loaded, LoadedRun, RunState, UnknownWorkflow, UnreadableRun
+from processor.core.model import (
+    Loaded,
+    LoadedRun,
+    NodeState,
+    RunState,
+    UnknownWorkflow,
+    UnreadableRun,
+)
 from processor.core.outcomes import DeadLetterReason, ForceFailReason, Outcome
 from processor.core.policy import ForceFail, after_exhausted_conflicts, retry_wait_ms
 from processor.core.records import Inbound
 from processor.core.routing import TopicNames, rung_for_delay
-from processor.core.step_task import StepTask
+from processor.core.step_task import encode_task
 from processor.core.tick import Decision, force_fail, tick
 
 Attributes = tuple[tuple[str, str | int], ...]
@@ -297,28 +304,25 @@ def _effects(
     sends = []
     if decision.dispatches:
         assert decision.new_state is not None
-        nodes, steps = decision.new_state.node_map(), run.wf.step_map
+        steps = run.wf.step_map
+        nodes: dict[str, NodeState] | None = None  # built only for a step with dependencies
+        key = run.run_id.encode()
         for d in decision.dispatches:
             step = steps[d.node]
-            task = StepTask(
-                run_id=run.run_id,
-                node=d.node,
-                attempt=d.attempt,
-                step_type=d.step_type,
-                deadline_ms=d.deadline_ms,
-                tier=run.tier,
-                dep_attempts=dependency_attempts(step, nodes),
-                data=data_at_hand(run, step),
+            if step.depends_on:
+                nodes = nodes or decision.new_state.node_map()
+                deps = dependency_attempts(step, nodes)
+            else:
+                deps = ()
+            data = data_at_hand(run, step)
+            # Encoded straight from the dispatch: no StepTask object per dispatch.
+            task = encode_task(
+                run.run_id, d.node, d.attempt, d.step_type, d.deadline_ms, run.tier, deps, data
             )
-            sends.append(
-                Send(
-                    names.steps,
-                    key=run.run_id.encode(),
-                    value=task.encode(),
-                    attributes=(("ductor.node", d.node), ("ductor.attempt", d.attempt)),
-                )
-            )
-    sends += [_timer(run.run_id, due_ms, now_ms, "timer", names) for due_ms in decision.timers]
+            attributes = (("ductor.node", d.node), ("ductor.attempt", d.attempt))
+            sends.append(Send(names.steps, key=key, value=task, attributes=attributes))
+    if decision.timers:
+        sends += [_timer(run.run_id, due, now_ms, "timer", names) for due in decision.timers]
     return tuple(sends)
 
 

@@ -38,7 +38,7 @@ STEP_TASK_VERSION = 1
 # The largest ``data`` a task carries inline: the encoded JSON of the run's input and the
 # dependencies' outputs. Inline data goes through the coordinator's commit (the outbox row)
 # and costs it about 25 us per KiB; a worker's fetch costs a few tens of us per task, paid by
-# the workers and the database, not the coordinator. 4 KiB keeps the common small input
+# the workers and the database, not the coordinator. 2 KiB keeps the common small input
 # inline and every larger one off the coordinator's path.
 MAX_INLINE_DATA_BYTES = 2 * 1024
 
@@ -75,19 +75,43 @@ class StepTask:
     data: StepData | None = None
 
     def encode(self) -> bytes:
-        body: dict[str, Any] = {
-            "task_version": STEP_TASK_VERSION,
-            "run_id": self.run_id,
-            "node": self.node,
-            "attempt": self.attempt,
-            "step_type": self.step_type,
-            "deadline_ms": self.deadline_ms,
-            "tier": self.tier,
-        }
-        if self.dep_attempts is not None:
-            body["dep_attempts"] = dict(self.dep_attempts)
-            body["data"] = inline_data(self.data)
-        return orjson.dumps(body)
+        return encode_task(
+            self.run_id,
+            self.node,
+            self.attempt,
+            self.step_type,
+            self.deadline_ms,
+            self.tier,
+            self.dep_attempts,
+            self.data,
+        )
+
+
+def encode_task(
+    run_id: str,
+    node: str,
+    attempt: int,
+    step_type: str,
+    deadline_ms: int,
+    tier: str,
+    dep_attempts: DepAttempts | None,
+    data: StepData | None,
+) -> bytes:
+    """A task's record value, from its fields (what ``StepTask.encode`` writes; the tick calls
+    it directly, one per dispatch, without building the object)."""
+    body: dict[str, Any] = {
+        "task_version": STEP_TASK_VERSION,
+        "run_id": run_id,
+        "node": node,
+        "attempt": attempt,
+        "step_type": step_type,
+        "deadline_ms": deadline_ms,
+        "tier": tier,
+    }
+    if dep_attempts is not None:
+        body["dep_attempts"] = dict(dep_attempts)
+        body["data"] = inline_data(data)
+    return orjson.dumps(body)
 
 
 def inline_data(data: StepData | None) -> orjson.Fragment | None:
