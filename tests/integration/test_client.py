@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -17,12 +18,14 @@ import psycopg
 import pytest
 
 from processor import client
-from processor.core.model import RunStatus, SignalKind, parse_workflow
+from processor.core.model import LoadedRun, RunStatus, SignalKind, parse_workflow
+from processor.core.tick import force_fail
 from processor.io.config import Settings
-from processor.io.runs_admin import register_workflow
+from processor.io.runs_admin import insert_runs, register_workflow
+from processor.io.store import Definitions, force_fail_write, load_runs
 
 from .audit import assert_results_applied, assert_transitions_applied_once
-from .conftest import WorkerThread, child_env, run_ductor, wait_for
+from .conftest import WorkerThread, child_env, run_ductor, sample_workflow, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -323,3 +326,51 @@ def test_retry_resumes_a_failed_run_from_its_failed_step(
     log = (app_dir / "worker.log").read_bytes().splitlines()
     started = [orjson.loads(line) for line in log if b'"worker started"' in line]
     assert started and started[0]["step_types"] == ["echo", "gate", "hold"]
+
+
+def test_two_retries_of_one_run_race_and_exactly_one_resumes_it(
+    settings: Settings, audit: psycopg.Connection[Any], base_settings: Settings
+) -> None:
+    """Both retries load the failed run at the same version; their commits queue behind a row
+    lock the test holds, so the second one loses the version race for certain. It reads the
+    run again, finds it running, and is refused; the run moved by one transition only."""
+    pg = audit
+    run_id = f"raced-{uuid.uuid4().hex[:6]}"
+    insert_runs(pg, sample_workflow(), [(run_id, {})], "t1")
+    loaded = load_runs(pg, Definitions(), [run_id])[run_id]
+    assert isinstance(loaded, LoadedRun)
+    failed = force_fail(loaded.state, "stuck")  # as the watchdog fails a stuck run
+    assert failed is not None and force_fail_write(pg, run_id, loaded.stored_checksum, failed)
+
+    outcomes: list[object] = []
+
+    def retry() -> None:
+        try:
+            outcomes.append(client.retry_run(settings, run_id))
+        except client.ClientError as exc:
+            outcomes.append(exc)
+
+    with psycopg.connect(base_settings.pg_dsn) as holder:
+        holder.execute("SELECT 1 FROM eec_workflow_run WHERE run_id = %s FOR UPDATE", (run_id,))
+        threads = [threading.Thread(target=retry) for _ in range(2)]
+        for thread in threads:
+            thread.start()
+        wait_for(lambda: _waiting_for_a_lock(pg) == 2, 30, "both retries to wait for the row lock")
+        holder.rollback()
+    for thread in threads:
+        thread.join(60)
+    resumed = [o for o in outcomes if isinstance(o, client.RetriedRun)]
+    refused = [o for o in outcomes if isinstance(o, client.RetryRefused)]
+    assert len(resumed) == 1 and len(refused) == 1, outcomes
+    assert resumed[0].steps == ("fetch", "transform", "enrich", "publish")
+    assert resumed[0].seq == failed.seq + 1
+    assert f"run {run_id!r} is running, not failed" in str(refused[0])
+    assert assert_transitions_applied_once(pg, run_id) == 2  # the force-fail and one resume
+
+
+def _waiting_for_a_lock(pg: psycopg.Connection[Any]) -> int:
+    row = pg.execute(
+        "SELECT count(*) FROM pg_stat_activity"
+        " WHERE datname = current_database() AND wait_event_type = 'Lock'"
+    ).fetchone()
+    return int(row[0]) if row else 0
