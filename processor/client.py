@@ -33,6 +33,7 @@ from processor.io.runs_admin import (
     RunSummary,
     insert_runs,
     insert_signal,
+    release_quarantine,
     run_columns,
     run_result,
     run_tier,
@@ -53,6 +54,7 @@ __all__ = [
     "connect",
     "get_run",
     "list_runs",
+    "release_run",
     "retry_run",
     "send_signal",
     "start_run",
@@ -246,6 +248,19 @@ def send_signal(
         new = insert_signal(conn, run_id, signal_id, kind)
     wake(settings, [run_id], tier, "signal")
     return SignalSent(signal_id, new)
+
+
+def release_run(settings: Settings, run_id: str) -> None:
+    """Clear a quarantined run's flag (once its row is repaired) and wake it: a repaired run
+    goes on, one still broken is dead-lettered and quarantined again. RunNotFound if there is
+    no such run, ClientError if it is not quarantined."""
+    with connect(settings) as conn:
+        tier = run_tier(conn, run_id)
+        if tier is None:
+            raise RunNotFound(f"no run with id {run_id!r}")
+        if not release_quarantine(conn, run_id):
+            raise ClientError(f"run {run_id!r} is not quarantined")
+    wake(settings, [run_id], tier, "replay")
 
 
 def retry_run(settings: Settings, run_id: str) -> RetriedRun:

@@ -18,11 +18,11 @@ from processor.client import (
     connect,
     get_run,
     list_runs,
+    release_run,
     retry_run,
     send_signal,
     start_runs,
     wait_for_run,
-    wake,
 )
 from processor.core.model import (
     RunStatus,
@@ -32,7 +32,7 @@ from processor.core.model import (
     state_checksum,
 )
 from processor.io.config import Settings
-from processor.io.runs_admin import register_workflow, release_quarantine, run_columns, run_tier
+from processor.io.runs_admin import register_workflow, run_columns
 from processor.io.store import Definitions, load_runs
 from processor.io.workflow_schema import WorkflowSchemaError, check_workflow_document
 
@@ -105,7 +105,8 @@ def cmd_inspect(settings: Settings, args: argparse.Namespace) -> int:
     print(f"next wake  {columns.next_wakeup_at or '-'}")
     print("nodes:")
     for name, node in run.state.nodes:
-        extra = f"  error: {node.error}" if node.error else ""
+        extra = f"  (retried after attempt {node.attempts_before})" if node.attempts_before else ""
+        extra += f"  error: {node.error}" if node.error else ""
         print(f"  {name:20} {node.status.value:11} attempt {node.attempt}{extra}")
     healthy = run.checksum_ok and columns.quarantined_at is None
     return EXIT_OK if healthy else EXIT_FAILED
@@ -179,14 +180,7 @@ def cmd_runs_retry(settings: Settings, args: argparse.Namespace) -> int:
 
 
 def cmd_runs_release(settings: Settings, args: argparse.Namespace) -> int:
-    """Clear a run's quarantine flag and wake it: a repaired row goes on; one still broken is
-    dead-lettered and quarantined again."""
-    with connect(settings) as conn:
-        tier = run_tier(conn, args.run_id)
-        if tier is None:
-            raise CliError(f"no run with id {args.run_id!r}")
-        if not release_quarantine(conn, args.run_id):
-            raise CliError(f"run {args.run_id!r} is not quarantined")
-    wake(settings, [args.run_id], tier, "replay")
+    """Clear a run's quarantine flag and wake it (client.release_run)."""
+    release_run(settings, args.run_id)
     print(f"run {args.run_id} released and woken")
     return EXIT_OK

@@ -313,6 +313,10 @@ def test_retry_resumes_a_failed_run_from_its_failed_step(
         "last": [(1, "succeeded")],
     }
     assert client.get_run(settings, run_id).failure_reason is None
+    inspected = run_ductor(settings, "inspect", run_id)
+    assert inspected.returncode == 0, inspected.stdout
+    gate_line = next(line for line in inspected.stdout.splitlines() if "gate " in line)
+    assert " ".join(gate_line.split()[1:]) == "succeeded attempt 3 (retried after attempt 2)"
     assert_transitions_applied_once(pg, run_id)
     assert_results_applied(pg, [run_id])
     outbox = pg.execute("SELECT count(*) FROM eec_outbox WHERE run_id = %s", (run_id,))
