@@ -1,29 +1,114 @@
 """A small Python client of Ductor: what a program (or the ``ductor`` command line) calls to
-drive workflow runs from outside the processors.
+drive workflow runs from outside the processors: start runs, read and wait for their result,
+list them, signal them, retry a failed one.
 
-Failures are ``ClientError`` (a RuntimeError) with a one-sentence message.
+Every function takes the typed ``Settings`` (``processor.io.config.load_settings()`` reads
+them from the ``DUCTOR_*`` variables) and opens what it needs for the call. Results are frozen
+dataclasses; failures are ``ClientError`` (a RuntimeError) or one of its subclasses, with a
+one-sentence message.
 """
 
 from __future__ import annotations
 
 import time
+import uuid
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
+import orjson
 import psycopg
-from confluent_kafka import Producer
+from confluent_kafka import KafkaException, Producer
 
-from processor.core.envelope import Wakeup
-from processor.core.routing import TopicNames
+from processor.core.decide import Commit, Send
+from processor.core.envelope import MAX_RUN_ID_LENGTH, Wakeup
+from processor.core.model import LoadedRun, NodeStatus, RunStatus, SignalKind
+from processor.core.routing import TIERS, TopicNames
+from processor.core.tick import resume_failed
 from processor.io.config import Settings
 from processor.io.kafka import choose_partition, produce, producer_config, topic_partitions
 from processor.io.logs import first_line
-from processor.io.runs_admin import insert_runs
-from processor.io.store import Definitions
+from processor.io.runs_admin import (
+    RunResult,
+    RunSummary,
+    insert_runs,
+    insert_signal,
+    release_quarantine,
+    run_columns,
+    run_result,
+    run_tier,
+)
+from processor.io.runs_admin import list_runs as _list_runs
+from processor.io.store import Definitions, commit_batch, delete_outbox, load_runs
+
+__all__ = [
+    "ClientError",
+    "RetriedRun",
+    "RetryRefused",
+    "RunNotFinished",
+    "RunNotFound",
+    "RunResult",
+    "RunSummary",
+    "SignalSent",
+    "StartedRun",
+    "connect",
+    "get_run",
+    "list_runs",
+    "release_run",
+    "retry_run",
+    "send_signal",
+    "start_run",
+    "start_runs",
+    "wait_for_run",
+    "wake",
+]
+
+# How long `wait_for_run` waits between two reads of the run: from the first to the last,
+# doubling (a run of fast steps ends in tens of milliseconds; a long one is not read 20 times
+# a second for minutes).
+_FIRST_POLL_S, _LAST_POLL_S = 0.05, 1.0
+# A retry that lost the race for the run's row this many times gives up (only another retry
+# of the same run writes a failed run's row), after these waits.
+_RETRY_RACE_WAITS_S = (0.0, 0.01, 0.05, 0.2)
 
 
 class ClientError(RuntimeError):
     """An operation that could not be done; the message says why, in one sentence."""
+
+
+class RunNotFound(ClientError, LookupError):
+    """There is no run with this id."""
+
+
+class RunNotFinished(ClientError):
+    """The run had not ended when the wait was over; ``result`` is where it stood then."""
+
+    def __init__(self, message: str, result: RunResult) -> None:
+        super().__init__(message)
+        self.result = result
+
+
+class RetryRefused(ClientError):
+    """The run cannot be retried: it is not failed, or its row cannot be used."""
+
+
+@dataclass(frozen=True)
+class StartedRun:
+    run_id: str
+    created: bool  # False: a run with this id existed already (starting is idempotent)
+
+
+@dataclass(frozen=True)
+class SignalSent:
+    signal_id: str
+    new: bool  # False: a signal with this id was already recorded (and is not sent twice)
+
+
+@dataclass(frozen=True)
+class RetriedRun:
+    run_id: str
+    steps: tuple[str, ...]  # the steps that run again (all but the succeeded ones)
+    seq: int  # the run's transition seq after the resume
 
 
 def connect(settings: Settings) -> psycopg.Connection[Any]:
@@ -63,6 +148,35 @@ def start_runs(
     return inserted
 
 
+def start_run(
+    settings: Settings,
+    workflow: str,
+    run_id: str,
+    run_input: Any = None,
+    tier: str = "t1",
+    version: int | None = None,
+) -> StartedRun:
+    """Start one run of ``workflow`` (its latest version unless ``version``) with ``run_input``
+    (JSON-serialisable; ``{}`` when None) on wakeup tier ``tier``. Idempotent by run id: a run
+    that exists already is left as it is (and woken, which changes nothing), and
+    ``created`` says so; ClientError if that run belongs to another workflow."""
+    if not 1 <= len(run_id) <= MAX_RUN_ID_LENGTH or "\x00" in run_id:
+        raise ClientError(f"a run id is 1 to {MAX_RUN_ID_LENGTH} characters, without NUL")
+    if tier not in TIERS:
+        raise ClientError(f"tier must be one of {', '.join(TIERS)}, not {tier!r}")
+    try:
+        orjson.dumps(run_input)
+    except TypeError as exc:
+        raise ClientError(f"the run input cannot be written as JSON: {exc}") from None
+    created = bool(start_runs(settings, workflow, [run_id], run_input, tier, version))
+    if not created:
+        with connect(settings) as conn:
+            columns = run_columns(conn, run_id)
+        if columns is not None and columns.workflow[0] != workflow:
+            raise ClientError(f"run {run_id!r} exists already, of workflow {columns.workflow[0]!r}")
+    return StartedRun(run_id, created)
+
+
 def wake(settings: Settings, run_ids: Sequence[str], tier: str, reason: str) -> None:
     """Produce a wakeup for each run on its tier's wakeup topic and wait for the broker's
     acknowledgement (ClientError after 30 s)."""
@@ -76,3 +190,144 @@ def wake(settings: Settings, run_ids: Sequence[str], tier: str, reason: str) -> 
         produce(producer, topic, wakeup.encode(), wakeup.key(), partition)
     if producer.flush(30) != 0:
         raise ClientError(f"the broker did not acknowledge every {reason} wakeup within 30 s")
+
+
+def get_run(settings: Settings, run_id: str) -> RunResult:
+    """The run's status, output and failure reason now (RunNotFound if there is no such run)."""
+    with connect(settings) as conn:
+        return _read_result(conn, run_id)
+
+
+def wait_for_run(settings: Settings, run_id: str, timeout_s: float) -> RunResult:
+    """The run's result once it has ended (succeeded, failed or cancelled), read from Postgres
+    every 50 ms at first, then less and less often (at most 1 s apart). RunNotFinished when it
+    has not ended after ``timeout_s`` seconds (0: look once), RunNotFound if there is no such
+    run."""
+    deadline = time.monotonic() + max(0.0, timeout_s)
+    pause = _FIRST_POLL_S
+    with connect(settings) as conn:
+        while True:
+            result = _read_result(conn, run_id)
+            left = deadline - time.monotonic()
+            if result.finished:
+                return result
+            if left <= 0:
+                raise RunNotFinished(
+                    f"run {run_id!r} is still {result.status} after {timeout_s:g} s", result
+                )
+            time.sleep(min(pause, left))
+            pause = min(pause * 2, _LAST_POLL_S)
+
+
+def list_runs(
+    settings: Settings,
+    workflow: str | None = None,
+    status: RunStatus | None = None,
+    limit: int = 50,
+) -> list[RunSummary]:
+    """Up to ``limit`` runs, newest first, of ``workflow`` and in ``status`` when given."""
+    if not 1 <= limit <= 10_000:
+        raise ClientError(f"the limit must be between 1 and 10000, not {limit}")
+    with connect(settings) as conn:
+        return _list_runs(conn, workflow, status, limit)
+
+
+def send_signal(
+    settings: Settings,
+    run_id: str,
+    kind: SignalKind = SignalKind.CANCEL,
+    signal_id: str | None = None,
+) -> SignalSent:
+    """Record a signal for the run and wake it. ``signal_id`` is the idempotency key (a new one
+    when None): the same id is recorded and acted on once."""
+    signal_id = signal_id or f"{kind.value}-{uuid.uuid4().hex[:12]}"
+    with connect(settings) as conn:
+        tier = run_tier(conn, run_id)
+        if tier is None:
+            raise RunNotFound(f"no run with id {run_id!r}")
+        new = insert_signal(conn, run_id, signal_id, kind)
+    wake(settings, [run_id], tier, "signal")
+    return SignalSent(signal_id, new)
+
+
+def release_run(settings: Settings, run_id: str) -> None:
+    """Clear a quarantined run's flag (once its row is repaired) and wake it: a repaired run
+    goes on, one still broken is dead-lettered and quarantined again. RunNotFound if there is
+    no such run, ClientError if it is not quarantined."""
+    with connect(settings) as conn:
+        tier = run_tier(conn, run_id)
+        if tier is None:
+            raise RunNotFound(f"no run with id {run_id!r}")
+        if not release_quarantine(conn, run_id):
+            raise ClientError(f"run {run_id!r} is not quarantined")
+    wake(settings, [run_id], tier, "replay")
+
+
+def retry_run(settings: Settings, run_id: str) -> RetriedRun:
+    """Resume a failed run from its failed steps (``resume_failed``): the succeeded steps keep
+    their outputs and do not run again; the failed ones, and those the failure cancelled, run
+    again as new attempts, each with its retry policy's whole budget.
+
+    The resumed state is committed like every transition, by the conditional UPDATE on the
+    run's version, with its wakeup in the outbox in the same statement; the wakeup is then
+    produced here (and, should this process die first, relayed by a processor). A lost race
+    is read again and retried a few times. RetryRefused for a run that is not failed, is
+    quarantined or cannot be loaded; RunNotFound if there is no such run."""
+    topics = TopicNames(settings.topic_prefix)
+    with connect(settings) as conn:
+        definitions = Definitions()
+        for wait_s in _RETRY_RACE_WAITS_S:
+            time.sleep(wait_s)
+            run = _retryable(conn, definitions, run_id)
+            resumed = resume_failed(run.state)
+            wakeup = Wakeup(run_id=run_id, reason="replay", produced_at=int(time.time() * 1000))
+            send = Send(topics.wakeup(run.tier), wakeup.key(), wakeup.encode(), by_run=run_id)
+            if commit_batch(conn, [Commit(run_id, run.version, resumed, (send,))]):
+                break
+        else:
+            raise ClientError(
+                f"run {run_id!r} kept changing while it was being retried"
+                f" ({len(_RETRY_RACE_WAITS_S)} lost races); try again"
+            )
+        try:
+            wake(settings, [run_id], run.tier, "replay")
+        except (ClientError, KafkaException):
+            raise ClientError(
+                f"run {run_id!r} was resumed, but the broker did not take its wakeup; a"
+                " processor sends it again from the outbox once the broker is back"
+            ) from None
+        delete_outbox(conn, [(run_id, resumed.seq)])  # sent: no processor need relay it
+    steps = tuple(name for name, node in resumed.nodes if node.status is NodeStatus.PENDING)
+    return RetriedRun(run_id, steps, resumed.seq)
+
+
+def _retryable(conn: psycopg.Connection[Any], definitions: Definitions, run_id: str) -> LoadedRun:
+    """The run as loaded, if it may be retried; RetryRefused (or RunNotFound) saying why not."""
+    columns = run_columns(conn, run_id)
+    run = load_runs(conn, definitions, [run_id]).get(run_id)
+    if columns is None or run is None:
+        raise RunNotFound(f"no run with id {run_id!r}")
+    if columns.quarantined_at is not None:
+        raise RetryRefused(
+            f"run {run_id!r} is quarantined ({columns.quarantine_reason}); repair its row,"
+            " then `ductor runs release` it"
+        )
+    if isinstance(run, Exception):
+        raise RetryRefused(f"run {run_id!r} cannot be loaded: {run}")
+    if not run.checksum_ok:
+        raise RetryRefused(
+            f"run {run_id!r} was changed outside Ductor (its state_checksum does not match);"
+            " repair its row first"
+        )
+    if run.state.status is not RunStatus.FAILED:
+        raise RetryRefused(
+            f"run {run_id!r} is {run.state.status}, not failed; only a failed run can be retried"
+        )
+    return run
+
+
+def _read_result(conn: psycopg.Connection[Any], run_id: str) -> RunResult:
+    result = run_result(conn, run_id)
+    if result is None:
+        raise RunNotFound(f"no run with id {run_id!r}")
+    return result

@@ -7,6 +7,8 @@ from collections.abc import Callable
 from typing import Any
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+# `ductor result`: the run has not ended (yet, or within --wait).
+EXIT_NOT_FINISHED = 3
 
 
 class CliError(Exception):

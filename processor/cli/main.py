@@ -2,8 +2,10 @@
 beside this one.
 
 Exit codes scripts can rely on: 0 success, 1 the operation failed (a service is unreachable,
-a run did not end as expected), 2 bad usage or bad configuration. Errors are printed as one
-sentence on stderr, never as a traceback.
+a run did not end as expected, a run cannot be retried), 2 bad usage or bad configuration;
+`ductor result` also exits 1 for a failed or cancelled run, 2 for an unknown run and 3 for a
+run that has not ended (within --wait). Errors are printed as one sentence on stderr, never as
+a traceback.
 """
 
 from __future__ import annotations
@@ -20,14 +22,17 @@ from processor.cli.dlq import cmd_dlq_list, cmd_dlq_replay
 from processor.cli.gc import cmd_gc
 from processor.cli.runs import (
     cmd_inspect,
+    cmd_result,
+    cmd_runs_list,
     cmd_runs_release,
+    cmd_runs_retry,
     cmd_signal,
     cmd_start,
     cmd_workflows_register,
 )
 from processor.cli.services import cmd_migrate, cmd_process, cmd_topics_create, cmd_worker
 from processor.cli.tool_commands import cmd_bench, cmd_demo, parse_bench_arguments
-from processor.core.model import SignalKind
+from processor.core.model import RunStatus, SignalKind
 from processor.core.outcomes import DLQ_REASONS
 from processor.core.routing import TIERS
 from processor.io.config import ConfigError, load_settings
@@ -71,13 +76,32 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("process", help="run one coordinator instance until SIGTERM/SIGINT")
     p.set_defaults(func=cmd_process)
 
-    p = sub.add_parser("worker", help="run a step worker with the sample step functions")
+    p = sub.add_parser(
+        "worker", help="run a step worker with your step functions (--app) or the sample ones"
+    )
     p.add_argument("--threads", type=int, default=8, help="step functions run in parallel")
+    p.add_argument(
+        "--app",
+        metavar="MODULE:ATTRIBUTE",
+        help="the StepRegistry to run, e.g. my_package.steps:registry (the current directory"
+        " is importable); default: the sample step functions",
+    )
     p.set_defaults(func=cmd_worker)
 
     p = sub.add_parser("inspect", help="show a run: status, nodes, version, seq, checksum check")
     p.add_argument("run_id")
     p.set_defaults(func=cmd_inspect)
+
+    p = sub.add_parser(
+        "result",
+        help="print a run's output as JSON (exit 0 succeeded, 1 failed or cancelled, 2 unknown"
+        " run, 3 not finished)",
+    )
+    p.add_argument("run_id")
+    p.add_argument(
+        "--wait", type=float, metavar="SECONDS", help="wait this long for the run to end"
+    )
+    p.set_defaults(func=cmd_result)
 
     runs = sub.add_parser("runs", help="act on runs")
     runs_sub = runs.add_subparsers(dest="runs_command", required=True, metavar="ACTION")
@@ -87,6 +111,20 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("run_id")
     p.set_defaults(func=cmd_runs_release)
+    p = runs_sub.add_parser(
+        "list",
+        help="list runs, newest first: run id, workflow, status, last transition, failure reason",
+    )
+    p.add_argument("--workflow", help="only runs of this workflow (any version)")
+    p.add_argument("--status", choices=[s.value for s in RunStatus], help="only runs in S")
+    p.add_argument("--limit", type=int, default=50, help="at most N runs (50)")
+    p.set_defaults(func=cmd_runs_list)
+    p = runs_sub.add_parser(
+        "retry",
+        help="resume a failed run from its failed steps (succeeded steps are kept) and wake it",
+    )
+    p.add_argument("run_id")
+    p.set_defaults(func=cmd_runs_retry)
 
     p = sub.add_parser("signal", help="send a signal to a run")
     p.add_argument("run_id")

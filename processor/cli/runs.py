@@ -1,25 +1,38 @@
-"""Commands about workflows and runs: workflows register, start, inspect, signal, runs
-release."""
+"""Commands about workflows and runs: workflows register, start, inspect, signal, result,
+runs list, runs retry, runs release."""
 
 from __future__ import annotations
 
 import argparse
+import sys
 import uuid
 from pathlib import Path
 
 import orjson
 
-from processor.cli.common import EXIT_FAILED, EXIT_OK, EXIT_USAGE, CliError
-from processor.client import connect, start_runs, wake
-from processor.core.model import SignalKind, ValidationError, parse_workflow, state_checksum
-from processor.io.config import Settings
-from processor.io.runs_admin import (
-    insert_signal,
-    register_workflow,
-    release_quarantine,
-    run_columns,
-    run_tier,
+from processor.cli.common import EXIT_FAILED, EXIT_NOT_FINISHED, EXIT_OK, EXIT_USAGE, CliError
+from processor.client import (
+    RunNotFinished,
+    RunNotFound,
+    RunResult,
+    connect,
+    get_run,
+    list_runs,
+    release_run,
+    retry_run,
+    send_signal,
+    start_runs,
+    wait_for_run,
 )
+from processor.core.model import (
+    RunStatus,
+    SignalKind,
+    ValidationError,
+    parse_workflow,
+    state_checksum,
+)
+from processor.io.config import Settings
+from processor.io.runs_admin import register_workflow, run_columns
 from processor.io.store import Definitions, load_runs
 from processor.io.workflow_schema import WorkflowSchemaError, check_workflow_document
 
@@ -92,34 +105,82 @@ def cmd_inspect(settings: Settings, args: argparse.Namespace) -> int:
     print(f"next wake  {columns.next_wakeup_at or '-'}")
     print("nodes:")
     for name, node in run.state.nodes:
-        extra = f"  error: {node.error}" if node.error else ""
+        extra = f"  (retried after attempt {node.attempts_before})" if node.attempts_before else ""
+        extra += f"  error: {node.error}" if node.error else ""
         print(f"  {name:20} {node.status.value:11} attempt {node.attempt}{extra}")
     healthy = run.checksum_ok and columns.quarantined_at is None
     return EXIT_OK if healthy else EXIT_FAILED
 
 
 def cmd_signal(settings: Settings, args: argparse.Namespace) -> int:
-    kind = SignalKind(args.kind)
-    signal_id = args.signal_id or f"{kind.value}-{uuid.uuid4().hex[:12]}"
-    with connect(settings) as conn:
-        tier = run_tier(conn, args.run_id)
-        if tier is None:
-            raise CliError(f"no run with id {args.run_id!r}")
-        new = insert_signal(conn, args.run_id, signal_id, kind)
-    wake(settings, [args.run_id], tier, "signal")
-    print(f"signal {kind.value} {'sent' if new else 'was already recorded'} ({signal_id})")
+    sent = send_signal(settings, args.run_id, SignalKind(args.kind), args.signal_id)
+    print(f"signal {args.kind} {'sent' if sent.new else 'was already recorded'} ({sent.signal_id})")
+    return EXIT_OK
+
+
+def cmd_result(settings: Settings, args: argparse.Namespace) -> int:
+    """Print a run's output as JSON once it succeeded; see the exit codes in ``main``."""
+    if args.wait is not None and args.wait < 0:
+        raise CliError("--wait must be 0 or more seconds", EXIT_USAGE)
+    try:
+        if args.wait is None:
+            result = get_run(settings, args.run_id)
+        else:
+            result = wait_for_run(settings, args.run_id, args.wait)
+    except RunNotFound as exc:
+        raise CliError(str(exc), EXIT_USAGE) from None
+    except RunNotFinished as exc:
+        raise CliError(f"{exc}; not finished", EXIT_NOT_FINISHED) from None
+    if not result.finished:
+        raise CliError(
+            f"run {args.run_id!r} is still {result.status}; not finished (--wait SECONDS waits)",
+            EXIT_NOT_FINISHED,
+        )
+    return _print_result(result)
+
+
+def _print_result(result: RunResult) -> int:
+    if result.status is RunStatus.SUCCEEDED:
+        print(orjson.dumps(result.output).decode())
+        return EXIT_OK
+    print(f"run {result.run_id} {result.status}: {result.failure_reason or '-'}", file=sys.stderr)
+    return EXIT_FAILED
+
+
+def cmd_runs_list(settings: Settings, args: argparse.Namespace) -> int:
+    if not 1 <= args.limit <= 10_000:
+        raise CliError("--limit must be between 1 and 10000", EXIT_USAGE)
+    status = None if args.status is None else RunStatus(args.status)
+    runs = list_runs(settings, args.workflow, status, args.limit)
+    rows = [
+        (
+            run.run_id,
+            f"{run.workflow[0]} v{run.workflow[1]}",
+            run.status.value + (" (quarantined)" if run.quarantine_reason else ""),
+            run.last_transition_at.isoformat(timespec="seconds"),
+            run.failure_reason or "",
+        )
+        for run in runs
+    ]
+    header = ("RUN", "WORKFLOW", "STATUS", "LAST TRANSITION", "FAILURE REASON")
+    # Every column as wide as its widest cell, but the last (reasons can be long).
+    widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header) - 1)]
+    for row in [header, *rows]:
+        cells = [cell.ljust(width) for cell, width in zip(row[:-1], widths, strict=True)]
+        print("  ".join([*cells, row[-1]]).rstrip())
+    print(f"{len(rows)} run(s), newest first", file=sys.stderr)
+    return EXIT_OK
+
+
+def cmd_runs_retry(settings: Settings, args: argparse.Namespace) -> int:
+    """Resume a failed run from its failed steps (client.retry_run): exit 1 when refused."""
+    retried = retry_run(settings, args.run_id)
+    print(f"run {retried.run_id} resumed; running again: {', '.join(retried.steps)}")
     return EXIT_OK
 
 
 def cmd_runs_release(settings: Settings, args: argparse.Namespace) -> int:
-    """Clear a run's quarantine flag and wake it: a repaired row goes on; one still broken is
-    dead-lettered and quarantined again."""
-    with connect(settings) as conn:
-        tier = run_tier(conn, args.run_id)
-        if tier is None:
-            raise CliError(f"no run with id {args.run_id!r}")
-        if not release_quarantine(conn, args.run_id):
-            raise CliError(f"run {args.run_id!r} is not quarantined")
-    wake(settings, [args.run_id], tier, "replay")
+    """Clear a run's quarantine flag and wake it (client.release_run)."""
+    release_run(settings, args.run_id)
     print(f"run {args.run_id} released and woken")
     return EXIT_OK

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 from processor.cli.common import EXIT_OK, EXIT_USAGE, CliError, stop_on_signals
+from processor.cli.worker_app import load_registry
 from processor.client import connect
 from processor.engine.faults import Faults
 from processor.engine.processor import Processor
@@ -43,8 +44,12 @@ def cmd_process(settings: Settings, args: argparse.Namespace) -> int:
 
 
 def cmd_worker(settings: Settings, args: argparse.Namespace) -> int:
+    if args.threads < 1:
+        raise CliError("--threads must be at least 1", EXIT_USAGE)
+    # The registry first: a wrong --app is a usage error, reported before any connection.
+    registry = sample_registry() if args.app is None else load_registry(args.app)
     _check_kafka_credentials(settings)
-    worker = Worker(settings, sample_registry(), threads=args.threads)
+    worker = Worker(settings, registry, threads=args.threads)
     stop_on_signals(worker.stop)
     worker.run()
     return EXIT_OK

@@ -297,6 +297,9 @@ class NodeState(NamedTuple):
     attempt: int = 0  # the attempt in flight or last finished; 0 = never dispatched
     due_ms: int | None = None  # DISPATCHED: deadline; RETRY_WAIT: when the next attempt is due
     error: str | None = None
+    # Attempts made before the run was last resumed by `ductor runs retry` (core/resume.py):
+    # attempt numbers go on from there, and the retry policy counts only the attempts after.
+    attempts_before: int = 0
 
     def to_json(self) -> dict[str, Any]:
         # The member itself: a StrEnum is its value, and orjson writes it as such (`.value`
@@ -306,6 +309,8 @@ class NodeState(NamedTuple):
             out["due_ms"] = self.due_ms
         if self.error is not None:
             out["error"] = self.error
+        if self.attempts_before:  # written only when set: older states keep their checksum
+            out["attempts_before"] = self.attempts_before
         return out
 
     @staticmethod
@@ -317,6 +322,7 @@ class NodeState(NamedTuple):
             int(raw["attempt"]),
             None if due is None else int(due),
             raw.get("error"),
+            int(raw.get("attempts_before", 0)),
         )
 
 

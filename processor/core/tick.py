@@ -10,12 +10,19 @@ Rules, in the order they are applied:
    and results are applied in a canonical order, so arrival order does not matter.
 4. A dispatched node whose deadline has passed has failed its attempt ("timed out").
 5. A failed attempt is retried by the step's policy (retry_wait until its backoff is due),
-   or fails the node when attempts are exhausted; a failed node fails the run.
+   or fails the node when attempts are exhausted (counted since the run was last resumed, see
+   below); a failed node fails the run.
 6. Due retries are dispatched with the next attempt; pending nodes whose dependencies all
-   succeeded are dispatched with attempt 1, each with its deadline.
+   succeeded are dispatched with their next attempt (1, unless the run was resumed), each with
+   its deadline.
 7. When every node succeeded the run succeeded.
 8. A tick that changes nothing is a no-op and writes nothing; one that changes anything bumps
    ``seq`` by exactly one (so ``last_transition_seq`` is monotone).
+
+Two transitions come from outside a tick, and live here too: ``force_fail`` (the livelock
+guard and the stuck-run watchdog end a live run) and ``resume_failed`` (an operator's
+``ductor runs retry`` takes a failed run back to running: its succeeded nodes are kept, every
+other node is pending again, its attempt numbers going on and its retry budget whole again).
 
 The tick never reads the clock, never draws randomness, never does I/O: ``now_ms`` is an
 argument, and the shell carries out the returned decision.
@@ -135,15 +142,44 @@ def force_fail(state: RunState, reason: str) -> RunState | None:
     return _end(state, state.node_map(), RunStatus.FAILED, reason).new_state
 
 
+class NotResumable(ValueError):
+    """``resume_failed`` was given a run that is not failed."""
+
+
+def resume_failed(state: RunState) -> RunState:
+    """A failed run resumed from its failed steps: running again, ``seq`` + 1, no failure
+    reason; succeeded nodes untouched; every other node (the failed ones, and those cancelled
+    when the run failed) pending, with no deadline and no error, at the attempt it reached.
+    The next dispatch of a node is therefore a new attempt number (a step result of an
+    earlier attempt can never be taken for one of the new ones), and ``attempts_before``
+    gives each step its policy's whole budget of attempts again.
+
+    Raises NotResumable for a run that is not failed."""
+    if state.status is not RunStatus.FAILED:
+        raise NotResumable(f"only a failed run can be resumed; this one is {state.status}")
+    nodes = tuple(
+        (
+            name,
+            node
+            if node.status is _SUCCEEDED
+            else NodeState(_PENDING, node.attempt, None, None, node.attempt),
+        )
+        for name, node in state.nodes
+    )
+    return RunState(_RUN_RUNNING, nodes, state.seq + 1, None)
+
+
 def _finish_attempt(
     node: NodeState, step: StepDef, ok: bool, error: str | None, now_ms: int
 ) -> NodeState:
     if ok:
-        return NodeState(_SUCCEEDED, node.attempt)
-    if node.attempt < step.retry.max_attempts:
-        due = now_ms + step.retry.delay_after(node.attempt)
-        return NodeState(_RETRY_WAIT, node.attempt, due_ms=due, error=error)
-    return NodeState(_FAILED, node.attempt, error=error)
+        return NodeState(_SUCCEEDED, node.attempt, None, None, node.attempts_before)
+    # The policy counts the attempts since the run was last resumed (none before: attempt).
+    tried = node.attempt - node.attempts_before
+    if tried < step.retry.max_attempts:
+        due = now_ms + step.retry.delay_after(tried)
+        return NodeState(_RETRY_WAIT, node.attempt, due, error, node.attempts_before)
+    return NodeState(_FAILED, node.attempt, None, error, node.attempts_before)
 
 
 def _dispatch_ready(nodes: dict[str, NodeState], wf: WorkflowDef, now_ms: int) -> list[Dispatch]:
@@ -157,7 +193,7 @@ def _dispatch_ready(nodes: dict[str, NodeState], wf: WorkflowDef, now_ms: int) -
         if retry_due or first_run:
             attempt = node.attempt + 1
             deadline = now_ms + step.timeout_ms
-            nodes[step.name] = NodeState(_DISPATCHED, attempt, due_ms=deadline)
+            nodes[step.name] = NodeState(_DISPATCHED, attempt, deadline, None, node.attempts_before)
             dispatches.append(Dispatch(step.name, attempt, step.step_type, deadline))
     return dispatches
 
@@ -168,7 +204,9 @@ def _end(
     ended = tuple(
         (
             n,
-            NodeState(_CANCELLED, s.attempt, error=s.error) if s.status in _IN_FLIGHT else s,
+            NodeState(_CANCELLED, s.attempt, None, s.error, s.attempts_before)
+            if s.status in _IN_FLIGHT
+            else s,
         )
         for n, s in ((name, nodes[name]) for name, _ in state.nodes)
     )

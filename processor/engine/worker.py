@@ -125,7 +125,10 @@ class Worker:
         # The first connection is not retried: a worker that never reached its database is
         # misconfigured (and exits), one that lost it is in an outage (and waits).
         self._conn = connect_durable(self.settings.pg_dsn)
-        log.info("worker started", extra={"instance": self.instance_id})
+        log.info(
+            "worker started",
+            extra={"instance": self.instance_id, "step_types": self.registry.types()},
+        )
         try:
             while not self._stop.is_set():
                 messages = self._consumer.consume(200, 0.1)

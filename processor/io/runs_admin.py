@@ -15,6 +15,7 @@ import orjson
 import psycopg
 
 from processor.core.model import (
+    RunStatus,
     SignalKind,
     WorkflowDef,
     initial_state,
@@ -39,6 +40,33 @@ class RunColumns:
     tier: str
     quarantined_at: datetime | None
     quarantine_reason: str | None
+
+
+@dataclass(frozen=True)
+class RunResult:
+    """Where a run stands and what it gave: its status, its output (None while it has not
+    succeeded, or when its workflow declares none) and why it failed or was cancelled."""
+
+    run_id: str
+    status: RunStatus
+    output: Any
+    failure_reason: str | None
+
+    @property
+    def finished(self) -> bool:
+        return self.status.terminal
+
+
+@dataclass(frozen=True)
+class RunSummary:
+    """A run as ``ductor runs list`` shows it."""
+
+    run_id: str
+    workflow: tuple[str, int]
+    status: RunStatus
+    last_transition_at: datetime
+    failure_reason: str | None
+    quarantine_reason: str | None  # None unless the run is quarantined
 
 
 def register_workflow(conn: psycopg.Connection[Any], wf: WorkflowDef) -> bool:
@@ -131,6 +159,32 @@ def run_columns(conn: psycopg.Connection[Any], run_id: str) -> RunColumns | None
         quarantined_at,
         quarantine_reason,
     )
+
+
+def run_result(conn: psycopg.Connection[Any], run_id: str) -> RunResult | None:
+    """The run's status, output and failure reason, or None if there is no such run."""
+    row = conn.execute(
+        "SELECT status, output, failure_reason FROM eec_workflow_run WHERE run_id = %s",
+        (run_id,),
+    ).fetchone()
+    return None if row is None else RunResult(run_id, RunStatus(row[0]), row[1], row[2])
+
+
+def list_runs(
+    conn: psycopg.Connection[Any], workflow: str | None, status: RunStatus | None, limit: int
+) -> list[RunSummary]:
+    """Up to ``limit`` runs, newest (last created) first, of one workflow and in one status if
+    given. Not a hot-path query: without a filter that an index serves it reads the table."""
+    rows = conn.execute(
+        "SELECT run_id, workflow_name, workflow_version, status, last_transition_at,"
+        "       failure_reason, quarantine_reason"
+        "  FROM eec_workflow_run"
+        " WHERE (%(workflow)s::text IS NULL OR workflow_name = %(workflow)s)"
+        "   AND (%(status)s::text IS NULL OR status = %(status)s)"
+        " ORDER BY created_at DESC, run_id DESC LIMIT %(limit)s",
+        {"workflow": workflow, "status": None if status is None else status.value, "limit": limit},
+    ).fetchall()
+    return [RunSummary(r[0], (r[1], r[2]), RunStatus(r[3]), r[4], r[5], r[6]) for r in rows]
 
 
 def release_quarantine(conn: psycopg.Connection[Any], run_id: str) -> bool:

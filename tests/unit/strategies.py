@@ -211,7 +211,7 @@ def check_decision(old: RunState, decision: Decision, wf: WorkflowDef) -> None:
     for step in wf.steps:
         before, after = old_nodes[step.name], new.node(step.name)
         assert after.attempt >= before.attempt
-        assert after.attempt <= step.retry.max_attempts
+        assert after.attempt - after.attempts_before <= step.retry.max_attempts
         if step.name in dispatched:
             d = dispatched[step.name]
             assert after.status is NodeStatus.DISPATCHED

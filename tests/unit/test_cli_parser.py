@@ -21,8 +21,29 @@ def test_start_takes_count_tier_and_run_id() -> None:
     assert (args.workflow, args.count, args.tier, args.run_id) == ("sample", 3, "t0", "r")
 
 
+def test_the_client_commands_take_what_the_readme_shows() -> None:
+    assert parse_args(["worker"]).app is None
+    args = parse_args(["worker", "--app", "my_package.steps:registry", "--threads", "2"])
+    assert (args.app, args.threads) == ("my_package.steps:registry", 2)
+    assert parse_args(["result", "r"]).wait is None
+    assert parse_args(["result", "r", "--wait", "2.5"]).wait == 2.5
+    args = parse_args(["runs", "list", "--workflow", "w", "--status", "failed", "--limit", "3"])
+    assert (args.workflow, args.status, args.limit) == ("w", "failed", 3)
+    assert parse_args(["runs", "list"]).limit == 50
+    assert parse_args(["runs", "retry", "r"]).run_id == "r"
+
+
 @pytest.mark.parametrize(
-    "argv", [["start", "sample", "--bogus"], ["bench", "--bogus"], ["inspect"], []]
+    "argv",
+    [
+        ["start", "sample", "--bogus"],
+        ["bench", "--bogus"],
+        ["inspect"],
+        [],
+        ["result"],
+        ["runs", "list", "--status", "done"],
+        ["runs", "retry"],
+    ],
 )
 def test_bad_usage_exits_2_with_a_usage_line(
     argv: list[str], capsys: pytest.CaptureFixture[str]

@@ -1,0 +1,56 @@
+"""`ductor worker --app MODULE:ATTRIBUTE`: the step registry a worker runs, imported the way
+`uvicorn module:app` and `celery -A` import an application. The current directory is put
+first on the import path, as uvicorn does, so a module beside you imports without installing
+it."""
+
+from __future__ import annotations
+
+import importlib
+import os
+import re
+import sys
+
+from processor.cli.common import EXIT_USAGE, CliError
+from processor.engine.steps import StepRegistry
+from processor.io.logs import first_line
+
+_NAME = r"[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*"  # dotted Python identifiers
+_SPEC = re.compile(f"({_NAME}):({_NAME})")
+
+
+def load_registry(spec: str) -> StepRegistry:
+    """The StepRegistry that ``spec`` (``module.path:attribute``, the attribute possibly
+    dotted) names, or CliError with exit code 2 saying what is wrong: a malformed spec, a
+    module that cannot be imported (and why), a missing attribute, something that is not a
+    StepRegistry or one with no step function."""
+    match = _SPEC.fullmatch(spec)
+    if match is None:
+        raise CliError(
+            f"--app {spec!r} is not MODULE:ATTRIBUTE, e.g. my_package.steps:registry", EXIT_USAGE
+        )
+    module_name, attribute = match.groups()
+    here = os.getcwd()
+    if here not in sys.path:
+        sys.path.insert(0, here)
+    try:
+        target: object = importlib.import_module(module_name)
+    except Exception as exc:  # whatever the module raises while it is imported
+        raise CliError(
+            f"--app: cannot import module {module_name!r}: {type(exc).__name__}: {first_line(exc)}",
+            EXIT_USAGE,
+        ) from None
+    for part in attribute.split("."):
+        if not hasattr(target, part):
+            raise CliError(
+                f"--app: module {module_name!r} has no attribute {attribute!r}", EXIT_USAGE
+            )
+        target = getattr(target, part)
+    if not isinstance(target, StepRegistry):
+        raise CliError(
+            f"--app: {spec} is a {type(target).__name__}, not a StepRegistry"
+            " (processor.engine.steps)",
+            EXIT_USAGE,
+        )
+    if not target.types():
+        raise CliError(f"--app: {spec} registers no step function", EXIT_USAGE)
+    return target
