@@ -63,6 +63,29 @@ class Probe:
     database_ok: bool = True  # False after a batch failed on a database error
 
 
+def probe_problems(probe: Probe, stall_s: float) -> list[str]:
+    """Why the instance is not ready, as far as its poll loop's own reports tell (the health
+    server adds its database check)."""
+    problems: list[str] = []
+    if probe.stopping:
+        problems.append("shutting down")
+    if time.monotonic() - probe.last_loop_at > stall_s:
+        problems.append("the poll loop is stalled")
+    if probe.assigned_partitions == 0:
+        problems.append("no partitions assigned")
+    if not probe.database_ok:
+        problems.append("the last batch failed on a database error")
+    return problems
+
+
+def is_ready(probe: Probe, stall_s: float, server: HealthServer | None) -> bool:
+    """The ``ductor.ready`` gauge: what ``/readyz`` answers when the health server runs, the
+    probe's own reports when it does not (no database check of its own then)."""
+    if server is not None:
+        return server.readiness().ok
+    return not probe_problems(probe, stall_s)
+
+
 @dataclass(frozen=True)
 class Verdict:
     ok: bool
@@ -134,21 +157,11 @@ class HealthServer:
 
     def readiness(self) -> Verdict:
         probe = self._probe
-        problems: list[str] = []
-        if probe.stopping:
-            problems.append("shutting down")
-        if not self.liveness().ok:
-            problems.append("the poll loop is stalled")
-        assigned = probe.assigned_partitions
-        if assigned == 0:
-            problems.append("no partitions assigned")
-        if not probe.database_ok:
-            problems.append("the last batch failed on a database error")
-        problems += self._db_problems()
+        problems = probe_problems(probe, self._stall_s) + self._db_problems()
         body: dict[str, Any] = {
             "status": "ready" if not problems else "not ready",
             "instance": probe.instance_id,
-            "assigned_partitions": assigned,
+            "assigned_partitions": probe.assigned_partitions,
         }
         if problems:
             body["problems"] = problems

@@ -32,7 +32,7 @@ from processor.engine.database import Database
 from processor.engine.executor import Executor
 from processor.engine.faults import NO_FAULTS, Faults
 from processor.engine.flow_control import FlowControl
-from processor.engine.health import HealthServer, Probe
+from processor.engine.health import HealthServer, Probe, is_ready
 from processor.engine.lag import LagMeter
 from processor.engine.outage import Outage
 from processor.engine.watchdog import Shards, SweepSettings, Watchdog
@@ -118,6 +118,11 @@ class Processor:
         self.lag = LagMeter(self._consumer, enabled=self.telemetry.meter_provider is not None)
         self.flow = FlowControl(self._consumer, self.names, self.lag)
         self.telemetry.instrument(self.stats, self.lag.read)
+        self._health: HealthServer | None = None  # while run() serves the health endpoints
+        self.telemetry.instrument_readiness(
+            lambda: is_ready(self.probe, settings.health_stall_s, self._health),
+            lambda: self.probe.assigned_partitions,
+        )
         self._next_stats_log = time.monotonic() + settings.stats_log_interval_s
         self._shutdown_deadline: float | None = None
 
@@ -132,7 +137,7 @@ class Processor:
         The health endpoints (health.py) answer from before the first poll to after shutdown."""
         health: HealthServer | None = None
         if self.settings.health_port:
-            health = HealthServer(
+            health = self._health = HealthServer(
                 self.probe,
                 self.settings.pg_dsn,
                 self.settings.health_port,
@@ -164,6 +169,7 @@ class Processor:
                 self._shutdown()
         finally:
             if health is not None:
+                self._health = None
                 health.stop()
 
     def step(self) -> None:

@@ -255,6 +255,25 @@ class Telemetry:
             self.histograms[name] = meter.create_histogram(name, unit="ms", description=description)
         stats.observe = self.record
 
+    def instrument_readiness(self, ready: Callable[[], bool], assigned: Callable[[], int]) -> None:
+        """``ductor.ready`` (1 when ``/readyz`` would answer 200, else 0) and the partitions the
+        instance owns, read only when metrics are collected (a scrape), never on the loop."""
+        if self.meter_provider is None:
+            return
+        meter = self.meter_provider.get_meter("ductor.processor")
+        meter.create_observable_gauge(
+            "ductor.ready",
+            callbacks=[lambda _o: [Observation(1 if ready() else 0)]],
+            unit="",
+            description="1 when the instance is ready (as /readyz says), else 0",
+        )
+        meter.create_observable_gauge(
+            "ductor.partitions.assigned",
+            callbacks=[lambda _o: [Observation(assigned())]],
+            unit="{partition}",
+            description="partitions of the coordinator topics this instance owns",
+        )
+
     def record(self, name: str, value_ms: float) -> None:
         histogram = self.histograms.get(name)
         if histogram is None:

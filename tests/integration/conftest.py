@@ -24,6 +24,7 @@ import psycopg
 import pytest
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
 from processor.core.envelope import Wakeup
 from processor.core.model import WorkflowDef, parse_workflow
@@ -325,6 +326,23 @@ class OutsideWriter:
         self._stop.set()
         for thread in self._threads:
             thread.join(10)
+
+
+def metric_values(
+    reader: InMemoryMetricReader, name: str
+) -> dict[tuple[tuple[str, Any], ...], float]:
+    """Current value of a counter or gauge by attribute set (empty when never observed)."""
+    data = reader.get_metrics_data()
+    values: dict[tuple[tuple[str, Any], ...], float] = {}
+    if data is None:
+        return values
+    for resource_metrics in data.resource_metrics:
+        for scope in resource_metrics.scope_metrics:
+            for metric in scope.metrics:
+                if metric.name == name:
+                    for point in metric.data.data_points:
+                        values[tuple(sorted((point.attributes or {}).items()))] = point.value  # type: ignore[union-attr]
+    return values
 
 
 def sample_workflow() -> WorkflowDef:

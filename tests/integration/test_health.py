@@ -14,6 +14,7 @@ from dataclasses import replace
 from typing import Any
 
 import pytest
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
 from processor.core.stats import Stats
 from processor.engine.health import HealthServer
@@ -21,7 +22,7 @@ from processor.engine.processor import Processor
 from processor.io.config import Settings
 from processor.io.telemetry import Telemetry
 
-from .conftest import ProcessorThread, wait_for
+from .conftest import ProcessorThread, metric_values, wait_for
 from .proxy import TcpProxy
 
 pytestmark = pytest.mark.integration
@@ -68,17 +69,27 @@ def test_ready_when_partitions_are_assigned_and_closed_after_shutdown(
         _get(port, "/healthz")
 
 
+def _ready_gauge(reader: InMemoryMetricReader) -> float | None:
+    return metric_values(reader, "ductor.ready").get(())
+
+
 def test_not_ready_through_a_database_outage_but_alive(
     settings: Settings, processor_thread: Any
 ) -> None:
+    """The ``ductor.ready`` gauge says what /readyz says, through the outage and after."""
     proxy = TcpProxy.for_dsn(settings.pg_dsn)
     port = _free_port()
     through_proxy = replace(settings, pg_dsn=proxy.dsn(settings.pg_dsn), health_port=port)
-    processor_thread(through_proxy)
+    reader = InMemoryMetricReader()
+    processor_thread(through_proxy, Telemetry.build(None, [], [reader], settings.group_id))
     try:
         wait_for(lambda: _status(port, "/readyz") == 200, 60, "/readyz to answer 200")
+        assert _ready_gauge(reader) == 1
+        assigned = _get(port, "/readyz")[1]["assigned_partitions"]
+        assert metric_values(reader, "ductor.partitions.assigned") == {(): assigned}
         proxy.cut()
         wait_for(lambda: _status(port, "/readyz") == 503, 30, "/readyz to report the outage")
+        assert _ready_gauge(reader) == 0
         status, body = _get(port, "/readyz")
         assert status == 503 and body["status"] == "not ready"
         # A fixed phrase with the error's class, never the server's or the driver's own text.
@@ -95,6 +106,7 @@ def test_not_ready_through_a_database_outage_but_alive(
         assert _status(port, "/healthz") == 200
         proxy.restore()
         wait_for(lambda: _status(port, "/readyz") == 200, 30, "/readyz to recover")
+        wait_for(lambda: _ready_gauge(reader) == 1, 10, "the ready gauge to recover")
     finally:
         proxy.close()
 

@@ -28,6 +28,7 @@ from .conftest import (
     SAMPLE,
     ProcessorThread,
     drive_into_livelock,
+    metric_values,
     now_ms,
     produce_wakeups,
     run_statuses,
@@ -38,23 +39,8 @@ from .proxy import TcpProxy
 pytestmark = pytest.mark.integration
 
 
-def _metric(reader: InMemoryMetricReader, name: str) -> dict[tuple[tuple[str, Any], ...], float]:
-    """Current value of a counter by attribute set (empty when never observed)."""
-    data = reader.get_metrics_data()
-    values: dict[tuple[tuple[str, Any], ...], float] = {}
-    if data is None:
-        return values
-    for resource_metrics in data.resource_metrics:
-        for scope in resource_metrics.scope_metrics:
-            for metric in scope.metrics:
-                if metric.name == name:
-                    for point in metric.data.data_points:
-                        values[tuple(sorted((point.attributes or {}).items()))] = point.value  # type: ignore[union-attr]
-    return values
-
-
 def _total(reader: InMemoryMetricReader, name: str) -> float:
-    return sum(_metric(reader, name).values())
+    return sum(metric_values(reader, name).values())
 
 
 def _attr(span: ReadableSpan, key: str) -> Any:
@@ -115,8 +101,8 @@ def test_a_conflict_is_an_event_with_unset_status_and_a_requeue_stays_in_one_tra
     # Metrics: conflicts counted, errors not; the force-fail by reason.
     assert _total(reader, "ductor.conflicts") == 10
     assert _total(reader, "ductor.errors") == 0
-    assert _metric(reader, "ductor.force_fails") == {(("ductor.reason", "livelock"),): 1}
-    assert _metric(reader, "ductor.requeues") == {(("ductor.delay.rung_ms", 100),): 1}
+    assert metric_values(reader, "ductor.force_fails") == {(("ductor.reason", "livelock"),): 1}
+    assert metric_values(reader, "ductor.requeues") == {(("ductor.delay.rung_ms", 100),): 1}
 
 
 def test_a_database_outage_makes_error_spans_and_counts_errors(
@@ -181,7 +167,7 @@ def test_consumer_lag_counts_the_records_behind_a_paused_delay_partition(
         ("messaging.destination.name", names.delay(10000)),
         ("messaging.destination.partition.id", "0"),
     )
-    wait_for(lambda: _metric(reader, "ductor.consumer.lag").get(key) == 5, 30, "the lag of 5")
+    wait_for(lambda: metric_values(reader, "ductor.consumer.lag").get(key) == 5, 30, "the lag of 5")
 
 
 def test_the_prometheus_endpoint_serves_the_metrics(

@@ -1,7 +1,8 @@
 """The health server's own defences, on loopback sockets (no broker, and a database that
 refuses connections): it listens on 127.0.0.1 by default, a client that sends nothing or
 trickles its request is cut at the request timeout without holding anyone else, connections
-beyond the limit are answered 503 at once, and /readyz does not echo the database's error."""
+beyond the limit are answered 503 at once, and /readyz does not echo the database's error;
+the ``ductor.ready`` gauge's verdict."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from processor.engine.health import HealthServer, Probe
+from processor.engine.health import HealthServer, Probe, is_ready, probe_problems
 
 # Nothing listens on port 1: the database check fails at once with "connection refused".
 REFUSING_DSN = "postgresql://ductor:hunter2-secret@127.0.0.1:1/ductor"
@@ -167,3 +168,27 @@ def test_it_listens_on_an_ipv6_address_when_told(server: Callable[..., HealthSer
         assert conn.getresponse().status == 200
     finally:
         conn.close()
+
+
+def test_the_ready_gauge_reads_the_probe_alone_without_a_server_and_readyz_with_one() -> None:
+    probe = Probe("gauge-instance", assigned_partitions=3)
+    assert is_ready(probe, stall_s=30.0, server=None)
+    spoilt = [
+        (Probe("a", assigned_partitions=0), "no partitions assigned"),
+        (Probe("b", assigned_partitions=3, stopping=True), "shutting down"),
+        (Probe("c", assigned_partitions=3, database_ok=False), "the last batch failed"),
+        (
+            Probe("d", assigned_partitions=3, last_loop_at=time.monotonic() - 60),
+            "the poll loop is stalled",
+        ),
+    ]
+    for bad, why in spoilt:
+        assert not is_ready(bad, stall_s=30.0, server=None), why
+        assert [p for p in probe_problems(bad, 30.0) if p.startswith(why)], why
+    # With the health server, its database check counts too: this database refuses.
+    health = HealthServer(probe, REFUSING_DSN, port=0).start()
+    try:
+        _until(lambda: _get(health.port, "/readyz")[0] == 503, 10, "the database check")
+        assert not is_ready(probe, stall_s=30.0, server=health)
+    finally:
+        health.stop()

@@ -1,0 +1,155 @@
+"""Every metric and label the Grafana dashboard and the Prometheus alerting rules name is served
+by a real `ductor process` on its /metrics, once it has done each kind of work they watch:
+ticks committed, a run fighting an outside writer (conflicts, a requeue, a livelock
+force-fail), a record that is not JSON and a run changed out of band (dead letters, a
+quarantine, an error), latencies and lag."""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import urllib.request
+import uuid
+from dataclasses import replace
+from typing import Any
+
+import psycopg
+import pytest
+from confluent_kafka import Producer
+from prometheus_client.parser import text_string_to_metric_families
+
+from processor.core.envelope import Wakeup
+from processor.core.routing import TopicNames
+from processor.io.config import Settings
+from processor.io.kafka import produce, producer_config
+from processor.io.runs_admin import insert_runs
+from tests.promql import all_queries, problems
+
+from .conftest import (
+    OutsideWriter,
+    now_ms,
+    produce_wakeups,
+    run_statuses,
+    sample_workflow,
+    wait_for,
+)
+
+pytestmark = pytest.mark.integration
+
+RUNS = 16  # committed ticks: the end-to-end histogram samples one in 8
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+        return port
+
+
+def _scrape(port: int) -> str:
+    """The exposition, or "" while nothing answers yet."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as reply:
+            return str(reply.read().decode())
+    except OSError:
+        return ""
+
+
+def _values(exposition: str, sample: str) -> dict[tuple[tuple[str, str], ...], float]:
+    """The values of one sample name by their labels (the exporter's scope labels left out)."""
+    found: dict[tuple[tuple[str, str], ...], float] = {}
+    for family in text_string_to_metric_families(exposition):
+        for point in family.samples:
+            if point.name == sample:
+                labels = {k: v for k, v in point.labels.items() if not k.startswith("otel_")}
+                found[tuple(sorted(labels.items()))] = point.value
+    return found
+
+
+def _quarantine_reason(pg: psycopg.Connection[Any], run_id: str) -> str | None:
+    row = pg.execute(
+        "SELECT quarantine_reason FROM eec_workflow_run WHERE run_id = %s", (run_id,)
+    ).fetchone()
+    return None if row is None else row[0]
+
+
+def test_every_name_in_the_dashboard_and_the_alerts_is_exported(
+    settings: Settings, pg: psycopg.Connection[Any], spawn: Any
+) -> None:
+    settings = replace(settings, livelock_requeues=1, metrics_port=_free_port())
+    names = TopicNames(settings.topic_prefix)
+    tag = uuid.uuid4().hex[:6]
+    good = [f"dash-{tag}-{i}" for i in range(RUNS)]
+    fought, tampered = f"fought-{tag}", f"tampered-{tag}"
+    insert_runs(pg, sample_workflow(), [(r, {}) for r in [*good, fought, tampered]], "t1")
+    # Changed outside the processor: a checksum mismatch (dead letter, quarantine, error).
+    pg.execute(
+        "UPDATE eec_workflow_run SET state_checksum = 'changed-by-hand' WHERE run_id = %s",
+        (tampered,),
+    )
+    # Every commit of this one loses a version race: conflicts, a requeue, a livelock.
+    writer = OutsideWriter(settings.pg_dsn, fought)
+    try:
+        wait_for(lambda: writer.writes > 0, 10, "the outside writer to start")
+        child = spawn(["process"], settings, "dashboards")
+        topic = names.wakeup("t1")
+        produce_wakeups(
+            settings,
+            [
+                (topic, Wakeup(run_id, "start", produced_at=now_ms()), None)
+                for run_id in [*good, fought, tampered]
+            ],
+        )
+        producer = Producer(producer_config(settings, "test-garbage"))
+        produce(producer, topic, b"\x00 not JSON {", b"garbage")
+        assert producer.flush(30) == 0, "the broker did not acknowledge the garbage record"
+        wait_for(
+            lambda: set(run_statuses(pg, good).values()) == {"running"},
+            60,
+            "the good runs' first ticks to commit",
+        )
+        wait_for(
+            lambda: run_statuses(pg, [fought])[fought] == "failed", 60, "the livelock force-fail"
+        )
+        wait_for(
+            lambda: (_quarantine_reason(pg, tampered) or "").startswith("checksum_mismatch"),
+            60,
+            "the tampered run's quarantine",
+        )
+    finally:
+        writer.stop()
+
+    queries = all_queries()
+    missing: list[str] = []
+
+    def complete() -> bool:
+        missing[:] = problems(queries, _scrape(settings.metrics_port))
+        return not missing
+
+    # The deadline passing is reported by the assertion below, with what is still missing.
+    with contextlib.suppress(pytest.fail.Exception):
+        wait_for(complete, 60, "every metric the dashboard and the rules name")
+    assert missing == [], "\n".join(missing)
+
+    # The work that made them, as the metrics count it.
+    exposition = _scrape(settings.metrics_port)
+    ticks = _values(exposition, "ductor_ticks_total")
+    assert ticks[(("ductor_outcome", "committed"),)] >= RUNS
+    assert _values(exposition, "ductor_conflicts_total")[()] > 0
+    assert _values(exposition, "ductor_requeues_total") == {(("ductor_delay_rung_ms", "100"),): 1}
+    assert _values(exposition, "ductor_force_fails_total") == {(("ductor_reason", "livelock"),): 1}
+    assert _values(exposition, "ductor_dead_letters_total") == {
+        (("ductor_reason", "checksum_mismatch"),): 1,
+        (("ductor_reason", "not_json"),): 1,
+    }
+    assert _values(exposition, "ductor_quarantined_total") == {
+        (("ductor_reason", "checksum_mismatch"),): 1
+    }
+    assert _values(exposition, "ductor_errors_total") == {(("error_type", "checksum_mismatch"),): 1}
+    assert _values(exposition, "ductor_ready") == {(): 1}
+    partitions = _values(exposition, "ductor_partitions_assigned")[()]
+    assert partitions == (
+        len(names.wakeup_topics()) * settings.wakeup_partitions
+        + len(names.delay_topics()) * settings.delay_partitions
+    )
+    assert child.terminate() == 0
