@@ -266,7 +266,7 @@ def test_retry_resumes_a_failed_run_from_its_failed_step(
     pg = audit
     _register(
         pg,
-        "gated",
+        "client-gated",  # (workflow names are shared by every test on the database)
         [
             {"name": "first", "type": "echo"},
             {"name": "gate", "type": "gate", "depends_on": ["first"], "retry": {"max_attempts": 2}},
@@ -278,7 +278,7 @@ def test_retry_resumes_a_failed_run_from_its_failed_step(
     tag = uuid.uuid4().hex[:6]
     run_id, held = f"gated-{tag}", f"held-{tag}"
     processor_thread(settings)
-    client.start_run(settings, "gated", run_id)
+    client.start_run(settings, "client-gated", run_id)
     failed = client.wait_for_run(settings, run_id, timeout_s=60)
     assert failed.status is RunStatus.FAILED
     assert failed.failure_reason == (
