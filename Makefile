@@ -56,12 +56,12 @@ topics: venv ## create the Kafka topics
 setup: up migrate topics ## infra up, schema migrated, topics created
 
 lint: venv ## ruff lint and format check
-	$(VENV)/bin/ruff check processor tests infra
-	$(VENV)/bin/ruff format --check processor tests infra
+	$(VENV)/bin/ruff check processor tests infra examples
+	$(VENV)/bin/ruff format --check processor tests infra examples
 
 format: venv ## apply ruff formatting and fixes
-	$(VENV)/bin/ruff format processor tests infra
-	$(VENV)/bin/ruff check --fix processor tests infra
+	$(VENV)/bin/ruff format processor tests infra examples
+	$(VENV)/bin/ruff check --fix processor tests infra examples
 
 typecheck: venv ## mypy --strict
 	$(VENV)/bin/mypy

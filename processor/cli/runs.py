@@ -32,7 +32,7 @@ from processor.core.model import (
     state_checksum,
 )
 from processor.io.config import Settings
-from processor.io.runs_admin import register_workflow, run_columns
+from processor.io.runs_admin import register_workflow, run_columns, run_result
 from processor.io.store import Definitions, load_runs
 from processor.io.workflow_schema import WorkflowSchemaError, check_workflow_document
 
@@ -84,7 +84,8 @@ def cmd_inspect(settings: Settings, args: argparse.Namespace) -> int:
     with connect(settings) as conn:
         columns = run_columns(conn, args.run_id)
         run = load_runs(conn, Definitions(), [args.run_id]).get(args.run_id)
-    if run is None or columns is None:
+        result = run_result(conn, args.run_id)
+    if run is None or columns is None or result is None:
         raise CliError(f"no run with id {args.run_id!r}")
     print(f"run        {args.run_id}")
     print(f"workflow   {columns.workflow[0]} v{columns.workflow[1]}")
@@ -103,6 +104,7 @@ def cmd_inspect(settings: Settings, args: argparse.Namespace) -> int:
     check = "ok" if run.checksum_ok else f"MISMATCH (row says {run.stored_checksum})"
     print(f"checksum   {state_checksum(run.state)} {check}")
     print(f"next wake  {columns.next_wakeup_at or '-'}")
+    print(f"output     {output_text(result)}")
     print("nodes:")
     for name, node in run.state.nodes:
         extra = f"  (retried after attempt {node.attempts_before})" if node.attempts_before else ""
@@ -110,6 +112,24 @@ def cmd_inspect(settings: Settings, args: argparse.Namespace) -> int:
         print(f"  {name:20} {node.status.value:11} attempt {node.attempt}{extra}")
     healthy = run.checksum_ok and columns.quarantined_at is None
     return EXIT_OK if healthy else EXIT_FAILED
+
+
+# Enough of a run's output to recognise it; `ductor result` prints it whole.
+INSPECT_OUTPUT_CHARS = 400
+
+
+def output_text(result: RunResult) -> str:
+    """A run's output as `ductor inspect` shows it: compact JSON, cut after
+    INSPECT_OUTPUT_CHARS characters; "-" until the run succeeded."""
+    if result.status is not RunStatus.SUCCEEDED:
+        return "-"
+    text = orjson.dumps(result.output).decode()
+    if len(text) <= INSPECT_OUTPUT_CHARS:
+        return text
+    return (
+        f"{text[:INSPECT_OUTPUT_CHARS]} ... ({len(text)} characters;"
+        f" `ductor result {result.run_id}` prints it whole)"
+    )
 
 
 def cmd_signal(settings: Settings, args: argparse.Namespace) -> int:

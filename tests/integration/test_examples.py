@@ -1,0 +1,230 @@
+"""The orders example (examples/orders) run end to end as its README tells a user to, through
+the installed `ductor` command on the real broker and database: register the workflow, run
+`ductor process` and `ductor worker --app steps:registry` from the example's directory, start
+runs with an input, read their output with `ductor result --wait`; a run that orders an item
+out of stock fails, and `ductor runs retry` finishes it once the item is restocked."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import orjson
+import psycopg
+import pytest
+
+from processor.io.config import Settings
+
+from .conftest import REPO, child_env
+
+pytestmark = pytest.mark.integration
+
+EXAMPLE = REPO / "examples" / "orders"
+# The installed `ductor` script, as the example's README runs it (`python -m processor` would
+# put the current directory on the import path by itself and hide whether `--app` does).
+DUCTOR = str(Path(sys.executable).with_name("ductor"))
+
+ADA = {
+    "order_id": "1001",
+    "customer": "ada@example.com",
+    "country": "DE",
+    "items": [
+        {"sku": "book", "qty": 2, "unit_cents": 1250},
+        {"sku": "mug", "qty": 1, "unit_cents": 899},
+    ],
+}
+# 2 x 12.50 + 8.99 = 33.99, under 50.00: shipping 4.95; 19 % VAT on 38.94 is 7.3986 -> 7.40.
+ADA_OUTPUT = {
+    "charges": {
+        "subtotal_cents": 3399,
+        "shipping_cents": 495,
+        "tax_cents": 740,
+        "total_cents": 4634,
+    },
+    "confirmation": {
+        "order_id": "1001",
+        "customer": "ada@example.com",
+        "reservation": "res-order-1001",
+        "message": "order 1001: 3 item(s), 46.34 EUR, confirmed",
+    },
+}
+GRACE = {
+    "order_id": "1002",
+    "customer": "grace@example.com",
+    "country": "NL",
+    "items": [
+        {"sku": "umbrella", "qty": 1, "unit_cents": 2400},
+        {"sku": "book", "qty": 3, "unit_cents": 1250},
+    ],
+}
+# 24.00 + 3 x 12.50 = 61.50, free shipping from 50.00; 21 % VAT is 12.915 -> 12.92.
+GRACE_OUTPUT = {
+    "charges": {
+        "subtotal_cents": 6150,
+        "shipping_cents": 0,
+        "tax_cents": 1292,
+        "total_cents": 7442,
+    },
+    "confirmation": {
+        "order_id": "1002",
+        "customer": "grace@example.com",
+        "reservation": "res-order-1002",
+        "message": "order 1002: 4 item(s), 74.42 EUR, confirmed",
+    },
+}
+
+
+@pytest.fixture
+def orders_dir(tmp_path: Path) -> Path:
+    """A copy of examples/orders, so that the test can write out_of_stock.txt beside the
+    steps module as a user would, without touching the repository's copy."""
+    target = tmp_path / "orders"
+    ignored = shutil.ignore_patterns("__pycache__", "out_of_stock.txt")
+    shutil.copytree(EXAMPLE, target, ignore=ignored)
+    return target
+
+
+def _ductor(settings: Settings, cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [DUCTOR, *args],
+        env=child_env(settings),
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
+@pytest.fixture
+def orders(settings: Settings, pg: psycopg.Connection[Any], orders_dir: Path) -> Iterator[Path]:
+    """The example registered on a database that has never seen it, with `ductor process`
+    and `ductor worker --app steps:registry` running in its directory; yields the directory."""
+    # Registered versions are immutable: start from none, as a new user's database does.
+    pg.execute("DELETE FROM eec_workflow_definition WHERE name = 'orders'")
+    registered = _ductor(settings, orders_dir, "workflows", "register", "workflow.json")
+    assert (registered.returncode, registered.stdout) == (0, "workflow orders v1 registered\n")
+    services: list[tuple[subprocess.Popen[bytes], Path]] = []
+    for args in (["process"], ["worker", "--app", "steps:registry"]):
+        log = orders_dir / f"{args[0]}.log"
+        with log.open("wb") as out:
+            proc = subprocess.Popen(
+                [DUCTOR, *args], env=child_env(settings), cwd=orders_dir, stdout=out, stderr=out
+            )
+        services.append((proc, log))
+    try:
+        yield orders_dir
+        for proc, log in services:
+            assert proc.poll() is None, f"{log.name} exited: {log.read_text()[-2000:]}"
+    finally:
+        for proc, _ in services:
+            proc.terminate()
+        for proc, _ in services:
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(10)
+
+
+def _start(settings: Settings, cwd: Path, run_id: str, run_input: dict[str, Any]) -> None:
+    started = _ductor(
+        settings,
+        cwd,
+        "start",
+        "orders",
+        "--run-id",
+        run_id,
+        "--input",
+        orjson.dumps(run_input).decode(),
+    )
+    assert (started.returncode, started.stdout) == (0, f"{run_id}\n"), started.stderr
+
+
+def _attempts(pg: psycopg.Connection[Any], run_id: str) -> dict[str, list[tuple[int, str]]]:
+    rows = pg.execute(
+        "SELECT node_id, attempt, outcome FROM eec_step_result WHERE run_id = %s"
+        " ORDER BY node_id, attempt",
+        (run_id,),
+    ).fetchall()
+    found: dict[str, list[tuple[int, str]]] = {}
+    for node, attempt, outcome in rows:
+        found.setdefault(node, []).append((attempt, outcome))
+    return found
+
+
+def test_an_order_runs_through_the_example_and_gives_its_declared_output(
+    settings: Settings, orders: Path
+) -> None:
+    _start(settings, orders, "order-1001", ADA)
+    shown = _ductor(settings, orders, "result", "order-1001", "--wait", "60")
+    assert shown.returncode == 0, shown.stderr
+    assert orjson.loads(shown.stdout) == ADA_OUTPUT
+    assert shown.stdout.count("\n") == 1  # one line of JSON
+
+    inspected = _ductor(settings, orders, "inspect", "order-1001")
+    assert inspected.returncode == 0, inspected.stdout
+    lines = inspected.stdout.splitlines()
+    assert "status     succeeded" in lines
+    output_lines = [line for line in lines if line.startswith("output ")]
+    assert len(output_lines) == 1, inspected.stdout
+    assert orjson.loads(output_lines[0].removeprefix("output")) == ADA_OUTPUT
+    nodes = [line.split()[:2] for line in lines[lines.index("nodes:") + 1 :]]
+    assert nodes == [
+        ["validate", "succeeded"],
+        ["price", "succeeded"],
+        ["reserve", "succeeded"],
+        ["confirm", "succeeded"],
+    ]
+
+
+def test_an_order_out_of_stock_fails_and_a_retry_finishes_it_once_restocked(
+    settings: Settings, pg: psycopg.Connection[Any], orders: Path
+) -> None:
+    """Grace orders an umbrella while it is out of stock: `reserve` fails its 3 attempts and
+    the run fails, while Ada's order (no umbrella) succeeds meanwhile and an order to a
+    country the shop does not ship to fails at once in `validate`. Once restocked, `ductor
+    runs retry` runs `reserve` and `confirm` only, and the run gives its output."""
+    (orders / "out_of_stock.txt").write_text("umbrella\n")
+    _start(settings, orders, "order-1002", GRACE)
+    _start(settings, orders, "order-1001", ADA)
+    _start(settings, orders, "order-1003", {**ADA, "order_id": "1003", "country": "US"})
+
+    failed = _ductor(settings, orders, "result", "order-1002", "--wait", "60")
+    assert (failed.returncode, failed.stdout) == (1, ""), failed.stderr
+    assert failed.stderr == (
+        "run order-1002 failed: step 'reserve' failed after 3 attempt(s):"
+        " StepFailed: out of stock: umbrella\n"
+    )
+    refused = _ductor(settings, orders, "result", "order-1003", "--wait", "60")
+    assert refused.returncode == 1
+    assert "step 'validate' failed after 1 attempt(s): StepFailed: we do not ship to 'US'" in (
+        refused.stderr
+    )
+    ada = _ductor(settings, orders, "result", "order-1001", "--wait", "60")
+    assert ada.returncode == 0, ada.stderr
+    assert orjson.loads(ada.stdout) == ADA_OUTPUT
+
+    listed = _ductor(settings, orders, "runs", "list", "--workflow", "orders", "--status", "failed")
+    assert [line.split()[0] for line in listed.stdout.splitlines()[1:]] == [
+        "order-1003",
+        "order-1002",
+    ]
+
+    (orders / "out_of_stock.txt").unlink()  # restocked
+    retried = _ductor(settings, orders, "runs", "retry", "order-1002")
+    assert retried.returncode == 0, retried.stderr
+    assert retried.stdout == "run order-1002 resumed; running again: reserve, confirm\n"
+    shown = _ductor(settings, orders, "result", "order-1002", "--wait", "60")
+    assert shown.returncode == 0, shown.stderr
+    assert orjson.loads(shown.stdout) == GRACE_OUTPUT
+    assert _attempts(pg, "order-1002") == {
+        "validate": [(1, "succeeded")],
+        "price": [(1, "succeeded")],
+        "reserve": [(1, "failed"), (2, "failed"), (3, "failed"), (4, "succeeded")],
+        "confirm": [(1, "succeeded")],
+    }
