@@ -152,6 +152,26 @@ def run_ductor(settings: Settings, *args: str) -> subprocess.CompletedProcess[st
     )
 
 
+# The installed console script, as a user runs it: `python -m processor` would put the
+# current directory on the import path by itself and hide whether `--app` does.
+DUCTOR_SCRIPT = str(Path(sys.executable).with_name("ductor"))
+
+
+def run_ductor_script(
+    settings: Settings, cwd: Path, *args: str
+) -> subprocess.CompletedProcess[str]:
+    """The installed `ductor ARGS...` run in ``cwd`` to its end, its output captured as text."""
+    return subprocess.run(
+        [DUCTOR_SCRIPT, *args],
+        env=child_env(settings),
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
 class Spawned:
     """A `ductor` subprocess whose stderr (JSON logs) is captured to a file."""
 

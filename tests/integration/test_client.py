@@ -5,7 +5,6 @@ signal, `ductor result`, `ductor runs list`, and `ductor runs retry` of a failed
 from __future__ import annotations
 
 import subprocess
-import sys
 import threading
 import time
 import uuid
@@ -25,13 +24,18 @@ from processor.io.runs_admin import insert_runs, register_workflow
 from processor.io.store import Definitions, force_fail_write, load_runs
 
 from .audit import assert_results_applied, assert_transitions_applied_once
-from .conftest import WorkerThread, child_env, run_ductor, sample_workflow, wait_for
+from .conftest import (
+    DUCTOR_SCRIPT,
+    WorkerThread,
+    child_env,
+    run_ductor,
+    run_ductor_script,
+    sample_workflow,
+    wait_for,
+)
 
 pytestmark = pytest.mark.integration
 
-# The installed `ductor` script (not `python -m processor`, which would put the current
-# directory on the import path by itself and hide whether `--app` does).
-DUCTOR = str(Path(sys.executable).with_name("ductor"))
 
 STEPS_MODULE = '''
 """Step functions of a test: `gate` fails while a file named gate-closed is beside this
@@ -68,18 +72,6 @@ def hold(ctx: StepContext) -> dict:
 '''
 
 
-def _ductor(settings: Settings, cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [DUCTOR, *args],
-        env=child_env(settings),
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-
-
 @pytest.fixture
 def app_dir(tmp_path: Path) -> Path:
     """A directory holding the steps module `teststeps.py` (and nothing installed)."""
@@ -93,7 +85,7 @@ def app_worker(settings: Settings, app_dir: Path) -> Iterator[subprocess.Popen[b
     """`ductor worker --app teststeps:registry`, started in ``app_dir``."""
     with (app_dir / "worker.log").open("wb") as log:
         proc = subprocess.Popen(
-            [DUCTOR, "worker", "--app", "teststeps:registry", "--threads", "4"],
+            [DUCTOR_SCRIPT, "worker", "--app", "teststeps:registry", "--threads", "4"],
             env=child_env(settings),
             cwd=app_dir,
             stdout=log,
@@ -145,7 +137,7 @@ def test_a_worker_refuses_an_app_it_cannot_use_with_exit_2(
     base_settings: Settings, app_dir: Path, app: str, message: str
 ) -> None:
     started = time.monotonic()
-    done = _ductor(base_settings, app_dir, "worker", "--app", app)
+    done = run_ductor_script(base_settings, app_dir, "worker", "--app", app)
     assert done.returncode == 2, done.stderr
     assert message in done.stderr
     assert len(done.stderr.strip().splitlines()) == 1, done.stderr  # one sentence, no traceback

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import shutil
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -19,14 +18,13 @@ import pytest
 
 from processor.io.config import Settings
 
-from .conftest import REPO, child_env
+from .conftest import DUCTOR_SCRIPT, REPO, child_env, run_ductor_script
 
 pytestmark = pytest.mark.integration
 
 EXAMPLE = REPO / "examples" / "orders"
 # The installed `ductor` script, as the example's README runs it (`python -m processor` would
 # put the current directory on the import path by itself and hide whether `--app` does).
-DUCTOR = str(Path(sys.executable).with_name("ductor"))
 
 ADA = {
     "order_id": "1001",
@@ -88,32 +86,24 @@ def orders_dir(tmp_path: Path) -> Path:
     return target
 
 
-def _ductor(settings: Settings, cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [DUCTOR, *args],
-        env=child_env(settings),
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-
-
 @pytest.fixture
 def orders(settings: Settings, pg: psycopg.Connection[Any], orders_dir: Path) -> Iterator[Path]:
     """The example registered on a database that has never seen it, with `ductor process`
     and `ductor worker --app steps:registry` running in its directory; yields the directory."""
     # Registered versions are immutable: start from none, as a new user's database does.
     pg.execute("DELETE FROM eec_workflow_definition WHERE name = 'orders'")
-    registered = _ductor(settings, orders_dir, "workflows", "register", "workflow.json")
+    registered = run_ductor_script(settings, orders_dir, "workflows", "register", "workflow.json")
     assert (registered.returncode, registered.stdout) == (0, "workflow orders v1 registered\n")
     services: list[tuple[subprocess.Popen[bytes], Path]] = []
     for args in (["process"], ["worker", "--app", "steps:registry"]):
         log = orders_dir / f"{args[0]}.log"
         with log.open("wb") as out:
             proc = subprocess.Popen(
-                [DUCTOR, *args], env=child_env(settings), cwd=orders_dir, stdout=out, stderr=out
+                [DUCTOR_SCRIPT, *args],
+                env=child_env(settings),
+                cwd=orders_dir,
+                stdout=out,
+                stderr=out,
             )
         services.append((proc, log))
     try:
@@ -132,7 +122,7 @@ def orders(settings: Settings, pg: psycopg.Connection[Any], orders_dir: Path) ->
 
 
 def _start(settings: Settings, cwd: Path, run_id: str, run_input: dict[str, Any]) -> None:
-    started = _ductor(
+    started = run_ductor_script(
         settings,
         cwd,
         "start",
@@ -161,12 +151,12 @@ def test_an_order_runs_through_the_example_and_gives_its_declared_output(
     settings: Settings, orders: Path
 ) -> None:
     _start(settings, orders, "order-1001", ADA)
-    shown = _ductor(settings, orders, "result", "order-1001", "--wait", "60")
+    shown = run_ductor_script(settings, orders, "result", "order-1001", "--wait", "60")
     assert shown.returncode == 0, shown.stderr
     assert orjson.loads(shown.stdout) == ADA_OUTPUT
     assert shown.stdout.count("\n") == 1  # one line of JSON
 
-    inspected = _ductor(settings, orders, "inspect", "order-1001")
+    inspected = run_ductor_script(settings, orders, "inspect", "order-1001")
     assert inspected.returncode == 0, inspected.stdout
     lines = inspected.stdout.splitlines()
     assert "status     succeeded" in lines
@@ -194,32 +184,34 @@ def test_an_order_out_of_stock_fails_and_a_retry_finishes_it_once_restocked(
     _start(settings, orders, "order-1001", ADA)
     _start(settings, orders, "order-1003", {**ADA, "order_id": "1003", "country": "US"})
 
-    failed = _ductor(settings, orders, "result", "order-1002", "--wait", "60")
+    failed = run_ductor_script(settings, orders, "result", "order-1002", "--wait", "60")
     assert (failed.returncode, failed.stdout) == (1, ""), failed.stderr
     assert failed.stderr == (
         "run order-1002 failed: step 'reserve' failed after 3 attempt(s):"
         " StepFailed: out of stock: umbrella\n"
     )
-    refused = _ductor(settings, orders, "result", "order-1003", "--wait", "60")
+    refused = run_ductor_script(settings, orders, "result", "order-1003", "--wait", "60")
     assert refused.returncode == 1
     assert "step 'validate' failed after 1 attempt(s): StepFailed: we do not ship to 'US'" in (
         refused.stderr
     )
-    ada = _ductor(settings, orders, "result", "order-1001", "--wait", "60")
+    ada = run_ductor_script(settings, orders, "result", "order-1001", "--wait", "60")
     assert ada.returncode == 0, ada.stderr
     assert orjson.loads(ada.stdout) == ADA_OUTPUT
 
-    listed = _ductor(settings, orders, "runs", "list", "--workflow", "orders", "--status", "failed")
+    listed = run_ductor_script(
+        settings, orders, "runs", "list", "--workflow", "orders", "--status", "failed"
+    )
     assert [line.split()[0] for line in listed.stdout.splitlines()[1:]] == [
         "order-1003",
         "order-1002",
     ]
 
     (orders / "out_of_stock.txt").unlink()  # restocked
-    retried = _ductor(settings, orders, "runs", "retry", "order-1002")
+    retried = run_ductor_script(settings, orders, "runs", "retry", "order-1002")
     assert retried.returncode == 0, retried.stderr
     assert retried.stdout == "run order-1002 resumed; running again: reserve, confirm\n"
-    shown = _ductor(settings, orders, "result", "order-1002", "--wait", "60")
+    shown = run_ductor_script(settings, orders, "result", "order-1002", "--wait", "60")
     assert shown.returncode == 0, shown.stderr
     assert orjson.loads(shown.stdout) == GRACE_OUTPUT
     assert _attempts(pg, "order-1002") == {
