@@ -24,13 +24,8 @@ from processor.client import (
     start_runs,
     wait_for_run,
 )
-from processor.core.model import (
-    RunStatus,
-    SignalKind,
-    ValidationError,
-    parse_workflow,
-    state_checksum,
-)
+from processor.core.model import RunStatus, SignalKind, state_checksum
+from processor.core.workflow import ValidationError, parse_workflow
 from processor.io.config import Settings
 from processor.io.runs_admin import register_workflow, run_columns, run_result
 from processor.io.store import Definitions, load_runs

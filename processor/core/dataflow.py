@@ -19,8 +19,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, NamedTuple
 
-from processor.core.model import LoadedRun, NodeState, RunState, RunStatus, StepDef, WorkflowDef
+from processor.core.model import LoadedRun, NodeState, RunState, RunStatus
 from processor.core.step_task import DepAttempts, StepData
+from processor.core.workflow import StepDef, WorkflowDef
 
 _RUN_SUCCEEDED = RunStatus.SUCCEEDED
 

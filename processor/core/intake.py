@@ -24,10 +24,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from processor.core.envelope import Rejected, decode_wakeup
-from processor.core.model import MAX_BACKOFF_MS
 from processor.core.outcomes import DeadLetterReason
 from processor.core.records import Inbound, KafkaMessage, normalise_headers
 from processor.core.routing import DELAY_RUNGS_MS, TopicNames
+from processor.core.workflow import MAX_BACKOFF_MS
 
 CLOCK_TOLERANCE_MS = 60_000  # producers' clocks may be this far ahead of ours
 

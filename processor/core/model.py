@@ -1,7 +1,7 @@
-"""The data of the pure core: workflow definitions, run state, step results, and the checksum.
+"""The data of the pure core about runs: statuses, run state, step results, the loaded run, and
+the checksum (workflow definitions are in workflow.py).
 
-Everything here is a frozen value with no I/O. Parsing from JSON raises ``ValidationError`` with
-a message that names the offending field; serialising is canonical (sorted keys), so the
+Everything here is a frozen value with no I/O; serialising is canonical (sorted keys), so the
 checksum of a state is the same wherever it is computed.
 """
 
@@ -11,15 +11,11 @@ import hashlib
 from collections.abc import Mapping
 from dataclasses import InitVar, dataclass, field, replace
 from enum import StrEnum
-from functools import cached_property
-from graphlib import CycleError, TopologicalSorter
 from typing import Any, NamedTuple
 
 import orjson
 
-
-class ValidationError(ValueError):
-    """Input that cannot be accepted; the message says what is wrong and where."""
+from processor.core.workflow import WorkflowDef
 
 
 class RunStatus(StrEnum):
@@ -51,239 +47,6 @@ class NodeStatus(StrEnum):
 
 _NODE_STATUSES = {s.value: s for s in NodeStatus}
 _RUN_STATUSES = {s.value: s for s in RunStatus}
-
-# ---------------------------------------------------------------------------------------------
-# Workflow definitions
-
-
-# The longest wait between two attempts a workflow may declare: a retry timer's target is
-# never further ahead than this (intake.py rejects a wakeup that says otherwise).
-MAX_BACKOFF_MS = 7 * 24 * 3600 * 1000
-
-
-@dataclass(frozen=True)
-class RetryPolicy:
-    max_attempts: int = 3
-    backoff_ms: int = 100
-    backoff_multiplier: float = 2.0
-    max_backoff_ms: int = 60_000
-
-    def delay_after(self, attempt: int) -> int:
-        """The wait before attempt ``attempt + 1`` once attempt ``attempt`` (from 1) failed."""
-        raw = self.backoff_ms * self.backoff_multiplier ** max(0, attempt - 1)
-        return int(min(raw, self.max_backoff_ms))
-
-
-@dataclass(frozen=True)
-class StepDef:
-    name: str
-    step_type: str
-    depends_on: tuple[str, ...] = ()
-    retry: RetryPolicy = field(default_factory=RetryPolicy)
-    timeout_ms: int = 30_000
-
-
-@dataclass(frozen=True)
-class WorkflowOutput:
-    """What a succeeded run stores as its output (``eec_workflow_run.output``): the output of
-    one step (``step``), or a mapping of names to steps' outputs (``fields``, in order)."""
-
-    step: str | None = None
-    fields: tuple[tuple[str, str], ...] = ()
-
-    def to_json(self) -> str | dict[str, str]:
-        return self.step if self.step is not None else dict(self.fields)
-
-
-@dataclass(frozen=True)
-class WorkflowDef:
-    name: str
-    version: int
-    steps: tuple[StepDef, ...]
-    output: WorkflowOutput | None = None  # None: the workflow declares no output
-
-    @property
-    def key(self) -> tuple[str, int]:
-        return (self.name, self.version)
-
-    @cached_property
-    def step_map(self) -> dict[str, StepDef]:
-        """Steps by name (computed once per definition; definitions are immutable)."""
-        return {s.name: s for s in self.steps}
-
-    def step(self, name: str) -> StepDef:
-        for step in self.steps:
-            if step.name == name:
-                return step
-        raise KeyError(name)
-
-
-def _require(obj: Mapping[str, Any], key: str, kind: type | tuple[type, ...], where: str) -> Any:
-    if key not in obj:
-        raise ValidationError(f"{where}: missing required field {key!r}")
-    value = obj[key]
-    if not isinstance(value, kind) or (isinstance(value, bool) and kind is not bool):
-        raise ValidationError(f"{where}.{key}: expected {_kind_name(kind)}, got {value!r}")
-    return value
-
-
-def _optional(
-    obj: Mapping[str, Any], key: str, kind: type | tuple[type, ...], where: str, default: Any
-) -> Any:
-    if key not in obj:
-        return default
-    return _require(obj, key, kind, where)
-
-
-def _kind_name(kind: type | tuple[type, ...]) -> str:
-    if isinstance(kind, tuple):
-        return " or ".join(k.__name__ for k in kind)
-    return kind.__name__
-
-
-def _check_keys(obj: Mapping[str, Any], allowed: set[str], where: str) -> None:
-    unknown = sorted(set(obj) - allowed)
-    if unknown:
-        raise ValidationError(f"{where}: unknown field(s) {', '.join(unknown)}")
-
-
-def parse_retry(raw: Any, where: str) -> RetryPolicy:
-    if not isinstance(raw, dict):
-        raise ValidationError(f"{where}: expected an object")
-    _check_keys(raw, {"max_attempts", "backoff_ms", "backoff_multiplier", "max_backoff_ms"}, where)
-    policy = RetryPolicy(
-        max_attempts=_optional(raw, "max_attempts", int, where, 3),
-        backoff_ms=_optional(raw, "backoff_ms", int, where, 100),
-        backoff_multiplier=float(_optional(raw, "backoff_multiplier", (int, float), where, 2.0)),
-        max_backoff_ms=_optional(raw, "max_backoff_ms", int, where, 60_000),
-    )
-    if not 1 <= policy.max_attempts <= 100:
-        raise ValidationError(f"{where}.max_attempts: must be between 1 and 100")
-    if policy.backoff_ms < 0 or policy.max_backoff_ms < 0:
-        raise ValidationError(f"{where}: backoff values must be >= 0")
-    if max(policy.backoff_ms, policy.max_backoff_ms) > MAX_BACKOFF_MS:
-        raise ValidationError(f"{where}: backoff values must be at most {MAX_BACKOFF_MS} ms")
-    if not 1.0 <= policy.backoff_multiplier <= 10.0:
-        raise ValidationError(f"{where}.backoff_multiplier: must be between 1 and 10")
-    return policy
-
-
-def parse_workflow(raw: Any) -> WorkflowDef:
-    """Validate a workflow definition (see schemas/workflow.schema.json) into a WorkflowDef."""
-    if not isinstance(raw, dict):
-        raise ValidationError("workflow: expected a JSON object")
-    _check_keys(raw, {"name", "version", "steps", "description", "output"}, "workflow")
-    if not isinstance(raw.get("description", ""), str):
-        raise ValidationError("workflow.description: expected str")
-    name = _require(raw, "name", str, "workflow")
-    if not name or len(name) > 200:
-        raise ValidationError("workflow.name: must be 1 to 200 characters")
-    version = _require(raw, "version", int, "workflow")
-    if version < 1:
-        raise ValidationError("workflow.version: must be >= 1")
-    raw_steps = _require(raw, "steps", list, "workflow")
-    if not raw_steps:
-        raise ValidationError("workflow.steps: a workflow needs at least one step")
-    steps: list[StepDef] = []
-    for i, raw_step in enumerate(raw_steps):
-        where = f"workflow.steps[{i}]"
-        if not isinstance(raw_step, dict):
-            raise ValidationError(f"{where}: expected an object")
-        _check_keys(raw_step, {"name", "type", "depends_on", "retry", "timeout_ms"}, where)
-        deps = _optional(raw_step, "depends_on", list, where, [])
-        if not all(isinstance(d, str) for d in deps):
-            raise ValidationError(f"{where}.depends_on: expected a list of step names")
-        if len(set(deps)) != len(deps):
-            raise ValidationError(f"{where}.depends_on: a dependency is listed twice")
-        if not _require(raw_step, "type", str, where):
-            raise ValidationError(f"{where}.type: must not be empty")
-        timeout_ms = _optional(raw_step, "timeout_ms", int, where, 30_000)
-        if timeout_ms < 1:
-            raise ValidationError(f"{where}.timeout_ms: must be >= 1")
-        steps.append(
-            StepDef(
-                name=_require(raw_step, "name", str, where),
-                step_type=_require(raw_step, "type", str, where),
-                depends_on=tuple(deps),
-                retry=parse_retry(raw_step.get("retry", {}), f"{where}.retry"),
-                timeout_ms=timeout_ms,
-            )
-        )
-    _check_graph(steps)
-    output = _parse_output(raw["output"], steps) if "output" in raw else None
-    return WorkflowDef(name=name, version=version, steps=tuple(steps), output=output)
-
-
-def _parse_output(raw: Any, steps: list[StepDef]) -> WorkflowOutput:
-    names = {s.name for s in steps}
-    if isinstance(raw, str):
-        if raw not in names:
-            raise ValidationError(f"workflow.output: {raw!r} is not a step of this workflow")
-        return WorkflowOutput(step=raw)
-    if not isinstance(raw, dict):
-        raise ValidationError(
-            f"workflow.output: expected a step name or an object of names to step names,"
-            f" got {raw!r}"
-        )
-    if not raw:
-        raise ValidationError("workflow.output: an object of names needs at least one name")
-    for key, step in raw.items():
-        if not key:
-            raise ValidationError("workflow.output: a name is empty")
-        if not isinstance(step, str):
-            raise ValidationError(f"workflow.output.{key}: expected a step name, got {step!r}")
-        if step not in names:
-            raise ValidationError(f"workflow.output.{key}: {step!r} is not a step of this workflow")
-    return WorkflowOutput(fields=tuple(raw.items()))
-
-
-def _check_graph(steps: list[StepDef]) -> None:
-    names = [s.name for s in steps]
-    seen: set[str] = set()
-    for n in names:
-        if not n:
-            raise ValidationError("workflow.steps: a step name is empty")
-        if n in seen:
-            raise ValidationError(f"workflow.steps: step name {n!r} is used twice")
-        seen.add(n)
-    for s in steps:
-        for d in s.depends_on:
-            if d not in seen:
-                raise ValidationError(f"workflow.steps: {s.name!r} depends on unknown step {d!r}")
-            if d == s.name:
-                raise ValidationError(f"workflow.steps: {s.name!r} depends on itself")
-    try:
-        TopologicalSorter({s.name: s.depends_on for s in steps}).prepare()
-    except CycleError as exc:
-        # The second argument is one cycle found, its first step repeated at its end.
-        on_cycle = sorted(set(exc.args[1]))
-        raise ValidationError(f"workflow.steps: dependency cycle among {on_cycle}") from None
-
-
-def workflow_to_json(wf: WorkflowDef) -> dict[str, Any]:
-    raw = {
-        "name": wf.name,
-        "version": wf.version,
-        "steps": [
-            {
-                "name": s.name,
-                "type": s.step_type,
-                "depends_on": list(s.depends_on),
-                "retry": {
-                    "max_attempts": s.retry.max_attempts,
-                    "backoff_ms": s.retry.backoff_ms,
-                    "backoff_multiplier": s.retry.backoff_multiplier,
-                    "max_backoff_ms": s.retry.max_backoff_ms,
-                },
-                "timeout_ms": s.timeout_ms,
-            }
-            for s in wf.steps
-        ],
-    }
-    if wf.output is not None:  # absent otherwise: definitions from before outputs are unchanged
-        raw["output"] = wf.output.to_json()
-    return raw
-
 
 # ---------------------------------------------------------------------------------------------
 # Run state

@@ -30,8 +30,8 @@ from typing import Any, NamedTuple
 import orjson
 
 from processor.core.envelope import MAX_ATTEMPT, MAX_EPOCH_MS
-from processor.core.model import ValidationError
 from processor.core.routing import TIERS
+from processor.core.workflow import ValidationError
 
 STEP_TASK_VERSION = 1
 

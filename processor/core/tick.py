@@ -39,11 +39,10 @@ from processor.core.model import (
     RunState,
     RunStatus,
     SignalKind,
-    StepDef,
     StepOutcome,
     StepResult,
-    WorkflowDef,
 )
+from processor.core.workflow import StepDef, WorkflowDef
 
 # The enum members the tick compares against, as module globals: on Python 3.11 reading
 # `NodeStatus.DISPATCHED` goes through the enum's metaclass (~130 ns), dozens of times a tick.

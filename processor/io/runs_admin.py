@@ -14,16 +14,9 @@ from typing import Any
 import orjson
 import psycopg
 
-from processor.core.model import (
-    RunStatus,
-    SignalKind,
-    WorkflowDef,
-    initial_state,
-    parse_workflow,
-    state_checksum,
-    workflow_to_json,
-)
+from processor.core.model import RunStatus, SignalKind, initial_state, state_checksum
 from processor.core.routing import run_shard
+from processor.core.workflow import WorkflowDef, parse_workflow, workflow_to_json
 
 
 @dataclass(frozen=True)

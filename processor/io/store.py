@@ -27,14 +27,12 @@ from processor.core.model import (
     StepResult,
     UnknownWorkflow,
     UnreadableRun,
-    ValidationError,
-    WorkflowDef,
-    parse_workflow,
     row_checksum,
     state_checksum,
     state_from_row,
 )
 from processor.core.step_task import MAX_INLINE_DATA_BYTES
+from processor.core.workflow import ValidationError, WorkflowDef, parse_workflow
 
 
 def use_orjson(conn: psycopg.Connection[Any]) -> psycopg.Connection[Any]:

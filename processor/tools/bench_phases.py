@@ -22,8 +22,8 @@ from psycopg.conninfo import conninfo_to_dict
 
 from processor.client import wake
 from processor.core.envelope import Wakeup
-from processor.core.model import WorkflowDef, parse_workflow
 from processor.core.routing import TopicNames
+from processor.core.workflow import WorkflowDef, parse_workflow
 from processor.io.config import Settings, settings_env
 from processor.io.kafka import choose_partition, produce, producer_config
 from processor.io.migrate import migrate

@@ -40,7 +40,7 @@ import orjson
 from confluent_kafka.admin import AdminClient, ConfigResource  # type: ignore[attr-defined]
 
 from infra.local import StopMode
-from processor.core.model import WorkflowDef, parse_workflow
+from processor.core.workflow import WorkflowDef, parse_workflow
 from processor.io.config import ConfigError, Settings, load_settings
 from processor.io.migrate import migrate
 from processor.io.runs_admin import (

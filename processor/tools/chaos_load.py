@@ -20,8 +20,8 @@ import psycopg
 from confluent_kafka import KafkaError, Producer
 
 from processor.core.envelope import Wakeup
-from processor.core.model import WorkflowDef
 from processor.core.routing import TopicNames
+from processor.core.workflow import WorkflowDef
 from processor.io.config import Settings
 from processor.io.kafka import produce, producer_config, topic_partitions
 from processor.io.runs_admin import insert_runs

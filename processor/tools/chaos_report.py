@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from processor.core.model import WorkflowDef
+from processor.core.workflow import WorkflowDef
 from processor.io.runs_admin import (
     count_outbox_with_prefix,
     live_runs_with_prefix,

@@ -27,8 +27,9 @@ from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient
 
 from processor.core.envelope import Wakeup
-from processor.core.model import SignalKind, WorkflowDef, parse_workflow
+from processor.core.model import SignalKind
 from processor.core.routing import TopicNames, partition_for
+from processor.core.workflow import WorkflowDef, parse_workflow
 from processor.io.config import Settings, settings_env
 from processor.io.kafka import produce, producer_config, topic_partitions
 from processor.io.logs import read_stats

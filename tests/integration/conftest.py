@@ -27,9 +27,9 @@ from confluent_kafka.admin import AdminClient
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
 from processor.core.envelope import Wakeup
-from processor.core.model import WorkflowDef, parse_workflow
 from processor.core.routing import TopicNames
 from processor.core.stats import Stats
+from processor.core.workflow import WorkflowDef, parse_workflow
 from processor.engine.faults import NO_FAULTS, Faults
 from processor.engine.processor import Processor
 from processor.engine.steps import StepRegistry, sample_registry

@@ -18,8 +18,8 @@ import psycopg
 import pytest
 from confluent_kafka import Consumer, KafkaException, TopicPartition
 
-from processor.core.model import parse_workflow
 from processor.core.records import Headers, normalise_headers
+from processor.core.workflow import parse_workflow
 from processor.io.config import Settings
 from processor.io.runs_admin import insert_runs, register_workflow
 

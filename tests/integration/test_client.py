@@ -17,8 +17,9 @@ import psycopg
 import pytest
 
 from processor import client
-from processor.core.model import LoadedRun, RunStatus, SignalKind, parse_workflow
+from processor.core.model import LoadedRun, RunStatus, SignalKind
 from processor.core.tick import force_fail
+from processor.core.workflow import parse_workflow
 from processor.io.config import Settings
 from processor.io.runs_admin import insert_runs, register_workflow
 from processor.io.store import Definitions, force_fail_write, load_runs

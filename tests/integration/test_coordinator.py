@@ -15,9 +15,9 @@ from confluent_kafka import Consumer
 
 from processor.client import start_runs
 from processor.core.envelope import Wakeup, decode_wakeup
-from processor.core.model import WorkflowDef, parse_workflow
 from processor.core.records import normalise_headers
 from processor.core.routing import TopicNames
+from processor.core.workflow import WorkflowDef, parse_workflow
 from processor.io.config import Settings
 from processor.io.runs_admin import insert_runs, register_workflow
 

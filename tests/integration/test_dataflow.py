@@ -13,9 +13,9 @@ import pytest
 from confluent_kafka import Consumer, Producer
 
 from processor.client import start_runs
-from processor.core.model import WorkflowDef, parse_workflow
 from processor.core.routing import TopicNames
 from processor.core.step_task import MAX_INLINE_DATA_BYTES, StepTask
+from processor.core.workflow import WorkflowDef, parse_workflow
 from processor.io.config import Settings
 from processor.io.kafka import producer_config
 from processor.io.runs_admin import register_workflow

@@ -27,8 +27,8 @@ from confluent_kafka.admin import (  # type: ignore[attr-defined]
 
 from processor.client import start_runs
 from processor.core.envelope import Wakeup
-from processor.core.model import parse_workflow
 from processor.core.routing import TopicNames
+from processor.core.workflow import parse_workflow
 from processor.io.config import Settings
 from processor.io.dlq import read_dead_letters
 from processor.io.kafka import produce, producer_config

@@ -17,9 +17,9 @@ import psycopg
 import pytest
 from confluent_kafka import Consumer, TopicPartition
 
-from processor.core.model import parse_workflow
 from processor.core.records import normalise_headers
 from processor.core.routing import TopicNames
+from processor.core.workflow import parse_workflow
 from processor.io.config import Settings
 from processor.io.dlq import DeadLetter, read_dead_letters
 from processor.io.runs_admin import insert_runs

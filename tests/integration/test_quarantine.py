@@ -13,7 +13,7 @@ import orjson
 import psycopg
 import pytest
 
-from processor.core.model import parse_workflow
+from processor.core.workflow import parse_workflow
 from processor.io.config import Settings
 from processor.io.dlq import DeadLetter, read_dead_letters
 from processor.io.runs_admin import insert_runs, register_workflow

@@ -18,8 +18,8 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import SpanKind, StatusCode
 
 from processor.core.envelope import Wakeup
-from processor.core.model import parse_workflow
 from processor.core.routing import TopicNames
+from processor.core.workflow import parse_workflow
 from processor.io.config import Settings
 from processor.io.runs_admin import insert_runs
 from processor.io.telemetry import Telemetry

@@ -17,7 +17,7 @@ from confluent_kafka.admin import AdminClient
 
 from infra.local import StopMode
 from processor.client import start_runs
-from processor.core.model import WorkflowDef, parse_workflow
+from processor.core.workflow import WorkflowDef, parse_workflow
 from processor.engine.steps import StepContext, StepRegistry, sample_registry
 from processor.io.config import Settings
 from processor.io.runs_admin import register_workflow

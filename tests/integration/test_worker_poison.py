@@ -13,9 +13,9 @@ from confluent_kafka import Producer
 
 from processor.client import start_runs
 from processor.core.dead_letters import SOURCE_TOPIC
-from processor.core.model import parse_workflow
 from processor.core.routing import TopicNames
 from processor.core.step_task import StepTask
+from processor.core.workflow import parse_workflow
 from processor.engine.steps import StepContext, sample_registry
 from processor.io.config import Settings
 from processor.io.dlq import read_dead_letters

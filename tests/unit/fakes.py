@@ -8,16 +8,10 @@ from dataclasses import dataclass, field
 from processor.core.decide import BatchItem
 from processor.core.envelope import Wakeup
 from processor.core.intake import Accepted, Verdict, admit
-from processor.core.model import (
-    LoadedRun,
-    RunState,
-    WorkflowDef,
-    initial_state,
-    parse_workflow,
-    state_checksum,
-)
+from processor.core.model import LoadedRun, RunState, initial_state, state_checksum
 from processor.core.records import ClientError, Inbound
 from processor.core.routing import TopicNames
+from processor.core.workflow import WorkflowDef, parse_workflow
 
 NAMES = TopicNames("t")
 MAX_BYTES = 65536

@@ -23,11 +23,10 @@ from processor.core.model import (
     SignalKind,
     StepOutcome,
     StepResult,
-    WorkflowDef,
     initial_state,
-    parse_workflow,
 )
 from processor.core.tick import Decision, force_fail, tick
+from processor.core.workflow import WorkflowDef, parse_workflow
 
 # Fast enough for the whole tests/unit suite to stay well under 30 s.
 FAST = settings(

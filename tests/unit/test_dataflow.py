@@ -19,14 +19,12 @@ from processor.core.model import (
     RunStatus,
     StepOutcome,
     StepResult,
-    WorkflowDef,
-    WorkflowOutput,
     initial_state,
-    parse_workflow,
     state_checksum,
 )
 from processor.core.step_task import StepData, decode_step_task
 from processor.core.tick import tick
+from processor.core.workflow import WorkflowDef, WorkflowOutput, parse_workflow
 
 from .fakes import NAMES, NOW_MS
 from .strategies import FAST, Run, TickInputs, runs, tick_inputs

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from jsonschema import Draft202012Validator
 
-from processor.core.model import parse_workflow
+from processor.core.workflow import parse_workflow
 from processor.engine.steps import StepContext, StepFailed, StepRegistry
 
 REPO = Path(__file__).resolve().parents[2]

@@ -1,5 +1,5 @@
 """Workflow parsing and validation, RetryPolicy, RunState helpers, checksum and rows
-(processor/model.py)."""
+(processor/core/workflow.py, processor/core/model.py)."""
 
 from __future__ import annotations
 
@@ -14,16 +14,18 @@ from processor.core.model import (
     LoadedRun,
     NodeState,
     NodeStatus,
-    RetryPolicy,
     RunState,
     RunStatus,
-    ValidationError,
-    WorkflowOutput,
     initial_state,
-    parse_workflow,
     row_checksum,
     state_checksum,
     state_from_row,
+)
+from processor.core.workflow import (
+    RetryPolicy,
+    ValidationError,
+    WorkflowOutput,
+    parse_workflow,
     workflow_to_json,
 )
 

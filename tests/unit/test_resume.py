@@ -19,12 +19,12 @@ from processor.core.model import (
     RunStatus,
     StepOutcome,
     StepResult,
-    WorkflowDef,
     row_checksum,
     state_checksum,
     state_from_row,
 )
 from processor.core.tick import NotResumable, force_fail, resume_failed, tick
+from processor.core.workflow import WorkflowDef
 
 from .strategies import FAST, Run, check_decision, runs, seeds, terminal_states
 

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from jsonschema import Draft202012Validator
 
 from processor.core.envelope import FIELDS, REASONS, Rejected, Wakeup, decode_wakeup
-from processor.core.model import ValidationError, parse_workflow, workflow_to_json
+from processor.core.workflow import ValidationError, parse_workflow, workflow_to_json
 
 from .strategies import QUICK, workflow_json
 
@@ -163,7 +163,7 @@ def test_schema_and_parser_reject_the_same_invalid_definitions(edit: str) -> Non
     assert not _parses(raw)
 
 
-# Fixed (model.py parse_workflow): the parser accepts definitions that
+# Fixed (workflow.py parse_workflow): the parser accepts definitions that
 # schemas/workflow.schema.json rejects, although its docstring points at that schema:
 #   * "description" is never type-checked ({"description": 5} parses);
 #   * a step "type" may be "" (the schema says minLength 1), and such a step is dispatched with

@@ -11,7 +11,6 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from processor.core.model import ValidationError
 from processor.core.step_task import (
     MAX_INLINE_DATA_BYTES,
     STEP_TASK_VERSION,
@@ -19,6 +18,7 @@ from processor.core.step_task import (
     StepTask,
     decode_step_task,
 )
+from processor.core.workflow import ValidationError
 
 from .strategies import FAST
 

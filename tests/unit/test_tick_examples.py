@@ -14,11 +14,10 @@ from processor.core.model import (
     SignalKind,
     StepOutcome,
     StepResult,
-    WorkflowDef,
     initial_state,
-    parse_workflow,
 )
 from processor.core.tick import NOOP, Decision, Dispatch, force_fail, tick
+from processor.core.workflow import WorkflowDef, parse_workflow
 
 OK = StepOutcome.SUCCEEDED
 FAIL = StepOutcome.FAILED

@@ -18,12 +18,12 @@ from processor.core.model import (
     SignalKind,
     StepOutcome,
     StepResult,
-    WorkflowDef,
     initial_state,
     state_checksum,
     state_from_row,
 )
 from processor.core.tick import NOOP, Decision, tick
+from processor.core.workflow import WorkflowDef
 
 from .strategies import (
     FAST,
