@@ -16,7 +16,7 @@ from processor.core.decide import Commit, ForceFailWrite, Send
 from processor.core.model import Loaded, LoadedRun
 from processor.core.outcomes import ForceFailReason
 from processor.core.tick import force_fail
-from processor.io import store
+from processor.io import store, sweeps
 
 
 class Database:
@@ -80,9 +80,9 @@ class Database:
     def stuck(
         self, modulus: int, shards: Sequence[int], stuck_s: float, limit: int
     ) -> list[tuple[str, int]]:
-        return store.sweep_stuck(self.conn, modulus, shards, stuck_s, limit)
+        return sweeps.sweep_stuck(self.conn, modulus, shards, stuck_s, limit)
 
     def overdue(self, modulus: int, shards: Sequence[int], grace_s: float, limit: int) -> list[str]:
         return [
-            run_id for run_id, _tier in store.sweep_due(self.conn, modulus, shards, grace_s, limit)
+            run_id for run_id, _tier in sweeps.sweep_due(self.conn, modulus, shards, grace_s, limit)
         ]

@@ -62,8 +62,8 @@ from processor.io.kafka import (
     topic_partitions,
 )
 from processor.io.logs import first_line
-from processor.io.step_data import MissingData, fetch_step_data
-from processor.io.store import connect_durable, insert_step_result
+from processor.io.step_data import MissingData, fetch_step_data, insert_step_result
+from processor.io.store import connect_durable
 
 # The step API has always been importable from here (docs/operations.md shows it).
 __all__ = [

@@ -1,5 +1,6 @@
-"""The worker's read of what its steps need and their tasks do not carry: the run's input and
-the outputs of the steps' dependencies (core/step_task.py says when a task carries them).
+"""The worker's statements: the read of what its steps need and their tasks do not carry (the
+run's input and the outputs of the steps' dependencies; core/step_task.py says when a task
+carries them), and the write of each attempt's result.
 
 One statement for a whole batch of tasks, on the worker's own connection. A task names its
 dependencies and the attempts of theirs that succeeded (``dep_attempts``): primary-key reads.
@@ -17,6 +18,7 @@ from typing import Any
 import orjson
 import psycopg
 
+from processor.core.model import StepOutcome
 from processor.core.step_task import StepData, StepTask
 
 _FETCH_SQL = """
@@ -80,3 +82,21 @@ def fetch_step_data(
             continue
         data.append(StepData(run_input, MappingProxyType(outputs)))
     return data
+
+
+def insert_step_result(
+    conn: psycopg.Connection[Any],
+    run_id: str,
+    node: str,
+    attempt: int,
+    outcome: StepOutcome,
+    output: Any = None,
+    error: str | None = None,
+) -> bool:
+    """Record a step attempt's result; True if new (a redelivered result is ignored)."""
+    row = conn.execute(
+        "INSERT INTO eec_step_result (run_id, node_id, attempt, outcome, output, error)"
+        " VALUES (%s, %s, %s, %s, %s, %s) ON CONFLICT DO NOTHING RETURNING 1",
+        (run_id, node, attempt, outcome.value, orjson.dumps(output).decode(), error),
+    ).fetchone()
+    return row is not None
