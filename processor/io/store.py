@@ -66,6 +66,13 @@ def ping(conn: psycopg.Connection[Any]) -> None:
     conn.execute("SELECT 1")
 
 
+# Every statement here selects rows by a batch of run ids that travels as one JSON array. The
+# planner cannot see how many ids a set-returning function yields and assumes 100: against a
+# run table of a few thousand rows it then hashes the batch and scans the whole table, which
+# costs a small batch (a run or ten, the common case at moderate load) a millisecond or more
+# per statement. `= ANY(ARRAY(SELECT ...))` makes the ids one array, estimated at ten
+# elements, so the rows are found through the primary key whatever the table's size
+# (docs/performance.md has the figures).
 _LOAD_SQL = """
 SELECT coalesce(json_agg(json_build_array(
          r.run_id, r.workflow_name, r.workflow_version, r.status, r.node_states,
@@ -81,7 +88,7 @@ SELECT coalesce(json_agg(json_build_array(
              json_build_array(r.input)
          END)), '[]')::text
   FROM eec_workflow_run r
- WHERE r.run_id IN (SELECT jsonb_array_elements_text(%s::jsonb))
+ WHERE r.run_id = ANY(ARRAY(SELECT jsonb_array_elements_text(%s::jsonb)))
 """
 # The input of a pending run (its first tick dispatches its first steps) rides with the load,
 # for those steps to carry it inline (core/dataflow.py); no other tick loads it. The stored
@@ -109,7 +116,7 @@ _INPUT_LOAD_BYTES = 2 * MAX_INLINE_DATA_BYTES
 _COMMIT_SQL = """
 WITH ordered AS MATERIALIZED (
     SELECT run_id FROM eec_workflow_run
-     WHERE run_id IN (SELECT jsonb_array_elements_text(%(ids)s::jsonb))
+     WHERE run_id = ANY(ARRAY(SELECT jsonb_array_elements_text(%(ids)s::jsonb)))
      ORDER BY run_id FOR UPDATE
 ), updated AS (
 UPDATE eec_workflow_run AS r
@@ -133,6 +140,7 @@ UPDATE eec_workflow_run AS r
        AS c(run_id text, expected_version bigint, status text, node_states jsonb, seq bigint,
             checksum text, reason text, next_wakeup_ms bigint, effects jsonb, output jsonb)
  WHERE r.run_id = c.run_id
+   AND r.run_id = ANY(ARRAY(SELECT jsonb_array_elements_text(%(ids)s::jsonb)))
    AND r.db_record_version = c.expected_version
    AND (SELECT count(*) FROM ordered) >= 0
 RETURNING r.run_id, c.seq, c.effects
@@ -143,13 +151,15 @@ RETURNING r.run_id, c.seq, c.effects
     DELETE FROM eec_outbox o
      USING jsonb_to_recordset(%(acked)s::jsonb) AS a(run_id text, seq bigint)
      WHERE o.run_id = a.run_id AND o.seq = a.seq
+       AND o.run_id = ANY(ARRAY(SELECT jsonb_array_elements(%(acked)s::jsonb) ->> 'run_id'))
 )
 SELECT run_id FROM updated
 """
 
 _DELETE_OUTBOX_SQL = """
-DELETE FROM eec_outbox o USING jsonb_to_recordset(%s::jsonb) AS a(run_id text, seq bigint)
+DELETE FROM eec_outbox o USING jsonb_to_recordset(%(acked)s::jsonb) AS a(run_id text, seq bigint)
  WHERE o.run_id = a.run_id AND o.seq = a.seq
+   AND o.run_id = ANY(ARRAY(SELECT jsonb_array_elements(%(acked)s::jsonb) ->> 'run_id'))
 """
 
 # A relay claims outbox rows left behind for longer than it waits (their instance died, or the
@@ -182,8 +192,9 @@ UPDATE eec_workflow_run
 _QUARANTINE_SQL = """
 UPDATE eec_workflow_run r
    SET quarantined_at = now(), quarantine_reason = q.why
-  FROM jsonb_to_recordset(%s::jsonb) AS q(run_id text, why text)
+  FROM jsonb_to_recordset(%(flagged)s::jsonb) AS q(run_id text, why text)
  WHERE r.run_id = q.run_id AND r.quarantined_at IS NULL
+   AND r.run_id = ANY(ARRAY(SELECT jsonb_array_elements(%(flagged)s::jsonb) ->> 'run_id'))
 RETURNING r.run_id
 """
 _QUARANTINE_WHY_CHARS = 1000
@@ -329,7 +340,7 @@ def commits_landed(conn: psycopg.Connection[Any], commits: Sequence[Commit]) -> 
 def delete_outbox(conn: psycopg.Connection[Any], acknowledged: Sequence[tuple[str, int]]) -> None:
     """Delete the outbox rows whose records the broker acknowledged."""
     if acknowledged:
-        conn.execute(_DELETE_OUTBOX_SQL, (_pairs(acknowledged),))
+        conn.execute(_DELETE_OUTBOX_SQL, {"acked": _pairs(acknowledged)})
 
 
 def claim_outbox(
@@ -391,5 +402,5 @@ def quarantine_runs(conn: psycopg.Connection[Any], runs: Sequence[tuple[str, str
     flagged = orjson.dumps(
         [{"run_id": run_id, "why": why[:_QUARANTINE_WHY_CHARS]} for run_id, why in runs]
     ).decode()
-    rows = conn.execute(_QUARANTINE_SQL, (flagged,)).fetchall()
+    rows = conn.execute(_QUARANTINE_SQL, {"flagged": flagged}).fetchall()
     return {r[0] for r in rows}

@@ -1,0 +1,81 @@
+"""The coordinator's batched statements find their runs through the primary key, whatever the
+size of the run table and of the batch: Postgres's plans for them, asked with EXPLAIN (no
+timing is asserted; the plan's shape is what made a batch of a few runs cost milliseconds
+when it scanned a table of a few thousand)."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from dataclasses import replace
+from typing import Any
+
+import orjson
+import psycopg
+import pytest
+
+from processor.core.decide import Commit
+from processor.core.model import initial_state
+from processor.io import store
+from processor.io.runs_admin import insert_runs
+
+from .conftest import sample_workflow
+
+pytestmark = pytest.mark.integration
+
+RUNS = 4000
+
+
+def _plan_nodes(plan: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    yield plan
+    for child in plan.get("Plans", []):
+        yield from _plan_nodes(child)
+
+
+def _scans(conn: psycopg.Connection[Any], sql: str, params: Any) -> list[tuple[str, str]]:
+    """(node type, relation) of every scan of a table in the plan of ``sql``."""
+    row = conn.execute(b"EXPLAIN (FORMAT JSON) " + sql.encode(), params).fetchone()
+    assert row is not None
+    document = row[0]
+    (top,) = document if isinstance(document, list) else orjson.loads(document)
+    plans = [top["Plan"], *top.get("InitPlan", [])]
+    return [
+        (node["Node Type"], node["Relation Name"])
+        for plan in plans
+        for node in _plan_nodes(plan)
+        if "Relation Name" in node
+    ]
+
+
+@pytest.mark.parametrize("batch", [1, 8, 500])
+def test_load_and_commit_reach_their_runs_by_key(pg: psycopg.Connection[Any], batch: int) -> None:
+    wf = sample_workflow()
+    tag = uuid.uuid4().hex[:6]
+    run_ids = [f"plan-{tag}-{i}" for i in range(RUNS)]
+    for start in range(0, RUNS, 2000):
+        insert_runs(pg, wf, [(r, {}) for r in run_ids[start : start + 2000]], "t1")
+    # An outbox as a busy instance has one: a row per transition not yet acknowledged.
+    pg.execute(
+        "INSERT INTO eec_outbox (run_id, seq, records)"
+        " SELECT run_id, 1, '[]'::jsonb FROM eec_workflow_run"
+    )
+    pg.execute("VACUUM ANALYZE eec_workflow_run")
+    pg.execute("VACUUM ANALYZE eec_outbox")
+    some = run_ids[:batch]
+    ids = orjson.dumps(some).decode()
+    state = replace(initial_state(wf), seq=1)
+    commits = [Commit(r, 1, state) for r in some]
+    params = {
+        "ids": ids,
+        "batch": orjson.dumps([store._commit_row(c) for c in commits]).decode(),
+        "acked": orjson.dumps([{"run_id": r, "seq": 1} for r in some]).decode(),
+    }
+    for sql, args in (
+        (store._LOAD_SQL, (store._INPUT_LOAD_BYTES, ids)),
+        (store._COMMIT_SQL, params),
+        (store._DELETE_OUTBOX_SQL, {"acked": params["acked"]}),
+    ):
+        scans = _scans(pg, sql, args)
+        whole_table = [s for s in scans if s[0] == "Seq Scan"]
+        assert not whole_table, f"{sql.split()[0:4]} scans whole tables: {scans}"
+        assert scans, f"no table in the plan of {sql.split()[0:4]}"
