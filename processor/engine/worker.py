@@ -32,7 +32,6 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-import psycopg
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
 from processor.core.dead_letters import dead_letter_headers, truncate_dead_letter
@@ -52,6 +51,7 @@ from processor.engine.steps import (
     sample_registry,
     storable_text,
 )
+from processor.engine.worker_db import WorkerDatabase
 from processor.io.config import Settings
 from processor.io.kafka import (
     choose_partition,
@@ -61,9 +61,7 @@ from processor.io.kafka import (
     producer_max_bytes,
     topic_partitions,
 )
-from processor.io.logs import first_line
-from processor.io.step_data import MissingData, fetch_step_data, insert_step_result
-from processor.io.store import connect_durable
+from processor.io.step_data import MissingData
 
 # The step API has always been importable from here (docs/operations.md shows it).
 __all__ = [
@@ -109,22 +107,28 @@ class Worker:
         self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="step")
         self._stop = threading.Event()
         self._shutdown_by: float | None = None
-        self._conn: psycopg.Connection[Any] | None = None
         self.outages = {name: Outage(name, log) for name in ("postgres", "kafka")}
+        self.db = WorkerDatabase(settings.pg_dsn, self.outages["postgres"], self._stop)
         self.executed = 0
         self.dead_letters = 0  # tasks that could not be decoded
-        self.dropped = 0  # results for runs that no longer exist
-        self.fetched = 0  # tasks whose data was read from the database (not carried inline)
         self._dlq_max_bytes = producer_max_bytes(settings)
+
+    @property
+    def fetched(self) -> int:
+        """Tasks whose data was read from the database (not carried inline)."""
+        return self.db.fetched
+
+    @property
+    def dropped(self) -> int:
+        """Results not recorded: their run no longer exists (or cannot be stored at all)."""
+        return self.db.dropped
 
     def stop(self) -> None:
         self._stop.set()
 
     def run(self) -> None:
         self._consumer.subscribe([self.names.steps])
-        # The first connection is not retried: a worker that never reached its database is
-        # misconfigured (and exits), one that lost it is in an outage (and waits).
-        self._conn = connect_durable(self.settings.pg_dsn)
+        self.db.connect()
         log.info(
             "worker started",
             extra={"instance": self.instance_id, "step_types": self.registry.types()},
@@ -148,14 +152,14 @@ class Worker:
             self._pool.shutdown(wait=False, cancel_futures=True)
             self._producer.flush(max(0.0, self._shutdown_deadline() - time.monotonic()))
             self._consumer.close()
-            self._disconnect()
+            self.db.close()
             log.info(
                 "worker stopped",
                 extra={
                     "executed": self.executed,
                     "dead_letters": self.dead_letters,
-                    "dropped": self.dropped,
-                    "fetched": self.fetched,
+                    "dropped": self.db.dropped,
+                    "fetched": self.db.fetched,
                     "outages": {name: o.count for name, o in self.outages.items()},
                 },
             )
@@ -205,10 +209,10 @@ class Worker:
         for letter in letters:
             self._send(letter)
             wakeups.append(letter)
-        for (task, trace), (outcome, output, error) in zip(tasks, outcomes, strict=True):
-            recorded = self._record(task, outcome, output, error)
-            if recorded is None:
-                return False
+        recorded_all = self.db.record_batch([t for t, _ in tasks], outcomes)
+        if recorded_all is None:
+            return False
+        for (task, trace), recorded in zip(tasks, recorded_all, strict=True):
             if not recorded:
                 continue  # the run is gone: nothing to wake
             now_ms = int(time.time() * 1000)
@@ -236,87 +240,11 @@ class Worker:
         """Each task's data: its own when inline, the rest read in one query (through an
         outage, as ``_record`` does); None if stopped first."""
         to_fetch = [t for t in tasks if t.data is None]
-        fetched = self._fetch(to_fetch) if to_fetch else []
+        fetched = self.db.fetch(to_fetch) if to_fetch else []
         if fetched is None:
             return None
         in_order = iter(fetched)
         return [t.data if t.data is not None else next(in_order) for t in tasks]
-
-    def _fetch(self, tasks: list[StepTask]) -> list[StepData | MissingData] | None:
-        postgres = self.outages["postgres"]
-        while True:
-            try:
-                if self._conn is None:
-                    self._conn = connect_durable(self.settings.pg_dsn)
-                fetched = self._fetch_isolating(self._conn, tasks)
-            except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
-                self._disconnect()
-                if self._stop.wait(postgres.failed(first_line(exc))):
-                    return None
-                continue
-            postgres.ok()
-            self.fetched += len(tasks)
-            return fetched
-
-    @staticmethod
-    def _fetch_isolating(
-        conn: psycopg.Connection[Any], tasks: list[StepTask]
-    ) -> list[StepData | MissingData]:
-        """The batch's data in one query; should a task make it fail on what it holds, each
-        task alone, so that one bad task fails only its own attempt."""
-        try:
-            return fetch_step_data(conn, tasks)
-        except (psycopg.OperationalError, psycopg.InterfaceError):
-            raise
-        except psycopg.Error as exc:
-            if len(tasks) == 1:
-                return [MissingData(f"cannot be read: {first_line(exc)}")]
-            return [d for t in tasks for d in Worker._fetch_isolating(conn, [t])]
-
-    def _record(
-        self, task: StepTask, outcome: StepOutcome, output: Any, error: str | None
-    ) -> bool | None:
-        """Insert the task's result, reconnecting through an outage. True: recorded; False:
-        the run no longer exists (nothing recorded); None: stopped first."""
-        postgres = self.outages["postgres"]
-        while True:
-            try:
-                if self._conn is None:
-                    self._conn = connect_durable(self.settings.pg_dsn)
-                insert_step_result(
-                    self._conn, task.run_id, task.node, task.attempt, outcome, output, error
-                )
-            except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
-                # Whether a lost insert committed is unknown: the retry is idempotent.
-                self._disconnect()
-                if self._stop.wait(postgres.failed(first_line(exc))):
-                    return None
-                continue
-            except psycopg.errors.ForeignKeyViolation:
-                postgres.ok()
-                log.warning(
-                    "dropped a step result: the run no longer exists",
-                    extra={"run_id": task.run_id, "node": task.node, "attempt": task.attempt},
-                )
-                self.dropped += 1
-                return False
-            except psycopg.Error as exc:  # the result itself cannot be stored: the attempt fails
-                postgres.ok()
-                if outcome is StepOutcome.FAILED and output is None:
-                    # Not even a bare failure can be stored: drop it, visibly; the attempt
-                    # then times out and the coordinator retries it.
-                    log.error(
-                        "dropped a step result that cannot be stored: %s",
-                        first_line(exc),
-                        extra={"run_id": task.run_id, "node": task.node, "attempt": task.attempt},
-                    )
-                    self.dropped += 1
-                    return False
-                why = storable_text(f"the step's result could not be stored: {first_line(exc)}")
-                outcome, output, error = StepOutcome.FAILED, None, why
-                continue
-            postgres.ok()
-            return True
 
     def _send(self, outgoing: _Outgoing) -> None:
         def delivered(err: KafkaError | None, _msg: Any) -> None:
@@ -368,11 +296,6 @@ class Worker:
             wait_s = 0.0 if self.outages["kafka"].active else self.settings.shutdown_timeout_s
             self._shutdown_by = time.monotonic() + wait_s
         return self._shutdown_by
-
-    def _disconnect(self) -> None:
-        if self._conn is not None:
-            self._conn.close()
-            self._conn = None
 
     def _store(self, messages: list[Any]) -> None:
         try:

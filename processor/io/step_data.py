@@ -100,3 +100,27 @@ def insert_step_result(
         (run_id, node, attempt, outcome.value, orjson.dumps(output).decode(), error),
     ).fetchone()
     return row is not None
+
+
+# A result as the worker records it: run id, node, attempt, outcome, output, error.
+StepResultRow = tuple[str, str, int, StepOutcome, Any, str | None]
+
+_INSERT_RESULTS_SQL = """
+INSERT INTO eec_step_result (run_id, node_id, attempt, outcome, output, error)
+SELECT r.run_id, r.node_id, r.attempt, r.outcome, coalesce(r.output, 'null'::jsonb), r.error
+  FROM jsonb_to_recordset(%s::jsonb)
+       AS r(run_id text, node_id text, attempt int, outcome text, output jsonb, error text)
+    ON CONFLICT DO NOTHING
+"""
+
+
+def insert_step_results(conn: psycopg.Connection[Any], results: Sequence[StepResultRow]) -> None:
+    """Record a batch of results in one statement, as ``insert_step_result`` records each (a
+    redelivered one is ignored; an output of None is stored as JSON null). A result the
+    database refuses fails the whole statement, and nothing of it is written: the caller then
+    records the results one by one, to learn which."""
+    rows = [
+        {"run_id": r, "node_id": n, "attempt": a, "outcome": o, "output": out, "error": e}
+        for r, n, a, o, out, e in results
+    ]
+    conn.execute(_INSERT_RESULTS_SQL, (orjson.dumps(rows).decode(),))
