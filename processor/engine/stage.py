@@ -12,6 +12,7 @@ consuming, delivering and storing offsets while Postgres works.
 
 from __future__ import annotations
 
+import queue
 import threading
 import time
 from collections.abc import Callable
@@ -73,10 +74,12 @@ class DatabaseStage:
         self._rules = rules
         self._wall_ms = wall_ms
         self._faults = faults
+        self._thread = StageThread()
 
     def start(self, items: list[BatchItem], acknowledged: list[tuple[str, int]]) -> InFlight:
-        """Run the stage on a daemon thread of its own."""
-        return InFlight(lambda: self.run(items, acknowledged))
+        """Run the stage on the database thread (the executor starts one only once the
+        previous one ended)."""
+        return self._thread.submit(lambda: self.run(items, acknowledged))
 
     def use_rules(self, rules: Rules) -> None:
         self._rules = rules  # read by the next batch's thread (one batch at a time)
@@ -195,22 +198,46 @@ class DatabaseStage:
         return plan if written else force_fail_refused(plan)
 
 
+class StageThread:
+    """The daemon thread the database stages run on, one after the other, for the process's
+    life. Daemon: a hung query never keeps the process from exiting within its shutdown
+    bound. One thread rather than one per batch: starting a thread (and waiting for it to
+    start, through a Condition written in Python) cost each batch tens of microseconds, which
+    a batch of a few runs at moderate load pays per run."""
+
+    def __init__(self) -> None:
+        self._stages: queue.SimpleQueue[InFlight] = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+
+    def submit(self, stage: Callable[[], StageResult]) -> InFlight:
+        in_flight = InFlight(stage)
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._serve, name="ductor-db", daemon=True)
+            self._thread.start()
+        self._stages.put(in_flight)
+        return in_flight
+
+    def _serve(self) -> None:
+        while True:
+            self._stages.get().run()
+
+
 class InFlight:
-    """A database stage running on a daemon thread of its own (one per batch: a hung query
-    must never keep the process from exiting within its shutdown bound). ``done`` and
-    ``wait`` are one lock operation each, cheap enough for every turn of the poll loop (a
-    Future's go through a Condition written in Python)."""
+    """A database stage submitted to the database thread. ``done`` and ``wait`` are one lock
+    operation each, cheap enough for every turn of the poll loop (a Future's go through a
+    Condition written in Python)."""
 
     def __init__(self, stage: Callable[[], StageResult]) -> None:
+        self._stage = stage
         self._finished = threading.Lock()
-        self._finished.acquire()  # released by the stage's thread when it ends
+        self._finished.acquire()  # released by the database thread when the stage ends
         self._result: StageResult | None = None
         self._error: BaseException | None = None
-        threading.Thread(target=self._run, args=(stage,), name="ductor-db", daemon=True).start()
 
-    def _run(self, stage: Callable[[], StageResult]) -> None:
+    def run(self) -> None:
+        """Called on the database thread."""
         try:
-            self._result = stage()
+            self._result = self._stage()
         except BaseException as exc:  # a bug: surfaced on the poll-loop thread by result()
             self._error = exc
         finally:

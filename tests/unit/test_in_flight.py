@@ -6,7 +6,7 @@ import threading
 
 import pytest
 
-from processor.engine.stage import InFlight, StageResult
+from processor.engine.stage import StageResult, StageThread
 
 
 def test_a_stage_in_flight_is_not_done_until_it_ends_and_then_gives_its_result() -> None:
@@ -17,7 +17,7 @@ def test_a_stage_in_flight_is_not_done_until_it_ends_and_then_gives_its_result()
         release.wait(30)
         return result
 
-    in_flight = InFlight(stage)
+    in_flight = StageThread().submit(stage)
     assert not in_flight.done()
     assert not in_flight.wait(0.01)
     with pytest.raises(TimeoutError):
@@ -32,7 +32,30 @@ def test_a_stage_that_raises_raises_on_the_thread_that_asks() -> None:
     def stage() -> StageResult:
         raise RuntimeError("a bug in the stage")
 
-    in_flight = InFlight(stage)
+    in_flight = StageThread().submit(stage)
     assert in_flight.wait(30)
     with pytest.raises(RuntimeError, match="a bug in the stage"):
         in_flight.result()
+
+
+def test_stages_run_one_after_the_other_on_one_thread() -> None:
+    """The second stage waits for the first; both run on the same (daemon) thread."""
+    release = threading.Event()
+    threads: list[threading.Thread] = []
+
+    def slow() -> StageResult:
+        threads.append(threading.current_thread())
+        release.wait(30)
+        return StageResult(started_ns=1, acknowledged=[])
+
+    def quick() -> StageResult:
+        threads.append(threading.current_thread())
+        return StageResult(started_ns=2, acknowledged=[])
+
+    runner = StageThread()
+    first, second = runner.submit(slow), runner.submit(quick)
+    assert not second.wait(0.05)  # queued behind the first
+    release.set()
+    assert first.result(30).started_ns == 1 and second.result(30).started_ns == 2
+    assert threads[0] is threads[1] and threads[0].daemon
+    assert threads[0] is not threading.current_thread()
