@@ -362,6 +362,11 @@ class Bench:
         producer = Producer(producer_config(self.settings, "bench-load"))
         prefix = f"b{self.tag}-{label}-"
         try:
+            # The steady state is measured, as in the end-to-end phases: the load starts once
+            # both groups are stable with every member holding partitions (the rebalances of
+            # four processes joining would otherwise land in the window and its tail).
+            self.wait_group(self.settings.group_id, 2, coordinator=True)
+            self.wait_group(f"{self.settings.group_id}-workers", 2, coordinator=False)
             self.produce_starts(hot_ids, duplicates=1, by_run=by_run)
             meter = self.meter(
                 [c.pid for c in children[:2]], [c.pid for c in children[2:]], polling=True
