@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import threading
 
 from processor.cli.common import EXIT_OK, EXIT_USAGE, CliError, stop_on_signals
 from processor.cli.worker_app import load_registry
@@ -36,9 +37,13 @@ def cmd_process(settings: Settings, args: argparse.Namespace) -> int:
         faults = Faults.from_spec(settings.test_faults)
     except ValueError as exc:
         raise ConfigError(f"DUCTOR_TEST_FAULTS: {exc}") from None
+    requested = threading.Event()
+    stop_on_signals(requested.set)  # a SIGTERM while starting is kept, not a hard kill
     _check_kafka_credentials(settings)
     processor = Processor(settings, faults=faults)
     stop_on_signals(processor.stop)
+    if requested.is_set():
+        processor.stop()  # run() then shuts down at once, cleanly
     processor.run()
     return EXIT_OK
 
@@ -48,9 +53,13 @@ def cmd_worker(settings: Settings, args: argparse.Namespace) -> int:
         raise CliError("--threads must be at least 1", EXIT_USAGE)
     # The registry first: a wrong --app is a usage error, reported before any connection.
     registry = sample_registry() if args.app is None else load_registry(args.app)
+    requested = threading.Event()
+    stop_on_signals(requested.set)  # a SIGTERM while starting is kept, not a hard kill
     _check_kafka_credentials(settings)
     worker = Worker(settings, registry, threads=args.threads)
     stop_on_signals(worker.stop)
+    if requested.is_set():
+        worker.stop()
     worker.run()
     return EXIT_OK
 

@@ -255,7 +255,7 @@ class Processor:
         """How long the loop may block in poll: until the next due event, at most 100 ms."""
         now = time.monotonic()
         if self.outbox.in_flight:
-            return 0.001  # delivery reports wait for this loop
+            return 0.005  # delivery reports wait for this loop
         if len(self.queues) or self.executor.book.ready_count(now):
             return 0.0
         deadlines = [

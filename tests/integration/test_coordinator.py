@@ -232,6 +232,9 @@ def test_an_instance_killed_mid_batch_loses_nothing_and_applies_nothing_twice(
     first.kill()  # SIGKILL: no shutdown, no flush, no offset commit
     replacement = spawn(["process"], settings, "replacement")
     wait_for(lambda: count_terminal(pg, run_ids) == len(run_ids), 180, "every run to end", 0.5)
+    # (the survivor may finish every run before the replacement is even up: it must be, to
+    # be asked to stop and to answer it as a running instance does)
+    wait_for(lambda: replacement.owned_partitions() > 0, 60, "the replacement to join")
     for child in (second, replacement, worker):
         assert child.terminate() == 0
     assert set(run_statuses(pg, run_ids).values()) == {"succeeded"}
