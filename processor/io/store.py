@@ -48,6 +48,11 @@ def connect(dsn: str, connect_timeout_s: int = 5) -> psycopg.Connection[Any]:
     or a shutdown."""
     conn = psycopg.connect(dsn, autocommit=True, connect_timeout=connect_timeout_s)
     conn.execute("SET statement_timeout = '30s'")
+    # Every statement here reaches its rows through an index (run ids, the outbox's keys, the
+    # sweeps' partial indexes). A table's statistics can say it is empty long after it filled
+    # (step results, between two autoanalyzes): the planner then scanned all of it once per
+    # run loaded, and a load took seconds. No sequential scan unless there is no other way.
+    conn.execute("SET enable_seqscan = off")
     return use_orjson(conn)
 
 
