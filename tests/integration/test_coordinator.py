@@ -84,6 +84,11 @@ def test_three_instances_with_every_wakeup_delivered_three_times(
     random.shuffle(records)
     processors = [spawn(["process"], settings, f"process-{i}") for i in range(3)]
     workers = [spawn(["worker", "--threads", "4"], settings, f"worker-{i}") for i in range(2)]
+    # Every instance holds partitions first: the first to join would otherwise tick the whole
+    # backlog alone before the others arrive, and nobody would race anybody.
+    wait_for(
+        lambda: all(p.owned_partitions() > 0 for p in processors), 60, "all three to own partitions"
+    )
     produce_wakeups(settings, records)
 
     wait_for(lambda: count_terminal(pg, run_ids) == len(run_ids), 240, "1,000 runs to end", 0.5)

@@ -120,7 +120,9 @@ def test_a_processor_and_a_worker_working_meanwhile_are_unaffected(
     settings: Settings, pg: psycopg.Connection[Any], processor_thread: Any
 ) -> None:
     old = _make_runs(pg, "old", 3000, "succeeded", "8 days")
-    run_ids = [f"live-{i}" for i in range(400)]
+    # Enough runs that they are still going when gc starts (a few hundred can all end between
+    # two looks at them).
+    run_ids = [f"live-{i}" for i in range(2000)]
     instance: ProcessorThread = processor_thread(settings)
     worker = WorkerThread(settings)
     try:
