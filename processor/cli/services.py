@@ -8,7 +8,7 @@ import threading
 from processor.cli.common import EXIT_OK, EXIT_USAGE, CliError, stop_on_signals
 from processor.cli.worker_app import load_registry
 from processor.client import connect
-from processor.engine.faults import Faults
+from processor.engine.faults import Faults, Point
 from processor.engine.processor import Processor
 from processor.engine.worker import Worker, sample_registry
 from processor.io.config import ConfigError, Settings
@@ -39,6 +39,7 @@ def cmd_process(settings: Settings, args: argparse.Namespace) -> int:
         raise ConfigError(f"DUCTOR_TEST_FAULTS: {exc}") from None
     requested = threading.Event()
     stop_on_signals(requested.set)  # a SIGTERM while starting is kept, not a hard kill
+    faults.hit(Point.STARTING)
     _check_kafka_credentials(settings)
     processor = Processor(settings, faults=faults)
     stop_on_signals(processor.stop)

@@ -5,7 +5,8 @@ is forced instead of hoped for (in the spirit of FoundationDB's BUGGIFY).
 Production never arms one: ``NO_FAULTS`` does nothing. A test in the same process passes a
 ``Faults`` with actions; a test that runs ``ductor process`` as a child arms points with
 ``DUCTOR_TEST_FAULTS`` (``after_commit=kill@3``: SIGKILL the process the third time the
-point is reached), which the processor announces loudly in its log. Points are constants
+point is reached; ``starting=term``: SIGTERM instead), which the processor announces loudly in
+its log. Points are constants
 here, so a test cannot arm a point that does not exist.
 """
 
@@ -22,6 +23,8 @@ class Point(StrEnum):
     STUCK_SELECTED = "watchdog.stuck_selected"
     # A batch committed; its effects are not produced yet (committed run ids).
     AFTER_COMMIT = "after_commit"
+    # `ductor process` is starting: its signal handler is set, the processor not built yet.
+    STARTING = "starting"
 
 
 Action = Callable[..., None]
@@ -53,23 +56,30 @@ class Faults:
             except ValueError:
                 known = ", ".join(p.value for p in Point)
                 raise ValueError(f"unknown fault point {name!r}; known: {known}") from None
-            if action != "kill" or not (nth or "1").isdigit() or int(nth or "1") < 1:
-                raise ValueError(f"fault {item!r}: expected {name}=kill or {name}=kill@N")
-            actions[point] = _KillOnHit(int(nth or "1"))
+            if action not in _SIGNALS or not (nth or "1").isdigit() or int(nth or "1") < 1:
+                raise ValueError(
+                    f"fault {item!r}: expected {name}=kill or {name}=term, optionally @N"
+                )
+            actions[point] = _SignalOnHit(_SIGNALS[action], int(nth or "1"))
         return Faults(actions)
 
 
-class _KillOnHit:
-    """SIGKILL this process the n-th time the point is reached: no cleanup runs, exactly
-    like a crash (the OOM killer, a power cut) at that point."""
+# kill: no cleanup runs, exactly like a crash (the OOM killer, a power cut) at that point;
+# term: what an orchestrator sends to stop the process, at exactly that point.
+_SIGNALS = {"kill": signal.SIGKILL, "term": signal.SIGTERM}
 
-    def __init__(self, nth: int) -> None:
+
+class _SignalOnHit:
+    """Send this process a signal the n-th time the point is reached."""
+
+    def __init__(self, sig: signal.Signals, nth: int) -> None:
+        self._signal = sig
         self._left = nth
 
     def __call__(self, *_args: object) -> None:
         self._left -= 1
         if self._left == 0:
-            os.kill(os.getpid(), signal.SIGKILL)
+            os.kill(os.getpid(), self._signal)
 
 
 NO_FAULTS = Faults()

@@ -95,3 +95,14 @@ def test_sigterm_with_the_database_hung_still_exits_within_the_bound(
         worker.stop()
     assert set(run_statuses(pg, run_ids).values()) == {"succeeded"}
     assert_transitions_applied_once(pg)
+
+
+def test_sigterm_while_starting_is_a_clean_stop(settings: Settings, spawn: Any) -> None:
+    """A SIGTERM that arrives while `ductor process` builds its clients (forced at that point
+    by the `starting=term` fault) stops it as one that arrives later does: exit 0, its stop
+    logged, never the default action's death by signal."""
+    starting = spawn(["process"], replace(settings, test_faults="starting=term"), "starting")
+    wait_for(lambda: starting.proc.poll() is not None, 60, "the instance to stop")
+    assert starting.terminate() == 0, f"log in {starting.log_path}"
+    messages = [line.get("msg") for line in starting.log_lines()]
+    assert "processor stopped" in messages
