@@ -139,32 +139,29 @@ def child_env(settings: Settings) -> dict[str, str]:
     return env
 
 
-def run_ductor(settings: Settings, *args: str) -> subprocess.CompletedProcess[str]:
-    """`ductor ARGS...` run to its end with these settings, its output captured as text."""
-    return subprocess.run(
-        [sys.executable, "-m", "processor", *args],
-        env=child_env(settings),
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-
-
 # The installed console script, as a user runs it: `python -m processor` would put the
 # current directory on the import path by itself and hide whether `--app` does.
 DUCTOR_SCRIPT = str(Path(sys.executable).with_name("ductor"))
 
 
-def run_ductor_script(
-    settings: Settings, cwd: Path, *args: str
+def ductor_command(cwd: Path | None) -> tuple[list[str], Path]:
+    """How to run `ductor`: `python -m processor` in the repository, or, given ``cwd``, the
+    installed script there, as a user runs it."""
+    if cwd is None:
+        return [sys.executable, "-m", "processor"], REPO
+    return [DUCTOR_SCRIPT], cwd
+
+
+def run_ductor(
+    settings: Settings, *args: str, cwd: Path | None = None
 ) -> subprocess.CompletedProcess[str]:
-    """The installed `ductor ARGS...` run in ``cwd`` to its end, its output captured as text."""
+    """`ductor ARGS...` run to its end with these settings (``ductor_command`` says how), its
+    output captured as text."""
+    command, where = ductor_command(cwd)
     return subprocess.run(
-        [DUCTOR_SCRIPT, *args],
+        [*command, *args],
         env=child_env(settings),
-        cwd=cwd,
+        cwd=where,
         capture_output=True,
         text=True,
         timeout=120,
@@ -173,17 +170,18 @@ def run_ductor_script(
 
 
 class Spawned:
-    """A `ductor` subprocess whose stderr (JSON logs) is captured to a file."""
+    """A `ductor` subprocess whose stderr (JSON logs) is captured to a file: `python -m
+    processor` in the repository, or, given ``cwd``, the installed script run there as a user
+    runs it."""
 
-    def __init__(self, args: list[str], env: dict[str, str], log_path: Path) -> None:
+    def __init__(
+        self, args: list[str], env: dict[str, str], log_path: Path, cwd: Path | None = None
+    ) -> None:
         self.log_path = log_path
         self._log = log_path.open("wb")
+        command, where = ductor_command(cwd)
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "processor", *args],
-            env=env,
-            stdout=self._log,
-            stderr=subprocess.STDOUT,
-            cwd=REPO,
+            [*command, *args], env=env, stdout=self._log, stderr=subprocess.STDOUT, cwd=where
         )
 
     def terminate(self, timeout: float = 30.0) -> int:
@@ -408,6 +406,19 @@ def run_statuses(pg: psycopg.Connection[Any], run_ids: list[str]) -> dict[str, s
 
 def count_terminal(pg: psycopg.Connection[Any], run_ids: list[str]) -> int:
     return runs_admin.count_ended(pg, run_ids)
+
+
+def step_attempts(pg: psycopg.Connection[Any], run_id: str) -> dict[str, list[tuple[int, str]]]:
+    """The recorded attempts of each step of a run: node -> [(attempt, outcome), ...]."""
+    rows = pg.execute(
+        "SELECT node_id, attempt, outcome FROM eec_step_result WHERE run_id = %s"
+        " ORDER BY node_id, attempt",
+        (run_id,),
+    ).fetchall()
+    found: dict[str, list[tuple[int, str]]] = {}
+    for node, attempt, outcome in rows:
+        found.setdefault(node, []).append((attempt, outcome))
+    return found
 
 
 def now_ms() -> int:

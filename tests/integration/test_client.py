@@ -4,7 +4,6 @@ signal, `ductor result`, `ductor runs list`, and `ductor runs retry` of a failed
 
 from __future__ import annotations
 
-import subprocess
 import threading
 import time
 import uuid
@@ -26,12 +25,12 @@ from processor.io.store import Definitions, force_fail_write, load_runs
 
 from .audit import assert_results_applied, assert_transitions_applied_once
 from .conftest import (
-    DUCTOR_SCRIPT,
+    Spawned,
     WorkerThread,
     child_env,
     run_ductor,
-    run_ductor_script,
     sample_workflow,
+    step_attempts,
     wait_for,
 )
 
@@ -82,41 +81,18 @@ def app_dir(tmp_path: Path) -> Path:
 
 
 @pytest.fixture
-def app_worker(settings: Settings, app_dir: Path) -> Iterator[subprocess.Popen[bytes]]:
+def app_worker(settings: Settings, app_dir: Path) -> Iterator[Spawned]:
     """`ductor worker --app teststeps:registry`, started in ``app_dir``."""
-    with (app_dir / "worker.log").open("wb") as log:
-        proc = subprocess.Popen(
-            [DUCTOR_SCRIPT, "worker", "--app", "teststeps:registry", "--threads", "4"],
-            env=child_env(settings),
-            cwd=app_dir,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
-        try:
-            yield proc
-        finally:
-            proc.terminate()
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(10)
+    args = ["worker", "--app", "teststeps:registry", "--threads", "4"]
+    worker = Spawned(args, child_env(settings), app_dir / "worker.log", cwd=app_dir)
+    try:
+        yield worker
+    finally:
+        worker.terminate()
 
 
 def _register(pg: psycopg.Connection[Any], name: str, steps: list[dict[str, Any]]) -> None:
     register_workflow(pg, parse_workflow({"name": name, "version": 1, "steps": steps}))
-
-
-def _attempts(pg: psycopg.Connection[Any], run_id: str) -> dict[str, list[tuple[int, str]]]:
-    rows = pg.execute(
-        "SELECT node_id, attempt, outcome FROM eec_step_result WHERE run_id = %s"
-        " ORDER BY node_id, attempt",
-        (run_id,),
-    ).fetchall()
-    found: dict[str, list[tuple[int, str]]] = {}
-    for node, attempt, outcome in rows:
-        found.setdefault(node, []).append((attempt, outcome))
-    return found
 
 
 @pytest.mark.parametrize(
@@ -138,7 +114,7 @@ def test_a_worker_refuses_an_app_it_cannot_use_with_exit_2(
     base_settings: Settings, app_dir: Path, app: str, message: str
 ) -> None:
     started = time.monotonic()
-    done = run_ductor_script(base_settings, app_dir, "worker", "--app", app)
+    done = run_ductor(base_settings, "worker", "--app", app, cwd=app_dir)
     assert done.returncode == 2, done.stderr
     assert message in done.stderr
     assert len(done.stderr.strip().splitlines()) == 1, done.stderr  # one sentence, no traceback
@@ -250,7 +226,7 @@ def test_retry_resumes_a_failed_run_from_its_failed_step(
     audit: psycopg.Connection[Any],
     processor_thread: Any,
     app_dir: Path,
-    app_worker: subprocess.Popen[bytes],
+    app_worker: Spawned,
 ) -> None:
     """`first` succeeds, `gate` fails its two attempts (the gate is closed), so the run fails
     and `last` never starts. Once the gate is open, `ductor runs retry` runs `gate` again as
@@ -277,7 +253,7 @@ def test_retry_resumes_a_failed_run_from_its_failed_step(
     assert failed.failure_reason == (
         "step 'gate' failed after 2 attempt(s): StepFailed: the gate is closed"
     )
-    assert _attempts(pg, run_id) == {
+    assert step_attempts(pg, run_id) == {
         "first": [(1, "succeeded")],
         "gate": [(1, "failed"), (2, "failed")],
     }
@@ -300,7 +276,7 @@ def test_retry_resumes_a_failed_run_from_its_failed_step(
     assert retried.stdout == f"run {run_id} resumed; running again: gate, last\n"
     shown = run_ductor(settings, "result", run_id, "--wait", "60")
     assert (shown.returncode, shown.stdout) == (0, "null\n"), shown.stderr
-    assert _attempts(pg, run_id) == {
+    assert step_attempts(pg, run_id) == {
         "first": [(1, "succeeded")],
         "gate": [(1, "failed"), (2, "failed"), (3, "succeeded")],
         "last": [(1, "succeeded")],
@@ -319,7 +295,7 @@ def test_retry_resumes_a_failed_run_from_its_failed_step(
     assert again.returncode == 1 and "is succeeded, not failed" in again.stderr
     unknown = run_ductor(settings, "runs", "retry", f"nobody-{tag}")
     assert unknown.returncode == 1 and "no run with id" in unknown.stderr
-    assert app_worker.poll() is None, "the worker exited"
+    assert app_worker.proc.poll() is None, "the worker exited"
     log = (app_dir / "worker.log").read_bytes().splitlines()
     started = [orjson.loads(line) for line in log if b'"worker started"' in line]
     assert started and started[0]["step_types"] == ["echo", "gate", "hold"]

@@ -7,7 +7,6 @@ out of stock fails, and `ductor runs retry` finishes it once the item is restock
 from __future__ import annotations
 
 import shutil
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -18,13 +17,11 @@ import pytest
 
 from processor.io.config import Settings
 
-from .conftest import DUCTOR_SCRIPT, REPO, child_env, run_ductor_script
+from .conftest import REPO, Spawned, child_env, run_ductor, step_attempts
 
 pytestmark = pytest.mark.integration
 
 EXAMPLE = REPO / "examples" / "orders"
-# The installed `ductor` script, as the example's README runs it (`python -m processor` would
-# put the current directory on the import path by itself and hide whether `--app` does).
 
 ADA = {
     "order_id": "1001",
@@ -92,71 +89,47 @@ def orders(settings: Settings, pg: psycopg.Connection[Any], orders_dir: Path) ->
     and `ductor worker --app steps:registry` running in its directory; yields the directory."""
     # Registered versions are immutable: start from none, as a new user's database does.
     pg.execute("DELETE FROM eec_workflow_definition WHERE name = 'orders'")
-    registered = run_ductor_script(settings, orders_dir, "workflows", "register", "workflow.json")
+    registered = run_ductor(settings, "workflows", "register", "workflow.json", cwd=orders_dir)
     assert (registered.returncode, registered.stdout) == (0, "workflow orders v1 registered\n")
-    services: list[tuple[subprocess.Popen[bytes], Path]] = []
-    for args in (["process"], ["worker", "--app", "steps:registry"]):
-        log = orders_dir / f"{args[0]}.log"
-        with log.open("wb") as out:
-            proc = subprocess.Popen(
-                [DUCTOR_SCRIPT, *args],
-                env=child_env(settings),
-                cwd=orders_dir,
-                stdout=out,
-                stderr=out,
-            )
-        services.append((proc, log))
+    # The installed script in the example's directory, as its README runs them.
+    services = [
+        Spawned(args, child_env(settings), orders_dir / f"{args[0]}.log", cwd=orders_dir)
+        for args in (["process"], ["worker", "--app", "steps:registry"])
+    ]
     try:
         yield orders_dir
-        for proc, log in services:
-            assert proc.poll() is None, f"{log.name} exited: {log.read_text()[-2000:]}"
+        for service in services:
+            log = service.log_path
+            assert service.proc.poll() is None, f"{log.name} exited: {log.read_text()[-2000:]}"
     finally:
-        for proc, _ in services:
-            proc.terminate()
-        for proc, _ in services:
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(10)
+        for service in services:
+            service.terminate()
 
 
 def _start(settings: Settings, cwd: Path, run_id: str, run_input: dict[str, Any]) -> None:
-    started = run_ductor_script(
+    started = run_ductor(
         settings,
-        cwd,
         "start",
         "orders",
         "--run-id",
         run_id,
         "--input",
         orjson.dumps(run_input).decode(),
+        cwd=cwd,
     )
     assert (started.returncode, started.stdout) == (0, f"{run_id}\n"), started.stderr
-
-
-def _attempts(pg: psycopg.Connection[Any], run_id: str) -> dict[str, list[tuple[int, str]]]:
-    rows = pg.execute(
-        "SELECT node_id, attempt, outcome FROM eec_step_result WHERE run_id = %s"
-        " ORDER BY node_id, attempt",
-        (run_id,),
-    ).fetchall()
-    found: dict[str, list[tuple[int, str]]] = {}
-    for node, attempt, outcome in rows:
-        found.setdefault(node, []).append((attempt, outcome))
-    return found
 
 
 def test_an_order_runs_through_the_example_and_gives_its_declared_output(
     settings: Settings, orders: Path
 ) -> None:
     _start(settings, orders, "order-1001", ADA)
-    shown = run_ductor_script(settings, orders, "result", "order-1001", "--wait", "60")
+    shown = run_ductor(settings, "result", "order-1001", "--wait", "60", cwd=orders)
     assert shown.returncode == 0, shown.stderr
     assert orjson.loads(shown.stdout) == ADA_OUTPUT
     assert shown.stdout.count("\n") == 1  # one line of JSON
 
-    inspected = run_ductor_script(settings, orders, "inspect", "order-1001")
+    inspected = run_ductor(settings, "inspect", "order-1001", cwd=orders)
     assert inspected.returncode == 0, inspected.stdout
     lines = inspected.stdout.splitlines()
     assert "status     succeeded" in lines
@@ -184,23 +157,23 @@ def test_an_order_out_of_stock_fails_and_a_retry_finishes_it_once_restocked(
     _start(settings, orders, "order-1001", ADA)
     _start(settings, orders, "order-1003", {**ADA, "order_id": "1003", "country": "US"})
 
-    failed = run_ductor_script(settings, orders, "result", "order-1002", "--wait", "60")
+    failed = run_ductor(settings, "result", "order-1002", "--wait", "60", cwd=orders)
     assert (failed.returncode, failed.stdout) == (1, ""), failed.stderr
     assert failed.stderr == (
         "run order-1002 failed: step 'reserve' failed after 3 attempt(s):"
         " StepFailed: out of stock: umbrella\n"
     )
-    refused = run_ductor_script(settings, orders, "result", "order-1003", "--wait", "60")
+    refused = run_ductor(settings, "result", "order-1003", "--wait", "60", cwd=orders)
     assert refused.returncode == 1
     assert "step 'validate' failed after 1 attempt(s): StepFailed: we do not ship to 'US'" in (
         refused.stderr
     )
-    ada = run_ductor_script(settings, orders, "result", "order-1001", "--wait", "60")
+    ada = run_ductor(settings, "result", "order-1001", "--wait", "60", cwd=orders)
     assert ada.returncode == 0, ada.stderr
     assert orjson.loads(ada.stdout) == ADA_OUTPUT
 
-    listed = run_ductor_script(
-        settings, orders, "runs", "list", "--workflow", "orders", "--status", "failed"
+    listed = run_ductor(
+        settings, "runs", "list", "--workflow", "orders", "--status", "failed", cwd=orders
     )
     assert [line.split()[0] for line in listed.stdout.splitlines()[1:]] == [
         "order-1003",
@@ -208,13 +181,13 @@ def test_an_order_out_of_stock_fails_and_a_retry_finishes_it_once_restocked(
     ]
 
     (orders / "out_of_stock.txt").unlink()  # restocked
-    retried = run_ductor_script(settings, orders, "runs", "retry", "order-1002")
+    retried = run_ductor(settings, "runs", "retry", "order-1002", cwd=orders)
     assert retried.returncode == 0, retried.stderr
     assert retried.stdout == "run order-1002 resumed; running again: reserve, confirm\n"
-    shown = run_ductor_script(settings, orders, "result", "order-1002", "--wait", "60")
+    shown = run_ductor(settings, "result", "order-1002", "--wait", "60", cwd=orders)
     assert shown.returncode == 0, shown.stderr
     assert orjson.loads(shown.stdout) == GRACE_OUTPUT
-    assert _attempts(pg, "order-1002") == {
+    assert step_attempts(pg, "order-1002") == {
         "validate": [(1, "succeeded")],
         "price": [(1, "succeeded")],
         "reserve": [(1, "failed"), (2, "failed"), (3, "failed"), (4, "succeeded")],
