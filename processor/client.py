@@ -42,6 +42,7 @@ from processor.io.runs_admin import list_runs as _list_runs
 from processor.io.store import Definitions, commit_batch, delete_outbox, load_runs
 
 __all__ = [
+    "MAX_LIST_LIMIT",
     "ClientError",
     "RetriedRun",
     "RetryRefused",
@@ -67,6 +68,8 @@ __all__ = [
 # doubling (a run of fast steps ends in tens of milliseconds; a long one is not read 20 times
 # a second for minutes).
 _FIRST_POLL_S, _LAST_POLL_S = 0.05, 1.0
+# The most runs `list_runs` gives at once (`ductor runs list --limit`).
+MAX_LIST_LIMIT = 10_000
 # A retry that lost the race for the run's row this many times gives up (only another retry
 # of the same run writes a failed run's row), after these waits.
 _RETRY_RACE_WAITS_S = (0.0, 0.01, 0.05, 0.2)
@@ -226,8 +229,8 @@ def list_runs(
     limit: int = 50,
 ) -> list[RunSummary]:
     """Up to ``limit`` runs, newest first, of ``workflow`` and in ``status`` when given."""
-    if not 1 <= limit <= 10_000:
-        raise ClientError(f"the limit must be between 1 and 10000, not {limit}")
+    if not 1 <= limit <= MAX_LIST_LIMIT:
+        raise ClientError(f"the limit must be between 1 and {MAX_LIST_LIMIT}, not {limit}")
     with connect(settings) as conn:
         return _list_runs(conn, workflow, status, limit)
 
@@ -242,9 +245,7 @@ def send_signal(
     when None): the same id is recorded and acted on once."""
     signal_id = signal_id or f"{kind.value}-{uuid.uuid4().hex[:12]}"
     with connect(settings) as conn:
-        tier = run_tier(conn, run_id)
-        if tier is None:
-            raise RunNotFound(f"no run with id {run_id!r}")
+        tier = _tier_of(conn, run_id)
         new = insert_signal(conn, run_id, signal_id, kind)
     wake(settings, [run_id], tier, "signal")
     return SignalSent(signal_id, new)
@@ -255,9 +256,7 @@ def release_run(settings: Settings, run_id: str) -> None:
     goes on, one still broken is dead-lettered and quarantined again. RunNotFound if there is
     no such run, ClientError if it is not quarantined."""
     with connect(settings) as conn:
-        tier = run_tier(conn, run_id)
-        if tier is None:
-            raise RunNotFound(f"no run with id {run_id!r}")
+        tier = _tier_of(conn, run_id)
         if not release_quarantine(conn, run_id):
             raise ClientError(f"run {run_id!r} is not quarantined")
     wake(settings, [run_id], tier, "replay")
@@ -324,6 +323,14 @@ def _retryable(conn: psycopg.Connection[Any], definitions: Definitions, run_id: 
             f"run {run_id!r} is {run.state.status}, not failed; only a failed run can be retried"
         )
     return run
+
+
+def _tier_of(conn: psycopg.Connection[Any], run_id: str) -> str:
+    """The run's wakeup tier (RunNotFound if there is no such run)."""
+    tier = run_tier(conn, run_id)
+    if tier is None:
+        raise RunNotFound(f"no run with id {run_id!r}")
+    return tier
 
 
 def _read_result(conn: psycopg.Connection[Any], run_id: str) -> RunResult:

@@ -12,6 +12,7 @@ import orjson
 
 from processor.cli.common import EXIT_FAILED, EXIT_NOT_FINISHED, EXIT_OK, EXIT_USAGE, CliError
 from processor.client import (
+    MAX_LIST_LIMIT,
     RunNotFinished,
     RunNotFound,
     RunResult,
@@ -163,8 +164,8 @@ def _print_result(result: RunResult) -> int:
 
 
 def cmd_runs_list(settings: Settings, args: argparse.Namespace) -> int:
-    if not 1 <= args.limit <= 10_000:
-        raise CliError("--limit must be between 1 and 10000", EXIT_USAGE)
+    if not 1 <= args.limit <= MAX_LIST_LIMIT:
+        raise CliError(f"--limit must be between 1 and {MAX_LIST_LIMIT}", EXIT_USAGE)
     status = None if args.status is None else RunStatus(args.status)
     runs = list_runs(settings, args.workflow, status, args.limit)
     rows = [
