@@ -27,7 +27,6 @@ from processor.io.logs import first_line
 from processor.io.step_data import (
     MissingData,
     fetch_step_data,
-    insert_step_result,
     insert_step_results,
 )
 from processor.io.store import connect_durable
@@ -125,8 +124,8 @@ class WorkerDatabase:
         ids = {"run_id": task.run_id, "node": task.node, "attempt": task.attempt}
         try:
             done = self._through_outages(
-                lambda conn: insert_step_result(
-                    conn, task.run_id, task.node, task.attempt, outcome, output, error
+                lambda conn: insert_step_results(
+                    conn, [(task.run_id, task.node, task.attempt, outcome, output, error)]
                 )
             )
         except psycopg.errors.ForeignKeyViolation:

@@ -84,24 +84,6 @@ def fetch_step_data(
     return data
 
 
-def insert_step_result(
-    conn: psycopg.Connection[Any],
-    run_id: str,
-    node: str,
-    attempt: int,
-    outcome: StepOutcome,
-    output: Any = None,
-    error: str | None = None,
-) -> bool:
-    """Record a step attempt's result; True if new (a redelivered result is ignored)."""
-    row = conn.execute(
-        "INSERT INTO eec_step_result (run_id, node_id, attempt, outcome, output, error)"
-        " VALUES (%s, %s, %s, %s, %s, %s) ON CONFLICT DO NOTHING RETURNING 1",
-        (run_id, node, attempt, outcome.value, orjson.dumps(output).decode(), error),
-    ).fetchone()
-    return row is not None
-
-
 # A result as the worker records it: run id, node, attempt, outcome, output, error.
 StepResultRow = tuple[str, str, int, StepOutcome, Any, str | None]
 
@@ -115,10 +97,9 @@ SELECT r.run_id, r.node_id, r.attempt, r.outcome, coalesce(r.output, 'null'::jso
 
 
 def insert_step_results(conn: psycopg.Connection[Any], results: Sequence[StepResultRow]) -> None:
-    """Record a batch of results in one statement, as ``insert_step_result`` records each (a
-    redelivered one is ignored; an output of None is stored as JSON null). A result the
-    database refuses fails the whole statement, and nothing of it is written: the caller then
-    records the results one by one, to learn which."""
+    """Record results in one statement (a redelivered one is ignored; an output of None is
+    stored as JSON null). A result the database refuses fails the whole statement, and nothing
+    of it is written: the caller then records the results one by one, to learn which."""
     rows = [
         {"run_id": r, "node_id": n, "attempt": a, "outcome": o, "output": out, "error": e}
         for r, n, a, o, out, e in results
