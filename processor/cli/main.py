@@ -53,7 +53,12 @@ def build_parser() -> argparse.ArgumentParser:
     topics = sub.add_parser("topics", help="manage the Kafka topics")
     topics_sub = topics.add_subparsers(dest="topics_command", required=True, metavar="ACTION")
     p = topics_sub.add_parser(
-        "create", help="create every topic idempotently (partitions from config)"
+        "create",
+        help="create every topic idempotently (partitions from config), with a steps topic"
+        " for each queue the registered workflows name",
+    )
+    p.add_argument(
+        "--queue", metavar="Q[,Q...]", help="steps topics of these queues too (not registered yet)"
     )
     p.set_defaults(func=cmd_topics_create)
 
@@ -79,7 +84,57 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser(
         "worker", help="run a step worker with your step functions (--app) or the sample ones"
     )
-    p.add_argument("--threads", type=int, default=8, help="step functions run in parallel")
+    p.add_argument(
+        "--concurrency",
+        "--threads",
+        type=int,
+        default=8,
+        help="most step functions running at once (plain ones each on a thread of its own)",
+    )
+    p.add_argument(
+        "--prefetch",
+        type=int,
+        default=None,
+        metavar="N",
+        help="most tasks held waiting to run (read, claimed, waiting for a slot)"
+        " (default: 16 per slot, at least 512)",
+    )
+    p.add_argument(
+        "--queue",
+        default="default",
+        metavar="Q[,Q...]",
+        help="the queues to serve (a step names its queue; default: default)",
+    )
+    p.add_argument(
+        "--isolation",
+        choices=("thread", "process"),
+        default="thread",
+        help="run steps in the worker's threads, or each slot in a child process that a hung"
+        " or crashing step takes down alone (default: thread)",
+    )
+    p.add_argument(
+        "--abandon-after",
+        type=float,
+        default=5.0,
+        metavar="SECONDS",
+        help="a step still running this long past its deadline is abandoned (default: 5)",
+    )
+    p.add_argument(
+        "--max-abandoned",
+        type=int,
+        default=None,
+        metavar="N",
+        help="abandoned steps still running past which the worker stops with exit code 3"
+        " (default: the concurrency)",
+    )
+    p.add_argument(
+        "--crash-reruns",
+        type=int,
+        default=1,
+        metavar="N",
+        help="how many more times an attempt runs after the worker running it died, before"
+        " it fails (default: 1)",
+    )
     p.add_argument(
         "--app",
         metavar="MODULE:ATTRIBUTE",

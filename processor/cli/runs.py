@@ -9,6 +9,7 @@ import uuid
 from pathlib import Path
 
 import orjson
+from confluent_kafka import KafkaException
 
 from processor.cli.common import EXIT_FAILED, EXIT_NOT_FINISHED, EXIT_OK, EXIT_USAGE, CliError
 from processor.client import (
@@ -26,10 +27,12 @@ from processor.client import (
     wait_for_run,
 )
 from processor.core.model import RunStatus, SignalKind, state_checksum
-from processor.core.workflow import ValidationError, parse_workflow
+from processor.core.routing import DEFAULT_QUEUE, TopicNames
+from processor.core.workflow import ValidationError, WorkflowDef, parse_workflow
 from processor.io.config import Settings
 from processor.io.runs_admin import register_workflow, run_columns, run_result
 from processor.io.store import Definitions, load_runs
+from processor.io.topics import create_topics
 from processor.io.workflow_schema import WorkflowSchemaError, check_workflow_document
 
 
@@ -52,7 +55,29 @@ def cmd_workflows_register(settings: Settings, args: argparse.Namespace) -> int:
         except ValueError as exc:
             raise CliError(str(exc)) from None
     print(f"workflow {wf.name} v{wf.version} {'registered' if new else 'already registered'}")
+    _ensure_queue_topics(settings, wf)
     return EXIT_OK
+
+
+def _ensure_queue_topics(settings: Settings, wf: WorkflowDef) -> None:
+    """A workflow that names a queue gets its steps topic at once: the coordinator would
+    otherwise dispatch its steps to a topic that does not exist. Unreachable broker: said,
+    with the command that does it later."""
+    queues = [q for q in wf.queues if q != DEFAULT_QUEUE]
+    if not queues:
+        return
+    try:
+        report = create_topics(settings, timeout_s=15.0, queues=queues)
+    except (KafkaException, RuntimeError) as exc:
+        print(
+            f"the steps topics of queue(s) {', '.join(queues)} were not created ({exc});"
+            " run `ductor topics create` before starting runs",
+            file=sys.stderr,
+        )
+        return
+    names = TopicNames(settings.topic_prefix)
+    for queue in queues:
+        print(f"queue {queue}: topic {names.steps_for(queue)} {report[names.steps_for(queue)]}")
 
 
 def cmd_start(settings: Settings, args: argparse.Namespace) -> int:

@@ -3,18 +3,24 @@
 from __future__ import annotations
 
 import argparse
+import re
+import sys
 import threading
 
+import psycopg
+
 from processor.cli.common import EXIT_OK, EXIT_USAGE, CliError, stop_on_signals
-from processor.cli.worker_app import load_registry
-from processor.client import connect
+from processor.client import ClientError, connect
 from processor.engine.faults import Faults, Point
 from processor.engine.processor import Processor
-from processor.engine.worker import Worker, sample_registry
 from processor.io.config import ConfigError, Settings
 from processor.io.kafka import KafkaAuthError, check_authentication
 from processor.io.migrate import migrate
+from processor.io.runs_admin import registered_queues
 from processor.io.topics import create_topics
+from processor.worker.app import AppError, registry_for
+from processor.worker.options import WorkerOptions
+from processor.worker.worker import Worker
 
 
 def cmd_migrate(settings: Settings, _args: argparse.Namespace) -> int:
@@ -25,8 +31,16 @@ def cmd_migrate(settings: Settings, _args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def cmd_topics_create(settings: Settings, _args: argparse.Namespace) -> int:
-    report = create_topics(settings)
+def cmd_topics_create(settings: Settings, args: argparse.Namespace) -> int:
+    """The topics, with a steps topic for every queue the registered workflows name (when
+    the database answers) and every ``--queue``."""
+    queues = set(_queue_names(args.queue or ""))
+    try:
+        with connect(settings) as conn:
+            queues.update(registered_queues(conn))
+    except (ClientError, psycopg.Error) as exc:
+        print(f"(the queues of registered workflows were not read: {exc})", file=sys.stderr)
+    report = create_topics(settings, queues=sorted(queues))
     for topic, state in report.items():
         print(f"{topic:32} {state}")
     return EXIT_OK
@@ -50,19 +64,53 @@ def cmd_process(settings: Settings, args: argparse.Namespace) -> int:
 
 
 def cmd_worker(settings: Settings, args: argparse.Namespace) -> int:
-    if args.threads < 1:
-        raise CliError("--threads must be at least 1", EXIT_USAGE)
+    options = worker_options(args)
     # The registry first: a wrong --app is a usage error, reported before any connection.
-    registry = sample_registry() if args.app is None else load_registry(args.app)
+    try:
+        registry = registry_for(args.app)
+    except AppError as exc:
+        raise CliError(str(exc), EXIT_USAGE) from None
     requested = threading.Event()
     stop_on_signals(requested.set)  # a SIGTERM while starting is kept, not a hard kill
     _check_kafka_credentials(settings)
-    worker = Worker(settings, registry, threads=args.threads)
+    worker = Worker(settings, registry, options)
     stop_on_signals(worker.stop)
     if requested.is_set():
         worker.stop()
-    worker.run()
-    return EXIT_OK
+    try:
+        worker.run()
+    except RuntimeError as exc:  # a queue whose topic does not exist
+        raise CliError(str(exc), EXIT_USAGE) from None
+    return worker.exit_code
+
+
+def worker_options(args: argparse.Namespace) -> WorkerOptions:
+    """The worker's flags as its options, or CliError (exit 2) saying which flag is wrong."""
+    queues = _queue_names(args.queue)
+    try:
+        return WorkerOptions(
+            concurrency=args.concurrency,
+            prefetch=args.prefetch,
+            queues=queues,
+            isolation=args.isolation,
+            abandon_after_s=args.abandon_after,
+            max_abandoned=args.max_abandoned,
+            crash_reruns=args.crash_reruns,
+            app=args.app,
+        )
+    except ValueError as exc:
+        raise CliError(f"ductor worker: {exc}", EXIT_USAGE) from None
+
+
+def _queue_names(text: str) -> tuple[str, ...]:
+    """``--queue a,b``: the names, or CliError (exit 2) naming one that is not a queue."""
+    queues = tuple(q.strip() for q in text.split(",") if q.strip())
+    for queue in queues:
+        if not re.fullmatch(r"[A-Za-z0-9_-]{1,100}", queue):
+            raise CliError(
+                f"--queue: {queue!r} is not a queue name (letters, digits, '_', '-')", EXIT_USAGE
+            )
+    return queues
 
 
 def _check_kafka_credentials(settings: Settings) -> None:

@@ -317,10 +317,19 @@ def _effects(
             data = data_at_hand(run, step)
             # Encoded straight from the dispatch: no StepTask object per dispatch.
             task = encode_task(
-                run.run_id, d.node, d.attempt, d.step_type, d.deadline_ms, run.tier, deps, data
+                run.run_id,
+                d.node,
+                d.attempt,
+                d.step_type,
+                d.deadline_ms,
+                run.tier,
+                deps,
+                data,
+                step.heartbeat_timeout_ms,
             )
             attributes = (("ductor.node", d.node), ("ductor.attempt", d.attempt))
-            sends.append(Send(names.steps, key=key, value=task, attributes=attributes))
+            topic = names.steps_for(step.queue)
+            sends.append(Send(topic, key=key, value=task, attributes=attributes))
     if decision.timers:
         sends += [_timer(run.run_id, due, now_ms, "timer", names) for due in decision.timers]
     return tuple(sends)

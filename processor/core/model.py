@@ -168,6 +168,8 @@ class StepResult:
     attempt: int
     outcome: StepOutcome
     error: str | None = None
+    # False: the step declared the failure final (NonRetryable); the node fails at once.
+    retryable: bool = True
 
 
 class SignalKind(StrEnum):

@@ -9,6 +9,7 @@ import zlib
 from dataclasses import dataclass
 
 TIERS = ("t0", "t1", "t2")
+DEFAULT_QUEUE = "default"  # the queue of a step that names none (core/workflow.py)
 # The backoff ladder of the seed: 100 ms * 2^n, capped at 10 s. One topic per rung keeps due
 # times monotone within a partition, so a paused partition head is always the earliest due record.
 DELAY_RUNGS_MS = (100, 200, 400, 800, 1600, 3200, 6400, 10000)
@@ -66,7 +67,12 @@ class TopicNames:
 
     @property
     def steps(self) -> str:
+        """The steps topic of the default queue."""
         return f"{self.prefix}.steps"
+
+    def steps_for(self, queue: str) -> str:
+        """The steps topic of a queue: the default queue keeps the topic it always had."""
+        return self.steps if queue == DEFAULT_QUEUE else f"{self.prefix}.steps.{queue}"
 
     @property
     def dlq(self) -> str:

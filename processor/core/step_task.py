@@ -6,6 +6,7 @@ run's input and those outputs). The format, one JSON object:
 
     {"task_version": 1, "run_id": ..., "node": ..., "attempt": 1, "step_type": ...,
      "deadline_ms": ..., "tier": "t1",
+     "heartbeat_timeout_ms": 5000,                           # only when the step declares one
      "dep_attempts": {"fetch": 1},                           # dependency -> attempt that succeeded
      "data": {"input": {...}, "deps": {"fetch": {...}}}}     # inline; null: the worker fetches
 
@@ -13,7 +14,8 @@ The data is inline only when its encoded JSON is at most ``MAX_INLINE_DATA_BYTES
 ``data`` is null and the worker reads the run's input and those outputs from Postgres in one
 query per batch (docs/operations.md, "Data between steps", says why the bound is what it is).
 
-``task_version`` stays 1: ``dep_attempts`` and ``data`` are optional additions. A worker from
+``task_version`` stays 1: ``dep_attempts``, ``data`` and ``heartbeat_timeout_ms`` are optional
+additions. A worker from
 before them ignores fields it does not know and runs the task as before, and a worker from
 after them reads a task without them (from an older coordinator) as "fetch everything", finding
 the dependencies in the run's definition and state. Coordinators and workers can so be
@@ -48,6 +50,14 @@ NO_DEPS: Mapping[str, Any] = MappingProxyType({})
 DepAttempts = tuple[tuple[str, int], ...]
 
 
+class AttemptKey(NamedTuple):
+    """One attempt of one step of one run: what a result, a start and a task are keyed by."""
+
+    run_id: str
+    node: str
+    attempt: int
+
+
 class StepData(NamedTuple):
     """What a step reads besides its own identity: the run's input, and the outputs of the
     step's dependencies by step name (read-only)."""
@@ -73,6 +83,12 @@ class StepTask:
     # The run's input and the dependencies' outputs, when the coordinator had them at hand;
     # carried inline only up to MAX_INLINE_DATA_BYTES (``encode``). None: the worker fetches.
     data: StepData | None = None
+    # The step's heartbeat timeout (core/workflow.py), None when it declares none.
+    heartbeat_timeout_ms: int | None = None
+
+    @property
+    def key(self) -> AttemptKey:
+        return AttemptKey(self.run_id, self.node, self.attempt)
 
     def encode(self) -> bytes:
         return encode_task(
@@ -84,6 +100,7 @@ class StepTask:
             self.tier,
             self.dep_attempts,
             self.data,
+            self.heartbeat_timeout_ms,
         )
 
 
@@ -96,6 +113,7 @@ def encode_task(
     tier: str,
     dep_attempts: DepAttempts | None,
     data: StepData | None,
+    heartbeat_timeout_ms: int | None = None,
 ) -> bytes:
     """A task's record value, from its fields (what ``StepTask.encode`` writes; the tick calls
     it directly, one per dispatch, without building the object)."""
@@ -108,6 +126,8 @@ def encode_task(
         "deadline_ms": deadline_ms,
         "tier": tier,
     }
+    if heartbeat_timeout_ms is not None:
+        body["heartbeat_timeout_ms"] = heartbeat_timeout_ms
     if dep_attempts is not None:
         body["dep_attempts"] = dict(dep_attempts)
         body["data"] = inline_data(data)
@@ -145,6 +165,7 @@ def decode_step_task(value: bytes | None) -> StepTask:
             tier=raw.get("tier", "t1"),
             dep_attempts=_dep_attempts(raw.get("dep_attempts")),
             data=_data(raw.get("data")),
+            heartbeat_timeout_ms=raw.get("heartbeat_timeout_ms"),
         )
     except KeyError as exc:
         raise ValidationError(f"step task is missing {exc.args[0]!r}") from None
@@ -161,6 +182,9 @@ def decode_step_task(value: bytes | None) -> StepTask:
         raise ValidationError(f"step task: tier must be one of {', '.join(TIERS)}")
     if not (1 <= task.attempt <= MAX_ATTEMPT and 0 <= task.deadline_ms <= MAX_EPOCH_MS):
         raise ValidationError("step task: attempt or deadline_ms out of range")
+    beat = task.heartbeat_timeout_ms
+    if beat is not None and (type(beat) is not int or not 1 <= beat <= MAX_EPOCH_MS):
+        raise ValidationError("step task: heartbeat_timeout_ms must be a positive integer")
     return task
 
 

@@ -11,7 +11,8 @@ Rules, in the order they are applied:
 4. A dispatched node whose deadline has passed has failed its attempt ("timed out").
 5. A failed attempt is retried by the step's policy (retry_wait until its backoff is due),
    or fails the node when attempts are exhausted (counted since the run was last resumed, see
-   below); a failed node fails the run.
+   below) or the step declared the failure final (a result that is not ``retryable``: the
+   step raised NonRetryable); a failed node fails the run.
 6. Due retries are dispatched with the next attempt; pending nodes whose dependencies all
    succeeded are dispatched with their next attempt (1, unless the run was resumed), each with
    its deadline.
@@ -100,7 +101,9 @@ def tick(
         if node.attempt != result.attempt:
             continue
         ok = result.outcome is StepOutcome.SUCCEEDED
-        nodes[result.node] = _finish_attempt(node, steps[result.node], ok, result.error, now_ms)
+        nodes[result.node] = _finish_attempt(
+            node, steps[result.node], ok, result.error, now_ms, result.retryable
+        )
 
     for name, node in list(nodes.items()):
         if node.status is _DISPATCHED and node.due_ms is not None and now_ms >= node.due_ms:
@@ -169,13 +172,18 @@ def resume_failed(state: RunState) -> RunState:
 
 
 def _finish_attempt(
-    node: NodeState, step: StepDef, ok: bool, error: str | None, now_ms: int
+    node: NodeState,
+    step: StepDef,
+    ok: bool,
+    error: str | None,
+    now_ms: int,
+    retryable: bool = True,
 ) -> NodeState:
     if ok:
         return NodeState(_SUCCEEDED, node.attempt, None, None, node.attempts_before)
     # The policy counts the attempts since the run was last resumed (none before: attempt).
     tried = node.attempt - node.attempts_before
-    if tried < step.retry.max_attempts:
+    if retryable and tried < step.retry.max_attempts:
         due = now_ms + step.retry.delay_after(tried)
         return NodeState(_RETRY_WAIT, node.attempt, due, error, node.attempts_before)
     return NodeState(_FAILED, node.attempt, None, error, node.attempts_before)

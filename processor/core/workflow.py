@@ -5,16 +5,22 @@ field) and written back canonically (``workflow_to_json``). Pure values, no I/O.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
 from graphlib import CycleError, TopologicalSorter
 from typing import Any
 
+from processor.core.routing import DEFAULT_QUEUE
+
 
 class ValidationError(ValueError):
     """Input that cannot be accepted; the message says what is wrong and where."""
 
+
+# A queue's name goes into a topic name (``<prefix>.steps.<queue>``).
+_QUEUE_NAME = re.compile(r"[A-Za-z0-9_-]{1,100}")
 
 # The longest wait between two attempts a workflow may declare: a retry timer's target is
 # never further ahead than this (intake.py rejects a wakeup that says otherwise).
@@ -41,6 +47,11 @@ class StepDef:
     depends_on: tuple[str, ...] = ()
     retry: RetryPolicy = field(default_factory=RetryPolicy)
     timeout_ms: int = 30_000
+    # The queue whose workers run it: each queue is a steps topic of its own (routing.py).
+    queue: str = DEFAULT_QUEUE
+    # A long step calls ``ctx.heartbeat()`` at least this often, or its attempt fails without
+    # waiting for its deadline. None: no heartbeat is expected.
+    heartbeat_timeout_ms: int | None = None
 
 
 @dataclass(frozen=True)
@@ -70,6 +81,11 @@ class WorkflowDef:
     def step_map(self) -> dict[str, StepDef]:
         """Steps by name (computed once per definition; definitions are immutable)."""
         return {s.name: s for s in self.steps}
+
+    @property
+    def queues(self) -> list[str]:
+        """The queues its steps run on, sorted."""
+        return sorted({s.queue for s in self.steps})
 
     def step(self, name: str) -> StepDef:
         for step in self.steps:
@@ -149,7 +165,11 @@ def parse_workflow(raw: Any) -> WorkflowDef:
         where = f"workflow.steps[{i}]"
         if not isinstance(raw_step, dict):
             raise ValidationError(f"{where}: expected an object")
-        _check_keys(raw_step, {"name", "type", "depends_on", "retry", "timeout_ms"}, where)
+        _check_keys(
+            raw_step,
+            {"name", "type", "depends_on", "retry", "timeout_ms", "queue", "heartbeat_timeout_ms"},
+            where,
+        )
         deps = _optional(raw_step, "depends_on", list, where, [])
         if not all(isinstance(d, str) for d in deps):
             raise ValidationError(f"{where}.depends_on: expected a list of step names")
@@ -160,6 +180,17 @@ def parse_workflow(raw: Any) -> WorkflowDef:
         timeout_ms = _optional(raw_step, "timeout_ms", int, where, 30_000)
         if timeout_ms < 1:
             raise ValidationError(f"{where}.timeout_ms: must be >= 1")
+        queue = _optional(raw_step, "queue", str, where, DEFAULT_QUEUE)
+        if not _QUEUE_NAME.fullmatch(queue):
+            raise ValidationError(
+                f"{where}.queue: {queue!r} must be 1 to 100 letters, digits, '_' or '-'"
+            )
+        heartbeat_ms = _optional(raw_step, "heartbeat_timeout_ms", int, where, None)
+        if heartbeat_ms is not None and not 1 <= heartbeat_ms < timeout_ms:
+            raise ValidationError(
+                f"{where}.heartbeat_timeout_ms: must be >= 1 and shorter than timeout_ms"
+                f" ({timeout_ms})"
+            )
         steps.append(
             StepDef(
                 name=_require(raw_step, "name", str, where),
@@ -167,6 +198,8 @@ def parse_workflow(raw: Any) -> WorkflowDef:
                 depends_on=tuple(deps),
                 retry=parse_retry(raw_step.get("retry", {}), f"{where}.retry"),
                 timeout_ms=timeout_ms,
+                queue=queue,
+                heartbeat_timeout_ms=heartbeat_ms,
             )
         )
     _check_graph(steps)
@@ -224,22 +257,29 @@ def workflow_to_json(wf: WorkflowDef) -> dict[str, Any]:
     raw = {
         "name": wf.name,
         "version": wf.version,
-        "steps": [
-            {
-                "name": s.name,
-                "type": s.step_type,
-                "depends_on": list(s.depends_on),
-                "retry": {
-                    "max_attempts": s.retry.max_attempts,
-                    "backoff_ms": s.retry.backoff_ms,
-                    "backoff_multiplier": s.retry.backoff_multiplier,
-                    "max_backoff_ms": s.retry.max_backoff_ms,
-                },
-                "timeout_ms": s.timeout_ms,
-            }
-            for s in wf.steps
-        ],
+        "steps": [_step_to_json(s) for s in wf.steps],
     }
     if wf.output is not None:  # absent otherwise: definitions from before outputs are unchanged
         raw["output"] = wf.output.to_json()
+    return raw
+
+
+def _step_to_json(s: StepDef) -> dict[str, Any]:
+    raw: dict[str, Any] = {
+        "name": s.name,
+        "type": s.step_type,
+        "depends_on": list(s.depends_on),
+        "retry": {
+            "max_attempts": s.retry.max_attempts,
+            "backoff_ms": s.retry.backoff_ms,
+            "backoff_multiplier": s.retry.backoff_multiplier,
+            "max_backoff_ms": s.retry.max_backoff_ms,
+        },
+        "timeout_ms": s.timeout_ms,
+    }
+    # Written only when set: definitions from before queues and heartbeats are unchanged.
+    if s.queue != DEFAULT_QUEUE:
+        raw["queue"] = s.queue
+    if s.heartbeat_timeout_ms is not None:
+        raw["heartbeat_timeout_ms"] = s.heartbeat_timeout_ms
     return raw

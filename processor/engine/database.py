@@ -16,19 +16,20 @@ from processor.core.decide import Commit, ForceFailWrite, Send
 from processor.core.model import Loaded, LoadedRun
 from processor.core.outcomes import ForceFailReason
 from processor.core.tick import force_fail
-from processor.io import store, sweeps
+from processor.io import connections, store, sweeps
 
 
 class Database:
-    def __init__(self, dsn: str) -> None:
+    def __init__(self, dsn: str, instance_id: str | None = None) -> None:
         self._dsn = dsn
+        self._instance_id = instance_id  # the owner of the outbox rows its commits write
         self._conn: psycopg.Connection[Any] | None = None
         self._definitions = store.Definitions()
 
     @property
     def conn(self) -> psycopg.Connection[Any]:
         if self._conn is None or self._conn.closed:
-            self._conn = store.connect(self._dsn)
+            self._conn = connections.connect(self._dsn)
         return self._conn
 
     def close(self) -> None:
@@ -43,7 +44,7 @@ class Database:
     def commit(
         self, commits: Sequence[Commit], acknowledged: Sequence[tuple[str, int]]
     ) -> set[str]:
-        return store.commit_batch(self.conn, commits, acknowledged)
+        return store.commit_batch(self.conn, commits, acknowledged, self._instance_id)
 
     def landed(self, commits: Sequence[Commit]) -> set[str]:
         return store.commits_landed(self.conn, commits)
@@ -52,9 +53,9 @@ class Database:
         store.delete_outbox(self.conn, acknowledged)
 
     def claim_outbox(
-        self, older_than_s: float, limit: int
+        self, older_than_s: float, limit: int, relay: store.OutboxRelay
     ) -> list[tuple[str, int, tuple[Send, ...]]]:
-        return store.claim_outbox(self.conn, older_than_s, limit)
+        return store.claim_outbox(self.conn, older_than_s, limit, relay)
 
     def force_fail(self, write: ForceFailWrite) -> bool:
         """The terminal path shared by the livelock guard and the watchdog: write the failed

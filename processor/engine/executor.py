@@ -53,13 +53,13 @@ from processor.core.records import Inbound
 from processor.core.routing import partition_for
 from processor.core.stats import Stats
 from processor.engine.database import Database
-from processor.engine.delivery import Delivery
 from processor.engine.faults import NO_FAULTS, Faults
 from processor.engine.ledger import Ledger
-from processor.engine.outage import Outage
 from processor.engine.stage import DatabaseStage, InFlight, StageResult
+from processor.io.delivery import Delivery
 from processor.io.kafka import Outbox, choose_partition
 from processor.io.logs import first_line
+from processor.io.outage import Outage
 from processor.io.telemetry import Telemetry, context_headers
 
 log = logging.getLogger("ductor.executor")
@@ -141,9 +141,11 @@ class Executor:
         self.database_ok = True  # False after a batch failed on a database error
         self._stage: tuple[list[Work], InFlight] | None = None
         self._outage = postgres or Outage("postgres", log)  # shared with the watchdog's
-        self._acknowledged: list[tuple[str, int]] = []  # outbox rows to delete
+        # Outbox rows to delete (a dict: the same row acknowledged twice, by its commit and a
+        # relay, is deleted once).
+        self._acknowledged: dict[tuple[str, int], None] = {}
         self._acknowledged_since = 0.0
-        self._delivery = Delivery(outbox, stats, monotonic)
+        self._delivery = Delivery(outbox, stats.errors, monotonic)
 
     def use_rules(self, rules: Rules) -> None:
         """Rules learnt once the broker answered (the dead-letter topic's size limit)."""
@@ -190,8 +192,30 @@ class Executor:
         for work in batch:
             self._ledger.start_span(work)
         items = [BatchItem(w.run_id, w.attempts, tuple(w.records)) for w in batch]
-        acknowledged, self._acknowledged = self._acknowledged, []
-        self._stage = (batch, self._stage_runner.start(items, acknowledged))
+        self._stage = (batch, self._stage_runner.start(items, self._take_acknowledged()))
+
+    def _take_acknowledged(self) -> list[tuple[str, int]]:
+        """At most ``_ACKS_PER_DELETE`` acknowledged rows for the next statement, in key order
+        (two statements deleting overlapping rows lock them in the same order); the rest wait
+        for the next one."""
+        taken = sorted(self._acknowledged)[:_ACKS_PER_DELETE]
+        for key in taken:
+            del self._acknowledged[key]
+        if self._acknowledged:
+            self._acknowledged_since = self._monotonic()
+        return taken
+
+    def delete_acknowledged(self, timeout_s: float) -> bool:
+        """Delete every acknowledged outbox row now (shutdown, partitions released), once the
+        batch in flight is carried out; False if that did not finish within ``timeout_s``."""
+        deadline = self._monotonic() + timeout_s
+        while self.flush(max(0.0, deadline - self._monotonic())):
+            if not self._acknowledged:
+                return True
+            if self._monotonic() >= deadline:
+                return False
+            self._stage = ([], self._stage_runner.start([], self._take_acknowledged()))
+        return False
 
     def wait_for_stage(self, timeout_s: float) -> None:
         """Block until the batch in flight finished its database stage, ``timeout_s`` at most."""
@@ -268,7 +292,7 @@ class Executor:
         """Outbox rows whose records the broker has: deleted by the next database stage."""
         if rows and not self._acknowledged:
             self._acknowledged_since = self._monotonic()
-        self._acknowledged.extend(rows)
+        self._acknowledged.update(dict.fromkeys(rows))
 
     def finish(self, work: Work, outcome: Outcome) -> None:
         """6. The work is done: its records' offsets may be stored; its span ends."""

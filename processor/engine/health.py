@@ -33,7 +33,7 @@ from typing import Any
 
 import psycopg
 
-from processor.io import store
+from processor.io import connections
 from processor.io.logs import first_line
 
 log = logging.getLogger("ductor.health")
@@ -184,8 +184,8 @@ class HealthServer:
             while not self._stop.is_set():
                 try:
                     if conn is None or conn.closed:
-                        conn = store.connect(self._dsn, _DB_CONNECT_TIMEOUT_S)
-                    store.ping(conn)
+                        conn = connections.connect(self._dsn, _DB_CONNECT_TIMEOUT_S)
+                    connections.ping(conn)
                     if self._db_problem is not None and self._db_checked_at is not None:
                         log.info("health check: the database answers again")
                     self._db_problem = None

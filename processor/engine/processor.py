@@ -34,9 +34,9 @@ from processor.engine.faults import NO_FAULTS, Faults
 from processor.engine.flow_control import FlowControl
 from processor.engine.health import HealthServer, Probe, is_ready
 from processor.engine.lag import LagMeter
-from processor.engine.outage import Outage
 from processor.engine.watchdog import Shards, SweepSettings, Watchdog
 from processor.io.config import Settings
+from processor.io.instances import Presence, heartbeat_interval_s
 from processor.io.kafka import (
     Outbox,
     consumer_config,
@@ -45,6 +45,8 @@ from processor.io.kafka import (
     topic_partitions,
 )
 from processor.io.logs import first_line
+from processor.io.outage import Outage
+from processor.io.store import OutboxRelay
 from processor.io.telemetry import Telemetry
 from processor.io.topics import topic_max_message_bytes
 
@@ -89,8 +91,17 @@ class Processor:
         if faults.armed:
             log.warning("fault injection armed (tests only): %s", ", ".join(faults.armed))
         self.rules = Rules(self.names, settings.livelock_requeues, producer_max_bytes(settings))
+        # This instance in the registry: the outbox rows it commits are its own, relayed by
+        # others only once it is gone.
+        self.presence = Presence(
+            settings.pg_dsn,
+            self.instance_id,
+            "processor",
+            heartbeat_interval_s(settings.instance_timeout_s),
+            settings.instance_timeout_s,
+        )
         self.executor = Executor(
-            database=Database(settings.pg_dsn),
+            database=Database(settings.pg_dsn, self.instance_id),
             outbox=self.outbox,
             partitions=self.partitions,
             rules=self.rules,
@@ -105,6 +116,9 @@ class Processor:
             database=Database(settings.pg_dsn),
             owned_shards=self._owned_shards,
             may_relay=lambda: self.executor.may_relay(settings.relay_after_s),
+            relay_as=lambda: OutboxRelay(
+                self.instance_id, self.presence.may_judge(), settings.instance_timeout_s
+            ),
             settings=SweepSettings(
                 settings.sweep_interval_s,
                 settings.sweep_grace_s,
@@ -158,6 +172,7 @@ class Processor:
                 on_revoke=self._on_revoke,
                 on_lost=self._on_lost,
             )
+            self.presence.start()
             log.info("processor started", extra={"instance": self.instance_id})
             # Everything alive now (modules, clients, settings) lives as long as the process:
             # keep it out of the collector's full passes, which otherwise rescan it all.
@@ -361,6 +376,8 @@ class Processor:
             self.outbox.flush(min(5.0, self._wait_bound()))
             self._store_offsets()
             self._commit_offsets(consumer, "offset commit on revoke failed: %s")
+            # Acknowledged outbox rows go now, before the partitions' next owner meets them.
+            self.executor.delete_acknowledged(min(5.0, self._wait_bound()))
         for tp in tps:
             self.tracker.forget(tp)
         self.flow.released(tps)
@@ -383,8 +400,13 @@ class Processor:
         self._store_offsets()
         self._commit_offsets(self._consumer, "final offset commit failed: %s")
         self._consumer.close()
+        # The outbox rows acknowledged since the last commit go now: left, they would be sent
+        # again by the others once this instance is marked stopped.
+        if not self.executor.delete_acknowledged(max(0.1, deadline - time.monotonic())):
+            log.error("the acknowledged outbox rows could not be deleted at shutdown")
         self.executor.close()
         self.watchdog.close()
+        self.presence.stop(max(0.5, min(2.0, deadline - time.monotonic())))
         self.telemetry.shutdown()
         log.info(
             "processor stopped", extra={"instance": self.instance_id, "stats": self.stats.summary()}

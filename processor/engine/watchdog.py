@@ -8,10 +8,12 @@ protocol already guarantees one owner per partition; a brief overlap during a re
 produces a duplicate wakeup, which a no-op tick absorbs.
 
 The relay is not split: every live instance claims rows left behind, whether it owns
-partitions or not. After a crash the dead instance's partitions stay with it until the group's
-session timeout (10 s on the local broker, 45 s by Kafka's default); when every instance
-crashed, the new ones own nothing for that long, and a relay that waited for partitions would
-let the dead instances' step tasks wait past their deadlines.
+partitions or not; it takes only rows whose owner is gone from the instance registry
+(io/instances.py), never those a live instance's producer still holds. After a crash the
+dead instance's partitions stay with it until the group's session timeout (10 s on the local
+broker, 45 s by Kafka's default); when every instance crashed, the new ones own nothing for
+that long, and a relay that waited for partitions would let the dead instances' step tasks
+wait past their deadlines.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ import psycopg
 from processor.core.decide import Send
 from processor.engine.database import Database
 from processor.engine.faults import NO_FAULTS, Faults, Point
+from processor.io.store import OutboxRelay
 
 log = logging.getLogger("ductor.watchdog")
 
@@ -65,6 +68,7 @@ class Watchdog:
         database: Database,
         owned_shards: Callable[[], Shards],
         may_relay: Callable[[], bool],
+        relay_as: Callable[[], OutboxRelay],
         settings: SweepSettings,
         monotonic: Callable[[], float] = time.monotonic,
         faults: Faults = NO_FAULTS,
@@ -73,6 +77,7 @@ class Watchdog:
         self._faults = faults
         self._owned_shards = owned_shards
         self._may_relay = may_relay
+        self._relay_as = relay_as
         self._settings = settings
         self._monotonic = monotonic
         self.next_at: float | None = monotonic() + settings.interval_s
@@ -130,7 +135,7 @@ class Watchdog:
         self._faults.hit(Point.STUCK_SELECTED, [run_id for run_id, _seq in stuck])
         failed = [run_id for run_id, seq in stuck if self._db.force_fail_stuck(run_id, seq)]
         overdue = self._db.overdue(modulus, owned, s.grace_s, s.limit) if owned else []
-        claimed = self._db.claim_outbox(s.relay_after_s, s.limit) if relay else []
+        claimed = self._db.claim_outbox(s.relay_after_s, s.limit, self._relay_as()) if relay else []
         return SweepResult(overdue=overdue, force_failed=failed, relay=claimed)
 
     def close(self) -> None:

@@ -62,8 +62,19 @@ def producer_max_bytes(settings: Settings) -> int:
     return max(1_000_000, settings.max_record_bytes * 2)
 
 
+# How long the producer retries a record before reporting it undelivered (librdkafka's
+# message.timeout.ms, 300 s by default), set here so that it is known rather than inherited:
+# a record the broker has not taken after two minutes is reported failed, counted and logged
+# as an outage, and sent again by its own instance after a backoff (io/delivery.py). Nobody
+# else re-sends it meanwhile (the outbox relay takes only the rows of instances that are
+# gone), so the timeout bounds how long a delivery stays silent, not how many copies exist.
+# DUCTOR_KAFKA_MESSAGE_TIMEOUT_MS overrides it.
+DELIVERY_TIMEOUT_MS = 120_000
+
+
 def producer_config(settings: Settings, client_id: str) -> dict[str, Any]:
     return {
+        "message.timeout.ms": DELIVERY_TIMEOUT_MS,
         **settings.kafka_common(),
         "client.id": client_id,
         "enable.idempotence": True,  # acks=all, in order, no duplicates from internal retries

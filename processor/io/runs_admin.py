@@ -15,7 +15,7 @@ import orjson
 import psycopg
 
 from processor.core.model import RunStatus, SignalKind, initial_state, state_checksum
-from processor.core.routing import run_shard
+from processor.core.routing import DEFAULT_QUEUE, run_shard
 from processor.core.workflow import WorkflowDef, parse_workflow, workflow_to_json
 
 
@@ -83,6 +83,16 @@ def register_workflow(conn: psycopg.Connection[Any], wf: WorkflowDef) -> bool:
             " definition; register it under a new version"
         )
     return False
+
+
+def registered_queues(conn: psycopg.Connection[Any]) -> list[str]:
+    """The queues the steps of the registered workflows name (each its steps topic)."""
+    rows = conn.execute(
+        "SELECT DISTINCT coalesce(st ->> 'queue', %s) FROM eec_workflow_definition w,"
+        " jsonb_array_elements(w.definition -> 'steps') AS st ORDER BY 1",
+        (DEFAULT_QUEUE,),
+    ).fetchall()
+    return [r[0] for r in rows]
 
 
 def insert_runs(
@@ -281,9 +291,11 @@ def count_outbox_with_prefix(conn: psycopg.Connection[Any], prefix: str) -> int:
 
 def delete_runs_with_prefix(conn: psycopg.Connection[Any], prefix: str) -> int:
     """Delete the runs whose id starts with ``prefix`` (their results and signals go with
-    them by cascade, their outbox rows explicitly); returns how many were deleted."""
+    them by cascade, their outbox rows and step attempts explicitly); returns how many were
+    deleted."""
     pattern = like_prefix(prefix)
     conn.execute("DELETE FROM eec_outbox WHERE run_id LIKE %s", (pattern,))
+    conn.execute("DELETE FROM eec_step_attempt WHERE run_id LIKE %s", (pattern,))
     cur = conn.execute("DELETE FROM eec_workflow_run WHERE run_id LIKE %s", (pattern,))
     return cur.rowcount
 

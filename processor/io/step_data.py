@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from types import MappingProxyType
-from typing import Any
+from typing import Any, NamedTuple
 
 import orjson
 import psycopg
@@ -84,14 +84,26 @@ def fetch_step_data(
     return data
 
 
-# A result as the worker records it: run id, node, attempt, outcome, output, error.
-StepResultRow = tuple[str, str, int, StepOutcome, Any, str | None]
+class StepResultRow(NamedTuple):
+    """A result as the worker records it."""
+
+    run_id: str
+    node: str
+    attempt: int
+    outcome: StepOutcome
+    output: Any
+    error: str | None
+    retryable: bool = True  # False: the step declared the failure final (NonRetryable)
+
 
 _INSERT_RESULTS_SQL = """
-INSERT INTO eec_step_result (run_id, node_id, attempt, outcome, output, error)
-SELECT r.run_id, r.node_id, r.attempt, r.outcome, coalesce(r.output, 'null'::jsonb), r.error
+INSERT INTO eec_step_result (run_id, node_id, attempt, outcome, output, error, retryable)
+SELECT r.run_id, r.node_id, r.attempt, r.outcome, coalesce(r.output, 'null'::jsonb), r.error,
+       coalesce(r.retryable, true)
   FROM jsonb_to_recordset(%s::jsonb)
-       AS r(run_id text, node_id text, attempt int, outcome text, output jsonb, error text)
+       AS r(run_id text, node_id text, attempt int, outcome text, output jsonb, error text,
+            retryable boolean)
+ ORDER BY r.run_id, r.node_id, r.attempt
     ON CONFLICT DO NOTHING
 """
 
@@ -102,6 +114,7 @@ def insert_step_results(conn: psycopg.Connection[Any], results: Sequence[StepRes
     of it is written: the caller then records the results one by one, to learn which."""
     rows = [
         {"run_id": r, "node_id": n, "attempt": a, "outcome": o, "output": out, "error": e}
-        for r, n, a, o, out, e in results
+        | ({} if retryable else {"retryable": False})
+        for r, n, a, o, out, e, retryable in results
     ]
     conn.execute(_INSERT_RESULTS_SQL, (orjson.dumps(rows).decode(),))

@@ -10,11 +10,10 @@ its own, so no transaction is ever left open between steps of the commit path.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import orjson
 import psycopg
-from psycopg.types.json import set_json_loads
 
 from processor.core.decide import Commit, Send
 from processor.core.model import (
@@ -33,43 +32,7 @@ from processor.core.model import (
 )
 from processor.core.step_task import MAX_INLINE_DATA_BYTES
 from processor.core.workflow import ValidationError, WorkflowDef, parse_workflow
-
-
-def use_orjson(conn: psycopg.Connection[Any]) -> psycopg.Connection[Any]:
-    """Parse jsonb with orjson on this connection (several times faster than the stdlib)."""
-    set_json_loads(orjson.loads, conn)
-    return conn
-
-
-def connect(dsn: str, connect_timeout_s: int = 5) -> psycopg.Connection[Any]:
-    """A connection for the processor's own statements: autocommit, jsonb parsed by orjson,
-    and a statement timeout. Every statement here is short; one that runs for minutes is a
-    hung database, and it must fail (and be counted) rather than hold the loop, the watchdog
-    or a shutdown."""
-    conn = psycopg.connect(dsn, autocommit=True, connect_timeout=connect_timeout_s)
-    conn.execute("SET statement_timeout = '30s'")
-    # Every statement here reaches its rows through an index (run ids, the outbox's keys, the
-    # sweeps' partial indexes). A table's statistics can say it is empty long after it filled
-    # (step results, between two autoanalyzes): the planner then scanned all of it once per
-    # run loaded, and a load took seconds. No sequential scan unless there is no other way.
-    conn.execute("SET enable_seqscan = off")
-    return use_orjson(conn)
-
-
-def connect_durable(dsn: str) -> psycopg.Connection[Any]:
-    """A connection as ``connect``, whose commits are durable before they return
-    (synchronous_commit on, whatever the server's default). The worker's: it acknowledges a
-    task once its result is recorded, and a result lost afterwards by a crash of the database
-    would be recovered only when the attempt times out."""
-    conn = connect(dsn)
-    conn.execute("SET synchronous_commit = on")
-    return conn
-
-
-def ping(conn: psycopg.Connection[Any]) -> None:
-    """A round trip that proves the database answers (raises psycopg.Error otherwise)."""
-    conn.execute("SELECT 1")
-
+from processor.io.instances import alive
 
 # Every statement here selects rows by a batch of run ids that travels as one JSON array. The
 # planner cannot see how many ids a set-returning function yields and assumes 100: against a
@@ -83,7 +46,8 @@ SELECT coalesce(json_agg(json_build_array(
          r.run_id, r.workflow_name, r.workflow_version, r.status, r.node_states,
          r.last_transition_seq, r.state_checksum, r.db_record_version, r.failure_reason, r.tier,
          CASE WHEN r.status IN ('pending', 'running') THEN
-             (SELECT json_agg(json_build_array(s.node_id, s.attempt, s.outcome, s.error))
+             (SELECT json_agg(json_build_array(s.node_id, s.attempt, s.outcome, s.error,
+                                              s.retryable))
                 FROM eec_step_result s WHERE s.run_id = r.run_id)
          END,
          CASE WHEN r.status IN ('pending', 'running') THEN
@@ -122,7 +86,7 @@ _COMMIT_SQL = """
 WITH ordered AS MATERIALIZED (
     SELECT run_id FROM eec_workflow_run
      WHERE run_id = ANY(ARRAY(SELECT jsonb_array_elements_text(%(ids)s::jsonb)))
-     ORDER BY run_id FOR UPDATE
+     ORDER BY run_id FOR NO KEY UPDATE
 ), updated AS (
 UPDATE eec_workflow_run AS r
    SET db_record_version = r.db_record_version + 1,
@@ -150,8 +114,8 @@ UPDATE eec_workflow_run AS r
    AND (SELECT count(*) FROM ordered) >= 0
 RETURNING r.run_id, c.seq, c.effects
 ), outboxed AS (
-    INSERT INTO eec_outbox (run_id, seq, records)
-    SELECT run_id, seq, effects FROM updated WHERE effects IS NOT NULL
+    INSERT INTO eec_outbox (run_id, seq, records, owner)
+    SELECT run_id, seq, effects, %(owner)s FROM updated WHERE effects IS NOT NULL
 ), acknowledged AS (
     DELETE FROM eec_outbox o
      USING jsonb_to_recordset(%(acked)s::jsonb) AS a(run_id text, seq bigint)
@@ -167,15 +131,20 @@ DELETE FROM eec_outbox o USING jsonb_to_recordset(%(acked)s::jsonb) AS a(run_id 
    AND o.run_id = ANY(ARRAY(SELECT jsonb_array_elements(%(acked)s::jsonb) ->> 'run_id'))
 """
 
-# A relay claims outbox rows left behind for longer than it waits (their instance died, or the
-# broker was away) by moving their time forward, so no other relay takes them for as long;
-# the claim needs no lease: a relay that dies lets the row come back after the same wait.
-_CLAIM_OUTBOX_SQL = """
-UPDATE eec_outbox SET created_at = now()
+# A relay claims the outbox rows no live instance will send: those whose owner (the instance
+# that committed them, or last relayed them) is gone from the registry (io/instances.py), and
+# those without one (a client wrote them), once they waited longer than the relay does. It
+# takes them over (owner and time), so no other relay sends them while it lives; the claim
+# needs no lease: a relay that dies is gone in turn. A row its live owner holds is never sent
+# again by anyone else, however long the broker is away: that instance's producer still has
+# it, and re-sending it only made copies (each one a step run again).
+_CLAIM_OUTBOX_SQL = f"""
+UPDATE eec_outbox SET created_at = now(), owner = %(me)s
  WHERE (run_id, seq) IN (
-       SELECT run_id, seq FROM eec_outbox
-        WHERE created_at < now() - make_interval(secs => %s)
-        ORDER BY created_at LIMIT %s
+       SELECT run_id, seq FROM eec_outbox o
+        WHERE created_at < now() - make_interval(secs => %(older_than_s)s)
+          AND (o.owner IS NULL OR (%(judge)s AND NOT {alive("o.owner")}))
+        ORDER BY created_at LIMIT %(limit)s
           FOR UPDATE SKIP LOCKED)
 RETURNING run_id, seq, records
 """
@@ -265,8 +234,7 @@ def load_runs(
             loaded[run_id] = UnreadableRun(f"run {run_id!r}: node_states cannot be read: {exc!r}")
             continue
         results = tuple(
-            StepResult(node=r[0], attempt=r[1], outcome=StepOutcome(r[2]), error=r[3])
-            for r in (raw_results or ())
+            StepResult(r[0], r[1], StepOutcome(r[2]), r[3], r[4]) for r in (raw_results or ())
         )
         signals = frozenset(SignalKind(s) for s in (raw_signals or ()))
         loaded[run_id] = LoadedRun(
@@ -288,10 +256,11 @@ def commit_batch(
     conn: psycopg.Connection[Any],
     commits: Sequence[Commit],
     acknowledged: Sequence[tuple[str, int]] = (),
+    owner: str | None = None,
 ) -> set[str]:
-    """The batched conditional UPDATE, with each transition's records into the outbox and
-    the ``acknowledged`` (run_id, seq) outbox rows deleted. Returns the run ids that
-    committed; the rest conflicted."""
+    """The batched conditional UPDATE, with each transition's records into the outbox (owned
+    by ``owner``, the committing instance) and the ``acknowledged`` (run_id, seq) outbox rows
+    deleted. Returns the run ids that committed; the rest conflicted."""
     if not commits:
         delete_outbox(conn, acknowledged)
         return set()
@@ -299,7 +268,12 @@ def commit_batch(
     # The whole batch travels as one JSON document: one orjson call instead of adapting
     # nine arrays element by element.
     batch = orjson.dumps([_commit_row(c) for c in commits]).decode()
-    params = {"ids": orjson.dumps(ids).decode(), "batch": batch, "acked": _pairs(acknowledged)}
+    params = {
+        "ids": orjson.dumps(ids).decode(),
+        "batch": batch,
+        "acked": _pairs(acknowledged),
+        "owner": owner,
+    }
     try:
         rows = conn.execute(_COMMIT_SQL, params).fetchall()
     except psycopg.errors.DeadlockDetected:
@@ -349,14 +323,35 @@ def delete_outbox(conn: psycopg.Connection[Any], acknowledged: Sequence[tuple[st
 
 
 def claim_outbox(
-    conn: psycopg.Connection[Any], older_than_s: float, limit: int
+    conn: psycopg.Connection[Any],
+    older_than_s: float,
+    limit: int,
+    relay: OutboxRelay | None = None,
 ) -> list[tuple[str, int, tuple[Send, ...]]]:
-    """Outbox rows left behind for longer than ``older_than_s``, claimed for this relay."""
-    rows = conn.execute(_CLAIM_OUTBOX_SQL, (older_than_s, limit)).fetchall()
+    """Outbox rows no live instance will send, left for longer than ``older_than_s``,
+    claimed for this relay (``relay``: who relays; without it, only rows without an owner)."""
+    me, judge, gone_after_s = relay or OutboxRelay("", False, 0.0)
+    params = {
+        "older_than_s": older_than_s,
+        "limit": limit,
+        "me": me or None,
+        "judge": judge,
+        "gone_after_s": gone_after_s,
+    }
+    rows = conn.execute(_CLAIM_OUTBOX_SQL, params).fetchall()
     return [
         (run_id, seq, tuple(_send_of(record) for record in records))
         for run_id, seq, records in rows
     ]
+
+
+class OutboxRelay(NamedTuple):
+    """Who relays: the instance, whether it may take silent owners for gone (io/instances.py's
+    Judge), and the heartbeat age after which an owner is gone."""
+
+    instance_id: str
+    may_judge: bool
+    gone_after_s: float
 
 
 def _outbox_record(send: Send) -> list[str | None]:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import (  # type: ignore[attr-defined]
     AdminClient,
@@ -14,24 +16,30 @@ from processor.io.config import Settings
 from processor.io.kafka import topic_partitions
 
 
-def desired_topics(settings: Settings) -> dict[str, int]:
-    """Every topic the system uses, with its partition count from the configuration."""
+def desired_topics(settings: Settings, queues: Iterable[str] = ()) -> dict[str, int]:
+    """Every topic the system uses, with its partition count from the configuration: the
+    steps topic of the default queue and of each of ``queues`` among them."""
     names = TopicNames(settings.topic_prefix)
     topics = dict.fromkeys(names.wakeup_topics(), settings.wakeup_partitions)
     topics.update(dict.fromkeys(names.delay_topics(), settings.delay_partitions))
     topics[names.steps] = settings.step_partitions
+    for queue in queues:
+        topics[names.steps_for(queue)] = settings.step_partitions
     topics[names.dlq] = settings.dlq_partitions
     return topics
 
 
-def create_topics(settings: Settings, timeout_s: float = 30.0) -> dict[str, str]:
-    """Create missing topics; report 'created' or 'exists' per topic. Idempotent.
+def create_topics(
+    settings: Settings, timeout_s: float = 30.0, queues: Iterable[str] = ()
+) -> dict[str, str]:
+    """Create missing topics (the steps topics of ``queues`` too); report 'created' or
+    'exists' per topic. Idempotent.
 
     A topic that exists with fewer partitions than configured is reported, not altered:
     adding partitions moves runs between partitions, which an operator should decide.
     """
     admin = AdminClient(dict(settings.kafka_common()))
-    wanted = desired_topics(settings)
+    wanted = desired_topics(settings, queues)
     existing = admin.list_topics(timeout=timeout_s).topics
     report: dict[str, str] = {}
     to_create: list[NewTopic] = []
@@ -63,9 +71,15 @@ def create_topics(settings: Settings, timeout_s: float = 30.0) -> dict[str, str]
 
 
 def delete_topics(settings: Settings, timeout_s: float = 30.0) -> None:
-    """Delete every topic of the settings' prefix (a test's or a chaos run's own topics)."""
+    """Delete every topic of the settings' prefix (a test's or a chaos run's own topics),
+    the steps topics of its queues included."""
     admin = AdminClient(dict(settings.kafka_common()))
-    futures = admin.delete_topics(list(desired_topics(settings)), operation_timeout=timeout_s)
+    prefix = f"{settings.topic_prefix}."
+    existing = admin.list_topics(timeout=timeout_s).topics
+    doomed = [t for t in existing if t.startswith(prefix)]
+    if not doomed:
+        return
+    futures = admin.delete_topics(doomed, operation_timeout=timeout_s)
     for future in futures.values():
         future.result(timeout=timeout_s)
 

@@ -42,13 +42,13 @@ from confluent_kafka.admin import AdminClient, ConfigResource  # type: ignore[at
 from infra.local import StopMode
 from processor.core.workflow import WorkflowDef, parse_workflow
 from processor.io.config import ConfigError, Settings, load_settings
+from processor.io.connections import connect_durable
 from processor.io.migrate import migrate
 from processor.io.runs_admin import (
     count_ended,
     delete_runs_with_prefix,
     register_workflow,
 )
-from processor.io.store import connect_durable
 from processor.io.topics import create_topics, delete_topics
 from processor.tools import audit
 from processor.tools.chaos_fleet import PROCESSOR, WORKER, Arming, Fleet

@@ -23,9 +23,9 @@ from processor.core.envelope import Wakeup
 from processor.core.routing import TopicNames
 from processor.core.workflow import WorkflowDef
 from processor.io.config import Settings
+from processor.io.connections import connect_durable
 from processor.io.kafka import produce, producer_config, topic_partitions
 from processor.io.runs_admin import insert_runs
-from processor.io.store import connect_durable
 
 log = logging.getLogger("ductor.chaos")
 

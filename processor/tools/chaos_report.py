@@ -9,12 +9,12 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from processor.core.workflow import WorkflowDef
+from processor.io.connections import connect_durable
 from processor.io.runs_admin import (
     count_outbox_with_prefix,
     live_runs_with_prefix,
     outcomes_with_prefix,
 )
-from processor.io.store import connect_durable
 from processor.tools import audit
 from processor.tools.audit import TimedOut
 from processor.tools.chaos_fleet import (

@@ -32,8 +32,6 @@ from processor.core.stats import Stats
 from processor.core.workflow import WorkflowDef, parse_workflow
 from processor.engine.faults import NO_FAULTS, Faults
 from processor.engine.processor import Processor
-from processor.engine.steps import StepRegistry, sample_registry
-from processor.engine.worker import Worker
 from processor.io import runs_admin
 from processor.io.config import Settings, load_settings, settings_env
 from processor.io.kafka import produce, producer_config
@@ -43,6 +41,9 @@ from processor.io.runs_admin import insert_runs, register_workflow
 from processor.io.telemetry import Telemetry
 from processor.io.topics import create_topics, delete_topics
 from processor.tools import audit as audit_trail
+from processor.worker import StepRegistry, sample_registry
+from processor.worker.options import WorkerOptions
+from processor.worker.worker import Worker
 
 from .restarts import LocalInfra, local_infra_for
 
@@ -82,7 +83,7 @@ def base_settings() -> Settings:
 @pytest.fixture
 def pg(base_settings: Settings) -> Iterator[psycopg.Connection[Any]]:
     with psycopg.connect(base_settings.pg_dsn, autocommit=True) as conn:
-        conn.execute("TRUNCATE eec_workflow_run, eec_outbox CASCADE")
+        conn.execute("TRUNCATE eec_workflow_run, eec_outbox, eec_step_attempt CASCADE")
         yield conn
 
 
@@ -285,9 +286,18 @@ class WorkerThread:
     """A step worker in a thread of the test process, so its state can be read live."""
 
     def __init__(
-        self, settings: Settings, registry: StepRegistry | None = None, threads: int = 4
+        self,
+        settings: Settings,
+        registry: StepRegistry | None = None,
+        threads: int = 4,
+        options: WorkerOptions | None = None,
     ) -> None:
-        self.worker = Worker(settings, registry or sample_registry(), threads=threads)
+        self.worker = Worker(
+            settings,
+            registry or sample_registry(),
+            options or WorkerOptions(concurrency=threads),
+            telemetry=Telemetry(),
+        )
         self.error: BaseException | None = None
         self._thread = threading.Thread(target=self._run, name="worker", daemon=True)
         self._thread.start()

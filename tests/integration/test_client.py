@@ -44,7 +44,7 @@ import pathlib
 import threading
 import time
 
-from processor.engine.steps import StepContext, StepFailed, StepRegistry
+from processor.worker import StepContext, StepFailed, StepRegistry
 
 HERE = pathlib.Path(__file__).parent
 registry = StepRegistry()

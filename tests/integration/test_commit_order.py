@@ -14,7 +14,7 @@ import pytest
 
 from processor.core.decide import Commit
 from processor.core.model import LoadedRun
-from processor.io import store
+from processor.io import connections, store
 from processor.io.config import Settings
 from processor.io.runs_admin import insert_runs
 
@@ -40,6 +40,7 @@ def _batch(conn: psycopg.Connection[Any], run_ids: list[str]) -> dict[str, str]:
         "ids": orjson.dumps(run_ids).decode(),
         "batch": orjson.dumps(rows).decode(),
         "acked": "[]",
+        "owner": "test",
     }
 
 
@@ -54,7 +55,7 @@ def test_overlapping_batches_in_opposite_orders_never_deadlock(
     start = threading.Barrier(2)
 
     def committer(order: list[str]) -> None:
-        with store.connect(settings.pg_dsn) as conn:
+        with connections.connect(settings.pg_dsn) as conn:
             for _ in range(ROUNDS):
                 params = _batch(conn, order)  # both load the same versions, then race
                 try:

@@ -19,6 +19,7 @@ from processor.core.workflow import WorkflowDef, parse_workflow
 from processor.io.config import Settings
 from processor.io.kafka import producer_config
 from processor.io.runs_admin import register_workflow
+from processor.io.topics import create_topics
 
 from .conftest import WorkerThread, count_terminal, run_statuses, wait_for
 
@@ -191,41 +192,49 @@ def test_a_task_from_an_older_coordinator_gets_its_data_from_the_run(
 ) -> None:
     """A rolling upgrade: a task without ``dep_attempts`` or ``data`` (as coordinators wrote
     them before data flow) is run with the data the run's definition and state point at."""
-    _register(pg, DIAMOND)
-    start_runs(settings, "diamond", ["old"], {"v": 1})
-    _finish(settings, pg, processor_thread, ["old"])
-    out = _outputs(pg, "old")
-
-    # An attempt of "join" the coordinator never dispatched, in the old format: the worker
-    # records its result (for no one: the run has ended), which shows what it was given.
-    old_task = StepTask("old", "join", 9, "echo", 2**42, "t1")
-    assert set(orjson.loads(old_task.encode())) == {
-        "task_version",
-        "run_id",
-        "node",
-        "attempt",
-        "step_type",
-        "deadline_ms",
-        "tier",
-    }
-    producer = Producer(producer_config(settings, "old-coordinator"))
-    producer.produce(TopicNames(settings.topic_prefix).steps, old_task.encode(), b"old")
-    assert producer.flush(30) == 0
+    # "join" runs on a queue no worker serves here: the coordinator's own task for it waits
+    # there, and the task in the old format stands in for it on the queue the worker serves.
+    held = {**DIAMOND, "name": "diamond-held"}
+    held["steps"] = [
+        {**step, "queue": "unserved"} if step["name"] == "join" else step
+        for step in DIAMOND["steps"]
+    ]
+    _register(pg, held)
+    create_topics(settings, queues=["unserved"])
+    start_runs(settings, "diamond-held", ["old"], {"v": 1})
+    processor_thread(settings)
     worker = WorkerThread(settings)
     try:
-
-        def recorded() -> Any:
-            row = pg.execute(
-                "SELECT output FROM eec_step_result"
-                " WHERE run_id = 'old' AND node_id = 'join' AND attempt = 9"
-            ).fetchone()
-            return row[0] if row else None
-
-        wait_for(lambda: recorded() is not None, 30, "the old task's result")
+        wait_for(lambda: _node(pg, "old", "join") == ("dispatched", 1), 60, "join to be dispatched")
+        out = _outputs(pg, "old")
+        old_task = StepTask("old", "join", 1, "echo", 2**42, "t1")
+        assert set(orjson.loads(old_task.encode())) == {
+            "task_version",
+            "run_id",
+            "node",
+            "attempt",
+            "step_type",
+            "deadline_ms",
+            "tier",
+        }
+        producer = Producer(producer_config(settings, "old-coordinator"))
+        producer.produce(TopicNames(settings.topic_prefix).steps, old_task.encode(), b"old")
+        assert producer.flush(30) == 0
+        wait_for(lambda: count_terminal(pg, ["old"]) == 1, 60, "the run to end")
     finally:
         worker.stop()
-    assert recorded() == {
+    assert run_statuses(pg, ["old"]) == {"old": "succeeded"}
+    assert _outputs(pg, "old")["join"] == {
         "node": "join",
         "input": {"v": 1},
         "deps": {"left": out["left"], "right": out["right"]},
     }
+
+
+def _node(pg: psycopg.Connection[Any], run_id: str, node: str) -> tuple[str, int] | None:
+    row = pg.execute(
+        "SELECT node_states -> %s ->> 'status', (node_states -> %s ->> 'attempt')::int"
+        " FROM eec_workflow_run WHERE run_id = %s",
+        (node, node, run_id),
+    ).fetchone()
+    return None if row is None else (row[0], row[1])

@@ -274,10 +274,11 @@ def test_an_instance_that_owns_no_partition_yet_relays_a_dead_instances_effects(
     """Found by the chaos run: every instance is killed within a few seconds, so the group's
     partitions stay with dead members until their session expires (10 s on the local broker)
     and the live instances own none meanwhile. The relay must not wait for partitions: a
-    dead instance's step tasks go out within the relay delay, not after the session timeout,
-    so a step whose timeout is shorter than that session does not time out for it."""
+    dead instance's step tasks go out once its heartbeat is stale (DUCTOR_INSTANCE_TIMEOUT_S,
+    2 s here), not after the session timeout, so a step whose timeout is shorter than that
+    session does not time out for it."""
     pg = audit
-    settings = replace(settings, relay_after_s=2.0)
+    settings = replace(settings, relay_after_s=2.0, instance_timeout_s=2.0)
     wf = parse_workflow(
         {
             "name": "relay-short",

@@ -17,7 +17,7 @@ import pytest
 
 from processor.core.decide import Commit
 from processor.core.model import initial_state
-from processor.io import store
+from processor.io import connections, store
 from processor.io.config import Settings
 from processor.io.runs_admin import insert_runs
 
@@ -78,13 +78,14 @@ def test_load_and_commit_reach_their_runs_by_key(
         "ids": ids,
         "batch": orjson.dumps([store._commit_row(c) for c in commits]).decode(),
         "acked": orjson.dumps([{"run_id": r, "seq": 1} for r in some]).decode(),
+        "owner": "test",
     }
     statements = (
         (store._LOAD_SQL, (store._INPUT_LOAD_BYTES, ids)),
         (store._COMMIT_SQL, params),
         (store._DELETE_OUTBOX_SQL, {"acked": params["acked"]}),
     )
-    with store.connect(base_settings.pg_dsn) as coordinator:  # as the processor's own
+    with connections.connect(base_settings.pg_dsn) as coordinator:  # as the processor's own
         for sql, args in statements:
             scans = _scans(coordinator, sql, args)
             whole_table = [s for s in scans if s[0] == "Seq Scan"]

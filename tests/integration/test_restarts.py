@@ -8,7 +8,7 @@ from typing import Any
 
 import psycopg
 import pytest
-from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 
 from infra.local import StopMode
 from processor.io.config import Settings
@@ -52,7 +52,18 @@ def test_a_record_an_offset_and_a_row_survive_restarts_on_the_same_data(
 
     reader = Consumer({**settings.kafka_common(), "group.id": group})
     try:
-        committed = reader.committed([TopicPartition(topic, 0)], timeout=30)
+        committed: list[TopicPartition] = []
+
+        def read_committed() -> bool:
+            # A broker started a moment ago may not coordinate the group yet: it says so
+            # (NOT_COORDINATOR, COORDINATOR_LOAD_IN_PROGRESS) until it has loaded its offsets.
+            try:
+                committed[:] = reader.committed([TopicPartition(topic, 0)], timeout=10)
+            except KafkaException:
+                return False
+            return True
+
+        wait_for(read_committed, 60, "the group's coordinator to answer")
         assert committed[0].offset == 1, "the group's committed offset was lost"
         reader.assign([TopicPartition(topic, 0, 0)])  # from the start: the record itself
         seen: list[bytes] = []

@@ -11,6 +11,7 @@ import time
 import uuid
 from typing import Any
 
+import orjson
 import psycopg
 import pytest
 from confluent_kafka.admin import AdminClient
@@ -18,12 +19,12 @@ from confluent_kafka.admin import AdminClient
 from infra.local import StopMode
 from processor.client import start_runs
 from processor.core.workflow import WorkflowDef, parse_workflow
-from processor.engine.steps import StepContext, StepRegistry, sample_registry
 from processor.io.config import Settings
 from processor.io.runs_admin import register_workflow
+from processor.worker import StepContext, StepRegistry, sample_registry
 
 from .audit import assert_results_applied, assert_transitions_applied_once, timed_out_attempts
-from .conftest import Spawned, WorkerThread, count_terminal, run_statuses, wait_for
+from .conftest import SAMPLE, Spawned, WorkerThread, count_terminal, run_statuses, wait_for
 from .restarts import LocalInfra
 
 pytestmark = pytest.mark.integration
@@ -49,11 +50,14 @@ def test_the_worker_and_the_processor_ride_through_an_immediate_postgres_restart
     settings: Settings, audit: psycopg.Connection[Any], spawn: Any, local_infra: LocalInfra
 ) -> None:
     # Enough runs that both the processor and the worker still have most of their work ahead
-    # when the restart comes (600 could all but end between two looks at them).
+    # when the restart comes (600 could all but end between two looks at them). The sample
+    # workflow with deadlines no restart outlasts (a loaded restart in immediate mode replays
+    # its WAL for seconds): an attempt that times out here lost its result.
+    register_workflow(audit, _patient_sample())
     run_ids = [f"pg-restart-{i}" for i in range(3000)]
     processor = spawn(["process"], settings, "process")
     worker = spawn(["worker", "--threads", "8"], settings, "worker")
-    start_runs(settings, "sample", run_ids)
+    start_runs(settings, "patient-sample", run_ids)
     wait_for(lambda: count_terminal(audit, run_ids) >= 30, 120, "30 runs to end first", 0.05)
     # The restart must come while runs are in flight (it comes right after the 30th ends).
     assert count_terminal(audit, run_ids) < len(run_ids) / 2, "the restart came too late"
@@ -98,6 +102,13 @@ def test_the_worker_and_the_processor_ride_through_an_immediate_postgres_restart
         f"again {ended[0]['outage_s']:.1f} s after its first failure, "
         f"{ended[0]['failures']} tries failed"
     )
+
+
+def _patient_sample() -> WorkflowDef:
+    raw = orjson.loads(SAMPLE.read_bytes())
+    for step in raw["steps"]:
+        step["timeout_ms"] = 120_000
+    return parse_workflow({**raw, "name": "patient-sample"})
 
 
 def _owners(settings: Settings) -> int:

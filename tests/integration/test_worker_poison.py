@@ -1,6 +1,7 @@
 """No task stops the worker, against the real broker and database: tasks that cannot be
-decoded are dead-lettered, an output Postgres cannot store fails its attempt, a result for a
-run that no longer exists is dropped, and the good runs beside them all succeed."""
+decoded are dead-lettered, an output Postgres cannot store fails its attempt, a task for a
+run that no longer exists is skipped without running, and the good runs beside them all
+succeed."""
 
 from __future__ import annotations
 
@@ -16,11 +17,11 @@ from processor.core.dead_letters import SOURCE_TOPIC
 from processor.core.routing import TopicNames
 from processor.core.step_task import StepTask
 from processor.core.workflow import parse_workflow
-from processor.engine.steps import StepContext, sample_registry
 from processor.io.config import Settings
 from processor.io.dlq import read_dead_letters
 from processor.io.kafka import producer_config
 from processor.io.runs_admin import register_workflow
+from processor.worker import StepContext, sample_registry
 
 from .conftest import ProcessorThread, WorkerThread, count_terminal, run_statuses, wait_for
 
@@ -34,7 +35,7 @@ def _task(**fields: Any) -> bytes:
         "node": "n",
         "attempt": 1,
         "step_type": "fast",
-        "deadline_ms": 2**40,
+        "deadline_ms": 2**42,
         "tier": "t1",
         **fields,
     }
@@ -69,8 +70,8 @@ def test_no_task_stops_the_worker(
     producer = Producer(producer_config(settings, "test-poison-tasks"))
     for value in poison:
         producer.produce(names.steps, value=value, key=b"poison")
-    # A valid task for a run that does not exist (deleted by gc, say): its result has no row.
-    producer.produce(names.steps, value=StepTask("gone", "n", 1, "fast", 2**40).encode())
+    # A valid task for a run that does not exist (deleted by gc, say): nothing to run it for.
+    producer.produce(names.steps, value=StepTask("gone", "n", 1, "fast", 2**42).encode())
     assert producer.flush(30) == 0
 
     good = [f"good-{i}" for i in range(20)]
@@ -80,7 +81,9 @@ def test_no_task_stops_the_worker(
     worker = WorkerThread(settings, registry)
     try:
         wait_for(lambda: count_terminal(pg, [*good, "nul-1"]) == 21, 90, "every run to end")
-        wait_for(lambda: worker.worker.dropped == 1, 30, "the orphan result to be dropped")
+        wait_for(
+            lambda: worker.worker.stats.skipped["run_gone"] == 1, 30, "the orphan task skipped"
+        )
         assert worker.alive and worker.error is None
     finally:
         worker.stop()
@@ -93,4 +96,6 @@ def test_no_task_stops_the_worker(
     letters = [d for d in read_dead_letters(settings) if d.header(SOURCE_TOPIC) == names.steps]
     assert sorted(d.value or b"" for d in letters) == sorted(poison)
     assert {d.reason for d in letters} == {"wrong_schema"} and worker.worker.dead_letters == 3
+    # Three fast steps per good run, and the orphan never ran.
+    assert worker.worker.stats.attempts[("fast", "succeeded")] == 3 * len(good)
     assert not processor.stats.errors

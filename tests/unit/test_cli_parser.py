@@ -24,7 +24,7 @@ def test_start_takes_count_tier_and_run_id() -> None:
 def test_the_client_commands_take_what_the_readme_shows() -> None:
     assert parse_args(["worker"]).app is None
     args = parse_args(["worker", "--app", "my_package.steps:registry", "--threads", "2"])
-    assert (args.app, args.threads) == ("my_package.steps:registry", 2)
+    assert (args.app, args.concurrency) == ("my_package.steps:registry", 2)
     assert parse_args(["result", "r"]).wait is None
     assert parse_args(["result", "r", "--wait", "2.5"]).wait == 2.5
     args = parse_args(["runs", "list", "--workflow", "w", "--status", "failed", "--limit", "3"])

@@ -14,7 +14,7 @@ import pytest
 from jsonschema import Draft202012Validator
 
 from processor.core.workflow import parse_workflow
-from processor.engine.steps import StepContext, StepFailed, StepRegistry
+from processor.worker import StepContext, StepFailed, StepRegistry
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "examples" / "orders"

@@ -1,5 +1,6 @@
 """The package's structure, checked from its imports: no import circle anywhere, and each
-layer imports only the layers below it (core < io < engine < cli, tools, client).
+layer imports only the layers below it (core < io < engine and worker < client < cli, tools);
+the processor's engine and the step worker, side by side, never import each other.
 
 Imports at module level count, including those under ``if TYPE_CHECKING``; imports inside a
 function do not (that is how the CLI loads the benchmark and the demo lazily).
@@ -13,7 +14,7 @@ from pathlib import Path
 import pytest
 
 PACKAGE = Path(__file__).resolve().parents[2] / "processor"
-LAYERS = {"core": 0, "io": 1, "engine": 2, "client": 3, "cli": 4, "tools": 4}
+LAYERS = {"core": 0, "io": 1, "engine": 2, "worker": 2, "client": 3, "cli": 4, "tools": 4}
 
 
 def _module_name(path: Path) -> str:
@@ -57,6 +58,7 @@ def test_the_graph_sees_the_package() -> None:
     graph = _graph()
     assert "processor.engine.executor" in graph
     assert "processor.core.decide" in graph["processor.engine.executor"]
+    assert "processor.core.claims" in graph["processor.worker.worker"]
 
 
 def test_no_import_circle() -> None:

@@ -3,6 +3,7 @@ data a step is given."""
 
 from __future__ import annotations
 
+import asyncio
 from types import MappingProxyType
 from typing import Any
 
@@ -10,13 +11,18 @@ import pytest
 
 from processor.core.model import StepOutcome
 from processor.core.step_task import StepData, StepTask
-from processor.engine.steps import (
+from processor.worker.samples import sample_registry
+from processor.worker.steps import (
     MAX_STEP_OUTPUT_BYTES,
+    Attempt,
+    NonRetryable,
+    Outcome,
+    RegistrationError,
     StepContext,
     StepFailed,
     StepRegistry,
+    execute_async_step,
     execute_step,
-    sample_registry,
 )
 
 NO_DATA = StepData({})
@@ -27,10 +33,8 @@ def _task(step_type: str, attempt: int = 1) -> StepTask:
 
 
 def test_a_step_output_is_the_attempts_result() -> None:
-    assert execute_step(sample_registry(), _task("fast"), NO_DATA) == (
-        StepOutcome.SUCCEEDED,
-        {"node": "node", "attempt": 1},
-        None,
+    assert execute_step(sample_registry(), _task("fast"), NO_DATA) == Outcome(
+        StepOutcome.SUCCEEDED, {"node": "node", "attempt": 1}
     )
 
 
@@ -41,7 +45,7 @@ def test_a_flaky_step_fails_its_first_attempts_then_succeeds() -> None:
 
 
 def test_an_unknown_step_type_fails_the_attempt() -> None:
-    outcome, _, error = execute_step(StepRegistry(), _task("nope"), NO_DATA)
+    outcome, _, error, _ = execute_step(StepRegistry(), _task("nope"), NO_DATA)
     assert outcome is StepOutcome.FAILED and error is not None and "nope" in error
 
 
@@ -56,18 +60,16 @@ def test_an_output_that_cannot_be_stored_fails_the_attempt_instead_of_the_worker
     def raises(ctx: StepContext) -> object:
         raise StepFailed("boom")
 
-    outcome, output, error = execute_step(registry, _task("sets"), NO_DATA)
+    outcome, output, error, _ = execute_step(registry, _task("sets"), NO_DATA)
     assert outcome is StepOutcome.FAILED and output is None and error is not None
-    assert execute_step(registry, _task("raises"), NO_DATA) == (
-        StepOutcome.FAILED,
-        None,
-        "StepFailed: boom",
+    assert execute_step(registry, _task("raises"), NO_DATA) == Outcome(
+        StepOutcome.FAILED, None, "StepFailed: boom", retryable=True
     )
 
 
 def test_a_step_is_given_the_run_input_and_its_dependencies_outputs() -> None:
     data = StepData({"order": 7}, {"fetch": {"rows": 3}, "enrich": None})
-    outcome, output, _ = execute_step(sample_registry(), _task("echo"), data)
+    outcome, output, *_ = execute_step(sample_registry(), _task("echo"), data)
     assert outcome is StepOutcome.SUCCEEDED
     assert output == {
         "node": "node",
@@ -84,7 +86,7 @@ def test_a_step_cannot_change_the_outputs_it_is_given() -> None:
         ctx.deps["fetch"] = 1  # type: ignore[index]
         return None
 
-    outcome, _, error = execute_step(
+    outcome, _, error, _ = execute_step(
         registry, _task("writes"), StepData({}, MappingProxyType({"fetch": 0}))
     )
     assert outcome is StepOutcome.FAILED and error is not None and error.startswith("TypeError")
@@ -105,8 +107,75 @@ def test_an_output_larger_than_the_bound_fails_the_attempt(size: int, succeeds: 
     def big(ctx: StepContext) -> Any:
         return "x" * (size - 2)  # a JSON string: its two quotes and the characters
 
-    outcome, output, error = execute_step(registry, _task("big"), NO_DATA)
+    outcome, output, error, _ = execute_step(registry, _task("big"), NO_DATA)
     assert (outcome is StepOutcome.SUCCEEDED) is succeeds
     if not succeeds:
         assert output is None and error is not None
         assert f"{size} bytes as JSON, more than the {MAX_STEP_OUTPUT_BYTES}" in error
+
+
+def test_a_non_retryable_failure_says_so_and_any_other_exception_does_not() -> None:
+    registry = StepRegistry()
+
+    @registry.step("declined")
+    def declined(ctx: StepContext) -> object:
+        raise NonRetryable("card declined")
+
+    @registry.step("broken")
+    def broken(ctx: StepContext) -> object:
+        raise KeyError("x")
+
+    final = execute_step(registry, _task("declined"), NO_DATA)
+    assert final == Outcome(StepOutcome.FAILED, None, "NonRetryable: card declined", False)
+    assert execute_step(registry, _task("broken"), NO_DATA).retryable is True
+
+
+def test_two_functions_for_one_step_type_are_refused_at_registration() -> None:
+    registry = StepRegistry()
+
+    @registry.step("charge")
+    def charge(ctx: StepContext) -> object:
+        return 1
+
+    registry.step("charge")(charge)  # the same function again (a module imported twice): fine
+    with pytest.raises(RegistrationError, match="'charge' is registered twice"):
+
+        @registry.step("charge")
+        def charge_again(ctx: StepContext) -> object:
+            return 2
+
+    assert registry.get("charge") is charge
+
+
+def test_an_async_step_runs_on_an_event_loop_and_is_known_as_async() -> None:
+    registry = StepRegistry()
+
+    @registry.step("wait")
+    async def wait(ctx: StepContext) -> object:
+        await asyncio.sleep(0)
+        return {"attempt": ctx.attempt}
+
+    assert registry.is_async("wait") and not sample_registry().is_async("fast")
+    outcome = asyncio.run(execute_async_step(registry, _task("wait", 2), NO_DATA))
+    assert outcome == Outcome(StepOutcome.SUCCEEDED, {"attempt": 2})
+
+
+def test_a_step_sees_its_heartbeats_counted_and_its_cancellation() -> None:
+    registry = StepRegistry()
+    seen: list[bool] = []
+
+    @registry.step("long")
+    def long(ctx: StepContext) -> object:
+        ctx.heartbeat()
+        ctx.heartbeat()
+        seen.append(ctx.cancelled)
+        return None
+
+    attempt = Attempt(deadline_ms=2**42)
+    execute_step(registry, _task("long"), NO_DATA, attempt)
+    attempt.cancel()
+    execute_step(registry, _task("long"), NO_DATA, attempt)
+    assert attempt.beats == 4 and seen == [False, True]
+    # A deadline in the past is a cancellation too, without anyone saying so.
+    assert Attempt(deadline_ms=1).cancelled
+    assert StepContext("r", "n", 1, deadline_ms=1).cancelled

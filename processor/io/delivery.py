@@ -16,15 +16,15 @@ import heapq
 import itertools
 import logging
 import time
+from collections import Counter
 from collections.abc import Callable
 
 from confluent_kafka import KafkaError, KafkaException
 
 from processor.core.backoff import retry_delay_s
 from processor.core.records import Headers
-from processor.core.stats import Stats
-from processor.engine.outage import Outage
 from processor.io.kafka import Outbox
+from processor.io.outage import Outage
 
 log = logging.getLogger("ductor.delivery")
 
@@ -74,12 +74,16 @@ class _Record:
 
 class Delivery:
     def __init__(
-        self, outbox: Outbox, stats: Stats, monotonic: Callable[[], float] = time.monotonic
+        self,
+        outbox: Outbox,
+        errors: Counter[str],
+        monotonic: Callable[[], float] = time.monotonic,
+        outage: Outage | None = None,
     ) -> None:
         self._outbox = outbox
-        self._stats = stats
+        self._errors = errors  # genuine failures by kind (the process's stats)
         self._monotonic = monotonic
-        self.outage = Outage("kafka", log)
+        self.outage = outage or Outage("kafka", log)
         self._due: list[tuple[float, int, _Record]] = []  # records to send again
         self._order = itertools.count()  # ties in the heap never compare the records
         self._failed_at: float | None = None
@@ -111,10 +115,10 @@ class Delivery:
         record.failures = failures = record.failures + 1
         topic = record.topic
         if err.retriable() or err.code() == KafkaError._MSG_TIMED_OUT:
-            self._stats.errors["produce"] += 1
+            self._errors["produce"] += 1
             self.outage.failed(f"a record to {topic} was not delivered: {err.str()}")
         else:
-            self._stats.errors["produce_permanent"] += 1
+            self._errors["produce_permanent"] += 1
             log.error(
                 "the broker refuses a record to %s: %s; trying again in %.1f s",
                 topic,

@@ -10,24 +10,26 @@ import os
 import re
 import sys
 
-from processor.cli.common import EXIT_USAGE, CliError
-from processor.engine.steps import StepRegistry
 from processor.io.logs import first_line
+from processor.worker.samples import sample_registry
+from processor.worker.steps import StepRegistry
 
 _NAME = r"[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*"  # dotted Python identifiers
 _SPEC = re.compile(f"({_NAME}):({_NAME})")
 
 
+class AppError(ValueError):
+    """``--app`` does not name a usable step registry; the message says why."""
+
+
 def load_registry(spec: str) -> StepRegistry:
     """The StepRegistry that ``spec`` (``module.path:attribute``, the attribute possibly
-    dotted) names, or CliError with exit code 2 saying what is wrong: a malformed spec, a
-    module that cannot be imported (and why), a missing attribute, something that is not a
-    StepRegistry or one with no step function."""
+    dotted) names, or AppError saying what is wrong: a malformed spec, a module that cannot
+    be imported (and why), a missing attribute, something that is not a StepRegistry or one
+    with no step function."""
     match = _SPEC.fullmatch(spec)
     if match is None:
-        raise CliError(
-            f"--app {spec!r} is not MODULE:ATTRIBUTE, e.g. my_package.steps:registry", EXIT_USAGE
-        )
+        raise AppError(f"--app {spec!r} is not MODULE:ATTRIBUTE, e.g. my_package.steps:registry")
     module_name, attribute = match.groups()
     here = os.getcwd()
     if here not in sys.path:
@@ -35,22 +37,22 @@ def load_registry(spec: str) -> StepRegistry:
     try:
         target: object = importlib.import_module(module_name)
     except Exception as exc:  # whatever the module raises while it is imported
-        raise CliError(
-            f"--app: cannot import module {module_name!r}: {type(exc).__name__}: {first_line(exc)}",
-            EXIT_USAGE,
+        raise AppError(
+            f"--app: cannot import module {module_name!r}: {type(exc).__name__}: {first_line(exc)}"
         ) from None
     for part in attribute.split("."):
         if not hasattr(target, part):
-            raise CliError(
-                f"--app: module {module_name!r} has no attribute {attribute!r}", EXIT_USAGE
-            )
+            raise AppError(f"--app: module {module_name!r} has no attribute {attribute!r}")
         target = getattr(target, part)
     if not isinstance(target, StepRegistry):
-        raise CliError(
-            f"--app: {spec} is a {type(target).__name__}, not a StepRegistry"
-            " (processor.engine.steps)",
-            EXIT_USAGE,
+        raise AppError(
+            f"--app: {spec} is a {type(target).__name__}, not a StepRegistry (processor.worker)"
         )
     if not target.types():
-        raise CliError(f"--app: {spec} registers no step function", EXIT_USAGE)
+        raise AppError(f"--app: {spec} registers no step function")
     return target
+
+
+def registry_for(spec: str | None) -> StepRegistry:
+    """The registry ``--app`` names, or the sample steps without one."""
+    return sample_registry() if spec is None else load_registry(spec)

@@ -9,6 +9,7 @@ failure with ``failed``; only the first of an outage is logged. The first succes
 from __future__ import annotations
 
 import logging
+import threading
 import time
 
 from processor.core.backoff import retry_delay_s
@@ -64,3 +65,41 @@ class Outage:
             )
         self._since = None
         self._failures = 0
+
+
+class SharedOutage:
+    """One dependency's outage as several parties of one component see it (the worker's two
+    database connections): it starts when the first party fails, and then every party is in
+    doubt (its connection most likely went too) until it has succeeded once, so the outage
+    ends when all of them are through it: one pair of lines, not one per party. Safe to call
+    from the parties' threads."""
+
+    def __init__(self, outage: Outage, parties: tuple[str, ...]) -> None:
+        self.outage = outage
+        self._parties = parties
+        self._doubted: set[str] = set()
+        self._lock = threading.Lock()
+
+    @property
+    def active(self) -> bool:
+        return self.outage.active
+
+    @property
+    def count(self) -> int:
+        return self.outage.count
+
+    def failed(self, party: str, problem: str) -> float:
+        with self._lock:
+            self._doubted.update(self._parties)
+            return self.outage.failed(problem)
+
+    def ok(self, party: str) -> None:
+        with self._lock:
+            self._doubted.discard(party)
+            if not self._doubted:
+                self.outage.ok()
+
+    def doubts(self, party: str) -> bool:
+        """Whether ``party`` has yet to succeed since the outage started (it should try)."""
+        with self._lock:
+            return party in self._doubted

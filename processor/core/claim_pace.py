@@ -1,0 +1,55 @@
+"""How far ahead of its free slots a worker claims tasks.
+
+A claim is a round trip to Postgres, and a claimed task counts as started: if the worker
+dies, every task it had claimed and not finished is run again, alone, by the next worker
+(core/claims.py). Claiming too little leaves fast steps waiting for round trips; claiming too
+much turns a crash into a long line of reruns. So the worker claims ahead about what its slots
+finish in two claim round trips, plus one task per slot:
+
+    ahead = slots + 2 * (steps ended per second) * (claim round trip, s)
+
+bounded by ``cap`` (the prefetch). Fast steps then keep the claims flowing (the bound grows
+until round trips overlap the work), while slow steps keep it near one task per slot. Both
+rates are smoothed (exponentially weighted), from times the caller passes in: no clock here.
+"""
+
+from __future__ import annotations
+
+_WINDOW_S = 0.25  # steps ended are counted over windows this long
+_WEIGHT = 0.5  # weight of the newest window or round trip in the averages
+
+
+class ClaimPace:
+    def __init__(self, slots: int, cap: int, now: float) -> None:
+        self.slots = slots
+        self.cap = max(cap, slots)
+        self.rate = 0.0  # steps ended per second
+        self.round_trip_s = 0.0
+        self._window_start = now
+        self._ended_in_window = 0
+
+    def claimed(self, round_trip_s: float) -> None:
+        """A claim's answer came back after ``round_trip_s``."""
+        if self.round_trip_s == 0.0:
+            self.round_trip_s = round_trip_s
+        else:
+            self.round_trip_s += _WEIGHT * (round_trip_s - self.round_trip_s)
+
+    def ended(self, now: float, count: int = 1) -> None:
+        """``count`` steps ended (or were given up) at ``now``."""
+        self._roll(now)
+        self._ended_in_window += count
+
+    def limit(self, now: float) -> int:
+        """How many tasks may be claimed and not yet started at ``now``."""
+        self._roll(now)
+        return min(self.cap, self.slots + round(2 * self.rate * self.round_trip_s))
+
+    def _roll(self, now: float) -> None:
+        elapsed = now - self._window_start
+        if elapsed < _WINDOW_S:
+            return
+        observed = self._ended_in_window / elapsed
+        self.rate += _WEIGHT * (observed - self.rate)
+        self._window_start = now
+        self._ended_in_window = 0

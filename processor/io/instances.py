@@ -1,0 +1,171 @@
+"""The instance registry (``eec_instance``): which processors and workers are alive.
+
+Each instance registers at start, writes a heartbeat about once a second and marks itself
+stopped when it shuts down cleanly. It holds nothing through its row (no lock, no lease): the
+registry only answers "is the instance that wrote this gone?", asked by the outbox relay (an
+outbox row is sent again only when its owner is gone) and by a worker that meets an attempt
+another worker started (run again only when that worker died).
+
+An instance is gone when it marked itself stopped, or when its heartbeat is older than
+``DUCTOR_INSTANCE_TIMEOUT_S``. Whoever asks must have been able to see heartbeats for at least
+that long itself (``Judge``): right after an outage of its own database access, every other
+heartbeat looks old, and the others are not dead for that.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import psycopg
+
+from processor.io.connections import connect
+from processor.io.logs import first_line
+
+log = logging.getLogger("ductor.instances")
+
+# Rows of instances gone this long are deleted when another instance registers.
+_FORGET_AFTER = "1 day"
+
+# The SQL condition "instance <column> is alive": an SQL fragment for the statements that ask,
+# with the heartbeat timeout as the named parameter ``gone_after_s``.
+ALIVE = """EXISTS (SELECT 1 FROM eec_instance i
+                WHERE i.instance_id = {column} AND i.stopped_at IS NULL
+                  AND i.heartbeat_at > now() - make_interval(secs => %(gone_after_s)s))"""
+
+
+def heartbeat_interval_s(gone_after_s: float) -> float:
+    """How often an instance writes its heartbeat: every second, or five times within the
+    timeout after which it is taken for gone, if that is shorter."""
+    return min(1.0, gone_after_s / 5)
+
+
+def alive(column: str) -> str:
+    return ALIVE.format(column=column)
+
+
+_UPSERT = """
+INSERT INTO eec_instance (instance_id, kind, host, pid) VALUES (%s, %s, %s, %s)
+    ON CONFLICT (instance_id) DO UPDATE SET heartbeat_at = now()
+"""
+
+
+def register(conn: psycopg.Connection[Any], instance_id: str, kind: str) -> None:
+    """Announce an instance (and forget instances gone for a day)."""
+    heartbeat(conn, instance_id, kind)
+    conn.execute(
+        "DELETE FROM eec_instance WHERE heartbeat_at < now() - %s::interval", (_FORGET_AFTER,)
+    )
+
+
+def heartbeat(conn: psycopg.Connection[Any], instance_id: str, kind: str) -> None:
+    """The instance is alive (registered again, should its row have been forgotten)."""
+    conn.execute(_UPSERT, (instance_id, kind, socket.gethostname()[:200], os.getpid()))
+
+
+def stopped(conn: psycopg.Connection[Any], instance_id: str) -> None:
+    """The instance stopped cleanly: whatever it leaves is for the others at once."""
+    conn.execute(
+        "UPDATE eec_instance SET stopped_at = now() WHERE instance_id = %s", (instance_id,)
+    )
+
+
+class Judge:
+    """Whether this instance may take a silent instance for gone: only once its own database
+    access has worked for ``gone_after_s`` without a failure (a start counts as working)."""
+
+    def __init__(
+        self, gone_after_s: float, monotonic: Callable[[], float] = time.monotonic
+    ) -> None:
+        self.gone_after_s = gone_after_s
+        self._monotonic = monotonic
+        self._failed_at: float | None = None
+
+    def failed(self) -> None:
+        """Its own database access just failed."""
+        self._failed_at = self._monotonic()
+
+    def may_judge(self) -> bool:
+        failed = self._failed_at
+        return failed is None or self._monotonic() - failed > self.gone_after_s
+
+
+class Presence:
+    """This instance in the registry, kept on a thread of its own with its own connection:
+    registered at start, a heartbeat every ``interval_s``, marked stopped at the end. A
+    heartbeat that fails is tried again at the next interval, quietly: the instance's own
+    work reports the outage. ``may_judge`` says whether this instance may take a silent one
+    for gone (it has seen the database answer, without a failure, for the last
+    ``gone_after_s``)."""
+
+    def __init__(
+        self, dsn: str, instance_id: str, kind: str, interval_s: float, gone_after_s: float
+    ) -> None:
+        self.instance_id = instance_id
+        self.gone_after_s = gone_after_s
+        self._dsn = dsn
+        self._kind = kind
+        self._interval_s = interval_s
+        self._judge = Judge(gone_after_s)
+        self._registered = threading.Event()
+        self._stop = threading.Event()
+        self._conn: psycopg.Connection[Any] | None = None
+        self._thread = threading.Thread(target=self._beat, name=f"{kind}-presence", daemon=True)
+
+    def register_now(self) -> None:
+        """Register before anything else happens (raises psycopg.Error: a worker that cannot
+        reach its database at start is misconfigured)."""
+        self._conn = connect(self._dsn)
+        register(self._conn, self.instance_id, self._kind)
+        self._registered.set()
+
+    def start(self) -> Presence:
+        self._thread.start()
+        return self
+
+    def may_judge(self) -> bool:
+        return self._registered.is_set() and self._judge.may_judge()
+
+    def stop(self, timeout_s: float = 2.0) -> None:
+        """Stop the heartbeat and mark the instance stopped (best effort, within
+        ``timeout_s``: an instance that cannot say so is taken for gone by its silence)."""
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout_s)
+        if self._thread.is_alive():
+            return  # its connection hangs: silence will tell
+        try:
+            if self._conn is None:
+                self._conn = connect(self._dsn, connect_timeout_s=max(1, int(timeout_s)))
+            stopped(self._conn, self.instance_id)
+        except psycopg.Error as exc:
+            log.warning("could not mark %s stopped: %s", self.instance_id, first_line(exc))
+        finally:
+            self._close()
+
+    def _beat(self) -> None:
+        while True:
+            try:
+                if self._conn is None:
+                    self._conn = connect(self._dsn)
+                if self._registered.is_set():
+                    heartbeat(self._conn, self.instance_id, self._kind)
+                else:
+                    register(self._conn, self.instance_id, self._kind)
+                    self._registered.set()
+            except psycopg.Error as exc:
+                self._judge.failed()
+                log.debug("heartbeat of %s failed: %s", self.instance_id, first_line(exc))
+                self._close()
+            if self._stop.wait(self._interval_s):
+                return
+
+    def _close(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None

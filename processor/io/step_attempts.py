@@ -1,0 +1,141 @@
+"""The worker's claim on step attempts (``eec_step_attempt``), and the check that an attempt
+still matters.
+
+A claim is one statement for a group of tasks: it reads each task's run (is this attempt the
+node's dispatched one?), its result (already recorded?) and its attempt row (started before,
+by whom, is that worker alive?), and takes the attempts that are right to run by inserting
+their row (or, for a rerun, by counting one more start on the row of a worker that is gone).
+The decision to take is made again under the row's lock (``ON CONFLICT ... DO UPDATE ...
+WHERE``): two workers claiming one attempt at once cannot both take it. core/claims.py turns
+what was read into each task's verdict.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import orjson
+import psycopg
+
+from processor.core.claims import ClaimFacts
+from processor.core.step_task import AttemptKey
+from processor.io.instances import alive
+
+_CLAIM_SQL = f"""
+WITH t AS MATERIALIZED (
+    SELECT * FROM jsonb_to_recordset(%(tasks)s::jsonb) AS t(i int, run_id text, node text,
+                                                            attempt int)
+), seen AS MATERIALIZED (
+    SELECT t.i, t.run_id, t.node, t.attempt,
+           r.run_id IS NOT NULL AS run_exists,
+           coalesce(r.status IN ('pending', 'running')
+                    AND r.node_states -> t.node ->> 'status' = 'dispatched'
+                    AND (r.node_states -> t.node ->> 'attempt')::int = t.attempt,
+                    false) AS current,
+           s.run_id IS NOT NULL AS recorded,
+           a.starts,
+           coalesce(a.worker_id IS NOT NULL AND {alive("a.worker_id")}, false) AS starter_alive,
+           coalesce(a.worker_id = %(me)s, false) AS mine
+      FROM t
+      LEFT JOIN eec_workflow_run r ON r.run_id = t.run_id
+      LEFT JOIN eec_step_result s
+        ON s.run_id = t.run_id AND s.node_id = t.node AND s.attempt = t.attempt
+      LEFT JOIN eec_step_attempt a
+        ON a.run_id = t.run_id AND a.node_id = t.node AND a.attempt = t.attempt
+), claimed AS (
+    INSERT INTO eec_step_attempt AS a (run_id, node_id, attempt, worker_id)
+    SELECT run_id, node, attempt, %(me)s FROM seen
+     WHERE current AND NOT recorded
+       AND (starts IS NULL
+            OR (%(reruns)s AND NOT starter_alive AND %(judge)s AND starts < %(max_starts)s))
+     ORDER BY run_id, node, attempt
+        ON CONFLICT (run_id, node_id, attempt) DO UPDATE
+       SET starts = a.starts + 1, worker_id = excluded.worker_id, started_at = now()
+     WHERE %(reruns)s AND %(judge)s AND a.starts < %(max_starts)s
+       AND a.worker_id <> excluded.worker_id
+       AND NOT {alive("a.worker_id")}
+    RETURNING a.run_id, a.node_id, a.attempt, a.starts
+)
+SELECT s.i, s.run_exists, s.current, s.recorded, s.starts, s.starter_alive, s.mine, c.starts
+  FROM seen s
+  LEFT JOIN claimed c ON c.run_id = s.run_id AND c.node_id = s.node AND c.attempt = s.attempt
+"""
+
+
+def claim_attempts(
+    conn: psycopg.Connection[Any],
+    attempts: Sequence[AttemptKey],
+    worker_id: str,
+    *,
+    max_starts: int,
+    may_judge: bool,
+    gone_after_s: float,
+    reruns: bool = False,
+) -> list[ClaimFacts]:
+    """Claim what is right to run of ``attempts`` for ``worker_id``; the facts of each, in
+    order. Attempts a worker that is gone started are taken only with ``reruns`` (a claim
+    the worker makes for one of them alone: core/claims.py, rule 5)."""
+    if not attempts:
+        return []
+    tasks = orjson.dumps(
+        [{"i": i, "run_id": r, "node": n, "attempt": a} for i, (r, n, a) in enumerate(attempts)]
+    ).decode()
+    params = {
+        "tasks": tasks,
+        "me": worker_id,
+        "max_starts": max_starts,
+        "judge": may_judge,
+        "gone_after_s": gone_after_s,
+        "reruns": reruns,
+    }
+    facts: list[ClaimFacts | None] = [None] * len(attempts)
+    for i, *row in conn.execute(_CLAIM_SQL, params).fetchall():
+        facts[i] = ClaimFacts(*row)
+    assert all(f is not None for f in facts)
+    return facts  # type: ignore[return-value]
+
+
+_NOT_CURRENT_SQL = """
+SELECT t.i
+  FROM jsonb_to_recordset(%s::jsonb) AS t(i int, run_id text, node text, attempt int)
+  LEFT JOIN eec_workflow_run r ON r.run_id = t.run_id
+ WHERE NOT coalesce(r.status IN ('pending', 'running')
+                    AND r.node_states -> t.node ->> 'status' = 'dispatched'
+                    AND (r.node_states -> t.node ->> 'attempt')::int = t.attempt, false)
+"""
+
+
+def not_current(conn: psycopg.Connection[Any], attempts: Sequence[AttemptKey]) -> list[int]:
+    """The indexes of the ``attempts`` that no longer matter: their run was cancelled or ended
+    (or deleted), or the node's dispatched attempt is another one (this one timed out)."""
+    if not attempts:
+        return []
+    tasks = orjson.dumps(
+        [{"i": i, "run_id": r, "node": n, "attempt": a} for i, (r, n, a) in enumerate(attempts)]
+    ).decode()
+    return [row[0] for row in conn.execute(_NOT_CURRENT_SQL, (tasks,)).fetchall()]
+
+
+_UNCLAIM_SQL = """
+WITH t AS MATERIALIZED (
+    SELECT * FROM jsonb_to_recordset(%(tasks)s::jsonb) AS t(run_id text, node text, attempt int)
+), forgotten AS (
+    DELETE FROM eec_step_attempt a USING t
+     WHERE a.run_id = t.run_id AND a.node_id = t.node AND a.attempt = t.attempt
+       AND a.worker_id = %(me)s AND a.starts = 1
+)
+UPDATE eec_step_attempt a SET starts = a.starts - 1 FROM t
+ WHERE a.run_id = t.run_id AND a.node_id = t.node AND a.attempt = t.attempt
+   AND a.worker_id = %(me)s AND a.starts > 1
+"""
+
+
+def unclaim_attempts(
+    conn: psycopg.Connection[Any], attempts: Sequence[AttemptKey], worker_id: str
+) -> None:
+    """Give back claims whose step never started (the worker stops, or lost the partition):
+    the next worker takes them as never started, not as the reruns of a worker that died."""
+    if attempts:
+        tasks = orjson.dumps([{"run_id": r, "node": n, "attempt": a} for r, n, a in attempts])
+        conn.execute(_UNCLAIM_SQL, {"tasks": tasks.decode(), "me": worker_id})

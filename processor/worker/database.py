@@ -1,0 +1,441 @@
+"""The worker's database: connections on threads of their own, so the loop never waits for
+Postgres. The loop hands them work (claims, results, checks) and goes on; each thread takes
+whatever has gathered since its last statement and does each kind in one statement, so claims
+and results are written in groups as small or large as the load makes them, and answers on
+the loop's queue. The claims' thread also keeps the worker's heartbeat in the instance
+registry.
+
+Outages are ridden through: a lost connection is reopened with the outage's capped backoff
+and the same statement run again. Every write here may be redone: a result insert is
+idempotent, and a claim that landed before its answer was lost finds the attempt started by
+this very worker, which core/claims.py takes for this worker's own claim. What the database
+refuses for what a task holds never stops the worker: a task whose data cannot be read fails
+its attempt, a result that cannot be stored is recorded as a failed attempt saying why, and a
+result for a run that no longer exists is dropped with a log line.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any, Literal, TypeVar
+
+import psycopg
+
+from processor.core.claims import Verdict, verdict
+from processor.core.model import StepOutcome
+from processor.core.step_task import StepData
+from processor.io.connections import connect, connect_durable, ping
+from processor.io.instances import Presence
+from processor.io.logs import first_line
+from processor.io.outage import Outage, SharedOutage
+from processor.io.step_attempts import claim_attempts, not_current, unclaim_attempts
+from processor.io.step_data import (
+    MissingData,
+    StepResultRow,
+    fetch_step_data,
+    insert_step_results,
+)
+from processor.worker.steps import Outcome, storable_text
+from processor.worker.tasks import Task
+
+log = logging.getLogger("ductor.worker")
+
+T = TypeVar("T")
+
+
+class _Stopped(Enum):
+    STOPPED = "stopped"
+
+
+STOPPED: Literal[_Stopped.STOPPED] = _Stopped.STOPPED
+
+
+# -- the answers, read by the loop ------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Claimed:
+    """Each task's verdict; a task to run comes with its data (or why it has none)."""
+
+    tasks: list[tuple[Task, Verdict, int, StepData | MissingData | None]]  # (.., starts, data)
+
+
+@dataclass(frozen=True)
+class Recorded:
+    """Whether each result was recorded (False: its run is gone, or it cannot be stored)."""
+
+    tasks: list[tuple[Task, bool]]
+
+
+@dataclass(frozen=True)
+class NotCurrent:
+    """Running tasks whose attempt no longer matters (cancelled run, timed-out attempt)."""
+
+    tasks: list[Task]
+
+
+Answer = Claimed | Recorded | NotCurrent
+
+
+@dataclass(frozen=True)
+class ClaimRules:
+    max_starts: int  # executions an attempt may begin in all (1 + the crash reruns)
+    gone_after_s: float  # a worker silent this long is gone (DUCTOR_INSTANCE_TIMEOUT_S)
+
+
+class _Lane:
+    """One connection on a thread of its own, and the requests waiting for it: the thread
+    takes whatever has gathered since its last statement and hands it to ``serve``."""
+
+    def __init__(
+        self,
+        name: str,
+        connect: Callable[[], psycopg.Connection[Any]],
+        serve: Callable[[list[tuple[str, Any]]], bool],
+        outage: SharedOutage,
+        tick: Callable[[], bool] | None = None,
+        tick_s: float = 1.0,
+    ) -> None:
+        self.name = name
+        self._connect = connect
+        self._serve_batch = serve
+        self._outage = outage
+        self._tick = tick
+        self._tick_s = tick_s
+        self.conn: psycopg.Connection[Any] | None = None
+        self.requests: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
+        self.closing = threading.Event()  # stop taking requests
+        self.give_up = threading.Event()  # stop retrying through an outage
+        self.thread = threading.Thread(target=self._serve, name=f"worker-{name}", daemon=True)
+
+    def start(self) -> None:
+        if self.conn is None:
+            self.conn = self._connect()
+        self.thread.start()
+
+    def put(self, kind: str, payload: Any) -> None:
+        self.requests.put((kind, payload))
+
+    def close(self, timeout_s: float) -> None:
+        """Finish what was asked within ``timeout_s``, then give up on an outage."""
+        self.closing.set()
+        self.requests.put(("wake", None))
+        if self.thread.is_alive():
+            self.thread.join(timeout_s)
+        self.give_up.set()
+        self.thread.join(1.0)
+
+    def _serve(self) -> None:
+        next_tick = time.monotonic() + self._tick_s
+        while True:
+            wait = max(0.0, next_tick - time.monotonic()) if self._tick else 1.0
+            batch: list[tuple[str, Any]] = []
+            try:
+                batch.append(self.requests.get(timeout=wait))
+                while True:
+                    batch.append(self.requests.get_nowait())
+            except queue.Empty:
+                pass
+            batch = [b for b in batch if b[0] != "wake"]
+            if batch and not self._serve_batch(batch):
+                return
+            if self._tick is not None and time.monotonic() >= next_tick:
+                next_tick = time.monotonic() + self._tick_s
+                if not self._tick():
+                    return
+            if self.closing.is_set() and self.requests.empty():
+                return
+
+    def through_outages(
+        self, action: Callable[[psycopg.Connection[Any]], T]
+    ) -> T | Literal[_Stopped.STOPPED]:
+        while True:
+            try:
+                if self.conn is None:
+                    self.conn = self._connect()
+                result = action(self.conn)
+            except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
+                # Whether a lost write committed is unknown: every write here may be redone.
+                if self.conn is not None:
+                    self.conn.close()
+                    self.conn = None
+                if self.give_up.wait(self._outage.failed(self.name, first_line(exc))):
+                    return STOPPED
+                continue
+            except psycopg.Error:
+                self._outage.ok(self.name)  # it answered: what it refused is the caller's
+                raise
+            self._outage.ok(self.name)
+            return result
+
+    def close_connection(self) -> None:
+        if self.conn is not None:
+            self.conn.close()
+            self.conn = None
+
+
+class WorkerDatabase:
+    """Two lanes, each a connection on a thread of its own, so that neither kind of work
+    waits behind the other: *claims* (and the worker's heartbeat, its checks of running
+    attempts, the claims it gives back) and *results*. A claim is committed without waiting
+    for the disk (``synchronous_commit`` off): only a crash of Postgres itself can lose one,
+    and then an attempt may run once more. A result is committed durably: the worker lets its
+    task go once the result is recorded, and a result lost afterwards would cost the attempt
+    its deadline."""
+
+    def __init__(
+        self,
+        dsn: str,
+        instance_id: str,
+        rules: ClaimRules,
+        outage: Outage,
+        answers: Callable[[Answer], None],
+        presence: Presence,
+    ) -> None:
+        self._dsn = dsn
+        self._instance_id = instance_id
+        self._rules = rules
+        self._answer = answers
+        self._presence = presence  # whether this worker may judge others gone
+        shared = self._outage = SharedOutage(outage, ("claims", "results"))
+        self._claims = _Lane(
+            "claims",
+            lambda: connect(dsn),
+            self._serve_claims,
+            shared,
+            tick=lambda: self._ping_if_doubted(self._claims),
+        )
+        self._results = _Lane(
+            "results",
+            lambda: connect_durable(dsn),
+            self._serve_results,
+            shared,
+            tick=lambda: self._ping_if_doubted(self._results),
+        )
+        # Statements by kind: how many, for how many tasks, and the seconds they took.
+        self.statements: dict[str, list[float]] = {}
+        self.fetched = 0  # tasks whose data was read here (not carried inline)
+        self.dropped = 0  # results not recorded: their run no longer exists, or unstorable
+
+    # -- the loop's side --------------------------------------------------------------------
+
+    def start(self) -> None:
+        """The first connections and the registration, not retried: a worker that never
+        reached its database is misconfigured (and exits), one that lost it is in an outage
+        (and waits)."""
+        self._claims.conn = connect(self._dsn)
+        self._results.conn = connect_durable(self._dsn)
+        self._claims.start()
+        self._results.start()
+
+    def claim(self, tasks: list[Task]) -> None:
+        self._claims.put("claim", tasks)
+
+    def claim_rerun(self, task: Task) -> None:
+        """Claim one attempt a worker that died had started, alone (core/claims.py)."""
+        self._claims.put("rerun", [task])
+
+    def unclaim(self, tasks: list[Task]) -> None:
+        """Give back claims whose step never started (io/step_attempts.py)."""
+        self._claims.put("unclaim", tasks)
+
+    def check_current(self, tasks: list[Task]) -> None:
+        self._claims.put("check", tasks)
+
+    def record(self, results: list[tuple[Task, Outcome]]) -> None:
+        self._results.put("record", results)
+
+    def close(self, timeout_s: float) -> None:
+        """Finish what was asked within ``timeout_s`` (giving up on an outage), and close."""
+        deadline = time.monotonic() + timeout_s
+        self._results.close(timeout_s)
+        self._claims.close(max(0.0, deadline - time.monotonic()))
+        for lane in (self._claims, self._results):
+            if not lane.thread.is_alive():
+                lane.close_connection()
+
+    def give_up(self) -> None:
+        """Stop retrying through an outage (a stopping worker that must not wait for it)."""
+        self._claims.give_up.set()
+        self._results.give_up.set()
+
+    # -- the lanes' threads -----------------------------------------------------------------
+
+    def _serve_claims(self, batch: list[tuple[str, Any]]) -> bool:
+        grouped: dict[str, list[Task]] = {}
+        for kind, payload in batch:
+            grouped.setdefault(kind, []).extend(payload)
+        for kind, action in (
+            ("claim", self._claim),
+            ("rerun", self._claim_reruns),
+            ("check", self._check),
+            ("unclaim", self._unclaim),
+        ):
+            tasks = grouped.get(kind)
+            if tasks and self._timed(kind, tasks, action) is STOPPED:
+                return False
+        return True
+
+    def _serve_results(self, batch: list[tuple[str, Any]]) -> bool:
+        results = [r for _kind, payload in batch for r in payload]
+        return self._timed("record", results, self._record) is not STOPPED
+
+    def _ping_if_doubted(self, lane: _Lane) -> bool:
+        """In an outage the other lane saw, this lane's connection tries too (it is most
+        likely gone as well), so the outage ends once both are through it."""
+        if not self._outage.doubts(lane.name):
+            return True
+        return lane.through_outages(ping) is not STOPPED
+
+    def _timed(self, kind: str, items: list[Any], action: Callable[[Any], object]) -> object:
+        started = time.perf_counter()
+        result = action(items)
+        counts = self.statements.setdefault(kind, [0, 0, 0.0])
+        counts[0] += 1
+        counts[1] += len(items)
+        counts[2] += time.perf_counter() - started
+        return result
+
+    # -- claims -----------------------------------------------------------------------------
+
+    def _claim_reruns(self, tasks: list[Task]) -> Literal[_Stopped.STOPPED] | None:
+        return self._claim(tasks, reruns=True)
+
+    def _claim(self, tasks: list[Task], reruns: bool = False) -> Literal[_Stopped.STOPPED] | None:
+        # Judged before the statement: an outage during it makes the next claim wait.
+        may_judge = self._presence.may_judge()
+        keys = [t.key for t in tasks]
+        facts = self._claims.through_outages(
+            lambda conn: claim_attempts(
+                conn,
+                keys,
+                self._instance_id,
+                max_starts=self._rules.max_starts,
+                may_judge=may_judge,
+                gone_after_s=self._rules.gone_after_s,
+                reruns=reruns,
+            )
+        )
+        if facts is STOPPED:
+            return STOPPED
+        verdicts = [verdict(f, self._rules.max_starts, may_judge) for f in facts]
+        to_fetch = [
+            t for t, v in zip(tasks, verdicts, strict=True) if v is Verdict.RUN and t.data is None
+        ]
+        fetched: dict[int, StepData | MissingData] = {}
+        if to_fetch:
+            data = self._claims.through_outages(lambda conn: _fetch_isolating(conn, to_fetch))
+            if data is STOPPED:
+                return STOPPED
+            self.fetched += len(to_fetch)
+            fetched = {id(t): d for t, d in zip(to_fetch, data, strict=True)}
+        self._answer(
+            Claimed(
+                [
+                    (t, v, f.claimed_starts or f.starts or 0, fetched.get(id(t), t.data))
+                    for t, v, f in zip(tasks, verdicts, facts, strict=True)
+                ]
+            )
+        )
+        return None
+
+    # -- results ----------------------------------------------------------------------------
+
+    def _record(self, results: list[tuple[Task, Outcome]]) -> Literal[_Stopped.STOPPED] | None:
+        """The results in one statement; if the database refuses any of them, nothing was
+        written and each is recorded alone (``_record_one`` says what becomes of a refused
+        one)."""
+        rows = [_row(t, o) for t, o in results]
+        try:
+            done = self._results.through_outages(lambda conn: insert_step_results(conn, rows))
+        except psycopg.Error:
+            recorded: list[tuple[Task, bool]] = []
+            for task, outcome in results:
+                one = self._record_one(task, outcome)
+                if one is STOPPED:
+                    return STOPPED
+                recorded.append((task, one))
+            self._answer(Recorded(recorded))
+            return None
+        if done is STOPPED:
+            return STOPPED
+        self._answer(Recorded([(t, True) for t, _ in results]))
+        return None
+
+    def _record_one(self, task: Task, outcome: Outcome) -> bool | Literal[_Stopped.STOPPED]:
+        """One result. True: recorded; False: not (the run no longer exists, or not even a
+        bare failure can be stored)."""
+        ids = {"run_id": task.key.run_id, "node": task.key.node, "attempt": task.key.attempt}
+        try:
+            done = self._results.through_outages(
+                lambda conn: insert_step_results(conn, [_row(task, outcome)])
+            )
+        except psycopg.errors.ForeignKeyViolation:
+            log.warning("dropped a step result: the run no longer exists", extra=ids)
+            self.dropped += 1
+            return False
+        except psycopg.Error as exc:  # the result itself cannot be stored
+            if outcome.outcome is StepOutcome.FAILED and outcome.output is None:
+                # Not even a bare failure can be stored: drop it, visibly; the attempt then
+                # times out and the coordinator retries it.
+                log.error(
+                    "dropped a step result that cannot be stored: %s", first_line(exc), extra=ids
+                )
+                self.dropped += 1
+                return False
+            # The attempt fails, saying why (a bare failure: this recursion ends here).
+            why = f"the step's result could not be stored: {first_line(exc)}"
+            return self._record_one(task, Outcome.failed(why))
+        return STOPPED if done is STOPPED else True
+
+    def _unclaim(self, tasks: list[Task]) -> Literal[_Stopped.STOPPED] | None:
+        keys = [t.key for t in tasks]
+        done = self._claims.through_outages(
+            lambda conn: unclaim_attempts(conn, keys, self._instance_id)
+        )
+        return STOPPED if done is STOPPED else None
+
+    # -- checks -----------------------------------------------------------------------------
+
+    def _check(self, tasks: list[Task]) -> Literal[_Stopped.STOPPED] | None:
+        keys = [t.key for t in tasks]
+        stale = self._claims.through_outages(lambda conn: not_current(conn, keys))
+        if stale is STOPPED:
+            return STOPPED
+        if stale:
+            self._answer(NotCurrent([tasks[i] for i in stale]))
+        return None
+
+
+def _row(task: Task, outcome: Outcome) -> StepResultRow:
+    run_id, node, attempt = task.key
+    return StepResultRow(
+        run_id,
+        node,
+        attempt,
+        outcome.outcome,
+        outcome.output,
+        None if outcome.error is None else storable_text(outcome.error),
+        outcome.retryable,
+    )
+
+
+def _fetch_isolating(
+    conn: psycopg.Connection[Any], tasks: list[Task]
+) -> list[StepData | MissingData]:
+    """The tasks' data in one query; should a task make it fail on what it holds, each task
+    alone, so that one bad task fails only its own attempt."""
+    try:
+        return fetch_step_data(conn, [t.step for t in tasks])
+    except (psycopg.OperationalError, psycopg.InterfaceError):
+        raise
+    except psycopg.Error as exc:
+        if len(tasks) == 1:
+            return [MissingData(f"cannot be read: {first_line(exc)}")]
+        return [d for t in tasks for d in _fetch_isolating(conn, [t])]

@@ -1,0 +1,242 @@
+"""``ductor worker --isolation process``: each slot runs its steps in a child process of its
+own, so a step can be killed and a crash takes down only its child.
+
+A child is started (spawn: a fresh interpreter that imports the steps module, never a fork of
+the worker's threads and connections) the first time its slot needs it and serves one step at
+a time through a pipe. The slot's thread in the worker waits for the answer, passing heartbeats
+on to the worker and a cancellation on to the child. A step that outlives its deadline (and
+grace) is abandoned and its child killed at once, so nothing is left running; a child that
+dies under its step (a native crash, ``os._exit``, the OOM killer) fails the attempt with how
+it died, and the slot starts a fresh child for the next task. The worker's own process never
+runs users' code.
+
+What it costs: a task's data and result cross the pipe (pickled), about 0.1 ms per task on the
+dev machine, and a child's start (about the import time of the steps module) after each crash
+or kill; docs/operations.md has the figures.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ctypes
+import logging
+import multiprocessing
+import queue
+import signal
+import threading
+import time
+from dataclasses import replace
+from multiprocessing.connection import Connection
+from multiprocessing.process import BaseProcess
+from types import MappingProxyType
+from typing import Any
+
+from processor.core.step_task import StepData, StepTask
+from processor.worker.app import registry_for
+from processor.worker.options import WorkerOptions
+from processor.worker.runners import Ended, begin
+from processor.worker.steps import Attempt, Outcome, execute_async_step, execute_step
+from processor.worker.tasks import Task
+
+log = logging.getLogger("ductor.worker")
+
+_POLL_S = 0.05  # how often a slot looks at its task's state while its child works
+_SPAWN = multiprocessing.get_context("spawn")
+
+
+class ProcessRunner:
+    """``concurrency`` slots, each a thread in the worker and a child process."""
+
+    def __init__(self, options: WorkerOptions, ended: Ended) -> None:
+        self._app = options.app
+        self._ended = ended
+        self._jobs: queue.SimpleQueue[Task | None] = queue.SimpleQueue()
+        self._slots = [_Slot(self, i) for i in range(options.concurrency)]
+        self._started = False
+        self._lock = threading.Lock()
+
+    def submit(self, task: Task) -> None:
+        with self._lock:
+            if not self._started:
+                self._started = True
+                for slot in self._slots:
+                    slot.start()
+        self._jobs.put(task)
+
+    def abandon(self, task: Task) -> None:
+        task.abandoned = True  # its slot kills its child within _POLL_S
+
+    def abandoned_alive(self) -> int:
+        return 0  # an abandoned step's child is killed: nothing is left running
+
+    def close(self) -> None:
+        for _ in self._slots:
+            self._jobs.put(None)
+
+
+class _Slot:
+    def __init__(self, runner: ProcessRunner, number: int) -> None:
+        self._runner = runner
+        self._number = number
+        self._child: BaseProcess | None = None
+        self._conn: Connection | None = None
+
+    def start(self) -> None:
+        threading.Thread(target=self._serve, name=f"step-proc-{self._number}", daemon=True).start()
+
+    def _serve(self) -> None:
+        runner = self._runner
+        try:
+            while True:
+                task = runner._jobs.get()
+                if task is None:
+                    return
+                if task.abandoned:
+                    continue
+                started = time.time_ns()
+                if not begin(task):
+                    runner._ended(task, None, started, started)
+                    continue
+                outcome = self._run(task)
+                if outcome is not None:
+                    runner._ended(task, outcome, started, time.time_ns())
+        finally:
+            self._kill()
+
+    def _run(self, task: Task) -> Outcome | None:
+        """The task's outcome from its child; None when it was abandoned (the child killed)."""
+        conn = self._ensure_child()
+        assert task.data is not None
+        step = task.step
+        try:
+            # Without its inline data: a read-only mapping does not pickle (sent as a dict).
+            conn.send(("run", replace(step, data=None), task.data.input, dict(task.data.deps)))
+        except (OSError, ValueError) as exc:  # the child died before it took the task
+            return self._died(f"could not hand it the task: {exc}")
+        cancel_sent = False
+        while True:
+            if task.abandoned:
+                self._kill()
+                return None
+            if task.attempt.cancelled and not cancel_sent:
+                cancel_sent = True
+                with contextlib.suppress(OSError, ValueError):
+                    conn.send(("cancel",))
+            try:
+                if not conn.poll(_POLL_S):
+                    continue
+                message = conn.recv()
+            except (EOFError, OSError):
+                return self._died("")
+            if message[0] == "beat":
+                task.attempt.heartbeat()
+            elif message[0] == "done":
+                return Outcome(*message[1])
+
+    def _died(self, detail: str) -> Outcome:
+        child = self._child
+        code = None
+        if child is not None:
+            child.join(1.0)
+            code = child.exitcode
+        self._kill()
+        if code is not None and code < 0:
+            how = f"killed by signal {signal.Signals(-code).name}"
+        elif code is not None:
+            how = f"exited with code {code}"
+        else:
+            how = "lost"
+        why = f"the step's process died ({how}) while running it" + (
+            f": {detail}" if detail else ""
+        )
+        log.warning("a step's child process died: %s", how)
+        return Outcome.failed(why)
+
+    def _ensure_child(self) -> Connection:
+        if self._child is not None and self._child.is_alive() and self._conn is not None:
+            return self._conn
+        self._kill()
+        ours, theirs = _SPAWN.Pipe(duplex=True)
+        child = _SPAWN.Process(
+            target=child_main,
+            args=(theirs, self._runner._app),
+            name=f"ductor-step-{self._number}",
+            daemon=True,
+        )
+        child.start()
+        theirs.close()
+        self._child, self._conn = child, ours
+        return ours
+
+    def _kill(self) -> None:
+        child, conn = self._child, self._conn
+        self._child = self._conn = None
+        if conn is not None:
+            conn.close()
+        if child is not None and child.is_alive():
+            child.kill()
+            child.join(5.0)
+
+
+# -- the child --------------------------------------------------------------------------------
+
+
+class _ChildAttempt(Attempt):
+    """The step's side in the child: heartbeats go to the worker through the pipe."""
+
+    __slots__ = ("_conn", "_lock")
+
+    def __init__(self, deadline_ms: int, conn: Connection, lock: threading.Lock) -> None:
+        super().__init__(deadline_ms)
+        self._conn = conn
+        self._lock = lock
+
+    def heartbeat(self) -> None:
+        super().heartbeat()
+        with self._lock, contextlib.suppress(OSError, ValueError):
+            self._conn.send(("beat",))
+
+
+def child_main(conn: Connection, app: str | None) -> None:
+    """A child's life: load the steps, then run what the slot sends, one at a time."""
+    # The worker decides when a child ends: signals sent to the whole process group (a
+    # Ctrl-C, a supervisor's SIGTERM) are for the worker, which stops its steps in order.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    _die_with_parent()
+    registry = registry_for(app)
+    lock = threading.Lock()
+    jobs: queue.SimpleQueue[tuple[StepTask, Any, dict[str, Any]] | None] = queue.SimpleQueue()
+    current: list[Attempt] = []
+
+    def read() -> None:
+        try:
+            while True:
+                message = conn.recv()
+                if message[0] == "run":
+                    jobs.put(message[1:])
+                elif message[0] == "cancel" and current:
+                    current[-1].cancel()
+        except (EOFError, OSError):
+            jobs.put(None)  # the worker is gone: so is this child
+
+    threading.Thread(target=read, name="from-worker", daemon=True).start()
+    while (job := jobs.get()) is not None:
+        step, run_input, deps = job
+        attempt = _ChildAttempt(step.deadline_ms, conn, lock)
+        current[:] = [attempt]
+        data = StepData(run_input, MappingProxyType(deps))
+        if registry.is_async(step.step_type):
+            outcome = asyncio.run(execute_async_step(registry, step, data, attempt))
+        else:
+            outcome = execute_step(registry, step, data, attempt)
+        with lock:
+            conn.send(("done", tuple(outcome)))
+
+
+def _die_with_parent() -> None:
+    """Linux: SIGKILL this child when the worker dies, even by SIGKILL (no orphans running
+    users' code). Elsewhere the child ends when its pipe closes, between two steps."""
+    with contextlib.suppress(Exception):
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG

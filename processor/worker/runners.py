@@ -1,0 +1,199 @@
+"""Where step functions run: a pool of threads for plain functions, an event loop for
+``async def`` ones (process isolation is in isolation.py). Each runs a task as it comes and
+reports it the moment it ends, so a slow step holds one slot, never a batch.
+
+A step that outlives its deadline is *abandoned* by the worker: its slot is given back at once
+(a new thread takes the hung one's place; an async step is cancelled) and whatever it returns
+later is dropped. Python cannot kill a thread, so a hung one lives on: ``abandoned_alive``
+counts them, and past its bound the worker stops (worker.py) for its supervisor to start a
+fresh process. Every thread here is a daemon: a hung step never holds the process at exit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable, Coroutine
+from concurrent.futures import Future
+from typing import Any, Protocol
+
+from processor.worker.steps import Outcome
+from processor.worker.tasks import Task
+
+log = logging.getLogger("ductor.worker")
+
+# What a runner calls when a task's step ended (from the runner's thread): the task, its
+# outcome (None: not started, its deadline passed while it waited for a slot), and when it
+# started and ended (time.time_ns).
+Ended = Callable[[Task, Outcome | None, int, int], None]
+
+
+def begin(task: Task) -> bool:
+    """A slot takes the task: False if its deadline passed while it waited (it is skipped);
+    otherwise its step starts now, and so does its heartbeat clock."""
+    if time.time() * 1000 >= task.step.deadline_ms:
+        return False
+    task.started_ns = time.monotonic_ns()
+    task.attempt.beat_at = time.monotonic()
+    return True
+
+
+class Runner(Protocol):
+    def submit(self, task: Task) -> None: ...
+
+    def abandon(self, task: Task) -> None: ...
+
+    def abandoned_alive(self) -> int: ...
+
+    def close(self) -> None: ...
+
+
+class ThreadRunner:
+    """Plain step functions on ``size`` threads (the worker's slots). Tasks are handed over
+    as soon as they are claimed and wait in one queue: a free thread takes the next at once,
+    without a round trip through the worker's loop, and a slow step holds only its own
+    thread."""
+
+    def __init__(self, size: int, execute: Callable[[Task], Outcome], ended: Ended) -> None:
+        self._size = size
+        self._execute = execute
+        self._ended = ended
+        self._jobs: queue.SimpleQueue[Task | None] = queue.SimpleQueue()
+        self._lock = threading.Lock()  # the hand-over between a thread and ``abandon``
+        self._running: dict[Task, _Slot] = {}
+        self._slots: list[_Slot] = []
+        self._abandoned: set[_Slot] = set()
+        self._made = 0
+
+    def submit(self, task: Task) -> None:
+        with self._lock:
+            if len(self._slots) < self._size:
+                self._start_slot()
+        self._jobs.put(task)
+
+    def abandon(self, task: Task) -> None:
+        """Give the task's slot back: a new thread takes the place of the one running it."""
+        with self._lock:
+            task.abandoned = True
+            slot = self._running.pop(task, None)
+            if slot is None:
+                return  # not picked up yet: the thread that picks it skips it
+            slot.abandoned = True
+            self._slots.remove(slot)
+            self._abandoned.add(slot)
+            self._start_slot()
+
+    def abandoned_alive(self) -> int:
+        with self._lock:
+            return len(self._abandoned)
+
+    def close(self) -> None:
+        with self._lock:
+            count = len(self._slots)
+        for _ in range(count):
+            self._jobs.put(None)
+
+    def _start_slot(self) -> None:
+        self._made += 1
+        slot = _Slot()
+        self._slots.append(slot)
+        threading.Thread(
+            target=self._serve, args=(slot,), name=f"step-{self._made}", daemon=True
+        ).start()
+
+    def _serve(self, slot: _Slot) -> None:
+        while True:
+            task = self._jobs.get()
+            if task is None:
+                return
+            with self._lock:
+                if task.abandoned:
+                    continue
+                self._running[task] = slot
+            started = time.time_ns()
+            if not begin(task):
+                with self._lock:
+                    self._running.pop(task, None)
+                self._ended(task, None, started, started)
+                continue
+            outcome = self._execute(task)
+            ended = time.time_ns()
+            with self._lock:
+                self._running.pop(task, None)
+                if slot.abandoned:
+                    self._abandoned.discard(slot)
+                    log.warning(
+                        "an abandoned step ended %.1f s after it started; its result is dropped",
+                        (ended - started) / 1e9,
+                        extra={"run_id": task.key.run_id, "node": task.key.node},
+                    )
+                    return  # its replacement serves in its place
+            self._ended(task, outcome, started, ended)
+
+
+class _Slot:
+    __slots__ = ("abandoned",)
+
+    def __init__(self) -> None:
+        self.abandoned = False
+
+
+class AsyncRunner:
+    """``async def`` step functions, on one event loop on a thread of its own (started with
+    the first async task). An abandoned step is cancelled; one that keeps running anyway (it
+    swallowed the cancellation) is counted until it ends."""
+
+    def __init__(
+        self, execute: Callable[[Task], Coroutine[Any, Any, Outcome]], ended: Ended
+    ) -> None:
+        self._execute = execute
+        self._ended = ended
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._futures: dict[Task, Future[None]] = {}
+        self._abandoned: set[Task] = set()
+        self._lock = threading.Lock()
+
+    def submit(self, task: Task) -> None:
+        loop = self._loop or self._start()
+        future = asyncio.run_coroutine_threadsafe(self._run(task), loop)
+        with self._lock:
+            self._futures[task] = future
+
+    def abandon(self, task: Task) -> None:
+        with self._lock:
+            task.abandoned = True
+            future = self._futures.pop(task, None)
+            if future is not None:
+                self._abandoned.add(task)
+        if future is not None:
+            future.cancel()
+
+    def abandoned_alive(self) -> int:
+        with self._lock:
+            return len(self._abandoned)
+
+    def close(self) -> None:
+        if self._loop is not None:
+            self._loop.call_soon_threadsafe(self._loop.stop)
+
+    def _start(self) -> asyncio.AbstractEventLoop:
+        loop = self._loop = asyncio.new_event_loop()
+        threading.Thread(target=loop.run_forever, name="step-async", daemon=True).start()
+        return loop
+
+    async def _run(self, task: Task) -> None:
+        started = time.time_ns()
+        if not begin(task):
+            self._ended(task, None, started, started)
+            return
+        try:
+            outcome = await self._execute(task)
+        finally:
+            with self._lock:
+                self._futures.pop(task, None)
+                self._abandoned.discard(task)
+        if not task.abandoned:
+            self._ended(task, outcome, started, time.time_ns())

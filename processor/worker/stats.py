@@ -1,0 +1,24 @@
+"""In-process counters of one worker: read by its metrics (metrics.py), its log lines, the
+tests and the tools. The loop thread bumps integers; nothing here is a label with a run id."""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+
+
+@dataclass
+class WorkerStats:
+    # Step executions that ended, by (step type, outcome): succeeded, failed.
+    attempts: Counter[tuple[str, str]] = field(default_factory=Counter)
+    # Tasks not run, by reason: deadline, superseded, recorded, run_gone, duplicate, died.
+    skipped: Counter[str] = field(default_factory=Counter)
+    abandoned: int = 0  # steps given up on while still running (deadline, heartbeat)
+    heartbeats: int = 0  # heartbeats the steps reported
+    reruns: int = 0  # executions begun again after the worker running them died
+    dead_letters: int = 0  # tasks that could not be decoded
+    errors: Counter[str] = field(default_factory=Counter)  # genuine failures by kind
+
+    @property
+    def executed(self) -> int:
+        return sum(self.attempts.values())

@@ -1,0 +1,231 @@
+"""Step functions: the registry a worker runs them from, what each is given, and running one
+attempt.
+
+Register your own with ``@registry.step("my_type")``: a plain function or an ``async def``
+one. It receives a ``StepContext`` (which attempt of which step, by when, the run's input and
+the outputs of the step's dependencies, ``heartbeat()`` and ``cancelled``) and returns a
+JSON-serialisable output. Raising fails the attempt: ``StepFailed`` (or any exception) leaves
+the next attempt to the step's retry policy, ``NonRetryable`` fails the step at once. See
+docs/operations.md, "Writing step functions".
+"""
+
+from __future__ import annotations
+
+import inspect
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+import orjson
+
+from processor.core.model import StepOutcome
+from processor.core.step_task import NO_DEPS, StepData, StepTask
+
+# The largest output a step may return (its encoded JSON). It is stored in Postgres, read by
+# the steps that depend on it and may become part of the run's output; data larger than this
+# belongs in object storage, with its key as the output. A larger output fails the attempt.
+MAX_STEP_OUTPUT_BYTES = 1024 * 1024
+
+
+class StepFailed(Exception):
+    """Raised by a step function to fail its attempt with a message; the step's retry
+    policy decides whether another attempt follows."""
+
+
+class NonRetryable(StepFailed):
+    """Raised by a step function to fail the step at once, whatever attempts its retry policy
+    has left (a card declined, an order that cannot be valid)."""
+
+
+class RegistrationError(ValueError):
+    """A step registry refused a registration (the message says why)."""
+
+
+class Attempt:
+    """The live side of one attempt, shared by its step function and the worker: heartbeats
+    go one way, cancellation the other. Plain attribute writes (atomic under the GIL): a
+    heartbeat costs a clock read, ``cancelled`` a comparison."""
+
+    __slots__ = ("_cancelled", "beat_at", "beats", "deadline_ms")
+
+    def __init__(self, deadline_ms: int) -> None:
+        self.deadline_ms = deadline_ms
+        self.beat_at = time.monotonic()
+        self.beats = 0
+        self._cancelled = False
+
+    def heartbeat(self) -> None:
+        self.beat_at = time.monotonic()
+        self.beats += 1
+
+    def cancel(self) -> None:
+        self._cancelled = True
+
+    @property
+    def cancelled(self) -> bool:
+        return self._cancelled or time.time() * 1000 >= self.deadline_ms
+
+
+@dataclass(frozen=True)
+class StepContext:
+    """What a step function is given: which attempt of which step it runs, by when, and its
+    data: the run's input (``{}`` when the run was started without one) and the outputs of
+    the steps it depends on, by step name (read-only; a step with no dependencies gets an
+    empty mapping). The data is the same whether the task carried it or the worker fetched it.
+    """
+
+    run_id: str
+    node: str
+    attempt: int
+    deadline_ms: int
+    input: Any = None
+    deps: Mapping[str, Any] = field(default_factory=lambda: NO_DEPS)
+    _attempt: Attempt | None = field(default=None, repr=False, compare=False)
+
+    def heartbeat(self) -> None:
+        """Say the step is alive. A step whose workflow declares ``heartbeat_timeout_ms``
+        must call it at least that often, or its attempt fails before its deadline."""
+        if self._attempt is not None:
+            self._attempt.heartbeat()
+
+    @property
+    def cancelled(self) -> bool:
+        """True once the attempt no longer matters: its deadline passed, or the run was
+        cancelled or ended, or the coordinator moved on from this attempt. A long step may
+        check it between units of work and stop early (its result would be ignored)."""
+        if self._attempt is not None:
+            return self._attempt.cancelled
+        return time.time() * 1000 >= self.deadline_ms
+
+
+StepFn = Callable[[StepContext], Any]
+AsyncStepFn = Callable[[StepContext], Awaitable[Any]]
+
+
+class StepRegistry:
+    def __init__(self) -> None:
+        self._steps: dict[str, StepFn | AsyncStepFn] = {}
+
+    def step(self, step_type: str) -> Callable[[Any], Any]:
+        """Register the decorated function (plain or ``async def``) for ``step_type``.
+        A second function for the same type is refused (RegistrationError)."""
+        if not isinstance(step_type, str) or not step_type:
+            raise RegistrationError(f"a step type must be a non-empty string, not {step_type!r}")
+
+        def register(fn: Any) -> Any:
+            if not callable(fn):
+                raise RegistrationError(f"step {step_type!r}: {fn!r} is not a function")
+            known = self._steps.get(step_type)
+            if known is not None and known is not fn:
+                raise RegistrationError(
+                    f"step type {step_type!r} is registered twice: {_name(known)} and"
+                    f" {_name(fn)}; a worker runs one function per type"
+                )
+            self._steps[step_type] = fn
+            return fn
+
+        return register
+
+    def get(self, step_type: str) -> StepFn | AsyncStepFn | None:
+        return self._steps.get(step_type)
+
+    def is_async(self, step_type: str) -> bool:
+        fn = self._steps.get(step_type)
+        return fn is not None and inspect.iscoroutinefunction(fn)
+
+    def types(self) -> list[str]:
+        return sorted(self._steps)
+
+
+def _name(fn: Any) -> str:
+    return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', repr(fn))}"
+
+
+class Outcome(NamedTuple):
+    """An attempt's result as the worker records it."""
+
+    outcome: StepOutcome
+    output: Any = None
+    error: str | None = None
+    retryable: bool = True
+
+    @staticmethod
+    def failed(error: str, retryable: bool = True) -> Outcome:
+        return Outcome(StepOutcome.FAILED, None, storable_text(error), retryable)
+
+
+def context_of(task: StepTask, data: StepData, attempt: Attempt | None = None) -> StepContext:
+    return StepContext(
+        task.run_id, task.node, task.attempt, task.deadline_ms, data.input, data.deps, attempt
+    )
+
+
+def execute_step(
+    registry: StepRegistry, task: StepTask, data: StepData, attempt: Attempt | None = None
+) -> Outcome:
+    """Run one attempt of a plain step function with its ``data`` (the task's own, or
+    fetched): its output, or its failure as the attempt's result (never the worker's)."""
+    fn = registry.get(task.step_type)
+    if fn is None:
+        return unknown_type(task)
+    try:
+        return checked_output(fn(context_of(task, data, attempt)))
+    except Exception as exc:  # a step's failure is the attempt's result, not the worker's
+        return failure(exc)
+
+
+async def execute_async_step(
+    registry: StepRegistry, task: StepTask, data: StepData, attempt: Attempt | None = None
+) -> Outcome:
+    """``execute_step`` for an ``async def`` step function, on the caller's event loop."""
+    fn = registry.get(task.step_type)
+    if fn is None:
+        return unknown_type(task)
+    try:
+        return checked_output(await fn(context_of(task, data, attempt)))
+    except Exception as exc:
+        return failure(exc)
+
+
+def unknown_type(task: StepTask) -> Outcome:
+    return Outcome.failed(f"no step function registered for type {task.step_type!r}")
+
+
+def failure(exc: BaseException) -> Outcome:
+    return Outcome.failed(f"{type(exc).__name__}: {exc}", not isinstance(exc, NonRetryable))
+
+
+def checked_output(output: Any) -> Outcome:
+    """A step's return value as its result, or the failure that says why it cannot be
+    stored: the result is stored as JSON, so it is checked here, in the attempt."""
+    try:
+        size = len(orjson.dumps(output))
+    except TypeError as exc:
+        return Outcome.failed(f"TypeError: {exc}")
+    if size > MAX_STEP_OUTPUT_BYTES:
+        return Outcome.failed(
+            f"ValueError: the output is {size} bytes as JSON, more than the"
+            f" {MAX_STEP_OUTPUT_BYTES} a step may return"
+        )
+    if _holds_nul(output):
+        return Outcome.failed(
+            "ValueError: the output holds a NUL character, which Postgres cannot store"
+        )
+    return Outcome(StepOutcome.SUCCEEDED, output)
+
+
+def storable_text(text: str) -> str:
+    """``text`` with what Postgres cannot store in text (NUL) replaced."""
+    return text.replace("\x00", "\ufffd")
+
+
+def _holds_nul(value: Any) -> bool:
+    """Whether a JSON-like value holds a NUL character in a string or a key (jsonb refuses)."""
+    if isinstance(value, str):
+        return "\x00" in value
+    if isinstance(value, dict):
+        return any(_holds_nul(k) or _holds_nul(v) for k, v in value.items())
+    if isinstance(value, list | tuple):
+        return any(_holds_nul(v) for v in value)
+    return False

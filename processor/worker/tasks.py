@@ -1,0 +1,136 @@
+"""The tasks a worker holds, from the moment it polls them until their offset may move on.
+
+Every task goes through these states, each change made on the worker's loop thread:
+
+    RECEIVED -> CLAIMING -> READY -> RUNNING -> RECORDING -> SENDING
+                    |-> HELD (someone else holds it) -> RECEIVED, a moment later
+                    |-> SUSPECT (a worker died running it) -> claimed alone -> READY
+                    |-> done (skipped), or RECORDING (its attempt fails without running)
+
+and leaves the book when it is done (its wakeup acknowledged, or nothing to send), when it is
+abandoned, or when its partition was taken away before it was claimed. ``in_hand`` counts
+what waits to run (the worker's prefetch: claims are asked in groups, ahead of the free
+slots), ``running`` what holds a slot.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from enum import Enum
+from typing import Any
+
+from processor.core.records import Headers
+from processor.core.step_task import AttemptKey, StepData, StepTask
+from processor.worker.steps import Attempt
+
+TP = tuple[str, int]
+
+
+class State(Enum):
+    RECEIVED = "received"  # polled, its claim not asked yet
+    CLAIMING = "claiming"  # its claim is with the database
+    READY = "ready"  # claimed: runs when a slot is free
+    HELD = "held"  # someone else holds its attempt: claimed again shortly
+    SUSPECT = "suspect"  # a worker died running it: claimed again alone, then run alone
+    RUNNING = "running"  # its step function runs
+    RECORDING = "recording"  # its result is with the database
+    SENDING = "sending"  # its wakeup is on its way to the broker
+
+
+_IN_HAND = (State.RECEIVED, State.CLAIMING, State.READY)
+
+
+class Task:
+    """One polled step task and everything the worker knows about it (loop thread only,
+    but for ``attempt``, which its step function shares)."""
+
+    __slots__ = (
+        "abandoned",
+        "asked_at",
+        "attempt",
+        "claim_at",
+        "data",
+        "headers",
+        "key",
+        "offset",
+        "produced_ms",
+        "revoked",
+        "span",
+        "started_ns",
+        "starts",
+        "state",
+        "step",
+        "tp",
+    )
+
+    def __init__(
+        self, step: StepTask, tp: TP, offset: int, headers: Headers, produced_ms: int | None
+    ) -> None:
+        self.step = step
+        self.key: AttemptKey = step.key
+        self.tp = tp
+        self.offset = offset
+        self.headers = headers  # the record's trace context, carried on to the wakeup
+        self.produced_ms = produced_ms  # when the coordinator produced it (record timestamp)
+        self.state = State.RECEIVED
+        self.data: StepData | None = step.data
+        self.attempt = Attempt(step.deadline_ms)
+        self.starts = 0  # which execution of the attempt this worker begins (from its claim)
+        self.claim_at = 0.0  # HELD: when to claim it again (monotonic)
+        self.asked_at = 0.0  # when its claim was asked (monotonic)
+        self.started_ns = 0
+        self.revoked = False  # its partition was taken away: its offset is not ours any more
+        self.abandoned = False  # given up while its step still ran
+        self.span: Any = None  # the execution's span, while it runs
+
+
+class TaskBook:
+    """The tasks in hand, by attempt, and how many are in each state."""
+
+    def __init__(self) -> None:
+        self._tasks: dict[AttemptKey, Task] = {}
+        self._counts: dict[State, int] = dict.fromkeys(State, 0)
+
+    def __len__(self) -> int:
+        return len(self._tasks)
+
+    def __iter__(self) -> Iterator[Task]:
+        return iter(list(self._tasks.values()))
+
+    def holds(self, key: AttemptKey) -> bool:
+        return key in self._tasks
+
+    def has(self, task: Task) -> bool:
+        """Whether ``task`` itself is in the book (not only another delivery of its attempt)."""
+        return self._tasks.get(task.key) is task
+
+    def add(self, task: Task) -> None:
+        self._tasks[task.key] = task
+        self._counts[task.state] += 1
+
+    def move(self, task: Task, state: State) -> None:
+        """A task in the book changes state. One that left it (its partition went, the worker
+        stops) keeps its state to itself: the counts are of the book's tasks only."""
+        if self._tasks.get(task.key) is task:
+            self._counts[task.state] -= 1
+            self._counts[state] += 1
+        task.state = state
+
+    def remove(self, task: Task) -> None:
+        if self._tasks.get(task.key) is task:
+            del self._tasks[task.key]
+            self._counts[task.state] -= 1
+
+    def count(self, state: State) -> int:
+        return self._counts[state]
+
+    @property
+    def in_hand(self) -> int:
+        """Tasks waiting to run: for their claim, or claimed and waiting for a slot."""
+        return sum(self._counts[s] for s in _IN_HAND)
+
+    def in_state(self, state: State) -> list[Task]:
+        return [t for t in self._tasks.values() if t.state is state]
+
+    def of_partitions(self, tps: set[TP]) -> list[Task]:
+        return [t for t in self._tasks.values() if t.tp in tps]

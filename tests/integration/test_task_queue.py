@@ -1,0 +1,207 @@
+"""The worker as a task queue, against the real broker and database, with a steps module of the
+tests' own that records every execution of its code (counted_steps.py): a slow step holds one
+slot and never the fast ones beside it; a step that hangs costs one slot, is abandoned at its
+deadline, and never stops the worker (nor its SIGTERM); a step that kills its process is not
+a crash loop: it runs once more, then its attempt fails and is retried, while every other task
+goes on; a task whose attempt is stale is not run."""
+
+from __future__ import annotations
+
+import signal
+import uuid
+from collections.abc import Callable
+from dataclasses import replace
+from typing import Any
+
+import psycopg
+import pytest
+
+from processor.client import start_runs
+from processor.core.workflow import WorkflowDef, parse_workflow
+from processor.io.config import Settings
+from processor.io.runs_admin import register_workflow
+
+from . import counted_steps
+from .conftest import Spawned, count_terminal, run_statuses, step_attempts, wait_for
+
+pytestmark = pytest.mark.integration
+
+APP = "tests.integration.counted_steps:registry"
+
+
+def _one_step(name: str, timeout_ms: int, attempts: int) -> WorkflowDef:
+    return parse_workflow(
+        {
+            "name": name,
+            "version": 1,
+            "steps": [
+                {
+                    "name": "only",
+                    "type": "counted",
+                    "timeout_ms": timeout_ms,
+                    "retry": {"max_attempts": attempts, "backoff_ms": 50},
+                }
+            ],
+        }
+    )
+
+
+def _ids(prefix: str, count: int) -> list[str]:
+    tag = uuid.uuid4().hex[:6]
+    return [f"{prefix}-{tag}-{i}" for i in range(count)]
+
+
+def _worker(spawn: Any, settings: Settings, name: str, *flags: str) -> Spawned:
+    worker: Spawned = spawn(["worker", "--app", APP, *flags], settings, name)
+    wait_for(lambda: worker.owned_partitions() > 0, 60, f"{name} to own step partitions")
+    return worker
+
+
+def _alive(child: Spawned) -> bool:
+    code = child.proc.poll()
+    if code is not None:
+        tail = child.log_path.read_text(errors="replace").splitlines()[-10:]
+        pytest.fail(f"{child.log_path.stem} exited with {code}:\n" + "\n".join(tail))
+    return True
+
+
+def _ran_once_on_the_first_attempt(pg: psycopg.Connection[Any], run_ids: list[str]) -> None:
+    """Each run succeeded, its step ran exactly once, on attempt 1."""
+    counts = counted_steps.executions(pg)
+    assert set(run_statuses(pg, run_ids).values()) == {"succeeded"}
+    for run_id in run_ids:
+        assert counts[(run_id, "only", 1)] == 1, (run_id, step_attempts(pg, run_id))
+        assert step_attempts(pg, run_id) == {"only": [(1, "succeeded")]}
+
+
+def test_a_slow_step_holds_one_slot_and_never_the_fast_steps_beside_it(
+    settings: Settings, pg: psycopg.Connection[Any], spawn: Any
+) -> None:
+    """10 runs whose step takes 8 s, then 300 whose step takes 5 ms (timeout 1 s, one
+    attempt), one worker with 16 slots: every fast run succeeds on its first attempt."""
+    counted_steps.install(pg)
+    register_workflow(pg, _one_step("slow-fast", timeout_ms=1000, attempts=1))
+    spawn(["process"], settings, "process")
+    worker = _worker(spawn, settings, "worker", "--concurrency", "16")
+    slow, fast = _ids("slow", 10), _ids("fast", 300)
+    start_runs(settings, "slow-fast", slow, {"sleep_ms": 8000})
+    wait_for(
+        lambda: len(counted_steps.executions(pg, "slow-")) == 10, 30, "the slow steps to start"
+    )
+    start_runs(settings, "slow-fast", fast, {"sleep_ms": 5})
+    wait_for(
+        lambda: _alive(worker) and count_terminal(pg, fast) == len(fast),
+        60,
+        "every fast run to end",
+    )
+    _ran_once_on_the_first_attempt(pg, fast)
+    # The slow ones outlived their deadline: their attempts timed out (and were abandoned).
+    wait_for(lambda: count_terminal(pg, slow) == len(slow), 60, "the slow runs to time out")
+    assert set(run_statuses(pg, slow).values()) == {"failed"}
+    assert worker.terminate() == 0
+
+
+def test_a_hung_step_costs_one_slot_is_abandoned_and_sigterm_still_stops_the_worker(
+    settings: Settings, pg: psycopg.Connection[Any], spawn: Any
+) -> None:
+    """A step whose first attempt never returns, then 200 fast runs: they all run on the
+    other slots; the hung one is abandoned at its deadline (and grace), its attempt times out
+    and the next one succeeds; SIGTERM stops the worker at once, the hang notwithstanding."""
+    counted_steps.install(pg)
+    register_workflow(pg, _one_step("hangs", timeout_ms=2000, attempts=3))
+    spawn(["process"], settings, "process")
+    worker = _worker(spawn, settings, "worker", "--concurrency", "4", "--abandon-after", "1")
+    (hung,) = _ids("hung", 1)
+    fast = _ids("fast", 200)
+    start_runs(settings, "hangs", [hung], {"hang_on": [1]})
+    wait_for(lambda: bool(counted_steps.executions(pg, hung)), 30, "the hanging step to start")
+    start_runs(settings, "hangs", fast)
+    wait_for(
+        lambda: _alive(worker) and count_terminal(pg, [hung, *fast]) == len(fast) + 1,
+        60,
+        "every run to end",
+    )
+    _ran_once_on_the_first_attempt(pg, fast)
+    assert run_statuses(pg, [hung]) == {hung: "succeeded"}
+    counts = counted_steps.executions(pg, hung)
+    assert counts == {(hung, "only", 1): 1, (hung, "only", 2): 1}
+    assert [
+        line for line in worker.log_lines() if str(line.get("msg")).startswith("abandoned a step")
+    ]
+    # The hung thread is still there; SIGTERM stops the worker cleanly anyway.
+    assert worker.terminate(timeout=15) == 0
+    stopped = next(line for line in worker.log_lines() if line.get("msg") == "worker stopped")
+    assert stopped["abandoned"] == 1 and stopped["exit_code"] == 0
+
+
+def test_too_many_hung_steps_stop_the_worker_for_its_supervisor(
+    settings: Settings, pg: psycopg.Connection[Any], spawn: Any
+) -> None:
+    """Past its bound of abandoned steps (none allowed here) a worker stops itself, with exit
+    code 3; the fresh process its supervisor starts runs the next attempt."""
+    counted_steps.install(pg)
+    register_workflow(pg, _one_step("hangs-bounded", timeout_ms=1000, attempts=2))
+    spawn(["process"], settings, "process")
+    worker = _worker(spawn, settings, "worker", "--max-abandoned", "0", "--abandon-after", "0.5")
+    (hung,) = _ids("hung", 1)
+    start_runs(settings, "hangs-bounded", [hung], {"hang_on": [1]})
+    wait_for(lambda: worker.proc.poll() is not None, 60, "the worker to stop itself")
+    assert worker.proc.returncode == 3
+    assert any(
+        "abandoned steps are still running" in str(line.get("msg")) for line in worker.log_lines()
+    )
+    _worker(spawn, settings, "worker-2")
+    wait_for(lambda: count_terminal(pg, [hung]) == 1, 60, "the run to end")
+    assert run_statuses(pg, [hung]) == {hung: "succeeded"}
+    assert counted_steps.executions(pg, hung) == {(hung, "only", 1): 1, (hung, "only", 2): 1}
+
+
+def test_a_step_that_kills_its_process_is_not_a_crash_loop(
+    settings: Settings, pg: psycopg.Connection[Any], spawn: Callable[..., Spawned]
+) -> None:
+    """A step whose first attempt kills its process (SIGKILL, as a native crash or the OOM
+    killer would), then 200 fast runs, with a supervisor starting the worker again whenever
+    it dies: the attempt runs once more (alone), then fails as "the worker died running it"
+    and its second attempt succeeds; the worker dies twice; every fast run succeeds on its
+    first attempt, its code run once."""
+    settings = replace(settings, instance_timeout_s=3.0)
+    counted_steps.install(pg)
+    # A deadline longer than the two crashes take (each costs the group's session timeout
+    # before the next worker gets the partition): the attempt ends by the crashes, not by it.
+    register_workflow(pg, _one_step("crashes", timeout_ms=120_000, attempts=3))
+    spawn(["process"], settings, "process")
+    (crasher,) = _ids("crash", 1)
+    fast = _ids("fast", 200)
+    deaths = 0
+    worker = _worker(spawn, settings, "worker-0")
+
+    def supervise() -> bool:
+        nonlocal worker, deaths
+        if worker.proc.poll() is not None:
+            assert worker.proc.returncode == -signal.SIGKILL, worker.proc.returncode
+            deaths += 1
+            assert deaths <= 2, "a crash loop"
+            worker = spawn(["worker", "--app", APP], settings, f"worker-{deaths}")
+        return True
+
+    start_runs(settings, "crashes", [crasher], {"crash_on": [1]})
+    wait_for(lambda: supervise() and deaths == 1, 60, "the step to kill its worker")
+    start_runs(settings, "crashes", fast)
+    wait_for(
+        lambda: supervise() and count_terminal(pg, [crasher, *fast]) == len(fast) + 1,
+        180,
+        "every run to end, the worker started again whenever it died",
+        0.2,
+    )
+    assert deaths == 2
+    _ran_once_on_the_first_attempt(pg, fast)
+    assert run_statuses(pg, [crasher]) == {crasher: "succeeded"}
+    assert counted_steps.executions(pg, crasher) == {
+        (crasher, "only", 1): 2,  # the first execution and the one rerun
+        (crasher, "only", 2): 1,
+    }
+    (error,) = pg.execute(
+        "SELECT error FROM eec_step_result WHERE run_id = %s AND attempt = 1", (crasher,)
+    ).fetchone() or (None,)
+    assert error is not None and "died" in error
+    assert worker.terminate() == 0
