@@ -139,10 +139,14 @@ def exposed(exposition: str) -> dict[str, frozenset[str]]:
     return {name: frozenset(found) for name, found in labels.items()}
 
 
-def problems(queries: list[Query], exposition: str) -> list[str]:
-    """What the queries name that the exposition does not serve: a metric that is not one of
-    its sample names, a label that none of the expression's metrics carries."""
-    served = {**exposed(exposition), **SERVER_SERIES}
+def problems(queries: list[Query], *expositions: str) -> list[str]:
+    """What the queries name that the expositions (a processor's, a worker's) do not serve: a
+    metric that is not one of their sample names, a label that none of the expression's
+    metrics carries."""
+    served: dict[str, frozenset[str]] = dict(SERVER_SERIES)
+    for exposition in expositions:
+        for name, labels in exposed(exposition).items():
+            served[name] = served.get(name, frozenset()) | labels
     found: list[str] = []
     for query in queries:
         names = names_in(query.expr)

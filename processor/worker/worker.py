@@ -60,6 +60,7 @@ from processor.core.routing import TopicNames
 from processor.core.step_task import decode_step_task
 from processor.io.config import Settings
 from processor.io.delivery import Delivery
+from processor.io.health_http import HealthServer
 from processor.io.instances import Presence, heartbeat_interval_s
 from processor.io.kafka import (
     Outbox,
@@ -80,7 +81,9 @@ from processor.worker.database import (
     Recorded,
     WorkerDatabase,
 )
+from processor.worker.health import QueueLag, WorkerProbe
 from processor.worker.isolation import ProcessRunner
+from processor.worker.metrics import WorkerMetrics
 from processor.worker.options import WorkerOptions
 from processor.worker.runners import AsyncRunner, Runner, ThreadRunner
 from processor.worker.stats import WorkerStats
@@ -204,8 +207,20 @@ class Worker:
         self._next_current_check = 0.0
         self._sent_at: dict[Task, float] = {}  # wakeups on their way, since when
         self.exit_code = 0
-        self.last_loop_at = time.monotonic()
-        self._next_stats_log = self.last_loop_at + settings.stats_log_interval_s
+        self._next_stats_log = time.monotonic() + settings.stats_log_interval_s
+        topics = [self.names.steps_for(q) for q in options.queues]
+        self.probe = WorkerProbe(
+            client_id, QueueLag(settings, options.queues, topics) if settings.health_port else None
+        )
+        self._health: HealthServer | None = None
+        self.metrics = WorkerMetrics(
+            self.telemetry,
+            self.stats,
+            lambda: (self.book.in_hand, self.book.count(State.RUNNING)),
+            self.abandoned_alive,
+            self._is_ready,
+            lambda: len(self._assigned),
+        )
 
     def _make_runners(self) -> dict[str, Runner]:
         if self.options.isolation == "process":
@@ -248,14 +263,52 @@ class Worker:
     def abandoned_alive(self) -> int:
         return sum(r.abandoned_alive() for r in set(self._runners.values()))
 
+    @property
+    def last_loop_at(self) -> float:
+        return self.probe.last_loop_at
+
     def stop(self) -> None:
         self._stop.set()
+
+    def _is_ready(self) -> bool:
+        """The ``ductor.ready`` gauge: what /readyz answers (without a database check of its
+        own when no health server runs)."""
+        if self._health is not None:
+            return self._health.readiness().ok
+        return not self.probe.problems(self.settings.health_stall_s)
 
     # -- the loop ---------------------------------------------------------------------------
 
     def run(self) -> None:
+        """Serve the queues until stop() (or a bound of abandoned steps), then shut down
+        cleanly. The health endpoints answer from before the first poll to after shutdown."""
+        if self.settings.health_port:
+            self._health = HealthServer(
+                self.probe,
+                self.settings.pg_dsn,
+                self.settings.health_port,
+                host=self.settings.http_host,
+                stall_s=self.settings.health_stall_s,
+            ).start()
+        try:
+            self._run()
+        finally:
+            if self._health is not None:
+                self._health.stop()
+                self._health = None
+            if self.probe.lag is not None:
+                self.probe.lag.close()
+
+    def _run(self) -> None:
         topics = [self.names.steps_for(q) for q in self.options.queues]
-        topic_partitions(self._producer, topics)  # a queue without its topic: a clear error
+        try:
+            topic_partitions(self._producer, topics)
+        except RuntimeError:
+            missing = ", ".join(self.options.queues)
+            raise RuntimeError(
+                f"a steps topic of queue(s) {missing} does not exist: register a workflow"
+                f" that uses the queue, or run `ductor topics create --queue {missing}`"
+            ) from None
         self._wakeup_partitions = topic_partitions(self._producer, self.names.wakeup_topics())
         self.presence.register_now()
         self.presence.start()
@@ -282,9 +335,11 @@ class Worker:
     def _turn(self) -> bool:
         """One turn: poll, take what the slots and the database answered, watch the running
         steps, ask for claims and records, deliver, store offsets. False: time to leave."""
-        now = self.last_loop_at = time.monotonic()
+        now = self.probe.last_loop_at = time.monotonic()
         if self._stop.is_set() and self._stopping_since is None:
             self._begin_stopping(now)
+        self.probe.assigned_partitions = len(self._assigned)
+        self.probe.database_ok = not self.outages["postgres"].active
         polled = self._poll()
         self._take_answers(_BUSY_WAIT_S if not polled and len(self.book) else 0.0)
         if now >= self._next_watch:
@@ -597,6 +652,10 @@ class Worker:
             self._solo = None
         self._pace.ended(time.monotonic())
         outcome = ended.outcome
+        if outcome is not None:
+            self.metrics.step_ended(task.step.step_type, (ended.ended_ns - ended.started_ns) / 1e6)
+            if task.produced_ms is not None:
+                self.metrics.step_started(max(0.0, ended.started_ns / 1e6 - task.produced_ms))
         if outcome is None:
             self.stats.skipped["deadline"] += 1
             self._end_span(task, None, "its deadline passed before it started")
@@ -816,6 +875,7 @@ class Worker:
         and announced. Tasks not claimed yet are left to the group (their offsets are not
         stored). With a dependency in an outage, nothing is waited for."""
         self._stopping_since = now
+        self.probe.stopping = True
         wait_s = self.settings.shutdown_timeout_s
         if any(o.active for o in self.outages.values()):
             wait_s = 0.0

@@ -291,12 +291,13 @@ class WorkerThread:
         registry: StepRegistry | None = None,
         threads: int = 4,
         options: WorkerOptions | None = None,
+        telemetry: Telemetry | None = None,
     ) -> None:
         self.worker = Worker(
             settings,
             registry or sample_registry(),
             options or WorkerOptions(concurrency=threads),
-            telemetry=Telemetry(),
+            telemetry=telemetry or Telemetry(),
         )
         self.error: BaseException | None = None
         self._thread = threading.Thread(target=self._run, name="worker", daemon=True)

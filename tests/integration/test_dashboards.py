@@ -1,8 +1,9 @@
 """Every metric and label the Grafana dashboard and the Prometheus alerting rules name is served
-by a real `ductor process` on its /metrics, once it has done each kind of work they watch:
-ticks committed, a run fighting an outside writer (conflicts, a requeue, a livelock
-force-fail), a record that is not JSON and a run changed out of band (dead letters, a
-quarantine, an error), latencies and lag."""
+by a real `ductor process` and a real `ductor worker` on their /metrics, once they have done
+each kind of work they watch: ticks committed, a run fighting an outside writer (conflicts, a
+requeue, a livelock force-fail), a record that is not JSON and a run changed out of band
+(dead letters, a quarantine, an error), latencies and lag; steps run and a stale task
+skipped."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from processor.core.envelope import Wakeup
 from processor.core.routing import TopicNames
+from processor.core.step_task import StepTask
 from processor.io.config import Settings
 from processor.io.kafka import produce, producer_config
 from processor.io.runs_admin import insert_runs
@@ -116,6 +118,17 @@ def test_every_name_in_the_dashboard_and_the_alerts_is_exported(
             60,
             "the tampered run's quarantine",
         )
+        # A worker runs the good runs' steps, and skips a task whose deadline has passed.
+        worker_settings = replace(settings, metrics_port=_free_port())
+        worker = spawn(["worker"], worker_settings, "dashboards-worker")
+        stale = StepTask(good[0], "fetch", 9, "fast", deadline_ms=1).encode()
+        produce(producer, names.steps, stale, good[0].encode())
+        assert producer.flush(30) == 0
+        wait_for(
+            lambda: set(run_statuses(pg, good).values()) == {"succeeded"},
+            60,
+            "the good runs to succeed",
+        )
     finally:
         writer.stop()
 
@@ -123,7 +136,9 @@ def test_every_name_in_the_dashboard_and_the_alerts_is_exported(
     missing: list[str] = []
 
     def complete() -> bool:
-        missing[:] = problems(queries, _scrape(settings.metrics_port))
+        missing[:] = problems(
+            queries, _scrape(settings.metrics_port), _scrape(worker_settings.metrics_port)
+        )
         return not missing
 
     # The deadline passing is reported by the assertion below, with what is still missing.
@@ -153,3 +168,13 @@ def test_every_name_in_the_dashboard_and_the_alerts_is_exported(
         + len(names.delay_topics()) * settings.delay_partitions
     )
     assert child.terminate() == 0
+
+    exposition = _scrape(worker_settings.metrics_port)
+    executions = _values(exposition, "ductor_worker_step_attempts_total")
+    assert executions[(("ductor_outcome", "succeeded"), ("ductor_step_type", "fast"))] >= RUNS
+    assert _values(exposition, "ductor_worker_skipped_total") == {
+        (("ductor_reason", "deadline"),): 1
+    }
+    assert _values(exposition, "ductor_ready") == {(): 1}
+    assert _values(exposition, "ductor_partitions_assigned") == {(): settings.step_partitions}
+    assert worker.terminate() == 0

@@ -1,6 +1,7 @@
 """The health endpoints of a processor running in this process against the real broker and
 database: ready once it owns partitions, not ready through a database outage (and alive all
-along), not alive while its loop is stalled, and gone after shutdown."""
+along), not alive while its loop is stalled, and gone after shutdown; a worker's, ready with
+partitions and not while left out of a queue where tasks wait."""
 
 from __future__ import annotations
 
@@ -13,16 +14,23 @@ import urllib.request
 from dataclasses import replace
 from typing import Any
 
+import psycopg
 import pytest
+from confluent_kafka import Producer
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
+from processor.core.routing import TopicNames
 from processor.core.stats import Stats
+from processor.core.step_task import StepTask
 from processor.engine.health import HealthServer
 from processor.engine.processor import Processor
 from processor.io.config import Settings
+from processor.io.kafka import produce, producer_config
 from processor.io.telemetry import Telemetry
+from processor.io.topics import create_topics
+from processor.worker.health import QueueLag, WorkerProbe
 
-from .conftest import ProcessorThread, metric_values, wait_for
+from .conftest import ProcessorThread, WorkerThread, metric_values, wait_for
 from .proxy import TcpProxy
 
 pytestmark = pytest.mark.integration
@@ -166,3 +174,42 @@ def test_a_port_in_use_is_a_clear_error(settings: Settings) -> None:
         port = taken.getsockname()[1]
         with pytest.raises(RuntimeError, match=f"cannot listen on port {port}"):
             HealthServer(processor.probe, settings.pg_dsn, port=port, host="127.0.0.1")
+
+
+def test_a_worker_is_ready_with_partitions_and_not_while_left_out_of_a_queue_with_tasks(
+    settings: Settings, pg: psycopg.Connection[Any]
+) -> None:
+    """A worker answers /healthz and /readyz like a processor. One that holds no partition
+    of a queue where tasks wait is not ready (the queue's lag, read from the broker); a spare
+    worker of an idle queue is."""
+    port = _free_port()
+    worker = WorkerThread(replace(settings, health_port=port))
+    try:
+        # Ready at once (no partition yet, but nothing waits), and still once it owns them.
+        wait_for(lambda: _status(port, "/readyz") == 200, 60, "the worker's /readyz to be 200")
+        wait_for(
+            lambda: _get(port, "/readyz")[1]["assigned_partitions"] == settings.step_partitions,
+            60,
+            "the worker to own the steps partitions",
+        )
+        assert _get(port, "/readyz")[0] == 200 and _get(port, "/healthz")[0] == 200
+    finally:
+        worker.stop()
+    # Tasks on a queue nobody serves: its lag is what a worker left out of it would see.
+    create_topics(settings, queues=["left-out"])
+    topic = TopicNames(settings.topic_prefix).steps_for("left-out")
+    producer = Producer(producer_config(settings, "test-lag"))
+    for i in range(5):
+        produce(producer, topic, StepTask(f"r{i}", "n", 1, "fast", 2**42).encode(), b"k")
+    assert producer.flush(30) == 0
+    lag = QueueLag(settings, ["left-out", "default"], [topic, f"{settings.topic_prefix}.steps"])
+    try:
+        assert lag.waiting() == {"left-out": 5}
+        probe = WorkerProbe("w", lag)
+        assert probe.problems(30.0) == [
+            "no partition of queue(s) left-out assigned, while 5 task(s) wait there"
+        ]
+        probe.assigned_partitions = 1
+        assert probe.problems(30.0) == []
+    finally:
+        lag.close()

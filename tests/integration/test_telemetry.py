@@ -27,6 +27,7 @@ from processor.io.telemetry import Telemetry
 from .conftest import (
     SAMPLE,
     ProcessorThread,
+    WorkerThread,
     drive_into_livelock,
     metric_values,
     now_ms,
@@ -198,3 +199,49 @@ def test_the_prometheus_endpoint_serves_the_metrics(
     assert "ductor_commit_duration_milliseconds_bucket" in text or "ductor_commit_duration" in text
     assert run_id not in text  # never a run id as a label
     assert child.terminate() == 0
+
+
+def test_each_step_execution_is_a_span_between_the_ticks_of_its_trace(
+    settings: Settings, pg: psycopg.Connection[Any], processor_thread: Any
+) -> None:
+    """The worker's span of a step execution is the child of the tick that dispatched it and
+    the parent of (or a link of) the tick its result wakes: the trace follows the run through
+    its steps. A failed attempt (the sample's flaky step fails twice) is an error on its
+    span."""
+    exporter = InMemorySpanExporter()
+    telemetry = Telemetry.in_memory(exporter)
+    run_id = f"traced-{uuid.uuid4().hex[:6]}"
+    _start_one(settings, pg, run_id)
+    processor_thread(settings, telemetry)
+    worker = WorkerThread(settings, telemetry=telemetry)
+    topic = TopicNames(settings.topic_prefix).wakeup("t1")
+    try:
+        produce_wakeups(settings, [(topic, Wakeup(run_id, "start", produced_at=now_ms()), None)])
+        wait_for(lambda: run_statuses(pg, [run_id])[run_id] == "succeeded", 60, "the run")
+    finally:
+        worker.stop()
+    spans = exporter.get_finished_spans()
+    steps = [s for s in spans if _attr(s, "ductor.step_type") is not None]
+    ticks = {s.context.span_id: s for s in spans if _attr(s, "ductor.step_type") is None}
+    # fetch, transform (three attempts), enrich, publish
+    assert sorted((_attr(s, "ductor.node"), _attr(s, "ductor.attempt")) for s in steps) == [
+        ("enrich", 1),
+        ("fetch", 1),
+        ("publish", 1),
+        ("transform", 1),
+        ("transform", 2),
+        ("transform", 3),
+    ]
+    for step in steps:
+        assert step.parent is not None and step.parent.span_id in ticks, step.name
+        # The tick its result woke: its child, or linked to it when the tick took several
+        # wakeups at once (publish waits for two steps).
+        woken = [
+            t
+            for t in ticks.values()
+            if (t.parent and t.parent.span_id == step.context.span_id)
+            or any(link.context.span_id == step.context.span_id for link in t.links)
+        ]
+        assert woken, f"no tick follows {step.name}"
+    failed = [s for s in steps if s.status.status_code is StatusCode.ERROR]
+    assert sorted(_attr(s, "ductor.attempt") for s in failed) == [1, 2]

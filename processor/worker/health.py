@@ -1,0 +1,109 @@
+"""Health of one worker, for an orchestrator's probes (served by io/health_http.py's server on
+``DUCTOR_HEALTH_PORT``).
+
+``GET /healthz``: 200 while the worker's loop keeps turning. A step that hangs does not stall
+it (the loop never runs users' code), so a stall is the worker's own and a restart is the cure.
+
+``GET /readyz``: 200 unless the worker is shutting down, its loop is stalled, Postgres does not
+answer (its own connections are in an outage, or the server's check fails), or it holds no
+partition of a queue that has tasks waiting: a spare worker of an idle queue is ready, one
+left out of its group while tasks pile up is not.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from confluent_kafka import Consumer, KafkaException, TopicPartition
+
+from processor.io.config import Settings
+
+_LAG_CHECK_EVERY_S = 5.0
+_LAG_TIMEOUT_S = 2.0
+
+
+@dataclass
+class WorkerProbe:
+    """What the endpoints read of one worker; its loop keeps it up to date (plain attribute
+    writes, read without a lock: a value at most a turn old)."""
+
+    instance_id: str
+    lag: QueueLag | None = None
+    last_loop_at: float = field(default_factory=time.monotonic)
+    assigned_partitions: int = 0
+    stopping: bool = False
+    database_ok: bool = True  # False while its connections ride through an outage
+
+    def problems(self, stall_s: float) -> list[str]:
+        problems: list[str] = []
+        if self.stopping:
+            problems.append("shutting down")
+        if time.monotonic() - self.last_loop_at > stall_s:
+            problems.append("the loop is stalled")
+        if not self.database_ok:
+            problems.append("the database does not answer the worker's statements")
+        if self.assigned_partitions == 0 and self.lag is not None:
+            waiting = self.lag.waiting()
+            if waiting:
+                problems.append(
+                    f"no partition of queue(s) {', '.join(sorted(waiting))} assigned, while"
+                    f" {sum(waiting.values())} task(s) wait there"
+                )
+        return problems
+
+
+class QueueLag:
+    """Tasks waiting on each queue's steps topic beyond what the workers' group committed,
+    read from the broker at most every few seconds (only asked while the worker holds no
+    partition), with a client of its own."""
+
+    def __init__(self, settings: Settings, queues: Sequence[str], topics: Sequence[str]) -> None:
+        self._queues = dict(zip(topics, queues, strict=True))
+        self._consumer = Consumer(
+            {
+                **settings.kafka_common(),
+                "group.id": f"{settings.group_id}-workers",
+                "client.id": "ductor-worker-lag",
+                "enable.auto.commit": False,
+            }
+        )
+        self._lock = threading.Lock()
+        self._checked_at = 0.0
+        self._waiting: dict[str, int] = {}
+
+    def waiting(self) -> dict[str, int]:
+        """Tasks waiting by queue (queues with none left out)."""
+        with self._lock:
+            if time.monotonic() - self._checked_at >= _LAG_CHECK_EVERY_S:
+                self._waiting = self._read()
+                self._checked_at = time.monotonic()
+            return dict(self._waiting)
+
+    def _read(self) -> dict[str, int]:
+        try:
+            metadata = self._consumer.list_topics(timeout=_LAG_TIMEOUT_S).topics
+            tps = [
+                TopicPartition(topic, p)
+                for topic in self._queues
+                if topic in metadata
+                for p in metadata[topic].partitions
+            ]
+            committed = self._consumer.committed(tps, timeout=_LAG_TIMEOUT_S)
+            waiting: dict[str, int] = {}
+            for tp in committed:
+                low, high = self._consumer.get_watermark_offsets(
+                    TopicPartition(tp.topic, tp.partition), timeout=_LAG_TIMEOUT_S, cached=False
+                )
+                position = tp.offset if tp.offset >= 0 else low
+                if high > position:
+                    queue = self._queues[tp.topic]
+                    waiting[queue] = waiting.get(queue, 0) + high - position
+            return waiting
+        except KafkaException:
+            return {}  # the broker does not answer: the worker's own outage says so
+
+    def close(self) -> None:
+        self._consumer.close()
