@@ -4,12 +4,13 @@ A claim is a round trip to Postgres, and a claimed task counts as started: if th
 dies, every task it had claimed and not finished is run again, alone, by the next worker
 (core/claims.py). Claiming too little leaves fast steps waiting for round trips; claiming too
 much turns a crash into a long line of reruns. So the worker claims ahead about what its slots
-finish in two claim round trips, plus one task per slot:
+finish in four claim round trips, plus two tasks per slot:
 
-    ahead = slots + 2 * (steps ended per second) * (claim round trip, s)
+    ahead = 2 * slots + 4 * (steps ended per second) * (claim round trip, s)
 
 bounded by ``cap`` (the prefetch). Fast steps then keep the claims flowing (the bound grows
-until round trips overlap the work), while slow steps keep it near one task per slot. Both
+until round trips overlap the work; with two, a claim's own wait behind the other statements
+kept the pipeline short), while slow steps keep it near two tasks per slot. Both
 rates are smoothed (exponentially weighted), from times the caller passes in: no clock here.
 """
 
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 _WINDOW_S = 0.25  # steps ended are counted over windows this long
 _WEIGHT = 0.5  # weight of the newest window or round trip in the averages
+_TRIPS = 4  # round trips of work claimed ahead
 
 
 class ClaimPace:
@@ -43,13 +45,14 @@ class ClaimPace:
     def limit(self, now: float) -> int:
         """How many tasks may be claimed and not yet started at ``now``."""
         self._roll(now)
-        return min(self.cap, self.slots + round(2 * self.rate * self.round_trip_s))
+        return min(self.cap, 2 * self.slots + round(_TRIPS * self.rate * self.round_trip_s))
 
     def _roll(self, now: float) -> None:
         elapsed = now - self._window_start
         if elapsed < _WINDOW_S:
             return
         observed = self._ended_in_window / elapsed
-        self.rate += _WEIGHT * (observed - self.rate)
+        # The first window is taken as it is: the averages start from what was seen.
+        self.rate = observed if self.rate == 0.0 else self.rate + _WEIGHT * (observed - self.rate)
         self._window_start = now
         self._ended_in_window = 0

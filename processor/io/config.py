@@ -50,7 +50,7 @@ class Settings:
     topic_prefix: str = "ductor"
     wakeup_partitions: int = 6
     delay_partitions: int = 6  # keep equal to wakeup_partitions: see group_protocol
-    step_partitions: int = 3
+    step_partitions: int = 12
     dlq_partitions: int = 1
     replication_factor: int = 1
     batch_size: int = 500

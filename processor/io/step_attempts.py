@@ -7,7 +7,8 @@ by whom, is that worker alive?), and takes the attempts that are right to run by
 their row (or, for a rerun, by counting one more start on the row of a worker that is gone).
 The decision to take is made again under the row's lock (``ON CONFLICT ... DO UPDATE ...
 WHERE``): two workers claiming one attempt at once cannot both take it. core/claims.py turns
-what was read into each task's verdict.
+what was read into each task's verdict. The same statement reads what each task it takes
+needs and does not carry (the run's input, its dependencies' outputs: io/step_data.py).
 """
 
 from __future__ import annotations
@@ -19,28 +20,30 @@ import orjson
 import psycopg
 
 from processor.core.claims import ClaimFacts
-from processor.core.step_task import AttemptKey
+from processor.core.step_task import AttemptKey, StepData, StepTask
 from processor.io.instances import alive
+from processor.io.step_data import DEPENDENCY_OUTPUTS, MissingData, data_of, deps_json
 
 _CLAIM_SQL = f"""
 WITH t AS MATERIALIZED (
-    SELECT * FROM jsonb_to_recordset(%(tasks)s::jsonb) AS t(i int, run_id text, node text,
-                                                            attempt int)
+    SELECT * FROM jsonb_to_recordset(%(tasks)s::jsonb)
+        AS t(i int, run_id text, node text, attempt int, deps jsonb, wants_data boolean)
 ), seen AS MATERIALIZED (
-    SELECT t.i, t.run_id, t.node, t.attempt,
+    SELECT t.i, t.run_id, t.node, t.attempt, t.deps, t.wants_data,
            r.run_id IS NOT NULL AS run_exists,
            coalesce(r.status IN ('pending', 'running')
                     AND r.node_states -> t.node ->> 'status' = 'dispatched'
                     AND (r.node_states -> t.node ->> 'attempt')::int = t.attempt,
                     false) AS current,
-           s.run_id IS NOT NULL AS recorded,
+           res.run_id IS NOT NULL AS recorded,
            a.starts,
            coalesce(a.worker_id IS NOT NULL AND {alive("a.worker_id")}, false) AS starter_alive,
-           coalesce(a.worker_id = %(me)s, false) AS mine
+           coalesce(a.worker_id = %(me)s, false) AS mine,
+           r.input, r.node_states, r.workflow_name, r.workflow_version
       FROM t
       LEFT JOIN eec_workflow_run r ON r.run_id = t.run_id
-      LEFT JOIN eec_step_result s
-        ON s.run_id = t.run_id AND s.node_id = t.node AND s.attempt = t.attempt
+      LEFT JOIN eec_step_result res
+        ON res.run_id = t.run_id AND res.node_id = t.node AND res.attempt = t.attempt
       LEFT JOIN eec_step_attempt a
         ON a.run_id = t.run_id AND a.node_id = t.node AND a.attempt = t.attempt
 ), claimed AS (
@@ -57,43 +60,71 @@ WITH t AS MATERIALIZED (
        AND NOT {alive("a.worker_id")}
     RETURNING a.run_id, a.node_id, a.attempt, a.starts
 )
-SELECT s.i, s.run_exists, s.current, s.recorded, s.starts, s.starter_alive, s.mine, c.starts
-  FROM seen s
-  LEFT JOIN claimed c ON c.run_id = s.run_id AND c.node_id = s.node AND c.attempt = s.attempt
+SELECT sn.i, sn.run_exists, sn.current, sn.recorded, sn.starts, sn.starter_alive, sn.mine,
+       c.starts, taken.data
+  FROM seen sn
+  LEFT JOIN claimed c ON c.run_id = sn.run_id AND c.node_id = sn.node AND c.attempt = sn.attempt
+  -- What a task taken here needs and does not carry: read now, in the same statement.
+  LEFT JOIN LATERAL (
+      SELECT json_build_array(sn.input, {
+    DEPENDENCY_OUTPUTS.format(
+        deps="sn.deps",
+        node_states="sn.node_states",
+        wf_name="sn.workflow_name",
+        wf_version="sn.workflow_version",
+        node="sn.node",
+        run_id="sn.run_id",
+    )
+}) AS data
+       WHERE sn.wants_data AND sn.run_exists
+         AND (c.starts IS NOT NULL OR (sn.mine AND sn.current AND NOT sn.recorded))
+  ) AS taken ON true
 """
 
 
 def claim_attempts(
     conn: psycopg.Connection[Any],
-    attempts: Sequence[AttemptKey],
+    tasks: Sequence[StepTask],
     worker_id: str,
     *,
     max_starts: int,
     may_judge: bool,
     gone_after_s: float,
     reruns: bool = False,
-) -> list[ClaimFacts]:
-    """Claim what is right to run of ``attempts`` for ``worker_id``; the facts of each, in
-    order. Attempts a worker that is gone started are taken only with ``reruns`` (a claim
+) -> list[tuple[ClaimFacts, StepData | MissingData | None]]:
+    """Claim what is right to run of ``tasks`` for ``worker_id``: the facts of each, in
+    order, with the data of each task taken here that does not carry its own (None for the
+    others). Attempts a worker that is gone started are taken only with ``reruns`` (a claim
     the worker makes for one of them alone: core/claims.py, rule 5)."""
-    if not attempts:
+    if not tasks:
         return []
-    tasks = orjson.dumps(
-        [{"i": i, "run_id": r, "node": n, "attempt": a} for i, (r, n, a) in enumerate(attempts)]
+    wanted = orjson.dumps(
+        [
+            {
+                "i": i,
+                "run_id": t.run_id,
+                "node": t.node,
+                "attempt": t.attempt,
+                "deps": deps_json(t),
+                "wants_data": t.data is None,
+            }
+            for i, t in enumerate(tasks)
+        ]
     ).decode()
     params = {
-        "tasks": tasks,
+        "tasks": wanted,
         "me": worker_id,
         "max_starts": max_starts,
         "judge": may_judge,
         "gone_after_s": gone_after_s,
         "reruns": reruns,
     }
-    facts: list[ClaimFacts | None] = [None] * len(attempts)
-    for i, *row in conn.execute(_CLAIM_SQL, params).fetchall():
-        facts[i] = ClaimFacts(*row)
-    assert all(f is not None for f in facts)
-    return facts  # type: ignore[return-value]
+    answers: list[tuple[ClaimFacts, StepData | MissingData | None] | None] = [None] * len(tasks)
+    for i, *facts, data in conn.execute(_CLAIM_SQL, params).fetchall():
+        read = None if data is None else data_of(tasks[i], (data[0], data[1]))
+        answers[i] = (ClaimFacts(*facts), read)
+    assert all(a is not None for a in answers)
+    return answers  # type: ignore[return-value]
 
 
 _NOT_CURRENT_SQL = """

@@ -21,21 +21,43 @@ import psycopg
 from processor.core.model import StepOutcome
 from processor.core.step_task import StepData, StepTask
 
-_FETCH_SQL = """
-SELECT t.i, r.input,
+# The outputs of a task's dependencies as one JSON object by step name: an SQL expression over
+# a task's ``deps`` (dependency -> attempt; NULL for a task from before data flow, whose
+# dependencies are then read from the definition and their attempts from the run's node
+# states) and its run's row. Shared with the worker's claim (io/step_attempts.py), which reads
+# the data of the tasks it takes in the same statement.
+DEPENDENCY_OUTPUTS = """
        (SELECT jsonb_object_agg(s.node_id, s.output)
-          FROM jsonb_each_text(coalesce(t.deps, (
-                   SELECT jsonb_object_agg(dep, r.node_states -> dep -> 'attempt')
+          FROM jsonb_each_text(coalesce({deps}, (
+                   SELECT jsonb_object_agg(dep, {node_states} -> dep -> 'attempt')
                      FROM eec_workflow_definition w
                     CROSS JOIN jsonb_array_elements(w.definition -> 'steps') AS st
                     CROSS JOIN jsonb_array_elements_text(st -> 'depends_on') AS dep
-                    WHERE w.name = r.workflow_name AND w.version = r.workflow_version
-                      AND st ->> 'name' = t.node))) AS d(node, attempt)
+                    WHERE w.name = {wf_name} AND w.version = {wf_version}
+                      AND st ->> 'name' = {node}))) AS d(node, attempt)
           JOIN eec_step_result s
-            ON s.run_id = r.run_id AND s.node_id = d.node AND s.attempt = d.attempt::int)
+            ON s.run_id = {run_id} AND s.node_id = d.node AND s.attempt = d.attempt::int)
+"""
+
+_FETCH_SQL = f"""
+SELECT t.i, r.input, {
+    DEPENDENCY_OUTPUTS.format(
+        deps="t.deps",
+        node_states="r.node_states",
+        wf_name="r.workflow_name",
+        wf_version="r.workflow_version",
+        node="t.node",
+        run_id="r.run_id",
+    )
+}
   FROM jsonb_to_recordset(%s::jsonb) AS t(i int, run_id text, node text, deps jsonb)
   JOIN eec_workflow_run r ON r.run_id = t.run_id
 """
+
+
+def deps_json(task: StepTask) -> dict[str, int] | None:
+    """What the statements read a task's dependencies by (None: from the run's definition)."""
+    return None if task.dep_attempts is None else dict(task.dep_attempts)
 
 
 class MissingData(LookupError):
@@ -51,37 +73,30 @@ def fetch_step_data(
         return []
     wanted = orjson.dumps(
         [
-            {
-                "i": i,
-                "run_id": t.run_id,
-                "node": t.node,
-                "deps": None if t.dep_attempts is None else dict(t.dep_attempts),
-            }
+            {"i": i, "run_id": t.run_id, "node": t.node, "deps": deps_json(t)}
             for i, t in enumerate(tasks)
         ]
     ).decode()
     found = {
         i: (run_input, outputs) for i, run_input, outputs in conn.execute(_FETCH_SQL, (wanted,))
     }
-    data: list[StepData | MissingData] = []
-    for i, task in enumerate(tasks):
-        if i not in found:
-            data.append(MissingData(f"run {task.run_id!r} no longer exists"))
-            continue
-        run_input, outputs = found[i]
-        outputs = outputs or {}
-        missing = [d for d, _ in task.dep_attempts or () if d not in outputs]
-        if missing:
-            attempts = dict(task.dep_attempts or ())
-            data.append(
-                MissingData(
-                    "no recorded output for "
-                    + ", ".join(f"{d!r} attempt {attempts[d]}" for d in missing)
-                )
-            )
-            continue
-        data.append(StepData(run_input, MappingProxyType(outputs)))
-    return data
+    return [data_of(task, found.get(i)) for i, task in enumerate(tasks)]
+
+
+def data_of(task: StepTask, found: tuple[Any, Any] | None) -> StepData | MissingData:
+    """A task's data from what a statement read of it: the run's input and its dependencies'
+    outputs (``None``: its run was not found), or what is missing."""
+    if found is None:
+        return MissingData(f"run {task.run_id!r} no longer exists")
+    run_input, outputs = found
+    outputs = outputs or {}
+    missing = [d for d, _ in task.dep_attempts or () if d not in outputs]
+    if missing:
+        attempts = dict(task.dep_attempts or ())
+        return MissingData(
+            "no recorded output for " + ", ".join(f"{d!r} attempt {attempts[d]}" for d in missing)
+        )
+    return StepData(run_input, MappingProxyType(outputs))
 
 
 class StepResultRow(NamedTuple):

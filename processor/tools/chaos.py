@@ -50,7 +50,7 @@ from processor.io.runs_admin import (
     register_workflow,
 )
 from processor.io.topics import create_topics, delete_topics
-from processor.tools import audit
+from processor.tools import audit, chaos_steps
 from processor.tools.chaos_fleet import PROCESSOR, WORKER, Arming, Fleet
 from processor.tools.chaos_load import Feeder
 from processor.tools.chaos_report import BROKER, FREEZE, POSTGRES, ChaosReport, Window, check
@@ -325,6 +325,7 @@ def run_chaos(
     with connect_durable(settings.pg_dsn) as conn:
         register_workflow(conn, wf)
         audit.install(conn)
+        chaos_steps.install(conn)
     chaos = _Chaos(settings, plan, infra, log_dir, out)
     out(
         f"chaos: {plan.runs} runs, {len(chaos.faults)} scheduled faults over"

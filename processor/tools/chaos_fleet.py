@@ -27,6 +27,8 @@ from processor.io.config import Settings, settings_env
 from processor.io.logs import read_stats
 
 PROCESSOR, WORKER = "process", "worker"
+# The workers run the sample steps, counting their executions (chaos_steps.py).
+_WORKER_ARGS = ("--concurrency", "4", "--app", "processor.tools.chaos_steps:registry")
 # Kinds of kill, as the report names them.
 KILL_PROCESSOR, KILL_WORKER, KILL_AFTER_COMMIT = (
     "processor SIGKILL",
@@ -241,7 +243,7 @@ class Fleet:
         env = dict(self._env)
         env["DUCTOR_TEST_FAULTS"] = armed
         log_path = self._log_dir / f"{member.name}.{len(member.incarnations) + 1}.log"
-        args = [PROCESSOR] if member.kind == PROCESSOR else [WORKER, "--threads", "4"]
+        args = [PROCESSOR] if member.kind == PROCESSOR else [WORKER, *_WORKER_ARGS]
         with log_path.open("wb") as log:
             proc = subprocess.Popen(
                 [sys.executable, "-m", "processor", *args], env=env, stdout=log, stderr=log

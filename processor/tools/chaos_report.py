@@ -15,7 +15,7 @@ from processor.io.runs_admin import (
     live_runs_with_prefix,
     outcomes_with_prefix,
 )
-from processor.tools import audit
+from processor.tools import audit, chaos_steps
 from processor.tools.audit import TimedOut
 from processor.tools.chaos_fleet import (
     KILL_AFTER_COMMIT,
@@ -91,6 +91,9 @@ class ChaosReport:
     totals: Totals
     writes: int | None  # audit rows checked (None: the check failed)
     timeouts: list[TimedOut]
+    # Attempts whose step ran, and the executions beyond one per attempt (chaos_steps.py).
+    attempts_run: int
+    extra_executions: int
     # Timed-out attempts by the first fault in flight that can delay a step for real (see
     # _REAL_CAUSES; "no such fault" is a problem).
     timeout_causes: Counter[str]
@@ -147,6 +150,12 @@ class ChaosReport:
                     else ""
                 ),
             ),
+            (
+                "executions",
+                f"{self.attempts_run} attempts ran; {self.extra_executions} executions beyond"
+                f" one per attempt ({_share(self.extra_executions, self.attempts_run)}), each"
+                " where a process died or a deadline passed",
+            ),
             ("relayed", f"{t.relayed} records sent again from the outbox"),
             ("ticks", f"{t.committed} committed, {t.conflicts} conflicts"),
             ("errors", _counts(t.errors)),
@@ -166,6 +175,10 @@ class ChaosReport:
         else:
             out.append("PASSED: every check held")
         return out
+
+
+def _share(part: int, whole: int) -> str:
+    return f"{100 * part / whole:.2f} %" if whole else "none"
 
 
 def _outage(windows: list[Window], what: str) -> str:
@@ -213,6 +226,7 @@ def check(
             problems.append(f"audit: {exc}")
         timeouts = audit.timed_out_attempts(conn, prefix)
         outbox = count_outbox_with_prefix(conn, prefix)
+        executions = chaos_steps.executions(conn, prefix)
 
     wrong = {k: n for k, n in outcomes.items() if k != ("succeeded", None)}
     if wrong or sum(outcomes.values()) != len(run_ids):
@@ -273,6 +287,8 @@ def check(
         totals=totals,
         writes=writes,
         timeouts=timeouts,
+        attempts_run=len(executions),
+        extra_executions=sum(n - 1 for n in executions.values()),
         timeout_causes=causes,
         problems=problems,
     )

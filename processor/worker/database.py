@@ -27,20 +27,15 @@ from typing import Any, Literal, TypeVar
 
 import psycopg
 
-from processor.core.claims import Verdict, verdict
+from processor.core.claims import ClaimFacts, Verdict, verdict
 from processor.core.model import StepOutcome
-from processor.core.step_task import StepData
+from processor.core.step_task import StepData, StepTask
 from processor.io.connections import connect, connect_durable, ping
 from processor.io.instances import Presence
 from processor.io.logs import first_line
 from processor.io.outage import Outage, SharedOutage
 from processor.io.step_attempts import claim_attempts, not_current, unclaim_attempts
-from processor.io.step_data import (
-    MissingData,
-    StepResultRow,
-    fetch_step_data,
-    insert_step_results,
-)
+from processor.io.step_data import MissingData, StepResultRow, insert_step_results
 from processor.worker.steps import Outcome, storable_text
 from processor.worker.tasks import Task
 
@@ -310,11 +305,11 @@ class WorkerDatabase:
     def _claim(self, tasks: list[Task], reruns: bool = False) -> Literal[_Stopped.STOPPED] | None:
         # Judged before the statement: an outage during it makes the next claim wait.
         may_judge = self._presence.may_judge()
-        keys = [t.key for t in tasks]
-        facts = self._claims.through_outages(
-            lambda conn: claim_attempts(
+        steps = [t.step for t in tasks]
+        answers = self._claims.through_outages(
+            lambda conn: _claim_isolating(
                 conn,
-                keys,
+                steps,
                 self._instance_id,
                 max_starts=self._rules.max_starts,
                 may_judge=may_judge,
@@ -322,27 +317,16 @@ class WorkerDatabase:
                 reruns=reruns,
             )
         )
-        if facts is STOPPED:
+        if answers is STOPPED:
             return STOPPED
-        verdicts = [verdict(f, self._rules.max_starts, may_judge) for f in facts]
-        to_fetch = [
-            t for t, v in zip(tasks, verdicts, strict=True) if v is Verdict.RUN and t.data is None
-        ]
-        fetched: dict[int, StepData | MissingData] = {}
-        if to_fetch:
-            data = self._claims.through_outages(lambda conn: _fetch_isolating(conn, to_fetch))
-            if data is STOPPED:
-                return STOPPED
-            self.fetched += len(to_fetch)
-            fetched = {id(t): d for t, d in zip(to_fetch, data, strict=True)}
-        self._answer(
-            Claimed(
-                [
-                    (t, v, f.claimed_starts or f.starts or 0, fetched.get(id(t), t.data))
-                    for t, v, f in zip(tasks, verdicts, facts, strict=True)
-                ]
-            )
-        )
+        claimed: list[tuple[Task, Verdict, int, StepData | MissingData | None]] = []
+        for task, (facts, read) in zip(tasks, answers, strict=True):
+            decided = verdict(facts, self._rules.max_starts, may_judge)
+            if read is not None:
+                self.fetched += 1
+            data = read if read is not None else task.data
+            claimed.append((task, decided, facts.claimed_starts or facts.starts or 0, data))
+        self._answer(Claimed(claimed))
         return None
 
     # -- results ----------------------------------------------------------------------------
@@ -426,16 +410,18 @@ def _row(task: Task, outcome: Outcome) -> StepResultRow:
     )
 
 
-def _fetch_isolating(
-    conn: psycopg.Connection[Any], tasks: list[Task]
-) -> list[StepData | MissingData]:
-    """The tasks' data in one query; should a task make it fail on what it holds, each task
-    alone, so that one bad task fails only its own attempt."""
+def _claim_isolating(
+    conn: psycopg.Connection[Any], steps: list[StepTask], worker_id: str, **rules: Any
+) -> list[tuple[ClaimFacts, StepData | MissingData | None]]:
+    """The group's claim in one statement; should a task make it fail on what it holds (its
+    data cannot be read), each task alone, so that one bad task fails only its own attempt
+    (its claim then says it runs; the data says why it cannot)."""
     try:
-        return fetch_step_data(conn, [t.step for t in tasks])
+        return claim_attempts(conn, steps, worker_id, **rules)
     except (psycopg.OperationalError, psycopg.InterfaceError):
         raise
     except psycopg.Error as exc:
-        if len(tasks) == 1:
-            return [MissingData(f"cannot be read: {first_line(exc)}")]
-        return [d for t in tasks for d in _fetch_isolating(conn, [t])]
+        if len(steps) == 1:
+            facts = ClaimFacts(True, True, False, None, False, True, None)
+            return [(facts, MissingData(f"cannot be read: {first_line(exc)}"))]
+        return [a for step in steps for a in _claim_isolating(conn, [step], worker_id, **rules)]

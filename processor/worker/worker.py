@@ -191,7 +191,7 @@ class Worker:
         self._assigned: set[tuple[str, int]] = set()
         self._paused = False
         self._backlog: deque[Message] = deque()  # polled while the slots were full
-        self._to_claim: list[Task] = []
+        self._to_claim: deque[Task] = deque()  # received, in the order they came
         self._ready: deque[Task] = deque()  # claimed, in the order they came
         self._suspects: deque[Task] = deque()  # reruns, claimed and run one at a time
         self._solo: Task | None = None  # the rerun being claimed or run, alone
@@ -719,6 +719,13 @@ class Worker:
                 f" {now - waiting:.0f} s"
             )
 
+    def _statements(self) -> dict[str, dict[str, int]]:
+        """The database statements so far, by kind: how many, for how many tasks, how long."""
+        return {
+            kind: {"count": int(n), "tasks": int(rows), "ms": round(seconds * 1000)}
+            for kind, (n, rows, seconds) in self.db.statements.items()
+        }
+
     def _log_stats(self) -> None:
         """Totals and what the worker holds, every DUCTOR_STATS_LOG_INTERVAL_S."""
         log.info(
@@ -732,10 +739,7 @@ class Worker:
                 "held": {s.value: self.book.count(s) for s in State if self.book.count(s)},
                 "backlog": len(self._backlog),
                 "paused": self._paused,
-                "statements": {
-                    kind: {"count": n, "tasks": int(rows), "ms": round(seconds * 1000)}
-                    for kind, (n, rows, seconds) in self.db.statements.items()
-                },
+                "statements": self._statements(),
             },
         )
 
@@ -778,12 +782,15 @@ class Worker:
             room = self._pace.limit(now) - ahead
             if room <= 0:
                 return
-            pending = [t for t in self._to_claim if t.state is State.RECEIVED and self.book.has(t)]
-            claims, self._to_claim = pending[:room], pending[room:]
-            for task in claims:
-                self.book.move(task, State.CLAIMING)
-                task.asked_at = now
-            self.db.claim(claims)
+            claims: list[Task] = []
+            while self._to_claim and len(claims) < room:
+                task = self._to_claim.popleft()
+                if task.state is State.RECEIVED and self.book.has(task):
+                    self.book.move(task, State.CLAIMING)
+                    task.asked_at = now
+                    claims.append(task)
+            if claims:
+                self.db.claim(claims)
 
     def _wake(self, task: Task) -> None:
         """Wake the task's run: its result is recorded (or was, by a worker that died)."""
@@ -889,7 +896,7 @@ class Worker:
             elif task.state is State.READY:
                 ready.append(task)
         self._give_back(ready)
-        self._to_claim = []
+        self._to_claim.clear()
         self._suspects.clear()
         self._solo = None
         self._pause(True)
@@ -922,6 +929,7 @@ class Worker:
                 "dead_letters": self.stats.dead_letters,
                 "dropped": self.db.dropped,
                 "fetched": self.db.fetched,
+                "statements": self._statements(),
                 "outages": {name: o.count for name, o in self.outages.items()},
                 "exit_code": self.exit_code,
             },

@@ -103,20 +103,20 @@ def test_a_step_never_runs_on_a_stale_attempt_nor_beside_a_live_holder(
         assert decided is Verdict.HELD
 
 
-def test_claims_go_ahead_of_the_slots_by_what_they_finish_in_two_round_trips() -> None:
+def test_claims_go_ahead_of_the_slots_by_what_they_finish_in_four_round_trips() -> None:
     pace = ClaimPace(slots=8, cap=512, now=0.0)
-    assert pace.limit(0.0) == 8  # nothing known yet: one per slot
+    assert pace.limit(0.0) == 16  # nothing known yet: two per slot
     now = 0.0
     for _ in range(40):  # 4,000 steps a second, claims taking 10 ms
         now += 0.25
         pace.ended(now, 1000)
         pace.claimed(0.010)
-    assert 80 <= pace.limit(now + 0.3) <= 8 + 2 * 4000 * 0.010 + 1
+    assert 16 + 140 <= pace.limit(now + 0.3) <= 16 + 4 * 4000 * 0.010 + 1
     slow = ClaimPace(slots=8, cap=512, now=0.0)
     for i in range(1, 40):  # slow steps: a few a second
         slow.ended(i * 0.25, 1)
         slow.claimed(0.010)
-    assert slow.limit(10.0) == 8
+    assert slow.limit(10.0) == 16
     capped = ClaimPace(slots=8, cap=64, now=0.0)
     for i in range(1, 40):
         capped.ended(i * 0.25, 100_000)
