@@ -357,7 +357,8 @@ class Bench:
         self.insert(self.chain, hot_ids)
         children = [self.spawn(["process"], env, f"{label}-process-{i}") for i in range(2)]
         children += [
-            self.spawn(["worker", "--threads", "8"], env, f"{label}-worker-{i}") for i in range(2)
+            self.spawn(["worker", "--concurrency", "8"], env, f"{label}-worker-{i}")
+            for i in range(2)
         ]
         producer = Producer(producer_config(self.settings, "bench-load"))
         prefix = f"b{self.tag}-{label}-"
@@ -425,7 +426,7 @@ class Bench:
         self.insert(self.quad, ids + warmup)
         children = [self.spawn(["process"], {}, f"{label}-process-{i}") for i in range(processors)]
         children += [
-            self.spawn(["worker", "--threads", "8"], {}, f"{label}-worker-{i}")
+            self.spawn(["worker", "--concurrency", "8"], {}, f"{label}-worker-{i}")
             for i in range(workers)
         ]
         prefix = f"b{self.tag}-{label}-run-"
