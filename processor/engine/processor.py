@@ -42,6 +42,7 @@ from processor.io.kafka import (
     consumer_config,
     producer_config,
     producer_max_bytes,
+    store_offsets,
     topic_partitions,
 )
 from processor.io.logs import first_line
@@ -330,15 +331,7 @@ class Processor:
         self.flow.apply_backpressure(backlog, self.executor.book.records, limit)
 
     def _store_offsets(self) -> None:
-        moved = self.tracker.committable()
-        offsets = [
-            TopicPartition(t, p, o) for (t, p), o in moved.items() if (t, p) in self.flow.assigned
-        ]
-        if offsets:
-            try:
-                self._consumer.store_offsets(offsets=offsets)
-            except KafkaException as exc:
-                log.warning("could not store offsets: %s", exc)
+        store_offsets(self._consumer, self.tracker.committable(), self.flow.assigned)
 
     # -- rebalance ---------------------------------------------------------------------------
 

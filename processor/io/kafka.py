@@ -9,15 +9,17 @@ import logging
 import random
 import re
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Sequence, Set
 from typing import Any
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, Producer
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
 from processor.core.records import Headers
 from processor.core.routing import partition_for
 from processor.io.config import Settings
+
+log = logging.getLogger("ductor.kafka")
 
 # librdkafka's own delivery report: the error (None once acknowledged) and the message.
 DeliveryReport = Callable[[KafkaError | None, Any], None]
@@ -123,6 +125,20 @@ def group_protocol_config(settings: Settings) -> dict[str, Any]:
         "session.timeout.ms": 10_000,
         "heartbeat.interval.ms": 1000,
     }
+
+
+def store_offsets(
+    consumer: Consumer, moved: dict[tuple[str, int], int], assigned: Set[tuple[str, int]]
+) -> None:
+    """Store the positions the offset tracker moved (``committable()``), for the partitions
+    still ``assigned`` (auto-commit then ships them). A partition revoked meanwhile is its
+    next owner's: it redoes what was not committed."""
+    offsets = [TopicPartition(t, p, o) for (t, p), o in moved.items() if (t, p) in assigned]
+    if offsets:
+        try:
+            consumer.store_offsets(offsets=offsets)
+        except KafkaException as exc:
+            log.warning("could not store offsets: %s", exc)
 
 
 def make_consumer(settings: Settings, client_id: str) -> Consumer:

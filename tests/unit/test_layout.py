@@ -58,7 +58,7 @@ def test_the_graph_sees_the_package() -> None:
     graph = _graph()
     assert "processor.engine.executor" in graph
     assert "processor.core.decide" in graph["processor.engine.executor"]
-    assert "processor.core.claims" in graph["processor.worker.worker"]
+    assert "processor.core.claims" in graph["processor.worker.flow"]
 
 
 def test_no_import_circle() -> None:

@@ -1,0 +1,588 @@
+"""The life of each task a worker holds, from its record to its wakeup (worker.py runs the
+loop around it; tasks.py names the states):
+
+1. **Claim** the attempt in Postgres (worker/database.py, core/claims.py), together with the
+   other tasks that arrived meanwhile: a task whose attempt is stale (its deadline passed, the
+   run was cancelled or ended, the coordinator moved on), already recorded, or running on a
+   live worker is not run; one whose worker died running it runs again, alone, at most
+   ``crash_reruns`` times, then fails its attempt instead of crashing the next worker too.
+   Claims go ahead of the free slots as far as core/claim_pace.py says.
+2. **Run** the step function on a slot of its own (runners.py; isolation.py for processes),
+   with heartbeats and a ``cancelled`` flag; a step that outlives its deadline (and grace) or
+   its heartbeat timeout is abandoned, and its slot is free again.
+3. **Record** the result (idempotent, keyed by run, node and attempt), in a group with the
+   results that ended meanwhile, then **wake** the run with a record on its wakeup tier.
+4. The task is done once its wakeup is acknowledged; its offset may then be passed.
+
+Every change of a task's state happens on the worker's loop thread; the slots and the database
+lanes report through one queue (``answers``).
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+from confluent_kafka import (
+    TIMESTAMP_NOT_AVAILABLE,
+    Message,
+)
+from opentelemetry import context as otel_context
+from opentelemetry import trace
+
+from processor.core.claim_pace import ClaimPace
+from processor.core.claims import SKIPPED, Verdict, died_reason
+from processor.core.dead_letters import dead_letter_headers, truncate_dead_letter
+from processor.core.envelope import Wakeup
+from processor.core.outcomes import DeadLetterReason
+from processor.core.records import normalise_headers
+from processor.core.routing import TopicNames
+from processor.core.step_task import decode_step_task
+from processor.io.config import Settings
+from processor.io.delivery import Delivery
+from processor.io.kafka import (
+    Outbox,
+    choose_partition,
+    producer_max_bytes,
+)
+from processor.io.outage import Outage
+from processor.io.step_data import MissingData
+from processor.io.telemetry import Telemetry, context_headers, end_error, end_ok
+from processor.worker.database import (
+    Answer,
+    Claimed,
+    NotCurrent,
+    Recorded,
+    WorkerDatabase,
+)
+from processor.worker.isolation import ProcessRunner
+from processor.worker.metrics import WorkerMetrics
+from processor.worker.options import WorkerOptions
+from processor.worker.runners import AsyncRunner, Runner, ThreadRunner
+from processor.worker.stats import WorkerStats
+from processor.worker.steps import (
+    Outcome,
+    StepRegistry,
+    execute_async_step,
+    execute_step,
+)
+from processor.worker.tasks import State, Task, TaskBook
+
+log = logging.getLogger("ductor.worker")
+
+# How often (and after how long) running steps are asked whether their attempt still matters.
+_CURRENT_CHECK_EVERY_S = 1.0
+# A task someone else holds is claimed again after this long.
+_RECLAIM_AFTER_S = 1.0
+# Tasks held (waiting for another worker) past this many per slot stop the intake too.
+_HELD_PER_SLOT = 8
+# Wakeups unacknowledged this long mean the broker is away (an outage, logged once).
+_ACK_PATIENCE_S = 5.0
+
+
+class _Ended(NamedTuple):
+    """A step function ended (posted by its slot); no outcome: it did not start, its deadline
+    passed while it waited."""
+
+    task: Task
+    outcome: Outcome | None
+    started_ns: int
+    ended_ns: int
+
+
+class TaskFlow:
+    def __init__(
+        self,
+        *,
+        settings: Settings,
+        options: WorkerOptions,
+        registry: StepRegistry,
+        stats: WorkerStats,
+        telemetry: Telemetry,
+        db: WorkerDatabase,
+        answers: queue.SimpleQueue[Answer | _Ended],
+        outbox: Outbox,
+        delivery: Delivery,
+        kafka_outage: Outage,
+        done_offset: Callable[[tuple[str, int], int], None],
+        too_many_abandoned: Callable[[], None],
+        ready: Callable[[], bool],
+        assigned: Callable[[], int],
+    ) -> None:
+        self.settings = settings
+        self.options = options
+        self.registry = registry
+        self.names = TopicNames(settings.topic_prefix)
+        self.stats = stats
+        self.telemetry = telemetry
+        self.db = db
+        self._answers = answers
+        self._outbox = outbox
+        self._delivery = delivery
+        self._kafka_outage = kafka_outage
+        self._done_offset = done_offset
+        self._too_many_abandoned = too_many_abandoned
+        self.book = TaskBook()
+        self._to_claim: deque[Task] = deque()  # received, in the order they came
+        self._ready: deque[Task] = deque()  # claimed, in the order they came
+        self._suspects: deque[Task] = deque()  # reruns, claimed and run one at a time
+        self._solo: Task | None = None  # the rerun being claimed or run, alone
+        self._to_record: list[tuple[Task, Outcome]] = []
+        self._runners = self._make_runners()
+        self._pace = ClaimPace(options.concurrency, options.held_limit, time.monotonic())
+        self._wakeup_partitions: dict[str, int] = {}
+        self._dlq_max_bytes = producer_max_bytes(settings)
+        self._next_current_check = 0.0
+        self._sent_at: dict[Task, float] = {}  # wakeups on their way, since when
+        self._bound_reached = False
+        self.stopping = False
+        self.metrics = WorkerMetrics(
+            telemetry,
+            stats,
+            lambda: (self.book.in_hand, self.book.count(State.RUNNING)),
+            self.abandoned_alive,
+            ready,
+            assigned,
+        )
+
+    def wakeup_partitions(self, partitions: dict[str, int]) -> None:
+        """The wakeup topics' partition counts, read from the broker at start."""
+        self._wakeup_partitions = partitions
+
+    def begin_stopping(self) -> None:
+        """Take no new task; tasks not claimed yet are left to the group (their offsets are
+        not stored), claims not started are given back; running ones finish."""
+        self.stopping = True
+        ready: list[Task] = []
+        for task in self.book:
+            if task.state in (State.RECEIVED, State.HELD, State.SUSPECT):
+                self.book.remove(task)
+            elif task.state is State.READY:
+                ready.append(task)
+        self._give_back(ready)
+        self._to_claim.clear()
+        self._suspects.clear()
+        self._solo = None
+
+    def abandon_running(self) -> None:
+        """The worker leaves: steps still running are given up (their threads are daemons)."""
+        for task in self.book.in_state(State.RUNNING):
+            self._abandon(task, "the worker stopped before it ended")
+
+    def close(self) -> None:
+        for runner in set(self._runners.values()):
+            runner.close()
+
+    def _make_runners(self) -> dict[str, Runner]:
+        if self.options.isolation == "process":
+            runner = ProcessRunner(self.options, self._on_ended)
+            return {"sync": runner, "async": runner}
+        return {
+            "sync": ThreadRunner(self.options.concurrency, self._execute, self._on_ended),
+            "async": AsyncRunner(self._execute_async, self._on_ended),
+        }
+
+    def abandoned_alive(self) -> int:
+        return sum(r.abandoned_alive() for r in set(self._runners.values()))
+
+    def room(self) -> int:
+        """How many more tasks the worker takes in: its prefetch, less what it holds waiting
+        to run; nothing while it stops, or while tasks held for others pile up."""
+        if self.stopping:
+            return 0
+        waiting = self.book.count(State.HELD) + self.book.count(State.SUSPECT)
+        if waiting >= _HELD_PER_SLOT * self.options.concurrency:
+            return 0
+        # (Tasks handed to a runner wait there for a free slot: they count too.)
+        held = self.book.in_hand + self.book.count(State.RUNNING)
+        return self.options.held_limit + self.options.concurrency - held
+
+    def intake(self, message: Message) -> None:
+        """A tracked record becomes a task in hand (or a dead letter, or is skipped)."""
+        tp = (message.topic() or "", message.partition() or 0)
+        offset = message.offset() or 0
+        try:
+            headers = normalise_headers(message)
+            # The task's trace context rides on to the wakeup, so one trace follows the run
+            # through its step round trips.
+            trace_headers = [(k, v) for k, v in headers if k in ("traceparent", "tracestate")]
+            step = decode_step_task(message.value())
+        except Exception as exc:  # a poison task must never stop the worker
+            self._dead_letter(message, tp, offset, exc)
+            return
+        if self.book.holds(step.key):
+            self._skipped_at_intake(tp, offset, "duplicate")  # the task in hand covers it
+            return
+        if time.time() * 1000 >= step.deadline_ms:
+            self._skipped_at_intake(tp, offset, "deadline")
+            return
+        kind, stamp = message.timestamp()
+        produced = None if kind == TIMESTAMP_NOT_AVAILABLE else stamp
+        task = Task(step, tp, offset, trace_headers, produced)
+        self.book.add(task)
+        self._to_claim.append(task)
+
+    def _skipped_at_intake(self, tp: tuple[str, int], offset: int, reason: str) -> None:
+        self.stats.skipped[reason] += 1
+        self._done_offset(tp, offset)
+
+    def _dead_letter(
+        self, message: Message, tp: tuple[str, int], offset: int, exc: Exception
+    ) -> None:
+        """A task that cannot be run goes to the dead-letter topic with why and where from."""
+        detail = f"undecodable step task: {exc}"
+        try:
+            own = normalise_headers(message)
+        except Exception:
+            own = []
+        reason = DeadLetterReason.WRONG_SCHEMA
+        headers = dead_letter_headers(own, reason, detail, tp[0], tp[1], offset)
+        value, headers = truncate_dead_letter(
+            message.key(), message.value(), headers, self._dlq_max_bytes
+        )
+        log.error(
+            "dead-lettered a step task",
+            extra={"reason": reason.value, "detail": detail, "topic": tp[0], "offset": offset},
+        )
+        self.stats.dead_letters += 1
+        self._delivery.send(
+            self.names.dlq,
+            value,
+            message.key(),
+            None,
+            headers,
+            lambda: self._done_offset(tp, offset),
+        )
+
+    def take_answers(self, wait_s: float) -> None:
+        try:
+            answer = self._answers.get(timeout=wait_s) if wait_s else self._answers.get_nowait()
+            while True:
+                self._answered(answer)
+                answer = self._answers.get_nowait()
+        except queue.Empty:
+            pass
+
+    def _answered(self, answer: Answer | _Ended) -> None:
+        if isinstance(answer, _Ended):
+            self._step_ended(answer)
+        elif isinstance(answer, Claimed):
+            if answer.tasks:
+                self._pace.claimed(time.monotonic() - answer.tasks[0][0].asked_at)
+            for task, verdict, starts, data in answer.tasks:
+                self._claimed(task, verdict, starts, data)
+        elif isinstance(answer, Recorded):
+            for task, recorded in answer.tasks:
+                if recorded:
+                    self._wake(task)
+                else:
+                    self._done(task)
+        elif isinstance(answer, NotCurrent):
+            for task in answer.tasks:
+                if task.state is State.RUNNING and not task.attempt.cancelled:
+                    task.attempt.cancel()
+
+    def _claimed(self, task: Task, verdict: Verdict, starts: int, data: Any) -> None:
+        if task is self._solo and verdict is not Verdict.RUN:
+            self._solo = None
+        if not self.book.has(task):  # let go meanwhile (its partition went, the worker stops)
+            if verdict is Verdict.RUN:
+                self.db.unclaim([task])  # the next worker takes it as never started
+            return
+        if (task.revoked or self.stopping) and verdict is not Verdict.RUN:
+            self.book.remove(task)  # its partition's (next) owner claims it again
+            return
+        if verdict is Verdict.RUN:
+            task.starts = starts
+            if isinstance(data, MissingData):  # the attempt fails; a deleted run's is dropped
+                self._record(task, Outcome.failed(f"the step's data: {data}"))
+                return
+            task.data = data
+            self.book.move(task, State.READY)
+            if task.revoked or self.stopping:
+                self._give_back([task])  # claimed, but the next owner will run it
+            elif task is not self._solo:
+                self._ready.append(task)
+        elif verdict is Verdict.RERUN:
+            self.book.move(task, State.SUSPECT)
+            self._suspects.append(task)
+        elif verdict is Verdict.DIED:
+            self.stats.skipped["died"] += 1
+            log.error(
+                "a step attempt is not run again: the worker running it died %d time(s)",
+                starts,
+                extra=_ids(task),
+            )
+            self._record(task, Outcome.failed(died_reason(starts)))
+        elif verdict is Verdict.HELD:
+            self.book.move(task, State.HELD)
+            task.claim_at = time.monotonic() + _RECLAIM_AFTER_S
+        else:
+            assert verdict in SKIPPED
+            self.stats.skipped[verdict.value] += 1
+            if verdict is Verdict.RESEND:
+                self._wake(task)  # its worker died before the run heard of the result
+            else:
+                self._done(task)
+
+    def _dispatch(self) -> None:
+        """Hand claimed tasks to their runner, in the order they came (a free slot takes the
+        next at once). An attempt a worker that died had started (a rerun) runs alone:
+        nothing else runs while it does, and nothing else is claimed, so a step that kills
+        the process again is the only one it takes down with it (core/claims.py)."""
+        solo = self._solo
+        if solo is not None:
+            if solo.state is State.READY and not self.book.count(State.RUNNING):
+                self._start(solo)
+            return
+        while self._ready:
+            task = self._ready.popleft()
+            if task.state is State.READY and self.book.has(task):
+                self._start(task)
+        # The worker must be quiet first: nothing running, claimed or being recorded (a
+        # result recorded before a crash is not run again; one in flight would be).
+        if self._suspects and not any(
+            self.book.count(s) for s in (State.RUNNING, State.CLAIMING, State.RECORDING)
+        ):
+            task = self._suspects.popleft()
+            if task.state is State.SUSPECT and self.book.has(task):
+                self._solo = task
+                self.book.move(task, State.CLAIMING)
+                self.db.claim_rerun(task)
+
+    def _give_back(self, tasks: list[Task]) -> None:
+        """Claimed tasks that will not run here (the worker stops, the partition went): their
+        claims are given back, so the next worker takes them as never started."""
+        if tasks:
+            self.db.unclaim(tasks)
+            for task in tasks:
+                self.book.remove(task)
+
+    def _start(self, task: Task) -> None:
+        self.book.move(task, State.RUNNING)
+        if task.starts > 1:
+            self.stats.reruns += 1
+            log.warning(
+                "running a step again, alone: the worker that started it died (execution %d)",
+                task.starts,
+                extra=_ids(task),
+            )
+        if self.telemetry.tracing:
+            record = (task.tp[0], task.tp[1], task.offset, None, task.headers)
+            span = task.span = self.telemetry.start_consumer_span(
+                task.tp[0], [record], task.key.run_id
+            )
+            if span.is_recording():
+                span.set_attributes(
+                    {
+                        "ductor.node": task.key.node,
+                        "ductor.attempt": task.key.attempt,
+                        "ductor.step_type": task.step.step_type,
+                    }
+                )
+            # The wakeup carries the execution's context: the run's next tick is its child.
+            task.headers = context_headers(span) or task.headers
+        kind = "async" if self.registry.is_async(task.step.step_type) else "sync"
+        self._runners[kind].submit(task)
+
+    def _execute(self, task: Task) -> Outcome:
+        """On a slot's thread: the step function, inside its span's context."""
+        assert task.data is not None
+        token = _attach(task.span)
+        try:
+            return execute_step(self.registry, task.step, task.data, task.attempt)
+        finally:
+            _detach(token)
+
+    async def _execute_async(self, task: Task) -> Outcome:
+        assert task.data is not None
+        return await execute_async_step(self.registry, task.step, task.data, task.attempt)
+
+    def _on_ended(
+        self, task: Task, outcome: Outcome | None, started_ns: int, ended_ns: int
+    ) -> None:
+        self._answers.put(_Ended(task, outcome, started_ns, ended_ns))
+
+    def _step_ended(self, ended: _Ended) -> None:
+        task = ended.task
+        if task.abandoned or task.state is not State.RUNNING:
+            return
+        if task is self._solo:
+            self._solo = None
+        self._pace.ended(time.monotonic())
+        outcome = ended.outcome
+        if outcome is not None:
+            self.metrics.step_ended(task.step.step_type, (ended.ended_ns - ended.started_ns) / 1e6)
+            if task.produced_ms is not None:
+                self.metrics.step_started(max(0.0, ended.started_ns / 1e6 - task.produced_ms))
+        if outcome is None:
+            self.stats.skipped["deadline"] += 1
+            self._end_span(task, None, "its deadline passed before it started")
+            self._done(task)
+            return
+        self.stats.attempts[(task.step.step_type, outcome.outcome.value)] += 1
+        self.stats.heartbeats += task.attempt.beats
+        self._end_span(task, outcome)
+        self._record(task, outcome)
+
+    def _end_span(self, task: Task, outcome: Outcome | None, why: str | None = None) -> None:
+        span, task.span = task.span, None
+        if span is None:
+            return
+        if outcome is not None and outcome.error is None:
+            end_ok(span, outcome.outcome.value, attempt=task.key.attempt)
+        else:
+            end_error(span, RuntimeError(why or (outcome.error if outcome else "") or "failed"))
+
+    def watch(self, now: float) -> None:
+        """Steps past their deadline (and grace) or their heartbeat timeout are abandoned;
+        long ones are asked whether their attempt still matters; a broker that does not
+        acknowledge wakeups is an outage."""
+        wall_ms = time.time() * 1000
+        grace_ms = self.options.abandon_after_s * 1000
+        long_running: list[Task] = []
+        for task in self.book.in_state(State.RUNNING):
+            if not task.started_ns:
+                continue  # waiting for a slot (skipped by it if its deadline passes)
+            step = task.step
+            silent_ms = (now - task.attempt.beat_at) * 1000
+            if wall_ms > step.deadline_ms + grace_ms:
+                late_s = (wall_ms - step.deadline_ms) / 1000
+                self._abandon(task, f"still running {late_s:.1f} s after its deadline")
+                self._done(task)  # its attempt timed out at the coordinator
+            elif step.heartbeat_timeout_ms is not None and silent_ms > step.heartbeat_timeout_ms:
+                why = (
+                    f"no heartbeat for {silent_ms / 1000:.1f} s"
+                    f" (heartbeat_timeout_ms {step.heartbeat_timeout_ms})"
+                )
+                self._abandon(task, why)
+                self._record(task, Outcome.failed(f"abandoned: {why}"))
+            elif time.monotonic_ns() - task.started_ns > _CURRENT_CHECK_EVERY_S * 1e9:
+                long_running.append(task)
+        if long_running and now >= self._next_current_check:
+            self._next_current_check = now + _CURRENT_CHECK_EVERY_S
+            self.db.check_current(long_running)
+        if self.abandoned_alive() > self.options.abandoned_limit and not self._bound_reached:
+            log.error(
+                "%d abandoned steps are still running (at most %d): the worker stops, for its"
+                " supervisor to start a fresh process",
+                self.abandoned_alive(),
+                self.options.abandoned_limit,
+            )
+            self._bound_reached = True
+            self._too_many_abandoned()
+        waiting = min(self._sent_at.values(), default=None)
+        if waiting is not None and now - waiting > _ACK_PATIENCE_S:
+            self._kafka_outage.failed(
+                f"{len(self._sent_at)} wakeup(s), the oldest not acknowledged after"
+                f" {now - waiting:.0f} s"
+            )
+
+    def _abandon(self, task: Task, why: str) -> None:
+        if task is self._solo:
+            self._solo = None
+        kind = "async" if self.registry.is_async(task.step.step_type) else "sync"
+        self._runners[kind].abandon(task)
+        self.stats.abandoned += 1
+        self.stats.heartbeats += task.attempt.beats
+        log.warning("abandoned a step: %s", why, extra={**_ids(task), "reason": why})
+        self._end_span(task, None, f"abandoned: {why}")
+
+    def _record(self, task: Task, outcome: Outcome) -> None:
+        self.book.move(task, State.RECORDING)
+        self._to_record.append((task, outcome))
+
+    def ask(self) -> None:
+        """Hand the database what gathered this turn: one request per kind; held tasks whose
+        wait is over are claimed again."""
+        now = time.monotonic()
+        for task in self.book.in_state(State.HELD) if self.book.count(State.HELD) else ():
+            if time.time() * 1000 >= task.step.deadline_ms:
+                self.stats.skipped["deadline"] += 1
+                self._done(task)  # the coordinator has moved on from it
+            elif now >= task.claim_at:
+                self.book.move(task, State.RECEIVED)
+                self._to_claim.append(task)
+        if self._to_record:
+            self.db.record(self._to_record)
+            self._to_record = []
+        self._dispatch()
+        if self._to_claim and not self._suspects and self._solo is None:
+            # (While reruns wait, nothing new is claimed: they run first, each alone.) Claims
+            # go ahead of the free slots as far as the pace says (core/claim_pace.py).
+            waiting = max(0, self.book.count(State.RUNNING) - self.options.concurrency)
+            ahead = self.book.count(State.CLAIMING) + self.book.count(State.READY) + waiting
+            room = self._pace.limit(now) - ahead
+            if room <= 0:
+                return
+            claims: list[Task] = []
+            while self._to_claim and len(claims) < room:
+                task = self._to_claim.popleft()
+                if task.state is State.RECEIVED and self.book.has(task):
+                    self.book.move(task, State.CLAIMING)
+                    task.asked_at = now
+                    claims.append(task)
+            if claims:
+                self.db.claim(claims)
+
+    def _wake(self, task: Task) -> None:
+        """Wake the task's run: its result is recorded (or was, by a worker that died)."""
+        self.book.move(task, State.SENDING)
+        step = task.step
+        wakeup = Wakeup(
+            run_id=step.run_id, reason="step_result", produced_at=int(time.time() * 1000)
+        )
+        topic = self.names.wakeup(step.tier)
+        partition = choose_partition(
+            step.run_id, self._wakeup_partitions[topic], self.settings.partition_by_run
+        )
+        self._sent_at[task] = time.monotonic()
+
+        def delivered() -> None:
+            self._sent_at.pop(task, None)
+            self._done(task)
+
+        self._delivery.send(
+            topic, wakeup.encode(), wakeup.key(), partition, task.headers, delivered
+        )
+
+    def _done(self, task: Task) -> None:
+        self._done_offset(task.tp, task.offset)  # ignored when the partition went meanwhile
+        self.book.remove(task)
+
+    def releasing(self, tps: set[tuple[str, int]], commit: bool) -> None:
+        """Partitions go. Tasks not claimed yet are the next owner's; claimed ones not started
+        are given back; running ones run to their end here (the next owner finds them held,
+        then recorded), their offsets no longer ours."""
+        ready: list[Task] = []
+        for task in self.book.of_partitions(tps):
+            task.revoked = True
+            if task.state in (State.RECEIVED, State.HELD, State.SUSPECT):
+                self.book.remove(task)
+            elif task.state is State.READY and task is not self._solo:
+                ready.append(task)
+        self._give_back(ready)
+        if commit:
+            # Wakeups on their way count their tasks as done (briefly: a broker away must
+            # not hold a rebalance) before what is done is committed.
+            self._outbox.flush(min(2.0, self.settings.shutdown_timeout_s))
+
+
+def _ids(task: Task) -> dict[str, Any]:
+    run_id, node, attempt = task.key
+    return {"run_id": run_id, "node": node, "attempt": attempt}
+
+
+def _attach(span: Any) -> object | None:
+    if span is None:
+        return None
+    return otel_context.attach(trace.set_span_in_context(span))
+
+
+def _detach(token: object | None) -> None:
+    if token is not None:
+        otel_context.detach(token)  # type: ignore[arg-type]
