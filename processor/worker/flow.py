@@ -186,6 +186,9 @@ class TaskFlow:
             "async": AsyncRunner(self._execute_async, self._on_ended),
         }
 
+    def _runner_of(self, task: Task) -> Runner:
+        return self._runners["async" if self.registry.is_async(task.step.step_type) else "sync"]
+
     def abandoned_alive(self) -> int:
         return sum(r.abandoned_alive() for r in set(self._runners.values()))
 
@@ -386,8 +389,7 @@ class TaskFlow:
                 )
             # The wakeup carries the execution's context: the run's next tick is its child.
             task.headers = context_headers(span) or task.headers
-        kind = "async" if self.registry.is_async(task.step.step_type) else "sync"
-        self._runners[kind].submit(task)
+        self._runner_of(task).submit(task)
 
     def _execute(self, task: Task) -> Outcome:
         """On a slot's thread: the step function, inside its span's context."""
@@ -485,8 +487,7 @@ class TaskFlow:
     def _abandon(self, task: Task, why: str) -> None:
         if task is self._solo:
             self._solo = None
-        kind = "async" if self.registry.is_async(task.step.step_type) else "sync"
-        self._runners[kind].abandon(task)
+        self._runner_of(task).abandon(task)
         self.stats.abandoned += 1
         self.stats.heartbeats += task.attempt.beats
         log.warning("abandoned a step: %s", why, extra={**_ids(task), "reason": why})

