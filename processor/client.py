@@ -281,7 +281,7 @@ def retry_run(settings: Settings, run_id: str) -> RetriedRun:
             resumed = resume_failed(run.state)
             wakeup = Wakeup(run_id=run_id, reason="replay", produced_at=int(time.time() * 1000))
             send = Send(topics.wakeup(run.tier), wakeup.key(), wakeup.encode(), by_run=run_id)
-            if commit_batch(conn, [Commit(run_id, run.version, resumed, (send,))]):
+            if commit_batch(conn, [Commit(run_id, run.version, resumed, (send,))]).committed:
                 break
         else:
             raise ClientError(

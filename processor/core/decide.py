@@ -23,7 +23,11 @@ Rules, in the order ``decide`` applies them:
    each attempt from freshly loaded state; when those attempts are used up, the run is
    requeued to the delay ladder or, after too many non-progressing requeues, force-failed
    (policy.py). A conflict is never an error.
-5. A database error decides nothing: the run is retried after the shell's backoff.
+5. A run whose row another transaction held (an operator's lock, a repair script) was skipped
+   by the commit: it is retried after a backoff that grows while the lock lasts, apart from
+   its batch, neither a conflict (it lost no race, so it never counts towards a force-fail)
+   nor an error (``locked``).
+6. A database error decides nothing: the run is retried after the shell's backoff.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
+from processor.core.backoff import retry_delay_s
 from processor.core.dataflow import OutputRefs, data_at_hand, dependency_attempts, output_refs
 from processor.core.dead_letters import dead_letter_headers, truncate_dead_letter
 from processor.core.envelope import Wakeup
@@ -128,6 +133,8 @@ class BatchItem:
     run_id: str
     attempts: int
     records: tuple[Inbound, ...]
+    locked: int = 0  # commits in a row that found its row held by another transaction
+    prior_version: int | None = None  # the version its previous attempt loaded
 
     def lineage(self) -> Wakeup:
         """The envelope whose requeue history this work continues: the most requeued one."""
@@ -175,9 +182,11 @@ def decide(
     committed: bool,
     now_ms: int,
     rules: Rules,
+    held: bool = False,
 ) -> Plan:
     """The plan for one run of a batch once its commit (``None``: the tick was a no-op)
-    answered (``committed``: the row matched its expected version)."""
+    answered (``committed``: the row matched its expected version; ``held``: the commit
+    skipped the row, another transaction held it)."""
     if loaded is None:
         reason, detail = DeadLetterReason.UNKNOWN_RUN, f"run {item.run_id!r} does not exist"
         return _dead_letter(item.run_id, item.records, reason, detail, rules)
@@ -206,7 +215,33 @@ def decide(
             outboxed_seq=commit.state.seq if commit.effects else None,
             expected_version=version,
         )
+    if held:
+        return _after_lock(item, loaded, now_ms, rules)
     return _after_conflict(item, loaded, now_ms, rules)
+
+
+_LOCKED_FIRST_RETRY_S = 0.01
+
+
+def _after_lock(item: BatchItem, run: LoadedRun, now_ms: int, rules: Rules) -> Plan:
+    """Another transaction held the run's row, so the commit skipped it. If the run's version
+    moved since the previous attempt loaded it, whoever holds it is writing it: that is a
+    lost race like any other (a conflict, which the livelock guard counts). Otherwise the row
+    is only held (an operator's lock, a repair script): try again after a backoff that doubles
+    while it is (10 ms, 20 ms ... 5 s: another instance's commit holds a row for
+    milliseconds, an operator's lock for minutes), from fresh state, its conflict attempts
+    untouched; never a force-fail, never a quarantine."""
+    if item.prior_version is not None and item.prior_version != run.version:
+        return _after_conflict(item, run, now_ms, rules)
+    retry_in_ms = int(retry_delay_s(item.locked, first_s=_LOCKED_FIRST_RETRY_S) * 1000)
+    return Plan(
+        item.run_id,
+        Outcome.LOCKED,
+        Outcome.LOCKED,
+        retry_in_ms=retry_in_ms,
+        attempts=item.attempts,
+        expected_version=run.version,
+    )
 
 
 def _after_conflict(item: BatchItem, run: LoadedRun, now_ms: int, rules: Rules) -> Plan:

@@ -15,6 +15,7 @@ class Outcome(StrEnum):
     COMMITTED = "committed"  # the tick's new state was written
     NOOP = "noop"  # the tick changed nothing: nothing written
     CONFLICT = "conflict"  # lost a version race: retried, never an error
+    LOCKED = "locked"  # another transaction held the run's row: retried, never an error
     REQUEUED = "requeued"  # in-process retries used up: sent to the delay ladder
     FORCE_FAILED = "force_failed"  # livelock or stuck: failed through the terminal path
     DEAD_LETTERED = "dead_lettered"  # a record that cannot be processed went to the DLQ

@@ -33,6 +33,8 @@ class RunWork(Generic[S]):
     run_id: str
     records: list[Inbound] = field(default_factory=list)
     attempts: int = 0  # in-process attempts that lost a version race
+    locked: int = 0  # attempts in a row that found the run's row held by another transaction
+    prior_version: int | None = None  # the run's version its previous attempt loaded
     ready_at: float = 0.0  # when the next attempt may start
     span: S | None = None
 

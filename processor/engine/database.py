@@ -43,7 +43,7 @@ class Database:
 
     def commit(
         self, commits: Sequence[Commit], acknowledged: Sequence[tuple[str, int]]
-    ) -> set[str]:
+    ) -> store.CommitAnswer:
         return store.commit_batch(self.conn, commits, acknowledged, self._instance_id)
 
     def landed(self, commits: Sequence[Commit]) -> set[str]:

@@ -38,6 +38,7 @@ import psycopg
 from confluent_kafka import KafkaError
 from opentelemetry.trace import Span
 
+from processor.core.backoff import retry_delay_s
 from processor.core.decide import (
     BatchItem,
     Plan,
@@ -56,6 +57,7 @@ from processor.engine.database import Database
 from processor.engine.faults import NO_FAULTS, Faults
 from processor.engine.ledger import Ledger
 from processor.engine.stage import DatabaseStage, InFlight, StageResult
+from processor.io.db_errors import TRANSIENT, classify
 from processor.io.delivery import Delivery
 from processor.io.kafka import Outbox, choose_partition
 from processor.io.logs import first_line
@@ -146,6 +148,8 @@ class Executor:
         self._acknowledged: dict[tuple[str, int], None] = {}
         self._acknowledged_since = 0.0
         self._delivery = Delivery(outbox, stats.errors, monotonic)
+        self._unknown_streak = 0  # stages in a row whose commit lost its connection
+        self._refused_streak = 0  # stages in a row that failed on a transient fault
 
     def use_rules(self, rules: Rules) -> None:
         """Rules learnt once the broker answered (the dead-letter topic's size limit)."""
@@ -191,7 +195,10 @@ class Executor:
             return
         for work in batch:
             self._ledger.start_span(work)
-        items = [BatchItem(w.run_id, w.attempts, tuple(w.records)) for w in batch]
+        items = [
+            BatchItem(w.run_id, w.attempts, tuple(w.records), w.locked, w.prior_version)
+            for w in batch
+        ]
         self._stage = (batch, self._stage_runner.start(items, self._take_acknowledged()))
 
     def _take_acknowledged(self) -> list[tuple[str, int]]:
@@ -247,13 +254,16 @@ class Executor:
         if result.error is not None:
             retry_ms = self._database_failed(result.error, len(batch))
             plans = [database_failed(BatchItem(w.run_id, w.attempts, ()), retry_ms) for w in batch]
+            self._unknown_streak = 0
         else:
             self._stats.sample("tick", result.tick_ms)
             self._stats.sample("commit", result.commit_ms)
             self._stats.commit_attempts += result.commit_attempts
             plans = result.plans
             if result.unknown_commit is not None:
-                self._unknown_commit_resolved(result)
+                plans = self._unknown_commit_resolved(result, plans)
+            else:
+                self._unknown_streak = 0
             for run_id, exc in result.force_fail_errors.items():
                 retry_ms = self._database_failed(exc, 1)
                 plans = [
@@ -275,6 +285,9 @@ class Executor:
             if plan.outcome is Outcome.ERROR and error is not None:
                 self._ledger.end_span_with_error(work, error)
             work.attempts = plan.attempts
+            # What the next commit that finds the row held compares with (core/decide.py).
+            work.locked = work.locked + 1 if plan.outcome is Outcome.LOCKED else 0
+            work.prior_version = plan.expected_version
             self.book.park(work, self._monotonic() + plan.retry_in_ms / 1000)
             return
         settling = _Settling(work, plan.outcome, len(plan.sends), plan.outboxed_seq, self._settled)
@@ -380,22 +393,41 @@ class Executor:
 
     def _database_failed(self, exc: psycopg.Error, runs: int) -> int:
         """The database failed a stage: nothing was decided for these runs. A genuine error,
-        counted every time, logged once per outage; returns after how many ms to try again
-        (backing off while the outage lasts; the loop keeps running meanwhile)."""
+        counted every time; returns after how many ms to try again (the loop keeps running
+        meanwhile). A statement that lost a lock or its time (a deadlock, a lock timeout, the
+        statement timeout) is logged each time, and retried after a backoff that grows while
+        it recurs; anything else is an outage of the database, logged once while it lasts."""
         self._stats.errors[type(exc).__name__] += 1
+        fault = classify(exc)
+        if fault in TRANSIENT:
+            delay_s = retry_delay_s(self._refused_streak)
+            self._refused_streak += 1
+            log.error(
+                "a batch of %d run(s) failed (%s): %s; retried in %.1f s",
+                runs,
+                fault.value,
+                first_line(exc),
+                delay_s,
+                extra={"fault": fault.value, "runs": runs},
+            )
+            return int(delay_s * 1000)
         delay_s = self._outage.failed(f"{first_line(exc)} ({runs} run(s) will be retried)")
         self.database_ok = False
         self._stage_runner.close()
         return int(delay_s * 1000)
 
     def _database_back(self) -> None:
+        self._refused_streak = 0
         self.database_ok = True
         self._outage.ok()
 
-    def _unknown_commit_resolved(self, result: StageResult) -> None:
+    def _unknown_commit_resolved(self, result: StageResult, plans: list[Plan]) -> list[Plan]:
         """A commit's answer was lost with its connection, and reading the rows back told
-        which runs it moved: counted apart (neither a conflict nor a lost transition)."""
+        which runs it moved: counted apart (neither a conflict nor a lost transition). The
+        runs it did not move are tried again at once the first time; when commits keep
+        losing their connection, after the outage's growing backoff."""
         assert result.unknown_commit is not None
+        self._unknown_streak += 1
         landed = result.commit_attempts - len(result.not_landed)
         self._stats.unknown_commits["landed"] += landed
         self._stats.unknown_commits["not_landed"] += len(result.not_landed)
@@ -406,6 +438,12 @@ class Executor:
             len(result.not_landed),
             extra={"landed": landed, "not_landed": len(result.not_landed)},
         )
+        if self._unknown_streak == 1 or not result.not_landed:
+            return plans
+        retry_ms = int(retry_delay_s(self._unknown_streak - 2) * 1000)
+        return [
+            replace(p, retry_in_ms=retry_ms) if p.run_id in result.not_landed else p for p in plans
+        ]
 
     def close(self) -> None:
         # A batch still in flight (a flush that timed out, Postgres hung) is abandoned: its

@@ -67,6 +67,13 @@ class Ledger:
         elif plan.outcome is Outcome.DEAD_LETTERED:
             assert isinstance(plan.reason, DeadLetterReason)
             self._dead_lettered(work, plan.reason, plan.detail)
+        elif plan.outcome is Outcome.LOCKED and work.locked == 0:
+            log.warning(
+                "run %s: another transaction holds its row; its commit waits apart from its"
+                " batch, retried with a backoff while the lock lasts",
+                work.run_id,
+                extra={"run_id": work.run_id, **log_ids(work.span)},
+            )
 
     def force_failed(self, run_id: str, reason: ForceFailReason, span: Span | None) -> None:
         self._stats.force_fails[reason] += 1
@@ -163,9 +170,9 @@ class Ledger:
         if plan.attempt is not Outcome.NOOP:  # a no-op took no part in the commit
             attributes["ductor.commit_ms"] = (commit[1] - commit[0]) / 1e6
         work.span.add_event("tick", attributes, timestamp=tick[1])
-        if plan.attempt is Outcome.CONFLICT:
+        if plan.attempt is Outcome.CONFLICT or plan.attempt is Outcome.LOCKED:
             # An expected outcome of concurrency: an event, never an error status.
-            work.span.add_event("conflict", attributes, timestamp=commit[1])
+            work.span.add_event(plan.attempt.value, attributes, timestamp=commit[1])
 
     def end_span(self, work: Work, outcome: Outcome | None = None) -> None:
         """End the work's span: with its outcome when it settled, bare when it was dropped."""

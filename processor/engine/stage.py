@@ -5,8 +5,9 @@ consuming, delivering and storing offsets while Postgres works.
 1. Load every run of the batch in one query.
 2. Tick each run (pure, ``tick_batch``); a no-op writes nothing.
 3. Commit every changed run in one conditional UPDATE that also writes the transitions'
-   records to the outbox and deletes the acknowledged outbox rows; a commit whose answer was
-   lost with its connection is read back. The core then decides each run's plan
+   records to the outbox and deletes the acknowledged outbox rows; a run whose row another
+   transaction holds is skipped (and retried apart); a commit whose answer was lost with its
+   connection is read back. The core then decides each run's plan
    (``decide``); a livelocked run's force-fail is written here (the terminal path).
 """
 
@@ -33,11 +34,9 @@ from processor.core.decide import (
 )
 from processor.engine.database import Database
 from processor.engine.faults import NO_FAULTS, Faults, Point
+from processor.io.db_errors import Fault, classify, outcome_unknown
+from processor.io.store import CommitAnswer
 from processor.io.telemetry import now_ns
-
-# Errors a statement meets on what a row holds (text Postgres cannot store, a constraint):
-# another run of the same batch would not meet them. Anything else is the database's.
-_CAUSED_BY_A_ROW = (psycopg.DataError, psycopg.IntegrityError)
 
 
 @dataclass
@@ -129,7 +128,11 @@ class DatabaseStage:
         dead-lettered as poison: one bad run never holds the others."""
         try:
             self._steps(items, acknowledged, result)
-        except _CAUSED_BY_A_ROW as exc:
+        except psycopg.Error as exc:
+            # Text Postgres cannot store, a constraint: another run of the batch would not
+            # meet it. Anything else is the database's (io/db_errors.py).
+            if classify(exc) is not Fault.ROW:
+                raise
             text = str(exc).strip()
             detail = f"{type(exc).__name__}: {text.splitlines()[0] if text else ''}"
             if len(items) == 1:
@@ -154,9 +157,11 @@ class DatabaseStage:
         # 3. Commit.
         commit_started = time.perf_counter()
         try:
-            committed = self._db.commit(list(commits.values()), acknowledged)
-        except psycopg.OperationalError as exc:
-            committed = self._resolve_unknown_commit(list(commits.values()), exc, result)
+            committed, held = self._db.commit(list(commits.values()), acknowledged)
+        except psycopg.Error as exc:
+            if not outcome_unknown(exc):
+                raise  # refused: nothing was written (a deadlock, a timeout: retried)
+            committed, held = self._resolve_unknown_commit(list(commits.values()), exc, result)
         self._faults.hit(Point.AFTER_COMMIT, committed)
         result.commit_ended_ns = now_ns()
         result.commit_ms = (time.perf_counter() - commit_started) * 1000
@@ -167,14 +172,16 @@ class DatabaseStage:
                 result.plans.append(database_failed(item, 0))
                 continue
             found, commit = loaded.get(run_id), commits.get(run_id)
-            plan = decide(item, found, commit, run_id in committed, now_ms, self._rules)
+            plan = decide(
+                item, found, commit, run_id in committed, now_ms, self._rules, run_id in held
+            )
             if plan.force_fail is not None:
                 plan = self._write_force_fail(plan, item, result)
             result.plans.append(plan)
 
     def _resolve_unknown_commit(
-        self, commits: list[Commit], exc: psycopg.OperationalError, result: StageResult
-    ) -> set[str]:
+        self, commits: list[Commit], exc: psycopg.Error, result: StageResult
+    ) -> CommitAnswer:
         """The connection was lost while the commit was in flight: it may have landed or not.
         Read the rows back on a new connection: a run at the version and checksum the commit
         wrote landed (its records are in the outbox too); the others did not, and neither
@@ -185,7 +192,7 @@ class DatabaseStage:
         result.not_landed = {c.run_id for c in commits} - landed
         if result.not_landed:
             result.redo_acknowledged = True
-        return landed
+        return CommitAnswer(landed, set())
 
     def _write_force_fail(self, plan: Plan, item: BatchItem, result: StageResult) -> Plan:
         assert plan.force_fail is not None

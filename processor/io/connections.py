@@ -1,6 +1,6 @@
 """Connections to Postgres, as every part of the system opens them: autocommit, jsonb parsed by
-orjson, a statement timeout, no sequential scans; the durable flavour for the writes a process
-acknowledges to others."""
+orjson, a statement timeout, a lock timeout, no sequential scans; the durable flavour for the
+writes a process acknowledges to others."""
 
 from __future__ import annotations
 
@@ -9,6 +9,10 @@ from typing import Any
 import orjson
 import psycopg
 from psycopg.types.json import set_json_loads
+
+# How long a statement of the processor or the worker waits for a lock held by another
+# transaction before it gives up (and is retried after a backoff).
+LOCK_TIMEOUT_MS = 2000
 
 
 def use_orjson(conn: psycopg.Connection[Any]) -> psycopg.Connection[Any]:
@@ -24,6 +28,11 @@ def connect(dsn: str, connect_timeout_s: int = 5) -> psycopg.Connection[Any]:
     or a shutdown."""
     conn = psycopg.connect(dsn, autocommit=True, connect_timeout=connect_timeout_s)
     conn.execute("SET statement_timeout = '30s'")
+    # No statement here waits on a run row's lock (the commit and the result inserts skip a
+    # row another transaction holds: io/store.py, io/step_data.py). Any other lock held by
+    # someone else (an operator's open transaction, a repair script) costs a statement at
+    # most this long, then it fails as a lock timeout (io/db_errors.py) and is retried.
+    conn.execute(f"SET lock_timeout = '{LOCK_TIMEOUT_MS}ms'")
     # Every statement here reaches its rows through an index (run ids, the outbox's keys, the
     # sweeps' partial indexes). A table's statistics can say it is empty long after it filled
     # (step results, between two autoanalyzes): the planner then scanned all of it once per

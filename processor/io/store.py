@@ -74,19 +74,25 @@ _INPUT_LOAD_BYTES = 2 * MAX_INLINE_DATA_BYTES
 # (``output``, absent from every other row): the statement reads them and writes the output
 # with the status, so no run is ever succeeded without it.
 #
-# Two instances committing overlapping batches would deadlock if each locked its rows in a
-# different order, so the rows are first locked in run_id order (a sort below the row lock,
-# materialised before the UPDATE runs). The UPDATE refers to that CTE only through a count in
-# a one-time filter: an InitPlan, run once before the UPDATE reads its first row, so every lock
-# is taken first, in order. (Joining the CTE instead made Postgres compare each updated row
-# with every locked one: quadratic in the batch, 80 % of the statement's time at 500 rows.)
-# The locks last only for this one statement: nothing is held between the load and the
-# commit, so there is nothing a crash could leak.
+# Two instances committing overlapping batches would deadlock if each waited for the other's
+# rows, and a row held by an outside transaction (an operator's `SELECT ... FOR UPDATE`, a
+# repair script) would hold the whole batch. So the rows are first locked in run_id order
+# without waiting: a row another transaction holds is skipped (SKIP LOCKED), its run is
+# answered as locked (retried after a backoff, core/decide.py), and the rest of the batch
+# commits at once. The lock mode is FOR NO KEY UPDATE, which the FOR KEY SHARE that every
+# step-result insert takes through its foreign key does not conflict with: commits and the
+# workers' inserts never wait on each other. The UPDATE reads the locked rows as an array
+# built once (an InitPlan, run before the UPDATE reads its first row, so every lock is taken
+# first) and reaches them through the primary key; it never touches a row it did not lock.
+# (Joining the CTE instead made Postgres compare each updated row with every locked one:
+# quadratic in the batch, 80 % of the statement's time at 500 rows.) The runs skipped are
+# listed only when there are any (a one-time filter on the count). The locks last only for
+# this one statement: nothing is held between the load and the commit.
 _COMMIT_SQL = """
 WITH ordered AS MATERIALIZED (
     SELECT run_id FROM eec_workflow_run
      WHERE run_id = ANY(ARRAY(SELECT jsonb_array_elements_text(%(ids)s::jsonb)))
-     ORDER BY run_id FOR NO KEY UPDATE
+     ORDER BY run_id FOR NO KEY UPDATE SKIP LOCKED
 ), updated AS (
 UPDATE eec_workflow_run AS r
    SET db_record_version = r.db_record_version + 1,
@@ -109,9 +115,8 @@ UPDATE eec_workflow_run AS r
        AS c(run_id text, expected_version bigint, status text, node_states jsonb, seq bigint,
             checksum text, reason text, next_wakeup_ms bigint, effects jsonb, output jsonb)
  WHERE r.run_id = c.run_id
-   AND r.run_id = ANY(ARRAY(SELECT jsonb_array_elements_text(%(ids)s::jsonb)))
+   AND r.run_id = ANY(ARRAY(SELECT run_id FROM ordered))
    AND r.db_record_version = c.expected_version
-   AND (SELECT count(*) FROM ordered) >= 0
 RETURNING r.run_id, c.seq, c.effects
 ), outboxed AS (
     INSERT INTO eec_outbox (run_id, seq, records, owner)
@@ -122,7 +127,11 @@ RETURNING r.run_id, c.seq, c.effects
      WHERE o.run_id = a.run_id AND o.seq = a.seq
        AND o.run_id = ANY(ARRAY(SELECT jsonb_array_elements(%(acked)s::jsonb) ->> 'run_id'))
 )
-SELECT run_id FROM updated
+SELECT run_id, true FROM updated
+UNION ALL
+SELECT id, false FROM jsonb_array_elements_text(%(ids)s::jsonb) AS id
+ WHERE (SELECT count(*) FROM ordered) < jsonb_array_length(%(ids)s::jsonb)
+   AND id NOT IN (SELECT run_id FROM ordered)
 """
 
 _DELETE_OUTBOX_SQL = """
@@ -252,18 +261,26 @@ def load_runs(
     return loaded
 
 
+class CommitAnswer(NamedTuple):
+    """What a batched commit did: the runs it committed, and those it skipped because another
+    transaction held their row (the others of the batch lost their version race)."""
+
+    committed: set[str]
+    locked: set[str]
+
+
 def commit_batch(
     conn: psycopg.Connection[Any],
     commits: Sequence[Commit],
     acknowledged: Sequence[tuple[str, int]] = (),
     owner: str | None = None,
-) -> set[str]:
+) -> CommitAnswer:
     """The batched conditional UPDATE, with each transition's records into the outbox (owned
     by ``owner``, the committing instance) and the ``acknowledged`` (run_id, seq) outbox rows
-    deleted. Returns the run ids that committed; the rest conflicted."""
+    deleted."""
     if not commits:
         delete_outbox(conn, acknowledged)
-        return set()
+        return CommitAnswer(set(), set())
     ids = [c.run_id for c in commits]
     # The whole batch travels as one JSON document: one orjson call instead of adapting
     # nine arrays element by element.
@@ -274,15 +291,11 @@ def commit_batch(
         "acked": _pairs(acknowledged),
         "owner": owner,
     }
-    try:
-        rows = conn.execute(_COMMIT_SQL, params).fetchall()
-    except psycopg.errors.DeadlockDetected:
-        # Cannot happen while every writer locks in run_id order; if an outside writer does
-        # not, Postgres aborted this statement and nothing was written: every run of the
-        # batch lost the race, which the conflict policy retries. Not an error.
-        delete_outbox(conn, acknowledged)
-        return set()
-    return {r[0] for r in rows}
+    committed: set[str] = set()
+    locked: set[str] = set()
+    for run_id, updated in conn.execute(_COMMIT_SQL, params).fetchall():
+        (committed if updated else locked).add(run_id)
+    return CommitAnswer(committed, locked)
 
 
 def _commit_row(c: Commit) -> dict[str, Any]:

@@ -44,7 +44,7 @@ def ceiling_rate(
     committed = 0
     acknowledged: list[tuple[str, int]] = []
     for batch in batches:  # each commit deletes the previous batch's outbox rows, as live
-        committed += len(commit_batch(conn, batch, acknowledged))
+        committed += len(commit_batch(conn, batch, acknowledged).committed)
         acknowledged = [(c.run_id, c.state.seq) for c in batch]
     elapsed = time.perf_counter() - started
     cpu = meter.stop()

@@ -29,8 +29,9 @@ import psycopg
 
 from processor.core.claims import ClaimFacts, Verdict, verdict
 from processor.core.model import StepOutcome
-from processor.core.step_task import StepData, StepTask
+from processor.core.step_task import AttemptKey, StepData, StepTask
 from processor.io.connections import connect, connect_durable, ping
+from processor.io.db_errors import Fault, classify
 from processor.io.instances import Presence
 from processor.io.logs import first_line
 from processor.io.outage import Outage, SharedOutage
@@ -156,8 +157,10 @@ class _Lane:
                     self.conn = self._connect()
                 result = action(self.conn)
             except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
-                # Whether a lost write committed is unknown: every write here may be redone.
-                if self.conn is not None:
+                # A lost connection (whether a lost write committed is unknown: every write
+                # here may be redone), or a statement that lost a lock or its time: the same
+                # statement again after the backoff.
+                if self.conn is not None and classify(exc) is Fault.CONNECTION:
                     self.conn.close()
                     self.conn = None
                 if self.give_up.wait(self._outage.failed(self.name, first_line(exc))):
@@ -211,12 +214,15 @@ class WorkerDatabase:
             lambda: connect_durable(dsn),
             self._serve_results,
             shared,
-            tick=lambda: self._ping_if_doubted(self._results),
+            tick=lambda: self._ping_if_doubted(self._results) and self._record_held(),
         )
         # Statements by kind: how many, for how many tasks, and the seconds they took.
         self.statements: dict[str, list[float]] = {}
         self.fetched = 0  # tasks whose data was read here (not carried inline)
         self.dropped = 0  # results not recorded: their run no longer exists, or unstorable
+        # Results whose run's row another transaction holds (the results lane's own).
+        self._held: list[tuple[Task, Outcome]] = []
+        self._held_logged: set[AttemptKey] = set()
 
     # -- the loop's side --------------------------------------------------------------------
 
@@ -334,49 +340,89 @@ class WorkerDatabase:
     def _record(self, results: list[tuple[Task, Outcome]]) -> Literal[_Stopped.STOPPED] | None:
         """The results in one statement; if the database refuses any of them, nothing was
         written and each is recorded alone (``_record_one`` says what becomes of a refused
-        one)."""
+        one). Results of a run whose row another transaction holds wait (``_held``) and are
+        tried again each second, without holding the others."""
         rows = [_row(t, o) for t, o in results]
         try:
-            done = self._results.through_outages(lambda conn: insert_step_results(conn, rows))
+            left = self._results.through_outages(lambda conn: insert_step_results(conn, rows))
         except psycopg.Error:
             recorded: list[tuple[Task, bool]] = []
             for task, outcome in results:
                 one = self._record_one(task, outcome)
                 if one is STOPPED:
                     return STOPPED
-                recorded.append((task, one))
+                if one is not None:
+                    recorded.append((task, one))
             self._answer(Recorded(recorded))
             return None
-        if done is STOPPED:
+        if left is STOPPED:
             return STOPPED
-        self._answer(Recorded([(t, True) for t, _ in results]))
+        held_at, gone_at = set(left.held), set(left.gone)
+        answered: list[tuple[Task, bool]] = []
+        for i, (task, outcome) in enumerate(results):
+            if i in held_at:
+                self._hold(task, outcome)
+            elif i in gone_at:
+                self._dropped_gone(task)
+                answered.append((task, False))
+            else:
+                answered.append((task, True))
+        self._answer(Recorded(answered))
         return None
 
-    def _record_one(self, task: Task, outcome: Outcome) -> bool | Literal[_Stopped.STOPPED]:
+    def _hold(self, task: Task, outcome: Outcome) -> None:
+        if task.key not in self._held_logged:
+            self._held_logged.add(task.key)
+            log.warning(
+                "a step result waits: another transaction holds its run's row", extra=_ids(task)
+            )
+        self._held.append((task, outcome))
+
+    def _record_held(self) -> bool:
+        """Results that waited for their run's row: tried again (from the lane's tick)."""
+        held, self._held = self._held, []
+        if not held:
+            self._held_logged.clear()
+            return True
+        return self._timed("record", held, self._record) is not STOPPED
+
+    def _dropped_gone(self, task: Task) -> None:
+        log.warning("dropped a step result: the run no longer exists", extra=_ids(task))
+        self.dropped += 1
+
+    def _record_one(self, task: Task, outcome: Outcome) -> bool | Literal[_Stopped.STOPPED] | None:
         """One result. True: recorded; False: not (the run no longer exists, or not even a
-        bare failure can be stored)."""
-        ids = {"run_id": task.key.run_id, "node": task.key.node, "attempt": task.key.attempt}
+        bare failure can be stored); None: held (another transaction holds the run's row)."""
         try:
-            done = self._results.through_outages(
+            left = self._results.through_outages(
                 lambda conn: insert_step_results(conn, [_row(task, outcome)])
             )
-        except psycopg.errors.ForeignKeyViolation:
-            log.warning("dropped a step result: the run no longer exists", extra=ids)
-            self.dropped += 1
+        except psycopg.errors.ForeignKeyViolation:  # deleted between its check and the insert
+            self._dropped_gone(task)
             return False
         except psycopg.Error as exc:  # the result itself cannot be stored
             if outcome.outcome is StepOutcome.FAILED and outcome.output is None:
                 # Not even a bare failure can be stored: drop it, visibly; the attempt then
                 # times out and the coordinator retries it.
                 log.error(
-                    "dropped a step result that cannot be stored: %s", first_line(exc), extra=ids
+                    "dropped a step result that cannot be stored: %s",
+                    first_line(exc),
+                    extra=_ids(task),
                 )
                 self.dropped += 1
                 return False
             # The attempt fails, saying why (a bare failure: this recursion ends here).
             why = f"the step's result could not be stored: {first_line(exc)}"
             return self._record_one(task, Outcome.failed(why))
-        return STOPPED if done is STOPPED else True
+        if left is STOPPED:
+            return STOPPED
+        if left.held:
+            self._hold(task, outcome)
+            return None
+        if left.gone:
+            self._dropped_gone(task)
+            return False
+        return True
 
     def _unclaim(self, tasks: list[Task]) -> Literal[_Stopped.STOPPED] | None:
         keys = [t.key for t in tasks]
@@ -395,6 +441,11 @@ class WorkerDatabase:
         if stale:
             self._answer(NotCurrent([tasks[i] for i in stale]))
         return None
+
+
+def _ids(task: Task) -> dict[str, object]:
+    run_id, node, attempt = task.key
+    return {"run_id": run_id, "node": node, "attempt": attempt}
 
 
 def _row(task: Task, outcome: Outcome) -> StepResultRow:

@@ -1,10 +1,12 @@
-"""The batched commit locks its rows in run_id order before it updates any: two instances that
-commit overlapping batches, each listing the runs in its own order, never deadlock."""
+"""The batched commit locks its rows in run_id order before it updates any, skipping rows another
+transaction holds: two instances that commit overlapping batches, each listing the runs in its
+own order, never deadlock, and every row moves exactly once per round."""
 
 from __future__ import annotations
 
 import threading
 import uuid
+from collections import Counter
 from dataclasses import replace
 from typing import Any
 
@@ -52,22 +54,25 @@ def test_overlapping_batches_in_opposite_orders_never_deadlock(
     insert_runs(pg, sample_workflow(), [(r, {}) for r in run_ids], "t1")
     orders = [run_ids, list(reversed(run_ids))]
     errors: list[BaseException] = []
+    moved: list[list[str]] = [[], []]  # the runs each committer moved, round after round
     start = threading.Barrier(2)
 
-    def committer(order: list[str]) -> None:
+    def committer(side: int) -> None:
+        order = orders[side]
         with connections.connect(settings.pg_dsn) as conn:
             for _ in range(ROUNDS):
                 params = _batch(conn, order)  # both load the same versions, then race
                 try:
                     start.wait(30)
-                    # The raw statement: commit_batch would absorb a deadlock as conflicts.
-                    conn.execute(store._COMMIT_SQL, params).fetchall()
+                    # The raw statement: any error at all must surface here.
+                    rows = conn.execute(store._COMMIT_SQL, params).fetchall()
                 except BaseException as exc:
                     errors.append(exc)
                     start.abort()
                     return
+                moved[side] += [run_id for run_id, updated in rows if updated]
 
-    threads = [threading.Thread(target=committer, args=(order,)) for order in orders]
+    threads = [threading.Thread(target=committer, args=(side,)) for side in (0, 1)]
     for thread in threads:
         thread.start()
     for thread in threads:
@@ -75,9 +80,67 @@ def test_overlapping_batches_in_opposite_orders_never_deadlock(
     assert not any(t.is_alive() for t in threads)
     assert not [e for e in errors if isinstance(e, psycopg.errors.DeadlockDetected)], errors
     assert not errors, errors
-    # Each round one of the two won every row and the other conflicted on all of them.
-    versions = pg.execute(
-        "SELECT DISTINCT db_record_version FROM eec_workflow_run WHERE run_id = ANY(%s)",
-        (run_ids,),
-    ).fetchall()
-    assert versions == [(1 + ROUNDS,)]
+    # Each row moved once for every commit that says it moved it, never more, and at least
+    # one of the two moved it in most rounds (a round in which both loaded a stale version
+    # moves nothing: both retry, as conflicts and as locked runs).
+    times = Counter(moved[0] + moved[1])
+    versions = dict(
+        pg.execute(
+            "SELECT run_id, db_record_version FROM eec_workflow_run WHERE run_id = ANY(%s)",
+            (run_ids,),
+        ).fetchall()
+    )
+    assert versions == {run_id: 1 + times[run_id] for run_id in run_ids}
+    assert sum(times.values()) >= RUNS * ROUNDS // 2
+
+
+def test_commits_and_result_inserts_on_the_same_runs_never_wait_on_each_other(
+    settings: Settings, pg: psycopg.Connection[Any]
+) -> None:
+    """A worker's transaction that records results (each insert takes FOR KEY SHARE on its
+    run's row through the foreign key) in descending run order, while batched commits lock the
+    same rows in ascending order: the commit's FOR NO KEY UPDATE and the inserts' key-share
+    locks do not conflict, so nothing deadlocks, no commit finds a row held, no insert waits."""
+    tag = uuid.uuid4().hex[:6]
+    run_ids = [f"keys-{tag}-{i:03}" for i in range(200)]
+    insert_runs(pg, sample_workflow(), [(r, {}) for r in run_ids], "t1")
+    errors: list[BaseException] = []
+    held: list[str] = []
+    inserting = threading.Event()
+    done = threading.Event()
+
+    def recorder() -> None:
+        try:
+            with connections.connect(settings.pg_dsn) as conn, conn.transaction():
+                for i, run_id in enumerate(reversed(run_ids)):
+                    conn.execute(
+                        "INSERT INTO eec_step_result (run_id, node_id, attempt, outcome, output)"
+                        " VALUES (%s, 'a', 1, 'succeeded', 'null')",
+                        (run_id,),
+                    )
+                    if i == 100:
+                        inserting.set()  # half the runs' rows are key-share locked now
+                        assert done.wait(60)
+        except BaseException as exc:
+            errors.append(exc)
+            inserting.set()
+
+    thread = threading.Thread(target=recorder)
+    thread.start()
+    try:
+        assert inserting.wait(30)
+        with connections.connect(settings.pg_dsn) as conn:
+            for _ in range(3):
+                params = _batch(conn, run_ids)
+                rows = conn.execute(store._COMMIT_SQL, params).fetchall()
+                held += [run_id for run_id, updated in rows if not updated]
+                assert {run_id for run_id, updated in rows if updated} == set(run_ids)
+    finally:
+        done.set()
+        thread.join(60)
+    assert not errors, errors
+    assert not held
+    recorded = pg.execute(
+        "SELECT count(*) FROM eec_step_result WHERE run_id = ANY(%s)", (run_ids,)
+    ).fetchone()
+    assert recorded == (len(run_ids),)

@@ -100,7 +100,7 @@ def test_a_run_that_moves_while_being_swept_is_not_force_failed(
             run = load_runs(conn, Definitions(), [run_id])[run_id]
             assert isinstance(run, LoadedRun)
             state = replace(run.state, status=RunStatus.RUNNING, seq=run.state.seq + 1)
-            assert commit_batch(conn, [Commit(run_id, run.version, state)]) == {run_id}
+            assert commit_batch(conn, [Commit(run_id, run.version, state)]).committed == {run_id}
         moved.append(run_id)
 
     instance: ProcessorThread = processor_thread(

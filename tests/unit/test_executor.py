@@ -11,7 +11,7 @@ import psycopg
 import pytest
 from confluent_kafka import Producer
 
-from processor.core.decide import Rules, database_failed, decide, reject, tick_batch
+from processor.core.decide import BatchItem, Rules, database_failed, decide, reject, tick_batch
 from processor.core.envelope import Wakeup
 from processor.core.intake import Reject, admit
 from processor.core.offsets import OffsetTracker
@@ -22,6 +22,7 @@ from processor.core.routing import DELAY_RUNGS_MS
 from processor.core.stats import Stats
 from processor.engine.database import Database
 from processor.engine.executor import Executor, Work
+from processor.engine.stage import StageResult
 from processor.io.kafka import Outbox
 from processor.io.telemetry import Telemetry
 
@@ -163,3 +164,53 @@ def test_acknowledged_outbox_rows_are_deleted_once_each_in_key_order_and_bounded
     second, third = h.executor._take_acknowledged(), h.executor._take_acknowledged()
     assert second == rows[500:1000] and third == rows[1000:]
     assert h.executor._take_acknowledged() == []
+
+
+def test_a_run_whose_row_is_held_waits_apart_with_a_growing_backoff_never_a_conflict(
+    h: Harness,
+) -> None:
+    """The commit skipped the row (another transaction held it): the run is retried after
+    10 ms, then 20 ms while its version stays put, its conflict attempts untouched; neither a
+    conflict nor an error. Once the version moves while it is held, it is a lost race."""
+    work = _work(h, 4)
+    run = loaded("r", version=7)
+    commits = tick_batch({"r": run}, NOW_MS, NAMES)
+    plan = decide(item("r", work.records), run, commits["r"], False, NOW_MS, RULES, held=True)
+    h.executor.carry_out(work, plan)
+    assert (plan.outcome, plan.retry_in_ms) == (Outcome.LOCKED, 10)
+    assert (h.stats.conflicts, h.stats.error_count, h.stats.ticks[Outcome.LOCKED]) == (0, 0, 1)
+    assert (work.locked, work.prior_version, work.attempts) == (1, 7, 0)
+    again = BatchItem("r", work.attempts, tuple(work.records), work.locked, work.prior_version)
+    second = decide(again, run, commits["r"], False, NOW_MS, RULES, held=True)
+    assert (second.outcome, second.retry_in_ms) == (Outcome.LOCKED, 20)
+    moved = decide(again, loaded("r", version=8), commits["r"], False, NOW_MS, RULES, held=True)
+    assert moved.outcome is Outcome.CONFLICT and moved.attempts == 1
+    assert h.tracker.committable() == {}  # the record waits: its offset is held
+
+
+def test_commits_that_keep_losing_their_connection_back_off(h: Harness) -> None:
+    """The first commit whose answer was lost is retried at once; while the next ones lose
+    theirs too, the runs they did not move wait longer each time."""
+    lost = psycopg.OperationalError("server closed the connection unexpectedly")
+    waits = []
+    for _ in range(4):
+        result = StageResult(started_ns=0, acknowledged=[], unknown_commit=lost)
+        result.not_landed, result.commit_attempts = {"r"}, 1
+        plans = [database_failed(item("r", []), 0)]
+        waits.append(h.executor._unknown_commit_resolved(result, plans)[0].retry_in_ms)
+    assert waits == [0, 100, 200, 400]
+    assert h.stats.unknown_commits == {"landed": 0, "not_landed": 4}
+
+
+def test_a_deadlock_is_an_error_counted_and_logged_never_a_conflict(
+    h: Harness, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Postgres aborted the batch's statement to break a lock cycle: nothing was written. An
+    error (counted by type, logged each time), retried after a backoff that grows while it
+    recurs, and not a database outage; never "every run conflicted"."""
+    deadlock = psycopg.errors.DeadlockDetected("deadlock detected")
+    waits = [h.executor._database_failed(deadlock, 3) for _ in range(3)]
+    assert waits == [100, 200, 400]
+    assert h.stats.errors == {"DeadlockDetected": 3} and h.stats.conflicts == 0
+    assert h.executor.database_ok
+    assert [r.levelname for r in caplog.records if "deadlock" in r.getMessage()] == ["ERROR"] * 3
