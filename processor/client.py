@@ -18,7 +18,7 @@ from typing import Any
 
 import orjson
 import psycopg
-from confluent_kafka import KafkaException, Producer
+from confluent_kafka import KafkaError, KafkaException, Producer
 
 from processor.core.decide import Commit, Send
 from processor.core.envelope import MAX_RUN_ID_LENGTH, Wakeup
@@ -91,6 +91,16 @@ class RunNotFinished(ClientError):
         self.result = result
 
 
+class StartNotAnnounced(ClientError):
+    """The runs were created, but the broker did not take their start wakeups: they start
+    anyway, once a processor's overdue sweep finds them (``DUCTOR_SWEEP_GRACE_S`` after their
+    creation, plus a sweep interval). ``inserted``: the ids created by this call."""
+
+    def __init__(self, message: str, inserted: list[str]) -> None:
+        super().__init__(message)
+        self.inserted = inserted
+
+
 class RetryRefused(ClientError):
     """The run cannot be retried: it is not failed, or its row cannot be used."""
 
@@ -147,7 +157,14 @@ def start_runs(
             chunk = run_ids[start : start + 5000]
             inserted += insert_runs(conn, wf, [(r, run_input or {}) for r in chunk], tier)
     # A repeated start wakes the run again; its tick is then a no-op.
-    wake(settings, run_ids, tier, "start")
+    try:
+        wake(settings, run_ids, tier, "start")
+    except ClientError as exc:
+        raise StartNotAnnounced(
+            f"{len(run_ids)} run(s) exist, but their start wakeups were not delivered ({exc}):"
+            " a processor's overdue sweep starts them shortly",
+            inserted,
+        ) from None
     return inserted
 
 
@@ -185,14 +202,25 @@ def wake(settings: Settings, run_ids: Sequence[str], tier: str, reason: str) -> 
     acknowledgement (ClientError after 30 s)."""
     producer = Producer(producer_config(settings, "ductor-cli"))
     topic = TopicNames(settings.topic_prefix).wakeup(tier)
-    partitions = topic_partitions(producer, [topic])[topic]
+    try:
+        partitions = topic_partitions(producer, [topic])[topic]
+    except KafkaException as exc:
+        raise ClientError(f"the broker cannot be reached: {exc.args[0]}") from None
     now_ms = int(time.time() * 1000)
+    failed: list[KafkaError] = []
+
+    def delivered(err: KafkaError | None, _msg: object) -> None:
+        if err is not None:
+            failed.append(err)
+
     for run_id in run_ids:
         wakeup = Wakeup(run_id=run_id, reason=reason, produced_at=now_ms)
         partition = choose_partition(run_id, partitions, settings.partition_by_run)
-        produce(producer, topic, wakeup.encode(), wakeup.key(), partition)
+        produce(producer, topic, wakeup.encode(), wakeup.key(), partition, on_delivery=delivered)
     if producer.flush(30) != 0:
         raise ClientError(f"the broker did not acknowledge every {reason} wakeup within 30 s")
+    if failed:
+        raise ClientError(f"{len(failed)} {reason} wakeup(s) not delivered: {failed[0].str()}")
 
 
 def get_run(settings: Settings, run_id: str) -> RunResult:

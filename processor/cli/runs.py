@@ -17,6 +17,7 @@ from processor.client import (
     RunNotFinished,
     RunNotFound,
     RunResult,
+    StartNotAnnounced,
     connect,
     get_run,
     list_runs,
@@ -93,7 +94,12 @@ def cmd_start(settings: Settings, args: argparse.Namespace) -> int:
         )
     else:
         ids = [f"{args.workflow}-{uuid.uuid4().hex[:12]}" for _ in range(args.count)]
-    inserted = start_runs(settings, args.workflow, ids, run_input, args.tier)
+    try:
+        inserted = start_runs(settings, args.workflow, ids, run_input, args.tier)
+    except StartNotAnnounced as exc:
+        # The runs exist and will start: what the command promises holds, later than usual.
+        print(f"warning: {exc}", file=sys.stderr)
+        inserted = exc.inserted
     if args.count == 1:
         print(ids[0] if inserted else f"{ids[0]} (already started)")
     else:

@@ -13,9 +13,8 @@ from typing import Any
 import psycopg
 
 from processor.core.decide import Commit, ForceFailWrite, Send
-from processor.core.model import Loaded, LoadedRun
-from processor.core.outcomes import ForceFailReason
-from processor.core.tick import force_fail
+from processor.core.model import Loaded
+from processor.core.stuck import Fail, Leave, StuckVerdict, judge_stuck
 from processor.io import connections, store, sweeps
 
 
@@ -66,24 +65,26 @@ class Database:
         """Flag runs whose rows cannot be used, ``(run_id, why)``; returns the newly flagged."""
         return store.quarantine_runs(self.conn, runs)
 
-    def force_fail_stuck(self, run_id: str, selected_seq: int) -> bool:
-        """Fail a run that made no transition for too long, through the same terminal path,
-        only if it is still at the seq it was selected at (a transition committed between
-        the sweep's select and this write means it is not stuck)."""
-        run = self.load([run_id]).get(run_id)
-        if not isinstance(run, LoadedRun) or not run.checksum_ok or run.state.seq != selected_seq:
-            return False
-        failed = force_fail(run.state, ForceFailReason.STUCK)
-        if failed is None:
-            return False
-        return self.force_fail(ForceFailWrite(run_id, run.stored_checksum, failed))
+    def settle_stuck(self, run_id: str, selected_seq: int, now_ms: int) -> StuckVerdict:
+        """A run the stuck sweep selected at ``selected_seq``: ticked with everything recorded
+        for it (core/stuck.py); failed through the terminal path only if nothing can move it,
+        and only if its row did not change since it was loaded (else left alone)."""
+        verdict = judge_stuck(self.load([run_id]).get(run_id), selected_seq, now_ms)
+        if isinstance(verdict, Fail):
+            write = ForceFailWrite(run_id, verdict.loaded_checksum, verdict.state)
+            if not self.force_fail(write):
+                return Leave()
+        return verdict
+
+    def woken(self, run_ids: Sequence[str]) -> None:
+        sweeps.mark_rewoken(self.conn, run_ids)
 
     def stuck(
-        self, modulus: int, shards: Sequence[int], stuck_s: float, limit: int
+        self, modulus: int, shards: Sequence[int], stuck_s: float, grace_s: float, limit: int
     ) -> list[tuple[str, int]]:
-        return sweeps.sweep_stuck(self.conn, modulus, shards, stuck_s, limit)
+        return sweeps.sweep_stuck(self.conn, modulus, shards, stuck_s, grace_s, limit)
 
-    def overdue(self, modulus: int, shards: Sequence[int], grace_s: float, limit: int) -> list[str]:
-        return [
-            run_id for run_id, _tier in sweeps.sweep_due(self.conn, modulus, shards, grace_s, limit)
-        ]
+    def overdue(
+        self, modulus: int, shards: Sequence[int], grace_s: float, limit: int
+    ) -> list[tuple[str, str]]:
+        return sweeps.rewake_due(self.conn, modulus, shards, grace_s, limit)

@@ -363,10 +363,12 @@ class Executor:
     def next_send_at(self) -> float | None:
         return self._delivery.next_due_at()
 
-    def rewake(self, run_ids: list[str], topic: str) -> None:
-        """Wake overdue runs again (their wakeups were lost, or a deadline passed)."""
+    def rewake(self, runs: list[tuple[str, str]]) -> None:
+        """Wake overdue runs again, each on its own tier (their wakeups were lost, a deadline
+        passed, or a recorded result waits for a tick)."""
         now_ms = self._wall_ms()
-        for run_id in run_ids:
+        for run_id, tier in runs:
+            topic = self._rules.names.wakeup(tier)
             wakeup = Wakeup(run_id=run_id, reason="sweep", produced_at=now_ms)
             partition = partition_for(run_id, self._partitions[topic])
             self._outbox.send(topic, wakeup.encode(), wakeup.key(), self._rewake_sent, partition)

@@ -209,7 +209,7 @@ class Processor:
             if not self.executor.busy:
                 self.postgres.ok()  # (while a batch is in flight, its outcome says)
             self.executor.stuck_failed(sweep.force_failed)
-            self.executor.rewake(sweep.overdue, self.names.wakeup("t2"))
+            self.executor.rewake(sweep.overdue)
             self.executor.relay(sweep.relay)
             if sweep.overdue:
                 log.info("watchdog re-woke %d overdue run(s)", len(sweep.overdue))

@@ -28,8 +28,10 @@ from dataclasses import dataclass, field
 import psycopg
 
 from processor.core.decide import Send
+from processor.core.stuck import Fail, Leave, StuckVerdict, Wake
 from processor.engine.database import Database
 from processor.engine.faults import NO_FAULTS, Faults, Point
+from processor.io.db_errors import TRANSIENT, classify
 from processor.io.store import OutboxRelay
 
 log = logging.getLogger("ductor.watchdog")
@@ -51,7 +53,7 @@ class SweepSettings:
 class SweepResult:
     """What one sweep found and did, handed from the sweep thread to the poll loop."""
 
-    overdue: list[str] = field(default_factory=list)  # runs to re-wake
+    overdue: list[tuple[str, str]] = field(default_factory=list)  # runs to re-wake, tiers
     force_failed: list[str] = field(default_factory=list)  # runs failed as stuck
     # Outbox rows claimed for relaying: (run id, transition seq, records).
     relay: list[tuple[str, int, tuple[Send, ...]]] = field(default_factory=list)
@@ -71,9 +73,11 @@ class Watchdog:
         relay_as: Callable[[], OutboxRelay],
         settings: SweepSettings,
         monotonic: Callable[[], float] = time.monotonic,
+        wall_ms: Callable[[], int] = lambda: int(time.time() * 1000),
         faults: Faults = NO_FAULTS,
     ) -> None:
         self._db = database
+        self._wall_ms = wall_ms
         self._faults = faults
         self._owned_shards = owned_shards
         self._may_relay = may_relay
@@ -128,15 +132,37 @@ class Watchdog:
             self._sweeping.clear()
 
     def sweep(self, modulus: int, owned: list[int], relay: bool) -> SweepResult:
-        """Force-fail stuck runs and find overdue ones among the ``owned`` shards and, when
+        """Settle stuck runs and find overdue ones among the ``owned`` shards and, when
         ``relay``, claim outbox rows left behind (database work only; the loop produces)."""
         s = self._settings
-        stuck = self._db.stuck(modulus, owned, s.stuck_after_s, s.limit) if owned else []
-        self._faults.hit(Point.STUCK_SELECTED, [run_id for run_id, _seq in stuck])
-        failed = [run_id for run_id, seq in stuck if self._db.force_fail_stuck(run_id, seq)]
+        failed: list[str] = []
+        woken: list[tuple[str, str]] = []
+        if owned:
+            stuck = self._db.stuck(modulus, owned, s.stuck_after_s, s.grace_s, s.limit)
+            self._faults.hit(Point.STUCK_SELECTED, [run_id for run_id, _seq in stuck])
+            now_ms = self._wall_ms()
+            for run_id, seq in stuck:
+                verdict = self._settle(run_id, seq, now_ms)
+                if isinstance(verdict, Fail):
+                    failed.append(run_id)
+                elif isinstance(verdict, Wake):
+                    woken.append((run_id, verdict.tier))
+            self._db.woken([run_id for run_id, _tier in woken])
         overdue = self._db.overdue(modulus, owned, s.grace_s, s.limit) if owned else []
         claimed = self._db.claim_outbox(s.relay_after_s, s.limit, self._relay_as()) if relay else []
-        return SweepResult(overdue=overdue, force_failed=failed, relay=claimed)
+        return SweepResult(overdue=woken + overdue, force_failed=failed, relay=claimed)
+
+    def _settle(self, run_id: str, seq: int, now_ms: int) -> StuckVerdict:
+        """One stuck run; one whose row another transaction holds waits for the next sweep."""
+        try:
+            return self._db.settle_stuck(run_id, seq, now_ms)
+        except psycopg.Error as exc:
+            if classify(exc) not in TRANSIENT:
+                raise
+            log.warning(
+                "run %s: left for the next sweep: %s", run_id, exc, extra={"run_id": run_id}
+            )
+            return Leave()
 
     def close(self) -> None:
         self._db.close()

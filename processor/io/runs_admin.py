@@ -98,7 +98,10 @@ def registered_queues(conn: psycopg.Connection[Any]) -> list[str]:
 def insert_runs(
     conn: psycopg.Connection[Any], wf: WorkflowDef, runs: Sequence[tuple[str, Any]], tier: str
 ) -> list[str]:
-    """Insert new runs idempotently (an existing run id is left alone); return the ids inserted."""
+    """Insert new runs idempotently (an existing run id is left alone); return the ids inserted.
+    A new run is due at once (``next_wakeup_at``): should its start wakeup never reach a
+    processor (the broker was unreachable, the client died before producing it), the overdue
+    sweep starts it."""
     state = initial_state(wf)
     nodes = orjson.dumps(state.nodes_json()).decode()
     checksum = state_checksum(state)
@@ -106,8 +109,9 @@ def insert_runs(
     rows = conn.execute(
         """
         INSERT INTO eec_workflow_run (run_id, workflow_name, workflow_version, status, node_states,
-                                      last_transition_seq, state_checksum, tier, shard, input)
-        SELECT i.run_id, %s, %s, %s, %s::jsonb, 0, %s, %s, i.shard, i.input
+                                      last_transition_seq, state_checksum, tier, shard, input,
+                                      next_wakeup_at)
+        SELECT i.run_id, %s, %s, %s, %s::jsonb, 0, %s, %s, i.shard, i.input, now()
           FROM unnest(%s::text[], %s::bigint[], %s::jsonb[]) AS i(run_id, shard, input)
         ON CONFLICT (run_id) DO NOTHING
         RETURNING run_id

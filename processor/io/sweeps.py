@@ -1,6 +1,6 @@
-"""The watchdog's queries (engine/watchdog.py): live runs whose next wakeup is overdue, and live
-runs stuck without a transition, each over the shards (wakeup partitions) this instance owns.
-Quarantined runs are left out of both.
+"""The watchdog's queries (engine/watchdog.py): live runs whose next wakeup is overdue (to wake
+again, spaced out), and live runs stuck without a transition, each over the shards (wakeup
+partitions) this instance owns. Quarantined runs are left out of both.
 """
 
 from __future__ import annotations
@@ -10,42 +10,75 @@ from typing import Any
 
 import psycopg
 
+# A run is re-woken once it is overdue by more than the grace, and again only once it has
+# been overdue since the previous re-wake for longer than it was then (a run in a backlog is
+# re-woken after 2, 4, 8 ... times the grace, not on every sweep). The rows are taken without
+# waiting for one another transaction holds (SKIP LOCKED), and marked in the same statement.
+_REWAKE_DUE_SQL = """
+UPDATE eec_workflow_run r SET rewoken_at = now()
+  FROM (SELECT run_id FROM eec_workflow_run
+         WHERE status IN ('pending', 'running') AND quarantined_at IS NULL
+           AND next_wakeup_at < now() - make_interval(secs => %(grace_s)s)
+           AND (rewoken_at IS NULL
+                OR now() - rewoken_at > greatest(make_interval(secs => %(grace_s)s),
+                                                 rewoken_at - next_wakeup_at))
+           AND shard %% %(modulus)s = ANY(%(shards)s)
+         ORDER BY next_wakeup_at LIMIT %(limit)s
+           FOR NO KEY UPDATE SKIP LOCKED) due
+ WHERE r.run_id = due.run_id
+RETURNING r.run_id, r.tier
+"""
 
-def sweep_due(
+
+def rewake_due(
     conn: psycopg.Connection[Any], modulus: int, shards: Sequence[int], grace_s: float, limit: int
 ) -> list[tuple[str, str]]:
-    """Live runs of the given shards whose next wakeup is overdue by more than the grace
-    (quarantined runs are left out: re-waking them would only dead-letter the wakeup)."""
-    return [
-        (r[0], r[1])
-        for r in conn.execute(
-            "SELECT run_id, tier FROM eec_workflow_run"
-            " WHERE status IN ('pending', 'running') AND quarantined_at IS NULL"
-            "   AND next_wakeup_at < now() - make_interval(secs => %s)"
-            "   AND shard %% %s = ANY(%s)"
-            " ORDER BY next_wakeup_at LIMIT %s",
-            (grace_s, modulus, list(shards), limit),
-        ).fetchall()
-    ]
+    """Live runs of the given shards whose next wakeup is overdue by more than the grace and
+    that were not re-woken lately, marked re-woken now; each with its tier (quarantined runs
+    are left out: re-waking them would only dead-letter the wakeup)."""
+    params = {"grace_s": grace_s, "modulus": modulus, "shards": list(shards), "limit": limit}
+    return [(r[0], r[1]) for r in conn.execute(_REWAKE_DUE_SQL, params).fetchall()]
+
+
+def mark_rewoken(conn: psycopg.Connection[Any], run_ids: Sequence[str]) -> None:
+    """Runs the stuck sweep woke instead of failing: spaced like the overdue ones."""
+    if run_ids:
+        conn.execute(
+            "UPDATE eec_workflow_run SET rewoken_at = now() WHERE run_id = ANY(%s)",
+            (list(run_ids),),
+        )
 
 
 def sweep_stuck(
-    conn: psycopg.Connection[Any], modulus: int, shards: Sequence[int], stuck_s: float, limit: int
+    conn: psycopg.Connection[Any],
+    modulus: int,
+    shards: Sequence[int],
+    stuck_s: float,
+    grace_s: float,
+    limit: int,
 ) -> list[tuple[str, int]]:
     """Live runs of the given shards that made no transition for longer than ``stuck_s`` and
-    are not legitimately waiting: no deadline or retry time is ahead of them, and the last one
-    passed more than ``stuck_s`` ago (re-waking it did not help). Each with the seq it was
+    are not legitimately waiting: no deadline or retry time is ahead of them, the last one
+    passed more than ``stuck_s`` ago, and they were not woken lately. Each with the seq it was
     selected at, so that a force-fail never lands on a run that moved since."""
     return [
         (r[0], r[1])
         for r in conn.execute(
             "SELECT run_id, last_transition_seq FROM eec_workflow_run"
             " WHERE status IN ('pending', 'running') AND quarantined_at IS NULL"
-            "   AND last_transition_at < now() - make_interval(secs => %s)"
+            "   AND last_transition_at < now() - make_interval(secs => %(stuck_s)s)"
             "   AND (next_wakeup_at IS NULL"
-            "        OR next_wakeup_at < now() - make_interval(secs => %s))"
-            "   AND shard %% %s = ANY(%s)"
-            " ORDER BY last_transition_at LIMIT %s",
-            (stuck_s, stuck_s, modulus, list(shards), limit),
+            "        OR next_wakeup_at < now() - make_interval(secs => %(stuck_s)s))"
+            "   AND (rewoken_at IS NULL"
+            "        OR rewoken_at < now() - make_interval(secs => %(grace_s)s))"
+            "   AND shard %% %(modulus)s = ANY(%(shards)s)"
+            " ORDER BY last_transition_at LIMIT %(limit)s",
+            {
+                "stuck_s": stuck_s,
+                "grace_s": grace_s,
+                "modulus": modulus,
+                "shards": list(shards),
+                "limit": limit,
+            },
         ).fetchall()
     ]
