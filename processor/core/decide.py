@@ -193,7 +193,7 @@ def decide(
     if isinstance(loaded, UnknownWorkflow):
         reason = DeadLetterReason.UNKNOWN_WORKFLOW
         plan = _dead_letter(item.run_id, item.records, reason, str(loaded), rules)
-        return replace(plan, quarantine=True)
+        return replace(plan, quarantine=True, expected_version=loaded.version)
     if isinstance(loaded, UnreadableRun) or not loaded.checksum_ok:
         detail = (
             str(loaded)
@@ -202,7 +202,7 @@ def decide(
         )
         reason = DeadLetterReason.CHECKSUM_MISMATCH
         plan = _dead_letter(item.run_id, item.records, reason, detail, rules)
-        return replace(plan, quarantine=True)
+        return replace(plan, quarantine=True, expected_version=loaded.version)
     version = loaded.version
     if commit is None:
         return Plan(item.run_id, Outcome.NOOP, Outcome.NOOP, expected_version=version)

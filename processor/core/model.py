@@ -215,11 +215,20 @@ class RunInput(NamedTuple):
 
 
 class UnknownWorkflow(LookupError):
-    """A run row names a workflow version that is not registered."""
+    """A run row names a workflow version that is not registered. ``version``: the row's
+    ``db_record_version`` when it was loaded (None when no row was read)."""
+
+    def __init__(self, message: str, version: int | None = None) -> None:
+        super().__init__(message)
+        self.version = version
 
 
 class UnreadableRun(ValueError):
-    """A run row whose state does not parse (changed out of band)."""
+    """A run row whose state does not parse (changed out of band); ``version`` as above."""
+
+    def __init__(self, message: str, version: int | None = None) -> None:
+        super().__init__(message)
+        self.version = version
 
 
 # What loading one run id can give: the run, or why it cannot be ticked (absent: no such run).

@@ -61,8 +61,8 @@ class Database:
         state only if the run did not move since it was loaded."""
         return store.force_fail_write(self.conn, write.run_id, write.loaded_checksum, write.state)
 
-    def quarantine(self, runs: Sequence[tuple[str, str]]) -> set[str]:
-        """Flag runs whose rows cannot be used, ``(run_id, why)``; returns the newly flagged."""
+    def quarantine(self, runs: Sequence[store.QuarantineFlag]) -> set[str]:
+        """Flag runs whose rows cannot be used; returns the newly flagged."""
         return store.quarantine_runs(self.conn, runs)
 
     def settle_stuck(self, run_id: str, selected_seq: int, now_ms: int) -> StuckVerdict:
@@ -76,8 +76,9 @@ class Database:
                 return Leave()
         return verdict
 
-    def woken(self, run_ids: Sequence[str]) -> None:
-        sweeps.mark_rewoken(self.conn, run_ids)
+    def woken(self, run_ids: Sequence[str]) -> set[str]:
+        """Mark the runs the stuck sweep wakes (spaced like the overdue ones); the marked."""
+        return {run_id for run_id, _tier in sweeps.mark_rewoken(self.conn, run_ids)}
 
     def stuck(
         self, modulus: int, shards: Sequence[int], stuck_s: float, grace_s: float, limit: int

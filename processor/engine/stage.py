@@ -35,7 +35,7 @@ from processor.core.decide import (
 from processor.engine.database import Database
 from processor.engine.faults import NO_FAULTS, Faults, Point
 from processor.io.db_errors import Fault, classify, outcome_unknown
-from processor.io.store import CommitAnswer
+from processor.io.store import CommitAnswer, QuarantineFlag
 from processor.io.telemetry import now_ns
 
 
@@ -113,7 +113,12 @@ class DatabaseStage:
         if not flagged:
             return
         try:
-            done = self._db.quarantine([(p.run_id, f"{p.reason}: {p.detail}") for p in flagged])
+            done = self._db.quarantine(
+                [
+                    QuarantineFlag(p.run_id, f"{p.reason}: {p.detail}", p.expected_version)
+                    for p in flagged
+                ]
+            )
         except psycopg.Error as exc:
             self._db.close()
             result.quarantine_error = exc

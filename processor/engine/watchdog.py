@@ -147,7 +147,8 @@ class Watchdog:
                     failed.append(run_id)
                 elif isinstance(verdict, Wake):
                     woken.append((run_id, verdict.tier))
-            self._db.woken([run_id for run_id, _tier in woken])
+            marked = self._db.woken([run_id for run_id, _tier in woken])
+            woken = [(run_id, tier) for run_id, tier in woken if run_id in marked]
         overdue = self._db.overdue(modulus, owned, s.grace_s, s.limit) if owned else []
         claimed = self._db.claim_outbox(s.relay_after_s, s.limit, self._relay_as()) if relay else []
         return SweepResult(overdue=woken + overdue, force_failed=failed, relay=claimed)

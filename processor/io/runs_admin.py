@@ -195,9 +195,13 @@ def list_runs(
 
 
 def release_quarantine(conn: psycopg.Connection[Any], run_id: str) -> bool:
-    """Clear a run's quarantine flag (its row was repaired); False if it was not flagged."""
+    """Clear a run's quarantine flag (its row was repaired); False if it was not flagged. The
+    release moves the row's version, so that a flag decided on the row before it (a batch
+    still on its way) is not written again (io/store.py), and a commit computed from the row
+    before its repair conflicts instead of overwriting the repair."""
     cur = conn.execute(
-        "UPDATE eec_workflow_run SET quarantined_at = NULL, quarantine_reason = NULL"
+        "UPDATE eec_workflow_run SET quarantined_at = NULL, quarantine_reason = NULL,"
+        " db_record_version = db_record_version + 1"
         " WHERE run_id = %s AND quarantined_at IS NOT NULL",
         (run_id,),
     )

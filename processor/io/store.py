@@ -87,7 +87,9 @@ _INPUT_LOAD_BYTES = 2 * MAX_INLINE_DATA_BYTES
 # (Joining the CTE instead made Postgres compare each updated row with every locked one:
 # quadratic in the batch, 80 % of the statement's time at 500 rows.) The runs skipped are
 # listed only when there are any (a one-time filter on the count). The locks last only for
-# this one statement: nothing is held between the load and the commit.
+# this one statement: nothing is held between the load and the commit. A run that commits a
+# transition is usable, whatever a quarantine flag said of it (it was repaired without
+# `ductor runs release`): the commit clears the flag, so the sweeps enforce its deadlines.
 _COMMIT_SQL = """
 WITH ordered AS MATERIALIZED (
     SELECT run_id FROM eec_workflow_run
@@ -104,6 +106,8 @@ UPDATE eec_workflow_run AS r
        next_wakeup_at = to_timestamp(c.next_wakeup_ms / 1000.0),
        updated_at = now(),
        last_transition_at = now(),
+       quarantined_at = NULL,
+       quarantine_reason = NULL,
        output = CASE WHEN c.output IS NULL THEN r.output ELSE (
            SELECT CASE WHEN (c.output ->> 'single')::boolean THEN (array_agg(s.output))[1]
                        ELSE jsonb_object_agg(o.key, s.output) END
@@ -172,11 +176,14 @@ UPDATE eec_workflow_run
 
 # Only the flag and its reason: the run's state, version and checksum stay as they were (the
 # row is written by committed ticks only), so nothing here can race a commit.
+# A flag is written only on the row as it was loaded (its version): `ductor runs release` moves
+# the version, so a flag decided before a release, still on its way, cannot undo it.
 _QUARANTINE_SQL = """
 UPDATE eec_workflow_run r
    SET quarantined_at = now(), quarantine_reason = q.why
-  FROM jsonb_to_recordset(%(flagged)s::jsonb) AS q(run_id text, why text)
+  FROM jsonb_to_recordset(%(flagged)s::jsonb) AS q(run_id text, why text, version bigint)
  WHERE r.run_id = q.run_id AND r.quarantined_at IS NULL
+   AND (q.version IS NULL OR r.db_record_version = q.version)
    AND r.run_id = ANY(ARRAY(SELECT jsonb_array_elements(%(flagged)s::jsonb) ->> 'run_id'))
 RETURNING r.run_id
 """
@@ -233,14 +240,16 @@ def load_runs(
         try:
             wf = definitions.get(conn, (wf_name, wf_version))
         except UnknownWorkflow as exc:
-            loaded[run_id] = exc
+            loaded[run_id] = UnknownWorkflow(str(exc), version)
             continue
         try:
             state = state_from_row(status, nodes, seq, reason, wf)
         except (KeyError, ValueError, TypeError) as exc:
             # Only an outside writer can leave a row we cannot read: report it like a checksum
             # mismatch rather than let one row stop the batch.
-            loaded[run_id] = UnreadableRun(f"run {run_id!r}: node_states cannot be read: {exc!r}")
+            loaded[run_id] = UnreadableRun(
+                f"run {run_id!r}: node_states cannot be read: {exc!r}", version
+            )
             continue
         results = tuple(
             StepResult(r[0], r[1], StepOutcome(r[2]), r[3], r[4]) for r in (raw_results or ())
@@ -409,11 +418,24 @@ def force_fail_write(
     return cur.rowcount == 1
 
 
-def quarantine_runs(conn: psycopg.Connection[Any], runs: Sequence[tuple[str, str]]) -> set[str]:
-    """Flag runs whose rows cannot be used, with why (``(run_id, why)``), so the sweeps skip
-    them; returns the ones newly flagged (a run flagged already keeps its first reason)."""
+class QuarantineFlag(NamedTuple):
+    """A run to flag, why, and the version its row had when that was found (None: unknown,
+    the run made a statement fail)."""
+
+    run_id: str
+    why: str
+    version: int | None
+
+
+def quarantine_runs(conn: psycopg.Connection[Any], runs: Sequence[QuarantineFlag]) -> set[str]:
+    """Flag runs whose rows cannot be used, with why, so the sweeps skip them, if their row
+    is still at the version it was found at; returns the ones newly flagged (a run flagged
+    already keeps its first reason)."""
     flagged = orjson.dumps(
-        [{"run_id": run_id, "why": why[:_QUARANTINE_WHY_CHARS]} for run_id, why in runs]
+        [
+            {"run_id": run_id, "why": why[:_QUARANTINE_WHY_CHARS], "version": version}
+            for run_id, why, version in runs
+        ]
     ).decode()
     rows = conn.execute(_QUARANTINE_SQL, {"flagged": flagged}).fetchall()
     return {r[0] for r in rows}

@@ -5,29 +5,39 @@ partitions) this instance owns. Quarantined runs are left out of both.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from typing import Any
 
 import psycopg
 
+from processor.io.db_errors import Fault, classify
+from processor.io.logs import first_line
+
+log = logging.getLogger("ductor.watchdog")
+
 # A run is re-woken once it is overdue by more than the grace, and again only once it has
 # been overdue since the previous re-wake for longer than it was then (a run in a backlog is
 # re-woken after 2, 4, 8 ... times the grace, not on every sweep). The rows are taken without
 # waiting for one another transaction holds (SKIP LOCKED), and marked in the same statement.
-_REWAKE_DUE_SQL = """
+_DUE_SQL = """
+SELECT run_id FROM eec_workflow_run
+ WHERE status IN ('pending', 'running') AND quarantined_at IS NULL
+   AND next_wakeup_at < now() - make_interval(secs => %(grace_s)s)
+   AND (rewoken_at IS NULL
+        OR now() - rewoken_at > greatest(make_interval(secs => %(grace_s)s),
+                                         rewoken_at - next_wakeup_at))
+   AND shard %% %(modulus)s = ANY(%(shards)s)
+ ORDER BY next_wakeup_at LIMIT %(limit)s
+   FOR NO KEY UPDATE SKIP LOCKED
+"""
+_REWAKE_DUE_SQL = f"""
 UPDATE eec_workflow_run r SET rewoken_at = now()
-  FROM (SELECT run_id FROM eec_workflow_run
-         WHERE status IN ('pending', 'running') AND quarantined_at IS NULL
-           AND next_wakeup_at < now() - make_interval(secs => %(grace_s)s)
-           AND (rewoken_at IS NULL
-                OR now() - rewoken_at > greatest(make_interval(secs => %(grace_s)s),
-                                                 rewoken_at - next_wakeup_at))
-           AND shard %% %(modulus)s = ANY(%(shards)s)
-         ORDER BY next_wakeup_at LIMIT %(limit)s
-           FOR NO KEY UPDATE SKIP LOCKED) due
+  FROM ({_DUE_SQL}) due
  WHERE r.run_id = due.run_id
 RETURNING r.run_id, r.tier
 """
+_MARK_SQL = "UPDATE eec_workflow_run SET rewoken_at = now() WHERE run_id = %s RETURNING tier"
 
 
 def rewake_due(
@@ -35,18 +45,36 @@ def rewake_due(
 ) -> list[tuple[str, str]]:
     """Live runs of the given shards whose next wakeup is overdue by more than the grace and
     that were not re-woken lately, marked re-woken now; each with its tier (quarantined runs
-    are left out: re-waking them would only dead-letter the wakeup)."""
+    are left out: re-waking them would only dead-letter the wakeup). Should one row make the
+    marking fail (a row the commit path dead-letters as poison), the runs are marked one by
+    one and that one is left out: one bad row never stops the sweep of the others."""
     params = {"grace_s": grace_s, "modulus": modulus, "shards": list(shards), "limit": limit}
-    return [(r[0], r[1]) for r in conn.execute(_REWAKE_DUE_SQL, params).fetchall()]
+    try:
+        return [(r[0], r[1]) for r in conn.execute(_REWAKE_DUE_SQL, params).fetchall()]
+    except psycopg.Error as exc:
+        if classify(exc) is not Fault.ROW:
+            raise
+    due = [r[0] for r in conn.execute(_DUE_SQL, params).fetchall()]
+    return [(run_id, tier) for run_id, tier in mark_rewoken(conn, due)]
 
 
-def mark_rewoken(conn: psycopg.Connection[Any], run_ids: Sequence[str]) -> None:
-    """Runs the stuck sweep woke instead of failing: spaced like the overdue ones."""
-    if run_ids:
-        conn.execute(
-            "UPDATE eec_workflow_run SET rewoken_at = now() WHERE run_id = ANY(%s)",
-            (list(run_ids),),
-        )
+def mark_rewoken(conn: psycopg.Connection[Any], run_ids: Sequence[str]) -> list[tuple[str, str]]:
+    """Mark runs re-woken now, one by one (the stuck sweep's, and the overdue sweep's after a
+    row refused its batch): each with its tier; a run whose row refuses it is left out."""
+    marked: list[tuple[str, str]] = []
+    for run_id in run_ids:
+        try:
+            row = conn.execute(_MARK_SQL, (run_id,)).fetchone()
+        except psycopg.Error as exc:
+            if classify(exc) is not Fault.ROW:
+                raise
+            log.warning(
+                "run %s: not re-woken: %s", run_id, first_line(exc), extra={"run_id": run_id}
+            )
+            continue
+        if row is not None:
+            marked.append((run_id, row[0]))
+    return marked
 
 
 def sweep_stuck(

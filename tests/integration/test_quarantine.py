@@ -13,10 +13,13 @@ import orjson
 import psycopg
 import pytest
 
+from processor.client import wake
+from processor.core.model import LoadedRun
 from processor.core.workflow import parse_workflow
 from processor.io.config import Settings
 from processor.io.dlq import DeadLetter, read_dead_letters
-from processor.io.runs_admin import insert_runs, register_workflow
+from processor.io.runs_admin import insert_runs, register_workflow, release_quarantine
+from processor.io.store import Definitions, QuarantineFlag, load_runs, quarantine_runs
 
 from .conftest import (
     ProcessorThread,
@@ -163,3 +166,43 @@ def test_bad_rows_are_quarantined_once_and_released_after_repair(
         assert tampered[1] in _quarantined(pg, [tampered[1]])
     finally:
         worker.stop()
+
+
+def test_a_quarantined_run_that_commits_again_is_unflagged(
+    settings: Settings, pg: psycopg.Connection[Any], processor_thread: Any
+) -> None:
+    """A run flagged, then repaired without `ductor runs release`, and woken: its first
+    commit clears the flag, so the sweeps see it (and enforce its deadlines) again."""
+    run_id = f"repaired-{uuid.uuid4().hex[:6]}"
+    insert_runs(pg, sample_workflow(), [(run_id, {})], "t1")
+    pg.execute(
+        "UPDATE eec_workflow_run SET quarantined_at = now(), quarantine_reason = 'repaired since'"
+        " WHERE run_id = %s",
+        (run_id,),
+    )
+    processor_thread(settings)
+    worker = WorkerThread(settings)
+    try:
+        wake(settings, [run_id], "t1", "replay")
+        wait_for(lambda: count_terminal(pg, [run_id]) == 1, 60, "the run to end")
+    finally:
+        worker.stop()
+    assert run_statuses(pg, [run_id]) == {run_id: "succeeded"}
+    assert _quarantined(pg, [run_id]) == {}
+
+
+def test_a_release_is_not_undone_by_a_flag_decided_before_it(
+    settings: Settings, pg: psycopg.Connection[Any]
+) -> None:
+    """Two batches found the same bad row; the first flagged it, an operator repaired and
+    released it, and then the second batch's flag (decided on the row as it was before the
+    release) arrives: it is not written."""
+    run_id = f"released-{uuid.uuid4().hex[:6]}"
+    insert_runs(pg, sample_workflow(), [(run_id, {})], "t1")
+    found = load_runs(pg, Definitions(), [run_id])[run_id]
+    assert isinstance(found, LoadedRun)
+    flag = QuarantineFlag(run_id, "checksum_mismatch: changed out of band", found.version)
+    assert quarantine_runs(pg, [flag]) == {run_id}
+    assert release_quarantine(pg, run_id)
+    assert quarantine_runs(pg, [flag]) == set()  # the second batch's, late
+    assert _quarantined(pg, [run_id]) == {}
