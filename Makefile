@@ -22,16 +22,19 @@ venv: $(STAMP) ## create .venv and install the package with its dev tools (cache
 # kcat (Debian's package is still called kafkacat; it installs /usr/bin/kcat): a Kafka client
 # that is not ours, used by the tests to write records the way an outside producer would.
 # Kafka's own console producer is not an option: it lives in kafka-tools, which .infra lacks.
+TOOLS := kcat:kafkacat
 tools: ## client tools the tests use (kcat), installed with apt-get when missing
-	@command -v kcat >/dev/null || command -v kafkacat >/dev/null || { \
+	@for tool in $(TOOLS); do \
+	  command=$${tool%%:*}; package=$${tool##*:}; \
+	  command -v $$command >/dev/null || command -v $$package >/dev/null && continue; \
 	  if [ "$$(id -u)" != 0 ] || ! command -v apt-get >/dev/null; then \
-	    echo "kcat is missing: install Debian's kafkacat package (apt-get install kafkacat)" >&2; \
+	    echo "$$command is missing: install Debian's $$package package (apt-get install $$package)" >&2; \
 	    exit 1; \
 	  fi; \
-	  echo "installing kafkacat with apt-get" >&2; \
-	  apt-get install -y -q kafkacat >/dev/null 2>&1 \
-	    || { apt-get update -q && apt-get install -y -q kafkacat; }; \
-	}
+	  echo "installing $$package with apt-get" >&2; \
+	  apt-get install -y -q $$package >/dev/null 2>&1 \
+	    || { apt-get update -q && apt-get install -y -q $$package; } || exit 1; \
+	done
 
 up: venv ## start local Kafka and Postgres (installs them the first time; idempotent)
 	$(PY) infra/local.py up

@@ -309,7 +309,15 @@ def retry_run(settings: Settings, run_id: str) -> RetriedRun:
             resumed = resume_failed(run.state)
             wakeup = Wakeup(run_id=run_id, reason="replay", produced_at=int(time.time() * 1000))
             send = Send(topics.wakeup(run.tier), wakeup.key(), wakeup.encode(), by_run=run_id)
-            if commit_batch(conn, [Commit(run_id, run.version, resumed, (send,))]).committed:
+            # The commit skips a row another transaction holds; an operator's command waits
+            # for it instead (the row lock taken first, in the same transaction).
+            with conn.transaction():
+                conn.execute(
+                    "SELECT 1 FROM eec_workflow_run WHERE run_id = %s FOR NO KEY UPDATE",
+                    (run_id,),
+                )
+                answer = commit_batch(conn, [Commit(run_id, run.version, resumed, (send,))])
+            if answer.committed:
                 break
         else:
             raise ClientError(

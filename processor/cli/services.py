@@ -11,7 +11,7 @@ import psycopg
 
 from processor.cli.common import EXIT_OK, EXIT_USAGE, CliError, stop_on_signals
 from processor.client import ClientError, connect
-from processor.engine.faults import Faults, Point
+from processor.engine.faults import Faults, Point, skew_wall_clock
 from processor.engine.processor import Processor
 from processor.io.config import ConfigError, Settings
 from processor.io.kafka import KafkaAuthError, check_authentication
@@ -51,6 +51,7 @@ def cmd_process(settings: Settings, args: argparse.Namespace) -> int:
         faults = Faults.from_spec(settings.test_faults)
     except ValueError as exc:
         raise ConfigError(f"DUCTOR_TEST_FAULTS: {exc}") from None
+    skew_wall_clock(settings.test_clock_ahead_ms)
     requested = threading.Event()
     stop_on_signals(requested.set)  # a SIGTERM while starting is kept, not a hard kill
     faults.hit(Point.STARTING)
@@ -70,6 +71,7 @@ def cmd_worker(settings: Settings, args: argparse.Namespace) -> int:
         registry = registry_for(args.app)
     except AppError as exc:
         raise CliError(str(exc), EXIT_USAGE) from None
+    skew_wall_clock(settings.test_clock_ahead_ms)
     requested = threading.Event()
     stop_on_signals(requested.set)  # a SIGTERM while starting is kept, not a hard kill
     _check_kafka_credentials(settings)

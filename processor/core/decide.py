@@ -224,14 +224,15 @@ _LOCKED_FIRST_RETRY_S = 0.01
 
 
 def _after_lock(item: BatchItem, run: LoadedRun, now_ms: int, rules: Rules) -> Plan:
-    """Another transaction held the run's row, so the commit skipped it. If the run's version
-    moved since the previous attempt loaded it, whoever holds it is writing it: that is a
-    lost race like any other (a conflict, which the livelock guard counts). Otherwise the row
-    is only held (an operator's lock, a repair script): try again after a backoff that doubles
-    while it is (10 ms, 20 ms ... 5 s: another instance's commit holds a row for
-    milliseconds, an operator's lock for minutes), from fresh state, its conflict attempts
-    untouched; never a force-fail, never a quarantine."""
-    if item.prior_version is not None and item.prior_version != run.version:
+    """Another transaction held the run's row, so the commit skipped it. If the work already
+    lost a race, or the run's version moved since its previous attempt loaded it, whoever
+    holds the row is writing it: a lost race like any other (a conflict, which the livelock
+    guard counts). Otherwise the row is only held (an operator's lock, a repair script): try
+    again after a backoff that doubles while it is (10 ms, 20 ms ... 5 s: another instance's
+    commit holds a row for milliseconds, an operator's lock for minutes), from fresh state,
+    its conflict attempts untouched; never a force-fail, never a quarantine."""
+    moved = item.prior_version is not None and item.prior_version != run.version
+    if item.attempts or moved:
         return _after_conflict(item, run, now_ms, rules)
     retry_in_ms = int(retry_delay_s(item.locked, first_s=_LOCKED_FIRST_RETRY_S) * 1000)
     return Plan(

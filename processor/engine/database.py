@@ -40,6 +40,10 @@ class Database:
     def load(self, run_ids: Sequence[str]) -> dict[str, Loaded]:
         return store.load_runs(self.conn, self._definitions, run_ids)
 
+    def load_at(self, run_ids: Sequence[str]) -> tuple[dict[str, Loaded], int]:
+        """The runs, and Postgres's time of the load (epoch ms)."""
+        return store.load_runs_at(self.conn, self._definitions, run_ids)
+
     def commit(
         self, commits: Sequence[Commit], acknowledged: Sequence[tuple[str, int]]
     ) -> store.CommitAnswer:

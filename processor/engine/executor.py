@@ -57,6 +57,7 @@ from processor.engine.database import Database
 from processor.engine.faults import NO_FAULTS, Faults
 from processor.engine.ledger import Ledger
 from processor.engine.stage import DatabaseStage, InFlight, StageResult
+from processor.io.db_clock import DatabaseClock
 from processor.io.db_errors import TRANSIENT, classify
 from processor.io.delivery import Delivery
 from processor.io.kafka import Outbox, choose_partition
@@ -127,8 +128,13 @@ class Executor:
         monotonic: Callable[[], float] = time.monotonic,
         faults: Faults = NO_FAULTS,
         postgres: Outage | None = None,
+        clock: DatabaseClock | None = None,
     ) -> None:
-        self._stage_runner = DatabaseStage(database, rules, wall_ms, faults)
+        # The batch's ticks judge time by Postgres's clock; the rest by this process's,
+        # corrected by its offset from Postgres (io/db_clock.py).
+        clock = clock or DatabaseClock(wall_ms)
+        wall_ms = clock.now_ms
+        self._stage_runner = DatabaseStage(database, rules, clock, faults)
         self._outbox = outbox
         self._partitions = partitions  # filled by the processor once the topics are known
         self._rules = rules

@@ -12,10 +12,14 @@ here, so a test cannot arm a point that does not exist.
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
+import time
 from collections.abc import Callable, Mapping
 from enum import StrEnum
+
+log = logging.getLogger("ductor.faults")
 
 
 class Point(StrEnum):
@@ -83,3 +87,17 @@ class _SignalOnHit:
 
 
 NO_FAULTS = Faults()
+
+
+def skew_wall_clock(ahead_ms: int) -> None:
+    """Make this process's wall clock (``time.time``, ``time.time_ns``) run ``ahead_ms``
+    ahead, as a machine whose clock drifted would (``DUCTOR_TEST_CLOCK_AHEAD_MS``, the
+    clock-skew test). In the process, not with libfaketime: under libfaketime every timed
+    wait of librdkafka (absolute CLOCK_REALTIME deadlines) lasts the offset longer, so a
+    0.5 s poll took 8 s, then 24.5 s, with the clock 8 s ahead."""
+    if not ahead_ms:
+        return
+    real_time, real_time_ns = time.time, time.time_ns
+    time.time = lambda: real_time() + ahead_ms / 1000
+    time.time_ns = lambda: real_time_ns() + ahead_ms * 1_000_000
+    log.warning("TEST ONLY: this process's wall clock runs %d ms ahead", ahead_ms)

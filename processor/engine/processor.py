@@ -36,6 +36,7 @@ from processor.engine.health import HealthServer, Probe, is_ready
 from processor.engine.lag import LagMeter
 from processor.engine.watchdog import Shards, SweepSettings, Watchdog
 from processor.io.config import Settings
+from processor.io.db_clock import DatabaseClock
 from processor.io.instances import Presence, heartbeat_interval_s
 from processor.io.kafka import (
     Outbox,
@@ -94,12 +95,16 @@ class Processor:
         self.rules = Rules(self.names, settings.livelock_requeues, producer_max_bytes(settings))
         # This instance in the registry: the outbox rows it commits are its own, relayed by
         # others only once it is gone.
+        # Every time-based decision reads Postgres's clock (io/db_clock.py): each load and
+        # each heartbeat measure this process's offset from it.
+        self.clock = DatabaseClock()
         self.presence = Presence(
             settings.pg_dsn,
             self.instance_id,
             "processor",
             heartbeat_interval_s(settings.instance_timeout_s),
             settings.instance_timeout_s,
+            self.clock,
         )
         self.executor = Executor(
             database=Database(settings.pg_dsn, self.instance_id),
@@ -112,6 +117,7 @@ class Processor:
             telemetry=self.telemetry,
             faults=faults,
             postgres=self.postgres,
+            clock=self.clock,
         )
         self.watchdog = Watchdog(
             database=Database(settings.pg_dsn),
@@ -127,6 +133,7 @@ class Processor:
                 settings.sweep_limit,
                 settings.relay_after_s,
             ),
+            wall_ms=self.clock.now_ms,
             faults=faults,
         )
         self._consumer = Consumer(consumer_config(settings, self.instance_id))
@@ -301,7 +308,7 @@ class Processor:
         tp = (topic, partition)
         if self.flow.waits_for_due_head(tp):
             return  # prefetched behind a not-due head: it will be read again after the resume
-        now_ms = int(time.time() * 1000)
+        now_ms = self.clock.now_ms()
         verdict = admit(message, self.names, self.settings.max_record_bytes, now_ms)
         if isinstance(verdict, NotDue):
             self.flow.hold_until_due(tp, verdict.record.offset, time.monotonic(), verdict.wait_ms)

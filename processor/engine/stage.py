@@ -34,6 +34,7 @@ from processor.core.decide import (
 )
 from processor.engine.database import Database
 from processor.engine.faults import NO_FAULTS, Faults, Point
+from processor.io.db_clock import DatabaseClock
 from processor.io.db_errors import Fault, classify, outcome_unknown
 from processor.io.store import CommitAnswer, QuarantineFlag
 from processor.io.telemetry import now_ns
@@ -66,12 +67,12 @@ class DatabaseStage:
         self,
         database: Database,
         rules: Rules,
-        wall_ms: Callable[[], int],
+        clock: DatabaseClock,
         faults: Faults = NO_FAULTS,
     ) -> None:
         self._db = database
         self._rules = rules
-        self._wall_ms = wall_ms
+        self._clock = clock
         self._faults = faults
         self._thread = StageThread()
 
@@ -153,9 +154,10 @@ class DatabaseStage:
     ) -> None:
         started = time.perf_counter()
         run_ids = [item.run_id for item in items]
-        # 1. Load.
-        loaded = self._db.load(run_ids)
-        now_ms = self._wall_ms()
+        # 1. Load, at Postgres's time: the batch is judged by it (io/db_clock.py).
+        sent_ms = self._clock.local_ms()
+        loaded, now_ms = self._db.load_at(run_ids)
+        self._clock.observe(now_ms, sent_ms)
         # 2. Tick.
         commits = tick_batch(loaded, now_ms, self._rules.names)
         result.tick_ended_ns, result.tick_ms = now_ns(), (time.perf_counter() - started) * 1000

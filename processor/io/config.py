@@ -84,6 +84,9 @@ class Settings:
     health_stall_s: float = 30.0
     # Tests only: fault-injection points to arm (see engine/faults.py). Empty in production.
     test_faults: str = ""
+    # Tests only: this process's wall clock runs this far ahead (negative: behind), as a
+    # machine whose clock drifted would (engine/faults.py, ``skew_wall_clock``). 0 in production.
+    test_clock_ahead_ms: int = 0
     kafka_extra: Mapping[str, str] = field(default_factory=dict)
 
     @property
@@ -278,6 +281,7 @@ _FIELDS: tuple[tuple[str, Callable[[str, str], object]], ...] = (
     ("http_host", _parse_host),
     ("health_stall_s", _float_min(0.1)),
     ("test_faults", _parse_faults),
+    ("test_clock_ahead_ms", _int_in(-86_400_000, 86_400_000)),
 )
 
 

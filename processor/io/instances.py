@@ -25,6 +25,7 @@ from typing import Any
 import psycopg
 
 from processor.io.connections import connect
+from processor.io.db_clock import DatabaseClock
 from processor.io.logs import first_line
 
 log = logging.getLogger("ductor.instances")
@@ -52,20 +53,27 @@ def alive(column: str) -> str:
 _UPSERT = """
 INSERT INTO eec_instance (instance_id, kind, host, pid) VALUES (%s, %s, %s, %s)
     ON CONFLICT (instance_id) DO UPDATE SET heartbeat_at = now()
+RETURNING (extract(epoch FROM now()) * 1000)::bigint
 """
 
 
-def register(conn: psycopg.Connection[Any], instance_id: str, kind: str) -> None:
-    """Announce an instance (and forget instances gone for a day)."""
-    heartbeat(conn, instance_id, kind)
+def register(conn: psycopg.Connection[Any], instance_id: str, kind: str) -> int:
+    """Announce an instance (and forget instances gone for a day); Postgres's time (epoch ms)."""
+    database_ms = heartbeat(conn, instance_id, kind)
     conn.execute(
         "DELETE FROM eec_instance WHERE heartbeat_at < now() - %s::interval", (_FORGET_AFTER,)
     )
+    return database_ms
 
 
-def heartbeat(conn: psycopg.Connection[Any], instance_id: str, kind: str) -> None:
-    """The instance is alive (registered again, should its row have been forgotten)."""
-    conn.execute(_UPSERT, (instance_id, kind, socket.gethostname()[:200], os.getpid()))
+def heartbeat(conn: psycopg.Connection[Any], instance_id: str, kind: str) -> int:
+    """The instance is alive (registered again, should its row have been forgotten);
+    returns Postgres's time of the heartbeat (epoch ms)."""
+    row = conn.execute(
+        _UPSERT, (instance_id, kind, socket.gethostname()[:200], os.getpid())
+    ).fetchone()
+    assert row is not None
+    return int(row[0])
 
 
 def stopped(conn: psycopg.Connection[Any], instance_id: str) -> None:
@@ -104,9 +112,16 @@ class Presence:
     ``gone_after_s``)."""
 
     def __init__(
-        self, dsn: str, instance_id: str, kind: str, interval_s: float, gone_after_s: float
+        self,
+        dsn: str,
+        instance_id: str,
+        kind: str,
+        interval_s: float,
+        gone_after_s: float,
+        clock: DatabaseClock | None = None,
     ) -> None:
         self.instance_id = instance_id
+        self._clock = clock or DatabaseClock()  # each heartbeat measures its offset
         self.gone_after_s = gone_after_s
         self._dsn = dsn
         self._kind = kind
@@ -121,7 +136,8 @@ class Presence:
         """Register before anything else happens (raises psycopg.Error: a worker that cannot
         reach its database at start is misconfigured)."""
         self._conn = connect(self._dsn)
-        register(self._conn, self.instance_id, self._kind)
+        sent_ms = self._clock.local_ms()
+        self._clock.observe(register(self._conn, self.instance_id, self._kind), sent_ms)
         self._registered.set()
 
     def start(self) -> Presence:
@@ -153,11 +169,13 @@ class Presence:
             try:
                 if self._conn is None:
                     self._conn = connect(self._dsn)
+                sent_ms = self._clock.local_ms()
                 if self._registered.is_set():
-                    heartbeat(self._conn, self.instance_id, self._kind)
+                    database_ms = heartbeat(self._conn, self.instance_id, self._kind)
                 else:
-                    register(self._conn, self.instance_id, self._kind)
+                    database_ms = register(self._conn, self.instance_id, self._kind)
                     self._registered.set()
+                self._clock.observe(database_ms, sent_ms)
             except psycopg.Error as exc:
                 self._judge.failed()
                 log.debug("heartbeat of %s failed: %s", self.instance_id, first_line(exc))

@@ -38,8 +38,14 @@ BEGIN
   RETURN NEW;
 END $$ LANGUAGE plpgsql;
 DROP TRIGGER IF EXISTS test_run_audit_trg ON eec_workflow_run;
+-- Writes of a run's state only: a sweep's re-wake mark or a quarantine flag changes none of it
+-- (and `runs release` moves the version alone, so that decisions made before it are void).
 CREATE TRIGGER test_run_audit_trg AFTER UPDATE ON eec_workflow_run
-    FOR EACH ROW EXECUTE FUNCTION test_run_audit_fn();
+    FOR EACH ROW WHEN (OLD.last_transition_seq IS DISTINCT FROM NEW.last_transition_seq
+                       OR OLD.status IS DISTINCT FROM NEW.status
+                       OR OLD.node_states IS DISTINCT FROM NEW.node_states
+                       OR OLD.state_checksum IS DISTINCT FROM NEW.state_checksum)
+    EXECUTE FUNCTION test_run_audit_fn();
 """
 
 

@@ -25,6 +25,7 @@ import queue
 import time
 from collections import deque
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any, NamedTuple
 
 from confluent_kafka import (
@@ -43,6 +44,7 @@ from processor.core.records import normalise_headers
 from processor.core.routing import TopicNames
 from processor.core.step_task import decode_step_task
 from processor.io.config import Settings
+from processor.io.db_clock import DatabaseClock
 from processor.io.delivery import Delivery
 from processor.io.kafka import (
     Outbox,
@@ -112,8 +114,10 @@ class TaskFlow:
         too_many_abandoned: Callable[[], None],
         ready: Callable[[], bool],
         assigned: Callable[[], int],
+        clock: DatabaseClock | None = None,
     ) -> None:
         self.settings = settings
+        self._clock = clock or DatabaseClock()
         self.options = options
         self.registry = registry
         self.names = TopicNames(settings.topic_prefix)
@@ -217,6 +221,11 @@ class TaskFlow:
         except Exception as exc:  # a poison task must never stop the worker
             self._dead_letter(message, tp, offset, exc)
             return
+        offset_ms = self._clock.offset_ms
+        if offset_ms:
+            # The deadline is Postgres's time: from here on it is this process's (every
+            # check of it, the step's own ``ctx.deadline_ms``, compares with this clock).
+            step = replace(step, deadline_ms=step.deadline_ms - offset_ms)
         if self.book.holds(step.key):
             self._skipped_at_intake(tp, offset, "duplicate")  # the task in hand covers it
             return

@@ -26,6 +26,7 @@ from confluent_kafka import Producer
 
 from processor.core.routing import TopicNames
 from processor.io.config import Settings
+from processor.io.db_clock import DatabaseClock
 from processor.io.delivery import Delivery
 from processor.io.health_http import HealthServer
 from processor.io.instances import Presence, heartbeat_interval_s
@@ -79,12 +80,16 @@ class Worker:
         self._delivery = Delivery(self._outbox, self.stats.errors, outage=self.outages["kafka"])
         self.source = TaskSource(settings, client_id, self.stats.errors, self._releasing)
         answers: queue.SimpleQueue[Answer | _Ended] = queue.SimpleQueue()
+        # Deadlines are Postgres's time: each heartbeat measures this process's offset from
+        # it, and a task's deadline is taken in on this process's clock (io/db_clock.py).
+        self.clock = DatabaseClock()
         self.presence = Presence(
             settings.pg_dsn,
             client_id,
             "worker",
             heartbeat_interval_s(settings.instance_timeout_s),
             settings.instance_timeout_s,
+            self.clock,
         )
         self.db = WorkerDatabase(
             settings.pg_dsn,
@@ -109,6 +114,7 @@ class Worker:
             too_many_abandoned=self._too_many_abandoned,
             ready=self._is_ready,
             assigned=lambda: len(self.source.assigned),
+            clock=self.clock,
         )
         self._stop = threading.Event()
         self._stopping_since: float | None = None

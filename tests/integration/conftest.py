@@ -231,8 +231,10 @@ def spawn(tmp_path: Path) -> Iterator[Callable[..., Spawned]]:
     """Start `ductor` subprocesses; whatever is still running at the end is stopped."""
     started: list[Spawned] = []
 
-    def start(args: list[str], settings: Settings, name: str) -> Spawned:
-        child = Spawned(args, child_env(settings), tmp_path / f"{name}.log")
+    def start(
+        args: list[str], settings: Settings, name: str, env: dict[str, str] | None = None
+    ) -> Spawned:
+        child = Spawned(args, {**child_env(settings), **(env or {})}, tmp_path / f"{name}.log")
         started.append(child)
         return child
 
@@ -325,8 +327,8 @@ class WorkerThread:
 class OutsideWriter:
     """Keeps bumping a run's version the way a competing writer would, in transactions that
     hold the row lock. Two connections take turns, so the lock is never free: each of our
-    conditional UPDATEs queues behind one of them and then matches no row (deterministically,
-    not just most of the time)."""
+    commits finds the row held by a writer that moves it, or matches no row, and loses the
+    race (deterministically, not just most of the time)."""
 
     def __init__(self, dsn: str, run_id: str) -> None:
         self.writes = 0

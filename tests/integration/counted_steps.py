@@ -9,7 +9,8 @@ One step type, ``counted``, whose behaviour the run's input sets, per attempt:
 - ``sleep_ms``: how long it takes (default 0);
 - ``hang_on``: attempts that never return (a call that hangs);
 - ``crash_on``: attempts that kill their process with SIGKILL (a native crash, the OOM killer);
-- ``fail_on``: attempts that raise.
+- ``fail_on``: attempts that raise;
+- ``by_node``: the same keys for one step of the run (``{"by_node": {"slow": {...}}}``).
 """
 
 from __future__ import annotations
@@ -62,6 +63,7 @@ def counted(ctx: StepContext) -> Any:
         (ctx.run_id, ctx.node, ctx.attempt, os.getpid()),
     )
     spec = ctx.input if isinstance(ctx.input, dict) else {}
+    spec = {**spec, **spec.get("by_node", {}).get(ctx.node, {})}
     if ctx.attempt in spec.get("crash_on", ()):
         os.kill(os.getpid(), signal.SIGKILL)
     if ctx.attempt in spec.get("hang_on", ()):
