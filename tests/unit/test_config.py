@@ -353,6 +353,7 @@ def test_settings_env_round_trips_every_field_changed() -> None:
         "DUCTOR_HEALTH_STALL_S": "3",
         "DUCTOR_HTTP_HOST": "0.0.0.0",
         "DUCTOR_TEST_FAULTS": "after_commit=kill@2",
+        "DUCTOR_TEST_CLOCK_AHEAD_MS": "-1500",
         "DUCTOR_KAFKA_SECURITY_PROTOCOL": "SASL_SSL",
         "DUCTOR_KAFKA_SASL_PASSWORD": "hunter2",
     }
