@@ -74,7 +74,7 @@ class _Settling:
     """A work whose plan settles once ``outstanding`` records are acknowledged: its bound
     ``delivered`` is what each of them calls back (one object per plan, no closures)."""
 
-    __slots__ = ("_settled", "outboxed_seq", "outcome", "outstanding", "work")
+    __slots__ = ("_settled", "held", "outboxed_seq", "outcome", "outstanding", "work")
 
     def __init__(
         self,
@@ -89,6 +89,7 @@ class _Settling:
         self.outstanding = outstanding
         self.outboxed_seq = outboxed_seq
         self._settled = settled
+        self.held = 0  # records of the work counted as waiting for the broker meanwhile
 
     def delivered(self) -> None:
         self.outstanding -= 1
@@ -155,6 +156,9 @@ class Executor:
         self._acknowledged_since = 0.0
         self._delivery = Delivery(outbox, stats.errors, monotonic)
         self._unknown_streak = 0  # stages in a row whose commit lost its connection
+        # Records whose plans wait for the broker to acknowledge their effects (taken off the
+        # book, not done yet): while the broker is away they pile up here.
+        self.unacknowledged_records = 0
         self._refused_streak = 0  # stages in a row that failed on a transient fault
 
     def use_rules(self, rules: Rules) -> None:
@@ -180,6 +184,12 @@ class Executor:
         self.carry_out(work, plan)
 
     # -- the commit path ---------------------------------------------------------------------
+
+    @property
+    def waiting_records(self) -> int:
+        """Records taken in and not done: waiting for a tick (ready, backing off, retried
+        through an outage) or for the broker to acknowledge their effects."""
+        return self.book.records + self.unacknowledged_records
 
     @property
     def busy(self) -> bool:
@@ -301,8 +311,13 @@ class Executor:
             self._produce(settling, send)  # 4. produce; 5. acknowledged in _produce's callback
         if settling.outstanding == 0:
             self._settled(settling)
+        else:  # its records wait for the broker: they count against the intake's bound
+            settling.held = len(work.records)
+            self.unacknowledged_records += settling.held
 
     def _settled(self, settling: _Settling) -> None:
+        self.unacknowledged_records -= settling.held
+        settling.held = 0
         if settling.outboxed_seq is not None:
             self._acknowledge([(settling.work.run_id, settling.outboxed_seq)])
         self.finish(settling.work, settling.outcome)

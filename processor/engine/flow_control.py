@@ -67,9 +67,10 @@ class FlowControl:
 
     def apply_backpressure(self, backlog: dict[str, int], waiting: int, limit: int) -> None:
         """Bounded memory: a source whose local queue (``backlog``) passes ``limit`` records
-        is paused until it is down to half; every source also counts the runs ``waiting`` in
-        the executor's book (ready, backing off, retried through an outage), so a backlog the
-        database cannot drain stops consumption instead of filling the heap."""
+        is paused until it is down to half; every source also counts the records ``waiting``
+        in the executor (for a tick: ready, backing off, retried through an outage; or for
+        the broker to acknowledge their effects), so a backlog the database or the broker
+        cannot drain stops consumption instead of filling the heap."""
         for source, tps in self._by_source.items():
             size = backlog.get(source, 0)
             if size > limit or waiting > limit:

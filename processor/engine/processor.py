@@ -335,7 +335,7 @@ class Processor:
                 self.executor.add(record)
         backlog = {source: self.queues.size(source) for source in (*TIERS, "delay")}
         limit = self.settings.tier_buffer_limit
-        self.flow.apply_backpressure(backlog, self.executor.book.records, limit)
+        self.flow.apply_backpressure(backlog, self.executor.waiting_records, limit)
 
     def _store_offsets(self) -> None:
         store_offsets(self._consumer, self.tracker.committable(), self.flow.assigned)

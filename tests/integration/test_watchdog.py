@@ -202,6 +202,9 @@ def test_runs_whose_start_wakeup_never_reached_the_broker_are_started_by_the_swe
         worker.stop()
     assert run_statuses(pg, run_ids) == dict.fromkeys(run_ids, "succeeded")
     assert instance.processor.watchdog.rewoken >= 3
+    # Every effect acknowledged: nothing counts against the intake's bound any more.
+    executor = instance.processor.executor
+    wait_for(lambda: executor.waiting_records == 0, 10, "every effect to be acknowledged")
     for run_id in run_ids:  # started once: its first step dispatched once
         assert step_attempts(pg, run_id)["fetch"] == [(1, "succeeded")]
 

@@ -214,3 +214,17 @@ def test_a_deadlock_is_an_error_counted_and_logged_never_a_conflict(
     assert h.stats.errors == {"DeadlockDetected": 3} and h.stats.conflicts == 0
     assert h.executor.database_ok
     assert [r.levelname for r in caplog.records if "deadlock" in r.getMessage()] == ["ERROR"] * 3
+
+
+def test_records_waiting_for_the_broker_count_against_the_intake_bound(h: Harness) -> None:
+    """A committed tick whose effects the broker has not acknowledged (there is none here):
+    its record is off the book but not done, and the executor counts it as waiting until the
+    acknowledgement comes, so the intake pauses while the broker is away."""
+    work = _work(h, 4)
+    run = loaded("r")
+    commits = tick_batch({"r": run}, NOW_MS, NAMES)
+    plan = decide(item("r", work.records), run, commits["r"], True, NOW_MS, RULES)
+    assert plan.outcome is Outcome.COMMITTED and plan.sends
+    h.executor.carry_out(work, plan)
+    assert h.executor.book.records == 0 and h.executor.waiting_records == 1
+    assert h.tracker.committable() == {}
