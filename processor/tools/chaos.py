@@ -6,8 +6,10 @@ worker` subprocesses (both reaching Postgres through a proxy that can freeze it)
 while faults come one at a time, at random times: SIGKILLs of processors and of workers (each
 started again at once), processors armed to SIGKILL themselves right after a commit and
 before its effects are produced (``after_commit=kill@N``), the broker killed with SIGKILL and
-started again on its data, Postgres restarted in immediate mode, and Postgres frozen behind
-the proxy. Then every run must end.
+started again on its data, Postgres restarted in immediate mode, Postgres frozen behind
+the proxy, and a live run's row held FOR UPDATE by an outside transaction (an operator's open
+`psql`); a few runs are inserted without their start wakeup (lost starts) for the sweep to
+start. Then every run must end.
 
 Checked with the audit trail (processor/tools/audit.py) in the same database: every run
 succeeded (so none was force-failed as stuck or for livelock), no transition was applied
@@ -37,6 +39,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import orjson
+import psycopg
 from confluent_kafka.admin import AdminClient, ConfigResource  # type: ignore[attr-defined]
 
 from infra.local import StopMode
@@ -47,13 +50,22 @@ from processor.io.migrate import migrate
 from processor.io.runs_admin import (
     count_ended,
     delete_runs_with_prefix,
+    like_prefix,
     register_workflow,
 )
 from processor.io.topics import create_topics, delete_topics
 from processor.tools import audit, chaos_steps
 from processor.tools.chaos_fleet import PROCESSOR, WORKER, Arming, Fleet
 from processor.tools.chaos_load import Feeder
-from processor.tools.chaos_report import BROKER, FREEZE, POSTGRES, ChaosReport, Window, check
+from processor.tools.chaos_report import (
+    BROKER,
+    FREEZE,
+    LOCK,
+    POSTGRES,
+    ChaosReport,
+    Window,
+    check,
+)
 from processor.tools.local_infra import LocalInfra, NotLocalServices, local_services
 from processor.tools.proxy import TcpProxy
 
@@ -79,6 +91,8 @@ class ChaosPlan:
     broker_down_s: float = 5.0  # how long the killed broker stays down before its restart
     postgres_restarts: int = 1
     freeze_s: float = 30.0  # 0: no freeze
+    lock_s: float = 20.0  # a live run's row held FOR UPDATE from outside this long; 0: none
+    lost_starts: int = 30  # runs inserted without their start wakeup
     processors: int = 3
     workers: int = 2
     copies: int = 3  # deliveries of each start wakeup
@@ -99,6 +113,8 @@ SHORT = ChaosPlan(
     arming=Arming(budget=3),
     broker_down_s=2.0,
     freeze_s=5.0,
+    lock_s=5.0,
+    lost_starts=10,
     finish_timeout_s=90.0,
 )
 
@@ -115,6 +131,8 @@ def expected_s(kind: str, plan: ChaosPlan) -> float:
         return plan.broker_down_s + _BROKER_START_S
     if kind == POSTGRES:
         return _POSTGRES_RESTART_S
+    if kind == LOCK:
+        return plan.lock_s
     return plan.freeze_s if kind == FREEZE else 0.0
 
 
@@ -123,6 +141,7 @@ def schedule(plan: ChaosPlan, rng: random.Random) -> list[Fault]:
     broker...), and the kills at random times between them."""
     counts = {BROKER: plan.broker_restarts, POSTGRES: plan.postgres_restarts}
     counts[FREEZE] = 1 if plan.freeze_s > 0 else 0
+    counts[LOCK] = 1 if plan.lock_s > 0 else 0
     kinds: list[str] = []
     for turn in range(max(counts.values())):
         kinds += [kind for kind, n in counts.items() if turn < n]
@@ -198,6 +217,7 @@ class _Chaos:
             plan.duration_s * 0.8,
             plan.copies,
             random.Random(plan.seed + 1),
+            plan.lost_starts,
         )
         self.began = time.monotonic()
         self.fleet.start()
@@ -235,6 +255,7 @@ class _Chaos:
             elapsed_s=self._t(),
             ended_at=ended_at,
             problems=problems,
+            lost_starts=len(feeder.lost),
         )
 
     def _wait_until(self, at_s: float, feeder: Feeder) -> None:
@@ -252,6 +273,8 @@ class _Chaos:
         if fault.kind in (PROCESSOR, WORKER):
             self.fleet.sigkill(fault.kind)
             return 0.0
+        if fault.kind == LOCK:
+            return self._hold_a_row()
         with self.fleet.outage() as starting:
             if starting:
                 self.out(f"{self._t():6.1f} s  still starting before the outage: {starting}")
@@ -272,6 +295,25 @@ class _Chaos:
         end = time.time()
         self.windows.append(Window(fault.kind, "", start, end))
         self.out(f"{self._t():6.1f} s  {fault.kind} over after {end - start:.1f} s")
+        return end - start
+
+    def _hold_a_row(self) -> float:
+        """An operator's transaction on one live run (`SELECT ... FOR UPDATE`, left open for
+        ``lock_s``), straight to Postgres: that run waits, the others go on."""
+        with psycopg.connect(self.settings.pg_dsn) as conn:  # a transaction, not autocommit
+            row = conn.execute(
+                "SELECT run_id FROM eec_workflow_run WHERE run_id LIKE %s"
+                " AND status IN ('pending', 'running') ORDER BY random() LIMIT 1 FOR UPDATE",
+                (like_prefix(self.prefix),),
+            ).fetchone()
+            held = "" if row is None else str(row[0])
+            start = time.time()
+            self.out(f"{self._t():6.1f} s  outside lock: run {held or '(none live)'} held")
+            time.sleep(self.plan.lock_s)  # the lock's chosen length
+            conn.rollback()
+        end = time.time()
+        self.windows.append(Window(LOCK, held, start, end))
+        self.out(f"{self._t():6.1f} s  outside lock released after {end - start:.1f} s")
         return end - start
 
     def _wait_for_the_end(self, feeder: Feeder) -> float | None:
@@ -362,6 +404,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--broker-down", type=float, default=d.broker_down_s, help="seconds")
     p.add_argument("--postgres-restarts", type=int, default=d.postgres_restarts)
     p.add_argument("--freeze", type=float, default=d.freeze_s, help="seconds (0: none)")
+    p.add_argument(
+        "--lock", type=float, default=d.lock_s, help="seconds a run's row is held (0: none)"
+    )
+    p.add_argument(
+        "--lost-starts", type=int, default=d.lost_starts, help="runs started without a wakeup"
+    )
     p.add_argument("--processors", type=int, default=d.processors)
     p.add_argument("--workers", type=int, default=d.workers)
     p.add_argument(
@@ -390,6 +438,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         broker_down_s=args.broker_down,
         postgres_restarts=args.postgres_restarts,
         freeze_s=args.freeze,
+        lock_s=args.lock,
+        lost_starts=args.lost_starts,
         processors=args.processors,
         workers=args.workers,
         step_timeout_s=args.step_timeout,

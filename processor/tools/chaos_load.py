@@ -1,6 +1,7 @@
 """The chaos run's load: runs of one workflow started over a span of time, each start wakeup
 produced several times onto random partitions (as producers that do not co-partition would),
-so several processors tick the same run at once and race for it.
+so several processors tick the same run at once and race for it; a few runs are inserted
+without their start wakeup (lost starts), for the sweep to start.
 
 The feeder talks to the services directly, never through the chaos run's proxy: it is the
 outside client, and it rides through the outages itself (inserts are retried on a new
@@ -44,8 +45,12 @@ class Feeder:
         over_s: float,
         copies: int,
         rng: random.Random,
+        lost_starts: int = 0,
     ) -> None:
         self._settings = settings
+        # Runs inserted whose start wakeup is never produced, as by a client that died (or
+        # lost the broker) between the two: the processors' overdue sweep must start them.
+        self.lost = set(rng.sample(list(run_ids), min(lost_starts, len(run_ids))))
         self._wf = wf
         self._run_ids = list(run_ids)
         self._over_s = over_s
@@ -63,7 +68,7 @@ class Feeder:
 
     @property
     def expected(self) -> int:
-        return len(self._run_ids) * self._copies
+        return (len(self._run_ids) - len(self.lost)) * self._copies
 
     def start(self) -> None:
         self._thread.start()
@@ -93,6 +98,8 @@ class Feeder:
                 if not self._insert(batch):
                     return
                 for run_id in batch:
+                    if run_id in self.lost:
+                        continue
                     wakeup = Wakeup(run_id, "start", produced_at=int(time.time() * 1000))
                     for _ in range(self._copies):
                         partition = self._rng.randrange(partitions)

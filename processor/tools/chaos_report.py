@@ -8,10 +8,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+import psycopg
+
 from processor.core.workflow import WorkflowDef
 from processor.io.connections import connect_durable
 from processor.io.runs_admin import (
     count_outbox_with_prefix,
+    like_prefix,
     live_runs_with_prefix,
     outcomes_with_prefix,
 )
@@ -27,6 +30,7 @@ from processor.tools.chaos_fleet import (
 )
 
 BROKER, POSTGRES, FREEZE = "broker restart", "postgres restart", "postgres freeze"
+LOCK = "outside lock"  # a run's row held FOR UPDATE by a transaction not ours
 _KILL_KINDS = (KILL_PROCESSOR, KILL_WORKER, KILL_AFTER_COMMIT)
 # Faults that can make a step attempt time out for real: its task cannot be run, or its
 # result cannot be recorded, before the deadline. While Postgres is frozen nothing records a
@@ -42,8 +46,8 @@ _REAL_CAUSES = (FREEZE, BROKER, KILL_WORKER)
 class Window:
     """A fault as it happened: a kill (start == end) or an outage, in wall-clock seconds."""
 
-    kind: str  # BROKER, POSTGRES, FREEZE or one of the kill kinds of chaos_fleet
-    what: str  # the process killed ("" for an outage)
+    kind: str  # BROKER, POSTGRES, FREEZE, LOCK or one of the kill kinds of chaos_fleet
+    what: str  # the process killed, the run held ("" for an outage)
     start: float
     end: float
 
@@ -98,13 +102,17 @@ class ChaosReport:
     # _REAL_CAUSES; "no such fault" is a problem).
     timeout_causes: Counter[str]
     problems: list[str]
+    lost_starts: int = 0  # runs inserted without a start wakeup: the sweep started them
+    ended_while_locked: int = 0  # runs that ended while a row was held from outside
 
     @property
     def ok(self) -> bool:
         return not self.problems
 
     def lines(self) -> list[str]:
-        outages = {k: [w for w in self.windows if w.kind == k] for k in (BROKER, POSTGRES, FREEZE)}
+        outages = {
+            k: [w for w in self.windows if w.kind == k] for k in (BROKER, POSTGRES, FREEZE, LOCK)
+        }
         t = self.totals
         kills = ", ".join(f"{self.kills[k]} {k}" for k in _KILL_KINDS)
         finished = (
@@ -132,6 +140,21 @@ class ChaosReport:
             ("broker", _outage(outages[BROKER], "SIGKILL and restart on its data")),
             ("postgres", _outage(outages[POSTGRES], "immediate restart")),
             ("freeze", _outage(outages[FREEZE], "frozen behind the proxy")),
+            (
+                "outside lock",
+                _outage(outages[LOCK], "a live run's row held FOR UPDATE")
+                + (
+                    f"; {self.ended_while_locked} other runs ended meanwhile"
+                    if outages[LOCK]
+                    else ""
+                ),
+            ),
+            (
+                "lost starts",
+                f"{self.lost_starts} runs inserted without their start wakeup, started by the sweep"
+                if self.lost_starts
+                else "none",
+            ),
             ("duration", f"{self.elapsed_s:.0f} s; every run ended {finished}"),
             ("outcomes", outcomes or "none"),
             (
@@ -213,6 +236,7 @@ def check(
     elapsed_s: float,
     ended_at: float | None,
     problems: list[str],
+    lost_starts: int = 0,
 ) -> ChaosReport:
     """Every check of the run, with its figures; failed checks are added to ``problems``."""
     writes: int | None = None
@@ -227,6 +251,9 @@ def check(
         timeouts = audit.timed_out_attempts(conn, prefix)
         outbox = count_outbox_with_prefix(conn, prefix)
         executions = chaos_steps.executions(conn, prefix)
+        ended_while_locked = sum(
+            ended_between(conn, prefix, w.start, w.end, w.what) for w in windows if w.kind == LOCK
+        )
 
     wrong = {k: n for k, n in outcomes.items() if k != ("succeeded", None)}
     if wrong or sum(outcomes.values()) != len(run_ids):
@@ -291,4 +318,19 @@ def check(
         extra_executions=sum(n - 1 for n in executions.values()),
         timeout_causes=causes,
         problems=problems,
+        lost_starts=lost_starts,
+        ended_while_locked=ended_while_locked,
     )
+
+
+def ended_between(
+    conn: psycopg.Connection[Any], prefix: str, start: float, end: float, held: str
+) -> int:
+    """Runs of the chaos run, other than ``held``, that ended between two wall-clock times."""
+    row = conn.execute(
+        "SELECT count(*) FROM eec_workflow_run WHERE run_id LIKE %s AND run_id <> %s"
+        " AND status = 'succeeded'"
+        " AND last_transition_at BETWEEN to_timestamp(%s) AND to_timestamp(%s)",
+        (like_prefix(prefix), held, start, end),
+    ).fetchone()
+    return int(row[0]) if row else 0
