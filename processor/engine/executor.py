@@ -130,6 +130,7 @@ class Executor:
         faults: Faults = NO_FAULTS,
         postgres: Outage | None = None,
         clock: DatabaseClock | None = None,
+        sleep: Callable[[float], object] = time.sleep,
     ) -> None:
         # The batch's ticks judge time by Postgres's clock; the rest by this process's,
         # corrected by its offset from Postgres (io/db_clock.py).
@@ -146,6 +147,7 @@ class Executor:
         self._ledger = Ledger(stats, telemetry, wall_ms)
         self._wall_ms = wall_ms
         self._monotonic = monotonic
+        self._sleep = sleep
         self.book: RunBook[Span] = RunBook()
         self.database_ok = True  # False after a batch failed on a database error
         self._stage: tuple[list[Work], InFlight] | None = None
@@ -160,6 +162,7 @@ class Executor:
         # book, not done yet): while the broker is away they pile up here.
         self.unacknowledged_records = 0
         self._refused_streak = 0  # stages in a row that failed on a transient fault
+        self._next_stage_at = 0.0  # no deletions-only stage before (after a failed stage)
 
     def use_rules(self, rules: Rules) -> None:
         """Rules learnt once the broker answered (the dead-letter topic's size limit)."""
@@ -204,8 +207,11 @@ class Executor:
             self._carry_out_stage()
         now = self._monotonic()
         batch = self.book.take_ready(now, limit)
-        acks_due = len(self._acknowledged) >= _ACKS_PER_DELETE or (
-            bool(self._acknowledged) and now - self._acknowledged_since >= _ACKS_WAIT_S
+        # Deletions alone wait for the backoff of a stage the database failed (runs wait in
+        # the book for theirs): an outage costs a try per backoff, not one per loop turn.
+        acks_due = now >= self._next_stage_at and (
+            len(self._acknowledged) >= _ACKS_PER_DELETE
+            or (bool(self._acknowledged) and now - self._acknowledged_since >= _ACKS_WAIT_S)
         )
         if not batch and not acks_due:
             return
@@ -235,8 +241,9 @@ class Executor:
         while self.flush(max(0.0, deadline - self._monotonic())):
             if not self._acknowledged:
                 return True
-            if self._monotonic() >= deadline:
+            if max(self._monotonic(), self._next_stage_at) >= deadline:
                 return False
+            self._sleep(max(0.0, self._next_stage_at - self._monotonic()))  # an outage's backoff
             self._stage = ([], self._stage_runner.start([], self._take_acknowledged()))
         return False
 
@@ -269,6 +276,7 @@ class Executor:
             self._acknowledge(result.acknowledged)
         if result.error is not None:
             retry_ms = self._database_failed(result.error, len(batch))
+            self._next_stage_at = self._monotonic() + retry_ms / 1000
             plans = [database_failed(BatchItem(w.run_id, w.attempts, ()), retry_ms) for w in batch]
             self._unknown_streak = 0
         else:
