@@ -157,7 +157,7 @@ class DatabaseStage:
         # 1. Load, at Postgres's time: the batch is judged by it (io/db_clock.py).
         sent_ms = self._clock.local_ms()
         loaded, now_ms = self._db.load_at(run_ids)
-        self._clock.observe(now_ms, sent_ms)
+        self._clock.observe(now_ms, sent_ms, self._clock.local_ms())
         # 2. Tick.
         commits = tick_batch(loaded, now_ms, self._rules.names)
         result.tick_ended_ns, result.tick_ms = now_ns(), (time.perf_counter() - started) * 1000

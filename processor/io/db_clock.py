@@ -14,6 +14,9 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
+# A measurement from a round trip longer than this is not taken (see ``observe``).
+_MAX_ROUND_TRIP_MS = 500
+
 
 class DatabaseClock:
     def __init__(self, wall_ms: Callable[[], int] = lambda: int(time.time() * 1000)) -> None:
@@ -28,10 +31,16 @@ class DatabaseClock:
         """This process's own clock (taken before a statement that reads Postgres's)."""
         return self._wall_ms()
 
-    def observe(self, database_ms: int, local_ms: int) -> None:
-        """Postgres's ``now()`` of a statement sent at ``local_ms`` by this process's clock
-        (its start is within one round trip of that: the error is a millisecond or so)."""
-        self._offset_ms = database_ms - local_ms  # one int store: safe to read from any thread
+    def observe(self, database_ms: int, sent_ms: int, received_ms: int) -> None:
+        """Postgres's ``now()`` of a statement sent at ``sent_ms`` and answered at
+        ``received_ms`` by this process's clock: the statement started within that round
+        trip, so its middle is taken, within half the round trip. A slow round trip says
+        nothing reliable (a statement held behind a frozen connection started on the server
+        long after it was sent) and is ignored."""
+        if received_ms - sent_ms > _MAX_ROUND_TRIP_MS:
+            return
+        # One int store: safe to read from any thread.
+        self._offset_ms = database_ms - (sent_ms + received_ms) // 2
 
     def now_ms(self) -> int:
         return self._wall_ms() + self._offset_ms

@@ -137,7 +137,8 @@ class Presence:
         reach its database at start is misconfigured)."""
         self._conn = connect(self._dsn)
         sent_ms = self._clock.local_ms()
-        self._clock.observe(register(self._conn, self.instance_id, self._kind), sent_ms)
+        database_ms = register(self._conn, self.instance_id, self._kind)
+        self._clock.observe(database_ms, sent_ms, self._clock.local_ms())
         self._registered.set()
 
     def start(self) -> Presence:
@@ -175,7 +176,7 @@ class Presence:
                 else:
                     database_ms = register(self._conn, self.instance_id, self._kind)
                     self._registered.set()
-                self._clock.observe(database_ms, sent_ms)
+                self._clock.observe(database_ms, sent_ms, self._clock.local_ms())
             except psycopg.Error as exc:
                 self._judge.failed()
                 log.debug("heartbeat of %s failed: %s", self.instance_id, first_line(exc))
