@@ -22,6 +22,7 @@ class Outage:
         self._log = log
         self._since: float | None = None
         self._failures = 0
+        self.ended_at = float("-inf")  # monotonic time the last outage ended
 
     @property
     def active(self) -> bool:
@@ -63,6 +64,7 @@ class Outage:
                     "failures": self._failures,
                 },
             )
+            self.ended_at = time.monotonic()
         self._since = None
         self._failures = 0
 

@@ -35,6 +35,7 @@ from confluent_kafka import (
 from opentelemetry import context as otel_context
 from opentelemetry import trace
 
+from processor.core.backoff import MAX_RETRY_S
 from processor.core.claim_pace import ClaimPace
 from processor.core.claims import SKIPPED, Verdict, died_reason
 from processor.core.dead_letters import dead_letter_headers, truncate_dead_letter
@@ -487,7 +488,10 @@ class TaskFlow:
             self._bound_reached = True
             self._too_many_abandoned()
         waiting = min(self._sent_at.values(), default=None)
-        if waiting is not None and now - waiting > _ACK_PATIENCE_S:
+        # Once an outage ended, the records that failed during it are sent again after their
+        # own backoff (io/delivery.py, at most MAX_RETRY_S): they are not a new outage.
+        settled = self._kafka_outage.ended_at + MAX_RETRY_S
+        if waiting is not None and now - max(waiting, settled) > _ACK_PATIENCE_S:
             self._kafka_outage.failed(
                 f"{len(self._sent_at)} wakeup(s), the oldest not acknowledged after"
                 f" {now - waiting:.0f} s"

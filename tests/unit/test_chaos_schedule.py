@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from processor.tools.chaos import ChaosPlan, expected_s, schedule
 from processor.tools.chaos_fleet import PROCESSOR, WORKER
-from processor.tools.chaos_report import BROKER, FREEZE, POSTGRES
+from processor.tools.chaos_report import BROKER, FREEZE, LOCK, POSTGRES
 
 
 def test_the_long_plan_interleaves_its_outages_and_spreads_its_kills() -> None:
@@ -19,6 +19,7 @@ def test_the_long_plan_interleaves_its_outages_and_spreads_its_kills() -> None:
         BROKER,
         POSTGRES,
         FREEZE,
+        LOCK,
     ]
     kinds = [f.kind for f in faults if f.kind in (PROCESSOR, WORKER)]
     assert len(kinds) == 60 and {PROCESSOR, WORKER} <= set(kinds)
@@ -29,12 +30,17 @@ def test_the_long_plan_interleaves_its_outages_and_spreads_its_kills() -> None:
     kills=st.integers(0, 80),
     restarts=st.integers(0, 3),
     freeze_s=st.sampled_from([0.0, 5.0, 30.0]),
+    lock_s=st.sampled_from([0.0, 20.0]),
 )
 def test_kills_fall_between_outages_in_time_order(
-    seed: int, kills: int, restarts: int, freeze_s: float
+    seed: int, kills: int, restarts: int, freeze_s: float, lock_s: float
 ) -> None:
     plan = ChaosPlan(
-        kills=kills, broker_restarts=restarts, postgres_restarts=restarts, freeze_s=freeze_s
+        kills=kills,
+        broker_restarts=restarts,
+        postgres_restarts=restarts,
+        freeze_s=freeze_s,
+        lock_s=lock_s,
     )
     faults = schedule(plan, random.Random(seed))
     assert faults == schedule(plan, random.Random(seed))
@@ -44,7 +50,7 @@ def test_kills_fall_between_outages_in_time_order(
         for f in faults
         if f.kind not in (PROCESSOR, WORKER)
     ]
-    assert len(outages) == 2 * restarts + (1 if freeze_s else 0)
+    assert len(outages) == 2 * restarts + (1 if freeze_s else 0) + (1 if lock_s else 0)
     killed_at = [f.at_s for f in faults if f.kind in (PROCESSOR, WORKER)]
     assert len(killed_at) == kills
     assert all(0 < t <= plan.duration_s for t in killed_at)
