@@ -315,7 +315,7 @@ def check(
         writes=writes,
         timeouts=timeouts,
         attempts_run=len(executions),
-        extra_executions=sum(n - 1 for n in executions.values()),
+        extra_executions=chaos_steps.extra_executions(executions),
         timeout_causes=causes,
         problems=problems,
         lost_starts=lost_starts,

@@ -16,23 +16,58 @@ import psycopg
 from processor.io.config import load_settings
 from processor.worker import StepContext, StepRegistry, sample_registry
 
-TABLE = "chaos_step_execution"
-_local = threading.local()
+
+class ExecutionLog:
+    """A table in which step functions write each execution before they do anything else
+    (committed at once: a crash right after still counts), and what is read from it. The
+    chaos run's steps write one, the integration tests' steps module another."""
+
+    def __init__(self, table: str) -> None:
+        self.table = table
+        self._local = threading.local()  # a connection per step thread
+
+    def install(self, conn: psycopg.Connection[Any]) -> None:
+        conn.execute(
+            f"CREATE TABLE IF NOT EXISTS {self.table} (id bigserial PRIMARY KEY,"
+            " run_id text NOT NULL, node text NOT NULL, attempt integer NOT NULL,"
+            " pid integer NOT NULL, started_at timestamptz NOT NULL DEFAULT now())"
+        )
+
+    def record(self, ctx: StepContext) -> None:
+        """One execution of ``ctx``'s attempt, on this thread's own connection."""
+        conn: psycopg.Connection[Any] | None = getattr(self._local, "conn", None)
+        if conn is None or conn.closed:
+            conn = self._local.conn = psycopg.connect(load_settings().pg_dsn, autocommit=True)
+        conn.execute(
+            f"INSERT INTO {self.table} (run_id, node, attempt, pid) VALUES (%s, %s, %s, %s)",
+            (ctx.run_id, ctx.node, ctx.attempt, os.getpid()),
+        )
+
+    def executions(
+        self, conn: psycopg.Connection[Any], prefix: str = ""
+    ) -> Counter[tuple[str, str, int]]:
+        """How many times each (run, step, attempt) ran, for the runs whose id starts with
+        ``prefix``."""
+        rows = conn.execute(
+            f"SELECT run_id, node, attempt, count(*) FROM {self.table}"
+            " WHERE starts_with(run_id, %s) GROUP BY 1, 2, 3",
+            (prefix,),
+        ).fetchall()
+        return Counter({(r, n, a): c for r, n, a, c in rows})
 
 
-def _conn() -> psycopg.Connection[Any]:
-    conn: psycopg.Connection[Any] | None = getattr(_local, "conn", None)
-    if conn is None or conn.closed:
-        conn = _local.conn = psycopg.connect(load_settings().pg_dsn, autocommit=True)
-    return conn
+def extra_executions(counts: Counter[tuple[str, str, int]]) -> int:
+    """Executions beyond the first of each attempt."""
+    return sum(n - 1 for n in counts.values())
+
+
+LOG = ExecutionLog("chaos_step_execution")
+install, executions = LOG.install, LOG.executions
 
 
 def _counted(fn: Callable[[StepContext], Any]) -> Callable[[StepContext], Any]:
     def run(ctx: StepContext) -> Any:
-        _conn().execute(
-            f"INSERT INTO {TABLE} (run_id, node, attempt, pid) VALUES (%s, %s, %s, %s)",
-            (ctx.run_id, ctx.node, ctx.attempt, os.getpid()),
-        )
+        LOG.record(ctx)
         return fn(ctx)
 
     return run
@@ -49,21 +84,3 @@ def counting(steps: StepRegistry) -> StepRegistry:
 
 
 registry = counting(sample_registry())
-
-
-def install(conn: psycopg.Connection[Any]) -> None:
-    conn.execute(
-        f"CREATE TABLE IF NOT EXISTS {TABLE} (id bigserial PRIMARY KEY, run_id text NOT NULL,"
-        " node text NOT NULL, attempt integer NOT NULL, pid integer NOT NULL,"
-        " at timestamptz NOT NULL DEFAULT now())"
-    )
-
-
-def executions(conn: psycopg.Connection[Any], prefix: str) -> Counter[tuple[str, str, int]]:
-    """Executions of each (run, step, attempt) of the runs whose id starts with ``prefix``."""
-    rows = conn.execute(
-        f"SELECT run_id, node, attempt, count(*) FROM {TABLE}"
-        " WHERE starts_with(run_id, %s) GROUP BY 1, 2, 3",
-        (prefix,),
-    ).fetchall()
-    return Counter({(r, n, a): c for r, n, a, c in rows})

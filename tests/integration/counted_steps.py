@@ -18,28 +18,15 @@ from __future__ import annotations
 import os
 import signal
 import threading
-from collections import Counter
 from typing import Any
 
 import psycopg
 
-from processor.io.config import load_settings
+from processor.tools.chaos_steps import ExecutionLog, extra_executions
 from processor.worker import StepContext, StepFailed, StepRegistry
 
-TABLE = "test_step_execution"
-_DDL = f"""
-CREATE TABLE IF NOT EXISTS {TABLE} (
-    id          bigserial   PRIMARY KEY,
-    run_id      text        NOT NULL,
-    node        text        NOT NULL,
-    attempt     integer     NOT NULL,
-    pid         integer     NOT NULL,
-    started_at  timestamptz NOT NULL DEFAULT now()
-)
-"""
-
+LOG = ExecutionLog("test_step_execution")
 registry = StepRegistry()
-_local = threading.local()
 
 
 def work_for(seconds: float) -> None:
@@ -48,20 +35,9 @@ def work_for(seconds: float) -> None:
     threading.Event().wait(seconds)
 
 
-def _conn() -> psycopg.Connection[Any]:
-    conn: psycopg.Connection[Any] | None = getattr(_local, "conn", None)
-    if conn is None or conn.closed:
-        conn = _local.conn = psycopg.connect(load_settings().pg_dsn, autocommit=True)
-    return conn
-
-
 @registry.step("counted")
 def counted(ctx: StepContext) -> Any:
-    # Written first, committed before anything else happens: a crash below still counts.
-    _conn().execute(
-        f"INSERT INTO {TABLE} (run_id, node, attempt, pid) VALUES (%s, %s, %s, %s)",
-        (ctx.run_id, ctx.node, ctx.attempt, os.getpid()),
-    )
+    LOG.record(ctx)  # first, committed: a crash below still counts
     spec = ctx.input if isinstance(ctx.input, dict) else {}
     spec = {**spec, **spec.get("by_node", {}).get(ctx.node, {})}
     if ctx.attempt in spec.get("crash_on", ()):
@@ -81,21 +57,11 @@ def counted(ctx: StepContext) -> Any:
 
 def install(conn: psycopg.Connection[Any]) -> None:
     """The table, emptied."""
-    conn.execute(_DDL)
-    conn.execute(f"TRUNCATE {TABLE}")
+    LOG.install(conn)
+    conn.execute(f"TRUNCATE {LOG.table}")
 
 
-def executions(conn: psycopg.Connection[Any], prefix: str = "") -> Counter[tuple[str, str, int]]:
-    """How many times each (run, step, attempt) ran, for the runs whose id starts with
-    ``prefix``."""
-    rows = conn.execute(
-        f"SELECT run_id, node, attempt, count(*) FROM {TABLE}"
-        " WHERE starts_with(run_id, %s) GROUP BY 1, 2, 3",
-        (prefix,),
-    ).fetchall()
-    return Counter({(r, n, a): c for r, n, a, c in rows})
+executions = LOG.executions
 
 
-def extra_executions(counts: Counter[tuple[str, str, int]]) -> int:
-    """Executions beyond the first of each attempt."""
-    return sum(n - 1 for n in counts.values())
+__all__ = ["LOG", "counted", "executions", "extra_executions", "install", "registry", "work_for"]
