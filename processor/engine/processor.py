@@ -157,15 +157,7 @@ class Processor:
     def run(self, until: Callable[[], bool] | None = None) -> None:
         """Consume until stop() is called (or ``until`` returns True), then shut down cleanly.
         The health endpoints (health.py) answer from before the first poll to after shutdown."""
-        health: HealthServer | None = None
-        if self.settings.health_port:
-            health = self._health = HealthServer(
-                self.probe,
-                self.settings.pg_dsn,
-                self.settings.health_port,
-                host=self.settings.http_host,
-                stall_s=self.settings.health_stall_s,
-            ).start()
+        health = self._health = HealthServer.started_for(self.probe, self.settings)
         try:
             topics = [*self.names.coordinator_topics(), self.names.steps, self.names.dlq]
             self.partitions.update(topic_partitions(self._producer, topics))

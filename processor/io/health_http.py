@@ -33,6 +33,7 @@ from typing import Any, Protocol
 import psycopg
 
 from processor.io import connections
+from processor.io.config import Settings
 from processor.io.logs import first_line
 
 log = logging.getLogger("ductor.health")
@@ -108,6 +109,19 @@ class HealthServer:
             threading.Thread(target=self._server.serve_forever, name="health-http", daemon=True),
             threading.Thread(target=self._check_db_loop, name="health-db", daemon=True),
         ]
+
+    @classmethod
+    def started_for(cls, probe: HealthProbe, settings: Settings) -> HealthServer | None:
+        """The endpoints as the settings configure them, started; None if they are off."""
+        if not settings.health_port:
+            return None
+        return cls(
+            probe,
+            settings.pg_dsn,
+            settings.health_port,
+            host=settings.http_host,
+            stall_s=settings.health_stall_s,
+        ).start()
 
     def start(self) -> HealthServer:
         for thread in self._threads:

@@ -180,14 +180,7 @@ class Worker:
     def run(self) -> None:
         """Serve the queues until stop() (or a bound of abandoned steps), then shut down
         cleanly. The health endpoints answer from before the first poll to after shutdown."""
-        if self.settings.health_port:
-            self._health = HealthServer(
-                self.probe,
-                self.settings.pg_dsn,
-                self.settings.health_port,
-                host=self.settings.http_host,
-                stall_s=self.settings.health_stall_s,
-            ).start()
+        self._health = HealthServer.started_for(self.probe, self.settings)
         try:
             self._run()
         finally:
