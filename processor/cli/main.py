@@ -132,8 +132,8 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         default=1,
         metavar="N",
-        help="how many more times an attempt runs after the worker running it died, before"
-        " it fails (default: 1)",
+        help="how many more times an attempt runs (in a child process of its own) after the"
+        " worker running it died, before it fails (default: 1)",
     )
     p.add_argument(
         "--app",

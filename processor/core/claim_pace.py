@@ -1,10 +1,10 @@
 """How far ahead of its free slots a worker claims tasks.
 
 A claim is a round trip to Postgres, and a claimed task counts as started: if the worker
-dies, every task it had claimed and not finished is run again, alone, by the next worker
-(core/claims.py). Claiming too little leaves fast steps waiting for round trips; claiming too
-much turns a crash into a long line of reruns. So the worker claims ahead about what its slots
-finish in four claim round trips, plus two tasks per slot:
+dies, every task it had claimed and not finished is run again by the next worker as a rerun,
+in a child process of its own (core/claims.py). Claiming too little leaves fast steps waiting
+for round trips; claiming too much turns a crash into a long line of reruns. So the worker
+claims ahead about what its slots finish in four claim round trips, plus two tasks per slot:
 
     ahead = 2 * slots + 4 * (steps ended per second) * (claim round trip, s)
 
@@ -46,6 +46,14 @@ class ClaimPace:
         """How many tasks may be claimed and not yet started at ``now``."""
         self._roll(now)
         return min(self.cap, 2 * self.slots + round(_TRIPS * self.rate * self.round_trip_s))
+
+    def start_window(self, now: float) -> int:
+        """How many claimed tasks beyond the busy slots may have leave to start (the worker's
+        start permit): the slots' worth, plus what they finish in two claim round trips, so
+        that a freed slot rarely waits for the permit. A worker that dies leaves these as
+        reruns, the rest of its claims as never started."""
+        self._roll(now)
+        return min(self.cap, self.slots + round(2 * self.rate * self.round_trip_s))
 
     def _roll(self, now: float) -> None:
         elapsed = now - self._window_start

@@ -18,9 +18,11 @@ take, what it read says why, and this module turns that into a verdict. The rule
    - as often as an attempt may start (its step killed its process each time, say): the
      attempt fails, saying the worker died running it, instead of another crash; the retry
      policy decides what comes next;
-   - less often: it is a *rerun*, taken only by a claim of its own (``reruns``), which the
-     worker makes when nothing else runs, so that a step that kills its process again is the
-     only one started in that process and takes no innocent neighbour's start with it.
+   - less often: it is a *rerun*, taken only by a claim of its own (``reruns``) and run in a
+     child process of its own (worker/flow.py), so that a step that kills its process again
+     takes only that child down: its attempt fails, and no other task nor the worker goes
+     with it. (The dead worker's claims ahead of its free slots come back as reruns too: a
+     claim is the start mark; they run beside the other tasks, each in its child.)
 6. Otherwise someone else holds it: a live worker runs it (the task was redelivered after a
    rebalance), or a claim raced this one, or this worker may not yet judge who is gone (it
    just came back from an outage of its own). The task waits and is claimed again a moment
@@ -42,7 +44,7 @@ class Verdict(StrEnum):
     RECORDED = "recorded"  # skipped: its result is recorded already
     RESEND = "resend"  # skipped, its wakeup sent again: recorded by a worker that is gone
     DIED = "died"  # not run: its worker died running it as often as allowed; the attempt fails
-    RERUN = "rerun"  # started by a worker that died: to be claimed again alone, and run alone
+    RERUN = "rerun"  # started by a worker that died: claimed again as a rerun, run in a child
     HELD = "held"  # not yet: someone else holds it; claimed again shortly
 
 

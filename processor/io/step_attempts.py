@@ -1,5 +1,5 @@
-"""The worker's claim on step attempts (``eec_step_attempt``), and the check that an attempt
-still matters.
+"""The worker's claim on step attempts (``eec_step_attempt``), its start permits, and the
+check that an attempt still matters.
 
 A claim is one statement for a group of tasks: it reads each task's run (is this attempt the
 node's dispatched one?), its result (already recorded?) and its attempt row (started before,
@@ -9,6 +9,12 @@ The decision to take is made again under the row's lock (``ON CONFLICT ... DO UP
 WHERE``): two workers claiming one attempt at once cannot both take it. core/claims.py turns
 what was read into each task's verdict. The same statement reads what each task it takes
 needs and does not carry (the run's input, its dependencies' outputs: io/step_data.py).
+
+A claim is not a start: a worker claims ahead of its free slots. Each claim carries the
+worker's sequence number, and the worker raises its *start permit* (``started_through`` in its
+instance row) before it starts a claim numbered beyond it, in the claim statement itself or
+alone (``permit_starts``). A claim of a worker that is gone numbered past its permit never
+started: the next claim takes it as new (core/claims.py sees no start), not as a rerun.
 """
 
 from __future__ import annotations
@@ -24,12 +30,22 @@ from processor.core.step_task import AttemptKey, StepData, StepTask
 from processor.io.instances import alive
 from processor.io.step_data import DEPENDENCY_OUTPUTS, MissingData, data_of, deps_json
 
+# The SQL condition "the claim on attempt row {a} never started": numbered past the permit of
+# its worker (a worker whose row is forgotten may have started it).
+_UNSTARTED = """({a}.claim_seq IS NOT NULL AND EXISTS (
+    SELECT 1 FROM eec_instance i
+     WHERE i.instance_id = {a}.worker_id AND {a}.claim_seq > i.started_through))"""
+
 _CLAIM_SQL = f"""
 WITH t AS MATERIALIZED (
     SELECT * FROM jsonb_to_recordset(%(tasks)s::jsonb)
-        AS t(i int, run_id text, node text, attempt int, deps jsonb, wants_data boolean)
-), seen AS MATERIALIZED (
-    SELECT t.i, t.run_id, t.node, t.attempt, t.deps, t.wants_data,
+        AS t(i int, run_id text, node text, attempt int, deps jsonb, wants_data boolean,
+             seq bigint)
+), permit AS (
+    UPDATE eec_instance SET started_through = %(permit)s
+     WHERE instance_id = %(me)s AND started_through < %(permit)s
+), raw AS MATERIALIZED (
+    SELECT t.i, t.run_id, t.node, t.attempt, t.deps, t.wants_data, t.seq,
            r.run_id IS NOT NULL AS run_exists,
            coalesce(r.status IN ('pending', 'running')
                     AND r.node_states -> t.node ->> 'status' = 'dispatched'
@@ -37,6 +53,7 @@ WITH t AS MATERIALIZED (
                     false) AS current,
            res.run_id IS NOT NULL AS recorded,
            a.starts,
+           coalesce({_UNSTARTED.format(a="a")}, false) AS unstarted,
            coalesce(a.worker_id IS NOT NULL AND {alive("a.worker_id")}, false) AS starter_alive,
            coalesce(a.worker_id = %(me)s, false) AS mine,
            r.input, r.node_states, r.workflow_name, r.workflow_version
@@ -46,21 +63,29 @@ WITH t AS MATERIALIZED (
         ON res.run_id = t.run_id AND res.node_id = t.node AND res.attempt = t.attempt
       LEFT JOIN eec_step_attempt a
         ON a.run_id = t.run_id AND a.node_id = t.node AND a.attempt = t.attempt
+), seen AS MATERIALIZED (
+    -- The executions begun: a claim that never started is not one.
+    SELECT raw.*, CASE WHEN unstarted THEN nullif(starts - 1, 0) ELSE starts END AS began
+      FROM raw
 ), claimed AS (
-    INSERT INTO eec_step_attempt AS a (run_id, node_id, attempt, worker_id)
-    SELECT run_id, node, attempt, %(me)s FROM seen
+    INSERT INTO eec_step_attempt AS a (run_id, node_id, attempt, worker_id, claim_seq)
+    SELECT run_id, node, attempt, %(me)s, seq FROM seen
      WHERE current AND NOT recorded
-       AND (starts IS NULL
-            OR (%(reruns)s AND NOT starter_alive AND %(judge)s AND starts < %(max_starts)s))
+       AND (began IS NULL
+            OR (%(reruns)s AND NOT starter_alive AND %(judge)s AND began < %(max_starts)s))
      ORDER BY run_id, node, attempt
         ON CONFLICT (run_id, node_id, attempt) DO UPDATE
-       SET starts = a.starts + 1, worker_id = excluded.worker_id, started_at = now()
-     WHERE %(reruns)s AND %(judge)s AND a.starts < %(max_starts)s
-       AND a.worker_id <> excluded.worker_id
+       -- A gone worker's claim that never started is taken over as it is (no start counted);
+       -- a rerun counts one more start, and starts at its claim (no number).
+       SET starts = CASE WHEN %(reruns)s THEN a.starts + 1 ELSE a.starts END,
+           claim_seq = excluded.claim_seq, worker_id = excluded.worker_id, started_at = now()
+     WHERE %(judge)s AND a.worker_id <> excluded.worker_id
        AND NOT {alive("a.worker_id")}
+       AND CASE WHEN %(reruns)s THEN a.starts < %(max_starts)s
+                ELSE {_UNSTARTED.format(a="a")} END
     RETURNING a.run_id, a.node_id, a.attempt, a.starts
 )
-SELECT sn.i, sn.run_exists, sn.current, sn.recorded, sn.starts, sn.starter_alive, sn.mine,
+SELECT sn.i, sn.run_exists, sn.current, sn.recorded, sn.began, sn.starter_alive, sn.mine,
        c.starts, taken.data
   FROM seen sn
   LEFT JOIN claimed c ON c.run_id = sn.run_id AND c.node_id = sn.node AND c.attempt = sn.attempt
@@ -91,13 +116,18 @@ def claim_attempts(
     may_judge: bool,
     gone_after_s: float,
     reruns: bool = False,
+    seqs: Sequence[int] | None = None,
+    permit: int = 0,
 ) -> list[tuple[ClaimFacts, StepData | MissingData | None]]:
     """Claim what is right to run of ``tasks`` for ``worker_id``: the facts of each, in
     order, with the data of each task taken here that does not carry its own (None for the
-    others). Attempts a worker that is gone started are taken only with ``reruns`` (a claim
-    the worker makes for one of them alone: core/claims.py, rule 5)."""
+    others). ``seqs`` numbers the claims (None: they start at once, as reruns do); the
+    worker's start permit is raised to ``permit`` in the same statement. Attempts a worker
+    that is gone started are taken only with ``reruns`` (a claim the worker makes for them
+    apart: core/claims.py, rule 5)."""
     if not tasks:
         return []
+    numbers: Sequence[int | None] = [None] * len(tasks) if seqs is None else seqs
     wanted = orjson.dumps(
         [
             {
@@ -107,8 +137,9 @@ def claim_attempts(
                 "attempt": t.attempt,
                 "deps": deps_json(t),
                 "wants_data": t.data is None,
+                "seq": seq,
             }
-            for i, t in enumerate(tasks)
+            for i, (t, seq) in enumerate(zip(tasks, numbers, strict=True))
         ]
     ).decode()
     params = {
@@ -118,6 +149,7 @@ def claim_attempts(
         "judge": may_judge,
         "gone_after_s": gone_after_s,
         "reruns": reruns,
+        "permit": permit,
     }
     answers: list[tuple[ClaimFacts, StepData | MissingData | None] | None] = [None] * len(tasks)
     for i, *facts, data in conn.execute(_CLAIM_SQL, params).fetchall():
@@ -170,3 +202,13 @@ def unclaim_attempts(
     if attempts:
         tasks = orjson.dumps([{"run_id": r, "node": n, "attempt": a} for r, n, a in attempts])
         conn.execute(_UNCLAIM_SQL, {"tasks": tasks.decode(), "me": worker_id})
+
+
+def permit_starts(conn: psycopg.Connection[Any], worker_id: str, through: int) -> None:
+    """The worker may start its claims numbered up to ``through`` (a worker that dies leaves
+    those as started, later ones as never started)."""
+    conn.execute(
+        "UPDATE eec_instance SET started_through = %s"
+        " WHERE instance_id = %s AND started_through < %s",
+        (through, worker_id, through),
+    )

@@ -56,3 +56,32 @@ def load_registry(spec: str) -> StepRegistry:
 def registry_for(spec: str | None) -> StepRegistry:
     """The registry ``--app`` names, or the sample steps without one."""
     return sample_registry() if spec is None else load_registry(spec)
+
+
+def child_spec(registry: StepRegistry, app: str | None) -> str | None:
+    """What a child process imports to run ``registry``'s steps (isolation.py): ``app`` when
+    given; else the ``module:attribute`` of an imported module that holds ``registry`` (a
+    worker built in Python with a module's registry); else None when ``registry`` is the
+    sample steps (a child without a spec builds them). AppError when a child cannot get it:
+    a registry built in a function, or in the ``__main__`` script."""
+    if app is not None:
+        return app
+    for name, module in list(sys.modules.items()):
+        if name == "__main__" or module is None:
+            continue
+        try:
+            attributes = list(vars(module).items())
+        except TypeError:  # something without a __dict__ put in sys.modules
+            continue
+        for attribute, value in attributes:
+            if value is registry:
+                return f"{name}:{attribute}"
+    if all(
+        getattr(registry.get(t), "__module__", None) == sample_registry.__module__
+        for t in registry.types()
+    ):
+        return None
+    raise AppError(
+        "the step registry is not an attribute of an imported module, so a child process"
+        " cannot import it: give the worker its MODULE:ATTRIBUTE (WorkerOptions.app, --app)"
+    )

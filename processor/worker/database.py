@@ -35,7 +35,12 @@ from processor.io.db_errors import Fault, classify
 from processor.io.instances import Presence
 from processor.io.logs import first_line
 from processor.io.outage import Outage, SharedOutage
-from processor.io.step_attempts import claim_attempts, not_current, unclaim_attempts
+from processor.io.step_attempts import (
+    claim_attempts,
+    not_current,
+    permit_starts,
+    unclaim_attempts,
+)
 from processor.io.step_data import MissingData, StepResultRow, insert_step_results
 from processor.worker.steps import Outcome, storable_text
 from processor.worker.tasks import Task
@@ -76,7 +81,14 @@ class NotCurrent:
     tasks: list[Task]
 
 
-Answer = Claimed | Recorded | NotCurrent
+@dataclass(frozen=True)
+class Permitted:
+    """The worker's claims numbered up to ``through`` may start: the permit is stored."""
+
+    through: int
+
+
+Answer = Claimed | Recorded | NotCurrent | Permitted
 
 
 @dataclass(frozen=True)
@@ -235,12 +247,17 @@ class WorkerDatabase:
         self._claims.start()
         self._results.start()
 
-    def claim(self, tasks: list[Task]) -> None:
-        self._claims.put("claim", tasks)
+    def claim(self, tasks: list[Task], permit: int = 0) -> None:
+        """Claim ``tasks`` (each numbered), raising the start permit to ``permit`` with them."""
+        self._claims.put("claim", (tasks, permit))
 
-    def claim_rerun(self, task: Task) -> None:
-        """Claim one attempt a worker that died had started, alone (core/claims.py)."""
-        self._claims.put("rerun", [task])
+    def permit(self, through: int) -> None:
+        """Store the start permit (io/step_attempts.py): with the next claim, or alone."""
+        self._claims.put("permit", through)
+
+    def claim_reruns(self, tasks: list[Task]) -> None:
+        """Claim attempts a worker that died had started, as reruns (core/claims.py)."""
+        self._claims.put("rerun", tasks)
 
     def unclaim(self, tasks: list[Task]) -> None:
         """Give back claims whose step never started (io/step_attempts.py)."""
@@ -269,11 +286,24 @@ class WorkerDatabase:
     # -- the lanes' threads -----------------------------------------------------------------
 
     def _serve_claims(self, batch: list[tuple[str, Any]]) -> bool:
-        grouped: dict[str, list[Task]] = {}
+        grouped: dict[str, list[Any]] = {}
+        permit = 0
         for kind, payload in batch:
-            grouped.setdefault(kind, []).extend(payload)
+            if kind == "claim":
+                tasks, with_permit = payload
+                grouped.setdefault(kind, []).extend(tasks)
+                permit = max(permit, with_permit)
+            elif kind == "permit":
+                permit = max(permit, payload)
+            else:
+                grouped.setdefault(kind, []).extend(payload)
+        # The permit rides on the claim when there is one, and goes alone when there is not.
+        if permit and "claim" not in grouped:
+            if self._timed("permit", [permit], self._permit) is STOPPED:
+                return False
+            permit = 0
         for kind, action in (
-            ("claim", self._claim),
+            ("claim", lambda tasks: self._claim(tasks, permit=permit)),
             ("rerun", self._claim_reruns),
             ("check", self._check),
             ("unclaim", self._unclaim),
@@ -308,7 +338,18 @@ class WorkerDatabase:
     def _claim_reruns(self, tasks: list[Task]) -> Literal[_Stopped.STOPPED] | None:
         return self._claim(tasks, reruns=True)
 
-    def _claim(self, tasks: list[Task], reruns: bool = False) -> Literal[_Stopped.STOPPED] | None:
+    def _permit(self, through: list[int]) -> Literal[_Stopped.STOPPED] | None:
+        done = self._claims.through_outages(
+            lambda conn: permit_starts(conn, self._instance_id, through[0])
+        )
+        if done is STOPPED:
+            return STOPPED
+        self._answer(Permitted(through[0]))
+        return None
+
+    def _claim(
+        self, tasks: list[Task], reruns: bool = False, permit: int = 0
+    ) -> Literal[_Stopped.STOPPED] | None:
         # Judged before the statement: an outage during it makes the next claim wait.
         may_judge = self._presence.may_judge()
         steps = [t.step for t in tasks]
@@ -321,10 +362,14 @@ class WorkerDatabase:
                 may_judge=may_judge,
                 gone_after_s=self._rules.gone_after_s,
                 reruns=reruns,
+                seqs=None if reruns else [t.claim_seq for t in tasks],
+                permit=permit,
             )
         )
         if answers is STOPPED:
             return STOPPED
+        if permit:
+            self._answer(Permitted(permit))
         claimed: list[tuple[Task, Verdict, int, StepData | MissingData | None]] = []
         for task, (facts, read) in zip(tasks, answers, strict=True):
             decided = verdict(facts, self._rules.max_starts, may_judge)
@@ -462,17 +507,29 @@ def _row(task: Task, outcome: Outcome) -> StepResultRow:
 
 
 def _claim_isolating(
-    conn: psycopg.Connection[Any], steps: list[StepTask], worker_id: str, **rules: Any
+    conn: psycopg.Connection[Any],
+    steps: list[StepTask],
+    worker_id: str,
+    seqs: list[int] | None,
+    **rules: Any,
 ) -> list[tuple[ClaimFacts, StepData | MissingData | None]]:
     """The group's claim in one statement; should a task make it fail on what it holds (its
     data cannot be read), each task alone, so that one bad task fails only its own attempt
     (its claim then says it runs; the data says why it cannot)."""
     try:
-        return claim_attempts(conn, steps, worker_id, **rules)
+        return claim_attempts(conn, steps, worker_id, seqs=seqs, **rules)
     except (psycopg.OperationalError, psycopg.InterfaceError):
         raise
     except psycopg.Error as exc:
         if len(steps) == 1:
+            if rules.get("permit"):  # it rode on the statement that failed
+                permit_starts(conn, worker_id, rules["permit"])
             facts = ClaimFacts(True, True, False, None, False, True, None)
             return [(facts, MissingData(f"cannot be read: {first_line(exc)}"))]
-        return [a for step in steps for a in _claim_isolating(conn, [step], worker_id, **rules)]
+        return [
+            answer
+            for i, step in enumerate(steps)
+            for answer in _claim_isolating(
+                conn, [step], worker_id, None if seqs is None else [seqs[i]], **rules
+            )
+        ]

@@ -4,9 +4,12 @@ loop around it; tasks.py names the states):
 1. **Claim** the attempt in Postgres (worker/database.py, core/claims.py), together with the
    other tasks that arrived meanwhile: a task whose attempt is stale (its deadline passed, the
    run was cancelled or ended, the coordinator moved on), already recorded, or running on a
-   live worker is not run; one whose worker died running it runs again, alone, at most
-   ``crash_reruns`` times, then fails its attempt instead of crashing the next worker too.
-   Claims go ahead of the free slots as far as core/claim_pace.py says.
+   live worker is not run; one whose worker died running it runs again (at most
+   ``crash_reruns`` times) in a child process of its own, so that if it kills its process
+   again it fails its own attempt and nothing else. Claims go ahead of the free slots as far
+   as core/claim_pace.py says, but a claim starts only within the worker's start permit,
+   kept about a slot's worth of tasks ahead of what runs: a worker that dies leaves the
+   claims beyond it as never started, and the next worker runs them as new, not as reruns.
 2. **Run** the step function on a slot of its own (runners.py; isolation.py for processes),
    with heartbeats and a ``cancelled`` flag; a step that outlives its deadline (and grace) or
    its heartbeat timeout is abandoned, and its slot is free again.
@@ -59,10 +62,11 @@ from processor.worker.database import (
     Answer,
     Claimed,
     NotCurrent,
+    Permitted,
     Recorded,
     WorkerDatabase,
 )
-from processor.worker.isolation import ProcessRunner
+from processor.worker.isolation import PROCESS_DIED, ProcessRunner
 from processor.worker.metrics import WorkerMetrics
 from processor.worker.options import WorkerOptions
 from processor.worker.runners import AsyncRunner, Runner, ThreadRunner
@@ -83,6 +87,12 @@ _CURRENT_CHECK_EVERY_S = 1.0
 _RECLAIM_AFTER_S = 1.0
 # Tasks held (waiting for another worker) past this many per slot stop the intake too.
 _HELD_PER_SLOT = 8
+# Reruns (attempts a worker that died had started) run in child processes of their own,
+# started as they are needed, up to twice as many at once as the worker has slots (a worker
+# that dies leaves at most its running steps and its start window as reruns); a child left
+# idle this long ends.
+_RERUN_SLOTS_PER_SLOT = 2
+_RERUN_IDLE_EXIT_S = 30.0
 # Wakeups unacknowledged this long mean the broker is away (an outage, logged once).
 _ACK_PATIENCE_S = 5.0
 
@@ -134,10 +144,17 @@ class TaskFlow:
         self.book = TaskBook()
         self._to_claim: deque[Task] = deque()  # received, in the order they came
         self._ready: deque[Task] = deque()  # claimed, in the order they came
-        self._suspects: deque[Task] = deque()  # reruns, claimed and run one at a time
-        self._solo: Task | None = None  # the rerun being claimed or run, alone
+        self._suspects: deque[Task] = deque()  # reruns, to be claimed as such
+        # Claims are numbered; those numbered up to the stored start permit may start. The
+        # permit covers the claims that start next, as many as the pace's start window.
+        self._claim_seq = 0  # the last number given
+        self._numbered: deque[tuple[int, Task]] = deque()  # claims not started, in order
+        self._permitted = 0  # the permit stored
+        self._permit_asked = 0  # the permit asked for (stored, or on its way)
         self._to_record: list[tuple[Task, Outcome]] = []
         self._runners = self._make_runners()
+        # Reruns running in children of their own, beside the slots (not waiting for them).
+        self._rerunning: set[Task] = set()
         self._pace = ClaimPace(options.concurrency, options.held_limit, time.monotonic())
         self._wakeup_partitions: dict[str, int] = {}
         self._dlq_max_bytes = producer_max_bytes(settings)
@@ -171,7 +188,6 @@ class TaskFlow:
         self._give_back(ready)
         self._to_claim.clear()
         self._suspects.clear()
-        self._solo = None
 
     def abandon_running(self) -> None:
         """The worker leaves: steps still running are given up (their threads are daemons)."""
@@ -185,13 +201,26 @@ class TaskFlow:
     def _make_runners(self) -> dict[str, Runner]:
         if self.options.isolation == "process":
             runner = ProcessRunner(self.options, self._on_ended)
-            return {"sync": runner, "async": runner}
-        return {
+            return {"sync": runner, "async": runner, "rerun": runner}
+        runners: dict[str, Runner] = {
             "sync": ThreadRunner(self.options.concurrency, self._execute, self._on_ended),
             "async": AsyncRunner(self._execute_async, self._on_ended),
         }
+        if self.options.reruns_in_child:
+            # A rerun may kill its process again: it runs in a child of its own (started
+            # only when reruns come), so the worker and its other tasks go on if it does.
+            runners["rerun"] = ProcessRunner(
+                self.options,
+                self._on_ended,
+                slots=_RERUN_SLOTS_PER_SLOT * self.options.concurrency,
+                idle_exit_s=_RERUN_IDLE_EXIT_S,
+                name="rerun",
+            )
+        return runners
 
     def _runner_of(self, task: Task) -> Runner:
+        if task.starts > 1 and "rerun" in self._runners:
+            return self._runners["rerun"]
         return self._runners["async" if self.registry.is_async(task.step.step_type) else "sync"]
 
     def abandoned_alive(self) -> int:
@@ -298,10 +327,10 @@ class TaskFlow:
             for task in answer.tasks:
                 if task.state is State.RUNNING and not task.attempt.cancelled:
                     task.attempt.cancel()
+        elif isinstance(answer, Permitted):
+            self._permitted = max(self._permitted, answer.through)
 
     def _claimed(self, task: Task, verdict: Verdict, starts: int, data: Any) -> None:
-        if task is self._solo and verdict is not Verdict.RUN:
-            self._solo = None
         if not self.book.has(task):  # let go meanwhile (its partition went, the worker stops)
             if verdict is Verdict.RUN:
                 self.db.unclaim([task])  # the next worker takes it as never started
@@ -318,7 +347,7 @@ class TaskFlow:
             self.book.move(task, State.READY)
             if task.revoked or self.stopping:
                 self._give_back([task])  # claimed, but the next owner will run it
-            elif task is not self._solo:
+            else:
                 self._ready.append(task)
         elif verdict is Verdict.RERUN:
             self.book.move(task, State.SUSPECT)
@@ -344,28 +373,30 @@ class TaskFlow:
 
     def _dispatch(self) -> None:
         """Hand claimed tasks to their runner, in the order they came (a free slot takes the
-        next at once). An attempt a worker that died had started (a rerun) runs alone:
-        nothing else runs while it does, and nothing else is claimed, so a step that kills
-        the process again is the only one it takes down with it (core/claims.py)."""
-        solo = self._solo
-        if solo is not None:
-            if solo.state is State.READY and not self.book.count(State.RUNNING):
-                self._start(solo)
-            return
-        while self._ready:
-            task = self._ready.popleft()
-            if task.state is State.READY and self.book.has(task):
+        next at once) as far as the start permit goes, raising it ahead of them, and claim
+        the reruns that came meanwhile: attempts a worker that died had started, taken by a
+        claim of their own (core/claims.py) and run in a child process of their own, beside
+        everything else."""
+        ready = self._ready
+        while ready:
+            task = ready[0]
+            if task.state is not State.READY or not self.book.has(task):
+                ready.popleft()
+            elif task.claim_seq <= self._permitted:
+                ready.popleft()
                 self._start(task)
-        # The worker must be quiet first: nothing running, claimed or being recorded (a
-        # result recorded before a crash is not run again; one in flight would be).
-        if self._suspects and not any(
-            self.book.count(s) for s in (State.RUNNING, State.CLAIMING, State.RECORDING)
-        ):
+            else:
+                break
+        reruns: list[Task] = []
+        while self._suspects:
             task = self._suspects.popleft()
             if task.state is State.SUSPECT and self.book.has(task):
-                self._solo = task
                 self.book.move(task, State.CLAIMING)
-                self.db.claim_rerun(task)
+                task.asked_at = time.monotonic()
+                task.claim_seq = 0  # a rerun starts at its claim
+                reruns.append(task)
+        if reruns:
+            self.db.claim_reruns(reruns)
 
     def _give_back(self, tasks: list[Task]) -> None:
         """Claimed tasks that will not run here (the worker stops, the partition went): their
@@ -375,12 +406,50 @@ class TaskFlow:
             for task in tasks:
                 self.book.remove(task)
 
+    def _permit_for(self, now: float) -> int:
+        """The start permit to ask for now, 0 when the one asked covers enough. It covers the
+        claims that start next, as many as the pace's start window (core/claim_pace.py)
+        less those already waiting in a runner for a thread: a worker that dies leaves the
+        claims past it as never started."""
+        budget = self._pace.start_window(now) - self._waiting_for_a_slot()
+        numbered = self._numbered
+        while numbered and not self._may_start(*numbered[0]):
+            numbered.popleft()
+        through = 0
+        for seq, task in numbered:
+            if budget <= 0:
+                break
+            if self._may_start(seq, task):
+                budget -= 1
+                through = seq
+        if through <= self._permit_asked:
+            return 0
+        self._permit_asked = through
+        return through
+
+    def _waiting_for_a_slot(self) -> int:
+        """Tasks handed to a runner that wait there for a free slot."""
+        running = self.book.count(State.RUNNING) - len(self._rerunning)
+        return max(0, running - self.options.concurrency)
+
+    def _may_start(self, seq: int, task: Task) -> bool:
+        """Whether the claim numbered ``seq`` is still one that may start later."""
+        return (
+            task.claim_seq == seq
+            and task.state in (State.CLAIMING, State.READY)
+            and self.book.has(task)
+        )
+
     def _start(self, task: Task) -> None:
         self.book.move(task, State.RUNNING)
+        runner = self._runner_of(task)
         if task.starts > 1:
+            if runner is self._runners.get("rerun") and runner is not self._runners["sync"]:
+                self._rerunning.add(task)
             self.stats.reruns += 1
             log.warning(
-                "running a step again, alone: the worker that started it died (execution %d)",
+                "running a step again, in a process of its own: the worker that started it"
+                " died (execution %d)",
                 task.starts,
                 extra=_ids(task),
             )
@@ -399,7 +468,7 @@ class TaskFlow:
                 )
             # The wakeup carries the execution's context: the run's next tick is its child.
             task.headers = context_headers(span) or task.headers
-        self._runner_of(task).submit(task)
+        runner.submit(task)
 
     def _execute(self, task: Task) -> Outcome:
         """On a slot's thread: the step function, inside its span's context."""
@@ -423,8 +492,7 @@ class TaskFlow:
         task = ended.task
         if task.abandoned or task.state is not State.RUNNING:
             return
-        if task is self._solo:
-            self._solo = None
+        self._rerunning.discard(task)
         self._pace.ended(time.monotonic())
         outcome = ended.outcome
         if outcome is not None:
@@ -437,6 +505,13 @@ class TaskFlow:
             self._done(task)
             return
         self.stats.attempts[(task.step.step_type, outcome.outcome.value)] += 1
+        if task.starts > 1 and (outcome.error or "").startswith(PROCESS_DIED):
+            self.stats.rerun_crashes += 1
+            log.error(
+                "a rerun killed its process again: its attempt fails (execution %d)",
+                task.starts,
+                extra=_ids(task),
+            )
         self.stats.heartbeats += task.attempt.beats
         self._end_span(task, outcome)
         self._record(task, outcome)
@@ -498,8 +573,7 @@ class TaskFlow:
             )
 
     def _abandon(self, task: Task, why: str) -> None:
-        if task is self._solo:
-            self._solo = None
+        self._rerunning.discard(task)
         self._runner_of(task).abandon(task)
         self.stats.abandoned += 1
         self.stats.heartbeats += task.attempt.beats
@@ -525,23 +599,36 @@ class TaskFlow:
             self.db.record(self._to_record)
             self._to_record = []
         self._dispatch()
-        if self._to_claim and not self._suspects and self._solo is None:
-            # (While reruns wait, nothing new is claimed: they run first, each alone.) Claims
-            # go ahead of the free slots as far as the pace says (core/claim_pace.py).
-            waiting = max(0, self.book.count(State.RUNNING) - self.options.concurrency)
-            ahead = self.book.count(State.CLAIMING) + self.book.count(State.READY) + waiting
-            room = self._pace.limit(now) - ahead
-            if room <= 0:
-                return
-            claims: list[Task] = []
-            while self._to_claim and len(claims) < room:
-                task = self._to_claim.popleft()
-                if task.state is State.RECEIVED and self.book.has(task):
-                    self.book.move(task, State.CLAIMING)
-                    task.asked_at = now
-                    claims.append(task)
-            if claims:
-                self.db.claim(claims)
+        claims = self._claims_to_ask(now) if self._to_claim else []
+        if claims:
+            self.db.claim(claims, self._permit_for(now))  # the permit rides on the claim
+        elif self._ready and self._ready[0].claim_seq > self._permit_asked:
+            # A claimed task waits for the permit (_dispatch left it first) and no claim goes
+            # out to carry it: the permit goes alone.
+            permit = self._permit_for(now)
+            if permit:
+                self.db.permit(permit)
+
+    def _claims_to_ask(self, now: float) -> list[Task]:
+        """The received tasks to claim now, numbered: as far ahead of the free slots as the
+        pace says (core/claim_pace.py)."""
+        ahead = (
+            self.book.count(State.CLAIMING)
+            + self.book.count(State.READY)
+            + self._waiting_for_a_slot()
+        )
+        room = self._pace.limit(now) - ahead
+        claims: list[Task] = []
+        while self._to_claim and len(claims) < room:
+            task = self._to_claim.popleft()
+            if task.state is State.RECEIVED and self.book.has(task):
+                self.book.move(task, State.CLAIMING)
+                task.asked_at = now
+                self._claim_seq += 1
+                task.claim_seq = self._claim_seq
+                self._numbered.append((self._claim_seq, task))
+                claims.append(task)
+        return claims
 
     def _wake(self, task: Task) -> None:
         """Wake the task's run: its result is recorded (or was, by a worker that died)."""
@@ -577,7 +664,7 @@ class TaskFlow:
             task.revoked = True
             if task.state in (State.RECEIVED, State.HELD, State.SUSPECT):
                 self.book.remove(task)
-            elif task.state is State.READY and task is not self._solo:
+            elif task.state is State.READY:
                 ready.append(task)
         self._give_back(ready)
         if commit:

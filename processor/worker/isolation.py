@@ -43,17 +43,30 @@ from processor.worker.tasks import Task
 log = logging.getLogger("ductor.worker")
 
 _POLL_S = 0.05  # how often a slot looks at its task's state while its child works
+# How the error of an attempt whose child process died under it begins.
+PROCESS_DIED = "the step's process died"
 _SPAWN = multiprocessing.get_context("spawn")
 
 
 class ProcessRunner:
-    """``concurrency`` slots, each a thread in the worker and a child process."""
+    """``slots`` slots (the worker's concurrency unless given), each a thread in the worker
+    and a child process. With ``idle_exit_s`` a child left without work that long ends (the
+    worker's reruns use a few children only now and then: core/claims.py)."""
 
-    def __init__(self, options: WorkerOptions, ended: Ended) -> None:
+    def __init__(
+        self,
+        options: WorkerOptions,
+        ended: Ended,
+        slots: int | None = None,
+        idle_exit_s: float | None = None,
+        name: str = "step",
+    ) -> None:
         self._app = options.app
         self._ended = ended
+        self._idle_exit_s = idle_exit_s
+        self._name = name
         self._jobs: queue.SimpleQueue[Task | None] = queue.SimpleQueue()
-        self._slots = [_Slot(self, i) for i in range(options.concurrency)]
+        self._slots = [_Slot(self, i) for i in range(slots or options.concurrency)]
         self._started = False
         self._lock = threading.Lock()
 
@@ -84,13 +97,18 @@ class _Slot:
         self._conn: Connection | None = None
 
     def start(self) -> None:
-        threading.Thread(target=self._serve, name=f"step-proc-{self._number}", daemon=True).start()
+        name = f"{self._runner._name}-proc-{self._number}"
+        threading.Thread(target=self._serve, name=name, daemon=True).start()
 
     def _serve(self) -> None:
         runner = self._runner
         try:
             while True:
-                task = runner._jobs.get()
+                try:
+                    task = runner._jobs.get(timeout=runner._idle_exit_s)
+                except queue.Empty:
+                    self._kill()  # idle: its child ends (a fresh one starts when needed)
+                    continue
                 if task is None:
                     return
                 if task.abandoned:
@@ -148,9 +166,7 @@ class _Slot:
             how = f"exited with code {code}"
         else:
             how = "lost"
-        why = f"the step's process died ({how}) while running it" + (
-            f": {detail}" if detail else ""
-        )
+        why = f"{PROCESS_DIED} ({how}) while running it" + (f": {detail}" if detail else "")
         log.warning("a step's child process died: %s", how)
         return Outcome.failed(why)
 
@@ -162,7 +178,7 @@ class _Slot:
         child = _SPAWN.Process(
             target=child_main,
             args=(theirs, self._runner._app),
-            name=f"ductor-step-{self._number}",
+            name=f"ductor-{self._runner._name}-{self._number}",
             daemon=True,
         )
         child.start()

@@ -94,6 +94,12 @@ class WorkerMetrics:
             lambda: [Observation(stats.reruns)],
         )
         counter(
+            "ductor.worker.rerun_crashes",
+            "{execution}",
+            "reruns whose step killed the child process running it again (the attempt failed)",
+            lambda: [Observation(stats.rerun_crashes)],
+        )
+        counter(
             "ductor.worker.errors",
             "{error}",
             "genuine failures of the worker by type",

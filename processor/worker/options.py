@@ -33,10 +33,15 @@ class WorkerOptions:
     max_abandoned: int | None = None
     # How many more times an attempt runs after the worker running it died (the step killed
     # its process, the OOM killer): past that the attempt fails ("the worker died running it")
-    # and its retry policy decides, instead of a crash loop.
+    # and its retry policy decides, instead of a crash loop. Each rerun runs in a child process
+    # of its own: a rerun that kills its process fails its attempt then and there.
     crash_reruns: int = 1
-    # The registry's MODULE:ATTRIBUTE, for process isolation's children (None: the samples).
+    # The registry's MODULE:ATTRIBUTE, for the child processes (None: the samples, or the
+    # module attribute that holds the worker's registry: worker/app.py).
     app: str | None = None
+    # Reruns run in a child process of their own (False: in the worker's own threads, where
+    # a rerun that kills its process again takes the worker and its other tasks with it).
+    reruns_in_child: bool = True
 
     def __post_init__(self) -> None:
         if self.concurrency < 1:

@@ -16,6 +16,7 @@ class WorkerStats:
     abandoned: int = 0  # steps given up on while still running (deadline, heartbeat)
     heartbeats: int = 0  # heartbeats the steps reported
     reruns: int = 0  # executions begun again after the worker running them died
+    rerun_crashes: int = 0  # reruns whose step killed the child process running it again
     dead_letters: int = 0  # tasks that could not be decoded
     errors: Counter[str] = field(default_factory=Counter)  # genuine failures by kind
 

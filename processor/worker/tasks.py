@@ -4,7 +4,7 @@ Every task goes through these states, each change made on the worker's loop thre
 
     RECEIVED -> CLAIMING -> READY -> RUNNING -> RECORDING -> SENDING
                     |-> HELD (someone else holds it) -> RECEIVED, a moment later
-                    |-> SUSPECT (a worker died running it) -> claimed alone -> READY
+                    |-> SUSPECT (a worker died running it) -> claimed as a rerun -> READY
                     |-> done (skipped), or RECORDING (its attempt fails without running)
 
 and leaves the book when it is done (its wakeup acknowledged, or nothing to send), when it is
@@ -31,7 +31,7 @@ class State(Enum):
     CLAIMING = "claiming"  # its claim is with the database
     READY = "ready"  # claimed: runs when a slot is free
     HELD = "held"  # someone else holds its attempt: claimed again shortly
-    SUSPECT = "suspect"  # a worker died running it: claimed again alone, then run alone
+    SUSPECT = "suspect"  # a worker died running it: claimed again as a rerun
     RUNNING = "running"  # its step function runs
     RECORDING = "recording"  # its result is with the database
     SENDING = "sending"  # its wakeup is on its way to the broker
@@ -49,6 +49,7 @@ class Task:
         "asked_at",
         "attempt",
         "claim_at",
+        "claim_seq",
         "data",
         "headers",
         "key",
@@ -77,6 +78,9 @@ class Task:
         self.attempt = Attempt(step.deadline_ms)
         self.starts = 0  # which execution of the attempt this worker begins (from its claim)
         self.claim_at = 0.0  # HELD: when to claim it again (monotonic)
+        # Its claim's number: it may start once the worker's start permit reaches it
+        # (io/step_attempts.py). 0: it may start at once (a rerun starts at its claim).
+        self.claim_seq = 0
         self.asked_at = 0.0  # when its claim was asked (monotonic)
         self.started_ns = 0
         self.revoked = False  # its partition was taken away: its offset is not ours any more

@@ -21,6 +21,7 @@ import queue
 import threading
 import time
 import uuid
+from dataclasses import replace
 
 from confluent_kafka import Producer
 
@@ -33,6 +34,7 @@ from processor.io.instances import Presence, heartbeat_interval_s
 from processor.io.kafka import Outbox, producer_config, topic_partitions
 from processor.io.outage import Outage
 from processor.io.telemetry import Telemetry
+from processor.worker.app import AppError, child_spec
 from processor.worker.database import Answer, ClaimRules, WorkerDatabase
 from processor.worker.flow import TaskFlow, _Ended
 from processor.worker.health import QueueLag, WorkerProbe
@@ -64,7 +66,7 @@ class Worker:
     ) -> None:
         self.settings = settings
         self.registry = registry
-        self.options = options = options or WorkerOptions()
+        self.options = options = _for_children(options or WorkerOptions(), registry)
         self.names = TopicNames(settings.topic_prefix)
         self.instance_id = client_id = f"ductor-worker-{uuid.uuid4().hex[:8]}"
         self.stats = WorkerStats()
@@ -331,3 +333,17 @@ class Worker:
 
 
 __all__ = ["EXIT_ABANDONED", "Worker"]
+
+
+def _for_children(options: WorkerOptions, registry: StepRegistry) -> WorkerOptions:
+    """The options, with where child processes import the steps from (``app``: reruns run in
+    a child of their own, and so does every step under process isolation). A registry no
+    child can import refuses process isolation (ValueError); its reruns run in the worker's
+    own threads, with a warning."""
+    try:
+        return replace(options, app=child_spec(registry, options.app))
+    except AppError as exc:
+        if options.isolation == "process":
+            raise ValueError(f"isolation 'process': {exc}") from None
+        log.warning("reruns run in the worker's own process: %s", exc)
+        return replace(options, reruns_in_child=False)

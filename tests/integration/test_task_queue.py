@@ -2,8 +2,9 @@
 tests' own that records every execution of its code (counted_steps.py): a slow step holds one
 slot and never the fast ones beside it; a step that hangs costs one slot, is abandoned at its
 deadline, and never stops the worker (nor its SIGTERM); a step that kills its process is not
-a crash loop: it runs once more, then its attempt fails and is retried, while every other task
-goes on; a task whose attempt is stale is not run."""
+a crash loop: it runs once more, in a child process of its own, then its attempt fails and is
+retried, while every other task goes on; the tasks a killed worker held run again beside the
+others; a task whose attempt is stale is not run."""
 
 from __future__ import annotations
 
@@ -161,13 +162,13 @@ def test_a_step_that_kills_its_process_is_not_a_crash_loop(
 ) -> None:
     """A step whose first attempt kills its process (SIGKILL, as a native crash or the OOM
     killer would), then 200 fast runs, with a supervisor starting the worker again whenever
-    it dies: the attempt runs once more (alone), then fails as "the worker died running it"
-    and its second attempt succeeds; the worker dies twice; every fast run succeeds on its
-    first attempt, its code run once."""
+    it dies: the attempt runs once more, in a child process of its own, which it kills; that
+    fails the attempt ("the step's process died") and its second attempt succeeds; the worker
+    dies once; every fast run succeeds on its first attempt, its code run once."""
     settings = replace(settings, instance_timeout_s=3.0)
     counted_steps.install(pg)
-    # A deadline longer than the two crashes take (each costs the group's session timeout
-    # before the next worker gets the partition): the attempt ends by the crashes, not by it.
+    # A deadline longer than the crash takes (it costs the group's session timeout before
+    # the next worker gets the partition): the attempt ends by the crashes, not by it.
     register_workflow(pg, _one_step("crashes", timeout_ms=120_000, attempts=3))
     spawn(["process"], settings, "process")
     (crasher,) = _ids("crash", 1)
@@ -180,7 +181,7 @@ def test_a_step_that_kills_its_process_is_not_a_crash_loop(
         if worker.proc.poll() is not None:
             assert worker.proc.returncode == -signal.SIGKILL, worker.proc.returncode
             deaths += 1
-            assert deaths <= 2, "a crash loop"
+            assert deaths <= 1, "the rerun took its worker down: it ran in the worker's process"
             worker = spawn(["worker", "--app", APP], settings, f"worker-{deaths}")
         return True
 
@@ -193,7 +194,7 @@ def test_a_step_that_kills_its_process_is_not_a_crash_loop(
         "every run to end, the worker started again whenever it died",
         0.2,
     )
-    assert deaths == 2
+    assert deaths == 1
     _ran_once_on_the_first_attempt(pg, fast)
     assert run_statuses(pg, [crasher]) == {crasher: "succeeded"}
     assert counted_steps.executions(pg, crasher) == {
@@ -203,5 +204,71 @@ def test_a_step_that_kills_its_process_is_not_a_crash_loop(
     (error,) = pg.execute(
         "SELECT error FROM eec_step_result WHERE run_id = %s AND attempt = 1", (crasher,)
     ).fetchone() or (None,)
-    assert error is not None and "died" in error
+    assert error is not None and "the step's process died (killed by signal SIGKILL)" in error
     assert worker.terminate() == 0
+
+
+def test_the_tasks_a_killed_worker_held_run_again_beside_the_others(
+    settings: Settings, pg: psycopg.Connection[Any], spawn: Callable[..., Spawned]
+) -> None:
+    """A worker with 4 slots runs 4 steps of 20 s and has claimed 8 fast tasks ahead of its
+    slots when it is SIGKILLed. The next worker runs the 4 slow ones and the 4 fast ones its
+    start permit covered again at once, each in a child
+    process of its own (any of them may be the step that killed the worker), but the claims
+    past the worker's start permit, which it never started, run as new ones; it takes new
+    tasks as usual: the 4 slow reruns all start before any ends, fast runs started after the
+    kill end before them, and every run succeeds on its first attempt (the fast tasks
+    claimed ahead never ran before, and run once)."""
+    settings = replace(settings, instance_timeout_s=3.0)
+    counted_steps.install(pg)
+    register_workflow(pg, _one_step("held-by-the-killed", timeout_ms=90_000, attempts=1))
+    spawn(["process"], settings, "process")
+    first = _worker(spawn, settings, "worker-0", "--concurrency", "4")
+    slow, ahead, after = _ids("slow", 4), _ids("ahead", 8), _ids("after", 20)
+    start_runs(settings, "held-by-the-killed", slow, {"sleep_ms": 20_000})
+    wait_for(lambda: len(counted_steps.executions(pg, "slow-")) == 4, 30, "the slow steps to run")
+    start_runs(settings, "held-by-the-killed", ahead)
+    wait_for(
+        lambda: _claimed(pg, ahead) == len(ahead),
+        30,
+        "the fast tasks to be claimed ahead of the busy slots",
+    )
+    assert not counted_steps.executions(pg, "ahead-"), "they waited for a slot"
+    first.kill()
+    second = _worker(spawn, settings, "worker-1", "--concurrency", "4")
+    start_runs(settings, "held-by-the-killed", after)
+    wait_for(
+        lambda: _alive(second) and sum(counted_steps.executions(pg, "slow-").values()) == 8,
+        60,
+        "the slow steps to run again",
+    )
+    assert count_terminal(pg, slow) == 0, "a slow rerun ended before the last one started"
+    wait_for(
+        lambda: _alive(second) and count_terminal(pg, [*ahead, *after]) == len(ahead + after),
+        60,
+        "the fast runs to end",
+    )
+    assert count_terminal(pg, slow) == 0, "the fast runs waited for the slow reruns"
+    wait_for(lambda: count_terminal(pg, slow) == len(slow), 60, "the slow runs to end")
+    _ran_once_on_the_first_attempt(pg, [*ahead, *after])
+    assert set(run_statuses(pg, slow).values()) == {"succeeded"}
+    pids: dict[str, int] = dict(
+        pg.execute(  # each run's last execution
+            "SELECT DISTINCT ON (run_id) run_id, pid FROM test_step_execution"
+            " WHERE starts_with(run_id, 'slow-') OR starts_with(run_id, 'ahead-')"
+            " ORDER BY run_id, id DESC"
+        ).fetchall()
+    )
+    worker_pid = second.proc.pid
+    assert all(pids[run_id] != worker_pid for run_id in slow), "a rerun ran in the worker"
+    # The start permit covered the busy slots' worth of the claims ahead (nothing had ended:
+    # the window is the 4 slots); the 4 claims past it never started, and ran as new ones.
+    assert sum(pids[run_id] == worker_pid for run_id in ahead) == 4, pids
+    assert second.terminate() == 0
+
+
+def _claimed(pg: psycopg.Connection[Any], run_ids: list[str]) -> int:
+    row = pg.execute(
+        "SELECT count(*) FROM eec_step_attempt WHERE run_id = ANY(%s)", (run_ids,)
+    ).fetchone()
+    return int(row[0]) if row else 0

@@ -122,3 +122,21 @@ def test_claims_go_ahead_of_the_slots_by_what_they_finish_in_four_round_trips() 
         capped.ended(i * 0.25, 100_000)
         capped.claimed(0.1)
     assert capped.limit(10.0) == 64
+
+
+def test_the_start_window_is_the_slots_and_what_they_finish_in_two_round_trips() -> None:
+    pace = ClaimPace(slots=8, cap=512, now=0.0)
+    assert pace.start_window(0.0) == 8  # nothing known yet: a slot's worth
+    now = 0.0
+    for _ in range(40):  # 4,000 steps a second, claims taking 10 ms
+        now += 0.25
+        pace.ended(now, 1000)
+        pace.claimed(0.010)
+    window = pace.start_window(now + 0.3)
+    assert 8 + 70 <= window <= 8 + 2 * 4000 * 0.010 + 1
+    assert window < pace.limit(now + 0.3)  # a crash leaves fewer reruns than claims
+    capped = ClaimPace(slots=8, cap=64, now=0.0)
+    for i in range(1, 40):
+        capped.ended(i * 0.25, 100_000)
+        capped.claimed(0.1)
+    assert capped.start_window(10.0) == 64
