@@ -1,16 +1,137 @@
-"""Which offset of each partition is safe to store.
+"""Which offset of each partition is safe to store, and which records past it are done.
 
 Records of one partition finish out of order (a run waiting 1 s for a conflict retry must not
 hold back the runs after it), but the stored offset may only move past a record once it and
 every record before it are done: at-least-once, with no record skipped.
+
+The records done past that offset would be redone by the partition's next owner: a
+dead-lettered record dead-lettered again, a hop sent twice. So the commit says which they are,
+in its metadata (``Finished``, encoded by ``encode_finished``): "every offset below ``end``
+is done but these". The next owner reads it when the partition is assigned and skips what is
+done (``FinishedElsewhere``), as Confluent's parallel consumer does with its offset maps.
 """
 
 from __future__ import annotations
 
 import heapq
+from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 TopicPartition = tuple[str, int]
+
+# The broker refuses commit metadata over offset.metadata.max.bytes (4,096 by default): what
+# does not fit is left out (those records are redone, as without it).
+METADATA_LIMIT = 3000
+_PREFIX = "ductor-done-1:"
+
+
+class Finished(NamedTuple):
+    """Every offset from the committed one up to ``end`` (exclusive) is done but ``pending``."""
+
+    end: int
+    pending: frozenset[int]
+
+    def covers(self, offset: int) -> bool:
+        """Whether the record at ``offset`` is done."""
+        return offset < self.end and offset not in self.pending
+
+    def merge(self, other: Finished | None) -> Finished:
+        """Done by either: what one owner finished and what the previous one had."""
+        if other is None:
+            return self
+        pending = {o for o in self.pending if not other.covers(o)}
+        pending.update(o for o in other.pending if not self.covers(o))
+        return Finished(max(self.end, other.end), frozenset(pending))
+
+
+def encode_finished(position: int, finished: Finished, limit: int = METADATA_LIMIT) -> str:
+    """``finished`` as commit metadata for the committed ``position``: the end and each
+    pending offset as a step from the one before (base 36). Pending offsets past what fits in
+    ``limit`` characters end it early (what follows is redone)."""
+    end = finished.end
+    steps: list[str] = []
+    size = len(_PREFIX) + 12
+    previous = position
+    for offset in sorted(o for o in finished.pending if o >= position):
+        if offset >= end:
+            break
+        step = _base36(offset - previous)
+        size += len(step) + 1
+        if size > limit:
+            end = offset  # known done only below it
+            break
+        steps.append(step)
+        previous = offset
+    if end <= position:
+        return ""
+    return f"{_PREFIX}{_base36(end - position)}:{','.join(steps)}"
+
+
+def decode_finished(position: int, metadata: str | None) -> Finished | None:
+    """What a commit's ``metadata`` says is done past its ``position`` (None: nothing, or
+    metadata this code did not write, or cannot read)."""
+    if not metadata or not metadata.startswith(_PREFIX):
+        return None
+    try:
+        span, _, steps = metadata[len(_PREFIX) :].partition(":")
+        end = position + int(span, 36)
+        pending: set[int] = set()
+        offset = position
+        for step in steps.split(",") if steps else ():
+            offset += int(step, 36)
+            pending.add(offset)
+    except ValueError:
+        return None
+    return Finished(end, frozenset(pending))
+
+
+def _base36(n: int) -> str:
+    if n < 0:
+        raise ValueError("offsets ascend")
+    digits = "0123456789abcdefghijklmnopqrstuvwxyz"
+    out = ""
+    while True:
+        n, r = divmod(n, 36)
+        out = digits[r] + out
+        if n == 0:
+            return out
+
+
+class FinishedElsewhere:
+    """What the partitions' previous owners committed as done past their committed offsets:
+    a record it covers is not done again, and a commit here says it again (``metadata``)."""
+
+    def __init__(self) -> None:
+        self._by_tp: dict[TopicPartition, Finished] = {}
+
+    def add(self, tp: TopicPartition, finished: Finished | None) -> None:
+        if finished is None:
+            self._by_tp.pop(tp, None)
+        else:
+            self._by_tp[tp] = finished
+
+    def metadata(self, tp: TopicPartition, position: int, tracker: OffsetTracker) -> str:
+        """The commit metadata for ``position``: what is done past it, here or before."""
+        here = tracker.finished_past(tp)
+        before = self._by_tp.get(tp)
+        finished = before if here is None else here.merge(before)
+        return "" if finished is None else encode_finished(position, finished)
+
+    def covers(self, tp: TopicPartition, offset: int) -> bool:
+        if not self._by_tp:
+            return False
+        finished = self._by_tp.get(tp)
+        if finished is None:
+            return False
+        if offset >= finished.end:
+            del self._by_tp[tp]  # read past it: nothing more to skip there
+            return False
+        return finished.covers(offset)
+
+    def forget(self, tps: Iterable[TopicPartition]) -> None:
+        for tp in tps:
+            self._by_tp.pop(tp, None)
 
 
 @dataclass
@@ -45,6 +166,11 @@ class OffsetTracker:
         part.in_flight.discard(offset)
         part.highest_done = max(part.highest_done, offset)
 
+    def skip(self, tp: TopicPartition, offset: int) -> None:
+        """A record done before it was read here (by the partition's previous owner)."""
+        self.started(tp, offset)
+        self.done(tp, offset)
+
     def committable(self) -> dict[TopicPartition, int]:
         """Partitions whose safe position moved since the last call: tp -> next offset to read."""
         moved: dict[TopicPartition, int] = {}
@@ -57,6 +183,24 @@ class OffsetTracker:
                 moved[tp] = position
                 self._stored[tp] = position
         return moved
+
+    def position(self, tp: TopicPartition) -> int | None:
+        """The safe position now (None: nothing finished there yet)."""
+        part = self._partitions.get(tp)
+        if part is None or part.highest_done < 0:
+            return None
+        lowest = part.lowest_in_flight()
+        return lowest if lowest is not None else part.highest_done + 1
+
+    def finished_past(self, tp: TopicPartition) -> Finished | None:
+        """The records done past the safe position (None: none)."""
+        part = self._partitions.get(tp)
+        if part is None or not part.in_flight:
+            return None
+        lowest = part.lowest_in_flight()
+        if lowest is None or part.highest_done < lowest:
+            return None
+        return Finished(part.highest_done + 1, frozenset(part.in_flight))
 
     def in_flight(self, tp: TopicPartition) -> int:
         part = self._partitions.get(tp)

@@ -56,6 +56,7 @@ class Stats:
     dead_letters: Counter[str] = field(default_factory=Counter)  # by reason
     quarantined: Counter[str] = field(default_factory=Counter)  # runs flagged, by reason
     records: int = 0  # wakeup records accepted
+    done_before: int = 0  # records a partition's previous owner had done: not done again
     commit_attempts: int = 0  # runs sent to a batched commit
     relayed: int = 0  # records sent again from the outbox (an instance died after its commit)
     # Commits whose connection was lost before the answer, by what the re-read found.
@@ -79,6 +80,7 @@ class Stats:
         """Totals for logs and reports (no run ids: those stay in the hot-runs log line)."""
         return {
             "records": self.records,
+            "done_before": self.done_before,
             "ticks": _plain(self.ticks),
             "conflicts": self.conflicts,
             "errors": _plain(self.errors),

@@ -19,12 +19,12 @@ import uuid
 from collections.abc import Callable, Set
 from dataclasses import replace
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaError, Message, Producer, TopicPartition
 
 from processor.core.decide import Rules, hop, reject
 from processor.core.flow import TierQueues
 from processor.core.intake import Accepted, Hop, NotDue, Reject, admit
-from processor.core.offsets import OffsetTracker
+from processor.core.offsets import FinishedElsewhere, OffsetTracker
 from processor.core.records import Inbound, KafkaMessage
 from processor.core.routing import TIERS, TopicNames
 from processor.core.stats import Stats
@@ -40,9 +40,11 @@ from processor.io.db_clock import DatabaseClock
 from processor.io.instances import Presence, heartbeat_interval_s
 from processor.io.kafka import (
     Outbox,
+    commit_positions,
     consumer_config,
     producer_config,
     producer_max_bytes,
+    read_finished,
     store_offsets,
     topic_partitions,
 )
@@ -82,6 +84,8 @@ class Processor:
         self.outbox = Outbox(self._producer)
         self.partitions: dict[str, int] = {}  # partition counts, read from the broker in run()
         self.tracker = OffsetTracker()
+        # What the partitions' previous owners did past their committed offsets.
+        self.done_elsewhere = FinishedElsewhere()
         self.queues: TierQueues[Inbound] = TierQueues(settings.tier_weights.as_dict())
         self.telemetry = telemetry or Telemetry.from_environment(
             "ductor-processor", settings.metrics_port, settings.group_id, settings.http_host
@@ -298,6 +302,13 @@ class Processor:
         topic, partition = message.topic(), message.partition()
         assert topic is not None and partition is not None
         tp = (topic, partition)
+        offset = message.offset()
+        if offset is not None and self.done_elsewhere.covers(tp, offset):
+            # Its previous owner did it (a dead letter sent, a tick committed) and committed
+            # an offset below it: not done twice (core/offsets.py).
+            self.tracker.skip(tp, offset)
+            self.stats.done_before += 1
+            return
         if self.flow.waits_for_due_head(tp):
             return  # prefetched behind a not-due head: it will be read again after the resume
         now_ms = self.clock.now_ms()
@@ -335,6 +346,7 @@ class Processor:
     # -- rebalance ---------------------------------------------------------------------------
 
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        read_finished(consumer, partitions, self.done_elsewhere)
         consumer.incremental_assign(partitions)
         tps = {(p.topic, p.partition) for p in partitions}
         self.flow.assigned_now(tps)
@@ -366,12 +378,18 @@ class Processor:
         self.executor.drop_partitions(tps)
         if commit:
             self.outbox.flush(min(5.0, self._wait_bound()))
-            self._store_offsets()
-            self._commit_offsets(consumer, "offset commit on revoke failed: %s")
+            commit_positions(
+                consumer,
+                self.tracker,
+                self.done_elsewhere,
+                tps,
+                "offset commit on revoke failed: %s",
+            )
             # Acknowledged outbox rows go now, before the partitions' next owner meets them.
             self.executor.delete_acknowledged(min(5.0, self._wait_bound()))
         for tp in tps:
             self.tracker.forget(tp)
+        self.done_elsewhere.forget(tps)
         self.flow.released(tps)
         self.probe.assigned_partitions = len(self.flow.assigned)
         log.info("partitions released", extra={"count": len(tps), "instance": self.instance_id})
@@ -389,8 +407,13 @@ class Processor:
             log.error(
                 "%d effects still undelivered at shutdown; their records will be redone", remaining
             )
-        self._store_offsets()
-        self._commit_offsets(self._consumer, "final offset commit failed: %s")
+        commit_positions(
+            self._consumer,
+            self.tracker,
+            self.done_elsewhere,
+            self.flow.assigned,
+            "final offset commit failed: %s",
+        )
         self._consumer.close()
         # The outbox rows acknowledged since the last commit go now: left, they would be sent
         # again by the others once this instance is marked stopped.
@@ -403,11 +426,3 @@ class Processor:
         log.info(
             "processor stopped", extra={"instance": self.instance_id, "stats": self.stats.summary()}
         )
-
-    @staticmethod
-    def _commit_offsets(consumer: Consumer, failure: str) -> None:
-        try:
-            consumer.commit(asynchronous=False)
-        except KafkaException as exc:
-            if exc.args[0].code() != KafkaError._NO_OFFSET:
-                log.warning(failure, exc)

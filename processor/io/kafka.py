@@ -9,12 +9,13 @@ import logging
 import random
 import re
 import time
-from collections.abc import Callable, Sequence, Set
+from collections.abc import Callable, Iterable, Sequence, Set
 from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
+from processor.core.offsets import FinishedElsewhere, OffsetTracker, decode_finished
 from processor.core.records import Headers
 from processor.core.routing import partition_for
 from processor.io.config import Settings
@@ -25,6 +26,8 @@ log = logging.getLogger("ductor.kafka")
 DeliveryReport = Callable[[KafkaError | None, Any], None]
 
 _QUEUE_FULL_POLL_S = 0.05
+# How long a newly assigned partition's committed offset (and metadata) is waited for.
+_COMMITTED_S = 5.0
 
 
 def produce(
@@ -139,6 +142,55 @@ def store_offsets(
             consumer.store_offsets(offsets=offsets)
         except KafkaException as exc:
             log.warning("could not store offsets: %s", exc)
+
+
+def commit_positions(
+    consumer: Consumer,
+    tracker: OffsetTracker,
+    elsewhere: FinishedElsewhere,
+    tps: Iterable[tuple[str, int]],
+    failure: str,
+) -> None:
+    """Commit now, for the partitions ``tps`` (given up, or at the end), the tracker's safe
+    position, with what is done past it in the commit's metadata (core/offsets.py): the
+    partitions' next owner does not do those records again. ``failure`` is logged with the
+    error if the broker refuses."""
+    offsets = []
+    for topic, partition in tps:
+        position = tracker.position((topic, partition))
+        if position is None:
+            continue  # nothing done here: what was committed before stands
+        metadata = elsewhere.metadata((topic, partition), position, tracker)
+        if metadata:
+            offsets.append(TopicPartition(topic, partition, position, metadata=metadata))
+        else:
+            offsets.append(TopicPartition(topic, partition, position))
+    if not offsets:
+        return
+    try:
+        # Stored too: librdkafka's own commits (auto-commit, and the one it makes on a
+        # revocation) ship the stored offsets, and must not drop the metadata.
+        consumer.store_offsets(offsets=offsets)
+        consumer.commit(offsets=offsets, asynchronous=False)
+    except KafkaException as exc:
+        log.warning(failure, exc)
+
+
+def read_finished(
+    consumer: Consumer, partitions: list[TopicPartition], elsewhere: FinishedElsewhere
+) -> None:
+    """What the previous owners of ``partitions`` committed as done past their offsets, into
+    ``elsewhere`` (bounded: without an answer those records are done again, as before)."""
+    try:
+        committed = consumer.committed(
+            [TopicPartition(p.topic, p.partition) for p in partitions], timeout=_COMMITTED_S
+        )
+    except KafkaException as exc:
+        log.warning("could not read the committed offsets of assigned partitions: %s", exc)
+        return
+    for c in committed:
+        if c.offset >= 0:
+            elsewhere.add((c.topic, c.partition), decode_finished(c.offset, c.metadata))
 
 
 def make_consumer(settings: Settings, client_id: str) -> Consumer:

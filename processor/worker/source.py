@@ -15,11 +15,16 @@ import logging
 from collections import Counter, deque
 from collections.abc import Callable
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
+from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
 
-from processor.core.offsets import OffsetTracker
+from processor.core.offsets import FinishedElsewhere, OffsetTracker
 from processor.io.config import Settings
-from processor.io.kafka import group_protocol_config, store_offsets
+from processor.io.kafka import (
+    commit_positions,
+    group_protocol_config,
+    read_finished,
+    store_offsets,
+)
 
 log = logging.getLogger("ductor.worker")
 
@@ -37,11 +42,14 @@ class TaskSource:
         client_id: str,
         errors: Counter[str],
         releasing: Callable[[set[TP], bool], None],
+        skipped: Counter[str],
     ) -> None:
         """``releasing(tps, commit)`` is called when partitions go, before their offsets are
-        committed (``commit``: a revocation; else lost): the worker lets their tasks go."""
+        committed (``commit``: a revocation; else lost): the worker lets their tasks go.
+        ``skipped["done_before"]`` counts records the previous owner had finished."""
         self._client_id = client_id
         self._errors = errors
+        self._skipped = skipped
         self._releasing = releasing
         self._consumer = Consumer(
             {
@@ -61,6 +69,8 @@ class TaskSource:
             }
         )
         self.tracker = OffsetTracker()
+        # What the partitions' previous owners did past their committed offsets.
+        self.done_elsewhere = FinishedElsewhere()
         self.assigned: set[TP] = set()
         self.paused = False
         self._backlog: deque[Message] = deque()
@@ -111,8 +121,7 @@ class TaskSource:
         self._pause(True)
 
     def close(self) -> None:
-        self.store_offsets()
-        self._commit("final worker offset commit failed: %s")
+        self._commit(self.assigned, "final worker offset commit failed: %s")
         self._consumer.close()
 
     def _consume(self, count: int, wait_s: float) -> list[Message]:
@@ -126,7 +135,8 @@ class TaskSource:
         return [first, *self._consumer.consume(count - 1, 0)] if count > 1 else [first]
 
     def _track(self, message: Message) -> bool:
-        """A record read: its offset is held from now on (False: an error, not a record)."""
+        """A record read: its offset is held from now on (False: an error, not a record, or
+        a record its partition's previous owner finished)."""
         error = message.error()
         if error is not None:
             if error.code() != KafkaError._PARTITION_EOF:
@@ -135,6 +145,11 @@ class TaskSource:
             return False
         topic, partition, offset = message.topic(), message.partition(), message.offset()
         assert topic is not None and partition is not None and offset is not None
+        if self.done_elsewhere.covers((topic, partition), offset):
+            # Its previous owner finished it and committed an offset below it: not again.
+            self.tracker.skip((topic, partition), offset)
+            self._skipped["done_before"] += 1
+            return False
         self.tracker.started((topic, partition), offset)
         return True
 
@@ -146,16 +161,13 @@ class TaskSource:
             (self._consumer.pause if pause else self._consumer.resume)(partitions)
         self.paused = pause
 
-    def _commit(self, failure: str) -> None:
-        try:
-            self._consumer.commit(asynchronous=False)
-        except KafkaException as exc:
-            if exc.args[0].code() != KafkaError._NO_OFFSET:
-                log.warning(failure, exc)
+    def _commit(self, tps: set[TP], failure: str) -> None:
+        commit_positions(self._consumer, self.tracker, self.done_elsewhere, tps, failure)
 
     # -- rebalance --------------------------------------------------------------------------
 
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        read_finished(consumer, partitions, self.done_elsewhere)
         consumer.incremental_assign(partitions)
         self.assigned |= {(p.topic, p.partition) for p in partitions}
         if self.paused and partitions:
@@ -177,9 +189,9 @@ class TaskSource:
         self._backlog = deque(m for m in self._backlog if (m.topic(), m.partition()) not in tps)
         self._releasing(tps, commit)
         if commit:
-            self.store_offsets()
-            self._commit("worker offset commit on revoke failed: %s")
+            self._commit(tps, "worker offset commit on revoke failed: %s")
         for tp in tps:
             self.tracker.forget(tp)
+        self.done_elsewhere.forget(tps)
         self.assigned -= tps
         log.info("partitions released", extra={"count": len(tps), "instance": self._client_id})

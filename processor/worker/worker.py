@@ -80,7 +80,9 @@ class Worker:
         self._producer = Producer(producer_config(settings, client_id))
         self._outbox = Outbox(self._producer)
         self._delivery = Delivery(self._outbox, self.stats.errors, outage=self.outages["kafka"])
-        self.source = TaskSource(settings, client_id, self.stats.errors, self._releasing)
+        self.source = TaskSource(
+            settings, client_id, self.stats.errors, self._releasing, self.stats.skipped
+        )
         answers: queue.SimpleQueue[Answer | _Ended] = queue.SimpleQueue()
         # Deadlines are Postgres's time: each heartbeat measures this process's offset from
         # it, and a task's deadline is taken in on this process's clock (io/db_clock.py).

@@ -65,3 +65,52 @@ def test_a_rebalance_mid_flood_dead_letters_each_bad_record_once(
     assert len(sources) == bad
     twice = {source: n for source, n in sources.items() if n > 1}
     assert not twice, f"{len(twice)} of {bad} bad records dead-lettered more than once"
+
+
+def test_records_done_past_one_that_cannot_finish_are_not_done_again_by_the_next_owner(
+    settings: Settings, pg: psycopg.Connection[Any], spawn: Any
+) -> None:
+    """Each partition starts with a run whose row an outside transaction holds (its tick
+    cannot commit while it does), then bad records, then a free run. The first instance
+    dead-letters the bad records and ticks the free runs, but the offset it commits cannot
+    pass the held run; a second instance joins and takes partitions from it. The commit says,
+    in its metadata, which records past its offset are done: the next owner does not
+    dead-letter them again, and once the rows are free every run ticks."""
+    topic = TopicNames(settings.topic_prefix).wakeup("t1")
+    producer = Producer(producer_config(settings, "test-held-flood"))
+    held: list[str] = []
+    free: list[str] = []
+    for partition in range(settings.wakeup_partitions):
+        for run_ids, kind in ((held, "held"), (free, "free")):
+            run_id = f"{kind}-{partition}"
+            wakeup = Wakeup(run_id, "start", produced_at=now_ms())
+            produce(producer, topic, wakeup.encode(), wakeup.key(), partition)
+            run_ids.append(run_id)
+            if kind == "held":
+                for j in range(BAD_PER_GOOD):
+                    produce(producer, topic, f"garbage {j}".encode(), b"junk", partition)
+    insert_runs(pg, sample_workflow(), [(r, {}) for r in held + free], "t1")
+    assert producer.flush(30) == 0
+    bad = BAD_PER_GOOD * settings.wakeup_partitions
+    holder = psycopg.connect(settings.pg_dsn)  # its transaction holds the rows until rollback
+    holder.execute("SELECT 1 FROM eec_workflow_run WHERE run_id = ANY(%s) FOR UPDATE", (held,))
+
+    first = spawn(["process"], settings, "first")
+    wait_for(lambda: count_ticked(pg, free) == len(free), 60, "the records after the held ones")
+    second = spawn(["process"], settings, "second")
+    wait_for(lambda: second.owned_partitions() > 0, 60, "the second instance to take partitions")
+    holder.rollback()
+    holder.close()
+    wait_for(lambda: count_ticked(pg, held + free) == len(held + free), 60, "every run ticked")
+    assert first.terminate() == 0 and second.terminate() == 0
+
+    sources = Counter(
+        (d.source_partition, d.source_offset)
+        for d in read_dead_letters(settings)
+        if d.source_topic == topic
+    )
+    assert len(sources) == bad
+    twice = {source: n for source, n in sources.items() if n > 1}
+    assert not twice, f"{len(twice)} of {bad} bad records dead-lettered more than once"
+    stopped = next(line for line in second.log_lines() if line.get("msg") == "processor stopped")
+    assert stopped["stats"]["done_before"] > 0, "the second instance read no bad record again"

@@ -14,7 +14,14 @@ from hypothesis.stateful import (
     rule,
 )
 
-from processor.core.offsets import OffsetTracker, TopicPartition
+from processor.core.offsets import (
+    Finished,
+    FinishedElsewhere,
+    OffsetTracker,
+    TopicPartition,
+    decode_finished,
+    encode_finished,
+)
 
 from .strategies import FAST
 
@@ -209,3 +216,85 @@ class OffsetMachine(RuleBasedStateMachine):
 
 OffsetMachine.TestCase.settings = settings(max_examples=100, stateful_step_count=30, deadline=None)
 TestOffsetMachine = OffsetMachine.TestCase
+
+
+# -- what is done past the committed offset (the commit's metadata) -------------------------
+
+
+def test_the_records_done_past_a_record_in_flight_are_what_the_commit_says() -> None:
+    tracker = OffsetTracker()
+    tp = ("t", 0)
+    for offset in range(10, 20):
+        tracker.started(tp, offset)
+    for offset in (11, 12, 14, 15, 16, 19):
+        tracker.done(tp, offset)
+    assert tracker.position(tp) == 10
+    finished = tracker.finished_past(tp)
+    assert finished == Finished(20, frozenset({10, 13, 17, 18}))
+    decoded = decode_finished(10, encode_finished(10, finished))
+    assert decoded is not None
+    assert [o for o in range(10, 25) if decoded.covers(o)] == [11, 12, 14, 15, 16, 19]
+
+
+def test_nothing_past_the_position_says_nothing() -> None:
+    tracker = OffsetTracker()
+    tp = ("t", 0)
+    assert tracker.position(tp) is None and tracker.finished_past(tp) is None
+    tracker.started(tp, 5)
+    tracker.done(tp, 5)
+    assert tracker.position(tp) == 6 and tracker.finished_past(tp) is None
+    assert decode_finished(6, "") is None
+    assert decode_finished(6, "someone else's metadata") is None
+    assert decode_finished(6, "ductor-done-1:zz!:") is None
+
+
+@given(
+    position=st.integers(min_value=0, max_value=10**12),
+    span=st.integers(min_value=1, max_value=5000),
+    data=st.data(),
+)
+@settings(FAST)
+def test_encoding_keeps_what_is_done_within_the_limit(
+    position: int, span: int, data: st.DataObject
+) -> None:
+    """Decoded, the metadata never says a record is done that was not, and says every done
+    one up to where it ends; it fits the limit the broker allows."""
+    pending = data.draw(st.frozensets(st.integers(position, position + span - 1)))
+    finished = Finished(position + span, pending)
+    metadata = encode_finished(position, finished, limit=300)
+    assert len(metadata) <= 300
+    decoded = decode_finished(position, metadata)
+    assert decoded is not None and position < decoded.end <= finished.end
+    assert all(finished.covers(o) == decoded.covers(o) for o in range(position, decoded.end))
+    assert not decoded.covers(decoded.end)
+
+
+def test_the_next_owner_skips_what_was_done_and_says_it_again_when_it_gives_up() -> None:
+    """A's commit (position 10, done: 11, 12, 14) reaches B; B does 10 and 13, then gives the
+    partition up having read up to 13: its commit carries what it did and what A had done."""
+    tp = ("t", 0)
+    elsewhere = FinishedElsewhere()
+    elsewhere.add(tp, decode_finished(10, encode_finished(10, Finished(15, frozenset({10, 13})))))
+    tracker = OffsetTracker()
+    for offset in (10, 11, 12, 13):
+        if elsewhere.covers(tp, offset):
+            tracker.skip(tp, offset)
+        else:
+            tracker.started(tp, offset)
+    assert tracker.in_flight(tp) == 2  # 10 and 13: A had not done them
+    tracker.done(tp, 13)
+    position = tracker.position(tp)
+    assert position == 10
+    decoded = decode_finished(10, elsewhere.metadata(tp, 10, tracker))
+    assert decoded is not None
+    assert [o for o in range(10, 16) if decoded.covers(o)] == [11, 12, 13, 14]
+    assert not elsewhere.covers(tp, 15)  # read past what A said: nothing more to skip
+    assert elsewhere.metadata(tp, 10, OffsetTracker()) == ""
+
+
+def test_merged_records_are_done_by_either() -> None:
+    a = Finished(10, frozenset({3, 7}))
+    b = Finished(8, frozenset({5, 7}))
+    merged = a.merge(b)
+    assert merged == Finished(10, frozenset({7}))
+    assert a.merge(None) is a
