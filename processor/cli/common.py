@@ -6,6 +6,8 @@ import signal
 from collections.abc import Callable
 from typing import Any
 
+from processor import early_stop
+
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 # `ductor result`: the run has not ended (yet, or within --wait).
 EXIT_NOT_FINISHED = 3
@@ -20,10 +22,13 @@ class CliError(Exception):
 
 
 def stop_on_signals(stop: Callable[[], None]) -> None:
-    """Call ``stop`` on SIGTERM and SIGINT (a graceful shutdown)."""
+    """Call ``stop`` on SIGTERM and SIGINT (a graceful shutdown); at once if one came while
+    the modules loaded (processor/early_stop.py)."""
 
     def handler(_signum: int, _frame: Any) -> None:
         stop()
 
     signal.signal(signal.SIGTERM, handler)
     signal.signal(signal.SIGINT, handler)
+    if early_stop.asked():
+        stop()

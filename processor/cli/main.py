@@ -17,9 +17,11 @@ from collections.abc import Sequence
 import psycopg
 from confluent_kafka import KafkaError, KafkaException
 
+from processor import early_stop
 from processor.cli.common import EXIT_FAILED, EXIT_USAGE, CliError
 from processor.cli.dlq import cmd_dlq_list, cmd_dlq_replay
 from processor.cli.gc import cmd_gc
+from processor.cli.outbox import cmd_outbox_parked, cmd_outbox_unpark
 from processor.cli.runs import (
     cmd_inspect,
     cmd_result,
@@ -79,7 +81,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_start)
 
     p = sub.add_parser("process", help="run one coordinator instance until SIGTERM/SIGINT")
-    p.set_defaults(func=cmd_process)
+    p.set_defaults(func=cmd_process, handles_signals=True)
 
     p = sub.add_parser(
         "worker", help="run a step worker with your step functions (--app) or the sample ones"
@@ -141,7 +143,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="the StepRegistry to run, e.g. my_package.steps:registry (the current directory"
         " is importable); default: the sample step functions",
     )
-    p.set_defaults(func=cmd_worker)
+    p.set_defaults(func=cmd_worker, handles_signals=True)
 
     p = sub.add_parser("inspect", help="show a run: status, nodes, version, seq, checksum check")
     p.add_argument("run_id")
@@ -219,6 +221,26 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dry-run", action="store_true", help="count what would go; delete nothing")
     p.set_defaults(func=cmd_gc)
 
+    outbox = sub.add_parser(
+        "outbox", help="the outbox rows parked because the broker refuses their records"
+    )
+    outbox_sub = outbox.add_subparsers(dest="outbox_command", required=True, metavar="ACTION")
+    p = outbox_sub.add_parser(
+        "parked",
+        help="list the parked outbox rows, oldest first: run, transition, when, topics, why",
+    )
+    p.add_argument("--limit", type=int, default=100, help="at most this many (default: 100)")
+    p.set_defaults(func=cmd_outbox_parked)
+    p = outbox_sub.add_parser(
+        "unpark",
+        help="hand parked rows back to the relay (the next sweep sends them) once the cause"
+        " is fixed",
+    )
+    p.add_argument("run_id", nargs="?", help="the run whose rows to unpark")
+    p.add_argument("seq", nargs="?", type=int, help="only its row of this transition")
+    p.add_argument("--all", action="store_true", help="every parked row")
+    p.set_defaults(func=cmd_outbox_unpark)
+
     dlq = sub.add_parser("dlq", help="list and replay dead-lettered records")
     dlq_sub = dlq.add_subparsers(dest="dlq_command", required=True, metavar="ACTION")
     p = dlq_sub.add_parser(
@@ -259,6 +281,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
+    if not getattr(args, "handles_signals", False):
+        kept = early_stop.hand_over()
+        if kept is not None:
+            return 128 + kept  # stopped while it loaded, before it did anything
     try:
         settings = load_settings()
         setup_logging(settings.log_format, settings.log_level)

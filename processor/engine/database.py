@@ -60,6 +60,9 @@ class Database:
     ) -> list[tuple[str, int, tuple[Send, ...]]]:
         return store.claim_outbox(self.conn, older_than_s, limit, relay)
 
+    def park_outbox(self, rows: Sequence[tuple[str, int, str]]) -> None:
+        store.park_outbox(self.conn, rows)
+
     def force_fail(self, write: ForceFailWrite) -> bool:
         """The terminal path shared by the livelock guard and the watchdog: write the failed
         state only if the run did not move since it was loaded."""

@@ -74,7 +74,16 @@ class _Settling:
     """A work whose plan settles once ``outstanding`` records are acknowledged: its bound
     ``delivered`` is what each of them calls back (one object per plan, no closures)."""
 
-    __slots__ = ("_settled", "held", "outboxed_seq", "outcome", "outstanding", "work")
+    __slots__ = (
+        "_park",
+        "_settled",
+        "held",
+        "outboxed_seq",
+        "outcome",
+        "outstanding",
+        "parked",
+        "work",
+    )
 
     def __init__(
         self,
@@ -83,18 +92,29 @@ class _Settling:
         outstanding: int,
         outboxed_seq: int | None,  # its outbox row, deleted once everything is acknowledged
         settled: Callable[[_Settling], None],
+        park: Callable[[_Settling], None],
     ) -> None:
         self.work = work
         self.outcome = outcome
         self.outstanding = outstanding
         self.outboxed_seq = outboxed_seq
         self._settled = settled
+        self._park = park
         self.held = 0  # records of the work counted as waiting for the broker meanwhile
+        self.parked: str | None = None  # why its outbox row is parked (the broker refuses it)
 
     def delivered(self) -> None:
         self.outstanding -= 1
         if self.outstanding == 0:
             self._settled(self)
+
+    def refused(self, why: str) -> None:
+        """The broker refuses one of its records for good: its outbox row is parked (kept,
+        relayed by no one until unparked), and the record counts as settled."""
+        if self.parked is None:
+            self.parked = why
+            self._park(self)
+        self.delivered()
 
 
 def _ending(span: Span, delivered: Callable[[], None]) -> Callable[[], None]:
@@ -156,6 +176,7 @@ class Executor:
         # relay, is deleted once).
         self._acknowledged: dict[tuple[str, int], None] = {}
         self._acknowledged_since = 0.0
+        self._to_park: list[tuple[str, int, str]] = []  # (run id, seq, why)
         self._delivery = Delivery(outbox, stats.errors, monotonic)
         self._unknown_streak = 0  # stages in a row whose commit lost its connection
         # Records whose plans wait for the broker to acknowledge their effects (taken off the
@@ -314,7 +335,9 @@ class Executor:
             work.prior_version = plan.expected_version
             self.book.park(work, self._monotonic() + plan.retry_in_ms / 1000)
             return
-        settling = _Settling(work, plan.outcome, len(plan.sends), plan.outboxed_seq, self._settled)
+        settling = _Settling(
+            work, plan.outcome, len(plan.sends), plan.outboxed_seq, self._settled, self._park
+        )
         for send in plan.sends:
             self._produce(settling, send)  # 4. produce; 5. acknowledged in _produce's callback
         if settling.outstanding == 0:
@@ -326,9 +349,28 @@ class Executor:
     def _settled(self, settling: _Settling) -> None:
         self.unacknowledged_records -= settling.held
         settling.held = 0
-        if settling.outboxed_seq is not None:
+        if settling.outboxed_seq is not None and settling.parked is None:
             self._acknowledge([(settling.work.run_id, settling.outboxed_seq)])
         self.finish(settling.work, settling.outcome)
+
+    def _park(self, settling: _Settling) -> None:
+        run_id, seq, why = settling.work.run_id, settling.outboxed_seq, settling.parked or ""
+        assert seq is not None
+        self._stats.parked[why.split(":", 1)[0]] += 1
+        log.error(
+            "parked the outbox row of run %s (transition %d): %s; it is kept, and sent again"
+            " once unparked (`ductor outbox unpark`)",
+            run_id,
+            seq,
+            why,
+            extra={"run_id": run_id, "seq": seq, "reason": why},
+        )
+        self._to_park.append((run_id, seq, why))
+
+    def take_parked(self) -> list[tuple[str, int, str]]:
+        """Outbox rows to mark parked (the watchdog writes them)."""
+        parked, self._to_park = self._to_park, []
+        return parked
 
     def _acknowledge(self, rows: list[tuple[str, int]]) -> None:
         """Outbox rows whose records the broker has: deleted by the next database stage."""
@@ -365,7 +407,11 @@ class Executor:
                 trace_headers = context_headers(work.span)
             headers = [h for h in headers if h[0] not in ("traceparent", "tracestate")]
             headers += trace_headers
-        self._delivery.send(send.topic, send.value, send.key, partition, headers, on_delivered)
+        # An outbox row's record the broker refuses for good is parked (io/delivery.py).
+        refused = settling.refused if settling.outboxed_seq is not None else None
+        self._delivery.send(
+            send.topic, send.value, send.key, partition, headers, on_delivered, refused
+        )
 
     # -- the watchdog's results --------------------------------------------------------------
 
@@ -373,7 +419,9 @@ class Executor:
         """Send again the records of outbox rows left behind (their instance died after its
         commit, or the broker was away); each row is deleted once all its records are in."""
         for run_id, seq, sends in rows:
-            settling = _Settling(RunWork(run_id), Outcome.COMMITTED, len(sends), seq, self._settled)
+            settling = _Settling(
+                RunWork(run_id), Outcome.COMMITTED, len(sends), seq, self._settled, self._park
+            )
             self._ledger.relayed(run_id, len(sends))
             for send in sends:
                 self._produce(settling, send)

@@ -29,6 +29,9 @@ class Point(StrEnum):
     AFTER_COMMIT = "after_commit"
     # `ductor process` is starting: its signal handler is set, the processor not built yet.
     STARTING = "starting"
+    # `python -m processor` is loading its modules (hit by processor/early_stop.py, which
+    # reads DUCTOR_TEST_FAULTS itself: nothing else is loaded yet).
+    LOADING = "loading"
 
 
 Action = Callable[..., None]

@@ -200,6 +200,7 @@ class Processor:
         self.flow.resume_due(now)
         self._feed_executor()
         self.executor.send_due(now)
+        self.watchdog.park(self.executor.take_parked())
         self.executor.advance(self.settings.batch_size)
         self.probe.database_ok = self.executor.database_ok
         self.outbox.poll(0)

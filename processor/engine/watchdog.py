@@ -1,5 +1,6 @@
-"""The watchdog: re-wakes runs whose next wakeup is overdue, force-fails stuck runs, and
-relays the outbox rows a dead instance left behind.
+"""The watchdog: re-wakes runs whose next wakeup is overdue, force-fails stuck runs, relays
+the outbox rows a dead instance left behind, and marks parked the rows whose record the
+broker refuses for good (the executor finds them: io/delivery.py).
 
 Sweeps are split across the live instances without a lock or a lease: a run belongs to the
 wakeup partition its id hashes to (the same partition its wakeups go to), and an instance only
@@ -89,6 +90,14 @@ class Watchdog:
         self.sweeps = 0  # sweeps finished and handed on
         self._results: queue.SimpleQueue[SweepResult] = queue.SimpleQueue()
         self._sweeping = threading.Event()  # one sweep at a time
+        self._lock = threading.Lock()
+        self._to_park: list[tuple[str, int, str]] = []  # outbox rows to mark, for a sweep
+
+    def park(self, rows: list[tuple[str, int, str]]) -> None:
+        """Outbox rows (run id, seq, why) to mark parked, by the next sweep."""
+        if rows:
+            with self._lock:
+                self._to_park.extend(rows)
 
     def maybe_sweep(self) -> list[SweepResult]:
         """Called every loop turn: returns the sweeps finished since, starts the next when due."""
@@ -104,7 +113,7 @@ class Watchdog:
         self.next_at = now + self._settings.interval_s
         modulus, owned = self._owned_shards()
         relay = self._may_relay()
-        if owned or relay:
+        if owned or relay or self._to_park:
             self._sweeping.set()
             threading.Thread(
                 target=self._sweep_thread,
@@ -135,6 +144,14 @@ class Watchdog:
         """Settle stuck runs and find overdue ones among the ``owned`` shards and, when
         ``relay``, claim outbox rows left behind (database work only; the loop produces)."""
         s = self._settings
+        with self._lock:
+            parking, self._to_park = self._to_park, []
+        try:
+            self._db.park_outbox(parking)
+        except psycopg.Error:
+            with self._lock:
+                self._to_park[:0] = parking  # for the next sweep
+            raise
         failed: list[str] = []
         woken: list[tuple[str, str]] = []
         if owned:

@@ -6,8 +6,10 @@ a backoff of its own (0.1 s doubling to 5 s), never at once: a broker that is aw
 record it refuses for good (too large, not authorised), must not turn into a hot loop. A
 refusal that retrying cannot cure is counted apart (``produce_permanent``) and logged each
 time it is retried, so it is visible; the record's offset stays held, so nothing is lost or
-skipped while someone fixes the cause. An outage is logged once when it starts and once when
-it ends.
+skipped while someone fixes the cause. A record that can be kept elsewhere (an outbox row's,
+which stays in Postgres) is given to its ``on_refused`` after ``PARK_AFTER`` such refusals
+in a row, which parks it (engine/executor.py) instead of sending it again forever. An outage
+is logged once when it starts and once when it ends.
 """
 
 from __future__ import annotations
@@ -28,6 +30,9 @@ from processor.io.outage import Outage
 
 log = logging.getLogger("ductor.delivery")
 
+# Refusals for good in a row after which a record with an ``on_refused`` is handed to it.
+PARK_AFTER = 3
+
 
 class _Record:
     """One record on its way to the broker: what to send, what to call once it is there, and
@@ -40,7 +45,9 @@ class _Record:
         "headers",
         "key",
         "on_delivered",
+        "on_refused",
         "partition",
+        "refusals",
         "topic",
         "value",
     )
@@ -54,6 +61,7 @@ class _Record:
         partition: int | None,
         headers: Headers,
         on_delivered: Callable[[], None],
+        on_refused: Callable[[str], None] | None = None,
     ) -> None:
         self.delivery = delivery
         self.topic = topic
@@ -62,7 +70,9 @@ class _Record:
         self.partition = partition
         self.headers = headers
         self.on_delivered = on_delivered
+        self.on_refused = on_refused
         self.failures = 0
+        self.refusals = 0  # refusals for good in a row
 
     def report(self, err: KafkaError | None, _msg: object = None) -> None:
         if err is None:
@@ -96,9 +106,12 @@ class Delivery:
         partition: int | None,
         headers: Headers,
         on_delivered: Callable[[], None],
+        on_refused: Callable[[str], None] | None = None,
     ) -> None:
-        """Send a record until the broker has it; then call ``on_delivered`` (once)."""
-        self._send(_Record(self, topic, value, key, partition, headers, on_delivered))
+        """Send a record until the broker has it; then call ``on_delivered`` (once). With
+        ``on_refused``, a record the broker refuses for good ``PARK_AFTER`` times in a row is
+        handed to it with why, and not sent again."""
+        self._send(_Record(self, topic, value, key, partition, headers, on_delivered, on_refused))
 
     def _send(self, r: _Record) -> None:
         try:
@@ -115,10 +128,15 @@ class Delivery:
         record.failures = failures = record.failures + 1
         topic = record.topic
         if err.retriable() or err.code() == KafkaError._MSG_TIMED_OUT:
+            record.refusals = 0
             self._errors["produce"] += 1
             self.outage.failed(f"a record to {topic} was not delivered: {err.str()}")
         else:
             self._errors["produce_permanent"] += 1
+            record.refusals += 1
+            if record.on_refused is not None and record.refusals >= PARK_AFTER:
+                record.on_refused(f"{err.name()}: the broker refuses it for {topic}: {err.str()}")
+                return
             log.error(
                 "the broker refuses a record to %s: %s; trying again in %.1f s",
                 topic,

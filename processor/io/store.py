@@ -10,6 +10,7 @@ its own, so no transaction is ever left open between steps of the commit path.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from datetime import datetime
 from typing import Any, NamedTuple
 
 import orjson
@@ -157,6 +158,7 @@ UPDATE eec_outbox SET created_at = now(), owner = %(me)s
  WHERE (run_id, seq) IN (
        SELECT run_id, seq FROM eec_outbox o
         WHERE created_at < now() - make_interval(secs => %(older_than_s)s)
+          AND o.parked_at IS NULL
           AND (o.owner IS NULL OR (%(judge)s AND NOT {alive("o.owner")}))
         ORDER BY created_at LIMIT %(limit)s
           FOR UPDATE SKIP LOCKED)
@@ -374,6 +376,62 @@ def claim_outbox(
         (run_id, seq, tuple(_send_of(record) for record in records))
         for run_id, seq, records in rows
     ]
+
+
+_PARK_SQL = """
+UPDATE eec_outbox o SET parked_at = now(), parked_reason = p.why
+  FROM jsonb_to_recordset(%s::jsonb) AS p(run_id text, seq bigint, why text)
+ WHERE o.run_id = p.run_id AND o.seq = p.seq AND o.parked_at IS NULL
+"""
+
+
+def park_outbox(conn: psycopg.Connection[Any], rows: Sequence[tuple[str, int, str]]) -> None:
+    """Park outbox rows (run id, seq, why) whose record the broker refuses for good: kept,
+    relayed by no one until unparked."""
+    if rows:
+        parked = [{"run_id": r, "seq": s, "why": why} for r, s, why in rows]
+        conn.execute(_PARK_SQL, (orjson.dumps(parked).decode(),))
+
+
+class ParkedRow(NamedTuple):
+    run_id: str
+    seq: int
+    parked_at: datetime
+    reason: str
+    topics: list[str]
+
+    def describe(self) -> str:
+        return (
+            f"{self.run_id} #{self.seq} parked {self.parked_at.isoformat(timespec='seconds')}"
+            f" ({', '.join(self.topics)}): {self.reason}"
+        )
+
+
+def parked_outbox(conn: psycopg.Connection[Any], limit: int) -> list[ParkedRow]:
+    """The parked outbox rows, oldest first: the run, the transition, when, why, and the
+    topics of its records."""
+    rows = conn.execute(
+        "SELECT run_id, seq, parked_at, coalesce(parked_reason, ''),"
+        " ARRAY(SELECT DISTINCT r ->> 0 FROM jsonb_array_elements(records) AS r)"
+        " FROM eec_outbox WHERE parked_at IS NOT NULL ORDER BY parked_at LIMIT %s",
+        (limit,),
+    ).fetchall()
+    return [ParkedRow(*row) for row in rows]
+
+
+def unpark_outbox(conn: psycopg.Connection[Any], run_id: str | None, seq: int | None) -> int:
+    """Hand parked rows back to the relay (all of them with ``run_id`` None; else the run's,
+    or its one transition ``seq``): no owner, and old enough to be relayed at the next sweep.
+    How many were parked."""
+    cur = conn.execute(
+        "UPDATE eec_outbox SET parked_at = NULL, parked_reason = NULL, owner = NULL,"
+        " created_at = now() - interval '1 day'"
+        " WHERE parked_at IS NOT NULL"
+        " AND (%(run)s::text IS NULL OR run_id = %(run)s)"
+        " AND (%(seq)s::bigint IS NULL OR seq = %(seq)s)",
+        {"run": run_id, "seq": seq},
+    )
+    return cur.rowcount
 
 
 class OutboxRelay(NamedTuple):

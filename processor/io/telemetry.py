@@ -230,6 +230,15 @@ class Telemetry:
             "runs flagged as unusable (the sweeps skip them) by reason",
             lambda: [Observation(n, {"ductor.reason": k}) for k, n in stats.quarantined.items()],
         )
+        counter(
+            "ductor.outbox.parked",
+            "{row}",
+            "outbox rows parked: the broker refuses a record of theirs for good, by its error",
+            lambda: (
+                [Observation(n, {"error.type": k}) for k, n in stats.parked.items()]
+                or [Observation(0)]
+            ),
+        )
 
         def read_lag(_options: CallbackOptions) -> list[Observation]:
             return [

@@ -30,9 +30,11 @@ from processor.core.envelope import Wakeup
 from processor.core.routing import TopicNames
 from processor.core.workflow import parse_workflow
 from processor.io.config import Settings
+from processor.io.delivery import PARK_AFTER
 from processor.io.dlq import read_dead_letters
 from processor.io.kafka import produce, producer_config
 from processor.io.runs_admin import count_ticked, insert_runs, register_workflow
+from processor.io.store import unpark_outbox
 
 from .audit import assert_results_applied, assert_transitions_applied_once, timed_out_attempts
 from .conftest import (
@@ -193,36 +195,50 @@ def _set_topic_config(settings: Settings, topic: str, name: str, value: str | No
         future.result(timeout=30)
 
 
-def test_a_record_the_broker_refuses_is_retried_with_backoff_not_in_a_hot_loop(
+def test_a_record_the_broker_refuses_for_good_parks_its_outbox_row_until_unparked(
     settings: Settings, pg: psycopg.Connection[Any], processor_thread: Any
 ) -> None:
     """The steps topic is made to refuse every step task (max.message.bytes below their size):
-    a permanent refusal. The processor counts it apart, keeps the runs' records held, sends
-    again with a growing backoff instead of at once, and goes on once the topic is fixed."""
+    a permanent refusal. The processor sends each again with a growing backoff (never in a hot
+    loop), then, after PARK_AFTER refusals, parks its outbox row: kept, with why, counted and
+    logged, relayed by no one (two sweeps later, the topic fixed, it still waits), and the
+    records' offsets move on. Unparked, the next sweep relays the rows and every run ends."""
     steps = TopicNames(settings.topic_prefix).steps
     _set_topic_config(settings, steps, "max.message.bytes", "64")
     run_ids = [f"refused-{i}" for i in range(5)]
     instance: ProcessorThread = processor_thread(settings)
     worker = WorkerThread(settings)
 
-    def refusals() -> int:
-        return instance.stats.errors["produce_permanent"]
+    def parked() -> list[tuple[str, str]]:
+        return pg.execute(
+            "SELECT run_id, parked_reason FROM eec_outbox"
+            " WHERE run_id = ANY(%s) AND parked_at IS NOT NULL",
+            (run_ids,),
+        ).fetchall()
 
     try:
         start_runs(settings, "sample", run_ids)
-        wait_for(lambda: refusals() >= 1, 60, "the broker to refuse a step task")
+        wait_for(lambda: instance.stats.errors["produce_permanent"] >= 1, 60, "a refusal")
         first = time.monotonic()
-        wait_for(lambda: refusals() >= 4 * len(run_ids), 60, "four refusals per run")
+        wait_for(lambda: len(parked()) == len(run_ids), 60, "every run's outbox row parked")
         spread = time.monotonic() - first
-        # Each record waits 0.1, 0.2, 0.4 s ... between sends: four sends take 0.7 s or more
-        # (a record sent again at once would make thousands of refusals in that time).
-        assert spread >= 0.7, f"{refusals()} refusals within {spread:.2f} s"
+        # Each record waits 0.1 then 0.2 s between its sends (at once, thousands of refusals).
+        assert spread >= 0.3, f"parked {spread:.2f} s after the first refusal"
+        assert instance.stats.errors["produce_permanent"] == PARK_AFTER * len(run_ids)
+        assert all("MSG_SIZE_TOO_LARGE" in why for _run, why in parked()), parked()
+        assert instance.stats.parked == {"MSG_SIZE_TOO_LARGE": len(run_ids)}
         assert count_terminal(pg, run_ids) == 0 and instance.stats.ticks["committed"] == 5
         _set_topic_config(settings, steps, "max.message.bytes", None)
+        sweeps = instance.processor.watchdog.sweeps
+        wait_for(lambda: instance.processor.watchdog.sweeps >= sweeps + 2, 30, "two sweeps")
+        assert len(parked()) == len(run_ids), "a parked row was relayed"
+        assert unpark_outbox(pg, None, None) == len(run_ids)
         wait_for(lambda: count_terminal(pg, run_ids) == len(run_ids), 90, "every run to end")
     finally:
         worker.stop()
     assert set(run_statuses(pg, run_ids).values()) == {"succeeded"}
+    assert instance.stats.relayed >= len(run_ids)
+    assert not parked()
     assert not instance.stats.dead_letters
 
 

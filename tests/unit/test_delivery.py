@@ -1,0 +1,72 @@
+"""Delivery (io/delivery.py): a record the broker refuses is sent again after a backoff of its
+own; one refused for good PARK_AFTER times in a row is handed to its ``on_refused`` (the
+executor parks its outbox row) and not sent again; a record without one keeps trying."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable
+from typing import Any
+
+from confluent_kafka import KafkaError
+
+from processor.io.delivery import PARK_AFTER, Delivery
+
+Report = Callable[[KafkaError | None], None]
+
+
+class FakeOutbox:
+    """Takes records; the test answers each send's delivery report."""
+
+    def __init__(self) -> None:
+        self.sent: list[Report] = []  # sent, not answered yet
+        self.sends = 0
+
+    def send(self, topic: str, value: Any, key: Any, report: Report, *rest: Any) -> None:
+        self.sent.append(report)
+        self.sends += 1
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _deliver_and_refuse(
+    refusal: KafkaError, on_refused: Callable[[str], None] | None, rounds: int
+) -> tuple[FakeOutbox, list[str]]:
+    outbox, clock, errors = FakeOutbox(), Clock(), Counter[str]()
+    delivery = Delivery(outbox, errors, clock)  # type: ignore[arg-type]
+    delivered: list[str] = []
+    delivery.send("steps", b"v", b"k", None, [], lambda: delivered.append("ok"), on_refused)
+    for _ in range(rounds):
+        if not outbox.sent:
+            clock.now += 10.0
+            delivery.send_due(clock.now)
+            if not outbox.sent:
+                break
+        outbox.sent.pop()(refusal)
+    return outbox, delivered
+
+
+def test_a_record_refused_for_good_is_handed_over_after_park_after_refusals() -> None:
+    why: list[str] = []
+    outbox, delivered = _deliver_and_refuse(
+        KafkaError(KafkaError.MSG_SIZE_TOO_LARGE), why.append, rounds=PARK_AFTER + 3
+    )
+    assert len(why) == 1 and why[0].startswith("MSG_SIZE_TOO_LARGE: the broker refuses it")
+    assert outbox.sends == PARK_AFTER and not delivered  # not sent again, nor delivered
+
+
+def test_without_a_keeper_it_keeps_trying() -> None:
+    outbox, _ = _deliver_and_refuse(KafkaError(KafkaError.MSG_SIZE_TOO_LARGE), None, 10)
+    assert outbox.sends == 10
+
+
+def test_a_broker_away_never_parks() -> None:
+    why: list[str] = []
+    outbox, _ = _deliver_and_refuse(KafkaError(KafkaError._MSG_TIMED_OUT), why.append, 10)
+    assert why == [] and outbox.sends == 10
