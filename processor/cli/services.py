@@ -14,7 +14,7 @@ from processor.client import ClientError, connect
 from processor.engine.faults import Faults, Point, skew_wall_clock
 from processor.engine.processor import Processor
 from processor.io.config import ConfigError, Settings
-from processor.io.kafka import KafkaAuthError, check_authentication
+from processor.io.kafka import EXIT_KAFKA_FATAL, KafkaAuthError, check_authentication
 from processor.io.migrate import migrate
 from processor.io.runs_admin import registered_queues
 from processor.io.topics import create_topics
@@ -61,7 +61,7 @@ def cmd_process(settings: Settings, args: argparse.Namespace) -> int:
     if requested.is_set():
         processor.stop()  # run() then shuts down at once, cleanly
     processor.run()
-    return EXIT_OK
+    return EXIT_KAFKA_FATAL if processor.client_errors.fatal is not None else EXIT_OK
 
 
 def cmd_worker(settings: Settings, args: argparse.Namespace) -> int:

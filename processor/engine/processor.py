@@ -39,6 +39,7 @@ from processor.io.config import Settings
 from processor.io.db_clock import DatabaseClock
 from processor.io.instances import Presence, heartbeat_interval_s
 from processor.io.kafka import (
+    ClientErrors,
     Outbox,
     commit_positions,
     consumer_config,
@@ -80,7 +81,11 @@ class Processor:
         self.names = TopicNames(settings.topic_prefix)
         self.probe = Probe(self.instance_id)
         self._stop = threading.Event()
-        self._producer = Producer(producer_config(settings, self.instance_id))
+        # A fatal client error stops the instance (exit EXIT_KAFKA_FATAL, for its supervisor).
+        self.client_errors = ClientErrors(self.stop)
+        self._producer = Producer(
+            {**producer_config(settings, self.instance_id), "error_cb": self.client_errors}
+        )
         self.outbox = Outbox(self._producer)
         self.partitions: dict[str, int] = {}  # partition counts, read from the broker in run()
         self.tracker = OffsetTracker()
@@ -140,7 +145,9 @@ class Processor:
             wall_ms=self.clock.now_ms,
             faults=faults,
         )
-        self._consumer = Consumer(consumer_config(settings, self.instance_id))
+        self._consumer = Consumer(
+            {**consumer_config(settings, self.instance_id), "error_cb": self.client_errors}
+        )
         self.lag = LagMeter(self._consumer, enabled=self.telemetry.meter_provider is not None)
         self.flow = FlowControl(self._consumer, self.names, self.lag)
         self.telemetry.instrument(self.stats, self.lag.read)
@@ -296,7 +303,9 @@ class Processor:
     def _intake(self, message: KafkaMessage) -> None:
         error = message.error()
         if error is not None:
-            if error.code() != KafkaError._PARTITION_EOF:
+            if error.code() == KafkaError._FATAL:  # the consumer's own, reported so
+                self.client_errors.failed(str(error))
+            elif error.code() != KafkaError._PARTITION_EOF:
                 self.stats.errors["consume"] += 1
                 log.error("consumer error: %s", error)
             return

@@ -77,6 +77,43 @@ def producer_max_bytes(settings: Settings) -> int:
 DELIVERY_TIMEOUT_MS = 120_000
 
 
+# The exit code of a service whose Kafka client reported a fatal error: the client cannot go on,
+# a fresh process can (its supervisor starts one).
+EXIT_KAFKA_FATAL = 4
+
+
+class ClientErrors:
+    """A Kafka client's error callback (``error_cb``). A fatal error (an idempotent producer
+    fenced, a static member fenced by another with its ``group.instance.id``) means the
+    client will never work again: it is logged once and ``on_fatal`` stops the service,
+    which exits with ``EXIT_KAFKA_FATAL`` for its supervisor instead of running on without
+    a working client. Other errors are librdkafka's reports of what it retries by itself (a
+    broker down), which the outage handling already reports: logged at debug."""
+
+    def __init__(self, on_fatal: Callable[[], None]) -> None:
+        self._on_fatal = on_fatal
+        self.fatal: str | None = None  # the first fatal error
+
+    def __call__(self, err: KafkaError) -> None:
+        if err.fatal():
+            self.failed(err.str())
+        else:
+            log.debug("kafka client error: %s", err)
+
+    def failed(self, what: str) -> None:
+        """A fatal error, from the callback or as a consumed record's error (code _FATAL:
+        the consumer reports its own fatal error so)."""
+        if self.fatal is None:
+            self.fatal = what
+            log.critical(
+                "fatal Kafka client error: %s; the process stops (exit code %d) for its"
+                " supervisor to start a fresh one",
+                what,
+                EXIT_KAFKA_FATAL,
+            )
+            self._on_fatal()
+
+
 def producer_config(settings: Settings, client_id: str) -> dict[str, Any]:
     return {
         "message.timeout.ms": DELIVERY_TIMEOUT_MS,

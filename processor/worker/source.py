@@ -20,6 +20,7 @@ from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
 from processor.core.offsets import FinishedElsewhere, OffsetTracker
 from processor.io.config import Settings
 from processor.io.kafka import (
+    ClientErrors,
     commit_positions,
     group_protocol_config,
     read_finished,
@@ -43,6 +44,7 @@ class TaskSource:
         errors: Counter[str],
         releasing: Callable[[set[TP], bool], None],
         skipped: Counter[str],
+        client_errors: ClientErrors,
     ) -> None:
         """``releasing(tps, commit)`` is called when partitions go, before their offsets are
         committed (``commit``: a revocation; else lost): the worker lets their tasks go.
@@ -66,8 +68,10 @@ class TaskSource:
                 # What librdkafka prefetches beside the worker's own backlog.
                 "queued.max.messages.kbytes": 4096,
                 "enable.partition.eof": False,
+                "error_cb": client_errors,
             }
         )
+        self._client_errors = client_errors
         self.tracker = OffsetTracker()
         # What the partitions' previous owners did past their committed offsets.
         self.done_elsewhere = FinishedElsewhere()
@@ -139,7 +143,9 @@ class TaskSource:
         a record its partition's previous owner finished)."""
         error = message.error()
         if error is not None:
-            if error.code() != KafkaError._PARTITION_EOF:
+            if error.code() == KafkaError._FATAL:  # the consumer's own, reported so
+                self._client_errors.failed(error.str())
+            elif error.code() != KafkaError._PARTITION_EOF:
                 self._errors["consume"] += 1
                 log.error("worker consumer error: %s", error)
             return False

@@ -31,7 +31,13 @@ from processor.io.db_clock import DatabaseClock
 from processor.io.delivery import Delivery
 from processor.io.health_http import HealthServer
 from processor.io.instances import Presence, heartbeat_interval_s
-from processor.io.kafka import Outbox, producer_config, topic_partitions
+from processor.io.kafka import (
+    EXIT_KAFKA_FATAL,
+    ClientErrors,
+    Outbox,
+    producer_config,
+    topic_partitions,
+)
 from processor.io.outage import Outage
 from processor.io.telemetry import Telemetry
 from processor.worker.app import AppError, child_spec
@@ -77,11 +83,20 @@ class Worker:
             settings.http_host,
         )
         self.outages = {"postgres": Outage("postgres", log), "kafka": Outage("kafka", log)}
-        self._producer = Producer(producer_config(settings, client_id))
+        # A fatal client error stops the worker (exit EXIT_KAFKA_FATAL, for its supervisor).
+        self.client_errors = ClientErrors(self._fatal_client_error)
+        self._producer = Producer(
+            {**producer_config(settings, client_id), "error_cb": self.client_errors}
+        )
         self._outbox = Outbox(self._producer)
         self._delivery = Delivery(self._outbox, self.stats.errors, outage=self.outages["kafka"])
         self.source = TaskSource(
-            settings, client_id, self.stats.errors, self._releasing, self.stats.skipped
+            settings,
+            client_id,
+            self.stats.errors,
+            self._releasing,
+            self.stats.skipped,
+            self.client_errors,
         )
         answers: queue.SimpleQueue[Answer | _Ended] = queue.SimpleQueue()
         # Deadlines are Postgres's time: each heartbeat measures this process's offset from
@@ -167,6 +182,10 @@ class Worker:
 
     def stop(self) -> None:
         self._stop.set()
+
+    def _fatal_client_error(self) -> None:
+        self.exit_code = EXIT_KAFKA_FATAL
+        self.stop()
 
     def _too_many_abandoned(self) -> None:
         self.exit_code = EXIT_ABANDONED

@@ -11,6 +11,7 @@ from typing import Any
 from confluent_kafka import KafkaError
 
 from processor.io.delivery import PARK_AFTER, Delivery
+from processor.io.kafka import ClientErrors
 
 Report = Callable[[KafkaError | None], None]
 
@@ -70,3 +71,13 @@ def test_a_broker_away_never_parks() -> None:
     why: list[str] = []
     outbox, _ = _deliver_and_refuse(KafkaError(KafkaError._MSG_TIMED_OUT), why.append, 10)
     assert why == [] and outbox.sends == 10
+
+
+def test_a_fatal_client_error_stops_the_service_once_and_others_do_not() -> None:
+    stops: list[str] = []
+    errors = ClientErrors(lambda: stops.append("stop"))
+    errors(KafkaError(KafkaError._ALL_BROKERS_DOWN))  # retried by librdkafka itself
+    assert errors.fatal is None and stops == []
+    errors(KafkaError(KafkaError._FENCED, "fenced", fatal=True))
+    errors.failed("and another")
+    assert errors.fatal is not None and "fenced" in errors.fatal and stops == ["stop"]
