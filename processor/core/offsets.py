@@ -7,14 +7,14 @@ every record before it are done: at-least-once, with no record skipped.
 The records done past that offset would be redone by the partition's next owner: a
 dead-lettered record dead-lettered again, a hop sent twice. So the commit says which they are,
 in its metadata (``Finished``, encoded by ``encode_finished``): "every offset below ``end``
-is done but these". The next owner reads it when the partition is assigned and skips what is
-done (``FinishedElsewhere``), as Confluent's parallel consumer does with its offset maps.
+is done but these". The next owner's tracker learns it when the partition is assigned and
+skips what is done (``done_before``), and says it again in its own commit until it has read
+past it, as Confluent's parallel consumer does with its offset maps.
 """
 
 from __future__ import annotations
 
 import heapq
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -98,42 +98,6 @@ def _base36(n: int) -> str:
             return out
 
 
-class FinishedElsewhere:
-    """What the partitions' previous owners committed as done past their committed offsets:
-    a record it covers is not done again, and a commit here says it again (``metadata``)."""
-
-    def __init__(self) -> None:
-        self._by_tp: dict[TopicPartition, Finished] = {}
-
-    def add(self, tp: TopicPartition, finished: Finished | None) -> None:
-        if finished is None:
-            self._by_tp.pop(tp, None)
-        else:
-            self._by_tp[tp] = finished
-
-    def metadata(self, tp: TopicPartition, position: int, tracker: OffsetTracker) -> str:
-        """The commit metadata for ``position``: what is done past it, here or before."""
-        here = tracker.finished_past(tp)
-        before = self._by_tp.get(tp)
-        finished = before if here is None else here.merge(before)
-        return "" if finished is None else encode_finished(position, finished)
-
-    def covers(self, tp: TopicPartition, offset: int) -> bool:
-        if not self._by_tp:
-            return False
-        finished = self._by_tp.get(tp)
-        if finished is None:
-            return False
-        if offset >= finished.end:
-            del self._by_tp[tp]  # read past it: nothing more to skip there
-            return False
-        return finished.covers(offset)
-
-    def forget(self, tps: Iterable[TopicPartition]) -> None:
-        for tp in tps:
-            self._by_tp.pop(tp, None)
-
-
 @dataclass
 class _PartitionOffsets:
     in_flight: set[int] = field(default_factory=set)
@@ -150,6 +114,8 @@ class OffsetTracker:
     def __init__(self) -> None:
         self._partitions: dict[TopicPartition, _PartitionOffsets] = {}
         self._stored: dict[TopicPartition, int] = {}
+        # What the partitions' previous owners committed as done past their offsets.
+        self._before: dict[TopicPartition, Finished] = {}
 
     def started(self, tp: TopicPartition, offset: int) -> None:
         part = self._partitions.get(tp)
@@ -166,10 +132,29 @@ class OffsetTracker:
         part.in_flight.discard(offset)
         part.highest_done = max(part.highest_done, offset)
 
-    def skip(self, tp: TopicPartition, offset: int) -> None:
-        """A record done before it was read here (by the partition's previous owner)."""
+    def learn(self, tp: TopicPartition, finished: Finished | None) -> None:
+        """What the partition's previous owner committed as done past its offset."""
+        if finished is None:
+            self._before.pop(tp, None)
+        else:
+            self._before[tp] = finished
+
+    def done_before(self, tp: TopicPartition, offset: int) -> bool:
+        """Whether the previous owner did the record at ``offset`` (then it is done here
+        too, without being done again)."""
+        if not self._before:
+            return False
+        before = self._before.get(tp)
+        if before is None:
+            return False
+        if offset >= before.end:
+            del self._before[tp]  # read past it: this tracker knows the rest itself
+            return False
+        if not before.covers(offset):
+            return False
         self.started(tp, offset)
         self.done(tp, offset)
+        return True
 
     def committable(self) -> dict[TopicPartition, int]:
         """Partitions whose safe position moved since the last call: tp -> next offset to read."""
@@ -192,6 +177,13 @@ class OffsetTracker:
         lowest = part.lowest_in_flight()
         return lowest if lowest is not None else part.highest_done + 1
 
+    def commit_metadata(self, tp: TopicPartition, position: int) -> str:
+        """The commit metadata for ``position``: what is done past it, here or before."""
+        here = self.finished_past(tp)
+        before = self._before.get(tp)
+        finished = before if here is None else here.merge(before)
+        return "" if finished is None else encode_finished(position, finished)
+
     def finished_past(self, tp: TopicPartition) -> Finished | None:
         """The records done past the safe position (None: none)."""
         part = self._partitions.get(tp)
@@ -213,3 +205,4 @@ class OffsetTracker:
         """The partition was revoked: whatever is in flight is the next owner's to redo."""
         self._partitions.pop(tp, None)
         self._stored.pop(tp, None)
+        self._before.pop(tp, None)

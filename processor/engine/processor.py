@@ -24,7 +24,7 @@ from confluent_kafka import Consumer, KafkaError, Message, Producer, TopicPartit
 from processor.core.decide import Rules, hop, reject
 from processor.core.flow import TierQueues
 from processor.core.intake import Accepted, Hop, NotDue, Reject, admit
-from processor.core.offsets import FinishedElsewhere, OffsetTracker
+from processor.core.offsets import OffsetTracker
 from processor.core.records import Inbound, KafkaMessage
 from processor.core.routing import TIERS, TopicNames
 from processor.core.stats import Stats
@@ -89,8 +89,6 @@ class Processor:
         self.outbox = Outbox(self._producer)
         self.partitions: dict[str, int] = {}  # partition counts, read from the broker in run()
         self.tracker = OffsetTracker()
-        # What the partitions' previous owners did past their committed offsets.
-        self.done_elsewhere = FinishedElsewhere()
         self.queues: TierQueues[Inbound] = TierQueues(settings.tier_weights.as_dict())
         self.telemetry = telemetry or Telemetry.from_environment(
             "ductor-processor", settings.metrics_port, settings.group_id, settings.http_host
@@ -313,10 +311,9 @@ class Processor:
         assert topic is not None and partition is not None
         tp = (topic, partition)
         offset = message.offset()
-        if offset is not None and self.done_elsewhere.covers(tp, offset):
+        if offset is not None and self.tracker.done_before(tp, offset):
             # Its previous owner did it (a dead letter sent, a tick committed) and committed
             # an offset below it: not done twice (core/offsets.py).
-            self.tracker.skip(tp, offset)
             self.stats.done_before += 1
             return
         if self.flow.waits_for_due_head(tp):
@@ -356,7 +353,7 @@ class Processor:
     # -- rebalance ---------------------------------------------------------------------------
 
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
-        read_finished(consumer, partitions, self.done_elsewhere)
+        read_finished(consumer, partitions, self.tracker)
         consumer.incremental_assign(partitions)
         tps = {(p.topic, p.partition) for p in partitions}
         self.flow.assigned_now(tps)
@@ -388,18 +385,11 @@ class Processor:
         self.executor.drop_partitions(tps)
         if commit:
             self.outbox.flush(min(5.0, self._wait_bound()))
-            commit_positions(
-                consumer,
-                self.tracker,
-                self.done_elsewhere,
-                tps,
-                "offset commit on revoke failed: %s",
-            )
+            commit_positions(consumer, self.tracker, tps, "offset commit on revoke failed: %s")
             # Acknowledged outbox rows go now, before the partitions' next owner meets them.
             self.executor.delete_acknowledged(min(5.0, self._wait_bound()))
         for tp in tps:
             self.tracker.forget(tp)
-        self.done_elsewhere.forget(tps)
         self.flow.released(tps)
         self.probe.assigned_partitions = len(self.flow.assigned)
         log.info("partitions released", extra={"count": len(tps), "instance": self.instance_id})
@@ -418,11 +408,7 @@ class Processor:
                 "%d effects still undelivered at shutdown; their records will be redone", remaining
             )
         commit_positions(
-            self._consumer,
-            self.tracker,
-            self.done_elsewhere,
-            self.flow.assigned,
-            "final offset commit failed: %s",
+            self._consumer, self.tracker, self.flow.assigned, "final offset commit failed: %s"
         )
         self._consumer.close()
         # The outbox rows acknowledged since the last commit go now: left, they would be sent

@@ -15,7 +15,7 @@ from typing import Any
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
-from processor.core.offsets import FinishedElsewhere, OffsetTracker, decode_finished
+from processor.core.offsets import OffsetTracker, decode_finished
 from processor.core.records import Headers
 from processor.core.routing import partition_for
 from processor.io.config import Settings
@@ -184,7 +184,6 @@ def store_offsets(
 def commit_positions(
     consumer: Consumer,
     tracker: OffsetTracker,
-    elsewhere: FinishedElsewhere,
     tps: Iterable[tuple[str, int]],
     failure: str,
 ) -> None:
@@ -197,11 +196,8 @@ def commit_positions(
         position = tracker.position((topic, partition))
         if position is None:
             continue  # nothing done here: what was committed before stands
-        metadata = elsewhere.metadata((topic, partition), position, tracker)
-        if metadata:
-            offsets.append(TopicPartition(topic, partition, position, metadata=metadata))
-        else:
-            offsets.append(TopicPartition(topic, partition, position))
+        metadata = tracker.commit_metadata((topic, partition), position)
+        offsets.append(TopicPartition(topic, partition, position, metadata=metadata))
     if not offsets:
         return
     try:
@@ -214,10 +210,10 @@ def commit_positions(
 
 
 def read_finished(
-    consumer: Consumer, partitions: list[TopicPartition], elsewhere: FinishedElsewhere
+    consumer: Consumer, partitions: list[TopicPartition], tracker: OffsetTracker
 ) -> None:
-    """What the previous owners of ``partitions`` committed as done past their offsets, into
-    ``elsewhere`` (bounded: without an answer those records are done again, as before)."""
+    """What the previous owners of ``partitions`` committed as done past their offsets, for
+    ``tracker`` (bounded: without an answer those records are done again, as before)."""
     try:
         committed = consumer.committed(
             [TopicPartition(p.topic, p.partition) for p in partitions], timeout=_COMMITTED_S
@@ -227,7 +223,7 @@ def read_finished(
         return
     for c in committed:
         if c.offset >= 0:
-            elsewhere.add((c.topic, c.partition), decode_finished(c.offset, c.metadata))
+            tracker.learn((c.topic, c.partition), decode_finished(c.offset, c.metadata))
 
 
 def make_consumer(settings: Settings, client_id: str) -> Consumer:

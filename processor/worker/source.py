@@ -17,7 +17,7 @@ from collections.abc import Callable
 
 from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
 
-from processor.core.offsets import FinishedElsewhere, OffsetTracker
+from processor.core.offsets import OffsetTracker
 from processor.io.config import Settings
 from processor.io.kafka import (
     ClientErrors,
@@ -73,8 +73,6 @@ class TaskSource:
         )
         self._client_errors = client_errors
         self.tracker = OffsetTracker()
-        # What the partitions' previous owners did past their committed offsets.
-        self.done_elsewhere = FinishedElsewhere()
         self.assigned: set[TP] = set()
         self.paused = False
         self._backlog: deque[Message] = deque()
@@ -151,9 +149,8 @@ class TaskSource:
             return False
         topic, partition, offset = message.topic(), message.partition(), message.offset()
         assert topic is not None and partition is not None and offset is not None
-        if self.done_elsewhere.covers((topic, partition), offset):
+        if self.tracker.done_before((topic, partition), offset):
             # Its previous owner finished it and committed an offset below it: not again.
-            self.tracker.skip((topic, partition), offset)
             self._skipped["done_before"] += 1
             return False
         self.tracker.started((topic, partition), offset)
@@ -168,12 +165,12 @@ class TaskSource:
         self.paused = pause
 
     def _commit(self, tps: set[TP], failure: str) -> None:
-        commit_positions(self._consumer, self.tracker, self.done_elsewhere, tps, failure)
+        commit_positions(self._consumer, self.tracker, tps, failure)
 
     # -- rebalance --------------------------------------------------------------------------
 
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
-        read_finished(consumer, partitions, self.done_elsewhere)
+        read_finished(consumer, partitions, self.tracker)
         consumer.incremental_assign(partitions)
         self.assigned |= {(p.topic, p.partition) for p in partitions}
         if self.paused and partitions:
@@ -198,6 +195,5 @@ class TaskSource:
             self._commit(tps, "worker offset commit on revoke failed: %s")
         for tp in tps:
             self.tracker.forget(tp)
-        self.done_elsewhere.forget(tps)
         self.assigned -= tps
         log.info("partitions released", extra={"count": len(tps), "instance": self._client_id})

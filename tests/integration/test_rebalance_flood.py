@@ -57,14 +57,7 @@ def test_a_rebalance_mid_flood_dead_letters_each_bad_record_once(
     wait_for(lambda: count_ticked(pg, run_ids) == len(run_ids), 120, "every run ticked", 0.2)
     assert first.terminate() == 0 and second.terminate() == 0
 
-    sources = Counter(
-        (d.source_partition, d.source_offset)
-        for d in read_dead_letters(settings)
-        if d.source_topic == topic
-    )
-    assert len(sources) == bad
-    twice = {source: n for source, n in sources.items() if n > 1}
-    assert not twice, f"{len(twice)} of {bad} bad records dead-lettered more than once"
+    _assert_each_dead_lettered_once(settings, topic, bad)
 
 
 def test_records_done_past_one_that_cannot_finish_are_not_done_again_by_the_next_owner(
@@ -104,6 +97,13 @@ def test_records_done_past_one_that_cannot_finish_are_not_done_again_by_the_next
     wait_for(lambda: count_ticked(pg, held + free) == len(held + free), 60, "every run ticked")
     assert first.terminate() == 0 and second.terminate() == 0
 
+    _assert_each_dead_lettered_once(settings, topic, bad)
+    stopped = next(line for line in second.log_lines() if line.get("msg") == "processor stopped")
+    assert stopped["stats"]["done_before"] > 0, "the second instance read no bad record again"
+
+
+def _assert_each_dead_lettered_once(settings: Settings, topic: str, bad: int) -> None:
+    """Every one of the ``bad`` records of ``topic`` has exactly one dead letter."""
     sources = Counter(
         (d.source_partition, d.source_offset)
         for d in read_dead_letters(settings)
@@ -112,5 +112,3 @@ def test_records_done_past_one_that_cannot_finish_are_not_done_again_by_the_next
     assert len(sources) == bad
     twice = {source: n for source, n in sources.items() if n > 1}
     assert not twice, f"{len(twice)} of {bad} bad records dead-lettered more than once"
-    stopped = next(line for line in second.log_lines() if line.get("msg") == "processor stopped")
-    assert stopped["stats"]["done_before"] > 0, "the second instance read no bad record again"

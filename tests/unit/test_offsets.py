@@ -16,7 +16,6 @@ from hypothesis.stateful import (
 
 from processor.core.offsets import (
     Finished,
-    FinishedElsewhere,
     OffsetTracker,
     TopicPartition,
     decode_finished,
@@ -273,23 +272,20 @@ def test_the_next_owner_skips_what_was_done_and_says_it_again_when_it_gives_up()
     """A's commit (position 10, done: 11, 12, 14) reaches B; B does 10 and 13, then gives the
     partition up having read up to 13: its commit carries what it did and what A had done."""
     tp = ("t", 0)
-    elsewhere = FinishedElsewhere()
-    elsewhere.add(tp, decode_finished(10, encode_finished(10, Finished(15, frozenset({10, 13})))))
     tracker = OffsetTracker()
+    tracker.learn(tp, decode_finished(10, encode_finished(10, Finished(15, frozenset({10, 13})))))
     for offset in (10, 11, 12, 13):
-        if elsewhere.covers(tp, offset):
-            tracker.skip(tp, offset)
-        else:
+        if not tracker.done_before(tp, offset):
             tracker.started(tp, offset)
     assert tracker.in_flight(tp) == 2  # 10 and 13: A had not done them
     tracker.done(tp, 13)
     position = tracker.position(tp)
     assert position == 10
-    decoded = decode_finished(10, elsewhere.metadata(tp, 10, tracker))
+    decoded = decode_finished(10, tracker.commit_metadata(tp, 10))
     assert decoded is not None
     assert [o for o in range(10, 16) if decoded.covers(o)] == [11, 12, 13, 14]
-    assert not elsewhere.covers(tp, 15)  # read past what A said: nothing more to skip
-    assert elsewhere.metadata(tp, 10, OffsetTracker()) == ""
+    assert not tracker.done_before(tp, 15)  # read past what A said: nothing more to skip
+    assert OffsetTracker().commit_metadata(tp, 10) == ""
 
 
 def test_merged_records_are_done_by_either() -> None:
