@@ -11,9 +11,9 @@ import psycopg
 
 from processor.cli.common import EXIT_OK, EXIT_USAGE, CliError, stop_on_signals
 from processor.client import ClientError, connect
-from processor.engine.faults import Faults, Point, skew_wall_clock
 from processor.engine.processor import Processor
 from processor.io.config import ConfigError, Settings
+from processor.io.faults import Faults, Point, skew_wall_clock
 from processor.io.kafka import EXIT_KAFKA_FATAL, KafkaAuthError, check_authentication
 from processor.io.migrate import migrate
 from processor.io.runs_admin import registered_queues
@@ -46,11 +46,16 @@ def cmd_topics_create(settings: Settings, args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def cmd_process(settings: Settings, args: argparse.Namespace) -> int:
+def _test_faults(settings: Settings) -> Faults:
+    """The fault points DUCTOR_TEST_FAULTS arms (tests only: io/faults.py)."""
     try:
-        faults = Faults.from_spec(settings.test_faults)
+        return Faults.from_spec(settings.test_faults)
     except ValueError as exc:
         raise ConfigError(f"DUCTOR_TEST_FAULTS: {exc}") from None
+
+
+def cmd_process(settings: Settings, args: argparse.Namespace) -> int:
+    faults = _test_faults(settings)
     skew_wall_clock(settings.test_clock_ahead_ms)
     requested = threading.Event()
     stop_on_signals(requested.set)  # a SIGTERM while starting is kept, not a hard kill
@@ -71,11 +76,12 @@ def cmd_worker(settings: Settings, args: argparse.Namespace) -> int:
         registry = registry_for(args.app)
     except AppError as exc:
         raise CliError(str(exc), EXIT_USAGE) from None
+    faults = _test_faults(settings)
     skew_wall_clock(settings.test_clock_ahead_ms)
     requested = threading.Event()
     stop_on_signals(requested.set)  # a SIGTERM while starting is kept, not a hard kill
     _check_kafka_credentials(settings)
-    worker = Worker(settings, registry, options)
+    worker = Worker(settings, registry, options, faults=faults)
     stop_on_signals(worker.stop)
     if requested.is_set():
         worker.stop()

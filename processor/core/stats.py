@@ -60,6 +60,7 @@ class Stats:
     commit_attempts: int = 0  # runs sent to a batched commit
     relayed: int = 0  # records sent again from the outbox (an instance died after its commit)
     parked: Counter[str] = field(default_factory=Counter)  # outbox rows parked, by error
+    rejoins: int = 0  # times the consumer joined its group again, stuck (io/group_watch.py)
     # Commits whose connection was lost before the answer, by what the re-read found.
     unknown_commits: Counter[str] = field(default_factory=Counter)
     hot_runs: Counter[str] = field(default_factory=Counter)  # conflicts by run id, logged only
@@ -92,6 +93,7 @@ class Stats:
             "commit_attempts": self.commit_attempts,
             "relayed": self.relayed,
             "parked": _plain(self.parked),
+            "rejoins": self.rejoins,
             "unknown_commits": _plain(self.unknown_commits),
             "latency_ms": {
                 name: dict(zip(("p50", "p99"), reservoir.percentiles(50, 99), strict=True))

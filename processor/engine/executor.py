@@ -54,12 +54,12 @@ from processor.core.records import Inbound
 from processor.core.routing import partition_for
 from processor.core.stats import Stats
 from processor.engine.database import Database
-from processor.engine.faults import NO_FAULTS, Faults
 from processor.engine.ledger import Ledger
 from processor.engine.stage import DatabaseStage, InFlight, StageResult
 from processor.io.db_clock import DatabaseClock
 from processor.io.db_errors import TRANSIENT, classify
 from processor.io.delivery import Delivery
+from processor.io.faults import NO_FAULTS, Faults
 from processor.io.kafka import Outbox, choose_partition
 from processor.io.logs import first_line
 from processor.io.outage import Outage

@@ -16,7 +16,7 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import Callable, Set
+from collections.abc import Callable, Mapping, Set
 from dataclasses import replace
 
 from confluent_kafka import Consumer, KafkaError, Message, Producer, TopicPartition
@@ -24,19 +24,21 @@ from confluent_kafka import Consumer, KafkaError, Message, Producer, TopicPartit
 from processor.core.decide import Rules, hop, reject
 from processor.core.flow import TierQueues
 from processor.core.intake import Accepted, Hop, NotDue, Reject, admit
+from processor.core.membership import Holding, Stuck
 from processor.core.offsets import OffsetTracker
 from processor.core.records import Inbound, KafkaMessage
 from processor.core.routing import TIERS, TopicNames
 from processor.core.stats import Stats
 from processor.engine.database import Database
 from processor.engine.executor import Executor
-from processor.engine.faults import NO_FAULTS, Faults
 from processor.engine.flow_control import FlowControl
 from processor.engine.health import HealthServer, Probe, is_ready
 from processor.engine.lag import LagMeter
 from processor.engine.watchdog import Shards, SweepSettings, Watchdog
 from processor.io.config import Settings
 from processor.io.db_clock import DatabaseClock
+from processor.io.faults import NO_FAULTS, Faults, Point
+from processor.io.group_watch import GroupWatch
 from processor.io.instances import Presence, heartbeat_interval_s
 from processor.io.kafka import (
     ClientErrors,
@@ -73,7 +75,7 @@ class Processor:
         stats: Stats | None = None,
         instance_id: str | None = None,
         telemetry: Telemetry | None = None,
-        faults: Faults = NO_FAULTS,  # tests only: see faults.py
+        faults: Faults = NO_FAULTS,  # tests only: see io/faults.py
     ) -> None:
         self.settings = settings
         self.instance_id = instance_id or f"ductor-{uuid.uuid4().hex[:8]}"
@@ -97,6 +99,7 @@ class Processor:
         # One outage of Postgres as this instance sees it: batches and sweeps both report to
         # it, so an outage gives one line when it starts and one when it ends.
         self.postgres = Outage("postgres", log)
+        self._faults = faults
         if faults.armed:
             log.warning("fault injection armed (tests only): %s", ", ".join(faults.armed))
         self.rules = Rules(self.names, settings.livelock_requeues, producer_max_bytes(settings))
@@ -143,12 +146,11 @@ class Processor:
             wall_ms=self.clock.now_ms,
             faults=faults,
         )
-        self._consumer = Consumer(
-            {**consumer_config(settings, self.instance_id), "error_cb": self.client_errors}
-        )
-        self.lag = LagMeter(self._consumer, enabled=self.telemetry.meter_provider is not None)
-        self.flow = FlowControl(self._consumer, self.names, self.lag)
-        self.telemetry.instrument(self.stats, self.lag.read)
+        self._consumer, self.lag, self.flow = self._new_member()
+        # Looks at the group when nothing has come for a while (built once the partition
+        # counts are read, in run()).
+        self.group_watch: GroupWatch | None = None
+        self.telemetry.instrument(self.stats, self._lag_now)
         self._health: HealthServer | None = None  # while run() serves the health endpoints
         self.telemetry.instrument_readiness(
             lambda: is_ready(self.probe, settings.health_stall_s, self._health),
@@ -175,12 +177,14 @@ class Processor:
             if dlq_limit < self.rules.dlq_max_bytes:
                 self.rules = replace(self.rules, dlq_max_bytes=dlq_limit)
                 self.executor.use_rules(self.rules)
-            self._consumer.subscribe(
-                self.names.coordinator_topics(),
-                on_assign=self._on_assign,
-                on_revoke=self._on_revoke,
-                on_lost=self._on_lost,
+            self.group_watch = GroupWatch(
+                self.settings,
+                self.settings.group_id,
+                {t: self.partitions[t] for t in self.names.coordinator_topics()},
+                self.settings.group_stall_s,
+                time.monotonic(),
             )
+            self._subscribe()
             self.presence.start()
             log.info("processor started", extra={"instance": self.instance_id})
             # Everything alive now (modules, clients, settings) lives as long as the process:
@@ -200,8 +204,13 @@ class Processor:
         """One turn of the loop: consume, resume, tick a batch, deliver, store offsets, sweep."""
         now = time.monotonic()
         self.probe.last_loop_at = now
-        for message in self._consume():
+        messages = self._consume()
+        for message in messages:
             self._intake(message)
+        assert self.group_watch is not None
+        stuck = self.group_watch.turn(now, bool(messages), self._holding)
+        if stuck is not None:
+            self._join_again(stuck, now)
         self.flow.resume_due(now)
         self._feed_executor()
         self.executor.send_due(now)
@@ -350,9 +359,62 @@ class Processor:
     def _store_offsets(self) -> None:
         store_offsets(self._consumer, self.tracker.committable(), self.flow.assigned)
 
-    # -- rebalance ---------------------------------------------------------------------------
+    # -- the group ---------------------------------------------------------------------------
+
+    def _new_member(self) -> tuple[Consumer, LagMeter, FlowControl]:
+        """A consumer, not subscribed yet, and what reads and steers it."""
+        consumer = Consumer(
+            {**consumer_config(self.settings, self.instance_id), "error_cb": self.client_errors}
+        )
+        lag = LagMeter(consumer, enabled=self.telemetry.meter_provider is not None)
+        return consumer, lag, FlowControl(consumer, self.names, lag)
+
+    def _lag_now(self) -> Mapping[tuple[str, int], int]:
+        return self.lag.read()  # (the current member's meter: a new member has its own)
+
+    def _subscribe(self) -> None:
+        self._consumer.subscribe(
+            self.names.coordinator_topics(),
+            on_assign=self._on_assign,
+            on_revoke=self._on_revoke,
+            on_lost=self._on_lost,
+        )
+
+    def _holding(self) -> Holding:
+        held = set(self.flow.assigned)
+        reading = held - self.flow.paused()
+        positions = self._consumer.position([TopicPartition(t, p) for t, p in reading])
+        return Holding(
+            self._consumer.memberid() or "",
+            held,
+            reading,
+            {(tp.topic, tp.partition): tp.offset for tp in positions},
+        )
+
+    def _join_again(self, stuck: Stuck, now: float) -> None:
+        """The member is stuck (io/group_watch.py): give back what it holds, as on a
+        revocation, leave the group, and join it again with a new consumer."""
+        log.warning(
+            "joining the group again",
+            extra={"instance": self.instance_id, "reason": stuck.reason, "waiting": stuck.waiting},
+        )
+        self.stats.rejoins += 1
+        self._consumer.close()  # revokes what it holds (committed) and leaves the group
+        left = set(self.flow.assigned)
+        if left:  # (the client had already let these go: nothing of theirs to commit)
+            self._release(self._consumer, [TopicPartition(t, p) for t, p in left], commit=False)
+        self._consumer, self.lag, self.flow = self._new_member()
+        self._subscribe()
+        assert self.group_watch is not None
+        self.group_watch.joined_again(now)
 
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        if self._faults.forces(Point.ASSIGNED, partitions):
+            # Tests only: the member lets them go unknown to the group (io/faults.py).
+            consumer.incremental_assign(partitions)
+            consumer.incremental_unassign(partitions)
+            log.warning("TEST ONLY: an assignment of %d partition(s) ignored", len(partitions))
+            return
         read_finished(consumer, partitions, self.tracker)
         consumer.incremental_assign(partitions)
         tps = {(p.topic, p.partition) for p in partitions}

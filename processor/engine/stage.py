@@ -33,9 +33,9 @@ from processor.core.decide import (
     tick_batch,
 )
 from processor.engine.database import Database
-from processor.engine.faults import NO_FAULTS, Faults, Point
 from processor.io.db_clock import DatabaseClock
 from processor.io.db_errors import Fault, classify, outcome_unknown
+from processor.io.faults import NO_FAULTS, Faults, Point
 from processor.io.store import CommitAnswer, QuarantineFlag
 from processor.io.telemetry import now_ns
 

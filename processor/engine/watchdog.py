@@ -31,8 +31,8 @@ import psycopg
 from processor.core.decide import Send
 from processor.core.stuck import Fail, Leave, StuckVerdict, Wake
 from processor.engine.database import Database
-from processor.engine.faults import NO_FAULTS, Faults, Point
 from processor.io.db_errors import TRANSIENT, classify
+from processor.io.faults import NO_FAULTS, Faults, Point
 from processor.io.store import OutboxRelay
 
 log = logging.getLogger("ductor.watchdog")

@@ -82,10 +82,14 @@ class Settings:
     http_host: str = "127.0.0.1"
     # /healthz fails once the poll loop has not turned for this long (see health.py).
     health_stall_s: float = 30.0
-    # Tests only: fault-injection points to arm (see engine/faults.py). Empty in production.
+    # A processor or worker that has read nothing for this long looks at its group as the
+    # broker sees it, and joins again with a new client if records wait that it should be
+    # reading (io/group_watch.py). 0: never.
+    group_stall_s: float = 30.0
+    # Tests only: fault-injection points to arm (see io/faults.py). Empty in production.
     test_faults: str = ""
     # Tests only: this process's wall clock runs this far ahead (negative: behind), as a
-    # machine whose clock drifted would (engine/faults.py, ``skew_wall_clock``). 0 in production.
+    # machine whose clock drifted would (io/faults.py, ``skew_wall_clock``). 0 in production.
     test_clock_ahead_ms: int = 0
     kafka_extra: Mapping[str, str] = field(default_factory=dict)
 
@@ -280,6 +284,7 @@ _FIELDS: tuple[tuple[str, Callable[[str, str], object]], ...] = (
     ("health_port", _int_in(0, 65535)),
     ("http_host", _parse_host),
     ("health_stall_s", _float_min(0.1)),
+    ("group_stall_s", _float_min(0.0)),
     ("test_faults", _parse_faults),
     ("test_clock_ahead_ms", _int_in(-86_400_000, 86_400_000)),
 )

@@ -231,6 +231,13 @@ class Telemetry:
             lambda: [Observation(n, {"ductor.reason": k}) for k, n in stats.quarantined.items()],
         )
         counter(
+            "ductor.consumer.rejoins",
+            "{rejoin}",
+            "times the consumer joined its group again: records waited that it held or was given"
+            " but did not read",
+            lambda: [Observation(stats.rejoins)],
+        )
+        counter(
             "ductor.outbox.parked",
             "{row}",
             "outbox rows parked: the broker refuses a record of theirs for good, by its error",

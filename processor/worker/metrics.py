@@ -100,6 +100,13 @@ class WorkerMetrics:
             lambda: [Observation(stats.rerun_crashes)],
         )
         counter(
+            "ductor.worker.rejoins",
+            "{rejoin}",
+            "times the worker's consumer joined its group again: tasks waited that it held or"
+            " was given but did not read",
+            lambda: [Observation(stats.rejoins)],
+        )
+        counter(
             "ductor.worker.errors",
             "{error}",
             "genuine failures of the worker by type",

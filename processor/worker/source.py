@@ -7,18 +7,26 @@ backlog is full, and resumed once it is down to a quarter: librdkafka drops what
 for a paused partition and fetches again only some hundreds of ms after the resume, so pausing
 whenever the slots were full (every few tasks, under load) cost more time than the tasks did.
 Paused or not, the consumer is polled every turn, so the group never takes the worker for dead.
+
+A worker that has read nothing for ``DUCTOR_GROUP_STALL_S`` looks at its group as the broker
+sees it (io/group_watch.py) and joins again with a new consumer if tasks wait that it holds or
+was given but does not read.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from collections import Counter, deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
 
+from processor.core.membership import Holding, Stuck
 from processor.core.offsets import OffsetTracker
 from processor.io.config import Settings
+from processor.io.faults import NO_FAULTS, Faults, Point
+from processor.io.group_watch import GroupWatch
 from processor.io.kafka import (
     ClientErrors,
     commit_positions,
@@ -45,20 +53,35 @@ class TaskSource:
         releasing: Callable[[set[TP], bool], None],
         skipped: Counter[str],
         client_errors: ClientErrors,
+        faults: Faults = NO_FAULTS,
     ) -> None:
         """``releasing(tps, commit)`` is called when partitions go, before their offsets are
         committed (``commit``: a revocation; else lost): the worker lets their tasks go.
         ``skipped["done_before"]`` counts records the previous owner had finished."""
+        self._settings = settings
         self._client_id = client_id
+        self._group = f"{settings.group_id}-workers"
         self._errors = errors
         self._skipped = skipped
         self._releasing = releasing
-        self._consumer = Consumer(
+        self._faults = faults
+        self._client_errors = client_errors
+        self._consumer = self._new_consumer()
+        self.tracker = OffsetTracker()
+        self.assigned: set[TP] = set()
+        self.paused = False
+        self._backlog: deque[Message] = deque()
+        self._topics: list[str] = []
+        self._watch: GroupWatch | None = None
+        self._read = False  # a record came since the last turn's look at the group
+
+    def _new_consumer(self) -> Consumer:
+        return Consumer(
             {
-                **settings.kafka_common(),
-                "client.id": client_id,
-                "group.id": f"{settings.group_id}-workers",
-                **group_protocol_config(settings),
+                **self._settings.kafka_common(),
+                "client.id": self._client_id,
+                "group.id": self._group,
+                **group_protocol_config(self._settings),
                 "auto.offset.reset": "earliest",
                 # Offsets are stored once a task's result is recorded and its wakeup
                 # acknowledged (the tracker's order); auto-commit ships them.
@@ -68,19 +91,61 @@ class TaskSource:
                 # What librdkafka prefetches beside the worker's own backlog.
                 "queued.max.messages.kbytes": 4096,
                 "enable.partition.eof": False,
-                "error_cb": client_errors,
+                "error_cb": self._client_errors,
             }
         )
-        self._client_errors = client_errors
-        self.tracker = OffsetTracker()
-        self.assigned: set[TP] = set()
-        self.paused = False
-        self._backlog: deque[Message] = deque()
 
-    def subscribe(self, topics: list[str]) -> None:
-        self._consumer.subscribe(
-            topics, on_assign=self._on_assign, on_revoke=self._on_revoke, on_lost=self._on_lost
+    def subscribe(self, partitions: Mapping[str, int]) -> None:
+        """Join the group for these topics (topic: partition count)."""
+        self._topics = list(partitions)
+        self._watch = GroupWatch(
+            self._settings, self._group, partitions, self._settings.group_stall_s, time.monotonic()
         )
+        self._subscribe()
+
+    def _subscribe(self) -> None:
+        self._consumer.subscribe(
+            self._topics,
+            on_assign=self._on_assign,
+            on_revoke=self._on_revoke,
+            on_lost=self._on_lost,
+        )
+
+    def keep_in_group(self, now: float) -> Stuck | None:
+        """Once a turn: if the worker has read nothing for a while and the group shows it
+        stuck (io/group_watch.py), join again with a new consumer; returns what was wrong."""
+        if self._watch is None:
+            return None
+        read, self._read = self._read, False
+        stuck = self._watch.turn(now, read, self._holding)
+        if stuck is not None:
+            self._join_again(stuck)
+            self._watch.joined_again(now)
+        return stuck
+
+    def _holding(self) -> Holding:
+        held = set(self.assigned)
+        reading = set() if self.paused else held
+        positions = self._consumer.position([TopicPartition(t, p) for t, p in reading])
+        return Holding(
+            self._consumer.memberid() or "",
+            held,
+            reading,
+            {(tp.topic, tp.partition): tp.offset for tp in positions},
+        )
+
+    def _join_again(self, stuck: Stuck) -> None:
+        """Give back what is held, as on a revocation, leave, and join with a new consumer."""
+        log.warning(
+            "joining the group again",
+            extra={"instance": self._client_id, "reason": stuck.reason, "waiting": stuck.waiting},
+        )
+        self._consumer.close()  # revokes what it holds (committed) and leaves the group
+        if self.assigned:  # (the client had already let these go: nothing to commit)
+            self._release([TopicPartition(t, p) for t, p in self.assigned], commit=False)
+        self._consumer = self._new_consumer()
+        self.paused = False
+        self._subscribe()
 
     @property
     def backlog(self) -> int:
@@ -96,6 +161,7 @@ class TaskSource:
         space = BACKLOG_LIMIT - len(self._backlog)
         if reading and space > 0:
             for message in self._consume(min(space, _MOST_PER_CONSUME), wait_s):
+                self._read = True
                 if not self._track(message):
                     continue
                 if len(taken) < room:
@@ -170,6 +236,12 @@ class TaskSource:
     # -- rebalance --------------------------------------------------------------------------
 
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        if self._faults.forces(Point.ASSIGNED, partitions):
+            # Tests only: the member lets them go unknown to the group (io/faults.py).
+            consumer.incremental_assign(partitions)
+            consumer.incremental_unassign(partitions)
+            log.warning("TEST ONLY: an assignment of %d partition(s) ignored", len(partitions))
+            return
         read_finished(consumer, partitions, self.tracker)
         consumer.incremental_assign(partitions)
         self.assigned |= {(p.topic, p.partition) for p in partitions}

@@ -19,6 +19,7 @@ class WorkerStats:
     reruns: int = 0  # executions begun again after the worker running them died
     rerun_crashes: int = 0  # reruns whose step killed the child process running it again
     dead_letters: int = 0  # tasks that could not be decoded
+    rejoins: int = 0  # times the consumer joined its group again, stuck (io/group_watch.py)
     errors: Counter[str] = field(default_factory=Counter)  # genuine failures by kind
 
     @property

@@ -29,6 +29,7 @@ from processor.core.routing import TopicNames
 from processor.io.config import Settings
 from processor.io.db_clock import DatabaseClock
 from processor.io.delivery import Delivery
+from processor.io.faults import NO_FAULTS, Faults
 from processor.io.health_http import HealthServer
 from processor.io.instances import Presence, heartbeat_interval_s
 from processor.io.kafka import (
@@ -69,6 +70,7 @@ class Worker:
         registry: StepRegistry,
         options: WorkerOptions | None = None,
         telemetry: Telemetry | None = None,
+        faults: Faults = NO_FAULTS,  # tests only: see io/faults.py
     ) -> None:
         self.settings = settings
         self.registry = registry
@@ -76,6 +78,8 @@ class Worker:
         self.names = TopicNames(settings.topic_prefix)
         self.instance_id = client_id = f"ductor-worker-{uuid.uuid4().hex[:8]}"
         self.stats = WorkerStats()
+        if faults.armed:
+            log.warning("fault injection armed (tests only): %s", ", ".join(faults.armed))
         self.telemetry = telemetry or Telemetry.from_environment(
             "ductor-worker",
             settings.metrics_port,
@@ -97,6 +101,7 @@ class Worker:
             self._releasing,
             self.stats.skipped,
             self.client_errors,
+            faults,
         )
         answers: queue.SimpleQueue[Answer | _Ended] = queue.SimpleQueue()
         # Deadlines are Postgres's time: each heartbeat measures this process's offset from
@@ -216,7 +221,7 @@ class Worker:
     def _run(self) -> None:
         topics = [self.names.steps_for(q) for q in self.options.queues]
         try:
-            topic_partitions(self._producer, topics)
+            partitions = topic_partitions(self._producer, topics)
         except RuntimeError:
             missing = ", ".join(self.options.queues)
             raise RuntimeError(
@@ -227,7 +232,7 @@ class Worker:
         self.presence.register_now()
         self.presence.start()
         self.db.start()
-        self.source.subscribe(topics)
+        self.source.subscribe(partitions)
         log.info(
             "worker started",
             extra={
@@ -253,6 +258,8 @@ class Worker:
         self.probe.assigned_partitions = len(self.source.assigned)
         self.probe.database_ok = not self.outages["postgres"].active
         polled = self._poll()
+        if self.source.keep_in_group(now) is not None:
+            self.stats.rejoins += 1
         self.flow.take_answers(_BUSY_WAIT_S if not polled and len(self.flow.book) else 0.0)
         if now >= self._next_watch:
             self._next_watch = now + _WATCH_EVERY_S
@@ -301,6 +308,7 @@ class Worker:
                 "skipped": dict(self.stats.skipped),
                 "abandoned": self.stats.abandoned,
                 "reruns": self.stats.reruns,
+                "rejoins": self.stats.rejoins,
                 "held": {
                     s.value: self.flow.book.count(s) for s in State if self.flow.book.count(s)
                 },

@@ -30,10 +30,10 @@ from processor.core.envelope import Wakeup
 from processor.core.routing import TopicNames
 from processor.core.stats import Stats
 from processor.core.workflow import WorkflowDef, parse_workflow
-from processor.engine.faults import NO_FAULTS, Faults
 from processor.engine.processor import Processor
 from processor.io import runs_admin
 from processor.io.config import Settings, load_settings, settings_env
+from processor.io.faults import NO_FAULTS, Faults
 from processor.io.kafka import produce, producer_config
 from processor.io.logs import read_stats
 from processor.io.migrate import migrate

@@ -1,7 +1,7 @@
 """A processor whose clock runs 8 s ahead takes over runs another processor dispatched: it
 judges their deadlines and holds their retry timers by Postgres's clock, not its own, so no
 attempt times out early and no retry comes early (io/db_clock.py). The clock is moved in the
-process (``DUCTOR_TEST_CLOCK_AHEAD_MS``, engine/faults.py says why not with libfaketime)."""
+process (``DUCTOR_TEST_CLOCK_AHEAD_MS``, io/faults.py says why not with libfaketime)."""
 
 from __future__ import annotations
 

@@ -21,8 +21,8 @@ from processor.core.model import (
     state_checksum,
 )
 from processor.core.routing import TopicNames, partition_for
-from processor.engine.faults import Faults, Point
 from processor.io.config import Settings
+from processor.io.faults import Faults, Point
 from processor.io.runs_admin import insert_runs, register_workflow
 from processor.io.store import Definitions, commit_batch, load_runs
 

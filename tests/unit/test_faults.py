@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from processor.engine.faults import Faults, Point
+from processor.io.faults import Faults, Point
 
 
 def test_kill_and_term_are_armed_at_named_points() -> None:
@@ -18,3 +18,9 @@ def test_kill_and_term_are_armed_at_named_points() -> None:
 def test_a_malformed_spec_is_refused_with_what_is_expected(spec: str) -> None:
     with pytest.raises(ValueError, match=r"unknown fault point|expected"):
         Faults.from_spec(spec)
+
+
+def test_ignore_forces_the_bad_branch_the_nth_time_only() -> None:
+    faults = Faults.from_spec("assigned=ignore@2")
+    assert [faults.forces(Point.ASSIGNED) for _ in range(4)] == [False, True, False, False]
+    assert not Faults.from_spec("starting=term").forces(Point.ASSIGNED)

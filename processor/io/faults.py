@@ -5,9 +5,10 @@ is forced instead of hoped for (in the spirit of FoundationDB's BUGGIFY).
 Production never arms one: ``NO_FAULTS`` does nothing. A test in the same process passes a
 ``Faults`` with actions; a test that runs ``ductor process`` as a child arms points with
 ``DUCTOR_TEST_FAULTS`` (``after_commit=kill@3``: SIGKILL the process the third time the
-point is reached; ``starting=term``: SIGTERM instead), which the processor announces loudly in
-its log. Points are constants
-here, so a test cannot arm a point that does not exist.
+point is reached; ``starting=term``: SIGTERM instead; ``assigned=ignore@1``: the code at the
+point takes its bad branch that time, see ``Faults.forces``), which the processor announces
+loudly in its log. Points are constants here, so a test cannot arm a point that does not
+exist.
 """
 
 from __future__ import annotations
@@ -32,9 +33,14 @@ class Point(StrEnum):
     # `python -m processor` is loading its modules (hit by processor/early_stop.py, which
     # reads DUCTOR_TEST_FAULTS itself: nothing else is loaded yet).
     LOADING = "loading"
+    # A consumer was given partitions (the partitions). Forced (``ignore``): the client lets
+    # them go at once, unknown to the group, so the member holds nothing while the broker
+    # counts them as its own (the stuck member of io/group_watch.py).
+    ASSIGNED = "assigned"
 
 
-Action = Callable[..., None]
+# What an armed point does when reached; True: the code there takes its bad branch.
+Action = Callable[..., bool | None]
 
 
 class Faults:
@@ -51,6 +57,11 @@ class Faults:
         if action is not None:
             action(*args)
 
+    def forces(self, point: Point, *args: object) -> bool:
+        """Whether the action armed at ``point`` forces the bad branch there this time."""
+        action = self._actions.get(point)
+        return action is not None and bool(action(*args))
+
     @staticmethod
     def from_spec(spec: str) -> Faults:
         """Faults from ``point=kill@n,...`` (``DUCTOR_TEST_FAULTS``); ValueError if malformed."""
@@ -63,11 +74,19 @@ class Faults:
             except ValueError:
                 known = ", ".join(p.value for p in Point)
                 raise ValueError(f"unknown fault point {name!r}; known: {known}") from None
-            if action not in _SIGNALS or not (nth or "1").isdigit() or int(nth or "1") < 1:
+            if (
+                action not in (*_SIGNALS, "ignore")
+                or not (nth or "1").isdigit()
+                or int(nth or "1") < 1
+            ):
                 raise ValueError(
-                    f"fault {item!r}: expected {name}=kill or {name}=term, optionally @N"
+                    f"fault {item!r}: expected {name}=kill, {name}=term or {name}=ignore,"
+                    " optionally @N"
                 )
-            actions[point] = _SignalOnHit(_SIGNALS[action], int(nth or "1"))
+            n = int(nth or "1")
+            actions[point] = (
+                _ForceOnHit(n) if action == "ignore" else _SignalOnHit(_SIGNALS[action], n)
+            )
         return Faults(actions)
 
 
@@ -87,6 +106,17 @@ class _SignalOnHit:
         self._left -= 1
         if self._left == 0:
             os.kill(os.getpid(), self._signal)
+
+
+class _ForceOnHit:
+    """Force the bad branch the n-th time the point is reached (that time only)."""
+
+    def __init__(self, nth: int) -> None:
+        self._left = nth
+
+    def __call__(self, *_args: object) -> bool:
+        self._left -= 1
+        return self._left == 0
 
 
 NO_FAULTS = Faults()

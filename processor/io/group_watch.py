@@ -1,0 +1,131 @@
+"""The shell of core/membership.py: a look at a consumer group as the broker sees it, taken
+with an admin client's futures so the loop never waits for it, and the watch that takes one
+when a member has read nothing for a while and says when it should join its group again.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping
+from concurrent.futures import Future
+from typing import Any
+
+from confluent_kafka import ConsumerGroupTopicPartitions, KafkaException, TopicPartition
+from confluent_kafka.admin import AdminClient, OffsetSpec  # type: ignore[attr-defined]
+
+from processor.core.membership import TP, GroupView, Holding, IdleWatch, Stuck, judge
+from processor.io.config import Settings
+
+log = logging.getLogger("ductor.kafka")
+
+# A look the broker has not answered within this long is dropped (the next one is due after
+# the watch's quiet time again): an outage is reported by the clients' own handling.
+_LOOK_TIMEOUT_S = 10.0
+# (confluent-kafka's OffsetSpec is untyped)
+_EARLIEST: Any = OffsetSpec.earliest()  # type: ignore[no-untyped-call]
+_LATEST: Any = OffsetSpec.latest()  # type: ignore[no-untyped-call]
+
+
+class GroupLook:
+    """One look at ``group``'s committed offsets, its partitions' start and end offsets and
+    its members' assignments, for the partitions of ``partitions`` (topic: count). Requests go
+    out at construction; ``view()`` is None until every answer is in."""
+
+    def __init__(
+        self, admin: AdminClient, group: str, partitions: Mapping[str, int], now: float
+    ) -> None:
+        self.started_at = now
+        tps = [TopicPartition(t, p) for t, count in partitions.items() for p in range(count)]
+        timeout = {"request_timeout": _LOOK_TIMEOUT_S}
+        self._topics = set(partitions)
+        self._committed = admin.list_consumer_group_offsets(
+            [ConsumerGroupTopicPartitions(group)], **timeout
+        )[group]
+        self._starts = admin.list_offsets(dict.fromkeys(tps, _EARLIEST), **timeout)
+        self._ends = admin.list_offsets(dict.fromkeys(tps, _LATEST), **timeout)
+        self._members = admin.describe_consumer_groups([group], **timeout)[group]
+
+    def _futures(self) -> list[Future[Any]]:
+        return [self._committed, self._members, *self._starts.values(), *self._ends.values()]
+
+    def done(self) -> bool:
+        return all(f.done() for f in self._futures())
+
+    def view(self) -> GroupView:
+        """The answers (once ``done``); KafkaException if the broker refused one."""
+        ends = {(tp.topic, tp.partition): f.result().offset for tp, f in self._ends.items()}
+        committed = {(tp.topic, tp.partition): f.result().offset for tp, f in self._starts.items()}
+        for tp in self._committed.result().topic_partitions:
+            if tp.offset >= 0:  # else never committed: from the start, as the consumer reads
+                committed[(tp.topic, tp.partition)] = tp.offset
+        owners: dict[TP, str] = {}
+        for member in self._members.result().members:
+            for tp in member.assignment.topic_partitions:
+                if tp.topic in self._topics:
+                    owners[(tp.topic, tp.partition)] = member.member_id
+        return GroupView(committed, ends, owners)
+
+
+class GroupWatch:
+    """Fed every loop turn; after ``quiet_s`` without a record it looks at the group (in the
+    background) and, if the look shows this member stuck (core/membership.py), returns what
+    is wrong: the caller joins its group again with a new client. ``quiet_s`` 0 turns it off."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        group: str,
+        partitions: Mapping[str, int],
+        quiet_s: float,
+        now: float,
+    ) -> None:
+        self._settings = settings
+        self._group = group
+        self._partitions = dict(partitions)
+        self._idle = IdleWatch(quiet_s, now) if quiet_s > 0 else None
+        self._admin: AdminClient | None = None
+        self._look: GroupLook | None = None
+
+    def turn(self, now: float, took: bool, holding: Callable[[], Holding]) -> Stuck | None:
+        """One loop turn (``took``: a record came). ``holding`` is read only when a look is
+        in, so the turns in between cost a comparison."""
+        if self._idle is None:
+            return None
+        if self._look is None:
+            if self._idle.turn(now, took):
+                self._idle.looked(now)
+                self._look = self._start(now)
+            return None
+        if took:
+            self._look = None  # records came: whatever it would say is stale
+            self._idle.turn(now, took)
+            return None
+        if not self._look.done():
+            if now - self._look.started_at > _LOOK_TIMEOUT_S + 1:
+                self._look = None  # (the futures time out by themselves; not waited for)
+            return None
+        look, self._look = self._look, None
+        self._idle.looked(now)
+        try:
+            view = look.view()
+        except KafkaException as exc:
+            log.debug("could not look at group %s: %s", self._group, exc)
+            return None
+        return judge(view, holding())
+
+    def joined_again(self, now: float) -> None:
+        """The caller joined again: the next look is a full quiet time away."""
+        self._look = None
+        if self._idle is not None:
+            self._idle.looked(now)
+
+    def _start(self, now: float) -> GroupLook | None:
+        if self._admin is None:
+            self._admin = AdminClient(
+                {**self._settings.kafka_common(), "client.id": f"{self._group}-watch"}
+            )
+        try:
+            return GroupLook(self._admin, self._group, self._partitions, now)
+        except KafkaException as exc:
+            log.debug("could not look at group %s: %s", self._group, exc)
+            return None

@@ -1,0 +1,129 @@
+"""A member that holds nothing while its group's records wait for it joins the group again.
+
+Forced with the ``assigned=ignore@1`` fault point: the member's client lets its first
+assignment go at once, unknown to the group, so the broker counts the partitions as the
+member's while the member reads none of them (what was seen after a broker restart). Without
+the group watch (io/group_watch.py) the runs below never end; with it, the member joins again
+after ``DUCTOR_GROUP_STALL_S`` of reading nothing and they all do. A spare member, idle while
+the others' records wait on them, is not taken for stuck.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from dataclasses import replace
+from typing import Any
+
+import orjson
+import psycopg
+import pytest
+
+from processor.client import start_runs
+from processor.core.workflow import parse_workflow
+from processor.io.config import Settings
+from processor.io.runs_admin import register_workflow
+from processor.worker import StepContext, StepRegistry
+
+from .audit import assert_transitions_applied_once
+from .conftest import Spawned, WorkerThread, count_terminal, run_statuses, wait_for
+
+pytestmark = pytest.mark.integration
+
+STALL_S = 2.0
+
+
+def _rejoin_lines(child: Spawned) -> list[dict[str, Any]]:
+    return [line for line in child.log_lines() if line.get("msg") == "joining the group again"]
+
+
+def _ignored(child: Spawned) -> bool:
+    return any(
+        str(line.get("msg", "")).startswith("TEST ONLY: an assignment")
+        for line in child.log_lines()
+    )
+
+
+@pytest.mark.parametrize("stuck", ["process", "worker"])
+def test_a_member_the_group_counts_but_that_holds_nothing_joins_again(
+    settings: Settings, audit: psycopg.Connection[Any], spawn: Any, stuck: str
+) -> None:
+    watched = replace(settings, group_stall_s=STALL_S)
+    faulty = replace(watched, test_faults="assigned=ignore@1")
+    processor = spawn(["process"], faulty if stuck == "process" else watched, "process")
+    worker = spawn(["worker"], faulty if stuck == "worker" else watched, "worker")
+    member = processor if stuck == "process" else worker
+    wait_for(lambda: _ignored(member), 60, f"the {stuck} to ignore its first assignment")
+    run_ids = [f"stuck-{stuck}-{uuid.uuid4().hex[:6]}-{i}" for i in range(20)]
+    started = time.monotonic()
+    start_runs(settings, "sample", run_ids)
+    wait_for(lambda: count_terminal(audit, run_ids) == len(run_ids), 90, "every run to end", 0.2)
+    ended_s = time.monotonic() - started
+    lines = _rejoin_lines(member)
+    assert processor.terminate() == 0
+    assert worker.terminate() == 0
+    assert set(run_statuses(audit, run_ids).values()) == {"succeeded"}
+    assert_transitions_applied_once(audit)
+    assert len(lines) == 1, lines
+    assert "does not hold" in lines[0]["reason"], lines[0]
+    other = worker if stuck == "process" else processor
+    assert not _rejoin_lines(other)
+    if stuck == "process":
+        assert processor.final_stats()["rejoins"] == 1
+    print(f"the {stuck} joined again ({lines[0]['reason']}); the runs ended in {ended_s:.1f} s")
+
+
+def test_a_spare_worker_idle_beside_busy_ones_is_not_taken_for_stuck(
+    settings: Settings, audit: psycopg.Connection[Any], spawn: Any
+) -> None:
+    """Four workers for three step partitions: one holds nothing. While the others hold
+    tasks that wait (their records past the committed offsets) for several quiet times, no
+    worker joins again: the records are read by the members that hold them."""
+    watched = replace(settings, group_stall_s=1.0)
+    gate = threading.Event()
+    registry = StepRegistry()
+
+    @registry.step("gated")
+    def gated(ctx: StepContext) -> Any:
+        gate.wait(120)
+        return {"attempt": ctx.attempt}
+
+    register_workflow(
+        audit,
+        parse_workflow(
+            orjson.loads(
+                orjson.dumps(
+                    {
+                        "name": "gated-spare",
+                        "version": 1,
+                        "steps": [{"name": "g", "type": "gated", "timeout_ms": 300_000}],
+                    }
+                )
+            )
+        ),
+    )
+    processor = spawn(["process"], watched, "process")
+    workers = [WorkerThread(watched, registry) for _ in range(4)]
+    try:
+        wait_for(
+            lambda: sorted(len(w.worker.source.assigned) for w in workers) == [0, 1, 1, 1],
+            60,
+            "three workers to hold a step partition each, one to hold none",
+        )
+        run_ids = [f"spare-{uuid.uuid4().hex[:6]}-{i}" for i in range(12)]
+        start_runs(settings, "gated-spare", run_ids)
+        # Several quiet times with tasks waiting: every worker looks at the group at least
+        # twice meanwhile.
+        deadline = time.monotonic() + 4.0
+        wait_for(lambda: time.monotonic() > deadline, 10, "four quiet seconds", 0.2)
+        assert [w.worker.stats.rejoins for w in workers] == [0, 0, 0, 0]
+        gate.set()
+        wait_for(lambda: count_terminal(audit, run_ids) == len(run_ids), 60, "every run to end")
+    finally:
+        gate.set()
+        for w in workers:
+            w.stop()
+    assert processor.terminate() == 0
+    assert set(run_statuses(audit, run_ids).values()) == {"succeeded"}
+    assert [w.worker.stats.rejoins for w in workers] == [0, 0, 0, 0]
