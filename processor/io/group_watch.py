@@ -18,9 +18,15 @@ from processor.io.config import Settings
 
 log = logging.getLogger("ductor.kafka")
 
-# A look the broker has not answered within this long is dropped (the next one is due after
-# the watch's quiet time again): an outage is reported by the clients' own handling.
-_LOOK_TIMEOUT_S = 10.0
+# librdkafka 2.16 aborts the process (rd_kafka_enq_once_del_source_return: eonce->refcnt > 0)
+# when a group coordinator request (DescribeGroups, OffsetFetch) waits for a broker that is
+# down, times out, and the broker comes back: an idle worker's look during the broker-outage
+# test did, and a script reproduces it with a 5 s timeout. So a look goes out only when the
+# broker has just answered a metadata request (``_BROKER_CHECK_S``, the only wait on the
+# loop thread, once per quiet time), and its requests may wait long rather than time out;
+# no other look starts while one waits.
+_LOOK_TIMEOUT_S = 300.0
+_BROKER_CHECK_S = 0.5
 # (confluent-kafka's OffsetSpec is untyped)
 _EARLIEST: Any = OffsetSpec.earliest()  # type: ignore[no-untyped-call]
 _LATEST: Any = OffsetSpec.latest()  # type: ignore[no-untyped-call]
@@ -85,6 +91,7 @@ class GroupWatch:
         self._idle = IdleWatch(quiet_s, now) if quiet_s > 0 else None
         self._admin: AdminClient | None = None
         self._look: GroupLook | None = None
+        self._stale = False  # records came while the look was out
 
     def turn(self, now: float, took: bool, holding: Callable[[], Holding]) -> Stuck | None:
         """One loop turn (``took``: a record came). ``holding`` is read only when a look is
@@ -95,16 +102,16 @@ class GroupWatch:
             if self._idle.turn(now, took):
                 self._idle.looked(now)
                 self._look = self._start(now)
+                self._stale = False
             return None
         if took:
-            self._look = None  # records came: whatever it would say is stale
             self._idle.turn(now, took)
-            return None
+            self._stale = True  # records came: what the look says is out of date
         if not self._look.done():
-            if now - self._look.started_at > _LOOK_TIMEOUT_S + 1:
-                self._look = None  # (the futures time out by themselves; not waited for)
-            return None
+            return None  # it waits for the broker (see _LOOK_TIMEOUT_S); no other starts
         look, self._look = self._look, None
+        if self._stale:
+            return None
         self._idle.looked(now)
         try:
             view = look.view()
@@ -115,7 +122,6 @@ class GroupWatch:
 
     def joined_again(self, now: float) -> None:
         """The caller joined again: the next look is a full quiet time away."""
-        self._look = None
         if self._idle is not None:
             self._idle.looked(now)
 
@@ -125,6 +131,7 @@ class GroupWatch:
                 {**self._settings.kafka_common(), "client.id": f"{self._group}-watch"}
             )
         try:
+            self._admin.list_topics(timeout=_BROKER_CHECK_S)  # (see _LOOK_TIMEOUT_S)
             return GroupLook(self._admin, self._group, self._partitions, now)
         except KafkaException as exc:
             log.debug("could not look at group %s: %s", self._group, exc)
