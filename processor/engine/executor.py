@@ -58,7 +58,7 @@ from processor.engine.ledger import Ledger
 from processor.engine.stage import DatabaseStage, InFlight, StageResult
 from processor.io.db_clock import DatabaseClock
 from processor.io.db_errors import TRANSIENT, classify
-from processor.io.delivery import Delivery
+from processor.io.delivery import Delivery, Refusal
 from processor.io.faults import NO_FAULTS, Faults
 from processor.io.kafka import Outbox, choose_partition
 from processor.io.logs import first_line
@@ -101,14 +101,14 @@ class _Settling:
         self._settled = settled
         self._park = park
         self.held = 0  # records of the work counted as waiting for the broker meanwhile
-        self.parked: str | None = None  # why its outbox row is parked (the broker refuses it)
+        self.parked: Refusal | None = None  # why its outbox row is parked
 
     def delivered(self) -> None:
         self.outstanding -= 1
         if self.outstanding == 0:
             self._settled(self)
 
-    def refused(self, why: str) -> None:
+    def refused(self, why: Refusal) -> None:
         """The broker refuses one of its records for good: its outbox row is parked (kept,
         relayed by no one until unparked), and the record counts as settled."""
         if self.parked is None:
@@ -354,9 +354,10 @@ class Executor:
         self.finish(settling.work, settling.outcome)
 
     def _park(self, settling: _Settling) -> None:
-        run_id, seq, why = settling.work.run_id, settling.outboxed_seq, settling.parked or ""
-        assert seq is not None
-        self._stats.parked[why.split(":", 1)[0]] += 1
+        run_id, seq, refusal = settling.work.run_id, settling.outboxed_seq, settling.parked
+        assert seq is not None and refusal is not None
+        why = refusal.reason
+        self._stats.parked[refusal.error] += 1
         log.error(
             "parked the outbox row of run %s (transition %d): %s; it is kept, and sent again"
             " once unparked (`ductor outbox unpark`)",

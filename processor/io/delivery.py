@@ -20,6 +20,7 @@ import logging
 import time
 from collections import Counter
 from collections.abc import Callable
+from typing import NamedTuple
 
 from confluent_kafka import KafkaError, KafkaException
 
@@ -32,6 +33,14 @@ log = logging.getLogger("ductor.delivery")
 
 # Refusals for good in a row after which a record with an ``on_refused`` is handed to it.
 PARK_AFTER = 3
+
+
+class Refusal(NamedTuple):
+    """Why the broker refuses a record for good: its error's name (a metric label) and the
+    sentence to log and keep."""
+
+    error: str
+    reason: str
 
 
 class _Record:
@@ -61,7 +70,7 @@ class _Record:
         partition: int | None,
         headers: Headers,
         on_delivered: Callable[[], None],
-        on_refused: Callable[[str], None] | None = None,
+        on_refused: Callable[[Refusal], None] | None = None,
     ) -> None:
         self.delivery = delivery
         self.topic = topic
@@ -106,7 +115,7 @@ class Delivery:
         partition: int | None,
         headers: Headers,
         on_delivered: Callable[[], None],
-        on_refused: Callable[[str], None] | None = None,
+        on_refused: Callable[[Refusal], None] | None = None,
     ) -> None:
         """Send a record until the broker has it; then call ``on_delivered`` (once). With
         ``on_refused``, a record the broker refuses for good ``PARK_AFTER`` times in a row is
@@ -135,7 +144,8 @@ class Delivery:
             self._errors["produce_permanent"] += 1
             record.refusals += 1
             if record.on_refused is not None and record.refusals >= PARK_AFTER:
-                record.on_refused(f"{err.name()}: the broker refuses it for {topic}: {err.str()}")
+                why = f"{err.name()}: the broker refuses it for {topic}: {err.str()}"
+                record.on_refused(Refusal(err.name(), why))
                 return
             log.error(
                 "the broker refuses a record to %s: %s; trying again in %.1f s",

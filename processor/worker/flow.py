@@ -69,6 +69,7 @@ from processor.worker.database import (
 from processor.worker.isolation import PROCESS_DIED, ProcessRunner
 from processor.worker.metrics import WorkerMetrics
 from processor.worker.options import WorkerOptions
+from processor.worker.permits import StartPermits
 from processor.worker.runners import AsyncRunner, Runner, ThreadRunner
 from processor.worker.stats import WorkerStats
 from processor.worker.steps import (
@@ -145,12 +146,8 @@ class TaskFlow:
         self._to_claim: deque[Task] = deque()  # received, in the order they came
         self._ready: deque[Task] = deque()  # claimed, in the order they came
         self._suspects: deque[Task] = deque()  # reruns, to be claimed as such
-        # Claims are numbered; those numbered up to the stored start permit may start. The
-        # permit covers the claims that start next, as many as the pace's start window.
-        self._claim_seq = 0  # the last number given
-        self._numbered: deque[tuple[int, Task]] = deque()  # claims not started, in order
-        self._permitted = 0  # the permit stored
-        self._permit_asked = 0  # the permit asked for (stored, or on its way)
+        # Claims are numbered; those within the stored start permit may start (permits.py).
+        self._permits = StartPermits(self.book)
         self._to_record: list[tuple[Task, Outcome]] = []
         self._runners = self._make_runners()
         # Reruns running in children of their own, beside the slots (not waiting for them).
@@ -328,7 +325,7 @@ class TaskFlow:
                 if task.state is State.RUNNING and not task.attempt.cancelled:
                     task.attempt.cancel()
         elif isinstance(answer, Permitted):
-            self._permitted = max(self._permitted, answer.through)
+            self._permits.stored(answer.through)
 
     def _claimed(self, task: Task, verdict: Verdict, starts: int, data: Any) -> None:
         if not self.book.has(task):  # let go meanwhile (its partition went, the worker stops)
@@ -382,7 +379,7 @@ class TaskFlow:
             task = ready[0]
             if task.state is not State.READY or not self.book.has(task):
                 ready.popleft()
-            elif task.claim_seq <= self._permitted:
+            elif self._permits.allows(task):
                 ready.popleft()
                 self._start(task)
             else:
@@ -407,38 +404,15 @@ class TaskFlow:
                 self.book.remove(task)
 
     def _permit_for(self, now: float) -> int:
-        """The start permit to ask for now, 0 when the one asked covers enough. It covers the
-        claims that start next, as many as the pace's start window (core/claim_pace.py)
-        less those already waiting in a runner for a thread: a worker that dies leaves the
-        claims past it as never started."""
-        budget = self._pace.start_window(now) - self._waiting_for_a_slot()
-        numbered = self._numbered
-        while numbered and not self._may_start(*numbered[0]):
-            numbered.popleft()
-        through = 0
-        for seq, task in numbered:
-            if budget <= 0:
-                break
-            if self._may_start(seq, task):
-                budget -= 1
-                through = seq
-        if through <= self._permit_asked:
-            return 0
-        self._permit_asked = through
-        return through
+        """The start permit to ask for now, 0 when the one asked covers enough: the claims
+        that start next, as many as the pace's start window (core/claim_pace.py) less those
+        already waiting in a runner for a thread."""
+        return self._permits.to_ask(self._pace.start_window(now) - self._waiting_for_a_slot())
 
     def _waiting_for_a_slot(self) -> int:
         """Tasks handed to a runner that wait there for a free slot."""
         running = self.book.count(State.RUNNING) - len(self._rerunning)
         return max(0, running - self.options.concurrency)
-
-    def _may_start(self, seq: int, task: Task) -> bool:
-        """Whether the claim numbered ``seq`` is still one that may start later."""
-        return (
-            task.claim_seq == seq
-            and task.state in (State.CLAIMING, State.READY)
-            and self.book.has(task)
-        )
 
     def _start(self, task: Task) -> None:
         self.book.move(task, State.RUNNING)
@@ -602,7 +576,7 @@ class TaskFlow:
         claims = self._claims_to_ask(now) if self._to_claim else []
         if claims:
             self.db.claim(claims, self._permit_for(now))  # the permit rides on the claim
-        elif self._ready and self._ready[0].claim_seq > self._permit_asked:
+        elif self._ready and self._permits.not_asked_for(self._ready[0]):
             # A claimed task waits for the permit (_dispatch left it first) and no claim goes
             # out to carry it: the permit goes alone.
             permit = self._permit_for(now)
@@ -624,9 +598,7 @@ class TaskFlow:
             if task.state is State.RECEIVED and self.book.has(task):
                 self.book.move(task, State.CLAIMING)
                 task.asked_at = now
-                self._claim_seq += 1
-                task.claim_seq = self._claim_seq
-                self._numbered.append((self._claim_seq, task))
+                self._permits.number(task)
                 claims.append(task)
         return claims
 

@@ -10,7 +10,7 @@ from typing import Any
 
 from confluent_kafka import KafkaError
 
-from processor.io.delivery import PARK_AFTER, Delivery
+from processor.io.delivery import PARK_AFTER, Delivery, Refusal
 from processor.io.kafka import ClientErrors
 
 Report = Callable[[KafkaError | None], None]
@@ -37,7 +37,7 @@ class Clock:
 
 
 def _deliver_and_refuse(
-    refusal: KafkaError, on_refused: Callable[[str], None] | None, rounds: int
+    refusal: KafkaError, on_refused: Callable[[Refusal], None] | None, rounds: int
 ) -> tuple[FakeOutbox, list[str]]:
     outbox, clock, errors = FakeOutbox(), Clock(), Counter[str]()
     delivery = Delivery(outbox, errors, clock)  # type: ignore[arg-type]
@@ -54,11 +54,12 @@ def _deliver_and_refuse(
 
 
 def test_a_record_refused_for_good_is_handed_over_after_park_after_refusals() -> None:
-    why: list[str] = []
+    why: list[Refusal] = []
     outbox, delivered = _deliver_and_refuse(
         KafkaError(KafkaError.MSG_SIZE_TOO_LARGE), why.append, rounds=PARK_AFTER + 3
     )
-    assert len(why) == 1 and why[0].startswith("MSG_SIZE_TOO_LARGE: the broker refuses it")
+    assert len(why) == 1 and why[0].error == "MSG_SIZE_TOO_LARGE"
+    assert why[0].reason.startswith("MSG_SIZE_TOO_LARGE: the broker refuses it for steps")
     assert outbox.sends == PARK_AFTER and not delivered  # not sent again, nor delivered
 
 
@@ -68,7 +69,7 @@ def test_without_a_keeper_it_keeps_trying() -> None:
 
 
 def test_a_broker_away_never_parks() -> None:
-    why: list[str] = []
+    why: list[Refusal] = []
     outbox, _ = _deliver_and_refuse(KafkaError(KafkaError._MSG_TIMED_OUT), why.append, 10)
     assert why == [] and outbox.sends == 10
 
