@@ -6,10 +6,10 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
 .DEFAULT_GOAL := help
-.PHONY: help venv tools up down status restart migrate topics setup lint format typecheck unit pytest test bench chaos demo clean
+.PHONY: help venv tools up down status restart migrate topics setup lint format typecheck unit pytest test bench chaos demo clean k8s-rules
 
 help: ## list the targets
-	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
+	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -57,6 +57,11 @@ topics: venv ## create the Kafka topics
 	$(VENV)/bin/ductor topics create
 
 setup: up migrate topics ## infra up, schema migrated, topics created
+
+# infra/k8s/prometheus-rule.yaml is made from infra/prometheus/ductor-alerts.yml; a unit test
+# fails when they differ.
+k8s-rules: venv ## regenerate the Kubernetes PrometheusRule from the Prometheus alert rules
+	$(PY) infra/prometheus_rule.py
 
 lint: venv ## ruff lint and format check
 	$(VENV)/bin/ruff check processor tests infra examples
