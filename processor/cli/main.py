@@ -14,12 +14,9 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-import psycopg
-from confluent_kafka import KafkaError, KafkaException
-
 from processor import early_stop
-from processor.cli.common import EXIT_FAILED, EXIT_USAGE, CliError
 from processor.cli.dlq import cmd_dlq_list, cmd_dlq_replay
+from processor.cli.errors import explain
 from processor.cli.gc import cmd_gc
 from processor.cli.outbox import cmd_outbox_parked, cmd_outbox_unpark
 from processor.cli.runs import (
@@ -37,7 +34,7 @@ from processor.cli.tool_commands import cmd_bench, cmd_demo, parse_bench_argumen
 from processor.core.model import RunStatus, SignalKind
 from processor.core.outcomes import DLQ_REASONS
 from processor.core.routing import TIERS
-from processor.io.config import ConfigError, load_settings
+from processor.io.config import load_settings
 from processor.io.logs import setup_logging
 
 
@@ -290,28 +287,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         setup_logging(settings.log_format, settings.log_level)
         code: int = args.func(settings, args)
         return code
-    except ConfigError as exc:
-        print(f"ductor: configuration error: {exc}", file=sys.stderr)
-        return EXIT_USAGE
-    except CliError as exc:
-        print(f"ductor: {exc}", file=sys.stderr)
-        return exc.code
-    except KafkaException as exc:
-        error = exc.args[0]
-        if isinstance(error, KafkaError) and error.code() == KafkaError._INVALID_ARG:
-            print(
-                f"ductor: configuration error: {error.str()}; check the DUCTOR_KAFKA_* variables",
-                file=sys.stderr,
-            )
-            return EXIT_USAGE
-        print(f"ductor: Kafka error: {error}; is the broker up (make up)?", file=sys.stderr)
-        return EXIT_FAILED
-    except (psycopg.Error, LookupError, RuntimeError) as exc:
-        message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        print(f"ductor: {message}", file=sys.stderr)
-        return EXIT_FAILED
     except KeyboardInterrupt:
         return 130
+    except Exception as exc:  # every failure is one sentence and an exit code: cli/errors.py
+        failure = explain(exc)
+        print(f"ductor: {failure.message}", file=sys.stderr)
+        return failure.code
 
 
 if __name__ == "__main__":
