@@ -31,6 +31,7 @@ from processor.cli.runs import (
 )
 from processor.cli.services import cmd_migrate, cmd_process, cmd_topics_create, cmd_worker
 from processor.cli.tool_commands import cmd_bench, cmd_demo, parse_bench_arguments
+from processor.client import IfExists
 from processor.core.model import RunStatus, SignalKind
 from processor.core.outcomes import DLQ_REASONS
 from processor.core.routing import TIERS
@@ -74,6 +75,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--count", type=int, default=1, help="how many runs to start")
     p.add_argument(
         "--tier", choices=TIERS, default="t1", help="wakeup tier (t0 interactive, t2 bulk)"
+    )
+    p.add_argument(
+        "--if-exists",
+        choices=[i.value for i in IfExists],
+        help="a run id that exists already: ignore (keep that run, whatever its input) or fail"
+        " (exit 1); default: an identical start is ignored, one with another input fails."
+        " A run id of another workflow always fails",
     )
     p.set_defaults(func=cmd_start)
 
