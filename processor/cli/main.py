@@ -15,6 +15,7 @@ import sys
 from collections.abc import Sequence
 
 from processor import early_stop
+from processor.cli.config import cmd_config_check, cmd_config_show
 from processor.cli.dlq import cmd_dlq_list, cmd_dlq_replay
 from processor.cli.errors import explain
 from processor.cli.gc import cmd_gc
@@ -46,6 +47,22 @@ def build_parser() -> argparse.ArgumentParser:
         "committing each tick to Postgres with optimistic concurrency.",
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    config = sub.add_parser("config", help="the settings in effect, and whether they work")
+    config_sub = config.add_subparsers(dest="config_command", required=True, metavar="ACTION")
+    p = config_sub.add_parser(
+        "show",
+        help="every setting in effect (secrets hidden) and where it came from (default, env,"
+        " file), the Kafka clients' properties, what the telemetry exports",
+    )
+    p.set_defaults(func=cmd_config_show)
+    p = config_sub.add_parser(
+        "check",
+        help="reach Postgres and Kafka (short timeouts), check the schema version, the Kafka"
+        " client settings and the topics' partition counts; one line per check, exit 1 if one"
+        " fails",
+    )
+    p.set_defaults(func=cmd_config_check)
 
     p = sub.add_parser("migrate", help="apply the SQL migrations in schemas/migrations")
     p.set_defaults(func=cmd_migrate)

@@ -385,12 +385,15 @@ def check_authentication(settings: Settings, timeout_s: float = 10.0) -> None:
         admin.poll(0.05)
         refused = next((e for e in errors if e.code() == KafkaError._AUTHENTICATION), None)
         if refused is not None:
-            raise KafkaAuthError(_refusal(settings, protocol, refused.str()))
+            raise KafkaAuthError(refusal_message(settings, refused.str()))
         if any(e.code() == KafkaError._ALL_BROKERS_DOWN for e in errors):
             return
 
 
-def _refusal(settings: Settings, protocol: str, text: str) -> str:
+def refusal_message(settings: Settings, text: str) -> str:
+    """The sentence for librdkafka's authentication error ``text``: the broker, the user and
+    the mechanism, never the password."""
+    protocol = str(settings.kafka_extra.get("security.protocol", "")).upper()
     broker = _BROKER_PREFIX.match(text)
     reason = _STATE_SUFFIX.sub("", _BROKER_PREFIX.sub("", text)).rstrip(".")
     extra = settings.kafka_extra
