@@ -2,7 +2,8 @@
 beside this one.
 
 Exit codes scripts can rely on: 0 success, 1 the operation failed (a service is unreachable,
-a run did not end as expected, a run cannot be retried), 2 bad usage or bad configuration;
+a run did not end as expected, a run cannot be retried, a start refused), 2 bad usage or bad
+configuration (a health or metrics port in use included);
 `ductor result` also exits 1 for a failed or cancelled run, 2 for an unknown run and 3 for a
 run that has not ended (within --wait). Errors are printed as one sentence on stderr, never as
 a traceback.

@@ -14,6 +14,7 @@ import pytest
 from processor.io.config import (
     KNOWN_PREFIXES,
     READ_ELSEWHERE,
+    SECRET_VARIABLES,
     SETTING_VARIABLES,
     ConfigError,
     Settings,
@@ -197,8 +198,9 @@ def test_the_names_other_programs_read_are_accepted() -> None:
     }
 
 
-# Identifiers that look like variables and are not: a Python constant of the tests' fixtures.
-_NOT_VARIABLES = {"DUCTOR_SCRIPT"}
+# Names that look like variables and are not: a Python constant of the tests' fixtures, and
+# the misspelling the docs show being refused.
+_NOT_VARIABLES = {"DUCTOR_SCRIPT", "DUCTOR_BATCHSIZE"}
 
 
 def test_every_ductor_variable_the_repository_names_is_known() -> None:
@@ -325,3 +327,11 @@ def test_a_child_gets_exactly_the_settings_given_whatever_its_parent_had(tmp_pat
     assert env["DUCTOR_INFRA"] == "local"
     assert "DUCTOR_PG_DSN_FILE" not in env
     assert "DUCTOR_KAFKA_SASL_PASSWORD" not in env
+
+
+def test_the_operations_guide_lists_every_property_ductor_owns_and_every_secret() -> None:
+    guide = (REPO / "docs" / "operations.md").read_text()
+    section = guide[guide.index("## Configuration") : guide.index("## Starting a run id")]
+    assert [p for p in OWNED if f"`{p}`" not in section] == []
+    for var in SECRET_VARIABLES:
+        assert var.removeprefix("DUCTOR_KAFKA") in section, var
