@@ -14,6 +14,7 @@ import time
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import Any
 
 import orjson
@@ -29,6 +30,7 @@ from processor.io.config import Settings
 from processor.io.kafka import choose_partition, produce, producer_config, topic_partitions
 from processor.io.logs import first_line
 from processor.io.runs_admin import (
+    ExistingRun,
     RunResult,
     RunSummary,
     insert_runs,
@@ -44,13 +46,16 @@ from processor.io.store import Definitions, commit_batch, delete_outbox, load_ru
 __all__ = [
     "MAX_LIST_LIMIT",
     "ClientError",
+    "IfExists",
     "RetriedRun",
     "RetryRefused",
+    "RunExists",
     "RunNotFinished",
     "RunNotFound",
     "RunResult",
     "RunSummary",
     "SignalSent",
+    "StartNotAnnounced",
     "StartedRun",
     "connect",
     "get_run",
@@ -101,6 +106,30 @@ class StartNotAnnounced(ClientError):
         self.inserted = inserted
 
 
+class IfExists(StrEnum):
+    """What starting a run id that exists already does. Without a policy: an identical start
+    (same workflow, same input) is ignored, a start with another input is refused. A run id
+    of another workflow is refused whatever the policy."""
+
+    IGNORE = "ignore"  # keep the existing run (and wake it), whatever input it was given
+    FAIL = "fail"  # refuse to start a run id that exists at all
+
+
+class RunExists(ClientError):
+    """A start refused because its run id exists already: under another workflow, with
+    another input (no policy), or at all (``IfExists.FAIL``). ``existing``: each run refused;
+    ``inserted``: the ids of the same call that were created (and woken) all the same."""
+
+    def __init__(self, message: str, existing: list[ExistingRun], inserted: list[str]) -> None:
+        super().__init__(message)
+        self.existing = existing
+        self.inserted = inserted
+
+    @property
+    def run_id(self) -> str:
+        return self.existing[0].run_id
+
+
 class RetryRefused(ClientError):
     """The run cannot be retried: it is not failed, or its row cannot be used."""
 
@@ -143,8 +172,14 @@ def start_runs(
     run_input: Any = None,
     tier: str = "t1",
     version: int | None = None,
+    if_exists: IfExists | str | None = None,
 ) -> list[str]:
-    """Insert the runs (idempotently) and produce their first wakeups. Returns the new ids."""
+    """Insert the runs and produce their first wakeups. Returns the ids created. A run id that
+    exists already is kept as it is and woken again (its tick is then a no-op) when its start
+    is the same, or when ``if_exists`` is ``ignore``; RunExists when it belongs to another
+    workflow, was started with another input (unless ``ignore``), or exists at all with
+    ``fail`` (the other ids of the call are started all the same)."""
+    policy = _policy(if_exists)
     with connect(settings) as conn:
         definitions = Definitions()
         wf = (
@@ -153,19 +188,62 @@ def start_runs(
             else definitions.latest(conn, workflow)
         )
         inserted: list[str] = []
+        existing: list[ExistingRun] = []
         for start in range(0, len(run_ids), 5000):
             chunk = run_ids[start : start + 5000]
-            inserted += insert_runs(conn, wf, [(r, run_input or {}) for r in chunk], tier)
-    # A repeated start wakes the run again; its tick is then a no-op.
+            done = insert_runs(conn, wf, [(r, run_input or {}) for r in chunk], tier)
+            inserted += done.created
+            existing += done.existing
+    refused = [e for e in existing if _refused(e, workflow, policy)]
+    kept = {e.run_id for e in refused}
+    to_wake = [r for r in run_ids if r not in kept]
     try:
-        wake(settings, run_ids, tier, "start")
+        if to_wake:
+            wake(settings, to_wake, tier, "start")
     except ClientError as exc:
-        raise StartNotAnnounced(
-            f"{len(run_ids)} run(s) exist, but their start wakeups were not delivered ({exc}):"
-            " a processor's overdue sweep starts them shortly",
-            inserted,
-        ) from None
+        if not refused:
+            raise StartNotAnnounced(
+                f"{len(to_wake)} run(s) exist, but their start wakeups were not delivered"
+                f" ({exc}): a processor's overdue sweep starts them shortly",
+                inserted,
+            ) from None
+    if refused:
+        raise RunExists(_refusal(refused, workflow, policy), refused, inserted)
     return inserted
+
+
+def _policy(if_exists: IfExists | str | None) -> IfExists | None:
+    if if_exists is None or isinstance(if_exists, IfExists):
+        return if_exists
+    try:
+        return IfExists(if_exists)
+    except ValueError:
+        raise ClientError(
+            f"if_exists must be one of {', '.join(p.value for p in IfExists)} (or None),"
+            f" not {if_exists!r}"
+        ) from None
+
+
+def _refused(run: ExistingRun, workflow: str, policy: IfExists | None) -> bool:
+    if run.workflow[0] != workflow or policy is IfExists.FAIL:
+        return True
+    return policy is None and not run.same_input
+
+
+def _refusal(refused: list[ExistingRun], workflow: str, policy: IfExists | None) -> str:
+    first = refused[0]
+    more = f" (and {len(refused) - 1} more run id(s))" if len(refused) > 1 else ""
+    if first.workflow[0] != workflow:
+        return (
+            f"run {first.run_id!r} exists already, of workflow {first.workflow[0]!r}{more}:"
+            f" a run id belongs to one workflow; start {workflow!r} under another id"
+        )
+    if policy is IfExists.FAIL:
+        return f"run {first.run_id!r} exists already{more} (if_exists=fail)"
+    return (
+        f"run {first.run_id!r} exists already with another input{more}; if_exists=ignore"
+        " keeps the existing run, or start this one under another id"
+    )
 
 
 def start_run(
@@ -175,11 +253,13 @@ def start_run(
     run_input: Any = None,
     tier: str = "t1",
     version: int | None = None,
+    if_exists: IfExists | str | None = None,
 ) -> StartedRun:
     """Start one run of ``workflow`` (its latest version unless ``version``) with ``run_input``
-    (JSON-serialisable; ``{}`` when None) on wakeup tier ``tier``. Idempotent by run id: a run
-    that exists already is left as it is (and woken, which changes nothing), and
-    ``created`` says so; ClientError if that run belongs to another workflow."""
+    (JSON-serialisable; ``{}`` when None) on wakeup tier ``tier``. Idempotent by run id: the
+    same start again leaves the run as it is (and wakes it, which changes nothing), and
+    ``created`` says so. RunExists if that run belongs to another workflow or was started
+    with another input (``if_exists``: see ``IfExists``)."""
     if not 1 <= len(run_id) <= MAX_RUN_ID_LENGTH or "\x00" in run_id:
         raise ClientError(f"a run id is 1 to {MAX_RUN_ID_LENGTH} characters, without NUL")
     if tier not in TIERS:
@@ -188,12 +268,7 @@ def start_run(
         orjson.dumps(run_input)
     except TypeError as exc:
         raise ClientError(f"the run input cannot be written as JSON: {exc}") from None
-    created = bool(start_runs(settings, workflow, [run_id], run_input, tier, version))
-    if not created:
-        with connect(settings) as conn:
-            columns = run_columns(conn, run_id)
-        if columns is not None and columns.workflow[0] != workflow:
-            raise ClientError(f"run {run_id!r} exists already, of workflow {columns.workflow[0]!r}")
+    created = bool(start_runs(settings, workflow, [run_id], run_input, tier, version, if_exists))
     return StartedRun(run_id, created)
 
 

@@ -2,7 +2,8 @@
 beside this one.
 
 Exit codes scripts can rely on: 0 success, 1 the operation failed (a service is unreachable,
-a run did not end as expected, a run cannot be retried), 2 bad usage or bad configuration;
+a run did not end as expected, a run cannot be retried, a start refused), 2 bad usage or bad
+configuration (a health or metrics port in use included);
 `ductor result` also exits 1 for a failed or cancelled run, 2 for an unknown run and 3 for a
 run that has not ended (within --wait). Errors are printed as one sentence on stderr, never as
 a traceback.
@@ -14,12 +15,10 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-import psycopg
-from confluent_kafka import KafkaError, KafkaException
-
 from processor import early_stop
-from processor.cli.common import EXIT_FAILED, EXIT_USAGE, CliError
+from processor.cli.config import cmd_config_check, cmd_config_show
 from processor.cli.dlq import cmd_dlq_list, cmd_dlq_replay
+from processor.cli.errors import explain
 from processor.cli.gc import cmd_gc
 from processor.cli.outbox import cmd_outbox_parked, cmd_outbox_unpark
 from processor.cli.runs import (
@@ -34,10 +33,11 @@ from processor.cli.runs import (
 )
 from processor.cli.services import cmd_migrate, cmd_process, cmd_topics_create, cmd_worker
 from processor.cli.tool_commands import cmd_bench, cmd_demo, parse_bench_arguments
+from processor.client import IfExists
 from processor.core.model import RunStatus, SignalKind
 from processor.core.outcomes import DLQ_REASONS
 from processor.core.routing import TIERS
-from processor.io.config import ConfigError, load_settings
+from processor.io.config import load_settings
 from processor.io.logs import setup_logging
 
 
@@ -48,6 +48,22 @@ def build_parser() -> argparse.ArgumentParser:
         "committing each tick to Postgres with optimistic concurrency.",
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    config = sub.add_parser("config", help="the settings in effect, and whether they work")
+    config_sub = config.add_subparsers(dest="config_command", required=True, metavar="ACTION")
+    p = config_sub.add_parser(
+        "show",
+        help="every setting in effect (secrets hidden) and where it came from (default, env,"
+        " file), the Kafka clients' properties, what the telemetry exports",
+    )
+    p.set_defaults(func=cmd_config_show)
+    p = config_sub.add_parser(
+        "check",
+        help="reach Postgres and Kafka (short timeouts), check the schema version, the Kafka"
+        " client settings and the topics' partition counts; one line per check, exit 1 if one"
+        " fails",
+    )
+    p.set_defaults(func=cmd_config_check)
 
     p = sub.add_parser("migrate", help="apply the SQL migrations in schemas/migrations")
     p.set_defaults(func=cmd_migrate)
@@ -77,6 +93,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--count", type=int, default=1, help="how many runs to start")
     p.add_argument(
         "--tier", choices=TIERS, default="t1", help="wakeup tier (t0 interactive, t2 bulk)"
+    )
+    p.add_argument(
+        "--if-exists",
+        choices=[i.value for i in IfExists],
+        help="a run id that exists already: ignore (keep that run, whatever its input) or fail"
+        " (exit 1); default: an identical start is ignored, one with another input fails."
+        " A run id of another workflow always fails",
     )
     p.set_defaults(func=cmd_start)
 
@@ -290,28 +313,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         setup_logging(settings.log_format, settings.log_level)
         code: int = args.func(settings, args)
         return code
-    except ConfigError as exc:
-        print(f"ductor: configuration error: {exc}", file=sys.stderr)
-        return EXIT_USAGE
-    except CliError as exc:
-        print(f"ductor: {exc}", file=sys.stderr)
-        return exc.code
-    except KafkaException as exc:
-        error = exc.args[0]
-        if isinstance(error, KafkaError) and error.code() == KafkaError._INVALID_ARG:
-            print(
-                f"ductor: configuration error: {error.str()}; check the DUCTOR_KAFKA_* variables",
-                file=sys.stderr,
-            )
-            return EXIT_USAGE
-        print(f"ductor: Kafka error: {error}; is the broker up (make up)?", file=sys.stderr)
-        return EXIT_FAILED
-    except (psycopg.Error, LookupError, RuntimeError) as exc:
-        message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        print(f"ductor: {message}", file=sys.stderr)
-        return EXIT_FAILED
     except KeyboardInterrupt:
         return 130
+    except Exception as exc:  # every failure is one sentence and an exit code: cli/errors.py
+        failure = explain(exc)
+        print(f"ductor: {failure.message}", file=sys.stderr)
+        return failure.code
 
 
 if __name__ == "__main__":

@@ -14,6 +14,8 @@ from confluent_kafka import KafkaException
 from processor.cli.common import EXIT_FAILED, EXIT_NOT_FINISHED, EXIT_OK, EXIT_USAGE, CliError
 from processor.client import (
     MAX_LIST_LIMIT,
+    IfExists,
+    RunExists,
     RunNotFinished,
     RunNotFound,
     RunResult,
@@ -95,16 +97,41 @@ def cmd_start(settings: Settings, args: argparse.Namespace) -> int:
     else:
         ids = [f"{args.workflow}-{uuid.uuid4().hex[:12]}" for _ in range(args.count)]
     try:
-        inserted = start_runs(settings, args.workflow, ids, run_input, args.tier)
+        inserted = start_runs(
+            settings, args.workflow, ids, run_input, args.tier, if_exists=args.if_exists
+        )
     except StartNotAnnounced as exc:
         # The runs exist and will start: what the command promises holds, later than usual.
         print(f"warning: {exc}", file=sys.stderr)
         inserted = exc.inserted
+    except RunExists as exc:
+        raise CliError(_start_refused(exc, args, len(ids))) from None
     if args.count == 1:
         print(ids[0] if inserted else f"{ids[0]} (already started)")
     else:
         print(f"started {len(inserted)} run(s), {len(ids) - len(inserted)} already existed")
     return EXIT_OK
+
+
+def _start_refused(exc: RunExists, args: argparse.Namespace, count: int) -> str:
+    """Why `ductor start` refused, with the flag that changes it (the client's message names
+    the client's parameter)."""
+    run = exc.existing[0]
+    more = f" (and {len(exc.existing) - 1} more)" if len(exc.existing) > 1 else ""
+    started = f"; {len(exc.inserted)} of the {count} run(s) were started" if count > 1 else ""
+    if run.workflow[0] != args.workflow:
+        why = (
+            f"run {run.run_id!r}{more} exists already, of workflow {run.workflow[0]!r}: a run"
+            f" id belongs to one workflow; start {args.workflow!r} under another --run-id"
+        )
+    elif args.if_exists == IfExists.FAIL:
+        why = f"run {run.run_id!r}{more} exists already (--if-exists fail)"
+    else:
+        why = (
+            f"run {run.run_id!r}{more} exists already with another input; --if-exists ignore"
+            " keeps the existing run, or start this one under another --run-id"
+        )
+    return why + started
 
 
 def cmd_inspect(settings: Settings, args: argparse.Namespace) -> int:

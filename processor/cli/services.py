@@ -16,6 +16,7 @@ from processor.io.config import ConfigError, Settings
 from processor.io.faults import Faults, Point, skew_wall_clock
 from processor.io.kafka import EXIT_KAFKA_FATAL, KafkaAuthError, check_authentication
 from processor.io.migrate import migrate
+from processor.io.otel_config import otel_settings
 from processor.io.runs_admin import registered_queues
 from processor.io.topics import create_topics
 from processor.worker.app import AppError, registry_for
@@ -55,6 +56,7 @@ def _test_faults(settings: Settings) -> Faults:
 
 
 def cmd_process(settings: Settings, args: argparse.Namespace) -> int:
+    otel_settings()  # bad OTEL_* values stop the command before anything connects
     faults = _test_faults(settings)
     skew_wall_clock(settings.test_clock_ahead_ms)
     requested = threading.Event()
@@ -71,6 +73,7 @@ def cmd_process(settings: Settings, args: argparse.Namespace) -> int:
 
 def cmd_worker(settings: Settings, args: argparse.Namespace) -> int:
     options = worker_options(args)
+    otel_settings()  # bad OTEL_* values stop the command before anything connects
     # The registry first: a wrong --app is a usage error, reported before any connection.
     try:
         registry = registry_for(args.app)

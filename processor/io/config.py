@@ -1,12 +1,17 @@
 """One typed settings object, built once at start from ``DUCTOR_*`` environment variables.
 
 Every value is validated here so a bad configuration fails before anything connects, with a
-message that names the variable to fix. Nothing else in the package reads the environment
-(apart from the OpenTelemetry SDK, which reads the standard ``OTEL_*`` variables itself).
+message that names the variable to fix: a value out of range, settings that contradict each
+other, a ``DUCTOR_*`` name that no part of Ductor reads (with the nearest known one), a
+``DUCTOR_KAFKA_*`` property the project sets itself (io/kafka_properties.py). A secret may come
+from a file (``DUCTOR_PG_DSN_FILE``, ``DUCTOR_KAFKA_SASL_PASSWORD_FILE``). Nothing else in the
+package reads ``DUCTOR_*`` variables (``OTEL_*`` ones are read by io/otel_config.py and the
+OpenTelemetry SDK).
 """
 
 from __future__ import annotations
 
+import difflib
 import ipaddress
 import os
 import re
@@ -16,10 +21,12 @@ from dataclasses import dataclass, field, replace
 import psycopg
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
+from processor.io import kafka_properties
+from processor.io.kafka_properties import PASSTHROUGH_PREFIX as KAFKA_PASSTHROUGH_PREFIX
+
 # librdkafka properties can be passed through as DUCTOR_KAFKA_<PROPERTY>, with dots written as
 # underscores (DUCTOR_KAFKA_SECURITY_PROTOCOL=SASL_SSL -> security.protocol=SASL_SSL).
-KAFKA_PASSTHROUGH_PREFIX = "DUCTOR_KAFKA_"
-SECRET_KAFKA_KEYS = frozenset({"sasl.password", "ssl.key.password", "ssl.keystore.password"})
+SECRET_KAFKA_KEYS = kafka_properties.SECRET_PROPERTIES
 
 
 class ConfigError(ValueError):
@@ -93,13 +100,16 @@ class Settings:
     test_clock_ahead_ms: int = 0
     kafka_extra: Mapping[str, str] = field(default_factory=dict)
 
+    def __post_init__(self) -> None:
+        _check_together(self)
+
     @property
     def pg_dsn_redacted(self) -> str:
         return redact_dsn(self.pg_dsn)
 
     def kafka_common(self) -> dict[str, str | int | float | bool]:
         """librdkafka properties shared by every client (security settings pass through here)."""
-        return {"bootstrap.servers": self.bootstrap_servers, **self.kafka_extra}
+        return {**self.kafka_extra, "bootstrap.servers": self.bootstrap_servers}
 
     def kafka_redacted(self) -> dict[str, str | int | float | bool]:
         return {k: ("***" if k in SECRET_KAFKA_KEYS else v) for k, v in self.kafka_common().items()}
@@ -167,10 +177,14 @@ def _parse_weights(name: str, raw: str) -> TierWeights:
 
 
 def _parse_choice(choices: tuple[str, ...]) -> Callable[[str, str], str]:
+    """One of ``choices``, in any case (``info`` is ``INFO``), given back as written there."""
+    by_folded = {c.casefold(): c for c in choices}
+
     def parse(name: str, raw: str) -> str:
-        if raw not in choices:
+        choice = by_folded.get(raw.strip().casefold())
+        if choice is None:
             raise ConfigError(f"{name}={raw!r} must be one of {', '.join(choices)}")
-        return raw
+        return choice
 
     return parse
 
@@ -220,11 +234,6 @@ def _parse_host(name: str, raw: str) -> str:
     return raw
 
 
-def _kafka_property(var: str) -> str:
-    """The librdkafka property a DUCTOR_KAFKA_<PROPERTY> variable names."""
-    return var[len(KAFKA_PASSTHROUGH_PREFIX) :].lower().replace("_", ".")
-
-
 def _parse_faults(name: str, raw: str) -> str:
     if not re.fullmatch(r"([a-z_.]+=[a-z]+(@\d+)?)?(,[a-z_.]+=[a-z]+(@\d+)?)*", raw):
         raise ConfigError(f"{name}={raw!r} must look like after_commit=kill@3 (tests only)")
@@ -232,10 +241,12 @@ def _parse_faults(name: str, raw: str) -> str:
 
 
 def _kafka_passthrough(env: Mapping[str, str]) -> dict[str, str]:
+    """The librdkafka properties the DUCTOR_KAFKA_* variables give (whether each may be set
+    is checked with the other settings: ``_check_together``)."""
     extra: dict[str, str] = {}
     for key, value in env.items():
         if key.startswith(KAFKA_PASSTHROUGH_PREFIX):
-            prop = _kafka_property(key)
+            prop = kafka_properties.property_of(key)
             if not prop:
                 raise ConfigError(f"{key}: name a librdkafka property after the prefix")
             extra[prop] = value
@@ -305,9 +316,117 @@ def _format(value: object) -> str:
     return str(value)
 
 
+# -- names: every DUCTOR_* variable any part of Ductor reads -----------------------------------
+
+SETTING_VARIABLES: tuple[str, ...] = tuple(_variable(name) for name, _ in _FIELDS)
+
+# The settings whose value is a secret: never shown or logged whole, and each may be read from
+# a file named by <VARIABLE>_FILE instead (a mounted Kubernetes or Docker secret).
+SECRET_VARIABLES: tuple[str, ...] = (
+    "DUCTOR_PG_DSN",
+    *sorted(kafka_properties.variable_for(p) for p in kafka_properties.SECRET_PROPERTIES),
+)
+FILE_SUFFIX = "_FILE"
+
+# DUCTOR_* variables read by other programs than the ``ductor`` command, which must not be
+# refused when they share its environment: name -> who reads it.
+READ_ELSEWHERE: Mapping[str, str] = {
+    "DUCTOR_INFRA": "infra/local.py (local or docker) and the tests",
+    "DUCTOR_INFRA_DIR": "infra/local.py (where the local services live)",
+    "DUCTOR_LOCAL_KAFKA_PORT": "infra/local.py and infra/compose.yaml",
+    "DUCTOR_LOCAL_KAFKA_CONTROLLER_PORT": "infra/local.py",
+    "DUCTOR_LOCAL_KAFKA_SASL_PORT": "infra/local.py",
+    "DUCTOR_LOCAL_PG_PORT": "infra/local.py and infra/compose.yaml",
+}
+
+KNOWN_VARIABLES: frozenset[str] = frozenset(
+    {*SETTING_VARIABLES, *(v + FILE_SUFFIX for v in SECRET_VARIABLES), *READ_ELSEWHERE}
+)
+# Any name with this prefix is a librdkafka property (the client itself refuses one it does
+# not know, when the command creates it).
+KNOWN_PREFIXES: tuple[str, ...] = (KAFKA_PASSTHROUGH_PREFIX,)
+
+
+def is_known_variable(name: str) -> bool:
+    return name in KNOWN_VARIABLES or name.startswith(KNOWN_PREFIXES)
+
+
+def _check_names(env: Mapping[str, str]) -> None:
+    """Refuse the ``DUCTOR_*`` names nothing reads (a misspelt setting would otherwise be
+    ignored without a word), each with the nearest known name."""
+    unknown = sorted(k for k in env if k.startswith("DUCTOR_") and not is_known_variable(k))
+    if not unknown:
+        return
+    known = {v.removeprefix("DUCTOR_"): v for v in KNOWN_VARIABLES}
+    clauses = []
+    for name in unknown:
+        # Compared without the prefix every name shares, which would make any two look alike.
+        close = difflib.get_close_matches(name.removeprefix("DUCTOR_"), sorted(known), n=1)
+        hint = f" (did you mean {known[close[0]]}?)" if close else ""
+        clauses.append(f"{name} is not a setting of Ductor{hint}")
+    raise ConfigError("; ".join(clauses) + "; `ductor config show` lists the settings")
+
+
+# -- secrets from files -------------------------------------------------------------------------
+
+
+def _strip_newline(text: str) -> str:
+    """A file's content without its one trailing newline (``echo secret > file`` adds one)."""
+    if text.endswith("\r\n"):
+        return text[:-2]
+    return text[:-1] if text.endswith("\n") else text
+
+
+def _with_secret_files(env: Mapping[str, str]) -> dict[str, str]:
+    """``env`` with each ``<SECRET>_FILE`` replaced by ``<SECRET>`` holding the file's content."""
+    resolved = dict(env)
+    for var in SECRET_VARIABLES:
+        file_var = var + FILE_SUFFIX
+        path = resolved.pop(file_var, None)
+        if path is None:
+            continue
+        if var in env:
+            raise ConfigError(f"{var} and {file_var} are both set: keep one of them")
+        try:
+            with open(path, encoding="utf-8") as f:
+                resolved[var] = _strip_newline(f.read())
+        except (OSError, UnicodeDecodeError) as exc:
+            why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+            raise ConfigError(f"{file_var}={path!r} cannot be read: {why}") from None
+    return resolved
+
+
+# -- settings that depend on each other ---------------------------------------------------------
+
+
+def _check_together(settings: Settings) -> None:
+    """What no single variable shows: values that contradict each other or the code."""
+    if settings.delay_partitions != settings.wakeup_partitions:
+        raise ConfigError(
+            f"DUCTOR_DELAY_PARTITIONS={settings.delay_partitions} differs from"
+            f" DUCTOR_WAKEUP_PARTITIONS={settings.wakeup_partitions}: a run's wakeups and its"
+            " delayed wakeups go to the same partition number of each topic, so that one"
+            " instance owns them all; make them equal"
+        )
+    if settings.metrics_port and settings.metrics_port == settings.health_port:
+        raise ConfigError(
+            f"DUCTOR_METRICS_PORT and DUCTOR_HEALTH_PORT are both {settings.metrics_port}: the"
+            " metrics and health servers need a port each"
+        )
+    for prop in settings.kafka_extra:
+        refused = kafka_properties.refusal(prop, settings.group_protocol)
+        if refused is not None:
+            raise ConfigError(refused)
+
+
+# -- loading ------------------------------------------------------------------------------------
+
+
 def load_settings(env: Mapping[str, str] | None = None) -> Settings:
     """Build the settings from ``env`` (default: the process environment) or raise ConfigError."""
-    source = os.environ if env is None else env
+    given = os.environ if env is None else env
+    _check_names(given)
+    source = _with_secret_files(given)
     values: dict[str, object] = {}
     for field_name, parse in _FIELDS:
         var = _variable(field_name)
@@ -318,17 +437,51 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
     return replace(Settings(), **values)  # type: ignore[arg-type]
 
 
+def setting_sources(env: Mapping[str, str] | None = None) -> dict[str, str]:
+    """Where each variable's value comes from: ``default``, ``env``, or ``file <path>`` (every
+    setting, and each ``DUCTOR_KAFKA_*`` property given)."""
+    given = os.environ if env is None else env
+    sources: dict[str, str] = {}
+    for var in SETTING_VARIABLES:
+        sources[var] = "default"
+    for var in sorted(given):
+        if var in sources or var.startswith(KAFKA_PASSTHROUGH_PREFIX):
+            sources[var] = "env"
+    for var in SECRET_VARIABLES:
+        path = given.get(var + FILE_SUFFIX)
+        if path is not None:
+            sources.pop(var + FILE_SUFFIX, None)
+            sources[var] = f"file {path}"
+    return sources
+
+
 def settings_env(settings: Settings) -> dict[str, str]:
     """The ``DUCTOR_*`` variables that give these settings through ``load_settings``: every
-    setting, defaults included, so a child process gets exactly them whatever else its
-    environment says (except ``DUCTOR_KAFKA_*`` variables not among ``kafka_extra``)."""
+    setting, defaults included (see ``child_env``)."""
     env = {_variable(name): _format(getattr(settings, name)) for name, _ in _FIELDS}
     for prop, value in settings.kafka_extra.items():
-        var = KAFKA_PASSTHROUGH_PREFIX + prop.upper().replace(".", "_")
-        if not prop or _kafka_property(var) != prop:
+        var = kafka_properties.variable_for(prop)
+        if not prop or kafka_properties.property_of(var) != prop:
             raise ConfigError(
                 f"librdkafka property {prop!r} cannot be written as a {KAFKA_PASSTHROUGH_PREFIX}*"
                 " variable (lower case, dots, no underscores)"
             )
         env[var] = str(value)
+    return env
+
+
+def child_env(settings: Settings, base: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The environment of a child process that must run with exactly ``settings``: ``base``
+    (default: this process's environment) without any variable ``load_settings`` reads (a
+    ``DUCTOR_PG_DSN_FILE`` beside the ``DUCTOR_PG_DSN`` given would be refused, a
+    ``DUCTOR_KAFKA_*`` property not among the settings would be added), plus
+    ``settings_env``."""
+    given = os.environ if base is None else base
+    read_here = {*SETTING_VARIABLES, *(v + FILE_SUFFIX for v in SECRET_VARIABLES)}
+    env = {
+        k: v
+        for k, v in given.items()
+        if k not in read_here and not k.startswith(KAFKA_PASSTHROUGH_PREFIX)
+    }
+    env.update(settings_env(settings))
     return env

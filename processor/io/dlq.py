@@ -32,7 +32,7 @@ from processor.core.envelope import Rejected, decode_wakeup
 from processor.core.records import Headers, normalise_headers
 from processor.core.routing import TopicNames, partition_for
 from processor.io.config import Settings
-from processor.io.kafka import produce, producer_config
+from processor.io.kafka import produce, producer_config, reader_config
 
 _READ_TIMEOUT_S = 30.0
 
@@ -205,15 +205,7 @@ def replay(
 def _reader(settings: Settings) -> Consumer:
     # assign() and no commits: the group id only satisfies the client, nothing joins a group.
     return Consumer(
-        {
-            **settings.kafka_common(),
-            "client.id": "ductor-dlq-reader",
-            "group.id": f"ductor-dlq-reader-{uuid.uuid4().hex[:8]}",
-            "enable.auto.commit": False,
-            "enable.auto.offset.store": False,
-            "enable.partition.eof": True,
-            "auto.offset.reset": "earliest",
-        }
+        reader_config(settings, "ductor-dlq-reader", f"ductor-dlq-reader-{uuid.uuid4().hex[:8]}")
     )
 
 

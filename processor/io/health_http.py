@@ -34,6 +34,7 @@ import psycopg
 
 from processor.io import connections
 from processor.io.config import Settings
+from processor.io.listen import ListenError
 from processor.io.logs import first_line
 
 log = logging.getLogger("ductor.health")
@@ -99,9 +100,7 @@ class HealthServer:
         try:
             self._server = _Server((host, port), request_timeout_s, max_connections)
         except OSError as exc:
-            raise RuntimeError(
-                f"cannot listen on port {port} of {host} for health checks: {exc}"
-            ) from None
+            raise ListenError("health", host, port, exc) from None
         self._server.health = self
         self.host: str = host
         self.port: int = self._server.server_address[1]

@@ -9,7 +9,7 @@ import logging
 import random
 import re
 import time
-from collections.abc import Callable, Iterable, Sequence, Set
+from collections.abc import Callable, Iterable, Mapping, Sequence, Set
 from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
@@ -114,57 +114,117 @@ class ClientErrors:
             self._on_fatal()
 
 
+def client_config(
+    settings: Settings, defaults: Mapping[str, Any], owned: Mapping[str, Any]
+) -> dict[str, Any]:
+    """A client's librdkafka configuration: its ``defaults``, replaced by whatever the
+    ``DUCTOR_KAFKA_*`` variables give (``settings.kafka_extra``), then what the project
+    ``owned`` (io/kafka_properties.py: a variable giving one of those is refused at start)."""
+    return {**defaults, **settings.kafka_common(), **owned}
+
+
 def producer_config(settings: Settings, client_id: str) -> dict[str, Any]:
-    return {
-        "message.timeout.ms": DELIVERY_TIMEOUT_MS,
-        **settings.kafka_common(),
-        "client.id": client_id,
-        "enable.idempotence": True,  # acks=all, in order, no duplicates from internal retries
-        "linger.ms": 2,
-        "compression.type": "lz4",
-        "message.max.bytes": producer_max_bytes(settings),
-    }
+    return client_config(
+        settings,
+        {
+            "client.id": client_id,
+            "message.timeout.ms": DELIVERY_TIMEOUT_MS,
+            "linger.ms": 2,
+            "compression.type": "lz4",
+        },
+        {
+            "enable.idempotence": True,  # acks=all, in order, no duplicates from internal retries
+            "message.max.bytes": producer_max_bytes(settings),
+        },
+    )
 
 
 def consumer_config(settings: Settings, client_id: str) -> dict[str, Any]:
-    config: dict[str, Any] = {
-        **settings.kafka_common(),
-        "client.id": client_id,
-        "group.id": settings.group_id,
-        "auto.offset.reset": "earliest",
-        # Offsets are stored by hand, only once a record's tick committed and its effects were
-        # acknowledged; the auto-commit then only ships what was stored (at-least-once).
-        "enable.auto.offset.store": False,
-        "enable.auto.commit": True,
-        "auto.commit.interval.ms": 1000,
-        "max.poll.interval.ms": 300_000,
-        # A fetch waits for 64 KiB of records or 10 ms, whichever comes first. Answering
-        # every fetch with whatever single record had arrived cost the broker, and the loop
-        # that served it, far more than the records did: at a steady 4,500 wakeups/s the
-        # instance, the broker and Postgres (fewer, larger batches) spent a third less CPU
-        # per tick and the tail shortened (docs/performance.md). A backlog fills 64 KiB at
-        # once; an idle partition's record waits 10 ms at most.
-        "fetch.min.bytes": 64 * 1024,
-        "fetch.wait.max.ms": 10,
-        # What the client prefetches is the processor's memory when a backlog waits (the
-        # records themselves stay in Kafka): a few MiB keep the pipeline full (one fetch is
-        # thousands of wakeups) without the defaults' 50 MiB responses (bench_memory.py).
-        "fetch.max.bytes": 4 * 1024 * 1024,
-        "queued.max.messages.kbytes": 8192,
-        "enable.partition.eof": False,
-    }
-    return {**config, **group_protocol_config(settings)}
+    """The processor's consumer."""
+    return group_consumer_config(
+        settings,
+        settings.group_id,
+        {
+            "client.id": client_id,
+            "auto.commit.interval.ms": 1000,
+            "max.poll.interval.ms": 300_000,
+            # A fetch waits for 64 KiB of records or 10 ms, whichever comes first. Answering
+            # every fetch with whatever single record had arrived cost the broker, and the loop
+            # that served it, far more than the records did: at a steady 4,500 wakeups/s the
+            # instance, the broker and Postgres (fewer, larger batches) spent a third less CPU
+            # per tick and the tail shortened (docs/performance.md). A backlog fills 64 KiB at
+            # once; an idle partition's record waits 10 ms at most.
+            "fetch.min.bytes": 64 * 1024,
+            "fetch.wait.max.ms": 10,
+            # What the client prefetches is the processor's memory when a backlog waits (the
+            # records themselves stay in Kafka): a few MiB keep the pipeline full (one fetch is
+            # thousands of wakeups) without the defaults' 50 MiB responses (bench_memory.py).
+            "fetch.max.bytes": 4 * 1024 * 1024,
+            "queued.max.messages.kbytes": 8192,
+        },
+    )
 
 
-def group_protocol_config(settings: Settings) -> dict[str, Any]:
-    """Rebalancing without stopping the world, by either group protocol (see config.py)."""
+def worker_consumer_config(settings: Settings, client_id: str) -> dict[str, Any]:
+    """A step worker's consumer of its queues' steps topics."""
+    return group_consumer_config(
+        settings,
+        f"{settings.group_id}-workers",
+        {
+            "client.id": client_id,
+            "auto.commit.interval.ms": 1000,
+            # What librdkafka prefetches beside the worker's own backlog.
+            "queued.max.messages.kbytes": 4096,
+        },
+    )
+
+
+def group_consumer_config(
+    settings: Settings, group_id: str, defaults: Mapping[str, Any]
+) -> dict[str, Any]:
+    """A member of a consumer group whose offsets are stored by hand, only once a record's
+    work is committed and its effects acknowledged; the auto-commit then only ships what was
+    stored (at-least-once)."""
+    protocol_defaults, protocol_owned = group_protocol_config(settings)
+    return client_config(
+        settings,
+        {**defaults, **protocol_defaults},
+        {
+            "group.id": group_id,
+            "auto.offset.reset": "earliest",
+            "enable.auto.offset.store": False,
+            "enable.auto.commit": True,
+            "enable.partition.eof": False,
+            **protocol_owned,
+        },
+    )
+
+
+def group_protocol_config(settings: Settings) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Rebalancing without stopping the world, by either group protocol (see config.py): the
+    defaults a variable may replace, and what the rebalance callbacks depend on."""
     if settings.group_protocol == "consumer":
-        return {"group.protocol": "consumer", "group.remote.assignor": "range"}
-    return {
-        "partition.assignment.strategy": "cooperative-sticky",
-        "session.timeout.ms": 10_000,
-        "heartbeat.interval.ms": 1000,
-    }
+        return {"group.remote.assignor": "range"}, {"group.protocol": "consumer"}
+    return (
+        {"session.timeout.ms": 10_000, "heartbeat.interval.ms": 1000},
+        {"partition.assignment.strategy": "cooperative-sticky"},
+    )
+
+
+def reader_config(settings: Settings, client_id: str, group_id: str) -> dict[str, Any]:
+    """A consumer that joins no group and commits nothing (assign(), or metadata and offsets
+    only): the group id only satisfies the client."""
+    return client_config(
+        settings,
+        {"client.id": client_id},
+        {
+            "group.id": group_id,
+            "enable.auto.commit": False,
+            "enable.auto.offset.store": False,
+            "enable.partition.eof": True,
+            "auto.offset.reset": "earliest",
+        },
+    )
 
 
 def store_offsets(
@@ -325,12 +385,15 @@ def check_authentication(settings: Settings, timeout_s: float = 10.0) -> None:
         admin.poll(0.05)
         refused = next((e for e in errors if e.code() == KafkaError._AUTHENTICATION), None)
         if refused is not None:
-            raise KafkaAuthError(_refusal(settings, protocol, refused.str()))
+            raise KafkaAuthError(refusal_message(settings, refused.str()))
         if any(e.code() == KafkaError._ALL_BROKERS_DOWN for e in errors):
             return
 
 
-def _refusal(settings: Settings, protocol: str, text: str) -> str:
+def refusal_message(settings: Settings, text: str) -> str:
+    """The sentence for librdkafka's authentication error ``text``: the broker, the user and
+    the mechanism, never the password."""
+    protocol = str(settings.kafka_extra.get("security.protocol", "")).upper()
     broker = _BROKER_PREFIX.match(text)
     reason = _STATE_SUFFIX.sub("", _BROKER_PREFIX.sub("", text)).rstrip(".")
     extra = settings.kafka_extra

@@ -6,15 +6,22 @@ instance that encoding was the largest cost of tracing (docs/performance.md). Th
 the same data under the protobuf JSON mapping the OTLP specification defines (ids as hex
 strings, 64-bit integers as decimal strings, enums as numbers); collectors accept it on the
 same ``/v1/traces`` path.
+
+It reads the standard variables as the SDK's exporters do: the endpoint, the headers, the
+timeout (in seconds, as the Python SDK reads it), the compression (gzip or deflate) and, for
+an https endpoint, the CA certificate and the client's certificate and key.
 """
 
 from __future__ import annotations
 
+import gzip
 import logging
 import os
+import ssl
 import urllib.error
 import urllib.parse
 import urllib.request
+import zlib
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -35,14 +42,6 @@ _KINDS = {
 _STATUS = {StatusCode.UNSET: 0, StatusCode.OK: 1, StatusCode.ERROR: 2}
 
 
-def json_protocol_requested() -> bool:
-    """Whether the environment asks for OTLP/HTTP with JSON for traces."""
-    protocol = os.environ.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL") or os.environ.get(
-        "OTEL_EXPORTER_OTLP_PROTOCOL", ""
-    )
-    return protocol.strip().lower() == "http/json"
-
-
 class OtlpJsonSpanExporter(SpanExporter):
     """POSTs each batch of spans as one OTLP/JSON document; a failed export is logged and
     dropped (as the SDK's exporter does once its retries are spent)."""
@@ -58,16 +57,24 @@ class OtlpJsonSpanExporter(SpanExporter):
             **(_headers_from_environment() if headers is None else dict(headers)),
             "Content-Type": "application/json",
         }
-        timeout_ms = os.environ.get("OTEL_EXPORTER_OTLP_TRACES_TIMEOUT") or os.environ.get(
-            "OTEL_EXPORTER_OTLP_TIMEOUT", "10000"
-        )
-        self.timeout_s = timeout_s if timeout_s is not None else float(timeout_ms) / 1000
+        timeout = _traces_variable("TIMEOUT")
+        self.timeout_s = timeout_s if timeout_s is not None else float(timeout or 10)
+        self.compression = (_traces_variable("COMPRESSION") or "none").lower()
+        if self.compression != "none":
+            self.headers["Content-Encoding"] = self.compression
+        self._context = _tls_context()
 
     def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
         body = orjson.dumps(encode(spans))
+        if self.compression == "gzip":
+            body = gzip.compress(body)
+        elif self.compression == "deflate":
+            body = zlib.compress(body)
         request = urllib.request.Request(self.endpoint, body, self.headers, method="POST")
         try:
-            with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
+            with urllib.request.urlopen(
+                request, timeout=self.timeout_s, context=self._context
+            ) as response:
                 response.read()
         except (urllib.error.URLError, OSError) as exc:
             log.warning("could not export %d span(s) to %s: %s", len(spans), self.endpoint, exc)
@@ -183,6 +190,28 @@ def _endpoint_from_environment() -> str:
         return traces  # used as it is (the specification's rule for per-signal endpoints)
     base = os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT", "http://localhost:4318")
     return base.rstrip("/") + "/v1/traces"
+
+
+def _traces_variable(name: str) -> str:
+    """OTEL_EXPORTER_OTLP_TRACES_<NAME>, else OTEL_EXPORTER_OTLP_<NAME> (stripped; "" if unset)."""
+    return (
+        os.environ.get(f"OTEL_EXPORTER_OTLP_TRACES_{name}")
+        or os.environ.get(f"OTEL_EXPORTER_OTLP_{name}")
+        or ""
+    ).strip()
+
+
+def _tls_context() -> ssl.SSLContext | None:
+    """The TLS context the certificate variables ask for (None: Python's default)."""
+    ca = _traces_variable("CERTIFICATE")
+    cert = _traces_variable("CLIENT_CERTIFICATE")
+    key = _traces_variable("CLIENT_KEY")
+    if not (ca or cert):
+        return None
+    context = ssl.create_default_context(cafile=ca or None)
+    if cert:
+        context.load_cert_chain(cert, key or None)
+    return context
 
 
 def _headers_from_environment() -> dict[str, str]:

@@ -95,40 +95,99 @@ def registered_queues(conn: psycopg.Connection[Any]) -> list[str]:
     return [r[0] for r in rows]
 
 
+@dataclass(frozen=True)
+class ExistingRun:
+    """A run id given to ``insert_runs`` that a run had already: its workflow, and whether it
+    was started with the same input (jsonb equality: key order and spacing do not count)."""
+
+    run_id: str
+    workflow: tuple[str, int]
+    same_input: bool
+
+
+@dataclass(frozen=True)
+class InsertedRuns:
+    """What ``insert_runs`` did with each run id: created, or found already there."""
+
+    created: list[str]
+    existing: list[ExistingRun]
+
+
+# One statement per batch: the INSERT returns the rows it created, and the SELECT beside it,
+# which reads the table as it was before the statement, the rows it found there instead (the
+# run ids it skipped, with their workflow and whether their input is the one given). Only the
+# ids the INSERT skipped are looked up, each in the primary key (LATERAL ... LIMIT 1: a plain
+# join lets the planner read the whole table): a batch of new runs costs no lookup at all.
+_INSERT_RUNS = """
+WITH given AS (
+    SELECT * FROM unnest(%(ids)s::text[], %(shards)s::bigint[], %(inputs)s::jsonb[])
+        AS i(run_id, shard, input)
+), created AS (
+    INSERT INTO eec_workflow_run (run_id, workflow_name, workflow_version, status, node_states,
+                                  last_transition_seq, state_checksum, tier, shard, input,
+                                  next_wakeup_at)
+    SELECT g.run_id, %(name)s, %(version)s, %(status)s, %(nodes)s::jsonb, 0, %(checksum)s,
+           %(tier)s, g.shard, g.input, now()
+      FROM given g
+    ON CONFLICT (run_id) DO NOTHING
+    RETURNING run_id
+)
+SELECT run_id, NULL::text, NULL::integer, NULL::boolean FROM created
+UNION ALL
+SELECT r.run_id, r.workflow_name, r.workflow_version, r.input = g.input
+  FROM given g
+ CROSS JOIN LATERAL (
+       SELECT x.run_id, x.workflow_name, x.workflow_version, x.input
+         FROM eec_workflow_run x WHERE x.run_id = g.run_id LIMIT 1
+       ) r
+ WHERE g.run_id NOT IN (SELECT run_id FROM created)
+"""
+
+
 def insert_runs(
     conn: psycopg.Connection[Any], wf: WorkflowDef, runs: Sequence[tuple[str, Any]], tier: str
-) -> list[str]:
-    """Insert new runs idempotently (an existing run id is left alone); return the ids inserted.
+) -> InsertedRuns:
+    """Insert new runs idempotently (an existing run id is left alone, and reported with its
+    workflow and whether its input is the same), in one statement.
     A new run is due at once (``next_wakeup_at``): should its start wakeup never reach a
     processor (the broker was unreachable, the client died before producing it), the overdue
     sweep starts it."""
     state = initial_state(wf)
-    nodes = orjson.dumps(state.nodes_json()).decode()
-    checksum = state_checksum(state)
     ids = [r[0] for r in runs]
+    inputs = [orjson.dumps(r[1]).decode() for r in runs]
     rows = conn.execute(
-        """
-        INSERT INTO eec_workflow_run (run_id, workflow_name, workflow_version, status, node_states,
-                                      last_transition_seq, state_checksum, tier, shard, input,
-                                      next_wakeup_at)
-        SELECT i.run_id, %s, %s, %s, %s::jsonb, 0, %s, %s, i.shard, i.input, now()
-          FROM unnest(%s::text[], %s::bigint[], %s::jsonb[]) AS i(run_id, shard, input)
-        ON CONFLICT (run_id) DO NOTHING
-        RETURNING run_id
-        """,
-        (
-            wf.name,
-            wf.version,
-            state.status.value,
-            nodes,
-            checksum,
-            tier,
-            ids,
-            [run_shard(i) for i in ids],
-            [orjson.dumps(r[1]).decode() for r in runs],
-        ),
+        _INSERT_RUNS,
+        {
+            "ids": ids,
+            "shards": [run_shard(i) for i in ids],
+            "inputs": inputs,
+            "name": wf.name,
+            "version": wf.version,
+            "status": state.status.value,
+            "nodes": orjson.dumps(state.nodes_json()).decode(),
+            "checksum": state_checksum(state),
+            "tier": tier,
+        },
     ).fetchall()
-    return [r[0] for r in rows]
+    created = [r[0] for r in rows if r[1] is None]
+    existing = [ExistingRun(r[0], (r[1], r[2]), bool(r[3])) for r in rows if r[1] is not None]
+    seen = {*created, *(e.run_id for e in existing)}
+    unseen = [(run_id, i) for run_id, i in zip(ids, inputs, strict=True) if run_id not in seen]
+    if unseen:
+        # Inserted by another transaction after this statement's snapshot was taken (two
+        # starts of one id at once): rare, so read at the cost of a second statement.
+        existing += _existing(conn, dict(unseen))
+    return InsertedRuns(created, existing)
+
+
+def _existing(conn: psycopg.Connection[Any], inputs: dict[str, str]) -> list[ExistingRun]:
+    rows = conn.execute(
+        "SELECT r.run_id, r.workflow_name, r.workflow_version, r.input = g.input"
+        "  FROM unnest(%s::text[], %s::jsonb[]) AS g(run_id, input)"
+        "  JOIN eec_workflow_run r ON r.run_id = g.run_id",
+        (list(inputs), list(inputs.values())),
+    ).fetchall()
+    return [ExistingRun(r[0], (r[1], r[2]), bool(r[3])) for r in rows]
 
 
 def insert_signal(

@@ -31,7 +31,11 @@ from opentelemetry.exporter.prometheus import PrometheusMetricReader
 from opentelemetry.metrics import CallbackOptions, Histogram, Meter, MeterProvider, Observation
 from opentelemetry.sdk.metrics import AlwaysOffExemplarFilter
 from opentelemetry.sdk.metrics import MeterProvider as SdkMeterProvider
-from opentelemetry.sdk.metrics.export import MetricReader, PeriodicExportingMetricReader
+from opentelemetry.sdk.metrics.export import (
+    MetricExporter,
+    MetricReader,
+    PeriodicExportingMetricReader,
+)
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor, SpanExporter
@@ -41,7 +45,9 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 from prometheus_client import start_http_server
 
 from processor.core.stats import Stats
-from processor.io.otlp_json import OtlpJsonSpanExporter, json_protocol_requested
+from processor.io.listen import ListenError
+from processor.io.otel_config import Protocol, otel_settings
+from processor.io.otlp_json import OtlpJsonSpanExporter
 from processor.io.sampling import RatioSampling
 
 Headers = list[tuple[str, bytes]]
@@ -70,13 +76,29 @@ def sampler_from_environment() -> RatioSampling | None:
     return RatioSampling(ratio) if 0.0 <= ratio <= 1.0 else None
 
 
-def _otlp_configured(signal: str) -> bool:
-    if os.environ.get(f"OTEL_{signal.upper()}_EXPORTER", "").strip().lower() == "none":
-        return False
-    return bool(
-        os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT")
-        or os.environ.get(f"OTEL_EXPORTER_OTLP_{signal.upper()}_ENDPOINT")
-    )
+def span_exporter(protocol: Protocol) -> SpanExporter:
+    """The OTLP span exporter that speaks ``protocol`` (each reads its endpoint, headers,
+    timeout, compression and certificates from the standard variables)."""
+    if protocol is Protocol.HTTP_JSON:
+        # Encoded by orjson, several times cheaper than the SDK's protobuf (docs/performance.md).
+        return OtlpJsonSpanExporter()
+    if protocol is Protocol.GRPC:
+        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import (  # noqa: PLC0415
+            OTLPSpanExporter as GrpcSpanExporter,
+        )
+
+        return GrpcSpanExporter()
+    return OTLPSpanExporter()
+
+
+def metric_exporter(protocol: Protocol) -> MetricExporter:
+    if protocol is Protocol.GRPC:
+        from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import (  # noqa: PLC0415
+            OTLPMetricExporter as GrpcMetricExporter,
+        )
+
+        return GrpcMetricExporter()
+    return OTLPMetricExporter()
 
 
 @dataclass
@@ -99,21 +121,23 @@ class Telemetry:
     def from_environment(
         service: str, metrics_port: int, group_id: str, http_host: str = "127.0.0.1"
     ) -> Telemetry:
-        """OTLP by the standard OTEL_* variables, Prometheus on ``http_host``:``metrics_port``
-        if the port is > 0 (this machine only by default: DUCTOR_HTTP_HOST)."""
+        """OTLP as the standard OTEL_* variables say (io/otel_config.py: ConfigError for a
+        value it cannot honour), Prometheus on ``http_host``:``metrics_port`` if the port is > 0
+        (this machine only by default: DUCTOR_HTTP_HOST; ListenError if it is taken)."""
+        otel = otel_settings()
         resource = Resource.create({"service.name": os.environ.get("OTEL_SERVICE_NAME", service)})
         sampler = sampler_from_environment()
         processors: list[SpanProcessor] = []
-        if _otlp_configured("traces"):
-            # OTLP/HTTP with protobuf (the default) or JSON, as OTEL_EXPORTER_OTLP_PROTOCOL
-            # says; JSON is encoded by orjson, several times cheaper (docs/performance.md).
-            exporter = OtlpJsonSpanExporter() if json_protocol_requested() else OTLPSpanExporter()
-            processors.append(BatchSpanProcessor(exporter))
+        if otel.traces is not None:
+            processors.append(BatchSpanProcessor(span_exporter(otel.traces)))
         readers: list[MetricReader] = []
-        if _otlp_configured("metrics"):
-            readers.append(PeriodicExportingMetricReader(OTLPMetricExporter()))
+        if otel.metrics is not None:
+            readers.append(PeriodicExportingMetricReader(metric_exporter(otel.metrics)))
         if metrics_port > 0:
-            start_http_server(metrics_port, addr=http_host)
+            try:
+                start_http_server(metrics_port, addr=http_host)
+            except OSError as exc:
+                raise ListenError("metrics", http_host, metrics_port, exc) from None
             readers.append(PrometheusMetricReader())
         return Telemetry.build(resource, processors, readers, group_id, sampler)
 

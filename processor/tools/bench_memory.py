@@ -10,7 +10,6 @@ however long the backlog. Prints the peak RSS and how many records the instance 
 from __future__ import annotations
 
 import argparse
-import os
 import subprocess
 import sys
 import time
@@ -24,7 +23,7 @@ from confluent_kafka.admin import AdminClient
 
 from processor.core.envelope import Wakeup
 from processor.core.routing import TopicNames, partition_for
-from processor.io.config import load_settings, settings_env
+from processor.io.config import child_env, load_settings
 from processor.io.kafka import produce, producer_config
 from processor.io.logs import read_stats
 from processor.io.topics import create_topics, desired_topics
@@ -67,7 +66,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             if i % 10_000 == 0:
                 producer.poll(0)
         producer.flush(120)
-        env = {**os.environ, **settings_env(replace(settings, pg_dsn=UNREACHABLE_DSN))}
+        env = child_env(replace(settings, pg_dsn=UNREACHABLE_DSN))
         print(f"one instance, Postgres unreachable, for {args.seconds:.0f} s ...", flush=True)
         with log.open("wb") as out:
             child = subprocess.Popen(

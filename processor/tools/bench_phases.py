@@ -24,7 +24,7 @@ from processor.client import wake
 from processor.core.envelope import Wakeup
 from processor.core.routing import TopicNames
 from processor.core.workflow import WorkflowDef, parse_workflow
-from processor.io.config import Settings, settings_env
+from processor.io.config import Settings, child_env
 from processor.io.kafka import choose_partition, produce, producer_config
 from processor.io.migrate import migrate
 from processor.io.runs_admin import (
@@ -544,8 +544,7 @@ class Bench:
     def spawn(
         self, args: list[str], extra_env: dict[str, str], name: str
     ) -> subprocess.Popen[bytes]:
-        env = dict(os.environ)
-        env.update(settings_env(replace(self.settings, log_format="json")))
+        env = child_env(replace(self.settings, log_format="json"))
         env.update(extra_env)
         log = self.log_path(name).open("wb")
         return subprocess.Popen(

@@ -10,7 +10,6 @@ every incarnation can be read back afterwards, killed ones included (from their 
 from __future__ import annotations
 
 import contextlib
-import os
 import random
 import signal
 import subprocess
@@ -23,7 +22,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from processor.io.config import Settings, settings_env
+from processor.io.config import Settings, child_env
 from processor.io.logs import read_stats
 
 PROCESSOR, WORKER = "process", "worker"
@@ -95,8 +94,7 @@ class Fleet:
         on_fault: Callable[[str, str], None],
     ) -> None:
         log_dir.mkdir(parents=True, exist_ok=True)
-        self._env = dict(os.environ)
-        self._env.update(settings_env(replace(settings, log_format="json")))
+        self._env = child_env(replace(settings, log_format="json"))
         self._log_dir = log_dir
         self._rng = rng
         self._arming = arming

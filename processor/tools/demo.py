@@ -9,7 +9,6 @@ only if every run ended as expected.
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import sys
@@ -30,7 +29,7 @@ from processor.core.envelope import Wakeup
 from processor.core.model import SignalKind
 from processor.core.routing import TopicNames, partition_for
 from processor.core.workflow import WorkflowDef, parse_workflow
-from processor.io.config import Settings, settings_env
+from processor.io.config import Settings, child_env
 from processor.io.kafka import produce, producer_config, topic_partitions
 from processor.io.logs import read_stats
 from processor.io.migrate import migrate
@@ -188,8 +187,7 @@ class Fleet:
 
     def __init__(self, settings: Settings, log_dir: Path) -> None:
         log_dir.mkdir(parents=True, exist_ok=True)
-        env = dict(os.environ)
-        env.update(settings_env(replace(settings, log_format="json", stats_log_interval_s=1.0)))
+        env = child_env(replace(settings, log_format="json", stats_log_interval_s=1.0))
         self.logs = {name: log_dir / f"{name}.log" for name in ("process-1", "process-2", "worker")}
         self.children: dict[str, subprocess.Popen[bytes]] = {}
         for name, path in self.logs.items():

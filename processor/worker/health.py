@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from confluent_kafka import Consumer, KafkaException, TopicPartition
 
 from processor.io.config import Settings
+from processor.io.kafka import reader_config
 
 _LAG_CHECK_EVERY_S = 5.0
 _LAG_TIMEOUT_S = 2.0
@@ -63,12 +64,7 @@ class QueueLag:
     def __init__(self, settings: Settings, queues: Sequence[str], topics: Sequence[str]) -> None:
         self._queues = dict(zip(topics, queues, strict=True))
         self._consumer = Consumer(
-            {
-                **settings.kafka_common(),
-                "group.id": f"{settings.group_id}-workers",
-                "client.id": "ductor-worker-lag",
-                "enable.auto.commit": False,
-            }
+            reader_config(settings, "ductor-worker-lag", f"{settings.group_id}-workers")
         )
         self._lock = threading.Lock()
         self._checked_at = 0.0

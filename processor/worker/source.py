@@ -30,9 +30,9 @@ from processor.io.group_watch import GroupWatch
 from processor.io.kafka import (
     ClientErrors,
     commit_positions,
-    group_protocol_config,
     read_finished,
     store_offsets,
+    worker_consumer_config,
 )
 
 log = logging.getLogger("ductor.worker")
@@ -76,21 +76,11 @@ class TaskSource:
         self._read = False  # a record came since the last turn's look at the group
 
     def _new_consumer(self) -> Consumer:
+        # Offsets are stored once a task's result is recorded and its wakeup acknowledged (the
+        # tracker's order); auto-commit ships them.
         return Consumer(
             {
-                **self._settings.kafka_common(),
-                "client.id": self._client_id,
-                "group.id": self._group,
-                **group_protocol_config(self._settings),
-                "auto.offset.reset": "earliest",
-                # Offsets are stored once a task's result is recorded and its wakeup
-                # acknowledged (the tracker's order); auto-commit ships them.
-                "enable.auto.offset.store": False,
-                "enable.auto.commit": True,
-                "auto.commit.interval.ms": 1000,
-                # What librdkafka prefetches beside the worker's own backlog.
-                "queued.max.messages.kbytes": 4096,
-                "enable.partition.eof": False,
+                **worker_consumer_config(self._settings, self._client_id),
                 "error_cb": self._client_errors,
             }
         )

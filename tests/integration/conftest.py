@@ -7,7 +7,6 @@ Nothing here mocks Kafka or Postgres.
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import sys
@@ -32,7 +31,8 @@ from processor.core.stats import Stats
 from processor.core.workflow import WorkflowDef, parse_workflow
 from processor.engine.processor import Processor
 from processor.io import runs_admin
-from processor.io.config import Settings, load_settings, settings_env
+from processor.io.config import Settings, load_settings
+from processor.io.config import child_env as config_child_env
 from processor.io.faults import NO_FAULTS, Faults
 from processor.io.kafka import produce, producer_config
 from processor.io.logs import read_stats
@@ -135,9 +135,7 @@ def local_infra(settings: Settings) -> Iterator[LocalInfra]:
 
 def child_env(settings: Settings) -> dict[str, str]:
     """The environment that gives a `ductor` subprocess these settings, logging JSON."""
-    env = dict(os.environ)
-    env.update(settings_env(replace(settings, log_format="json")))
-    return env
+    return config_child_env(replace(settings, log_format="json"))
 
 
 # The installed console script, as a user runs it: `python -m processor` would put the

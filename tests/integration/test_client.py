@@ -134,8 +134,11 @@ def test_the_client_starts_waits_for_lists_and_signals_runs(
     assert not client.send_signal(settings, stopped, SignalKind.CANCEL, f"stop-{tag}").new
     assert client.start_run(settings, "sample", ok, {"n": 1}, tier="t0").created
     assert client.start_run(settings, "failing", bad).created
-    # Starting is idempotent by run id; the same id for another workflow is refused.
-    assert client.start_run(settings, "sample", ok) == client.StartedRun(ok, created=False)
+    # Starting is idempotent by run id; the same id for another workflow is refused (and so
+    # is another input: test_start_conflicts.py).
+    assert client.start_run(settings, "sample", ok, {"n": 1}) == client.StartedRun(
+        ok, created=False
+    )
     with pytest.raises(client.ClientError, match="exists already, of workflow 'sample'"):
         client.start_run(settings, "failing", ok)
     with pytest.raises(client.RunNotFound):

@@ -26,6 +26,7 @@ from processor.engine.health import HealthServer
 from processor.engine.processor import Processor
 from processor.io.config import Settings
 from processor.io.kafka import produce, producer_config
+from processor.io.listen import ListenError
 from processor.io.telemetry import Telemetry
 from processor.io.topics import create_topics
 from processor.worker.health import QueueLag, WorkerProbe
@@ -172,7 +173,7 @@ def test_a_port_in_use_is_a_clear_error(settings: Settings) -> None:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        with pytest.raises(RuntimeError, match=f"cannot listen on port {port}"):
+        with pytest.raises(ListenError, match=f"cannot listen on 127.0.0.1:{port}"):
             HealthServer(processor.probe, settings.pg_dsn, port=port, host="127.0.0.1")
 
 

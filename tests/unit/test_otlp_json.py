@@ -4,6 +4,7 @@ mapping the OTLP specification defines, POSTed to /v1/traces."""
 from __future__ import annotations
 
 import base64
+import gzip
 import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -20,7 +21,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExportResult
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import Link, SpanKind, Status, StatusCode
 
-from processor.io.otlp_json import OtlpJsonSpanExporter, encode, json_protocol_requested
+from processor.io.otlp_json import OtlpJsonSpanExporter, encode
 
 
 def _spans() -> list[ReadableSpan]:
@@ -110,13 +111,18 @@ def test_an_unreachable_collector_fails_the_export_without_raising() -> None:
     assert exporter.export(_spans()) is SpanExportResult.FAILURE
 
 
-def test_json_is_chosen_by_the_standard_protocol_variables(
-    monkeypatch: pytest.MonkeyPatch,
+def test_the_json_exporter_compresses_and_reads_its_timeout_in_seconds_as_the_sdk_does(
+    collector: tuple[str, list[tuple[dict[str, str], bytes]]], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.delenv("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", raising=False)
-    monkeypatch.delenv("OTEL_EXPORTER_OTLP_PROTOCOL", raising=False)
-    assert not json_protocol_requested()
-    monkeypatch.setenv("OTEL_EXPORTER_OTLP_PROTOCOL", "http/json")
-    assert json_protocol_requested()
-    monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "http/protobuf")
-    assert not json_protocol_requested()
+    base, received = collector
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", base + "/v1/traces")
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_COMPRESSION", "gzip")
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_TIMEOUT", "7")
+    exporter = OtlpJsonSpanExporter()
+    assert exporter.timeout_s == 7.0  # seconds, as the SDK's exporters read it (not 7 ms)
+    assert exporter.export(_spans()) is SpanExportResult.SUCCESS
+    ((headers, body),) = received
+    assert headers["content-encoding"] == "gzip"
+    assert (
+        len(orjson.loads(gzip.decompress(body))["resourceSpans"][0]["scopeSpans"][0]["spans"]) == 3
+    )

@@ -108,14 +108,14 @@ def test_topic_names() -> None:
 def test_desired_topics_use_the_configured_partition_counts() -> None:
     settings = Settings(
         topic_prefix="p",
-        wakeup_partitions=6,
-        delay_partitions=3,
+        wakeup_partitions=5,
+        delay_partitions=5,  # equal to the wakeup partitions (config.py refuses others)
         step_partitions=4,
-        dlq_partitions=1,
+        dlq_partitions=2,
     )
     topics = desired_topics(settings)
     assert len(topics) == 3 + len(DELAY_RUNGS_MS) + 2
-    assert topics["p.wakeup.t2"] == 6
-    assert topics["p.delay.10000"] == 3
+    assert topics["p.wakeup.t2"] == 5
+    assert topics["p.delay.10000"] == 5
     assert topics["p.steps"] == 4
-    assert topics["p.dlq"] == 1
+    assert topics["p.dlq"] == 2

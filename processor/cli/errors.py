@@ -1,0 +1,55 @@
+"""What a command's failure means for its caller: the one place that turns an exception into
+the sentence printed on stderr and the exit code, so no command decides it again and no
+command ends in a traceback.
+
+2: the configuration or the usage is wrong (fix it and run again; nothing was done); 1: the
+operation failed (a service unreachable, a refusal); the command's own ``CliError`` codes.
+An error nobody expected is a bug: one sentence too, its traceback logged at DEBUG.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import psycopg
+from confluent_kafka import KafkaError, KafkaException
+
+from processor.cli.common import EXIT_FAILED, EXIT_USAGE, CliError
+from processor.io.config import ConfigError
+from processor.io.listen import ListenError
+from processor.io.logs import first_line
+
+log = logging.getLogger("ductor.cli")
+
+
+@dataclass(frozen=True)
+class Failure:
+    message: str  # one line, without the "ductor: " prefix
+    code: int
+
+
+def explain(exc: Exception) -> Failure:
+    if isinstance(exc, ConfigError):
+        return Failure(f"configuration error: {exc}", EXIT_USAGE)
+    if isinstance(exc, ListenError):
+        return Failure(str(exc), EXIT_USAGE)
+    if isinstance(exc, CliError):
+        return Failure(str(exc), exc.code)
+    if isinstance(exc, KafkaException):
+        error = exc.args[0] if exc.args else exc
+        if isinstance(error, KafkaError) and error.code() == KafkaError._INVALID_ARG:
+            return Failure(
+                f"configuration error: {error.str()}; check the DUCTOR_KAFKA_* variables",
+                EXIT_USAGE,
+            )
+        text = error.str() if isinstance(error, KafkaError) else first_line(exc)
+        return Failure(f"Kafka error: {text}; is the broker up (make up)?", EXIT_FAILED)
+    if isinstance(exc, psycopg.Error | LookupError | RuntimeError | OSError):
+        return Failure(first_line(exc), EXIT_FAILED)
+    log.debug("unexpected error", exc_info=exc)
+    return Failure(
+        f"unexpected error ({type(exc).__name__}: {first_line(exc)}); this is a bug of Ductor,"
+        " DUCTOR_LOG_LEVEL=DEBUG logs its traceback",
+        EXIT_FAILED,
+    )
