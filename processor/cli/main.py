@@ -49,7 +49,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    p = sub.add_parser("migrate", help="apply the SQL migrations in schemas/migrations")
+    p = sub.add_parser(
+        "migrate", help="apply the SQL migrations the package ships (schemas/migrations)"
+    )
     p.set_defaults(func=cmd_migrate)
 
     topics = sub.add_parser("topics", help="manage the Kafka topics")

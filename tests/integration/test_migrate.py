@@ -15,7 +15,8 @@ import pytest
 from psycopg.conninfo import make_conninfo
 
 from processor.io.config import Settings
-from processor.io.migrate import MIGRATION_LOCK_KEY, MIGRATIONS_TABLE, migrations_dir
+from processor.io.migrate import MIGRATION_LOCK_KEY, MIGRATIONS_TABLE
+from processor.io.package_files import migrations
 
 from .conftest import REPO, child_env, wait_for
 
@@ -58,7 +59,7 @@ def _recorded(dsn: str) -> dict[str, int]:
 
 
 def _check_both_succeeded(procs: list[subprocess.Popen[bytes]], dsn: str) -> None:
-    expected = sorted(p.stem for p in migrations_dir().glob("*.sql"))
+    expected = [m.name for m in migrations()]
     results = [_finish(p) for p in procs]
     assert [code for code, _ in results] == [0, 0], results
     outputs = sorted(text.strip() for _, text in results)
