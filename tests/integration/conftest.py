@@ -25,6 +25,7 @@ import pytest
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+from psycopg.conninfo import make_conninfo
 
 from processor.core.envelope import Wakeup
 from processor.core.routing import TopicNames
@@ -78,6 +79,19 @@ def base_settings() -> Settings:
         pytest.fail(f"Kafka is not reachable at {settings.bootstrap_servers} (run `make up`)")
     migrate(settings.pg_dsn)
     return settings
+
+
+@pytest.fixture
+def scratch_dsn(base_settings: Settings) -> Iterator[str]:
+    """A new, empty database in the tests' Postgres; dropped at the end."""
+    name = f"ductor_scratch_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(base_settings.pg_dsn, autocommit=True) as admin:
+        admin.execute(f'CREATE DATABASE "{name}"')
+    try:
+        yield make_conninfo(base_settings.pg_dsn, dbname=name)
+    finally:
+        with psycopg.connect(base_settings.pg_dsn, autocommit=True) as admin:
+            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
 @pytest.fixture

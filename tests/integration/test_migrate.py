@@ -5,14 +5,11 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import uuid
-from collections.abc import Iterator
 from dataclasses import replace
 from typing import Any
 
 import psycopg
 import pytest
-from psycopg.conninfo import make_conninfo
 
 from processor.io.config import Settings
 from processor.io.migrate import MIGRATION_LOCK_KEY, MIGRATIONS_TABLE
@@ -21,19 +18,6 @@ from processor.io.package_files import migrations
 from .conftest import REPO, child_env, wait_for
 
 pytestmark = pytest.mark.integration
-
-
-@pytest.fixture
-def scratch_dsn(base_settings: Settings) -> Iterator[str]:
-    """A new, empty database in the tests' Postgres; dropped at the end."""
-    name = f"ductor_migrate_{uuid.uuid4().hex[:8]}"
-    with psycopg.connect(base_settings.pg_dsn, autocommit=True) as admin:
-        admin.execute(f'CREATE DATABASE "{name}"')
-    try:
-        yield make_conninfo(base_settings.pg_dsn, dbname=name)
-    finally:
-        with psycopg.connect(base_settings.pg_dsn, autocommit=True) as admin:
-            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
 def _start_migrate(settings: Settings, dsn: str) -> subprocess.Popen[bytes]:
