@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
 .DEFAULT_GOAL := help
-.PHONY: help venv tools up down status restart migrate topics setup lint format typecheck unit pytest test bench chaos demo clean k8s-rules
+.PHONY: help venv tools up down status restart migrate topics setup lint format typecheck unit pytest test wheel bench chaos demo clean k8s-rules
 
 help: ## list the targets
 	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -14,7 +14,7 @@ help: ## list the targets
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[dev]'
+	$(PY) -m pip install --quiet -e '.[dev,binary]'
 	touch $(STAMP)
 
 venv: $(STAMP) ## create .venv and install the package with its dev tools (cached)
@@ -89,6 +89,11 @@ test: venv tools ## everything CI runs: infra up, lint, typecheck, all tests
 	if [ $$was_up = 0 ]; then $(PY) infra/local.py down; fi; \
 	exit $$status
 
+# The sdist, and the wheel built from it (so the sdist is known to be complete): what users
+# install. tests/integration/test_wheel.py builds its own, the same way.
+wheel: venv ## build the sdist and the wheel into dist/
+	$(PY) -m build --outdir dist .
+
 bench: setup ## the benchmark: prints throughput, ratios, latency and memory figures
 	$(PY) -m processor.tools.bench
 
@@ -100,4 +105,4 @@ demo: venv ## the live demo: infra, two processors, a worker, thousands of runs
 	$(VENV)/bin/ductor demo
 
 clean: ## remove the virtualenv and caches (keeps .infra)
-	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis *.egg-info
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis *.egg-info build dist

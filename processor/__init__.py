@@ -1,1 +1,91 @@
-"""Ductor coordinator processor."""
+"""Ductor: durable workflow runs, advanced by coordinator processors from Kafka wakeups and
+committed to Postgres with optimistic concurrency; step workers run your step functions.
+
+What your code imports, from here:
+
+    from processor import StepContext, StepRegistry, client, load_settings
+
+    registry = StepRegistry()  # `ductor worker --app my_package.steps:registry`
+
+
+    @registry.step("charge_card")
+    def charge_card(ctx: StepContext) -> dict[str, str]:
+        return {"charged": ctx.run_id}
+
+
+    result = client.wait_for_run(load_settings(), "order-17", timeout_s=30)
+
+A steps module: ``StepRegistry``, ``StepContext``, ``StepFailed`` (fails the attempt; the
+retry policy decides what follows) and ``NonRetryable`` (fails the step at once). A program
+driving runs: ``client`` (start, wait for, list, signal and retry runs), with the typed
+``Settings`` that ``load_settings()`` reads from the ``DUCTOR_*`` variables (``ConfigError``
+when one is wrong), ``RunStatus`` and ``SignalKind``. A worker run from your own program
+(``ductor worker`` is one): ``Worker`` with its ``WorkerOptions``. Everything else is internal
+and may change between versions.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+__all__ = [
+    "ConfigError",
+    "NonRetryable",
+    "RunStatus",
+    "Settings",
+    "SignalKind",
+    "StepContext",
+    "StepFailed",
+    "StepRegistry",
+    "Worker",
+    "WorkerOptions",
+    "client",
+    "load_settings",
+]
+
+# Where each name is defined. They are imported on first use, not here: `python -m processor`
+# must run processor/early_stop.py before the modules load (a SIGTERM meanwhile is a clean
+# stop), and a worker's child processes import this package again.
+_HOMES = {
+    "ConfigError": "processor.io.config",
+    "NonRetryable": "processor.worker.steps",
+    "RunStatus": "processor.core.model",
+    "Settings": "processor.io.config",
+    "SignalKind": "processor.core.model",
+    "StepContext": "processor.worker.steps",
+    "StepFailed": "processor.worker.steps",
+    "StepRegistry": "processor.worker.steps",
+    "Worker": "processor.worker.worker",
+    "WorkerOptions": "processor.worker.options",
+    "client": "processor.client",
+    "load_settings": "processor.io.config",
+}
+
+if TYPE_CHECKING:
+    from processor import client as client
+    from processor.core.model import RunStatus as RunStatus
+    from processor.core.model import SignalKind as SignalKind
+    from processor.io.config import ConfigError as ConfigError
+    from processor.io.config import Settings as Settings
+    from processor.io.config import load_settings as load_settings
+    from processor.worker.options import WorkerOptions as WorkerOptions
+    from processor.worker.steps import NonRetryable as NonRetryable
+    from processor.worker.steps import StepContext as StepContext
+    from processor.worker.steps import StepFailed as StepFailed
+    from processor.worker.steps import StepRegistry as StepRegistry
+    from processor.worker.worker import Worker as Worker
+else:
+
+    def __getattr__(name: str) -> Any:
+        home = _HOMES.get(name)
+        if home is None:
+            raise AttributeError(f"module 'processor' has no attribute {name!r}")
+        module = importlib.import_module(home)
+        value = module if home == f"{__name__}.{name}" else getattr(module, name)
+        globals()[name] = value  # found at once from now on
+        return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

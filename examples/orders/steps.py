@@ -16,7 +16,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from processor.worker import StepContext, StepFailed, StepRegistry
+from processor import StepContext, StepFailed, StepRegistry
 
 OUT_OF_STOCK = Path(__file__).with_name("out_of_stock.txt")
 TAX_PERCENT = {"DE": 19, "FR": 20, "NL": 21}  # the countries we ship to, and their VAT

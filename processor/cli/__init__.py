@@ -1,5 +1,23 @@
-"""The ``ductor`` command line (see main.py)."""
+"""The ``ductor`` command line (see main.py).
 
-from processor.cli.main import main
+The installed ``ductor`` script and ``python -m processor`` both enter through ``main`` here,
+which keeps a SIGTERM (or Ctrl-C) that comes while the modules load (early_stop.py) before it
+loads them: the service then stops cleanly instead of dying by the signal.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from processor import early_stop
 
 __all__ = ["main"]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    early_stop.keep()  # before the modules load: a SIGTERM meanwhile stops the command cleanly
+    early_stop.loading_fault()
+
+    from processor.cli.main import main as run  # noqa: PLC0415 (loads everything: after keep)
+
+    return run(argv)

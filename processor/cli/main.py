@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
+from importlib import metadata
 
 from processor import early_stop
 from processor.cli.config import cmd_config_check, cmd_config_show
@@ -40,6 +41,16 @@ from processor.core.routing import TIERS
 from processor.io.config import load_settings
 from processor.io.logs import setup_logging
 
+DISTRIBUTION = "ductor-processor"
+
+
+def installed_version() -> str:
+    """The version of the installed distribution (its metadata), as `ductor --version` says."""
+    try:
+        return metadata.version(DISTRIBUTION)
+    except metadata.PackageNotFoundError:
+        return f"unknown ({DISTRIBUTION} is not installed: run from a source tree)"
+
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
@@ -47,6 +58,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Ductor coordinator: advances durable workflow runs from Kafka wakeups, "
         "committing each tick to Postgres with optimistic concurrency.",
     )
+    parser.add_argument("--version", action="version", version=f"ductor {installed_version()}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     config = sub.add_parser("config", help="the settings in effect, and whether they work")
@@ -65,7 +77,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.set_defaults(func=cmd_config_check)
 
-    p = sub.add_parser("migrate", help="apply the SQL migrations in schemas/migrations")
+    p = sub.add_parser(
+        "migrate", help="apply the SQL migrations the package ships (schemas/migrations)"
+    )
     p.set_defaults(func=cmd_migrate)
 
     topics = sub.add_parser("topics", help="manage the Kafka topics")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 from collections.abc import Sequence
 
+from processor.cli.common import CliError
 from processor.io.config import Settings
 
 
@@ -20,9 +21,12 @@ def parse_bench_arguments(argv: Sequence[str], namespace: argparse.Namespace) ->
 
 
 def cmd_demo(settings: Settings, args: argparse.Namespace) -> int:
-    from processor.tools.demo import run_demo  # noqa: PLC0415 (only `ductor demo`)
+    from processor.tools.demo import ServicesDown, run_demo  # noqa: PLC0415 (only `ductor demo`)
 
-    return run_demo(settings, runs=args.runs, timeout_s=args.timeout)
+    try:
+        return run_demo(settings, runs=args.runs, timeout_s=args.timeout)
+    except ServicesDown as exc:
+        raise CliError(str(exc)) from None
 
 
 def cmd_bench(settings: Settings, args: argparse.Namespace) -> int:

@@ -22,8 +22,9 @@ from processor.core.routing import TopicNames
 from processor.io.config import ConfigError, Settings
 from processor.io.kafka import consumer_config, producer_config, refusal_message
 from processor.io.logs import first_line
-from processor.io.migrate import MIGRATIONS_TABLE, migrations_dir, pending_migrations
+from processor.io.migrate import MIGRATIONS_TABLE
 from processor.io.otel_config import otel_settings
+from processor.io.package_files import PackageFileMissing, migrations
 from processor.io.runs_admin import registered_queues
 from processor.io.topics import desired_topics
 
@@ -94,10 +95,10 @@ def _postgres(
 
 
 def _schema(conn: psycopg.Connection[Any]) -> Check:
-    directory = migrations_dir()
-    if not directory.is_dir():
-        return Check("schema", False, f"this installation has no migrations at {directory}")
-    known = {p.stem for p in pending_migrations(directory, set())}
+    try:
+        known = {m.name for m in migrations()}
+    except PackageFileMissing as exc:
+        return Check("schema", False, str(exc))
     try:
         applied = {r[0] for r in conn.execute(f"SELECT name FROM {MIGRATIONS_TABLE}").fetchall()}
     except psycopg.errors.UndefinedTable:

@@ -1,4 +1,5 @@
-"""Apply the SQL migrations in ``schemas/migrations`` in order, recording each one.
+"""Apply the SQL migrations the package ships (``schemas/migrations``, io/package_files.py) in
+order, recording each one.
 
 A migration is applied in its own transaction together with its record, so a crash leaves it
 either fully applied and recorded or not at all. An advisory lock serialises concurrent
@@ -9,31 +10,23 @@ once on a fresh database would race in the catalog, and one would fail.
 
 from __future__ import annotations
 
-from importlib import resources
-from pathlib import Path
+from collections.abc import Sequence
 
 import psycopg
+
+from processor.io.package_files import Migration, migrations
 
 MIGRATIONS_TABLE = "ductor_schema_migration"
 MIGRATION_LOCK_KEY = 0x0D0C7012  # arbitrary constant naming "ductor migrations"
 
 
-def migrations_dir() -> Path:
-    """schemas/migrations of the source tree (installed editable or run from the checkout)."""
-    package_root = Path(str(resources.files("processor"))).parent
-    return package_root / "schemas" / "migrations"
+def pending_migrations(available: Sequence[Migration], applied: set[str]) -> list[Migration]:
+    return [m for m in available if m.name not in applied]
 
 
-def pending_migrations(directory: Path, applied: set[str]) -> list[Path]:
-    files = sorted(p for p in directory.glob("*.sql") if p.is_file())
-    return [p for p in files if p.stem not in applied]
-
-
-def migrate(dsn: str, directory: Path | None = None) -> list[str]:
+def migrate(dsn: str) -> list[str]:
     """Apply what is missing; return the names applied (empty when up to date)."""
-    directory = directory or migrations_dir()
-    if not directory.is_dir():
-        raise FileNotFoundError(f"no migrations directory at {directory}")
+    available = migrations()
     applied_now: list[str] = []
     with psycopg.connect(dsn, autocommit=True) as conn, conn.transaction():
         conn.execute("SELECT pg_advisory_xact_lock(%s)", (MIGRATION_LOCK_KEY,))
@@ -42,9 +35,11 @@ def migrate(dsn: str, directory: Path | None = None) -> list[str]:
             " name text PRIMARY KEY, applied_at timestamptz NOT NULL DEFAULT now())"
         )
         rows = conn.execute(f"SELECT name FROM {MIGRATIONS_TABLE}").fetchall()
-        for path in pending_migrations(directory, {r[0] for r in rows}):
+        for migration in pending_migrations(available, {r[0] for r in rows}):
             with conn.transaction():
-                conn.execute(path.read_text())
-                conn.execute(f"INSERT INTO {MIGRATIONS_TABLE} (name) VALUES (%s)", (path.stem,))
-            applied_now.append(path.stem)
+                conn.execute(migration.sql)
+                conn.execute(
+                    f"INSERT INTO {MIGRATIONS_TABLE} (name) VALUES (%s)", (migration.name,)
+                )
+            applied_now.append(migration.name)
     return applied_now

@@ -1,17 +1,17 @@
-"""The JSON schema of a workflow definition (schemas/workflow.schema.json), checked on the
-raw document before ``parse_workflow`` builds the definition, so that a document in the wrong
-shape is refused with the place in it that is wrong."""
+"""The JSON schema of a workflow definition (schemas/workflow.schema.json, shipped in the
+package: io/package_files.py), checked on the raw document before ``parse_workflow`` builds
+the definition, so that a document in the wrong shape is refused with the place in it that is
+wrong."""
 
 from __future__ import annotations
 
-import json
 from functools import cache
-from importlib import resources
-from pathlib import Path
 from typing import Any
 
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import best_match
+
+from processor.io.package_files import json_schema
 
 _MESSAGE_LIMIT = 200  # a schema message quotes the offending value, which may be large
 
@@ -20,17 +20,10 @@ class WorkflowSchemaError(ValueError):
     """A workflow document that does not match the schema; the message names where."""
 
 
-def workflow_schema_path() -> Path:
-    """schemas/workflow.schema.json of the source tree (installed editable or run from the
-    checkout), like the migrations."""
-    package_root = Path(str(resources.files("processor"))).parent
-    return package_root / "schemas" / "workflow.schema.json"
-
-
 @cache
 def workflow_validator() -> Draft202012Validator:
     """The schema's validator, read and checked once per process."""
-    schema = json.loads(workflow_schema_path().read_text(encoding="utf-8"))
+    schema = json_schema("workflow.schema.json")
     Draft202012Validator.check_schema(schema)
     return Draft202012Validator(schema)
 

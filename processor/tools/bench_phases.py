@@ -55,7 +55,6 @@ from processor.tools.bench_support import (
     stop,
 )
 
-REPO = Path(__file__).resolve().parents[2]
 # Partitions per wakeup and delay topic in the scaling phases: 1, 2 and 4 instances each get
 # the same share (the range assignor gives the first members one more when it does not divide).
 SCALING_PARTITIONS = 8

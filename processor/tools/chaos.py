@@ -19,7 +19,8 @@ flight while a step could really be held back (Postgres frozen, the broker down,
 worker's session not yet expired: processor/tools/chaos_report.py), no process exited by
 itself, no effect was left in the outbox, nothing was dead-lettered.
 
-It needs the services infra/local.py runs (it restarts them) and runs from the repository:
+It needs the services infra/local.py runs (it restarts them), so it runs from a checkout of
+the repository (processor/tools/checkout.py); from an installed package it says so and exits 2:
 
     python -m processor.tools.chaos [--runs N] [--duration S] [--kills N] [--seed N] ...
 
@@ -37,16 +38,16 @@ import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import orjson
 import psycopg
 from confluent_kafka.admin import AdminClient, ConfigResource  # type: ignore[attr-defined]
 
-from infra.local import StopMode
 from processor.core.workflow import WorkflowDef, parse_workflow
 from processor.io.config import ConfigError, Settings, load_settings
 from processor.io.connections import connect_durable
 from processor.io.migrate import migrate
+from processor.io.package_files import sample_workflow
 from processor.io.runs_admin import (
     count_ended,
     delete_runs_with_prefix,
@@ -66,11 +67,12 @@ from processor.tools.chaos_report import (
     Window,
     check,
 )
-from processor.tools.local_infra import LocalInfra, NotLocalServices, local_services
+from processor.tools.checkout import NEEDS_CHECKOUT
 from processor.tools.proxy import TcpProxy
 
-REPO = Path(__file__).resolve().parents[2]
-SAMPLE = REPO / "schemas" / "workflows" / "sample.json"
+if TYPE_CHECKING:
+    # Imported by main() only: local_infra is built on the checkout's infra/local.py.
+    from processor.tools.local_infra import LocalInfra
 
 _PROGRESS_EVERY_S = 10.0
 _WARMUP_S = 3.0
@@ -286,7 +288,7 @@ class _Chaos:
                 self.infra.start_kafka()
             elif fault.kind == POSTGRES:
                 self.out(f"{self._t():6.1f} s  postgres: immediate restart")
-                self.infra.restart_postgres(StopMode.IMMEDIATE)
+                self.infra.restart_postgres()  # immediate: recovery from WAL
             else:
                 self.out(f"{self._t():6.1f} s  postgres: frozen for {self.plan.freeze_s} s")
                 self.proxy.freeze()
@@ -347,7 +349,7 @@ def group_session_timeout_s(settings: Settings) -> float:
 
 def chaos_workflow(step_timeout_s: float) -> WorkflowDef:
     """The sample workflow under a name of its own, with every step's timeout set."""
-    raw = orjson.loads(SAMPLE.read_bytes())
+    raw = sample_workflow()
     raw["name"] = "chaos-sample"
     for step in raw["steps"]:
         step["timeout_ms"] = int(step_timeout_s * 1000)
@@ -422,6 +424,16 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
+    try:
+        from processor.tools.local_infra import (  # noqa: PLC0415 (needs the checkout)
+            NotLocalServices,
+            local_services,
+        )
+    except ModuleNotFoundError as exc:
+        if exc.name != "infra":
+            raise
+        print(f"chaos: the chaos run restarts the services, and {NEEDS_CHECKOUT}", file=sys.stderr)
+        return 2
     try:
         base = load_settings()
         infra = local_services(base)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import uuid
@@ -20,7 +21,6 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-import orjson
 import psycopg
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient
@@ -33,6 +33,7 @@ from processor.io.config import Settings, child_env
 from processor.io.kafka import produce, producer_config, topic_partitions
 from processor.io.logs import read_stats
 from processor.io.migrate import migrate
+from processor.io.package_files import sample_workflow
 from processor.io.runs_admin import (
     insert_runs,
     insert_signal,
@@ -40,9 +41,8 @@ from processor.io.runs_admin import (
     statuses_with_prefix,
 )
 from processor.io.topics import create_topics
+from processor.tools.checkout import NEEDS_CHECKOUT, checkout_root
 
-REPO = Path(__file__).resolve().parents[2]
-SAMPLE = REPO / "schemas" / "workflows" / "sample.json"
 FAILING = parse_workflow(
     {
         "name": "demo-failing",
@@ -80,27 +80,58 @@ class Plan:
     to_cancel: list[str] = field(default_factory=list)
 
 
-def services_answer(settings: Settings) -> bool:
+def silent_service(settings: Settings) -> str | None:
+    """The service that does not answer (Postgres is asked first), or None."""
     try:
         with psycopg.connect(settings.pg_dsn, connect_timeout=3):
             pass
-        return bool(AdminClient(settings.kafka_common()).list_topics(timeout=5).brokers)
     except Exception:
-        return False
+        return f"Postgres at {settings.pg_dsn_redacted}"
+    try:
+        if AdminClient(settings.kafka_common()).list_topics(timeout=5).brokers:
+            return None
+    except Exception:
+        pass
+    return f"Kafka at {settings.bootstrap_servers}"
+
+
+class ServicesDown(Exception):
+    """Kafka or Postgres does not answer and there is no local infra to start (the message
+    says what to do)."""
 
 
 def ensure_infra(settings: Settings) -> None:
-    if services_answer(settings):
+    """The services answer, or are started by the checkout's infra/local.py; ServicesDown
+    when they do not answer and the package runs without a checkout."""
+    silent = silent_service(settings)
+    if silent is None:
         print("Kafka and Postgres are answering.")
         return
+    root = checkout_root()
+    if root is None:
+        raise ServicesDown(
+            f"{silent} does not answer: start it, or point DUCTOR_BOOTSTRAP_SERVERS and"
+            f" DUCTOR_PG_DSN at yours ({NEEDS_CHECKOUT})"
+        )
     print("Starting the local Kafka and Postgres (the first time installs them) ...", flush=True)
-    subprocess.run([sys.executable, str(REPO / "infra" / "local.py"), "up"], check=True)
+    started = subprocess.run([sys.executable, str(root / "infra" / "local.py"), "up"], check=False)
+    if started.returncode != 0:
+        raise ServicesDown(f"infra/local.py up failed with exit code {started.returncode}")
+
+
+def demo_log_dir() -> Path:
+    """Where the demo's processes log: the checkout's .infra/demo, or a new temporary
+    directory for an installed package."""
+    root = checkout_root()
+    if root is None:
+        return Path(tempfile.mkdtemp(prefix="ductor-demo-"))
+    return root / ".infra" / "demo"
 
 
 def prepare(settings: Settings, conn: psycopg.Connection[Any], runs: int, tag: str) -> Plan:
     migrate(settings.pg_dsn)
     create_topics(settings)
-    sample = parse_workflow(orjson.loads(SAMPLE.read_bytes()))
+    sample = parse_workflow(sample_workflow())
     for wf in (sample, FAILING, SLOW):
         register_workflow(conn, wf)
     plan = Plan()
@@ -183,7 +214,8 @@ class HotPoker:
 
 
 class Fleet:
-    """The demo's child processes: two processors and a worker, logs in .infra/demo/."""
+    """The demo's child processes: two processors and a worker, each logging to a file of
+    its own in ``log_dir``."""
 
     def __init__(self, settings: Settings, log_dir: Path) -> None:
         log_dir.mkdir(parents=True, exist_ok=True)
@@ -248,7 +280,8 @@ def run_demo(
         f" {hot_copies} times at once and then every 20 ms on every partition,"
         f" {len(plan.to_cancel)} to cancel, some meant to fail)"
     )
-    fleet = Fleet(settings, REPO / ".infra" / "demo")
+    logs = demo_log_dir()
+    fleet = Fleet(settings, logs)
     started = time.monotonic()
     wake(settings, plan, hot_copies)
     poker = HotPoker(settings, plan.hot)
@@ -278,9 +311,7 @@ def run_demo(
             if ended == len(plan.expected):
                 break
             if fleet.dead():
-                print(
-                    f"\nA demo process exited early: {', '.join(fleet.dead())} (see .infra/demo/)"
-                )
+                print(f"\nA demo process exited early: {', '.join(fleet.dead())} (see {logs})")
                 break
             if now - started > timeout_s:
                 print(f"\nGave up after {timeout_s:.0f} s.")
@@ -293,10 +324,12 @@ def run_demo(
     final = statuses(conn, tag)
     conn.close()
     print()
-    return summary(plan, final, totals(fleet.processor_stats()), elapsed)
+    return summary(plan, final, totals(fleet.processor_stats()), elapsed, logs)
 
 
-def summary(plan: Plan, final: dict[str, str], t: dict[str, int], elapsed: float) -> int:
+def summary(
+    plan: Plan, final: dict[str, str], t: dict[str, int], elapsed: float, logs: Path
+) -> int:
     rows: Counter[tuple[str, str, str]] = Counter()
     for run_id, expected in plan.expected.items():
         kind = run_id.split("-")[2]
@@ -313,7 +346,7 @@ def summary(plan: Plan, final: dict[str, str], t: dict[str, int], elapsed: float
         f" {t['conflicts']} conflicts (expected, not errors), {t['requeues']} requeues,"
         f" {t['errors']} errors, {t['dead_letters']} dead letters"
     )
-    print("Logs: .infra/demo/*.log (JSON). Traces: set OTEL_EXPORTER_OTLP_ENDPOINT (or use")
+    print(f"Logs: {logs}/*.log (JSON). Traces: set OTEL_EXPORTER_OTLP_ENDPOINT (or use")
     print("DUCTOR_INFRA=docker for Jaeger at http://localhost:16686) before `make demo`.")
     ok = all(final.get(r) == e for r, e in plan.expected.items())
     print("Every run ended as expected." if ok else "Some runs did not end as expected.")

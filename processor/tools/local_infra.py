@@ -1,8 +1,9 @@
 """Restart or crash the local Kafka and Postgres on their data, for outage tests and the chaos
 run.
 
-Built on infra/local.py: the same code as `infra/local.py restart|kill` (so it is importable
-only from the repository, where `make` and the tests run). The services must be the ones
+Built on infra/local.py: the same code as `infra/local.py restart|kill`, so it is importable
+only from a checkout of the repository, where `make` and the tests run; the package does not
+ship infra/ (processor/tools/checkout.py says why). The services must be the ones
 infra/local.py runs for the environment (DUCTOR_INFRA_DIR, DUCTOR_LOCAL_*_PORT) and the ones
 the settings point at; otherwise ``local_services`` refuses, so nothing ever restarts a broker
 or a database it was not given.

@@ -1,7 +1,8 @@
 """Step workers: the program that runs the users' step functions (``ductor worker``).
 
-What a steps module imports: ``StepRegistry``, ``StepContext``, ``StepFailed`` and
-``NonRetryable``. The worker itself is ``processor.worker.worker.Worker``.
+What a steps module imports (from the package root, ``from processor import ...``):
+``StepRegistry``, ``StepContext``, ``StepFailed`` and ``NonRetryable``. The worker itself is
+``processor.worker.worker.Worker`` (``processor.Worker``).
 """
 
 from processor.worker.samples import sample_registry

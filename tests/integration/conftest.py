@@ -24,6 +24,7 @@ import pytest
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+from psycopg.conninfo import make_conninfo
 
 from processor.core.envelope import Wakeup
 from processor.core.routing import TopicNames
@@ -78,6 +79,19 @@ def base_settings() -> Settings:
         pytest.fail(f"Kafka is not reachable at {settings.bootstrap_servers} (run `make up`)")
     migrate(settings.pg_dsn)
     return settings
+
+
+@pytest.fixture
+def scratch_dsn(base_settings: Settings) -> Iterator[str]:
+    """A new, empty database in the tests' Postgres; dropped at the end."""
+    name = f"ductor_scratch_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(base_settings.pg_dsn, autocommit=True) as admin:
+        admin.execute(f'CREATE DATABASE "{name}"')
+    try:
+        yield make_conninfo(base_settings.pg_dsn, dbname=name)
+    finally:
+        with psycopg.connect(base_settings.pg_dsn, autocommit=True) as admin:
+            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
 @pytest.fixture
@@ -230,9 +244,13 @@ def spawn(tmp_path: Path) -> Iterator[Callable[..., Spawned]]:
     started: list[Spawned] = []
 
     def start(
-        args: list[str], settings: Settings, name: str, env: dict[str, str] | None = None
+        args: list[str],
+        settings: Settings,
+        name: str,
+        env: dict[str, str] | None = None,
+        cwd: Path | None = None,  # given: the installed `ductor` script, run there
     ) -> Spawned:
-        child = Spawned(args, {**child_env(settings), **(env or {})}, tmp_path / f"{name}.log")
+        child = Spawned(args, {**child_env(settings), **(env or {})}, tmp_path / f"{name}.log", cwd)
         started.append(child)
         return child
 

@@ -4,18 +4,16 @@ an unreachable Postgres each fail on a line of their own, quickly."""
 
 from __future__ import annotations
 
-import shutil
 import time
 import uuid
 from dataclasses import replace
-from pathlib import Path
 
 import pytest
 
 from processor.io import config_check
 from processor.io.config import Settings
 from processor.io.config_check import run_checks
-from processor.io.migrate import migrations_dir
+from processor.io.package_files import Migration, migrations
 
 from .conftest import run_ductor
 
@@ -58,25 +56,19 @@ def test_missing_topics_and_wrong_partition_counts_fail_naming_the_setting(
 
 
 def test_a_schema_behind_or_ahead_of_this_version_fails(
-    settings: Settings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    settings: Settings, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    newer = tmp_path / "newer"
-    shutil.copytree(migrations_dir(), newer)
-    (newer / "9999_from_the_future.sql").write_text("SELECT 1;\n")
-    monkeypatch.setattr(config_check, "migrations_dir", lambda: newer)
+    shipped = migrations()
+    newer = [*shipped, Migration("9999_from_the_future", "SELECT 1;")]
+    monkeypatch.setattr(config_check, "migrations", lambda: newer)
     assert _failed(settings) == {
         "schema": "1 migration(s) not applied (9999_from_the_future): run `ductor migrate`"
     }
-    older = tmp_path / "older"
-    older.mkdir()
-    latest = sorted(migrations_dir().glob("*.sql"))
-    for path in latest[:-1]:
-        shutil.copy(path, older)
-    monkeypatch.setattr(config_check, "migrations_dir", lambda: older)
+    monkeypatch.setattr(config_check, "migrations", lambda: shipped[:-1])
     assert _failed(settings) == {
         "schema": (
             f"the database has migration(s) this version of Ductor does not know"
-            f" ({latest[-1].stem}): it is older than the schema"
+            f" ({shipped[-1].name}): it is older than the schema"
         )
     }
 

@@ -5,34 +5,19 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import uuid
-from collections.abc import Iterator
 from dataclasses import replace
 from typing import Any
 
 import psycopg
 import pytest
-from psycopg.conninfo import make_conninfo
 
 from processor.io.config import Settings
-from processor.io.migrate import MIGRATION_LOCK_KEY, MIGRATIONS_TABLE, migrations_dir
+from processor.io.migrate import MIGRATION_LOCK_KEY, MIGRATIONS_TABLE
+from processor.io.package_files import migrations
 
 from .conftest import REPO, child_env, wait_for
 
 pytestmark = pytest.mark.integration
-
-
-@pytest.fixture
-def scratch_dsn(base_settings: Settings) -> Iterator[str]:
-    """A new, empty database in the tests' Postgres; dropped at the end."""
-    name = f"ductor_migrate_{uuid.uuid4().hex[:8]}"
-    with psycopg.connect(base_settings.pg_dsn, autocommit=True) as admin:
-        admin.execute(f'CREATE DATABASE "{name}"')
-    try:
-        yield make_conninfo(base_settings.pg_dsn, dbname=name)
-    finally:
-        with psycopg.connect(base_settings.pg_dsn, autocommit=True) as admin:
-            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
 def _start_migrate(settings: Settings, dsn: str) -> subprocess.Popen[bytes]:
@@ -58,7 +43,7 @@ def _recorded(dsn: str) -> dict[str, int]:
 
 
 def _check_both_succeeded(procs: list[subprocess.Popen[bytes]], dsn: str) -> None:
-    expected = sorted(p.stem for p in migrations_dir().glob("*.sql"))
+    expected = [m.name for m in migrations()]
     results = [_finish(p) for p in procs]
     assert [code for code, _ in results] == [0, 0], results
     outputs = sorted(text.strip() for _, text in results)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -108,14 +109,16 @@ def test_sigterm_while_starting_is_a_clean_stop(settings: Settings, spawn: Any) 
     assert "processor stopped" in messages
 
 
+@pytest.mark.parametrize("entry", ["python -m processor", "ductor script"])
 @pytest.mark.parametrize("command", [["process"], ["worker"]])
 def test_sigterm_while_the_modules_load_is_a_clean_stop(
-    settings: Settings, spawn: Any, command: list[str]
+    settings: Settings, spawn: Any, command: list[str], entry: str, tmp_path: Path
 ) -> None:
-    """A SIGTERM that arrives while `python -m processor` still loads its modules (forced by
-    the `loading=term` fault, before any of them loaded; a supervisor's stop that came a
-    second after the start, in the chaos run) stops the service cleanly: exit 0, never the
-    death by signal (-15) that a missing handler means."""
-    loading = spawn(command, replace(settings, test_faults="loading=term"), "loading")
+    """A SIGTERM that arrives while `python -m processor`, or the installed `ductor` script,
+    still loads its modules (forced by the `loading=term` fault, before any of them loaded; a
+    supervisor's stop that came a second after the start, in the chaos run) stops the service
+    cleanly: exit 0, never the death by signal (-15) that a missing handler means."""
+    cwd = tmp_path if entry == "ductor script" else None
+    loading = spawn(command, replace(settings, test_faults="loading=term"), "loading", cwd=cwd)
     wait_for(lambda: loading.proc.poll() is not None, 60, "the service to stop")
     assert loading.terminate() == 0, f"log in {loading.log_path}"

@@ -44,7 +44,6 @@ from processor.cli.services import (
 )
 from processor.core.routing import TopicNames
 from processor.io.config import (
-    KAFKA_PASSTHROUGH_PREFIX,
     ConfigError,
     Settings,
     load_settings,
@@ -52,6 +51,7 @@ from processor.io.config import (
 )
 from processor.io.health_http import HealthServer
 from processor.io.kafka import consumer_config
+from processor.io.kafka_properties import PASSTHROUGH_PREFIX as KAFKA_PASSTHROUGH_PREFIX
 
 REPO = Path(__file__).resolve().parents[2]
 K8S = REPO / "infra" / "k8s"
