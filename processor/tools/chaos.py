@@ -99,7 +99,7 @@ class ChaosPlan:
     workers: int = 2
     copies: int = 3  # deliveries of each start wakeup
     # Every step's deadline, well above the group's session timeout (10 s locally: a killed
-    # worker's tasks wait that long for another worker) and the freeze, as the README
+    # worker's tasks wait that long for another worker) and the freeze, as docs/guarantees.md
     # advises for production; the sample's own 10 s would let worker kills exhaust a step's
     # attempts, a configuration limit rather than the coordinator's.
     step_timeout_s: float = 60.0

@@ -77,7 +77,7 @@ SERVICES = ("processor", "worker")  # long-running, probed, scraped, scaled
 # After DUCTOR_SHUTDOWN_TIMEOUT_S has bounded the in-flight work, a process still leaves its
 # group, marks itself stopped (up to 2 s) and flushes its telemetry before it exits.
 SHUTDOWN_SLACK_S = 10.0
-# The worker's consumer group (worker/source.py, README "Configuration": `<id>-workers`).
+# The worker's consumer group (worker/source.py, docs/operations.md#every-setting: `<id>-workers`).
 WORKER_GROUP_SUFFIX = "-workers"
 LIVENESS, READINESS = "livenessProbe", "readinessProbe"
 
