@@ -1,14 +1,21 @@
-"""The wheel as a user gets it. Built once from this checkout (`python -m build`: the sdist,
-then the wheel from the sdist), installed with its dependencies (`[binary]` for psycopg's
-libpq) by pip into a new virtualenv in a temporary folder outside the checkout, and used from
-there as a user would, with the installed `ductor` script and nothing of the checkout on the
-import path: the orders example end to end on a new database (migrate, topics, register,
-process, `worker --app`, start, `result --wait` with the exact output), `ductor --version`,
-`mypy --strict` on a user's module against the installed package, and the tools that need a
-checkout saying so in one sentence.
+"""The wheel as a user gets it, by the README's quickstart: its commands, read from the README
+(tests/quickstart.py), run here as written, in a temporary folder outside the checkout. The
+install block builds the sdist and the wheel from it once (`make wheel`), creates a new
+virtualenv in the user's home and installs the wheel there with its dependencies (`[binary]`
+for psycopg's libpq); the blocks after it run the orders example end to end with the installed
+`ductor` script and nothing of the checkout on the import path, on a new database (migrate,
+topics, register, process, `worker --app`, start, `result --wait` with the output the README
+shows). Also: `ductor --version`, `mypy --strict` on a user's module against the installed
+package, the demo, and the tools that need a checkout saying so in one sentence.
 
-pip reuses its cache (~/.cache/pip: `make venv` filled it with the same packages), so the
-install downloads nothing the machine has seen.
+The user's shell (`Shell`) starts in a folder that stands in for their checkout: it holds what
+the quickstart's commands read from one, a copy of examples/ and the `dist/` that `make wheel`
+fills. Its HOME is a folder of its own, so `~/ductor-env` is the test's; its caches stay where
+they are (XDG_CACHE_HOME), so pip reuses the cache `make venv` filled with the same packages and
+downloads nothing the machine has seen. `make` is the one command not run as written (it would
+run in the checkout): `make wheel` runs its recipe on the checkout with the output in the
+user's folder, and `make up` is the services the suite runs on, which conftest checks answer.
+tests/unit/test_quickstart.py pins both recipes.
 """
 
 from __future__ import annotations
@@ -22,38 +29,23 @@ import sys
 import tomllib
 import uuid
 import zipfile
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, replace
 from email.parser import Parser
 from pathlib import Path
 
-import orjson
 import pytest
 
 from processor.io.config import Settings, settings_env
 from processor.io.package_files import migrations
 from processor.io.topics import delete_topics
+from tests.quickstart import Command, quickstart
 
 from .conftest import REPO
 
 pytestmark = pytest.mark.integration
 
-EXAMPLE = REPO / "examples" / "orders"
-ADA = {
-    "order_id": "1001",
-    "customer": "ada@example.com",
-    "country": "DE",
-    "items": [
-        {"sku": "book", "qty": 2, "unit_cents": 1250},
-        {"sku": "mug", "qty": 1, "unit_cents": 899},
-    ],
-}
-# Exactly what examples/orders/README.md shows (jsonb orders the keys).
-ADA_RESULT = (
-    '{"charges":{"tax_cents":740,"total_cents":4634,"shipping_cents":495,"subtotal_cents":3399},'
-    '"confirmation":{"message":"order 1001: 3 item(s), 46.34 EUR, confirmed",'
-    '"customer":"ada@example.com","order_id":"1001","reservation":"res-order-1001"}}\n'
-)
+QUICKSTART = quickstart()
 # A user's module, type-checked against the installed package: the public names from the
 # package root, the typed decorator (the function keeps its type), the client's results.
 USER_MODULE = """\
@@ -96,9 +88,11 @@ def count(n: int) -> int:
 
 @dataclass(frozen=True)
 class UserVenv:
-    root: Path  # the temporary folder: the venv, the built files, the user's own files
+    root: Path  # the temporary folder: the user's home, their checkout's stand-in
+    checkout: Path  # the stand-in: examples/ copied, dist/ built by `make wheel`
     venv: Path
     wheel: Path
+    env: dict[str, str]  # the user's shell once the quickstart activated the virtualenv
 
     def bin(self, name: str) -> str:
         return str(self.venv / "bin" / name)
@@ -123,36 +117,143 @@ def _checked(
     return done
 
 
+class Service:
+    """A `ductor` command left running, logging to a file."""
+
+    def __init__(self, args: list[str], cwd: Path, env: dict[str, str]) -> None:
+        self.log_path = cwd / f"{Path(args[0]).name}-{args[1]}.log"
+        self._log = self.log_path.open("wb")
+        self.proc = subprocess.Popen(args, cwd=cwd, env=env, stdout=self._log, stderr=self._log)
+
+    def stop(self) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        try:
+            return self.proc.wait(30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            return self.proc.wait(10)
+        finally:
+            self._log.close()
+
+
+class Shell:
+    """A user's shell, as much of one as the quickstart uses: each command is found on the
+    shell's PATH and run as written in its working directory (`~` is its HOME), and must exit
+    0; `cd` moves it; `. ACTIVATE` sources the script with bash and keeps what it changed in
+    the environment; a trailing `&` leaves the command running (a `Service`). `make` is run
+    as the module's docstring says."""
+
+    def __init__(self, cwd: Path, env: dict[str, str]) -> None:
+        self.cwd = cwd
+        self.env = dict(env)
+        self.services: list[Service] = []
+        self.ran: list[tuple[Command, subprocess.CompletedProcess[str]]] = []
+
+    def run(self, commands: Iterable[Command]) -> None:
+        for command in commands:
+            name, *args = (self._expand(word) for word in command.argv)
+            if name == "make":
+                self._make(command)
+            elif name == "cd":
+                (folder,) = args
+                self.cwd = (self.cwd / folder).resolve()
+                assert self.cwd.is_dir(), f"README.md:{command.line}: {command}: no such folder"
+            elif name in (".", "source"):
+                (script,) = args
+                self._source(self.cwd / script)
+            elif command.background:
+                self.services.append(
+                    Service([self._which(name, command), *args], self.cwd, self.env)
+                )
+            else:
+                done = _run([self._which(name, command), *args], cwd=self.cwd, env=self.env)
+                assert done.returncode == 0, (
+                    f"README.md:{command.line}: {command} exited {done.returncode}:\n"
+                    f"{done.stdout}{done.stderr}"
+                )
+                self.ran.append((command, done))
+
+    def output_of(self, *words: str) -> subprocess.CompletedProcess[str]:
+        """What the command that starts with ``ductor *words`` gave (the only one)."""
+        (done,) = [d for c, d in self.ran if c.argv[1 : 1 + len(words)] == words]
+        return done
+
+    def stop(self) -> list[int]:
+        """The services' exit codes once each had its SIGTERM (`kill %1 %2`)."""
+        return [service.stop() for service in self.services]
+
+    def _expand(self, word: str) -> str:
+        return self.env["HOME"] + word[1:] if word == "~" or word.startswith("~/") else word
+
+    def _which(self, name: str, command: Command) -> str:
+        found = shutil.which(name, path=self.env["PATH"])
+        assert found is not None, f"README.md:{command.line}: {name}: command not found"
+        return found
+
+    def _make(self, command: Command) -> None:
+        if command.argv == ("make", "wheel"):  # $(PY) -m build --outdir dist .
+            outdir = self.cwd / "dist"
+            _checked(
+                [sys.executable, "-m", "build", "--outdir", str(outdir), str(REPO)], "make wheel"
+            )
+        elif command.argv != ("make", "up"):  # up: the services the suite runs on
+            pytest.fail(f"README.md:{command.line}: {command}: not a target the test stands in for")
+
+    def _source(self, script: Path) -> None:
+        def variables(shell_code: str) -> dict[str, str]:
+            shown = _checked(
+                ["bash", "-c", shell_code, "bash", str(script)],
+                f"sourcing {script}",
+                cwd=self.cwd,
+                env=self.env,
+            )
+            pairs = (item.partition("=") for item in shown.stdout.split("\0") if item)
+            return {name: value for name, _, value in pairs if name != "_"}
+
+        before, after = variables("env -0"), variables('. "$1" >/dev/null && env -0')
+        for name in before.keys() - after.keys():
+            self.env.pop(name, None)
+        self.env.update({k: v for k, v in after.items() if before.get(k) != v})
+
+
 @pytest.fixture(scope="module")
 def user_venv(tmp_path_factory: pytest.TempPathFactory) -> UserVenv:
-    """The wheel built once and installed, with its dependencies, into a new virtualenv."""
+    """The quickstart's install block: the wheel built once and installed, with its
+    dependencies, into a new virtualenv in the user's home."""
     if importlib.util.find_spec("build") is None:
         pytest.fail("`python -m build` is missing: install the dev tools (make venv)")
     root = tmp_path_factory.mktemp("wheel-user")
     assert REPO not in root.resolve().parents, "the user's folder must be outside the checkout"
-    dist = root / "dist"
-    _checked([sys.executable, "-m", "build", "--outdir", str(dist), str(REPO)], "the build")
-    (wheel,) = dist.glob("*.whl")
-    venv = root / "venv"
-    _checked([sys.executable, "-m", "venv", str(venv)], "creating the virtualenv")
-    _checked(
-        [str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet", f"{wheel}[binary]"],
-        "pip install of the wheel",
-        cwd=root,
+    home, checkout = root / "home", root / "checkout"
+    home.mkdir()
+    shutil.copytree(
+        REPO / "examples",
+        checkout / "examples",
+        ignore=shutil.ignore_patterns("__pycache__", "*.txt", "*.log"),
     )
-    return UserVenv(root, venv, wheel)
-
-
-def user_env(user: UserVenv, settings: Settings | None = None) -> dict[str, str]:
-    """The environment of a user whose virtualenv is active: nothing of the checkout and of
-    the tests' own virtualenv, the settings as DUCTOR_* variables."""
     env = {
         k: v
         for k, v in os.environ.items()
         if not k.startswith(("PYTHON", "DUCTOR_", "VIRTUAL_ENV", "OTEL_"))
     }
-    env["PATH"] = f"{user.venv / 'bin'}{os.pathsep}{env.get('PATH', '')}"
-    env["VIRTUAL_ENV"] = str(user.venv)
+    env["XDG_CACHE_HOME"] = env.get("XDG_CACHE_HOME", str(Path.home() / ".cache"))
+    env["XDG_CONFIG_HOME"] = env.get("XDG_CONFIG_HOME", str(Path.home() / ".config"))
+    env["HOME"] = str(home)
+    shell = Shell(checkout, env)
+    shell.run(QUICKSTART.install)
+    venv = Path(shell.env["VIRTUAL_ENV"])
+    assert home in venv.parents, venv
+    ductor = shutil.which("ductor", path=shell.env["PATH"])
+    assert ductor == str(venv / "bin" / "ductor"), ductor
+    (wheel,) = (checkout / "dist").glob("*.whl")
+    return UserVenv(root, checkout, venv, wheel, shell.env)
+
+
+def user_env(user: UserVenv, settings: Settings | None = None) -> dict[str, str]:
+    """The environment of the user's shell, their virtualenv active: nothing of the checkout
+    and of the tests' own virtualenv; the settings as DUCTOR_* variables."""
+    env = dict(user.env)
     if settings is not None:
         env.update(settings_env(replace(settings, log_format="json")))
     return env
@@ -259,26 +360,6 @@ def test_the_tools_that_need_a_checkout_say_so_in_one_sentence(user_venv: UserVe
     assert bench.stdout.startswith("usage: ductor bench")
 
 
-class Service:
-    """A `ductor` command left running, logging to a file."""
-
-    def __init__(self, args: list[str], cwd: Path, env: dict[str, str]) -> None:
-        self.log_path = cwd / f"{Path(args[0]).name}-{args[1]}.log"
-        self._log = self.log_path.open("wb")
-        self.proc = subprocess.Popen(args, cwd=cwd, env=env, stdout=self._log, stderr=self._log)
-
-    def stop(self) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-        try:
-            return self.proc.wait(30)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            return self.proc.wait(10)
-        finally:
-            self._log.close()
-
-
 @pytest.fixture
 def wheel_settings(base_settings: Settings, scratch_dsn: str) -> Iterator[Settings]:
     """Settings of a user who has never run Ductor: a new, empty database, topics of their
@@ -297,44 +378,32 @@ def wheel_settings(base_settings: Settings, scratch_dsn: str) -> Iterator[Settin
     delete_topics(settings)
 
 
-def test_the_orders_example_runs_from_the_installed_wheel(
+def test_the_readme_quickstart_runs_from_the_installed_wheel(
     user_venv: UserVenv, wheel_settings: Settings
 ) -> None:
-    """examples/orders copied beside the user, as their own steps would be, and run with the
-    commands of its README, from the installed `ductor` script only."""
-    orders = user_venv.root / "orders"
-    shutil.copytree(EXAMPLE, orders, ignore=shutil.ignore_patterns("__pycache__", "*.txt"))
-    env = user_env(user_venv, wheel_settings)
-    ductor = user_venv.bin("ductor")
-
-    def run(*args: str) -> subprocess.CompletedProcess[str]:
-        return _run([ductor, *args], cwd=orders, env=env, timeout=120)
-
-    migrated = run("migrate")
-    expected = "applied: " + ", ".join(m.name for m in migrations()) + "\n"
-    assert (migrated.returncode, migrated.stdout) == (0, expected), migrated.stderr
-    topics = run("topics", "create")
-    assert topics.returncode == 0, topics.stderr
-    assert f"{wheel_settings.topic_prefix}.steps" in topics.stdout
-    registered = run("workflows", "register", "workflow.json")
-    assert (registered.returncode, registered.stdout) == (0, "workflow orders v1 registered\n")
-
-    services = [
-        Service([ductor, "process"], orders, env),
-        Service([ductor, "worker", "--app", "steps:registry"], orders, env),
-    ]
+    """The quickstart's blocks after the install, as written: the services, the tables and
+    topics, the example's workflow registered, a coordinator and a worker left running, a run
+    started and its result awaited. The user's services are the suite's, with a new database
+    and topics of their own (DUCTOR_* variables, as the quickstart says for yours)."""
+    shell = Shell(user_venv.checkout, user_env(user_venv, wheel_settings))
     try:
-        started = run(
-            "start", "orders", "--run-id", "order-1001", "--input", orjson.dumps(ADA).decode()
-        )
-        assert (started.returncode, started.stdout) == (0, "order-1001\n"), started.stderr
-        shown = run("result", "order-1001", "--wait", "60")
-        assert (shown.returncode, shown.stdout, shown.stderr) == (0, ADA_RESULT, "")
-        for service in services:
+        shell.run(QUICKSTART.rest)
+        for service in shell.services:
             assert service.proc.poll() is None, service.log_path.read_text()[-2000:]
     finally:
-        codes = [service.stop() for service in services]
-    assert codes == [0, 0], [s.log_path.read_text()[-2000:] for s in services]
+        codes = shell.stop()
+    assert codes == [0, 0], [s.log_path.read_text()[-2000:] for s in shell.services]
+    assert shell.cwd == user_venv.checkout / "examples" / "orders"
+    assert [c.argv[1] for c in QUICKSTART.rest if c.background] == ["process", "worker"]
+
+    expected = "applied: " + ", ".join(m.name for m in migrations()) + "\n"
+    assert shell.output_of("migrate").stdout == expected
+    assert f"{wheel_settings.topic_prefix}.steps" in shell.output_of("topics", "create").stdout
+    registered = shell.output_of("workflows", "register")
+    assert registered.stdout == "workflow orders v1 registered\n"
+    assert shell.output_of("start").stdout == "order-1001\n"
+    shown = shell.output_of("result")
+    assert (shown.stdout, shown.stderr) == (QUICKSTART.output, "")
 
 
 def test_the_demo_runs_from_the_installed_wheel(
