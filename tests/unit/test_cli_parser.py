@@ -21,7 +21,7 @@ def test_start_takes_count_tier_and_run_id() -> None:
     assert (args.workflow, args.count, args.tier, args.run_id) == ("sample", 3, "t0", "r")
 
 
-def test_the_client_commands_take_what_the_readme_shows() -> None:
+def test_the_client_commands_take_what_the_docs_show() -> None:
     assert parse_args(["worker"]).app is None
     args = parse_args(["worker", "--app", "my_package.steps:registry", "--threads", "2"])
     assert (args.app, args.concurrency) == ("my_package.steps:registry", 2)
