@@ -104,6 +104,11 @@ class Settings:
         _check_together(self)
 
     @property
+    def worker_group_id(self) -> str:
+        """The step workers' consumer group: the coordinator's group id, then ``-workers``."""
+        return f"{self.group_id}-workers"
+
+    @property
     def pg_dsn_redacted(self) -> str:
         return redact_dsn(self.pg_dsn)
 

@@ -169,7 +169,7 @@ def worker_consumer_config(settings: Settings, client_id: str) -> dict[str, Any]
     """A step worker's consumer of its queues' steps topics."""
     return group_consumer_config(
         settings,
-        f"{settings.group_id}-workers",
+        settings.worker_group_id,
         {
             "client.id": client_id,
             "auto.commit.interval.ms": 1000,

@@ -375,7 +375,7 @@ class Bench:
             # both groups are stable with every member holding partitions (the rebalances of
             # four processes joining would otherwise land in the window and its tail).
             self.wait_group(self.settings.group_id, 2, coordinator=True)
-            self.wait_group(f"{self.settings.group_id}-workers", 2, coordinator=False)
+            self.wait_group(self.settings.worker_group_id, 2, coordinator=False)
             self.produce_starts(hot_ids, duplicates=1, by_run=by_run)
             meter = self.meter(
                 [c.pid for c in children[:2]], [c.pid for c in children[2:]], polling=True
@@ -442,7 +442,7 @@ class Bench:
             # Every instance and worker has joined its group and holds partitions, and the
             # whole path (connections, topics, step functions) is warm.
             self.wait_group(self.settings.group_id, processors, coordinator=True)
-            self.wait_group(f"{self.settings.group_id}-workers", workers, coordinator=False)
+            self.wait_group(self.settings.worker_group_id, workers, coordinator=False)
             wake(self.settings, warmup, "t1", "start")
             self.wait_terminal(warmup, timeout=60)
             meter = self.meter(

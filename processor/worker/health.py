@@ -64,7 +64,7 @@ class QueueLag:
     def __init__(self, settings: Settings, queues: Sequence[str], topics: Sequence[str]) -> None:
         self._queues = dict(zip(topics, queues, strict=True))
         self._consumer = Consumer(
-            reader_config(settings, "ductor-worker-lag", f"{settings.group_id}-workers")
+            reader_config(settings, "ductor-worker-lag", settings.worker_group_id)
         )
         self._lock = threading.Lock()
         self._checked_at = 0.0

@@ -60,7 +60,7 @@ class TaskSource:
         ``skipped["done_before"]`` counts records the previous owner had finished."""
         self._settings = settings
         self._client_id = client_id
-        self._group = f"{settings.group_id}-workers"
+        self._group = settings.worker_group_id
         self._errors = errors
         self._skipped = skipped
         self._releasing = releasing

@@ -83,7 +83,7 @@ class Worker:
         self.telemetry = telemetry or Telemetry.from_environment(
             "ductor-worker",
             settings.metrics_port,
-            f"{settings.group_id}-workers",
+            settings.worker_group_id,
             settings.http_host,
         )
         self.outages = {"postgres": Outage("postgres", log), "kafka": Outage("kafka", log)}

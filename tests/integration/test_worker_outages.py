@@ -113,7 +113,7 @@ def _patient_sample() -> WorkflowDef:
 
 def _owners(settings: Settings) -> int:
     """Members of the workers' group that own partitions, as the broker describes the group."""
-    group = f"{settings.group_id}-workers"
+    group = settings.worker_group_id
     admin = AdminClient(settings.kafka_common())
     described = admin.describe_consumer_groups([group])[group].result(timeout=10)
     return sum(1 for m in described.members if m.assignment.topic_partitions)

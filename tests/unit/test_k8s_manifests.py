@@ -77,8 +77,6 @@ SERVICES = ("processor", "worker")  # long-running, probed, scraped, scaled
 # After DUCTOR_SHUTDOWN_TIMEOUT_S has bounded the in-flight work, a process still leaves its
 # group, marks itself stopped (up to 2 s) and flushes its telemetry before it exits.
 SHUTDOWN_SLACK_S = 10.0
-# The worker's consumer group (worker/source.py, docs/operations.md#every-setting: `<id>-workers`).
-WORKER_GROUP_SUFFIX = "-workers"
 LIVENESS, READINESS = "livenessProbe", "readinessProbe"
 
 
@@ -582,11 +580,9 @@ def test_the_service_monitor_scrapes_the_jobs_the_alerts_expect() -> None:
     # The scrape jobs of the example Prometheus configuration, and the one the rules name.
     config = yaml.safe_load(PROMETHEUS_CONFIG.read_text())
     assert jobs == {c["job_name"] for c in config["scrape_configs"]}
-    processors = [
-        s for s in scraped if _selects(s["spec"]["selector"], _workload("processor").labels)
-    ]
-    named = set(re.findall(r'\bup\{job="([^"]+)"\}', ALERT_RULES.read_text()))
-    assert {processors[0]["metadata"]["labels"][spec["jobLabel"]]} == named
+    # The jobs DuctorInstanceDown watches: every scraped one.
+    (named,) = re.findall(r'\bup\{job=~"([^"]+)"\}', ALERT_RULES.read_text())
+    assert set(named.split("|")) == jobs
 
 
 def test_the_prometheus_rule_holds_the_alert_rules() -> None:
@@ -648,7 +644,7 @@ def test_workers_scale_on_their_queues_steps_topic_up_to_its_partitions() -> Non
     names = TopicNames(settings.topic_prefix)
     triggers = [t["metadata"] for t in spec["triggers"]]
     assert sorted(t["topic"] for t in triggers) == sorted(names.steps_for(q) for q in queues)
-    assert {t["consumerGroup"] for t in triggers} == {settings.group_id + WORKER_GROUP_SUFFIX}
+    assert {t["consumerGroup"] for t in triggers} == {settings.worker_group_id}
     assert {t["offsetResetPolicy"] for t in triggers} == {"earliest"}
     assert spec["maxReplicaCount"] == settings.step_partitions
 
