@@ -26,6 +26,10 @@ log = logging.getLogger("ductor.kafka")
 # loop thread, once per quiet time), and its requests may wait long rather than time out;
 # no other look starts while one waits.
 _LOOK_TIMEOUT_S = 300.0
+# A stuck verdict is acted on only if a look this long after still finds the member stuck
+# (or after the quiet time, if shorter): a group settling after a rebalance or a broker
+# restart looks stuck for a moment.
+_CONFIRM_S = 5.0
 _BROKER_CHECK_S = 0.5
 # (confluent-kafka's OffsetSpec is untyped)
 _EARLIEST: Any = OffsetSpec.earliest()  # type: ignore[no-untyped-call]
@@ -65,17 +69,23 @@ class GroupLook:
             if tp.offset >= 0:  # else never committed: from the start, as the consumer reads
                 committed[(tp.topic, tp.partition)] = tp.offset
         owners: dict[TP, str] = {}
+        targets: dict[TP, str] = {}
         for member in self._members.result().members:
-            for tp in member.assignment.topic_partitions:
-                if tp.topic in self._topics:
-                    owners[(tp.topic, tp.partition)] = member.member_id
-        return GroupView(committed, ends, owners)
+            for given, assignment in (
+                (owners, member.assignment),
+                (targets, member.target_assignment),
+            ):
+                for tp in assignment.topic_partitions if assignment is not None else ():
+                    if tp.topic in self._topics:
+                        given[(tp.topic, tp.partition)] = member.member_id
+        return GroupView(committed, ends, owners, targets)
 
 
 class GroupWatch:
     """Fed every loop turn; after ``quiet_s`` without a record it looks at the group (in the
-    background) and, if the look shows this member stuck (core/membership.py), returns what
-    is wrong: the caller joins its group again with a new client. ``quiet_s`` 0 turns it off."""
+    background) and, if the look shows this member stuck (core/membership.py) and a second
+    look ``confirm_s`` later still does, returns what is wrong: the caller joins its group
+    again with a new client. ``quiet_s`` 0 turns it off."""
 
     def __init__(
         self,
@@ -92,6 +102,8 @@ class GroupWatch:
         self._admin: AdminClient | None = None
         self._look: GroupLook | None = None
         self._stale = False  # records came while the look was out
+        self._confirm_s = min(_CONFIRM_S, quiet_s)
+        self._suspect_since: float | None = None  # a look found it stuck: confirm at +confirm_s
 
     def turn(self, now: float, took: bool, holding: Callable[[], Holding]) -> Stuck | None:
         """One loop turn (``took``: a record came). ``holding`` is read only when a look is
@@ -99,7 +111,15 @@ class GroupWatch:
         if self._idle is None:
             return None
         if self._look is None:
-            if self._idle.turn(now, took):
+            if took:
+                self._suspect_since = None
+            suspect = self._suspect_since
+            due = (
+                now - suspect >= self._confirm_s
+                if suspect is not None
+                else self._idle.turn(now, took)
+            )
+            if due:
                 self._idle.looked(now)
                 self._look = self._start(now)
                 self._stale = False
@@ -110,15 +130,24 @@ class GroupWatch:
         if not self._look.done():
             return None  # it waits for the broker (see _LOOK_TIMEOUT_S); no other starts
         look, self._look = self._look, None
+        confirming, self._suspect_since = self._suspect_since, None
         if self._stale:
             return None
         self._idle.looked(now)
         try:
-            view = look.view()
+            stuck = judge(look.view(), holding())
         except KafkaException as exc:
             log.debug("could not look at group %s: %s", self._group, exc)
             return None
-        return judge(view, holding())
+        if stuck is None or confirming is not None:
+            return stuck
+        self._suspect_since = now  # a second look, confirm_s from now, decides
+        log.info(
+            "the group looks stuck for this member; looking again in %.0f s: %s",
+            self._confirm_s,
+            stuck.reason,
+        )
+        return None
 
     def joined_again(self, now: float) -> None:
         """The caller joined again: the next look is a full quiet time away."""

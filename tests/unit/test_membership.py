@@ -1,6 +1,7 @@
 """When a group member is stuck (core/membership.py): records waiting on a partition that the
-broker gives it and it does not hold, that no member holds, or that it reads and does not
-fetch; never records that another member holds, or that wait on a paused partition."""
+broker gives it (held or targeted) and it does not hold, or that it reads and does not fetch;
+never records that another member holds, that no member holds, or that wait on a paused
+partition."""
 
 from __future__ import annotations
 
@@ -34,9 +35,16 @@ def test_partitions_the_group_gives_it_but_it_does_not_hold_are_stuck() -> None:
     assert stuck.waiting == 7  # (partition 1 has nothing waiting)
 
 
-def test_waiting_records_no_member_holds_are_stuck() -> None:
-    stuck = judge(_view({}, {0: 3}, {0: 5}), _holding(set()))
-    assert stuck is not None and "no member holds steps[0]" in stuck.reason
+def test_records_no_member_holds_are_the_coordinators_to_give() -> None:
+    """Right after a broker restart many partitions are held by no member for a moment: a
+    member that joined again then only added to the churn."""
+    assert judge(_view({}, {0: 3}, {0: 5}), _holding(set())) is None
+
+
+def test_a_partition_the_coordinator_means_for_it_and_it_does_not_hold_is_stuck() -> None:
+    view = GroupView({(T, 0): 3}, {(T, 0): 5}, owners={}, targets={(T, 0): "me"})
+    stuck = judge(view, _holding(set()))
+    assert stuck is not None and stuck.reason.startswith("the group gives it steps[0]")
 
 
 def test_a_held_partition_read_but_not_fetched_is_stuck() -> None:
