@@ -51,6 +51,7 @@ from processor.io.kafka import (
     store_offsets,
     topic_partitions,
 )
+from processor.io.kafka_logs import with_logger
 from processor.io.logs import first_line
 from processor.io.outage import Outage
 from processor.io.store import OutboxRelay
@@ -86,7 +87,9 @@ class Processor:
         # A fatal client error stops the instance (exit EXIT_KAFKA_FATAL, for its supervisor).
         self.client_errors = ClientErrors(self.stop)
         self._producer = Producer(
-            {**producer_config(settings, self.instance_id), "error_cb": self.client_errors}
+            with_logger(
+                {**producer_config(settings, self.instance_id), "error_cb": self.client_errors}
+            )
         )
         self.outbox = Outbox(self._producer)
         self.partitions: dict[str, int] = {}  # partition counts, read from the broker in run()
@@ -364,7 +367,9 @@ class Processor:
     def _new_member(self) -> tuple[Consumer, LagMeter, FlowControl]:
         """A consumer, not subscribed yet, and what reads and steers it."""
         consumer = Consumer(
-            {**consumer_config(self.settings, self.instance_id), "error_cb": self.client_errors}
+            with_logger(
+                {**consumer_config(self.settings, self.instance_id), "error_cb": self.client_errors}
+            )
         )
         lag = LagMeter(consumer, enabled=self.telemetry.meter_provider is not None)
         return consumer, lag, FlowControl(consumer, self.names, lag)

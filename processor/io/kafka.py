@@ -227,6 +227,11 @@ def reader_config(settings: Settings, client_id: str, group_id: str) -> dict[str
     )
 
 
+def admin_config(settings: Settings, client_id: str) -> dict[str, Any]:
+    """An admin client (topics, configs, groups)."""
+    return client_config(settings, {"client.id": client_id}, {})
+
+
 def store_offsets(
     consumer: Consumer, moved: dict[tuple[str, int], int], assigned: Set[tuple[str, int]]
 ) -> None:
@@ -284,10 +289,6 @@ def read_finished(
     for c in committed:
         if c.offset >= 0:
             tracker.learn((c.topic, c.partition), decode_finished(c.offset, c.metadata))
-
-
-def make_consumer(settings: Settings, client_id: str) -> Consumer:
-    return Consumer(consumer_config(settings, client_id))
 
 
 class Outbox:

@@ -21,6 +21,7 @@ from confluent_kafka import Consumer, KafkaException, TopicPartition
 
 from processor.io.config import Settings
 from processor.io.kafka import reader_config
+from processor.io.kafka_logs import with_logger
 
 _LAG_CHECK_EVERY_S = 5.0
 _LAG_TIMEOUT_S = 2.0
@@ -64,7 +65,9 @@ class QueueLag:
     def __init__(self, settings: Settings, queues: Sequence[str], topics: Sequence[str]) -> None:
         self._queues = dict(zip(topics, queues, strict=True))
         self._consumer = Consumer(
-            reader_config(settings, "ductor-worker-lag", f"{settings.group_id}-workers")
+            with_logger(
+                reader_config(settings, "ductor-worker-lag", f"{settings.group_id}-workers")
+            )
         )
         self._lock = threading.Lock()
         self._checked_at = 0.0
@@ -100,6 +103,15 @@ class QueueLag:
             return waiting
         except KafkaException:
             return {}  # the broker does not answer: the worker's own outage says so
+
+    def serve(self) -> None:
+        """Serve the client's queue (its log lines: io/kafka_logs.py) unless a read holds
+        it; the worker's loop calls this every turn, and never waits for it."""
+        if self._lock.acquire(blocking=False):
+            try:
+                self._consumer.poll(0)
+            finally:
+                self._lock.release()
 
     def close(self) -> None:
         self._consumer.close()

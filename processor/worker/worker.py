@@ -39,6 +39,7 @@ from processor.io.kafka import (
     producer_config,
     topic_partitions,
 )
+from processor.io.kafka_logs import with_logger
 from processor.io.outage import Outage
 from processor.io.telemetry import Telemetry
 from processor.worker.app import AppError, child_spec
@@ -90,7 +91,7 @@ class Worker:
         # A fatal client error stops the worker (exit EXIT_KAFKA_FATAL, for its supervisor).
         self.client_errors = ClientErrors(self._fatal_client_error)
         self._producer = Producer(
-            {**producer_config(settings, client_id), "error_cb": self.client_errors}
+            with_logger({**producer_config(settings, client_id), "error_cb": self.client_errors})
         )
         self._outbox = Outbox(self._producer)
         self._delivery = Delivery(self._outbox, self.stats.errors, outage=self.outages["kafka"])
@@ -267,6 +268,8 @@ class Worker:
         self.flow.ask()
         self._delivery.send_due(now)
         self._outbox.poll(0)
+        if self.probe.lag is not None:
+            self.probe.lag.serve()
         self.source.store_offsets()
         if now >= self._next_stats_log:
             self._next_stats_log = now + self.settings.stats_log_interval_s

@@ -219,7 +219,7 @@ class Spawned:
             try:
                 lines.append(orjson.loads(raw))
             except orjson.JSONDecodeError:
-                continue  # librdkafka's own stderr lines
+                continue  # not a log line (a failing command's last sentence)
         return lines
 
     def owned_partitions(self) -> int:
