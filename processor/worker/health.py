@@ -4,10 +4,11 @@
 ``GET /healthz``: 200 while the worker's loop keeps turning. A step that hangs does not stall
 it (the loop never runs users' code), so a stall is the worker's own and a restart is the cure.
 
-``GET /readyz``: 200 unless the worker is shutting down, its loop is stalled, Postgres does not
-answer (its own connections are in an outage, or the server's check fails), or it holds no
-partition of a queue that has tasks waiting: a spare worker of an idle queue is ready, one
-left out of its group while tasks pile up is not.
+``GET /readyz``: 200 unless the worker is starting (waiting for the broker or the database) or
+shutting down, its loop is stalled, Postgres does not answer (its own connections are in an
+outage, or the server's check fails), or it holds no partition of a queue that has tasks
+waiting: a spare worker of an idle queue is ready, one left out of its group while tasks pile
+up is not.
 """
 
 from __future__ import annotations
@@ -38,9 +39,12 @@ class WorkerProbe:
     assigned_partitions: int = 0
     stopping: bool = False
     database_ok: bool = True  # False while its connections ride through an outage
+    waiting_for: str | None = None  # at start: the dependency not answering yet
 
     def problems(self, stall_s: float) -> list[str]:
         problems: list[str] = []
+        if self.waiting_for is not None:
+            problems.append(f"starting: waiting for {self.waiting_for}")
         if self.stopping:
             problems.append("shutting down")
         if time.monotonic() - self.last_loop_at > stall_s:

@@ -140,6 +140,11 @@ class TaskSource:
         self.paused = False
         self._subscribe()
 
+    def serve(self) -> None:
+        """Serve the consumer's queue before it joins the group (its log lines:
+        io/kafka_logs.py); once it has, ``take`` does."""
+        self._consumer.poll(0)
+
     @property
     def backlog(self) -> int:
         return len(self._backlog)

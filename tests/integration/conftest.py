@@ -238,6 +238,17 @@ class Spawned:
         return stats
 
 
+def still_running(*children: Spawned) -> bool:
+    """True while every child runs (a predicate for ``wait_for``); fails the test with the
+    end of its log once one has exited."""
+    for child in children:
+        code = child.proc.poll()
+        if code is not None:
+            tail = child.log_path.read_text(errors="replace").splitlines()[-10:]
+            pytest.fail(f"{child.log_path.stem} exited with {code}:\n" + "\n".join(tail))
+    return True
+
+
 @pytest.fixture
 def spawn(tmp_path: Path) -> Iterator[Callable[..., Spawned]]:
     """Start `ductor` subprocesses; whatever is still running at the end is stopped."""

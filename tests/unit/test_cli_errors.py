@@ -17,6 +17,7 @@ from processor.cli.main import main
 from processor.engine.health import Probe
 from processor.io.config import ConfigError
 from processor.io.health_http import HealthServer
+from processor.io.kafka import MissingTopic
 from processor.io.listen import ListenError
 from processor.io.telemetry import Telemetry
 
@@ -111,6 +112,11 @@ def test_bad_configuration_exits_2_saying_what_to_fix(
             "[Errno 2] No such file or directory",
         ),
         (RuntimeError("first line\nsecond line"), 1, "first line"),
+        (
+            MissingTopic("topic t does not exist; run `ductor topics create` first"),
+            2,
+            "topic t does not exist; run `ductor topics create` first",
+        ),
         (
             ZeroDivisionError("division by zero"),
             1,
