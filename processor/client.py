@@ -28,6 +28,7 @@ from processor.core.routing import TIERS, TopicNames
 from processor.core.tick import resume_failed
 from processor.io.config import Settings
 from processor.io.kafka import choose_partition, produce, producer_config, topic_partitions
+from processor.io.kafka_logs import with_logger
 from processor.io.logs import first_line
 from processor.io.runs_admin import (
     ExistingRun,
@@ -275,7 +276,7 @@ def start_run(
 def wake(settings: Settings, run_ids: Sequence[str], tier: str, reason: str) -> None:
     """Produce a wakeup for each run on its tier's wakeup topic and wait for the broker's
     acknowledgement (ClientError after 30 s)."""
-    producer = Producer(producer_config(settings, "ductor-cli"))
+    producer = Producer(with_logger(producer_config(settings, "ductor-cli")))
     topic = TopicNames(settings.topic_prefix).wakeup(tier)
     try:
         partitions = topic_partitions(producer, [topic])[topic]

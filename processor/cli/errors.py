@@ -2,8 +2,9 @@
 the sentence printed on stderr and the exit code, so no command decides it again and no
 command ends in a traceback.
 
-2: the configuration or the usage is wrong (fix it and run again; nothing was done); 1: the
-operation failed (a service unreachable, a refusal); the command's own ``CliError`` codes.
+2: the configuration or the usage is wrong (fix it and run again; nothing was done: a topic
+that does not exist is one); 1: the operation failed (a service unreachable, a refusal); the
+command's own ``CliError`` codes.
 An error nobody expected is a bug: one sentence too, its traceback logged at DEBUG.
 """
 
@@ -17,6 +18,7 @@ from confluent_kafka import KafkaError, KafkaException
 
 from processor.cli.common import EXIT_FAILED, EXIT_USAGE, CliError
 from processor.io.config import ConfigError
+from processor.io.kafka import MissingTopic
 from processor.io.listen import ListenError
 from processor.io.logs import first_line
 
@@ -32,7 +34,7 @@ class Failure:
 def explain(exc: Exception) -> Failure:
     if isinstance(exc, ConfigError):
         return Failure(f"configuration error: {exc}", EXIT_USAGE)
-    if isinstance(exc, ListenError):
+    if isinstance(exc, ListenError | MissingTopic):
         return Failure(str(exc), EXIT_USAGE)
     if isinstance(exc, CliError):
         return Failure(str(exc), exc.code)

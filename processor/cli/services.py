@@ -88,10 +88,7 @@ def cmd_worker(settings: Settings, args: argparse.Namespace) -> int:
     stop_on_signals(worker.stop)
     if requested.is_set():
         worker.stop()
-    try:
-        worker.run()
-    except RuntimeError as exc:  # a queue whose topic does not exist
-        raise CliError(str(exc), EXIT_USAGE) from None
+    worker.run()
     return worker.exit_code
 
 

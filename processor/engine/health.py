@@ -6,7 +6,8 @@ for ``DUCTOR_HEALTH_STALL_S``. A loop stuck that long will not recover by itself
 instance is safe (its uncommitted records are redelivered).
 
 ``GET /readyz`` (readiness): 200 when the instance owns partitions, the database answers and it
-is not shutting down; otherwise 503. Both answer JSON saying why.
+is neither starting (waiting for the broker or the database) nor shutting down; otherwise 503.
+Both answer JSON saying why.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ class Probe:
     assigned_partitions: int = 0
     stopping: bool = False
     database_ok: bool = True  # False after a batch failed on a database error
+    waiting_for: str | None = None  # at start: the dependency not answering yet
 
     def problems(self, stall_s: float) -> list[str]:
         return probe_problems(self, stall_s)
@@ -38,6 +40,8 @@ def probe_problems(probe: Probe, stall_s: float) -> list[str]:
     """Why the instance is not ready, as far as its poll loop's own reports tell (the health
     server adds its database check)."""
     problems: list[str] = []
+    if probe.waiting_for is not None:
+        problems.append(f"starting: waiting for {probe.waiting_for}")
     if probe.stopping:
         problems.append("shutting down")
     if time.monotonic() - probe.last_loop_at > stall_s:

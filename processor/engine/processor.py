@@ -37,12 +37,14 @@ from processor.engine.lag import LagMeter
 from processor.engine.watchdog import Shards, SweepSettings, Watchdog
 from processor.io.config import Settings
 from processor.io.db_clock import DatabaseClock
+from processor.io.db_errors import database_unreachable
 from processor.io.faults import NO_FAULTS, Faults, Point
 from processor.io.group_watch import GroupWatch
 from processor.io.instances import Presence, heartbeat_interval_s
 from processor.io.kafka import (
     ClientErrors,
     Outbox,
+    broker_unreachable,
     commit_positions,
     consumer_config,
     producer_config,
@@ -51,8 +53,9 @@ from processor.io.kafka import (
     store_offsets,
     topic_partitions,
 )
+from processor.io.kafka_logs import with_logger
 from processor.io.logs import first_line
-from processor.io.outage import Outage
+from processor.io.outage import Outage, until_available
 from processor.io.store import OutboxRelay
 from processor.io.telemetry import Telemetry
 from processor.io.topics import topic_max_message_bytes
@@ -64,6 +67,9 @@ log = logging.getLogger("ductor.processor")
 # when the batch does, instead of a spin that took the GIL from the batch's own thread.
 _BUSY_WAIT_S = 0.005
 _IDLE_POLL_S = 0.1
+# How long each try at the broker waits for its answer at start, before the backoff: short,
+# so a stop is not kept waiting (librdkafka goes on connecting between two tries).
+_START_TRY_S = 2.0
 
 
 class Processor:
@@ -86,7 +92,9 @@ class Processor:
         # A fatal client error stops the instance (exit EXIT_KAFKA_FATAL, for its supervisor).
         self.client_errors = ClientErrors(self.stop)
         self._producer = Producer(
-            {**producer_config(settings, self.instance_id), "error_cb": self.client_errors}
+            with_logger(
+                {**producer_config(settings, self.instance_id), "error_cb": self.client_errors}
+            )
         )
         self.outbox = Outbox(self._producer)
         self.partitions: dict[str, int] = {}  # partition counts, read from the broker in run()
@@ -167,38 +175,74 @@ class Processor:
 
     def run(self, until: Callable[[], bool] | None = None) -> None:
         """Consume until stop() is called (or ``until`` returns True), then shut down cleanly.
-        The health endpoints (health.py) answer from before the first poll to after shutdown."""
+        The health endpoints (health.py) answer from before the first poll to after shutdown;
+        the start waits for the broker and the database (``_start``)."""
         health = self._health = HealthServer.started_for(self.probe, self.settings)
         try:
-            topics = [*self.names.coordinator_topics(), self.names.steps, self.names.dlq]
-            self.partitions.update(topic_partitions(self._producer, topics))
-            # A dead letter must fit the dead-letter topic as well as the producer.
-            dlq_limit = topic_max_message_bytes(self.settings, self.names.dlq)
-            if dlq_limit < self.rules.dlq_max_bytes:
-                self.rules = replace(self.rules, dlq_max_bytes=dlq_limit)
-                self.executor.use_rules(self.rules)
-            self.group_watch = GroupWatch(
-                self.settings,
-                self.settings.group_id,
-                {t: self.partitions[t] for t in self.names.coordinator_topics()},
-                self.settings.group_stall_s,
-                time.monotonic(),
-            )
-            self._subscribe()
-            self.presence.start()
-            log.info("processor started", extra={"instance": self.instance_id})
-            # Everything alive now (modules, clients, settings) lives as long as the process:
-            # keep it out of the collector's full passes, which otherwise rescan it all.
-            gc.freeze()
-            try:
+            if self._start():
+                log.info("processor started", extra={"instance": self.instance_id})
+                # Everything alive now (modules, clients, settings) lives as long as the
+                # process: keep it out of the collector's full passes, which otherwise rescan
+                # it all.
+                gc.freeze()
                 while not self._stop.is_set() and not (until is not None and until()):
                     self.step()
-            finally:
-                self._shutdown()
         finally:
-            if health is not None:
-                self._health = None
-                health.stop()
+            try:
+                self._shutdown()
+            finally:
+                if health is not None:
+                    self._health = None
+                    health.stop()
+
+    def _start(self) -> bool:
+        """Wait for the broker, then for the database, as for any outage (one line when it
+        starts, one when it ends; ``/readyz`` says what is awaited, ``/healthz`` that the
+        process is alive), then join the group. False: stopped meanwhile. A topic that does
+        not exist is MissingTopic: waiting would not create it."""
+        self.probe.waiting_for = "the broker"
+        kafka = Outage("kafka", log)
+        if not until_available(
+            kafka, self._read_topics, broker_unreachable, self._stop, self._turn_while_starting
+        ):
+            return False
+        self.probe.waiting_for = "the database"
+        if not until_available(
+            self.postgres,
+            self.presence.register_now,
+            database_unreachable,
+            self._stop,
+            self._turn_while_starting,
+        ):
+            return False
+        self.probe.waiting_for = None
+        self.group_watch = GroupWatch(
+            self.settings,
+            self.settings.group_id,
+            {t: self.partitions[t] for t in self.names.coordinator_topics()},
+            self.settings.group_stall_s,
+            time.monotonic(),
+        )
+        self._subscribe()
+        self.presence.start()
+        return True
+
+    def _read_topics(self) -> None:
+        """The partition counts of every topic, and the largest record the dead-letter topic
+        takes (a dead letter must fit it as well as the producer)."""
+        topics = [*self.names.coordinator_topics(), self.names.steps, self.names.dlq]
+        self.partitions.update(topic_partitions(self._producer, topics, _START_TRY_S))
+        dlq_limit = topic_max_message_bytes(self.settings, self.names.dlq, _START_TRY_S)
+        if dlq_limit < self.rules.dlq_max_bytes:
+            self.rules = replace(self.rules, dlq_max_bytes=dlq_limit)
+            self.executor.use_rules(self.rules)
+
+    def _turn_while_starting(self) -> None:
+        """The loop is alive (``/healthz``), and the clients' queues are served (their log
+        lines: io/kafka_logs.py)."""
+        self.probe.last_loop_at = time.monotonic()
+        self.outbox.poll(0)
+        self._consumer.poll(0)  # (not subscribed yet: returns nothing)
 
     def step(self) -> None:
         """One turn of the loop: consume, resume, tick a batch, deliver, store offsets, sweep."""
@@ -364,7 +408,9 @@ class Processor:
     def _new_member(self) -> tuple[Consumer, LagMeter, FlowControl]:
         """A consumer, not subscribed yet, and what reads and steers it."""
         consumer = Consumer(
-            {**consumer_config(self.settings, self.instance_id), "error_cb": self.client_errors}
+            with_logger(
+                {**consumer_config(self.settings, self.instance_id), "error_cb": self.client_errors}
+            )
         )
         lag = LagMeter(consumer, enabled=self.telemetry.meter_provider is not None)
         return consumer, lag, FlowControl(consumer, self.names, lag)

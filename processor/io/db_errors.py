@@ -15,6 +15,8 @@ from enum import StrEnum
 import psycopg
 from psycopg import errors
 
+from processor.io.logs import first_line
+
 
 class Fault(StrEnum):
     CONNECTION = "connection"  # the connection failed: a write's outcome is unknown
@@ -43,6 +45,16 @@ def classify(exc: psycopg.Error) -> Fault:
     if state is None or state.startswith(_SESSION_ENDED) or isinstance(exc, psycopg.InterfaceError):
         return Fault.CONNECTION
     return Fault.REFUSED
+
+
+def database_unreachable(exc: Exception) -> str | None:
+    """What a failed connection or statement says, when it says the database cannot be
+    reached (an outage to wait out: the server down, starting, refusing this client); None
+    for any other failure. libpq reports every failure to connect without a SQLSTATE, so a
+    wrong password is waited out too, saying so in the outage's line."""
+    if isinstance(exc, psycopg.Error) and classify(exc) is Fault.CONNECTION:
+        return first_line(exc)
+    return None
 
 
 def outcome_unknown(exc: psycopg.Error) -> bool:

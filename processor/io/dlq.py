@@ -33,6 +33,7 @@ from processor.core.records import Headers, normalise_headers
 from processor.core.routing import TopicNames, partition_for
 from processor.io.config import Settings
 from processor.io.kafka import produce, producer_config, reader_config
+from processor.io.kafka_logs import with_logger
 
 _READ_TIMEOUT_S = 30.0
 
@@ -170,7 +171,7 @@ def replay(
             f"the value would be dead-lettered again ({decoded.reason}: {decoded.detail});"
             " give a fixed one with --value-file, or --force"
         )
-    producer = Producer(producer_config(settings, "ductor-dlq-replay"))
+    producer = Producer(with_logger(producer_config(settings, "ductor-dlq-replay")))
     count = _partition_count(producer, topic)
     if not isinstance(decoded, Rejected) and settings.partition_by_run:
         # Where every other producer of this run's wakeups writes (kafka_io.partition_for).
@@ -205,7 +206,11 @@ def replay(
 def _reader(settings: Settings) -> Consumer:
     # assign() and no commits: the group id only satisfies the client, nothing joins a group.
     return Consumer(
-        reader_config(settings, "ductor-dlq-reader", f"ductor-dlq-reader-{uuid.uuid4().hex[:8]}")
+        with_logger(
+            reader_config(
+                settings, "ductor-dlq-reader", f"ductor-dlq-reader-{uuid.uuid4().hex[:8]}"
+            )
+        )
     )
 
 

@@ -15,6 +15,8 @@ from confluent_kafka.admin import AdminClient, OffsetSpec  # type: ignore[attr-d
 
 from processor.core.membership import TP, GroupView, Holding, IdleWatch, Stuck, judge
 from processor.io.config import Settings
+from processor.io.kafka import admin_config
+from processor.io.kafka_logs import with_logger
 
 log = logging.getLogger("ductor.kafka")
 
@@ -108,6 +110,8 @@ class GroupWatch:
     def turn(self, now: float, took: bool, holding: Callable[[], Holding]) -> Stuck | None:
         """One loop turn (``took``: a record came). ``holding`` is read only when a look is
         in, so the turns in between cost a comparison."""
+        if self._admin is not None:
+            self._admin.poll(0)  # its log lines (io/kafka_logs.py)
         if self._idle is None:
             return None
         if self._look is None:
@@ -157,7 +161,7 @@ class GroupWatch:
     def _start(self, now: float) -> GroupLook | None:
         if self._admin is None:
             self._admin = AdminClient(
-                {**self._settings.kafka_common(), "client.id": f"{self._group}-watch"}
+                with_logger(admin_config(self._settings, f"{self._group}-watch"))
             )
         try:
             self._admin.list_topics(timeout=_BROKER_CHECK_S)  # (see _LOOK_TIMEOUT_S)

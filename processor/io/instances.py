@@ -133,8 +133,9 @@ class Presence:
         self._thread = threading.Thread(target=self._beat, name=f"{kind}-presence", daemon=True)
 
     def register_now(self) -> None:
-        """Register before anything else happens (raises psycopg.Error: a worker that cannot
-        reach its database at start is misconfigured)."""
+        """Register before anything else happens (raises psycopg.Error: the caller's start
+        waits it out as an outage, io/outage.py)."""
+        self._close()  # (what a failed try left)
         self._conn = connect(self._dsn)
         sent_ms = self._clock.local_ms()
         database_ms = register(self._conn, self.instance_id, self._kind)
@@ -156,6 +157,9 @@ class Presence:
             self._thread.join(timeout_s)
         if self._thread.is_alive():
             return  # its connection hangs: silence will tell
+        if not self._registered.is_set():
+            self._close()
+            return  # stopped while it started: there is no row to mark
         try:
             if self._conn is None:
                 self._conn = connect(self._dsn, connect_timeout_s=max(1, int(timeout_s)))

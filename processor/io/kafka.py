@@ -227,6 +227,11 @@ def reader_config(settings: Settings, client_id: str, group_id: str) -> dict[str
     )
 
 
+def admin_config(settings: Settings, client_id: str) -> dict[str, Any]:
+    """An admin client (topics, configs, groups)."""
+    return client_config(settings, {"client.id": client_id}, {})
+
+
 def store_offsets(
     consumer: Consumer, moved: dict[tuple[str, int], int], assigned: Set[tuple[str, int]]
 ) -> None:
@@ -286,10 +291,6 @@ def read_finished(
             tracker.learn((c.topic, c.partition), decode_finished(c.offset, c.metadata))
 
 
-def make_consumer(settings: Settings, client_id: str) -> Consumer:
-    return Consumer(consumer_config(settings, client_id))
-
-
 class Outbox:
     """Produces records; the broker's acknowledgement (or final refusal) of each comes back
     through its delivery report, served by ``poll``."""
@@ -324,11 +325,18 @@ class Outbox:
         return remaining
 
 
+class MissingTopic(RuntimeError):
+    """The broker answered, and a topic is not there: the topics were not created (a
+    configuration error, not an outage: waiting would not create them)."""
+
+
 def topic_partitions(
     client: Producer | AdminClient, topics: Sequence[str], timeout_s: float = 10.0
 ) -> dict[str, int]:
-    """Partition counts of ``topics``. A topic created a moment ago can be missing from the
-    metadata of a broker that has not caught up yet, so ask again until ``timeout_s``."""
+    """Partition counts of ``topics``: KafkaException when no broker answers within
+    ``timeout_s`` (``broker_unreachable``), MissingTopic when one answers without a topic. A
+    topic created a moment ago can be missing from the metadata of a broker that has not
+    caught up yet, so ask again until ``timeout_s``."""
     deadline = time.monotonic() + timeout_s
     while True:
         metadata = client.list_topics(timeout=timeout_s).topics
@@ -340,10 +348,24 @@ def topic_partitions(
         if not missing:
             return {t: len(metadata[t].partitions) for t in topics}
         if time.monotonic() > deadline:
-            raise RuntimeError(
+            raise MissingTopic(
                 f"topic {missing[0]} does not exist; run `ductor topics create` first"
             )
         time.sleep(0.2)  # metadata propagation; bounded by the deadline above
+
+
+def broker_unreachable(exc: Exception) -> str | None:
+    """What a failed request to the broker says, when it says that no broker answered (an
+    outage to wait out); None for any other failure. librdkafka's own errors (negative
+    codes: transport, timed out, all brokers down) are the outage; an error code the broker
+    answered with is a refusal, not an outage, and so is a missing topic (MissingTopic).
+    Refused credentials are found before (``check_authentication``)."""
+    if isinstance(exc, TimeoutError):  # a request's future that got no answer in time
+        return "no answer from the broker"
+    error = exc.args[0] if isinstance(exc, KafkaException) and exc.args else None
+    if isinstance(error, KafkaError) and error.code() < 0:
+        return error.str()
+    return None
 
 
 class KafkaAuthError(Exception):

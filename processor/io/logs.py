@@ -105,7 +105,7 @@ def read_stats(path: Path, final: bool = False) -> dict[str, Any] | None:
         try:
             line = orjson.loads(raw)
         except orjson.JSONDecodeError:
-            continue  # librdkafka writes plain lines to the same stream
+            continue  # not a log line (a failing command's last sentence)
         if "stats" in line and (not final or line.get("msg") == "processor stopped"):
             stats: dict[str, Any] = line["stats"]
             return stats

@@ -4,6 +4,7 @@ outage starts, one info line when it ends, how many there were, and the backoff 
 A component that keeps trying (a reconnect, waiting for acknowledgements) reports every
 failure with ``failed``; only the first of an outage is logged. The first success reports
 ``ok``, which logs the end with the outage's length and tries, and resets the backoff.
+``until_available`` is that loop for a service's start, which waits for its dependencies.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 
 from processor.core.backoff import retry_delay_s
 
@@ -105,3 +107,40 @@ class SharedOutage:
         """Whether ``party`` has yet to succeed since the outage started (it should try)."""
         with self._lock:
             return party in self._doubted
+
+
+# How often a start that waits for a dependency lets its caller turn (keep its health probe
+# fresh, serve its clients) between two tries.
+_TURN_S = 0.1
+
+
+def until_available(
+    outage: Outage,
+    attempt: Callable[[], None],
+    unavailable: Callable[[Exception], str | None],
+    stop: threading.Event,
+    turn: Callable[[], None],
+) -> bool:
+    """Try ``attempt`` until it succeeds (True) or ``stop`` is set (False): how a service's
+    start rides out a dependency that does not answer yet, as it would once running. A failure
+    that ``unavailable`` describes is reported to ``outage`` (one line when the outage starts,
+    one when it ends) and tried again after its backoff; any other failure is raised.
+    ``turn`` is called before every try and about every 100 ms between two."""
+    while True:
+        turn()
+        if stop.is_set():
+            return False
+        try:
+            attempt()
+        except Exception as exc:
+            problem = unavailable(exc)
+            if problem is None:
+                raise
+            retry_at = time.monotonic() + outage.failed(problem)
+            while not stop.wait(max(0.0, min(_TURN_S, retry_at - time.monotonic()))):
+                if time.monotonic() >= retry_at:
+                    break
+                turn()
+            continue
+        outage.ok()
+        return True

@@ -13,7 +13,8 @@ from confluent_kafka.admin import (  # type: ignore[attr-defined]
 
 from processor.core.routing import TopicNames
 from processor.io.config import Settings
-from processor.io.kafka import topic_partitions
+from processor.io.kafka import admin_config, topic_partitions
+from processor.io.kafka_logs import with_logger
 
 
 def desired_topics(settings: Settings, queues: Iterable[str] = ()) -> dict[str, int]:
@@ -38,7 +39,7 @@ def create_topics(
     A topic that exists with fewer partitions than configured is reported, not altered:
     adding partitions moves runs between partitions, which an operator should decide.
     """
-    admin = AdminClient(dict(settings.kafka_common()))
+    admin = AdminClient(with_logger(admin_config(settings, "ductor-topics")))
     wanted = desired_topics(settings, queues)
     existing = admin.list_topics(timeout=timeout_s).topics
     report: dict[str, str] = {}
@@ -73,7 +74,7 @@ def create_topics(
 def delete_topics(settings: Settings, timeout_s: float = 30.0) -> None:
     """Delete every topic of the settings' prefix (a test's or a chaos run's own topics),
     the steps topics of its queues included."""
-    admin = AdminClient(dict(settings.kafka_common()))
+    admin = AdminClient(with_logger(admin_config(settings, "ductor-topics")))
     prefix = f"{settings.topic_prefix}."
     existing = admin.list_topics(timeout=timeout_s).topics
     doomed = [t for t in existing if t.startswith(prefix)]
@@ -87,7 +88,7 @@ def delete_topics(settings: Settings, timeout_s: float = 30.0) -> None:
 def topic_max_message_bytes(settings: Settings, topic: str, timeout_s: float = 10.0) -> int:
     """The largest record ``topic`` takes (its ``max.message.bytes``, the broker's default
     unless set on the topic)."""
-    admin = AdminClient(dict(settings.kafka_common()))
+    admin = AdminClient(with_logger(admin_config(settings, "ductor-topics")))
     resource = ConfigResource(ConfigResource.Type.TOPIC, topic)
     configs = admin.describe_configs([resource])[resource].result(timeout=timeout_s)
     return int(configs["max.message.bytes"].value)

@@ -18,7 +18,8 @@ from processor.core.model import LoadedRun
 from processor.core.routing import TopicNames
 from processor.core.tick import tick
 from processor.io.config import Settings
-from processor.io.kafka import produce, producer_config
+from processor.io.kafka import admin_config, produce, producer_config
+from processor.io.kafka_logs import with_logger
 from processor.io.store import Definitions, commit_batch, load_runs
 from processor.tools.bench_cpu import CpuMeter, CpuUse
 
@@ -62,21 +63,23 @@ def naive_rate(
     """The baseline: one record at a time, load, tick, conditional UPDATE, synchronous offset
     commit, on a topic of its own (``<prefix>.naive``)."""
     topic = f"{settings.topic_prefix}.naive"
-    admin = AdminClient(settings.kafka_common())
+    admin = AdminClient(with_logger(admin_config(settings, "bench-naive")))
     for future in admin.create_topics([NewTopic(topic, num_partitions=6)]).values():
         future.result(timeout=30)
-    producer = Producer(producer_config(settings, "bench-naive"))
+    producer = Producer(with_logger(producer_config(settings, "bench-naive")))
     for run_id in run_ids:
         produce(producer, topic, Wakeup(run_id, "start").encode(), run_id.encode())
         producer.poll(0)
     producer.flush(60)
     consumer = Consumer(
-        {
-            "bootstrap.servers": settings.bootstrap_servers,
-            "group.id": group,
-            "auto.offset.reset": "earliest",
-            "enable.auto.commit": False,
-        }
+        with_logger(
+            {
+                "bootstrap.servers": settings.bootstrap_servers,
+                "group.id": group,
+                "auto.offset.reset": "earliest",
+                "enable.auto.commit": False,
+            }
+        )
     )
     consumer.subscribe([topic])
     definitions = Definitions()

@@ -24,7 +24,8 @@ from confluent_kafka.admin import AdminClient
 from processor.core.envelope import Wakeup
 from processor.core.routing import TopicNames, partition_for
 from processor.io.config import child_env, load_settings
-from processor.io.kafka import produce, producer_config
+from processor.io.kafka import admin_config, produce, producer_config
+from processor.io.kafka_logs import with_logger
 from processor.io.logs import read_stats
 from processor.io.topics import create_topics, desired_topics
 from processor.tools.bench_support import stop
@@ -57,7 +58,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     log = Path(f"/tmp/ductor-bench-memory-{tag}.log")
     try:
         print(f"producing {args.wakeups} wakeups ...", flush=True)
-        producer = Producer(producer_config(settings, "bench-memory"))
+        producer = Producer(with_logger(producer_config(settings, "bench-memory")))
         now_ms = int(time.time() * 1000)
         for i in range(args.wakeups):
             wakeup = Wakeup(f"m{tag}-{i}", "start", produced_at=now_ms)
@@ -86,7 +87,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             f" records taken: {stats.get('records', '?')} (the rest stayed in Kafka)"
         )
     finally:
-        admin = AdminClient(settings.kafka_common())
+        admin = AdminClient(with_logger(admin_config(settings, "bench-memory")))
         for future in admin.delete_topics(list(desired_topics(settings))).values():
             future.result(timeout=60)
     return 0

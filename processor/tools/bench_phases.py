@@ -25,7 +25,8 @@ from processor.core.envelope import Wakeup
 from processor.core.routing import TopicNames
 from processor.core.workflow import WorkflowDef, parse_workflow
 from processor.io.config import Settings, child_env
-from processor.io.kafka import choose_partition, produce, producer_config
+from processor.io.kafka import admin_config, choose_partition, produce, producer_config
+from processor.io.kafka_logs import with_logger
 from processor.io.migrate import migrate
 from processor.io.runs_admin import (
     count_ended,
@@ -84,7 +85,7 @@ class Bench:
         self.settings = self.phase("setup")
         self.scale = scale
         self.conn = psycopg.connect(base.pg_dsn, autocommit=True)
-        self.admin = AdminClient(base.kafka_common())
+        self.admin = AdminClient(with_logger(admin_config(base, "bench")))
         self.one = _workflow("bench-one", 1)
         self.quad = _workflow("bench-quad", 4)
         self.chain = _workflow("bench-chain", 40, chain=True)
@@ -289,7 +290,7 @@ class Bench:
         warmup = self.ids("lat-warmup", 1)
         self.insert(self.one, ids + warmup)
         child = self.spawn(["process"], {}, "latency-process")
-        producer = Producer(producer_config(self.settings, "bench-latency"))
+        producer = Producer(with_logger(producer_config(self.settings, "bench-latency")))
         try:
             self.produce_starts(warmup, duplicates=1, by_run=True)
             self.wait_ticked(warmup, timeout=60)  # the instance is assigned and warm
@@ -368,7 +369,7 @@ class Bench:
             self.spawn(["worker", "--concurrency", "8"], env, f"{label}-worker-{i}")
             for i in range(2)
         ]
-        producer = Producer(producer_config(self.settings, "bench-load"))
+        producer = Producer(with_logger(producer_config(self.settings, "bench-load")))
         prefix = f"b{self.tag}-{label}-"
         try:
             # The steady state is measured, as in the end-to-end phases: the load starts once
@@ -524,7 +525,7 @@ class Bench:
     # -- plumbing ------------------------------------------------------------------------------
 
     def produce_starts(self, ids: Sequence[str], duplicates: int, by_run: bool) -> None:
-        producer = Producer(producer_config(self.settings, "bench-load"))
+        producer = Producer(with_logger(producer_config(self.settings, "bench-load")))
         for run_id in ids:
             self.produce_start(producer, run_id, duplicates, by_run)
         producer.flush(60)

@@ -46,6 +46,8 @@ from confluent_kafka.admin import AdminClient, ConfigResource  # type: ignore[at
 from processor.core.workflow import WorkflowDef, parse_workflow
 from processor.io.config import ConfigError, Settings, load_settings
 from processor.io.connections import connect_durable
+from processor.io.kafka import admin_config
+from processor.io.kafka_logs import with_logger
 from processor.io.migrate import migrate
 from processor.io.package_files import sample_workflow
 from processor.io.runs_admin import (
@@ -340,7 +342,7 @@ class _Chaos:
 def group_session_timeout_s(settings: Settings) -> float:
     """The broker's session timeout of consumer-protocol groups: how long a killed member
     keeps its partitions."""
-    admin = AdminClient(dict(settings.kafka_common()))
+    admin = AdminClient(with_logger(admin_config(settings, "ductor-chaos")))
     broker = next(iter(admin.list_topics(timeout=10).brokers))
     resource = ConfigResource(ConfigResource.Type.BROKER, str(broker))
     configs = admin.describe_configs([resource])[resource].result(timeout=10)

@@ -26,6 +26,7 @@ from processor.core.workflow import WorkflowDef
 from processor.io.config import Settings
 from processor.io.connections import connect_durable
 from processor.io.kafka import produce, producer_config, topic_partitions
+from processor.io.kafka_logs import with_logger
 from processor.io.runs_admin import insert_runs
 
 log = logging.getLogger("ductor.chaos")
@@ -86,7 +87,7 @@ class Feeder:
             # librdkafka's own lines about the broker being down would drown the run's output;
             # what matters (every wakeup acknowledged in the end) is counted here.
             config = {**producer_config(self._settings, "ductor-chaos-feeder"), "log_level": 0}
-            producer = Producer(config)
+            producer = Producer(with_logger(config))
             partitions = topic_partitions(producer, [self._topic])[self._topic]
             batches = max(1, round(self._over_s / _BATCH_EVERY_S))
             size = -(-len(self._run_ids) // batches)

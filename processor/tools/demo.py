@@ -30,7 +30,8 @@ from processor.core.model import SignalKind
 from processor.core.routing import TopicNames, partition_for
 from processor.core.workflow import WorkflowDef, parse_workflow
 from processor.io.config import Settings, child_env
-from processor.io.kafka import produce, producer_config, topic_partitions
+from processor.io.kafka import admin_config, produce, producer_config, topic_partitions
+from processor.io.kafka_logs import with_logger
 from processor.io.logs import read_stats
 from processor.io.migrate import migrate
 from processor.io.package_files import sample_workflow
@@ -88,7 +89,11 @@ def silent_service(settings: Settings) -> str | None:
     except Exception:
         return f"Postgres at {settings.pg_dsn_redacted}"
     try:
-        if AdminClient(settings.kafka_common()).list_topics(timeout=5).brokers:
+        if (
+            AdminClient(with_logger(admin_config(settings, "ductor-demo")))
+            .list_topics(timeout=5)
+            .brokers
+        ):
             return None
     except Exception:
         pass
@@ -165,7 +170,7 @@ def wake(settings: Settings, plan: Plan, hot_copies: int) -> None:
     over every partition (as producers that do not co-partition would), so both processor
     instances tick them at the same time and lose version races: conflicts, not errors."""
     names = TopicNames(settings.topic_prefix)
-    producer = Producer(producer_config(settings, "ductor-demo"))
+    producer = Producer(with_logger(producer_config(settings, "ductor-demo")))
     partitions = topic_partitions(producer, names.wakeup_topics())
     hot = set(plan.hot)
     now_ms = int(time.time() * 1000)
@@ -197,7 +202,7 @@ class HotPoker:
 
     def _loop(self) -> None:
         topic = TopicNames(self._settings.topic_prefix).wakeup("t0")
-        producer = Producer(producer_config(self._settings, "ductor-demo-hot"))
+        producer = Producer(with_logger(producer_config(self._settings, "ductor-demo-hot")))
         partitions = topic_partitions(producer, [topic])[topic]
         turn = 0
         while not self._stop.wait(self._period):

@@ -123,8 +123,6 @@ class _Lane:
         self.thread = threading.Thread(target=self._serve, name=f"worker-{name}", daemon=True)
 
     def start(self) -> None:
-        if self.conn is None:
-            self.conn = self._connect()
         self.thread.start()
 
     def put(self, kind: str, payload: Any) -> None:
@@ -137,7 +135,8 @@ class _Lane:
         if self.thread.is_alive():
             self.thread.join(timeout_s)
         self.give_up.set()
-        self.thread.join(1.0)
+        if self.thread.is_alive():  # (never started when the worker stopped while starting)
+            self.thread.join(1.0)
 
     def _serve(self) -> None:
         next_tick = time.monotonic() + self._tick_s
@@ -239,11 +238,8 @@ class WorkerDatabase:
     # -- the loop's side --------------------------------------------------------------------
 
     def start(self) -> None:
-        """The first connections and the registration, not retried: a worker that never
-        reached its database is misconfigured (and exits), one that lost it is in an outage
-        (and waits)."""
-        self._claims.conn = connect(self._dsn)
-        self._results.conn = connect_durable(self._dsn)
+        """The lanes' threads; each connects on its first statement, through outages like
+        any other (the worker's start waited until the database answered)."""
         self._claims.start()
         self._results.start()
 

@@ -4,10 +4,11 @@
 ``GET /healthz``: 200 while the worker's loop keeps turning. A step that hangs does not stall
 it (the loop never runs users' code), so a stall is the worker's own and a restart is the cure.
 
-``GET /readyz``: 200 unless the worker is shutting down, its loop is stalled, Postgres does not
-answer (its own connections are in an outage, or the server's check fails), or it holds no
-partition of a queue that has tasks waiting: a spare worker of an idle queue is ready, one
-left out of its group while tasks pile up is not.
+``GET /readyz``: 200 unless the worker is starting (waiting for the broker or the database) or
+shutting down, its loop is stalled, Postgres does not answer (its own connections are in an
+outage, or the server's check fails), or it holds no partition of a queue that has tasks
+waiting: a spare worker of an idle queue is ready, one left out of its group while tasks pile
+up is not.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from confluent_kafka import Consumer, KafkaException, TopicPartition
 
 from processor.io.config import Settings
 from processor.io.kafka import reader_config
+from processor.io.kafka_logs import with_logger
 
 _LAG_CHECK_EVERY_S = 5.0
 _LAG_TIMEOUT_S = 2.0
@@ -37,9 +39,12 @@ class WorkerProbe:
     assigned_partitions: int = 0
     stopping: bool = False
     database_ok: bool = True  # False while its connections ride through an outage
+    waiting_for: str | None = None  # at start: the dependency not answering yet
 
     def problems(self, stall_s: float) -> list[str]:
         problems: list[str] = []
+        if self.waiting_for is not None:
+            problems.append(f"starting: waiting for {self.waiting_for}")
         if self.stopping:
             problems.append("shutting down")
         if time.monotonic() - self.last_loop_at > stall_s:
@@ -64,7 +69,7 @@ class QueueLag:
     def __init__(self, settings: Settings, queues: Sequence[str], topics: Sequence[str]) -> None:
         self._queues = dict(zip(topics, queues, strict=True))
         self._consumer = Consumer(
-            reader_config(settings, "ductor-worker-lag", settings.worker_group_id)
+            with_logger(reader_config(settings, "ductor-worker-lag", settings.worker_group_id))
         )
         self._lock = threading.Lock()
         self._checked_at = 0.0
@@ -100,6 +105,15 @@ class QueueLag:
             return waiting
         except KafkaException:
             return {}  # the broker does not answer: the worker's own outage says so
+
+    def serve(self) -> None:
+        """Serve the client's queue (its log lines: io/kafka_logs.py) unless a read holds
+        it; the worker's loop calls this every turn, and never waits for it."""
+        if self._lock.acquire(blocking=False):
+            try:
+                self._consumer.poll(0)
+            finally:
+                self._lock.release()
 
     def close(self) -> None:
         self._consumer.close()

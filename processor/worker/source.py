@@ -34,6 +34,7 @@ from processor.io.kafka import (
     store_offsets,
     worker_consumer_config,
 )
+from processor.io.kafka_logs import with_logger
 
 log = logging.getLogger("ductor.worker")
 
@@ -79,10 +80,12 @@ class TaskSource:
         # Offsets are stored once a task's result is recorded and its wakeup acknowledged (the
         # tracker's order); auto-commit ships them.
         return Consumer(
-            {
-                **worker_consumer_config(self._settings, self._client_id),
-                "error_cb": self._client_errors,
-            }
+            with_logger(
+                {
+                    **worker_consumer_config(self._settings, self._client_id),
+                    "error_cb": self._client_errors,
+                }
+            )
         )
 
     def subscribe(self, partitions: Mapping[str, int]) -> None:
@@ -136,6 +139,11 @@ class TaskSource:
         self._consumer = self._new_consumer()
         self.paused = False
         self._subscribe()
+
+    def serve(self) -> None:
+        """Serve the consumer's queue before it joins the group (its log lines:
+        io/kafka_logs.py); once it has, ``take`` does."""
+        self._consumer.poll(0)
 
     @property
     def backlog(self) -> int:

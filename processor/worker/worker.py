@@ -28,6 +28,7 @@ from confluent_kafka import Producer
 from processor.core.routing import TopicNames
 from processor.io.config import Settings
 from processor.io.db_clock import DatabaseClock
+from processor.io.db_errors import database_unreachable
 from processor.io.delivery import Delivery
 from processor.io.faults import NO_FAULTS, Faults
 from processor.io.health_http import HealthServer
@@ -35,11 +36,14 @@ from processor.io.instances import Presence, heartbeat_interval_s
 from processor.io.kafka import (
     EXIT_KAFKA_FATAL,
     ClientErrors,
+    MissingTopic,
     Outbox,
+    broker_unreachable,
     producer_config,
     topic_partitions,
 )
-from processor.io.outage import Outage
+from processor.io.kafka_logs import with_logger
+from processor.io.outage import Outage, until_available
 from processor.io.telemetry import Telemetry
 from processor.worker.app import AppError, child_spec
 from processor.worker.database import Answer, ClaimRules, WorkerDatabase
@@ -61,6 +65,9 @@ _IDLE_POLL_S = 0.1
 _BUSY_WAIT_S = 0.002
 # How often running steps are checked against their deadlines and heartbeat timeouts.
 _WATCH_EVERY_S = 0.05
+# How long each try at the broker waits for its answer at start, before the backoff: short,
+# so a stop is not kept waiting (librdkafka goes on connecting between two tries).
+_START_TRY_S = 2.0
 
 
 class Worker:
@@ -90,7 +97,7 @@ class Worker:
         # A fatal client error stops the worker (exit EXIT_KAFKA_FATAL, for its supervisor).
         self.client_errors = ClientErrors(self._fatal_client_error)
         self._producer = Producer(
-            {**producer_config(settings, client_id), "error_cb": self.client_errors}
+            with_logger({**producer_config(settings, client_id), "error_cb": self.client_errors})
         )
         self._outbox = Outbox(self._producer)
         self._delivery = Delivery(self._outbox, self.stats.errors, outage=self.outages["kafka"])
@@ -219,35 +226,77 @@ class Worker:
                 self.probe.lag.close()
 
     def _run(self) -> None:
-        topics = [self.names.steps_for(q) for q in self.options.queues]
         try:
-            partitions = topic_partitions(self._producer, topics)
-        except RuntimeError:
-            missing = ", ".join(self.options.queues)
-            raise RuntimeError(
-                f"a steps topic of queue(s) {missing} does not exist: register a workflow"
-                f" that uses the queue, or run `ductor topics create --queue {missing}`"
-            ) from None
-        self.flow.wakeup_partitions(topic_partitions(self._producer, self.names.wakeup_topics()))
-        self.presence.register_now()
+            if self._start():
+                log.info(
+                    "worker started",
+                    extra={
+                        "instance": self.instance_id,
+                        "step_types": self.registry.types(),
+                        "queues": list(self.options.queues),
+                        "concurrency": self.options.concurrency,
+                        "isolation": self.options.isolation,
+                    },
+                )
+                while self._turn():
+                    pass
+        finally:
+            self._shutdown()
+
+    def _start(self) -> bool:
+        """Wait for the broker, then for the database, as for any outage (one line when it
+        starts, one when it ends; ``/readyz`` says what is awaited, ``/healthz`` that the
+        worker is alive), then join the group. False: stopped meanwhile. A steps topic that
+        does not exist is MissingTopic: waiting would not create it."""
+        partitions: dict[str, int] = {}
+        self.probe.waiting_for = "the broker"
+        if not until_available(
+            self.outages["kafka"],
+            lambda: partitions.update(self._read_topics()),
+            broker_unreachable,
+            self._stop,
+            self._turn_while_starting,
+        ):
+            return False
+        self.probe.waiting_for = "the database"
+        if not until_available(
+            self.outages["postgres"],
+            self.presence.register_now,
+            database_unreachable,
+            self._stop,
+            self._turn_while_starting,
+        ):
+            return False
+        self.probe.waiting_for = None
         self.presence.start()
         self.db.start()
         self.source.subscribe(partitions)
-        log.info(
-            "worker started",
-            extra={
-                "instance": self.instance_id,
-                "step_types": self.registry.types(),
-                "queues": list(self.options.queues),
-                "concurrency": self.options.concurrency,
-                "isolation": self.options.isolation,
-            },
-        )
+        return True
+
+    def _read_topics(self) -> dict[str, int]:
+        """The partition counts of the queues' steps topics (returned) and of the wakeup
+        topics (for the flow)."""
+        topics = [self.names.steps_for(q) for q in self.options.queues]
         try:
-            while self._turn():
-                pass
-        finally:
-            self._shutdown()
+            partitions = topic_partitions(self._producer, topics, _START_TRY_S)
+        except MissingTopic:
+            missing = ", ".join(self.options.queues)
+            raise MissingTopic(
+                f"a steps topic of queue(s) {missing} does not exist: register a workflow"
+                f" that uses the queue, or run `ductor topics create --queue {missing}`"
+            ) from None
+        wakeups = topic_partitions(self._producer, self.names.wakeup_topics(), _START_TRY_S)
+        self.flow.wakeup_partitions(wakeups)
+        return partitions
+
+    def _turn_while_starting(self) -> None:
+        """The loop is alive (``/healthz``), and the clients' queues are served (their log
+        lines: io/kafka_logs.py)."""
+        self.probe.last_loop_at = time.monotonic()
+        self._outbox.poll(0)
+        self.source.serve()
+        if self.probe.lag is not None:
+            self.probe.lag.serve()
 
     def _turn(self) -> bool:
         """One turn: poll, take what the slots and the database answered, watch the running
@@ -267,6 +316,8 @@ class Worker:
         self.flow.ask()
         self._delivery.send_due(now)
         self._outbox.poll(0)
+        if self.probe.lag is not None:
+            self.probe.lag.serve()
         self.source.store_offsets()
         if now >= self._next_stats_log:
             self._next_stats_log = now + self.settings.stats_log_interval_s

@@ -219,7 +219,7 @@ class Spawned:
             try:
                 lines.append(orjson.loads(raw))
             except orjson.JSONDecodeError:
-                continue  # librdkafka's own stderr lines
+                continue  # not a log line (a failing command's last sentence)
         return lines
 
     def owned_partitions(self) -> int:
@@ -236,6 +236,17 @@ class Spawned:
         stats = read_stats(self.log_path, final=True)
         assert stats is not None, f"no final stats line in {self.log_path}"
         return stats
+
+
+def still_running(*children: Spawned) -> bool:
+    """True while every child runs (a predicate for ``wait_for``); fails the test with the
+    end of its log once one has exited."""
+    for child in children:
+        code = child.proc.poll()
+        if code is not None:
+            tail = child.log_path.read_text(errors="replace").splitlines()[-10:]
+            pytest.fail(f"{child.log_path.stem} exited with {code}:\n" + "\n".join(tail))
+    return True
 
 
 @pytest.fixture

@@ -181,6 +181,10 @@ def test_the_ready_gauge_reads_the_probe_alone_without_a_server_and_readyz_with_
             Probe("d", assigned_partitions=3, last_loop_at=time.monotonic() - 60),
             "the poll loop is stalled",
         ),
+        (
+            Probe("e", assigned_partitions=3, waiting_for="the broker"),
+            "starting: waiting for the broker",
+        ),
     ]
     for bad, why in spoilt:
         assert not is_ready(bad, stall_s=30.0, server=None), why
