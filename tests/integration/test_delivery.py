@@ -256,20 +256,22 @@ def test_a_backlog_the_database_cannot_drain_pauses_consumption(
     )
     run_ids = [f"backlog-{i}" for i in range(runs)]
     insert_runs(pg, sample_workflow(), [(r, {}) for r in run_ids], "t1")
-    names = TopicNames(settings.topic_prefix)
-    producer = Producer(producer_config(settings, "test-backlog"))
-    for i, run_id in enumerate(run_ids):  # a start wakeup, and a due timer for every 4th
-        wakeup = Wakeup(run_id, "start", produced_at=now_ms())
-        produce(producer, names.wakeup("t1"), wakeup.encode(), wakeup.key(), i % 3)
-        if i % 4 == 0:
-            timer = Wakeup(run_id, "timer", due_at=now_ms(), produced_at=now_ms())
-            produce(producer, names.delay(100), timer.encode(), timer.key(), i % 3)
-    assert producer.flush(30) == 0
-    proxy.cut()
+    # The instance starts with its database there (a start waits for it, io/outage.py), then
+    # loses it; the wakeups come after.
     instance: ProcessorThread = processor_thread(through_proxy)
     processor = instance.processor
     try:
         wait_for(lambda: len(processor.assigned) > 0, 60, "partitions to be assigned")
+        proxy.cut()
+        names = TopicNames(settings.topic_prefix)
+        producer = Producer(producer_config(settings, "test-backlog"))
+        for i, run_id in enumerate(run_ids):  # a start wakeup, and a due timer for every 4th
+            wakeup = Wakeup(run_id, "start", produced_at=now_ms())
+            produce(producer, names.wakeup("t1"), wakeup.encode(), wakeup.key(), i % 3)
+            if i % 4 == 0:
+                timer = Wakeup(run_id, "timer", due_at=now_ms(), produced_at=now_ms())
+                produce(producer, names.delay(100), timer.encode(), timer.key(), i % 3)
+        assert producer.flush(30) == 0
         wait_for(
             processor.flow.all_held_by_backpressure,
             60,
