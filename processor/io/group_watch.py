@@ -110,10 +110,10 @@ class GroupWatch:
     def turn(self, now: float, took: bool, holding: Callable[[], Holding]) -> Stuck | None:
         """One loop turn (``took``: a record came). ``holding`` is read only when a look is
         in, so the turns in between cost a comparison."""
-        if self._admin is not None:
-            self._admin.poll(0)  # its log lines (io/kafka_logs.py)
         if self._idle is None:
             return None
+        if self._admin is not None and not took:
+            self._admin.poll(0)  # its log lines (io/kafka_logs.py), on the quiet turns only
         if self._look is None:
             if took:
                 self._suspect_since = None
@@ -127,6 +127,8 @@ class GroupWatch:
                 self._idle.looked(now)
                 self._look = self._start(now)
                 self._stale = False
+                if self._look is None:
+                    self._suspect_since = None  # the broker did not answer: not confirmed
             return None
         if took:
             self._idle.turn(now, took)
