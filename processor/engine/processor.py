@@ -38,8 +38,8 @@ from processor.engine.watchdog import Shards, SweepSettings, Watchdog
 from processor.io.config import Settings
 from processor.io.db_clock import DatabaseClock
 from processor.io.db_errors import database_unreachable
-from processor.io.faults import NO_FAULTS, Faults, Point
-from processor.io.group_watch import GroupWatch
+from processor.io.faults import NO_FAULTS, Faults
+from processor.io.group_watch import GroupWatch, holding, let_go_by_fault
 from processor.io.instances import Presence, heartbeat_interval_s
 from processor.io.kafka import (
     ClientErrors,
@@ -428,14 +428,7 @@ class Processor:
 
     def _holding(self) -> Holding:
         held = set(self.flow.assigned)
-        reading = held - self.flow.paused()
-        positions = self._consumer.position([TopicPartition(t, p) for t, p in reading])
-        return Holding(
-            self._consumer.memberid() or "",
-            held,
-            reading,
-            {(tp.topic, tp.partition): tp.offset for tp in positions},
-        )
+        return holding(self._consumer, held, held - self.flow.paused())
 
     def _join_again(self, stuck: Stuck, now: float) -> None:
         """The member is stuck (io/group_watch.py): give back what it holds, as on a
@@ -455,11 +448,7 @@ class Processor:
         self.group_watch.joined_again(now)
 
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
-        if self._faults.forces(Point.ASSIGNED, partitions):
-            # Tests only: the member lets them go unknown to the group (io/faults.py).
-            consumer.incremental_assign(partitions)
-            consumer.incremental_unassign(partitions)
-            log.warning("TEST ONLY: an assignment of %d partition(s) ignored", len(partitions))
+        if let_go_by_fault(self._faults, consumer, partitions):
             return
         read_finished(consumer, partitions, self.tracker)
         consumer.incremental_assign(partitions)

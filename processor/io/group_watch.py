@@ -6,15 +6,21 @@ when a member has read nothing for a while and says when it should join its grou
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Set
 from concurrent.futures import Future
 from typing import Any
 
-from confluent_kafka import ConsumerGroupTopicPartitions, KafkaException, TopicPartition
+from confluent_kafka import (
+    Consumer,
+    ConsumerGroupTopicPartitions,
+    KafkaException,
+    TopicPartition,
+)
 from confluent_kafka.admin import AdminClient, OffsetSpec  # type: ignore[attr-defined]
 
 from processor.core.membership import TP, GroupView, Holding, IdleWatch, Stuck, judge
 from processor.io.config import Settings
+from processor.io.faults import Faults, Point
 from processor.io.kafka import admin_config
 from processor.io.kafka_logs import with_logger
 
@@ -36,6 +42,29 @@ _BROKER_CHECK_S = 0.5
 # (confluent-kafka's OffsetSpec is untyped)
 _EARLIEST: Any = OffsetSpec.earliest()  # type: ignore[no-untyped-call]
 _LATEST: Any = OffsetSpec.latest()  # type: ignore[no-untyped-call]
+
+
+def holding(consumer: Consumer, held: Set[TP], reading: Set[TP]) -> Holding:
+    """What a member holds, as its client says: ``held``, of which it reads ``reading``, with
+    its fetch position in each it reads (read only when a look is in)."""
+    positions = consumer.position([TopicPartition(t, p) for t, p in reading])
+    return Holding(
+        consumer.memberid() or "",
+        held,
+        reading,
+        {(tp.topic, tp.partition): tp.offset for tp in positions},
+    )
+
+
+def let_go_by_fault(faults: Faults, consumer: Consumer, partitions: list[TopicPartition]) -> bool:
+    """Tests only (``assigned=ignore``, io/faults.py): the member takes its assignment and lets
+    it go at once, unknown to the group, as the stuck member was seen to. True: it did."""
+    if not faults.forces(Point.ASSIGNED, partitions):
+        return False
+    consumer.incremental_assign(partitions)
+    consumer.incremental_unassign(partitions)
+    log.warning("TEST ONLY: an assignment of %d partition(s) ignored", len(partitions))
+    return True
 
 
 class GroupLook:

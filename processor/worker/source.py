@@ -25,8 +25,8 @@ from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
 from processor.core.membership import Holding, Stuck
 from processor.core.offsets import OffsetTracker
 from processor.io.config import Settings
-from processor.io.faults import NO_FAULTS, Faults, Point
-from processor.io.group_watch import GroupWatch
+from processor.io.faults import NO_FAULTS, Faults
+from processor.io.group_watch import GroupWatch, holding, let_go_by_fault
 from processor.io.kafka import (
     ClientErrors,
     commit_positions,
@@ -118,14 +118,7 @@ class TaskSource:
 
     def _holding(self) -> Holding:
         held = set(self.assigned)
-        reading = set() if self.paused else held
-        positions = self._consumer.position([TopicPartition(t, p) for t, p in reading])
-        return Holding(
-            self._consumer.memberid() or "",
-            held,
-            reading,
-            {(tp.topic, tp.partition): tp.offset for tp in positions},
-        )
+        return holding(self._consumer, held, set() if self.paused else held)
 
     def _join_again(self, stuck: Stuck) -> None:
         """Give back what is held, as on a revocation, leave, and join with a new consumer."""
@@ -234,11 +227,7 @@ class TaskSource:
     # -- rebalance --------------------------------------------------------------------------
 
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
-        if self._faults.forces(Point.ASSIGNED, partitions):
-            # Tests only: the member lets them go unknown to the group (io/faults.py).
-            consumer.incremental_assign(partitions)
-            consumer.incremental_unassign(partitions)
-            log.warning("TEST ONLY: an assignment of %d partition(s) ignored", len(partitions))
+        if let_go_by_fault(self._faults, consumer, partitions):
             return
         read_finished(consumer, partitions, self.tracker)
         consumer.incremental_assign(partitions)
