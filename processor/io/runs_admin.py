@@ -357,10 +357,11 @@ def count_outbox_with_prefix(conn: psycopg.Connection[Any], prefix: str) -> int:
 
 
 def delete_runs_with_prefix(conn: psycopg.Connection[Any], prefix: str) -> int:
-    """Delete the runs whose id starts with ``prefix`` (their results and signals go with
-    them by cascade, their outbox rows and step attempts explicitly); returns how many were
+    """Delete the runs whose id starts with ``prefix`` (their signals go with them by
+    cascade, their results, outbox rows and step attempts explicitly); returns how many were
     deleted."""
     pattern = like_prefix(prefix)
+    conn.execute("DELETE FROM eec_step_result WHERE run_id LIKE %s", (pattern,))
     conn.execute("DELETE FROM eec_outbox WHERE run_id LIKE %s", (pattern,))
     conn.execute("DELETE FROM eec_step_attempt WHERE run_id LIKE %s", (pattern,))
     cur = conn.execute("DELETE FROM eec_workflow_run WHERE run_id LIKE %s", (pattern,))

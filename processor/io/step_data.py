@@ -111,56 +111,41 @@ class StepResultRow(NamedTuple):
     retryable: bool = True  # False: the step declared the failure final (NonRetryable)
 
 
-# A result insert takes FOR KEY SHARE on its run's row (through the foreign key), which a
-# transaction holding the row FOR UPDATE (an operator's lock, a repair script) makes wait. So
-# the runs' rows are locked first without waiting, and the results of a run whose row another
-# transaction holds are left out (``held``: recorded later, none of the others waits); so are
-# those of a run that no longer exists (``gone``). The statement returns only those two.
+# A result is recorded only while its run exists, read without a lock: the results table has
+# no foreign key to the runs (schemas/migrations/0011_step_results_without_foreign_key.sql),
+# so an insert never locks, or waits for, the run's row, whoever holds it (a commit, an
+# operator's `SELECT ... FOR UPDATE`). The statement returns the results it left out because
+# their run no longer exists. A redelivered result conflicts on the key and changes nothing.
 _INSERT_RESULTS_SQL = """
 WITH r AS MATERIALIZED (
-    SELECT * FROM jsonb_to_recordset(%s::jsonb)
+    SELECT r.*, EXISTS (SELECT 1 FROM eec_workflow_run w WHERE w.run_id = r.run_id) AS known
+      FROM jsonb_to_recordset(%s::jsonb)
         AS r(i int, run_id text, node_id text, attempt int, outcome text, output jsonb,
              error text, retryable boolean)
-), free AS MATERIALIZED (
-    SELECT run_id FROM eec_workflow_run
-     WHERE run_id = ANY(ARRAY(SELECT DISTINCT run_id FROM r))
-     ORDER BY run_id FOR KEY SHARE SKIP LOCKED
 ), inserted AS (
     INSERT INTO eec_step_result (run_id, node_id, attempt, outcome, output, error, retryable)
     SELECT r.run_id, r.node_id, r.attempt, r.outcome, coalesce(r.output, 'null'::jsonb), r.error,
            coalesce(r.retryable, true)
       FROM r
-     WHERE r.run_id = ANY(ARRAY(SELECT run_id FROM free))
+     WHERE r.known
      ORDER BY r.run_id, r.node_id, r.attempt
         ON CONFLICT DO NOTHING
 )
-SELECT r.i, EXISTS (SELECT 1 FROM eec_workflow_run w WHERE w.run_id = r.run_id)
-  FROM r
- WHERE (SELECT count(*) FROM free) < (SELECT count(DISTINCT run_id) FROM r)
-   AND r.run_id NOT IN (SELECT run_id FROM free)
+SELECT r.i FROM r WHERE NOT r.known
 """
-
-
-class NotRecorded(NamedTuple):
-    """The results an insert left out, by their index in its list."""
-
-    held: list[int]  # another transaction holds the run's row: try again later
-    gone: list[int]  # the run no longer exists
 
 
 def insert_step_results(
     conn: psycopg.Connection[Any], results: Sequence[StepResultRow]
-) -> NotRecorded:
+) -> list[int]:
     """Record results in one statement (a redelivered one is ignored; an output of None is
-    stored as JSON null), except those of runs whose row is held or gone. A result the
-    database refuses fails the whole statement, and nothing of it is written: the caller then
-    records the results one by one, to learn which."""
+    stored as JSON null), except those of runs that no longer exist: their indexes in
+    ``results`` are returned. A result the database refuses fails the whole statement, and
+    nothing of it is written: the caller then records the results one by one, to learn
+    which."""
     rows = [
         {"i": i, "run_id": r, "node_id": n, "attempt": a, "outcome": o, "output": out, "error": e}
         | ({} if retryable else {"retryable": False})
         for i, (r, n, a, o, out, e, retryable) in enumerate(results)
     ]
-    left = NotRecorded([], [])
-    for i, exists in conn.execute(_INSERT_RESULTS_SQL, (orjson.dumps(rows).decode(),)):
-        (left.held if exists else left.gone).append(i)
-    return left
+    return [row[0] for row in conn.execute(_INSERT_RESULTS_SQL, (orjson.dumps(rows).decode(),))]

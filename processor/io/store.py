@@ -81,9 +81,9 @@ _INPUT_LOAD_BYTES = 2 * MAX_INLINE_DATA_BYTES
 # repair script) would hold the whole batch. So the rows are first locked in run_id order
 # without waiting: a row another transaction holds is skipped (SKIP LOCKED), its run is
 # answered as locked (retried after a backoff, core/decide.py), and the rest of the batch
-# commits at once. The lock mode is FOR NO KEY UPDATE, which the FOR KEY SHARE that every
-# step-result insert takes through its foreign key does not conflict with: commits and the
-# workers' inserts never wait on each other. The UPDATE reads the locked rows as an array
+# commits at once. The lock mode is FOR NO KEY UPDATE (the key never changes); the workers'
+# step-result inserts take no lock on the run's row at all (no foreign key: io/step_data.py),
+# so commits and inserts never wait on each other. The UPDATE reads the locked rows as an array
 # built once (an InitPlan, run before the UPDATE reads its first row, so every lock is taken
 # first) and reaches them through the primary key; it never touches a row it did not lock.
 # (Joining the CTE instead made Postgres compare each updated row with every locked one:

@@ -29,7 +29,7 @@ import psycopg
 
 from processor.core.claims import ClaimFacts, Verdict, verdict
 from processor.core.model import StepOutcome
-from processor.core.step_task import AttemptKey, StepData, StepTask
+from processor.core.step_task import StepData, StepTask
 from processor.io.connections import connect, connect_durable, ping
 from processor.io.db_errors import Fault, classify
 from processor.io.instances import Presence
@@ -225,15 +225,12 @@ class WorkerDatabase:
             lambda: connect_durable(dsn),
             self._serve_results,
             shared,
-            tick=lambda: self._ping_if_doubted(self._results) and self._record_held(),
+            tick=lambda: self._ping_if_doubted(self._results),
         )
         # Statements by kind: how many, for how many tasks, and the seconds they took.
         self.statements: dict[str, list[float]] = {}
         self.fetched = 0  # tasks whose data was read here (not carried inline)
         self.dropped = 0  # results not recorded: their run no longer exists, or unstorable
-        # Results whose run's row another transaction holds (the results lane's own).
-        self._held: list[tuple[Task, Outcome]] = []
-        self._held_logged: set[AttemptKey] = set()
 
     # -- the loop's side --------------------------------------------------------------------
 
@@ -381,66 +378,38 @@ class WorkerDatabase:
     def _record(self, results: list[tuple[Task, Outcome]]) -> Literal[_Stopped.STOPPED] | None:
         """The results in one statement; if the database refuses any of them, nothing was
         written and each is recorded alone (``_record_one`` says what becomes of a refused
-        one). Results of a run whose row another transaction holds wait (``_held``) and are
-        tried again each second, without holding the others."""
+        one). A result of a run that no longer exists is dropped."""
         rows = [_row(t, o) for t, o in results]
         try:
-            left = self._results.through_outages(lambda conn: insert_step_results(conn, rows))
+            gone = self._results.through_outages(lambda conn: insert_step_results(conn, rows))
         except psycopg.Error:
             recorded: list[tuple[Task, bool]] = []
             for task, outcome in results:
                 one = self._record_one(task, outcome)
                 if one is STOPPED:
                     return STOPPED
-                if one is not None:
-                    recorded.append((task, one))
+                recorded.append((task, one))
             self._answer(Recorded(recorded))
             return None
-        if left is STOPPED:
+        if gone is STOPPED:
             return STOPPED
-        held_at, gone_at = set(left.held), set(left.gone)
-        answered: list[tuple[Task, bool]] = []
-        for i, (task, outcome) in enumerate(results):
-            if i in held_at:
-                self._hold(task, outcome)
-            elif i in gone_at:
-                self._dropped_gone(task)
-                answered.append((task, False))
-            else:
-                answered.append((task, True))
-        self._answer(Recorded(answered))
+        gone_at = set(gone)
+        for i in gone_at:
+            self._dropped_gone(results[i][0])
+        self._answer(Recorded([(task, i not in gone_at) for i, (task, _) in enumerate(results)]))
         return None
-
-    def _hold(self, task: Task, outcome: Outcome) -> None:
-        if task.key not in self._held_logged:
-            self._held_logged.add(task.key)
-            log.warning(
-                "a step result waits: another transaction holds its run's row", extra=_ids(task)
-            )
-        self._held.append((task, outcome))
-
-    def _record_held(self) -> bool:
-        """Results that waited for their run's row: tried again (from the lane's tick)."""
-        held, self._held = self._held, []
-        if not held:
-            self._held_logged.clear()
-            return True
-        return self._timed("record", held, self._record) is not STOPPED
 
     def _dropped_gone(self, task: Task) -> None:
         log.warning("dropped a step result: the run no longer exists", extra=_ids(task))
         self.dropped += 1
 
-    def _record_one(self, task: Task, outcome: Outcome) -> bool | Literal[_Stopped.STOPPED] | None:
+    def _record_one(self, task: Task, outcome: Outcome) -> bool | Literal[_Stopped.STOPPED]:
         """One result. True: recorded; False: not (the run no longer exists, or not even a
-        bare failure can be stored); None: held (another transaction holds the run's row)."""
+        bare failure can be stored)."""
         try:
-            left = self._results.through_outages(
+            gone = self._results.through_outages(
                 lambda conn: insert_step_results(conn, [_row(task, outcome)])
             )
-        except psycopg.errors.ForeignKeyViolation:  # deleted between its check and the insert
-            self._dropped_gone(task)
-            return False
         except psycopg.Error as exc:  # the result itself cannot be stored
             if outcome.outcome is StepOutcome.FAILED and outcome.output is None:
                 # Not even a bare failure can be stored: drop it, visibly; the attempt then
@@ -455,12 +424,9 @@ class WorkerDatabase:
             # The attempt fails, saying why (a bare failure: this recursion ends here).
             why = f"the step's result could not be stored: {first_line(exc)}"
             return self._record_one(task, Outcome.failed(why))
-        if left is STOPPED:
+        if gone is STOPPED:
             return STOPPED
-        if left.held:
-            self._hold(task, outcome)
-            return None
-        if left.gone:
+        if gone:
             self._dropped_gone(task)
             return False
         return True

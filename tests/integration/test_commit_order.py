@@ -97,10 +97,9 @@ def test_overlapping_batches_in_opposite_orders_never_deadlock(
 def test_commits_and_result_inserts_on_the_same_runs_never_wait_on_each_other(
     settings: Settings, pg: psycopg.Connection[Any]
 ) -> None:
-    """A worker's transaction that records results (each insert takes FOR KEY SHARE on its
-    run's row through the foreign key) in descending run order, while batched commits lock the
-    same rows in ascending order: the commit's FOR NO KEY UPDATE and the inserts' key-share
-    locks do not conflict, so nothing deadlocks, no commit finds a row held, no insert waits."""
+    """A worker's transaction that records results in descending run order, while batched
+    commits lock the same rows in ascending order: a result insert takes no lock on its run's
+    row (no foreign key), so nothing deadlocks, no commit finds a row held, no insert waits."""
     tag = uuid.uuid4().hex[:6]
     run_ids = [f"keys-{tag}-{i:03}" for i in range(200)]
     insert_runs(pg, sample_workflow(), [(r, {}) for r in run_ids], "t1")

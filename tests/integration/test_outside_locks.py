@@ -1,8 +1,8 @@
 """A run row held by a transaction that is not ours (an operator's `SELECT ... FOR UPDATE`, a
 repair script left open) holds that run and nothing else: the commits skip the row and go on
-with their batch, the worker records every other result, and the held run goes on once the
-lock is gone: not quarantined, not force-failed, its step run once. Run on the real broker and
-database, with a steps module that counts its executions."""
+with their batch, the worker records every result (its inserts never lock a run's row), and
+the held run goes on once the lock is gone: not quarantined, not force-failed, its step run
+once. Run on the real broker and database, with a steps module that counts its executions."""
 
 from __future__ import annotations
 
@@ -43,6 +43,11 @@ def _logged(child: Spawned, message: str) -> bool:
     return any(message in str(line.get("msg", "")) for line in child.log_lines())
 
 
+def _recorded(pg: psycopg.Connection[Any], run_id: str) -> int:
+    row = pg.execute("SELECT count(*) FROM eec_step_result WHERE run_id = %s", (run_id,)).fetchone()
+    return int(row[0]) if row else 0
+
+
 def _hold(dsn: str, run_id: str) -> psycopg.Connection[Any]:
     """An outside transaction holding the run's row, open until the connection is closed."""
     conn = psycopg.connect(dsn)  # not autocommit: the SELECT opens a transaction
@@ -66,17 +71,19 @@ def test_a_row_held_by_an_outside_transaction_holds_its_own_run_and_nothing_else
     # Held before its first tick: every commit of it is skipped.
     insert_runs(pg, wf, [(at_start, {})], "t1")
     holding_start = _hold(settings.pg_dsn, at_start)
-    # Held while its first step runs: the worker cannot record that result.
+    # Held while its first step runs: its result is recorded, its run cannot move on.
     start_runs(settings, wf.name, [at_result], {"sleep_ms": 1500})
     wait_for(
         lambda: len(counted_steps.executions(pg, at_result)) == 1, 30, "its first step to start"
     )
     holding_result = _hold(settings.pg_dsn, at_result)
     try:
+        # A result insert takes no lock on its run's row: it is recorded while the row is
+        # held, and the run moves on once the lock is gone.
         wait_for(
-            lambda: _logged(worker, "a step result waits"),
+            lambda: _recorded(pg, at_result) == 1,
             30,
-            "the worker to say the step's result waits",
+            "the worker to record the step's result while the run's row is held",
         )
         # Batched with the held run, then after it; every result after the held one.
         start_runs(settings, wf.name, [at_start, *neighbours[:150]])
