@@ -41,6 +41,21 @@ def normalise_headers(message: KafkaMessage) -> Headers:
     return [(k, v.encode() if isinstance(v, str) else (v or b"")) for k, v in pairs]
 
 
+TRACE_HEADERS = ("traceparent", "tracestate")
+
+
+def trace_headers(message: KafkaMessage) -> Headers:
+    """Only the record's trace context headers, normalised: what rides on to the records
+    produced for it (cheaper than normalising every header of every record)."""
+    raw = message.headers() or []
+    pairs = raw.items() if isinstance(raw, dict) else raw
+    return [
+        (k, v.encode() if isinstance(v, str) else (v or b""))
+        for k, v in pairs
+        if k in TRACE_HEADERS
+    ]
+
+
 @dataclass(slots=True)
 class Inbound:
     """A consumed record, kept with what is needed to dead-letter it or store its offset."""

@@ -144,8 +144,10 @@ def inline_data(data: StepData | None) -> orjson.Fragment | None:
     return orjson.Fragment(encoded)  # written into the task as it is: encoded once
 
 
-def decode_step_task(value: bytes | None) -> StepTask:
-    """Parse a step task or raise ValidationError saying what is wrong."""
+def decode_step_task(value: bytes | None, clock_offset_ms: int = 0) -> StepTask:
+    """Parse a step task or raise ValidationError saying what is wrong. Its deadline, in the
+    clock of the coordinator that wrote it, is moved by ``clock_offset_ms`` into the reader's
+    (the bounds are checked on the deadline as written)."""
     if value is None:
         raise ValidationError("step task has no value")
     try:
@@ -161,7 +163,9 @@ def decode_step_task(value: bytes | None) -> StepTask:
             node=raw["node"],
             attempt=raw["attempt"],
             step_type=raw["step_type"],
-            deadline_ms=raw["deadline_ms"],
+            deadline_ms=raw["deadline_ms"] - clock_offset_ms
+            if clock_offset_ms and type(raw["deadline_ms"]) is int
+            else raw["deadline_ms"],
             tier=raw.get("tier", "t1"),
             dep_attempts=_dep_attempts(raw.get("dep_attempts")),
             data=_data(raw.get("data")),
@@ -180,7 +184,8 @@ def decode_step_task(value: bytes | None) -> StepTask:
         raise ValidationError("step task: a NUL character, which Postgres cannot store")
     if task.tier not in TIERS:
         raise ValidationError(f"step task: tier must be one of {', '.join(TIERS)}")
-    if not (1 <= task.attempt <= MAX_ATTEMPT and 0 <= task.deadline_ms <= MAX_EPOCH_MS):
+    written_deadline_ms = task.deadline_ms + clock_offset_ms
+    if not (1 <= task.attempt <= MAX_ATTEMPT and 0 <= written_deadline_ms <= MAX_EPOCH_MS):
         raise ValidationError("step task: attempt or deadline_ms out of range")
     beat = task.heartbeat_timeout_ms
     if beat is not None and (type(beat) is not int or not 1 <= beat <= MAX_EPOCH_MS):

@@ -28,7 +28,6 @@ import queue
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import replace
 from typing import Any, NamedTuple
 
 from confluent_kafka import (
@@ -44,7 +43,7 @@ from processor.core.claims import SKIPPED, Verdict, died_reason
 from processor.core.dead_letters import dead_letter_headers, truncate_dead_letter
 from processor.core.envelope import Wakeup
 from processor.core.outcomes import DeadLetterReason
-from processor.core.records import normalise_headers
+from processor.core.records import normalise_headers, trace_headers
 from processor.core.routing import TopicNames
 from processor.core.step_task import decode_step_task
 from processor.io.config import Settings
@@ -240,19 +239,15 @@ class TaskFlow:
         tp = (message.topic() or "", message.partition() or 0)
         offset = message.offset() or 0
         try:
-            headers = normalise_headers(message)
             # The task's trace context rides on to the wakeup, so one trace follows the run
             # through its step round trips.
-            trace_headers = [(k, v) for k, v in headers if k in ("traceparent", "tracestate")]
-            step = decode_step_task(message.value())
+            context = trace_headers(message)
+            # The deadline is Postgres's time: from here on it is this process's (every
+            # check of it, the step's own ``ctx.deadline_ms``, compares with this clock).
+            step = decode_step_task(message.value(), self._clock.offset_ms)
         except Exception as exc:  # a poison task must never stop the worker
             self._dead_letter(message, tp, offset, exc)
             return
-        offset_ms = self._clock.offset_ms
-        if offset_ms:
-            # The deadline is Postgres's time: from here on it is this process's (every
-            # check of it, the step's own ``ctx.deadline_ms``, compares with this clock).
-            step = replace(step, deadline_ms=step.deadline_ms - offset_ms)
         if self.book.holds(step.key):
             self._skipped_at_intake(tp, offset, "duplicate")  # the task in hand covers it
             return
@@ -261,7 +256,7 @@ class TaskFlow:
             return
         kind, stamp = message.timestamp()
         produced = None if kind == TIMESTAMP_NOT_AVAILABLE else stamp
-        task = Task(step, tp, offset, trace_headers, produced)
+        task = Task(step, tp, offset, context, produced)
         self.book.add(task)
         self._to_claim.append(task)
 
