@@ -1,0 +1,197 @@
+"""Requests from upstream producers: the JSON records on ``ductor.requests``
+(schemas/request.schema.json) that start a run or signal one, written by any Kafka client.
+
+A start names the run it creates (``run_id``): the same start twice is one run. A signal
+names itself (``signal_id``): the same signal twice is applied once. Decoding never raises for
+bad input from the wire: it returns a ``Rejected`` value with a dead-letter reason, as for
+wakeups (core/envelope.py).
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import orjson
+
+from processor.core.envelope import MAX_RUN_ID_LENGTH, Rejected
+from processor.core.model import SignalKind
+from processor.core.outcomes import DeadLetterReason
+from processor.core.routing import TIERS
+
+REQUEST_VERSION = 1
+MAX_NAME_LENGTH = 200  # workflow names and signal ids: text columns, bounded like run ids
+MAX_WORKFLOW_VERSION = 2**31 - 1
+SIGNAL_NAMES = tuple(k.value for k in SignalKind)
+
+
+class StartRequest(NamedTuple):
+    """Start run ``run_id`` of ``workflow`` (its latest version unless ``workflow_version``)."""
+
+    run_id: str
+    workflow: str
+    workflow_version: int | None = None
+    input: Any = None  # JSON; {} when absent
+    tier: str = "t1"
+
+    def encode(self) -> bytes:
+        body: dict[str, Any] = {
+            "request_version": REQUEST_VERSION,
+            "kind": "start",
+            "run_id": self.run_id,
+            "workflow": self.workflow,
+            "tier": self.tier,
+        }
+        if self.workflow_version is not None:
+            body["workflow_version"] = self.workflow_version
+        if self.input is not None:
+            body["input"] = self.input
+        return orjson.dumps(body)
+
+
+class SignalRequest(NamedTuple):
+    """Signal ``name`` (with ``payload``) to run ``run_id``, once per ``signal_id``."""
+
+    run_id: str
+    name: str
+    signal_id: str
+    payload: Any = None  # JSON; {} when absent
+
+    def encode(self) -> bytes:
+        body: dict[str, Any] = {
+            "request_version": REQUEST_VERSION,
+            "kind": "signal",
+            "run_id": self.run_id,
+            "name": self.name,
+            "signal_id": self.signal_id,
+        }
+        if self.payload is not None:
+            body["payload"] = self.payload
+        return orjson.dumps(body)
+
+
+Request = StartRequest | SignalRequest
+
+# The fields each kind accepts (what decoding checks against; the JSON schema says the same).
+START_FIELDS = frozenset(
+    {"request_version", "kind", "run_id", "workflow", "workflow_version", "input", "tier"}
+)
+SIGNAL_FIELDS = frozenset({"request_version", "kind", "run_id", "name", "signal_id", "payload"})
+
+
+def request_key(request: Request) -> bytes:
+    """The Kafka key a request is written with: its run id, so that the requests of one run
+    keep their order on one partition, as its wakeups do."""
+    return request.run_id.encode()
+
+
+def decode_request(value: bytes | None, max_bytes: int) -> Request | Rejected:
+    """A start or signal request, or why it is refused (its dead-letter reason and detail)."""
+    if value is None:
+        return Rejected(DeadLetterReason.WRONG_SCHEMA, "record has no value (tombstone)")
+    if len(value) > max_bytes:
+        return Rejected(
+            DeadLetterReason.OVERSIZE,
+            f"record of {len(value)} bytes exceeds the limit of {max_bytes}",
+        )
+    try:
+        raw = orjson.loads(value)
+    except orjson.JSONDecodeError as exc:
+        return Rejected(DeadLetterReason.NOT_JSON, f"value is not JSON: {exc}")
+    if not isinstance(raw, dict):
+        return Rejected(
+            DeadLetterReason.WRONG_SCHEMA, f"expected a JSON object, got {type(raw).__name__}"
+        )
+    version = raw.get("request_version")
+    is_number = isinstance(version, int | float) and not isinstance(version, bool)
+    if not is_number or version != REQUEST_VERSION:
+        if is_number:
+            return Rejected(
+                DeadLetterReason.UNKNOWN_ENVELOPE_VERSION,
+                f"request_version {version} is not supported",
+            )
+        return Rejected(
+            DeadLetterReason.WRONG_SCHEMA,
+            f"request_version must be the integer {REQUEST_VERSION}",
+        )
+    kind = raw.get("kind")
+    if kind == "start":
+        return _start(raw)
+    if kind == "signal":
+        return _signal(raw)
+    return Rejected(DeadLetterReason.WRONG_SCHEMA, "kind must be start or signal")
+
+
+def _start(raw: dict[str, Any]) -> StartRequest | Rejected:
+    problem = (
+        _unknown_fields(raw, START_FIELDS)
+        or _text(raw, "run_id", MAX_RUN_ID_LENGTH)
+        or _text(raw, "workflow", MAX_NAME_LENGTH)
+    )
+    if problem:
+        return problem
+    version = raw.get("workflow_version")
+    if version is not None and not (type(version) is int and 1 <= version <= MAX_WORKFLOW_VERSION):
+        return _wrong(f"workflow_version must be an integer from 1 to {MAX_WORKFLOW_VERSION}")
+    tier = raw.get("tier", "t1")
+    if tier not in TIERS:
+        return _wrong(f"tier must be one of {', '.join(TIERS)}")
+    run_input = raw.get("input")
+    if _holds_nul(run_input):
+        return Rejected(
+            DeadLetterReason.OUT_OF_BOUNDS,
+            "input holds a NUL character, which Postgres cannot store",
+        )
+    return StartRequest(raw["run_id"], raw["workflow"], version, run_input, tier)
+
+
+def _signal(raw: dict[str, Any]) -> SignalRequest | Rejected:
+    problem = (
+        _unknown_fields(raw, SIGNAL_FIELDS)
+        or _text(raw, "run_id", MAX_RUN_ID_LENGTH)
+        or _text(raw, "signal_id", MAX_NAME_LENGTH)
+    )
+    if problem:
+        return problem
+    name = raw.get("name")
+    if name not in SIGNAL_NAMES:
+        return _wrong(f"name must be one of {', '.join(SIGNAL_NAMES)}")
+    payload = raw.get("payload")
+    if _holds_nul(payload):
+        return Rejected(
+            DeadLetterReason.OUT_OF_BOUNDS,
+            "payload holds a NUL character, which Postgres cannot store",
+        )
+    return SignalRequest(raw["run_id"], name, raw["signal_id"], payload)
+
+
+def _wrong(detail: str) -> Rejected:
+    return Rejected(DeadLetterReason.WRONG_SCHEMA, detail)
+
+
+def _unknown_fields(raw: dict[str, Any], allowed: frozenset[str]) -> Rejected | None:
+    if allowed.issuperset(raw):
+        return None
+    return _wrong(f"unknown field(s) for a {raw['kind']}: {', '.join(sorted(set(raw) - allowed))}")
+
+
+def _text(raw: dict[str, Any], name: str, most: int) -> Rejected | None:
+    value = raw.get(name)
+    if type(value) is not str or not 1 <= len(value) <= most:
+        return _wrong(f"{name} must be a string of 1 to {most} characters")
+    if "\x00" in value:
+        return Rejected(
+            DeadLetterReason.OUT_OF_BOUNDS,
+            f"{name} contains a NUL character, which Postgres cannot store",
+        )
+    return None
+
+
+def _holds_nul(value: Any) -> bool:
+    """Whether a JSON value holds a NUL character in a string or a key (jsonb refuses it)."""
+    if isinstance(value, str):
+        return "\x00" in value
+    if isinstance(value, dict):
+        return any("\x00" in k or _holds_nul(v) for k, v in value.items())
+    if isinstance(value, list):
+        return any(_holds_nul(v) for v in value)
+    return False
