@@ -78,7 +78,7 @@ unit: venv ## the fast tests that need no services
 	$(PY) -m pytest -q -m "not integration"
 
 pytest: venv tools ## every test (needs `make up`)
-	$(PY) -m pytest -q -ra
+	$(PY) -m pytest -q -ra --durations=25
 
 # The README's test command: install, bring the services up, lint, typecheck, test. The
 # services are stopped again afterwards unless they were already running before.
