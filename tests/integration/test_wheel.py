@@ -280,6 +280,7 @@ def test_the_wheel_holds_the_package_files_and_nothing_of_the_checkout(
         metadata = Parser().parsestr(wheel.read(metadata_name).decode())
     shipped = {n.removeprefix("processor/schemas/") for n in names if "/schemas/" in n}
     assert shipped == {
+        "request.schema.json",
         "wakeup.schema.json",
         "workflow.schema.json",
         "workflows/sample.json",

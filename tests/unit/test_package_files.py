@@ -44,7 +44,7 @@ def test_the_migrations_are_every_sql_file_in_order() -> None:
 
 
 def test_the_schemas_and_the_sample_workflow() -> None:
-    for name in ("workflow.schema.json", "wakeup.schema.json"):
+    for name in ("workflow.schema.json", "wakeup.schema.json", "request.schema.json"):
         assert package_files.json_schema(name) == json.loads((SCHEMAS / name).read_text())
     sample = json.loads((SCHEMAS / "workflows" / "sample.json").read_text())
     assert package_files.sample_workflow() == sample
