@@ -74,7 +74,11 @@ class Rejected:
     detail: str
 
 
-def decode_wakeup(value: bytes | None, max_bytes: int) -> Wakeup | Rejected:
+def decode_versioned_object(
+    value: bytes | None, max_bytes: int, version_field: str, version: int
+) -> dict[str, Any] | Rejected:
+    """A record's value as a JSON object whose ``version_field`` is ``version``, or why it is
+    not one: what every record format of ours checks first (wakeups, requests)."""
     if value is None:
         return Rejected(DeadLetterReason.WRONG_SCHEMA, "record has no value (tombstone)")
     if len(value) > max_bytes:
@@ -90,18 +94,24 @@ def decode_wakeup(value: bytes | None, max_bytes: int) -> Wakeup | Rejected:
         return Rejected(
             DeadLetterReason.WRONG_SCHEMA, f"expected a JSON object, got {type(raw).__name__}"
         )
-    version = raw.get("envelope_version")
-    is_number = isinstance(version, int | float) and not isinstance(version, bool)
-    if not is_number or version != ENVELOPE_VERSION:  # 1.0 is 1, as in the JSON schema
+    found = raw.get(version_field)
+    is_number = isinstance(found, int | float) and not isinstance(found, bool)
+    if not is_number or found != version:  # 1.0 is 1, as in the JSON schemas
         if is_number:
             return Rejected(
                 DeadLetterReason.UNKNOWN_ENVELOPE_VERSION,
-                f"envelope_version {version} is not supported",
+                f"{version_field} {found} is not supported",
             )
         return Rejected(
-            DeadLetterReason.WRONG_SCHEMA,
-            f"envelope_version must be the integer {ENVELOPE_VERSION}",
+            DeadLetterReason.WRONG_SCHEMA, f"{version_field} must be the integer {version}"
         )
+    return raw
+
+
+def decode_wakeup(value: bytes | None, max_bytes: int) -> Wakeup | Rejected:
+    raw = decode_versioned_object(value, max_bytes, "envelope_version", ENVELOPE_VERSION)
+    if isinstance(raw, Rejected):
+        return raw
     if not plainly_valid(raw):
         # The slow path names the first problem: a schema problem before a bound.
         problem = _schema_problem(raw)

@@ -34,25 +34,19 @@ class KafkaMessage(Protocol):
     def error(self) -> ClientError | None: ...
 
 
-def normalise_headers(message: KafkaMessage) -> Headers:
-    """A record's headers as (name, bytes) pairs, whatever form the client returned."""
-    raw = message.headers() or []
-    pairs = raw.items() if isinstance(raw, dict) else raw
-    return [(k, v.encode() if isinstance(v, str) else (v or b"")) for k, v in pairs]
-
-
+# The trace context headers: what rides on from a record to the records produced for it.
 TRACE_HEADERS = ("traceparent", "tracestate")
 
 
-def trace_headers(message: KafkaMessage) -> Headers:
-    """Only the record's trace context headers, normalised: what rides on to the records
-    produced for it (cheaper than normalising every header of every record)."""
+def normalise_headers(message: KafkaMessage, only: tuple[str, ...] | None = None) -> Headers:
+    """A record's headers as (name, bytes) pairs, whatever form the client returned; only
+    those named in ``only`` when given (cheaper than normalising all to keep a few)."""
     raw = message.headers() or []
     pairs = raw.items() if isinstance(raw, dict) else raw
     return [
         (k, v.encode() if isinstance(v, str) else (v or b""))
         for k, v in pairs
-        if k in TRACE_HEADERS
+        if only is None or k in only
     ]
 
 

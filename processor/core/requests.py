@@ -13,10 +13,11 @@ from typing import Any, NamedTuple
 
 import orjson
 
-from processor.core.envelope import MAX_RUN_ID_LENGTH, Rejected
+from processor.core.envelope import MAX_RUN_ID_LENGTH, Rejected, decode_versioned_object
 from processor.core.model import SignalKind
 from processor.core.outcomes import DeadLetterReason
 from processor.core.routing import TIERS
+from processor.core.storable import holds_nul
 
 REQUEST_VERSION = 1
 MAX_NAME_LENGTH = 200  # workflow names and signal ids: text columns, bounded like run ids
@@ -86,33 +87,9 @@ def request_key(request: Request) -> bytes:
 
 def decode_request(value: bytes | None, max_bytes: int) -> Request | Rejected:
     """A start or signal request, or why it is refused (its dead-letter reason and detail)."""
-    if value is None:
-        return Rejected(DeadLetterReason.WRONG_SCHEMA, "record has no value (tombstone)")
-    if len(value) > max_bytes:
-        return Rejected(
-            DeadLetterReason.OVERSIZE,
-            f"record of {len(value)} bytes exceeds the limit of {max_bytes}",
-        )
-    try:
-        raw = orjson.loads(value)
-    except orjson.JSONDecodeError as exc:
-        return Rejected(DeadLetterReason.NOT_JSON, f"value is not JSON: {exc}")
-    if not isinstance(raw, dict):
-        return Rejected(
-            DeadLetterReason.WRONG_SCHEMA, f"expected a JSON object, got {type(raw).__name__}"
-        )
-    version = raw.get("request_version")
-    is_number = isinstance(version, int | float) and not isinstance(version, bool)
-    if not is_number or version != REQUEST_VERSION:
-        if is_number:
-            return Rejected(
-                DeadLetterReason.UNKNOWN_ENVELOPE_VERSION,
-                f"request_version {version} is not supported",
-            )
-        return Rejected(
-            DeadLetterReason.WRONG_SCHEMA,
-            f"request_version must be the integer {REQUEST_VERSION}",
-        )
+    raw = decode_versioned_object(value, max_bytes, "request_version", REQUEST_VERSION)
+    if isinstance(raw, Rejected):
+        return raw
     kind = raw.get("kind")
     if kind == "start":
         return _start(raw)
@@ -136,7 +113,7 @@ def _start(raw: dict[str, Any]) -> StartRequest | Rejected:
     if tier not in TIERS:
         return _wrong(f"tier must be one of {', '.join(TIERS)}")
     run_input = raw.get("input")
-    if _holds_nul(run_input):
+    if holds_nul(run_input):
         return Rejected(
             DeadLetterReason.OUT_OF_BOUNDS,
             "input holds a NUL character, which Postgres cannot store",
@@ -156,7 +133,7 @@ def _signal(raw: dict[str, Any]) -> SignalRequest | Rejected:
     if name not in SIGNAL_NAMES:
         return _wrong(f"name must be one of {', '.join(SIGNAL_NAMES)}")
     payload = raw.get("payload")
-    if _holds_nul(payload):
+    if holds_nul(payload):
         return Rejected(
             DeadLetterReason.OUT_OF_BOUNDS,
             "payload holds a NUL character, which Postgres cannot store",
@@ -184,14 +161,3 @@ def _text(raw: dict[str, Any], name: str, most: int) -> Rejected | None:
             f"{name} contains a NUL character, which Postgres cannot store",
         )
     return None
-
-
-def _holds_nul(value: Any) -> bool:
-    """Whether a JSON value holds a NUL character in a string or a key (jsonb refuses it)."""
-    if isinstance(value, str):
-        return "\x00" in value
-    if isinstance(value, dict):
-        return any("\x00" in k or _holds_nul(v) for k, v in value.items())
-    if isinstance(value, list):
-        return any(_holds_nul(v) for v in value)
-    return False

@@ -43,7 +43,7 @@ from processor.core.claims import SKIPPED, Verdict, died_reason
 from processor.core.dead_letters import dead_letter_headers, truncate_dead_letter
 from processor.core.envelope import Wakeup
 from processor.core.outcomes import DeadLetterReason
-from processor.core.records import normalise_headers, trace_headers
+from processor.core.records import TRACE_HEADERS, normalise_headers
 from processor.core.routing import TopicNames
 from processor.core.step_task import decode_step_task
 from processor.io.config import Settings
@@ -241,7 +241,7 @@ class TaskFlow:
         try:
             # The task's trace context rides on to the wakeup, so one trace follows the run
             # through its step round trips.
-            context = trace_headers(message)
+            context = normalise_headers(message, TRACE_HEADERS)
             # The deadline is Postgres's time: from here on it is this process's (every
             # check of it, the step's own ``ctx.deadline_ms``, compares with this clock).
             step = decode_step_task(message.value(), self._clock.offset_ms)

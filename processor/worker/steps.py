@@ -21,6 +21,7 @@ import orjson
 
 from processor.core.model import StepOutcome
 from processor.core.step_task import NO_DEPS, StepData, StepTask
+from processor.core.storable import holds_nul
 
 # The largest output a step may return (its encoded JSON). It is stored in Postgres, read by
 # the steps that depend on it and may become part of the run's output; data larger than this
@@ -215,7 +216,7 @@ def checked_output(output: Any) -> Outcome:
         )
     # JSON writes a NUL as \u0000: an output whose encoding lacks that holds none (the walk
     # decides only when it is there, perhaps as the text of an escaped backslash).
-    if b"\\u0000" in encoded and _holds_nul(output):
+    if b"\\u0000" in encoded and holds_nul(output):
         return Outcome.failed(
             "ValueError: the output holds a NUL character, which Postgres cannot store"
         )
@@ -225,14 +226,3 @@ def checked_output(output: Any) -> Outcome:
 def storable_text(text: str) -> str:
     """``text`` with what Postgres cannot store in text (NUL) replaced."""
     return text.replace("\x00", "\ufffd")
-
-
-def _holds_nul(value: Any) -> bool:
-    """Whether a JSON-like value holds a NUL character in a string or a key (jsonb refuses)."""
-    if isinstance(value, str):
-        return "\x00" in value
-    if isinstance(value, dict):
-        return any(_holds_nul(k) or _holds_nul(v) for k, v in value.items())
-    if isinstance(value, list | tuple):
-        return any(_holds_nul(v) for v in value)
-    return False
