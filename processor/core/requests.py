@@ -106,9 +106,9 @@ def _start(raw: dict[str, Any]) -> StartRequest | Rejected:
     )
     if problem:
         return problem
-    version = raw.get("workflow_version")
-    if version is not None and not (type(version) is int and 1 <= version <= MAX_WORKFLOW_VERSION):
-        return _wrong(f"workflow_version must be an integer from 1 to {MAX_WORKFLOW_VERSION}")
+    version = _workflow_version(raw)
+    if isinstance(version, Rejected):
+        return version
     tier = raw.get("tier", "t1")
     if tier not in TIERS:
         return _wrong(f"tier must be one of {', '.join(TIERS)}")
@@ -139,6 +139,19 @@ def _signal(raw: dict[str, Any]) -> SignalRequest | Rejected:
             "payload holds a NUL character, which Postgres cannot store",
         )
     return SignalRequest(raw["run_id"], name, raw["signal_id"], payload)
+
+
+def _workflow_version(raw: dict[str, Any]) -> int | Rejected | None:
+    """The version asked for: None (the latest) when absent. An explicit null is refused and
+    2.0 is 2, as the schema says."""
+    if "workflow_version" not in raw:
+        return None
+    version = raw["workflow_version"]
+    if type(version) is float and version.is_integer():
+        version = int(version)
+    if type(version) is not int or not 1 <= version <= MAX_WORKFLOW_VERSION:
+        return _wrong(f"workflow_version must be an integer from 1 to {MAX_WORKFLOW_VERSION}")
+    return version
 
 
 def _wrong(detail: str) -> Rejected:

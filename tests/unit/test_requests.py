@@ -58,6 +58,10 @@ def test_a_minimal_start_takes_the_defaults() -> None:
     assert _decode(_start()) == StartRequest("r-1", "w", None, None, "t1")
 
 
+def test_an_integral_float_version_is_that_version_as_in_the_schema() -> None:
+    assert _decode(_start(workflow_version=2.0)) == StartRequest("r-1", "w", 2, None, "t1")
+
+
 def test_a_signal_round_trips() -> None:
     signal = SignalRequest("r-1", "cancel", "s-1", {"why": "customer asked"})
     assert decode_request(signal.encode(), LIMIT) == signal
@@ -82,6 +86,7 @@ def test_a_signal_round_trips() -> None:
         (orjson.dumps(_start(workflow=7)), DeadLetterReason.WRONG_SCHEMA, "workflow"),
         (orjson.dumps(_start(workflow_version=0)), DeadLetterReason.WRONG_SCHEMA, "version"),
         (orjson.dumps(_start(workflow_version=2**31)), DeadLetterReason.WRONG_SCHEMA, "version"),
+        (orjson.dumps(_start(workflow_version=None)), DeadLetterReason.WRONG_SCHEMA, "version"),
         (orjson.dumps(_start(tier="t9")), DeadLetterReason.WRONG_SCHEMA, "tier"),
         (orjson.dumps(_start(input={"k\x00": 1})), DeadLetterReason.OUT_OF_BOUNDS, "NUL"),
         (orjson.dumps(_signal(name="pause")), DeadLetterReason.WRONG_SCHEMA, "name"),
