@@ -222,6 +222,7 @@ class Processor:
             {t: self.partitions[t] for t in self.names.coordinator_topics()},
             self.settings.group_stall_s,
             time.monotonic(),
+            self._faults,
         )
         self._subscribe()
         self.presence.start()
@@ -438,14 +439,19 @@ class Processor:
             extra={"instance": self.instance_id, "reason": stuck.reason, "waiting": stuck.waiting},
         )
         self.stats.rejoins += 1
-        self._consumer.close()  # revokes what it holds (committed) and leaves the group
-        left = set(self.flow.assigned)
-        if left:  # (the client had already let these go: nothing of theirs to commit)
-            self._release(self._consumer, [TopicPartition(t, p) for t, p in left], commit=False)
+        old = self._consumer
+        # Everything goes back as on a revocation, but the commit is not waited for: a stuck
+        # client's coordinator may not answer. A record redone by the next owner costs a
+        # tick that finds its row moved on (auto-commit had shipped the offsets within 1 s).
+        held = {(p.topic, p.partition) for p in old.assignment()} & self.flow.assigned
+        left = self.flow.assigned - held  # (the client had let these go: none of its own)
+        for tps, commit in ((held, True), (left, False)):
+            if tps:
+                self._release(old, [TopicPartition(t, p) for t, p in tps], commit, wait=False)
         self._consumer, self.lag, self.flow = self._new_member()
         self._subscribe()
         assert self.group_watch is not None
-        self.group_watch.joined_again(now)
+        self.group_watch.joined_again(now, old)
 
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         if let_go_by_fault(self._faults, consumer, partitions):
@@ -458,10 +464,12 @@ class Processor:
         log.info("partitions assigned", extra={"count": len(tps), "instance": self.instance_id})
 
     def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
-        self._release(consumer, partitions, commit=True)
+        if consumer is self._consumer:  # (not a retired one closing: see RetiredConsumers)
+            self._release(consumer, partitions, commit=True)
 
     def _on_lost(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
-        self._release(consumer, partitions, commit=False)
+        if consumer is self._consumer:
+            self._release(consumer, partitions, commit=False)
 
     def _wait_bound(self) -> float:
         """How long a rebalance or the shutdown may wait for in-flight work."""
@@ -469,9 +477,16 @@ class Processor:
             return max(0.1, self._shutdown_deadline - time.monotonic())
         return min(10.0, self.settings.shutdown_timeout_s)
 
-    def _release(self, consumer: Consumer, partitions: list[TopicPartition], commit: bool) -> None:
+    def _release(
+        self,
+        consumer: Consumer,
+        partitions: list[TopicPartition],
+        commit: bool,
+        wait: bool = True,
+    ) -> None:
         """Give partitions back: drop their waiting records (the next owner redoes them), let
-        effects already produced finish so their records count as done, then commit."""
+        effects already produced finish so their records count as done, then commit
+        (``wait``: for the broker's answer)."""
         tps = {(p.topic, p.partition) for p in partitions}
         # The batch in flight finishes first, so its outcome is known; bounded, because a hung
         # database must not hold a rebalance (or a shutdown) hostage. If it does not finish,
@@ -482,7 +497,8 @@ class Processor:
         self.executor.drop_partitions(tps)
         if commit:
             self.outbox.flush(min(5.0, self._wait_bound()))
-            commit_positions(consumer, self.tracker, tps, "offset commit on revoke failed: %s")
+            failure = "offset commit on revoke failed: %s"
+            commit_positions(consumer, self.tracker, tps, failure, wait)
             # Acknowledged outbox rows go now, before the partitions' next owner meets them.
             self.executor.delete_acknowledged(min(5.0, self._wait_bound()))
         for tp in tps:
@@ -508,6 +524,8 @@ class Processor:
             self._consumer, self.tracker, self.flow.assigned, "final offset commit failed: %s"
         )
         self._consumer.close()
+        if self.group_watch is not None:
+            self.group_watch.close(max(0.1, min(2.0, deadline - time.monotonic())))
         # The outbox rows acknowledged since the last commit go now: left, they would be sent
         # again by the others once this instance is marked stopped.
         if not self.executor.delete_acknowledged(max(0.1, deadline - time.monotonic())):

@@ -37,6 +37,10 @@ class Point(StrEnum):
     # them go at once, unknown to the group, so the member holds nothing while the broker
     # counts them as its own (the stuck member of io/group_watch.py).
     ASSIGNED = "assigned"
+    # A member joined its group again and closes its old consumer (io/group_watch.py's
+    # RetiredConsumers). Forced (``ignore``): the close first hangs a while, as a client's
+    # does when its group coordinator does not answer (seen after a broker restart).
+    RETIRING = "retiring"
 
 
 # What an armed point does when reached; True: the code there takes its bad branch.

@@ -6,6 +6,8 @@ when a member has read nothing for a while and says when it should join its grou
 from __future__ import annotations
 
 import logging
+import threading
+import time
 from collections.abc import Callable, Mapping, Set
 from concurrent.futures import Future
 from typing import Any
@@ -67,6 +69,60 @@ def let_go_by_fault(faults: Faults, consumer: Consumer, partitions: list[TopicPa
     return True
 
 
+# How long a forced ``retiring`` fault holds a retired consumer's close (tests only).
+RETIRING_HANG_S = 20.0
+# How long the watch waits for a retired consumer to close before it may judge again: past
+# the broker's session timeouts (10 s classic here, 45 s by default with the consumer
+# protocol), after which the broker has let its member go even if it never closes.
+_HOLD_OFF_S = 60.0
+
+
+class RetiredConsumers:
+    """The consumers a member stopped using when it joined its group again, each closed on a
+    thread of its own. A stuck member's client may wait on a group coordinator that does not
+    answer (seen after a broker restart: its revocation's commit waited 45 s and failed, then
+    its close hung as long again, and the member's loop with it, so nothing was read and the
+    liveness probe failed); the member's new client must not wait behind it. The old client's
+    rebalance callbacks run on that thread: the member's callbacks ignore a consumer that is
+    no longer its own (what it held was released when it retired)."""
+
+    def __init__(self, faults: Faults) -> None:
+        self._faults = faults
+        self._closing: list[threading.Thread] = []
+        self._last_at = 0.0
+
+    def retire(self, consumer: Consumer, now: float) -> None:
+        thread = threading.Thread(
+            target=self._close, args=(consumer,), name="ductor-retired-consumer", daemon=True
+        )
+        thread.start()
+        self._closing = [t for t in self._closing if t.is_alive()] + [thread]
+        self._last_at = now
+
+    def closing(self, now: float) -> bool:
+        """Whether the last one retired is still closing, for at most ``_HOLD_OFF_S``: the
+        broker counts its partitions as its own until it is gone (or its session ends)."""
+        return now - self._last_at < _HOLD_OFF_S and any(t.is_alive() for t in self._closing)
+
+    def _close(self, consumer: Consumer) -> None:
+        if self._faults.forces(Point.RETIRING):
+            log.warning("TEST ONLY: a retired consumer's close hangs %.0f s", RETIRING_HANG_S)
+            time.sleep(RETIRING_HANG_S)
+        try:
+            consumer.close()
+        except (KafkaException, RuntimeError) as exc:
+            log.warning("closing the consumer left behind failed: %s", exc)
+        log.info("the consumer left behind is closed")
+
+    def wait(self, timeout_s: float) -> bool:
+        """At shutdown: whether every retired consumer closed within ``timeout_s`` (one still
+        closing is abandoned: the process exits, and the broker lets its member go)."""
+        deadline = time.monotonic() + timeout_s
+        for thread in self._closing:
+            thread.join(max(0.0, deadline - time.monotonic()))
+        return not any(t.is_alive() for t in self._closing)
+
+
 class GroupLook:
     """One look at ``group``'s committed offsets, its partitions' start and end offsets and
     its members' assignments, for the partitions of ``partitions`` (topic: count). Requests go
@@ -125,8 +181,10 @@ class GroupWatch:
         partitions: Mapping[str, int],
         quiet_s: float,
         now: float,
+        faults: Faults,
     ) -> None:
         self._settings = settings
+        self._retired = RetiredConsumers(faults)
         self._group = group
         self._partitions = dict(partitions)
         self._idle = IdleWatch(quiet_s, now) if quiet_s > 0 else None
@@ -141,6 +199,9 @@ class GroupWatch:
         in, so the turns in between cost a comparison."""
         if self._idle is None:
             return None
+        if self._retired.closing(now):
+            self._idle.looked(now)  # a full quiet time once it is gone
+            return None  # the group still counts the old client's partitions as its own
         if self._admin is not None and not took:
             self._admin.poll(0)  # its log lines (io/kafka_logs.py), on the quiet turns only
         if self._look is None:
@@ -184,10 +245,17 @@ class GroupWatch:
         )
         return None
 
-    def joined_again(self, now: float) -> None:
-        """The caller joined again: the next look is a full quiet time away."""
+    def joined_again(self, now: float, old: Consumer) -> None:
+        """The caller joined again with a new client: ``old`` is closed in the background,
+        and the next look is a full quiet time after it is gone."""
+        self._retired.retire(old, now)
         if self._idle is not None:
             self._idle.looked(now)
+
+    def close(self, timeout_s: float) -> None:
+        """At shutdown: wait a little for the clients left behind to close."""
+        if not self._retired.wait(timeout_s):
+            log.warning("a consumer left behind by joining the group again is still closing")
 
     def _start(self, now: float) -> GroupLook | None:
         if self._admin is None:

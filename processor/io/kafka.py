@@ -251,11 +251,13 @@ def commit_positions(
     tracker: OffsetTracker,
     tps: Iterable[tuple[str, int]],
     failure: str,
+    wait: bool = True,
 ) -> None:
     """Commit now, for the partitions ``tps`` (given up, or at the end), the tracker's safe
     position, with what is done past it in the commit's metadata (core/offsets.py): the
     partitions' next owner does not do those records again. ``failure`` is logged with the
-    error if the broker refuses."""
+    error if the broker refuses; ``wait=False`` sends the commit without waiting for it (a
+    member leaving a client that may not answer)."""
     offsets = []
     for topic, partition in tps:
         position = tracker.position((topic, partition))
@@ -269,7 +271,10 @@ def commit_positions(
         # Stored too: librdkafka's own commits (auto-commit, and the one it makes on a
         # revocation) ship the stored offsets, and must not drop the metadata.
         consumer.store_offsets(offsets=offsets)
-        consumer.commit(offsets=offsets, asynchronous=False)
+        if wait:
+            consumer.commit(offsets=offsets, asynchronous=False)
+        else:
+            consumer.commit(offsets=offsets, asynchronous=True)
     except KafkaException as exc:
         log.warning(failure, exc)
 

@@ -92,7 +92,12 @@ class TaskSource:
         """Join the group for these topics (topic: partition count)."""
         self._topics = list(partitions)
         self._watch = GroupWatch(
-            self._settings, self._group, partitions, self._settings.group_stall_s, time.monotonic()
+            self._settings,
+            self._group,
+            partitions,
+            self._settings.group_stall_s,
+            time.monotonic(),
+            self._faults,
         )
         self._subscribe()
 
@@ -112,26 +117,33 @@ class TaskSource:
         read, self._read = self._read, False
         stuck = self._watch.turn(now, read, self._holding)
         if stuck is not None:
-            self._join_again(stuck)
-            self._watch.joined_again(now)
+            self._watch.joined_again(now, self._join_again(stuck))
         return stuck
 
     def _holding(self) -> Holding:
         held = set(self.assigned)
         return holding(self._consumer, held, set() if self.paused else held)
 
-    def _join_again(self, stuck: Stuck) -> None:
-        """Give back what is held, as on a revocation, leave, and join with a new consumer."""
+    def _join_again(self, stuck: Stuck) -> Consumer:
+        """Give back what is held, as on a revocation, and join with a new consumer; returns
+        the old one, to be closed in the background."""
         log.warning(
             "joining the group again",
             extra={"instance": self._client_id, "reason": stuck.reason, "waiting": stuck.waiting},
         )
-        self._consumer.close()  # revokes what it holds (committed) and leaves the group
-        if self.assigned:  # (the client had already let these go: nothing to commit)
-            self._release([TopicPartition(t, p) for t, p in self.assigned], commit=False)
-        self._consumer = self._new_consumer()
+        # Everything goes back as on a revocation, but the commit is not waited for: a stuck
+        # client's coordinator may not answer. A task redone by the next owner finds its
+        # attempt claimed or ended and does not run again (auto-commit had shipped the
+        # offsets within 1 s).
+        held = {(p.topic, p.partition) for p in self._consumer.assignment()} & self.assigned
+        left = self.assigned - held  # (the client had let these go: none of its own)
+        for tps, commit in ((held, True), (left, False)):
+            if tps:
+                self._release([TopicPartition(t, p) for t, p in tps], commit, wait=False)
+        old, self._consumer = self._consumer, self._new_consumer()
         self.paused = False
         self._subscribe()
+        return old
 
     def serve(self) -> None:
         """Serve the consumer's queue before it joins the group (its log lines:
@@ -182,6 +194,8 @@ class TaskSource:
     def close(self) -> None:
         self._commit(self.assigned, "final worker offset commit failed: %s")
         self._consumer.close()
+        if self._watch is not None:
+            self._watch.close(2.0)
 
     def _consume(self, count: int, wait_s: float) -> list[Message]:
         """Up to ``count`` records, waiting at most ``wait_s`` for the first (a batch consume
@@ -221,8 +235,8 @@ class TaskSource:
             (self._consumer.pause if pause else self._consumer.resume)(partitions)
         self.paused = pause
 
-    def _commit(self, tps: set[TP], failure: str) -> None:
-        commit_positions(self._consumer, self.tracker, tps, failure)
+    def _commit(self, tps: set[TP], failure: str, wait: bool = True) -> None:
+        commit_positions(self._consumer, self.tracker, tps, failure, wait)
 
     # -- rebalance --------------------------------------------------------------------------
 
@@ -239,19 +253,22 @@ class TaskSource:
         )
 
     def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
-        self._release(partitions, commit=True)
+        if consumer is self._consumer:  # (not a retired one closing: see RetiredConsumers)
+            self._release(partitions, commit=True)
 
     def _on_lost(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
-        self._release(partitions, commit=False)
+        if consumer is self._consumer:
+            self._release(partitions, commit=False)
 
-    def _release(self, partitions: list[TopicPartition], commit: bool) -> None:
+    def _release(self, partitions: list[TopicPartition], commit: bool, wait: bool = True) -> None:
         """Give partitions back: what was read of them and not taken is the next owner's;
-        the worker lets their tasks go; what is done is committed."""
+        the worker lets their tasks go; what is done is committed (``wait``: for the
+        broker's answer)."""
         tps = {(p.topic, p.partition) for p in partitions}
         self._backlog = deque(m for m in self._backlog if (m.topic(), m.partition()) not in tps)
         self._releasing(tps, commit)
         if commit:
-            self._commit(tps, "worker offset commit on revoke failed: %s")
+            self._commit(tps, "worker offset commit on revoke failed: %s", wait)
         for tp in tps:
             self.tracker.forget(tp)
         self.assigned -= tps

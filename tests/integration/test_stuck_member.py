@@ -10,8 +10,11 @@ the others' records wait on them, is not taken for stuck.
 
 from __future__ import annotations
 
+import socket
 import threading
 import time
+import urllib.error
+import urllib.request
 import uuid
 from dataclasses import replace
 from typing import Any
@@ -23,6 +26,7 @@ import pytest
 from processor.client import start_runs
 from processor.core.workflow import parse_workflow
 from processor.io.config import Settings
+from processor.io.group_watch import RETIRING_HANG_S
 from processor.io.runs_admin import register_workflow
 from processor.worker import StepContext, StepRegistry
 
@@ -72,6 +76,76 @@ def test_a_member_the_group_counts_but_that_holds_nothing_joins_again(
     if stuck == "process":
         assert processor.final_stats()["rejoins"] == 1
     print(f"the {stuck} joined again ({lines[0]['reason']}); the runs ended in {ended_s:.1f} s")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def _alive(port: int) -> bool:
+    """Whether /healthz answers 200 (the loop turns); False while nothing listens yet."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=5) as answer:
+            return bool(answer.status == 200)
+    except (urllib.error.URLError, ConnectionError):
+        return False
+
+
+@pytest.mark.parametrize("stuck", ["process", "worker"])
+def test_a_member_whose_old_client_hangs_on_close_goes_on_without_it(
+    settings: Settings, audit: psycopg.Connection[Any], spawn: Any, stuck: str
+) -> None:
+    """The old client's close hangs (``retiring=ignore``: as when its group coordinator does
+    not answer, seen after a broker restart). The member's loop goes on meanwhile: its
+    liveness probe stays up (a loop blocked in the close fails it within 2 s, and an
+    orchestrator would restart the process), and every run ends once the old client is gone."""
+    port = _free_port()
+    watched = replace(settings, group_stall_s=STALL_S)
+    faulty = replace(
+        watched,
+        test_faults="assigned=ignore@1,retiring=ignore@1",
+        health_port=port,
+        health_stall_s=2.0,
+    )
+    processor = spawn(["process"], faulty if stuck == "process" else watched, "process")
+    worker = spawn(["worker"], faulty if stuck == "worker" else watched, "worker")
+    member = processor if stuck == "process" else worker
+    wait_for(lambda: _ignored(member), 60, f"the {stuck} to ignore its first assignment")
+    run_ids = [f"retired-{stuck}-{uuid.uuid4().hex[:6]}-{i}" for i in range(20)]
+    start_runs(settings, "sample", run_ids)
+    wait_for(lambda: bool(_rejoin_lines(member)), 60, f"the {stuck} to join its group again")
+    hung_until = time.monotonic() + RETIRING_HANG_S
+    # While the old client's close hangs, the probe is asked every 0.5 s for 8 s: all 200.
+    probes: list[bool] = []
+    watch_until = time.monotonic() + 8.0
+    wait_for(
+        lambda: probes.append(_alive(port)) or time.monotonic() > watch_until,
+        30,
+        "eight seconds of liveness probes",
+        0.5,
+    )
+    assert time.monotonic() < hung_until, "the probes outlasted the hang: the test proves nothing"
+    assert all(probes), f"liveness failed while the old client closed: {probes}"
+    wait_for(lambda: count_terminal(audit, run_ids) == len(run_ids), 120, "every run to end", 0.2)
+    assert any(
+        str(line.get("msg", "")).startswith("TEST ONLY: a retired consumer's close hangs")
+        for line in member.log_lines()
+    )
+    wait_for(
+        lambda: any(
+            line.get("msg") == "the consumer left behind is closed" for line in member.log_lines()
+        ),
+        60,
+        "the old client to close once its hang ends",
+    )
+    assert processor.terminate() == 0
+    assert worker.terminate() == 0
+    assert set(run_statuses(audit, run_ids).values()) == {"succeeded"}
+    assert_transitions_applied_once(audit)
+    assert len(_rejoin_lines(member)) == 1
 
 
 def test_a_spare_worker_idle_beside_busy_ones_is_not_taken_for_stuck(
