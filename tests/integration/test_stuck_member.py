@@ -121,12 +121,12 @@ def test_a_member_whose_old_client_hangs_on_close_goes_on_without_it(
     # While the old client's close hangs, the probe is asked every 0.5 s for 8 s: all 200.
     probes: list[bool] = []
     watch_until = time.monotonic() + 8.0
-    wait_for(
-        lambda: probes.append(_alive(port)) or time.monotonic() > watch_until,
-        30,
-        "eight seconds of liveness probes",
-        0.5,
-    )
+
+    def probed_long_enough() -> bool:
+        probes.append(_alive(port))
+        return time.monotonic() > watch_until
+
+    wait_for(probed_long_enough, 30, "eight seconds of liveness probes", 0.5)
     assert time.monotonic() < hung_until, "the probes outlasted the hang: the test proves nothing"
     assert all(probes), f"liveness failed while the old client closed: {probes}"
     wait_for(lambda: count_terminal(audit, run_ids) == len(run_ids), 120, "every run to end", 0.2)
