@@ -8,6 +8,8 @@ Every record that reaches the processor gets exactly one of these verdicts:
 - ``Hop``: a wakeup that must wait longer than where it is: a timer due on a rung before its
   real target, or a wakeup-tier record with a due time ahead (a tier is never paused for one
   record: it goes to the delay ladder instead).
+- ``Requested``: a decoded request from ``ductor.requests`` (start a run, signal one,
+  core/requests.py): it joins the next request statement (engine/request_desk.py).
 - ``Reject``: a record that cannot be processed: dead-lettered with its reason.
 
 Due times have a horizon: a delay record is never due later than its rung, a wakeup-tier
@@ -26,6 +28,7 @@ from dataclasses import dataclass
 from processor.core.envelope import Rejected, decode_wakeup
 from processor.core.outcomes import DeadLetterReason
 from processor.core.records import Inbound, KafkaMessage, normalise_headers
+from processor.core.requests import Request, decode_request
 from processor.core.routing import DELAY_RUNGS_MS, TopicNames
 from processor.core.workflow import MAX_BACKOFF_MS
 
@@ -50,13 +53,19 @@ class Hop:
 
 
 @dataclass(frozen=True, slots=True)
+class Requested:
+    record: Inbound
+    request: Request
+
+
+@dataclass(frozen=True, slots=True)
 class Reject:
     record: Inbound
     reason: DeadLetterReason
     detail: str
 
 
-Verdict = Accepted | NotDue | Hop | Reject
+Verdict = Accepted | NotDue | Hop | Requested | Reject
 
 
 def admit(message: KafkaMessage, names: TopicNames, max_bytes: int, now_ms: int) -> Verdict:
@@ -74,6 +83,11 @@ def admit(message: KafkaMessage, names: TopicNames, max_bytes: int, now_ms: int)
     )
     try:
         record.headers = normalise_headers(message)
+        if record.tier == "requests":
+            request = decode_request(record.value, max_bytes)
+            if isinstance(request, Rejected):
+                return Reject(record, request.reason, request.detail)
+            return Requested(record, request)
         decoded = decode_wakeup(record.value, max_bytes)
     except Exception as exc:
         detail = f"undecodable record: {type(exc).__name__}: {exc}"

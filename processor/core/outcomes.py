@@ -20,6 +20,10 @@ class Outcome(StrEnum):
     FORCE_FAILED = "force_failed"  # livelock or stuck: failed through the terminal path
     DEAD_LETTERED = "dead_lettered"  # a record that cannot be processed went to the DLQ
     HOPPED = "hopped"  # a timer came due on a rung before its target and went on
+    # A request from ductor.requests (core/request_plans.py): its row was written (a run
+    # started, a signal recorded or kept), or it was found done before (nothing written).
+    ACCEPTED = "accepted"
+    DUPLICATE = "duplicate"
     ERROR = "error"  # a genuine failure (the database unreachable): retried
 
 
@@ -35,6 +39,8 @@ class DeadLetterReason(StrEnum):
     CHECKSUM_MISMATCH = "checksum_mismatch"
     OUT_OF_BOUNDS = "out_of_bounds"  # a value the processor could not store or honour
     POISON = "poison"  # the run made a batched statement fail (its error text says how)
+    # A start request for a run id that exists with another workflow or another input.
+    CONFLICTING_START = "conflicting_start"
 
 
 DLQ_REASONS = tuple(r.value for r in DeadLetterReason)

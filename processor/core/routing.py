@@ -78,6 +78,11 @@ class TopicNames:
     def dlq(self) -> str:
         return f"{self.prefix}.dlq"
 
+    @property
+    def requests(self) -> str:
+        """Where upstream producers write start and signal requests (core/requests.py)."""
+        return f"{self.prefix}.requests"
+
     def wakeup_topics(self) -> list[str]:
         return [self.wakeup(t) for t in TIERS]
 
@@ -86,15 +91,18 @@ class TopicNames:
 
     def coordinator_topics(self) -> list[str]:
         """What a processor instance subscribes to."""
-        return self.wakeup_topics() + self.delay_topics()
+        return [*self.wakeup_topics(), *self.delay_topics(), self.requests]
 
     def tier_of(self, topic: str) -> str:
-        """'t0'/'t1'/'t2' for a wakeup topic, 'delay' for a rung topic."""
+        """'t0'/'t1'/'t2' for a wakeup topic, 'delay' for a rung topic, 'requests' for the
+        requests topic: the source a record is counted and paused by."""
         for tier in TIERS:
             if topic == self.wakeup(tier):
                 return tier
         if topic.startswith(f"{self.prefix}.delay."):
             return "delay"
+        if topic == self.requests:
+            return "requests"
         raise ValueError(f"{topic!r} is not a coordinator topic")
 
     def rung_of(self, topic: str) -> int:

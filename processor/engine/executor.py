@@ -170,7 +170,7 @@ class Executor:
         self._sleep = sleep
         self.book: RunBook[Span] = RunBook()
         self.database_ok = True  # False after a batch failed on a database error
-        self._stage: tuple[list[Work], InFlight] | None = None
+        self._stage: tuple[list[Work], InFlight[StageResult]] | None = None
         self._outage = postgres or Outage("postgres", log)  # shared with the watchdog's
         # Outbox rows to delete (a dict: the same row acknowledged twice, by its commit and a
         # relay, is deleted once).

@@ -18,7 +18,7 @@ from processor.core.routing import TIERS, TopicNames
 from processor.engine.lag import LagMeter
 
 TP = tuple[str, int]
-SOURCES = (*TIERS, "delay")
+SOURCES = (*TIERS, "delay", "requests")
 
 
 class FlowControl:

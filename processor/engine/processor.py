@@ -23,7 +23,7 @@ from confluent_kafka import Consumer, KafkaError, Message, Producer, TopicPartit
 
 from processor.core.decide import Rules, hop, reject
 from processor.core.flow import TierQueues
-from processor.core.intake import Accepted, Hop, NotDue, Reject, admit
+from processor.core.intake import Accepted, Hop, NotDue, Reject, Requested, admit
 from processor.core.membership import Holding, Stuck
 from processor.core.offsets import OffsetTracker
 from processor.core.records import Inbound, KafkaMessage
@@ -34,6 +34,7 @@ from processor.engine.executor import Executor
 from processor.engine.flow_control import FlowControl
 from processor.engine.health import HealthServer, Probe, is_ready
 from processor.engine.lag import LagMeter
+from processor.engine.request_desk import RequestDesk
 from processor.engine.watchdog import Shards, SweepSettings, Watchdog
 from processor.io.config import Settings
 from processor.io.db_clock import DatabaseClock
@@ -137,6 +138,15 @@ class Processor:
             postgres=self.postgres,
             clock=self.clock,
         )
+        # Start and signal requests from upstream producers (ductor.requests).
+        self.requests = RequestDesk(
+            settings.pg_dsn,
+            self.executor,
+            self.rules,
+            self.clock.now_ms,
+            self.postgres,
+            faults=faults,
+        )
         self.watchdog = Watchdog(
             database=Database(settings.pg_dsn),
             owned_shards=self._owned_shards,
@@ -237,6 +247,7 @@ class Processor:
         if dlq_limit < self.rules.dlq_max_bytes:
             self.rules = replace(self.rules, dlq_max_bytes=dlq_limit)
             self.executor.use_rules(self.rules)
+            self.requests.use_rules(self.rules)
 
     def _turn_while_starting(self) -> None:
         """The loop is alive (``/healthz``), and the clients' queues are served (their log
@@ -257,6 +268,7 @@ class Processor:
         if stuck is not None:
             self._join_again(stuck, now)
         self.flow.resume_due(now)
+        self.requests.advance()
         self._feed_executor()
         self.executor.send_due(now)
         self.watchdog.park(self.executor.take_parked())
@@ -344,6 +356,7 @@ class Processor:
                 self.executor.next_send_at(),
                 self.flow.next_resume_at(),
                 self.watchdog.next_at,
+                self.requests.next_at(),
             )
             if d is not None
         ]
@@ -385,6 +398,9 @@ class Processor:
             self.executor.carry_out_now(record, plan)
             return
         self.stats.records += 1
+        if isinstance(verdict, Requested):
+            self.requests.add(record, verdict.request)
+            return
         if isinstance(verdict, Hop):
             plan = hop(record, verdict.target_ms, now_ms, self.names)
             self.executor.carry_out_now(record, plan, traced=False)
@@ -398,6 +414,7 @@ class Processor:
             for record in self.queues.take(room):
                 self.executor.add(record)
         backlog = {source: self.queues.size(source) for source in (*TIERS, "delay")}
+        backlog["requests"] = len(self.requests)
         limit = self.settings.tier_buffer_limit
         self.flow.apply_backpressure(backlog, self.executor.waiting_records, limit)
 
@@ -493,6 +510,9 @@ class Processor:
         # its records are simply redone by the partitions' next owner.
         if not self.executor.flush(self._wait_bound()):
             log.error("the batch in flight did not finish before the partitions were released")
+        if not self.requests.flush(self._wait_bound()):
+            log.error("the request statement in flight did not finish before the release")
+        self.requests.drop_partitions(tps)
         self.queues.drop(lambda r: r.tp in tps)
         self.executor.drop_partitions(tps)
         if commit:
@@ -514,6 +534,9 @@ class Processor:
         # not stored, so the group redelivers them. Effects already produced are flushed.
         if not self.executor.flush(max(0.1, deadline - time.monotonic())):
             log.error("the batch in flight did not finish before the shutdown bound")
+        if not self.requests.flush(max(0.1, deadline - time.monotonic())):
+            log.error("the request statement in flight did not finish before the shutdown bound")
+        self.requests.drop_waiting()
         self.executor.drop_waiting()
         remaining = self.outbox.flush(max(0.1, deadline - time.monotonic()))
         if remaining:
@@ -531,6 +554,7 @@ class Processor:
         if not self.executor.delete_acknowledged(max(0.1, deadline - time.monotonic())):
             log.error("the acknowledged outbox rows could not be deleted at shutdown")
         self.executor.close()
+        self.requests.close()
         self.watchdog.close()
         self.presence.stop(max(0.5, min(2.0, deadline - time.monotonic())))
         self.telemetry.shutdown()

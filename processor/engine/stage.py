@@ -18,6 +18,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Generic, TypeVar
 
 import psycopg
 
@@ -76,7 +77,9 @@ class DatabaseStage:
         self._faults = faults
         self._thread = StageThread()
 
-    def start(self, items: list[BatchItem], acknowledged: list[tuple[str, int]]) -> InFlight:
+    def start(
+        self, items: list[BatchItem], acknowledged: list[tuple[str, int]]
+    ) -> InFlight[StageResult]:
         """Run the stage on the database thread (the executor starts one only once the
         previous one ended)."""
         return self._thread.submit(lambda: self.run(items, acknowledged))
@@ -212,6 +215,9 @@ class DatabaseStage:
         return plan if written else force_fail_refused(plan)
 
 
+R = TypeVar("R")
+
+
 class StageThread:
     """The daemon thread the database stages run on, one after the other, for the process's
     life. Daemon: a hung query never keeps the process from exiting within its shutdown
@@ -219,16 +225,17 @@ class StageThread:
     start, through a Condition written in Python) cost each batch tens of microseconds, which
     a batch of a few runs at moderate load pays per run."""
 
-    def __init__(self) -> None:
-        self._stages: queue.SimpleQueue[InFlight] = queue.SimpleQueue()
+    def __init__(self, name: str = "ductor-db") -> None:
+        self._stages: queue.SimpleQueue[InFlight[object]] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
+        self._name = name
 
-    def submit(self, stage: Callable[[], StageResult]) -> InFlight:
+    def submit(self, stage: Callable[[], R]) -> InFlight[R]:
         in_flight = InFlight(stage)
         if self._thread is None:
-            self._thread = threading.Thread(target=self._serve, name="ductor-db", daemon=True)
+            self._thread = threading.Thread(target=self._serve, name=self._name, daemon=True)
             self._thread.start()
-        self._stages.put(in_flight)
+        self._stages.put(in_flight)  # type: ignore[arg-type]  # (run() only: its type is no matter)
         return in_flight
 
     def _serve(self) -> None:
@@ -236,16 +243,16 @@ class StageThread:
             self._stages.get().run()
 
 
-class InFlight:
+class InFlight(Generic[R]):
     """A database stage submitted to the database thread. ``done`` and ``wait`` are one lock
     operation each, cheap enough for every turn of the poll loop (a Future's go through a
     Condition written in Python)."""
 
-    def __init__(self, stage: Callable[[], StageResult]) -> None:
+    def __init__(self, stage: Callable[[], R]) -> None:
         self._stage = stage
         self._finished = threading.Lock()
         self._finished.acquire()  # released by the database thread when the stage ends
-        self._result: StageResult | None = None
+        self._result: R | None = None
         self._error: BaseException | None = None
 
     def run(self) -> None:
@@ -272,7 +279,7 @@ class InFlight:
             self._finished.release()
         return ended
 
-    def result(self, timeout_s: float | None = None) -> StageResult:
+    def result(self, timeout_s: float | None = None) -> R:
         """The stage's result; TimeoutError if it did not end within ``timeout_s``."""
         if not self.wait(timeout_s):
             raise TimeoutError(f"the database stage did not end within {timeout_s} s")

@@ -30,6 +30,7 @@ from processor.core.dead_letters import (
 )
 from processor.core.envelope import Rejected, decode_wakeup
 from processor.core.records import Headers, normalise_headers
+from processor.core.requests import decode_request
 from processor.core.routing import TopicNames, partition_for
 from processor.io.config import Settings
 from processor.io.kafka import produce, producer_config, reader_config
@@ -163,9 +164,12 @@ def replay(
         raise DlqError(f"the record at {where} has no ductor.dlq.topic header")
     # Only the processor's own input topics: a forged header must not inject step tasks.
     if topic not in names.coordinator_topics():
-        raise DlqError(f"the record at {where} came from {topic}, not a wakeup or delay topic")
+        raise DlqError(
+            f"the record at {where} came from {topic}, not a wakeup, delay or requests topic"
+        )
     body = letter.value if value is None else value
-    decoded = decode_wakeup(body, settings.max_record_bytes)
+    decode = decode_request if topic == names.requests else decode_wakeup
+    decoded = decode(body, settings.max_record_bytes)
     if isinstance(decoded, Rejected) and not force:
         raise DlqError(
             f"the value would be dead-lettered again ({decoded.reason}: {decoded.detail});"

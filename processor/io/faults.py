@@ -28,6 +28,9 @@ class Point(StrEnum):
     STUCK_SELECTED = "watchdog.stuck_selected"
     # A batch committed; its effects are not produced yet (committed run ids).
     AFTER_COMMIT = "after_commit"
+    # A request statement committed (io/request_store.py); the wakeups its answers send are
+    # not produced yet (the requests' run ids).
+    AFTER_REQUESTS = "after_requests"
     # `ductor process` is starting: its signal handler is set, the processor not built yet.
     STARTING = "starting"
     # `python -m processor` is loading its modules (hit by processor/early_stop.py, which

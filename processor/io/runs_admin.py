@@ -103,6 +103,7 @@ class ExistingRun:
     run_id: str
     workflow: tuple[str, int]
     same_input: bool
+    tier: str = "t1"  # the wakeup tier it was started on
 
 
 @dataclass(frozen=True)
@@ -132,12 +133,12 @@ WITH given AS (
     ON CONFLICT (run_id) DO NOTHING
     RETURNING run_id
 )
-SELECT run_id, NULL::text, NULL::integer, NULL::boolean FROM created
+SELECT run_id, NULL::text, NULL::integer, NULL::boolean, NULL::text FROM created
 UNION ALL
-SELECT r.run_id, r.workflow_name, r.workflow_version, r.input = g.input
+SELECT r.run_id, r.workflow_name, r.workflow_version, r.input = g.input, r.tier
   FROM given g
  CROSS JOIN LATERAL (
-       SELECT x.run_id, x.workflow_name, x.workflow_version, x.input
+       SELECT x.run_id, x.workflow_name, x.workflow_version, x.input, x.tier
          FROM eec_workflow_run x WHERE x.run_id = g.run_id LIMIT 1
        ) r
  WHERE g.run_id NOT IN (SELECT run_id FROM created)
@@ -170,7 +171,7 @@ def insert_runs(
         },
     ).fetchall()
     created = [r[0] for r in rows if r[1] is None]
-    existing = [ExistingRun(r[0], (r[1], r[2]), bool(r[3])) for r in rows if r[1] is not None]
+    existing = [ExistingRun(r[0], (r[1], r[2]), bool(r[3]), r[4]) for r in rows if r[1] is not None]
     seen = {*created, *(e.run_id for e in existing)}
     unseen = [(run_id, i) for run_id, i in zip(ids, inputs, strict=True) if run_id not in seen]
     if unseen:
@@ -182,12 +183,12 @@ def insert_runs(
 
 def _existing(conn: psycopg.Connection[Any], inputs: dict[str, str]) -> list[ExistingRun]:
     rows = conn.execute(
-        "SELECT r.run_id, r.workflow_name, r.workflow_version, r.input = g.input"
+        "SELECT r.run_id, r.workflow_name, r.workflow_version, r.input = g.input, r.tier"
         "  FROM unnest(%s::text[], %s::jsonb[]) AS g(run_id, input)"
         "  JOIN eec_workflow_run r ON r.run_id = g.run_id",
         (list(inputs), list(inputs.values())),
     ).fetchall()
-    return [ExistingRun(r[0], (r[1], r[2]), bool(r[3])) for r in rows]
+    return [ExistingRun(r[0], (r[1], r[2]), bool(r[3]), r[4]) for r in rows]
 
 
 def insert_signal(
@@ -358,9 +359,10 @@ def count_outbox_with_prefix(conn: psycopg.Connection[Any], prefix: str) -> int:
 
 def delete_runs_with_prefix(conn: psycopg.Connection[Any], prefix: str) -> int:
     """Delete the runs whose id starts with ``prefix`` (their signals go with them by
-    cascade, their results, outbox rows and step attempts explicitly); returns how many were
-    deleted."""
+    cascade, their results, outbox rows, step attempts and kept signals explicitly); returns
+    how many were deleted."""
     pattern = like_prefix(prefix)
+    conn.execute("DELETE FROM eec_kept_signal WHERE run_id LIKE %s", (pattern,))
     conn.execute("DELETE FROM eec_step_result WHERE run_id LIKE %s", (pattern,))
     conn.execute("DELETE FROM eec_outbox WHERE run_id LIKE %s", (pattern,))
     conn.execute("DELETE FROM eec_step_attempt WHERE run_id LIKE %s", (pattern,))

@@ -27,6 +27,8 @@ def desired_topics(settings: Settings, queues: Iterable[str] = ()) -> dict[str, 
     for queue in queues:
         topics[names.steps_for(queue)] = settings.step_partitions
     topics[names.dlq] = settings.dlq_partitions
+    # Keyed by run id like the wakeups: as many partitions, so one run's requests stay in order.
+    topics[names.requests] = settings.wakeup_partitions
     return topics
 
 

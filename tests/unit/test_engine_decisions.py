@@ -41,6 +41,7 @@ from processor.core.outcomes import DLQ_REASONS, DeadLetterReason, ForceFailReas
 from processor.core.pending import RunBook
 from processor.core.policy import IN_PROCESS_BACKOFF_MS, MAX_IN_PROCESS_ATTEMPTS
 from processor.core.records import Inbound
+from processor.core.request_plans import Refused, request_plan
 from processor.core.routing import DELAY_RUNGS_MS, requeue_delay_ms
 
 from .fakes import (
@@ -210,6 +211,13 @@ DEAD_LETTERS: dict[DeadLetterReason, Callable[[], Plan]] = {
     DeadLetterReason.UNKNOWN_RUN: _refused_after_load(None),
     DeadLetterReason.UNKNOWN_WORKFLOW: _refused_after_load(UnknownWorkflow("not registered")),
     DeadLetterReason.CHECKSUM_MISMATCH: _refused_after_load(loaded("r", tampered=True)),
+    DeadLetterReason.CONFLICTING_START: lambda: request_plan(
+        accepted(wakeup_message(7, Wakeup("r", "start"), partition=2)),
+        "r",
+        Refused(DeadLetterReason.CONFLICTING_START, "run 'r' exists already with another input"),
+        NOW_MS,
+        RULES,
+    ),
 }
 
 

@@ -88,9 +88,15 @@ def test_topic_names() -> None:
     assert names.delay(400) == "dx.delay.400"
     assert names.steps == "dx.steps"
     assert names.dlq == "dx.dlq"
+    assert names.requests == "dx.requests"
+    assert names.tier_of(names.requests) == "requests"
     assert names.wakeup_topics() == ["dx.wakeup.t0", "dx.wakeup.t1", "dx.wakeup.t2"]
     assert names.delay_topics() == [f"dx.delay.{r}" for r in DELAY_RUNGS_MS]
-    assert names.coordinator_topics() == names.wakeup_topics() + names.delay_topics()
+    assert names.coordinator_topics() == [
+        *names.wakeup_topics(),
+        *names.delay_topics(),
+        names.requests,
+    ]
     for tier in TIERS:
         assert names.tier_of(names.wakeup(tier)) == tier
     for rung in DELAY_RUNGS_MS:
@@ -114,8 +120,9 @@ def test_desired_topics_use_the_configured_partition_counts() -> None:
         dlq_partitions=2,
     )
     topics = desired_topics(settings)
-    assert len(topics) == 3 + len(DELAY_RUNGS_MS) + 2
+    assert len(topics) == 3 + len(DELAY_RUNGS_MS) + 3
     assert topics["p.wakeup.t2"] == 5
+    assert topics["p.requests"] == 5  # partitioned by run id like the wakeups
     assert topics["p.delay.10000"] == 5
     assert topics["p.steps"] == 4
     assert topics["p.dlq"] == 2

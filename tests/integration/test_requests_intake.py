@@ -1,0 +1,183 @@
+"""Runs started and signalled by an upstream producer through Kafka alone: kcat, a client that
+is not ours, writes start and signal records to ductor.requests (schemas/request.schema.json)
+while runs flow. Every run starts once however often its start is written, every signal is
+applied once, a signal that comes before its run's start waits for it, and every record that
+cannot be honoured is one dead letter with its bytes; an instance SIGKILLed right after a
+request statement committed loses nothing."""
+
+from __future__ import annotations
+
+import uuid
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import replace
+from typing import Any
+
+import orjson
+import psycopg
+import pytest
+
+from processor.core.requests import SignalRequest, StartRequest
+from processor.core.routing import TopicNames, partition_for
+from processor.core.workflow import parse_workflow
+from processor.io.config import Settings
+from processor.io.dlq import read_dead_letters
+from processor.io.runs_admin import register_workflow
+
+from .audit import assert_results_applied, assert_transitions_applied_once
+from .conftest import SAMPLE, WorkerThread, count_terminal, run_statuses, wait_for
+from .kcat import kcat_produce_many
+
+pytestmark = pytest.mark.integration
+
+
+def _write(settings: Settings, records: Sequence[tuple[str, bytes]]) -> None:
+    """(run id, value) records written with kcat, keyed by run id, each on its run's partition
+    (as a producer keying by run id with our partitioner does), in order per partition."""
+    by_partition: dict[int, list[tuple[bytes | None, bytes | None]]] = defaultdict(list)
+    for run_id, value in records:
+        by_partition[partition_for(run_id, settings.wakeup_partitions)].append(
+            (run_id.encode(), value)
+        )
+    topic = TopicNames(settings.topic_prefix).requests
+    for partition, batch in sorted(by_partition.items()):
+        kcat_produce_many(settings, topic, partition, batch)
+
+
+# A workflow of this test's own (definitions outlive a test): the sample's steps, named anew.
+WORKFLOW = {**orjson.loads(SAMPLE.read_bytes()), "name": f"intake-{uuid.uuid4().hex[:8]}"}
+
+
+def _start(run_id: str, **fields: Any) -> tuple[str, bytes]:
+    workflow = fields.pop("workflow", WORKFLOW["name"])
+    return run_id, StartRequest(run_id, workflow, **fields).encode()
+
+
+def _cancel(run_id: str, signal_id: str) -> tuple[str, bytes]:
+    return run_id, SignalRequest(run_id, "cancel", signal_id).encode()
+
+
+def _signals(pg: psycopg.Connection[Any], run_ids: list[str]) -> dict[str, int]:
+    rows = pg.execute(
+        "SELECT run_id, count(*) FROM eec_run_signal WHERE run_id = ANY(%s) GROUP BY run_id",
+        (run_ids,),
+    ).fetchall()
+    return {r[0]: int(r[1]) for r in rows}
+
+
+def _kept(pg: psycopg.Connection[Any]) -> list[str]:
+    return [r[0] for r in pg.execute("SELECT run_id FROM eec_kept_signal ORDER BY run_id")]
+
+
+def _dead_letter_reasons(settings: Settings) -> dict[str, list[str]]:
+    """Dead letters of the requests topic by reason: the run id each record named."""
+    topic = TopicNames(settings.topic_prefix).requests
+    found: dict[str, list[str]] = defaultdict(list)
+    for letter in read_dead_letters(settings):
+        assert letter.source_topic == topic, f"a dead letter from {letter.source_topic}"
+        found[letter.reason].append((letter.key or b"").decode())
+    return {reason: sorted(keys) for reason, keys in found.items()}
+
+
+@pytest.fixture(autouse=True)
+def _workflow(pg: psycopg.Connection[Any]) -> None:
+    register_workflow(pg, parse_workflow(WORKFLOW))
+
+
+def test_starts_and_signals_from_a_producer_apply_once_and_bad_ones_are_dead_letters(
+    settings: Settings, audit: psycopg.Connection[Any], processor_thread: Any
+) -> None:
+    pg = audit
+    started = [f"req-{i}" for i in range(40)]
+    processor_thread(settings)
+    # No worker yet: the started runs wait at their first step, so a cancel finds them live.
+    good = [_start(run_id, input={"n": i}) for i, run_id in enumerate(started)]
+    _write(
+        settings,
+        [
+            *good,
+            *good[:10],  # the same starts again: one run each
+            _start("req-0", input={"n": "another"}),  # conflicting: another input
+            _start("nowhere-1", workflow="no-such-workflow"),
+            _start("nowhere-2", workflow_version=7),
+            ("junk-1", b"{not json"),
+            ("junk-2", b'{"request_version": 1, "kind": "start", "run_id": "junk-2"}'),
+            _cancel("early-1", "sig-early"),  # before its start: kept
+        ],
+    )
+    wait_for(lambda: len(run_statuses(pg, started)) == len(started), 60, "every run to exist")
+    wait_for(lambda: _kept(pg) == ["early-1"], 30, "the early signal to be kept")
+    # A version 2: the same start again, naming no version, is still the same start (the
+    # latest moved, the run did not); one naming version 2 conflicts with the run of 1.
+    register_workflow(pg, parse_workflow({**WORKFLOW, "version": 2}))
+    _write(settings, [good[3], _start("req-1", workflow_version=2)])
+    # A signal for a live run, twice (a producer retrying): recorded once, and it cancels.
+    _write(settings, [_cancel("req-5", "sig-5"), _cancel("req-5", "sig-5")])
+    wait_for(lambda: run_statuses(pg, ["req-5"])["req-5"] == "cancelled", 60, "req-5 cancelled")
+    # The early signal's start: the run takes it and is cancelled at its first tick.
+    _write(settings, [_start("early-1")])
+    wait_for(
+        lambda: run_statuses(pg, ["early-1"]).get("early-1") == "cancelled",
+        60,
+        "the run started after its signal to be cancelled",
+    )
+    assert _kept(pg) == []
+    worker = WorkerThread(settings)
+    try:
+        ended = [*started, "early-1"]
+        wait_for(lambda: count_terminal(pg, ended) == len(ended), 120, "every run to end")
+    finally:
+        worker.stop()
+    statuses = run_statuses(pg, ended)
+    assert {statuses.pop("req-5"), statuses.pop("early-1")} == {"cancelled"}
+    assert set(statuses.values()) == {"succeeded"}
+    assert _signals(pg, ended) == {"req-5": 1, "early-1": 1}
+    inputs = dict(pg.execute("SELECT run_id, input FROM eec_workflow_run WHERE run_id = 'req-0'"))
+    assert inputs == {"req-0": {"n": 0}}, "the conflicting start changed the run"
+    assert pg.execute("SELECT count(*) FROM eec_workflow_run").fetchone() == (len(ended),)
+    assert_results_applied(pg, sorted(statuses))
+    assert_transitions_applied_once(pg)
+    assert _dead_letter_reasons(settings) == {
+        "conflicting_start": ["req-0", "req-1"],
+        "unknown_workflow": ["nowhere-1", "nowhere-2"],
+        "not_json": ["junk-1"],
+        "wrong_schema": ["junk-2"],
+    }
+
+
+def test_an_instance_killed_after_a_request_statement_loses_no_start_and_no_signal(
+    settings: Settings, audit: psycopg.Connection[Any], spawn: Any
+) -> None:
+    """The instance is SIGKILLed right after its first request statement committed, before
+    the start wakeups it makes are produced and before the offsets pass: its successor reads
+    the same requests again, finds them done, and sends the wakeups (each run started once)."""
+    pg = audit
+    run_ids = [f"kill-{i}" for i in range(300)]
+    cancelled = run_ids[::50]
+    doomed = spawn(["process"], replace(settings, test_faults="after_requests=kill@1"), "doomed")
+    wait_for(lambda: doomed.owned_partitions() > 0, 60, "the doomed instance to own partitions")
+    records = [_cancel(run_id, f"stop-{run_id}") for run_id in cancelled]
+    records += [_start(run_id, input={"i": i}) for i, run_id in enumerate(run_ids)]
+    for chunk in range(0, len(records), 50):  # in several writes: the kill finds runs to come
+        _write(settings, records[chunk : chunk + 50])
+    wait_for(lambda: doomed.proc.poll() is not None, 60, "the fault to kill the instance")
+    assert doomed.proc.returncode == -9
+    before = len(run_statuses(pg, run_ids))
+    heir = spawn(["process"], settings, "heir")
+    worker = WorkerThread(settings)
+    try:
+        wait_for(lambda: count_terminal(pg, run_ids) == len(run_ids), 120, "every run to end")
+        assert heir.terminate() == 0
+    finally:
+        worker.stop()
+    assert 0 < before < len(run_ids), f"{before} runs existed at the kill"
+    statuses = run_statuses(pg, run_ids)
+    assert {statuses.pop(run_id) for run_id in cancelled} == {"cancelled"}
+    assert set(statuses.values()) == {"succeeded"}
+    assert _signals(pg, run_ids) == dict.fromkeys(cancelled, 1)
+    assert _kept(pg) == []
+    assert_transitions_applied_once(pg)
+    assert read_dead_letters(settings) == []
+    assert heir.final_stats()["ticks"].get("duplicate", 0) > 0, "nothing was redone"
+    inputs = pg.execute("SELECT count(*) FROM eec_workflow_run WHERE input ? 'i'").fetchone()
+    assert inputs == (len(run_ids),)
