@@ -15,7 +15,7 @@ import psycopg
 from processor.core.decide import Commit, ForceFailWrite, Send
 from processor.core.model import Loaded
 from processor.core.stuck import Fail, Leave, StuckVerdict, judge_stuck
-from processor.io import connections, store, sweeps
+from processor.io import connections, kept_signals, store, sweeps
 
 
 class Database:
@@ -96,3 +96,18 @@ class Database:
         self, modulus: int, shards: Sequence[int], grace_s: float, limit: int
     ) -> list[tuple[str, str]]:
         return sweeps.rewake_due(self.conn, modulus, shards, grace_s, limit)
+
+    def adopt_kept_signals(
+        self, modulus: int, shards: Sequence[int], limit: int
+    ) -> list[tuple[str, str]]:
+        return kept_signals.adopt_kept_signals(self.conn, modulus, shards, limit)
+
+    def claim_expired_signals(
+        self, modulus: int, shards: Sequence[int], ttl_s: float, resend_s: float, limit: int
+    ) -> list[kept_signals.ExpiredSignal]:
+        return kept_signals.claim_expired_signals(
+            self.conn, modulus, shards, ttl_s, resend_s, limit
+        )
+
+    def forget_kept_signals(self, keys: Sequence[kept_signals.KeptKey]) -> None:
+        kept_signals.forget_kept_signals(self.conn, keys)

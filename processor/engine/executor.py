@@ -33,6 +33,7 @@ import logging
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import replace
+from functools import partial
 
 import psycopg
 from confluent_kafka import KafkaError
@@ -45,10 +46,11 @@ from processor.core.decide import (
     Rules,
     Send,
     database_failed,
+    reject,
 )
 from processor.core.envelope import Wakeup
 from processor.core.offsets import OffsetTracker
-from processor.core.outcomes import Outcome
+from processor.core.outcomes import DeadLetterReason, Outcome
 from processor.core.pending import RunBook, RunWork
 from processor.core.records import Inbound
 from processor.core.routing import partition_for
@@ -61,6 +63,7 @@ from processor.io.db_errors import TRANSIENT, classify
 from processor.io.delivery import Delivery, Refusal
 from processor.io.faults import NO_FAULTS, Faults
 from processor.io.kafka import Outbox, choose_partition
+from processor.io.kept_signals import ExpiredSignal, KeptKey
 from processor.io.logs import first_line
 from processor.io.outage import Outage
 from processor.io.telemetry import Telemetry, context_headers
@@ -458,6 +461,21 @@ class Executor:
 
     def stuck_failed(self, run_ids: list[str]) -> None:
         self._ledger.stuck_failed(run_ids)
+
+    def dead_letter_expired(
+        self, expired: list[ExpiredSignal], forget: Callable[[list[KeptKey]], None]
+    ) -> None:
+        """Dead-letter the kept signals whose run never came (``unknown_run``, with the record
+        as it was read and where); each is forgotten once the broker has its dead letter."""
+        for signal in expired:
+            run_id = signal.key[0]
+            detail = f"no run {run_id!r} was started within {signal.kept_s:.0f} s of this signal"
+            plan = reject(signal.record, DeadLetterReason.UNKNOWN_RUN, detail, self._rules)
+            self._ledger.record(RunWork(run_id, records=[signal.record]), plan)
+            for send in plan.sends:
+                headers = list(send.headers)
+                done = partial(forget, [signal.key])
+                self._delivery.send(send.topic, send.value, send.key, None, headers, done)
 
     # -- rebalance and shutdown --------------------------------------------------------------
 

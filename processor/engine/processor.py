@@ -160,6 +160,7 @@ class Processor:
                 settings.stuck_after_s,
                 settings.sweep_limit,
                 settings.relay_after_s,
+                settings.kept_signal_ttl_s,
             ),
             wall_ms=self.clock.now_ms,
             faults=faults,
@@ -286,6 +287,7 @@ class Processor:
             self.executor.stuck_failed(sweep.force_failed)
             self.executor.rewake(sweep.overdue)
             self.executor.relay(sweep.relay)
+            self.executor.dead_letter_expired(sweep.expired, self.watchdog.forget)
             if sweep.overdue:
                 log.info("watchdog re-woke %d overdue run(s)", len(sweep.overdue))
             if sweep.relay:

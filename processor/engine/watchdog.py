@@ -8,6 +8,10 @@ sweeps the runs of the bulk-tier (t2) partitions the consumer group assigned to 
 protocol already guarantees one owner per partition; a brief overlap during a rebalance only
 produces a duplicate wakeup, which a no-op tick absorbs.
 
+Signals kept for runs that did not exist yet (io/kept_signals.py) are swept by shard too: those
+whose run now exists are applied and their runs woken, those whose run never came are claimed
+for their dead letters, deleted once the broker has them.
+
 The relay is not split: every live instance claims rows left behind, whether it owns
 partitions or not; it takes only rows whose owner is gone from the instance registry
 (io/instances.py), never those a live instance's producer still holds. After a crash the
@@ -33,6 +37,7 @@ from processor.core.stuck import Fail, Leave, StuckVerdict, Wake
 from processor.engine.database import Database
 from processor.io.db_errors import TRANSIENT, classify
 from processor.io.faults import NO_FAULTS, Faults, Point
+from processor.io.kept_signals import ExpiredSignal, KeptKey
 from processor.io.store import OutboxRelay
 
 log = logging.getLogger("ductor.watchdog")
@@ -48,16 +53,20 @@ class SweepSettings:
     stuck_after_s: float  # a live run with no transition for this long is force-failed
     limit: int  # runs per sweep
     relay_after_s: float  # outbox rows left this long are relayed by whoever sweeps first
+    kept_signal_ttl_s: float = 300.0  # a kept signal whose run never came is dead-lettered
 
 
 @dataclass(frozen=True)
 class SweepResult:
     """What one sweep found and did, handed from the sweep thread to the poll loop."""
 
-    overdue: list[tuple[str, str]] = field(default_factory=list)  # runs to re-wake, tiers
+    # Runs to re-wake, with their tiers (overdue, or given a kept signal).
+    overdue: list[tuple[str, str]] = field(default_factory=list)
     force_failed: list[str] = field(default_factory=list)  # runs failed as stuck
     # Outbox rows claimed for relaying: (run id, transition seq, records).
     relay: list[tuple[str, int, tuple[Send, ...]]] = field(default_factory=list)
+    # Kept signals whose run never came, claimed for their dead letters.
+    expired: list[ExpiredSignal] = field(default_factory=list)
     error: psycopg.Error | None = None
 
 
@@ -92,12 +101,19 @@ class Watchdog:
         self._sweeping = threading.Event()  # one sweep at a time
         self._lock = threading.Lock()
         self._to_park: list[tuple[str, int, str]] = []  # outbox rows to mark, for a sweep
+        self._to_forget: list[KeptKey] = []  # kept signals dead-lettered, to delete
 
     def park(self, rows: list[tuple[str, int, str]]) -> None:
         """Outbox rows (run id, seq, why) to mark parked, by the next sweep."""
         if rows:
             with self._lock:
                 self._to_park.extend(rows)
+
+    def forget(self, keys: list[KeptKey]) -> None:
+        """Kept signals whose dead letters the broker has, to delete by the next sweep."""
+        if keys:
+            with self._lock:
+                self._to_forget.extend(keys)
 
     def maybe_sweep(self) -> list[SweepResult]:
         """Called every loop turn: returns the sweeps finished since, starts the next when due."""
@@ -113,7 +129,7 @@ class Watchdog:
         self.next_at = now + self._settings.interval_s
         modulus, owned = self._owned_shards()
         relay = self._may_relay()
-        if owned or relay or self._to_park:
+        if owned or relay or self._to_park or self._to_forget:
             self._sweeping.set()
             threading.Thread(
                 target=self._sweep_thread,
@@ -146,11 +162,15 @@ class Watchdog:
         s = self._settings
         with self._lock:
             parking, self._to_park = self._to_park, []
+            forgetting, self._to_forget = self._to_forget, []
         try:
             self._db.park_outbox(parking)
+            parking = []
+            self._db.forget_kept_signals(forgetting)
         except psycopg.Error:
-            with self._lock:
-                self._to_park[:0] = parking  # for the next sweep
+            with self._lock:  # for the next sweep
+                self._to_park[:0] = parking
+                self._to_forget[:0] = forgetting
             raise
         failed: list[str] = []
         woken: list[tuple[str, str]] = []
@@ -166,9 +186,19 @@ class Watchdog:
                     woken.append((run_id, verdict.tier))
             marked = self._db.woken([run_id for run_id, _tier in woken])
             woken = [(run_id, tier) for run_id, tier in woken if run_id in marked]
-        overdue = self._db.overdue(modulus, owned, s.grace_s, s.limit) if owned else []
+        overdue: list[tuple[str, str]] = []
+        expired: list[ExpiredSignal] = []
+        if owned:
+            overdue = self._db.overdue(modulus, owned, s.grace_s, s.limit)
+            overdue += self._db.adopt_kept_signals(modulus, owned, s.limit)
+            # Sent again if unconfirmed for as long as an outbox row is (its instance died).
+            expired = self._db.claim_expired_signals(
+                modulus, owned, s.kept_signal_ttl_s, max(s.relay_after_s, 10.0), s.limit
+            )
         claimed = self._db.claim_outbox(s.relay_after_s, s.limit, self._relay_as()) if relay else []
-        return SweepResult(overdue=woken + overdue, force_failed=failed, relay=claimed)
+        return SweepResult(
+            overdue=woken + overdue, force_failed=failed, relay=claimed, expired=expired
+        )
 
     def _settle(self, run_id: str, seq: int, now_ms: int) -> StuckVerdict:
         """One stuck run; one whose row another transaction holds waits for the next sweep."""

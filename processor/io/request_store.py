@@ -3,16 +3,15 @@
 
 Starts first, then signals, so that a signal read after its run's start in the same batch
 finds the run. A start inserts its run as ``ductor start`` does (io/runs_admin.py's
-``insert_runs``: an existing run id is left alone and compared); the start that creates a run
-also takes the signals kept for it. A signal is recorded for its run, or kept (the run does
+``insert_runs``: an existing run id is left alone and compared; the run created takes the
+signals kept for it). A signal is recorded for its run, or kept (the run does
 not exist yet: it may race its start) with the record's bytes, for its dead letter should the
-start never come (io/sweeps.py). Every write is idempotent by its key, so a batch redelivered
+start never come (io/kept_signals.py). Every write is idempotent by its key, so a batch redelivered
 after a crash answers as before: a created run is then found started before.
 """
 
 from __future__ import annotations
 
-import base64
 from collections.abc import Sequence
 from itertools import groupby
 from typing import Any
@@ -22,7 +21,7 @@ import psycopg
 
 from processor.core.model import SignalKind, UnknownWorkflow
 from processor.core.outcomes import DeadLetterReason
-from processor.core.records import Headers, Inbound
+from processor.core.records import Inbound
 from processor.core.request_plans import (
     Created,
     Kept,
@@ -34,21 +33,12 @@ from processor.core.request_plans import (
 from processor.core.requests import Request, SignalRequest, StartRequest
 from processor.core.routing import run_shard
 from processor.core.workflow import WorkflowDef
+from processor.io.kept_signals import encode_headers
 from processor.io.runs_admin import ExistingRun, insert_runs
 from processor.io.store import Definitions
 
 # One request and the record it came in (its bytes and position, kept with an early signal).
 Item = tuple[Request, Inbound]
-
-_TAKE_KEPT_SIGNALS = """
-WITH taken AS (
-    DELETE FROM eec_kept_signal WHERE run_id = ANY(%s::text[])
-    RETURNING run_id, signal_id, kind, payload
-)
-INSERT INTO eec_run_signal (run_id, signal_id, kind, payload)
-SELECT run_id, signal_id, kind, payload FROM taken
-ON CONFLICT DO NOTHING
-"""
 
 # Each signal is recorded if its run exists (the LEFT JOIN reads the run table as it is
 # after this transaction's starts); the rows say which were new and each run's tier.
@@ -123,7 +113,6 @@ def _start_round(
     answers: list[RequestAnswer | None],
 ) -> None:
     starts = {i: _start(items[i][0]) for i in indexes}
-    created_ids: list[str] = []
 
     def group(i: int) -> tuple[str, int, str]:
         return (starts[i].workflow, starts[i].workflow_version or 0, starts[i].tier)
@@ -139,15 +128,12 @@ def _start_round(
         done = insert_runs(conn, wf, runs, tier)
         created = set(done.created)
         existing = {e.run_id: e for e in done.existing}
-        created_ids += done.created
         for i in chosen:
             run_id = starts[i].run_id
             if run_id in created:
                 answers[i] = Created(tier)
             else:
                 answers[i] = _compared(existing[run_id], name, starts[i].workflow_version)
-    if created_ids:
-        conn.execute(_TAKE_KEPT_SIGNALS, (created_ids,))
 
 
 def _input(start: StartRequest) -> Any:
@@ -268,12 +254,3 @@ def _keep(
 
 def _json(value: Any) -> str:
     return orjson.dumps({} if value is None else value).decode()
-
-
-def encode_headers(headers: Headers) -> list[list[str]]:
-    """Headers as JSON can keep them: each value base64 (any bytes)."""
-    return [[name, base64.b64encode(value).decode()] for name, value in headers]
-
-
-def decode_headers(kept: Sequence[Sequence[str]]) -> Headers:
-    return [(str(name), base64.b64decode(value)) for name, value in kept]

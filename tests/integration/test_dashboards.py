@@ -166,6 +166,7 @@ def test_every_name_in_the_dashboard_and_the_alerts_is_exported(
     assert partitions == (
         len(names.wakeup_topics()) * settings.wakeup_partitions
         + len(names.delay_topics()) * settings.delay_partitions
+        + settings.wakeup_partitions  # the requests topic, partitioned like the wakeups
     )
     assert child.terminate() == 0
 

@@ -17,8 +17,9 @@ import orjson
 import psycopg
 import pytest
 
+from processor.client import start_run
 from processor.core.requests import SignalRequest, StartRequest
-from processor.core.routing import TopicNames, partition_for
+from processor.core.routing import TopicNames, partition_for, run_shard
 from processor.core.workflow import parse_workflow
 from processor.io.config import Settings
 from processor.io.dlq import read_dead_letters
@@ -181,3 +182,55 @@ def test_an_instance_killed_after_a_request_statement_loses_no_start_and_no_sign
     assert heir.final_stats()["ticks"].get("duplicate", 0) > 0, "nothing was redone"
     inputs = pg.execute("SELECT count(*) FROM eec_workflow_run WHERE input ? 'i'").fetchone()
     assert inputs == (len(run_ids),)
+
+
+def test_a_kept_signal_is_applied_when_its_run_appears_and_dead_lettered_when_none_does(
+    settings: Settings, audit: psycopg.Connection[Any], processor_thread: Any
+) -> None:
+    """Signals written before any run has their ids: one whose run is then started by the
+    direct path (``ductor start``) is applied at its first tick; one left kept beside a run
+    that exists (the state a start racing the signal's statement leaves) is adopted by the
+    sweep; one whose run never comes is one dead letter, ``unknown_run``, with the record's
+    own key, value, headers and position, once its time to live has passed."""
+    pg = audit
+    settings = replace(settings, kept_signal_ttl_s=3.0)
+    processor_thread(settings)
+    topic = TopicNames(settings.topic_prefix).requests
+    ghost = SignalRequest("ghost-1", "cancel", "sig-ghost").encode()
+    kcat_produce_many(
+        settings,
+        topic,
+        partition_for("ghost-1", settings.wakeup_partitions),
+        [(b"ghost-1", ghost)],
+        headers=[("producer", b"billing")],
+    )
+    _write(settings, [_cancel("late-1", "sig-late")])
+    wait_for(lambda: _kept(pg) == ["ghost-1", "late-1"], 30, "both signals to be kept")
+    start_run(settings, WORKFLOW["name"], "late-1")  # the direct path takes its signal
+    # The race's leftover: a run, and a signal kept for it that no start took.
+    start_run(settings, WORKFLOW["name"], "race-1")
+    pg.execute(
+        "INSERT INTO eec_kept_signal (run_id, signal_id, kind, shard, record_value,"
+        " source_topic, source_partition, source_offset)"
+        " VALUES ('race-1', 'sig-race', 'cancel', %s, '\\x7b7d', %s, 0, 0)",
+        (run_shard("race-1"), topic),
+    )
+    wait_for(
+        lambda: (
+            run_statuses(pg, ["late-1", "race-1"]) == {"late-1": "cancelled", "race-1": "cancelled"}
+        ),
+        60,
+        "both runs to be cancelled by their kept signals",
+    )
+    wait_for(lambda: _kept(pg) == [], 60, "the unclaimed signal to be dead-lettered")
+    [letter] = read_dead_letters(settings)
+    assert letter.reason == "unknown_run"
+    assert (letter.key, letter.value) == (b"ghost-1", ghost)
+    assert ("producer", b"billing") in letter.headers
+    assert letter.source_topic == topic
+    assert letter.header("ductor.dlq.partition") == str(
+        partition_for("ghost-1", settings.wakeup_partitions)
+    )
+    assert "ghost-1" in (letter.header("ductor.dlq.detail") or "")
+    assert _signals(pg, ["late-1", "race-1", "ghost-1"]) == {"late-1": 1, "race-1": 1}
+    assert_transitions_applied_once(pg)

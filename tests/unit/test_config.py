@@ -343,6 +343,7 @@ def test_settings_env_round_trips_every_field_changed() -> None:
         "DUCTOR_SWEEP_GRACE_S": "1e-7",
         "DUCTOR_SWEEP_LIMIT": "12",
         "DUCTOR_RELAY_AFTER_S": "4.5",
+        "DUCTOR_KEPT_SIGNAL_TTL_S": "90",
         "DUCTOR_INSTANCE_TIMEOUT_S": "7.5",
         "DUCTOR_PARTITION_BY_RUN": "off",
         "DUCTOR_MAX_RECORD_BYTES": "300",

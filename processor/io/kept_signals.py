@@ -1,0 +1,158 @@
+"""The signals kept in ``eec_kept_signal`` (migration 0012): signals read from
+``ductor.requests`` before the run they name existed. The start that creates the run takes
+them (``take_kept_signals``, in the statement's transaction); the watchdog's sweep, over the
+shards its instance owns, adopts those whose run appeared another way or in a race with the
+keeping transaction, and dead-letters those that waited longer than the time to live.
+
+A kept signal is applied or dead-lettered, never both: once a sweep claims one for its dead
+letter (``dead_letter_sent_at``), no start takes it; it is deleted once the broker has the
+dead letter, and sent again by a later sweep should its instance die before that.
+"""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import psycopg
+
+from processor.core.records import Headers, Inbound
+
+# Applied to a run that now exists: into eec_run_signal (a signal already recorded by another
+# path is left as it is), the kept row deleted in the same statement.
+_TAKE = """
+WITH taken AS (
+    DELETE FROM eec_kept_signal
+     WHERE run_id = ANY(%s::text[]) AND dead_letter_sent_at IS NULL
+    RETURNING run_id, signal_id, kind, payload
+)
+INSERT INTO eec_run_signal (run_id, signal_id, kind, payload)
+SELECT run_id, signal_id, kind, payload FROM taken
+ON CONFLICT DO NOTHING
+"""
+
+# The kept signals of the owned shards whose run exists, applied; each run with its tier, to
+# wake it. Rows another transaction holds are left for the next sweep.
+_ADOPT = """
+WITH chosen AS (
+    SELECT k.run_id, k.signal_id, r.tier
+      FROM eec_kept_signal k JOIN eec_workflow_run r ON r.run_id = k.run_id
+     WHERE k.dead_letter_sent_at IS NULL AND k.shard %% %(modulus)s = ANY(%(shards)s)
+     LIMIT %(limit)s
+       FOR UPDATE OF k SKIP LOCKED
+), taken AS (
+    DELETE FROM eec_kept_signal k USING chosen c
+     WHERE k.run_id = c.run_id AND k.signal_id = c.signal_id
+    RETURNING k.run_id, k.signal_id, k.kind, k.payload
+), recorded AS (
+    INSERT INTO eec_run_signal (run_id, signal_id, kind, payload)
+    SELECT run_id, signal_id, kind, payload FROM taken
+    ON CONFLICT DO NOTHING
+)
+SELECT DISTINCT c.run_id, c.tier FROM chosen c JOIN taken t USING (run_id, signal_id)
+"""
+
+# Expired kept signals of the owned shards whose run does not exist, and those claimed before
+# whose dead letter was not confirmed in time (their instance died), claimed now.
+_CLAIM_EXPIRED = """
+UPDATE eec_kept_signal k SET dead_letter_sent_at = now()
+  FROM (
+    SELECT run_id, signal_id FROM eec_kept_signal s
+     WHERE s.shard %% %(modulus)s = ANY(%(shards)s)
+       AND s.received_at < now() - make_interval(secs => %(ttl_s)s)
+       AND ((s.dead_letter_sent_at IS NULL
+             AND NOT EXISTS (SELECT 1 FROM eec_workflow_run r WHERE r.run_id = s.run_id))
+            OR s.dead_letter_sent_at < now() - make_interval(secs => %(resend_s)s))
+     ORDER BY s.received_at LIMIT %(limit)s
+       FOR UPDATE SKIP LOCKED
+  ) due
+ WHERE k.run_id = due.run_id AND k.signal_id = due.signal_id
+RETURNING k.run_id, k.signal_id, k.record_key, k.record_value, k.record_headers,
+          k.source_topic, k.source_partition, k.source_offset,
+          extract(epoch FROM now() - k.received_at)
+"""
+
+_FORGET = """
+DELETE FROM eec_kept_signal
+ WHERE dead_letter_sent_at IS NOT NULL
+   AND (run_id, signal_id) IN (SELECT * FROM unnest(%s::text[], %s::text[]))
+"""
+
+# (run id, signal id): a kept signal.
+KeptKey = tuple[str, str]
+
+
+@dataclass(frozen=True)
+class ExpiredSignal:
+    """A kept signal whose run never came: its record as it was read, for its dead letter."""
+
+    key: KeptKey
+    record: Inbound
+    kept_s: float  # how long it was kept
+
+
+def take_kept_signals(conn: psycopg.Connection[Any], run_ids: Sequence[str]) -> None:
+    """Apply the signals kept for runs just created (in the caller's transaction)."""
+    if run_ids:
+        conn.execute(_TAKE, (list(run_ids),))
+
+
+def adopt_kept_signals(
+    conn: psycopg.Connection[Any], modulus: int, shards: Sequence[int], limit: int
+) -> list[tuple[str, str]]:
+    """Apply the kept signals of the given shards whose run exists; the runs, with their
+    tiers, to wake."""
+    params = {"modulus": modulus, "shards": list(shards), "limit": limit}
+    return [(r[0], r[1]) for r in conn.execute(_ADOPT, params).fetchall()]
+
+
+def claim_expired_signals(
+    conn: psycopg.Connection[Any],
+    modulus: int,
+    shards: Sequence[int],
+    ttl_s: float,
+    resend_s: float,
+    limit: int,
+) -> list[ExpiredSignal]:
+    """Claim for their dead letters the kept signals of the given shards older than
+    ``ttl_s`` whose run does not exist (and those claimed over ``resend_s`` ago, unconfirmed)."""
+    params = {
+        "modulus": modulus,
+        "shards": list(shards),
+        "ttl_s": ttl_s,
+        "resend_s": resend_s,
+        "limit": limit,
+    }
+    rows = conn.execute(_CLAIM_EXPIRED, params).fetchall()
+    return [
+        ExpiredSignal(
+            (run_id, signal_id),
+            Inbound(
+                tp=(topic, partition),
+                offset=offset,
+                key=None if key is None else bytes(key),
+                value=bytes(value),
+                headers=decode_headers(headers),
+                tier="requests",
+            ),
+            float(kept_s),
+        )
+        for run_id, signal_id, key, value, headers, topic, partition, offset, kept_s in rows
+    ]
+
+
+def forget_kept_signals(conn: psycopg.Connection[Any], keys: Sequence[KeptKey]) -> None:
+    """Delete the kept signals whose dead letters the broker has."""
+    if keys:
+        conn.execute(_FORGET, ([k[0] for k in keys], [k[1] for k in keys]))
+
+
+def encode_headers(headers: Headers) -> list[list[str]]:
+    """Headers as JSON can keep them: each value base64 (any bytes)."""
+    return [[name, base64.b64encode(value).decode()] for name, value in headers]
+
+
+def decode_headers(kept: Sequence[Sequence[str]]) -> Headers:
+    return [(str(name), base64.b64decode(value)) for name, value in kept]
