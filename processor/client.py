@@ -1,6 +1,7 @@
 """A small Python client of Ductor: what a program (or the ``ductor`` command line) calls to
 drive workflow runs from outside the processors: start runs, read and wait for their result,
-list them, signal them, retry a failed one.
+list them, signal them, retry a failed one. ``request_starts`` and ``request_signal`` start and
+signal through Kafka alone, as any producer may (docs/requests.md).
 
 Every function takes the typed ``Settings`` (``processor.io.config.load_settings()`` reads
 them from the ``DUCTOR_*`` variables) and opens what it needs for the call. Results are frozen
@@ -22,8 +23,15 @@ import psycopg
 from confluent_kafka import KafkaError, KafkaException, Producer
 
 from processor.core.decide import Commit, Send
-from processor.core.envelope import MAX_RUN_ID_LENGTH, Wakeup
+from processor.core.envelope import MAX_RUN_ID_LENGTH, Rejected, Wakeup
 from processor.core.model import LoadedRun, NodeStatus, RunStatus, SignalKind
+from processor.core.requests import (
+    Request,
+    SignalRequest,
+    StartRequest,
+    decode_request,
+    request_key,
+)
 from processor.core.routing import TIERS, TopicNames
 from processor.core.tick import resume_failed
 from processor.io.config import Settings
@@ -62,6 +70,8 @@ __all__ = [
     "get_run",
     "list_runs",
     "release_run",
+    "request_signal",
+    "request_starts",
     "retry_run",
     "send_signal",
     "start_run",
@@ -261,10 +271,8 @@ def start_run(
     same start again leaves the run as it is (and wakes it, which changes nothing), and
     ``created`` says so. RunExists if that run belongs to another workflow or was started
     with another input (``if_exists``: see ``IfExists``)."""
-    if not 1 <= len(run_id) <= MAX_RUN_ID_LENGTH or "\x00" in run_id:
-        raise ClientError(f"a run id is 1 to {MAX_RUN_ID_LENGTH} characters, without NUL")
-    if tier not in TIERS:
-        raise ClientError(f"tier must be one of {', '.join(TIERS)}, not {tier!r}")
+    _check_run_id(run_id)
+    _check_tier(tier)
     try:
         orjson.dumps(run_input)
     except TypeError as exc:
@@ -276,27 +284,100 @@ def start_run(
 def wake(settings: Settings, run_ids: Sequence[str], tier: str, reason: str) -> None:
     """Produce a wakeup for each run on its tier's wakeup topic and wait for the broker's
     acknowledgement (ClientError after 30 s)."""
-    producer = Producer(with_logger(producer_config(settings, "ductor-cli")))
     topic = TopicNames(settings.topic_prefix).wakeup(tier)
+    now_ms = int(time.time() * 1000)
+    wakeups = [Wakeup(run_id=run_id, reason=reason, produced_at=now_ms) for run_id in run_ids]
+    _produce_keyed(
+        settings, topic, [(w.run_id, w.key(), w.encode()) for w in wakeups], f"{reason} wakeup"
+    )
+
+
+def request_starts(
+    settings: Settings,
+    workflow: str,
+    run_ids: Sequence[str],
+    run_input: Any = None,
+    tier: str = "t1",
+    version: int | None = None,
+) -> None:
+    """Ask the processors to start the runs through Kafka alone (``ductor.requests``,
+    docs/requests.md): no access to Postgres is needed. Returns once the broker has every
+    request; the runs are created by a processor shortly after. Idempotent by run id like
+    ``start_runs``, but what a start cannot do (an unknown workflow, a run id that exists with
+    another workflow or input) is a dead letter, not an exception: nothing answers here."""
+    requests = [StartRequest(r, workflow, version, run_input, tier) for r in run_ids]
+    _produce_requests(settings, requests, "start request")
+
+
+def request_signal(
+    settings: Settings,
+    run_id: str,
+    kind: SignalKind = SignalKind.CANCEL,
+    signal_id: str | None = None,
+    payload: Any = None,
+) -> str:
+    """Ask the processors to signal the run through Kafka alone (``ductor.requests``); the
+    signal id (a new one when None: the idempotency key). A signal for a run that does not
+    exist yet is kept for its start (``DUCTOR_KEPT_SIGNAL_TTL_S``), then dead-lettered."""
+    signal_id = signal_id or f"{kind.value}-{uuid.uuid4().hex[:12]}"
+    _produce_requests(
+        settings, [SignalRequest(run_id, kind.value, signal_id, payload)], "signal request"
+    )
+    return signal_id
+
+
+def _produce_requests(settings: Settings, requests: Sequence[Request], what: str) -> None:
+    """The requests, each checked as a processor decodes it (ClientError with what is wrong,
+    and nothing produced, if one would be dead-lettered), produced."""
+    records = []
+    for request in requests:
+        try:
+            value = request.encode()
+        except TypeError as exc:
+            raise ClientError(f"the {what} cannot be written as JSON: {exc}") from None
+        decoded = decode_request(value, settings.max_record_bytes)
+        if isinstance(decoded, Rejected):
+            raise ClientError(
+                f"the {what} for run {request.run_id!r} would be dead-lettered by a processor"
+                f" ({decoded.reason.value}): {decoded.detail}"
+            )
+        records.append((request.run_id, request_key(request), value))
+    _produce_keyed(settings, TopicNames(settings.topic_prefix).requests, records, what)
+
+
+def _produce_keyed(
+    settings: Settings, topic: str, records: Sequence[tuple[str, bytes, bytes]], what: str
+) -> None:
+    """Produce (run id, key, value) records, each on its run's partition, and wait for the
+    broker's acknowledgement of every one (ClientError after 30 s)."""
+    producer = Producer(with_logger(producer_config(settings, "ductor-cli")))
     try:
         partitions = topic_partitions(producer, [topic])[topic]
     except KafkaException as exc:
         raise ClientError(f"the broker cannot be reached: {exc.args[0]}") from None
-    now_ms = int(time.time() * 1000)
     failed: list[KafkaError] = []
 
     def delivered(err: KafkaError | None, _msg: object) -> None:
         if err is not None:
             failed.append(err)
 
-    for run_id in run_ids:
-        wakeup = Wakeup(run_id=run_id, reason=reason, produced_at=now_ms)
+    for run_id, key, value in records:
         partition = choose_partition(run_id, partitions, settings.partition_by_run)
-        produce(producer, topic, wakeup.encode(), wakeup.key(), partition, on_delivery=delivered)
+        produce(producer, topic, value, key, partition, on_delivery=delivered)
     if producer.flush(30) != 0:
-        raise ClientError(f"the broker did not acknowledge every {reason} wakeup within 30 s")
+        raise ClientError(f"the broker did not acknowledge every {what} within 30 s")
     if failed:
-        raise ClientError(f"{len(failed)} {reason} wakeup(s) not delivered: {failed[0].str()}")
+        raise ClientError(f"{len(failed)} {what}(s) not delivered: {failed[0].str()}")
+
+
+def _check_run_id(run_id: str) -> None:
+    if not 1 <= len(run_id) <= MAX_RUN_ID_LENGTH or "\x00" in run_id:
+        raise ClientError(f"a run id is 1 to {MAX_RUN_ID_LENGTH} characters, without NUL")
+
+
+def _check_tier(tier: str) -> None:
+    if tier not in TIERS:
+        raise ClientError(f"tier must be one of {', '.join(TIERS)}, not {tier!r}")
 
 
 def get_run(settings: Settings, run_id: str) -> RunResult:

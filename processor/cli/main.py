@@ -115,6 +115,7 @@ def build_parser() -> argparse.ArgumentParser:
         " (exit 1); default: an identical start is ignored, one with another input fails."
         " A run id of another workflow always fails",
     )
+    _via_argument(p)
     p.set_defaults(func=cmd_start)
 
     p = sub.add_parser("process", help="run one coordinator instance until SIGTERM/SIGINT")
@@ -224,6 +225,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("run_id")
     p.add_argument("kind", choices=[k.value for k in SignalKind])
     p.add_argument("--signal-id", help="idempotency key (default: a new one)")
+    _via_argument(p)
     p.set_defaults(func=cmd_signal)
 
     p = sub.add_parser(
@@ -337,3 +339,14 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+def _via_argument(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--via",
+        choices=("database", "kafka"),
+        default="database",
+        help="database (default): write the run or signal row, then wake the run; kafka: write"
+        " a request to the requests topic and let a processor do it (no Postgres access"
+        " needed, docs/requests.md)",
+    )

@@ -24,6 +24,8 @@ from processor.client import (
     get_run,
     list_runs,
     release_run,
+    request_signal,
+    request_starts,
     retry_run,
     send_signal,
     start_runs,
@@ -96,6 +98,8 @@ def cmd_start(settings: Settings, args: argparse.Namespace) -> int:
         )
     else:
         ids = [f"{args.workflow}-{uuid.uuid4().hex[:12]}" for _ in range(args.count)]
+    if args.via == "kafka":
+        return _request_starts(settings, args, ids, run_input)
     try:
         inserted = start_runs(
             settings, args.workflow, ids, run_input, args.tier, if_exists=args.if_exists
@@ -110,6 +114,26 @@ def cmd_start(settings: Settings, args: argparse.Namespace) -> int:
         print(ids[0] if inserted else f"{ids[0]} (already started)")
     else:
         print(f"started {len(inserted)} run(s), {len(ids) - len(inserted)} already existed")
+    return EXIT_OK
+
+
+def _request_starts(
+    settings: Settings, args: argparse.Namespace, ids: list[str], run_input: object
+) -> int:
+    """`ductor start --via kafka`: the starts go to the requests topic; a processor creates
+    the runs (what it cannot start is a dead letter, since nothing here hears back)."""
+    if args.if_exists:
+        raise CliError(
+            "--if-exists needs --via database: through Kafka, a start for a run id that exists"
+            " with another input is a conflicting_start dead letter",
+            EXIT_USAGE,
+        )
+    request_starts(settings, args.workflow, ids, run_input, args.tier)
+    topic = TopicNames(settings.topic_prefix).requests
+    if args.count == 1:
+        print(f"{ids[0]} (start requested on {topic})")
+    else:
+        print(f"requested the start of {len(ids)} run(s) on {topic}")
     return EXIT_OK
 
 
@@ -187,6 +211,11 @@ def output_text(result: RunResult) -> str:
 
 
 def cmd_signal(settings: Settings, args: argparse.Namespace) -> int:
+    if args.via == "kafka":
+        signal_id = request_signal(settings, args.run_id, SignalKind(args.kind), args.signal_id)
+        topic = TopicNames(settings.topic_prefix).requests
+        print(f"signal {args.kind} requested on {topic} ({signal_id})")
+        return EXIT_OK
     sent = send_signal(settings, args.run_id, SignalKind(args.kind), args.signal_id)
     print(f"signal {args.kind} {'sent' if sent.new else 'was already recorded'} ({sent.signal_id})")
     return EXIT_OK

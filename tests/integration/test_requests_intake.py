@@ -17,7 +17,7 @@ import orjson
 import psycopg
 import pytest
 
-from processor.client import start_run
+from processor.client import request_signal, request_starts, start_run
 from processor.core.requests import SignalRequest, StartRequest
 from processor.core.routing import TopicNames, partition_for, run_shard
 from processor.core.workflow import parse_workflow
@@ -26,7 +26,7 @@ from processor.io.dlq import read_dead_letters
 from processor.io.runs_admin import register_workflow
 
 from .audit import assert_results_applied, assert_transitions_applied_once
-from .conftest import SAMPLE, WorkerThread, count_terminal, run_statuses, wait_for
+from .conftest import SAMPLE, WorkerThread, count_terminal, run_ductor, run_statuses, wait_for
 from .kcat import kcat_produce_many
 
 pytestmark = pytest.mark.integration
@@ -234,3 +234,41 @@ def test_a_kept_signal_is_applied_when_its_run_appears_and_dead_lettered_when_no
     assert "ghost-1" in (letter.header("ductor.dlq.detail") or "")
     assert _signals(pg, ["late-1", "race-1", "ghost-1"]) == {"late-1": 1, "race-1": 1}
     assert_transitions_applied_once(pg)
+
+
+def test_ductor_start_and_signal_via_kafka_need_no_database(
+    settings: Settings, audit: psycopg.Connection[Any], processor_thread: Any
+) -> None:
+    """`ductor start --via kafka` and `ductor signal --via kafka` with a DSN that points
+    nowhere: the commands only write requests, a processor makes the runs and applies the
+    signal; a start a processor would refuse is refused by the command, producing nothing."""
+    pg = audit
+    processor_thread(settings)
+    offline = replace(settings, pg_dsn="postgresql://nobody@127.0.0.1:1/none?connect_timeout=1")
+    name = WORKFLOW["name"]
+    done = run_ductor(offline, "start", name, "--run-id", "cli-1", "--via", "kafka")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == f"cli-1 (start requested on {settings.topic_prefix}.requests)"
+    many = run_ductor(offline, "start", name, "--run-id", "cli-m", "--count", "3", "--via", "kafka")
+    assert many.returncode == 0, many.stderr
+    wait_for(
+        lambda: len(run_statuses(pg, ["cli-1", "cli-m-0", "cli-m-1", "cli-m-2"])) == 4,
+        60,
+        "the requested runs to exist",
+    )
+    signal = run_ductor(offline, "signal", "cli-1", "cancel", "--signal-id", "s1", "--via", "kafka")
+    assert signal.returncode == 0, signal.stderr
+    assert "s1" in signal.stdout
+    wait_for(lambda: run_statuses(pg, ["cli-1"])["cli-1"] == "cancelled", 60, "cli-1 cancelled")
+    # Refused before anything is produced: what the processor would dead-letter.
+    bad = run_ductor(offline, "start", name, "--run-id", "x" * 201, "--via", "kafka")
+    assert bad.returncode == 1 and "would be dead-lettered" in bad.stderr, bad.stderr
+    policy = run_ductor(offline, "start", name, "--if-exists", "fail", "--via", "kafka")
+    assert policy.returncode == 2 and "--via database" in policy.stderr, policy.stderr
+    # The Python client alike.
+    request_starts(offline, name, ["py-1"], {"from": "python"})
+    wait_for(lambda: "py-1" in run_statuses(pg, ["py-1"]), 60, "the client's run to exist")
+    assert request_signal(offline, "py-1", signal_id="py-stop") == "py-stop"
+    wait_for(lambda: run_statuses(pg, ["py-1"])["py-1"] == "cancelled", 60, "py-1 cancelled")
+    assert _signals(pg, ["cli-1", "py-1"]) == {"cli-1": 1, "py-1": 1}
+    assert read_dead_letters(settings) == []

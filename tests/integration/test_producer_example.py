@@ -1,0 +1,107 @@
+"""The Go producer of examples/producer-go, built with the machine's Go and run as a team's
+service would run it: nothing but a Kafka client starts and cancels runs. Run twice, as a
+producer retrying after a timeout would: still one run per start, one signal per id."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import uuid
+from pathlib import Path
+from typing import Any
+
+import orjson
+import psycopg
+import pytest
+
+from processor.core.workflow import parse_workflow
+from processor.io.config import Settings
+from processor.io.dlq import read_dead_letters
+from processor.io.runs_admin import register_workflow
+
+from .conftest import REPO, SAMPLE, run_statuses, wait_for
+
+pytestmark = pytest.mark.integration
+
+EXAMPLE = REPO / "examples" / "producer-go"
+RUNS = 5
+LINE = re.compile(r"^(start|cancel) (\S+) -> partition \d+ offset \d+$")
+
+
+@pytest.fixture(scope="module")
+def producer_binary(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    go = shutil.which("go") or shutil.which("go", path="/usr/local/go/bin")
+    if go is None:
+        pytest.skip("Go is not installed: the Go producer example cannot be built")
+    binary = tmp_path_factory.mktemp("go") / "ductor-producer"
+    env = {**os.environ, "GOFLAGS": "-buildvcs=false", "GOTOOLCHAIN": "local"}
+    built = subprocess.run(
+        [go, "build", "-o", str(binary), "."],
+        cwd=EXAMPLE,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert built.returncode == 0, built.stderr
+    return binary
+
+
+def _produce(
+    binary: Path, settings: Settings, workflow: str, run_prefix: str
+) -> list[tuple[str, str]]:
+    done = subprocess.run(
+        [
+            str(binary),
+            "-workflow",
+            workflow,
+            "-runs",
+            str(RUNS),
+            "-cancel",
+            "-run-prefix",
+            run_prefix,
+        ],
+        env={
+            **os.environ,
+            "DUCTOR_BOOTSTRAP_SERVERS": settings.bootstrap_servers,
+            "DUCTOR_TOPIC_PREFIX": settings.topic_prefix,
+        },
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    matches = [LINE.match(line) for line in done.stdout.splitlines()]
+    assert all(matches), done.stdout
+    return sorted((m.group(1), m.group(2)) for m in matches if m)
+
+
+def test_the_go_producer_starts_and_cancels_runs_once_however_often_it_runs(
+    settings: Settings, audit: psycopg.Connection[Any], processor_thread: Any, producer_binary: Path
+) -> None:
+    pg = audit
+    workflow = {**orjson.loads(SAMPLE.read_bytes()), "name": f"go-{uuid.uuid4().hex[:8]}"}
+    register_workflow(pg, parse_workflow(workflow))
+    processor_thread(settings)
+    run_ids = [f"go-{i}" for i in range(1, RUNS + 1)]
+    for _ in range(2):
+        produced = _produce(producer_binary, settings, workflow["name"], "go")
+        assert produced == sorted(
+            [*(("start", r) for r in run_ids), *(("cancel", r) for r in run_ids)]
+        )
+        wait_for(
+            lambda: run_statuses(pg, run_ids) == dict.fromkeys(run_ids, "cancelled"),
+            60,
+            "every run the Go producer started to be cancelled",
+        )
+    signals = pg.execute(
+        "SELECT run_id, signal_id FROM eec_run_signal WHERE run_id = ANY(%s) ORDER BY run_id",
+        (run_ids,),
+    ).fetchall()
+    assert signals == [(r, f"{r}:cancel") for r in sorted(run_ids)]
+    assert pg.execute("SELECT count(*) FROM eec_workflow_run").fetchone() == (RUNS,)
+    assert read_dead_letters(settings) == []
