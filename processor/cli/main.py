@@ -34,6 +34,7 @@ from processor.cli.runs import (
 )
 from processor.cli.services import cmd_migrate, cmd_process, cmd_topics_create, cmd_worker
 from processor.cli.tool_commands import cmd_bench, cmd_demo, parse_bench_arguments
+from processor.cli.triggers import add_trigger_commands
 from processor.client import IfExists
 from processor.core.model import RunStatus, SignalKind
 from processor.core.outcomes import DLQ_REASONS
@@ -279,6 +280,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("seq", nargs="?", type=int, help="only its row of this transition")
     p.add_argument("--all", action="store_true", help="every parked row")
     p.set_defaults(func=cmd_outbox_unpark)
+
+    add_trigger_commands(sub)
 
     dlq = sub.add_parser("dlq", help="list and replay dead-lettered records")
     dlq_sub = dlq.add_subparsers(dest="dlq_command", required=True, metavar="ACTION")

@@ -12,6 +12,10 @@ Every record that reaches the processor gets exactly one of these verdicts:
   core/requests.py): it joins the next request statement (engine/request_desk.py).
 - ``Reject``: a record that cannot be processed: dead-lettered with its reason.
 
+A record of a trigger's source topic (core/triggers.py) is judged by ``admit_trigger``: it is
+``Requested`` as if read from ``ductor.requests``, ``Skipped`` (its trigger's filter leaves it
+out: taken and done at once), or a ``Reject``.
+
 Due times have a horizon: a delay record is never due later than its rung, a wakeup-tier
 record never later than the longest rung, a timer's target never later than the longest retry
 wait a workflow may declare — each plus a tolerance for clocks that disagree. A time past its
@@ -30,6 +34,7 @@ from processor.core.outcomes import DeadLetterReason
 from processor.core.records import Inbound, KafkaMessage, normalise_headers
 from processor.core.requests import Request, decode_request
 from processor.core.routing import DELAY_RUNGS_MS, TopicNames
+from processor.core.triggers import Filtered, Trigger, map_record
 from processor.core.workflow import MAX_BACKOFF_MS
 
 CLOCK_TOLERANCE_MS = 60_000  # producers' clocks may be this far ahead of ours
@@ -65,7 +70,34 @@ class Reject:
     detail: str
 
 
+@dataclass(frozen=True, slots=True)
+class Skipped:
+    """A trigger's record its filter leaves out: done, nothing to do."""
+
+    record: Inbound
+
+
 Verdict = Accepted | NotDue | Hop | Requested | Reject
+
+
+def admit_trigger(
+    message: KafkaMessage, trigger: Trigger, max_bytes: int
+) -> Requested | Skipped | Reject:
+    """The verdict on a record of a trigger's source topic; never raises on what it holds."""
+    topic, partition, offset = message.topic(), message.partition(), message.offset()
+    assert topic is not None and partition is not None and offset is not None
+    record = Inbound((topic, partition), offset, message.key(), message.value(), [], "trigger")
+    try:
+        record.headers = normalise_headers(message)
+        mapped = map_record(trigger, record, max_bytes)
+    except Exception as exc:
+        detail = f"undecodable record: {type(exc).__name__}: {exc}"
+        return Reject(record, DeadLetterReason.WRONG_SCHEMA, detail)
+    if isinstance(mapped, Rejected):
+        return Reject(record, mapped.reason, f"trigger {trigger.name}: {mapped.detail}")
+    if isinstance(mapped, Filtered):
+        return Skipped(record)
+    return Requested(record, mapped)
 
 
 def admit(message: KafkaMessage, names: TopicNames, max_bytes: int, now_ms: int) -> Verdict:

@@ -105,5 +105,13 @@ class TopicNames:
             return "requests"
         raise ValueError(f"{topic!r} is not a coordinator topic")
 
+    def source_of(self, topic: str) -> str:
+        """What a consumed topic is counted and paused as: its tier (``tier_of``) for a
+        coordinator topic, 'trigger' for any other (a trigger's source topic)."""
+        try:
+            return self.tier_of(topic)
+        except ValueError:
+            return "trigger"
+
     def rung_of(self, topic: str) -> int:
         return int(topic.rsplit(".", 1)[1])

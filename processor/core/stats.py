@@ -61,6 +61,9 @@ class Stats:
     relayed: int = 0  # records sent again from the outbox (an instance died after its commit)
     parked: Counter[str] = field(default_factory=Counter)  # outbox rows parked, by error
     rejoins: int = 0  # times the consumer joined its group again, stuck (io/group_watch.py)
+    # Records of triggers' source topics by (trigger, what became of them: requested, skipped
+    # by the filter, rejected).
+    trigger_records: Counter[tuple[str, str]] = field(default_factory=Counter)
     # Commits whose connection was lost before the answer, by what the re-read found.
     unknown_commits: Counter[str] = field(default_factory=Counter)
     hot_runs: Counter[str] = field(default_factory=Counter)  # conflicts by run id, logged only
@@ -94,6 +97,7 @@ class Stats:
             "relayed": self.relayed,
             "parked": _plain(self.parked),
             "rejoins": self.rejoins,
+            "triggers": {f"{t}:{o}": n for (t, o), n in sorted(self.trigger_records.items())},
             "unknown_commits": _plain(self.unknown_commits),
             "latency_ms": {
                 name: dict(zip(("p50", "p99"), reservoir.percentiles(50, 99), strict=True))

@@ -15,7 +15,7 @@ import psycopg
 from processor.core.decide import Commit, ForceFailWrite, Send
 from processor.core.model import Loaded
 from processor.core.stuck import Fail, Leave, StuckVerdict, judge_stuck
-from processor.io import connections, kept_signals, store, sweeps
+from processor.io import connections, kept_signals, store, sweeps, trigger_store
 
 
 class Database:
@@ -111,3 +111,6 @@ class Database:
 
     def forget_kept_signals(self, keys: Sequence[kept_signals.KeptKey]) -> None:
         kept_signals.forget_kept_signals(self.conn, keys)
+
+    def triggers(self) -> trigger_store.TriggerSet:
+        return trigger_store.load_triggers(self.conn)

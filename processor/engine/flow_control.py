@@ -18,7 +18,7 @@ from processor.core.routing import TIERS, TopicNames
 from processor.engine.lag import LagMeter
 
 TP = tuple[str, int]
-SOURCES = (*TIERS, "delay", "requests")
+SOURCES = (*TIERS, "delay", "requests", "trigger")
 
 
 class FlowControl:
@@ -103,5 +103,5 @@ class FlowControl:
     def _regroup(self) -> None:
         by_source: dict[str, list[TP]] = {source: [] for source in SOURCES}
         for tp in sorted(self._assigned):
-            by_source[self._names.tier_of(tp[0])].append(tp)
+            by_source[self._names.source_of(tp[0])].append(tp)
         self._by_source = by_source

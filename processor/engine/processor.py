@@ -19,11 +19,27 @@ import uuid
 from collections.abc import Callable, Mapping, Set
 from dataclasses import replace
 
-from confluent_kafka import Consumer, KafkaError, Message, Producer, TopicPartition
+from confluent_kafka import (
+    OFFSET_BEGINNING,
+    Consumer,
+    KafkaError,
+    Message,
+    Producer,
+    TopicPartition,
+)
 
 from processor.core.decide import Rules, hop, reject
 from processor.core.flow import TierQueues
-from processor.core.intake import Accepted, Hop, NotDue, Reject, Requested, admit
+from processor.core.intake import (
+    Accepted,
+    Hop,
+    NotDue,
+    Reject,
+    Requested,
+    Skipped,
+    admit,
+    admit_trigger,
+)
 from processor.core.membership import Holding, Stuck
 from processor.core.offsets import OffsetTracker
 from processor.core.records import Inbound, KafkaMessage
@@ -36,6 +52,7 @@ from processor.engine.health import HealthServer, Probe, is_ready
 from processor.engine.lag import LagMeter
 from processor.engine.request_desk import RequestDesk
 from processor.engine.watchdog import Shards, SweepSettings, Watchdog
+from processor.io import connections
 from processor.io.config import Settings
 from processor.io.db_clock import DatabaseClock
 from processor.io.db_errors import database_unreachable
@@ -60,6 +77,7 @@ from processor.io.outage import Outage, until_available
 from processor.io.store import OutboxRelay
 from processor.io.telemetry import Telemetry
 from processor.io.topics import topic_max_message_bytes
+from processor.io.trigger_store import TriggerSet, load_triggers
 
 log = logging.getLogger("ductor.processor")
 
@@ -161,10 +179,14 @@ class Processor:
                 settings.sweep_limit,
                 settings.relay_after_s,
                 settings.kept_signal_ttl_s,
+                settings.trigger_refresh_s,
             ),
             wall_ms=self.clock.now_ms,
             faults=faults,
         )
+        # The triggers followed (their source topics are subscribed to), read at start and by
+        # the watchdog's sweeps every DUCTOR_TRIGGER_REFRESH_S.
+        self.triggers = TriggerSet()
         self._consumer, self.lag, self.flow = self._new_member()
         # Looks at the group when nothing has come for a while (built once the partition
         # counts are read, in run()).
@@ -220,7 +242,7 @@ class Processor:
         self.probe.waiting_for = "the database"
         if not until_available(
             self.postgres,
-            self.presence.register_now,
+            self._register_and_read_triggers,
             database_unreachable,
             self._stop,
             self._turn_while_starting,
@@ -238,6 +260,36 @@ class Processor:
         self._subscribe()
         self.presence.start()
         return True
+
+    def _register_and_read_triggers(self) -> None:
+        self.presence.register_now()
+        with connections.connect(self.settings.pg_dsn) as conn:
+            self._use_triggers(load_triggers(conn), subscribed=False)
+
+    def _use_triggers(self, found: TriggerSet, subscribed: bool = True) -> None:
+        """Follow the triggers read: a new source topic is subscribed to, one whose trigger
+        is gone is let go (the group rebalances); one that cannot be read is said once."""
+        usable = {t: tr for t, tr in found.by_topic.items() if self.names.source_of(t) == "trigger"}
+        unreadable = dict(found.unreadable)
+        for topic in set(found.by_topic) - set(usable):
+            unreadable[found.by_topic[topic].name] = f"its topic {topic} is one of Ductor's own"
+        for name, why in unreadable.items():
+            if self.triggers.unreadable.get(name) != why:
+                log.error(
+                    "trigger %s cannot be followed and is left out: %s",
+                    name,
+                    why,
+                    extra={"trigger": name},
+                )
+        before = self.triggers.by_topic
+        self.triggers = TriggerSet(usable, unreadable)
+        if set(usable) != set(before):
+            log.info(
+                "following triggers",
+                extra={"triggers": {tr.name: t for t, tr in sorted(usable.items())}},
+            )
+            if subscribed:
+                self._subscribe()
 
     def _read_topics(self) -> None:
         """The partition counts of every topic, and the largest record the dead-letter topic
@@ -288,6 +340,8 @@ class Processor:
             self.executor.rewake(sweep.overdue)
             self.executor.relay(sweep.relay)
             self.executor.dead_letter_expired(sweep.expired, self.watchdog.forget)
+            if sweep.triggers is not None:
+                self._use_triggers(sweep.triggers)
             if sweep.overdue:
                 log.info("watchdog re-woke %d overdue run(s)", len(sweep.overdue))
             if sweep.relay:
@@ -387,6 +441,9 @@ class Processor:
             return
         if self.flow.waits_for_due_head(tp):
             return  # prefetched behind a not-due head: it will be read again after the resume
+        if self.names.source_of(topic) == "trigger":
+            self._intake_trigger(message, tp)
+            return
         now_ms = self.clock.now_ms()
         verdict = admit(message, self.names, self.settings.max_record_bytes, now_ms)
         if isinstance(verdict, NotDue):
@@ -410,13 +467,32 @@ class Processor:
         assert isinstance(verdict, Accepted)
         self.queues.push(record.tier, record)
 
+    def _intake_trigger(self, message: KafkaMessage, tp: tuple[str, int]) -> None:
+        trigger = self.triggers.by_topic.get(tp[0])
+        if trigger is None:
+            return  # its trigger was deleted: read before the partition is let go, not taken
+        verdict = admit_trigger(message, trigger, self.settings.max_record_bytes)
+        record = verdict.record
+        self.tracker.started(record.tp, record.offset)
+        if isinstance(verdict, Requested):
+            self.stats.trigger_records[(trigger.name, "requested")] += 1
+            self.requests.add(record, verdict.request)
+        elif isinstance(verdict, Skipped):
+            self.stats.trigger_records[(trigger.name, "skipped")] += 1
+            self.tracker.done(record.tp, record.offset)
+        else:
+            self.stats.trigger_records[(trigger.name, "rejected")] += 1
+            self.executor.carry_out_now(
+                record, reject(record, verdict.reason, verdict.detail, self.rules)
+            )
+
     def _feed_executor(self) -> None:
         room = self.settings.batch_size - self.executor.book.ready_count(time.monotonic())
         if room > 0:
             for record in self.queues.take(room):
                 self.executor.add(record)
         backlog = {source: self.queues.size(source) for source in (*TIERS, "delay")}
-        backlog["requests"] = len(self.requests)
+        backlog["requests"] = backlog["trigger"] = len(self.requests)
         limit = self.settings.tier_buffer_limit
         self.flow.apply_backpressure(backlog, self.executor.waiting_records, limit)
 
@@ -440,7 +516,7 @@ class Processor:
 
     def _subscribe(self) -> None:
         self._consumer.subscribe(
-            self.names.coordinator_topics(),
+            [*self.names.coordinator_topics(), *sorted(self.triggers.by_topic)],
             on_assign=self._on_assign,
             on_revoke=self._on_revoke,
             on_lost=self._on_lost,
@@ -475,12 +551,24 @@ class Processor:
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         if let_go_by_fault(self._faults, consumer, partitions):
             return
-        read_finished(consumer, partitions, self.tracker)
-        consumer.incremental_assign(partitions)
+        uncommitted = read_finished(consumer, partitions, self.tracker)
+        consumer.incremental_assign([self._start_at(p, uncommitted) for p in partitions])
         tps = {(p.topic, p.partition) for p in partitions}
         self.flow.assigned_now(tps)
         self.probe.assigned_partitions = len(self.flow.assigned)
         log.info("partitions assigned", extra={"count": len(tps), "instance": self.instance_id})
+
+    def _start_at(
+        self, partition: TopicPartition, uncommitted: set[tuple[str, int]] | None
+    ) -> TopicPartition:
+        """A trigger's partition the group never read starts where the trigger was created
+        (core/triggers.py); every other partition where the group's offset says."""
+        trigger = self.triggers.by_topic.get(partition.topic)
+        tp = (partition.topic, partition.partition)
+        if trigger is None or uncommitted is None or tp not in uncommitted:
+            return partition
+        start = trigger.start_offset(partition.partition)
+        return TopicPartition(*tp, OFFSET_BEGINNING if start is None else start)
 
     def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         if consumer is self._consumer:  # (not a retired one closing: see RetiredConsumers)

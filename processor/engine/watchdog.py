@@ -39,6 +39,7 @@ from processor.io.db_errors import TRANSIENT, classify
 from processor.io.faults import NO_FAULTS, Faults, Point
 from processor.io.kept_signals import ExpiredSignal, KeptKey
 from processor.io.store import OutboxRelay
+from processor.io.trigger_store import TriggerSet
 
 log = logging.getLogger("ductor.watchdog")
 
@@ -54,6 +55,7 @@ class SweepSettings:
     limit: int  # runs per sweep
     relay_after_s: float  # outbox rows left this long are relayed by whoever sweeps first
     kept_signal_ttl_s: float = 300.0  # a kept signal whose run never came is dead-lettered
+    trigger_refresh_s: float = 5.0  # how often the triggers are read again
 
 
 @dataclass(frozen=True)
@@ -67,6 +69,7 @@ class SweepResult:
     relay: list[tuple[str, int, tuple[Send, ...]]] = field(default_factory=list)
     # Kept signals whose run never came, claimed for their dead letters.
     expired: list[ExpiredSignal] = field(default_factory=list)
+    triggers: TriggerSet | None = None  # read again by this sweep
     error: psycopg.Error | None = None
 
 
@@ -95,6 +98,7 @@ class Watchdog:
         self._settings = settings
         self._monotonic = monotonic
         self.next_at: float | None = monotonic() + settings.interval_s
+        self._next_triggers_at = monotonic() + settings.trigger_refresh_s
         self.rewoken = 0
         self.sweeps = 0  # sweeps finished and handed on
         self._results: queue.SimpleQueue[SweepResult] = queue.SimpleQueue()
@@ -129,26 +133,29 @@ class Watchdog:
         self.next_at = now + self._settings.interval_s
         modulus, owned = self._owned_shards()
         relay = self._may_relay()
-        if owned or relay or self._to_park or self._to_forget:
+        triggers = now >= self._next_triggers_at
+        if triggers:
+            self._next_triggers_at = now + self._settings.trigger_refresh_s
+        if owned or relay or triggers or self._to_park or self._to_forget:
             self._sweeping.set()
             threading.Thread(
                 target=self._sweep_thread,
-                args=(modulus, owned, relay),
+                args=(modulus, owned, relay, triggers),
                 name="ductor-sweep",
                 daemon=True,
             ).start()
         return finished
 
-    def _sweep_thread(self, modulus: int, owned: list[int], relay: bool) -> None:
+    def _sweep_thread(self, modulus: int, owned: list[int], relay: bool, triggers: bool) -> None:
         try:
             try:
-                result = self.sweep(modulus, owned, relay)
+                result = self.sweep(modulus, owned, relay, triggers)
             except psycopg.OperationalError:
                 # Most often a connection the database dropped while the sweep slept (it was
                 # restarted): a sweep is safe to run twice, so try once more on a new one
                 # before reporting an outage.
                 self._db.close()
-                result = self.sweep(modulus, owned, relay)
+                result = self.sweep(modulus, owned, relay, triggers)
             self._results.put(result)
         except psycopg.Error as exc:
             self._db.close()
@@ -156,9 +163,12 @@ class Watchdog:
         finally:
             self._sweeping.clear()
 
-    def sweep(self, modulus: int, owned: list[int], relay: bool) -> SweepResult:
-        """Settle stuck runs and find overdue ones among the ``owned`` shards and, when
-        ``relay``, claim outbox rows left behind (database work only; the loop produces)."""
+    def sweep(
+        self, modulus: int, owned: list[int], relay: bool, triggers: bool = False
+    ) -> SweepResult:
+        """Settle stuck runs and find overdue ones among the ``owned`` shards, when ``relay``
+        claim outbox rows left behind, when ``triggers`` read the triggers again (database
+        work only; the loop produces)."""
         s = self._settings
         with self._lock:
             parking, self._to_park = self._to_park, []
@@ -197,7 +207,11 @@ class Watchdog:
             )
         claimed = self._db.claim_outbox(s.relay_after_s, s.limit, self._relay_as()) if relay else []
         return SweepResult(
-            overdue=woken + overdue, force_failed=failed, relay=claimed, expired=expired
+            overdue=woken + overdue,
+            force_failed=failed,
+            relay=claimed,
+            expired=expired,
+            triggers=self._db.triggers() if triggers else None,
         )
 
     def _settle(self, run_id: str, seq: int, now_ms: int) -> StuckVerdict:

@@ -75,6 +75,9 @@ class Settings:
     # A signal read from ductor.requests for a run that does not exist is kept this long for
     # its start (the two may race), then dead-lettered as unknown_run.
     kept_signal_ttl_s: float = 300.0
+    # How often a processor reads the triggers again (a new one is followed this long after
+    # `ductor triggers create` at most).
+    trigger_refresh_s: float = 5.0
     # An instance (processor or worker) whose heartbeat in Postgres is older than this is
     # gone: the outbox rows it owns are relayed, the step attempts it started may run again
     # (io/instances.py). Heartbeats are written every second (a fifth of this, if shorter).
@@ -293,6 +296,7 @@ _FIELDS: tuple[tuple[str, Callable[[str, str], object]], ...] = (
     ("sweep_limit", _int_in(1, 1_000_000)),
     ("relay_after_s", _float_min(0.5)),
     ("kept_signal_ttl_s", _float_min(1.0)),
+    ("trigger_refresh_s", _float_min(0.1)),
     ("instance_timeout_s", _float_min(1.0)),
     ("partition_by_run", _parse_bool),
     ("max_record_bytes", _int_in(256, 100 * 1024 * 1024)),

@@ -281,19 +281,24 @@ def commit_positions(
 
 def read_finished(
     consumer: Consumer, partitions: list[TopicPartition], tracker: OffsetTracker
-) -> None:
+) -> set[tuple[str, int]] | None:
     """What the previous owners of ``partitions`` committed as done past their offsets, for
-    ``tracker`` (bounded: without an answer those records are done again, as before)."""
+    ``tracker`` (bounded: without an answer those records are done again, as before). Returns
+    the partitions the group has no offset for (None: not known)."""
     try:
         committed = consumer.committed(
             [TopicPartition(p.topic, p.partition) for p in partitions], timeout=_COMMITTED_S
         )
     except KafkaException as exc:
         log.warning("could not read the committed offsets of assigned partitions: %s", exc)
-        return
+        return None
+    uncommitted = set()
     for c in committed:
         if c.offset >= 0:
             tracker.learn((c.topic, c.partition), decode_finished(c.offset, c.metadata))
+        else:
+            uncommitted.add((c.topic, c.partition))
+    return uncommitted
 
 
 class Outbox:

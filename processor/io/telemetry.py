@@ -262,6 +262,16 @@ class Telemetry:
             lambda: [Observation(stats.rejoins)],
         )
         counter(
+            "ductor.trigger.records",
+            "{record}",
+            "records of triggers' source topics by trigger and outcome (requested, skipped by"
+            " the filter, rejected)",
+            lambda: [
+                Observation(n, {"ductor.trigger": t, "ductor.outcome": o})
+                for (t, o), n in stats.trigger_records.items()
+            ],
+        )
+        counter(
             "ductor.outbox.parked",
             "{row}",
             "outbox rows parked: the broker refuses a record of theirs for good, by its error",

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Iterable
 
-from confluent_kafka import KafkaError, KafkaException
+from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import (  # type: ignore[attr-defined]
     AdminClient,
     ConfigResource,
@@ -13,7 +14,7 @@ from confluent_kafka.admin import (  # type: ignore[attr-defined]
 
 from processor.core.routing import TopicNames
 from processor.io.config import Settings
-from processor.io.kafka import admin_config, topic_partitions
+from processor.io.kafka import admin_config, reader_config, topic_partitions
 from processor.io.kafka_logs import with_logger
 
 
@@ -94,3 +95,21 @@ def topic_max_message_bytes(settings: Settings, topic: str, timeout_s: float = 1
     resource = ConfigResource(ConfigResource.Type.TOPIC, topic)
     configs = admin.describe_configs([resource])[resource].result(timeout=timeout_s)
     return int(configs["max.message.bytes"].value)
+
+
+def topic_end_offsets(settings: Settings, topic: str, timeout_s: float = 10.0) -> dict[int, int]:
+    """Each partition of ``topic`` and its end offset (where the next record goes); ValueError
+    if there is no such topic."""
+    reader = Consumer(
+        with_logger(reader_config(settings, "ductor-topics", f"ductor-ends-{uuid.uuid4().hex[:8]}"))
+    )
+    try:
+        meta = reader.list_topics(topic, timeout=timeout_s).topics.get(topic)
+        if meta is None or meta.error is not None or not meta.partitions:
+            raise ValueError(f"topic {topic!r} does not exist on {settings.bootstrap_servers}")
+        return {
+            p: reader.get_watermark_offsets(TopicPartition(topic, p), timeout=timeout_s)[1]
+            for p in sorted(meta.partitions)
+        }
+    finally:
+        reader.close()

@@ -344,6 +344,7 @@ def test_settings_env_round_trips_every_field_changed() -> None:
         "DUCTOR_SWEEP_LIMIT": "12",
         "DUCTOR_RELAY_AFTER_S": "4.5",
         "DUCTOR_KEPT_SIGNAL_TTL_S": "90",
+        "DUCTOR_TRIGGER_REFRESH_S": "2.5",
         "DUCTOR_INSTANCE_TIMEOUT_S": "7.5",
         "DUCTOR_PARTITION_BY_RUN": "off",
         "DUCTOR_MAX_RECORD_BYTES": "300",
