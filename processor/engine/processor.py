@@ -19,14 +19,7 @@ import uuid
 from collections.abc import Callable, Mapping, Set
 from dataclasses import replace
 
-from confluent_kafka import (
-    OFFSET_BEGINNING,
-    Consumer,
-    KafkaError,
-    Message,
-    Producer,
-    TopicPartition,
-)
+from confluent_kafka import Consumer, KafkaError, Message, Producer, TopicPartition
 
 from processor.core.decide import Rules, hop, reject
 from processor.core.flow import TierQueues
@@ -38,7 +31,6 @@ from processor.core.intake import (
     Requested,
     Skipped,
     admit,
-    admit_trigger,
 )
 from processor.core.membership import Holding, Stuck
 from processor.core.offsets import OffsetTracker
@@ -51,6 +43,7 @@ from processor.engine.flow_control import FlowControl
 from processor.engine.health import HealthServer, Probe, is_ready
 from processor.engine.lag import LagMeter
 from processor.engine.request_desk import RequestDesk
+from processor.engine.trigger_follow import TriggerFollower
 from processor.engine.watchdog import Shards, SweepSettings, Watchdog
 from processor.io import connections
 from processor.io.config import Settings
@@ -186,7 +179,7 @@ class Processor:
         )
         # The triggers followed (their source topics are subscribed to), read at start and by
         # the watchdog's sweeps every DUCTOR_TRIGGER_REFRESH_S.
-        self.triggers = TriggerSet()
+        self.triggers = TriggerFollower(self.names, settings.max_record_bytes, self.stats)
         self._consumer, self.lag, self.flow = self._new_member()
         # Looks at the group when nothing has come for a while (built once the partition
         # counts are read, in run()).
@@ -264,32 +257,11 @@ class Processor:
     def _register_and_read_triggers(self) -> None:
         self.presence.register_now()
         with connections.connect(self.settings.pg_dsn) as conn:
-            self._use_triggers(load_triggers(conn), subscribed=False)
+            self.triggers.follow(load_triggers(conn))  # (subscribed once started)
 
-    def _use_triggers(self, found: TriggerSet, subscribed: bool = True) -> None:
-        """Follow the triggers read: a new source topic is subscribed to, one whose trigger
-        is gone is let go (the group rebalances); one that cannot be read is said once."""
-        usable = {t: tr for t, tr in found.by_topic.items() if self.names.source_of(t) == "trigger"}
-        unreadable = dict(found.unreadable)
-        for topic in set(found.by_topic) - set(usable):
-            unreadable[found.by_topic[topic].name] = f"its topic {topic} is one of Ductor's own"
-        for name, why in unreadable.items():
-            if self.triggers.unreadable.get(name) != why:
-                log.error(
-                    "trigger %s cannot be followed and is left out: %s",
-                    name,
-                    why,
-                    extra={"trigger": name},
-                )
-        before = self.triggers.by_topic
-        self.triggers = TriggerSet(usable, unreadable)
-        if set(usable) != set(before):
-            log.info(
-                "following triggers",
-                extra={"triggers": {tr.name: t for t, tr in sorted(usable.items())}},
-            )
-            if subscribed:
-                self._subscribe()
+    def _use_triggers(self, found: TriggerSet) -> None:
+        if self.triggers.follow(found):
+            self._subscribe()
 
     def _read_topics(self) -> None:
         """The partition counts of every topic, and the largest record the dead-letter topic
@@ -441,8 +413,8 @@ class Processor:
             return
         if self.flow.waits_for_due_head(tp):
             return  # prefetched behind a not-due head: it will be read again after the resume
-        if self.names.source_of(topic) == "trigger":
-            self._intake_trigger(message, tp)
+        if self.triggers.is_source(topic):
+            self._intake_trigger(message)
             return
         now_ms = self.clock.now_ms()
         verdict = admit(message, self.names, self.settings.max_record_bytes, now_ms)
@@ -467,24 +439,19 @@ class Processor:
         assert isinstance(verdict, Accepted)
         self.queues.push(record.tier, record)
 
-    def _intake_trigger(self, message: KafkaMessage, tp: tuple[str, int]) -> None:
-        trigger = self.triggers.by_topic.get(tp[0])
-        if trigger is None:
-            return  # its trigger was deleted: read before the partition is let go, not taken
-        verdict = admit_trigger(message, trigger, self.settings.max_record_bytes)
+    def _intake_trigger(self, message: KafkaMessage) -> None:
+        verdict = self.triggers.admit(message)
+        if verdict is None:
+            return
         record = verdict.record
         self.tracker.started(record.tp, record.offset)
         if isinstance(verdict, Requested):
-            self.stats.trigger_records[(trigger.name, "requested")] += 1
             self.requests.add(record, verdict.request)
         elif isinstance(verdict, Skipped):
-            self.stats.trigger_records[(trigger.name, "skipped")] += 1
-            self.tracker.done(record.tp, record.offset)
+            self.tracker.done(record.tp, record.offset)  # nothing to do: done at once
         else:
-            self.stats.trigger_records[(trigger.name, "rejected")] += 1
-            self.executor.carry_out_now(
-                record, reject(record, verdict.reason, verdict.detail, self.rules)
-            )
+            plan = reject(record, verdict.reason, verdict.detail, self.rules)
+            self.executor.carry_out_now(record, plan)
 
     def _feed_executor(self) -> None:
         room = self.settings.batch_size - self.executor.book.ready_count(time.monotonic())
@@ -552,23 +519,11 @@ class Processor:
         if let_go_by_fault(self._faults, consumer, partitions):
             return
         uncommitted = read_finished(consumer, partitions, self.tracker)
-        consumer.incremental_assign([self._start_at(p, uncommitted) for p in partitions])
+        consumer.incremental_assign([self.triggers.start_at(p, uncommitted) for p in partitions])
         tps = {(p.topic, p.partition) for p in partitions}
         self.flow.assigned_now(tps)
         self.probe.assigned_partitions = len(self.flow.assigned)
         log.info("partitions assigned", extra={"count": len(tps), "instance": self.instance_id})
-
-    def _start_at(
-        self, partition: TopicPartition, uncommitted: set[tuple[str, int]] | None
-    ) -> TopicPartition:
-        """A trigger's partition the group never read starts where the trigger was created
-        (core/triggers.py); every other partition where the group's offset says."""
-        trigger = self.triggers.by_topic.get(partition.topic)
-        tp = (partition.topic, partition.partition)
-        if trigger is None or uncommitted is None or tp not in uncommitted:
-            return partition
-        start = trigger.start_offset(partition.partition)
-        return TopicPartition(*tp, OFFSET_BEGINNING if start is None else start)
 
     def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         if consumer is self._consumer:  # (not a retired one closing: see RetiredConsumers)

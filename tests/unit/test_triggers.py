@@ -7,6 +7,7 @@ from typing import Any
 
 import orjson
 import pytest
+from confluent_kafka import OFFSET_BEGINNING, TopicPartition
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -14,7 +15,11 @@ from processor.core.envelope import Rejected
 from processor.core.outcomes import DeadLetterReason
 from processor.core.records import Inbound
 from processor.core.requests import SignalRequest, StartRequest
+from processor.core.routing import TopicNames
+from processor.core.stats import Stats
 from processor.core.triggers import Filtered, map_record, parse_path, parse_trigger
+from processor.engine.trigger_follow import TriggerFollower
+from processor.io.trigger_store import TriggerSet
 
 START = {
     "trigger_version": 1,
@@ -176,3 +181,21 @@ def test_no_record_makes_mapping_raise(
     assert isinstance(found, (StartRequest, Filtered, Rejected))
     if isinstance(found, StartRequest):
         assert 1 <= len(found.run_id) <= 200 and "\x00" not in found.run_id
+
+
+def test_the_follower_subscribes_again_only_when_the_topics_change_and_leaves_out_its_own() -> None:
+    follower = TriggerFollower(TopicNames("ductor"), 65536, Stats())
+    orders = parse_trigger("orders-in", START, ((0, 40),))
+    assert follower.follow(TriggerSet({"orders": orders})) is True
+    assert follower.follow(TriggerSet({"orders": orders})) is False
+    own = parse_trigger("bad", {**START, "topic": "ductor.requests"})
+    assert follower.follow(TriggerSet({"orders": orders, "ductor.requests": own})) is False
+    assert set(follower.by_topic) == {"orders"}
+    assert follower.is_source("orders") and not follower.is_source("ductor.wakeup.t1")
+    # Where a partition the group never read starts: where the trigger was created.
+    fresh = {("orders", 0), ("orders", 1)}
+    assert follower.start_at(TopicPartition("orders", 0), fresh).offset == 40
+    assert follower.start_at(TopicPartition("orders", 1), fresh).offset == OFFSET_BEGINNING
+    kept = TopicPartition("orders", 0)
+    assert follower.start_at(kept, set()) is kept  # the group's offset decides
+    assert follower.start_at(kept, None) is kept  # not known: the group's reset decides

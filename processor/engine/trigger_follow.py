@@ -1,0 +1,88 @@
+"""The triggers a processor follows (core/triggers.py): which source topics it subscribes
+to, where a partition the group never read starts, and the verdict on each of their records,
+counted by trigger. The set is read at start and by the watchdog's sweeps; a change of its
+topics asks the processor to subscribe again (the group then rebalances).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+
+from confluent_kafka import OFFSET_BEGINNING, TopicPartition
+
+from processor.core.intake import Reject, Requested, Skipped, admit_trigger
+from processor.core.records import KafkaMessage
+from processor.core.routing import TopicNames
+from processor.core.stats import Stats
+from processor.core.triggers import Trigger
+from processor.io.trigger_store import TriggerSet
+
+log = logging.getLogger("ductor.triggers")
+
+_OUTCOMES = {Requested: "requested", Skipped: "skipped", Reject: "rejected"}
+
+
+class TriggerFollower:
+    def __init__(self, names: TopicNames, max_bytes: int, stats: Stats) -> None:
+        self._names = names
+        self._max_bytes = max_bytes
+        self._stats = stats
+        self._set = TriggerSet()
+
+    @property
+    def by_topic(self) -> Mapping[str, Trigger]:
+        return self._set.by_topic
+
+    def follow(self, found: TriggerSet) -> bool:
+        """Follow the triggers read; True when their topics changed (subscribe again). One
+        that cannot be followed (unreadable, or on one of Ductor's own topics) is said once
+        and left out: it stops nothing but itself."""
+        usable = {t: tr for t, tr in found.by_topic.items() if self.is_source(t)}
+        unreadable = dict(found.unreadable)
+        for topic in set(found.by_topic) - set(usable):
+            unreadable[found.by_topic[topic].name] = f"its topic {topic} is one of Ductor's own"
+        for name, why in unreadable.items():
+            if self._set.unreadable.get(name) != why:
+                log.error(
+                    "trigger %s cannot be followed and is left out: %s",
+                    name,
+                    why,
+                    extra={"trigger": name},
+                )
+        before = set(self._set.by_topic)
+        self._set = TriggerSet(usable, unreadable)
+        if set(usable) == before:
+            return False
+        log.info(
+            "following triggers",
+            extra={"triggers": {tr.name: t for t, tr in sorted(usable.items())}},
+        )
+        return True
+
+    def is_source(self, topic: str) -> bool:
+        """A topic that is not Ductor's own: a trigger's source, followed or not (any more)."""
+        return self._names.source_of(topic) == "trigger"
+
+    def start_at(
+        self, partition: TopicPartition, uncommitted: set[tuple[str, int]] | None
+    ) -> TopicPartition:
+        """A trigger's partition the group never read starts where the trigger was created;
+        every other partition where the group's offset says."""
+        trigger = self._set.by_topic.get(partition.topic)
+        tp = (partition.topic, partition.partition)
+        if trigger is None or uncommitted is None or tp not in uncommitted:
+            return partition
+        start = trigger.start_offset(partition.partition)
+        return TopicPartition(*tp, OFFSET_BEGINNING if start is None else start)
+
+    def admit(self, message: KafkaMessage) -> Requested | Skipped | Reject | None:
+        """The verdict on a record of a source topic, counted; None when its trigger is gone
+        (read before the partition is let go: not taken, the next follower reads it)."""
+        topic = message.topic()
+        trigger = self._set.by_topic.get(topic) if topic is not None else None
+        if trigger is None:
+            return None
+        verdict = admit_trigger(message, trigger, self._max_bytes)
+        self._stats.trigger_records[(trigger.name, _OUTCOMES[type(verdict)])] += 1
+        return verdict
