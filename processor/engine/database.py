@@ -31,6 +31,10 @@ class Database:
             self._conn = connections.connect(self._dsn)
         return self._conn
 
+    def sibling(self) -> Database:
+        """Another access to the same database, with a connection of its own."""
+        return Database(self._dsn, self._instance_id)
+
     def close(self) -> None:
         """Forget the connection (after a failure, or at the end); the next use reopens it."""
         if self._conn is not None:
@@ -103,11 +107,14 @@ class Database:
         return kept_signals.adopt_kept_signals(self.conn, modulus, shards, limit)
 
     def claim_expired_signals(
-        self, modulus: int, shards: Sequence[int], ttl_s: float, resend_s: float, limit: int
+        self,
+        modulus: int,
+        shards: Sequence[int],
+        ttl_s: float,
+        claimer: store.OutboxRelay,
+        limit: int,
     ) -> list[kept_signals.ExpiredSignal]:
-        return kept_signals.claim_expired_signals(
-            self.conn, modulus, shards, ttl_s, resend_s, limit
-        )
+        return kept_signals.claim_expired_signals(self.conn, modulus, shards, ttl_s, claimer, limit)
 
     def forget_kept_signals(self, keys: Sequence[kept_signals.KeptKey]) -> None:
         kept_signals.forget_kept_signals(self.conn, keys)

@@ -201,10 +201,11 @@ class Watchdog:
         if owned:
             overdue = self._db.overdue(modulus, owned, s.grace_s, s.limit)
             overdue += self._db.adopt_kept_signals(modulus, owned, s.limit)
-            # Sent again if unconfirmed for as long as an outbox row is (its instance died).
             expired = self._db.claim_expired_signals(
-                modulus, owned, s.kept_signal_ttl_s, max(s.relay_after_s, 10.0), s.limit
+                modulus, owned, s.kept_signal_ttl_s, self._relay_as(), s.limit
             )
+            if expired:
+                self._faults.hit(Point.KEPT_CLAIMED, [e.key[0] for e in expired])
         claimed = self._db.claim_outbox(s.relay_after_s, s.limit, self._relay_as()) if relay else []
         return SweepResult(
             overdue=woken + overdue,
@@ -227,4 +228,19 @@ class Watchdog:
             return Leave()
 
     def close(self) -> None:
+        """At the end: the kept signals whose dead letters the broker has are deleted now, on
+        a connection of their own (a sweep may still hold the other): left, another instance
+        would send them again once this one is marked stopped."""
+        with self._lock:
+            forgetting, self._to_forget = self._to_forget, []
+        if forgetting:
+            last = self._db.sibling()
+            try:
+                last.forget_kept_signals(forgetting)
+            except psycopg.Error as exc:
+                log.error(
+                    "could not delete %d dead-lettered kept signal(s): %s", len(forgetting), exc
+                )
+            finally:
+                last.close()
         self._db.close()

@@ -31,6 +31,9 @@ class Point(StrEnum):
     # A request statement committed (io/request_store.py); the wakeups its answers send are
     # not produced yet (the requests' run ids).
     AFTER_REQUESTS = "after_requests"
+    # A sweep claimed kept signals for their dead letters (io/kept_signals.py); the dead
+    # letters are not produced yet (the signals' run ids; hit only when it claimed some).
+    KEPT_CLAIMED = "kept_claimed"
     # `ductor process` is starting: its signal handler is set, the processor not built yet.
     STARTING = "starting"
     # `python -m processor` is loading its modules (hit by processor/early_stop.py, which

@@ -5,8 +5,9 @@ shards its instance owns, adopts those whose run appeared another way or in a ra
 keeping transaction, and dead-letters those that waited longer than the time to live.
 
 A kept signal is applied or dead-lettered, never both: once a sweep claims one for its dead
-letter (``dead_letter_sent_at``), no start takes it; it is deleted once the broker has the
-dead letter, and sent again by a later sweep should its instance die before that.
+letter (``dead_letter_sent_at``, ``dead_letter_by``), no start takes it; it is deleted once
+the broker has the dead letter (at a shutdown too), and sent again by another instance's sweep
+only once the claiming instance is gone before that (io/instances.py).
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ from typing import Any
 import psycopg
 
 from processor.core.records import Headers, Inbound
+from processor.io.instances import alive
+from processor.io.store import OutboxRelay
 
 # Applied to a run that now exists: into eec_run_signal (a signal already recorded by another
 # path is left as it is), the kept row deleted in the same statement.
@@ -55,16 +58,16 @@ SELECT DISTINCT c.run_id, c.tier FROM chosen c JOIN taken t USING (run_id, signa
 """
 
 # Expired kept signals of the owned shards whose run does not exist, and those claimed before
-# whose dead letter was not confirmed in time (their instance died), claimed now.
-_CLAIM_EXPIRED = """
-UPDATE eec_kept_signal k SET dead_letter_sent_at = now()
+# by an instance that is gone (it died before the broker had their dead letters), claimed now.
+_CLAIM_EXPIRED = f"""
+UPDATE eec_kept_signal k SET dead_letter_sent_at = now(), dead_letter_by = %(me)s
   FROM (
     SELECT run_id, signal_id FROM eec_kept_signal s
      WHERE s.shard %% %(modulus)s = ANY(%(shards)s)
        AND s.received_at < now() - make_interval(secs => %(ttl_s)s)
        AND ((s.dead_letter_sent_at IS NULL
              AND NOT EXISTS (SELECT 1 FROM eec_workflow_run r WHERE r.run_id = s.run_id))
-            OR s.dead_letter_sent_at < now() - make_interval(secs => %(resend_s)s))
+            OR (%(judge)s AND NOT {alive("s.dead_letter_by")}))
      ORDER BY s.received_at LIMIT %(limit)s
        FOR UPDATE SKIP LOCKED
   ) due
@@ -113,17 +116,20 @@ def claim_expired_signals(
     modulus: int,
     shards: Sequence[int],
     ttl_s: float,
-    resend_s: float,
+    claimer: OutboxRelay,
     limit: int,
 ) -> list[ExpiredSignal]:
-    """Claim for their dead letters the kept signals of the given shards older than
-    ``ttl_s`` whose run does not exist (and those claimed over ``resend_s`` ago, unconfirmed)."""
+    """Claim for ``claimer`` the dead letters of the kept signals of the given shards older
+    than ``ttl_s`` whose run does not exist, and of those claimed by an instance that is gone
+    (as outbox rows are relayed: io/store.py's ``claim_outbox``)."""
     params = {
         "modulus": modulus,
         "shards": list(shards),
         "ttl_s": ttl_s,
-        "resend_s": resend_s,
         "limit": limit,
+        "me": claimer.instance_id,
+        "judge": claimer.may_judge,
+        "gone_after_s": claimer.gone_after_s,
     }
     rows = conn.execute(_CLAIM_EXPIRED, params).fetchall()
     return [

@@ -19,9 +19,10 @@ CREATE TABLE IF NOT EXISTS eec_kept_signal (
     source_topic      text        NOT NULL,
     source_partition  integer     NOT NULL,
     source_offset     bigint      NOT NULL,
-    -- When a sweep last sent its dead letter (deleted once the broker has it; sent again by
-    -- a later sweep if its instance died meanwhile).
+    -- When a sweep sent its dead letter, and which instance (the row is deleted once the
+    -- broker has it; sent again by another instance's sweep only once that one is gone).
     dead_letter_sent_at timestamptz,
+    dead_letter_by      text,
     PRIMARY KEY (run_id, signal_id)
 );
 CREATE INDEX IF NOT EXISTS eec_kept_signal_received_idx ON eec_kept_signal (received_at);

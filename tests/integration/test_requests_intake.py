@@ -272,3 +272,26 @@ def test_ductor_start_and_signal_via_kafka_need_no_database(
     wait_for(lambda: run_statuses(pg, ["py-1"])["py-1"] == "cancelled", 60, "py-1 cancelled")
     assert _signals(pg, ["cli-1", "py-1"]) == {"cli-1": 1, "py-1": 1}
     assert read_dead_letters(settings) == []
+
+
+def test_a_kept_signals_dead_letter_claimed_by_an_instance_that_died_is_sent_once_by_another(
+    settings: Settings, audit: psycopg.Connection[Any], spawn: Any
+) -> None:
+    """The instance that claimed an expired signal's dead letter is SIGKILLed before producing
+    it: the row stays claimed by a dead instance, and another instance sends the dead letter
+    once that one is gone from the registry; one dead letter, the row deleted."""
+    pg = audit
+    settings = replace(settings, kept_signal_ttl_s=2.0)
+    doomed = spawn(["process"], replace(settings, test_faults="kept_claimed=kill@1"), "doomed")
+    wait_for(lambda: doomed.owned_partitions() > 0, 60, "the doomed instance to own partitions")
+    _write(settings, [_cancel("ghost-2", "sig-ghost-2")])
+    wait_for(lambda: doomed.proc.poll() is not None, 60, "the fault to kill the instance")
+    assert doomed.proc.returncode == -9
+    claimed = pg.execute("SELECT dead_letter_by FROM eec_kept_signal").fetchall()
+    assert len(claimed) == 1 and claimed[0][0] is not None, claimed
+    assert read_dead_letters(settings) == []
+    heir = spawn(["process"], settings, "heir")
+    wait_for(lambda: _kept(pg) == [], 60, "the heir to send the dead letter and delete the row")
+    assert heir.terminate() == 0
+    [letter] = read_dead_letters(settings)
+    assert (letter.reason, letter.key) == ("unknown_run", b"ghost-2")
