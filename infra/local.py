@@ -4,11 +4,13 @@
     .venv/bin/python infra/local.py restart [kafka|postgres] [--mode fast|immediate|kill]
                                             [--down-for SECONDS]
     .venv/bin/python infra/local.py kill [kafka|postgres]
+    .venv/bin/python infra/local.py restart|kill kafka --node N    (one node of a cluster)
 
-Kafka 4.1.1 (KRaft, one combined broker/controller node) runs from Maven Central jars with the
-system JDK; PostgreSQL runs as a private cluster of the Debian server packages, beside (never
-instead of) any cluster the machine already has. Both listen on 127.0.0.1 only. Missing JDK,
-Maven or PostgreSQL packages are installed with apt-get when running as root.
+Kafka 4.1.1 (KRaft: one combined broker/controller node, or a cluster of them) runs from
+Maven Central jars with the system JDK; PostgreSQL runs as a private cluster of the Debian
+server packages, beside (never instead of) any cluster the machine already has. Both listen
+on 127.0.0.1 only. Missing JDK, Maven or PostgreSQL packages are installed with apt-get when
+running as root.
 
 The broker has two client listeners: PLAINTEXT (what everything uses by default) and
 SASL_PLAINTEXT with SCRAM-SHA-512, for testing authenticated clients. The SCRAM credentials
@@ -31,6 +33,9 @@ Environment:
     DUCTOR_LOCAL_KAFKA_PORT             broker port (default 19092)
     DUCTOR_LOCAL_KAFKA_CONTROLLER_PORT  KRaft controller port (default 19093)
     DUCTOR_LOCAL_KAFKA_SASL_PORT        SASL_PLAINTEXT (SCRAM-SHA-512) listener port (default 19094)
+    DUCTOR_LOCAL_KAFKA_BROKERS          brokers (default 1); 3 runs a cluster of combined
+                                        broker/controller nodes, node N on the ports above
+                                        plus 3*(N-1), topics replicated 3 times (min ISR 2)
     DUCTOR_LOCAL_PG_PORT                PostgreSQL port (default 55432)
     DUCTOR_INFRA=docker                 use infra/compose.yaml instead (needs a Docker engine)
 
@@ -97,6 +102,7 @@ class Settings:
     controller_port: int
     sasl_port: int
     pg_port: int
+    kafka_brokers: int = 1
 
     @classmethod
     def from_env(cls) -> Settings:
@@ -108,7 +114,22 @@ class Settings:
             controller_port=_port_from_env("DUCTOR_LOCAL_KAFKA_CONTROLLER_PORT", 19093),
             sasl_port=_port_from_env("DUCTOR_LOCAL_KAFKA_SASL_PORT", 19094),
             pg_port=_port_from_env("DUCTOR_LOCAL_PG_PORT", 55432),
+            kafka_brokers=_brokers_from_env(),
         )
+
+
+MAX_BROKERS = 5
+
+
+def _brokers_from_env() -> int:
+    raw = os.environ.get("DUCTOR_LOCAL_KAFKA_BROKERS", "").strip()
+    if not raw:
+        return 1
+    if not raw.isdigit() or not 1 <= int(raw) <= MAX_BROKERS:
+        raise InfraError(
+            f"DUCTOR_LOCAL_KAFKA_BROKERS={raw!r}: a number of brokers from 1 to {MAX_BROKERS}"
+        )
+    return int(raw)
 
 
 def _port_from_env(name: str, default: int) -> int:
@@ -346,15 +367,26 @@ def ensure_java(need_maven: bool) -> Path:
 
 
 class Kafka:
+    """One broker: the only one (``settings.kafka_brokers`` 1, its state in ``kafka/``), or
+    node ``node`` of a cluster (``kafka-node<N>/``, its ports the first node's plus 3 per node
+    before it: 19092-19094, 19095-19097, 19098-19100 by default)."""
+
     name = "kafka"
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, node: int = 1) -> None:
         self.settings = settings
+        self.node = node
+        self.in_cluster = settings.kafka_brokers > 1
+        self.label = f"kafka node {node}" if self.in_cluster else "kafka"
+        shift = 3 * (node - 1)
+        self.port = settings.kafka_port + shift
+        self.controller_port = settings.controller_port + shift
+        self.sasl_port = settings.sasl_port + shift
         self.home = settings.infra_dir / f"kafka-{KAFKA_VERSION}"
         self.lib = self.home / "lib"
         self.stamp = self.home / "installed.stamp"
         # Runtime state lives outside the install dir, so wiping the install never orphans a pid.
-        self.run_dir = settings.infra_dir / "kafka"
+        self.run_dir = settings.infra_dir / (f"kafka-node{node}" if self.in_cluster else "kafka")
         self.pid_file = self.run_dir / "kafka.pid"
         self.props_file = self.run_dir / "server.properties"
         self.log4j_file = self.run_dir / "log4j2.properties"
@@ -364,11 +396,11 @@ class Kafka:
 
     @property
     def endpoint(self) -> str:
-        return f"{HOST}:{self.settings.kafka_port}"
+        return f"{HOST}:{self.port}"
 
     @property
     def sasl_endpoint(self) -> str:
-        return f"{HOST}:{self.settings.sasl_port}"
+        return f"{HOST}:{self.sasl_port}"
 
     def env(self) -> dict[str, str]:
         return {"DUCTOR_BOOTSTRAP_SERVERS": self.endpoint}
@@ -411,7 +443,7 @@ class Kafka:
     def status(self) -> Status:
         pid = read_pid(self.pid_file)
         if pid is None:
-            return Status(State.STOPPED, detail=port_note(self.settings.kafka_port))
+            return Status(State.STOPPED, detail=port_note(self.port))
         if not process_alive(pid, self.marker):
             return Status(State.DEAD, pid)
         problem = self.probe(timeout=5.0)
@@ -419,7 +451,7 @@ class Kafka:
 
     def probe(self, timeout: float) -> str | None:
         """None if the broker answers a metadata request, else what is wrong."""
-        if not tcp_open(self.settings.kafka_port):
+        if not tcp_open(self.port):
             return f"nothing accepts connections on {self.endpoint}"
         admin = AdminClient({"bootstrap.servers": self.endpoint})
         try:
@@ -431,7 +463,7 @@ class Kafka:
     def probe_sasl(self, timeout: float) -> str | None:
         """None if the SASL listener authenticates our SCRAM user and answers a metadata
         request with it, else what is wrong."""
-        if not tcp_open(self.settings.sasl_port):
+        if not tcp_open(self.sasl_port):
             return f"nothing accepts connections on {self.sasl_endpoint} (the SASL listener)"
         admin = AdminClient(self.sasl_client_config())
         try:
@@ -443,7 +475,7 @@ class Kafka:
     def up(self) -> None:
         current = self.status()
         if current.state is State.RUNNING:
-            note(f"kafka: already running and answering (pid {current.pid}); nothing to do")
+            note(f"{self.label}: already running and answering (pid {current.pid}); nothing to do")
             if not self.configuration_is_current():
                 note(
                     "kafka: but it was started with other settings than this script writes now"
@@ -452,14 +484,14 @@ class Kafka:
                 )
             return
         if current.state is not State.STOPPED:
-            note(f"kafka: {current.describe(self.endpoint)}; starting it afresh")
+            note(f"{self.label}: {current.describe(self.endpoint)}; starting it afresh")
             self.down()
         java = self.prepare()
         started = time.monotonic()
         self.write_config()
         self.format_storage(java)
         self.launch_and_wait(java)
-        note(f"kafka: started in {time.monotonic() - started:.1f} s")
+        note(f"{self.label}: started in {time.monotonic() - started:.1f} s")
 
     def restart(self, mode: StopMode = StopMode.FAST, down_for_s: float = 0.0) -> None:
         """Stop the broker by ``mode`` and start it again on the same log dir: topics, records,
@@ -468,22 +500,27 @@ class Kafka:
         self.down(mode)
         wait_down(self.name, down_for_s)
         started = time.monotonic()
+        self.check_restartable()
+        java = self.prepare(grace_s=PORT_RELEASE_GRACE_S)
+        self.launch_and_wait(java)
+        note(f"{self.label}: started on its data in {time.monotonic() - started:.1f} s")
+
+    def check_restartable(self) -> None:
+        """A formatted log dir whose properties are the ones this script writes now."""
         if not (self.data_dir / "meta.properties").is_file() or not self.props_file.is_file():
             raise InfraError(
-                f"kafka: no formatted log dir in {self.data_dir} to restart on; run `up` first"
+                f"{self.label}: no formatted log dir in {self.data_dir} to restart on;"
+                " run `up` first"
             )
         # The controller's host, port and directory id were baked in when `up` formatted the
         # log dir: a broker on other ports would not find its own quorum.
         if self.props_file.read_text() != self.server_properties():
             raise InfraError(
-                f"kafka: {self.data_dir} was formatted with other ports or paths than the "
+                f"{self.label}: {self.data_dir} was formatted with other ports or paths than the "
                 "current settings; restore them, or run `down` and `up` for a fresh broker"
             )
-        java = self.prepare(grace_s=PORT_RELEASE_GRACE_S)
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self.log4j_file.write_text(LOG4J2_PROPERTIES)
-        self.launch_and_wait(java)
-        note(f"kafka: started on its data in {time.monotonic() - started:.1f} s")
 
     def prepare(self, grace_s: float = 0.0) -> Path:
         """A java to run the broker with, the jars installed, and the broker's ports free
@@ -491,15 +528,17 @@ class Kafka:
         java = ensure_java(need_maven=not self.installed())
         self.install(java)
         for port, variable in (
-            (self.settings.kafka_port, "DUCTOR_LOCAL_KAFKA_PORT"),
-            (self.settings.controller_port, "DUCTOR_LOCAL_KAFKA_CONTROLLER_PORT"),
-            (self.settings.sasl_port, "DUCTOR_LOCAL_KAFKA_SASL_PORT"),
+            (self.port, "DUCTOR_LOCAL_KAFKA_PORT"),
+            (self.controller_port, "DUCTOR_LOCAL_KAFKA_CONTROLLER_PORT"),
+            (self.sasl_port, "DUCTOR_LOCAL_KAFKA_SASL_PORT"),
         ):
             require_free_port(port, variable, "kafka broker", grace_s)
         return java
 
     def launch_and_wait(self, java: Path) -> None:
-        proc = self.launch(java)
+        self.wait_launched(self.launch(java))
+
+    def wait_launched(self, proc: subprocess.Popen[bytes]) -> None:
         try:
             self.wait_ready(proc)
         except BaseException:
@@ -522,7 +561,7 @@ class Kafka:
     def install(self, java: Path) -> None:
         if self.installed():
             return
-        note(f"kafka: downloading Kafka {KAFKA_VERSION} jars with Maven into {self.lib}")
+        note(f"{self.label}: downloading Kafka {KAFKA_VERSION} jars with Maven into {self.lib}")
         started = time.monotonic()
         partial = self.home / "lib.partial"
         shutil.rmtree(partial, ignore_errors=True)
@@ -538,7 +577,7 @@ class Kafka:
         partial.rename(self.lib)
         self.stamp.write_text(self.pom_digest() + "\n")
         jars = len(list(self.lib.glob("*.jar")))
-        note(f"kafka: installed {jars} jars in {time.monotonic() - started:.1f} s")
+        note(f"{self.label}: installed {jars} jars in {time.monotonic() - started:.1f} s")
 
     def write_config(self) -> None:
         # A fresh log dir per start: format refuses a formatted dir, and the quorum voter's
@@ -551,21 +590,29 @@ class Kafka:
         self.log4j_file.write_text(LOG4J2_PROPERTIES)
 
     def server_properties(self) -> str:
-        return KAFKA_PROPERTIES.format(
+        single = KAFKA_PROPERTIES.format(
             host=HOST,
-            port=self.settings.kafka_port,
-            sasl_port=self.settings.sasl_port,
-            controller_port=self.settings.controller_port,
+            port=self.port,
+            sasl_port=self.sasl_port,
+            controller_port=self.controller_port,
             log_dirs=self.data_dir,
         )
+        if not self.in_cluster:
+            return single
+        return cluster_properties(single, self.node, self.settings)
 
     def java_cmd(self, java: Path, *jvm_options: str) -> list[str]:
         # Quoted wildcard: java, not a shell, expands lib/* to every jar in it.
         return [str(java), *jvm_options, "-cp", f"{self.lib}/*"]
 
-    def format_storage(self, java: Path) -> None:
+    def format_storage(self, java: Path, cluster_id: str | None = None) -> None:
+        """A new log dir: a cluster of its own (``--standalone``), or a node of the cluster
+        ``cluster_id`` whose controllers are the static voters of its properties."""
         cmd = [*self.java_cmd(java, "-Xmx256m"), "kafka.tools.StorageTool", "format"]
-        cmd += ["--standalone", "-t", new_cluster_id(), "-c", str(self.props_file)]
+        if cluster_id is None:
+            cmd += ["--standalone", "-t", new_cluster_id(), "-c", str(self.props_file)]
+        else:
+            cmd += ["-t", cluster_id, "-c", str(self.props_file)]
         # The SCRAM credentials go into the bootstrap metadata: the broker knows them from its
         # first start, with no admin call racing the first clients.
         scram = f"{KAFKA_SASL_MECHANISM}=[name={KAFKA_SASL_USER},password={KAFKA_SASL_PASSWORD}]"
@@ -600,17 +647,17 @@ class Kafka:
         problem = "not started"
         while time.monotonic() < deadline:
             if proc.poll() is not None:
+                code = proc.returncode
                 raise InfraError(
-                    f"kafka exited with code {proc.returncode} while starting\n{self.log_tail()}"
+                    f"{self.label} exited with code {code} while starting\n{self.log_tail()}"
                 )
             timeout = min(10.0, max(1.0, deadline - time.monotonic()))
             problem = self.probe(timeout) or self.probe_sasl(timeout) or ""
             if not problem:
                 return
             time.sleep(0.2)
-        raise InfraError(
-            f"kafka not ready after {KAFKA_READY_SECONDS:.0f} s: {problem}\n{self.log_tail()}"
-        )
+        waited = f"{KAFKA_READY_SECONDS:.0f} s"
+        raise InfraError(f"{self.label} not ready after {waited}: {problem}\n{self.log_tail()}")
 
     def log_tail(self) -> str:
         parts = (tail(self.log_dir / "server.log"), tail(self.out_file))
@@ -622,14 +669,14 @@ class Kafka:
         pid = read_pid(self.pid_file)
         if pid is not None and process_alive(pid, self.marker):
             if mode is StopMode.FAST:
-                note(f"kafka: stopping pid {pid}")
+                note(f"{self.label}: stopping pid {pid}")
                 self.stop_pid(pid)
             else:  # a broker has no immediate shutdown short of a kill
-                note(f"kafka: killing pid {pid} (SIGKILL)")
+                note(f"{self.label}: killing pid {pid} (SIGKILL)")
                 signal_group(pid, signal.SIGKILL)
                 wait_gone(pid, self.marker, 10)
         elif pid is not None:
-            note(f"kafka: pid {pid} was already gone; cleaning up")
+            note(f"{self.label}: pid {pid} was already gone; cleaning up")
         kill_leftovers(self.run_dir, "java")
         self.pid_file.unlink(missing_ok=True)
 
@@ -637,9 +684,127 @@ class Kafka:
         # SIGTERM runs the broker's controlled shutdown; SIGKILL only if that hangs.
         signal_group(pid, signal.SIGTERM)
         if not wait_gone(pid, self.marker, KAFKA_STOP_GRACE_SECONDS):
-            note(f"kafka: no exit {KAFKA_STOP_GRACE_SECONDS:.0f} s after SIGTERM; sending SIGKILL")
+            grace = f"{KAFKA_STOP_GRACE_SECONDS:.0f} s"
+            note(f"{self.label}: no exit {grace} after SIGTERM; sending SIGKILL")
             signal_group(pid, signal.SIGKILL)
             wait_gone(pid, self.marker, 5)
+
+
+class KafkaCluster:
+    """``settings.kafka_brokers`` combined broker/controller nodes (KRaft, static voters) on
+    consecutive ports, replicated as a production cluster is: internal topics and new topics
+    on min(3, brokers) replicas, ``min.insync.replicas`` 2 where there are three or more."""
+
+    name = "kafka"
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.nodes = [Kafka(settings, n) for n in range(1, settings.kafka_brokers + 1)]
+
+    @property
+    def endpoint(self) -> str:
+        return ",".join(node.endpoint for node in self.nodes)
+
+    def env(self) -> dict[str, str]:
+        return {"DUCTOR_BOOTSTRAP_SERVERS": self.endpoint}
+
+    def sasl_env(self) -> dict[str, str]:
+        return {
+            **self.nodes[0].sasl_env(),
+            "DUCTOR_BOOTSTRAP_SERVERS": ",".join(n.sasl_endpoint for n in self.nodes),
+        }
+
+    def node(self, number: int) -> Kafka:
+        if not 1 <= number <= len(self.nodes):
+            raise InfraError(f"kafka has nodes 1 to {len(self.nodes)}, not {number}")
+        return self.nodes[number - 1]
+
+    def status(self) -> Status:
+        """Running if every node runs and answers; else the first that does not, named."""
+        for node in self.nodes:
+            found = node.status()
+            if found.state is not State.RUNNING:
+                detail = f"{node.label}: {found.detail}" if found.detail else node.label
+                return Status(found.state, found.pid, detail)
+        return Status(State.RUNNING, self.nodes[0].status().pid)
+
+    def up(self) -> None:
+        if all(node.status().state is State.RUNNING for node in self.nodes):
+            note(f"kafka: {len(self.nodes)} brokers already running and answering; nothing to do")
+            return
+        self.down()
+        started = time.monotonic()
+        java = self.nodes[0].prepare()
+        for node in self.nodes[1:]:
+            node.prepare()  # (every node's ports free)
+        cluster_id = new_cluster_id()
+        for node in self.nodes:
+            node.write_config()
+            node.format_storage(java, cluster_id)
+        self._launch_all(java)
+        note(f"kafka: {len(self.nodes)} brokers started in {time.monotonic() - started:.1f} s")
+
+    def _launch_all(self, java: Path, nodes: Sequence[Kafka] | None = None) -> None:
+        # Every node first: a broker answers only once a majority of the controllers runs.
+        launched = [(node, node.launch(java)) for node in nodes or self.nodes]
+        for node, proc in launched:
+            node.wait_launched(proc)
+
+    def down(self, mode: StopMode = StopMode.FAST) -> None:
+        for node in reversed(self.nodes):
+            node.down(mode)
+
+    def restart(self, mode: StopMode = StopMode.FAST, down_for_s: float = 0.0) -> None:
+        """Every node stopped by ``mode``, then started again on its data."""
+        self.down(mode)
+        wait_down(self.name, down_for_s)
+        started = time.monotonic()
+        java = self.nodes[0].prepare(grace_s=PORT_RELEASE_GRACE_S)
+        for node in self.nodes:
+            node.prepare(grace_s=PORT_RELEASE_GRACE_S)
+            node.check_restartable()
+        self._launch_all(java)
+        took = time.monotonic() - started
+        note(f"kafka: {len(self.nodes)} brokers started on their data in {took:.1f} s")
+
+    def restart_node(self, number: int, mode: StopMode, down_for_s: float = 0.0) -> None:
+        """One node stopped by ``mode`` and started again on its data; the others serve."""
+        self.node(number).restart(mode, down_for_s)
+
+    def kill_node(self, number: int) -> None:
+        self.node(number).down(StopMode.KILL)
+
+
+def cluster_properties(single: str, node: int, settings: Settings) -> str:
+    """A cluster node's properties: the single broker's, with its node id, the static voters,
+    and the replication of a production cluster."""
+    brokers = settings.kafka_brokers
+    voters = ",".join(
+        f"{n}@{HOST}:{settings.controller_port + 3 * (n - 1)}" for n in range(1, brokers + 1)
+    )
+    replicas = min(3, brokers)
+    min_isr = 2 if replicas >= 3 else 1
+    replaced = {
+        "node.id": f"node.id={node}",
+        "controller.quorum.bootstrap.servers": f"controller.quorum.voters={voters}",
+        **{key: f"{key}={replicas}" for key in REPLICATION_KEYS},
+        **{key: f"{key}={min_isr}" for key in MIN_ISR_KEYS},
+    }
+    lines = [replaced.get(line.split("=", 1)[0], line) for line in single.splitlines()]
+    lines += [
+        "# A cluster: topics created without a replication factor get the cluster's.",
+        f"default.replication.factor={replicas}",
+        f"min.insync.replicas={min_isr}",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+REPLICATION_KEYS = {
+    "offsets.topic.replication.factor",
+    "transaction.state.log.replication.factor",
+    "share.coordinator.state.topic.replication.factor",
+}
+MIN_ISR_KEYS = {"transaction.state.log.min.isr", "share.coordinator.state.topic.min.isr"}
 
 
 MVN_COPY_DEPENDENCIES = "org.apache.maven.plugins:maven-dependency-plugin:3.8.1:copy-dependencies"
@@ -998,16 +1163,26 @@ def print_env(running: Sequence[Service]) -> None:
         for key, value in env.items():
             print(f"export {key}={value}")
     for svc in running:
-        if isinstance(svc, Kafka):
+        if isinstance(svc, Kafka | KafkaCluster):
             # Commented out: the plaintext listener stays the default for everything.
             print(f"# through the SASL_PLAINTEXT listener ({KAFKA_SASL_MECHANISM}) instead:")
             print("# export " + " ".join(f"{k}={v}" for k, v in svc.sasl_env().items()))
 
 
 def run_local(
-    command: str, services: Sequence[Service], mode: StopMode = StopMode.FAST, down_for_s: float = 0
+    command: str,
+    services: Sequence[Service],
+    mode: StopMode = StopMode.FAST,
+    down_for_s: float = 0,
+    node: int | None = None,
 ) -> int:
-    if command == "up":
+    if node is not None:
+        [cluster] = [svc for svc in services if isinstance(svc, KafkaCluster)]
+        if command == "restart":
+            cluster.restart_node(node, mode, down_for_s)
+        else:
+            cluster.kill_node(node)
+    elif command == "up":
         for svc in services:
             svc.up()
     elif command == "down":
@@ -1081,7 +1256,17 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         metavar="SECONDS",
         help="restart: stay stopped this long before starting again",
     )
+    parser.add_argument(
+        "--node",
+        type=int,
+        metavar="N",
+        help="restart, kill: only node N of a kafka cluster (DUCTOR_LOCAL_KAFKA_BROKERS > 1)",
+    )
     args = parser.parse_args(argv)
+    if args.node is not None and (
+        args.command not in ("restart", "kill") or args.service != "kafka"
+    ):
+        parser.error("--node goes with `restart kafka` or `kill kafka`")
     if args.command != "restart" and (args.mode != StopMode.FAST.value or args.down_for):
         parser.error("--mode and --down-for go with `restart`")
     if args.down_for < 0:
@@ -1094,14 +1279,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     names = [args.service] if args.service else []
     try:
         settings = Settings.from_env()
-        everything: list[Service] = [Kafka(settings), Postgres(settings)]
+        kafka: Service = KafkaCluster(settings) if settings.kafka_brokers > 1 else Kafka(settings)
+        everything: list[Service] = [kafka, Postgres(settings)]
+        if args.node is not None and not isinstance(kafka, KafkaCluster):
+            raise InfraError("--node needs a cluster: DUCTOR_LOCAL_KAFKA_BROKERS=3, say")
         services = [svc for svc in everything if svc.name in (names or SERVICES)]
         mode = os.environ.get("DUCTOR_INFRA", "local")
         if mode == "docker":
             return run_docker(args.command, names, services)
         if mode != "local":
             raise InfraError(f"DUCTOR_INFRA={mode!r}: expected 'local' (default) or 'docker'")
-        return run_local(args.command, services, StopMode(args.mode), args.down_for)
+        return run_local(args.command, services, StopMode(args.mode), args.down_for, args.node)
     except InfraError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1

@@ -59,7 +59,10 @@ class Settings:
     delay_partitions: int = 6  # keep equal to wakeup_partitions: see group_protocol
     step_partitions: int = 12
     dlq_partitions: int = 1
-    replication_factor: int = 1
+    # Of the topics `ductor topics create` makes; 0: min(3, brokers in the cluster).
+    replication_factor: int = 0
+    # Of the topics it makes; 0: 2 where they have 3 replicas or more, else 1.
+    min_insync_replicas: int = 0
     batch_size: int = 500
     batch_linger_ms: int = 0  # batches fill on their own while the previous one is in flight
     tier_weights: TierWeights = field(default_factory=lambda: TierWeights(8, 4, 1, 4))
@@ -284,7 +287,8 @@ _FIELDS: tuple[tuple[str, Callable[[str, str], object]], ...] = (
     ("delay_partitions", _int_in(1, 10_000)),
     ("step_partitions", _int_in(1, 10_000)),
     ("dlq_partitions", _int_in(1, 10_000)),
-    ("replication_factor", _int_in(1, 32)),
+    ("replication_factor", _int_in(0, 32)),
+    ("min_insync_replicas", _int_in(0, 32)),
     ("batch_size", _int_in(1, 100_000)),
     ("batch_linger_ms", _int_in(0, 10_000)),
     ("tier_weights", _parse_weights),
@@ -349,6 +353,7 @@ READ_ELSEWHERE: Mapping[str, str] = {
     "DUCTOR_LOCAL_KAFKA_PORT": "infra/local.py and infra/compose.yaml",
     "DUCTOR_LOCAL_KAFKA_CONTROLLER_PORT": "infra/local.py",
     "DUCTOR_LOCAL_KAFKA_SASL_PORT": "infra/local.py",
+    "DUCTOR_LOCAL_KAFKA_BROKERS": "infra/local.py",
     "DUCTOR_LOCAL_PG_PORT": "infra/local.py and infra/compose.yaml",
 }
 

@@ -33,6 +33,26 @@ def desired_topics(settings: Settings, queues: Iterable[str] = ()) -> dict[str, 
     return topics
 
 
+def replication(settings: Settings, brokers: int) -> tuple[int, int]:
+    """The replication factor and ``min.insync.replicas`` of new topics on a cluster of
+    ``brokers``: the settings', or min(3, brokers) and 2 where that is 3 or more (a write is
+    acknowledged by two replicas, so one broker may be down), else 1. RuntimeError if the
+    cluster cannot hold them."""
+    replicas = settings.replication_factor or min(3, brokers)
+    min_isr = settings.min_insync_replicas or (2 if replicas >= 3 else 1)
+    if replicas > brokers:
+        raise RuntimeError(
+            f"DUCTOR_REPLICATION_FACTOR={replicas} needs {replicas} brokers; the cluster at"
+            f" {settings.bootstrap_servers} has {brokers}"
+        )
+    if min_isr > replicas:
+        raise RuntimeError(
+            f"DUCTOR_MIN_INSYNC_REPLICAS={min_isr} is more than the {replicas} replicas of each"
+            " topic: no write would ever be acknowledged"
+        )
+    return replicas, min_isr
+
+
 def create_topics(
     settings: Settings, timeout_s: float = 30.0, queues: Iterable[str] = ()
 ) -> dict[str, str]:
@@ -44,7 +64,9 @@ def create_topics(
     """
     admin = AdminClient(with_logger(admin_config(settings, "ductor-topics")))
     wanted = desired_topics(settings, queues)
-    existing = admin.list_topics(timeout=timeout_s).topics
+    metadata = admin.list_topics(timeout=timeout_s)
+    existing = metadata.topics
+    replicas, min_isr = replication(settings, len(metadata.brokers))
     report: dict[str, str] = {}
     to_create: list[NewTopic] = []
     for topic, partitions in wanted.items():
@@ -54,7 +76,10 @@ def create_topics(
         else:
             to_create.append(
                 NewTopic(
-                    topic, num_partitions=partitions, replication_factor=settings.replication_factor
+                    topic,
+                    num_partitions=partitions,
+                    replication_factor=replicas,
+                    config={"min.insync.replicas": str(min_isr)},
                 )
             )
     futures = admin.create_topics(to_create, operation_timeout=timeout_s) if to_create else {}

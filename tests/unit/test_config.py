@@ -333,6 +333,7 @@ def test_settings_env_round_trips_every_field_changed() -> None:
         "DUCTOR_STEP_PARTITIONS": "9",
         "DUCTOR_DLQ_PARTITIONS": "2",
         "DUCTOR_REPLICATION_FACTOR": "3",
+        "DUCTOR_MIN_INSYNC_REPLICAS": "2",
         "DUCTOR_BATCH_SIZE": "17",
         "DUCTOR_BATCH_LINGER_MS": "5",
         "DUCTOR_TIER_WEIGHTS": "5:3:2",

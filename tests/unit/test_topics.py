@@ -14,7 +14,7 @@ from processor.core.routing import (
     rung_for_delay,
 )
 from processor.io.config import Settings
-from processor.io.topics import desired_topics
+from processor.io.topics import desired_topics, replication
 
 from .strategies import FAST
 
@@ -126,3 +126,34 @@ def test_desired_topics_use_the_configured_partition_counts() -> None:
     assert topics["p.delay.10000"] == 5
     assert topics["p.steps"] == 4
     assert topics["p.dlq"] == 2
+
+
+@pytest.mark.parametrize(
+    ("brokers", "factor", "min_isr", "expected"),
+    [
+        (1, 0, 0, (1, 1)),
+        (2, 0, 0, (2, 1)),
+        (3, 0, 0, (3, 2)),
+        (5, 0, 0, (3, 2)),
+        (5, 5, 0, (5, 2)),
+        (3, 3, 3, (3, 3)),
+        (3, 2, 0, (2, 1)),
+    ],
+)
+def test_new_topics_are_replicated_as_the_cluster_allows(
+    brokers: int, factor: int, min_isr: int, expected: tuple[int, int]
+) -> None:
+    settings = Settings(replication_factor=factor, min_insync_replicas=min_isr)
+    assert replication(settings, brokers) == expected
+
+
+@pytest.mark.parametrize(
+    ("brokers", "factor", "min_isr", "words"),
+    [(1, 3, 0, "needs 3 brokers"), (3, 3, 4, "no write would ever be acknowledged")],
+)
+def test_replication_the_cluster_cannot_hold_is_refused(
+    brokers: int, factor: int, min_isr: int, words: str
+) -> None:
+    settings = Settings(replication_factor=factor, min_insync_replicas=min_isr)
+    with pytest.raises(RuntimeError, match=words):
+        replication(settings, brokers)
