@@ -907,18 +907,29 @@ INITDB_OPTIONS = (
 
 
 class Postgres:
+    """The local cluster (``postgres/``, on ``settings.pg_port``), or one server of a
+    primary/standby pair (``PostgresPair``): its directory, port and extra settings given."""
+
     name = "postgres"
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        directory: str = "postgres",
+        port: int | None = None,
+        extra_conf: str = "",
+    ) -> None:
         self.settings = settings
-        self.root = settings.infra_dir / "postgres"
+        self.port = port or settings.pg_port
+        self.extra_conf = extra_conf
+        self.root = settings.infra_dir / directory
         self.data = self.root / "data"
         self.run_dir = self.root / "run"
         self.log_file = self.run_dir / "postgres.log"
 
     @property
     def dsn(self) -> str:
-        return f"postgresql://{PG_USER}:{PG_PASSWORD}@{HOST}:{self.settings.pg_port}/{PG_DATABASE}"
+        return f"postgresql://{PG_USER}:{PG_PASSWORD}@{HOST}:{self.port}/{PG_DATABASE}"
 
     @property
     def endpoint(self) -> str:
@@ -930,7 +941,7 @@ class Postgres:
     def status(self) -> Status:
         pid = read_pid(self.data / "postmaster.pid")
         if pid is None:
-            return Status(State.STOPPED, detail=port_note(self.settings.pg_port))
+            return Status(State.STOPPED, detail=port_note(self.port))
         # pg_ctl starts the postmaster as `postgres -D <data dir>`: the path identifies ours.
         if not process_alive(pid, str(self.data)):
             return Status(State.DEAD, pid)
@@ -960,7 +971,7 @@ class Postgres:
         if not (self.data / "PG_VERSION").is_file():
             self.initdb()
         self.write_config()
-        require_free_port(self.settings.pg_port, "DUCTOR_LOCAL_PG_PORT", "postgres")
+        require_free_port(self.port, "DUCTOR_LOCAL_PG_PORT", "postgres")
         deadline = time.monotonic() + PG_READY_SECONDS
         self.pg_ctl_start(deadline)
         try:
@@ -1020,7 +1031,7 @@ class Postgres:
             conf.write("include 'ductor.conf'\n")
 
     def write_config(self) -> None:
-        socket_path = self.run_dir / f".s.PGSQL.{self.settings.pg_port}"
+        socket_path = self.run_dir / f".s.PGSQL.{self.port}"
         if len(str(socket_path)) > 107:
             raise InfraError(
                 f"socket path {socket_path} is too long for Unix sockets; "
@@ -1028,7 +1039,7 @@ class Postgres:
             )
         conf = self.data / "ductor.conf"
         conf.write_text(
-            PG_CONF.format(host=HOST, port=self.settings.pg_port, socket_dir=self.run_dir)
+            PG_CONF.format(host=HOST, port=self.port, socket_dir=self.run_dir) + self.extra_conf
         )
         if os.geteuid() == 0:
             shutil.chown(conf, "postgres", "postgres")
@@ -1052,7 +1063,7 @@ class Postgres:
         # As the superuser over the Unix socket; idempotent, so it runs on every start.
         with psycopg.connect(
             host=str(self.run_dir),
-            port=self.settings.pg_port,
+            port=self.port,
             user="postgres",
             dbname="postgres",
             autocommit=True,
@@ -1109,6 +1120,111 @@ class Postgres:
             # shared memory that would make the next start refuse.
             kill_leftovers(self.data, "postgres")
             (self.data / "postmaster.pid").unlink(missing_ok=True)
+
+
+# A primary that waits for its standby: a commit returns once the standby has flushed it, so
+# a promoted standby holds every commit a client was told of.
+PRIMARY_CONF = """
+# A primary with a synchronous standby (PostgresPair).
+synchronous_commit = on
+wal_level = replica
+max_wal_senders = 5
+wal_keep_size = 256MB
+"""
+# Set once the standby streams (commits before that would wait for it forever).
+SYNCHRONOUS_CONF = "synchronous_standby_names = '{standby}'\n"
+STANDBY_CONF = """
+# A hot standby of the primary (PostgresPair), promoted by `pg_ctl promote`.
+synchronous_commit = on
+hot_standby = on
+primary_conninfo = 'host={socket_dir} port={primary_port} user=postgres application_name={standby}'
+"""
+STANDBY_NAME = "ductor_standby"
+
+
+class PostgresPair:
+    """A primary and a synchronous streaming standby, from the same Debian packages, for
+    failover tests: the standby is made by `pg_basebackup` and promoted by `pg_ctl promote`
+    (what Patroni does on a primary's loss, without the election: the tests decide). Clients
+    use a multi-host DSN with target_session_attrs=read-write, so they find whichever server
+    takes writes."""
+
+    name = "postgres"
+
+    def __init__(self, settings: Settings, port: int) -> None:
+        self.settings = settings
+        primary_run = settings.infra_dir / "pg-primary" / "run"
+        self.primary = Postgres(settings, "pg-primary", port, PRIMARY_CONF)
+        self.standby = Postgres(
+            settings,
+            "pg-standby",
+            port + 1,
+            STANDBY_CONF.format(socket_dir=primary_run, primary_port=port, standby=STANDBY_NAME),
+        )
+
+    @property
+    def dsn(self) -> str:
+        hosts = f"{HOST}:{self.primary.port},{HOST}:{self.standby.port}"
+        return (
+            f"postgresql://{PG_USER}:{PG_PASSWORD}@{hosts}/{PG_DATABASE}"
+            "?target_session_attrs=read-write"
+        )
+
+    def up(self) -> None:
+        """A new pair: the primary from initdb, the standby from its base backup, streaming
+        and synchronous before this returns."""
+        self.down(StopMode.KILL)
+        for server in (self.primary, self.standby):
+            shutil.rmtree(server.root, ignore_errors=True)
+        self.primary.up()
+        self.standby.prepare_dirs()
+        backup = self.primary.as_owner(
+            [
+                self.primary.bindir() / "pg_basebackup",
+                "-h", self.primary.run_dir, "-p", str(self.primary.port), "-U", "postgres",
+                "-D", self.standby.data, "-X", "stream", "-c", "fast",
+            ]
+        )  # fmt: skip
+        run_checked(backup, "pg_basebackup", cwd=self.standby.root)
+        (self.standby.data / "standby.signal").touch()
+        if os.geteuid() == 0:
+            shutil.chown(self.standby.data / "standby.signal", "postgres", "postgres")
+        self.standby.up()
+        self.primary.extra_conf = PRIMARY_CONF + SYNCHRONOUS_CONF.format(standby=STANDBY_NAME)
+        self.primary.write_config()
+        run_checked(self.primary.pg_ctl("reload"), "pg_ctl reload")
+        self._wait_synchronous()
+
+    def _wait_synchronous(self) -> None:
+        deadline = time.monotonic() + PG_READY_SECONDS
+        # As the superuser: pg_stat_replication hides its columns from other roles.
+        with psycopg.connect(
+            host=str(self.primary.run_dir),
+            port=self.primary.port,
+            user="postgres",
+            dbname="postgres",
+            autocommit=True,
+        ) as conn:
+            while time.monotonic() < deadline:
+                row = conn.execute(
+                    "SELECT sync_state FROM pg_stat_replication WHERE application_name = %s",
+                    (STANDBY_NAME,),
+                ).fetchone()
+                if row is not None and row[0] == "sync":
+                    note("postgres: the standby streams and is synchronous")
+                    return
+                time.sleep(0.2)
+        raise InfraError(f"the standby did not become synchronous\n{tail(self.standby.log_file)}")
+
+    def promote(self) -> None:
+        """The standby takes writes (after the primary's loss)."""
+        run_checked(self.standby.pg_ctl("promote", "-w", "-t", "60"), "pg_ctl promote")
+        note("postgres: the standby was promoted")
+
+    def down(self, mode: StopMode = StopMode.FAST) -> None:
+        for server in (self.standby, self.primary):
+            if (server.data / "PG_VERSION").is_file():
+                server.down(mode)
 
 
 # Development settings. fsync stays on: data must survive a crash of the machine; only
