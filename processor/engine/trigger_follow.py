@@ -29,6 +29,8 @@ class TriggerFollower:
         self._max_bytes = max_bytes
         self._stats = stats
         self._set = TriggerSet()
+        # Asked of every consumed record: a dict lookup, not the names' string comparisons.
+        self._is_source: dict[str, bool] = {}
 
     @property
     def by_topic(self) -> Mapping[str, Trigger]:
@@ -62,7 +64,10 @@ class TriggerFollower:
 
     def is_source(self, topic: str) -> bool:
         """A topic that is not Ductor's own: a trigger's source, followed or not (any more)."""
-        return self._names.source_of(topic) == "trigger"
+        known = self._is_source.get(topic)
+        if known is None:
+            known = self._is_source[topic] = self._names.source_of(topic) == "trigger"
+        return known
 
     def start_at(
         self, partition: TopicPartition, uncommitted: set[tuple[str, int]] | None
