@@ -94,8 +94,9 @@ test: venv tools ## everything CI runs: infra up, lint, typecheck, all tests
 wheel: venv ## build the sdist and the wheel into dist/
 	$(PY) -m build --outdir dist .
 
+# CLUSTER=1 also runs the end-to-end and scaling phases on a local three-broker cluster.
 bench: setup ## the benchmark: prints throughput, ratios, latency and memory figures
-	$(PY) -m processor.tools.bench
+	$(PY) -m processor.tools.bench $(if $(CLUSTER),--cluster)
 
 # Options of the run: CHAOS_ARGS="--seed 3 --kills 80" (python -m processor.tools.chaos --help).
 chaos: setup ## the chaos run: >= 50 kills, broker and Postgres restarts, a 30 s freeze; prints figures

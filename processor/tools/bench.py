@@ -28,10 +28,11 @@ import argparse
 import sys
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 
 from processor.io.config import load_settings
 from processor.tools.bench_phases import SCALING_PARTITIONS, Bench
-from processor.tools.bench_support import Figures, OtlpSink, report
+from processor.tools.bench_support import Figures, OtlpSink, report, report_cluster
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -51,6 +52,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=int,
         default=8000,
         help="runs of the 4-step workflow per end-to-end phase, before --scale (default 8000)",
+    )
+    parser.add_argument(
+        "--cluster",
+        action="store_true",
+        help="also run the end-to-end and scaling phases on a local three-broker cluster"
+        " (started for the run on ports 29092-29100 from a checkout, stopped after): the cost"
+        " of replication, in the same run",
     )
 
 
@@ -129,6 +137,8 @@ def run(args: argparse.Namespace) -> int:
             print(f"scaling: {instances} instance(s) in one group ...", flush=True)
             bench.phase(f"scale{instances}", partitions=SCALING_PARTITIONS)
             figures.scaling.append(bench.scaling(instances))
+        if args.cluster:
+            _on_cluster(bench, figures, runs)
     finally:
         sink.close()
         bench.teardown()
@@ -136,6 +146,28 @@ def run(args: argparse.Namespace) -> int:
     figures.partitions = SCALING_PARTITIONS
     report(figures)
     return 0
+
+
+def _on_cluster(single: Bench, figures: Figures, runs: int) -> None:
+    """The end-to-end and scaling phases again, on three brokers with three replicas."""
+    from processor.tools.local_infra import three_brokers  # noqa: PLC0415 (needs the checkout)
+
+    with three_brokers() as bootstrap:
+        bench = Bench(replace(single.base, bootstrap_servers=bootstrap), single.scale)
+        try:
+            for processes in (1, 2):
+                print(f"on the cluster: end to end, {processes} + {processes} ...", flush=True)
+                bench.phase(f"c-e2e{processes}")
+                figures.cluster_e2e.append(bench.end_to_end(processes, processes, runs))
+            for instances in (1, 2, 4):
+                print(f"on the cluster: scaling, {instances} instance(s) ...", flush=True)
+                bench.phase(f"c-scale{instances}", partitions=SCALING_PARTITIONS)
+                figures.cluster_scaling.append(bench.scaling(instances))
+            # Printed now as well: the figures are kept should the cluster's teardown fail.
+            figures.partitions = SCALING_PARTITIONS
+            report_cluster(figures)
+        finally:
+            bench.teardown()
 
 
 if __name__ == "__main__":

@@ -188,6 +188,23 @@ def find_broker(bootstrap_servers: str, proc: Path = PROC) -> int | None:
     return _only([p for p in _pids(proc) if "kafka.Kafka" in read_cmdline(p, proc).split()])
 
 
+def find_brokers(bootstrap_servers: str, proc: Path = PROC) -> tuple[int, ...]:
+    """The pids of the brokers behind ``bootstrap_servers`` running on this machine, one per
+    server listed (a cluster's nodes); ``find_broker``'s guess when none listens here."""
+    found: list[int] = []
+    for server in bootstrap_servers.split(","):
+        host, _, port = server.strip().rpartition(":")
+        if not _is_local(host.strip("[]")) or not port.isdigit():
+            continue
+        pid = _topmost(listening_pids(int(port), proc), proc)
+        if pid is not None and "kafka" in read_cmdline(pid, proc).lower() and pid not in found:
+            found.append(pid)
+    if found:
+        return tuple(found)
+    single = find_broker(bootstrap_servers, proc)
+    return (single,) if single else ()
+
+
 def find_postmaster(host: str, port: int, proc: Path = PROC) -> int | None:
     """The pid of the Postgres postmaster serving ``host:port`` when it runs on this
     machine: the process listening on the port (backends close the listening sockets)."""

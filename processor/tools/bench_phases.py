@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
-from confluent_kafka import Producer
+from confluent_kafka import KafkaException, Producer
 from confluent_kafka.admin import AdminClient
 from psycopg.conninfo import conninfo_to_dict
 
@@ -44,7 +44,7 @@ from processor.tools.bench_cpu import (
     CpuMeter,
     CpuUse,
     Group,
-    find_broker,
+    find_brokers,
     find_postmaster,
     other_sessions,
 )
@@ -248,13 +248,13 @@ class Bench:
         own = [self.conn.info.backend_pid] if polling else []
         # The services' processes, looked up afresh (a restart gives them new pids), when
         # they run on this machine; else their CPU is unknown.
-        broker = find_broker(self.base.bootstrap_servers)
+        brokers = find_brokers(self.base.bootstrap_servers)
         postmaster = find_postmaster(self.pg_host, self.pg_port)
         return CpuMeter(
             [
                 Group("instance", tuple(instances)),
                 Group("worker", tuple(workers)),
-                Group("broker", (broker,) if broker else ()),
+                Group("broker", brokers),
                 Group(
                     "postgres",
                     (postmaster,) if postmaster else (),
@@ -489,16 +489,23 @@ class Bench:
         )
         wanted = len(topics) * per_topic
         deadline = time.monotonic() + timeout
+        seen = "no answer"
         while True:
-            description = self.admin.describe_consumer_groups([group])[group].result(timeout=10)
-            held = [len(m.assignment.topic_partitions) for m in description.members]
-            stable = str(description.state).endswith("STABLE")
-            if stable and len(held) == members and all(held) and sum(held) == wanted:
-                return
+            try:
+                description = self.admin.describe_consumer_groups([group])[group].result(30)
+            except (TimeoutError, KafkaException) as exc:
+                # A new cluster's group coordinator may not answer yet: asked again.
+                seen = f"no answer ({type(exc).__name__})"
+            else:
+                held = [len(m.assignment.topic_partitions) for m in description.members]
+                stable = str(description.state).endswith("STABLE")
+                if stable and len(held) == members and all(held) and sum(held) == wanted:
+                    return
+                seen = f"{description.state}, partitions held {held}"
             if time.monotonic() > deadline:
                 raise RuntimeError(
-                    f"group {group}: {description.state}, partitions held {held},"
-                    f" not {members} members holding {wanted} within {timeout} s"
+                    f"group {group}: {seen}, not {members} members holding {wanted}"
+                    f" within {timeout} s"
                 )
             time.sleep(0.2)  # the benchmark waits for the group; this is not a test
 

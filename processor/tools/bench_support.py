@@ -102,6 +102,9 @@ class Figures:
     e2e: list[dict[str, Any]] = field(default_factory=list)
     scaling: list[dict[str, Any]] = field(default_factory=list)
     partitions: int = 0  # per wakeup topic in the scaling phases
+    # The same two phases on a local three-broker cluster (`make bench` with --cluster).
+    cluster_e2e: list[dict[str, Any]] = field(default_factory=list)
+    cluster_scaling: list[dict[str, Any]] = field(default_factory=list)
     idle: CpuUse | None = None  # the services with nothing of ours running
     wall: float = 0.0  # the whole benchmark, seconds
 
@@ -187,48 +190,80 @@ def report_costs(f: Figures) -> None:
             " included)"
         )
     if f.e2e:
-        runs = f.e2e[0]["runs"]
-        print()
-        print(
-            f"End to end: {runs} runs of a 4-step workflow (s0; s1 + s2 in parallel; s3; no-op"
-            " steps),\n  from the first start wakeup (as `ductor start` produces them) to the last"
-            " run ended (CPU: µs per run)"
-        )
-        print(f"  {'processes':26}{'runs/s':>7}{'wall s':>8}{'ticks/run':>10}{_CPU_HEAD}")
-        for e in f.e2e:
-            cost = e["cost"]
-            name = f"{e['processors']} processor{'s' * (e['processors'] > 1)}"
-            name += f" + {e['workers']} worker{'s' * (e['workers'] > 1)}"
-            failed = "" if e["succeeded"] == e["runs"] else f"  ({e['succeeded']} succeeded)"
-            print(
-                f"  {name:26}{e['runs'] / cost.seconds:7.0f}{cost.seconds:8.1f}"
-                f"{cost.ticks / e['runs']:10.2f}{_cpu_columns(cost, e['runs'])}{failed}"
-            )
+        _report_end_to_end(f.e2e, "")
     if f.scaling:
-        print()
-        print(
-            f"Scaling: instances in one group over the same topics ({f.partitions} partitions"
-            " per wakeup topic), one-step runs\n  (CPU: µs per committed tick; cores ="
-            " CPU of one instance / wall time, on average)"
-        )
-        head = "".join(f"{h:>9}" for h in ("instance", "broker", "Postgres", "total", "machine"))
-        print(f"  {'instances':>9}{'ticks/s':>9}{'per inst':>9}{head}{'cores':>7}")
-        for row in f.scaling:
-            cost = row["cost"]
-            n = row["instances"]
-            cells = [_us(cost.per_unit_us(g, cost.ticks)) for g in ("instance", "broker")]
-            cells += [_us(cost.per_unit_us("postgres", cost.ticks)), _us(cost.total_us(cost.ticks))]
-            cells.append(_us(cost.machine_us(cost.ticks)))
-            cores = cost.cores("instance")
-            per_core = "-" if cores is None else f"{cores / n:.2f}"
-            print(
-                f"  {n:9}{cost.rate:9.0f}{cost.rate / n:9.0f}"
-                + "".join(f"{c:>9}" for c in cells)
-                + f"{per_core:>7}"
-            )
+        _report_scaling(f.scaling, f.partitions, "")
+    report_cluster(f)
     if f.wall:
         print()
         print(f"whole benchmark: {f.wall / 60:.1f} min")
+
+
+def report_cluster(f: Figures) -> None:
+    """The end-to-end and scaling phases on the three-broker cluster, and their ratios to the
+    same phases on one broker in the same run."""
+    if f.cluster_e2e:
+        on = " on a local three-broker cluster (3 replicas, min.insync.replicas 2)"
+        _report_end_to_end(f.cluster_e2e, on)
+        _report_ratios("runs/s", f.e2e, f.cluster_e2e, lambda e: e["runs"] / e["cost"].seconds)
+    if f.cluster_scaling:
+        _report_scaling(f.cluster_scaling, f.partitions, " on the three-broker cluster")
+        _report_ratios("ticks/s", f.scaling, f.cluster_scaling, lambda r: r["cost"].rate)
+
+
+def _report_end_to_end(rows: list[dict[str, Any]], where: str) -> None:
+    runs = rows[0]["runs"]
+    print()
+    print(
+        f"End to end{where}: {runs} runs of a 4-step workflow (s0; s1 + s2 in parallel; s3; no-op"
+        " steps),\n  from the first start wakeup (as `ductor start` produces them) to the last"
+        " run ended (CPU: µs per run)"
+    )
+    print(f"  {'processes':26}{'runs/s':>7}{'wall s':>8}{'ticks/run':>10}{_CPU_HEAD}")
+    for e in rows:
+        cost = e["cost"]
+        name = f"{e['processors']} processor{'s' * (e['processors'] > 1)}"
+        name += f" + {e['workers']} worker{'s' * (e['workers'] > 1)}"
+        failed = "" if e["succeeded"] == e["runs"] else f"  ({e['succeeded']} succeeded)"
+        print(
+            f"  {name:26}{e['runs'] / cost.seconds:7.0f}{cost.seconds:8.1f}"
+            f"{cost.ticks / e['runs']:10.2f}{_cpu_columns(cost, e['runs'])}{failed}"
+        )
+
+
+def _report_scaling(rows: list[dict[str, Any]], partitions: int, where: str) -> None:
+    print()
+    print(
+        f"Scaling{where}: instances in one group over the same topics ({partitions} partitions"
+        " per wakeup topic), one-step runs\n  (CPU: µs per committed tick; cores ="
+        " CPU of one instance / wall time, on average)"
+    )
+    head = "".join(f"{h:>9}" for h in ("instance", "broker", "Postgres", "total", "machine"))
+    print(f"  {'instances':>9}{'ticks/s':>9}{'per inst':>9}{head}{'cores':>7}")
+    for row in rows:
+        cost = row["cost"]
+        n = row["instances"]
+        cells = [_us(cost.per_unit_us(g, cost.ticks)) for g in ("instance", "broker")]
+        cells += [_us(cost.per_unit_us("postgres", cost.ticks)), _us(cost.total_us(cost.ticks))]
+        cells.append(_us(cost.machine_us(cost.ticks)))
+        cores = cost.cores("instance")
+        per_core = "-" if cores is None else f"{cores / n:.2f}"
+        print(
+            f"  {n:9}{cost.rate:9.0f}{cost.rate / n:9.0f}"
+            + "".join(f"{c:>9}" for c in cells)
+            + f"{per_core:>7}"
+        )
+
+
+def _report_ratios(
+    unit: str,
+    single: list[dict[str, Any]],
+    cluster: list[dict[str, Any]],
+    rate: Callable[[dict[str, Any]], float],
+) -> None:
+    """The cluster's figure over the single broker's, phase by phase, from the same run."""
+    cells = [f"{rate(c) / rate(s):.2f}" for s, c in zip(single, cluster, strict=False)]
+    print(f"  {unit} on the cluster / on one broker, same run: {', '.join(cells)}")
 
 
 class OtlpSink:

@@ -13,10 +13,13 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import replace
 
 import psycopg
 
-from infra.local import Kafka, Postgres, State, StopMode
+from infra.local import Kafka, KafkaCluster, Postgres, State, StopMode
 from infra.local import Settings as InfraSettings
 from processor.io.config import Settings
 
@@ -97,3 +100,27 @@ def local_services(settings: Settings) -> LocalInfra:
                 f"{svc.name} is not running under infra/local.py ({infra.infra_dir})"
             )
     return LocalInfra(kafka, postgres)
+
+
+CLUSTER_PORT = 29092  # node N on 29092 + 3 (N - 1) and the two ports after it
+
+
+@contextmanager
+def three_brokers() -> Iterator[str]:
+    """A local three-broker cluster for the block (beside the single broker, in the same
+    state directory, so the jars are shared); its bootstrap servers."""
+    infra = InfraSettings.from_env()
+    cluster = KafkaCluster(
+        replace(
+            infra,
+            kafka_port=CLUSTER_PORT,
+            controller_port=CLUSTER_PORT + 1,
+            sasl_port=CLUSTER_PORT + 2,
+            kafka_brokers=3,
+        )
+    )
+    cluster.up()
+    try:
+        yield cluster.endpoint
+    finally:
+        cluster.down(StopMode.KILL)
