@@ -29,6 +29,7 @@ import sys
 import time
 from collections.abc import Sequence
 from dataclasses import replace
+from typing import Any
 
 from processor.io.config import load_settings
 from processor.tools.bench_phases import SCALING_PARTITIONS, Bench
@@ -125,18 +126,7 @@ def run(args: argparse.Namespace) -> int:
         figures.hot_off = bench.hot_mix(mix, by_run=False, seconds=args.hot_seconds)
         figures.costs["hot mix, spread (2 + 2 workers)"] = figures.hot_off["cost"]
         runs = bench.n(args.e2e_runs)
-        for processes in (1, 2):
-            print(
-                f"end to end: {runs} runs of the 4-step workflow, {processes} processor(s)"
-                f" and {processes} worker(s) ...",
-                flush=True,
-            )
-            bench.phase(f"e2e{processes}")
-            figures.e2e.append(bench.end_to_end(processes, processes, runs))
-        for instances in (1, 2, 4):
-            print(f"scaling: {instances} instance(s) in one group ...", flush=True)
-            bench.phase(f"scale{instances}", partitions=SCALING_PARTITIONS)
-            figures.scaling.append(bench.scaling(instances))
+        _end_to_end_and_scaling(bench, runs, "", figures.e2e, figures.scaling)
         if args.cluster:
             _on_cluster(bench, figures, runs)
     finally:
@@ -148,6 +138,30 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _end_to_end_and_scaling(
+    bench: Bench,
+    runs: int,
+    label: str,
+    e2e: list[dict[str, Any]],
+    scaling: list[dict[str, Any]],
+) -> None:
+    """The end-to-end phases (1 + 1, 2 + 2) and the scaling phases (1, 2, 4 instances), each
+    on topics of its own whose names start with ``label``."""
+    where = " on the cluster" if label else ""
+    for processes in (1, 2):
+        print(
+            f"end to end{where}: {runs} runs of the 4-step workflow, {processes} processor(s)"
+            f" and {processes} worker(s) ...",
+            flush=True,
+        )
+        bench.phase(f"{label}e2e{processes}")
+        e2e.append(bench.end_to_end(processes, processes, runs))
+    for instances in (1, 2, 4):
+        print(f"scaling{where}: {instances} instance(s) in one group ...", flush=True)
+        bench.phase(f"{label}scale{instances}", partitions=SCALING_PARTITIONS)
+        scaling.append(bench.scaling(instances))
+
+
 def _on_cluster(single: Bench, figures: Figures, runs: int) -> None:
     """The end-to-end and scaling phases again, on three brokers with three replicas."""
     from processor.tools.local_infra import three_brokers  # noqa: PLC0415 (needs the checkout)
@@ -155,14 +169,7 @@ def _on_cluster(single: Bench, figures: Figures, runs: int) -> None:
     with three_brokers() as bootstrap:
         bench = Bench(replace(single.base, bootstrap_servers=bootstrap), single.scale)
         try:
-            for processes in (1, 2):
-                print(f"on the cluster: end to end, {processes} + {processes} ...", flush=True)
-                bench.phase(f"c-e2e{processes}")
-                figures.cluster_e2e.append(bench.end_to_end(processes, processes, runs))
-            for instances in (1, 2, 4):
-                print(f"on the cluster: scaling, {instances} instance(s) ...", flush=True)
-                bench.phase(f"c-scale{instances}", partitions=SCALING_PARTITIONS)
-                figures.cluster_scaling.append(bench.scaling(instances))
+            _end_to_end_and_scaling(bench, runs, "c-", figures.cluster_e2e, figures.cluster_scaling)
             # Printed now as well: the figures are kept should the cluster's teardown fail.
             figures.partitions = SCALING_PARTITIONS
             report_cluster(figures)

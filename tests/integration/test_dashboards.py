@@ -8,8 +8,6 @@ skipped."""
 from __future__ import annotations
 
 import contextlib
-import socket
-import urllib.request
 import uuid
 from dataclasses import replace
 from typing import Any
@@ -17,7 +15,6 @@ from typing import Any
 import psycopg
 import pytest
 from confluent_kafka import Producer
-from prometheus_client.parser import text_string_to_metric_families
 
 from processor.core.envelope import Wakeup
 from processor.core.routing import TopicNames
@@ -35,37 +32,11 @@ from .conftest import (
     sample_workflow,
     wait_for,
 )
+from .scrape import free_port, scrape, values
 
 pytestmark = pytest.mark.integration
 
 RUNS = 16  # committed ticks: the end-to-end histogram samples one in 8
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
-
-
-def _scrape(port: int) -> str:
-    """The exposition, or "" while nothing answers yet."""
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as reply:
-            return str(reply.read().decode())
-    except OSError:
-        return ""
-
-
-def _values(exposition: str, sample: str) -> dict[tuple[tuple[str, str], ...], float]:
-    """The values of one sample name by their labels (the exporter's scope labels left out)."""
-    found: dict[tuple[tuple[str, str], ...], float] = {}
-    for family in text_string_to_metric_families(exposition):
-        for point in family.samples:
-            if point.name == sample:
-                labels = {k: v for k, v in point.labels.items() if not k.startswith("otel_")}
-                found[tuple(sorted(labels.items()))] = point.value
-    return found
 
 
 def _quarantine_reason(pg: psycopg.Connection[Any], run_id: str) -> str | None:
@@ -78,7 +49,7 @@ def _quarantine_reason(pg: psycopg.Connection[Any], run_id: str) -> str | None:
 def test_every_name_in_the_dashboard_and_the_alerts_is_exported(
     settings: Settings, pg: psycopg.Connection[Any], spawn: Any
 ) -> None:
-    settings = replace(settings, livelock_requeues=1, metrics_port=_free_port())
+    settings = replace(settings, livelock_requeues=1, metrics_port=free_port())
     names = TopicNames(settings.topic_prefix)
     tag = uuid.uuid4().hex[:6]
     good = [f"dash-{tag}-{i}" for i in range(RUNS)]
@@ -119,7 +90,7 @@ def test_every_name_in_the_dashboard_and_the_alerts_is_exported(
             "the tampered run's quarantine",
         )
         # A worker runs the good runs' steps, and skips a task whose deadline has passed.
-        worker_settings = replace(settings, metrics_port=_free_port())
+        worker_settings = replace(settings, metrics_port=free_port())
         worker = spawn(["worker"], worker_settings, "dashboards-worker")
         stale = StepTask(good[0], "fetch", 9, "fast", deadline_ms=1).encode()
         produce(producer, names.steps, stale, good[0].encode())
@@ -137,7 +108,7 @@ def test_every_name_in_the_dashboard_and_the_alerts_is_exported(
 
     def complete() -> bool:
         missing[:] = problems(
-            queries, _scrape(settings.metrics_port), _scrape(worker_settings.metrics_port)
+            queries, scrape(settings.metrics_port), scrape(worker_settings.metrics_port)
         )
         return not missing
 
@@ -147,22 +118,22 @@ def test_every_name_in_the_dashboard_and_the_alerts_is_exported(
     assert missing == [], "\n".join(missing)
 
     # The work that made them, as the metrics count it.
-    exposition = _scrape(settings.metrics_port)
-    ticks = _values(exposition, "ductor_ticks_total")
+    exposition = scrape(settings.metrics_port)
+    ticks = values(exposition, "ductor_ticks_total")
     assert ticks[(("ductor_outcome", "committed"),)] >= RUNS
-    assert _values(exposition, "ductor_conflicts_total")[()] > 0
-    assert _values(exposition, "ductor_requeues_total") == {(("ductor_delay_rung_ms", "100"),): 1}
-    assert _values(exposition, "ductor_force_fails_total") == {(("ductor_reason", "livelock"),): 1}
-    assert _values(exposition, "ductor_dead_letters_total") == {
+    assert values(exposition, "ductor_conflicts_total")[()] > 0
+    assert values(exposition, "ductor_requeues_total") == {(("ductor_delay_rung_ms", "100"),): 1}
+    assert values(exposition, "ductor_force_fails_total") == {(("ductor_reason", "livelock"),): 1}
+    assert values(exposition, "ductor_dead_letters_total") == {
         (("ductor_reason", "checksum_mismatch"),): 1,
         (("ductor_reason", "not_json"),): 1,
     }
-    assert _values(exposition, "ductor_quarantined_total") == {
+    assert values(exposition, "ductor_quarantined_total") == {
         (("ductor_reason", "checksum_mismatch"),): 1
     }
-    assert _values(exposition, "ductor_errors_total") == {(("error_type", "checksum_mismatch"),): 1}
-    assert _values(exposition, "ductor_ready") == {(): 1}
-    partitions = _values(exposition, "ductor_partitions_assigned")[()]
+    assert values(exposition, "ductor_errors_total") == {(("error_type", "checksum_mismatch"),): 1}
+    assert values(exposition, "ductor_ready") == {(): 1}
+    partitions = values(exposition, "ductor_partitions_assigned")[()]
     assert partitions == (
         len(names.wakeup_topics()) * settings.wakeup_partitions
         + len(names.delay_topics()) * settings.delay_partitions
@@ -170,12 +141,12 @@ def test_every_name_in_the_dashboard_and_the_alerts_is_exported(
     )
     assert child.terminate() == 0
 
-    exposition = _scrape(worker_settings.metrics_port)
-    executions = _values(exposition, "ductor_worker_step_attempts_total")
+    exposition = scrape(worker_settings.metrics_port)
+    executions = values(exposition, "ductor_worker_step_attempts_total")
     assert executions[(("ductor_outcome", "succeeded"), ("ductor_step_type", "fast"))] >= RUNS
-    assert _values(exposition, "ductor_worker_skipped_total") == {
+    assert values(exposition, "ductor_worker_skipped_total") == {
         (("ductor_reason", "deadline"),): 1
     }
-    assert _values(exposition, "ductor_ready") == {(): 1}
-    assert _values(exposition, "ductor_partitions_assigned") == {(): settings.step_partitions}
+    assert values(exposition, "ductor_ready") == {(): 1}
+    assert values(exposition, "ductor_partitions_assigned") == {(): settings.step_partitions}
     assert worker.terminate() == 0

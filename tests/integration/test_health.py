@@ -33,15 +33,9 @@ from processor.worker.health import QueueLag, WorkerProbe
 
 from .conftest import ProcessorThread, WorkerThread, metric_values, wait_for
 from .proxy import TcpProxy
+from .scrape import free_port
 
 pytestmark = pytest.mark.integration
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 def _get(port: int, path: str) -> tuple[int, dict[str, Any]]:
@@ -63,7 +57,7 @@ def _status(port: int, path: str) -> int:
 def test_ready_when_partitions_are_assigned_and_closed_after_shutdown(
     settings: Settings, processor_thread: Any
 ) -> None:
-    port = _free_port()
+    port = free_port()
     instance: ProcessorThread = processor_thread(replace(settings, health_port=port))
     wait_for(lambda: _status(port, "/readyz") == 200, 60, "/readyz to answer 200")
     status, body = _get(port, "/readyz")
@@ -87,7 +81,7 @@ def test_not_ready_through_a_database_outage_but_alive(
 ) -> None:
     """The ``ductor.ready`` gauge says what /readyz says, through the outage and after."""
     proxy = TcpProxy.for_dsn(settings.pg_dsn)
-    port = _free_port()
+    port = free_port()
     through_proxy = replace(settings, pg_dsn=proxy.dsn(settings.pg_dsn), health_port=port)
     reader = InMemoryMetricReader()
     processor_thread(through_proxy, Telemetry.build(None, [], [reader], settings.group_id))
@@ -183,7 +177,7 @@ def test_a_worker_is_ready_with_partitions_and_not_while_left_out_of_a_queue_wit
     """A worker answers /healthz and /readyz like a processor. One that holds no partition
     of a queue where tasks wait is not ready (the queue's lag, read from the broker); a spare
     worker of an idle queue is."""
-    port = _free_port()
+    port = free_port()
     worker = WorkerThread(replace(settings, health_port=port))
     try:
         # Ready at once (no partition yet, but nothing waits), and still once it owns them.

@@ -30,12 +30,13 @@ APP = "tests.integration.counted_steps:registry"
 RUNS = 2000
 
 
-def _quad() -> WorkflowDef:
-    """s0; s1 and s2 after it; s3 after both: every step a counted one."""
-    step = {"type": "counted", "timeout_ms": 30_000, "retry": {"max_attempts": 3}}
+def _quad(name: str = "counted-quad", retry: dict[str, int] | None = None) -> WorkflowDef:
+    """s0; s1 and s2 after it; s3 after both: every step a counted one, retried as ``retry``
+    says (3 attempts by default)."""
+    step = {"type": "counted", "timeout_ms": 30_000, "retry": retry or {"max_attempts": 3}}
     return parse_workflow(
         {
-            "name": "counted-quad",
+            "name": name,
             "version": 1,
             "steps": [
                 {"name": "s0", **step},

@@ -18,7 +18,6 @@ import pytest
 from infra.local import PostgresPair, StopMode
 from infra.local import Settings as InfraSettings
 from processor.client import start_runs
-from processor.core.workflow import parse_workflow
 from processor.io.config import Settings
 from processor.io.runs_admin import register_workflow
 from processor.tools import audit as audit_trail
@@ -26,7 +25,7 @@ from processor.tools import audit as audit_trail
 from . import counted_steps
 from .audit import assert_results_applied, assert_transitions_applied_once
 from .conftest import Spawned, count_terminal, run_ductor, run_statuses, wait_for
-from .test_once_per_attempt import APP
+from .test_once_per_attempt import APP, _quad
 
 pytestmark = pytest.mark.integration
 
@@ -42,28 +41,6 @@ def pair() -> Iterator[PostgresPair]:
         yield servers
     finally:
         servers.down(StopMode.KILL)
-
-
-def _workflow(name: str) -> Any:
-    """Four counted steps whose retries outlast a failover (a step whose own write fails
-    while no server takes writes fails its attempt; the next one runs after the promotion)."""
-    step = {
-        "type": "counted",
-        "timeout_ms": 30_000,
-        "retry": {"max_attempts": 8, "backoff_ms": 500},
-    }
-    return parse_workflow(
-        {
-            "name": name,
-            "version": 1,
-            "steps": [
-                {"name": "s0", **step},
-                {"name": "s1", "depends_on": ["s0"], **step},
-                {"name": "s2", "depends_on": ["s0"], **step},
-                {"name": "s3", "depends_on": ["s1", "s2"], **step},
-            ],
-        }
-    )
 
 
 def _outages(member: Spawned) -> int:
@@ -84,7 +61,9 @@ def test_the_primary_killed_under_load_fails_over_to_the_standby_losing_nothing(
         audit_trail.install(conn)  # (the standby has it too: a trigger, replicated)
         audit_trail.clear(conn)
         counted_steps.install(conn)
-        register_workflow(conn, _workflow(name))
+        # Retries that outlast a failover: a step whose own write fails while no server takes
+        # writes fails its attempt; the next one runs after the promotion.
+        register_workflow(conn, _quad(name, retry={"max_attempts": 8, "backoff_ms": 500}))
     processor = spawn(["process"], on_pair, "process")
     worker = spawn(["worker", "--app", APP], on_pair, "worker")
     members = (processor, worker)

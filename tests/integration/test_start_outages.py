@@ -8,7 +8,6 @@ that does not exist, with the broker answering, still stops the start at once (e
 from __future__ import annotations
 
 import json
-import socket
 import time
 import urllib.error
 import urllib.request
@@ -32,18 +31,12 @@ from .conftest import (
     wait_for,
 )
 from .proxy import TcpProxy
+from .scrape import free_port
 
 pytestmark = pytest.mark.integration
 
 # The old start gave up after this long (a metadata request's timeout), with exit code 1.
 _OLD_START_GAVE_UP_S = 10.0
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 def _get(port: int, path: str) -> tuple[int, dict[str, Any]]:
@@ -93,7 +86,7 @@ def _ride_out_at_start(
     them wait, alive and not ready, past the time the old start gave up; let the dependency
     through and see runs end. Returns both, stopped (exit 0)."""
     proxy.cut()  # every connection refused from the start
-    ports = {"process": _free_port(), "worker": _free_port()}
+    ports = {"process": free_port(), "worker": free_port()}
     started_at = time.monotonic()
     children = {
         name: spawn([name], settings, name, {**env, "DUCTOR_HEALTH_PORT": str(port)})

@@ -10,7 +10,6 @@ the others' records wait on them, is not taken for stuck.
 
 from __future__ import annotations
 
-import socket
 import threading
 import time
 import urllib.error
@@ -32,6 +31,7 @@ from processor.worker import StepContext, StepRegistry
 
 from .audit import assert_transitions_applied_once
 from .conftest import Spawned, WorkerThread, count_terminal, run_statuses, wait_for
+from .scrape import free_port
 
 pytestmark = pytest.mark.integration
 
@@ -78,13 +78,6 @@ def test_a_member_the_group_counts_but_that_holds_nothing_joins_again(
     print(f"the {stuck} joined again ({lines[0]['reason']}); the runs ended in {ended_s:.1f} s")
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
 def _alive(port: int) -> bool:
     """Whether /healthz answers 200 (the loop turns); False while nothing listens yet."""
     try:
@@ -102,7 +95,7 @@ def test_a_member_whose_old_client_hangs_on_close_goes_on_without_it(
     not answer, seen after a broker restart). The member's loop goes on meanwhile: its
     liveness probe stays up (a loop blocked in the close fails it within 2 s, and an
     orchestrator would restart the process), and every run ends once the old client is gone."""
-    port = _free_port()
+    port = free_port()
     watched = replace(settings, group_stall_s=STALL_S)
     faulty = replace(
         watched,

@@ -7,8 +7,6 @@ statement loses none."""
 
 from __future__ import annotations
 
-import socket
-import urllib.request
 import uuid
 from collections import Counter, defaultdict
 from dataclasses import replace
@@ -18,7 +16,6 @@ import orjson
 import psycopg
 import pytest
 from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
-from prometheus_client.parser import text_string_to_metric_families
 
 from processor.core.workflow import parse_workflow
 from processor.io.config import Settings
@@ -36,6 +33,8 @@ from .conftest import (
     wait_for,
 )
 from .kcat import kcat_produce_many
+from .scrape import free_port, scrape, values
+from .test_requests_intake import _kept
 
 pytestmark = pytest.mark.integration
 
@@ -181,33 +180,8 @@ def test_a_team_topic_starts_and_cancels_runs_once_and_bad_records_are_dead_lett
     assert not any(r.startswith("order-90") for r in _all_runs(pg)), "an event from before"
 
 
-def _kept(pg: psycopg.Connection[Any]) -> list[str]:
-    return [r[0] for r in pg.execute("SELECT run_id FROM eec_kept_signal ORDER BY run_id")]
-
-
 def _all_runs(pg: psycopg.Connection[Any]) -> list[str]:
     return [r[0] for r in pg.execute("SELECT run_id FROM eec_workflow_run")]
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
-
-
-def _samples(port: int, name: str) -> dict[tuple[tuple[str, str], ...], float]:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as reply:
-            exposition = reply.read().decode()
-    except OSError:
-        return {}
-    return {
-        tuple(sorted((k, v) for k, v in s.labels.items() if not k.startswith("otel_"))): s.value
-        for family in text_string_to_metric_families(exposition)
-        for s in family.samples
-        if s.name == name
-    }
 
 
 def test_an_instance_killed_after_a_request_statement_loses_no_triggered_run(
@@ -226,7 +200,7 @@ def test_an_instance_killed_after_a_request_statement_loses_no_triggered_run(
     wait_for(lambda: doomed.proc.poll() is not None, 60, "the fault to kill the instance")
     assert doomed.proc.returncode == -9
     before = pg.execute("SELECT count(*) FROM eec_workflow_run").fetchone()
-    heir_settings = replace(settings, metrics_port=_free_port())
+    heir_settings = replace(settings, metrics_port=free_port())
     heir = spawn(["process"], heir_settings, "heir")
     worker = WorkerThread(settings)
     try:
@@ -244,14 +218,14 @@ def test_an_instance_killed_after_a_request_statement_loses_no_triggered_run(
             lambda: (
                 {
                     dict(labels)["messaging_destination_name"]
-                    for labels in _samples(heir_settings.metrics_port, "ductor_consumer_lag")
+                    for labels in values(scrape(heir_settings.metrics_port), "ductor_consumer_lag")
                 }
                 >= {orders}
             ),
             30,
             "the trigger topic's lag to be exported",
         )
-        records = _samples(heir_settings.metrics_port, "ductor_trigger_records_total")
+        records = values(scrape(heir_settings.metrics_port), "ductor_trigger_records_total")
         assert records[(("ductor_outcome", "requested"), ("ductor_trigger", "orders-in"))] > 0
         assert heir.terminate() == 0
     finally:
