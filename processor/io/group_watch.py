@@ -9,21 +9,16 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Mapping, Set
-from concurrent.futures import Future
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
-from confluent_kafka import (
-    Consumer,
-    ConsumerGroupTopicPartitions,
-    KafkaException,
-    TopicPartition,
-)
+from confluent_kafka import Consumer, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient, OffsetSpec  # type: ignore[attr-defined]
 
 from processor.core.membership import TP, GroupView, Holding, IdleWatch, Stuck, judge
 from processor.io.config import Settings
 from processor.io.faults import Faults, Point
-from processor.io.kafka import admin_config
+from processor.io.kafka import admin_config, reader_config
 from processor.io.kafka_logs import with_logger
 
 log = logging.getLogger("ductor.kafka")
@@ -34,12 +29,21 @@ log = logging.getLogger("ductor.kafka")
 # test did, and a script reproduces it with a 5 s timeout. So a look goes out only when the
 # broker has just answered a metadata request (``_BROKER_CHECK_S``, the only wait on the
 # loop thread, once per quiet time), and its requests may wait long rather than time out;
-# no other look starts while one waits.
+# no other look starts while one waits. And an admin client's OffsetFetch that is answered
+# NOT_COORDINATOR (the group's coordinator moved: a broker of a cluster restarted) crashes the
+# process outright (SIGSEGV in librdkafka's main thread: its handler hands the error to the
+# client's consumer group, which an admin client does not have; a script spamming the request
+# while the brokers restart in turn crashed all three of its processes, the processor and the
+# worker of the rolling-restart test both died of it). So the committed offsets are read by a
+# consumer that carries the group's id and joins nothing (``CommittedReader``), on a thread of
+# its own: it answers NOT_COORDINATOR as an error.
 _LOOK_TIMEOUT_S = 300.0
 # A stuck verdict is acted on only if a look this long after still finds the member stuck
 # (or after the quiet time, if shorter): a group settling after a rebalance or a broker
 # restart looks stuck for a moment.
 _CONFIRM_S = 5.0
+# A read of the committed offsets may fail and be asked again at the next look: no crash.
+_COMMITTED_TIMEOUT_S = 10.0
 _BROKER_CHECK_S = 0.5
 # (confluent-kafka's OffsetSpec is untyped)
 _EARLIEST: Any = OffsetSpec.earliest()  # type: ignore[no-untyped-call]
@@ -70,7 +74,7 @@ def let_go_by_fault(faults: Faults, consumer: Consumer, partitions: list[TopicPa
 
 
 # How long a forced ``retiring`` fault holds a retired consumer's close (tests only).
-RETIRING_HANG_S = 20.0
+RETIRING_HANG_S = 14.0
 # How long the watch waits for a retired consumer to close before it may judge again: past
 # the broker's session timeouts (10 s classic here, 45 s by default with the consumer
 # protocol), after which the broker has let its member go even if it never closes.
@@ -123,21 +127,50 @@ class RetiredConsumers:
         return not any(t.is_alive() for t in self._closing)
 
 
+class CommittedReader:
+    """A group's committed offsets, read by a consumer that carries the group's id and never
+    subscribes (so it joins nothing), one read at a time on a thread of its own: the loop
+    never waits for it (see ``_LOOK_TIMEOUT_S`` for why not an admin client)."""
+
+    def __init__(self, settings: Settings, group: str) -> None:
+        self._reader = Consumer(
+            with_logger(reader_config(settings, f"{group}-watch-offsets", group))
+        )
+        self._thread = ThreadPoolExecutor(1, thread_name_prefix="ductor-group-offsets")
+        self._reading: Future[list[TopicPartition]] | None = None
+
+    def read(self, tps: list[TopicPartition]) -> Future[list[TopicPartition]]:
+        self._reading = self._thread.submit(
+            self._reader.committed, tps, timeout=_COMMITTED_TIMEOUT_S
+        )
+        return self._reading
+
+    def close(self) -> None:
+        """Closed unless a read is still out (then left to the process's exit: closing a
+        client another thread is using is not safe)."""
+        self._thread.shutdown(wait=False)
+        if self._reading is None or self._reading.done():
+            self._reader.close()
+
+
 class GroupLook:
     """One look at ``group``'s committed offsets, its partitions' start and end offsets and
     its members' assignments, for the partitions of ``partitions`` (topic: count). Requests go
     out at construction; ``view()`` is None until every answer is in."""
 
     def __init__(
-        self, admin: AdminClient, group: str, partitions: Mapping[str, int], now: float
+        self,
+        admin: AdminClient,
+        committed: CommittedReader,
+        group: str,
+        partitions: Mapping[str, int],
+        now: float,
     ) -> None:
         self.started_at = now
         tps = [TopicPartition(t, p) for t, count in partitions.items() for p in range(count)]
         timeout = {"request_timeout": _LOOK_TIMEOUT_S}
         self._topics = set(partitions)
-        self._committed = admin.list_consumer_group_offsets(
-            [ConsumerGroupTopicPartitions(group)], **timeout
-        )[group]
+        self._committed = committed.read(tps)
         self._starts = admin.list_offsets(dict.fromkeys(tps, _EARLIEST), **timeout)
         self._ends = admin.list_offsets(dict.fromkeys(tps, _LATEST), **timeout)
         self._members = admin.describe_consumer_groups([group], **timeout)[group]
@@ -152,7 +185,7 @@ class GroupLook:
         """The answers (once ``done``); KafkaException if the broker refused one."""
         ends = {(tp.topic, tp.partition): f.result().offset for tp, f in self._ends.items()}
         committed = {(tp.topic, tp.partition): f.result().offset for tp, f in self._starts.items()}
-        for tp in self._committed.result().topic_partitions:
+        for tp in self._committed.result():
             if tp.offset >= 0:  # else never committed: from the start, as the consumer reads
                 committed[(tp.topic, tp.partition)] = tp.offset
         owners: dict[TP, str] = {}
@@ -189,6 +222,7 @@ class GroupWatch:
         self._partitions = dict(partitions)
         self._idle = IdleWatch(quiet_s, now) if quiet_s > 0 else None
         self._admin: AdminClient | None = None
+        self._committed: CommittedReader | None = None
         self._look: GroupLook | None = None
         self._stale = False  # records came while the look was out
         self._confirm_s = min(_CONFIRM_S, quiet_s)
@@ -254,17 +288,20 @@ class GroupWatch:
 
     def close(self, timeout_s: float) -> None:
         """At shutdown: wait a little for the clients left behind to close."""
+        if self._committed is not None:
+            self._committed.close()
         if not self._retired.wait(timeout_s):
             log.warning("a consumer left behind by joining the group again is still closing")
 
     def _start(self, now: float) -> GroupLook | None:
-        if self._admin is None:
+        if self._admin is None or self._committed is None:
             self._admin = AdminClient(
                 with_logger(admin_config(self._settings, f"{self._group}-watch"))
             )
+            self._committed = CommittedReader(self._settings, self._group)
         try:
             self._admin.list_topics(timeout=_BROKER_CHECK_S)  # (see _LOOK_TIMEOUT_S)
-            return GroupLook(self._admin, self._group, self._partitions, now)
+            return GroupLook(self._admin, self._committed, self._group, self._partitions, now)
         except KafkaException as exc:
             log.debug("could not look at group %s: %s", self._group, exc)
             return None
