@@ -11,7 +11,12 @@ take, what it read says why, and this module turns that into a verdict. The rule
    claim was asked again): a worker never holds two deliveries of one attempt at once.
 2. The run no longer exists (deleted by ``ductor gc``): nothing to run.
 3. The attempt is no longer the node's dispatched one (it timed out, the run was cancelled or
-   ended, a later attempt is in flight): stale, skipped.
+   ended, a later attempt is in flight): stale, skipped. Unless the run is live and its row
+   has never dispatched an attempt this far (the node's attempt is lower): the row lost the
+   commit that dispatched it (a database crash with ``synchronous_commit`` off, a failover to
+   a standby that had not received it) after its task was sent. Nothing else would wake the
+   run before its surviving row's next deadline, so the task is skipped and its run woken: the
+   processor ticks again from the row it has, and dispatches the attempt anew.
 4. Its result is recorded (an earlier delivery ran it): not run again. If the worker that ran
    it is gone, the wakeup it owed may have been lost with it, so it is sent again.
 5. A worker that is gone started it:
@@ -41,6 +46,7 @@ class Verdict(StrEnum):
     RUN = "run"
     RUN_GONE = "run_gone"  # skipped: the run no longer exists
     SUPERSEDED = "superseded"  # skipped: not the node's dispatched attempt any more
+    AHEAD = "ahead"  # skipped, its run woken: its row lost the commit that dispatched it
     RECORDED = "recorded"  # skipped: its result is recorded already
     RESEND = "resend"  # skipped, its wakeup sent again: recorded by a worker that is gone
     DIED = "died"  # not run: its worker died running it as often as allowed; the attempt fails
@@ -49,7 +55,9 @@ class Verdict(StrEnum):
 
 
 # The verdicts that end the task without running it (and without a result of its own).
-SKIPPED = frozenset({Verdict.RUN_GONE, Verdict.SUPERSEDED, Verdict.RECORDED, Verdict.RESEND})
+SKIPPED = frozenset(
+    {Verdict.RUN_GONE, Verdict.SUPERSEDED, Verdict.AHEAD, Verdict.RECORDED, Verdict.RESEND}
+)
 
 
 class ClaimFacts(NamedTuple):
@@ -57,6 +65,7 @@ class ClaimFacts(NamedTuple):
 
     run_exists: bool
     current: bool  # the run is live and the node's dispatched attempt is this one
+    ahead: bool  # the run is live and its node's attempt is lower: the row never dispatched it
     recorded: bool  # a result of this attempt is recorded
     starts: int | None  # executions begun before this claim (None: never started)
     starter_alive: bool  # the worker that last started it is alive (false when none did)
@@ -73,7 +82,7 @@ def verdict(facts: ClaimFacts, max_starts: int, may_judge: bool) -> Verdict:
     if not facts.run_exists:
         return Verdict.RUN_GONE
     if not facts.current:
-        return Verdict.SUPERSEDED
+        return Verdict.AHEAD if facts.ahead else Verdict.SUPERSEDED
     if facts.mine and not facts.recorded:
         return Verdict.RUN
     if facts.recorded:

@@ -51,6 +51,9 @@ WITH t AS MATERIALIZED (
                     AND r.node_states -> t.node ->> 'status' = 'dispatched'
                     AND (r.node_states -> t.node ->> 'attempt')::int = t.attempt,
                     false) AS current,
+           coalesce(r.status IN ('pending', 'running')
+                    AND coalesce((r.node_states -> t.node ->> 'attempt')::int, 0) < t.attempt,
+                    false) AS ahead,
            res.run_id IS NOT NULL AS recorded,
            a.starts,
            coalesce({_UNSTARTED.format(a="a")}, false) AS unstarted,
@@ -85,7 +88,7 @@ WITH t AS MATERIALIZED (
                 ELSE {_UNSTARTED.format(a="a")} END
     RETURNING a.run_id, a.node_id, a.attempt, a.starts
 )
-SELECT sn.i, sn.run_exists, sn.current, sn.recorded, sn.began, sn.starter_alive, sn.mine,
+SELECT sn.i, sn.run_exists, sn.current, sn.ahead, sn.recorded, sn.began, sn.starter_alive, sn.mine,
        c.starts, taken.data
   FROM seen sn
   LEFT JOIN claimed c ON c.run_id = sn.run_id AND c.node_id = sn.node AND c.attempt = sn.attempt

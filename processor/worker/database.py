@@ -486,7 +486,7 @@ def _claim_isolating(
         if len(steps) == 1:
             if rules.get("permit"):  # it rode on the statement that failed
                 permit_starts(conn, worker_id, rules["permit"])
-            facts = ClaimFacts(True, True, False, None, False, True, None)
+            facts = ClaimFacts(True, True, False, False, None, False, True, None)
             return [(facts, MissingData(f"cannot be read: {first_line(exc)}"))]
         return [
             answer

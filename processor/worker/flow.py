@@ -360,6 +360,14 @@ class TaskFlow:
             self.stats.skipped[verdict.value] += 1
             if verdict is Verdict.RESEND:
                 self._wake(task)  # its worker died before the run heard of the result
+            elif verdict is Verdict.AHEAD:
+                log.info(  # (counted: skipped{reason=ahead})
+                    "a step task its run's row never dispatched: the commit that dispatched it"
+                    " was lost (a database crash or failover); waking the run to dispatch it"
+                    " again",
+                    extra=_ids(task),
+                )
+                self._wake(task, "replay")
             else:
                 self._done(task)
 
@@ -597,13 +605,12 @@ class TaskFlow:
                 claims.append(task)
         return claims
 
-    def _wake(self, task: Task) -> None:
-        """Wake the task's run: its result is recorded (or was, by a worker that died)."""
+    def _wake(self, task: Task, reason: str = "step_result") -> None:
+        """Wake the task's run: its result is recorded (or was, by a worker that died), or
+        (``replay``) its row lost the commit that dispatched the task."""
         self.book.move(task, State.SENDING)
         step = task.step
-        wakeup = Wakeup(
-            run_id=step.run_id, reason="step_result", produced_at=int(time.time() * 1000)
-        )
+        wakeup = Wakeup(run_id=step.run_id, reason=reason, produced_at=int(time.time() * 1000))
         topic = self.names.wakeup(step.tier)
         partition = choose_partition(
             step.run_id, self._wakeup_partitions[topic], self.settings.partition_by_run

@@ -12,7 +12,7 @@ On the Prometheus endpoint:
   dispatch) to its step starting;
 - ``ductor_worker_tasks_in_flight{ductor_state}``: ``waiting`` (read, claimed, waiting for a
   slot) and ``running``;
-- ``ductor_worker_skipped_total{ductor_reason}``: tasks not run (deadline, superseded,
+- ``ductor_worker_skipped_total{ductor_reason}``: tasks not run (deadline, superseded, ahead,
   recorded, resend, run_gone, duplicate, died);
 - ``ductor_worker_abandoned_total``, ``ductor_worker_abandoned_running`` (threads of abandoned
   steps still alive), ``ductor_worker_heartbeats_total``, ``ductor_worker_reruns_total``,

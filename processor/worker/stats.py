@@ -11,8 +11,9 @@ from dataclasses import dataclass, field
 class WorkerStats:
     # Step executions that ended, by (step type, outcome): succeeded, failed.
     attempts: Counter[tuple[str, str]] = field(default_factory=Counter)
-    # Tasks not run, by reason: deadline, superseded, recorded, run_gone, duplicate, died,
-    # done_before (finished by the partition's previous owner past its committed offset).
+    # Tasks not run, by reason: deadline, superseded, ahead, recorded, resend, run_gone,
+    # duplicate, died, done_before (finished by the partition's previous owner past its
+    # committed offset).
     skipped: Counter[str] = field(default_factory=Counter)
     abandoned: int = 0  # steps given up on while still running (deadline, heartbeat)
     heartbeats: int = 0  # heartbeats the steps reported

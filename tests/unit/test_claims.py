@@ -7,7 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from processor.core.claim_pace import ClaimPace
-from processor.core.claims import ClaimFacts, Verdict, died_reason, verdict
+from processor.core.claims import SKIPPED, ClaimFacts, Verdict, died_reason, verdict
 
 MAX_STARTS = 2
 
@@ -16,6 +16,7 @@ def _facts(**changes: object) -> ClaimFacts:
     base = {
         "run_exists": True,
         "current": True,
+        "ahead": False,
         "recorded": False,
         "starts": None,
         "starter_alive": False,
@@ -34,6 +35,16 @@ def test_stale_tasks_are_skipped() -> None:
     assert verdict(_facts(current=False), MAX_STARTS, True) is Verdict.SUPERSEDED
     # Even one this worker started, or one whose result is in: the run moved on.
     assert verdict(_facts(current=False, mine=True, starts=1), 2, True) is Verdict.SUPERSEDED
+
+
+def test_a_task_its_row_never_dispatched_wakes_its_run_and_is_not_run() -> None:
+    # The commit that dispatched it was lost after its task went out: the run is woken to
+    # dispatch it again from the row it has; this delivery never runs.
+    ahead = _facts(current=False, ahead=True)
+    assert verdict(ahead, MAX_STARTS, True) is Verdict.AHEAD
+    assert verdict(ahead, MAX_STARTS, False) is Verdict.AHEAD  # waking costs one tick at most
+    assert Verdict.AHEAD in SKIPPED
+    assert verdict(_facts(run_exists=False, current=False), 2, True) is Verdict.RUN_GONE
 
 
 def test_a_recorded_attempt_is_not_run_again_and_its_wakeup_is_resent_only_for_the_dead() -> None:
@@ -68,6 +79,7 @@ def test_the_attempts_of_a_worker_that_died_run_again_once_then_fail() -> None:
 @given(
     run_exists=st.booleans(),
     current=st.booleans(),
+    ahead=st.booleans(),
     recorded=st.booleans(),
     starts=st.none() | st.integers(1, 5),
     starter_alive=st.booleans(),
@@ -79,6 +91,7 @@ def test_the_attempts_of_a_worker_that_died_run_again_once_then_fail() -> None:
 def test_a_step_never_runs_on_a_stale_attempt_nor_beside_a_live_holder(
     run_exists: bool,
     current: bool,
+    ahead: bool,
     recorded: bool,
     starts: int | None,
     starter_alive: bool,
@@ -87,7 +100,7 @@ def test_a_step_never_runs_on_a_stale_attempt_nor_beside_a_live_holder(
     max_starts: int,
     may_judge: bool,
 ) -> None:
-    facts = ClaimFacts(run_exists, current, recorded, starts, starter_alive, mine, claimed)
+    facts = ClaimFacts(run_exists, current, ahead, recorded, starts, starter_alive, mine, claimed)
     decided = verdict(facts, max_starts, may_judge)
     if claimed is None:
         # Without a claim, only its own start runs: never another live worker's, never a
@@ -99,6 +112,8 @@ def test_a_step_never_runs_on_a_stale_attempt_nor_beside_a_live_holder(
             assert starts >= max_starts
         if decided is Verdict.RESEND:
             assert recorded and not starter_alive and may_judge
+        if decided is Verdict.AHEAD:
+            assert ahead and not current and run_exists
     if current and run_exists and not recorded and starter_alive and not mine and not claimed:
         assert decided is Verdict.HELD
 
