@@ -46,6 +46,7 @@ from processor.worker import StepRegistry, sample_registry
 from processor.worker.options import WorkerOptions
 from processor.worker.worker import Worker
 
+from .go_build import PRODUCER
 from .restarts import LocalInfra, local_infra_for
 
 pytestmark = pytest.mark.integration
@@ -63,6 +64,16 @@ def wait_for(
         if time.monotonic() > deadline:
             pytest.fail(f"timed out after {timeout:.0f} s waiting for {what}")
         event.wait(interval)  # a bounded wait between two checks of the condition
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Builds a test needs start as soon as the tests are known (go_build.py)."""
+    if any(item.path.name == "test_producer_example.py" for item in session.items):
+        PRODUCER.start()
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    PRODUCER.clean()
 
 
 @pytest.fixture(scope="session")

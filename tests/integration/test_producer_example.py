@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import subprocess
 import uuid
 from pathlib import Path
@@ -21,32 +20,20 @@ from processor.io.config import Settings
 from processor.io.dlq import read_dead_letters
 from processor.io.runs_admin import register_workflow
 
-from .conftest import REPO, SAMPLE, run_statuses, wait_for
+from .conftest import SAMPLE, run_statuses, wait_for
+from .go_build import PRODUCER
 
 pytestmark = pytest.mark.integration
 
-EXAMPLE = REPO / "examples" / "producer-go"
 RUNS = 5
 LINE = re.compile(r"^(start|cancel) (\S+) -> partition \d+ offset \d+$")
 
 
 @pytest.fixture(scope="module")
-def producer_binary(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    go = shutil.which("go") or shutil.which("go", path="/usr/local/go/bin")
-    if go is None:
+def producer_binary() -> Path:
+    binary = PRODUCER.binary()  # (its build started with the suite: go_build.py)
+    if binary is None:
         pytest.skip("Go is not installed: the Go producer example cannot be built")
-    binary = tmp_path_factory.mktemp("go") / "ductor-producer"
-    env = {**os.environ, "GOFLAGS": "-buildvcs=false", "GOTOOLCHAIN": "local"}
-    built = subprocess.run(
-        [go, "build", "-o", str(binary), "."],
-        cwd=EXAMPLE,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
-    )
-    assert built.returncode == 0, built.stderr
     return binary
 
 
