@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import uuid
+from collections import Counter
 from collections.abc import Iterable
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
@@ -120,6 +121,17 @@ def topic_max_message_bytes(settings: Settings, topic: str, timeout_s: float = 1
     resource = ConfigResource(ConfigResource.Type.TOPIC, topic)
     configs = admin.describe_configs([resource])[resource].result(timeout=timeout_s)
     return int(configs["max.message.bytes"].value)
+
+
+def busiest_broker(settings: Settings, timeout_s: float = 10.0) -> int:
+    """The id of the broker that leads the most partitions of the wakeup and steps topics:
+    the one whose loss moves the most leaders."""
+    names = TopicNames(settings.topic_prefix)
+    topics = [*names.wakeup_topics(), names.steps]
+    admin = AdminClient(with_logger(admin_config(settings, "ductor-topics")))
+    meta = admin.list_topics(timeout=timeout_s).topics
+    leaders = Counter(p.leader for t in topics for p in meta[t].partitions.values())
+    return leaders.most_common(1)[0][0]
 
 
 def topic_end_offsets(settings: Settings, topic: str, timeout_s: float = 10.0) -> dict[int, int]:

@@ -166,8 +166,8 @@ def _on_cluster(single: Bench, figures: Figures, runs: int) -> None:
     """The end-to-end and scaling phases again, on three brokers with three replicas."""
     from processor.tools.local_infra import three_brokers  # noqa: PLC0415 (needs the checkout)
 
-    with three_brokers() as bootstrap:
-        bench = Bench(replace(single.base, bootstrap_servers=bootstrap), single.scale)
+    with three_brokers() as cluster:
+        bench = Bench(replace(single.base, bootstrap_servers=cluster.endpoint), single.scale)
         try:
             _end_to_end_and_scaling(bench, runs, "c-", figures.cluster_e2e, figures.cluster_scaling)
             # Printed now as well: the figures are kept should the cluster's teardown fail.

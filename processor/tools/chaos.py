@@ -26,6 +26,11 @@ the repository (processor/tools/checkout.py); from an installed package it says 
 
 The figures are printed at the end; the exit code is 0 only if every check passed. Child logs
 (JSON lines, one file per start of each process) stay in <infra dir>/chaos/<tag>/.
+
+With ``--cluster`` it runs on a local three-broker cluster started for it (three replicas,
+min.insync.replicas 2), and a broker outage SIGKILLs the node leading most of the run's
+partitions while the other two serve: ``--cluster --broker-down 60`` is a leader killed under
+load and started again on its data a minute later.
 """
 
 from __future__ import annotations
@@ -56,7 +61,7 @@ from processor.io.runs_admin import (
     like_prefix,
     register_workflow,
 )
-from processor.io.topics import create_topics, delete_topics
+from processor.io.topics import busiest_broker, create_topics, delete_topics
 from processor.tools import audit, chaos_steps
 from processor.tools.chaos_fleet import PROCESSOR, WORKER, Arming, Fleet
 from processor.tools.chaos_load import Feeder
@@ -421,16 +426,19 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     p.add_argument("--seed", type=int, help="random seed (default: drawn and printed)")
     p.add_argument("--keep", action="store_true", help="keep the runs and topics afterwards")
+    p.add_argument(
+        "--cluster",
+        action="store_true",
+        help="on a local three-broker cluster started for the run; the broker outages stop"
+        " the node leading most of the run's partitions",
+    )
     return p.parse_args(argv)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     try:
-        from processor.tools.local_infra import (  # noqa: PLC0415 (needs the checkout)
-            NotLocalServices,
-            local_services,
-        )
+        from processor.tools import local_infra  # noqa: PLC0415 (needs the checkout)
     except ModuleNotFoundError as exc:
         if exc.name != "infra":
             raise
@@ -438,10 +446,28 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     try:
         base = load_settings()
-        infra = local_services(base)
-    except (ConfigError, NotLocalServices) as exc:
+        infra = local_infra.local_services(base)
+    except (ConfigError, local_infra.NotLocalServices) as exc:
         print(f"chaos: {exc}", file=sys.stderr)
         return 2
+    if not args.cluster:
+        return _chaos(args, base, infra)
+    with local_infra.three_brokers() as cluster:
+        on_cluster = replace(base, bootstrap_servers=cluster.endpoint)
+
+        def leader_of_most(settings: Settings) -> LocalInfra:
+            # The broker outages stop the node that leads most of the run's partitions.
+            return local_infra.LocalInfra(cluster.node(busiest_broker(settings)), infra.postgres)
+
+        return _chaos(args, on_cluster, infra, leader_of_most)
+
+
+def _chaos(
+    args: argparse.Namespace,
+    base: Settings,
+    infra: LocalInfra,
+    broker_for: Callable[[Settings], LocalInfra] | None = None,
+) -> int:
     plan = ChaosPlan(
         runs=args.runs,
         duration_s=args.duration,
@@ -464,6 +490,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     log_dir = infra.kafka.settings.infra_dir / "chaos" / tag
     migrate(settings.pg_dsn)
     create_topics(settings)
+    if broker_for is not None:
+        infra = broker_for(settings)
     try:
         report = run_chaos(settings, plan, infra, log_dir)
     finally:

@@ -128,6 +128,7 @@ class Fleet:
         be killed). Members already down are counted as the watch would have."""
         self._stopping.set()
         self._watch.join(5)
+        self._wait_started(timeout_s)
         with self._lock:
             running = []
             for member in self.members:
@@ -168,6 +169,18 @@ class Fleet:
         finally:
             with self._lock:
                 self._held -= 1
+
+    def _wait_started(self, timeout_s: float) -> None:
+        """Until every member still up has logged its start (bounded). A process SIGTERMed
+        before its interpreter reached the handler (processor/early_stop.py) dies of the
+        signal, which says nothing about a clean stop: a member restarted by a kill a few ms
+        before the end (faults that ran late come close together) would be."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            with self._lock:
+                if all(m.current.proc.poll() is not None or self._running(m) for m in self.members):
+                    return
+            time.sleep(_WATCH_S)  # polling the logs; bounded by the deadline
 
     def _running(self, member: Member) -> bool:
         incarnation = member.current

@@ -79,17 +79,19 @@ class LocalInfra:
             self.postgres.restart()
 
 
-def local_services(settings: Settings) -> LocalInfra:
+def local_services(settings: Settings, broker: Kafka | None = None) -> LocalInfra:
     """The services infra/local.py runs, if they are the ones ``settings`` use and they run;
-    NotLocalServices otherwise."""
+    NotLocalServices otherwise. ``broker``: the node of a local cluster (``three_brokers``)
+    that the outages stop, instead of the single broker."""
     if os.environ.get("DUCTOR_INFRA", "local") != "local":
         raise NotLocalServices(
             "restarting services needs the local infra (DUCTOR_INFRA is not local)"
         )
     infra = InfraSettings.from_env()
-    kafka, postgres = Kafka(infra), Postgres(infra)
+    kafka, postgres = broker or Kafka(infra), Postgres(infra)
     dsn = psycopg.conninfo.conninfo_to_dict(settings.pg_dsn)
-    if settings.bootstrap_servers != kafka.endpoint or str(dsn.get("port")) != str(infra.pg_port):
+    served = settings.bootstrap_servers.split(",")
+    if kafka.endpoint not in served or str(dsn.get("port")) != str(infra.pg_port):
         raise NotLocalServices(
             f"the services ({settings.bootstrap_servers}, {settings.pg_dsn_redacted}) "
             "are not the ones infra/local.py runs here; not restarting them"
@@ -106,9 +108,9 @@ CLUSTER_PORT = 29092  # node N on 29092 + 3 (N - 1) and the two ports after it
 
 
 @contextmanager
-def three_brokers() -> Iterator[str]:
+def three_brokers() -> Iterator[KafkaCluster]:
     """A local three-broker cluster for the block (beside the single broker, in the same
-    state directory, so the jars are shared); its bootstrap servers."""
+    state directory, so the jars are shared), on ports of its own; killed afterwards."""
     infra = InfraSettings.from_env()
     cluster = KafkaCluster(
         replace(
@@ -121,6 +123,6 @@ def three_brokers() -> Iterator[str]:
     )
     cluster.up()
     try:
-        yield cluster.endpoint
+        yield cluster
     finally:
         cluster.down(StopMode.KILL)

@@ -1,16 +1,19 @@
 """A three-broker Kafka cluster (infra/local.py with DUCTOR_LOCAL_KAFKA_BROKERS=3, on ports of
 its own beside the tests' single broker): topics are created with three replicas and
-min.insync.replicas 2, and the broker leading most of the wakeup and steps partitions is
-SIGKILLed while runs flow, then started again on its data. Every run ends, no transition is
-applied twice, no step runs more than the bound of a broker outage, no process exits."""
+min.insync.replicas 2, and under load the broker leading most of the wakeup and steps
+partitions is SIGKILLed and started again on its data, every broker is restarted in turn as an
+operator rolls a cluster, and one broker is kept down while the other two serve whole runs.
+Every run ends, no transition is applied twice, no step runs more than the bound of a broker
+outage, no process exits."""
 
 from __future__ import annotations
 
+import threading
 import time
 import uuid
-from collections import Counter
-from collections.abc import Iterator
-from dataclasses import replace
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, replace
 from typing import Any
 
 import psycopg
@@ -18,106 +21,221 @@ import pytest
 from confluent_kafka.admin import AdminClient, ConfigResource  # type: ignore[attr-defined]
 
 from infra.local import KafkaCluster, StopMode
-from infra.local import Settings as InfraSettings
 from processor.client import start_runs
 from processor.core.routing import TopicNames
 from processor.io.config import Settings
 from processor.io.kafka import admin_config
 from processor.io.runs_admin import register_workflow
-from processor.io.topics import create_topics
+from processor.io.topics import busiest_broker, create_topics
+from processor.tools.local_infra import three_brokers
 
 from . import counted_steps
 from .audit import assert_results_applied, assert_transitions_applied_once
-from .conftest import count_terminal, run_statuses, wait_for
+from .conftest import Spawned, count_terminal, run_statuses, wait_for
 from .test_once_per_attempt import APP, _quad
 
 pytestmark = pytest.mark.integration
 
-RUNS = 1000
-DOWN_S = 10.0
-BASE_PORT = 29092  # node N on 29092 + 3 (N - 1) and the two ports after it
+# Longer than the controller takes to fence a broker that died (broker.session.timeout.ms, 9 s):
+# until then its partitions have no leader, and nothing moves on them.
+DOWN_S = 20.0
+ROLL_FEED_PER_S = 20  # runs started a second while the brokers restart in turn
 
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[KafkaCluster]:
-    infra = InfraSettings.from_env()  # the tests' state directory: the jars are shared
-    three = replace(
-        infra,
-        kafka_port=BASE_PORT,
-        controller_port=BASE_PORT + 1,
-        sasl_port=BASE_PORT + 2,
-        kafka_brokers=3,
-    )
-    brokers = KafkaCluster(three)
-    brokers.up()
-    try:
+    with three_brokers() as brokers:
         yield brokers
-    finally:
-        brokers.down(StopMode.KILL)  # (its data goes with the next `up`)
 
 
-def _leaders(admin: AdminClient, topics: list[str]) -> Counter[int]:
-    """How many partitions of ``topics`` each broker leads."""
+def _under_replicated(admin: AdminClient) -> int:
+    """Partitions of the cluster (its internal topics included) whose in-sync replicas are
+    fewer than their replicas: what an operator rolling a cluster waits to see at zero before
+    the next broker."""
     meta = admin.list_topics(timeout=10).topics
-    return Counter(p.leader for t in topics for p in meta[t].partitions.values())
+    return sum(len(p.isrs) < len(p.replicas) for t in meta.values() for p in t.partitions.values())
 
 
-def test_the_leader_of_most_partitions_killed_under_load_loses_nothing_and_runs_no_step_twice(
-    settings: Settings, audit: psycopg.Connection[Any], spawn: Any, cluster: KafkaCluster
-) -> None:
-    pg = audit
+def wait_fully_replicated(admin: AdminClient, timeout: float, running: Callable[[], bool]) -> None:
+    wait_for(
+        lambda: running() and _under_replicated(admin) == 0,
+        timeout,
+        "every partition's replicas back in sync",
+        0.5,
+    )
+
+
+@dataclass
+class ClusterLoad:
+    """A processor and a worker on the cluster, and the runs of the counted four-step
+    workflow they are driving."""
+
+    settings: Settings
+    pg: psycopg.Connection[Any]
+    admin: AdminClient
+    members: tuple[Spawned, Spawned]
+    tag: str
+    run_ids: list[str]  # (grown by ``feeding``)
+
+    def running(self) -> bool:
+        for member in self.members:
+            assert member.proc.poll() is None, f"{member.log_path.name} exited"
+        return True
+
+    def ended(self) -> int:
+        return count_terminal(self.pg, list(self.run_ids))
+
+    def start(self, count: int) -> None:
+        first = len(self.run_ids)
+        run_ids = [f"cl-{self.tag}-{i}" for i in range(first, first + count)]
+        start_runs(self.settings, "counted-quad", run_ids, {"sleep_ms": 5})
+        self.run_ids.extend(run_ids)
+
+    @contextmanager
+    def feeding(self, per_s: int) -> Iterator[None]:
+        """More runs started, ``per_s`` a second (a batch every half second), while in the
+        block: a load that lasts however long the block does."""
+        stop = threading.Event()
+        failed: list[BaseException] = []
+
+        def feed() -> None:
+            try:
+                while not stop.wait(0.5):
+                    self.start(max(1, per_s // 2))
+            except BaseException as exc:  # raised in the test's thread, after the block
+                failed.append(exc)
+
+        feeder = threading.Thread(target=feed, name="feeder", daemon=True)
+        feeder.start()
+        try:
+            yield
+        finally:
+            stop.set()
+            feeder.join(60)
+        assert not failed, f"starting runs failed: {failed[0]!r}"
+
+    def wait_ended(self, count: int, timeout: float, what: str) -> None:
+        wait_for(lambda: self.running() and self.ended() >= count, timeout, what, 0.5)
+
+    def wait_fully_replicated(self, timeout: float) -> None:
+        wait_fully_replicated(self.admin, timeout, self.running)
+
+    def finish(self, what: str) -> None:
+        """Every run ended and succeeded, the members stop cleanly, nothing applied twice,
+        and no more extra executions than the worker's bound for a broker outage."""
+        self.wait_ended(len(self.run_ids), 300, "every run to end")
+        for member in self.members:
+            assert member.terminate() == 0, f"{member.log_path.name} did not stop cleanly"
+        assert set(run_statuses(self.pg, self.run_ids).values()) == {"succeeded"}
+        assert_results_applied(self.pg, self.run_ids)
+        assert_transitions_applied_once(self.pg)
+        counts = counted_steps.executions(self.pg, f"cl-{self.tag}")
+        extra = counted_steps.extra_executions(counts)
+        print(f"{what}: {extra} extra executions of {len(counts)} attempts")
+        assert extra <= 0.005 * len(counts), (extra, len(counts))
+
+
+@pytest.fixture
+def on_cluster(settings: Settings, cluster: KafkaCluster) -> Settings:
+    """The test's settings on the cluster, with topics of its own created there (while every
+    broker runs: a topic of three replicas cannot be created on two)."""
     on_cluster = replace(
         settings, bootstrap_servers=cluster.endpoint, topic_prefix=f"c-{uuid.uuid4().hex[:8]}"
     )
     create_topics(on_cluster)
+    return on_cluster
+
+
+@pytest.fixture
+def load_on(
+    on_cluster: Settings, audit: psycopg.Connection[Any], spawn: Any
+) -> Callable[[int], ClusterLoad]:
+    """A processor and a worker owning partitions of the test's topics, and ``runs`` runs
+    started."""
+
+    def start(runs: int) -> ClusterLoad:
+        counted_steps.install(audit)
+        register_workflow(audit, _quad())
+        processor = spawn(["process"], on_cluster, "process")
+        worker = spawn(["worker", "--app", APP], on_cluster, "worker")
+        wait_for(
+            lambda: processor.owned_partitions() > 0 and worker.owned_partitions() > 0,
+            60,
+            "both members to own partitions",
+        )
+        members = (processor, worker)
+        tag = uuid.uuid4().hex[:6]
+        load = ClusterLoad(on_cluster, audit, _admin(on_cluster), members, tag, [])
+        load.start(runs)
+        return load
+
+    return start
+
+
+def _admin(on_cluster: Settings) -> AdminClient:
+    return AdminClient(admin_config(on_cluster, "test-cluster"))
+
+
+def _topics(on_cluster: Settings) -> list[str]:
     names = TopicNames(on_cluster.topic_prefix)
-    admin = AdminClient(admin_config(on_cluster, "test-cluster"))
+    return [*names.wakeup_topics(), names.steps]
+
+
+def test_topics_on_the_cluster_have_three_replicas_and_two_in_sync(on_cluster: Settings) -> None:
+    admin = _admin(on_cluster)
     meta = admin.list_topics(timeout=10).topics
-    assert {len(p.replicas) for p in meta[names.steps].partitions.values()} == {3}
-    resource = ConfigResource(ConfigResource.Type.TOPIC, names.steps)
+    for topic in _topics(on_cluster):
+        assert {len(p.replicas) for p in meta[topic].partitions.values()} == {3}, topic
+    resource = ConfigResource(ConfigResource.Type.TOPIC, TopicNames(on_cluster.topic_prefix).steps)
     configs = admin.describe_configs([resource])[resource].result(timeout=10)
     assert configs["min.insync.replicas"].value == "2"
 
-    counted_steps.install(pg)
-    register_workflow(pg, _quad())
-    processor = spawn(["process"], on_cluster, "process")
-    worker = spawn(["worker", "--app", APP], on_cluster, "worker")
-    wait_for(
-        lambda: processor.owned_partitions() > 0 and worker.owned_partitions() > 0,
-        60,
-        "both members to own partitions",
-    )
-    tag = uuid.uuid4().hex[:6]
-    run_ids = [f"cl-{tag}-{i}" for i in range(RUNS)]
-    start_runs(on_cluster, "counted-quad", run_ids, {"sleep_ms": 5})
 
-    def running() -> bool:
-        for member in (processor, worker):
-            assert member.proc.poll() is None, f"{member.log_path.name} exited"
-        return True
-
-    wait_for(lambda: running() and count_terminal(pg, run_ids) >= RUNS // 5, 120, "a fifth")
-    busiest = _leaders(admin, [*names.wakeup_topics(), names.steps]).most_common(1)[0][0]
+def test_the_leader_of_most_partitions_killed_under_load_loses_nothing_and_runs_no_step_twice(
+    cluster: KafkaCluster, on_cluster: Settings, load_on: Callable[[int], ClusterLoad]
+) -> None:
+    load = load_on(1000)
+    load.wait_ended(len(load.run_ids) // 5, 120, "a fifth")
+    busiest = busiest_broker(on_cluster)
     cluster.kill_node(busiest)
     killed_at = time.monotonic()
-    ended_at_kill = count_terminal(pg, run_ids)
-    wait_for(lambda: running() and time.monotonic() - killed_at >= DOWN_S, 30, "the outage", 0.5)
-    ended_while_down = count_terminal(pg, run_ids) - ended_at_kill
-    cluster.restart_node(busiest, StopMode.KILL)
+    ended_at_kill = load.ended()
     wait_for(
-        lambda: running() and count_terminal(pg, run_ids) == RUNS, 300, "every run to end", 0.5
+        lambda: load.running() and time.monotonic() - killed_at >= DOWN_S, 30, "the outage", 0.5
     )
-    assert ended_at_kill < RUNS, "every run ended before the broker was killed"
+    ended_while_down = load.ended() - ended_at_kill
+    cluster.restart_node(busiest, StopMode.KILL)
+    assert ended_at_kill < len(load.run_ids), "every run ended before the broker was killed"
     assert ended_while_down > 0, "nothing ended while two brokers of three served"
-    for member in (processor, worker):
-        assert member.terminate() == 0, f"{member.log_path.name} did not stop cleanly"
-    assert set(run_statuses(pg, run_ids).values()) == {"succeeded"}
-    assert_results_applied(pg, run_ids)
-    assert_transitions_applied_once(pg)
-    counts = counted_steps.executions(pg, f"cl-{tag}")
-    extra = counted_steps.extra_executions(counts)
-    print(
-        f"broker {busiest} killed for {DOWN_S:.0f} s: {ended_while_down} runs ended meanwhile,"
-        f" {extra} extra executions of {len(counts)} attempts"
+    load.finish(
+        f"broker {busiest} killed for {DOWN_S:.0f} s, {ended_while_down} runs ended meanwhile"
     )
-    assert extra <= 0.005 * len(counts), (extra, len(counts))
+
+
+def test_a_rolling_restart_of_every_broker_under_load_loses_nothing_and_runs_no_step_twice(
+    cluster: KafkaCluster, load_on: Callable[[int], ClusterLoad]
+) -> None:
+    load = load_on(ROLL_FEED_PER_S)
+    load.wait_fully_replicated(120)  # (after the previous test's outage, if it ran first)
+    ended_during: list[int] = []
+    with load.feeding(ROLL_FEED_PER_S):
+        for node in range(1, len(cluster.nodes) + 1):
+            before = load.ended()
+            cluster.restart_node(node, StopMode.FAST)  # SIGTERM: a controlled shutdown
+            load.wait_fully_replicated(120)  # as an operator waits before the next broker
+            ended_during.append(load.ended() - before)
+    assert all(ended_during), f"no run ended while a broker restarted: {ended_during}"
+    load.finish(f"three brokers restarted in turn, runs ended during each: {ended_during}")
+
+
+def test_a_broker_kept_down_leaves_two_that_serve_whole_runs(
+    cluster: KafkaCluster, on_cluster: Settings, load_on: Callable[[int], ClusterLoad]
+) -> None:
+    wait_fully_replicated(_admin(on_cluster), 120, lambda: True)
+    down = len(cluster.nodes)
+    cluster.kill_node(down)
+    try:
+        load = load_on(400)
+        load.finish(f"broker {down} down from before the first start to after the last end")
+    finally:
+        cluster.restart_node(down, StopMode.KILL)
