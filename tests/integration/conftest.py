@@ -46,7 +46,7 @@ from processor.worker import StepRegistry, sample_registry
 from processor.worker.options import WorkerOptions
 from processor.worker.worker import Worker
 
-from .go_build import PRODUCER
+from .background_builds import NEEDED_BY
 from .restarts import LocalInfra, local_infra_for
 
 pytestmark = pytest.mark.integration
@@ -67,13 +67,16 @@ def wait_for(
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
-    """Builds a test needs start as soon as the tests are known (go_build.py)."""
-    if any(item.path.name == "test_producer_example.py" for item in session.items):
-        PRODUCER.start()
+    """Builds the tests need start as soon as the tests are known (background_builds.py)."""
+    files = {item.path.name for item in session.items}
+    for name, build in NEEDED_BY.items():
+        if name in files:
+            build.start()
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
-    PRODUCER.clean()
+    for build in NEEDED_BY.values():
+        build.clean()
 
 
 @pytest.fixture(scope="session")

@@ -20,8 +20,8 @@ from processor.io.config import Settings
 from processor.io.dlq import read_dead_letters
 from processor.io.runs_admin import register_workflow
 
+from .background_builds import PRODUCER
 from .conftest import SAMPLE, run_statuses, wait_for
-from .go_build import PRODUCER
 
 pytestmark = pytest.mark.integration
 
@@ -31,10 +31,10 @@ LINE = re.compile(r"^(start|cancel) (\S+) -> partition \d+ offset \d+$")
 
 @pytest.fixture(scope="module")
 def producer_binary() -> Path:
-    binary = PRODUCER.binary()  # (its build started with the suite: go_build.py)
-    if binary is None:
+    built = PRODUCER.output()  # (its build started with the suite: background_builds.py)
+    if built is None:
         pytest.skip("Go is not installed: the Go producer example cannot be built")
-    return binary
+    return built / "ductor-producer"
 
 
 def _produce(

@@ -41,6 +41,7 @@ from processor.io.package_files import migrations
 from processor.io.topics import delete_topics
 from tests.quickstart import Command, quickstart
 
+from .background_builds import WHEEL
 from .conftest import REPO
 
 pytestmark = pytest.mark.integration
@@ -192,11 +193,10 @@ class Shell:
         return found
 
     def _make(self, command: Command) -> None:
-        if command.argv == ("make", "wheel"):  # $(PY) -m build --outdir dist .
-            outdir = self.cwd / "dist"
-            _checked(
-                [sys.executable, "-m", "build", "--outdir", str(outdir), str(REPO)], "make wheel"
-            )
+        if command.argv == ("make", "wheel"):
+            built = WHEEL.output()  # its recipe, started with the suite (background_builds.py)
+            assert built is not None
+            shutil.copytree(built, self.cwd / "dist", dirs_exist_ok=True)
         elif command.argv != ("make", "up"):  # up: the services the suite runs on
             pytest.fail(f"README.md:{command.line}: {command}: not a target the test stands in for")
 

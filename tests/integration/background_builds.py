@@ -1,0 +1,90 @@
+"""What some tests build before they can run, built in the background from the moment the
+suite knows it will run them (conftest's collection hook), at a lower priority than the tests,
+on the cores they leave idle while they wait:
+
+- the Go producer example (examples/producer-go): a cold build, its modules fetched and they
+  and the standard library compiled, takes about a minute on a new machine;
+- the sdist and the wheel built from it (`make wheel`'s recipe), which the quickstart's
+  install block in test_wheel.py installs.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+_BUILD_TIMEOUT_S = 600
+
+
+class BackgroundBuild:
+    """One command run once, in the background, into a folder of its own."""
+
+    def __init__(
+        self, command: Callable[[Path], list[str] | None], cwd: Path, env: dict[str, str]
+    ) -> None:
+        self._command = command  # the argv that builds into the folder; None: cannot here
+        self._cwd = cwd
+        self._env = env
+        self._proc: subprocess.Popen[str] | None = None
+        self._dir: Path | None = None
+
+    def start(self) -> None:
+        """Start the build, once (nothing if it cannot run here: ``output`` says so)."""
+        if self._proc is not None:
+            return
+        folder = Path(tempfile.mkdtemp(prefix="ductor-build-"))
+        argv = self._command(folder)
+        if argv is None:
+            folder.rmdir()
+            return
+        self._dir = folder
+        self._proc = subprocess.Popen(
+            argv,
+            cwd=self._cwd,
+            env={**os.environ, **self._env},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            preexec_fn=lambda: os.nice(10),  # noqa: PLW1509 (no threads in the child yet)
+        )
+
+    def output(self) -> Path | None:
+        """The folder it built into (waiting for the build); None if it cannot build here.
+        AssertionError with the build's output if it failed."""
+        self.start()  # (not started yet: the test file was run alone)
+        if self._proc is None or self._dir is None:
+            return None
+        output, _ = self._proc.communicate(timeout=_BUILD_TIMEOUT_S)
+        assert self._proc.returncode == 0, output
+        return self._dir
+
+    def clean(self) -> None:
+        if self._proc is not None and self._proc.poll() is None:
+            self._proc.kill()
+            self._proc.wait()
+        if self._dir is not None:
+            shutil.rmtree(self._dir, ignore_errors=True)
+
+
+def _go_build(folder: Path) -> list[str] | None:
+    go = shutil.which("go") or shutil.which("go", path="/usr/local/go/bin")
+    return None if go is None else [go, "build", "-o", str(folder / "ductor-producer"), "."]
+
+
+PRODUCER = BackgroundBuild(
+    _go_build,
+    REPO / "examples" / "producer-go",
+    {"GOFLAGS": "-buildvcs=false", "GOTOOLCHAIN": "local"},
+)
+# `make wheel`: $(PY) -m build --outdir dist .
+WHEEL = BackgroundBuild(
+    lambda folder: [sys.executable, "-m", "build", "--outdir", str(folder), str(REPO)], REPO, {}
+)
+# Which test file needs which build.
+NEEDED_BY = {"test_producer_example.py": PRODUCER, "test_wheel.py": WHEEL}
