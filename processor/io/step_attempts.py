@@ -88,8 +88,8 @@ WITH t AS MATERIALIZED (
                 ELSE {_UNSTARTED.format(a="a")} END
     RETURNING a.run_id, a.node_id, a.attempt, a.starts
 )
-SELECT sn.i, sn.run_exists, sn.current, sn.ahead, sn.recorded, sn.began, sn.starter_alive, sn.mine,
-       c.starts, taken.data
+SELECT sn.i, sn.run_exists, sn.current, sn.ahead, sn.recorded, sn.began, sn.starter_alive,
+       sn.mine, c.starts, taken.data
   FROM seen sn
   LEFT JOIN claimed c ON c.run_id = sn.run_id AND c.node_id = sn.node AND c.attempt = sn.attempt
   -- What a task taken here needs and does not carry: read now, in the same statement.

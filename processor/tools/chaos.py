@@ -457,7 +457,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         def leader_of_most(settings: Settings) -> LocalInfra:
             # The broker outages stop the node that leads most of the run's partitions.
-            return local_infra.LocalInfra(cluster.node(busiest_broker(settings)), infra.postgres)
+            return infra.with_broker(cluster.node(busiest_broker(settings)))
 
         return _chaos(args, on_cluster, infra, leader_of_most)
 

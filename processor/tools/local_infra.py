@@ -71,6 +71,11 @@ class LocalInfra:
         self.postgres.up()
         return time.monotonic() - started
 
+    def with_broker(self, node: Kafka) -> LocalInfra:
+        """The same services, but the broker outages stop ``node`` (one of a local cluster,
+        ``three_brokers``) instead of the single broker."""
+        return LocalInfra(node, self.postgres)
+
     def ensure_running(self) -> None:
         """Bring back whatever was left down, on its data."""
         if self.kafka.status().state is not State.RUNNING:
@@ -79,19 +84,17 @@ class LocalInfra:
             self.postgres.restart()
 
 
-def local_services(settings: Settings, broker: Kafka | None = None) -> LocalInfra:
+def local_services(settings: Settings) -> LocalInfra:
     """The services infra/local.py runs, if they are the ones ``settings`` use and they run;
-    NotLocalServices otherwise. ``broker``: the node of a local cluster (``three_brokers``)
-    that the outages stop, instead of the single broker."""
+    NotLocalServices otherwise."""
     if os.environ.get("DUCTOR_INFRA", "local") != "local":
         raise NotLocalServices(
             "restarting services needs the local infra (DUCTOR_INFRA is not local)"
         )
     infra = InfraSettings.from_env()
-    kafka, postgres = broker or Kafka(infra), Postgres(infra)
+    kafka, postgres = Kafka(infra), Postgres(infra)
     dsn = psycopg.conninfo.conninfo_to_dict(settings.pg_dsn)
-    served = settings.bootstrap_servers.split(",")
-    if kafka.endpoint not in served or str(dsn.get("port")) != str(infra.pg_port):
+    if settings.bootstrap_servers != kafka.endpoint or str(dsn.get("port")) != str(infra.pg_port):
         raise NotLocalServices(
             f"the services ({settings.bootstrap_servers}, {settings.pg_dsn_redacted}) "
             "are not the ones infra/local.py runs here; not restarting them"
