@@ -225,6 +225,15 @@ class Spawned:
         self._log.close()
         return code
 
+    def running(self) -> bool:
+        """True while the process runs (for ``wait_for`` conditions); once it has exited, the
+        test fails with its exit code and the last lines of its log."""
+        code = self.proc.poll()
+        if code is not None:
+            tail = self.log_path.read_text(errors="replace").splitlines()[-10:]
+            pytest.fail(f"{self.log_path.stem} exited with {code}:\n" + "\n".join(tail))
+        return True
+
     def kill(self) -> None:
         self.proc.kill()
         self.proc.wait(10)

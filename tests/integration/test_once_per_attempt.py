@@ -71,12 +71,7 @@ class Fleet:
         wait_for(lambda: member.owned_partitions() > 0, 60, f"{name} to own partitions")
 
     def running(self) -> bool:
-        for name, member in self.members.items():
-            code = member.proc.poll()
-            if code is not None:
-                tail = member.log_path.read_text(errors="replace").splitlines()[-8:]
-                pytest.fail(f"{name} exited with {code}:\n" + "\n".join(tail))
-        return True
+        return all(member.running() for member in self.members.values())
 
     def stop(self) -> None:
         for name, member in self.members.items():

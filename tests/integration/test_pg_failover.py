@@ -75,9 +75,7 @@ def test_the_primary_killed_under_load_fails_over_to_the_standby_losing_nothing(
     start_runs(on_pair, name, run_ids, {"sleep_ms": 5})
 
     def running() -> bool:
-        for member in members:
-            assert member.proc.poll() is None, f"{member.log_path.name} exited"
-        return True
+        return all(member.running() for member in members)
 
     with psycopg.connect(pair.dsn, autocommit=True) as conn:
         wait_for(lambda: running() and count_terminal(conn, run_ids) >= RUNS // 5, 120, "a fifth")

@@ -3,8 +3,6 @@ conflict is told apart from an error, an outage is an error, a requeue stays in 
 
 from __future__ import annotations
 
-import socket
-import urllib.request
 import uuid
 from dataclasses import replace
 from typing import Any
@@ -36,6 +34,7 @@ from .conftest import (
     wait_for,
 )
 from .proxy import TcpProxy
+from .scrape import free_port, scrape
 
 pytestmark = pytest.mark.integration
 
@@ -171,9 +170,7 @@ def test_consumer_lag_counts_the_records_behind_a_paused_delay_partition(
 def test_the_prometheus_endpoint_serves_the_metrics(
     settings: Settings, pg: psycopg.Connection[Any], spawn: Any
 ) -> None:
-    with socket.socket() as probe:  # a free port for the scrape endpoint
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = free_port()
     run_id = f"scraped-{uuid.uuid4().hex[:6]}"
     _start_one(settings, pg, run_id)
     child = spawn(["process"], replace(settings, metrics_port=port), "scraped")
@@ -183,15 +180,10 @@ def test_the_prometheus_endpoint_serves_the_metrics(
     )
     wait_for(lambda: run_statuses(pg, [run_id])[run_id] == "running", 60, "the run to tick")
 
-    def scraped() -> str:
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as reply:
-                return str(reply.read().decode())
-        except OSError:
-            return ""
-
-    wait_for(lambda: 'ductor_ticks_total{ductor_outcome="committed"' in scraped(), 30, "the scrape")
-    text = scraped()
+    wait_for(
+        lambda: 'ductor_ticks_total{ductor_outcome="committed"' in scrape(port), 30, "the scrape"
+    )
+    text = scrape(port)
     assert "ductor_conflicts_total" in text
     assert "ductor_commit_duration_milliseconds_bucket" in text or "ductor_commit_duration" in text
     assert run_id not in text  # never a run id as a label

@@ -24,18 +24,10 @@ from processor.io.runs_admin import register_workflow
 from processor.worker import StepContext, StepRegistry, sample_registry
 
 from .audit import assert_results_applied, assert_transitions_applied_once, timed_out_attempts
-from .conftest import SAMPLE, Spawned, WorkerThread, count_terminal, run_statuses, wait_for
+from .conftest import SAMPLE, WorkerThread, count_terminal, run_statuses, wait_for
 from .restarts import LocalInfra
 
 pytestmark = pytest.mark.integration
-
-
-def _running(child: Spawned) -> bool:
-    code = child.proc.poll()
-    if code is not None:
-        tail = child.log_path.read_text(errors="replace").splitlines()[-10:]
-        pytest.fail(f"{child.log_path.stem} exited with {code}:\n" + "\n".join(tail))
-    return True
 
 
 def _outage_lines(lines: list[dict[str, Any]], dependency: str, phase: str) -> list[Any]:
@@ -67,8 +59,8 @@ def test_the_worker_and_the_processor_ride_through_an_immediate_postgres_restart
     with psycopg.connect(settings.pg_dsn, autocommit=True) as pg:
         wait_for(
             lambda: (
-                _running(worker)
-                and _running(processor)
+                worker.running()
+                and processor.running()
                 and count_terminal(pg, run_ids) == len(run_ids)
             ),
             180,
@@ -204,7 +196,7 @@ def test_the_worker_rides_through_a_broker_outage_longer_than_a_flush(
         gate.set()
         rider.stop()
         quitter.stop()
-    assert _running(processor) and processor.terminate() == 0
+    assert processor.running() and processor.terminate() == 0
     assert set(run_statuses(audit, run_ids).values()) == {"succeeded"}
     assert_results_applied(audit, run_ids)
     assert_transitions_applied_once(audit)
