@@ -63,7 +63,7 @@ import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 import psycopg
 from confluent_kafka import KafkaException
@@ -1059,15 +1059,19 @@ class Postgres:
                 f"pg_ctl start failed:\n{done.stdout}{done.stderr}{tail(self.log_file)}"
             )
 
-    def create_role_and_database(self) -> None:
-        # As the superuser over the Unix socket; idempotent, so it runs on every start.
-        with psycopg.connect(
+    def as_superuser(self) -> psycopg.Connection[Any]:
+        """A connection as the superuser over the server's Unix socket."""
+        return psycopg.connect(
             host=str(self.run_dir),
             port=self.port,
             user="postgres",
             dbname="postgres",
             autocommit=True,
-        ) as conn:
+        )
+
+    def create_role_and_database(self) -> None:
+        # As the superuser; idempotent, so it runs on every start.
+        with self.as_superuser() as conn:
             role = conn.execute("SELECT 1 FROM pg_roles WHERE rolname = 'ductor'").fetchone()
             if role is None:
                 note("postgres: creating role ductor")
@@ -1198,13 +1202,7 @@ class PostgresPair:
     def _wait_synchronous(self) -> None:
         deadline = time.monotonic() + PG_READY_SECONDS
         # As the superuser: pg_stat_replication hides its columns from other roles.
-        with psycopg.connect(
-            host=str(self.primary.run_dir),
-            port=self.primary.port,
-            user="postgres",
-            dbname="postgres",
-            autocommit=True,
-        ) as conn:
+        with self.primary.as_superuser() as conn:
             while time.monotonic() < deadline:
                 row = conn.execute(
                     "SELECT sync_state FROM pg_stat_replication WHERE application_name = %s",

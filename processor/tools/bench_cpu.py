@@ -175,15 +175,24 @@ def _only(pids: Sequence[int]) -> int | None:
     return pids[0] if len(pids) == 1 else None
 
 
+def _listening_broker(server: str, proc: Path = PROC) -> int | None:
+    """The pid of the Kafka broker listening on ``server`` (host:port) on this machine."""
+    host, _, port = server.strip().rpartition(":")
+    if not _is_local(host.strip("[]")) or not port.isdigit():
+        return None
+    pid = _topmost(listening_pids(int(port), proc), proc)
+    return pid if pid is not None and "kafka" in read_cmdline(pid, proc).lower() else None
+
+
 def find_broker(bootstrap_servers: str, proc: Path = PROC) -> int | None:
     """The pid of the Kafka broker behind ``bootstrap_servers`` when it runs on this machine:
     the process listening on its port, else the only JVM running ``kafka.Kafka``."""
-    host, _, port = bootstrap_servers.split(",", maxsplit=1)[0].strip().rpartition(":")
-    host = host.strip("[]")
-    if not _is_local(host) or not port.isdigit():
+    first = bootstrap_servers.split(",", maxsplit=1)[0]
+    host, _, port = first.strip().rpartition(":")
+    if not _is_local(host.strip("[]")) or not port.isdigit():
         return None
-    pid = _topmost(listening_pids(int(port), proc), proc)
-    if pid is not None and "kafka" in read_cmdline(pid, proc).lower():
+    pid = _listening_broker(first, proc)
+    if pid is not None:
         return pid
     return _only([p for p in _pids(proc) if "kafka.Kafka" in read_cmdline(p, proc).split()])
 
@@ -193,11 +202,8 @@ def find_brokers(bootstrap_servers: str, proc: Path = PROC) -> tuple[int, ...]:
     server listed (a cluster's nodes); ``find_broker``'s guess when none listens here."""
     found: list[int] = []
     for server in bootstrap_servers.split(","):
-        host, _, port = server.strip().rpartition(":")
-        if not _is_local(host.strip("[]")) or not port.isdigit():
-            continue
-        pid = _topmost(listening_pids(int(port), proc), proc)
-        if pid is not None and "kafka" in read_cmdline(pid, proc).lower() and pid not in found:
+        pid = _listening_broker(server, proc)
+        if pid is not None and pid not in found:
             found.append(pid)
     if found:
         return tuple(found)
