@@ -58,6 +58,8 @@ from processor.io.kafka import (
     broker_unreachable,
     commit_positions,
     consumer_config,
+    leave_group,
+    positions_to_commit,
     producer_config,
     producer_max_bytes,
     read_finished,
@@ -82,6 +84,9 @@ _IDLE_POLL_S = 0.1
 # How long each try at the broker waits for its answer at start, before the backoff: short,
 # so a stop is not kept waiting (librdkafka goes on connecting between two tries).
 _START_TRY_S = 2.0
+# The last offset commit and the group's leave wait at least this long, whatever is left of
+# the shutdown bound: a broker that answers takes them in milliseconds.
+_LEAVE_AT_LEAST_S = 2.0
 
 
 class Processor:
@@ -192,6 +197,7 @@ class Processor:
         )
         self._next_stats_log = time.monotonic() + settings.stats_log_interval_s
         self._shutdown_deadline: float | None = None
+        self._leaving = False  # it left its group: the close's callbacks find nothing to do
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -526,12 +532,17 @@ class Processor:
         log.info("partitions assigned", extra={"count": len(tps), "instance": self.instance_id})
 
     def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
-        if consumer is self._consumer:  # (not a retired one closing: see RetiredConsumers)
+        if self._ours(consumer):
             self._release(consumer, partitions, commit=True)
 
     def _on_lost(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
-        if consumer is self._consumer:
+        if self._ours(consumer):
             self._release(consumer, partitions, commit=False)
+
+    def _ours(self, consumer: Consumer) -> bool:
+        """Whether a rebalance callback is the instance's to act on: not one of a retired
+        consumer closing (see RetiredConsumers), nor of the close after it left."""
+        return consumer is self._consumer and not self._leaving
 
     def _wait_bound(self) -> float:
         """How long a rebalance or the shutdown may wait for in-flight work."""
@@ -588,10 +599,15 @@ class Processor:
             log.error(
                 "%d effects still undelivered at shutdown; their records will be redone", remaining
             )
-        commit_positions(
-            self._consumer, self.tracker, self.flow.assigned, "final offset commit failed: %s"
+        # The last commit and the close, bounded (io/kafka.py's leave_group): what is held
+        # was released above, so the close's callbacks have nothing left to do.
+        self._leaving = True
+        leave_group(
+            self._consumer,
+            positions_to_commit(self.tracker, self.flow.assigned),
+            "final offset commit failed: %s",
+            max(_LEAVE_AT_LEAST_S, deadline - time.monotonic()),
         )
-        self._consumer.close()
         if self.group_watch is not None:
             self.group_watch.close(max(0.1, min(2.0, deadline - time.monotonic())))
         # The outbox rows acknowledged since the last commit go now: left, they would be sent

@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 import random
 import re
+import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence, Set
 from typing import Any
@@ -254,10 +255,18 @@ def commit_positions(
     wait: bool = True,
 ) -> None:
     """Commit now, for the partitions ``tps`` (given up, or at the end), the tracker's safe
-    position, with what is done past it in the commit's metadata (core/offsets.py): the
-    partitions' next owner does not do those records again. ``failure`` is logged with the
-    error if the broker refuses; ``wait=False`` sends the commit without waiting for it (a
-    member leaving a client that may not answer)."""
+    position (``positions_to_commit``). ``failure`` is logged with the error if the broker
+    refuses; ``wait=False`` sends the commit without waiting for it (a member leaving a client
+    that may not answer)."""
+    commit_offsets(consumer, positions_to_commit(tracker, tps), failure, wait)
+
+
+def positions_to_commit(
+    tracker: OffsetTracker, tps: Iterable[tuple[str, int]]
+) -> list[TopicPartition]:
+    """The tracker's safe position of each of ``tps`` where it has one, with what is done past
+    it in the commit's metadata (core/offsets.py): the partitions' next owner does not do those
+    records again."""
     offsets = []
     for topic, partition in tps:
         position = tracker.position((topic, partition))
@@ -265,6 +274,13 @@ def commit_positions(
             continue  # nothing done here: what was committed before stands
         metadata = tracker.commit_metadata((topic, partition), position)
         offsets.append(TopicPartition(topic, partition, position, metadata=metadata))
+    return offsets
+
+
+def commit_offsets(
+    consumer: Consumer, offsets: list[TopicPartition], failure: str, wait: bool = True
+) -> None:
+    """Commit ``offsets`` now (``positions_to_commit``); see ``commit_positions``."""
     if not offsets:
         return
     try:
@@ -277,6 +293,40 @@ def commit_positions(
             consumer.commit(offsets=offsets, asynchronous=True)
     except KafkaException as exc:
         log.warning(failure, exc)
+
+
+def leave_group(
+    consumer: Consumer, offsets: list[TopicPartition], failure: str, bound_s: float
+) -> bool:
+    """A member's last commit of ``offsets`` and its consumer's close, on a thread of their
+    own, waited for at most ``bound_s``. With the broker away both wait for its group
+    coordinator: a commit behind an auto-commit that cannot reach it, and a close behind any
+    commit outstanding, each until its request times out (a worker stopped in a broker outage
+    waited past its supervisor's patience; a close alone waited 45 s). A shutdown must not.
+    False: the process leaves without them; the partitions' next owner redoes what was done
+    since the last commit the broker took (a step task finds its attempt claimed or ended, a
+    wakeup a row that moved on). The caller has released what it held and ignores the
+    rebalance callbacks the close may still make."""
+
+    def leave() -> None:
+        commit_offsets(consumer, offsets, failure)
+        try:
+            consumer.close()
+        except (KafkaException, RuntimeError) as exc:
+            log.warning("closing the consumer failed: %s", exc)
+
+    leaving = threading.Thread(target=leave, name="ductor-leave-group", daemon=True)
+    leaving.start()
+    leaving.join(bound_s)
+    if leaving.is_alive():
+        log.warning(
+            "the broker did not take the last offset commit and the leave within %.1f s:"
+            " leaving without them (what was done since the last commit it took is redone by"
+            " the partitions' next owner)",
+            bound_s,
+        )
+        return False
+    return True
 
 
 def read_finished(

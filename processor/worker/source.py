@@ -29,7 +29,9 @@ from processor.io.faults import NO_FAULTS, Faults
 from processor.io.group_watch import GroupWatch, holding, let_go_by_fault
 from processor.io.kafka import (
     ClientErrors,
-    commit_positions,
+    commit_offsets,
+    leave_group,
+    positions_to_commit,
     read_finished,
     store_offsets,
     worker_consumer_config,
@@ -75,6 +77,7 @@ class TaskSource:
         self._topics: list[str] = []
         self._watch: GroupWatch | None = None
         self._read = False  # a record came since the last turn's look at the group
+        self._leaving = False  # the worker left: the close's callbacks find nothing to do
 
     def _new_consumer(self) -> Consumer:
         # Offsets are stored once a task's result is recorded and its wakeup acknowledged (the
@@ -191,11 +194,17 @@ class TaskSource:
         self._backlog.clear()
         self._pause(True)
 
-    def close(self) -> None:
-        self._commit(self.assigned, "final worker offset commit failed: %s")
-        self._consumer.close()
+    def close(self, bound_s: float) -> bool:
+        """Leave the group: what is held goes as on a revocation, then the last commit and
+        the consumer's close, waited for at most ``bound_s`` (io/kafka.py's leave_group).
+        False: left without them (the broker did not answer)."""
+        offsets = self._let_go(set(self.assigned), commit=True)
+        self._leaving = True
+        failure = "final worker offset commit failed: %s"
+        left = leave_group(self._consumer, offsets, failure, bound_s)
         if self._watch is not None:
             self._watch.close(2.0)
+        return left
 
     def _consume(self, count: int, wait_s: float) -> list[Message]:
         """Up to ``count`` records, waiting at most ``wait_s`` for the first (a batch consume
@@ -235,9 +244,6 @@ class TaskSource:
             (self._consumer.pause if pause else self._consumer.resume)(partitions)
         self.paused = pause
 
-    def _commit(self, tps: set[TP], failure: str, wait: bool = True) -> None:
-        commit_positions(self._consumer, self.tracker, tps, failure, wait)
-
     # -- rebalance --------------------------------------------------------------------------
 
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
@@ -253,23 +259,34 @@ class TaskSource:
         )
 
     def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
-        if consumer is self._consumer:  # (not a retired one closing: see RetiredConsumers)
+        if self._ours(consumer):
             self._release(partitions, commit=True)
 
     def _on_lost(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
-        if consumer is self._consumer:
+        if self._ours(consumer):
             self._release(partitions, commit=False)
 
+    def _ours(self, consumer: Consumer) -> bool:
+        """Whether a rebalance callback is the member's to act on: not one of a retired
+        consumer closing (see RetiredConsumers), nor of the close after the worker left."""
+        return consumer is self._consumer and not self._leaving
+
     def _release(self, partitions: list[TopicPartition], commit: bool, wait: bool = True) -> None:
-        """Give partitions back: what was read of them and not taken is the next owner's;
-        the worker lets their tasks go; what is done is committed (``wait``: for the
+        """Give partitions back (``_let_go``) and commit what is done (``wait``: for the
         broker's answer)."""
         tps = {(p.topic, p.partition) for p in partitions}
+        offsets = self._let_go(tps, commit)
+        commit_offsets(self._consumer, offsets, "worker offset commit on revoke failed: %s", wait)
+
+    def _let_go(self, tps: set[TP], commit: bool) -> list[TopicPartition]:
+        """Partitions go: what was read of them and not taken is the next owner's; the worker
+        lets their tasks go. Returns the offsets to commit (``commit``: a revocation; none
+        when they were lost)."""
         self._backlog = deque(m for m in self._backlog if (m.topic(), m.partition()) not in tps)
         self._releasing(tps, commit)
-        if commit:
-            self._commit(tps, "worker offset commit on revoke failed: %s", wait)
+        offsets = positions_to_commit(self.tracker, tps) if commit else []
         for tp in tps:
             self.tracker.forget(tp)
         self.assigned -= tps
         log.info("partitions released", extra={"count": len(tps), "instance": self._client_id})
+        return offsets

@@ -68,6 +68,9 @@ _WATCH_EVERY_S = 0.05
 # How long each try at the broker waits for its answer at start, before the backoff: short,
 # so a stop is not kept waiting (librdkafka goes on connecting between two tries).
 _START_TRY_S = 2.0
+# The last offset commit and the group's leave wait at least this long, whatever is left of
+# the shutdown bound (none in an outage): a broker that answers takes them in milliseconds.
+_LEAVE_AT_LEAST_S = 2.0
 
 
 class Worker:
@@ -387,7 +390,8 @@ class Worker:
 
     def _shutdown(self) -> None:
         self.flow.abandon_running()
-        self.source.close()
+        remaining = max(0.0, self._shutdown_by - time.monotonic()) if self._stopping_since else 0.0
+        self.source.close(max(_LEAVE_AT_LEAST_S, remaining))
         remaining = max(0.0, self._shutdown_by - time.monotonic()) if self._stopping_since else 0.0
         self._producer.flush(remaining)
         self.flow.close()

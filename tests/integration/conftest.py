@@ -248,6 +248,15 @@ class Spawned:
                 continue  # not a log line (a failing command's last sentence)
         return lines
 
+    def outages(self, dependency: str, phase: str = "started") -> int:
+        """Its log lines saying an outage of ``dependency`` ("kafka", "postgres") started or
+        ended."""
+        return sum(
+            1
+            for line in self.log_lines()
+            if line.get("dependency") == dependency and line.get("outage") == phase
+        )
+
     def owned_partitions(self) -> int:
         """Partitions the instance holds, from its assignment log lines."""
         owned = 0
