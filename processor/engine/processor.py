@@ -599,12 +599,20 @@ class Processor:
             log.error(
                 "%d effects still undelivered at shutdown; their records will be redone", remaining
             )
-        # The last commit and the close, bounded (io/kafka.py's leave_group): what is held
-        # was released above, so the close's callbacks have nothing left to do.
+        # What is held goes as on a revocation (its work was finished or dropped above), then
+        # the last commit and the close, bounded (io/kafka.py's leave_group): the close's
+        # callbacks have nothing left to do.
+        held = set(self.flow.assigned)
+        offsets = positions_to_commit(self.tracker, held)
+        for tp in held:
+            self.tracker.forget(tp)
+        self.flow.released(held)
+        self.probe.assigned_partitions = 0
+        log.info("partitions released", extra={"count": len(held), "instance": self.instance_id})
         self._leaving = True
         leave_group(
             self._consumer,
-            positions_to_commit(self.tracker, self.flow.assigned),
+            offsets,
             "final offset commit failed: %s",
             max(_LEAVE_AT_LEAST_S, deadline - time.monotonic()),
         )
