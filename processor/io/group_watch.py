@@ -74,7 +74,7 @@ def let_go_by_fault(faults: Faults, consumer: Consumer, partitions: list[TopicPa
 
 
 # How long a forced ``retiring`` fault holds a retired consumer's close (tests only).
-RETIRING_HANG_S = 14.0
+RETIRING_HANG_S = 9.0
 # How long the watch waits for a retired consumer to close before it may judge again: past
 # the broker's session timeouts (10 s classic here, 45 s by default with the consumer
 # protocol), after which the broker has let its member go even if it never closes.
