@@ -3,9 +3,12 @@ ahead of the tasks in hand (the backlog), and the offsets, which advance through
 never passes an unfinished task (core/offsets.py).
 
 A record is tracked from the moment it is read. The partitions are paused only when the
-backlog is full, and resumed once it is down to a quarter: librdkafka drops what it prefetched
-for a paused partition and fetches again only some hundreds of ms after the resume, so pausing
-whenever the slots were full (every few tasks, under load) cost more time than the tasks did.
+backlog is full (``Backlog``), and resumed once it is down to half: librdkafka drops what it
+prefetched for a paused partition, and a resumed partition's records come again only 0.75 to
+1 s later (its fetcher takes the resume up on its own schedule: measured with librdkafka 2.16,
+whatever the fetch settings), so what is left must cover that second. Pausing whenever the
+slots were full (every few tasks, under load) cost more time than the tasks did; a backlog of
+2,000 resumed at a quarter stalled a burst of 8,000 runs four times, for 0.4 of the runs/s.
 Paused or not, the consumer is polled every turn, so the group never takes the worker for dead.
 
 A worker that has read nothing for ``DUCTOR_GROUP_STALL_S`` looks at its group as the broker
@@ -42,9 +45,54 @@ log = logging.getLogger("ductor.worker")
 
 TP = tuple[str, int]
 
-# Records read ahead of the tasks in hand; the partitions pause when this many wait.
-BACKLOG_LIMIT = 2000
 _MOST_PER_CONSUME = 500
+
+
+class Backlog:
+    """The records read ahead of the tasks in hand, bounded by their count and by their
+    values' bytes: full at either bound (the partitions pause), low again once both are at
+    half (they resume). Half of it covers the second a resumed partition takes to deliver
+    again, at the ~10,000 tasks a second claims reach here."""
+
+    LIMIT = 20_000
+    LIMIT_BYTES = 16 * 1024 * 1024
+
+    def __init__(self) -> None:
+        self._records: deque[Message] = deque()
+        self._bytes = 0
+
+    def __len__(self) -> int:
+        return len(self._records)
+
+    def append(self, message: Message) -> None:
+        self._records.append(message)
+        self._bytes += len(message.value() or b"")
+
+    def popleft(self) -> Message:
+        message = self._records.popleft()
+        self._bytes -= len(message.value() or b"")
+        return message
+
+    def space(self) -> int:
+        """How many more records may be read now."""
+        return 0 if self._bytes >= self.LIMIT_BYTES else self.LIMIT - len(self._records)
+
+    def full(self) -> bool:
+        return self.space() <= 0
+
+    def low(self) -> bool:
+        return len(self._records) <= self.LIMIT // 2 and self._bytes <= self.LIMIT_BYTES // 2
+
+    def drop(self, tps: set[tuple[str, int]]) -> None:
+        """Forget the records of these partitions (they went)."""
+        kept = [m for m in self._records if (m.topic(), m.partition()) not in tps]
+        self.clear()
+        for message in kept:
+            self.append(message)
+
+    def clear(self) -> None:
+        self._records.clear()
+        self._bytes = 0
 
 
 class TaskSource:
@@ -73,7 +121,7 @@ class TaskSource:
         self.tracker = OffsetTracker()
         self.assigned: set[TP] = set()
         self.paused = False
-        self._backlog: deque[Message] = deque()
+        self._backlog = Backlog()
         self._topics: list[str] = []
         self._watch: GroupWatch | None = None
         self._read = False  # a record came since the last turn's look at the group
@@ -164,7 +212,7 @@ class TaskSource:
         taken: list[Message] = []
         while len(taken) < room and self._backlog:
             taken.append(self._backlog.popleft())
-        space = BACKLOG_LIMIT - len(self._backlog)
+        space = self._backlog.space()
         if reading and space > 0:
             for message in self._consume(min(space, _MOST_PER_CONSUME), wait_s):
                 self._read = True
@@ -176,9 +224,9 @@ class TaskSource:
                     self._backlog.append(message)
         else:
             self._consumer.poll(0)  # (paused: serves the group, returns no record)
-        if len(self._backlog) >= BACKLOG_LIMIT or not reading:
+        if self._backlog.full() or not reading:
             self._pause(True)
-        elif len(self._backlog) <= BACKLOG_LIMIT // 4:
+        elif self._backlog.low():
             self._pause(False)
         return taken
 
@@ -282,7 +330,7 @@ class TaskSource:
         """Partitions go: what was read of them and not taken is the next owner's; the worker
         lets their tasks go. Returns the offsets to commit (``commit``: a revocation; none
         when they were lost)."""
-        self._backlog = deque(m for m in self._backlog if (m.topic(), m.partition()) not in tps)
+        self._backlog.drop(tps)
         self._releasing(tps, commit)
         offsets = positions_to_commit(self.tracker, tps) if commit else []
         for tp in tps:
