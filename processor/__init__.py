@@ -16,8 +16,9 @@ What your code imports, from here:
     result = client.wait_for_run(load_settings(), "order-17", timeout_s=30)
 
 A steps module: ``StepRegistry``, ``StepContext``, ``StepFailed`` (fails the attempt; the
-retry policy decides what follows) and ``NonRetryable`` (fails the step at once). A program
-driving runs: ``client`` (start, wait for, list, signal and retry runs), with the typed
+retry policy decides what follows) and ``NonRetryable`` (fails the step at once); or a
+workflow written in code with its steps, ``Workflow`` and ``Retry`` (processor/authoring.py).
+A program driving runs: ``client`` (start, wait for, list, signal and retry runs), with the typed
 ``Settings`` that ``load_settings()`` reads from the ``DUCTOR_*`` variables (``ConfigError``
 when one is wrong), ``RunStatus`` and ``SignalKind``. A worker run from your own program
 (``ductor worker`` is one): ``Worker`` with its ``WorkerOptions``. Everything else is internal
@@ -32,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 __all__ = [
     "ConfigError",
     "NonRetryable",
+    "Retry",
     "RunStatus",
     "Settings",
     "SignalKind",
@@ -40,6 +42,7 @@ __all__ = [
     "StepRegistry",
     "Worker",
     "WorkerOptions",
+    "Workflow",
     "client",
     "load_settings",
 ]
@@ -50,6 +53,7 @@ __all__ = [
 _HOMES = {
     "ConfigError": "processor.io.config",
     "NonRetryable": "processor.worker.steps",
+    "Retry": "processor.authoring",
     "RunStatus": "processor.core.model",
     "Settings": "processor.io.config",
     "SignalKind": "processor.core.model",
@@ -58,12 +62,15 @@ _HOMES = {
     "StepRegistry": "processor.worker.steps",
     "Worker": "processor.worker.worker",
     "WorkerOptions": "processor.worker.options",
+    "Workflow": "processor.authoring",
     "client": "processor.client",
     "load_settings": "processor.io.config",
 }
 
 if TYPE_CHECKING:
     from processor import client as client
+    from processor.authoring import Retry as Retry
+    from processor.authoring import Workflow as Workflow
     from processor.core.model import RunStatus as RunStatus
     from processor.core.model import SignalKind as SignalKind
     from processor.io.config import ConfigError as ConfigError

@@ -30,11 +30,11 @@ from processor.cli.runs import (
     cmd_runs_retry,
     cmd_signal,
     cmd_start,
-    cmd_workflows_register,
 )
 from processor.cli.services import cmd_migrate, cmd_process, cmd_topics_create, cmd_worker
 from processor.cli.tool_commands import cmd_bench, cmd_demo, parse_bench_arguments
 from processor.cli.triggers import add_trigger_commands
+from processor.cli.workflows import add_workflow_commands
 from processor.client import IfExists
 from processor.core.model import RunStatus, SignalKind
 from processor.core.outcomes import DLQ_REASONS
@@ -95,11 +95,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.set_defaults(func=cmd_topics_create)
 
-    workflows = sub.add_parser("workflows", help="manage workflow definitions")
-    wf_sub = workflows.add_subparsers(dest="workflows_command", required=True, metavar="ACTION")
-    p = wf_sub.add_parser("register", help="validate and register a workflow definition (JSON)")
-    p.add_argument("file", help="path to the workflow JSON (see schemas/workflow.schema.json)")
-    p.set_defaults(func=cmd_workflows_register)
+    add_workflow_commands(sub)
 
     p = sub.add_parser("start", help="start runs of a registered workflow")
     p.add_argument("workflow", help="workflow name (its latest version is used)")

@@ -1,15 +1,12 @@
-"""Commands about workflows and runs: workflows register, start, inspect, signal, result,
-runs list, runs retry, runs release."""
+"""Commands about runs: start, inspect, signal, result, runs list, runs retry, runs release."""
 
 from __future__ import annotations
 
 import argparse
 import sys
 import uuid
-from pathlib import Path
 
 import orjson
-from confluent_kafka import KafkaException
 
 from processor.cli.common import EXIT_FAILED, EXIT_NOT_FINISHED, EXIT_OK, EXIT_USAGE, CliError
 from processor.client import (
@@ -32,57 +29,10 @@ from processor.client import (
     wait_for_run,
 )
 from processor.core.model import RunStatus, SignalKind, state_checksum
-from processor.core.routing import DEFAULT_QUEUE, TopicNames
-from processor.core.workflow import ValidationError, WorkflowDef, parse_workflow
+from processor.core.routing import TopicNames
 from processor.io.config import Settings
-from processor.io.runs_admin import register_workflow, run_columns, run_result
+from processor.io.runs_admin import run_columns, run_result
 from processor.io.store import Definitions, load_runs
-from processor.io.topics import create_topics
-from processor.io.workflow_schema import WorkflowSchemaError, check_workflow_document
-
-
-def cmd_workflows_register(settings: Settings, args: argparse.Namespace) -> int:
-    path = Path(args.file)
-    try:
-        raw = orjson.loads(path.read_bytes())
-    except OSError as exc:
-        raise CliError(f"cannot read {path}: {exc.strerror}", EXIT_USAGE) from None
-    except orjson.JSONDecodeError as exc:
-        raise CliError(f"{path} is not valid JSON: {exc}", EXIT_USAGE) from None
-    try:
-        check_workflow_document(raw)
-        wf = parse_workflow(raw)
-    except (WorkflowSchemaError, ValidationError) as exc:
-        raise CliError(f"{path}: {exc}", EXIT_USAGE) from None
-    with connect(settings) as conn:
-        try:
-            new = register_workflow(conn, wf)
-        except ValueError as exc:
-            raise CliError(str(exc)) from None
-    print(f"workflow {wf.name} v{wf.version} {'registered' if new else 'already registered'}")
-    _ensure_queue_topics(settings, wf)
-    return EXIT_OK
-
-
-def _ensure_queue_topics(settings: Settings, wf: WorkflowDef) -> None:
-    """A workflow that names a queue gets its steps topic at once: the coordinator would
-    otherwise dispatch its steps to a topic that does not exist. Unreachable broker: said,
-    with the command that does it later."""
-    queues = [q for q in wf.queues if q != DEFAULT_QUEUE]
-    if not queues:
-        return
-    try:
-        report = create_topics(settings, timeout_s=15.0, queues=queues)
-    except (KafkaException, RuntimeError) as exc:
-        print(
-            f"the steps topics of queue(s) {', '.join(queues)} were not created ({exc});"
-            " run `ductor topics create` before starting runs",
-            file=sys.stderr,
-        )
-        return
-    names = TopicNames(settings.topic_prefix)
-    for queue in queues:
-        print(f"queue {queue}: topic {names.steps_for(queue)} {report[names.steps_for(queue)]}")
 
 
 def cmd_start(settings: Settings, args: argparse.Namespace) -> int:

@@ -86,6 +86,26 @@ def register_workflow(conn: psycopg.Connection[Any], wf: WorkflowDef) -> bool:
     return False
 
 
+@dataclass(frozen=True)
+class WorkflowVersion:
+    """One registered version of a workflow, as ``ductor workflows list`` shows it."""
+
+    name: str
+    version: int
+    registered_at: datetime
+    steps: tuple[str, ...]
+
+
+def workflow_versions(conn: psycopg.Connection[Any]) -> list[WorkflowVersion]:
+    """Every registered version, by name, then version."""
+    rows = conn.execute(
+        "SELECT name, version, registered_at,"
+        " ARRAY(SELECT st ->> 'name' FROM jsonb_array_elements(definition -> 'steps') AS st)"
+        " FROM eec_workflow_definition ORDER BY name, version"
+    ).fetchall()
+    return [WorkflowVersion(n, v, at, tuple(steps)) for n, v, at, steps in rows]
+
+
 def registered_queues(conn: psycopg.Connection[Any]) -> list[str]:
     """The queues the steps of the registered workflows name (each its steps topic)."""
     rows = conn.execute(

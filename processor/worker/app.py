@@ -10,6 +10,7 @@ import os
 import re
 import sys
 
+from processor.authoring import Workflow
 from processor.io.logs import first_line
 from processor.worker.samples import sample_registry
 from processor.worker.steps import StepRegistry
@@ -24,12 +25,28 @@ class AppError(ValueError):
 
 def load_registry(spec: str) -> StepRegistry:
     """The StepRegistry that ``spec`` (``module.path:attribute``, the attribute possibly
-    dotted) names, or AppError saying what is wrong: a malformed spec, a module that cannot
-    be imported (and why), a missing attribute, something that is not a StepRegistry or one
-    with no step function."""
+    dotted) names, directly or as a code-first ``Workflow``'s (processor/authoring.py), or
+    AppError saying what is wrong: a malformed spec, a module that cannot be imported (and
+    why), a missing attribute, something that is neither or one with no step function."""
+    target = load_attribute(spec, "--app", "my_package.steps:registry")
+    if isinstance(target, Workflow):
+        target = target.registry
+    if not isinstance(target, StepRegistry):
+        raise AppError(
+            f"--app: {spec} is a {type(target).__name__}, not a StepRegistry (processor.worker)"
+            " nor a Workflow"
+        )
+    if not target.types():
+        raise AppError(f"--app: {spec} registers no step function")
+    return target
+
+
+def load_attribute(spec: str, option: str, example: str) -> object:
+    """What ``spec`` (``module.path:attribute``) names, imported as uvicorn imports an
+    application; AppError (its message starting with ``option``) when it cannot be."""
     match = _SPEC.fullmatch(spec)
     if match is None:
-        raise AppError(f"--app {spec!r} is not MODULE:ATTRIBUTE, e.g. my_package.steps:registry")
+        raise AppError(f"{option} {spec!r} is not MODULE:ATTRIBUTE, e.g. {example}")
     module_name, attribute = match.groups()
     here = os.getcwd()
     if here not in sys.path:
@@ -38,18 +55,13 @@ def load_registry(spec: str) -> StepRegistry:
         target: object = importlib.import_module(module_name)
     except Exception as exc:  # whatever the module raises while it is imported
         raise AppError(
-            f"--app: cannot import module {module_name!r}: {type(exc).__name__}: {first_line(exc)}"
+            f"{option}: cannot import module {module_name!r}: {type(exc).__name__}:"
+            f" {first_line(exc)}"
         ) from None
     for part in attribute.split("."):
         if not hasattr(target, part):
-            raise AppError(f"--app: module {module_name!r} has no attribute {attribute!r}")
+            raise AppError(f"{option}: module {module_name!r} has no attribute {attribute!r}")
         target = getattr(target, part)
-    if not isinstance(target, StepRegistry):
-        raise AppError(
-            f"--app: {spec} is a {type(target).__name__}, not a StepRegistry (processor.worker)"
-        )
-    if not target.types():
-        raise AppError(f"--app: {spec} registers no step function")
     return target
 
 

@@ -15,6 +15,7 @@ import orjson
 import psycopg
 import pytest
 
+from processor.core.workflow import parse_workflow
 from processor.io.config import Settings
 
 from .conftest import REPO, Spawned, child_env, run_ductor, step_attempts
@@ -83,18 +84,36 @@ def orders_dir(tmp_path: Path) -> Path:
     return target
 
 
+# The example as JSON with its steps module, or written in Python (flow.py): what `ductor
+# workflows register` and `ductor worker --app` are given.
+AS_JSON = ("workflow.json", "steps:registry")
+AS_CODE = ("flow:orders", "flow:orders")
+
+
 @pytest.fixture
-def orders(settings: Settings, pg: psycopg.Connection[Any], orders_dir: Path) -> Iterator[Path]:
+def written_as() -> tuple[str, str]:
+    """As JSON, unless a test parametrizes it (pytest gives ``orders`` that value too)."""
+    return AS_JSON
+
+
+@pytest.fixture
+def orders(
+    settings: Settings,
+    pg: psycopg.Connection[Any],
+    orders_dir: Path,
+    written_as: tuple[str, str],
+) -> Iterator[Path]:
     """The example registered on a database that has never seen it, with `ductor process`
-    and `ductor worker --app steps:registry` running in its directory; yields the directory."""
+    and `ductor worker --app ...` running in its directory; yields the directory."""
+    source, app = written_as
     # Registered versions are immutable: start from none, as a new user's database does.
     pg.execute("DELETE FROM eec_workflow_definition WHERE name = 'orders'")
-    registered = run_ductor(settings, "workflows", "register", "workflow.json", cwd=orders_dir)
+    registered = run_ductor(settings, "workflows", "register", source, cwd=orders_dir)
     assert (registered.returncode, registered.stdout) == (0, "workflow orders v1 registered\n")
     # The installed script in the example's directory, as its README runs them.
     services = [
         Spawned(args, child_env(settings), orders_dir / f"{args[0]}.log", cwd=orders_dir)
-        for args in (["process"], ["worker", "--app", "steps:registry"])
+        for args in (["process"], ["worker", "--app", app])
     ]
     try:
         yield orders_dir
@@ -120,9 +139,12 @@ def _start(settings: Settings, cwd: Path, run_id: str, run_input: dict[str, Any]
     assert (started.returncode, started.stdout) == (0, f"{run_id}\n"), started.stderr
 
 
+@pytest.mark.parametrize("written_as", [AS_JSON, AS_CODE], ids=["json", "code"])
 def test_an_order_runs_through_the_example_and_gives_its_declared_output(
-    settings: Settings, orders: Path
+    settings: Settings, written_as: tuple[str, str], orders: Path
 ) -> None:
+    """The same whether the workflow is registered from its JSON and run by steps.py's
+    registry, or registered and run from its Python form (flow.py)."""
     _start(settings, orders, "order-1001", ADA)
     shown = run_ductor(settings, "result", "order-1001", "--wait", "60", cwd=orders)
     assert shown.returncode == 0, shown.stderr
@@ -193,3 +215,36 @@ def test_an_order_out_of_stock_fails_and_a_retry_finishes_it_once_restocked(
         "reserve": [(1, "failed"), (2, "failed"), (3, "failed"), (4, "succeeded")],
         "confirm": [(1, "succeeded")],
     }
+
+
+def test_the_workflow_in_python_registers_as_the_same_definition_and_is_listed_and_shown(
+    settings: Settings, pg: psycopg.Connection[Any], orders_dir: Path
+) -> None:
+    """Registered from workflow.json, the Python form is the same definition (`already
+    registered`; a different one would be refused); `workflows list` shows its version and
+    steps, `workflows show` the definition as stored."""
+    pg.execute("DELETE FROM eec_workflow_definition WHERE name = 'orders'")
+    as_json = run_ductor(settings, "workflows", "register", "workflow.json", cwd=orders_dir)
+    assert as_json.stdout == "workflow orders v1 registered\n", as_json.stderr
+    as_code = run_ductor(settings, "workflows", "register", "flow:orders", cwd=orders_dir)
+    assert (as_code.returncode, as_code.stdout) == (0, "workflow orders v1 already registered\n")
+
+    listed = run_ductor(settings, "workflows", "list", "--output", "json", cwd=orders_dir)
+    assert listed.returncode == 0, listed.stderr
+    mine = [w for w in orjson.loads(listed.stdout) if w["name"] == "orders"]
+    assert [(w["version"], w["steps"]) for w in mine] == [
+        (1, ["validate", "price", "reserve", "confirm"])
+    ]
+    table = run_ductor(settings, "workflows", "list", cwd=orders_dir).stdout.splitlines()
+    assert table[0].split() == ["NAME", "VERSION", "REGISTERED", "STEPS"]
+    assert any(line.split()[:2] == ["orders", "1"] for line in table[1:])
+
+    shown = run_ductor(settings, "workflows", "show", "orders", cwd=orders_dir)
+    assert shown.returncode == 0, shown.stderr
+    written = orjson.loads((orders_dir / "workflow.json").read_bytes())
+    assert parse_workflow(orjson.loads(shown.stdout)) == parse_workflow(written)
+    missing = run_ductor(settings, "workflows", "show", "orders", "--version", "9", cwd=orders_dir)
+    assert (missing.returncode, missing.stderr) == (
+        1,
+        "ductor: workflow 'orders' version 9 is not registered\n",
+    )

@@ -31,6 +31,10 @@ def test_the_client_commands_take_what_the_docs_show() -> None:
     assert (args.workflow, args.status, args.limit) == ("w", "failed", 3)
     assert parse_args(["runs", "list"]).limit == 50
     assert parse_args(["runs", "retry", "r"]).run_id == "r"
+    assert parse_args(["workflows", "register", "flows:checkout"]).source == "flows:checkout"
+    assert parse_args(["workflows", "list"]).output == "table"
+    args = parse_args(["workflows", "show", "checkout", "--version", "2"])
+    assert (args.name, args.version) == ("checkout", 2)
 
 
 @pytest.mark.parametrize(
@@ -43,6 +47,8 @@ def test_the_client_commands_take_what_the_docs_show() -> None:
         ["result"],
         ["runs", "list", "--status", "done"],
         ["runs", "retry"],
+        ["workflows", "show"],
+        ["workflows", "list", "--output", "yaml"],
     ],
 )
 def test_bad_usage_exits_2_with_a_usage_line(

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import sys
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -92,3 +93,19 @@ def test_a_bad_order_fails_in_validate(edit: dict[str, Any], message: str) -> No
         _run("validate_order", {**ORDER, **edit})
     with pytest.raises(StepFailed, match="the run input is not a JSON object"):
         _run("validate_order", [ORDER])
+
+
+def test_the_workflow_written_in_python_is_the_json_one() -> None:
+    """examples/orders/flow.py builds in code what workflow.json says, on steps.py's
+    functions: the same definition, and a registry of the same step types."""
+    sys.path.insert(0, str(EXAMPLE))
+    try:
+        spec = importlib.util.spec_from_file_location("orders_example_flow", EXAMPLE / "flow.py")
+        assert spec is not None and spec.loader is not None
+        flow = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(flow)
+    finally:
+        sys.path.remove(str(EXAMPLE))
+    assert flow.orders.definition() == parse_workflow(WORKFLOW)
+    assert flow.orders.to_json()["description"] == WORKFLOW["description"]
+    assert flow.orders.registry.types() == REGISTRY.types()

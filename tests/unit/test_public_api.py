@@ -17,6 +17,7 @@ REPO = Path(__file__).resolve().parents[2]
 EXPORTS = {
     "ConfigError": "processor.io.config",
     "NonRetryable": "processor.worker.steps",
+    "Retry": "processor.authoring",
     "RunStatus": "processor.core.model",
     "Settings": "processor.io.config",
     "SignalKind": "processor.core.model",
@@ -25,6 +26,7 @@ EXPORTS = {
     "StepRegistry": "processor.worker.steps",
     "Worker": "processor.worker.worker",
     "WorkerOptions": "processor.worker.options",
+    "Workflow": "processor.authoring",
     "client": "processor.client",
     "load_settings": "processor.io.config",
 }

@@ -1,6 +1,8 @@
 """`ductor workflows register FILE` checks the document against schemas/workflow.schema.json
-before parsing it, and refuses a wrong one with exit 2 and the place in it that is wrong. Every
-case here is refused before anything connects, so no service is needed."""
+before parsing it, and refuses a wrong one with exit 2 and the place in it that is wrong;
+`workflows register MODULE:ATTR` imports a workflow written in Python and refuses what is not
+one, or not a valid one, the same way. Every case here is refused before anything connects, so
+no service is needed."""
 
 from __future__ import annotations
 
@@ -16,7 +18,7 @@ from typing import Any
 import pytest
 
 from processor.cli.common import EXIT_USAGE, CliError
-from processor.cli.runs import cmd_workflows_register
+from processor.cli.workflows import cmd_workflows_register
 from processor.io.config import Settings
 from processor.io.workflow_schema import (
     WorkflowSchemaError,
@@ -38,7 +40,7 @@ def _register(tmp_path: Path, document: Any) -> CliError:
     path = tmp_path / "wf.json"
     path.write_text(json.dumps(document))
     with pytest.raises(CliError) as info:
-        cmd_workflows_register(Settings(), argparse.Namespace(file=str(path)))
+        cmd_workflows_register(Settings(), argparse.Namespace(source=str(path)))
     assert info.value.code == EXIT_USAGE
     assert str(info.value).startswith(f"{path}: ")
     return info.value
@@ -118,3 +120,44 @@ def test_the_command_exits_2_with_one_sentence(tmp_path: Path) -> None:
         f"ductor: {path}: does not match schemas/workflow.schema.json at $.version:"
         " 0 is less than the minimum of 1\n"
     )
+
+
+def _register_code(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, source: str, spec: str) -> str:
+    (tmp_path / "user_flows.py").write_text(source)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delitem(sys.modules, "user_flows", raising=False)
+    with pytest.raises(CliError) as info:
+        cmd_workflows_register(Settings(), argparse.Namespace(source=spec))
+    assert info.value.code == EXIT_USAGE
+    return str(info.value)
+
+
+CODE = """
+from processor import Workflow
+good = Workflow("good")
+good.step(name="a", type="a")(lambda ctx: None)
+cyclic = Workflow("cyclic")
+cyclic.step(name="a", type="a", after=["b"])(lambda ctx: None)
+cyclic.step(name="b", type="b", after=["a"])(lambda ctx: None)
+settings = {"not": "a workflow"}
+several = [good, settings]
+none = []
+"""
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        ("user_flows:cyclic", "user_flows:cyclic: workflow.steps: dependency cycle among"),
+        ("user_flows:settings", "user_flows:settings holds a dict, not a Workflow"),
+        ("user_flows:several", "user_flows:several holds a dict, not a Workflow"),
+        ("user_flows:none", "user_flows:none is an empty list"),
+        ("user_flows:missing", "module 'user_flows' has no attribute 'missing'"),
+        ("not_there:flow", "cannot import module 'not_there': ModuleNotFoundError"),
+        ("user_flows:good:x", "workflows register 'user_flows:good:x' is not MODULE:ATTR"),
+    ],
+)
+def test_a_workflow_in_code_that_cannot_be_registered_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, spec: str, message: str
+) -> None:
+    assert message in _register_code(tmp_path, monkeypatch, CODE, spec)

@@ -1,0 +1,227 @@
+"""Workflows written in Python, next to their steps: the same definition the JSON schema
+describes (schemas/workflow.schema.json; the JSON stays the stored and wire form), with each
+step's options beside its function.
+
+    from processor import Retry, StepContext, Workflow
+
+    checkout = Workflow("checkout", version=2, output="confirm")
+
+
+    @checkout.step(timeout="15s", retry=Retry(3, backoff="500ms"))
+    def charge(ctx: StepContext) -> dict[str, str]: ...
+
+
+    @checkout.step(after=[charge])
+    def confirm(ctx: StepContext) -> dict[str, str]: ...
+
+``ductor workflows register my_app.flows:checkout`` registers it; ``ductor worker --app
+my_app.flows:checkout`` runs its steps (a workflow carries the registry of its step functions;
+several workflows may share one, ``Workflow(..., registry=...)``). ``definition()`` is the
+validated ``WorkflowDef``, equal to the one parsed from the same JSON; ``to_json()`` that JSON.
+A step's type is its function's name unless ``type=`` says otherwise.
+
+Durations are milliseconds (an int), a ``timedelta``, or text: ``"500ms"``, ``"15s"``,
+``"10m"``, ``"2h"``, ``"1d"``. Nothing here touches a service.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any, overload
+
+from processor.core.routing import DEFAULT_QUEUE
+from processor.core.workflow import ValidationError, WorkflowDef, parse_workflow
+from processor.worker.steps import StepFunction, StepRegistry
+
+Duration = int | str | timedelta
+
+_DURATION = re.compile(r"\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)\s*")
+_UNIT_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
+
+
+def duration_ms(value: Duration, what: str = "duration") -> int:
+    """``value`` in whole milliseconds; ValidationError naming ``what`` when it is not a
+    duration (a negative one included)."""
+    if isinstance(value, bool):
+        raise ValidationError(f"{what}: expected a duration, got {value!r}")
+    if isinstance(value, int):
+        ms = value
+    elif isinstance(value, timedelta):
+        ms = round(value.total_seconds() * 1000)
+    elif isinstance(value, str) and (match := _DURATION.fullmatch(value)):
+        ms = round(float(match.group(1)) * _UNIT_MS[match.group(2)])
+    else:
+        raise ValidationError(
+            f"{what}: expected milliseconds, a timedelta or text such as '500ms', '15s', '10m',"
+            f" '2h', '1d'; got {value!r}"
+        )
+    if ms < 0:
+        raise ValidationError(f"{what}: must not be negative, got {value!r}")
+    return ms
+
+
+@dataclass(frozen=True)
+class Retry:
+    """A step's retry policy: at most ``max_attempts`` attempts, the n-th retry waiting
+    ``backoff * multiplier ** (n - 1)``, never more than ``max_backoff``."""
+
+    max_attempts: int = 3
+    backoff: Duration = 100
+    multiplier: float = 2.0
+    max_backoff: Duration = "60s"
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "max_attempts": self.max_attempts,
+            "backoff_ms": duration_ms(self.backoff, "retry.backoff"),
+            "backoff_multiplier": float(self.multiplier),
+            "max_backoff_ms": duration_ms(self.max_backoff, "retry.max_backoff"),
+        }
+
+
+@dataclass(frozen=True)
+class _Step:
+    name: str
+    step_type: str
+    after: tuple[str, ...]
+    timeout_ms: int
+    retry: Retry | None
+    queue: str
+    heartbeat_timeout_ms: int | None
+
+    def to_json(self) -> dict[str, Any]:
+        raw: dict[str, Any] = {"name": self.name, "type": self.step_type}
+        if self.after:
+            raw["depends_on"] = list(self.after)
+        if self.retry is not None:
+            raw["retry"] = self.retry.to_json()
+        raw["timeout_ms"] = self.timeout_ms
+        if self.queue != DEFAULT_QUEUE:
+            raw["queue"] = self.queue
+        if self.heartbeat_timeout_ms is not None:
+            raw["heartbeat_timeout_ms"] = self.heartbeat_timeout_ms
+        return raw
+
+
+Dependency = str | Callable[..., object]
+
+
+class Workflow:
+    """A workflow definition built in code, and the registry of its step functions."""
+
+    def __init__(
+        self,
+        name: str,
+        version: int = 1,
+        *,
+        description: str | None = None,
+        output: str | Mapping[str, str] | None = None,
+        registry: StepRegistry | None = None,
+    ) -> None:
+        self.name = name
+        self.version = version
+        self.description = description
+        self.output = output
+        self.registry = registry if registry is not None else StepRegistry()
+        self._steps: list[_Step] = []
+        self._names: dict[int, str] = {}  # id(function) -> its step's name
+
+    @overload
+    def step(self, fn: StepFunction, /) -> StepFunction: ...
+
+    @overload
+    def step(
+        self,
+        fn: None = None,
+        /,
+        *,
+        name: str | None = None,
+        type: str | None = None,
+        after: Iterable[Dependency] = (),
+        timeout: Duration = "30s",
+        retry: Retry | None = None,
+        queue: str = DEFAULT_QUEUE,
+        heartbeat_timeout: Duration | None = None,
+    ) -> Callable[[StepFunction], StepFunction]: ...
+
+    def step(
+        self,
+        fn: StepFunction | None = None,
+        /,
+        *,
+        name: str | None = None,
+        type: str | None = None,
+        after: Iterable[Dependency] = (),
+        timeout: Duration = "30s",
+        retry: Retry | None = None,
+        queue: str = DEFAULT_QUEUE,
+        heartbeat_timeout: Duration | None = None,
+    ) -> StepFunction | Callable[[StepFunction], StepFunction]:
+        """Add a step run by the decorated function (plain or ``async def``): named after
+        the function unless ``name`` says otherwise, of type ``type`` (the function's name by
+        default), after the steps in ``after`` (their functions or names), with its deadline
+        (``timeout``), retry policy, queue and heartbeat timeout. Usable bare (``@wf.step``)
+        or with options. The function is returned unchanged."""
+        after = tuple(after)
+
+        def add(function: StepFunction) -> StepFunction:
+            function_name = str(getattr(function, "__name__", ""))
+            step_name = name if name is not None else function_name
+            if any(s.name == step_name for s in self._steps):
+                raise ValidationError(f"workflow {self.name!r}: step {step_name!r} is added twice")
+            where = f"workflow {self.name!r}, step {step_name!r}"
+            heartbeat = (
+                None
+                if heartbeat_timeout is None
+                else duration_ms(heartbeat_timeout, f"{where}: heartbeat_timeout")
+            )
+            step = _Step(
+                name=step_name,
+                step_type=type if type is not None else function_name,
+                after=tuple(self._dependency(d, where) for d in after),
+                timeout_ms=duration_ms(timeout, f"{where}: timeout"),
+                retry=retry,
+                queue=queue,
+                heartbeat_timeout_ms=heartbeat,
+            )
+            registered = self.registry.step(step.step_type)(function)
+            self._steps.append(step)
+            self._names[id(function)] = step.name
+            return registered
+
+        return add(fn) if fn is not None else add
+
+    def _dependency(self, dependency: Dependency, where: str) -> str:
+        if isinstance(dependency, str):
+            return dependency
+        found = self._names.get(id(dependency))
+        if found is None:
+            raise ValidationError(
+                f"{where}: after {getattr(dependency, '__name__', dependency)!r}, which is not"
+                f" a step of this workflow (add it first, or name it)"
+            )
+        return found
+
+    def to_json(self) -> dict[str, Any]:
+        """The definition as JSON (schemas/workflow.schema.json), as written by hand."""
+        raw: dict[str, Any] = {"name": self.name, "version": self.version}
+        if self.description is not None:
+            raw["description"] = self.description
+        raw["steps"] = [s.to_json() for s in self._steps]
+        if self.output is not None:
+            raw["output"] = self.output if isinstance(self.output, str) else dict(self.output)
+        return raw
+
+    def definition(self) -> WorkflowDef:
+        """The validated definition (ValidationError says what is wrong and where)."""
+        return parse_workflow(self.to_json())
+
+    def __repr__(self) -> str:
+        steps = ", ".join(s.name for s in self._steps)
+        return f"Workflow({self.name!r}, version={self.version}, steps=[{steps}])"
+
+
+__all__ = ["Duration", "Retry", "Workflow", "duration_ms"]
