@@ -109,6 +109,22 @@ class _Step:
 Dependency = str | Callable[..., object]
 
 
+def _json_schema(source: Mapping[str, Any] | type) -> dict[str, Any]:
+    """The JSON Schema ``source`` is or gives (a model class's ``model_json_schema()``)."""
+    if isinstance(source, Mapping):
+        return dict(source)
+    produce = getattr(source, "model_json_schema", None)
+    if not callable(produce):
+        raise ValidationError(
+            f"input_schema: expected a JSON Schema (a dict) or a model class with"
+            f" model_json_schema() (a pydantic model), got {source!r}"
+        )
+    schema = produce()
+    if not isinstance(schema, dict):
+        raise ValidationError(f"input_schema: {source!r}.model_json_schema() gave {schema!r}")
+    return schema
+
+
 class Workflow:
     """A workflow definition built in code, and the registry of its step functions."""
 
@@ -119,12 +135,18 @@ class Workflow:
         *,
         description: str | None = None,
         output: str | Mapping[str, str] | None = None,
+        input_schema: Mapping[str, Any] | type | None = None,
         registry: StepRegistry | None = None,
     ) -> None:
+        """``input_schema``: the JSON Schema a run's input must match (a start is refused
+        otherwise, saying where), or a model class that gives one (a pydantic model: its
+        ``model_json_schema()``); steps read the input as the model with
+        ``ctx.input_as(Model)``."""
         self.name = name
         self.version = version
         self.description = description
         self.output = output
+        self.input_schema = _json_schema(input_schema) if input_schema is not None else None
         self.registry = registry if registry is not None else StepRegistry()
         self._steps: list[_Step] = []
         self._names: dict[int, str] = {}  # id(function) -> its step's name
@@ -213,6 +235,8 @@ class Workflow:
         raw["steps"] = [s.to_json() for s in self._steps]
         if self.output is not None:
             raw["output"] = self.output if isinstance(self.output, str) else dict(self.output)
+        if self.input_schema is not None:
+            raw["input_schema"] = self.input_schema
         return raw
 
     def definition(self) -> WorkflowDef:

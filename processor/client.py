@@ -33,6 +33,7 @@ from processor.core.requests import (
     request_key,
 )
 from processor.core.routing import TIERS, TopicNames
+from processor.core.run_input import input_problem
 from processor.core.tick import resume_failed
 from processor.io.config import Settings
 from processor.io.kafka import choose_partition, produce, producer_config, topic_partitions
@@ -56,6 +57,7 @@ __all__ = [
     "MAX_LIST_LIMIT",
     "ClientError",
     "IfExists",
+    "InvalidInput",
     "RetriedRun",
     "RetryRefused",
     "RunExists",
@@ -124,6 +126,11 @@ class IfExists(StrEnum):
 
     IGNORE = "ignore"  # keep the existing run (and wake it), whatever input it was given
     FAIL = "fail"  # refuse to start a run id that exists at all
+
+
+class InvalidInput(ClientError, ValueError):
+    """A start refused because its input does not match the workflow's input schema; the
+    message says where it is wrong. Nothing was written."""
 
 
 class RunExists(ClientError):
@@ -198,6 +205,9 @@ def start_runs(
             if version
             else definitions.latest(conn, workflow)
         )
+        problem = input_problem(wf, run_input or {})
+        if problem is not None:
+            raise InvalidInput(problem)
         inserted: list[str] = []
         existing: list[ExistingRun] = []
         for start in range(0, len(run_ids), 5000):

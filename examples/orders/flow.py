@@ -11,8 +11,9 @@ define the functions here and decorate them: ``@orders.step(after=[validate_orde
 
 from __future__ import annotations
 
-from processor import Retry, Workflow
 from steps import confirm_order, price_order, reserve_stock, validate_order
+
+from processor import Retry, Workflow
 
 orders = Workflow(
     "orders",

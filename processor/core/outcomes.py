@@ -41,6 +41,8 @@ class DeadLetterReason(StrEnum):
     POISON = "poison"  # the run made a batched statement fail (its error text says how)
     # A start request for a run id that exists with another workflow or another input.
     CONFLICTING_START = "conflicting_start"
+    # A start request whose input does not match its workflow's input schema.
+    INVALID_INPUT = "invalid_input"
 
 
 DLQ_REASONS = tuple(r.value for r in DeadLetterReason)

@@ -1,6 +1,7 @@
 """Workflow definitions: steps, their retry policies and dependencies, a workflow's declared
-output; parsed from JSON (``parse_workflow`` raises ``ValidationError`` naming the offending
-field) and written back canonically (``workflow_to_json``). Pure values, no I/O.
+output and the JSON Schema its input must match; parsed from JSON (``parse_workflow`` raises
+``ValidationError`` naming the offending field) and written back canonically
+(``workflow_to_json``). Pure values, no I/O.
 """
 
 from __future__ import annotations
@@ -11,6 +12,10 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from graphlib import CycleError, TopologicalSorter
 from typing import Any
+
+import orjson
+from jsonschema import Draft202012Validator
+from jsonschema.exceptions import SchemaError
 
 from processor.core.routing import DEFAULT_QUEUE
 
@@ -57,7 +62,9 @@ class StepDef:
 @dataclass(frozen=True)
 class WorkflowOutput:
     """What a succeeded run stores as its output (``eec_workflow_run.output``): the output of
-    one step (``step``), or a mapping of names to steps' outputs (``fields``, in order)."""
+    one step (``step``), or a mapping of names to steps' outputs (``fields``, sorted by name:
+    a JSON object's keys have no order, and the stored definition, jsonb, keeps none of its
+    own, so a definition read back must equal the one registered)."""
 
     step: str | None = None
     fields: tuple[tuple[str, str], ...] = ()
@@ -72,6 +79,9 @@ class WorkflowDef:
     version: int
     steps: tuple[StepDef, ...]
     output: WorkflowOutput | None = None  # None: the workflow declares no output
+    # The JSON Schema (draft 2020-12) a run's input must match, as canonical JSON text (keys
+    # sorted: a value, compared and hashed as one); None: any input (core/run_input.py).
+    input_schema: str | None = None
 
     @property
     def key(self) -> tuple[str, int]:
@@ -148,7 +158,9 @@ def parse_workflow(raw: Any) -> WorkflowDef:
     """Validate a workflow definition (see schemas/workflow.schema.json) into a WorkflowDef."""
     if not isinstance(raw, dict):
         raise ValidationError("workflow: expected a JSON object")
-    _check_keys(raw, {"name", "version", "steps", "description", "output"}, "workflow")
+    _check_keys(
+        raw, {"name", "version", "steps", "description", "output", "input_schema"}, "workflow"
+    )
     if not isinstance(raw.get("description", ""), str):
         raise ValidationError("workflow.description: expected str")
     name = _require(raw, "name", str, "workflow")
@@ -204,7 +216,27 @@ def parse_workflow(raw: Any) -> WorkflowDef:
         )
     _check_graph(steps)
     output = _parse_output(raw["output"], steps) if "output" in raw else None
-    return WorkflowDef(name=name, version=version, steps=tuple(steps), output=output)
+    schema = _parse_input_schema(raw["input_schema"]) if "input_schema" in raw else None
+    return WorkflowDef(
+        name=name, version=version, steps=tuple(steps), output=output, input_schema=schema
+    )
+
+
+def _parse_input_schema(raw: Any) -> str:
+    """The input schema as canonical text, once it is known to be a JSON Schema."""
+    if not isinstance(raw, dict):
+        raise ValidationError(f"workflow.input_schema: expected a JSON Schema object, got {raw!r}")
+    try:
+        Draft202012Validator.check_schema(raw)
+    except SchemaError as exc:
+        where = "".join(f"[{p!r}]" if isinstance(p, int) else f".{p}" for p in exc.path)
+        raise ValidationError(
+            f"workflow.input_schema{where}: not a valid JSON Schema: {exc.message}"
+        ) from None
+    try:
+        return orjson.dumps(raw, option=orjson.OPT_SORT_KEYS).decode()
+    except TypeError as exc:  # (only from code: JSON documents hold JSON values)
+        raise ValidationError(f"workflow.input_schema: not JSON: {exc}") from None
 
 
 def _parse_output(raw: Any, steps: list[StepDef]) -> WorkflowOutput:
@@ -227,7 +259,7 @@ def _parse_output(raw: Any, steps: list[StepDef]) -> WorkflowOutput:
             raise ValidationError(f"workflow.output.{key}: expected a step name, got {step!r}")
         if step not in names:
             raise ValidationError(f"workflow.output.{key}: {step!r} is not a step of this workflow")
-    return WorkflowOutput(fields=tuple(raw.items()))
+    return WorkflowOutput(fields=tuple(sorted(raw.items())))
 
 
 def _check_graph(steps: list[StepDef]) -> None:
@@ -261,6 +293,8 @@ def workflow_to_json(wf: WorkflowDef) -> dict[str, Any]:
     }
     if wf.output is not None:  # absent otherwise: definitions from before outputs are unchanged
         raw["output"] = wf.output.to_json()
+    if wf.input_schema is not None:
+        raw["input_schema"] = orjson.loads(wf.input_schema)
     return raw
 
 

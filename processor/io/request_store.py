@@ -32,6 +32,7 @@ from processor.core.request_plans import (
 )
 from processor.core.requests import Request, SignalRequest, StartRequest
 from processor.core.routing import run_shard
+from processor.core.run_input import input_problem
 from processor.core.workflow import WorkflowDef
 from processor.io.kept_signals import encode_headers
 from processor.io.runs_admin import ExistingRun, insert_runs
@@ -123,6 +124,16 @@ def _start_round(
         if isinstance(wf, Refused):
             for i in chosen:
                 answers[i] = wf
+            continue
+        valid = []
+        for i in chosen:
+            problem = input_problem(wf, _input(starts[i]))
+            if problem is None:
+                valid.append(i)
+            else:
+                answers[i] = Refused(DeadLetterReason.INVALID_INPUT, problem)
+        chosen = valid
+        if not chosen:
             continue
         runs = [(starts[i].run_id, _input(starts[i])) for i in chosen]
         done = insert_runs(conn, wf, runs, tier)

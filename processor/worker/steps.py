@@ -11,11 +11,12 @@ docs/operations.md, "Writing step functions".
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple, TypeVar
+from typing import Any, NamedTuple, TypeVar, cast
 
 import orjson
 
@@ -27,6 +28,9 @@ from processor.core.storable import holds_nul
 # the steps that depend on it and may become part of the run's output; data larger than this
 # belongs in object storage, with its key as the output. A larger output fails the attempt.
 MAX_STEP_OUTPUT_BYTES = 1024 * 1024
+
+
+InputT = TypeVar("InputT")
 
 
 class StepFailed(Exception):
@@ -89,6 +93,18 @@ class StepContext:
         must call it at least that often, or its attempt fails before its deadline."""
         if self._attempt is not None:
             self._attempt.heartbeat()
+
+    def input_as(self, kind: type[InputT]) -> InputT:
+        """The run's input as ``kind``: a pydantic model (its ``model_validate``), a dataclass
+        (built from the input object's keys), or any other type called with the input. The
+        input matched the workflow's ``input_schema`` when the run started, if it declares one
+        (``Workflow(..., input_schema=kind)`` declares the model's)."""
+        validate = getattr(kind, "model_validate", None)
+        if callable(validate):
+            return cast(InputT, validate(self.input))
+        if dataclasses.is_dataclass(kind) and isinstance(self.input, Mapping):
+            return kind(**self.input)
+        return kind(self.input)  # type: ignore[call-arg]
 
     @property
     def cancelled(self) -> bool:

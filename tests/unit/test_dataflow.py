@@ -76,7 +76,7 @@ def test_the_output_of_a_succeeded_run_names_the_applied_attempts() -> None:
         c=NodeState(S.SUCCEEDED, 1),
         d=NodeState(S.SUCCEEDED, 4),
     )
-    assert output_refs(DIAMOND, done) == OutputRefs(False, (("total", "d", 4), ("first", "a", 2)))
+    assert output_refs(DIAMOND, done) == OutputRefs(False, (("first", "a", 2), ("total", "d", 4)))
     single = replace(DIAMOND, output=WorkflowOutput(step="b"))
     assert output_refs(single, done) == OutputRefs(True, (("", "b", 1),))
     assert output_refs(replace(DIAMOND, output=None), done) is None
@@ -117,7 +117,7 @@ def test_the_commit_that_ends_a_run_succeeded_names_its_output() -> None:
     ok = replace(_run(state), results=(StepResult("d", 3, StepOutcome.SUCCEEDED),))
     commit = tick_batch({"r": ok}, NOW_MS, NAMES)["r"]
     assert commit.state.status is RunStatus.SUCCEEDED
-    assert commit.output == OutputRefs(False, (("total", "d", 3), ("first", "a", 1)))
+    assert commit.output == OutputRefs(False, (("first", "a", 1), ("total", "d", 3)))
     failed = replace(_run(state), results=(StepResult("d", 3, StepOutcome.FAILED, "x"),))
     commit = tick_batch({"r": failed}, NOW_MS, NAMES)["r"]
     assert commit.state.status is not RunStatus.SUCCEEDED and commit.output is None

@@ -218,6 +218,17 @@ DEAD_LETTERS: dict[DeadLetterReason, Callable[[], Plan]] = {
         NOW_MS,
         RULES,
     ),
+    DeadLetterReason.INVALID_INPUT: lambda: request_plan(
+        accepted(wakeup_message(7, Wakeup("r", "start"), partition=2)),
+        "r",
+        Refused(
+            DeadLetterReason.INVALID_INPUT,
+            "the input does not match the input_schema of workflow 'w' v1 at $.n: 'x' is not"
+            " of type 'integer'",
+        ),
+        NOW_MS,
+        RULES,
+    ),
 }
 
 
