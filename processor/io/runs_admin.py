@@ -86,6 +86,12 @@ def register_workflow(conn: psycopg.Connection[Any], wf: WorkflowDef) -> bool:
     return False
 
 
+# The steps of definition {d}, as rows: none for a definition written by hand whose ``steps``
+# is not a list (it cannot be run; a listing or a topic creation must not fail on it).
+_STEPS = """jsonb_array_elements(CASE WHEN jsonb_typeof({d} -> 'steps') = 'array'
+                                   THEN {d} -> 'steps' ELSE '[]'::jsonb END)"""
+
+
 @dataclass(frozen=True)
 class WorkflowVersion:
     """One registered version of a workflow, as ``ductor workflows list`` shows it."""
@@ -100,7 +106,7 @@ def workflow_versions(conn: psycopg.Connection[Any]) -> list[WorkflowVersion]:
     """Every registered version, by name, then version."""
     rows = conn.execute(
         "SELECT name, version, registered_at,"
-        " ARRAY(SELECT st ->> 'name' FROM jsonb_array_elements(definition -> 'steps') AS st)"
+        f" ARRAY(SELECT st ->> 'name' FROM {_STEPS.format(d='definition')} AS st)"
         " FROM eec_workflow_definition ORDER BY name, version"
     ).fetchall()
     return [WorkflowVersion(n, v, at, tuple(steps)) for n, v, at, steps in rows]
@@ -110,7 +116,7 @@ def registered_queues(conn: psycopg.Connection[Any]) -> list[str]:
     """The queues the steps of the registered workflows name (each its steps topic)."""
     rows = conn.execute(
         "SELECT DISTINCT coalesce(st ->> 'queue', %s) FROM eec_workflow_definition w,"
-        " jsonb_array_elements(w.definition -> 'steps') AS st ORDER BY 1",
+        f" {_STEPS.format(d='w.definition')} AS st ORDER BY 1",
         (DEFAULT_QUEUE,),
     ).fetchall()
     return [r[0] for r in rows]

@@ -229,12 +229,16 @@ def test_the_workflow_in_python_registers_as_the_same_definition_and_is_listed_a
     as_code = run_ductor(settings, "workflows", "register", "flow:orders", cwd=orders_dir)
     assert (as_code.returncode, as_code.stdout) == (0, "workflow orders v1 already registered\n")
 
+    # A definition written by hand that cannot be run is listed too, with no steps.
+    pg.execute(
+        "INSERT INTO eec_workflow_definition (name, version, definition)"
+        """ VALUES ('hand-written', 1, '{"steps": "oops"}') ON CONFLICT DO NOTHING"""
+    )
     listed = run_ductor(settings, "workflows", "list", "--output", "json", cwd=orders_dir)
     assert listed.returncode == 0, listed.stderr
-    mine = [w for w in orjson.loads(listed.stdout) if w["name"] == "orders"]
-    assert [(w["version"], w["steps"]) for w in mine] == [
-        (1, ["validate", "price", "reserve", "confirm"])
-    ]
+    found = {(w["name"], w["version"]): w["steps"] for w in orjson.loads(listed.stdout)}
+    assert found[("orders", 1)] == ["validate", "price", "reserve", "confirm"]
+    assert found[("hand-written", 1)] == []
     table = run_ductor(settings, "workflows", "list", cwd=orders_dir).stdout.splitlines()
     assert table[0].split() == ["NAME", "VERSION", "REGISTERED", "STEPS"]
     assert any(line.split()[:2] == ["orders", "1"] for line in table[1:])
