@@ -7,7 +7,9 @@ from __future__ import annotations
 import time
 import uuid
 from dataclasses import replace
+from typing import Any
 
+import psycopg
 import pytest
 
 from processor.io import config_check
@@ -18,6 +20,19 @@ from processor.io.package_files import Migration, migrations
 from .conftest import run_ductor
 
 pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(autouse=True)
+def _no_other_queues(pg: psycopg.Connection[Any]) -> None:
+    """The check looks for the steps topic of every queue a registered workflow names: the
+    workflows with queues of their own that other tests registered (in an earlier run, on a
+    database that is kept) are not this test's, whose topics have a prefix of their own."""
+    pg.execute(
+        "DELETE FROM eec_workflow_definition w WHERE EXISTS (SELECT 1 FROM"
+        " jsonb_array_elements(CASE WHEN jsonb_typeof(w.definition -> 'steps') = 'array'"
+        " THEN w.definition -> 'steps' ELSE '[]' END) st"
+        " WHERE coalesce(st ->> 'queue', 'default') <> 'default')"
+    )
 
 
 def _failed(settings: Settings) -> dict[str, str]:
