@@ -15,6 +15,7 @@ import time
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from enum import StrEnum
 from typing import Any
 
@@ -191,13 +192,16 @@ def start_runs(
     tier: str = "t1",
     version: int | None = None,
     if_exists: IfExists | str | None = None,
+    start_at: datetime | None = None,
 ) -> list[str]:
     """Insert the runs and produce their first wakeups. Returns the ids created. A run id that
     exists already is kept as it is and woken again (its tick is then a no-op) when its start
     is the same, or when ``if_exists`` is ``ignore``; RunExists when it belongs to another
     workflow, was started with another input (unless ``ignore``), or exists at all with
-    ``fail`` (the other ids of the call are started all the same)."""
+    ``fail`` (the other ids of the call are started all the same). ``start_at`` (an aware
+    datetime) starts them then, not before: a processor's sweep wakes them once it passed."""
     policy = _policy(if_exists)
+    start_ms = _start_ms(start_at)
     with connect(settings) as conn:
         definitions = Definitions()
         wf = (
@@ -212,12 +216,13 @@ def start_runs(
         existing: list[ExistingRun] = []
         for start in range(0, len(run_ids), 5000):
             chunk = run_ids[start : start + 5000]
-            done = insert_runs(conn, wf, [(r, run_input or {}) for r in chunk], tier)
+            done = insert_runs(conn, wf, [(r, run_input or {}) for r in chunk], tier, start_ms)
             inserted += done.created
             existing += done.existing
     refused = [e for e in existing if _refused(e, workflow, policy)]
     kept = {e.run_id for e in refused}
-    to_wake = [r for r in run_ids if r not in kept]
+    later = start_ms is not None and start_ms > time.time() * 1000
+    to_wake = [] if later else [r for r in run_ids if r not in kept]
     try:
         if to_wake:
             wake(settings, to_wake, tier, "start")
@@ -231,6 +236,16 @@ def start_runs(
     if refused:
         raise RunExists(_refusal(refused, workflow, policy), refused, inserted)
     return inserted
+
+
+def _start_ms(start_at: datetime | None) -> int | None:
+    if start_at is None:
+        return None
+    if start_at.tzinfo is None:
+        raise ClientError(
+            f"start_at must say its time zone (an aware datetime), not {start_at.isoformat()}"
+        )
+    return round(start_at.timestamp() * 1000)
 
 
 def _policy(if_exists: IfExists | str | None) -> IfExists | None:
@@ -275,19 +290,22 @@ def start_run(
     tier: str = "t1",
     version: int | None = None,
     if_exists: IfExists | str | None = None,
+    start_at: datetime | None = None,
 ) -> StartedRun:
     """Start one run of ``workflow`` (its latest version unless ``version``) with ``run_input``
     (JSON-serialisable; ``{}`` when None) on wakeup tier ``tier``. Idempotent by run id: the
     same start again leaves the run as it is (and wakes it, which changes nothing), and
     ``created`` says so. RunExists if that run belongs to another workflow or was started
-    with another input (``if_exists``: see ``IfExists``)."""
+    with another input (``if_exists``: see ``IfExists``). ``start_at``: not before then."""
     _check_run_id(run_id)
     _check_tier(tier)
     try:
         orjson.dumps(run_input)
     except TypeError as exc:
         raise ClientError(f"the run input cannot be written as JSON: {exc}") from None
-    created = bool(start_runs(settings, workflow, [run_id], run_input, tier, version, if_exists))
+    created = bool(
+        start_runs(settings, workflow, [run_id], run_input, tier, version, if_exists, start_at)
+    )
     return StartedRun(run_id, created)
 
 

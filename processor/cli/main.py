@@ -31,6 +31,7 @@ from processor.cli.runs import (
     cmd_signal,
     cmd_start,
 )
+from processor.cli.schedules import add_schedule_commands
 from processor.cli.services import cmd_migrate, cmd_process, cmd_topics_create, cmd_worker
 from processor.cli.tool_commands import cmd_bench, cmd_demo, parse_bench_arguments
 from processor.cli.triggers import add_trigger_commands
@@ -111,6 +112,15 @@ def build_parser() -> argparse.ArgumentParser:
         help="a run id that exists already: ignore (keep that run, whatever its input) or fail"
         " (exit 1); default: an identical start is ignored, one with another input fails."
         " A run id of another workflow always fails",
+    )
+    later = p.add_mutually_exclusive_group()
+    later.add_argument(
+        "--at",
+        metavar="TIME",
+        help="start the runs then, not before: ISO 8601 with its offset (2026-12-24T18:00:00Z)",
+    )
+    later.add_argument(
+        "--delay", metavar="DURATION", help="start the runs this long from now (90s, 10m, 2h)"
     )
     _via_argument(p)
     p.set_defaults(func=cmd_start)
@@ -278,6 +288,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_outbox_unpark)
 
     add_trigger_commands(sub)
+    add_schedule_commands(sub)
 
     dlq = sub.add_parser("dlq", help="list and replay dead-lettered records")
     dlq_sub = dlq.add_subparsers(dest="dlq_command", required=True, metavar="ACTION")

@@ -5,9 +5,11 @@ from __future__ import annotations
 import argparse
 import sys
 import uuid
+from datetime import UTC, datetime, timedelta
 
 import orjson
 
+from processor.authoring import duration_ms
 from processor.cli.common import EXIT_FAILED, EXIT_NOT_FINISHED, EXIT_OK, EXIT_USAGE, CliError
 from processor.client import (
     MAX_LIST_LIMIT,
@@ -30,6 +32,7 @@ from processor.client import (
 )
 from processor.core.model import RunStatus, SignalKind, state_checksum
 from processor.core.routing import TopicNames
+from processor.core.workflow import ValidationError
 from processor.io.config import Settings
 from processor.io.runs_admin import run_columns, run_result
 from processor.io.store import Definitions, load_runs
@@ -48,11 +51,20 @@ def cmd_start(settings: Settings, args: argparse.Namespace) -> int:
         )
     else:
         ids = [f"{args.workflow}-{uuid.uuid4().hex[:12]}" for _ in range(args.count)]
+    start_at = _start_at(args)
     if args.via == "kafka":
+        if start_at is not None:
+            raise CliError("--at and --delay need --via database", EXIT_USAGE)
         return _request_starts(settings, args, ids, run_input)
     try:
         inserted = start_runs(
-            settings, args.workflow, ids, run_input, args.tier, if_exists=args.if_exists
+            settings,
+            args.workflow,
+            ids,
+            run_input,
+            args.tier,
+            if_exists=args.if_exists,
+            start_at=start_at,
         )
     except StartNotAnnounced as exc:
         # The runs exist and will start: what the command promises holds, later than usual.
@@ -65,6 +77,29 @@ def cmd_start(settings: Settings, args: argparse.Namespace) -> int:
     else:
         print(f"started {len(inserted)} run(s), {len(ids) - len(inserted)} already existed")
     return EXIT_OK
+
+
+def _start_at(args: argparse.Namespace) -> datetime | None:
+    """When ``--at`` or ``--delay`` says the runs start (exit 2 if it cannot be read)."""
+    if args.at:
+        try:
+            at = datetime.fromisoformat(args.at)
+        except ValueError:
+            at = None
+        if at is None or at.tzinfo is None:
+            raise CliError(
+                f"--at {args.at!r}: expected an ISO 8601 time with its offset, e.g."
+                " 2026-12-24T18:00:00Z or 2026-12-24T19:00:00+01:00",
+                EXIT_USAGE,
+            )
+        return at
+    if args.delay:
+        try:
+            delay_ms = duration_ms(args.delay, "--delay")
+        except ValidationError as exc:
+            raise CliError(str(exc), EXIT_USAGE) from None
+        return datetime.now(UTC) + timedelta(milliseconds=delay_ms)
+    return None
 
 
 def _request_starts(
@@ -131,6 +166,8 @@ def cmd_inspect(settings: Settings, args: argparse.Namespace) -> int:
     print(f"version    {columns.version}   seq {run.state.seq}   tier {run.tier}")
     check = "ok" if run.checksum_ok else f"MISMATCH (row says {run.stored_checksum})"
     print(f"checksum   {state_checksum(run.state)} {check}")
+    if columns.start_at is not None:
+        print(f"starts at  {columns.start_at}")
     print(f"next wake  {columns.next_wakeup_at or '-'}")
     print(f"output     {output_text(result)}")
     print("nodes:")

@@ -163,7 +163,7 @@ def tick_batch(loaded: Mapping[str, Loaded], now_ms: int, names: TopicNames) -> 
     for run_id, run in loaded.items():
         if not isinstance(run, LoadedRun) or not run.checksum_ok:
             continue
-        decision = tick(run.state, run.wf, run.results, run.signals, now_ms)
+        decision = tick(run.state, run.wf, run.results, run.signals, now_ms, run.not_before_ms)
         new_state = decision.new_state
         if new_state is not None:
             effects = _effects(run, decision, now_ms, names)

@@ -191,6 +191,9 @@ class LoadedRun:
     # The run's input, when the load carried it (a pending run's, if small): what its first
     # dispatches carry inline. None: not loaded (the workers fetch it).
     input: RunInput | None = None
+    # A pending run's start time (epoch ms) when it was started for later (a delayed start, a
+    # schedule's fire): it does not start before it (core/tick.py, rule 2). None: at once.
+    not_before_ms: int | None = None
     # Whether the loader found the stored checksum right for the row as stored (row_checksum);
     # when not given, it is checked against the state here.
     verified: InitVar[bool | None] = None

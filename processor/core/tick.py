@@ -5,6 +5,8 @@ Rules, in the order they are applied:
 
 1. A terminal run (succeeded, failed, cancelled) absorbs everything: the tick is a no-op.
 2. A ``cancel`` signal ends the run as cancelled; nodes still in flight become cancelled.
+   A pending run whose start time is ahead (``not_before_ms``: a delayed start, a schedule's
+   fire) does nothing else until then, whatever woke it.
 3. Each step result is applied at most once: only a result whose attempt is the node's attempt
    in flight (status dispatched) applies. A duplicate, stale or unknown result changes nothing,
    and results are applied in a canonical order, so arrival order does not matter.
@@ -86,11 +88,14 @@ def tick(
     results: Iterable[StepResult],
     signals: Iterable[SignalKind],
     now_ms: int,
+    not_before_ms: int | None = None,
 ) -> Decision:
     if state.status.terminal:
         return NOOP
     if SignalKind.CANCEL in set(signals):
         return _end(state, state.node_map(), RunStatus.CANCELLED, "cancelled by signal")
+    if not_before_ms is not None and now_ms < not_before_ms and state.status is _RUN_PENDING:
+        return NOOP
 
     steps = wf.step_map
     nodes = state.node_map()

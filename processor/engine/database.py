@@ -15,7 +15,7 @@ import psycopg
 from processor.core.decide import Commit, ForceFailWrite, Send
 from processor.core.model import Loaded
 from processor.core.stuck import Fail, Leave, StuckVerdict, judge_stuck
-from processor.io import connections, kept_signals, store, sweeps, trigger_store
+from processor.io import connections, kept_signals, schedules, store, sweeps, trigger_store
 
 
 class Database:
@@ -100,6 +100,12 @@ class Database:
         self, modulus: int, shards: Sequence[int], grace_s: float, limit: int
     ) -> list[tuple[str, str]]:
         return sweeps.rewake_due(self.conn, modulus, shards, grace_s, limit)
+
+    def fire_schedules(
+        self, modulus: int, shards: Sequence[int], limit: int
+    ) -> list[tuple[str, str]]:
+        """The runs the due schedules of these shards start, with their tiers, to wake."""
+        return schedules.fire_due(self.conn, self._definitions, modulus, shards, limit)
 
     def adopt_kept_signals(
         self, modulus: int, shards: Sequence[int], limit: int

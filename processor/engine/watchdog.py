@@ -8,6 +8,9 @@ sweeps the runs of the bulk-tier (t2) partitions the consumer group assigned to 
 protocol already guarantees one owner per partition; a brief overlap during a rebalance only
 produces a duplicate wakeup, which a no-op tick absorbs.
 
+Schedules (io/schedules.py) are fired by shard too: the runs of their due fires are started
+and woken.
+
 Signals kept for runs that did not exist yet (io/kept_signals.py) are swept by shard too: those
 whose run now exists are applied and their runs woken, those whose run never came are claimed
 for their dead letters, deleted once the broker has them.
@@ -62,7 +65,7 @@ class SweepSettings:
 class SweepResult:
     """What one sweep found and did, handed from the sweep thread to the poll loop."""
 
-    # Runs to re-wake, with their tiers (overdue, or given a kept signal).
+    # Runs to wake, with their tiers (overdue, given a kept signal, or started by a schedule).
     overdue: list[tuple[str, str]] = field(default_factory=list)
     force_failed: list[str] = field(default_factory=list)  # runs failed as stuck
     # Outbox rows claimed for relaying: (run id, transition seq, records).
@@ -201,6 +204,7 @@ class Watchdog:
         if owned:
             overdue = self._db.overdue(modulus, owned, s.grace_s, s.limit)
             overdue += self._db.adopt_kept_signals(modulus, owned, s.limit)
+            overdue += self._db.fire_schedules(modulus, owned, s.limit)
             expired = self._db.claim_expired_signals(
                 modulus, owned, s.kept_signal_ttl_s, self._relay_as(), s.limit
             )

@@ -34,6 +34,7 @@ class RunColumns:
     tier: str
     quarantined_at: datetime | None
     quarantine_reason: str | None
+    start_at: datetime | None = None  # started for later: not before then
 
 
 @dataclass(frozen=True)
@@ -153,9 +154,11 @@ WITH given AS (
 ), created AS (
     INSERT INTO eec_workflow_run (run_id, workflow_name, workflow_version, status, node_states,
                                   last_transition_seq, state_checksum, tier, shard, input,
-                                  next_wakeup_at)
+                                  next_wakeup_at, start_at)
     SELECT g.run_id, %(name)s, %(version)s, %(status)s, %(nodes)s::jsonb, 0, %(checksum)s,
-           %(tier)s, g.shard, g.input, now()
+           %(tier)s, g.shard, g.input,
+           greatest(now(), to_timestamp(%(start_ms)s::bigint / 1000.0)),
+           to_timestamp(%(start_ms)s::bigint / 1000.0)
       FROM given g
     ON CONFLICT (run_id) DO NOTHING
     RETURNING run_id
@@ -173,14 +176,19 @@ SELECT r.run_id, r.workflow_name, r.workflow_version, r.input = g.input, r.tier
 
 
 def insert_runs(
-    conn: psycopg.Connection[Any], wf: WorkflowDef, runs: Sequence[tuple[str, Any]], tier: str
+    conn: psycopg.Connection[Any],
+    wf: WorkflowDef,
+    runs: Sequence[tuple[str, Any]],
+    tier: str,
+    start_ms: int | None = None,
 ) -> InsertedRuns:
     """Insert new runs idempotently (an existing run id is left alone, and reported with its
     workflow and whether its input is the same), in one statement.
     A run created takes the signals ``ductor.requests`` kept for it (io/kept_signals.py).
     A new run is due at once (``next_wakeup_at``): should its start wakeup never reach a
     processor (the broker was unreachable, the client died before producing it), the overdue
-    sweep starts it."""
+    sweep starts it. With ``start_ms`` (epoch ms) it is due then, and does not start before
+    (``start_at``: its tick is a no-op until then, whatever wakes it)."""
     state = initial_state(wf)
     ids = [r[0] for r in runs]
     inputs = [orjson.dumps(r[1]).decode() for r in runs]
@@ -196,6 +204,7 @@ def insert_runs(
             "nodes": orjson.dumps(state.nodes_json()).decode(),
             "checksum": state_checksum(state),
             "tier": tier,
+            "start_ms": start_ms,
         },
     ).fetchall()
     created = [r[0] for r in rows if r[1] is None]
@@ -235,14 +244,15 @@ def run_columns(conn: psycopg.Connection[Any], run_id: str) -> RunColumns | None
     """The run row's columns as stored (readable or not), or None if there is no such run."""
     row = conn.execute(
         "SELECT db_record_version, next_wakeup_at, created_at, updated_at, failure_reason,"
-        "       workflow_name, workflow_version, status, tier, quarantined_at, quarantine_reason"
+        "       workflow_name, workflow_version, status, tier, quarantined_at, quarantine_reason,"
+        "       start_at"
         " FROM eec_workflow_run WHERE run_id = %s",
         (run_id,),
     ).fetchone()
     if row is None:
         return None
     version, next_wakeup_at, created, updated, failure, wf_name, wf_version, *rest = row
-    status, tier, quarantined_at, quarantine_reason = rest
+    status, tier, quarantined_at, quarantine_reason, start_at = rest
     return RunColumns(
         version,
         next_wakeup_at,
@@ -254,6 +264,7 @@ def run_columns(conn: psycopg.Connection[Any], run_id: str) -> RunColumns | None
         tier,
         quarantined_at,
         quarantine_reason,
+        start_at,
     )
 
 

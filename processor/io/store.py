@@ -56,6 +56,9 @@ SELECT coalesce(json_agg(json_build_array(
          END,
          CASE WHEN r.status = 'pending' AND pg_column_size(r.input) <= %s THEN
              json_build_array(r.input)
+         END,
+         CASE WHEN r.status = 'pending' THEN
+             (extract(epoch FROM r.start_at) * 1000)::bigint
          END)), '[]')::text,
        (extract(epoch FROM now()) * 1000)::bigint
   FROM eec_workflow_run r
@@ -247,7 +250,7 @@ def load_runs_at(
     loaded: dict[str, Loaded] = {}
     for row in orjson.loads(found[0]):
         run_id, wf_name, wf_version, status, nodes, seq, checksum, version, reason, tier = row[:10]
-        raw_results, raw_signals, raw_input = row[10], row[11], row[12]
+        raw_results, raw_signals, raw_input, not_before_ms = row[10], row[11], row[12], row[13]
         try:
             wf = definitions.get(conn, (wf_name, wf_version))
         except UnknownWorkflow as exc:
@@ -277,6 +280,7 @@ def load_runs_at(
             stored_checksum=checksum,
             verified=checksum == row_checksum(status, nodes, seq, reason),
             input=None if raw_input is None else RunInput(raw_input[0]),
+            not_before_ms=not_before_ms,
         )
     return loaded, int(found[1])
 

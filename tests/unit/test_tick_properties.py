@@ -23,7 +23,7 @@ from processor.core.model import (
     state_from_row,
 )
 from processor.core.tick import NOOP, Decision, tick
-from processor.core.workflow import WorkflowDef
+from processor.core.workflow import WorkflowDef, parse_workflow
 
 from .strategies import (
     FAST,
@@ -278,3 +278,35 @@ def test_every_run_reaches_a_terminal_state(wf: WorkflowDef, seed: int) -> None:
     assert final.seq <= ticks
     # Terminal absorbs: nothing the world still delivers changes the ended run.
     assert tick(final, wf, [], [SignalKind.CANCEL], 10**12) == NOOP
+
+
+@FAST
+@given(st.data())
+def test_a_run_started_for_later_waits_for_its_time_whatever_wakes_it(
+    data: st.DataObject,
+) -> None:
+    """A pending run whose start time is ahead does nothing, whatever results or wakeups come
+    (only a cancel ends it); once its time has come it is ticked as if it had none; a run
+    already running is not held by it (a start time only holds a start)."""
+    run = data.draw(runs())
+    inputs = data.draw(tick_inputs(run))
+    ahead = inputs.now_ms + data.draw(st.integers(1, 10**9))
+    waited = tick(run.state, run.wf, inputs.results, inputs.signals, inputs.now_ms, ahead)
+    plain = tick(run.state, run.wf, inputs.results, inputs.signals, inputs.now_ms)
+    if run.state.status is RunStatus.PENDING and SignalKind.CANCEL not in inputs.signals:
+        assert waited == NOOP
+    else:
+        assert waited == plain
+    passed = inputs.now_ms - data.draw(st.integers(0, 10**9))
+    assert tick(run.state, run.wf, inputs.results, inputs.signals, inputs.now_ms, passed) == plain
+
+
+def test_a_new_run_started_for_later_starts_at_its_time() -> None:
+    wf = parse_workflow({"name": "w", "version": 1, "steps": [{"name": "a", "type": "a"}]})
+    state = initial_state(wf)
+    assert tick(state, wf, (), (), 999, not_before_ms=1_000) == NOOP
+    started = tick(state, wf, (), (), 1_000, not_before_ms=1_000)
+    assert started.new_state is not None and started.new_state.status is RunStatus.RUNNING
+    cancelled = tick(state, wf, (), [SignalKind.CANCEL], 0, not_before_ms=1_000)
+    assert cancelled.new_state is not None
+    assert cancelled.new_state.status is RunStatus.CANCELLED

@@ -1,0 +1,188 @@
+"""Commands about schedules (docs/usage.md#delayed-starts-and-schedules): schedules create,
+list, pause, resume, trigger, delete. The processors fire them (io/schedules.py)."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+import orjson
+
+from processor.cli.common import EXIT_OK, EXIT_USAGE, CliError
+from processor.client import connect, wake
+from processor.core.routing import TIERS
+from processor.io.config import Settings
+from processor.io.schedules import (
+    Schedule,
+    ScheduleError,
+    create_schedule,
+    delete_schedule,
+    list_schedules,
+    pause_schedule,
+    resume_schedule,
+    trigger_schedule,
+)
+from processor.io.store import Definitions
+
+
+def add_schedule_commands(sub: Any) -> None:
+    schedules = sub.add_parser("schedules", help="start a workflow on a cron schedule")
+    s_sub = schedules.add_subparsers(dest="schedules_command", required=True, metavar="ACTION")
+    p = s_sub.add_parser(
+        "create", help="a schedule: a run of WORKFLOW at each fire time of a cron expression"
+    )
+    p.add_argument("name", help="the schedule's name; its runs are named NAME@<fire time, UTC>")
+    p.add_argument(
+        "--cron",
+        required=True,
+        help="five fields (minute hour day-of-month month day-of-week), six with seconds last,"
+        " or @hourly/@daily/@weekly/@monthly/@yearly",
+    )
+    p.add_argument("--tz", default="UTC", help="the IANA time zone it reads in (default UTC)")
+    p.add_argument("--workflow", required=True, help="the workflow each fire starts")
+    p.add_argument("--version", type=int, help="this version (default: the latest at each fire)")
+    p.add_argument("--input", help="each run's input, as JSON")
+    p.add_argument("--tier", choices=TIERS, default="t1", help="the runs' wakeup tier")
+    p.add_argument(
+        "--catch-up",
+        type=int,
+        default=0,
+        help="fires missed while no processor could fire them (more than a minute late) that"
+        " still start a run, the latest first (default 0: skipped)",
+    )
+    p.set_defaults(func=cmd_schedules_create)
+    p = s_sub.add_parser("list", help="the schedules: next fire, last run, fires and misses")
+    p.add_argument("--output", choices=["table", "json"], default="table")
+    p.set_defaults(func=cmd_schedules_list)
+    for action, text in (
+        ("pause", "stop firing it (its runs go on)"),
+        ("resume", "fire it again from its next fire after now"),
+        ("trigger", "start a run of it now, by hand (NAME@manual-<now>)"),
+        ("delete", "delete it (the runs it started stay)"),
+    ):
+        p = s_sub.add_parser(action, help=text)
+        p.add_argument("name")
+        p.set_defaults(func=_ACTIONS[action])
+
+
+def cmd_schedules_create(settings: Settings, args: argparse.Namespace) -> int:
+    try:
+        run_input = orjson.loads(args.input) if args.input else {}
+    except orjson.JSONDecodeError as exc:
+        raise CliError(f"--input is not valid JSON: {exc}", EXIT_USAGE) from None
+    with connect(settings) as conn:
+        try:
+            schedule = create_schedule(
+                conn,
+                Definitions(),
+                args.name,
+                args.cron,
+                args.workflow,
+                tz=args.tz,
+                version=args.version,
+                run_input=run_input,
+                tier=args.tier,
+                catch_up=args.catch_up,
+            )
+        except ScheduleError as exc:
+            raise CliError(str(exc), EXIT_USAGE) from None
+    print(f"schedule {schedule.name} created: next fire {_when(schedule.next_fire_at)}")
+    return EXIT_OK
+
+
+def cmd_schedules_list(settings: Settings, args: argparse.Namespace) -> int:
+    with connect(settings) as conn:
+        schedules = list_schedules(conn)
+    if args.output == "json":
+        print(orjson.dumps([_json(s) for s in schedules]).decode())
+        return EXIT_OK
+    if not schedules:
+        print("no schedule (ductor schedules create NAME --cron EXPR --workflow W)")
+        return EXIT_OK
+    rows = [
+        (
+            s.name,
+            s.cron + ("" if s.tz == "UTC" else f" ({s.tz})"),
+            s.workflow + ("" if s.version is None else f" v{s.version}"),
+            "paused" if s.paused_at else _when(s.next_fire_at),
+            s.last_run_id or "-",
+            str(s.fires),
+            str(s.missed),
+        )
+        for s in schedules
+    ]
+    header = ("NAME", "CRON", "WORKFLOW", "NEXT FIRE", "LAST RUN", "FIRES", "MISSED")
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+    for row in [header, *rows]:
+        print(
+            "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
+        )
+    return EXIT_OK
+
+
+def _json(s: Schedule) -> dict[str, Any]:
+    return {
+        "name": s.name,
+        "cron": s.cron,
+        "tz": s.tz,
+        "workflow": s.workflow,
+        "version": s.version,
+        "input": s.input,
+        "tier": s.tier,
+        "catch_up": s.catch_up,
+        "next_fire_at": None if s.paused_at else s.next_fire_at.isoformat(),
+        "last_fired_at": s.last_fired_at.isoformat() if s.last_fired_at else None,
+        "last_run_id": s.last_run_id,
+        "fires": s.fires,
+        "missed": s.missed,
+        "paused": s.paused_at is not None,
+    }
+
+
+def _when(moment: Any) -> str:
+    return str(moment.isoformat(timespec="seconds"))
+
+
+def cmd_schedules_pause(settings: Settings, args: argparse.Namespace) -> int:
+    with connect(settings) as conn:
+        changed = _refusing(lambda: pause_schedule(conn, args.name))
+    print(f"schedule {args.name} {'paused' if changed else 'was paused already'}")
+    return EXIT_OK
+
+
+def cmd_schedules_resume(settings: Settings, args: argparse.Namespace) -> int:
+    with connect(settings) as conn:
+        changed = _refusing(lambda: resume_schedule(conn, args.name))
+    print(f"schedule {args.name} {'resumed' if changed else 'was not paused'}")
+    return EXIT_OK
+
+
+def cmd_schedules_trigger(settings: Settings, args: argparse.Namespace) -> int:
+    with connect(settings) as conn:
+        run_id, tier = _refusing(lambda: trigger_schedule(conn, Definitions(), args.name))
+    wake(settings, [run_id], tier, "start")
+    print(run_id)
+    return EXIT_OK
+
+
+def cmd_schedules_delete(settings: Settings, args: argparse.Namespace) -> int:
+    with connect(settings) as conn:
+        if not delete_schedule(conn, args.name):
+            raise CliError(f"no schedule is named {args.name!r}")
+    print(f"schedule {args.name} deleted")
+    return EXIT_OK
+
+
+def _refusing(action: Any) -> Any:
+    try:
+        return action()
+    except ScheduleError as exc:
+        raise CliError(str(exc)) from None
+
+
+_ACTIONS = {
+    "pause": cmd_schedules_pause,
+    "resume": cmd_schedules_resume,
+    "trigger": cmd_schedules_trigger,
+    "delete": cmd_schedules_delete,
+}
