@@ -106,6 +106,23 @@ class _Step:
         return raw
 
 
+@dataclass(frozen=True)
+class _WaitStep:
+    name: str
+    signal: str
+    after: tuple[str, ...]
+    timeout_ms: int
+    retry: Retry
+
+    def to_json(self) -> dict[str, Any]:
+        raw: dict[str, Any] = {"name": self.name, "kind": "wait", "signal": self.signal}
+        if self.after:
+            raw["depends_on"] = list(self.after)
+        raw["retry"] = self.retry.to_json()
+        raw["timeout_ms"] = self.timeout_ms
+        return raw
+
+
 Dependency = str | Callable[..., object]
 
 
@@ -148,7 +165,7 @@ class Workflow:
         self.output = output
         self.input_schema = _json_schema(input_schema) if input_schema is not None else None
         self.registry = registry if registry is not None else StepRegistry()
-        self._steps: list[_Step] = []
+        self._steps: list[_Step | _WaitStep] = []
         self._names: dict[int, str] = {}  # id(function) -> its step's name
 
     @overload
@@ -215,6 +232,34 @@ class Workflow:
             return registered
 
         return add(fn) if fn is not None else add
+
+    def wait(
+        self,
+        name: str,
+        *,
+        signal: str,
+        after: Iterable[Dependency] = (),
+        timeout: Duration = "7d",
+        retry: Retry | None = None,
+    ) -> str:
+        """Add a step that waits for the first signal named ``signal`` sent to the run
+        (`ductor signal RUN NAME --payload JSON`, ``client.send_signal``): an approval, a
+        person's answer. Its output is the signal's payload; after ``timeout`` (default a
+        week) the attempt times out, and ``retry`` says whether it waits again (once by
+        default). Returns the step's name, for ``after=`` of the steps that follow."""
+        if any(s.name == name for s in self._steps):
+            raise ValidationError(f"workflow {self.name!r}: step {name!r} is added twice")
+        where = f"workflow {self.name!r}, step {name!r}"
+        self._steps.append(
+            _WaitStep(
+                name=name,
+                signal=signal,
+                after=tuple(self._dependency(d, where) for d in after),
+                timeout_ms=duration_ms(timeout, f"{where}: timeout"),
+                retry=retry or Retry(max_attempts=1),
+            )
+        )
+        return name
 
     def _dependency(self, dependency: Dependency, where: str) -> str:
         if isinstance(dependency, str):

@@ -36,6 +36,7 @@ from processor.core.requests import (
 from processor.core.routing import TIERS, TopicNames
 from processor.core.run_input import input_problem
 from processor.core.tick import resume_failed
+from processor.core.workflow import SIGNAL_NAME
 from processor.io.config import Settings
 from processor.io.kafka import choose_partition, produce, producer_config, topic_partitions
 from processor.io.kafka_logs import with_logger
@@ -340,17 +341,17 @@ def request_starts(
 def request_signal(
     settings: Settings,
     run_id: str,
-    kind: SignalKind = SignalKind.CANCEL,
+    kind: SignalKind | str = SignalKind.CANCEL,
     signal_id: str | None = None,
     payload: Any = None,
 ) -> str:
-    """Ask the processors to signal the run through Kafka alone (``ductor.requests``); the
+    """Ask the processors to signal the run through Kafka alone (``ductor.requests``): a
+    cancel, or the signal named ``kind`` that a wait step waits for, with ``payload``. The
     signal id (a new one when None: the idempotency key). A signal for a run that does not
     exist yet is kept for its start (``DUCTOR_KEPT_SIGNAL_TTL_S``), then dead-lettered."""
-    signal_id = signal_id or f"{kind.value}-{uuid.uuid4().hex[:12]}"
-    _produce_requests(
-        settings, [SignalRequest(run_id, kind.value, signal_id, payload)], "signal request"
-    )
+    name = str(kind)
+    signal_id = signal_id or f"{name}-{uuid.uuid4().hex[:12]}"
+    _produce_requests(settings, [SignalRequest(run_id, name, signal_id, payload)], "signal request")
     return signal_id
 
 
@@ -451,15 +452,28 @@ def list_runs(
 def send_signal(
     settings: Settings,
     run_id: str,
-    kind: SignalKind = SignalKind.CANCEL,
+    kind: SignalKind | str = SignalKind.CANCEL,
     signal_id: str | None = None,
+    payload: Any = None,
 ) -> SignalSent:
-    """Record a signal for the run and wake it. ``signal_id`` is the idempotency key (a new one
-    when None): the same id is recorded and acted on once."""
-    signal_id = signal_id or f"{kind.value}-{uuid.uuid4().hex[:12]}"
+    """Record a signal for the run and wake it: a cancel, or the signal named ``kind`` that a
+    wait step waits for, whose ``payload`` (JSON) becomes that step's output. ``signal_id``
+    is the idempotency key (a new one when None): the same id is recorded and acted on once.
+    ClientError for a name no signal may have, or a payload that is not JSON."""
+    name = str(kind)
+    if not SIGNAL_NAME.fullmatch(name):
+        raise ClientError(
+            f"a signal's name is 'cancel' or 1 to 100 letters, digits, '_', '.', ':' or '-',"
+            f" not {name!r}"
+        )
+    try:
+        orjson.dumps(payload)
+    except TypeError as exc:
+        raise ClientError(f"the signal's payload cannot be written as JSON: {exc}") from None
+    signal_id = signal_id or f"{name}-{uuid.uuid4().hex[:12]}"
     with connect(settings) as conn:
         tier = _tier_of(conn, run_id)
-        new = insert_signal(conn, run_id, signal_id, kind)
+        new = insert_signal(conn, run_id, signal_id, name, payload)
     wake(settings, [run_id], tier, "signal")
     return SignalSent(signal_id, new)
 

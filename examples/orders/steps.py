@@ -91,11 +91,12 @@ def reserve_stock(ctx: StepContext) -> dict[str, Any]:
 
 @registry.step("confirm_order")
 def confirm_order(ctx: StepContext) -> dict[str, Any]:
-    """The confirmation sent to the customer, from the price and the reservation."""
+    """The confirmation sent to the customer, from the price and the reservation (and, in
+    approval.json's workflow, the approval: the payload of the signal its wait step got)."""
     total = ctx.deps["price"]["total_cents"]
     reservation = ctx.deps["reserve"]
     order_id = ctx.input["order_id"]
-    return {
+    confirmation = {
         "order_id": order_id,
         "customer": ctx.input["customer"],
         "reservation": reservation["reservation"],
@@ -104,6 +105,9 @@ def confirm_order(ctx: StepContext) -> dict[str, Any]:
             f" {total // 100}.{total % 100:02d} EUR, confirmed"
         ),
     }
+    if "approve" in ctx.deps:
+        confirmation["approved_by"] = _object(ctx.deps["approve"], "the approval").get("by")
+    return confirmation
 
 
 def _object(value: Any, what: str) -> dict[str, Any]:

@@ -37,7 +37,7 @@ from processor.cli.tool_commands import cmd_bench, cmd_demo, parse_bench_argumen
 from processor.cli.triggers import add_trigger_commands
 from processor.cli.workflows import add_workflow_commands
 from processor.client import IfExists
-from processor.core.model import RunStatus, SignalKind
+from processor.core.model import RunStatus
 from processor.core.outcomes import DLQ_REASONS
 from processor.core.routing import TIERS
 from processor.io.config import load_settings
@@ -228,9 +228,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("run_id")
     p.set_defaults(func=cmd_runs_retry)
 
-    p = sub.add_parser("signal", help="send a signal to a run")
+    p = sub.add_parser(
+        "signal", help="send a signal to a run: cancel, or one a wait step waits for"
+    )
     p.add_argument("run_id")
-    p.add_argument("kind", choices=[k.value for k in SignalKind])
+    p.add_argument("kind", metavar="NAME", help="cancel, or the signal's name")
+    p.add_argument("--payload", help="the signal's data, as JSON (a wait step's output)")
     p.add_argument("--signal-id", help="idempotency key (default: a new one)")
     _via_argument(p)
     p.set_defaults(func=cmd_signal)

@@ -30,9 +30,9 @@ from processor.client import (
     start_runs,
     wait_for_run,
 )
-from processor.core.model import RunStatus, SignalKind, state_checksum
+from processor.core.model import RunStatus, state_checksum
 from processor.core.routing import TopicNames
-from processor.core.workflow import ValidationError
+from processor.core.workflow import SIGNAL_NAME, ValidationError
 from processor.io.config import Settings
 from processor.io.runs_admin import run_columns, run_result
 from processor.io.store import Definitions, load_runs
@@ -198,12 +198,22 @@ def output_text(result: RunResult) -> str:
 
 
 def cmd_signal(settings: Settings, args: argparse.Namespace) -> int:
+    try:
+        payload = orjson.loads(args.payload) if args.payload is not None else None
+    except orjson.JSONDecodeError as exc:
+        raise CliError(f"--payload is not valid JSON: {exc}", EXIT_USAGE) from None
+    if not SIGNAL_NAME.fullmatch(args.kind):
+        raise CliError(
+            f"signal name {args.kind!r}: cancel, or 1 to 100 letters, digits, '_', '.', ':'"
+            " or '-', starting with a letter or digit",
+            EXIT_USAGE,
+        )
     if args.via == "kafka":
-        signal_id = request_signal(settings, args.run_id, SignalKind(args.kind), args.signal_id)
+        signal_id = request_signal(settings, args.run_id, args.kind, args.signal_id, payload)
         topic = TopicNames(settings.topic_prefix).requests
         print(f"signal {args.kind} requested on {topic} ({signal_id})")
         return EXIT_OK
-    sent = send_signal(settings, args.run_id, SignalKind(args.kind), args.signal_id)
+    sent = send_signal(settings, args.run_id, args.kind, args.signal_id, payload)
     print(f"signal {args.kind} {'sent' if sent.new else 'was already recorded'} ({sent.signal_id})")
     return EXIT_OK
 

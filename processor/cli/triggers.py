@@ -136,7 +136,12 @@ def add_trigger_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser
     p.add_argument("--workflow", help="start runs of this workflow")
     p.add_argument("--version", type=int, help="of this version (default: the latest)")
     p.add_argument("--tier", choices=("t0", "t1", "t2"), help="the runs' wakeup tier (t1)")
-    p.add_argument("--signal", choices=("cancel",), help="send this signal instead of starting")
+    p.add_argument(
+        "--signal",
+        metavar="NAME",
+        help="send this signal instead of starting: cancel, or one a wait step waits for (its"
+        " payload: what --input picks)",
+    )
     p.add_argument(
         "--run-id",
         metavar="SOURCE",

@@ -82,6 +82,9 @@ class Commit:
     # Set only on the commit that ends a run succeeded whose workflow declares an output: the
     # step results the statement reads it from (dataflow.py).
     output: OutputRefs | None = None
+    # Wait steps the transition ended, (node, attempt, signal id): the statement records each
+    # as the step's result, the signal's payload its output.
+    signalled: tuple[tuple[str, int, str], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -163,12 +166,16 @@ def tick_batch(loaded: Mapping[str, Loaded], now_ms: int, names: TopicNames) -> 
     for run_id, run in loaded.items():
         if not isinstance(run, LoadedRun) or not run.checksum_ok:
             continue
-        decision = tick(run.state, run.wf, run.results, run.signals, now_ms, run.not_before_ms)
+        decision = tick(
+            run.state, run.wf, run.results, run.signals, now_ms, run.not_before_ms, run.named
+        )
         new_state = decision.new_state
         if new_state is not None:
             effects = _effects(run, decision, now_ms, names)
             output = output_refs(run.wf, new_state)
-            commits[run_id] = Commit(run_id, run.version, new_state, effects, output)
+            commits[run_id] = Commit(
+                run_id, run.version, new_state, effects, output, decision.signalled
+            )
     return commits
 
 

@@ -194,6 +194,9 @@ class LoadedRun:
     # A pending run's start time (epoch ms) when it was started for later (a delayed start, a
     # schedule's fire): it does not start before it (core/tick.py, rule 2). None: at once.
     not_before_ms: int | None = None
+    # The run's named signals (what wait steps wait for), (name, signal id) in the order
+    # they were received.
+    named: tuple[tuple[str, str], ...] = ()
     # Whether the loader found the stored checksum right for the row as stored (row_checksum);
     # when not given, it is checked against the state here.
     verified: InitVar[bool | None] = None

@@ -14,15 +14,14 @@ from typing import Any, NamedTuple
 import orjson
 
 from processor.core.envelope import MAX_RUN_ID_LENGTH, Rejected, decode_versioned_object
-from processor.core.model import SignalKind
 from processor.core.outcomes import DeadLetterReason
 from processor.core.routing import TIERS
 from processor.core.storable import holds_nul
+from processor.core.workflow import SIGNAL_NAME
 
 REQUEST_VERSION = 1
 MAX_NAME_LENGTH = 200  # workflow names and signal ids: text columns, bounded like run ids
 MAX_WORKFLOW_VERSION = 2**31 - 1
-SIGNAL_NAMES = tuple(k.value for k in SignalKind)
 
 
 class StartRequest(NamedTuple):
@@ -130,8 +129,11 @@ def _signal(raw: dict[str, Any]) -> SignalRequest | Rejected:
     if problem:
         return problem
     name = raw.get("name")
-    if name not in SIGNAL_NAMES:
-        return _wrong(f"name must be one of {', '.join(SIGNAL_NAMES)}")
+    if not isinstance(name, str) or not SIGNAL_NAME.fullmatch(name):
+        return _wrong(
+            "name must be 'cancel' or the signal a wait step waits for: 1 to 100 letters,"
+            " digits, '_', '.', ':' or '-', starting with a letter or digit"
+        )
     payload = raw.get("payload")
     if holds_nul(payload):
         return Rejected(

@@ -10,6 +10,10 @@ Rules, in the order they are applied:
 3. Each step result is applied at most once: only a result whose attempt is the node's attempt
    in flight (status dispatched) applies. A duplicate, stale or unknown result changes nothing,
    and results are applied in a canonical order, so arrival order does not matter.
+   A wait step in flight succeeds with the first signal of its name sent to the run (in the
+   order they were received, before it started waiting or after): the decision names the
+   signal, whose payload the commit records as the step's result. One that starts waiting
+   when its signal is there already succeeds in the same tick, and so may what follows it.
 4. A dispatched node whose deadline has passed has failed its attempt ("timed out").
 5. A failed attempt is retried by the step's policy (retry_wait until its backoff is due),
    or fails the node when attempts are exhausted (counted since the run was last resumed, see
@@ -33,7 +37,7 @@ argument, and the shell carries out the returned decision.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import NamedTuple
 
 from processor.core.model import (
@@ -73,6 +77,8 @@ class Decision(NamedTuple):
     new_state: RunState | None
     dispatches: tuple[Dispatch, ...] = ()
     timers: tuple[int, ...] = ()  # epoch ms at which a retry wait ends and the run must be woken
+    # Wait steps this tick ended, each with the signal that ended it: (node, attempt, signal id)
+    signalled: tuple[tuple[str, int, str], ...] = ()
 
     @property
     def progressed(self) -> bool:
@@ -89,7 +95,9 @@ def tick(
     signals: Iterable[SignalKind],
     now_ms: int,
     not_before_ms: int | None = None,
+    named: Sequence[tuple[str, str]] = (),
 ) -> Decision:
+    """``named``: the run's named signals, (name, signal id), in the order received."""
     if state.status.terminal:
         return NOOP
     if SignalKind.CANCEL in set(signals):
@@ -110,6 +118,8 @@ def tick(
             node, steps[result.node], ok, result.error, now_ms, result.retryable
         )
 
+    signalled = _signal_waits(nodes, wf, named)
+
     for name, node in list(nodes.items()):
         if node.status is _DISPATCHED and node.due_ms is not None and now_ms >= node.due_ms:
             error = f"attempt {node.attempt} timed out after {steps[name].timeout_ms} ms"
@@ -123,16 +133,23 @@ def tick(
         )
         return _end(state, nodes, RunStatus.FAILED, reason)
 
-    dispatches = _dispatch_ready(nodes, wf, now_ms)
+    dispatches, waiting = _dispatch_ready(nodes, wf, now_ms)
+    while waiting and (ended := _signal_waits(nodes, wf, named)):
+        # A wait whose signal came first ends at once, and what follows it starts now.
+        signalled += ended
+        more, waiting = _dispatch_ready(nodes, wf, now_ms)
+        dispatches += more
     if all(s.status is _SUCCEEDED for s in nodes.values()):
-        return _end(state, nodes, RunStatus.SUCCEEDED, None)
+        ended_run = _end(state, nodes, RunStatus.SUCCEEDED, None)
+        return ended_run._replace(signalled=tuple(signalled))
 
-    status = _RUN_RUNNING if state.status is _RUN_PENDING and dispatches else state.status
+    started = dispatches or waiting or signalled
+    status = _RUN_RUNNING if state.status is _RUN_PENDING and started else state.status
     new_nodes = tuple((name, nodes[name]) for name, _ in state.nodes)
     if status is state.status and new_nodes == state.nodes:
         return NOOP
     new_state = RunState(status, new_nodes, state.seq + 1, state.reason)
-    return Decision(new_state, tuple(dispatches), _new_timers(state, new_state))
+    return Decision(new_state, tuple(dispatches), _new_timers(state, new_state), tuple(signalled))
 
 
 def _result_order(result: StepResult) -> tuple[str, int, str, str]:
@@ -194,8 +211,13 @@ def _finish_attempt(
     return NodeState(_FAILED, node.attempt, None, error, node.attempts_before)
 
 
-def _dispatch_ready(nodes: dict[str, NodeState], wf: WorkflowDef, now_ms: int) -> list[Dispatch]:
+def _dispatch_ready(
+    nodes: dict[str, NodeState], wf: WorkflowDef, now_ms: int
+) -> tuple[list[Dispatch], int]:
+    """Start what is ready: the step attempts to send to the workers, and how many wait
+    steps began waiting (they send nothing: a signal ends them)."""
     dispatches = []
+    waiting = 0
     for step in wf.steps:  # definition order keeps the decision deterministic
         node = nodes[step.name]
         retry_due = node.status is _RETRY_WAIT and node.due_ms is not None and now_ms >= node.due_ms
@@ -206,8 +228,31 @@ def _dispatch_ready(nodes: dict[str, NodeState], wf: WorkflowDef, now_ms: int) -
             attempt = node.attempt + 1
             deadline = now_ms + step.timeout_ms
             nodes[step.name] = NodeState(_DISPATCHED, attempt, deadline, None, node.attempts_before)
-            dispatches.append(Dispatch(step.name, attempt, step.step_type, deadline))
-    return dispatches
+            if step.waits:
+                waiting += 1
+            else:
+                dispatches.append(Dispatch(step.name, attempt, step.step_type, deadline))
+    return dispatches, waiting
+
+
+def _signal_waits(
+    nodes: dict[str, NodeState], wf: WorkflowDef, named: Sequence[tuple[str, str]]
+) -> list[tuple[str, int, str]]:
+    """End each wait step in flight whose signal was received (the first of its name)."""
+    ended: list[tuple[str, int, str]] = []
+    if not named:
+        return ended
+    for step in wf.steps:
+        if not step.waits:
+            continue
+        node = nodes[step.name]
+        if node.status is not _DISPATCHED:
+            continue
+        first = next((sid for name, sid in named if name == step.signal), None)
+        if first is not None:
+            nodes[step.name] = NodeState(_SUCCEEDED, node.attempt, None, None, node.attempts_before)
+            ended.append((step.name, node.attempt, first))
+    return ended
 
 
 def _end(

@@ -33,6 +33,7 @@ from processor.core.requests import (
 )
 from processor.core.routing import TIERS
 from processor.core.storable import holds_nul
+from processor.core.workflow import SIGNAL_NAME
 
 TRIGGER_VERSION = 1
 ACTIONS = ("start", "signal")
@@ -227,8 +228,11 @@ def parse_trigger(name: str, raw: Any, start_offsets: tuple[tuple[int, int], ...
         fields |= {"workflow": workflow, "workflow_version": version, "tier": tier}
     else:
         signal = raw.get("signal", SignalKind.CANCEL.value)
-        if signal not in {k.value for k in SignalKind}:
-            raise ValueError(f"signal must be one of {', '.join(k.value for k in SignalKind)}")
+        if not isinstance(signal, str) or not SIGNAL_NAME.fullmatch(signal):
+            raise ValueError(
+                "signal must be cancel or the name of a signal a wait step waits for (1 to 100"
+                " letters, digits, '_', '.', ':' or '-')"
+            )
         fields["signal"] = signal
         if run_id.kind == "position":
             raise ValueError("a signal trigger takes its run id from the record, not its position")

@@ -45,10 +45,17 @@ class RetryPolicy:
         return int(min(raw, self.max_backoff_ms))
 
 
+TASK, WAIT = "task", "wait"  # the kinds of step
+# A signal's name: what ``ductor signal RUN NAME`` sends and a wait step waits for.
+SIGNAL_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,99}")
+# A wait step waits a week unless it says otherwise (a person may be away).
+WAIT_TIMEOUT_MS = 7 * 24 * 3600 * 1000
+
+
 @dataclass(frozen=True)
 class StepDef:
     name: str
-    step_type: str
+    step_type: str  # the function a worker runs ("" for a wait step: no worker runs it)
     depends_on: tuple[str, ...] = ()
     retry: RetryPolicy = field(default_factory=RetryPolicy)
     timeout_ms: int = 30_000
@@ -57,6 +64,14 @@ class StepDef:
     # A long step calls ``ctx.heartbeat()`` at least this often, or its attempt fails without
     # waiting for its deadline. None: no heartbeat is expected.
     heartbeat_timeout_ms: int | None = None
+    # "task": a worker runs it; "wait": it waits for the first signal named ``signal`` sent
+    # to the run (before it or while it waits), and its output is that signal's payload.
+    kind: str = TASK
+    signal: str | None = None
+
+    @property
+    def waits(self) -> bool:
+        return self.kind == WAIT
 
 
 @dataclass(frozen=True)
@@ -177,16 +192,27 @@ def parse_workflow(raw: Any) -> WorkflowDef:
         where = f"workflow.steps[{i}]"
         if not isinstance(raw_step, dict):
             raise ValidationError(f"{where}: expected an object")
+        kind = _optional(raw_step, "kind", str, where, TASK)
+        if kind == WAIT:
+            steps.append(_parse_wait(raw_step, where))
+            continue
+        if kind != TASK:
+            raise ValidationError(f"{where}.kind: must be 'task' or 'wait', not {kind!r}")
         _check_keys(
             raw_step,
-            {"name", "type", "depends_on", "retry", "timeout_ms", "queue", "heartbeat_timeout_ms"},
+            {
+                "name",
+                "kind",
+                "type",
+                "depends_on",
+                "retry",
+                "timeout_ms",
+                "queue",
+                "heartbeat_timeout_ms",
+            },
             where,
         )
-        deps = _optional(raw_step, "depends_on", list, where, [])
-        if not all(isinstance(d, str) for d in deps):
-            raise ValidationError(f"{where}.depends_on: expected a list of step names")
-        if len(set(deps)) != len(deps):
-            raise ValidationError(f"{where}.depends_on: a dependency is listed twice")
+        deps = _dependencies(raw_step, where)
         if not _require(raw_step, "type", str, where):
             raise ValidationError(f"{where}.type: must not be empty")
         timeout_ms = _optional(raw_step, "timeout_ms", int, where, 30_000)
@@ -237,6 +263,42 @@ def _parse_input_schema(raw: Any) -> str:
         return orjson.dumps(raw, option=orjson.OPT_SORT_KEYS).decode()
     except TypeError as exc:  # (only from code: JSON documents hold JSON values)
         raise ValidationError(f"workflow.input_schema: not JSON: {exc}") from None
+
+
+def _dependencies(raw_step: Mapping[str, Any], where: str) -> tuple[str, ...]:
+    deps = _optional(raw_step, "depends_on", list, where, [])
+    if not all(isinstance(d, str) for d in deps):
+        raise ValidationError(f"{where}.depends_on: expected a list of step names")
+    if len(set(deps)) != len(deps):
+        raise ValidationError(f"{where}.depends_on: a dependency is listed twice")
+    return tuple(deps)
+
+
+def _parse_wait(raw_step: Mapping[str, Any], where: str) -> StepDef:
+    """A step that waits for a signal: no worker runs it, so it has no type, queue or
+    heartbeat; its timeout is how long it waits (an attempt), its retry policy whether it
+    waits again after one timed out (one attempt unless it says so)."""
+    _check_keys(raw_step, {"name", "kind", "signal", "depends_on", "retry", "timeout_ms"}, where)
+    signal = _require(raw_step, "signal", str, where)
+    if not SIGNAL_NAME.fullmatch(signal):
+        raise ValidationError(
+            f"{where}.signal: {signal!r} must be 1 to 100 letters, digits, '_', '.', ':' or '-',"
+            " starting with a letter or digit"
+        )
+    if signal == "cancel":
+        raise ValidationError(f"{where}.signal: 'cancel' cancels the run; wait for another name")
+    timeout_ms = _optional(raw_step, "timeout_ms", int, where, WAIT_TIMEOUT_MS)
+    if timeout_ms < 1:
+        raise ValidationError(f"{where}.timeout_ms: must be >= 1")
+    return StepDef(
+        name=_require(raw_step, "name", str, where),
+        step_type="",
+        depends_on=_dependencies(raw_step, where),
+        retry=parse_retry(raw_step.get("retry", {"max_attempts": 1}), f"{where}.retry"),
+        timeout_ms=timeout_ms,
+        kind=WAIT,
+        signal=signal,
+    )
 
 
 def _parse_output(raw: Any, steps: list[StepDef]) -> WorkflowOutput:
@@ -299,16 +361,20 @@ def workflow_to_json(wf: WorkflowDef) -> dict[str, Any]:
 
 
 def _step_to_json(s: StepDef) -> dict[str, Any]:
+    if s.waits:
+        return {
+            "name": s.name,
+            "kind": WAIT,
+            "signal": s.signal,
+            "depends_on": list(s.depends_on),
+            "retry": _retry_to_json(s.retry),
+            "timeout_ms": s.timeout_ms,
+        }
     raw: dict[str, Any] = {
         "name": s.name,
         "type": s.step_type,
         "depends_on": list(s.depends_on),
-        "retry": {
-            "max_attempts": s.retry.max_attempts,
-            "backoff_ms": s.retry.backoff_ms,
-            "backoff_multiplier": s.retry.backoff_multiplier,
-            "max_backoff_ms": s.retry.max_backoff_ms,
-        },
+        "retry": _retry_to_json(s.retry),
         "timeout_ms": s.timeout_ms,
     }
     # Written only when set: definitions from before queues and heartbeats are unchanged.
@@ -317,3 +383,12 @@ def _step_to_json(s: StepDef) -> dict[str, Any]:
     if s.heartbeat_timeout_ms is not None:
         raw["heartbeat_timeout_ms"] = s.heartbeat_timeout_ms
     return raw
+
+
+def _retry_to_json(policy: RetryPolicy) -> dict[str, Any]:
+    return {
+        "max_attempts": policy.max_attempts,
+        "backoff_ms": policy.backoff_ms,
+        "backoff_multiplier": policy.backoff_multiplier,
+        "max_backoff_ms": policy.max_backoff_ms,
+    }

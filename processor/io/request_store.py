@@ -19,7 +19,7 @@ from typing import Any
 import orjson
 import psycopg
 
-from processor.core.model import SignalKind, UnknownWorkflow
+from processor.core.model import UnknownWorkflow
 from processor.core.outcomes import DeadLetterReason
 from processor.core.records import Inbound
 from processor.core.request_plans import (
@@ -207,7 +207,7 @@ def _signals(
         {
             "runs": [s.run_id for s in signals],
             "ids": [s.signal_id for s in signals],
-            "kinds": [SignalKind(s.name).value for s in signals],
+            "kinds": [s.name for s in signals],
             "payloads": [_json(s.payload) for s in signals],
         },
     ).fetchall()
@@ -245,7 +245,7 @@ def _keep(
         {
             "runs": [s.run_id for s in signals],
             "ids": [s.signal_id for s in signals],
-            "kinds": [SignalKind(s.name).value for s in signals],
+            "kinds": [s.name for s in signals],
             "payloads": [_json(s.payload) for s in signals],
             "shards": [run_shard(s.run_id) for s in signals],
             "keys": [r.key for r in records],

@@ -230,12 +230,18 @@ def _existing(conn: psycopg.Connection[Any], inputs: dict[str, str]) -> list[Exi
 
 
 def insert_signal(
-    conn: psycopg.Connection[Any], run_id: str, signal_id: str, kind: SignalKind
+    conn: psycopg.Connection[Any],
+    run_id: str,
+    signal_id: str,
+    name: str | SignalKind,
+    payload: Any = None,
 ) -> bool:
+    """Record signal ``name`` (with ``payload``, {} when None) for the run, once per
+    ``signal_id``; True when this call recorded it."""
     row = conn.execute(
-        "INSERT INTO eec_run_signal (run_id, signal_id, kind) VALUES (%s, %s, %s)"
+        "INSERT INTO eec_run_signal (run_id, signal_id, kind, payload) VALUES (%s, %s, %s, %s)"
         " ON CONFLICT DO NOTHING RETURNING 1",
-        (run_id, signal_id, kind.value),
+        (run_id, signal_id, str(name), orjson.dumps({} if payload is None else payload).decode()),
     ).fetchone()
     return row is not None
 

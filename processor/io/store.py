@@ -52,7 +52,9 @@ SELECT coalesce(json_agg(json_build_array(
                 FROM eec_step_result s WHERE s.run_id = r.run_id)
          END,
          CASE WHEN r.status IN ('pending', 'running') THEN
-             (SELECT json_agg(DISTINCT g.kind) FROM eec_run_signal g WHERE g.run_id = r.run_id)
+             (SELECT json_agg(json_build_array(g.kind, g.signal_id)
+                              ORDER BY g.received_at, g.signal_id)
+                FROM eec_run_signal g WHERE g.run_id = r.run_id)
          END,
          CASE WHEN r.status = 'pending' AND pg_column_size(r.input) <= %s THEN
              json_build_array(r.input)
@@ -114,19 +116,38 @@ UPDATE eec_workflow_run AS r
        quarantined_at = NULL,
        quarantine_reason = NULL,
        output = CASE WHEN c.output IS NULL THEN r.output ELSE (
-           SELECT CASE WHEN (c.output ->> 'single')::boolean THEN (array_agg(s.output))[1]
-                       ELSE jsonb_object_agg(o.key, s.output) END
-             FROM jsonb_to_recordset(c.output -> 'refs') AS o(key text, node text, attempt int)
-             JOIN eec_step_result s
-               ON s.run_id = r.run_id AND s.node_id = o.node AND s.attempt = o.attempt)
+           SELECT CASE WHEN (c.output ->> 'single')::boolean THEN (array_agg(v.output))[1]
+                       ELSE jsonb_object_agg(v.key, v.output) END
+             FROM (SELECT o.key, coalesce(s.output, g.payload) AS output
+                     FROM jsonb_to_recordset(c.output -> 'refs')
+                          AS o(key text, node text, attempt int)
+                     LEFT JOIN eec_step_result s
+                       ON s.run_id = r.run_id AND s.node_id = o.node AND s.attempt = o.attempt
+                     -- A wait step this very commit ends: its result is not written yet.
+                     LEFT JOIN jsonb_to_recordset(c.signalled)
+                          AS w(node text, attempt int, signal_id text)
+                       ON s.run_id IS NULL AND w.node = o.node AND w.attempt = o.attempt
+                     LEFT JOIN eec_run_signal g
+                       ON g.run_id = r.run_id AND g.signal_id = w.signal_id
+                    WHERE s.run_id IS NOT NULL OR g.run_id IS NOT NULL) AS v)
        END
   FROM jsonb_to_recordset(%(batch)s::jsonb)
        AS c(run_id text, expected_version bigint, status text, node_states jsonb, seq bigint,
-            checksum text, reason text, next_wakeup_ms bigint, effects jsonb, output jsonb)
+            checksum text, reason text, next_wakeup_ms bigint, effects jsonb, output jsonb,
+            signalled jsonb)
  WHERE r.run_id = c.run_id
    AND r.run_id = ANY(ARRAY(SELECT run_id FROM ordered))
    AND r.db_record_version = c.expected_version
-RETURNING r.run_id, c.seq, c.effects
+RETURNING r.run_id, c.seq, c.effects, c.signalled
+), signal_results AS (
+    INSERT INTO eec_step_result (run_id, node_id, attempt, outcome, output)
+    SELECT u.run_id, w.node, w.attempt, 'succeeded', g.payload
+      FROM updated u
+     CROSS JOIN LATERAL jsonb_to_recordset(u.signalled)
+           AS w(node text, attempt int, signal_id text)
+      JOIN eec_run_signal g ON g.run_id = u.run_id AND g.signal_id = w.signal_id
+     WHERE u.signalled IS NOT NULL
+    ON CONFLICT DO NOTHING
 ), outboxed AS (
     INSERT INTO eec_outbox (run_id, seq, records, owner)
     SELECT run_id, seq, effects, %(owner)s FROM updated WHERE effects IS NOT NULL
@@ -236,6 +257,10 @@ def load_runs(
     return load_runs_at(conn, definitions, run_ids)[0]
 
 
+_CANCEL = SignalKind.CANCEL.value
+_CANCELLED, _NO_SIGNAL = frozenset({SignalKind.CANCEL}), frozenset[SignalKind]()
+
+
 def load_runs_at(
     conn: psycopg.Connection[Any], definitions: Definitions, run_ids: Iterable[str]
 ) -> tuple[dict[str, Loaded], int]:
@@ -268,7 +293,9 @@ def load_runs_at(
         results = tuple(
             StepResult(r[0], r[1], StepOutcome(r[2]), r[3], r[4]) for r in (raw_results or ())
         )
-        signals = frozenset(SignalKind(s) for s in (raw_signals or ()))
+        received = raw_signals or ()
+        signals = _CANCELLED if any(k == _CANCEL for k, _ in received) else _NO_SIGNAL
+        named = tuple((k, sid) for k, sid in received if k != _CANCEL)
         loaded[run_id] = LoadedRun(
             run_id=run_id,
             wf=wf,
@@ -281,6 +308,7 @@ def load_runs_at(
             verified=checksum == row_checksum(status, nodes, seq, reason),
             input=None if raw_input is None else RunInput(raw_input[0]),
             not_before_ms=not_before_ms,
+            named=named,
         )
     return loaded, int(found[1])
 
@@ -338,6 +366,8 @@ def _commit_row(c: Commit) -> dict[str, Any]:
     }
     if c.output is not None:
         row["output"] = c.output.to_json()
+    if c.signalled:
+        row["signalled"] = [{"node": n, "attempt": a, "signal_id": g} for n, a, g in c.signalled]
     return row
 
 

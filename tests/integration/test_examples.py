@@ -252,3 +252,43 @@ def test_the_workflow_in_python_registers_as_the_same_definition_and_is_listed_a
         1,
         "ductor: workflow 'orders' version 9 is not registered\n",
     )
+
+
+def test_an_order_waits_for_its_approval_and_the_approver_is_in_its_output(
+    settings: Settings, pg: psycopg.Connection[Any], orders: Path
+) -> None:
+    """approval.json: the order waits at `approve` until `ductor signal ORDER approved
+    --payload ...` comes; then it is confirmed, and its output holds the approval."""
+    registered = run_ductor(settings, "workflows", "register", "approval.json", cwd=orders)
+    assert registered.returncode == 0, registered.stderr
+    started = run_ductor(
+        settings,
+        "start",
+        "orders-with-approval",
+        "--run-id",
+        "order-2001",
+        "--input",
+        orjson.dumps({**ADA, "order_id": "2001"}).decode(),
+        cwd=orders,
+    )
+    assert started.stdout == "order-2001\n", started.stderr
+    waiting = run_ductor(settings, "result", "order-2001", "--wait", "3", cwd=orders)
+    assert waiting.returncode == 3  # not finished: it waits for its approval
+    signalled = run_ductor(
+        settings,
+        "signal",
+        "order-2001",
+        "approved",
+        "--payload",
+        '{"by": "grace@example.com"}',
+        cwd=orders,
+    )
+    assert signalled.returncode == 0, signalled.stderr
+    shown = run_ductor(settings, "result", "order-2001", "--wait", "60", cwd=orders)
+    assert shown.returncode == 0, shown.stderr
+    output = orjson.loads(shown.stdout)
+    assert output["approval"] == {"by": "grace@example.com"}
+    assert output["confirmation"]["approved_by"] == "grace@example.com"
+    assert output["charges"] == ADA_OUTPUT["charges"]
+    nodes = run_ductor(settings, "inspect", "order-2001", cwd=orders).stdout
+    assert "approve              succeeded   attempt 1" in nodes

@@ -109,3 +109,24 @@ def test_the_workflow_written_in_python_is_the_json_one() -> None:
     assert flow.orders.definition() == parse_workflow(WORKFLOW)
     assert flow.orders.to_json()["description"] == WORKFLOW["description"]
     assert flow.orders.registry.types() == REGISTRY.types()
+
+
+def test_the_approval_variant_is_valid_and_waits_for_a_signal_before_it_confirms() -> None:
+    raw = json.loads((EXAMPLE / "approval.json").read_text())
+    schema = json.loads((REPO / "schemas" / "workflow.schema.json").read_text())
+    assert list(Draft202012Validator(schema).iter_errors(raw)) == []
+    wf = parse_workflow(raw)
+    approve = wf.step("approve")
+    assert approve.waits and approve.signal == "approved"
+    assert "approve" in wf.step("confirm").depends_on
+    assert {s.step_type for s in wf.steps if not s.waits} <= set(REGISTRY.types())
+    confirmation = _run(
+        "confirm_order",
+        ORDER,
+        {
+            "price": {"total_cents": 4634},
+            "reserve": {"reservation": "res-order-1001", "units": 3},
+            "approve": {"by": "grace@example.com"},
+        },
+    )
+    assert confirmation["approved_by"] == "grace@example.com"
