@@ -123,6 +123,29 @@ class _WaitStep:
         return raw
 
 
+@dataclass(frozen=True)
+class _ChildStep:
+    name: str
+    workflow: str
+    version: int | None
+    input_from: str | None
+    after: tuple[str, ...]
+    timeout_ms: int
+    retry: Retry
+
+    def to_json(self) -> dict[str, Any]:
+        raw: dict[str, Any] = {"name": self.name, "kind": "workflow", "workflow": self.workflow}
+        if self.version is not None:
+            raw["version"] = self.version
+        if self.input_from is not None:
+            raw["input_from"] = self.input_from
+        if self.after:
+            raw["depends_on"] = list(self.after)
+        raw["retry"] = self.retry.to_json()
+        raw["timeout_ms"] = self.timeout_ms
+        return raw
+
+
 Dependency = str | Callable[..., object]
 
 
@@ -165,7 +188,7 @@ class Workflow:
         self.output = output
         self.input_schema = _json_schema(input_schema) if input_schema is not None else None
         self.registry = registry if registry is not None else StepRegistry()
-        self._steps: list[_Step | _WaitStep] = []
+        self._steps: list[_Step | _WaitStep | _ChildStep] = []
         self._names: dict[int, str] = {}  # id(function) -> its step's name
 
     @overload
@@ -254,6 +277,40 @@ class Workflow:
             _WaitStep(
                 name=name,
                 signal=signal,
+                after=tuple(self._dependency(d, where) for d in after),
+                timeout_ms=duration_ms(timeout, f"{where}: timeout"),
+                retry=retry or Retry(max_attempts=1),
+            )
+        )
+        return name
+
+    def child(
+        self,
+        name: str,
+        *,
+        workflow: str | Workflow,
+        version: int | None = None,
+        input_from: Dependency | None = None,
+        after: Iterable[Dependency] = (),
+        timeout: Duration = "1d",
+        retry: Retry | None = None,
+    ) -> str:
+        """Add a step that starts a child run of ``workflow`` (its ``version``, or the latest
+        when the child starts) and ends as it does: with the child's output, or failed with
+        its failure. The child's input is this run's input, or the output of ``input_from``
+        (one of ``after``). ``timeout`` (default a day) bounds the wait for the child (which
+        is cancelled then, as it is when this run is cancelled or fails); ``retry`` (once by
+        default) says whether another child run is started after a failure. Returns the
+        step's name, for ``after=`` of the steps that follow."""
+        if any(s.name == name for s in self._steps):
+            raise ValidationError(f"workflow {self.name!r}: step {name!r} is added twice")
+        where = f"workflow {self.name!r}, step {name!r}"
+        self._steps.append(
+            _ChildStep(
+                name=name,
+                workflow=workflow.name if isinstance(workflow, Workflow) else workflow,
+                version=version,
+                input_from=None if input_from is None else self._dependency(input_from, where),
                 after=tuple(self._dependency(d, where) for d in after),
                 timeout_ms=duration_ms(timeout, f"{where}: timeout"),
                 retry=retry or Retry(max_attempts=1),

@@ -30,6 +30,7 @@ from processor.client import (
     start_runs,
     wait_for_run,
 )
+from processor.core.children import child_run_id
 from processor.core.model import RunStatus, state_checksum
 from processor.core.routing import TopicNames
 from processor.core.workflow import SIGNAL_NAME, ValidationError
@@ -164,6 +165,9 @@ def cmd_inspect(settings: Settings, args: argparse.Namespace) -> int:
         + (f" ({run.state.reason})" if run.state.reason else "")
     )
     print(f"version    {columns.version}   seq {run.state.seq}   tier {run.tier}")
+    if run.parent is not None:
+        parent = run.parent
+        print(f"parent     {parent.run_id} (step {parent.node}, attempt {parent.attempt})")
     check = "ok" if run.checksum_ok else f"MISMATCH (row says {run.stored_checksum})"
     print(f"checksum   {state_checksum(run.state)} {check}")
     if columns.start_at is not None:
@@ -174,6 +178,8 @@ def cmd_inspect(settings: Settings, args: argparse.Namespace) -> int:
     for name, node in run.state.nodes:
         extra = f"  (retried after attempt {node.attempts_before})" if node.attempts_before else ""
         extra += f"  error: {node.error}" if node.error else ""
+        if run.wf.step_map[name].starts_child and node.attempt:
+            extra += f"  child: {child_run_id(args.run_id, name, node.attempt)}"
         print(f"  {name:20} {node.status.value:11} attempt {node.attempt}{extra}")
     healthy = run.checksum_ok and columns.quarantined_at is None
     return EXIT_OK if healthy else EXIT_FAILED

@@ -36,6 +36,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
 from processor.core.backoff import retry_delay_s
+from processor.core.children import ChildStart, children_started, children_to_cancel
 from processor.core.dataflow import OutputRefs, data_at_hand, dependency_attempts, output_refs
 from processor.core.dead_letters import dead_letter_headers, truncate_dead_letter
 from processor.core.envelope import Wakeup
@@ -85,6 +86,10 @@ class Commit:
     # Wait steps the transition ended, (node, attempt, signal id): the statement records each
     # as the step's result, the signal's payload its output.
     signalled: tuple[tuple[str, int, str], ...] = ()
+    # Child runs the transition starts (the statement writes their rows), and those it
+    # cancels (a cancel signal each): core/children.py.
+    children: tuple[ChildStart, ...] = ()
+    cancel_children: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -173,8 +178,24 @@ def tick_batch(loaded: Mapping[str, Loaded], now_ms: int, names: TopicNames) -> 
         if new_state is not None:
             effects = _effects(run, decision, now_ms, names)
             output = output_refs(run.wf, new_state)
+            started: list[ChildStart] = []
+            cancelled: list[str] = []
+            if run.wf.has_children:
+                started = children_started(run_id, run.wf, run.state, new_state)
+                cancelled = children_to_cancel(run_id, run.wf, run.state, new_state)
+                effects += _child_wakeups(run, started, cancelled, now_ms, names)
+            if run.parent is not None and new_state.status.terminal:
+                parent = Wakeup(run.parent.run_id, reason="step_result", produced_at=now_ms)
+                effects += (_wakeup_send(names.wakeup(run.tier), parent),)
             commits[run_id] = Commit(
-                run_id, run.version, new_state, effects, output, decision.signalled
+                run_id,
+                run.version,
+                new_state,
+                effects,
+                output,
+                decision.signalled,
+                tuple(started),
+                tuple(cancelled),
             )
     return commits
 
@@ -376,6 +397,21 @@ def _effects(
     if decision.timers:
         sends += [_timer(run.run_id, due, now_ms, "timer", names) for due in decision.timers]
     return tuple(sends)
+
+
+def _child_wakeups(
+    run: LoadedRun,
+    started: list[ChildStart],
+    cancelled: list[str],
+    now_ms: int,
+    names: TopicNames,
+) -> tuple[Send, ...]:
+    """The start wakeups of the child runs a transition starts, and the wakeups of those it
+    cancels, on the parent's tier (a child runs on its parent's)."""
+    topic = names.wakeup(run.tier)
+    wakeups = [Wakeup(c.run_id, reason="start", produced_at=now_ms) for c in started]
+    wakeups += [Wakeup(c, reason="signal", produced_at=now_ms) for c in cancelled]
+    return tuple(_wakeup_send(topic, w) for w in wakeups)
 
 
 def _timer(run_id: str, due_ms: int, now_ms: int, reason: str, names: TopicNames) -> Send:

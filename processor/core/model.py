@@ -172,6 +172,15 @@ class StepResult:
     retryable: bool = True
 
 
+class ParentLink(NamedTuple):
+    """A child run's parent (core/children.py): the run, and the step and attempt whose
+    result the child's end is."""
+
+    run_id: str
+    node: str
+    attempt: int
+
+
 class SignalKind(StrEnum):
     CANCEL = "cancel"
 
@@ -197,6 +206,8 @@ class LoadedRun:
     # The run's named signals (what wait steps wait for), (name, signal id) in the order
     # they were received.
     named: tuple[tuple[str, str], ...] = ()
+    # Set on a child run (a workflow step's): whose end it is; its own end wakes that run.
+    parent: ParentLink | None = None
     # Whether the loader found the stored checksum right for the row as stored (row_checksum);
     # when not given, it is checked against the state here.
     verified: InitVar[bool | None] = None

@@ -14,6 +14,8 @@ Rules, in the order they are applied:
    order they were received, before it started waiting or after): the decision names the
    signal, whose payload the commit records as the step's result. One that starts waiting
    when its signal is there already succeeds in the same tick, and so may what follows it.
+   A workflow step in flight waits for its child run's end, which comes as its result like a
+   worker's (core/children.py).
 4. A dispatched node whose deadline has passed has failed its attempt ("timed out").
 5. A failed attempt is retried by the step's policy (retry_wait until its backoff is due),
    or fails the node when attempts are exhausted (counted since the run was last resumed, see
@@ -214,8 +216,9 @@ def _finish_attempt(
 def _dispatch_ready(
     nodes: dict[str, NodeState], wf: WorkflowDef, now_ms: int
 ) -> tuple[list[Dispatch], int]:
-    """Start what is ready: the step attempts to send to the workers, and how many wait
-    steps began waiting (they send nothing: a signal ends them)."""
+    """Start what is ready: the step attempts to send to the workers, and how many steps
+    began that no worker runs (a wait step, which a signal ends; a workflow step, whose child
+    run the commit starts)."""
     dispatches = []
     waiting = 0
     for step in wf.steps:  # definition order keeps the decision deterministic
@@ -228,10 +231,10 @@ def _dispatch_ready(
             attempt = node.attempt + 1
             deadline = now_ms + step.timeout_ms
             nodes[step.name] = NodeState(_DISPATCHED, attempt, deadline, None, node.attempts_before)
-            if step.waits:
-                waiting += 1
-            else:
+            if step.runs_on_a_worker:
                 dispatches.append(Dispatch(step.name, attempt, step.step_type, deadline))
+            else:
+                waiting += 1
     return dispatches, waiting
 
 

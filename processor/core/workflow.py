@@ -45,11 +45,13 @@ class RetryPolicy:
         return int(min(raw, self.max_backoff_ms))
 
 
-TASK, WAIT = "task", "wait"  # the kinds of step
+TASK, WAIT, WORKFLOW = "task", "wait", "workflow"  # the kinds of step
 # A signal's name: what ``ductor signal RUN NAME`` sends and a wait step waits for.
 SIGNAL_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,99}")
 # A wait step waits a week unless it says otherwise (a person may be away).
 WAIT_TIMEOUT_MS = 7 * 24 * 3600 * 1000
+# A child workflow's step waits a day for its child run unless it says otherwise.
+CHILD_TIMEOUT_MS = 24 * 3600 * 1000
 
 
 @dataclass(frozen=True)
@@ -68,10 +70,24 @@ class StepDef:
     # to the run (before it or while it waits), and its output is that signal's payload.
     kind: str = TASK
     signal: str | None = None
+    # "workflow": it starts a run of ``child_workflow`` (its ``child_version``, or the latest
+    # when None) with the run's input, or the output of ``input_from`` (a dependency), and
+    # ends as that child run does: its output the child's, or failed with its failure.
+    child_workflow: str | None = None
+    child_version: int | None = None
+    input_from: str | None = None
 
     @property
     def waits(self) -> bool:
         return self.kind == WAIT
+
+    @property
+    def starts_child(self) -> bool:
+        return self.kind == WORKFLOW
+
+    @property
+    def runs_on_a_worker(self) -> bool:
+        return self.kind == TASK
 
 
 @dataclass(frozen=True)
@@ -106,6 +122,11 @@ class WorkflowDef:
     def step_map(self) -> dict[str, StepDef]:
         """Steps by name (computed once per definition; definitions are immutable)."""
         return {s.name: s for s in self.steps}
+
+    @cached_property
+    def has_children(self) -> bool:
+        """Whether a step starts child runs (what the commit path then looks for)."""
+        return any(s.starts_child for s in self.steps)
 
     @property
     def queues(self) -> list[str]:
@@ -196,8 +217,13 @@ def parse_workflow(raw: Any) -> WorkflowDef:
         if kind == WAIT:
             steps.append(_parse_wait(raw_step, where))
             continue
+        if kind == WORKFLOW:
+            steps.append(_parse_child(raw_step, where))
+            continue
         if kind != TASK:
-            raise ValidationError(f"{where}.kind: must be 'task' or 'wait', not {kind!r}")
+            raise ValidationError(
+                f"{where}.kind: must be 'task', 'wait' or 'workflow', not {kind!r}"
+            )
         _check_keys(
             raw_step,
             {
@@ -241,6 +267,11 @@ def parse_workflow(raw: Any) -> WorkflowDef:
             )
         )
     _check_graph(steps)
+    for step in steps:
+        if step.starts_child and step.child_workflow == name:
+            raise ValidationError(
+                f"workflow.steps: {step.name!r} would start a run of this workflow itself"
+            )
     output = _parse_output(raw["output"], steps) if "output" in raw else None
     schema = _parse_input_schema(raw["input_schema"]) if "input_schema" in raw else None
     return WorkflowDef(
@@ -298,6 +329,41 @@ def _parse_wait(raw_step: Mapping[str, Any], where: str) -> StepDef:
         timeout_ms=timeout_ms,
         kind=WAIT,
         signal=signal,
+    )
+
+
+def _parse_child(raw_step: Mapping[str, Any], where: str) -> StepDef:
+    """A step that starts a child run of another workflow and ends as it does."""
+    _check_keys(
+        raw_step,
+        {"name", "kind", "workflow", "version", "input_from", "depends_on", "retry", "timeout_ms"},
+        where,
+    )
+    child = _require(raw_step, "workflow", str, where)
+    if not child or len(child) > 200:
+        raise ValidationError(f"{where}.workflow: must be 1 to 200 characters")
+    version = _optional(raw_step, "version", int, where, None)
+    if version is not None and version < 1:
+        raise ValidationError(f"{where}.version: must be >= 1")
+    deps = _dependencies(raw_step, where)
+    input_from = _optional(raw_step, "input_from", str, where, None)
+    if input_from is not None and input_from not in deps:
+        raise ValidationError(
+            f"{where}.input_from: {input_from!r} must be one of the steps it depends on"
+        )
+    timeout_ms = _optional(raw_step, "timeout_ms", int, where, CHILD_TIMEOUT_MS)
+    if timeout_ms < 1:
+        raise ValidationError(f"{where}.timeout_ms: must be >= 1")
+    return StepDef(
+        name=_require(raw_step, "name", str, where),
+        step_type="",
+        depends_on=deps,
+        retry=parse_retry(raw_step.get("retry", {"max_attempts": 1}), f"{where}.retry"),
+        timeout_ms=timeout_ms,
+        kind=WORKFLOW,
+        child_workflow=child,
+        child_version=version,
+        input_from=input_from,
     )
 
 
@@ -361,6 +427,18 @@ def workflow_to_json(wf: WorkflowDef) -> dict[str, Any]:
 
 
 def _step_to_json(s: StepDef) -> dict[str, Any]:
+    if s.starts_child:
+        raw: dict[str, Any] = {"name": s.name, "kind": WORKFLOW, "workflow": s.child_workflow}
+        if s.child_version is not None:
+            raw["version"] = s.child_version
+        if s.input_from is not None:
+            raw["input_from"] = s.input_from
+        raw |= {
+            "depends_on": list(s.depends_on),
+            "retry": _retry_to_json(s.retry),
+            "timeout_ms": s.timeout_ms,
+        }
+        return raw
     if s.waits:
         return {
             "name": s.name,
@@ -370,7 +448,7 @@ def _step_to_json(s: StepDef) -> dict[str, Any]:
             "retry": _retry_to_json(s.retry),
             "timeout_ms": s.timeout_ms,
         }
-    raw: dict[str, Any] = {
+    raw = {
         "name": s.name,
         "type": s.step_type,
         "depends_on": list(s.depends_on),

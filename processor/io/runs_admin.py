@@ -66,7 +66,21 @@ class RunSummary:
 
 def register_workflow(conn: psycopg.Connection[Any], wf: WorkflowDef) -> bool:
     """Register a definition; True if new. Re-registering the same content is a no-op, a
-    different content under an existing (name, version) is refused (versions are immutable)."""
+    different content under an existing (name, version) is refused (versions are immutable),
+    and so is one whose step starts a child run of a workflow (version) not registered."""
+    for step in wf.steps:
+        if step.starts_child:
+            row = conn.execute(
+                "SELECT 1 FROM eec_workflow_definition WHERE name = %s"
+                " AND (%s::integer IS NULL OR version = %s::integer) LIMIT 1",
+                (step.child_workflow, step.child_version, step.child_version),
+            ).fetchone()
+            if row is None:
+                which = "" if step.child_version is None else f" version {step.child_version}"
+                raise ValueError(
+                    f"step {step.name!r} starts workflow {step.child_workflow!r}{which}, which"
+                    " is not registered: register it first"
+                )
     body = orjson.dumps(workflow_to_json(wf)).decode()
     row = conn.execute(
         "INSERT INTO eec_workflow_definition (name, version, definition) VALUES (%s, %s, %s)"

@@ -20,6 +20,7 @@ from processor.core.decide import Commit, Send
 from processor.core.model import (
     Loaded,
     LoadedRun,
+    ParentLink,
     RunInput,
     RunState,
     SignalKind,
@@ -31,6 +32,7 @@ from processor.core.model import (
     state_checksum,
     state_from_row,
 )
+from processor.core.routing import run_shard
 from processor.core.step_task import MAX_INLINE_DATA_BYTES
 from processor.core.workflow import ValidationError, WorkflowDef, parse_workflow
 from processor.io.instances import alive
@@ -61,6 +63,9 @@ SELECT coalesce(json_agg(json_build_array(
          END,
          CASE WHEN r.status = 'pending' THEN
              (extract(epoch FROM r.start_at) * 1000)::bigint
+         END,
+         CASE WHEN r.parent_run_id IS NOT NULL THEN
+             json_build_array(r.parent_run_id, r.parent_node, r.parent_attempt)
          END)), '[]')::text,
        (extract(epoch FROM now()) * 1000)::bigint
   FROM eec_workflow_run r
@@ -134,11 +139,56 @@ UPDATE eec_workflow_run AS r
   FROM jsonb_to_recordset(%(batch)s::jsonb)
        AS c(run_id text, expected_version bigint, status text, node_states jsonb, seq bigint,
             checksum text, reason text, next_wakeup_ms bigint, effects jsonb, output jsonb,
-            signalled jsonb)
+            signalled jsonb, children jsonb, cancel_children jsonb)
  WHERE r.run_id = c.run_id
    AND r.run_id = ANY(ARRAY(SELECT run_id FROM ordered))
    AND r.db_record_version = c.expected_version
-RETURNING r.run_id, c.seq, c.effects, c.signalled
+RETURNING r.run_id, c.seq, c.effects, c.signalled, c.children, c.cancel_children, r.status,
+          r.output, r.failure_reason, r.tier, r.parent_run_id, r.parent_node, r.parent_attempt
+), started_children AS (
+    -- core/children.py, rule 1: a child exists exactly when its parent's attempt does.
+    INSERT INTO eec_workflow_run (run_id, workflow_name, workflow_version, status, node_states,
+                                  last_transition_seq, state_checksum, tier, shard, input,
+                                  next_wakeup_at, parent_run_id, parent_node, parent_attempt)
+    SELECT k.run_id, d.name, d.version, 'pending', '{}'::jsonb, 0, %(new_child)s, u.tier,
+           k.shard,
+           CASE WHEN k.input_from IS NULL THEN
+               (SELECT p.input FROM eec_workflow_run p WHERE p.run_id = u.run_id)
+           ELSE coalesce(
+               (SELECT s.output FROM eec_step_result s
+                 WHERE s.run_id = u.run_id AND s.node_id = k.input_from
+                   AND s.attempt = k.input_attempt), 'null'::jsonb) END,
+           now(), u.run_id, k.node, k.attempt
+      FROM updated u
+     CROSS JOIN LATERAL jsonb_to_recordset(u.children)
+           AS k(run_id text, node text, attempt int, workflow text, version int,
+                input_from text, input_attempt int, shard bigint)
+      JOIN LATERAL (SELECT w.name, w.version FROM eec_workflow_definition w
+                     WHERE w.name = k.workflow AND (k.version IS NULL OR w.version = k.version)
+                     ORDER BY w.version DESC LIMIT 1) d ON true
+     WHERE u.children IS NOT NULL
+    ON CONFLICT (run_id) DO NOTHING
+), cancelled_children AS (
+    -- Rule 3: an attempt that ended without its child's result cancels the child.
+    INSERT INTO eec_run_signal (run_id, signal_id, kind)
+    SELECT x.run_id, 'parent:' || u.run_id || ':' || u.seq, 'cancel'
+      FROM updated u
+     CROSS JOIN LATERAL jsonb_array_elements_text(u.cancel_children) AS x(run_id)
+     WHERE u.cancel_children IS NOT NULL
+       AND EXISTS (SELECT 1 FROM eec_workflow_run c WHERE c.run_id = x.run_id)
+    ON CONFLICT DO NOTHING
+), child_results AS (
+    -- Rule 2: a child's end is its parent's step result.
+    INSERT INTO eec_step_result (run_id, node_id, attempt, outcome, output, error)
+    SELECT u.parent_run_id, u.parent_node, u.parent_attempt,
+           CASE WHEN u.status = 'succeeded' THEN 'succeeded' ELSE 'failed' END,
+           CASE WHEN u.status = 'succeeded' THEN u.output END,
+           CASE WHEN u.status <> 'succeeded' THEN
+               'child run ' || u.run_id || ' ' || u.status
+               || coalesce(': ' || u.failure_reason, '') END
+      FROM updated u
+     WHERE u.parent_run_id IS NOT NULL AND u.status IN ('succeeded', 'failed', 'cancelled')
+    ON CONFLICT DO NOTHING
 ), signal_results AS (
     INSERT INTO eec_step_result (run_id, node_id, attempt, outcome, output)
     SELECT u.run_id, w.node, w.attempt, 'succeeded', g.payload
@@ -193,12 +243,25 @@ RETURNING run_id, seq, records
 # state checksum rather than the version: it only applies if no transition happened since the
 # state was loaded (a progressing run is never force-failed), and an outside writer that merely
 # bumps the version cannot keep a livelocked run alive forever.
+# A child run force-failed is its parent's step result too (core/children.py, rule 2): the
+# parent applies it at its next wakeup (its step's deadline at the latest).
 _FORCE_FAIL_SQL = """
-UPDATE eec_workflow_run
-   SET db_record_version = db_record_version + 1,
-       status = %s, node_states = %s, last_transition_seq = %s, state_checksum = %s,
-       failure_reason = %s, next_wakeup_at = NULL, updated_at = now(), last_transition_at = now()
- WHERE run_id = %s AND state_checksum = %s AND status IN ('pending', 'running')
+WITH failed AS (
+    UPDATE eec_workflow_run
+       SET db_record_version = db_record_version + 1,
+           status = %s, node_states = %s, last_transition_seq = %s, state_checksum = %s,
+           failure_reason = %s, next_wakeup_at = NULL, updated_at = now(),
+           last_transition_at = now()
+     WHERE run_id = %s AND state_checksum = %s AND status IN ('pending', 'running')
+    RETURNING run_id, status, failure_reason, parent_run_id, parent_node, parent_attempt
+), child_results AS (
+    INSERT INTO eec_step_result (run_id, node_id, attempt, outcome, error)
+    SELECT parent_run_id, parent_node, parent_attempt, 'failed',
+           'child run ' || run_id || ' ' || status || coalesce(': ' || failure_reason, '')
+      FROM failed WHERE parent_run_id IS NOT NULL
+    ON CONFLICT DO NOTHING
+)
+SELECT count(*) FROM failed
 """
 
 # Only the flag and its reason: the run's state, version and checksum stay as they were (the
@@ -257,6 +320,9 @@ def load_runs(
     return load_runs_at(conn, definitions, run_ids)[0]
 
 
+# A child run's row as its parent's commit writes it: pending, no node written yet (read
+# back as every node pending: model.state_from_row), at seq 0.
+NEW_CHILD_CHECKSUM = row_checksum("pending", {}, 0, None)
 _CANCEL = SignalKind.CANCEL.value
 _CANCELLED, _NO_SIGNAL = frozenset({SignalKind.CANCEL}), frozenset[SignalKind]()
 
@@ -276,6 +342,7 @@ def load_runs_at(
     for row in orjson.loads(found[0]):
         run_id, wf_name, wf_version, status, nodes, seq, checksum, version, reason, tier = row[:10]
         raw_results, raw_signals, raw_input, not_before_ms = row[10], row[11], row[12], row[13]
+        raw_parent = row[14]
         try:
             wf = definitions.get(conn, (wf_name, wf_version))
         except UnknownWorkflow as exc:
@@ -309,6 +376,7 @@ def load_runs_at(
             input=None if raw_input is None else RunInput(raw_input[0]),
             not_before_ms=not_before_ms,
             named=named,
+            parent=None if raw_parent is None else ParentLink(*raw_parent),
         )
     return loaded, int(found[1])
 
@@ -342,6 +410,7 @@ def commit_batch(
         "batch": batch,
         "acked": _pairs(acknowledged),
         "owner": owner,
+        "new_child": NEW_CHILD_CHECKSUM,
     }
     committed: set[str] = set()
     locked: set[str] = set()
@@ -368,6 +437,22 @@ def _commit_row(c: Commit) -> dict[str, Any]:
         row["output"] = c.output.to_json()
     if c.signalled:
         row["signalled"] = [{"node": n, "attempt": a, "signal_id": g} for n, a, g in c.signalled]
+    if c.children:
+        row["children"] = [
+            {
+                "run_id": k.run_id,
+                "node": k.node,
+                "attempt": k.attempt,
+                "workflow": k.workflow,
+                "version": k.version,
+                "input_from": k.input_from,
+                "input_attempt": k.input_attempt,
+                "shard": run_shard(k.run_id),
+            }
+            for k in c.children
+        ]
+    if c.cancel_children:
+        row["cancel_children"] = list(c.cancel_children)
     return row
 
 
@@ -515,8 +600,8 @@ def force_fail_write(
             run_id,
             loaded_checksum,
         ),
-    )
-    return cur.rowcount == 1
+    ).fetchone()
+    return cur is not None and cur[0] == 1
 
 
 class QuarantineFlag(NamedTuple):

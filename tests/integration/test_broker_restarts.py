@@ -1,4 +1,4 @@
-"""One processor and one worker, each the only member of its group, through five broker
+"""One processor and one worker, each the only member of its group, through three broker
 restarts on the broker's data: after each restart, runs started just before it and just after it
 all end. What this forces is the member that holds nothing after a restart (seen with the
 KIP-848 protocol: a worker held no partition for 90 s while its topic had lag): each service
@@ -24,7 +24,7 @@ from .restarts import LocalInfra
 
 pytestmark = pytest.mark.integration
 
-ROUNDS = 5  # (twenty cost three minutes of CI: test_stuck_member.py forces the stuck member;
+ROUNDS = 3  # (twenty cost three minutes of CI: test_stuck_member.py forces the stuck member;
 #            this is the soak beside it, on real restarts)
 RUNS_PER_SIDE = 10  # started before the restart, and as many after it
 # Deadlines no restart outlasts: a timed-out attempt would hide a stall behind a retry.
@@ -50,7 +50,7 @@ def _rejoins(child: Spawned) -> int:
     return sum(1 for line in child.log_lines() if line.get("msg") == "joining the group again")
 
 
-def test_a_processor_and_a_worker_go_on_after_each_of_five_broker_restarts(
+def test_a_processor_and_a_worker_go_on_after_each_of_three_broker_restarts(
     settings: Settings,
     audit: psycopg.Connection[Any],
     spawn: Any,
