@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import timedelta
 from typing import Any, overload
 
@@ -91,9 +91,17 @@ class _Step:
     retry: Retry | None
     queue: str
     heartbeat_timeout_ms: int | None
+    # A map step: (items_from, max_items, parallelism); None for a plain one.
+    mapping: tuple[str | None, int, int] | None = None
 
     def to_json(self) -> dict[str, Any]:
         raw: dict[str, Any] = {"name": self.name, "type": self.step_type}
+        if self.mapping is not None:
+            items_from, max_items, parallelism = self.mapping
+            raw["kind"] = "map"
+            if items_from is not None:
+                raw["items_from"] = items_from
+            raw |= {"max_items": max_items, "parallelism": parallelism}
         if self.after:
             raw["depends_on"] = list(self.after)
         if self.retry is not None:
@@ -147,6 +155,10 @@ class _ChildStep:
 
 
 Dependency = str | Callable[..., object]
+
+
+def _names(dependencies: Iterable[Dependency], wf: Workflow) -> set[str]:
+    return {d if isinstance(d, str) else wf._names.get(id(d), "") for d in dependencies}
 
 
 def _json_schema(source: Mapping[str, Any] | type) -> dict[str, Any]:
@@ -255,6 +267,41 @@ class Workflow:
             return registered
 
         return add(fn) if fn is not None else add
+
+    def map(
+        self,
+        *,
+        items_from: Dependency | None = None,
+        max_items: int = 1_000,
+        parallelism: int = 10,
+        name: str | None = None,
+        type: str | None = None,
+        after: Iterable[Dependency] = (),
+        timeout: Duration = "30s",
+        retry: Retry | None = None,
+        queue: str = DEFAULT_QUEUE,
+    ) -> Callable[[StepFunction], StepFunction]:
+        """Add a map step run by the decorated function once per item of a list: the run's
+        input, or the output of ``items_from`` (a dependency: its function or name, which is
+        then one of ``after``), at most ``max_items`` items and ``parallelism`` at once; the
+        function reads its item as ``ctx.item`` (and its position, ``ctx.index``), each item
+        is retried by ``retry``, and the step's output is the items' outputs, in order."""
+        source = None if items_from is None else self._dependency(items_from, f"map {name}")
+        after = tuple(after)
+        if source is not None and source not in _names(after, self):
+            after = (*after, source)
+        register = self.step(
+            name=name, type=type, after=after, timeout=timeout, retry=retry, queue=queue
+        )
+
+        def add(function: StepFunction) -> StepFunction:
+            registered = register(function)
+            plain = self._steps[-1]
+            assert isinstance(plain, _Step)
+            self._steps[-1] = replace(plain, mapping=(source, max_items, parallelism))
+            return registered
+
+        return add
 
     def wait(
         self,

@@ -178,7 +178,7 @@ def cmd_inspect(settings: Settings, args: argparse.Namespace) -> int:
     for name, node in run.state.nodes:
         extra = f"  (retried after attempt {node.attempts_before})" if node.attempts_before else ""
         extra += f"  error: {node.error}" if node.error else ""
-        if run.wf.step_map[name].starts_child and node.attempt:
+        if run.wf.step_for(name).starts_child and node.attempt:
             extra += f"  child: {child_run_id(args.run_id, name, node.attempt)}"
         print(f"  {name:20} {node.status.value:11} attempt {node.attempt}{extra}")
     healthy = run.checksum_ok and columns.quarantined_at is None

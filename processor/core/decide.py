@@ -52,8 +52,9 @@ from processor.core.outcomes import DeadLetterReason, ForceFailReason, Outcome
 from processor.core.policy import ForceFail, after_exhausted_conflicts, retry_wait_ms
 from processor.core.records import Inbound
 from processor.core.routing import TopicNames, rung_for_delay
-from processor.core.step_task import encode_task
+from processor.core.step_task import MapItem, encode_task
 from processor.core.tick import Decision, force_fail, tick
+from processor.core.workflow import StepDef
 
 Attributes = tuple[tuple[str, str | int], ...]
 
@@ -90,6 +91,9 @@ class Commit:
     # cancels (a cancel signal each): core/children.py.
     children: tuple[ChildStart, ...] = ()
     cancel_children: tuple[str, ...] = ()
+    # Map steps the transition ended, with their items: the statement records each one's
+    # output, its items' outputs in order (core/tick.py, rule 6).
+    mapped: tuple[tuple[str, int, tuple[tuple[str, int], ...]], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -172,7 +176,14 @@ def tick_batch(loaded: Mapping[str, Loaded], now_ms: int, names: TopicNames) -> 
         if not isinstance(run, LoadedRun) or not run.checksum_ok:
             continue
         decision = tick(
-            run.state, run.wf, run.results, run.signals, now_ms, run.not_before_ms, run.named
+            run.state,
+            run.wf,
+            run.results,
+            run.signals,
+            now_ms,
+            run.not_before_ms,
+            run.named,
+            run.input_length,
         )
         new_state = decision.new_state
         if new_state is not None:
@@ -196,6 +207,7 @@ def tick_batch(loaded: Mapping[str, Loaded], now_ms: int, names: TopicNames) -> 
                 decision.signalled,
                 tuple(started),
                 tuple(cancelled),
+                decision.mapped,
             )
     return commits
 
@@ -368,11 +380,11 @@ def _effects(
     sends = []
     if decision.dispatches:
         assert decision.new_state is not None
-        steps = run.wf.step_map
+        step_of = run.wf.step_for if run.wf.has_maps else run.wf.step_map.__getitem__
         nodes: dict[str, NodeState] | None = None  # built only for a step with dependencies
         key = run.run_id.encode()
         for d in decision.dispatches:
-            step = steps[d.node]
+            step = step_of(d.node)
             if step.depends_on:
                 nodes = nodes or decision.new_state.node_map()
                 deps = dependency_attempts(step, nodes)
@@ -390,6 +402,7 @@ def _effects(
                 deps,
                 data,
                 step.heartbeat_timeout_ms,
+                _item_of(step, d.node),
             )
             attributes = (("ductor.node", d.node), ("ductor.attempt", d.attempt))
             topic = names.steps_for(step.queue)
@@ -397,6 +410,13 @@ def _effects(
     if decision.timers:
         sends += [_timer(run.run_id, due, now_ms, "timer", names) for due in decision.timers]
     return tuple(sends)
+
+
+def _item_of(step: StepDef, node: str) -> MapItem | None:
+    """Which item a dispatch of a map step is (None: not a map's)."""
+    if not step.maps:
+        return None
+    return MapItem(step.items_from, int(node[node.rindex("[") + 1 : -1]))
 
 
 def _child_wakeups(

@@ -15,7 +15,7 @@ from typing import Any, NamedTuple
 
 import orjson
 
-from processor.core.workflow import WorkflowDef
+from processor.core.workflow import WorkflowDef, item_node
 
 
 class RunStatus(StrEnum):
@@ -144,11 +144,17 @@ def row_checksum(status: str, nodes: Mapping[str, Any], seq: int, reason: str | 
 def state_from_row(
     status: str, node_states: Mapping[str, Any], seq: int, reason: str | None, wf: WorkflowDef
 ) -> RunState:
-    """Rebuild a state from its row, in the definition's node order."""
+    """Rebuild a state from its row, in the definition's node order (a map step's items right
+    after it, by index)."""
     nodes = []
     for step in wf.steps:
         raw = node_states.get(step.name)
         nodes.append((step.name, NodeState() if raw is None else NodeState.from_json(raw)))
+        if step.maps:
+            index = 0
+            while (item := node_states.get(item_node(step.name, index))) is not None:
+                nodes.append((item_node(step.name, index), NodeState.from_json(item)))
+                index += 1
     # A dict lookup, not RunStatus(...) (the enum's call runs Python code): once per loaded run.
     return RunState(status=_RUN_STATUSES[status], nodes=tuple(nodes), seq=seq, reason=reason)
 
@@ -170,6 +176,9 @@ class StepResult:
     error: str | None = None
     # False: the step declared the failure final (NonRetryable); the node fails at once.
     retryable: bool = True
+    # The length of a succeeded output that is a list (None otherwise): the items of a map
+    # step that maps over it.
+    length: int | None = None
 
 
 class ParentLink(NamedTuple):
@@ -208,6 +217,8 @@ class LoadedRun:
     named: tuple[tuple[str, str], ...] = ()
     # Set on a child run (a workflow step's): whose end it is; its own end wakes that run.
     parent: ParentLink | None = None
+    # The length of the run's input when it is a list (the items of a map step over it).
+    input_length: int | None = None
     # Whether the loader found the stored checksum right for the row as stored (row_checksum);
     # when not given, it is checked against the state here.
     verified: InitVar[bool | None] = None

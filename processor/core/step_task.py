@@ -8,7 +8,8 @@ run's input and those outputs). The format, one JSON object:
      "deadline_ms": ..., "tier": "t1",
      "heartbeat_timeout_ms": 5000,                           # only when the step declares one
      "dep_attempts": {"fetch": 1},                           # dependency -> attempt that succeeded
-     "data": {"input": {...}, "deps": {"fetch": {...}}}}     # inline; null: the worker fetches
+     "data": {"input": {...}, "deps": {"fetch": {...}}},     # inline; null: the worker fetches
+     "item": {"from": "fetch", "index": 3}}                  # an item of a map step (version 2)
 
 The data is inline only when its encoded JSON is at most ``MAX_INLINE_DATA_BYTES``; otherwise
 ``data`` is null and the worker reads the run's input and those outputs from Postgres in one
@@ -19,7 +20,10 @@ additions. A worker from
 before them ignores fields it does not know and runs the task as before, and a worker from
 after them reads a task without them (from an older coordinator) as "fetch everything", finding
 the dependencies in the run's definition and state. Coordinators and workers can so be
-upgraded in any order. The version is for changes an older worker must not run.
+upgraded in any order. The version is for changes an older worker must not run: a map step's
+item (``item``: which list, the run's input when ``from`` is null, and which element of it)
+is version 2, which a worker from before map steps dead-letters instead of running it without
+its item (upgrade the workers before the workflows that map).
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ from processor.core.routing import TIERS
 from processor.core.workflow import ValidationError
 
 STEP_TASK_VERSION = 1
+MAP_ITEM_TASK_VERSION = 2  # a task with ``item``
 
 # The largest ``data`` a task carries inline: the encoded JSON of the run's input and the
 # dependencies' outputs. Inline data goes through the coordinator's commit (the outbox row)
@@ -56,6 +61,14 @@ class AttemptKey(NamedTuple):
     run_id: str
     node: str
     attempt: int
+
+
+class MapItem(NamedTuple):
+    """Which item of a map step a task is: element ``position`` of the run's input (``source``
+    None) or of the output of dependency ``source``."""
+
+    source: str | None
+    position: int
 
 
 class StepData(NamedTuple):
@@ -85,6 +98,8 @@ class StepTask:
     data: StepData | None = None
     # The step's heartbeat timeout (core/workflow.py), None when it declares none.
     heartbeat_timeout_ms: int | None = None
+    # The item it runs, for an item of a map step.
+    item: MapItem | None = None
 
     @property
     def key(self) -> AttemptKey:
@@ -101,6 +116,7 @@ class StepTask:
             self.dep_attempts,
             self.data,
             self.heartbeat_timeout_ms,
+            self.item,
         )
 
 
@@ -114,11 +130,12 @@ def encode_task(
     dep_attempts: DepAttempts | None,
     data: StepData | None,
     heartbeat_timeout_ms: int | None = None,
+    item: MapItem | None = None,
 ) -> bytes:
     """A task's record value, from its fields (what ``StepTask.encode`` writes; the tick calls
     it directly, one per dispatch, without building the object)."""
     body: dict[str, Any] = {
-        "task_version": STEP_TASK_VERSION,
+        "task_version": STEP_TASK_VERSION if item is None else MAP_ITEM_TASK_VERSION,
         "run_id": run_id,
         "node": node,
         "attempt": attempt,
@@ -131,6 +148,8 @@ def encode_task(
     if dep_attempts is not None:
         body["dep_attempts"] = dict(dep_attempts)
         body["data"] = inline_data(data)
+    if item is not None:
+        body["item"] = {"from": item.source, "index": item.position}
     return orjson.dumps(body)
 
 
@@ -155,8 +174,15 @@ def decode_step_task(value: bytes | None, clock_offset_ms: int = 0) -> StepTask:
     except orjson.JSONDecodeError as exc:
         raise ValidationError(f"step task is not JSON: {exc}") from None
     version = raw.get("task_version") if isinstance(raw, dict) else None
-    if not isinstance(raw, dict) or type(version) is not int or version != STEP_TASK_VERSION:
-        raise ValidationError(f"step task must be an object with task_version {STEP_TASK_VERSION}")
+    if (
+        not isinstance(raw, dict)
+        or type(version) is not int
+        or version not in (STEP_TASK_VERSION, MAP_ITEM_TASK_VERSION)
+    ):
+        raise ValidationError(
+            f"step task must be an object with task_version {STEP_TASK_VERSION} or"
+            f" {MAP_ITEM_TASK_VERSION}"
+        )
     try:
         task = StepTask(
             run_id=raw["run_id"],
@@ -170,6 +196,7 @@ def decode_step_task(value: bytes | None, clock_offset_ms: int = 0) -> StepTask:
             dep_attempts=_dep_attempts(raw.get("dep_attempts")),
             data=_data(raw.get("data")),
             heartbeat_timeout_ms=raw.get("heartbeat_timeout_ms"),
+            item=_item(raw.get("item"), version),
         )
     except KeyError as exc:
         raise ValidationError(f"step task is missing {exc.args[0]!r}") from None
@@ -191,6 +218,21 @@ def decode_step_task(value: bytes | None, clock_offset_ms: int = 0) -> StepTask:
     if beat is not None and (type(beat) is not int or not 1 <= beat <= MAX_EPOCH_MS):
         raise ValidationError("step task: heartbeat_timeout_ms must be a positive integer")
     return task
+
+
+def _item(raw: Any, version: int) -> MapItem | None:
+    if raw is None:
+        if version == MAP_ITEM_TASK_VERSION:
+            raise ValidationError("step task: a version 2 task is a map's item, and has none")
+        return None
+    if not isinstance(raw, dict) or set(raw) != {"from", "index"}:
+        raise ValidationError("step task: item must be an object with from and index")
+    source, index = raw["from"], raw["index"]
+    if source is not None and (not isinstance(source, str) or "\x00" in source):
+        raise ValidationError("step task: item.from must be a step name or null")
+    if type(index) is not int or not 0 <= index < 1_000_000:
+        raise ValidationError("step task: item.index must be a list index")
+    return MapItem(source, index)
 
 
 def _dep_attempts(raw: Any) -> DepAttempts | None:

@@ -48,7 +48,14 @@ def judge_stuck(run: Loaded | None, selected_seq: int, now_ms: int) -> StuckVerd
     if not isinstance(run, LoadedRun) or not run.checksum_ok or run.state.seq != selected_seq:
         return Leave()  # gone, unreadable (the commit path quarantines it), or it moved
     if tick(
-        run.state, run.wf, run.results, run.signals, now_ms, run.not_before_ms, run.named
+        run.state,
+        run.wf,
+        run.results,
+        run.signals,
+        now_ms,
+        run.not_before_ms,
+        run.named,
+        run.input_length,
     ).progressed:
         return Wake(run.tier)
     failed = force_fail(run.state, ForceFailReason.STUCK)

@@ -15,7 +15,8 @@ Rules, in the order they are applied:
    signal, whose payload the commit records as the step's result. One that starts waiting
    when its signal is there already succeeds in the same tick, and so may what follows it.
    A workflow step in flight waits for its child run's end, which comes as its result like a
-   worker's (core/children.py).
+   worker's (core/children.py). A map step's items are nodes of their own (``step[i]``): each
+   attempt of an item is a step attempt like any other.
 4. A dispatched node whose deadline has passed has failed its attempt ("timed out").
 5. A failed attempt is retried by the step's policy (retry_wait until its backoff is due),
    or fails the node when attempts are exhausted (counted since the run was last resumed, see
@@ -23,7 +24,12 @@ Rules, in the order they are applied:
    step raised NonRetryable); a failed node fails the run.
 6. Due retries are dispatched with the next attempt; pending nodes whose dependencies all
    succeeded are dispatched with their next attempt (1, unless the run was resumed), each with
-   its deadline.
+   its deadline. A map step that becomes ready takes its items' count from its list (the
+   run's input, or its ``items_from`` dependency's output: ``length``): more than
+   ``max_items``, or not a list, fails it; none succeeds it at once; otherwise its items are
+   added, pending, and dispatched by index, at most ``parallelism`` of them in flight. When
+   every item succeeded the map step succeeded; the decision names the items, whose outputs
+   in order the commit records as its output.
 7. When every node succeeded the run succeeded.
 8. A tick that changes nothing is a no-op and writes nothing; one that changes anything bumps
    ``seq`` by exactly one (so ``last_transition_seq`` is monotone).
@@ -39,7 +45,7 @@ argument, and the shell carries out the returned decision.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import NamedTuple
 
 from processor.core.model import (
@@ -51,7 +57,7 @@ from processor.core.model import (
     StepOutcome,
     StepResult,
 )
-from processor.core.workflow import StepDef, WorkflowDef
+from processor.core.workflow import StepDef, WorkflowDef, item_node
 
 # The enum members the tick compares against, as module globals: on Python 3.11 reading
 # `NodeStatus.DISPATCHED` goes through the enum's metaclass (~130 ns), dozens of times a tick.
@@ -81,6 +87,9 @@ class Decision(NamedTuple):
     timers: tuple[int, ...] = ()  # epoch ms at which a retry wait ends and the run must be woken
     # Wait steps this tick ended, each with the signal that ended it: (node, attempt, signal id)
     signalled: tuple[tuple[str, int, str], ...] = ()
+    # Map steps this tick ended succeeded, each with its items' succeeded attempts in order:
+    # (node, attempt, ((item node, attempt), ...)).
+    mapped: tuple[tuple[str, int, tuple[tuple[str, int], ...]], ...] = ()
 
     @property
     def progressed(self) -> bool:
@@ -98,8 +107,10 @@ def tick(
     now_ms: int,
     not_before_ms: int | None = None,
     named: Sequence[tuple[str, str]] = (),
+    input_length: int | None = None,
 ) -> Decision:
-    """``named``: the run's named signals, (name, signal id), in the order received."""
+    """``named``: the run's named signals, (name, signal id), in the order received;
+    ``input_length``: the length of the run's input when it is a list (a map's items)."""
     if state.status.terminal:
         return NOOP
     if SignalKind.CANCEL in set(signals):
@@ -107,7 +118,7 @@ def tick(
     if not_before_ms is not None and now_ms < not_before_ms and state.status is _RUN_PENDING:
         return NOOP
 
-    steps = wf.step_map
+    step_of = wf.step_for if wf.has_maps else wf.step_map.__getitem__
     nodes = state.node_map()
     for result in sorted(set(results), key=_result_order):
         node = nodes.get(result.node)
@@ -117,41 +128,149 @@ def tick(
             continue
         ok = result.outcome is StepOutcome.SUCCEEDED
         nodes[result.node] = _finish_attempt(
-            node, steps[result.node], ok, result.error, now_ms, result.retryable
+            node, step_of(result.node), ok, result.error, now_ms, result.retryable
         )
 
-    signalled = _signal_waits(nodes, wf, named)
+    signalled = _signal_waits(nodes, wf, named) if named else []
 
     for name, node in list(nodes.items()):
         if node.status is _DISPATCHED and node.due_ms is not None and now_ms >= node.due_ms:
-            error = f"attempt {node.attempt} timed out after {steps[name].timeout_ms} ms"
-            nodes[name] = _finish_attempt(node, steps[name], False, error, now_ms)
+            error = f"attempt {node.attempt} timed out after {step_of(name).timeout_ms} ms"
+            nodes[name] = _finish_attempt(node, step_of(name), False, error, now_ms)
 
-    failed = [n for n, s in nodes.items() if s.status is _FAILED]
-    if failed:
-        first = failed[0]
-        reason = (
-            f"step {first!r} failed after {nodes[first].attempt} attempt(s): {nodes[first].error}"
-        )
-        return _end(state, nodes, RunStatus.FAILED, reason)
+    failed = _failed(state, nodes)
+    if failed is not None:
+        return _end(state, nodes, RunStatus.FAILED, failed, wf)
 
-    dispatches, waiting = _dispatch_ready(nodes, wf, now_ms)
-    while waiting and (ended := _signal_waits(nodes, wf, named)):
-        # A wait whose signal came first ends at once, and what follows it starts now.
+    if wf.only_tasks:  # the fast path: every step a task, started as it is ready
+        return _tasks_only(state, wf, nodes, now_ms)
+    sources = _Sources(results, input_length) if wf.has_maps else None
+    mapped = _end_maps(nodes, wf) if sources is not None else []
+    dispatches, waiting = _dispatch_ready(nodes, wf, now_ms, sources)
+    while waiting:
+        # A step just started may end at once (a wait whose signal came first, a map of no
+        # items), and what follows it starts now.
+        ended = _signal_waits(nodes, wf, named)
+        ended_maps = _end_maps(nodes, wf) if sources is not None else []
+        if not (ended or ended_maps):
+            break
         signalled += ended
-        more, waiting = _dispatch_ready(nodes, wf, now_ms)
+        mapped += ended_maps
+        more, waiting = _dispatch_ready(nodes, wf, now_ms, sources)
         dispatches += more
+    if sources is not None and (failed := _failed(state, nodes)) is not None:
+        return _end(state, nodes, RunStatus.FAILED, failed, wf)  # a map without its list
     if all(s.status is _SUCCEEDED for s in nodes.values()):
-        ended_run = _end(state, nodes, RunStatus.SUCCEEDED, None)
-        return ended_run._replace(signalled=tuple(signalled))
+        ended_run = _end(state, nodes, RunStatus.SUCCEEDED, None, wf)
+        return ended_run._replace(signalled=tuple(signalled), mapped=tuple(mapped))
 
     started = dispatches or waiting or signalled
     status = _RUN_RUNNING if state.status is _RUN_PENDING and started else state.status
+    new_nodes = _ordered(state, nodes, wf)
+    if status is state.status and new_nodes == state.nodes:
+        return NOOP
+    new_state = RunState(status, new_nodes, state.seq + 1, state.reason)
+    timers = _new_timers(state, new_state)
+    return Decision(new_state, tuple(dispatches), timers, tuple(signalled), tuple(mapped))
+
+
+def _tasks_only(
+    state: RunState, wf: WorkflowDef, nodes: dict[str, NodeState], now_ms: int
+) -> Decision:
+    """Rules 6 to 8 for a workflow of task steps only (the common case, kept lean)."""
+    dispatches = []
+    for step in wf.steps:  # definition order keeps the decision deterministic
+        node = nodes[step.name]
+        retry_due = node.status is _RETRY_WAIT and node.due_ms is not None and now_ms >= node.due_ms
+        first_run = node.status is _PENDING and all(
+            nodes[d].status is _SUCCEEDED for d in step.depends_on
+        )
+        if retry_due or first_run:
+            attempt = node.attempt + 1
+            deadline = now_ms + step.timeout_ms
+            nodes[step.name] = NodeState(_DISPATCHED, attempt, deadline, None, node.attempts_before)
+            dispatches.append(Dispatch(step.name, attempt, step.step_type, deadline))
+    if all(s.status is _SUCCEEDED for s in nodes.values()):
+        return _end(state, nodes, RunStatus.SUCCEEDED, None)
+    status = _RUN_RUNNING if state.status is _RUN_PENDING and dispatches else state.status
     new_nodes = tuple((name, nodes[name]) for name, _ in state.nodes)
     if status is state.status and new_nodes == state.nodes:
         return NOOP
     new_state = RunState(status, new_nodes, state.seq + 1, state.reason)
-    return Decision(new_state, tuple(dispatches), _new_timers(state, new_state), tuple(signalled))
+    return Decision(new_state, tuple(dispatches), _new_timers(state, new_state))
+
+
+def _failed(state: RunState, nodes: dict[str, NodeState]) -> str | None:
+    """The reason the run fails, if a node failed for good."""
+    for name, node in nodes.items():
+        if node.status is _FAILED:
+            return f"step {name!r} failed after {node.attempt} attempt(s): {node.error}"
+    return None
+
+
+def _ordered(
+    state: RunState, nodes: dict[str, NodeState], wf: WorkflowDef
+) -> tuple[tuple[str, NodeState], ...]:
+    """The nodes in the state's order: the definition's, each map step's items right after
+    it by index (those this tick added too)."""
+    if not wf.has_maps:
+        return tuple((name, nodes[name]) for name, _ in state.nodes)
+    ordered: list[tuple[str, NodeState]] = []
+    for step in wf.steps:
+        ordered.append((step.name, nodes[step.name]))
+        if step.maps:
+            index = 0
+            while (item := nodes.get(item_node(step.name, index))) is not None:
+                ordered.append((item_node(step.name, index), item))
+                index += 1
+    return tuple(ordered)
+
+
+class _Sources:
+    """Where a map step's items come from: the lengths of the lists at hand."""
+
+    def __init__(self, results: Iterable[StepResult], input_length: int | None) -> None:
+        self.input_length = input_length
+        self._lengths = {
+            (r.node, r.attempt): r.length for r in results if r.outcome is StepOutcome.SUCCEEDED
+        }
+
+    def items(self, step: StepDef, nodes: Mapping[str, NodeState]) -> int | str:
+        """How many items ``step`` has, or why it has none it can run."""
+        if step.items_from is None:
+            length, source = self.input_length, "the run's input"
+        else:
+            dep = nodes[step.items_from]
+            length = self._lengths.get((step.items_from, dep.attempt))
+            source = f"the output of {step.items_from!r}"
+        if length is None:
+            return f"{source} is not a list"
+        if length > step.max_items:
+            return f"{source} has {length} items, more than max_items ({step.max_items})"
+        return length
+
+
+def _end_maps(
+    nodes: dict[str, NodeState], wf: WorkflowDef
+) -> list[tuple[str, int, tuple[tuple[str, int], ...]]]:
+    """End each map step in flight whose items all succeeded: the items it ended with."""
+    ended = []
+    for step in wf.steps:
+        node = nodes[step.name]
+        if not step.maps or node.status is not _DISPATCHED:
+            continue
+        items = _items(nodes, step.name)
+        if all(nodes[i].status is _SUCCEEDED for i in items):
+            nodes[step.name] = NodeState(_SUCCEEDED, node.attempt, None, None, node.attempts_before)
+            ended.append((step.name, node.attempt, tuple((i, nodes[i].attempt) for i in items)))
+    return ended
+
+
+def _items(nodes: Mapping[str, NodeState], step: str) -> list[str]:
+    found: list[str] = []
+    while item_node(step, len(found)) in nodes:
+        found.append(item_node(step, len(found)))
+    return found
 
 
 def _result_order(result: StepResult) -> tuple[str, int, str, str]:
@@ -214,11 +333,11 @@ def _finish_attempt(
 
 
 def _dispatch_ready(
-    nodes: dict[str, NodeState], wf: WorkflowDef, now_ms: int
+    nodes: dict[str, NodeState], wf: WorkflowDef, now_ms: int, sources: _Sources | None = None
 ) -> tuple[list[Dispatch], int]:
     """Start what is ready: the step attempts to send to the workers, and how many steps
     began that no worker runs (a wait step, which a signal ends; a workflow step, whose child
-    run the commit starts)."""
+    run the commit starts; a map step, whose items are dispatched)."""
     dispatches = []
     waiting = 0
     for step in wf.steps:  # definition order keeps the decision deterministic
@@ -227,6 +346,13 @@ def _dispatch_ready(
         first_run = node.status is _PENDING and all(
             nodes[d].status is _SUCCEEDED for d in step.depends_on
         )
+        if step.maps:
+            assert sources is not None
+            if first_run:
+                waiting += _expand(nodes, step, sources)
+            if nodes[step.name].status is _DISPATCHED:
+                dispatches += _dispatch_items(nodes, step, now_ms)
+            continue
         if retry_due or first_run:
             attempt = node.attempt + 1
             deadline = now_ms + step.timeout_ms
@@ -236,6 +362,40 @@ def _dispatch_ready(
             else:
                 waiting += 1
     return dispatches, waiting
+
+
+def _expand(nodes: dict[str, NodeState], step: StepDef, sources: _Sources) -> int:
+    """A map step becomes ready: in flight with its items (pending; items kept from before
+    a resume stay as they are), or failed (no list, too many items); 1 once it started."""
+    node = nodes[step.name]
+    count = sources.items(step, nodes)
+    if isinstance(count, str):
+        nodes[step.name] = NodeState(_FAILED, node.attempt + 1, None, count, node.attempts_before)
+        return 0
+    nodes[step.name] = NodeState(_DISPATCHED, node.attempt + 1, None, None, node.attempts_before)
+    for index in range(count):
+        nodes.setdefault(item_node(step.name, index), NodeState())
+    return 1
+
+
+def _dispatch_items(nodes: dict[str, NodeState], step: StepDef, now_ms: int) -> list[Dispatch]:
+    """The items to start now: those due again, then pending ones by index, with at most
+    ``parallelism`` in flight (dispatched or waiting for a retry)."""
+    items = _items(nodes, step.name)
+    in_flight = sum(1 for i in items if nodes[i].status in (_DISPATCHED, _RETRY_WAIT))
+    dispatches = []
+    for item in items:
+        node = nodes[item]
+        due = node.status is _RETRY_WAIT and node.due_ms is not None and now_ms >= node.due_ms
+        fresh = node.status is _PENDING and in_flight < step.parallelism
+        if not (due or fresh):
+            continue
+        in_flight += fresh
+        attempt = node.attempt + 1
+        deadline = now_ms + step.timeout_ms
+        nodes[item] = NodeState(_DISPATCHED, attempt, deadline, None, node.attempts_before)
+        dispatches.append(Dispatch(item, attempt, step.step_type, deadline))
+    return dispatches
 
 
 def _signal_waits(
@@ -259,8 +419,13 @@ def _signal_waits(
 
 
 def _end(
-    state: RunState, nodes: dict[str, NodeState], status: RunStatus, reason: str | None
+    state: RunState,
+    nodes: dict[str, NodeState],
+    status: RunStatus,
+    reason: str | None,
+    wf: WorkflowDef | None = None,
 ) -> Decision:
+    order = state.nodes if wf is None else _ordered(state, nodes, wf)
     ended = tuple(
         (
             n,
@@ -268,7 +433,7 @@ def _end(
             if s.status in _IN_FLIGHT
             else s,
         )
-        for n, s in ((name, nodes[name]) for name, _ in state.nodes)
+        for n, s in ((name, nodes[name]) for name, _ in order)
     )
     return Decision(RunState(status, ended, state.seq + 1, reason))
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 from graphlib import CycleError, TopologicalSorter
 from typing import Any
@@ -45,13 +45,22 @@ class RetryPolicy:
         return int(min(raw, self.max_backoff_ms))
 
 
-TASK, WAIT, WORKFLOW = "task", "wait", "workflow"  # the kinds of step
+TASK, WAIT, WORKFLOW, MAP = "task", "wait", "workflow", "map"  # the kinds of step
 # A signal's name: what ``ductor signal RUN NAME`` sends and a wait step waits for.
 SIGNAL_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,99}")
 # A wait step waits a week unless it says otherwise (a person may be away).
 WAIT_TIMEOUT_MS = 7 * 24 * 3600 * 1000
 # A child workflow's step waits a day for its child run unless it says otherwise.
 CHILD_TIMEOUT_MS = 24 * 3600 * 1000
+# A map step runs at most this many items (``max_items``, default MAP_ITEMS), this many at once
+# (``parallelism``, default MAP_PARALLELISM).
+MAP_ITEMS, MAP_ITEMS_LIMIT = 1_000, 10_000
+MAP_PARALLELISM, MAP_PARALLELISM_LIMIT = 10, 1_000
+
+
+def item_node(step: str, index: int) -> str:
+    """The node of item ``index`` of map step ``step`` in a run's state."""
+    return f"{step}[{index}]"
 
 
 @dataclass(frozen=True)
@@ -76,6 +85,12 @@ class StepDef:
     child_workflow: str | None = None
     child_version: int | None = None
     input_from: str | None = None
+    # "map": one attempt of ``step_type`` per item of a list, the run's input (``items_from``
+    # None) or a dependency's output, at most ``max_items`` of them and ``parallelism`` at
+    # once, each retried by the step's policy; its output is the items' outputs, in order.
+    items_from: str | None = None
+    max_items: int = MAP_ITEMS
+    parallelism: int = MAP_PARALLELISM
 
     @property
     def waits(self) -> bool:
@@ -86,7 +101,12 @@ class StepDef:
         return self.kind == WORKFLOW
 
     @property
+    def maps(self) -> bool:
+        return self.kind == MAP
+
+    @property
     def runs_on_a_worker(self) -> bool:
+        """Whether its attempts are sent to the workers (a map's are its items')."""
         return self.kind == TASK
 
 
@@ -122,6 +142,27 @@ class WorkflowDef:
     def step_map(self) -> dict[str, StepDef]:
         """Steps by name (computed once per definition; definitions are immutable)."""
         return {s.name: s for s in self.steps}
+
+    def step_for(self, node: str) -> StepDef:
+        """The step a node of a run's state is of: a step, or an item of a map step
+        (``resize[3]``)."""
+        step = self.step_map.get(node)
+        if step is None and node.endswith("]") and "[" in node:
+            step = self.step_map.get(node[: node.rindex("[")])
+            if step is not None and not step.maps:
+                step = None
+        if step is None:
+            raise KeyError(node)
+        return step
+
+    @cached_property
+    def only_tasks(self) -> bool:
+        """Whether every step is a task (the tick's fast path: no wait, map or child)."""
+        return all(s.kind == TASK for s in self.steps)
+
+    @cached_property
+    def has_maps(self) -> bool:
+        return any(s.maps for s in self.steps)
 
     @cached_property
     def has_children(self) -> bool:
@@ -220,9 +261,9 @@ def parse_workflow(raw: Any) -> WorkflowDef:
         if kind == WORKFLOW:
             steps.append(_parse_child(raw_step, where))
             continue
-        if kind != TASK:
+        if kind not in (TASK, MAP):
             raise ValidationError(
-                f"{where}.kind: must be 'task', 'wait' or 'workflow', not {kind!r}"
+                f"{where}.kind: must be 'task', 'wait', 'workflow' or 'map', not {kind!r}"
             )
         _check_keys(
             raw_step,
@@ -235,6 +276,7 @@ def parse_workflow(raw: Any) -> WorkflowDef:
                 "timeout_ms",
                 "queue",
                 "heartbeat_timeout_ms",
+                *(("items_from", "max_items", "parallelism") if kind == MAP else ()),
             },
             where,
         )
@@ -255,18 +297,24 @@ def parse_workflow(raw: Any) -> WorkflowDef:
                 f"{where}.heartbeat_timeout_ms: must be >= 1 and shorter than timeout_ms"
                 f" ({timeout_ms})"
             )
-        steps.append(
-            StepDef(
-                name=_require(raw_step, "name", str, where),
-                step_type=_require(raw_step, "type", str, where),
-                depends_on=tuple(deps),
-                retry=parse_retry(raw_step.get("retry", {}), f"{where}.retry"),
-                timeout_ms=timeout_ms,
-                queue=queue,
-                heartbeat_timeout_ms=heartbeat_ms,
-            )
+        step = StepDef(
+            name=_require(raw_step, "name", str, where),
+            step_type=_require(raw_step, "type", str, where),
+            depends_on=tuple(deps),
+            retry=parse_retry(raw_step.get("retry", {}), f"{where}.retry"),
+            timeout_ms=timeout_ms,
+            queue=queue,
+            heartbeat_timeout_ms=heartbeat_ms,
         )
+        steps.append(_parse_map(raw_step, where, step) if kind == MAP else step)
     _check_graph(steps)
+    if any(s.maps for s in steps):
+        for step in steps:
+            if "[" in step.name or "]" in step.name:
+                raise ValidationError(
+                    f"workflow.steps: {step.name!r}: a workflow with a map step names no step"
+                    " with '[' or ']' (its items are named so: step[0], step[1] ...)"
+                )
     for step in steps:
         if step.starts_child and step.child_workflow == name:
             raise ValidationError(
@@ -329,6 +377,24 @@ def _parse_wait(raw_step: Mapping[str, Any], where: str) -> StepDef:
         timeout_ms=timeout_ms,
         kind=WAIT,
         signal=signal,
+    )
+
+
+def _parse_map(raw_step: Mapping[str, Any], where: str, step: StepDef) -> StepDef:
+    """A task step run once per item: where its items come from, how many, how many at once."""
+    items_from = _optional(raw_step, "items_from", str, where, None)
+    if items_from is not None and items_from not in step.depends_on:
+        raise ValidationError(
+            f"{where}.items_from: {items_from!r} must be one of the steps it depends on"
+        )
+    max_items = _optional(raw_step, "max_items", int, where, MAP_ITEMS)
+    if not 1 <= max_items <= MAP_ITEMS_LIMIT:
+        raise ValidationError(f"{where}.max_items: must be between 1 and {MAP_ITEMS_LIMIT}")
+    parallelism = _optional(raw_step, "parallelism", int, where, MAP_PARALLELISM)
+    if not 1 <= parallelism <= MAP_PARALLELISM_LIMIT:
+        raise ValidationError(f"{where}.parallelism: must be between 1 and {MAP_PARALLELISM_LIMIT}")
+    return replace(
+        step, kind=MAP, items_from=items_from, max_items=max_items, parallelism=parallelism
     )
 
 
@@ -455,6 +521,12 @@ def _step_to_json(s: StepDef) -> dict[str, Any]:
         "retry": _retry_to_json(s.retry),
         "timeout_ms": s.timeout_ms,
     }
+    if s.maps:
+        raw["kind"] = MAP
+        if s.items_from is not None:
+            raw["items_from"] = s.items_from
+        raw["max_items"] = s.max_items
+        raw["parallelism"] = s.parallelism
     # Written only when set: definitions from before queues and heartbeats are unchanged.
     if s.queue != DEFAULT_QUEUE:
         raw["queue"] = s.queue

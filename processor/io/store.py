@@ -50,7 +50,9 @@ SELECT coalesce(json_agg(json_build_array(
          r.last_transition_seq, r.state_checksum, r.db_record_version, r.failure_reason, r.tier,
          CASE WHEN r.status IN ('pending', 'running') THEN
              (SELECT json_agg(json_build_array(s.node_id, s.attempt, s.outcome, s.error,
-                                              s.retryable))
+                                              s.retryable,
+                                              CASE WHEN jsonb_typeof(s.output) = 'array'
+                                                   THEN jsonb_array_length(s.output) END))
                 FROM eec_step_result s WHERE s.run_id = r.run_id)
          END,
          CASE WHEN r.status IN ('pending', 'running') THEN
@@ -66,7 +68,9 @@ SELECT coalesce(json_agg(json_build_array(
          END,
          CASE WHEN r.parent_run_id IS NOT NULL THEN
              json_build_array(r.parent_run_id, r.parent_node, r.parent_attempt)
-         END)), '[]')::text,
+         END,
+         CASE WHEN r.status IN ('pending', 'running') AND jsonb_typeof(r.input) = 'array'
+              THEN jsonb_array_length(r.input) END)), '[]')::text,
        (extract(epoch FROM now()) * 1000)::bigint
   FROM eec_workflow_run r
  WHERE r.run_id = ANY(ARRAY(SELECT jsonb_array_elements_text(%s::jsonb)))
@@ -102,7 +106,15 @@ _INPUT_LOAD_BYTES = 2 * MAX_INLINE_DATA_BYTES
 # this one statement: nothing is held between the load and the commit. A run that commits a
 # transition is usable, whatever a quarantine flag said of it (it was repaired without
 # `ductor runs release`): the commit clears the flag, so the sweeps enforce its deadlines.
-_COMMIT_SQL = """
+# A map step's output, from its items' results: (node, attempt) pairs in order in ``m.parts``.
+_MAPPED_OUTPUT = """coalesce((
+    SELECT jsonb_agg(s2.output ORDER BY p.ord)
+      FROM jsonb_array_elements(m.parts) WITH ORDINALITY AS p(part, ord)
+      JOIN eec_step_result s2
+        ON s2.run_id = {run} AND s2.node_id = p.part ->> 0
+       AND s2.attempt = (p.part ->> 1)::int), '[]'::jsonb)"""
+
+_COMMIT_SQL = f"""
 WITH ordered AS MATERIALIZED (
     SELECT run_id FROM eec_workflow_run
      WHERE run_id = ANY(ARRAY(SELECT jsonb_array_elements_text(%(ids)s::jsonb)))
@@ -123,7 +135,7 @@ UPDATE eec_workflow_run AS r
        output = CASE WHEN c.output IS NULL THEN r.output ELSE (
            SELECT CASE WHEN (c.output ->> 'single')::boolean THEN (array_agg(v.output))[1]
                        ELSE jsonb_object_agg(v.key, v.output) END
-             FROM (SELECT o.key, coalesce(s.output, g.payload) AS output
+             FROM (SELECT o.key, coalesce(s.output, g.payload, mm.output) AS output
                      FROM jsonb_to_recordset(c.output -> 'refs')
                           AS o(key text, node text, attempt int)
                      LEFT JOIN eec_step_result s
@@ -134,23 +146,32 @@ UPDATE eec_workflow_run AS r
                        ON s.run_id IS NULL AND w.node = o.node AND w.attempt = o.attempt
                      LEFT JOIN eec_run_signal g
                        ON g.run_id = r.run_id AND g.signal_id = w.signal_id
-                    WHERE s.run_id IS NOT NULL OR g.run_id IS NOT NULL) AS v)
+                     -- A map step this very commit ends: its items' outputs, in order.
+                     LEFT JOIN LATERAL (
+                         SELECT {_MAPPED_OUTPUT.format(run="r.run_id")} AS output
+                           FROM jsonb_to_recordset(c.mapped)
+                                AS m(node text, attempt int, parts jsonb)
+                          WHERE s.run_id IS NULL AND m.node = o.node AND m.attempt = o.attempt
+                     ) AS mm ON true
+                    WHERE s.run_id IS NOT NULL OR g.run_id IS NOT NULL
+                       OR mm.output IS NOT NULL) AS v)
        END
   FROM jsonb_to_recordset(%(batch)s::jsonb)
        AS c(run_id text, expected_version bigint, status text, node_states jsonb, seq bigint,
             checksum text, reason text, next_wakeup_ms bigint, effects jsonb, output jsonb,
-            signalled jsonb, children jsonb, cancel_children jsonb)
+            signalled jsonb, children jsonb, cancel_children jsonb, mapped jsonb)
  WHERE r.run_id = c.run_id
    AND r.run_id = ANY(ARRAY(SELECT run_id FROM ordered))
    AND r.db_record_version = c.expected_version
-RETURNING r.run_id, c.seq, c.effects, c.signalled, c.children, c.cancel_children, r.status,
+RETURNING r.run_id, c.seq, c.effects, c.signalled, c.children, c.cancel_children, c.mapped,
+          r.status,
           r.output, r.failure_reason, r.tier, r.parent_run_id, r.parent_node, r.parent_attempt
 ), started_children AS (
     -- core/children.py, rule 1: a child exists exactly when its parent's attempt does.
     INSERT INTO eec_workflow_run (run_id, workflow_name, workflow_version, status, node_states,
                                   last_transition_seq, state_checksum, tier, shard, input,
                                   next_wakeup_at, parent_run_id, parent_node, parent_attempt)
-    SELECT k.run_id, d.name, d.version, 'pending', '{}'::jsonb, 0, %(new_child)s, u.tier,
+    SELECT k.run_id, d.name, d.version, 'pending', '{{}}'::jsonb, 0, %(new_child)s, u.tier,
            k.shard,
            CASE WHEN k.input_from IS NULL THEN
                (SELECT p.input FROM eec_workflow_run p WHERE p.run_id = u.run_id)
@@ -188,6 +209,14 @@ RETURNING r.run_id, c.seq, c.effects, c.signalled, c.children, c.cancel_children
                || coalesce(': ' || u.failure_reason, '') END
       FROM updated u
      WHERE u.parent_run_id IS NOT NULL AND u.status IN ('succeeded', 'failed', 'cancelled')
+    ON CONFLICT DO NOTHING
+), map_results AS (
+    -- A map step that ended: its output is its items' outputs, in order (core/tick.py).
+    INSERT INTO eec_step_result (run_id, node_id, attempt, outcome, output)
+    SELECT u.run_id, m.node, m.attempt, 'succeeded', {_MAPPED_OUTPUT.format(run="u.run_id")}
+      FROM updated u
+     CROSS JOIN LATERAL jsonb_to_recordset(u.mapped) AS m(node text, attempt int, parts jsonb)
+     WHERE u.mapped IS NOT NULL
     ON CONFLICT DO NOTHING
 ), signal_results AS (
     INSERT INTO eec_step_result (run_id, node_id, attempt, outcome, output)
@@ -342,7 +371,7 @@ def load_runs_at(
     for row in orjson.loads(found[0]):
         run_id, wf_name, wf_version, status, nodes, seq, checksum, version, reason, tier = row[:10]
         raw_results, raw_signals, raw_input, not_before_ms = row[10], row[11], row[12], row[13]
-        raw_parent = row[14]
+        raw_parent, input_length = row[14], row[15]
         try:
             wf = definitions.get(conn, (wf_name, wf_version))
         except UnknownWorkflow as exc:
@@ -358,7 +387,7 @@ def load_runs_at(
             )
             continue
         results = tuple(
-            StepResult(r[0], r[1], StepOutcome(r[2]), r[3], r[4]) for r in (raw_results or ())
+            StepResult(r[0], r[1], StepOutcome(r[2]), r[3], r[4], r[5]) for r in (raw_results or ())
         )
         received = raw_signals or ()
         signals = _CANCELLED if any(k == _CANCEL for k, _ in received) else _NO_SIGNAL
@@ -377,6 +406,7 @@ def load_runs_at(
             not_before_ms=not_before_ms,
             named=named,
             parent=None if raw_parent is None else ParentLink(*raw_parent),
+            input_length=input_length,
         )
     return loaded, int(found[1])
 
@@ -401,22 +431,27 @@ def commit_batch(
     if not commits:
         delete_outbox(conn, acknowledged)
         return CommitAnswer(set(), set())
-    ids = [c.run_id for c in commits]
-    # The whole batch travels as one JSON document: one orjson call instead of adapting
-    # nine arrays element by element.
-    batch = orjson.dumps([_commit_row(c) for c in commits]).decode()
-    params = {
-        "ids": orjson.dumps(ids).decode(),
-        "batch": batch,
-        "acked": _pairs(acknowledged),
-        "owner": owner,
-        "new_child": NEW_CHILD_CHECKSUM,
-    }
+    params = commit_params(commits, acknowledged, owner)
     committed: set[str] = set()
     locked: set[str] = set()
     for run_id, updated in conn.execute(_COMMIT_SQL, params).fetchall():
         (committed if updated else locked).add(run_id)
     return CommitAnswer(committed, locked)
+
+
+def commit_params(
+    commits: Sequence[Commit], acknowledged: Sequence[tuple[str, int]], owner: str | None
+) -> dict[str, Any]:
+    """The parameters of the batched commit statement (``_COMMIT_SQL``)."""
+    # The whole batch travels as one JSON document: one orjson call instead of adapting
+    # nine arrays element by element.
+    return {
+        "ids": orjson.dumps([c.run_id for c in commits]).decode(),
+        "batch": orjson.dumps([_commit_row(c) for c in commits]).decode(),
+        "acked": _pairs(acknowledged),
+        "owner": owner,
+        "new_child": NEW_CHILD_CHECKSUM,
+    }
 
 
 def _commit_row(c: Commit) -> dict[str, Any]:
@@ -453,6 +488,11 @@ def _commit_row(c: Commit) -> dict[str, Any]:
         ]
     if c.cancel_children:
         row["cancel_children"] = list(c.cancel_children)
+    if c.mapped:
+        row["mapped"] = [
+            {"node": n, "attempt": a, "parts": [list(part) for part in parts]}
+            for n, a, parts in c.mapped
+        ]
     return row
 
 

@@ -87,6 +87,10 @@ class StepContext:
     input: Any = None
     deps: Mapping[str, Any] = field(default_factory=lambda: NO_DEPS)
     _attempt: Attempt | None = field(default=None, repr=False, compare=False)
+    # A map step's item: the element of its list this attempt runs, and its position there
+    # (None for any other step).
+    item: Any = None
+    index: int | None = None
 
     def heartbeat(self) -> None:
         """Say the step is alive. A step whose workflow declares ``heartbeat_timeout_ms``
@@ -177,8 +181,23 @@ class Outcome(NamedTuple):
 
 
 def context_of(task: StepTask, data: StepData, attempt: Attempt | None = None) -> StepContext:
+    if task.item is None:
+        return StepContext(
+            task.run_id, task.node, task.attempt, task.deadline_ms, data.input, data.deps, attempt
+        )
+    source = data.input if task.item.source is None else data.deps.get(task.item.source)
+    position = task.item.position
+    item = source[position] if isinstance(source, list) and position < len(source) else None
     return StepContext(
-        task.run_id, task.node, task.attempt, task.deadline_ms, data.input, data.deps, attempt
+        task.run_id,
+        task.node,
+        task.attempt,
+        task.deadline_ms,
+        data.input,
+        data.deps,
+        attempt,
+        item,
+        position,
     )
 
 

@@ -10,7 +10,6 @@ from collections import Counter
 from dataclasses import replace
 from typing import Any
 
-import orjson
 import psycopg
 import pytest
 
@@ -28,22 +27,17 @@ RUNS = 3000
 ROUNDS = 6
 
 
-def _batch(conn: psycopg.Connection[Any], run_ids: list[str]) -> dict[str, str]:
+def _batch(conn: psycopg.Connection[Any], run_ids: list[str]) -> dict[str, Any]:
     """Parameters of the commit statement moving each run one seq on from what its row holds
     now (at that version), listed in the given order."""
     loaded = store.load_runs(conn, store.Definitions(), run_ids)
-    rows = []
+    commits = []
     for run_id in run_ids:
         run = loaded[run_id]
         assert isinstance(run, LoadedRun)
         state = replace(run.state, seq=run.state.seq + 1)
-        rows.append(store._commit_row(Commit(run_id, run.version, state, ())))
-    return {
-        "ids": orjson.dumps(run_ids).decode(),
-        "batch": orjson.dumps(rows).decode(),
-        "acked": "[]",
-        "owner": "test",
-    }
+        commits.append(Commit(run_id, run.version, state, ()))
+    return store.commit_params(commits, (), "test")
 
 
 def test_overlapping_batches_in_opposite_orders_never_deadlock(

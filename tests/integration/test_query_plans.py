@@ -74,12 +74,7 @@ def test_load_and_commit_reach_their_runs_by_key(
     ids = orjson.dumps(some).decode()
     state = replace(initial_state(wf), seq=1)
     commits = [Commit(r, 1, state) for r in some]
-    params = {
-        "ids": ids,
-        "batch": orjson.dumps([store._commit_row(c) for c in commits]).decode(),
-        "acked": orjson.dumps([{"run_id": r, "seq": 1} for r in some]).decode(),
-        "owner": "test",
-    }
+    params = store.commit_params(commits, [(r, 1) for r in some], "test")
     statements = (
         (store._LOAD_SQL, (store._INPUT_LOAD_BYTES, ids)),
         (store._COMMIT_SQL, params),

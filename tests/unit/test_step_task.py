@@ -147,9 +147,10 @@ def test_tier_defaults_to_t1() -> None:
     [
         (None, "has no value"),
         (b"{nope", "is not JSON"),
-        (b"[]", "task_version 1"),
-        (orjson.dumps(_body(task_version=2)), "task_version 1"),
-        (orjson.dumps(_body(task_version=...)), "task_version 1"),
+        (b"[]", "task_version 1 or 2"),
+        (orjson.dumps(_body(task_version=2)), "a map's item, and has none"),
+        (orjson.dumps(_body(task_version=3)), "task_version 1 or 2"),
+        (orjson.dumps(_body(task_version=...)), "task_version 1 or 2"),
         (orjson.dumps(_body(run_id=...)), "missing 'run_id'"),
         (orjson.dumps(_body(deadline_ms=...)), "missing 'deadline_ms'"),
         (orjson.dumps(_body(node=3)), "must be strings"),

@@ -78,7 +78,10 @@ def test_a_wait_step_is_defined_with_its_signal_and_matches_the_schema() -> None
         ({"name": "w", "kind": "wait", "signal": "ok", "type": "t"}, "unknown field(s) type"),
         ({"name": "w", "kind": "wait", "signal": "cancel"}, "'cancel' cancels the run"),
         ({"name": "w", "kind": "wait", "signal": "no way"}, "must be 1 to 100 letters"),
-        ({"name": "w", "kind": "sleep", "type": "t"}, "must be 'task', 'wait' or 'workflow'"),
+        (
+            {"name": "w", "kind": "sleep", "type": "t"},
+            "must be 'task', 'wait', 'workflow' or 'map'",
+        ),
     ],
 )
 def test_a_wrong_wait_step_is_refused(step: dict[str, Any], message: str) -> None:

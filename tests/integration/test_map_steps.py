@@ -1,0 +1,156 @@
+"""Map steps on the real services: a run lists seven images, resizes each on a step attempt of
+its own, at most three at once however many worker slots there are, retries the one that
+fails once, and publishes the list of results in order; a map over the run's input, and one
+over an empty list, end too; each item's execution is counted (once per attempt)."""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from typing import Any
+
+import orjson
+import psycopg
+import pytest
+
+from processor import StepContext, StepRegistry
+from processor.core.workflow import parse_workflow
+from processor.io.config import Settings
+from processor.io.runs_admin import register_workflow
+
+from .audit import assert_transitions_applied_once
+from .conftest import WorkerThread, count_terminal, run_ductor, run_statuses, wait_for
+
+pytestmark = pytest.mark.integration
+
+
+class _Busy:
+    """How many items run at once, at most, and each (run, item, attempt) executed."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.now = 0
+        self.most = 0
+        self.executed: list[tuple[str, int, int]] = []
+
+    def __enter__(self) -> None:
+        with self._lock:
+            self.now += 1
+            self.most = max(self.most, self.now)
+
+    def __exit__(self, *_: object) -> None:
+        with self._lock:
+            self.now -= 1
+
+
+def _registry(busy: _Busy) -> StepRegistry:
+    registry = StepRegistry()
+
+    @registry.step("list_images")
+    def list_images(ctx: StepContext) -> list[str]:
+        return [f"img-{i}.png" for i in range(ctx.input["n"])]
+
+    @registry.step("resize_image")
+    def resize_image(ctx: StepContext) -> dict[str, Any]:
+        assert ctx.index is not None
+        busy.executed.append((ctx.run_id, ctx.index, ctx.attempt))
+        with busy:
+            time.sleep(0.1)
+        if ctx.index == 4 and ctx.attempt == 1 and ctx.input.get("flaky"):
+            raise RuntimeError("the resizer lost the image")
+        return {"image": ctx.item, "size": "64x64"}
+
+    @registry.step("publish")
+    def publish(ctx: StepContext) -> dict[str, Any]:
+        return {"published": [r["image"] for r in ctx.deps["resize"]]}
+
+    @registry.step("shout")
+    def shout(ctx: StepContext) -> str:
+        return str(ctx.item).upper()
+
+    return registry
+
+
+def test_a_map_runs_an_attempt_per_item_within_its_parallelism_and_keeps_the_order(
+    settings: Settings, audit: psycopg.Connection[Any], processor_thread: Any
+) -> None:
+    pg = audit
+    tag = uuid.uuid4().hex[:6]
+    images, words = f"images-{tag}", f"words-{tag}"
+    register_workflow(
+        pg,
+        parse_workflow(
+            {
+                "name": images,
+                "version": 1,
+                "steps": [
+                    {"name": "list", "type": "list_images"},
+                    {
+                        "name": "resize",
+                        "kind": "map",
+                        "type": "resize_image",
+                        "items_from": "list",
+                        "depends_on": ["list"],
+                        "parallelism": 3,
+                        "retry": {"max_attempts": 2, "backoff_ms": 50},
+                    },
+                    {"name": "publish", "type": "publish", "depends_on": ["resize"]},
+                ],
+                "output": {"resized": "resize", "published": "publish"},
+            }
+        ),
+    )
+    register_workflow(
+        pg,
+        parse_workflow(
+            {
+                "name": words,
+                "version": 1,
+                "steps": [{"name": "shout", "kind": "map", "type": "shout"}],
+                "output": "shout",
+            }
+        ),
+    )
+    busy = _Busy()
+    processor_thread(settings)
+    worker = WorkerThread(settings, _registry(busy), threads=8)
+    try:
+        for run_id, workflow, run_input in (
+            ("pics-1", images, {"n": 7, "flaky": True}),
+            ("pics-0", images, {"n": 0}),
+            ("words-1", words, ["a", "b", "c"]),
+        ):
+            started = run_ductor(
+                settings,
+                "start",
+                workflow,
+                "--run-id",
+                run_id,
+                "--input",
+                orjson.dumps(run_input).decode(),
+            )
+            assert started.returncode == 0, started.stderr
+        ended = ["pics-1", "pics-0", "words-1"]
+        wait_for(lambda: count_terminal(pg, ended) == len(ended), 60, "every run to end")
+    finally:
+        worker.stop()
+    assert set(run_statuses(pg, ended).values()) == {"succeeded"}
+    names = [f"img-{i}.png" for i in range(7)]
+    shown = orjson.loads(run_ductor(settings, "result", "pics-1").stdout)
+    assert shown == {
+        "resized": [{"image": n, "size": "64x64"} for n in names],
+        "published": {"published": names},
+    }
+    assert orjson.loads(run_ductor(settings, "result", "pics-0").stdout) == {
+        "resized": [],
+        "published": {"published": []},
+    }
+    assert orjson.loads(run_ductor(settings, "result", "words-1").stdout) == ["A", "B", "C"]
+    assert busy.most <= 3, busy.most
+    # Once per attempt: seven items, one of them twice (its first attempt failed).
+    mine = sorted(e for e in busy.executed if e[0] == "pics-1")
+    assert mine == sorted([("pics-1", i, 1) for i in range(7)] + [("pics-1", 4, 2)])
+    inspected = run_ductor(settings, "inspect", "pics-1").stdout
+    assert "resize[4]            succeeded   attempt 2" in inspected
+    assert_transitions_applied_once(pg)
