@@ -7,6 +7,7 @@ out of stock fails, and `ductor runs retry` finishes it once the item is restock
 from __future__ import annotations
 
 import shutil
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -18,7 +19,7 @@ import pytest
 from processor.core.workflow import parse_workflow
 from processor.io.config import Settings
 
-from .conftest import REPO, Spawned, child_env, run_ductor, step_attempts
+from .conftest import REPO, Spawned, child_env, run_ductor, step_attempts, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -292,3 +293,70 @@ def test_an_order_waits_for_its_approval_and_the_approver_is_in_its_output(
     assert output["charges"] == ADA_OUTPUT["charges"]
     nodes = run_ductor(settings, "inspect", "order-2001", cwd=orders).stdout
     assert "approve              succeeded   attempt 1" in nodes
+
+
+REPORTS = REPO / "examples" / "reports"
+REPORT = {
+    "lines": ["north: 1234.50 EUR", "south: 980.00 EUR", "east: 1502.75 EUR", "west: 871.25 EUR"],
+    "total": "4588.50 EUR",
+}
+
+
+def test_the_report_example_runs_from_its_schedule_and_by_hand(
+    settings: Settings, pg: psycopg.Connection[Any], tmp_path: Path
+) -> None:
+    """examples/reports as its README runs it: the workflow registered from its Python module,
+    a worker on it, a schedule (every two seconds here, so that it fires during the test)
+    and a trigger; each run's report lists the regions' summaries in order."""
+    reports = tmp_path / "reports"
+    shutil.copytree(REPORTS, reports, ignore=shutil.ignore_patterns("__pycache__"))
+    pg.execute("DELETE FROM eec_workflow_definition WHERE name = 'report'")
+    pg.execute("DELETE FROM eec_schedule WHERE name LIKE 'report-%'")
+    registered = run_ductor(settings, "workflows", "register", "flows:report", cwd=reports)
+    assert registered.stdout == "workflow report v1 registered\n", registered.stderr
+    services = [
+        Spawned(args, child_env(settings), reports / f"{args[0]}.log", cwd=reports)
+        for args in (["process"], ["worker", "--app", "flows:report"])
+    ]
+    regions = '{"regions": ["north", "south", "east", "west"]}'
+    schedule = f"report-{uuid.uuid4().hex[:6]}"
+    try:
+        created = run_ductor(
+            settings,
+            "schedules",
+            "create",
+            schedule,
+            "--cron",
+            "* * * * * */2",
+            "--workflow",
+            "report",
+            "--input",
+            regions,
+            cwd=reports,
+        )
+        assert created.returncode == 0, created.stderr
+        triggered = run_ductor(settings, "schedules", "trigger", schedule, cwd=reports)
+        run_id = triggered.stdout.strip()
+        assert run_id.startswith(f"{schedule}@manual-"), triggered.stderr
+        shown = run_ductor(settings, "result", run_id, "--wait", "60", cwd=reports)
+        assert (shown.returncode, orjson.loads(shown.stdout or "null")) == (0, REPORT)
+
+        def fired() -> list[str]:
+            rows = pg.execute(
+                "SELECT run_id FROM eec_workflow_run WHERE run_id LIKE %s AND status ="
+                " 'succeeded' AND run_id NOT LIKE %s",
+                (f"{schedule}@%", f"{schedule}@manual-%"),
+            ).fetchall()
+            return [r[0] for r in rows]
+
+        wait_for(lambda: len(fired()) >= 1, 60, "a run the schedule started to end")
+        scheduled = run_ductor(settings, "result", fired()[0], cwd=reports)
+        assert orjson.loads(scheduled.stdout) == REPORT
+        inspected = run_ductor(settings, "inspect", run_id, cwd=reports).stdout
+        assert "summarize[3]         succeeded   attempt 1" in inspected
+        run_ductor(settings, "schedules", "delete", schedule, cwd=reports)
+        for service in services:
+            assert service.proc.poll() is None, service.log_path.read_text()[-2000:]
+    finally:
+        for service in services:
+            service.terminate()
