@@ -35,16 +35,21 @@ from processor.core.requests import (
 )
 from processor.core.routing import TIERS, TopicNames
 from processor.core.run_input import input_problem
+from processor.core.run_search import Cursor, RunFilter, tags_problem
 from processor.core.tick import resume_failed
 from processor.core.workflow import SIGNAL_NAME
 from processor.io.config import Settings
 from processor.io.kafka import choose_partition, produce, producer_config, topic_partitions
 from processor.io.kafka_logs import with_logger
 from processor.io.logs import first_line
+from processor.io.run_search import RunPage
+from processor.io.run_search import count_runs as _count_runs
+from processor.io.run_search import search_runs as _search_runs
 from processor.io.runs_admin import (
     ExistingRun,
     RunResult,
     RunSummary,
+    insert_cancels,
     insert_runs,
     insert_signal,
     release_quarantine,
@@ -52,31 +57,39 @@ from processor.io.runs_admin import (
     run_result,
     run_tier,
 )
-from processor.io.runs_admin import list_runs as _list_runs
 from processor.io.store import Definitions, commit_batch, delete_outbox, load_runs
 
 __all__ = [
+    "MAX_BULK_RUNS",
     "MAX_LIST_LIMIT",
+    "BulkAction",
     "ClientError",
+    "Cursor",
     "IfExists",
     "InvalidInput",
     "RetriedRun",
     "RetryRefused",
     "RunExists",
+    "RunFilter",
     "RunNotFinished",
     "RunNotFound",
+    "RunPage",
     "RunResult",
     "RunSummary",
     "SignalSent",
     "StartNotAnnounced",
     "StartedRun",
+    "cancel_runs",
     "connect",
+    "count_runs",
     "get_run",
     "list_runs",
     "release_run",
     "request_signal",
     "request_starts",
     "retry_run",
+    "retry_runs",
+    "search_runs",
     "send_signal",
     "start_run",
     "start_runs",
@@ -90,6 +103,10 @@ __all__ = [
 _FIRST_POLL_S, _LAST_POLL_S = 0.05, 1.0
 # The most runs `list_runs` gives at once (`ductor runs list --limit`).
 MAX_LIST_LIMIT = 10_000
+# The most runs a bulk cancel or retry acts on at once, unless told more (`--max`): a filter
+# that matches more than expected is refused, not carried out.
+MAX_BULK_RUNS = 10_000
+_BULK_PAGE = 500
 # A retry that lost the race for the run's row this many times gives up (only another retry
 # of the same run writes a failed run's row), after these waits.
 _RETRY_RACE_WAITS_S = (0.0, 0.01, 0.05, 0.2)
@@ -173,6 +190,16 @@ class RetriedRun:
     seq: int  # the run's transition seq after the resume
 
 
+@dataclass(frozen=True)
+class BulkAction:
+    """What a bulk cancel or retry found and did: the runs the filter matched among those the
+    action applies to, the ones acted on (none in a dry run), and those refused with why."""
+
+    matched: tuple[str, ...]
+    acted: tuple[str, ...]
+    refused: tuple[tuple[str, str], ...] = ()
+
+
 def connect(settings: Settings) -> psycopg.Connection[Any]:
     """An autocommit connection to the settings' Postgres, or ClientError naming the DSN
     (its password hidden)."""
@@ -194,13 +221,19 @@ def start_runs(
     version: int | None = None,
     if_exists: IfExists | str | None = None,
     start_at: datetime | None = None,
+    tags: dict[str, str] | None = None,
 ) -> list[str]:
     """Insert the runs and produce their first wakeups. Returns the ids created. A run id that
     exists already is kept as it is and woken again (its tick is then a no-op) when its start
     is the same, or when ``if_exists`` is ``ignore``; RunExists when it belongs to another
     workflow, was started with another input (unless ``ignore``), or exists at all with
     ``fail`` (the other ids of the call are started all the same). ``start_at`` (an aware
-    datetime) starts them then, not before: a processor's sweep wakes them once it passed."""
+    datetime) starts them then, not before: a processor's sweep wakes them once it passed.
+    ``tags`` (names to strings, core/run_search.tags_problem) are what `search_runs` finds
+    them by; a run that exists already keeps its own."""
+    problem = None if tags is None else tags_problem(tags)
+    if problem is not None:
+        raise ClientError(problem)
     policy = _policy(if_exists)
     start_ms = _start_ms(start_at)
     with connect(settings) as conn:
@@ -217,7 +250,8 @@ def start_runs(
         existing: list[ExistingRun] = []
         for start in range(0, len(run_ids), 5000):
             chunk = run_ids[start : start + 5000]
-            done = insert_runs(conn, wf, [(r, run_input or {}) for r in chunk], tier, start_ms)
+            runs = [(r, run_input or {}) for r in chunk]
+            done = insert_runs(conn, wf, runs, tier, start_ms, tags)
             inserted += done.created
             existing += done.existing
     refused = [e for e in existing if _refused(e, workflow, policy)]
@@ -292,12 +326,14 @@ def start_run(
     version: int | None = None,
     if_exists: IfExists | str | None = None,
     start_at: datetime | None = None,
+    tags: dict[str, str] | None = None,
 ) -> StartedRun:
     """Start one run of ``workflow`` (its latest version unless ``version``) with ``run_input``
     (JSON-serialisable; ``{}`` when None) on wakeup tier ``tier``. Idempotent by run id: the
     same start again leaves the run as it is (and wakes it, which changes nothing), and
     ``created`` says so. RunExists if that run belongs to another workflow or was started
-    with another input (``if_exists``: see ``IfExists``). ``start_at``: not before then."""
+    with another input (``if_exists``: see ``IfExists``). ``start_at``: not before then.
+    ``tags``: what ``search_runs`` finds it by (``{"customer": "c-42"}``)."""
     _check_run_id(run_id)
     _check_tier(tier)
     try:
@@ -305,7 +341,9 @@ def start_run(
     except TypeError as exc:
         raise ClientError(f"the run input cannot be written as JSON: {exc}") from None
     created = bool(
-        start_runs(settings, workflow, [run_id], run_input, tier, version, if_exists, start_at)
+        start_runs(
+            settings, workflow, [run_id], run_input, tier, version, if_exists, start_at, tags
+        )
     )
     return StartedRun(run_id, created)
 
@@ -445,8 +483,118 @@ def list_runs(
     """Up to ``limit`` runs, newest first, of ``workflow`` and in ``status`` when given."""
     if not 1 <= limit <= MAX_LIST_LIMIT:
         raise ClientError(f"the limit must be between 1 and {MAX_LIST_LIMIT}, not {limit}")
+    wanted = RunFilter(workflow=workflow, statuses=() if status is None else (status,))
+    return search_runs(settings, wanted, limit).runs
+
+
+def search_runs(
+    settings: Settings, wanted: RunFilter, limit: int = 50, after: Cursor | None = None
+) -> RunPage:
+    """Up to ``limit`` runs that ``wanted`` matches, newest first, and the cursor of the next
+    page (None on the last): pass it as ``after`` to continue. Each filter is served by an
+    index, so a search costs what it finds, not the size of the run table."""
+    if not 1 <= limit <= MAX_LIST_LIMIT:
+        raise ClientError(f"the limit must be between 1 and {MAX_LIST_LIMIT}, not {limit}")
     with connect(settings) as conn:
-        return _list_runs(conn, workflow, status, limit)
+        return _search_runs(conn, wanted, limit, after)
+
+
+def count_runs(settings: Settings, wanted: RunFilter) -> int:
+    """How many runs ``wanted`` matches."""
+    with connect(settings) as conn:
+        return _count_runs(conn, wanted)
+
+
+_LIVE = (RunStatus.PENDING, RunStatus.RUNNING)
+
+
+def cancel_runs(
+    settings: Settings, wanted: RunFilter, dry_run: bool = False, max_runs: int = MAX_BULK_RUNS
+) -> BulkAction:
+    """Cancel every pending or running run ``wanted`` matches (one cancel signal each, under
+    one signal id, and their wakeups): a run that ends meanwhile is left as it ended. ``dry_run``
+    only finds them. ClientError for an empty filter (every run) or for more than
+    ``max_runs`` matches (narrow the filter, or raise the bound)."""
+    matched = _bulk_matches(settings, wanted, _LIVE, max_runs)
+    if dry_run or not matched:
+        return BulkAction(tuple(id for id, _ in matched), ())
+    signal_id = f"cancel-bulk-{uuid.uuid4().hex[:12]}"
+    with connect(settings) as conn:
+        for start in range(0, len(matched), _BULK_PAGE):
+            insert_cancels(conn, [id for id, _ in matched[start : start + _BULK_PAGE]], signal_id)
+    _wake_by_tier(settings, matched, "signal")
+    ids = tuple(id for id, _ in matched)
+    return BulkAction(ids, ids)
+
+
+def retry_runs(
+    settings: Settings, wanted: RunFilter, dry_run: bool = False, max_runs: int = MAX_BULK_RUNS
+) -> BulkAction:
+    """Resume every failed run ``wanted`` matches, as ``retry_run`` does one; a run that
+    cannot be retried (quarantined, changed outside Ductor) is refused with why, and the
+    others go on. ``dry_run`` only finds them; bounds as ``cancel_runs``."""
+    matched = _bulk_matches(settings, wanted, (RunStatus.FAILED,), max_runs)
+    if dry_run or not matched:
+        return BulkAction(tuple(id for id, _ in matched), ())
+    topics = TopicNames(settings.topic_prefix)
+    retried: list[RetriedRun] = []
+    refused: list[tuple[str, str]] = []
+    with connect(settings) as conn:
+        definitions = Definitions()
+        for run_id, _tier in matched:
+            try:
+                retried.append(_resume(conn, definitions, topics, run_id)[0])
+            except ClientError as exc:
+                refused.append((run_id, str(exc)))
+        done = {r.run_id for r in retried}
+        _wake_by_tier(settings, [(id, tier) for id, tier in matched if id in done], "replay")
+        delete_outbox(conn, [(r.run_id, r.seq) for r in retried])
+    return BulkAction(tuple(id for id, _ in matched), tuple(sorted(done)), tuple(refused))
+
+
+def _bulk_matches(
+    settings: Settings, wanted: RunFilter, statuses: tuple[RunStatus, ...], max_runs: int
+) -> list[tuple[str, str]]:
+    """(run id, tier) of the runs in ``statuses`` that ``wanted`` matches, newest first."""
+    if wanted.empty:
+        raise ClientError(
+            "a bulk action needs a filter (--workflow, --status, --since, --until, --id-prefix,"
+            " --tag or --step-failed): an empty one matches every run"
+        )
+    if wanted.matches_nothing(statuses):
+        return []
+    narrowed = wanted.within(statuses)
+    with connect(settings) as conn:
+        count = _count_runs(conn, narrowed)
+        if count > max_runs:
+            raise ClientError(
+                f"the filter matches {count} runs, more than the bound of {max_runs}:"
+                " narrow it, or raise the bound (--max)"
+            )
+        matched: list[tuple[str, str]] = []
+        after: Cursor | None = None
+        while True:
+            page = _search_runs(conn, narrowed, _BULK_PAGE, after)
+            tiers = _tiers(conn, [r.run_id for r in page.runs])
+            matched += [(r.run_id, tiers[r.run_id]) for r in page.runs if r.run_id in tiers]
+            if page.next_cursor is None or len(matched) > max_runs:
+                return matched[:max_runs]
+            after = page.next_cursor
+
+
+def _tiers(conn: psycopg.Connection[Any], run_ids: list[str]) -> dict[str, str]:
+    rows = conn.execute(
+        "SELECT run_id, tier FROM eec_workflow_run WHERE run_id = ANY(%s)", (run_ids,)
+    ).fetchall()
+    return {r[0]: r[1] for r in rows}
+
+
+def _wake_by_tier(settings: Settings, runs: Sequence[tuple[str, str]], reason: str) -> None:
+    by_tier: dict[str, list[str]] = {}
+    for run_id, tier in runs:
+        by_tier.setdefault(tier, []).append(run_id)
+    for tier, ids in sorted(by_tier.items()):
+        wake(settings, ids, tier, reason)
 
 
 def send_signal(
@@ -501,38 +649,43 @@ def retry_run(settings: Settings, run_id: str) -> RetriedRun:
     quarantined or cannot be loaded; RunNotFound if there is no such run."""
     topics = TopicNames(settings.topic_prefix)
     with connect(settings) as conn:
-        definitions = Definitions()
-        for wait_s in _RETRY_RACE_WAITS_S:
-            time.sleep(wait_s)
-            run = _retryable(conn, definitions, run_id)
-            resumed = resume_failed(run.state)
-            wakeup = Wakeup(run_id=run_id, reason="replay", produced_at=int(time.time() * 1000))
-            send = Send(topics.wakeup(run.tier), wakeup.key(), wakeup.encode(), by_run=run_id)
-            # The commit skips a row another transaction holds; an operator's command waits
-            # for it instead (the row lock taken first, in the same transaction).
-            with conn.transaction():
-                conn.execute(
-                    "SELECT 1 FROM eec_workflow_run WHERE run_id = %s FOR NO KEY UPDATE",
-                    (run_id,),
-                )
-                answer = commit_batch(conn, [Commit(run_id, run.version, resumed, (send,))])
-            if answer.committed:
-                break
-        else:
-            raise ClientError(
-                f"run {run_id!r} kept changing while it was being retried"
-                f" ({len(_RETRY_RACE_WAITS_S)} lost races); try again"
-            )
+        retried, tier = _resume(conn, Definitions(), topics, run_id)
         try:
-            wake(settings, [run_id], run.tier, "replay")
+            wake(settings, [run_id], tier, "replay")
         except (ClientError, KafkaException):
             raise ClientError(
                 f"run {run_id!r} was resumed, but the broker did not take its wakeup; a"
                 " processor sends it again from the outbox once the broker is back"
             ) from None
-        delete_outbox(conn, [(run_id, resumed.seq)])  # sent: no processor need relay it
-    steps = tuple(name for name, node in resumed.nodes if node.status is NodeStatus.PENDING)
-    return RetriedRun(run_id, steps, resumed.seq)
+        delete_outbox(conn, [(run_id, retried.seq)])  # sent: no processor need relay it
+    return retried
+
+
+def _resume(
+    conn: psycopg.Connection[Any], definitions: Definitions, topics: TopicNames, run_id: str
+) -> tuple[RetriedRun, str]:
+    """Commit the resumed state of a failed run (its wakeup in the outbox): what runs again,
+    and the run's tier, for the caller to produce the wakeup."""
+    for wait_s in _RETRY_RACE_WAITS_S:
+        time.sleep(wait_s)
+        run = _retryable(conn, definitions, run_id)
+        resumed = resume_failed(run.state)
+        wakeup = Wakeup(run_id=run_id, reason="replay", produced_at=int(time.time() * 1000))
+        send = Send(topics.wakeup(run.tier), wakeup.key(), wakeup.encode(), by_run=run_id)
+        # The commit skips a row another transaction holds; an operator's command waits
+        # for it instead (the row lock taken first, in the same transaction).
+        with conn.transaction():
+            conn.execute(
+                "SELECT 1 FROM eec_workflow_run WHERE run_id = %s FOR NO KEY UPDATE", (run_id,)
+            )
+            answer = commit_batch(conn, [Commit(run_id, run.version, resumed, (send,))])
+        if answer.committed:
+            steps = tuple(n for n, node in resumed.nodes if node.status is NodeStatus.PENDING)
+            return RetriedRun(run_id, steps, resumed.seq), run.tier
+    raise ClientError(
+        f"run {run_id!r} kept changing while it was being retried"
+        f" ({len(_RETRY_RACE_WAITS_S)} lost races); try again"
+    )
 
 
 def _retryable(conn: psycopg.Connection[Any], definitions: Definitions, run_id: str) -> LoadedRun:

@@ -25,19 +25,17 @@ from processor.cli.outbox import cmd_outbox_parked, cmd_outbox_unpark
 from processor.cli.runs import (
     cmd_inspect,
     cmd_result,
-    cmd_runs_list,
     cmd_runs_release,
-    cmd_runs_retry,
     cmd_signal,
     cmd_start,
 )
 from processor.cli.schedules import add_schedule_commands
+from processor.cli.search import add_search_commands
 from processor.cli.services import cmd_migrate, cmd_process, cmd_topics_create, cmd_worker
 from processor.cli.tool_commands import cmd_bench, cmd_demo, parse_bench_arguments
 from processor.cli.triggers import add_trigger_commands
 from processor.cli.workflows import add_workflow_commands
 from processor.client import IfExists
-from processor.core.model import RunStatus
 from processor.core.outcomes import DLQ_REASONS
 from processor.core.routing import TIERS
 from processor.io.config import load_settings
@@ -102,6 +100,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("workflow", help="workflow name (its latest version is used)")
     p.add_argument("--input", help="run input as JSON")
     p.add_argument("--run-id", help="run id (idempotent: the same id starts once)")
+    p.add_argument(
+        "--tag",
+        action="append",
+        metavar="KEY=VALUE",
+        help="a tag to find the runs by (`runs list --tag`); repeat for several",
+    )
     p.add_argument("--count", type=int, default=1, help="how many runs to start")
     p.add_argument(
         "--tier", choices=TIERS, default="t1", help="wakeup tier (t0 interactive, t2 bulk)"
@@ -192,6 +196,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("inspect", help="show a run: status, nodes, version, seq, checksum check")
     p.add_argument("run_id")
+    p.add_argument(
+        "--output",
+        choices=("text", "json"),
+        default="text",
+        help="json: the run, its nodes and a timeline of every attempt",
+    )
     p.set_defaults(func=cmd_inspect)
 
     p = sub.add_parser(
@@ -213,20 +223,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("run_id")
     p.set_defaults(func=cmd_runs_release)
-    p = runs_sub.add_parser(
-        "list",
-        help="list runs, newest first: run id, workflow, status, last transition, failure reason",
-    )
-    p.add_argument("--workflow", help="only runs of this workflow (any version)")
-    p.add_argument("--status", choices=[s.value for s in RunStatus], help="only runs in S")
-    p.add_argument("--limit", type=int, default=50, help="at most N runs (50)")
-    p.set_defaults(func=cmd_runs_list)
-    p = runs_sub.add_parser(
-        "retry",
-        help="resume a failed run from its failed steps (succeeded steps are kept) and wake it",
-    )
-    p.add_argument("run_id")
-    p.set_defaults(func=cmd_runs_retry)
+    add_search_commands(runs_sub)
 
     p = sub.add_parser(
         "signal", help="send a signal to a run: cancel, or one a wait step waits for"

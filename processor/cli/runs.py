@@ -6,13 +6,13 @@ import argparse
 import sys
 import uuid
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import orjson
 
 from processor.authoring import duration_ms
 from processor.cli.common import EXIT_FAILED, EXIT_NOT_FINISHED, EXIT_OK, EXIT_USAGE, CliError
 from processor.client import (
-    MAX_LIST_LIMIT,
     IfExists,
     RunExists,
     RunNotFinished,
@@ -21,21 +21,21 @@ from processor.client import (
     StartNotAnnounced,
     connect,
     get_run,
-    list_runs,
     release_run,
     request_signal,
     request_starts,
-    retry_run,
     send_signal,
     start_runs,
     wait_for_run,
 )
 from processor.core.children import child_run_id
-from processor.core.model import RunStatus, state_checksum
+from processor.core.model import LoadedRun, NodeStatus, RunStatus, state_checksum
 from processor.core.routing import TopicNames
+from processor.core.run_search import parse_tags
 from processor.core.workflow import SIGNAL_NAME, ValidationError
 from processor.io.config import Settings
-from processor.io.runs_admin import run_columns, run_result
+from processor.io.run_search import AttemptRow, attempt_rows
+from processor.io.runs_admin import RunColumns, run_columns, run_result
 from processor.io.store import Definitions, load_runs
 
 
@@ -46,6 +46,10 @@ def cmd_start(settings: Settings, args: argparse.Namespace) -> int:
         raise CliError(f"--input is not valid JSON: {exc}", EXIT_USAGE) from None
     if args.count < 1:
         raise CliError("--count must be at least 1", EXIT_USAGE)
+    try:
+        tags = parse_tags(args.tag)
+    except ValueError as exc:
+        raise CliError(f"--tag: {exc}", EXIT_USAGE) from None
     if args.run_id:
         ids = (
             [args.run_id] if args.count == 1 else [f"{args.run_id}-{i}" for i in range(args.count)]
@@ -54,8 +58,8 @@ def cmd_start(settings: Settings, args: argparse.Namespace) -> int:
         ids = [f"{args.workflow}-{uuid.uuid4().hex[:12]}" for _ in range(args.count)]
     start_at = _start_at(args)
     if args.via == "kafka":
-        if start_at is not None:
-            raise CliError("--at and --delay need --via database", EXIT_USAGE)
+        if start_at is not None or tags:
+            raise CliError("--at, --delay and --tag need --via database", EXIT_USAGE)
         return _request_starts(settings, args, ids, run_input)
     try:
         inserted = start_runs(
@@ -66,6 +70,7 @@ def cmd_start(settings: Settings, args: argparse.Namespace) -> int:
             args.tier,
             if_exists=args.if_exists,
             start_at=start_at,
+            tags=tags or None,
         )
     except StartNotAnnounced as exc:
         # The runs exist and will start: what the command promises holds, later than usual.
@@ -151,6 +156,13 @@ def cmd_inspect(settings: Settings, args: argparse.Namespace) -> int:
         result = run_result(conn, args.run_id)
     if run is None or columns is None or result is None:
         raise CliError(f"no run with id {args.run_id!r}")
+    if args.output == "json":
+        with connect(settings) as conn:
+            attempts = attempt_rows(conn, args.run_id)
+        document = inspect_document(args.run_id, columns, run, result, attempts)
+        sys.stdout.write(orjson.dumps(document, option=orjson.OPT_INDENT_2).decode() + "\n")
+        healthy = not isinstance(run, Exception) and run.checksum_ok
+        return EXIT_OK if healthy and columns.quarantined_at is None else EXIT_FAILED
     print(f"run        {args.run_id}")
     print(f"workflow   {columns.workflow[0]} v{columns.workflow[1]}")
     if columns.quarantined_at is not None:
@@ -183,6 +195,92 @@ def cmd_inspect(settings: Settings, args: argparse.Namespace) -> int:
         print(f"  {name:20} {node.status.value:11} attempt {node.attempt}{extra}")
     healthy = run.checksum_ok and columns.quarantined_at is None
     return EXIT_OK if healthy else EXIT_FAILED
+
+
+def inspect_document(
+    run_id: str,
+    columns: RunColumns,
+    run: LoadedRun | Exception,
+    result: RunResult,
+    attempts: list[AttemptRow],
+) -> dict[str, Any]:
+    """`ductor inspect --output json`: the run, its nodes and every attempt's timeline
+    (claimed by a worker at ``started``, its result at ``ended``). ``dispatched`` is known for
+    the attempt in flight only (its deadline less the step's timeout): the coordinator keeps
+    no time per past dispatch (it would cost a write per dispatch)."""
+    document: dict[str, Any] = {
+        "run_id": run_id,
+        "workflow": columns.workflow[0],
+        "version": columns.workflow[1],
+        "status": columns.status,
+        "failure_reason": columns.failure_reason,
+        "tier": columns.tier,
+        "created_at": columns.created_at.isoformat(),
+        "updated_at": columns.updated_at.isoformat(),
+        "start_at": None if columns.start_at is None else columns.start_at.isoformat(),
+        "next_wakeup_at": _iso(columns.next_wakeup_at),
+        "quarantine_reason": columns.quarantine_reason,
+        "output": result.output if result.status is RunStatus.SUCCEEDED else None,
+    }
+    if isinstance(run, Exception):
+        document["load_error"] = str(run)
+        document["attempts"] = [_attempt_json(a, None) for a in attempts]
+        return document
+    document["seq"] = run.state.seq
+    document["checksum_ok"] = run.checksum_ok
+    document["parent"] = (
+        None
+        if run.parent is None
+        else {"run_id": run.parent.run_id, "step": run.parent.node, "attempt": run.parent.attempt}
+    )
+    in_flight: dict[tuple[str, int], int] = {}
+    nodes = []
+    for name, node in run.state.nodes:
+        step = run.wf.step_for(name)
+        if node.status is NodeStatus.DISPATCHED and node.due_ms is not None:
+            in_flight[(name, node.attempt)] = node.due_ms - step.timeout_ms
+        nodes.append(
+            {
+                "node": name,
+                "status": node.status.value,
+                "attempt": node.attempt,
+                "error": node.error,
+                "due": None if node.due_ms is None else _iso_ms(node.due_ms),
+                "child_run": (
+                    child_run_id(run_id, name, node.attempt)
+                    if step.starts_child and node.attempt
+                    else None
+                ),
+            }
+        )
+    document["nodes"] = nodes
+    document["attempts"] = [_attempt_json(a, in_flight.get((a.node, a.attempt))) for a in attempts]
+    return document
+
+
+def _attempt_json(attempt: AttemptRow, dispatched_ms: int | None) -> dict[str, Any]:
+    started, ended = attempt.started_at, attempt.ended_at
+    duration = None if started is None or ended is None else (ended - started).total_seconds()
+    return {
+        "node": attempt.node,
+        "attempt": attempt.attempt,
+        "dispatched": None if dispatched_ms is None else _iso_ms(dispatched_ms),
+        "started": _iso(started),
+        "ended": _iso(ended),
+        "worker": attempt.worker_id,
+        "executions": attempt.starts,
+        "duration_s": duration,
+        "outcome": attempt.outcome,
+        "error": attempt.error,
+    }
+
+
+def _iso(at: datetime | None) -> str | None:
+    return None if at is None else at.isoformat()
+
+
+def _iso_ms(epoch_ms: int) -> str:
+    return datetime.fromtimestamp(epoch_ms / 1000, UTC).isoformat(timespec="milliseconds")
 
 
 # Enough of a run's output to recognise it; `ductor result` prints it whole.
@@ -251,38 +349,6 @@ def _print_result(result: RunResult) -> int:
         return EXIT_OK
     print(f"run {result.run_id} {result.status}: {result.failure_reason or '-'}", file=sys.stderr)
     return EXIT_FAILED
-
-
-def cmd_runs_list(settings: Settings, args: argparse.Namespace) -> int:
-    if not 1 <= args.limit <= MAX_LIST_LIMIT:
-        raise CliError(f"--limit must be between 1 and {MAX_LIST_LIMIT}", EXIT_USAGE)
-    status = None if args.status is None else RunStatus(args.status)
-    runs = list_runs(settings, args.workflow, status, args.limit)
-    rows = [
-        (
-            run.run_id,
-            f"{run.workflow[0]} v{run.workflow[1]}",
-            run.status.value + (" (quarantined)" if run.quarantine_reason else ""),
-            run.last_transition_at.isoformat(timespec="seconds"),
-            run.failure_reason or "",
-        )
-        for run in runs
-    ]
-    header = ("RUN", "WORKFLOW", "STATUS", "LAST TRANSITION", "FAILURE REASON")
-    # Every column as wide as its widest cell, but the last (reasons can be long).
-    widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header) - 1)]
-    for row in [header, *rows]:
-        cells = [cell.ljust(width) for cell, width in zip(row[:-1], widths, strict=True)]
-        print("  ".join([*cells, row[-1]]).rstrip())
-    print(f"{len(rows)} run(s), newest first", file=sys.stderr)
-    return EXIT_OK
-
-
-def cmd_runs_retry(settings: Settings, args: argparse.Namespace) -> int:
-    """Resume a failed run from its failed steps (client.retry_run): exit 1 when refused."""
-    retried = retry_run(settings, args.run_id)
-    print(f"run {retried.run_id} resumed; running again: {', '.join(retried.steps)}")
-    return EXIT_OK
 
 
 def cmd_runs_release(settings: Settings, args: argparse.Namespace) -> int:

@@ -6,8 +6,8 @@ Like ``store.py``, every statement is one round trip on an autocommit connection
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
@@ -62,6 +62,8 @@ class RunSummary:
     last_transition_at: datetime
     failure_reason: str | None
     quarantine_reason: str | None  # None unless the run is quarantined
+    created_at: datetime | None = None
+    tags: Mapping[str, str] = field(default_factory=dict)
 
 
 def register_workflow(conn: psycopg.Connection[Any], wf: WorkflowDef) -> bool:
@@ -168,11 +170,11 @@ WITH given AS (
 ), created AS (
     INSERT INTO eec_workflow_run (run_id, workflow_name, workflow_version, status, node_states,
                                   last_transition_seq, state_checksum, tier, shard, input,
-                                  next_wakeup_at, start_at)
+                                  next_wakeup_at, start_at, tags)
     SELECT g.run_id, %(name)s, %(version)s, %(status)s, %(nodes)s::jsonb, 0, %(checksum)s,
            %(tier)s, g.shard, g.input,
            greatest(now(), to_timestamp(%(start_ms)s::bigint / 1000.0)),
-           to_timestamp(%(start_ms)s::bigint / 1000.0)
+           to_timestamp(%(start_ms)s::bigint / 1000.0), %(tags)s::jsonb
       FROM given g
     ON CONFLICT (run_id) DO NOTHING
     RETURNING run_id
@@ -195,6 +197,7 @@ def insert_runs(
     runs: Sequence[tuple[str, Any]],
     tier: str,
     start_ms: int | None = None,
+    tags: Mapping[str, str] | None = None,
 ) -> InsertedRuns:
     """Insert new runs idempotently (an existing run id is left alone, and reported with its
     workflow and whether its input is the same), in one statement.
@@ -202,7 +205,8 @@ def insert_runs(
     A new run is due at once (``next_wakeup_at``): should its start wakeup never reach a
     processor (the broker was unreachable, the client died before producing it), the overdue
     sweep starts it. With ``start_ms`` (epoch ms) it is due then, and does not start before
-    (``start_at``: its tick is a no-op until then, whatever wakes it)."""
+    (``start_at``: its tick is a no-op until then, whatever wakes it). ``tags`` (checked by
+    the caller: core/run_search.tags_problem) are the same for every run of the batch."""
     state = initial_state(wf)
     ids = [r[0] for r in runs]
     inputs = [orjson.dumps(r[1]).decode() for r in runs]
@@ -219,6 +223,7 @@ def insert_runs(
             "checksum": state_checksum(state),
             "tier": tier,
             "start_ms": start_ms,
+            "tags": orjson.dumps(tags or {}).decode(),
         },
     ).fetchall()
     created = [r[0] for r in rows if r[1] is None]
@@ -260,6 +265,15 @@ def insert_signal(
     return row is not None
 
 
+def insert_cancels(conn: psycopg.Connection[Any], run_ids: Sequence[str], signal_id: str) -> None:
+    """Record a cancel signal ``signal_id`` for each run, in one statement (idempotent)."""
+    conn.execute(
+        "INSERT INTO eec_run_signal (run_id, signal_id, kind)"
+        " SELECT unnest(%s::text[]), %s, %s ON CONFLICT DO NOTHING",
+        (list(run_ids), signal_id, str(SignalKind.CANCEL)),
+    )
+
+
 def run_columns(conn: psycopg.Connection[Any], run_id: str) -> RunColumns | None:
     """The run row's columns as stored (readable or not), or None if there is no such run."""
     row = conn.execute(
@@ -295,23 +309,6 @@ def run_result(conn: psycopg.Connection[Any], run_id: str) -> RunResult | None:
         (run_id,),
     ).fetchone()
     return None if row is None else RunResult(run_id, RunStatus(row[0]), row[1], row[2])
-
-
-def list_runs(
-    conn: psycopg.Connection[Any], workflow: str | None, status: RunStatus | None, limit: int
-) -> list[RunSummary]:
-    """Up to ``limit`` runs, newest (last created) first, of one workflow and in one status if
-    given. Not a hot-path query: without a filter that an index serves it reads the table."""
-    rows = conn.execute(
-        "SELECT run_id, workflow_name, workflow_version, status, last_transition_at,"
-        "       failure_reason, quarantine_reason"
-        "  FROM eec_workflow_run"
-        " WHERE (%(workflow)s::text IS NULL OR workflow_name = %(workflow)s)"
-        "   AND (%(status)s::text IS NULL OR status = %(status)s)"
-        " ORDER BY created_at DESC, run_id DESC LIMIT %(limit)s",
-        {"workflow": workflow, "status": None if status is None else status.value, "limit": limit},
-    ).fetchall()
-    return [RunSummary(r[0], (r[1], r[2]), RunStatus(r[3]), r[4], r[5], r[6]) for r in rows]
 
 
 def release_quarantine(conn: psycopg.Connection[Any], run_id: str) -> bool:

@@ -171,8 +171,13 @@ def trigger_schedule(
     schedule = get_schedule(conn, name)
     wf = _workflow(conn, definitions, schedule.workflow, schedule.version)
     run_id = manual_run_id(name, _now_ms(conn))
-    insert_runs(conn, wf, [(run_id, schedule.input)], schedule.tier)
+    insert_runs(conn, wf, [(run_id, schedule.input)], schedule.tier, tags=schedule_tags(name))
     return run_id, schedule.tier
+
+
+def schedule_tags(name: str) -> dict[str, str]:
+    """The tags of a run a schedule started: `ductor runs list --tag schedule=NAME`."""
+    return {"schedule": name}
 
 
 _DUE = """
@@ -245,7 +250,9 @@ def _fire(
         problem = input_problem(wf, run_input)
         if problem is not None:
             raise ScheduleError(problem)
-        insert_runs(conn, wf, [(run_id, run_input) for run_id in run_ids], tier)
+        insert_runs(
+            conn, wf, [(run_id, run_input) for run_id in run_ids], tier, tags=schedule_tags(name)
+        )
     _advance(conn, name, plan, run_ids[-1] if run_ids else None)
     return [(run_id, tier) for run_id in run_ids]
 

@@ -15,7 +15,8 @@ import orjson
 import psycopg
 import pytest
 
-from processor.client import start_run, wake
+from processor import client
+from processor.client import RunFilter, start_run, wake
 from processor.core.schedules import fire_run_id
 from processor.core.workflow import parse_workflow
 from processor.io.config import Settings
@@ -128,6 +129,9 @@ def test_a_schedule_fired_by_two_processors_starts_one_run_per_fire(
     assert len(times) == len(set(times))
     assert all(datetime.fromisoformat(t).second % 2 == 0 for t in times)
     assert set(run_statuses(pg, fired).values()) == {"succeeded"}
+    # Each run, the trigger's too, carries its schedule's tag: what finds a schedule's runs.
+    tagged = client.search_runs(settings, RunFilter(tags=(("schedule", schedule),)), 1000)
+    assert sorted(r.run_id for r in tagged.runs) == sorted(fired)
     assert_transitions_applied_once(pg)
 
 

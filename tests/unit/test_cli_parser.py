@@ -28,7 +28,7 @@ def test_the_client_commands_take_what_the_docs_show() -> None:
     assert parse_args(["result", "r"]).wait is None
     assert parse_args(["result", "r", "--wait", "2.5"]).wait == 2.5
     args = parse_args(["runs", "list", "--workflow", "w", "--status", "failed", "--limit", "3"])
-    assert (args.workflow, args.status, args.limit) == ("w", "failed", 3)
+    assert (args.workflow, args.status, args.limit) == ("w", ["failed"], 3)
     assert parse_args(["runs", "list"]).limit == 50
     assert parse_args(["runs", "retry", "r"]).run_id == "r"
     assert parse_args(["workflows", "register", "flows:checkout"]).source == "flows:checkout"
@@ -46,7 +46,8 @@ def test_the_client_commands_take_what_the_docs_show() -> None:
         [],
         ["result"],
         ["runs", "list", "--status", "done"],
-        ["runs", "retry"],
+        ["runs", "retry", "--max", "many"],
+        ["runs", "count", "--tag"],
         ["workflows", "show"],
         ["workflows", "list", "--output", "yaml"],
     ],

@@ -1,0 +1,258 @@
+"""Finding runs and acting on many: `ductor runs list`, `runs count`, `runs cancel` and
+`runs retry` with the filters of core/run_search.RunFilter (every filter is index-backed:
+io/run_search.py)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from datetime import datetime
+from typing import Any
+
+import orjson
+
+from processor.authoring import duration_ms
+from processor.cli.common import EXIT_FAILED, EXIT_OK, EXIT_USAGE, CliError
+from processor.client import (
+    MAX_BULK_RUNS,
+    MAX_LIST_LIMIT,
+    BulkAction,
+    Cursor,
+    RunFilter,
+    RunSummary,
+    cancel_runs,
+    count_runs,
+    retry_run,
+    retry_runs,
+    search_runs,
+    send_signal,
+)
+from processor.core.model import RunStatus
+from processor.core.run_search import parse_tags
+from processor.core.workflow import ValidationError
+from processor.io.config import Settings
+
+# How many matched run ids a bulk action prints before "... and N more".
+_SHOWN = 20
+
+
+def add_filter_arguments(p: argparse.ArgumentParser) -> None:
+    """The filters every search command takes (each narrows the set; all of them together)."""
+    p.add_argument("--workflow", help="only runs of this workflow (any version)")
+    p.add_argument(
+        "--status",
+        action="append",
+        choices=[s.value for s in RunStatus],
+        help="only runs in this status (repeat for several)",
+    )
+    p.add_argument(
+        "--since",
+        metavar="TIME",
+        help="only runs created at or after TIME: ISO 8601 with its offset, or a duration ago"
+        " (90s, 15m, 2h, 7d)",
+    )
+    p.add_argument("--until", metavar="TIME", help="only runs created before TIME (as --since)")
+    p.add_argument("--id-prefix", metavar="PREFIX", help="only runs whose id starts so")
+    p.add_argument(
+        "--tag",
+        action="append",
+        metavar="KEY=VALUE",
+        help="only runs started with this tag (repeat: all of them)",
+    )
+    p.add_argument(
+        "--step-failed",
+        metavar="STEP",
+        help="only runs in which an attempt of STEP failed (a map step's items too)",
+    )
+
+
+def filter_from_args(args: argparse.Namespace) -> RunFilter:
+    """The RunFilter the arguments describe; exit 2 saying what is wrong."""
+    now_ms = int(time.time() * 1000)
+    try:
+        return RunFilter(
+            workflow=args.workflow,
+            statuses=tuple(RunStatus(s) for s in dict.fromkeys(args.status or [])),
+            since_ms=_time_bound(args.since, "--since", now_ms),
+            until_ms=_time_bound(args.until, "--until", now_ms),
+            id_prefix=args.id_prefix,
+            tags=tuple(sorted(parse_tags(args.tag).items())),
+            step_failed=args.step_failed,
+        )
+    except ValueError as exc:
+        raise CliError(str(exc), EXIT_USAGE) from None
+
+
+def _time_bound(text: str | None, flag: str, now_ms: int) -> int | None:
+    """An ISO 8601 time with its offset, or a duration before now, as epoch ms."""
+    if text is None:
+        return None
+    try:
+        at = datetime.fromisoformat(text)
+    except ValueError:
+        try:
+            return now_ms - duration_ms(text, flag)
+        except ValidationError:
+            raise CliError(
+                f"{flag} {text!r}: expected an ISO 8601 time with its offset"
+                " (2026-12-24T18:00:00Z) or a duration ago (90s, 15m, 2h, 7d)",
+                EXIT_USAGE,
+            ) from None
+    if at.tzinfo is None:
+        raise CliError(f"{flag} {text!r}: say the time's offset (Z, +01:00)", EXIT_USAGE)
+    return round(at.timestamp() * 1000)
+
+
+def cmd_runs_list(settings: Settings, args: argparse.Namespace) -> int:
+    if not 1 <= args.limit <= MAX_LIST_LIMIT:
+        raise CliError(f"--limit must be between 1 and {MAX_LIST_LIMIT}", EXIT_USAGE)
+    wanted = filter_from_args(args)
+    try:
+        after = None if args.cursor is None else Cursor.decode(args.cursor)
+    except ValueError as exc:
+        raise CliError(f"--cursor: {exc}", EXIT_USAGE) from None
+    page = search_runs(settings, wanted, args.limit, after)
+    following = None if page.next_cursor is None else page.next_cursor.encode()
+    if args.output == "json":
+        document = {"runs": [_run_json(run) for run in page.runs], "next_cursor": following}
+        sys.stdout.write(orjson.dumps(document).decode() + "\n")
+        return EXIT_OK
+    _print_table(page.runs)
+    more = "" if following is None else f"; more with --cursor {following}"
+    print(f"{len(page.runs)} run(s), newest first{more}", file=sys.stderr)
+    return EXIT_OK
+
+
+def _run_json(run: RunSummary) -> dict[str, Any]:
+    return {
+        "run_id": run.run_id,
+        "workflow": run.workflow[0],
+        "version": run.workflow[1],
+        "status": run.status.value,
+        "created_at": None if run.created_at is None else run.created_at.isoformat(),
+        "last_transition_at": run.last_transition_at.isoformat(),
+        "failure_reason": run.failure_reason,
+        "quarantined": run.quarantine_reason is not None,
+        "tags": dict(run.tags),
+    }
+
+
+def _print_table(runs: list[RunSummary]) -> None:
+    rows = [
+        (
+            run.run_id,
+            f"{run.workflow[0]} v{run.workflow[1]}",
+            run.status.value + (" (quarantined)" if run.quarantine_reason else ""),
+            run.last_transition_at.isoformat(timespec="seconds"),
+            run.failure_reason or "",
+        )
+        for run in runs
+    ]
+    header = ("RUN", "WORKFLOW", "STATUS", "LAST TRANSITION", "FAILURE REASON")
+    # Every column as wide as its widest cell, but the last (reasons can be long).
+    widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header) - 1)]
+    for row in [header, *rows]:
+        cells = [cell.ljust(width) for cell, width in zip(row[:-1], widths, strict=True)]
+        print("  ".join([*cells, row[-1]]).rstrip())
+
+
+def cmd_runs_count(settings: Settings, args: argparse.Namespace) -> int:
+    print(count_runs(settings, filter_from_args(args)))
+    return EXIT_OK
+
+
+def cmd_runs_cancel(settings: Settings, args: argparse.Namespace) -> int:
+    """Cancel one run (RUN_ID) or every live run the filters match (--dry-run: show them)."""
+    if args.run_id is not None:
+        _single(args)
+        sent = send_signal(settings, args.run_id)
+        print(f"run {args.run_id} cancel sent ({sent.signal_id})")
+        return EXIT_OK
+    done = cancel_runs(settings, _bulk_filter(args), args.dry_run, args.max)
+    return _report(done, args.dry_run, "cancel", "pending or running")
+
+
+def cmd_runs_retry(settings: Settings, args: argparse.Namespace) -> int:
+    """Resume one failed run (RUN_ID) or every failed run the filters match."""
+    if args.run_id is not None:
+        _single(args)
+        retried = retry_run(settings, args.run_id)
+        print(f"run {retried.run_id} resumed; running again: {', '.join(retried.steps)}")
+        return EXIT_OK
+    done = retry_runs(settings, _bulk_filter(args), args.dry_run, args.max)
+    return _report(done, args.dry_run, "retry", "failed")
+
+
+def _bulk_filter(args: argparse.Namespace) -> RunFilter:
+    wanted = filter_from_args(args)
+    if wanted.empty:
+        raise CliError(
+            f"runs {args.runs_command} needs a RUN_ID or a filter (--workflow, --status,"
+            " --since, --until, --id-prefix, --tag, --step-failed): none would mean every run",
+            EXIT_USAGE,
+        )
+    return wanted
+
+
+def _single(args: argparse.Namespace) -> None:
+    given = [
+        f for f in ("workflow", "status", "since", "until", "id_prefix", "tag") if getattr(args, f)
+    ]
+    if given or args.step_failed or args.dry_run:
+        raise CliError("give a RUN_ID or filters (with --dry-run), not both", EXIT_USAGE)
+
+
+def _report(done: BulkAction, dry_run: bool, verb: str, which: str) -> int:
+    shown = done.matched[:_SHOWN]
+    for run_id in shown:
+        print(run_id)
+    if len(done.matched) > len(shown):
+        print(f"... and {len(done.matched) - len(shown)} more")
+    if dry_run:
+        print(f"{len(done.matched)} {which} run(s) match; --dry-run: nothing done", file=sys.stderr)
+        return EXIT_OK
+    for run_id, why in done.refused:
+        print(f"refused {run_id}: {why}", file=sys.stderr)
+    print(
+        f"{verb}: {len(done.acted)} of {len(done.matched)} matching {which} run(s)"
+        + (f", {len(done.refused)} refused" if done.refused else ""),
+        file=sys.stderr,
+    )
+    return EXIT_FAILED if done.refused else EXIT_OK
+
+
+def add_search_commands(runs_sub: Any) -> None:
+    """`runs list`, `runs count`, `runs cancel`, `runs retry` under `ductor runs`."""
+    p = runs_sub.add_parser(
+        "list",
+        help="list runs, newest first: run id, workflow, status, last transition, failure reason",
+    )
+    add_filter_arguments(p)
+    p.add_argument("--limit", type=int, default=50, help="at most N runs (50)")
+    p.add_argument("--cursor", help="the page after the one that printed this cursor")
+    p.add_argument("--output", choices=("text", "json"), default="text", help="text or json")
+    p.set_defaults(func=cmd_runs_list)
+    p = runs_sub.add_parser("count", help="how many runs the filters match")
+    add_filter_arguments(p)
+    p.set_defaults(func=cmd_runs_count)
+    for name, func, what in (
+        ("cancel", cmd_runs_cancel, "cancel a run, or every pending or running run the filters"),
+        (
+            "retry",
+            cmd_runs_retry,
+            "resume a failed run from its failed steps (succeeded steps are kept), or every"
+            " failed run the filters",
+        ),
+    ):
+        p = runs_sub.add_parser(name, help=f"{what} match")
+        p.add_argument("run_id", nargs="?", metavar="RUN_ID", help="one run (else: filters)")
+        add_filter_arguments(p)
+        p.add_argument("--dry-run", action="store_true", help="show what matches; do nothing")
+        p.add_argument(
+            "--max",
+            type=int,
+            default=MAX_BULK_RUNS,
+            help=f"refuse when more runs match ({MAX_BULK_RUNS})",
+        )
+        p.set_defaults(func=func)
