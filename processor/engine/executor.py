@@ -307,6 +307,8 @@ class Executor:
             self._stats.sample("tick", result.tick_ms)
             self._stats.sample("commit", result.commit_ms)
             self._stats.commit_attempts += result.commit_attempts
+            if result.runs:
+                self._stats.runs.add(result.runs)
             plans = result.plans
             if result.unknown_commit is not None:
                 plans = self._unknown_commit_resolved(result, plans)
@@ -459,8 +461,9 @@ class Executor:
             # The run stays overdue, so the next sweep sends it again.
             self._ledger.error("produce", "watchdog wakeup not delivered: %s", err)
 
-    def stuck_failed(self, run_ids: list[str]) -> None:
-        self._ledger.stuck_failed(run_ids)
+    def stuck_failed(self, runs: list[tuple[str, str]]) -> None:
+        """Runs the watchdog force-failed as stuck: (run id, workflow)."""
+        self._ledger.stuck_failed(runs)
 
     def dead_letter_expired(
         self, expired: list[ExpiredSignal], forget: Callable[[list[KeptKey]], None]

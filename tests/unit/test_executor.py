@@ -14,6 +14,7 @@ from confluent_kafka import Producer
 from processor.core.decide import BatchItem, Rules, database_failed, decide, reject, tick_batch
 from processor.core.envelope import Wakeup
 from processor.core.intake import Reject, admit
+from processor.core.model import RunStatus
 from processor.core.offsets import OffsetTracker
 from processor.core.outcomes import DeadLetterReason, ForceFailReason, Outcome
 from processor.core.pending import RunWork
@@ -145,10 +146,12 @@ def test_a_rejected_record_is_dead_lettered_and_counted_by_reason(h: Harness) ->
     assert h.tracker.committable() == {}
 
 
-def test_runs_the_watchdog_failed_are_counted_as_stuck(h: Harness) -> None:
-    h.executor.stuck_failed(["a", "b"])
-    assert h.stats.force_fails == {ForceFailReason.STUCK: 2}
-    assert h.stats.ticks == {Outcome.FORCE_FAILED: 2}
+def test_runs_the_watchdog_failed_are_counted_as_stuck_and_as_ended_failed(h: Harness) -> None:
+    h.executor.stuck_failed([("a", "orders"), ("b", "orders"), ("c", "reports")])
+    assert h.stats.force_fails == {ForceFailReason.STUCK: 3}
+    assert h.stats.ticks == {Outcome.FORCE_FAILED: 3}
+    assert h.stats.runs.ended == {("orders", RunStatus.FAILED): 2, ("reports", RunStatus.FAILED): 1}
+    assert h.stats.runs.started == {}
 
 
 def test_acknowledged_outbox_rows_are_deleted_once_each_in_key_order_and_bounded(
