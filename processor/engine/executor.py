@@ -295,6 +295,10 @@ class Executor:
         batch, future = self._stage
         self._stage = None
         result = future.result()
+        if result.runs:
+            # Counted even when the stage failed later: its statements commit one by one, so
+            # a half of a batch split around a poison row committed before the other failed.
+            self._stats.runs.add(result.runs)
         if result.error is not None or result.redo_acknowledged:
             # The deletions did not happen: they go with the next stage.
             self._acknowledge(result.acknowledged)
@@ -307,8 +311,6 @@ class Executor:
             self._stats.sample("tick", result.tick_ms)
             self._stats.sample("commit", result.commit_ms)
             self._stats.commit_attempts += result.commit_attempts
-            if result.runs:
-                self._stats.runs.add(result.runs)
             plans = result.plans
             if result.unknown_commit is not None:
                 plans = self._unknown_commit_resolved(result, plans)
