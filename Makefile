@@ -22,18 +22,31 @@ venv: $(STAMP) ## create .venv and install the package with its dev tools (cache
 # kcat (Debian's package is still called kafkacat; it installs /usr/bin/kcat): a Kafka client
 # that is not ours, used by the tests to write records the way an outside producer would.
 # Kafka's own console producer is not an option: it lives in kafka-tools, which .infra lacks.
-TOOLS := kcat:kafkacat
-tools: ## client tools the tests use (kcat), installed with apt-get when missing
+# promtool (in Debian's prometheus package): the tests check the alerting rules with it
+# (`promtool check rules`, `promtool test rules`); without it they fail, they do not skip.
+# The package comes with a Prometheus server whose service it would start: where no
+# /usr/sbin/policy-rc.d says otherwise (containers usually have one), one that refuses every
+# start is in place for the install, so no server starts, with systemd or without it.
+TOOLS := kcat:kafkacat promtool:prometheus
+tools: ## client tools the tests use (kcat, promtool), installed with apt-get when missing
 	@for tool in $(TOOLS); do \
 	  command=$${tool%%:*}; package=$${tool##*:}; \
-	  command -v $$command >/dev/null || command -v $$package >/dev/null && continue; \
+	  command -v $$command >/dev/null && continue; \
+	  [ $$package = kafkacat ] && command -v kafkacat >/dev/null && continue; \
 	  if [ "$$(id -u)" != 0 ] || ! command -v apt-get >/dev/null; then \
 	    echo "$$command is missing: install Debian's $$package package (apt-get install $$package)" >&2; \
 	    exit 1; \
 	  fi; \
 	  echo "installing $$package with apt-get" >&2; \
-	  apt-get install -y -q $$package >/dev/null 2>&1 \
-	    || { apt-get update -q && apt-get install -y -q $$package; } || exit 1; \
+	  policy=; \
+	  if [ ! -e /usr/sbin/policy-rc.d ]; then \
+	    policy=/usr/sbin/policy-rc.d; printf '#!/bin/sh\nexit 101\n' >$$policy; chmod 755 $$policy; \
+	  fi; \
+	  install="apt-get install -y -q --no-install-recommends $$package"; \
+	  DEBIAN_FRONTEND=noninteractive $$install >/dev/null 2>&1 \
+	    || { apt-get update -q && DEBIAN_FRONTEND=noninteractive $$install; }; \
+	  status=$$?; [ -n "$$policy" ] && rm -f $$policy; \
+	  [ $$status = 0 ] || exit 1; \
 	done
 
 up: venv ## start local Kafka and Postgres (installs them the first time; idempotent)

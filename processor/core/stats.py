@@ -11,6 +11,8 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from processor.core.run_tally import RunTally
+
 _HISTOGRAMS = {
     "tick": "ductor.tick.duration",
     "commit": "ductor.commit.duration",
@@ -66,6 +68,7 @@ class Stats:
     trigger_records: Counter[tuple[str, str]] = field(default_factory=Counter)
     # Commits whose connection was lost before the answer, by what the re-read found.
     unknown_commits: Counter[str] = field(default_factory=Counter)
+    runs: RunTally = field(default_factory=RunTally)  # started, ended: by workflow (and status)
     hot_runs: Counter[str] = field(default_factory=Counter)  # conflicts by run id, logged only
     tick_ms: Reservoir = field(default_factory=Reservoir)
     commit_ms: Reservoir = field(default_factory=Reservoir)
@@ -99,6 +102,8 @@ class Stats:
             "rejoins": self.rejoins,
             "triggers": {f"{t}:{o}": n for (t, o), n in sorted(self.trigger_records.items())},
             "unknown_commits": _plain(self.unknown_commits),
+            "runs_started": dict(self.runs.started),
+            "runs_ended": {f"{w}:{s}": n for (w, s), n in sorted(self.runs.ended.items())},
             "latency_ms": {
                 name: dict(zip(("p50", "p99"), reservoir.percentiles(50, 99), strict=True))
                 for name, reservoir in (

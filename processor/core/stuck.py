@@ -35,10 +35,12 @@ class Wake(NamedTuple):
 
 
 class Fail(NamedTuple):
-    """Nothing can move it: write ``state`` if the row still has ``loaded_checksum``."""
+    """Nothing can move it: write ``state`` if the row still has ``loaded_checksum``
+    (``workflow``: what the run counts as once it ended, core/run_tally.py)."""
 
     loaded_checksum: str
     state: RunState
+    workflow: str
 
 
 StuckVerdict = Leave | Wake | Fail
@@ -61,4 +63,4 @@ def judge_stuck(run: Loaded | None, selected_seq: int, now_ms: int) -> StuckVerd
     failed = force_fail(run.state, ForceFailReason.STUCK)
     if failed is None:  # it ended
         return Leave()
-    return Fail(run.stored_checksum, failed)
+    return Fail(run.stored_checksum, failed, run.wf.name)

@@ -295,6 +295,10 @@ class Executor:
         batch, future = self._stage
         self._stage = None
         result = future.result()
+        if result.runs:
+            # Counted even when the stage failed later: its statements commit one by one, so
+            # a half of a batch split around a poison row committed before the other failed.
+            self._stats.runs.add(result.runs)
         if result.error is not None or result.redo_acknowledged:
             # The deletions did not happen: they go with the next stage.
             self._acknowledge(result.acknowledged)
@@ -459,8 +463,9 @@ class Executor:
             # The run stays overdue, so the next sweep sends it again.
             self._ledger.error("produce", "watchdog wakeup not delivered: %s", err)
 
-    def stuck_failed(self, run_ids: list[str]) -> None:
-        self._ledger.stuck_failed(run_ids)
+    def stuck_failed(self, runs: list[tuple[str, str]]) -> None:
+        """Runs the watchdog force-failed as stuck: (run id, workflow)."""
+        self._ledger.stuck_failed(runs)
 
     def dead_letter_expired(
         self, expired: list[ExpiredSignal], forget: Callable[[list[KeptKey]], None]

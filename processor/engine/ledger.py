@@ -104,10 +104,12 @@ class Ledger:
         self._stats.relayed += records
         log.debug("relaying %d record(s) of run %s from the outbox", records, run_id)
 
-    def stuck_failed(self, run_ids: list[str]) -> None:
-        """Runs the watchdog force-failed as stuck (counted like the livelock guard's)."""
-        for run_id in run_ids:
+    def stuck_failed(self, runs: list[tuple[str, str]]) -> None:
+        """Runs the watchdog force-failed as stuck, (run id, workflow): counted like the
+        livelock guard's, and as runs ended failed (the sweep wrote each one's end)."""
+        for run_id, workflow in runs:
             self._stats.ticks[Outcome.FORCE_FAILED] += 1
+            self._stats.runs.force_failed(workflow)
             self.force_failed(run_id, ForceFailReason.STUCK, None)
 
     def _dead_lettered(self, work: Work, reason: DeadLetterReason, detail: str) -> None:

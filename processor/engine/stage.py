@@ -33,6 +33,9 @@ from processor.core.decide import (
     poisoned,
     tick_batch,
 )
+from processor.core.model import Loaded, LoadedRun
+from processor.core.outcomes import Outcome
+from processor.core.run_tally import RunTally
 from processor.engine.database import Database
 from processor.io.db_clock import DatabaseClock
 from processor.io.db_errors import Fault, classify, outcome_unknown
@@ -57,6 +60,7 @@ class StageResult:
     quarantined: list[Plan] = field(default_factory=list)  # plans whose run this stage flagged
     quarantine_error: psycopg.Error | None = None  # the flags could not be written
     commit_attempts: int = 0
+    runs: RunTally = field(default_factory=RunTally)  # runs this stage's commits started, ended
     tick_ended_ns: int = 0
     commit_ended_ns: int = 0
     tick_ms: float = 0.0
@@ -186,7 +190,14 @@ class DatabaseStage:
                 item, found, commit, run_id in committed, now_ms, self._rules, run_id in held
             )
             if plan.force_fail is not None:
-                plan = self._write_force_fail(plan, item, result)
+                plan = self._write_force_fail(plan, item, found, result)
+            elif plan.outcome is Outcome.COMMITTED:
+                assert commit is not None and isinstance(found, LoadedRun)
+                # Only a commit that landed is counted: a conflict, or a commit lost with
+                # its connection and not found landed, never gets here (core/run_tally.py).
+                before, after = found.state.status, commit.state.status
+                if before is not after:
+                    result.runs.committed(found.wf.name, before, after)
             result.plans.append(plan)
 
     def _resolve_unknown_commit(
@@ -204,15 +215,20 @@ class DatabaseStage:
             result.redo_acknowledged = True
         return CommitAnswer(landed, set())
 
-    def _write_force_fail(self, plan: Plan, item: BatchItem, result: StageResult) -> Plan:
-        assert plan.force_fail is not None
+    def _write_force_fail(
+        self, plan: Plan, item: BatchItem, found: Loaded | None, result: StageResult
+    ) -> Plan:
+        assert plan.force_fail is not None and isinstance(found, LoadedRun)
         try:
             written = self._db.force_fail(plan.force_fail)
         except psycopg.Error as exc:
             self._db.close()
             result.force_fail_errors[item.run_id] = exc
             return database_failed(item, 0)  # the delay is the outage's (the executor's)
-        return plan if written else force_fail_refused(plan)
+        if not written:
+            return force_fail_refused(plan)
+        result.runs.force_failed(found.wf.name)
+        return plan
 
 
 R = TypeVar("R")

@@ -67,7 +67,7 @@ class SweepResult:
 
     # Runs to wake, with their tiers (overdue, given a kept signal, or started by a schedule).
     overdue: list[tuple[str, str]] = field(default_factory=list)
-    force_failed: list[str] = field(default_factory=list)  # runs failed as stuck
+    force_failed: list[tuple[str, str]] = field(default_factory=list)  # stuck: (run, workflow)
     # Outbox rows claimed for relaying: (run id, transition seq, records).
     relay: list[tuple[str, int, tuple[Send, ...]]] = field(default_factory=list)
     # Kept signals whose run never came, claimed for their dead letters.
@@ -185,7 +185,7 @@ class Watchdog:
                 self._to_park[:0] = parking
                 self._to_forget[:0] = forgetting
             raise
-        failed: list[str] = []
+        failed: list[tuple[str, str]] = []
         woken: list[tuple[str, str]] = []
         if owned:
             stuck = self._db.stuck(modulus, owned, s.stuck_after_s, s.grace_s, s.limit)
@@ -194,7 +194,7 @@ class Watchdog:
             for run_id, seq in stuck:
                 verdict = self._settle(run_id, seq, now_ms)
                 if isinstance(verdict, Fail):
-                    failed.append(run_id)
+                    failed.append((run_id, verdict.workflow))
                 elif isinstance(verdict, Wake):
                     woken.append((run_id, verdict.tier))
             marked = self._db.woken([run_id for run_id, _tier in woken])

@@ -281,6 +281,28 @@ class Telemetry:
             ),
         )
 
+        # Business metrics (core/run_tally.py): bounded labels, a registered workflow's name
+        # and a final status. The items are copied first (in C, under the GIL): the scrape
+        # thread reads while the loop adds a workflow's first key.
+        counter(
+            "ductor.runs.started",
+            "{run}",
+            "runs started (their first transition out of pending committed) by workflow",
+            lambda: [
+                Observation(n, {"ductor.workflow": w}) for w, n in list(stats.runs.started.items())
+            ],
+        )
+        counter(
+            "ductor.runs.ended",
+            "{run}",
+            "runs ended by workflow and final status (succeeded, failed, cancelled), force-fails"
+            " included",
+            lambda: [
+                Observation(n, {"ductor.workflow": w, "ductor.status": s.value})
+                for (w, s), n in list(stats.runs.ended.items())
+            ],
+        )
+
         def read_lag(_options: CallbackOptions) -> list[Observation]:
             return [
                 Observation(

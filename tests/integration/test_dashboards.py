@@ -2,8 +2,8 @@
 by a real `ductor process` and a real `ductor worker` on their /metrics, once they have done
 each kind of work they watch: ticks committed, a run fighting an outside writer (conflicts, a
 requeue, a livelock force-fail), a record that is not JSON and a run changed out of band
-(dead letters, a quarantine, an error), latencies and lag; steps run and a stale task
-skipped."""
+(dead letters, a quarantine, an error), latencies and lag, runs started and ended; steps run
+and a stale task skipped."""
 
 from __future__ import annotations
 
@@ -132,6 +132,14 @@ def test_every_name_in_the_dashboard_and_the_alerts_is_exported(
         (("ductor_reason", "checksum_mismatch"),): 1
     }
     assert values(exposition, "ductor_errors_total") == {(("error_type", "checksum_mismatch"),): 1}
+    workflow = ("ductor_workflow", sample_workflow().name)
+    # The fought run never started (its commits all lost) and ended force-failed; the
+    # tampered one was never ticked.
+    assert values(exposition, "ductor_runs_started_total") == {(workflow,): RUNS}
+    assert values(exposition, "ductor_runs_ended_total") == {
+        (("ductor_status", "succeeded"), workflow): RUNS,
+        (("ductor_status", "failed"), workflow): 1,
+    }
     assert values(exposition, "ductor_ready") == {(): 1}
     partitions = values(exposition, "ductor_partitions_assigned")[()]
     assert partitions == (

@@ -98,6 +98,11 @@ def test_the_watchdog_rewakes_overdue_runs_and_fails_stuck_ones(
     assert _reason(pg, stuck) == "stuck"
     assert instance.stats.force_fails == {"stuck": 1}
     assert instance.processor.watchdog.rewoken >= 1
+    # The stuck run's force-fail is an end of its workflow; its start was written by hand.
+    name = sample_workflow().name
+    ended = {(name, RunStatus.SUCCEEDED): 1, (name, RunStatus.FAILED): 1}
+    wait_for(lambda: instance.stats.runs.ended == ended, 10, "both ends to be counted")
+    assert instance.stats.runs.started == {name: 1}
 
 
 def test_a_stuck_run_with_a_recorded_result_is_woken_not_failed(

@@ -143,7 +143,25 @@ def test_the_dashboard_shows_what_an_operator_needs() -> None:
         "ductor_commit_duration_milliseconds_bucket",
         "ductor_end_to_end_latency_milliseconds_bucket",
         "ductor_ready",
+        "ductor_runs_started_total",
+        "ductor_runs_ended_total",
+        "ductor_worker_step_attempts_total",
+        "ductor_worker_step_duration_milliseconds_bucket",
     } <= named
+
+
+def test_the_runs_and_steps_are_shown_by_workflow_status_type_and_outcome() -> None:
+    """The business rows: runs started and ended per workflow (ended also per status, and the
+    failure ratio), step attempts per type and outcome, durations per type."""
+    grouped: dict[str, set[str]] = {}
+    for query in dashboard_queries(load_dashboard()):
+        names = names_in(query.expr)
+        for metric in names.metrics:
+            grouped.setdefault(metric, set()).update(names.labels | query.result_labels)
+    assert "ductor_workflow" in grouped["ductor_runs_started_total"]
+    assert {"ductor_workflow", "ductor_status"} <= grouped["ductor_runs_ended_total"]
+    assert {"ductor_step_type", "ductor_outcome"} <= grouped["ductor_worker_step_attempts_total"]
+    assert "ductor_step_type" in grouped["ductor_worker_step_duration_milliseconds_bucket"]
 
 
 def test_every_alert_has_a_duration_a_severity_a_summary_and_a_first_check() -> None:

@@ -14,15 +14,17 @@ from confluent_kafka import Producer
 from processor.core.decide import BatchItem, Rules, database_failed, decide, reject, tick_batch
 from processor.core.envelope import Wakeup
 from processor.core.intake import Reject, admit
+from processor.core.model import RunStatus
 from processor.core.offsets import OffsetTracker
 from processor.core.outcomes import DeadLetterReason, ForceFailReason, Outcome
 from processor.core.pending import RunWork
 from processor.core.policy import IN_PROCESS_BACKOFF_MS, MAX_IN_PROCESS_ATTEMPTS
 from processor.core.routing import DELAY_RUNGS_MS
+from processor.core.run_tally import RunTally
 from processor.core.stats import Stats
 from processor.engine.database import Database
 from processor.engine.executor import Executor, Work
-from processor.engine.stage import StageResult
+from processor.engine.stage import InFlight, StageResult
 from processor.io.kafka import Outbox
 from processor.io.telemetry import Telemetry
 
@@ -145,10 +147,27 @@ def test_a_rejected_record_is_dead_lettered_and_counted_by_reason(h: Harness) ->
     assert h.tracker.committable() == {}
 
 
-def test_runs_the_watchdog_failed_are_counted_as_stuck(h: Harness) -> None:
-    h.executor.stuck_failed(["a", "b"])
-    assert h.stats.force_fails == {ForceFailReason.STUCK: 2}
-    assert h.stats.ticks == {Outcome.FORCE_FAILED: 2}
+def test_runs_the_watchdog_failed_are_counted_as_stuck_and_as_ended_failed(h: Harness) -> None:
+    h.executor.stuck_failed([("a", "orders"), ("b", "orders"), ("c", "reports")])
+    assert h.stats.force_fails == {ForceFailReason.STUCK: 3}
+    assert h.stats.ticks == {Outcome.FORCE_FAILED: 3}
+    assert h.stats.runs.ended == {("orders", RunStatus.FAILED): 2, ("reports", RunStatus.FAILED): 1}
+    assert h.stats.runs.started == {}
+
+
+def test_runs_a_stage_moved_before_it_failed_are_counted(h: Harness) -> None:
+    """A batch split around a poison row commits half by half: a half that committed before
+    the other failed moved its runs for good, and the retry finds them moved (no-ops)."""
+    moved = RunTally()
+    moved.committed("orders", RunStatus.PENDING, RunStatus.RUNNING)
+    moved.committed("orders", RunStatus.RUNNING, RunStatus.SUCCEEDED)
+    failed = psycopg.OperationalError("server closed the connection unexpectedly")
+    stage = InFlight(lambda: StageResult(0, [], error=failed, runs=moved))
+    stage.run()
+    h.executor._stage = ([], stage)
+    assert h.executor.flush(0)
+    assert h.stats.runs.started == {"orders": 1}
+    assert h.stats.runs.ended == {("orders", RunStatus.SUCCEEDED): 1}
 
 
 def test_acknowledged_outbox_rows_are_deleted_once_each_in_key_order_and_bounded(

@@ -48,6 +48,7 @@ def test_a_run_nothing_can_move_is_failed_on_its_loaded_checksum() -> None:
     assert isinstance(verdict, Fail)
     assert verdict.loaded_checksum == run.stored_checksum
     assert verdict.state.status is RunStatus.FAILED and verdict.state.seq == 2
+    assert verdict.workflow == WF.name  # counted as an end of its workflow
 
 
 def test_a_run_that_moved_ended_or_cannot_be_read_is_left_alone() -> None:
