@@ -31,8 +31,10 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 __all__ = [
+    "Concurrency",
     "ConfigError",
     "NonRetryable",
+    "RateLimit",
     "Retry",
     "RunStatus",
     "Settings",
@@ -51,8 +53,10 @@ __all__ = [
 # must run processor/early_stop.py before the modules load (a SIGTERM meanwhile is a clean
 # stop), and a worker's child processes import this package again.
 _HOMES = {
+    "Concurrency": "processor.authoring",
     "ConfigError": "processor.io.config",
     "NonRetryable": "processor.worker.steps",
+    "RateLimit": "processor.authoring",
     "Retry": "processor.authoring",
     "RunStatus": "processor.core.model",
     "Settings": "processor.io.config",
@@ -69,6 +73,8 @@ _HOMES = {
 
 if TYPE_CHECKING:
     from processor import client as client
+    from processor.authoring import Concurrency as Concurrency
+    from processor.authoring import RateLimit as RateLimit
     from processor.authoring import Retry as Retry
     from processor.authoring import Workflow as Workflow
     from processor.core.model import RunStatus as RunStatus

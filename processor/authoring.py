@@ -83,6 +83,44 @@ class Retry:
 
 
 @dataclass(frozen=True)
+class Concurrency:
+    """At most ``limit`` attempts of the step in flight at once across runs, counted apart
+    per value of ``key`` (a dotted path in the run's input, e.g. ``"customer.id"``) when
+    given. Steps naming the same limit (``name``; the step's type by default) share it."""
+
+    limit: int
+    key: str | None = None
+    name: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        raw: dict[str, Any] = {"limit": self.limit}
+        if self.key is not None:
+            raw["key"] = self.key
+        if self.name is not None:
+            raw["name"] = self.name
+        return raw
+
+
+@dataclass(frozen=True)
+class RateLimit:
+    """At most ``limit`` attempts of the step dispatched in any window of ``per`` (a
+    duration: ``"1m"``, ``"1s"``, milliseconds as a number), across runs; shared by name."""
+
+    limit: int
+    per: Duration = "1s"
+    name: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        raw: dict[str, Any] = {
+            "limit": self.limit,
+            "per_s": duration_ms(self.per, "rate_limit.per") / 1000,
+        }
+        if self.name is not None:
+            raw["name"] = self.name
+        return raw
+
+
+@dataclass(frozen=True)
 class _Step:
     name: str
     step_type: str
@@ -93,6 +131,8 @@ class _Step:
     heartbeat_timeout_ms: int | None
     # A map step: (items_from, max_items, parallelism); None for a plain one.
     mapping: tuple[str | None, int, int] | None = None
+    concurrency: Concurrency | None = None
+    rate_limit: RateLimit | None = None
 
     def to_json(self) -> dict[str, Any]:
         raw: dict[str, Any] = {"name": self.name, "type": self.step_type}
@@ -111,6 +151,10 @@ class _Step:
             raw["queue"] = self.queue
         if self.heartbeat_timeout_ms is not None:
             raw["heartbeat_timeout_ms"] = self.heartbeat_timeout_ms
+        if self.concurrency is not None:
+            raw["concurrency"] = self.concurrency.to_json()
+        if self.rate_limit is not None:
+            raw["rate_limit"] = self.rate_limit.to_json()
         return raw
 
 
@@ -219,6 +263,8 @@ class Workflow:
         retry: Retry | None = None,
         queue: str = DEFAULT_QUEUE,
         heartbeat_timeout: Duration | None = None,
+        concurrency: Concurrency | None = None,
+        rate_limit: RateLimit | None = None,
     ) -> Callable[[StepFunction], StepFunction]: ...
 
     def step(
@@ -233,11 +279,14 @@ class Workflow:
         retry: Retry | None = None,
         queue: str = DEFAULT_QUEUE,
         heartbeat_timeout: Duration | None = None,
+        concurrency: Concurrency | None = None,
+        rate_limit: RateLimit | None = None,
     ) -> StepFunction | Callable[[StepFunction], StepFunction]:
         """Add a step run by the decorated function (plain or ``async def``): named after
         the function unless ``name`` says otherwise, of type ``type`` (the function's name by
         default), after the steps in ``after`` (their functions or names), with its deadline
-        (``timeout``), retry policy, queue and heartbeat timeout. Usable bare (``@wf.step``)
+        (``timeout``), retry policy, queue, heartbeat timeout and limits (``concurrency``,
+        ``rate_limit``: docs/usage.md#limits). Usable bare (``@wf.step``)
         or with options. The function is returned unchanged."""
         after = tuple(after)
 
@@ -260,6 +309,8 @@ class Workflow:
                 retry=retry,
                 queue=queue,
                 heartbeat_timeout_ms=heartbeat,
+                concurrency=concurrency,
+                rate_limit=rate_limit,
             )
             registered = self.registry.step(step.step_type)(function)
             self._steps.append(step)
@@ -280,6 +331,8 @@ class Workflow:
         timeout: Duration = "30s",
         retry: Retry | None = None,
         queue: str = DEFAULT_QUEUE,
+        concurrency: Concurrency | None = None,
+        rate_limit: RateLimit | None = None,
     ) -> Callable[[StepFunction], StepFunction]:
         """Add a map step run by the decorated function once per item of a list: the run's
         input, or the output of ``items_from`` (a dependency: its function or name, which is
@@ -291,7 +344,14 @@ class Workflow:
         if source is not None and source not in _names(after, self):
             after = (*after, source)
         register = self.step(
-            name=name, type=type, after=after, timeout=timeout, retry=retry, queue=queue
+            name=name,
+            type=type,
+            after=after,
+            timeout=timeout,
+            retry=retry,
+            queue=queue,
+            concurrency=concurrency,
+            rate_limit=rate_limit,
         )
 
         def add(function: StepFunction) -> StepFunction:
@@ -397,4 +457,4 @@ class Workflow:
         return f"Workflow({self.name!r}, version={self.version}, steps=[{steps}])"
 
 
-__all__ = ["Duration", "Retry", "Workflow", "duration_ms"]
+__all__ = ["Concurrency", "Duration", "RateLimit", "Retry", "Workflow", "duration_ms"]

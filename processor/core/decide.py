@@ -40,6 +40,7 @@ from processor.core.children import ChildStart, children_started, children_to_ca
 from processor.core.dataflow import OutputRefs, data_at_hand, dependency_attempts, output_refs
 from processor.core.dead_letters import dead_letter_headers, truncate_dead_letter
 from processor.core.envelope import Wakeup
+from processor.core.limits import NO_LIMITS, LimitInputs, RunLimits, admit
 from processor.core.model import (
     Loaded,
     LoadedRun,
@@ -94,6 +95,8 @@ class Commit:
     # Map steps the transition ended, with their items: the statement records each one's
     # output, its items' outputs in order (core/tick.py, rule 6).
     mapped: tuple[tuple[str, int, tuple[tuple[str, int], ...]], ...] = ()
+    # What the commit writes of the run's limits (core/limits.py); None: nothing.
+    limits: RunLimits | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -168,11 +171,19 @@ class Rules:
 # -- step 2: tick ---------------------------------------------------------------------------
 
 
-def tick_batch(loaded: Mapping[str, Loaded], now_ms: int, names: TopicNames) -> dict[str, Commit]:
+def tick_batch(
+    loaded: Mapping[str, Loaded],
+    now_ms: int,
+    names: TopicNames,
+    limits: LimitInputs = NO_LIMITS,
+) -> dict[str, Commit]:
     """The tick of every run that can be ticked: the rows to commit, by run id, for the runs
-    whose state changed (a run that can be ticked and is absent here was a no-op)."""
-    commits: dict[str, Commit] = {}
-    for run_id, run in loaded.items():
+    whose state changed (a run that can be ticked and is absent here was a no-op). The
+    dispatches of steps with limits hold only within them, decided across the batch
+    (core/limits.py, from ``limits``: what the shell loaded for them)."""
+    decided: list[tuple[LoadedRun, Decision]] = []
+    limited: list[tuple[LoadedRun, Decision]] = []
+    for run in loaded.values():
         if not isinstance(run, LoadedRun) or not run.checksum_ok:
             continue
         decision = tick(
@@ -185,30 +196,41 @@ def tick_batch(loaded: Mapping[str, Loaded], now_ms: int, names: TopicNames) -> 
             run.named,
             run.input_length,
         )
+        if decision.new_state is not None:
+            (limited if run.wf.has_limits else decided).append((run, decision))
+    run_limits: dict[str, RunLimits] = {}
+    if limited:
+        held, run_limits = admit(limited, limits, now_ms)
+        decided += [(run, held[run.run_id]) for run, _ in limited]
+    commits: dict[str, Commit] = {}
+    for run, decision in decided:
         new_state = decision.new_state
-        if new_state is not None:
-            effects = _effects(run, decision, now_ms, names)
-            output = output_refs(run.wf, new_state)
-            started: list[ChildStart] = []
-            cancelled: list[str] = []
-            if run.wf.has_children:
-                started = children_started(run_id, run.wf, run.state, new_state)
-                cancelled = children_to_cancel(run_id, run.wf, run.state, new_state)
-                effects += _child_wakeups(run, started, cancelled, now_ms, names)
-            if run.parent is not None and new_state.status.terminal:
-                parent = Wakeup(run.parent.run_id, reason="step_result", produced_at=now_ms)
-                effects += (_wakeup_send(names.wakeup(run.tier), parent),)
-            commits[run_id] = Commit(
-                run_id,
-                run.version,
-                new_state,
-                effects,
-                output,
-                decision.signalled,
-                tuple(started),
-                tuple(cancelled),
-                decision.mapped,
-            )
+        if new_state is None:
+            continue
+        run_id = run.run_id
+        effects = _effects(run, decision, now_ms, names)
+        output = output_refs(run.wf, new_state)
+        started: list[ChildStart] = []
+        cancelled: list[str] = []
+        if run.wf.has_children:
+            started = children_started(run_id, run.wf, run.state, new_state)
+            cancelled = children_to_cancel(run_id, run.wf, run.state, new_state)
+            effects += _child_wakeups(run, started, cancelled, now_ms, names)
+        if run.parent is not None and new_state.status.terminal:
+            parent = Wakeup(run.parent.run_id, reason="step_result", produced_at=now_ms)
+            effects += (_wakeup_send(names.wakeup(run.tier), parent),)
+        commits[run_id] = Commit(
+            run_id,
+            run.version,
+            new_state,
+            effects,
+            output,
+            decision.signalled,
+            tuple(started),
+            tuple(cancelled),
+            decision.mapped,
+            run_limits.get(run_id),
+        )
     return commits
 
 

@@ -40,6 +40,9 @@ class NodeStatus(StrEnum):
     PENDING = "pending"  # not dispatched yet (dependencies unmet)
     DISPATCHED = "dispatched"  # attempt `attempt` sent to the workers, waiting for its result
     RETRY_WAIT = "retry_wait"  # attempt `attempt` failed; the next one is due at `due_ms`
+    # Ready, but a limit of its step is full (core/limits.py): attempt `attempt` + 1 starts
+    # once it is let in; `due_ms` is when to look again should no freed slot wake the run.
+    LIMIT_WAIT = "limit_wait"
     SUCCEEDED = "succeeded"
     FAILED = "failed"  # out of attempts
     CANCELLED = "cancelled"  # the run ended before this node finished
@@ -58,7 +61,9 @@ class NodeState(NamedTuple):
 
     status: NodeStatus = NodeStatus.PENDING
     attempt: int = 0  # the attempt in flight or last finished; 0 = never dispatched
-    due_ms: int | None = None  # DISPATCHED: deadline; RETRY_WAIT: when the next attempt is due
+    # DISPATCHED: deadline; RETRY_WAIT: when the next attempt is due; LIMIT_WAIT: when to
+    # look at its limit again
+    due_ms: int | None = None
     error: str | None = None
     # Attempts made before the run was last resumed by `ductor runs retry` (core/resume.py):
     # attempt numbers go on from there, and the retry policy counts only the attempts after.

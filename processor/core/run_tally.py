@@ -16,8 +16,8 @@ force-fails included. A run resumed by ``ductor runs retry`` ends again: each en
 The shell notes each transition only once its commit succeeded (never for a conflict, a
 refused force-fail or a commit that did not land), so one process counts a transition once.
 Labels stay bounded: the workflow's name (registered workflows) and the status, never a run
-id. The time a run waits for a concurrency or rate limit belongs beside these counts (as a
-histogram by workflow) once the limits exist.
+id. The time a step waits for a concurrency or rate limit is counted by the limit's name
+(core/limits.py, ``Stats.limits_used``).
 """
 
 from __future__ import annotations

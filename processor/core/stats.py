@@ -8,7 +8,7 @@ labels: the hottest conflicting runs are kept in a small counter that is logged 
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from processor.core.run_tally import RunTally
@@ -70,11 +70,25 @@ class Stats:
     unknown_commits: Counter[str] = field(default_factory=Counter)
     runs: RunTally = field(default_factory=RunTally)  # started, ended: by workflow (and status)
     hot_runs: Counter[str] = field(default_factory=Counter)  # conflicts by run id, logged only
+    # Dispatches a full limit held back, and waiters it let in, by limit name (core/limits.py).
+    limit_refused: Counter[str] = field(default_factory=Counter)
+    limit_let_in: Counter[str] = field(default_factory=Counter)
     tick_ms: Reservoir = field(default_factory=Reservoir)
     commit_ms: Reservoir = field(default_factory=Reservoir)
     end_to_end_ms: Reservoir = field(default_factory=Reservoir)
     lateness_ms: Reservoir = field(default_factory=Reservoir)
     observe: Callable[[str, float], None] | None = None  # set by telemetry: histogram hook
+    # Set by telemetry: the time a waiter waited for its limit, by limit name.
+    observe_limit_wait: Callable[[str, float], None] | None = None
+
+    def limits_used(self, refused: Sequence[str], waited: Sequence[tuple[str, int]]) -> None:
+        """A stage's limit decisions: dispatches held back, and each waiter let in with how
+        long it waited (milliseconds), by limit name."""
+        self.limit_refused.update(refused)
+        for name, ms in waited:
+            self.limit_let_in[name] += 1
+            if self.observe_limit_wait is not None:
+                self.observe_limit_wait(name, ms)
 
     @property
     def error_count(self) -> int:

@@ -24,12 +24,14 @@ Rules, in the order they are applied:
    step raised NonRetryable); a failed node fails the run.
 6. Due retries are dispatched with the next attempt; pending nodes whose dependencies all
    succeeded are dispatched with their next attempt (1, unless the run was resumed), each with
-   its deadline. A map step that becomes ready takes its items' count from its list (the
-   run's input, or its ``items_from`` dependency's output: ``length``): more than
-   ``max_items``, or not a list, fails it; none succeeds it at once; otherwise its items are
-   added, pending, and dispatched by index, at most ``parallelism`` of them in flight. When
-   every item succeeded the map step succeeded; the decision names the items, whose outputs
-   in order the commit records as its output.
+   its deadline; so are nodes waiting for a limit, at every tick. Whether a dispatch of a
+   step with limits holds is decided across the batch's runs afterwards (core/limits.py):
+   one that does not is a node waiting for its limit instead. A map step that becomes ready
+   takes its items' count from its list (the run's input, or its ``items_from``
+   dependency's output: ``length``): more than ``max_items``, or not a list, fails it; none
+   succeeds it at once; otherwise its items are added, pending, and dispatched by index, at
+   most ``parallelism`` of them in flight. When every item succeeded the map step succeeded;
+   the decision names the items, whose outputs in order the commit records as its output.
 7. When every node succeeded the run succeeded.
 8. A tick that changes nothing is a no-op and writes nothing; one that changes anything bumps
    ``seq`` by exactly one (so ``last_transition_seq`` is monotone).
@@ -62,10 +64,10 @@ from processor.core.workflow import StepDef, WorkflowDef, item_node
 # The enum members the tick compares against, as module globals: on Python 3.11 reading
 # `NodeStatus.DISPATCHED` goes through the enum's metaclass (~130 ns), dozens of times a tick.
 _PENDING, _DISPATCHED = NodeStatus.PENDING, NodeStatus.DISPATCHED
-_RETRY_WAIT = NodeStatus.RETRY_WAIT
+_RETRY_WAIT, _LIMIT_WAIT = NodeStatus.RETRY_WAIT, NodeStatus.LIMIT_WAIT
 _SUCCEEDED, _FAILED, _CANCELLED = NodeStatus.SUCCEEDED, NodeStatus.FAILED, NodeStatus.CANCELLED
 _RUN_PENDING, _RUN_RUNNING = RunStatus.PENDING, RunStatus.RUNNING
-_IN_FLIGHT = (_PENDING, _DISPATCHED, _RETRY_WAIT)
+_IN_FLIGHT = (_PENDING, _DISPATCHED, _RETRY_WAIT, _LIMIT_WAIT)
 
 
 # Dispatch and Decision are NamedTuples (immutable, compared and hashed in C): a tick makes
@@ -185,7 +187,9 @@ def _tasks_only(
         first_run = node.status is _PENDING and all(
             nodes[d].status is _SUCCEEDED for d in step.depends_on
         )
-        if retry_due or first_run:
+        # A node waiting for its limit is tried again at every tick: what woke the run may
+        # be the slot it waits for (core/limits.py decides).
+        if retry_due or first_run or node.status is _LIMIT_WAIT:
             attempt = node.attempt + 1
             deadline = now_ms + step.timeout_ms
             nodes[step.name] = NodeState(_DISPATCHED, attempt, deadline, None, node.attempts_before)
@@ -353,7 +357,7 @@ def _dispatch_ready(
             if nodes[step.name].status is _DISPATCHED:
                 dispatches += _dispatch_items(nodes, step, now_ms)
             continue
-        if retry_due or first_run:
+        if retry_due or first_run or node.status is _LIMIT_WAIT:
             attempt = node.attempt + 1
             deadline = now_ms + step.timeout_ms
             nodes[step.name] = NodeState(_DISPATCHED, attempt, deadline, None, node.attempts_before)
@@ -379,14 +383,17 @@ def _expand(nodes: dict[str, NodeState], step: StepDef, sources: _Sources) -> in
 
 
 def _dispatch_items(nodes: dict[str, NodeState], step: StepDef, now_ms: int) -> list[Dispatch]:
-    """The items to start now: those due again, then pending ones by index, with at most
-    ``parallelism`` in flight (dispatched or waiting for a retry)."""
+    """The items to start now: those due again (or waiting for a limit), then pending ones
+    by index, with at most ``parallelism`` in flight (dispatched or waiting for a retry or a
+    limit)."""
     items = _items(nodes, step.name)
-    in_flight = sum(1 for i in items if nodes[i].status in (_DISPATCHED, _RETRY_WAIT))
+    in_flight = sum(1 for i in items if nodes[i].status in (_DISPATCHED, _RETRY_WAIT, _LIMIT_WAIT))
     dispatches = []
     for item in items:
         node = nodes[item]
-        due = node.status is _RETRY_WAIT and node.due_ms is not None and now_ms >= node.due_ms
+        due = node.status is _LIMIT_WAIT or (
+            node.status is _RETRY_WAIT and node.due_ms is not None and now_ms >= node.due_ms
+        )
         fresh = node.status is _PENDING and in_flight < step.parallelism
         if not (due or fresh):
             continue

@@ -17,6 +17,7 @@ import orjson
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError
 
+from processor.core.limit_defs import LIMIT_NAME, MAX_LIMIT, ConcurrencyLimit, RateLimit
 from processor.core.routing import DEFAULT_QUEUE
 
 
@@ -91,6 +92,13 @@ class StepDef:
     items_from: str | None = None
     max_items: int = MAP_ITEMS
     parallelism: int = MAP_PARALLELISM
+    # Bounds on its dispatches, counted across runs (core/limits.py); for task and map steps.
+    concurrency: ConcurrencyLimit | None = None
+    rate_limit: RateLimit | None = None
+
+    @property
+    def limited(self) -> bool:
+        return self.concurrency is not None or self.rate_limit is not None
 
     @property
     def waits(self) -> bool:
@@ -159,6 +167,11 @@ class WorkflowDef:
     def only_tasks(self) -> bool:
         """Whether every step is a task (the tick's fast path: no wait, map or child)."""
         return all(s.kind == TASK for s in self.steps)
+
+    @cached_property
+    def has_limits(self) -> bool:
+        """Whether a step bounds its dispatches (core/limits.py): the batch counts them."""
+        return any(s.limited for s in self.steps)
 
     @cached_property
     def has_maps(self) -> bool:
@@ -276,6 +289,8 @@ def parse_workflow(raw: Any) -> WorkflowDef:
                 "timeout_ms",
                 "queue",
                 "heartbeat_timeout_ms",
+                "concurrency",
+                "rate_limit",
                 *(("items_from", "max_items", "parallelism") if kind == MAP else ()),
             },
             where,
@@ -305,6 +320,8 @@ def parse_workflow(raw: Any) -> WorkflowDef:
             timeout_ms=timeout_ms,
             queue=queue,
             heartbeat_timeout_ms=heartbeat_ms,
+            concurrency=_parse_concurrency(raw_step, where),
+            rate_limit=_parse_rate_limit(raw_step, where),
         )
         steps.append(_parse_map(raw_step, where, step) if kind == MAP else step)
     _check_graph(steps)
@@ -325,6 +342,59 @@ def parse_workflow(raw: Any) -> WorkflowDef:
     return WorkflowDef(
         name=name, version=version, steps=tuple(steps), output=output, input_schema=schema
     )
+
+
+def _limit_name(raw: Mapping[str, Any], where: str, step_type: str) -> str:
+    name = _optional(raw, "name", str, where, step_type)
+    if not LIMIT_NAME.fullmatch(name):
+        raise ValidationError(
+            f"{where}.name: {name!r} must be 1 to 100 letters, digits, '_', '.', ':' or '-'"
+            + (" (it defaults to the step's type: name the limit)" if "name" not in raw else "")
+        )
+    return str(name)
+
+
+def _limit_count(raw: Mapping[str, Any], where: str) -> int:
+    limit = _require(raw, "limit", int, where)
+    if not 1 <= limit <= MAX_LIMIT:
+        raise ValidationError(f"{where}.limit: must be between 1 and {MAX_LIMIT}")
+    return int(limit)
+
+
+def _parse_concurrency(raw_step: Mapping[str, Any], where: str) -> ConcurrencyLimit | None:
+    raw = raw_step.get("concurrency")
+    if raw is None:
+        return None
+    where = f"{where}.concurrency"
+    if not isinstance(raw, dict):
+        raise ValidationError(
+            f"{where}: expected an object, e.g. {{'limit': 5, 'key': 'customer'}}"
+        )
+    _check_keys(raw, {"limit", "key", "name"}, where)
+    path = _optional(raw, "key", str, where, "")
+    key = tuple(path.removeprefix("$.").split(".")) if path else ()
+    if any(not part for part in key):
+        raise ValidationError(
+            f"{where}.key: {path!r} is a dotted path in the input, e.g. 'customer.id'"
+        )
+    name = _limit_name(raw, where, str(raw_step.get("type", "")))
+    return ConcurrencyLimit(name, _limit_count(raw, where), key)
+
+
+def _parse_rate_limit(raw_step: Mapping[str, Any], where: str) -> RateLimit | None:
+    raw = raw_step.get("rate_limit")
+    if raw is None:
+        return None
+    where = f"{where}.rate_limit"
+    if not isinstance(raw, dict):
+        raise ValidationError(f"{where}: expected an object, e.g. {{'limit': 100, 'per_s': 60}}")
+    _check_keys(raw, {"limit", "per_s", "name"}, where)
+    per_s = _require(raw, "per_s", (int, float), where)
+    per_ms = round(per_s * 1000)
+    if not 1 <= per_ms <= MAX_BACKOFF_MS:
+        raise ValidationError(f"{where}.per_s: must be between 0.001 and a week (604800)")
+    name = _limit_name(raw, where, str(raw_step.get("type", "")))
+    return RateLimit(name, _limit_count(raw, where), per_ms)
 
 
 def _parse_input_schema(raw: Any) -> str:
@@ -532,6 +602,10 @@ def _step_to_json(s: StepDef) -> dict[str, Any]:
         raw["queue"] = s.queue
     if s.heartbeat_timeout_ms is not None:
         raw["heartbeat_timeout_ms"] = s.heartbeat_timeout_ms
+    if s.concurrency is not None:
+        raw["concurrency"] = s.concurrency.to_json()
+    if s.rate_limit is not None:
+        raw["rate_limit"] = s.rate_limit.to_json()
     return raw
 
 

@@ -7,15 +7,25 @@ shared between threads. A connection that failed is dropped and reopened on next
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections import Counter
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import psycopg
 
 from processor.core.decide import Commit, ForceFailWrite, Send
+from processor.core.limits import LimitInputs
 from processor.core.model import Loaded
 from processor.core.stuck import Fail, Leave, StuckVerdict, judge_stuck
-from processor.io import connections, kept_signals, schedules, store, sweeps, trigger_store
+from processor.io import (
+    connections,
+    kept_signals,
+    limit_store,
+    schedules,
+    store,
+    sweeps,
+    trigger_store,
+)
 
 
 class Database:
@@ -47,6 +57,13 @@ class Database:
     def load_at(self, run_ids: Sequence[str]) -> tuple[dict[str, Loaded], int]:
         """The runs, and Postgres's time of the load (epoch ms)."""
         return store.load_runs_at(self.conn, self._definitions, run_ids)
+
+    def load_limits(self, loaded: Mapping[str, Loaded]) -> LimitInputs:
+        """What the batch's limited dispatches are decided on (no statement without any)."""
+        return limit_store.load_limits(self.conn, loaded)
+
+    def waiters_to_wake(self, freed: Counter[str]) -> list[tuple[str, str]]:
+        return limit_store.waiters_to_wake(self.conn, freed)
 
     def commit(
         self, commits: Sequence[Commit], acknowledged: Sequence[tuple[str, int]]

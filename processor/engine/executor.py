@@ -324,6 +324,10 @@ class Executor:
             if not result.force_fail_errors:
                 self._database_back()
             self._ledger.quarantined(result.quarantined, result.quarantine_error)
+            if result.limit_wakes:
+                self.rewake(result.limit_wakes)  # slots freed: their oldest waiters go on
+            if result.limit_waited or result.limit_refused:
+                self._stats.limits_used(result.limit_refused, result.limit_waited)
         tick = (result.started_ns, result.tick_ended_ns)
         commit = (result.tick_ended_ns, result.commit_ended_ns)
         for work, plan in zip(batch, plans, strict=True):

@@ -16,6 +16,7 @@ from __future__ import annotations
 import queue
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
@@ -65,6 +66,12 @@ class StageResult:
     commit_ended_ns: int = 0
     tick_ms: float = 0.0
     commit_ms: float = 0.0
+    # Waiters of limits whose slots this stage's commits freed, to wake: (run id, tier).
+    limit_wakes: list[tuple[str, str]] = field(default_factory=list)
+    # (limit name, ms) that each waiter let in had waited for its limit, and a limit name per
+    # dispatch a full limit held back.
+    limit_waited: list[tuple[str, int]] = field(default_factory=list)
+    limit_refused: list[str] = field(default_factory=list)
 
 
 class DatabaseStage:
@@ -165,8 +172,9 @@ class DatabaseStage:
         sent_ms = self._clock.local_ms()
         loaded, now_ms = self._db.load_at(run_ids)
         self._clock.observe(now_ms, sent_ms, self._clock.local_ms())
-        # 2. Tick.
-        commits = tick_batch(loaded, now_ms, self._rules.names)
+        # 2. Tick (with what the batch's limited steps count on: core/limits.py).
+        limits = self._db.load_limits(loaded)
+        commits = tick_batch(loaded, now_ms, self._rules.names, limits)
         result.tick_ended_ns, result.tick_ms = now_ns(), (time.perf_counter() - started) * 1000
         # 3. Commit.
         commit_started = time.perf_counter()
@@ -180,6 +188,7 @@ class DatabaseStage:
         result.commit_ended_ns = now_ns()
         result.commit_ms = (time.perf_counter() - commit_started) * 1000
         result.commit_attempts += len(commits)
+        self._after_limits(commits, committed, result)
         for item in items:
             run_id = item.run_id
             if run_id in result.not_landed:  # lost with its connection: try again at once
@@ -199,6 +208,26 @@ class DatabaseStage:
                 if before is not after:
                     result.runs.committed(found.wf.name, before, after)
             result.plans.append(plan)
+
+    def _after_limits(
+        self, commits: dict[str, Commit], committed: set[str], result: StageResult
+    ) -> None:
+        """The waiters to wake for the slots the landed commits freed, and how long those let
+        in had waited. A failure to read the waiters fails nothing: each looks again by
+        itself (core/limits.py, BACKSTOP_MS)."""
+        freed: Counter[str] = Counter()
+        for run_id in committed:
+            limits = commits[run_id].limits if run_id in commits else None
+            if limits is not None:
+                freed.update(limits.released)
+                result.limit_waited += limits.waited
+                result.limit_refused += limits.refused
+        if not freed:
+            return
+        try:
+            result.limit_wakes = self._db.waiters_to_wake(freed)
+        except psycopg.Error:
+            self._db.close()
 
     def _resolve_unknown_commit(
         self, commits: list[Commit], exc: psycopg.Error, result: StageResult

@@ -35,6 +35,7 @@ from processor.core.model import (
 from processor.core.routing import run_shard
 from processor.core.step_task import MAX_INLINE_DATA_BYTES
 from processor.core.workflow import ValidationError, WorkflowDef, parse_workflow
+from processor.io import limit_store
 from processor.io.instances import alive
 
 # Every statement here selects rows by a batch of run ids that travels as one JSON array. The
@@ -114,12 +115,12 @@ _MAPPED_OUTPUT = """coalesce((
         ON s2.run_id = {run} AND s2.node_id = p.part ->> 0
        AND s2.attempt = (p.part ->> 1)::int), '[]'::jsonb)"""
 
-_COMMIT_SQL = f"""
+_COMMIT_TEMPLATE = f"""
 WITH ordered AS MATERIALIZED (
     SELECT run_id FROM eec_workflow_run
      WHERE run_id = ANY(ARRAY(SELECT jsonb_array_elements_text(%(ids)s::jsonb)))
      ORDER BY run_id FOR NO KEY UPDATE SKIP LOCKED
-), updated AS (
+), {{guarded_cte}}updated AS (
 UPDATE eec_workflow_run AS r
    SET db_record_version = r.db_record_version + 1,
        status = c.status,
@@ -159,12 +160,12 @@ UPDATE eec_workflow_run AS r
   FROM jsonb_to_recordset(%(batch)s::jsonb)
        AS c(run_id text, expected_version bigint, status text, node_states jsonb, seq bigint,
             checksum text, reason text, next_wakeup_ms bigint, effects jsonb, output jsonb,
-            signalled jsonb, children jsonb, cancel_children jsonb, mapped jsonb)
+            signalled jsonb, children jsonb, cancel_children jsonb, mapped jsonb, limits jsonb)
  WHERE r.run_id = c.run_id
    AND r.run_id = ANY(ARRAY(SELECT run_id FROM ordered))
-   AND r.db_record_version = c.expected_version
+   AND r.db_record_version = c.expected_version{{guard_check}}
 RETURNING r.run_id, c.seq, c.effects, c.signalled, c.children, c.cancel_children, c.mapped,
-          r.status,
+          c.limits, r.status,
           r.output, r.failure_reason, r.tier, r.parent_run_id, r.parent_node, r.parent_attempt
 ), started_children AS (
     -- core/children.py, rule 1: a child exists exactly when its parent's attempt does.
@@ -227,7 +228,7 @@ RETURNING r.run_id, c.seq, c.effects, c.signalled, c.children, c.cancel_children
       JOIN eec_run_signal g ON g.run_id = u.run_id AND g.signal_id = w.signal_id
      WHERE u.signalled IS NOT NULL
     ON CONFLICT DO NOTHING
-), outboxed AS (
+), {{limit_ctes}}outboxed AS (
     INSERT INTO eec_outbox (run_id, seq, records, owner)
     SELECT run_id, seq, effects, %(owner)s FROM updated WHERE effects IS NOT NULL
 ), acknowledged AS (
@@ -242,6 +243,24 @@ SELECT id, false FROM jsonb_array_elements_text(%(ids)s::jsonb) AS id
  WHERE (SELECT count(*) FROM ordered) < jsonb_array_length(%(ids)s::jsonb)
    AND id NOT IN (SELECT run_id FROM ordered)
 """
+
+
+def _commit_sql(limited: bool) -> str:
+    """The commit statement: with the parts that write limits (io/limit_store.py) for a batch
+    with limited steps, without them for every other (the hot path, unchanged)."""
+    parts = {
+        "{guarded_cte}": limit_store.GUARDED_CTE if limited else "",
+        "{guard_check}": limit_store.GUARD_CHECK if limited else "",
+        "{limit_ctes}": limit_store.LIMIT_CTES if limited else "",
+    }
+    sql = _COMMIT_TEMPLATE
+    for marker, text in parts.items():
+        sql = sql.replace(marker, text)
+    return sql
+
+
+_COMMIT_SQL = _commit_sql(limited=False)
+_LIMITED_COMMIT_SQL = _commit_sql(limited=True)
 
 _DELETE_OUTBOX_SQL = """
 DELETE FROM eec_outbox o USING jsonb_to_recordset(%(acked)s::jsonb) AS a(run_id text, seq bigint)
@@ -274,7 +293,7 @@ RETURNING run_id, seq, records
 # bumps the version cannot keep a livelocked run alive forever.
 # A child run force-failed is its parent's step result too (core/children.py, rule 2): the
 # parent applies it at its next wakeup (its step's deadline at the latest).
-_FORCE_FAIL_SQL = """
+_FORCE_FAIL_SQL = f"""
 WITH failed AS (
     UPDATE eec_workflow_run
        SET db_record_version = db_record_version + 1,
@@ -289,7 +308,7 @@ WITH failed AS (
            'child run ' || run_id || ' ' || status || coalesce(': ' || failure_reason, '')
       FROM failed WHERE parent_run_id IS NOT NULL
     ON CONFLICT DO NOTHING
-)
+){limit_store.FORCE_FAIL_CTES}
 SELECT count(*) FROM failed
 """
 
@@ -432,9 +451,10 @@ def commit_batch(
         delete_outbox(conn, acknowledged)
         return CommitAnswer(set(), set())
     params = commit_params(commits, acknowledged, owner)
+    sql = _LIMITED_COMMIT_SQL if "guards" in params else _COMMIT_SQL
     committed: set[str] = set()
     locked: set[str] = set()
-    for run_id, updated in conn.execute(_COMMIT_SQL, params).fetchall():
+    for run_id, updated in conn.execute(sql, params).fetchall():
         (committed if updated else locked).add(run_id)
     return CommitAnswer(committed, locked)
 
@@ -445,13 +465,16 @@ def commit_params(
     """The parameters of the batched commit statement (``_COMMIT_SQL``)."""
     # The whole batch travels as one JSON document: one orjson call instead of adapting
     # nine arrays element by element.
-    return {
+    params = {
         "ids": orjson.dumps([c.run_id for c in commits]).decode(),
         "batch": orjson.dumps([_commit_row(c) for c in commits]).decode(),
         "acked": _pairs(acknowledged),
         "owner": owner,
         "new_child": NEW_CHILD_CHECKSUM,
     }
+    if any(c.limits is not None for c in commits):  # the statement with limits' parts
+        params["guards"] = limit_store.guards_param(commits)
+    return params
 
 
 def _commit_row(c: Commit) -> dict[str, Any]:
@@ -488,6 +511,8 @@ def _commit_row(c: Commit) -> dict[str, Any]:
         ]
     if c.cancel_children:
         row["cancel_children"] = list(c.cancel_children)
+    if c.limits is not None:
+        row["limits"] = limit_store.limits_row(c)
     if c.mapped:
         row["mapped"] = [
             {"node": n, "attempt": a, "parts": [list(part) for part in parts]}

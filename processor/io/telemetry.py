@@ -303,6 +303,22 @@ class Telemetry:
             ],
         )
 
+        # Limits at dispatch (core/limits.py), by the limit's name (bounded: a definition's).
+        counter(
+            "ductor.limit.refused",
+            "{dispatch}",
+            "dispatches a full concurrency or rate limit held back (the step waits for it)",
+            lambda: [
+                Observation(n, {"ductor.limit": k}) for k, n in list(stats.limit_refused.items())
+            ],
+        )
+        limit_wait = meter.create_histogram(
+            "ductor.limit.wait.duration",
+            unit="ms",
+            description="time a step waited for its limit, recorded when it is let in",
+        )
+        stats.observe_limit_wait = lambda name, ms: limit_wait.record(ms, {"ductor.limit": name})
+
         def read_lag(_options: CallbackOptions) -> list[Observation]:
             return [
                 Observation(

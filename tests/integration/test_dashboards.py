@@ -19,9 +19,10 @@ from confluent_kafka import Producer
 from processor.core.envelope import Wakeup
 from processor.core.routing import TopicNames
 from processor.core.step_task import StepTask
+from processor.core.workflow import parse_workflow
 from processor.io.config import Settings
 from processor.io.kafka import produce, producer_config
-from processor.io.runs_admin import insert_runs
+from processor.io.runs_admin import insert_runs, register_workflow
 from tests.promql import all_queries, problems
 
 from .conftest import (
@@ -37,6 +38,15 @@ from .scrape import free_port, scrape, values
 pytestmark = pytest.mark.integration
 
 RUNS = 16  # committed ticks: the end-to-end histogram samples one in 8
+LIMITED = parse_workflow(
+    {
+        "name": "dashboard-limited",
+        "version": 1,
+        "steps": [
+            {"name": "only", "type": "fast", "concurrency": {"limit": 1, "name": "one-at-a-time"}}
+        ],
+    }
+)
 
 
 def _quarantine_reason(pg: psycopg.Connection[Any], run_id: str) -> str | None:
@@ -55,6 +65,10 @@ def test_every_name_in_the_dashboard_and_the_alerts_is_exported(
     good = [f"dash-{tag}-{i}" for i in range(RUNS)]
     fought, tampered = f"fought-{tag}", f"tampered-{tag}"
     insert_runs(pg, sample_workflow(), [(r, {}) for r in [*good, fought, tampered]], "t1")
+    # Three runs behind a limit of one: two wait for it, and are let in (limit metrics).
+    register_workflow(pg, LIMITED)
+    limited = [f"limited-{tag}-{i}" for i in range(3)]
+    insert_runs(pg, LIMITED, [(r, {}) for r in limited], "t1")
     # Changed outside the processor: a checksum mismatch (dead letter, quarantine, error).
     pg.execute(
         "UPDATE eec_workflow_run SET state_checksum = 'changed-by-hand' WHERE run_id = %s",
@@ -70,7 +84,7 @@ def test_every_name_in_the_dashboard_and_the_alerts_is_exported(
             settings,
             [
                 (topic, Wakeup(run_id, "start", produced_at=now_ms()), None)
-                for run_id in [*good, fought, tampered]
+                for run_id in [*good, fought, tampered, *limited]
             ],
         )
         producer = Producer(producer_config(settings, "test-garbage"))
@@ -96,7 +110,7 @@ def test_every_name_in_the_dashboard_and_the_alerts_is_exported(
         produce(producer, names.steps, stale, good[0].encode())
         assert producer.flush(30) == 0
         wait_for(
-            lambda: set(run_statuses(pg, good).values()) == {"succeeded"},
+            lambda: set(run_statuses(pg, [*good, *limited]).values()) == {"succeeded"},
             60,
             "the good runs to succeed",
         )
@@ -135,11 +149,16 @@ def test_every_name_in_the_dashboard_and_the_alerts_is_exported(
     workflow = ("ductor_workflow", sample_workflow().name)
     # The fought run never started (its commits all lost) and ended force-failed; the
     # tampered one was never ticked.
-    assert values(exposition, "ductor_runs_started_total") == {(workflow,): RUNS}
+    behind = ("ductor_workflow", LIMITED.name)
+    assert values(exposition, "ductor_runs_started_total") == {(workflow,): RUNS, (behind,): 3}
     assert values(exposition, "ductor_runs_ended_total") == {
         (("ductor_status", "succeeded"), workflow): RUNS,
         (("ductor_status", "failed"), workflow): 1,
+        (("ductor_status", "succeeded"), behind): 3,
     }
+    limit = (("ductor_limit", "one-at-a-time"),)
+    assert values(exposition, "ductor_limit_refused_total")[limit] >= 2
+    assert values(exposition, "ductor_limit_wait_duration_milliseconds_count") == {limit: 2}
     assert values(exposition, "ductor_ready") == {(): 1}
     partitions = values(exposition, "ductor_partitions_assigned")[()]
     assert partitions == (

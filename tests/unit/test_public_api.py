@@ -15,8 +15,10 @@ import processor
 
 REPO = Path(__file__).resolve().parents[2]
 EXPORTS = {
+    "Concurrency": "processor.authoring",
     "ConfigError": "processor.io.config",
     "NonRetryable": "processor.worker.steps",
+    "RateLimit": "processor.authoring",
     "Retry": "processor.authoring",
     "RunStatus": "processor.core.model",
     "Settings": "processor.io.config",

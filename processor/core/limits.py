@@ -1,0 +1,330 @@
+"""Concurrency and rate limits at dispatch, decided across a batch's runs (pure).
+
+A step may bound its dispatches (core/limit_defs.py). Each bound is a counter in Postgres,
+named by a key: ``c/NAME/VALUE`` for a concurrency limit (VALUE: what the run's input holds at
+the limit's path), ``r/NAME`` for a rate limit. A counter row carries a version; a concurrency
+counter's holders are rows of their own (the attempts in flight that hold it), a rate
+counter keeps the times of its last dispatches. Nothing holds a lock or a lease across ticks:
+
+1. The tick dispatches as if there were no limit (core/tick.py, rule 6). ``admit`` then
+   decides, for each dispatch of a limited step in the batch, whether it holds: every one of
+   its counters must have room for it. A dispatch that does not is undone: the node waits for
+   its limit (``limit_wait``), and joins the counter's queue of waiters.
+2. Room is given first come, first served: a waiter is let in only when fewer waiters older
+   than it are still waiting than there are free slots, and a new dispatch waits behind every
+   waiter, so no run starves while others keep arriving. A run whose own attempt frees a slot
+   in this very tick may use it again at once (its next step under the same limit).
+3. The commit that takes a slot (or adds a waiter) names each counter with the version it was
+   loaded at (a ``Guard``); the statement moves that version, and writes the run only if
+   every guard of the run held: two instances counting from the same version cannot both
+   take the last slot, whatever the batch; the loser is a conflict, retried from fresh state.
+4. A slot is freed by the commit that ends its attempt (a result, a timeout, a cancel, the run's
+   end) and that commit moves the counter's version too (so a waiter added from a count read
+   before the slot was freed is a conflict, not a wait nobody ends); the shell then wakes the
+   oldest waiters, one per freed slot. Should that wakeup be lost (the process died between),
+   the waiter's own ``due_ms`` (BACKSTOP_MS ahead) has the overdue sweep wake it: never a
+   loop that polls. A rate-limited waiter is due when its window has room again, with a timer.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from typing import NamedTuple
+
+from processor.core.model import LoadedRun, NodeState, NodeStatus, RunState
+from processor.core.tick import Decision, Dispatch
+from processor.core.workflow import StepDef
+
+# How long a node waiting for a concurrency slot waits before it looks again by itself, should
+# the wakeup of the slot freed for it be lost (a process died between commit and produce).
+BACKSTOP_MS = 30_000
+
+_DISPATCHED, _LIMIT_WAIT = NodeStatus.DISPATCHED, NodeStatus.LIMIT_WAIT
+
+
+class Need(NamedTuple):
+    """One counter a dispatch must find room in."""
+
+    key: str
+    name: str  # the limit's name (a metric's label: bounded, unlike the key)
+    limit: int
+    per_ms: int  # a rate limit's window; 0 for a concurrency limit
+
+
+class LimitView(NamedTuple):
+    """A counter as loaded: its version (0: no row yet), the attempts holding it
+    (concurrency), the times of its recent dispatches (rate) and its oldest waiters,
+    ``(since_ms, run_id, node)`` oldest first, at most as many as the limit (any waiter
+    behind those cannot be let in before they are)."""
+
+    version: int = 0
+    holders: int = 0
+    recent: tuple[int, ...] = ()
+    queue: tuple[tuple[int, str, str], ...] = ()
+
+
+class LimitInputs(NamedTuple):
+    """What the shell loaded for the batch's runs with limited steps: each run's input values
+    at the limits' paths, and each counter those runs may use."""
+
+    values: Mapping[str, Mapping[tuple[str, ...], str]]
+    views: Mapping[str, LimitView]
+
+
+NO_LIMITS = LimitInputs({}, {})
+
+
+class Guard(NamedTuple):
+    """A counter a commit counted on: written only if its version is still ``expected`` (it
+    becomes expected + 1); ``recent``: a rate counter's dispatch times to keep."""
+
+    key: str
+    expected: int
+    recent: tuple[int, ...] | None = None
+
+
+class RunLimits(NamedTuple):
+    """What one run's commit writes of its limits, besides its row."""
+
+    guards: tuple[Guard, ...] = ()
+    holds: tuple[tuple[str, str, int], ...] = ()  # (key, node, attempt) taking a slot
+    releases: tuple[tuple[str, int], ...] = ()  # (node, attempt) whose slots are freed
+    waits: tuple[tuple[str, str, int], ...] = ()  # (key, node, since_ms) now waiting
+    unwaits: tuple[str, ...] = ()  # nodes no longer waiting (let in)
+    released: tuple[str, ...] = ()  # a key per slot freed for others: the waiters to wake
+    ends: bool = False  # the run ended: every slot it holds and every wait of it goes
+    waited: tuple[tuple[str, int], ...] = ()  # (limit name, ms) of each waiter let in
+    refused: tuple[str, ...] = ()  # a limit name per dispatch it held back (a metric)
+
+
+def needs_of(step: StepDef, values: Mapping[tuple[str, ...], str]) -> tuple[Need, ...]:
+    """The counters a dispatch of ``step`` needs room in, for a run whose input holds
+    ``values`` at the limits' paths."""
+    needs = []
+    if step.concurrency is not None:
+        limit = step.concurrency
+        key = limit.key_of(values.get(limit.key, "") if limit.key else "")
+        needs.append(Need(key, limit.name, limit.limit, 0))
+    if step.rate_limit is not None:
+        rate = step.rate_limit
+        needs.append(Need(rate.counter, rate.name, rate.limit, rate.per_ms))
+    return tuple(needs)
+
+
+def paths_of(steps: Sequence[StepDef]) -> set[tuple[str, ...]]:
+    """The input paths the shell must read for a run of these steps."""
+    return {s.concurrency.key for s in steps if s.concurrency is not None and s.concurrency.key}
+
+
+class _Candidate(NamedTuple):
+    order: tuple[int, int, str, str]
+    run_id: str
+    dispatch: Dispatch
+    needs: tuple[Need, ...]
+    waiter: bool  # the node waited for its limit before this tick
+
+
+class _Counters:
+    """The batch's use of each counter while ``admit`` decides."""
+
+    def __init__(self, views: Mapping[str, LimitView], now_ms: int) -> None:
+        self.views = views
+        self.now_ms = now_ms
+        self.used: Counter[str] = Counter()
+        self.let_in: dict[str, set[tuple[str, str]]] = {}
+        self.dispatched: dict[str, list[int]] = {}
+        self.touched: set[str] = set()
+
+    def view(self, key: str) -> LimitView:
+        return self.views.get(key, LimitView())
+
+    def window(self, need: Need) -> list[int]:
+        start = self.now_ms - need.per_ms
+        return sorted(t for t in self.view(need.key).recent if t > start)
+
+    def room(self, need: Need, run_id: str, node: str) -> bool:
+        """Whether a slot is free for (run, node) once the older waiters had theirs."""
+        view = self.view(need.key)
+        taken = len(self.window(need)) if need.per_ms else view.holders
+        free = need.limit - taken
+        let_in = self.let_in.get(need.key, set())
+        ahead = 0
+        for _since, waiting_run, waiting_node in view.queue:
+            if (waiting_run, waiting_node) == (run_id, node):
+                break
+            ahead += (waiting_run, waiting_node) not in let_in
+        return ahead + self.used[need.key] < free
+
+    def take(self, need: Need, run_id: str, node: str) -> None:
+        self.used[need.key] += 1
+        self.let_in.setdefault(need.key, set()).add((run_id, node))
+        if need.per_ms:
+            self.dispatched.setdefault(need.key, []).append(self.now_ms)
+
+    def due(self, need: Need) -> int:
+        """When a waiter of ``need`` looks again by itself."""
+        window = self.window(need) if need.per_ms else []
+        if window:
+            return window[0] + need.per_ms
+        return self.now_ms + (need.per_ms or BACKSTOP_MS)
+
+    def since(self, need: Need, run_id: str, node: str) -> int | None:
+        for since, waiting_run, waiting_node in self.view(need.key).queue:
+            if (waiting_run, waiting_node) == (run_id, node):
+                return since
+        return None
+
+    def guard(self, need: Need) -> Guard:
+        view = self.view(need.key)
+        if not need.per_ms:
+            return Guard(need.key, view.version)
+        # The dispatches a window can still count: at most ``limit`` of them are needed.
+        kept = [*self.window(need), *self.dispatched.get(need.key, [])][-need.limit :]
+        return Guard(need.key, view.version, tuple(kept))
+
+
+def admit(
+    batch: Sequence[tuple[LoadedRun, Decision]], inputs: LimitInputs, now_ms: int
+) -> tuple[dict[str, Decision], dict[str, RunLimits]]:
+    """Decide the dispatches of limited steps across ``batch`` (runs of workflows with limits,
+    each with its tick's decision): the decisions as they hold (a dispatch without room
+    undone, its node waiting) and what each run's commit writes of its limits. A decision
+    with nothing left to write becomes a no-op (``new_state`` None)."""
+    counters = _Counters(inputs.views, now_ms)
+    candidates: list[_Candidate] = []
+    freed: dict[str, Counter[str]] = {}
+    releases: dict[str, list[tuple[str, int]]] = {}
+    for index, (run, decision) in enumerate(batch):
+        if decision.new_state is None:
+            continue
+        values = inputs.values.get(run.run_id, {})
+        old = run.state.node_map()
+        new = decision.new_state.node_map()
+        step_of = run.wf.step_for
+        for name, node in old.items():
+            if node.status is not _DISPATCHED or not step_of(name).concurrency:
+                continue
+            after = new.get(name)
+            if after is None or after.status is not _DISPATCHED or after.attempt != node.attempt:
+                releases.setdefault(run.run_id, []).append((name, node.attempt))
+                for need in needs_of(step_of(name), values):
+                    if not need.per_ms:
+                        freed.setdefault(run.run_id, Counter())[need.key] += 1
+        for position, dispatch in enumerate(decision.dispatches):
+            step = step_of(dispatch.node)
+            if not step.limited:
+                continue
+            needs = needs_of(step, values)
+            waiter = old.get(dispatch.node, NodeState()).status is _LIMIT_WAIT
+            found = [
+                s for n in needs if (s := counters.since(n, run.run_id, dispatch.node)) is not None
+            ]
+            order = (
+                (0, min(found), run.run_id, dispatch.node)
+                if found
+                else (1 if waiter else 2, index, f"{position:09d}", dispatch.node)
+            )
+            candidates.append(_Candidate(order, run.run_id, dispatch, needs, waiter))
+
+    refused: dict[str, dict[str, int | None]] = {}  # run -> node -> a rate limit's due
+    writes: dict[str, _RunWrites] = {}
+    for candidate in sorted(candidates):
+        run_id, name = candidate.run_id, candidate.dispatch.node
+        own = freed.get(run_id, Counter())
+        w = writes.setdefault(run_id, _RunWrites())
+        w.keys.update(n.key for n in candidate.needs)
+        full = [
+            n
+            for n in candidate.needs
+            if not ((not n.per_ms and own[n.key] > 0) or counters.room(n, run_id, name))
+        ]
+        if full:
+            dues = [counters.due(n) for n in candidate.needs if n.per_ms]
+            refused.setdefault(run_id, {})[name] = min(dues) if dues else None
+            w.waits += [(n.key, name, now_ms) for n in candidate.needs]
+            w.refused += [n.name for n in full]
+            continue
+        for need in candidate.needs:
+            if not need.per_ms and own[need.key] > 0:
+                own[need.key] -= 1  # its own slot, freed in this tick, taken again
+            else:
+                counters.take(need, run_id, name)
+            if not need.per_ms:
+                w.holds.append((need.key, name, candidate.dispatch.attempt))
+            if candidate.waiter and (since := counters.since(need, run_id, name)) is not None:
+                w.waited.append((need.name, now_ms - since))
+        if candidate.waiter:
+            w.unwaits.append(name)
+
+    guards = {c.key: counters.guard(c) for cand in candidates for c in cand.needs}
+    decisions: dict[str, Decision] = {}
+    limits: dict[str, RunLimits] = {}
+    for run, decision in batch:
+        run_id = run.run_id
+        held = _undo(run, decision, refused.get(run_id, {}), now_ms)
+        decisions[run_id] = held
+        if held.new_state is None:
+            continue
+        w = writes.get(run_id, _RunWrites())
+        released = tuple(sorted((freed.get(run_id) or Counter()).elements()))
+        ends = held.new_state.status.terminal
+        if not (w.keys or released or releases.get(run_id) or ends):
+            continue
+        limits[run_id] = RunLimits(
+            guards=tuple(guards[k] for k in sorted(w.keys)),
+            holds=tuple(w.holds),
+            releases=tuple(releases.get(run_id, ())),
+            waits=tuple(w.waits),
+            unwaits=tuple(w.unwaits),
+            released=released,
+            ends=ends,
+            waited=tuple(w.waited),
+            refused=tuple(w.refused),
+        )
+    return decisions, limits
+
+
+class _RunWrites:
+    def __init__(self) -> None:
+        self.keys: set[str] = set()
+        self.holds: list[tuple[str, str, int]] = []
+        self.waits: list[tuple[str, str, int]] = []
+        self.unwaits: list[str] = []
+        self.waited: list[tuple[str, int]] = []
+        self.refused: list[str] = []
+
+
+def _undo(
+    run: LoadedRun, decision: Decision, refused: Mapping[str, int | None], now_ms: int
+) -> Decision:
+    """The decision without the dispatches ``refused`` (node -> a rate limit's due, or None):
+    each such node waits for its limit, at the attempt it had; a no-op if nothing is left."""
+    if not refused or decision.new_state is None:
+        return decision
+    old = run.state.node_map()
+    nodes = decision.new_state.node_map()
+    timers = list(decision.timers)
+    for name, rate_due in refused.items():
+        before = old.get(name, NodeState())
+        if before.status is _LIMIT_WAIT and before.due_ms is not None and before.due_ms > now_ms:
+            nodes[name] = before  # still waiting, and it will look again by itself
+            continue
+        due = rate_due if rate_due is not None else now_ms + BACKSTOP_MS
+        nodes[name] = NodeState(
+            _LIMIT_WAIT, before.attempt, due, before.error, before.attempts_before
+        )
+        if rate_due is not None:
+            timers.append(rate_due)
+    dispatches = tuple(d for d in decision.dispatches if d.node not in refused)
+    state = decision.new_state
+    # The nodes in the state's order (a map's new items included).
+    new_state = RunState(
+        state.status, tuple((n, nodes[n]) for n, _ in state.nodes), state.seq, state.reason
+    )
+    unchanged = new_state.status is run.state.status and new_state.nodes == run.state.nodes
+    if unchanged and not decision.signalled and not decision.mapped:
+        return Decision(None)
+    return decision._replace(
+        new_state=new_state, dispatches=dispatches, timers=tuple(sorted(set(timers)))
+    )

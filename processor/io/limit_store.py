@@ -1,0 +1,200 @@
+"""The SQL of limits at dispatch (core/limits.py has the rules): what the commit path loads for
+a batch with limited steps, the parts of the commit statement that write them, and the waiters
+to wake once slots were freed. Batches without limited steps run none of it."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import orjson
+import psycopg
+
+from processor.core.decide import Commit
+from processor.core.limits import Guard, LimitInputs, LimitView, needs_of, paths_of
+from processor.core.model import Loaded, LoadedRun
+
+_VALUES_SQL = """
+SELECT g.run_id, g.path, coalesce(r.input #>> g.path::text[], '')
+  FROM jsonb_to_recordset(%s::jsonb) AS g(run_id text, path text)
+  JOIN eec_workflow_run r ON r.run_id = g.run_id
+"""
+
+# Each counter's version, holders and oldest waiters, read in one snapshot: a slot taken is
+# always seen with the version its taker wrote (core/limits.py, rule 3).
+_VIEWS_SQL = """
+SELECT k.key, coalesce(l.version, 0), coalesce(l.recent, '{}'::bigint[]),
+       (SELECT count(*) FROM eec_limit_hold h WHERE h.key = k.key),
+       (SELECT coalesce(jsonb_agg(jsonb_build_array(w.since_ms, w.run_id, w.node)
+                                  ORDER BY w.since_ms, w.run_id, w.node), '[]'::jsonb)
+          FROM (SELECT since_ms, run_id, node FROM eec_limit_wait
+                 WHERE key = k.key ORDER BY since_ms, run_id, node LIMIT k.bound) w)
+  FROM jsonb_to_recordset(%s::jsonb) AS k(key text, bound int)
+  LEFT JOIN eec_limit l ON l.key = k.key
+"""
+
+
+def load_limits(conn: psycopg.Connection[Any], loaded: Mapping[str, Loaded]) -> LimitInputs:
+    """What ``admit`` needs for the live runs of ``loaded`` whose workflows have limits:
+    their input values at the limits' paths, and every counter their steps may use. Two
+    statements, and only for a batch with such runs."""
+    runs = [
+        r
+        for r in loaded.values()
+        if isinstance(r, LoadedRun) and r.wf.has_limits and not r.state.status.terminal
+    ]
+    if not runs:
+        return LimitInputs({}, {})
+    wanted = [
+        {"run_id": r.run_id, "path": _array_literal(path)}
+        for r in runs
+        for path in sorted(paths_of(r.wf.steps))
+    ]
+    values: dict[str, dict[tuple[str, ...], str]] = {}
+    if wanted:
+        by_literal = {_array_literal(p): p for r in runs for p in paths_of(r.wf.steps)}
+        for run_id, literal, value in conn.execute(
+            _VALUES_SQL, (orjson.dumps(wanted).decode(),)
+        ).fetchall():
+            values.setdefault(run_id, {})[by_literal[literal]] = value
+    bounds: dict[str, int] = {}
+    for run in runs:
+        for step in run.wf.steps:
+            for need in needs_of(step, values.get(run.run_id, {})):
+                bounds[need.key] = max(bounds.get(need.key, 0), need.limit)
+    keys = [{"key": k, "bound": b} for k, b in sorted(bounds.items())]
+    views = {
+        key: LimitView(version, holders, tuple(recent), tuple((int(s), r, n) for s, r, n in queue))
+        for key, version, recent, holders, queue in conn.execute(
+            _VIEWS_SQL, (orjson.dumps(keys).decode(),)
+        ).fetchall()
+    }
+    return LimitInputs(values, views)
+
+
+def _array_literal(path: tuple[str, ...]) -> str:
+    """A Postgres text[] literal of ``path`` (each element quoted)."""
+    quoted = ('"' + p.replace("\\", "\\\\").replace('"', '\\"') + '"' for p in path)
+    return "{" + ",".join(quoted) + "}"
+
+
+# -- the commit statement's parts (io/store.py puts them in when a batch has limits) ------------
+
+# Before the runs' UPDATE: every counter a run of the batch counted on moves to the next
+# version if it is still at the one loaded (a counter without a row yet is created at 1).
+GUARDED_CTE = """guarded AS (
+    INSERT INTO eec_limit AS l (key, version, recent)
+    SELECT g.key, g.expected + 1, coalesce(g.recent, '{}'::bigint[])
+      FROM jsonb_to_recordset(%(guards)s::jsonb) AS g(key text, expected bigint, recent bigint[])
+    ON CONFLICT (key) DO UPDATE SET version = l.version + 1, recent = EXCLUDED.recent
+     WHERE l.version = EXCLUDED.version - 1
+    RETURNING l.key
+), """
+
+# The runs' UPDATE writes a run only if every counter it counted on was guarded.
+GUARD_CHECK = """
+   AND (c.limits IS NULL OR NOT EXISTS (
+        SELECT 1 FROM jsonb_array_elements_text(c.limits -> 'guards') AS k(key)
+         WHERE k.key NOT IN (SELECT key FROM guarded)))"""
+
+# After it, for the runs written: slots taken and freed, waits begun and ended, and the
+# version of each counter a slot of which was freed moved (but those guarded already: a row
+# is written once per statement).
+LIMIT_CTES = """limit_holds AS (
+    INSERT INTO eec_limit_hold (run_id, node, attempt, key)
+    SELECT u.run_id, h.node, h.attempt, h.key
+      FROM updated u
+     CROSS JOIN LATERAL jsonb_to_recordset(u.limits -> 'holds')
+           AS h(key text, node text, attempt int)
+     WHERE u.limits IS NOT NULL
+    ON CONFLICT DO NOTHING
+), limit_releases AS (
+    DELETE FROM eec_limit_hold h
+     USING updated u
+     WHERE u.limits IS NOT NULL AND h.run_id = u.run_id
+       AND ((u.limits ->> 'ends')::boolean
+            OR (h.node, h.attempt) IN (
+                SELECT x.node, x.attempt
+                  FROM jsonb_to_recordset(u.limits -> 'releases') AS x(node text, attempt int)))
+    RETURNING h.key
+), limit_waits AS (
+    INSERT INTO eec_limit_wait (key, run_id, node, since_ms, tier)
+    SELECT w.key, u.run_id, w.node, w.since, u.tier
+      FROM updated u
+     CROSS JOIN LATERAL jsonb_to_recordset(u.limits -> 'waits')
+           AS w(key text, node text, since bigint)
+     WHERE u.limits IS NOT NULL
+    ON CONFLICT DO NOTHING
+), limit_unwaits AS (
+    DELETE FROM eec_limit_wait w
+     USING updated u
+     WHERE u.limits IS NOT NULL AND w.run_id = u.run_id
+       AND ((u.limits ->> 'ends')::boolean
+            OR w.node IN (SELECT jsonb_array_elements_text(u.limits -> 'unwaits')))
+), limit_freed AS (
+    UPDATE eec_limit l SET version = l.version + 1
+     WHERE l.key IN (SELECT key FROM limit_releases)
+       AND l.key NOT IN (SELECT key FROM guarded)
+), """
+
+
+def guards_param(commits: Sequence[Commit]) -> str:
+    """The batch's guards, one per counter, in key order (so two statements that guard the
+    same counters lock their rows in the same order)."""
+    guards: dict[str, Guard] = {}
+    for commit in commits:
+        if commit.limits is not None:
+            for guard in commit.limits.guards:
+                guards[guard.key] = guard
+    return orjson.dumps(
+        [
+            {"key": g.key, "expected": g.expected, "recent": g.recent}
+            for g in sorted(guards.values())
+        ]
+    ).decode()
+
+
+def limits_row(commit: Commit) -> dict[str, Any] | None:
+    """A run's limit writes as the commit statement reads them (None: nothing)."""
+    limits = commit.limits
+    if limits is None:
+        return None
+    return {
+        "guards": [g.key for g in limits.guards],
+        "holds": [{"key": k, "node": n, "attempt": a} for k, n, a in limits.holds],
+        "releases": [{"node": n, "attempt": a} for n, a in limits.releases],
+        "waits": [{"key": k, "node": n, "since": s} for k, n, s in limits.waits],
+        "unwaits": list(limits.unwaits),
+        "ends": limits.ends,
+    }
+
+
+# -- after the commit ---------------------------------------------------------------------------
+
+_WAITERS_SQL = """
+SELECT DISTINCT w.run_id, w.tier
+  FROM jsonb_to_recordset(%s::jsonb) AS k(key text, freed int)
+ CROSS JOIN LATERAL (
+       SELECT run_id, tier FROM eec_limit_wait
+        WHERE key = k.key ORDER BY since_ms, run_id, node LIMIT k.freed) w
+"""
+
+
+def waiters_to_wake(conn: psycopg.Connection[Any], freed: Counter[str]) -> list[tuple[str, str]]:
+    """(run id, tier) of the oldest waiters of each counter, one per slot ``freed``."""
+    if not freed:
+        return []
+    keys = [{"key": k, "freed": n} for k, n in sorted(freed.items())]
+    rows = conn.execute(_WAITERS_SQL, (orjson.dumps(keys).decode(),)).fetchall()
+    return [(r[0], r[1]) for r in rows]
+
+
+# The run force-failed (io/store.py's force-fail statement): its slots and waits go with it.
+FORCE_FAIL_CTES = """, freed_holds AS (
+    DELETE FROM eec_limit_hold h USING failed f WHERE h.run_id = f.run_id RETURNING h.key
+), ended_waits AS (
+    DELETE FROM eec_limit_wait w USING failed f WHERE w.run_id = f.run_id
+), freed_versions AS (
+    UPDATE eec_limit l SET version = l.version + 1 WHERE l.key IN (SELECT key FROM freed_holds)
+)"""
