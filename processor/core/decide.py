@@ -427,7 +427,7 @@ def _effects(
                 _item_of(step, d.node),
             )
             attributes = (("ductor.node", d.node), ("ductor.attempt", d.attempt))
-            topic = names.steps_for(step.queue)
+            topic = names.steps_for(step.queue, run.tier)
             sends.append(Send(topic, key=key, value=task, attributes=attributes))
     if decision.timers:
         sends += [_timer(run.run_id, due, now_ms, "timer", names) for due in decision.timers]

@@ -70,9 +70,29 @@ class TopicNames:
         """The steps topic of the default queue."""
         return f"{self.prefix}.steps"
 
-    def steps_for(self, queue: str) -> str:
-        """The steps topic of a queue: the default queue keeps the topic it always had."""
-        return self.steps if queue == DEFAULT_QUEUE else f"{self.prefix}.steps.{queue}"
+    def steps_for(self, queue: str, tier: str = "t1") -> str:
+        """The steps topic of a queue for the tasks of runs on ``tier``. A queue has one per
+        tier, so a flood of bulk (t2) tasks never stands in front of interactive (t0) ones in
+        a partition, and a worker serves the higher tier first (worker/source.py). The t1
+        topic of the default queue is the topic it always had (``steps``); a queue's name
+        has no '.', so ``steps.<queue>.<tier>`` names no other queue's topic."""
+        base = self.steps if queue == DEFAULT_QUEUE else f"{self.prefix}.steps.{queue}"
+        if tier == "t1":
+            return base
+        if tier not in TIERS:
+            raise ValueError(f"unknown tier {tier!r}; expected one of {', '.join(TIERS)}")
+        return f"{self.prefix}.steps.{queue}.{tier}"
+
+    def step_topics(self, queue: str) -> list[str]:
+        """The steps topics of a queue, one per tier, the highest first."""
+        return [self.steps_for(queue, tier) for tier in TIERS]
+
+    def step_tier_rank(self, topic: str) -> int:
+        """A steps topic's priority: 0 for t0 (served first), 1 for t1, 2 for t2."""
+        for rank, tier in enumerate(TIERS):
+            if tier != "t1" and topic.endswith(f".{tier}"):
+                return rank
+        return TIERS.index("t1")
 
     @property
     def dlq(self) -> str:

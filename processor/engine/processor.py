@@ -35,7 +35,7 @@ from processor.core.intake import (
 from processor.core.membership import Holding, Stuck
 from processor.core.offsets import OffsetTracker
 from processor.core.records import Inbound, KafkaMessage
-from processor.core.routing import TIERS, TopicNames
+from processor.core.routing import DEFAULT_QUEUE, TIERS, TopicNames
 from processor.core.stats import Stats
 from processor.engine.database import Database
 from processor.engine.executor import Executor
@@ -272,7 +272,8 @@ class Processor:
     def _read_topics(self) -> None:
         """The partition counts of every topic, and the largest record the dead-letter topic
         takes (a dead letter must fit it as well as the producer)."""
-        topics = [*self.names.coordinator_topics(), self.names.steps, self.names.dlq]
+        topics = [*self.names.coordinator_topics(), *self.names.step_topics(DEFAULT_QUEUE)]
+        topics.append(self.names.dlq)
         self.partitions.update(topic_partitions(self._producer, topics, _START_TRY_S))
         dlq_limit = topic_max_message_bytes(self.settings, self.names.dlq, _START_TRY_S)
         if dlq_limit < self.rules.dlq_max_bytes:

@@ -13,7 +13,7 @@ from confluent_kafka.admin import (  # type: ignore[attr-defined]
     NewTopic,
 )
 
-from processor.core.routing import TopicNames
+from processor.core.routing import DEFAULT_QUEUE, TopicNames
 from processor.io.config import Settings
 from processor.io.kafka import admin_config, reader_config, topic_partitions
 from processor.io.kafka_logs import with_logger
@@ -21,13 +21,12 @@ from processor.io.kafka_logs import with_logger
 
 def desired_topics(settings: Settings, queues: Iterable[str] = ()) -> dict[str, int]:
     """Every topic the system uses, with its partition count from the configuration: the
-    steps topic of the default queue and of each of ``queues`` among them."""
+    steps topics (one per tier) of the default queue and of each of ``queues`` among them."""
     names = TopicNames(settings.topic_prefix)
     topics = dict.fromkeys(names.wakeup_topics(), settings.wakeup_partitions)
     topics.update(dict.fromkeys(names.delay_topics(), settings.delay_partitions))
-    topics[names.steps] = settings.step_partitions
-    for queue in queues:
-        topics[names.steps_for(queue)] = settings.step_partitions
+    for queue in (DEFAULT_QUEUE, *queues):
+        topics.update(dict.fromkeys(names.step_topics(queue), settings.step_partitions))
     topics[names.dlq] = settings.dlq_partitions
     # Keyed by run id like the wakeups: as many partitions, so one run's requests stay in order.
     topics[names.requests] = settings.wakeup_partitions

@@ -77,7 +77,7 @@ from processor.worker.steps import (
     execute_async_step,
     execute_step,
 )
-from processor.worker.tasks import State, Task, TaskBook
+from processor.worker.tasks import ByTier, State, Task, TaskBook
 
 log = logging.getLogger("ductor.worker")
 
@@ -142,7 +142,7 @@ class TaskFlow:
         self._done_offset = done_offset
         self._too_many_abandoned = too_many_abandoned
         self.book = TaskBook()
-        self._to_claim: deque[Task] = deque()  # received, in the order they came
+        self._to_claim = ByTier()  # received, in the order they came, t0's first
         self._ready: deque[Task] = deque()  # claimed, in the order they came
         self._suspects: deque[Task] = deque()  # reruns, to be claimed as such
         # Claims are numbered; those within the stored start permit may start (permits.py).

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from confluent_kafka import Consumer, KafkaException, TopicPartition
@@ -66,8 +66,9 @@ class QueueLag:
     read from the broker at most every few seconds (only asked while the worker holds no
     partition), with a client of its own."""
 
-    def __init__(self, settings: Settings, queues: Sequence[str], topics: Sequence[str]) -> None:
-        self._queues = dict(zip(topics, queues, strict=True))
+    def __init__(self, settings: Settings, queues: Mapping[str, str]) -> None:
+        """``queues``: each steps topic's queue (a queue has one per tier)."""
+        self._queues = dict(queues)
         self._consumer = Consumer(
             with_logger(reader_config(settings, "ductor-worker-lag", settings.worker_group_id))
         )

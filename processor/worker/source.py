@@ -11,6 +11,11 @@ slots were full (every few tasks, under load) cost more time than the tasks did;
 2,000 resumed at a quarter stalled a burst of 8,000 runs four times, for 0.4 of the runs/s.
 Paused or not, the consumer is polled every turn, so the group never takes the worker for dead.
 
+A queue's tasks come on one steps topic per tier (core/routing.py): the backlog hands out the
+top tier's first, and a backlog full of lower tiers' tasks pauses only their partitions, so a
+flood of bulk runs never holds an interactive run's task behind it (its own line has the whole
+bound). A task already running holds its slot: a tier is served first, never preempted.
+
 A worker that has read nothing for ``DUCTOR_GROUP_STALL_S`` looks at its group as the broker
 sees it (io/group_watch.py) and joins again with a new consumer if tasks wait that it holds or
 was given but does not read.
@@ -49,49 +54,69 @@ _MOST_PER_CONSUME = 500
 
 
 class Backlog:
-    """The records read ahead of the tasks in hand, bounded by their count and by their
-    values' bytes: full at either bound (the partitions pause), low again once both are at
-    half (they resume). Half of it covers the second a resumed partition takes to deliver
-    again, at the ~10,000 tasks a second claims reach here."""
+    """The records read ahead of the tasks in hand, one line per tier (the steps topics of a
+    queue are one per tier: core/routing.py), handed out highest tier first, so a task of an
+    interactive run read behind a bulk flood runs before it. Bounded by count and by the
+    values' bytes: full at either bound (the lower tiers' partitions pause; the top tier's
+    only once its own line is full), low again once both are at half (they resume). Half of
+    it covers the second a resumed partition takes to deliver again, at the ~10,000 tasks a
+    second claims reach here."""
 
     LIMIT = 20_000
     LIMIT_BYTES = 16 * 1024 * 1024
 
-    def __init__(self) -> None:
-        self._records: deque[Message] = deque()
+    def __init__(self, rank: Callable[[str], int] = lambda _topic: 0) -> None:
+        self._rank = rank  # a record's topic -> its line (0 first)
+        self._lines: list[deque[Message]] = [deque() for _ in range(3)]
+        self._count = 0
         self._bytes = 0
 
     def __len__(self) -> int:
-        return len(self._records)
+        return self._count
+
+    def __bool__(self) -> bool:
+        return self._count > 0
 
     def append(self, message: Message) -> None:
-        self._records.append(message)
+        self._lines[self.rank_of(message)].append(message)
+        self._count += 1
         self._bytes += len(message.value() or b"")
 
+    def rank_of(self, message: Message) -> int:
+        return min(self._rank(message.topic() or ""), len(self._lines) - 1)
+
     def popleft(self) -> Message:
-        message = self._records.popleft()
+        line = next(line for line in self._lines if line)
+        message = line.popleft()
+        self._count -= 1
         self._bytes -= len(message.value() or b"")
         return message
 
     def space(self) -> int:
         """How many more records may be read now."""
-        return 0 if self._bytes >= self.LIMIT_BYTES else self.LIMIT - len(self._records)
+        return 0 if self._bytes >= self.LIMIT_BYTES else self.LIMIT - self._count
 
     def full(self) -> bool:
         return self.space() <= 0
 
+    def top_full(self) -> bool:
+        """The top tier's own line is full: its partitions pause too."""
+        return len(self._lines[0]) >= self.LIMIT
+
     def low(self) -> bool:
-        return len(self._records) <= self.LIMIT // 2 and self._bytes <= self.LIMIT_BYTES // 2
+        return self._count <= self.LIMIT // 2 and self._bytes <= self.LIMIT_BYTES // 2
 
     def drop(self, tps: set[tuple[str, int]]) -> None:
         """Forget the records of these partitions (they went)."""
-        kept = [m for m in self._records if (m.topic(), m.partition()) not in tps]
+        kept = [m for line in self._lines for m in line if (m.topic(), m.partition()) not in tps]
         self.clear()
         for message in kept:
             self.append(message)
 
     def clear(self) -> None:
-        self._records.clear()
+        for line in self._lines:
+            line.clear()
+        self._count = 0
         self._bytes = 0
 
 
@@ -105,10 +130,12 @@ class TaskSource:
         skipped: Counter[str],
         client_errors: ClientErrors,
         faults: Faults = NO_FAULTS,
+        rank: Callable[[str], int] = lambda _topic: 1,
     ) -> None:
         """``releasing(tps, commit)`` is called when partitions go, before their offsets are
         committed (``commit``: a revocation; else lost): the worker lets their tasks go.
-        ``skipped["done_before"]`` counts records the previous owner had finished."""
+        ``skipped["done_before"]`` counts records the previous owner had finished.
+        ``rank``: a steps topic's tier, 0 first (its tasks are handed out before others)."""
         self._settings = settings
         self._client_id = client_id
         self._group = settings.worker_group_id
@@ -120,8 +147,10 @@ class TaskSource:
         self._consumer = self._new_consumer()
         self.tracker = OffsetTracker()
         self.assigned: set[TP] = set()
-        self.paused = False
-        self._backlog = Backlog()
+        self.paused = False  # every partition is paused (the worker stops, or all is full)
+        self._paused: set[TP] = set()  # the partitions paused now
+        self._rank = rank
+        self._backlog = Backlog(rank)
         self._topics: list[str] = []
         self._watch: GroupWatch | None = None
         self._read = False  # a record came since the last turn's look at the group
@@ -173,7 +202,7 @@ class TaskSource:
 
     def _holding(self) -> Holding:
         held = set(self.assigned)
-        return holding(self._consumer, held, set() if self.paused else held)
+        return holding(self._consumer, held, held - self._paused)
 
     def _join_again(self, stuck: Stuck) -> Consumer:
         """Give back what is held, as on a revocation, and join with a new consumer; returns
@@ -193,6 +222,7 @@ class TaskSource:
                 self._release([TopicPartition(t, p) for t, p in tps], commit, wait=False)
         old, self._consumer = self._consumer, self._new_consumer()
         self.paused = False
+        self._paused = set()
         self._subscribe()
         return old
 
@@ -224,8 +254,10 @@ class TaskSource:
                     self._backlog.append(message)
         else:
             self._consumer.poll(0)  # (paused: serves the group, returns no record)
-        if self._backlog.full() or not reading:
+        if not reading or self._backlog.top_full():
             self._pause(True)
+        elif self._backlog.full():
+            self._pause(True, keep_top=True)  # a bulk backlog never holds interactive tasks
         elif self._backlog.low():
             self._pause(False)
         return taken
@@ -284,13 +316,19 @@ class TaskSource:
         self.tracker.started((topic, partition), offset)
         return True
 
-    def _pause(self, pause: bool) -> None:
-        if pause == self.paused:
+    def _pause(self, pause: bool, keep_top: bool = False) -> None:
+        """Pause the partitions (``keep_top``: all but the top tier's), or resume them all."""
+        wanted = {tp for tp in self.assigned if not (keep_top and self._rank(tp[0]) == 0)}
+        wanted = wanted if pause else set()
+        if wanted == self._paused:
             return
-        partitions = [TopicPartition(t, p) for t, p in self.assigned]
-        if partitions:
-            (self._consumer.pause if pause else self._consumer.resume)(partitions)
-        self.paused = pause
+        pausing, resuming = wanted - self._paused, self._paused - wanted
+        if pausing:
+            self._consumer.pause([TopicPartition(t, p) for t, p in pausing])
+        if resuming:
+            self._consumer.resume([TopicPartition(t, p) for t, p in resuming])
+        self._paused = wanted
+        self.paused = pause and not keep_top
 
     # -- rebalance --------------------------------------------------------------------------
 
@@ -300,8 +338,12 @@ class TaskSource:
         read_finished(consumer, partitions, self.tracker)
         consumer.incremental_assign(partitions)
         self.assigned |= {(p.topic, p.partition) for p in partitions}
-        if self.paused and partitions:
-            consumer.pause(partitions)
+        if self._paused and partitions:
+            # Assigned while the backlog is full: paused like the rest of their tier.
+            paused = [p for p in partitions if self.paused or self._rank(p.topic) != 0]
+            if paused:
+                consumer.pause(paused)
+                self._paused |= {(p.topic, p.partition) for p in paused}
         log.info(
             "partitions assigned", extra={"count": len(partitions), "instance": self._client_id}
         )
@@ -336,5 +378,6 @@ class TaskSource:
         for tp in tps:
             self.tracker.forget(tp)
         self.assigned -= tps
+        self._paused -= tps
         log.info("partitions released", extra={"count": len(tps), "instance": self._client_id})
         return offsets

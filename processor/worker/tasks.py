@@ -15,11 +15,13 @@ slots), ``running`` what holds a slot.
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Iterator
 from enum import Enum
 from typing import Any
 
 from processor.core.records import Headers
+from processor.core.routing import TIERS
 from processor.core.step_task import AttemptKey, StepData, StepTask
 from processor.worker.steps import Attempt
 
@@ -138,3 +140,31 @@ class TaskBook:
 
     def of_partitions(self, tps: set[TP]) -> list[Task]:
         return [t for t in self._tasks.values() if t.tp in tps]
+
+
+class ByTier:
+    """Tasks in the order they came, but a higher tier's first (t0, then t1, then t2): the
+    received tasks waiting to be claimed, so an interactive run's step is claimed (and run)
+    before the bulk ones read ahead of it."""
+
+    def __init__(self) -> None:
+        self._lines: tuple[deque[Task], ...] = tuple(deque() for _ in TIERS)
+
+    def __bool__(self) -> bool:
+        return any(self._lines)
+
+    def __len__(self) -> int:
+        return sum(len(line) for line in self._lines)
+
+    def append(self, task: Task) -> None:
+        self._lines[_TIER_RANK.get(task.step.tier, 1)].append(task)
+
+    def popleft(self) -> Task:
+        return next(line for line in self._lines if line).popleft()
+
+    def clear(self) -> None:
+        for line in self._lines:
+            line.clear()
+
+
+_TIER_RANK = {tier: rank for rank, tier in enumerate(TIERS)}

@@ -112,6 +112,7 @@ class Worker:
             self.stats.skipped,
             self.client_errors,
             faults,
+            self.names.step_tier_rank,
         )
         answers: queue.SimpleQueue[Answer | _Ended] = queue.SimpleQueue()
         # Deadlines are Postgres's time: each heartbeat measures this process's offset from
@@ -156,9 +157,9 @@ class Worker:
         self._next_watch = 0.0
         self.exit_code = 0
         self._next_stats_log = time.monotonic() + settings.stats_log_interval_s
-        topics = [self.names.steps_for(q) for q in options.queues]
+        queues = {t: q for q in options.queues for t in self.names.step_topics(q)}
         self.probe = WorkerProbe(
-            client_id, QueueLag(settings, options.queues, topics) if settings.health_port else None
+            client_id, QueueLag(settings, queues) if settings.health_port else None
         )
         self._health: HealthServer | None = None
 
@@ -279,7 +280,7 @@ class Worker:
     def _read_topics(self) -> dict[str, int]:
         """The partition counts of the queues' steps topics (returned) and of the wakeup
         topics (for the flow)."""
-        topics = [self.names.steps_for(q) for q in self.options.queues]
+        topics = [t for q in self.options.queues for t in self.names.step_topics(q)]
         try:
             partitions = topic_partitions(self._producer, topics, _START_TRY_S)
         except MissingTopic:

@@ -17,7 +17,7 @@ import pytest
 from confluent_kafka import Producer
 
 from processor.core.envelope import Wakeup
-from processor.core.routing import TopicNames
+from processor.core.routing import TIERS, TopicNames
 from processor.core.step_task import StepTask
 from processor.core.workflow import parse_workflow
 from processor.io.config import Settings
@@ -175,5 +175,7 @@ def test_every_name_in_the_dashboard_and_the_alerts_is_exported(
         (("ductor_reason", "deadline"),): 1
     }
     assert values(exposition, "ductor_ready") == {(): 1}
-    assert values(exposition, "ductor_partitions_assigned") == {(): settings.step_partitions}
+    assert values(exposition, "ductor_partitions_assigned") == {
+        (): len(TIERS) * settings.step_partitions
+    }  # a topic per tier
     assert worker.terminate() == 0

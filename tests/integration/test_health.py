@@ -19,7 +19,7 @@ import pytest
 from confluent_kafka import Producer
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
-from processor.core.routing import TopicNames
+from processor.core.routing import TIERS, TopicNames
 from processor.core.stats import Stats
 from processor.core.step_task import StepTask
 from processor.engine.health import HealthServer
@@ -183,7 +183,10 @@ def test_a_worker_is_ready_with_partitions_and_not_while_left_out_of_a_queue_wit
         # Ready at once (no partition yet, but nothing waits), and still once it owns them.
         wait_for(lambda: _status(port, "/readyz") == 200, 60, "the worker's /readyz to be 200")
         wait_for(
-            lambda: _get(port, "/readyz")[1]["assigned_partitions"] == settings.step_partitions,
+            lambda: (
+                _get(port, "/readyz")[1]["assigned_partitions"]
+                == len(TIERS) * settings.step_partitions
+            ),
             60,
             "the worker to own the steps partitions",
         )
@@ -197,7 +200,7 @@ def test_a_worker_is_ready_with_partitions_and_not_while_left_out_of_a_queue_wit
     for i in range(5):
         produce(producer, topic, StepTask(f"r{i}", "n", 1, "fast", 2**42).encode(), b"k")
     assert producer.flush(30) == 0
-    lag = QueueLag(settings, ["left-out", "default"], [topic, f"{settings.topic_prefix}.steps"])
+    lag = QueueLag(settings, {topic: "left-out", f"{settings.topic_prefix}.steps": "default"})
     try:
         assert lag.waiting() == {"left-out": 5}
         probe = WorkerProbe("w", lag)

@@ -643,7 +643,8 @@ def test_workers_scale_on_their_queues_steps_topic_up_to_its_partitions() -> Non
     queues = worker_options(parse_args(workload.container["args"])).queues
     names = TopicNames(settings.topic_prefix)
     triggers = [t["metadata"] for t in spec["triggers"]]
-    assert sorted(t["topic"] for t in triggers) == sorted(names.steps_for(q) for q in queues)
+    wanted = [topic for q in queues for topic in names.step_topics(q)]
+    assert sorted(t["topic"] for t in triggers) == sorted(wanted)
     assert {t["consumerGroup"] for t in triggers} == {settings.worker_group_id}
     assert {t["offsetResetPolicy"] for t in triggers} == {"earliest"}
     assert spec["maxReplicaCount"] == settings.step_partitions

@@ -120,7 +120,8 @@ def test_desired_topics_use_the_configured_partition_counts() -> None:
         dlq_partitions=2,
     )
     topics = desired_topics(settings)
-    assert len(topics) == 3 + len(DELAY_RUNGS_MS) + 3
+    assert len(topics) == 3 + len(DELAY_RUNGS_MS) + 3 + 2  # the steps topics: one per tier
+    assert topics["p.steps"] == topics["p.steps.default.t0"] == topics["p.steps.default.t2"] == 4
     assert topics["p.wakeup.t2"] == 5
     assert topics["p.requests"] == 5  # partitioned by run id like the wakeups
     assert topics["p.delay.10000"] == 5
