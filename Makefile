@@ -14,7 +14,7 @@ help: ## list the targets
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[dev,binary]'
+	$(PY) -m pip install --quiet -e '.[dev,binary,ui]'
 	touch $(STAMP)
 
 venv: $(STAMP) ## create .venv and install the package with its dev tools (cached)
@@ -22,8 +22,10 @@ venv: $(STAMP) ## create .venv and install the package with its dev tools (cache
 # kcat (Debian's package is still called kafkacat; it installs /usr/bin/kcat): a Kafka client
 # that is not ours, used by the tests to write records the way an outside producer would.
 # Kafka's own console producer is not an option: it lives in kafka-tools, which .infra lacks.
-TOOLS := kcat:kafkacat
-tools: ## client tools the tests use (kcat), installed with apt-get when missing
+# Chromium and its chromedriver (Debian's builds, which apt keeps at one version together):
+# the real browser tests/integration/test_ui.py drives, headless, through selenium.
+TOOLS := kcat:kafkacat chromium:chromium chromedriver:chromium-driver
+tools: ## client tools the tests use (kcat, chromium, chromedriver), installed with apt-get when missing
 	@for tool in $(TOOLS); do \
 	  command=$${tool%%:*}; package=$${tool##*:}; \
 	  command -v $$command >/dev/null || command -v $$package >/dev/null && continue; \
