@@ -14,7 +14,7 @@ help: ## list the targets
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[dev,binary]'
+	$(PY) -m pip install --quiet -e '.[dev,binary,ui]'
 	touch $(STAMP)
 
 venv: $(STAMP) ## create .venv and install the package with its dev tools (cached)
@@ -27,8 +27,10 @@ venv: $(STAMP) ## create .venv and install the package with its dev tools (cache
 # The package comes with a Prometheus server whose service it would start: where no
 # /usr/sbin/policy-rc.d says otherwise (containers usually have one), one that refuses every
 # start is in place for the install, so no server starts, with systemd or without it.
-TOOLS := kcat:kafkacat promtool:prometheus
-tools: ## client tools the tests use (kcat, promtool), installed with apt-get when missing
+# Chromium and its chromedriver (Debian's builds, which apt keeps at one version together):
+# the real browser tests/integration/test_ui.py drives, headless, through selenium.
+TOOLS := kcat:kafkacat promtool:prometheus chromium:chromium chromedriver:chromium-driver
+tools: ## client tools the tests use (kcat, promtool, chromium, chromedriver), installed with apt-get when missing
 	@for tool in $(TOOLS); do \
 	  command=$${tool%%:*}; package=$${tool##*:}; \
 	  command -v $$command >/dev/null && continue; \
@@ -42,7 +44,8 @@ tools: ## client tools the tests use (kcat, promtool), installed with apt-get wh
 	  if [ ! -e /usr/sbin/policy-rc.d ]; then \
 	    policy=/usr/sbin/policy-rc.d; printf '#!/bin/sh\nexit 101\n' >$$policy; chmod 755 $$policy; \
 	  fi; \
-	  install="apt-get install -y -q --no-install-recommends $$package"; \
+	  install="apt-get install -y -q $$package"; \
+	  [ $$package = prometheus ] && install="$$install --no-install-recommends"; \
 	  DEBIAN_FRONTEND=noninteractive $$install >/dev/null 2>&1 \
 	    || { apt-get update -q && DEBIAN_FRONTEND=noninteractive $$install; }; \
 	  status=$$?; [ -n "$$policy" ] && rm -f $$policy; \

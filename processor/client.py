@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
@@ -23,6 +23,7 @@ import orjson
 import psycopg
 from confluent_kafka import KafkaError, KafkaException, Producer
 
+from processor.authoring import duration_ms
 from processor.core.decide import Commit, Send
 from processor.core.envelope import MAX_RUN_ID_LENGTH, Rejected, Wakeup
 from processor.core.model import LoadedRun, NodeStatus, RunStatus, SignalKind
@@ -35,13 +36,14 @@ from processor.core.requests import (
 )
 from processor.core.routing import TIERS, TopicNames
 from processor.core.run_input import input_problem
-from processor.core.run_search import Cursor, RunFilter, tags_problem
+from processor.core.run_search import Cursor, RunFilter, parse_tags, tags_problem
 from processor.core.tick import resume_failed
-from processor.core.workflow import SIGNAL_NAME
+from processor.core.workflow import SIGNAL_NAME, ValidationError
 from processor.io.config import Settings
 from processor.io.kafka import choose_partition, produce, producer_config, topic_partitions
 from processor.io.kafka_logs import with_logger
 from processor.io.logs import first_line
+from processor.io.run_document import inspect_document, read_run
 from processor.io.run_search import RunPage
 from processor.io.run_search import count_runs as _count_runs
 from processor.io.run_search import search_runs as _search_runs
@@ -83,7 +85,9 @@ __all__ = [
     "connect",
     "count_runs",
     "get_run",
+    "inspect_run",
     "list_runs",
+    "parse_filter",
     "release_run",
     "request_signal",
     "request_starts",
@@ -453,6 +457,17 @@ def get_run(settings: Settings, run_id: str) -> RunResult:
         return _read_result(conn, run_id)
 
 
+def inspect_run(settings: Settings, run_id: str) -> dict[str, Any]:
+    """What `ductor inspect RUN_ID --output json` prints: the run, its workflow's steps and
+    their dependencies, its nodes and every attempt's timeline (io/run_document.py).
+    RunNotFound if there is no such run."""
+    with connect(settings) as conn:
+        record = read_run(conn, Definitions(), run_id)
+    if record is None:
+        raise RunNotFound(f"no run with id {run_id!r}")
+    return inspect_document(record)
+
+
 def wait_for_run(settings: Settings, run_id: str, timeout_s: float) -> RunResult:
     """The run's result once it has ended (succeeded, failed or cancelled), read from Postgres
     every 50 ms at first, then less and less often (at most 1 s apart). RunNotFinished when it
@@ -497,6 +512,58 @@ def search_runs(
         raise ClientError(f"the limit must be between 1 and {MAX_LIST_LIMIT}, not {limit}")
     with connect(settings) as conn:
         return _search_runs(conn, wanted, limit, after)
+
+
+def parse_filter(
+    *,
+    now_ms: int,
+    workflow: str | None = None,
+    statuses: Sequence[str] = (),
+    since: str | None = None,
+    until: str | None = None,
+    id_prefix: str | None = None,
+    tags: Sequence[str] = (),
+    step_failed: str | None = None,
+    names: Mapping[str, str] | None = None,
+) -> RunFilter:
+    """The RunFilter a person wrote (`ductor runs list`'s flags, the web page's form): statuses
+    by name (each once), times as ISO 8601 with their offset or a duration before ``now_ms``
+    (``90s``, ``15m``, ``2h``, ``7d``), tags as ``KEY=VALUE``. ValueError saying what is wrong;
+    ``names`` gives the words the message calls ``since`` and ``until`` by (``--since``)."""
+    called = names or {}
+    try:
+        kept = tuple(RunStatus(s) for s in dict.fromkeys(statuses))
+    except ValueError:
+        known = ", ".join(s.value for s in RunStatus)
+        raise ValueError(f"a status is one of {known}, not {list(statuses)!r}") from None
+    return RunFilter(
+        workflow=workflow,
+        statuses=kept,
+        since_ms=_time_bound(since, called.get("since", "since"), now_ms),
+        until_ms=_time_bound(until, called.get("until", "until"), now_ms),
+        id_prefix=id_prefix,
+        tags=tuple(sorted(parse_tags(list(tags)).items())),
+        step_failed=step_failed,
+    )
+
+
+def _time_bound(text: str | None, name: str, now_ms: int) -> int | None:
+    """An ISO 8601 time with its offset, or a duration before now, as epoch ms."""
+    if text is None:
+        return None
+    try:
+        at = datetime.fromisoformat(text)
+    except ValueError:
+        try:
+            return now_ms - duration_ms(text, name)
+        except ValidationError:
+            raise ValueError(
+                f"{name} {text!r}: expected an ISO 8601 time with its offset"
+                " (2026-12-24T18:00:00Z) or a duration ago (90s, 15m, 2h, 7d)"
+            ) from None
+    if at.tzinfo is None:
+        raise ValueError(f"{name} {text!r}: say the time's offset (Z, +01:00)")
+    return round(at.timestamp() * 1000)
 
 
 def count_runs(settings: Settings, wanted: RunFilter) -> int:

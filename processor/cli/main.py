@@ -34,6 +34,7 @@ from processor.cli.search import add_search_commands
 from processor.cli.services import cmd_migrate, cmd_process, cmd_topics_create, cmd_worker
 from processor.cli.tool_commands import cmd_bench, cmd_demo, parse_bench_arguments
 from processor.cli.triggers import add_trigger_commands
+from processor.cli.ui import add_ui_command
 from processor.cli.workflows import add_workflow_commands
 from processor.client import IfExists
 from processor.core.outcomes import DLQ_REASONS
@@ -289,6 +290,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_trigger_commands(sub)
     add_schedule_commands(sub)
+    add_ui_command(sub)
 
     dlq = sub.add_parser("dlq", help="list and replay dead-lettered records")
     dlq_sub = dlq.add_subparsers(dest="dlq_command", required=True, metavar="ACTION")

@@ -6,7 +6,6 @@ import argparse
 import sys
 import uuid
 from datetime import UTC, datetime, timedelta
-from typing import Any
 
 import orjson
 
@@ -29,14 +28,13 @@ from processor.client import (
     wait_for_run,
 )
 from processor.core.children import child_run_id
-from processor.core.model import LoadedRun, NodeStatus, RunStatus, state_checksum
+from processor.core.model import RunStatus, state_checksum
 from processor.core.routing import TopicNames
 from processor.core.run_search import parse_tags
 from processor.core.workflow import SIGNAL_NAME, ValidationError
 from processor.io.config import Settings
-from processor.io.run_search import AttemptRow, attempt_rows
-from processor.io.runs_admin import RunColumns, run_columns, run_result
-from processor.io.store import Definitions, load_runs
+from processor.io.run_document import inspect_document, read_run
+from processor.io.store import Definitions
 
 
 def cmd_start(settings: Settings, args: argparse.Namespace) -> int:
@@ -151,18 +149,14 @@ def _start_refused(exc: RunExists, args: argparse.Namespace, count: int) -> str:
 
 def cmd_inspect(settings: Settings, args: argparse.Namespace) -> int:
     with connect(settings) as conn:
-        columns = run_columns(conn, args.run_id)
-        run = load_runs(conn, Definitions(), [args.run_id]).get(args.run_id)
-        result = run_result(conn, args.run_id)
-    if run is None or columns is None or result is None:
+        record = read_run(conn, Definitions(), args.run_id)
+    if record is None:
         raise CliError(f"no run with id {args.run_id!r}")
     if args.output == "json":
-        with connect(settings) as conn:
-            attempts = attempt_rows(conn, args.run_id)
-        document = inspect_document(args.run_id, columns, run, result, attempts)
+        document = inspect_document(record)
         sys.stdout.write(orjson.dumps(document, option=orjson.OPT_INDENT_2).decode() + "\n")
-        healthy = not isinstance(run, Exception) and run.checksum_ok
-        return EXIT_OK if healthy and columns.quarantined_at is None else EXIT_FAILED
+        return EXIT_OK if record.healthy else EXIT_FAILED
+    columns, run, result = record.columns, record.run, record.result
     print(f"run        {args.run_id}")
     print(f"workflow   {columns.workflow[0]} v{columns.workflow[1]}")
     if columns.quarantined_at is not None:
@@ -193,94 +187,7 @@ def cmd_inspect(settings: Settings, args: argparse.Namespace) -> int:
         if run.wf.step_for(name).starts_child and node.attempt:
             extra += f"  child: {child_run_id(args.run_id, name, node.attempt)}"
         print(f"  {name:20} {node.status.value:11} attempt {node.attempt}{extra}")
-    healthy = run.checksum_ok and columns.quarantined_at is None
-    return EXIT_OK if healthy else EXIT_FAILED
-
-
-def inspect_document(
-    run_id: str,
-    columns: RunColumns,
-    run: LoadedRun | Exception,
-    result: RunResult,
-    attempts: list[AttemptRow],
-) -> dict[str, Any]:
-    """`ductor inspect --output json`: the run, its nodes and every attempt's timeline
-    (claimed by a worker at ``started``, its result at ``ended``). ``dispatched`` is known for
-    the attempt in flight only (its deadline less the step's timeout): the coordinator keeps
-    no time per past dispatch (it would cost a write per dispatch)."""
-    document: dict[str, Any] = {
-        "run_id": run_id,
-        "workflow": columns.workflow[0],
-        "version": columns.workflow[1],
-        "status": columns.status,
-        "failure_reason": columns.failure_reason,
-        "tier": columns.tier,
-        "created_at": columns.created_at.isoformat(),
-        "updated_at": columns.updated_at.isoformat(),
-        "start_at": None if columns.start_at is None else columns.start_at.isoformat(),
-        "next_wakeup_at": _iso(columns.next_wakeup_at),
-        "quarantine_reason": columns.quarantine_reason,
-        "output": result.output if result.status is RunStatus.SUCCEEDED else None,
-    }
-    if isinstance(run, Exception):
-        document["load_error"] = str(run)
-        document["attempts"] = [_attempt_json(a, None) for a in attempts]
-        return document
-    document["seq"] = run.state.seq
-    document["checksum_ok"] = run.checksum_ok
-    document["parent"] = (
-        None
-        if run.parent is None
-        else {"run_id": run.parent.run_id, "step": run.parent.node, "attempt": run.parent.attempt}
-    )
-    in_flight: dict[tuple[str, int], int] = {}
-    nodes = []
-    for name, node in run.state.nodes:
-        step = run.wf.step_for(name)
-        if node.status is NodeStatus.DISPATCHED and node.due_ms is not None:
-            in_flight[(name, node.attempt)] = node.due_ms - step.timeout_ms
-        nodes.append(
-            {
-                "node": name,
-                "status": node.status.value,
-                "attempt": node.attempt,
-                "error": node.error,
-                "due": None if node.due_ms is None else _iso_ms(node.due_ms),
-                "child_run": (
-                    child_run_id(run_id, name, node.attempt)
-                    if step.starts_child and node.attempt
-                    else None
-                ),
-            }
-        )
-    document["nodes"] = nodes
-    document["attempts"] = [_attempt_json(a, in_flight.get((a.node, a.attempt))) for a in attempts]
-    return document
-
-
-def _attempt_json(attempt: AttemptRow, dispatched_ms: int | None) -> dict[str, Any]:
-    started, ended = attempt.started_at, attempt.ended_at
-    duration = None if started is None or ended is None else (ended - started).total_seconds()
-    return {
-        "node": attempt.node,
-        "attempt": attempt.attempt,
-        "dispatched": None if dispatched_ms is None else _iso_ms(dispatched_ms),
-        "started": _iso(started),
-        "ended": _iso(ended),
-        "worker": attempt.worker_id,
-        "executions": attempt.starts,
-        "duration_s": duration,
-        "outcome": attempt.outcome,
-        "error": attempt.error,
-    }
-
-
-def _iso(at: datetime | None) -> str | None:
-    return None if at is None else at.isoformat()
-
-
-def _iso_ms(epoch_ms: int) -> str:
-    return datetime.fromtimestamp(epoch_ms / 1000, UTC).isoformat(timespec="milliseconds")
+    return EXIT_OK if record.healthy else EXIT_FAILED
 
 
 # Enough of a run's output to recognise it; `ductor result` prints it whole.

@@ -7,12 +7,10 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from datetime import datetime
 from typing import Any
 
 import orjson
 
-from processor.authoring import duration_ms
 from processor.cli.common import EXIT_FAILED, EXIT_OK, EXIT_USAGE, CliError
 from processor.client import (
     MAX_BULK_RUNS,
@@ -23,14 +21,13 @@ from processor.client import (
     RunSummary,
     cancel_runs,
     count_runs,
+    parse_filter,
     retry_run,
     retry_runs,
     search_runs,
     send_signal,
 )
 from processor.core.model import RunStatus
-from processor.core.run_search import parse_tags
-from processor.core.workflow import ValidationError
 from processor.io.config import Settings
 
 # How many matched run ids a bulk action prints before "... and N more".
@@ -69,39 +66,20 @@ def add_filter_arguments(p: argparse.ArgumentParser) -> None:
 
 def filter_from_args(args: argparse.Namespace) -> RunFilter:
     """The RunFilter the arguments describe; exit 2 saying what is wrong."""
-    now_ms = int(time.time() * 1000)
     try:
-        return RunFilter(
+        return parse_filter(
+            now_ms=int(time.time() * 1000),
             workflow=args.workflow,
-            statuses=tuple(RunStatus(s) for s in dict.fromkeys(args.status or [])),
-            since_ms=_time_bound(args.since, "--since", now_ms),
-            until_ms=_time_bound(args.until, "--until", now_ms),
+            statuses=args.status or (),
+            since=args.since,
+            until=args.until,
             id_prefix=args.id_prefix,
-            tags=tuple(sorted(parse_tags(args.tag).items())),
+            tags=args.tag or (),
             step_failed=args.step_failed,
+            names={"since": "--since", "until": "--until"},
         )
     except ValueError as exc:
         raise CliError(str(exc), EXIT_USAGE) from None
-
-
-def _time_bound(text: str | None, flag: str, now_ms: int) -> int | None:
-    """An ISO 8601 time with its offset, or a duration before now, as epoch ms."""
-    if text is None:
-        return None
-    try:
-        at = datetime.fromisoformat(text)
-    except ValueError:
-        try:
-            return now_ms - duration_ms(text, flag)
-        except ValidationError:
-            raise CliError(
-                f"{flag} {text!r}: expected an ISO 8601 time with its offset"
-                " (2026-12-24T18:00:00Z) or a duration ago (90s, 15m, 2h, 7d)",
-                EXIT_USAGE,
-            ) from None
-    if at.tzinfo is None:
-        raise CliError(f"{flag} {text!r}: say the time's offset (Z, +01:00)", EXIT_USAGE)
-    return round(at.timestamp() * 1000)
 
 
 def cmd_runs_list(settings: Settings, args: argparse.Namespace) -> int:

@@ -107,6 +107,9 @@ class Settings:
     # Tests only: this process's wall clock runs this far ahead (negative: behind), as a
     # machine whose clock drifted would (io/faults.py, ``skew_wall_clock``). 0 in production.
     test_clock_ahead_ms: int = 0
+    # `ductor ui`'s token: who gives it may retry and cancel runs from the web page; empty:
+    # the page is read-only. A secret (never shown, or read from DUCTOR_UI_TOKEN_FILE).
+    ui_token: str = field(default="", repr=False)
     kafka_extra: Mapping[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -254,6 +257,21 @@ def _parse_faults(name: str, raw: str) -> str:
     return raw
 
 
+# A token a person types once; shorter ones could be guessed by trying (the page answers
+# every try at once: it has no lockout).
+UI_TOKEN_MIN_LENGTH = 16
+
+
+def _parse_token(name: str, raw: str) -> str:
+    """Empty (no token), or at least UI_TOKEN_MIN_LENGTH printable ASCII characters."""
+    if raw and (len(raw) < UI_TOKEN_MIN_LENGTH or not (raw.isascii() and raw.isprintable())):
+        raise ConfigError(
+            f"{name} must be at least {UI_TOKEN_MIN_LENGTH} printable ASCII characters"
+            " (e.g. the output of `openssl rand -hex 24`), or empty for a read-only page"
+        )
+    return raw
+
+
 def _kafka_passthrough(env: Mapping[str, str]) -> dict[str, str]:
     """The librdkafka properties the DUCTOR_KAFKA_* variables give (whether each may be set
     is checked with the other settings: ``_check_together``)."""
@@ -315,6 +333,7 @@ _FIELDS: tuple[tuple[str, Callable[[str, str], object]], ...] = (
     ("group_stall_s", _float_min(0.0)),
     ("test_faults", _parse_faults),
     ("test_clock_ahead_ms", _int_in(-86_400_000, 86_400_000)),
+    ("ui_token", _parse_token),
 )
 
 
@@ -341,6 +360,7 @@ SETTING_VARIABLES: tuple[str, ...] = tuple(_variable(name) for name, _ in _FIELD
 # a file named by <VARIABLE>_FILE instead (a mounted Kubernetes or Docker secret).
 SECRET_VARIABLES: tuple[str, ...] = (
     "DUCTOR_PG_DSN",
+    "DUCTOR_UI_TOKEN",
     *sorted(kafka_properties.variable_for(p) for p in kafka_properties.SECRET_PROPERTIES),
 )
 FILE_SUFFIX = "_FILE"

@@ -82,14 +82,27 @@ class DeadLetter:
         """The headers the record had before it was dead-lettered."""
         return [(k, v) for k, v in self.headers if not k.startswith(DLQ_HEADER_PREFIX)]
 
+    @property
+    def source(self) -> str:
+        """Where it came from: ``topic[partition]@offset`` (``?`` for what its headers lack)."""
+        where = f"{self.source_topic or '?'}[{_show_int(self.source_partition)}]"
+        return where + f"@{_show_int(self.source_offset)}"
+
+    def key_excerpt(self, limit: int = 40) -> str:
+        """Its key's first ``limit`` bytes as one line of text."""
+        return _excerpt(self.key, limit)
+
+    def value_excerpt(self, limit: int = 60) -> str:
+        return _excerpt(self.value, limit)
+
+    def detail_line(self) -> str:
+        return _printable(self.detail)
+
     def describe(self) -> str:
-        """One line for `ductor dlq list`."""
-        source = f"{self.source_topic or '?'}[{_show_int(self.source_partition)}]"
-        source += f"@{_show_int(self.source_offset)}"
+        """One line for `ductor dlq list` (the web page shows the same parts)."""
         return (
-            f"{self.partition}:{self.offset}  {self.reason}  {source}"
-            f"  key={_excerpt(self.key, 40)}  value={_excerpt(self.value, 60)}"
-            f"  {_printable(self.detail)}"
+            f"{self.partition}:{self.offset}  {self.reason}  {self.source}"
+            f"  key={self.key_excerpt()}  value={self.value_excerpt()}  {self.detail_line()}"
         )
 
 

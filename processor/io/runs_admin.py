@@ -35,6 +35,7 @@ class RunColumns:
     quarantined_at: datetime | None
     quarantine_reason: str | None
     start_at: datetime | None = None  # started for later: not before then
+    tags: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -279,14 +280,14 @@ def run_columns(conn: psycopg.Connection[Any], run_id: str) -> RunColumns | None
     row = conn.execute(
         "SELECT db_record_version, next_wakeup_at, created_at, updated_at, failure_reason,"
         "       workflow_name, workflow_version, status, tier, quarantined_at, quarantine_reason,"
-        "       start_at"
+        "       start_at, tags"
         " FROM eec_workflow_run WHERE run_id = %s",
         (run_id,),
     ).fetchone()
     if row is None:
         return None
     version, next_wakeup_at, created, updated, failure, wf_name, wf_version, *rest = row
-    status, tier, quarantined_at, quarantine_reason, start_at = rest
+    status, tier, quarantined_at, quarantine_reason, start_at, tags = rest
     return RunColumns(
         version,
         next_wakeup_at,
@@ -299,6 +300,7 @@ def run_columns(conn: psycopg.Connection[Any], run_id: str) -> RunColumns | None
         quarantined_at,
         quarantine_reason,
         start_at,
+        tags or {},
     )
 
 

@@ -195,6 +195,8 @@ def test_runs_are_found_by_every_filter_and_acted_on_in_bulk(
     assert done.returncode == 0, done.stderr
     document = orjson.loads(done.stdout)
     assert document["status"] == "failed" and document["workflow"] == "failing"
+    assert document["tags"] == c1
+    assert document["steps"] == [{"name": "only", "kind": "task", "type": "fail", "after": []}]
     assert [(a["node"], a["attempt"], a["outcome"]) for a in document["attempts"]] == [
         ("only", 1, "failed"),
         ("only", 2, "failed"),

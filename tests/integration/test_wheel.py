@@ -287,10 +287,19 @@ def test_the_wheel_holds_the_package_files_and_nothing_of_the_checkout(
         *(f"migrations/{m.name}.sql" for m in migrations()),
     }
     assert "processor/py.typed" in names
+    # The web page's templates and stylesheet (the ui extra brings the libraries that use them).
+    pages = {"base", "dead_letters", "login", "problem", "run", "runs", "schedules"}
+    assert {f"processor/ui/templates/{page}.html" for page in pages} <= names
+    assert "processor/ui/static/ui.css" in names
     assert {n.split("/")[0] for n in names} == {"processor", metadata_name.split("/")[0]}
     requires = metadata.get_all("Requires-Dist") or []
     assert "psycopg<4,>=3.2" in requires  # without the binary build, as a library should
     assert 'psycopg[binary]<4,>=3.2; extra == "binary"' in requires
+    assert {r for r in requires if r.endswith('extra == "ui"')} == {
+        'starlette<2,>=1.10; extra == "ui"',
+        'jinja2<4,>=3.1.6; extra == "ui"',
+        'uvicorn<1,>=0.55; extra == "ui"',
+    }
     assert "Typing :: Typed" in (metadata.get_all("Classifier") or [])
 
 
@@ -359,6 +368,15 @@ def test_the_tools_that_need_a_checkout_say_so_in_one_sentence(user_venv: UserVe
     bench = _run([user_venv.bin("ductor"), "bench", "--help"], cwd=user_venv.root, env=env)
     assert bench.returncode == 0, bench.stderr
     assert bench.stdout.startswith("usage: ductor bench")
+
+
+def test_the_web_page_without_its_extra_says_how_to_install_it(user_venv: UserVenv) -> None:
+    """The quickstart installs `[binary]` only: `ductor ui` names the extra to install, in one
+    sentence, exit 2."""
+    shown = _run([user_venv.bin("ductor"), "ui"], cwd=user_venv.root, env=user_env(user_venv))
+    assert (shown.returncode, shown.stdout) == (2, ""), shown.stderr
+    assert shown.stderr.startswith("ductor: ductor ui needs the ui extra ("), shown.stderr
+    assert shown.stderr.endswith(": pip install 'ductor-processor[ui]'\n"), shown.stderr
 
 
 @pytest.fixture

@@ -139,7 +139,7 @@ def test_an_unexpected_error_in_a_command_is_no_traceback(
     def broken(*_args: object) -> int:
         raise KeyError("oops")
 
-    monkeypatch.setattr("processor.cli.runs.run_columns", broken)
+    monkeypatch.setattr("processor.cli.runs.read_run", broken)
     monkeypatch.setattr("processor.cli.runs.connect", _FakeConnection)
     assert main(["inspect", "r"]) == 1
     err = capsys.readouterr().err

@@ -35,6 +35,9 @@ def test_the_client_commands_take_what_the_docs_show() -> None:
     assert parse_args(["workflows", "list"]).output == "table"
     args = parse_args(["workflows", "show", "checkout", "--version", "2"])
     assert (args.name, args.version) == ("checkout", 2)
+    args = parse_args(["ui"])
+    assert (args.host, args.port, args.handles_signals) == ("127.0.0.1", 8080, True)
+    assert parse_args(["ui", "--host", "::1", "--port", "0"]).host == "::1"
 
 
 @pytest.mark.parametrize(
@@ -50,6 +53,7 @@ def test_the_client_commands_take_what_the_docs_show() -> None:
         ["runs", "count", "--tag"],
         ["workflows", "show"],
         ["workflows", "list", "--output", "yaml"],
+        ["ui", "--port", "http"],
     ],
 )
 def test_bad_usage_exits_2_with_a_usage_line(
@@ -71,16 +75,18 @@ def test_bench_help_lists_the_benchmark_options(capsys: pytest.CaptureFixture[st
 
 
 def test_the_command_line_does_not_load_the_demo_or_the_benchmark() -> None:
-    """`ductor --help` and every command but demo and bench start without processor.tools."""
+    """`ductor --help` and every command but demo and bench start without processor.tools,
+    and without the web page's libraries (the ui extra, loaded by `ductor ui` alone)."""
     code = (
         "import contextlib, io, sys\n"
         "import processor.cli\n"
         "from processor.cli.main import parse_args\n"
-        "for argv in (['start', 'x'], ['process'], ['dlq', 'list'], ['inspect', 'r']):\n"
+        "for argv in (['start', 'x'], ['process'], ['dlq', 'list'], ['inspect', 'r'], ['ui']):\n"
         "    parse_args(argv)\n"
         "with contextlib.suppress(SystemExit), contextlib.redirect_stdout(io.StringIO()):\n"
         "    parse_args(['--help'])\n"
-        "print(sorted(n for n in sys.modules if n.startswith('processor.tools')))\n"
+        "lazy = ('processor.tools', 'processor.ui', 'starlette', 'uvicorn', 'jinja2')\n"
+        "print(sorted(n for n in sys.modules if n.startswith(lazy)))\n"
     )
     done = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60

@@ -360,6 +360,7 @@ def test_settings_env_round_trips_every_field_changed() -> None:
         "DUCTOR_HTTP_HOST": "0.0.0.0",
         "DUCTOR_TEST_FAULTS": "after_commit=kill@2",
         "DUCTOR_TEST_CLOCK_AHEAD_MS": "-1500",
+        "DUCTOR_UI_TOKEN": "a-token-of-24-characters",
         "DUCTOR_KAFKA_SECURITY_PROTOCOL": "SASL_SSL",
         "DUCTOR_KAFKA_SASL_PASSWORD": "hunter2",
     }
@@ -416,3 +417,13 @@ def test_settings_env_round_trips(candidates: dict[str, str], kafka: dict[str, s
 def test_settings_env_refuses_a_property_no_variable_can_give() -> None:
     with pytest.raises(ConfigError, match="ssl_key"):
         settings_env(Settings(kafka_extra={"ssl_key": "x"}))
+
+
+def test_the_web_page_s_token_is_long_enough_to_guess_never_or_not_set() -> None:
+    assert load_settings({}).ui_token == ""
+    assert load_settings({"DUCTOR_UI_TOKEN": ""}).ui_token == ""
+    assert load_settings({"DUCTOR_UI_TOKEN": "x" * 16}).ui_token == "x" * 16
+    for short in ("secret", "x" * 15, "é" * 20, "tab\there-and-long-enough"):
+        with pytest.raises(ConfigError, match="at least 16 printable ASCII characters"):
+            load_settings({"DUCTOR_UI_TOKEN": short})
+    assert "x" * 16 not in repr(load_settings({"DUCTOR_UI_TOKEN": "x" * 16}))

@@ -1,6 +1,6 @@
 """The package's structure, checked from its imports: no import circle anywhere, and each
-layer imports only the layers below it (core < io < engine and worker < client < cli, tools);
-the processor's engine and the step worker, side by side, never import each other.
+layer imports only the layers below it (core < io < engine and worker < client < cli, tools,
+ui); the processor's engine and the step worker, side by side, never import each other.
 
 Imports at module level count, including those under ``if TYPE_CHECKING``; imports inside a
 function do not (that is how the CLI loads the benchmark and the demo lazily).
@@ -14,7 +14,16 @@ from pathlib import Path
 import pytest
 
 PACKAGE = Path(__file__).resolve().parents[2] / "processor"
-LAYERS = {"core": 0, "io": 1, "engine": 2, "worker": 2, "client": 3, "cli": 4, "tools": 4}
+LAYERS = {
+    "core": 0,
+    "io": 1,
+    "engine": 2,
+    "worker": 2,
+    "client": 3,
+    "cli": 4,
+    "tools": 4,
+    "ui": 4,
+}
 
 
 def _module_name(path: Path) -> str:

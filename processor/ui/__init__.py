@@ -1,0 +1,8 @@
+"""`ductor ui`: a small web page over the runs, their DAGs and attempts, the dead letters and
+the schedules, with retry and cancel behind a token (docs/operations.md#web-ui).
+
+Server-rendered HTML (Starlette, Jinja2, uvicorn: the ``ui`` extra, ``pip install
+'ductor-processor[ui]'``), no script. dag.py and auth.py are pure; app.py holds the pages,
+which read through the client and io functions the commands use (no SQL here); server.py binds
+the address and serves.
+"""

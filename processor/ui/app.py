@@ -1,0 +1,335 @@
+"""The web page of `ductor ui` (docs/operations.md#web-ui), a Starlette application: the runs
+with the filters of `ductor runs list`, a run with its DAG and attempts (what `inspect --output
+json` prints), the dead letters and the schedules, and retry and cancel buttons for who gave
+the token (processor/ui/auth.py).
+
+The pages call the client and io functions the commands call, on the server's thread pool (each
+opens its own connection, as a command does: a page is a person's click, not a hot path, so no
+pool is kept). Every answer carries a Content-Security-Policy that allows no script at all, no
+framing (the buttons cannot be overlaid by another site) and forms posted to this site only.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
+from urllib.parse import parse_qs
+
+import psycopg
+from confluent_kafka import KafkaException
+from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
+from starlette.middleware import Middleware
+from starlette.middleware.trustedhost import TrustedHostMiddleware
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, RedirectResponse, Response
+from starlette.routing import Route
+
+from processor import client
+from processor.client import ClientError, Cursor, RunFilter, RunNotFound, RunPage
+from processor.core.model import RunStatus
+from processor.core.outcomes import DLQ_REASONS
+from processor.io.config import Settings
+from processor.io.dlq import DeadLetter, DlqError, read_dead_letters
+from processor.io.logs import first_line
+from processor.io.schedules import Schedule, list_schedules
+from processor.ui import auth
+from processor.ui.dag import layout, step_states
+from processor.ui.pages import environment, run_url, stylesheet
+
+log = logging.getLogger("ductor.ui")
+
+PAGE_SIZE = 50
+MAX_PAGE_SIZE = 500  # a page is one table: `ductor runs list --limit` goes further
+# The dead-letter topic is read from its start, as `ductor dlq list` reads it: the page shows
+# the first ones and says how to list them all.
+DEAD_LETTERS_SHOWN = 200
+# Every form of the page is a few short fields.
+_FORM_BYTES = 8192
+_HEADERS = {
+    "Content-Security-Policy": (
+        "default-src 'none'; style-src 'self'; img-src 'self'; form-action 'self';"
+        " frame-ancestors 'none'; base-uri 'none'"
+    ),
+    "X-Content-Type-Options": "nosniff",
+    # The filters and cursors are in the addresses: no other site is told them. (Not
+    # no-referrer: under it a browser sends "Origin: null" with the page's own forms.)
+    "Referrer-Policy": "same-origin",
+    "Cache-Control": "no-store",
+}
+# The names a browser on this machine reaches a loopback address by. Any other Host header is
+# refused: a page of another site whose name resolves to 127.0.0.1 (DNS rebinding) cannot read
+# this one.
+LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1", "[::1]")
+_LIVE = (RunStatus.PENDING.value, RunStatus.RUNNING.value)
+_DONE = {"retry": "Retried: the failed steps run again.", "cancel": "Cancel sent."}
+
+Handler = Callable[[Request], Awaitable[Response]]
+
+
+class Site:
+    """The handlers, with the settings and the token they share."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.token = settings.ui_token
+        self.templates = environment()
+        self.css = stylesheet()
+
+    # -- answers --------------------------------------------------------------------------
+
+    def page(self, request: Request, name: str, status: int = 200, **context: Any) -> Response:
+        logged_in = auth.session_valid(self.token, request.cookies.get(auth.COOKIE), _now_s())
+        html = self.templates.get_template(name).render(
+            token_configured=bool(self.token),
+            logged_in=logged_in,
+            here=request.url.path,
+            **context,
+        )
+        return _secured(HTMLResponse(html, status_code=status))
+
+    def problem(self, request: Request, status: int, message: str) -> Response:
+        return self.page(request, "problem.html", status, message=message)
+
+    async def stylesheet(self, _request: Request) -> Response:
+        return _secured(Response(self.css, media_type="text/css"))
+
+    # -- read-only pages ------------------------------------------------------------------
+
+    async def runs(self, request: Request) -> Response:
+        params = request.query_params
+        pairs = [(k, v) for k, v in params.multi_items() if k != "cursor" and v.strip()]
+        form: dict[str, Any] = {
+            "workflow": params.get("workflow", ""),
+            "statuses": params.getlist("status"),
+            "since": params.get("since", ""),
+            "until": params.get("until", ""),
+            "id_prefix": params.get("id_prefix", ""),
+            "tags": [t for t in params.getlist("tag") if t.strip()],
+            "step_failed": params.get("step_failed", ""),
+            "limit": params.get("limit", ""),
+        }
+        context: dict[str, Any] = {
+            "form": form,
+            "pairs": pairs,
+            "all_statuses": [s.value for s in RunStatus],
+        }
+        try:
+            wanted = _filter(form)
+            limit = _page_size(form["limit"])
+            cursor = params.get("cursor")
+            after = Cursor.decode(cursor) if cursor else None
+        except ValueError as exc:
+            return self.page(request, "runs.html", 400, error=str(exc), page=None, **context)
+        page, total = await run_in_threadpool(self._search, wanted, limit, after)
+        return self.page(request, "runs.html", page=page, total=total, error=None, **context)
+
+    def _search(self, wanted: RunFilter, limit: int, after: Cursor | None) -> tuple[RunPage, int]:
+        return (
+            client.search_runs(self.settings, wanted, limit, after),
+            client.count_runs(self.settings, wanted),
+        )
+
+    async def run(self, request: Request) -> Response:
+        run_id = request.path_params["run_id"]
+        try:
+            document = await run_in_threadpool(client.inspect_run, self.settings, run_id)
+        except RunNotFound as exc:
+            return self.problem(request, 404, str(exc))
+        states = step_states(document)
+        return self.page(
+            request,
+            "run.html",
+            run=document,
+            dag=layout(states) if states else None,
+            can_retry=document["status"] == RunStatus.FAILED.value,
+            can_cancel=document["status"] in _LIVE,
+            done=_DONE.get(request.query_params.get("did", "")),
+        )
+
+    async def dead_letters(self, request: Request) -> Response:
+        reason = request.query_params.get("reason") or None
+        if reason is not None and reason not in DLQ_REASONS:
+            return self.problem(request, 400, f"no dead-letter reason is called {reason!r}")
+        try:
+            letters = await run_in_threadpool(self._dead_letters, reason)
+        except DlqError as exc:
+            return self.problem(request, 503, str(exc))
+        return self.page(
+            request,
+            "dead_letters.html",
+            letters=letters,
+            reason=reason,
+            reasons=DLQ_REASONS,
+            shown=DEAD_LETTERS_SHOWN,
+        )
+
+    def _dead_letters(self, reason: str | None) -> list[DeadLetter]:
+        return read_dead_letters(self.settings, reason=reason, limit=DEAD_LETTERS_SHOWN)
+
+    async def schedules(self, request: Request) -> Response:
+        schedules = await run_in_threadpool(self._schedules)
+        return self.page(request, "schedules.html", schedules=schedules)
+
+    def _schedules(self) -> list[Schedule]:
+        with client.connect(self.settings) as conn:
+            return list_schedules(conn)
+
+    # -- the token, and what it allows ----------------------------------------------------
+
+    async def login_form(self, request: Request) -> Response:
+        target = auth.safe_next(request.query_params.get("next"))
+        return self.page(request, "login.html", target=target, error=None)
+
+    async def login(self, request: Request) -> Response:
+        refused = self._refused(request, need_session=False)
+        if refused is not None:
+            return refused
+        form = await _form(request)
+        target = auth.safe_next(form.get("next"))
+        if not auth.token_matches(self.token, form.get("token", "")):
+            log.warning("ui login refused: wrong token", extra={"client": _client(request)})
+            return self.page(request, "login.html", 403, target=target, error="Wrong token.")
+        answer = _secured(RedirectResponse(target, status_code=303))
+        answer.set_cookie(
+            auth.COOKIE,
+            auth.new_session(self.token, _now_s()),
+            max_age=auth.SESSION_S,
+            httponly=True,
+            samesite="strict",
+            secure=request.url.scheme == "https",
+        )
+        return answer
+
+    async def logout(self, request: Request) -> Response:
+        refused = self._refused(request, need_session=False)
+        if refused is not None:
+            return refused
+        answer = _secured(RedirectResponse("/", status_code=303))
+        answer.delete_cookie(auth.COOKIE, httponly=True, samesite="strict")
+        return answer
+
+    async def retry(self, request: Request) -> Response:
+        return await self._act(
+            request, "retry", lambda run_id: client.retry_run(self.settings, run_id)
+        )
+
+    async def cancel(self, request: Request) -> Response:
+        return await self._act(
+            request, "cancel", lambda run_id: client.send_signal(self.settings, run_id)
+        )
+
+    async def _act(self, request: Request, verb: str, action: Callable[[str], object]) -> Response:
+        refused = self._refused(request, need_session=True)
+        if refused is not None:
+            return refused
+        run_id = (await _form(request)).get("run_id", "")
+        try:
+            await run_in_threadpool(action, run_id)
+        except RunNotFound as exc:
+            return self.problem(request, 404, str(exc))
+        except ClientError as exc:
+            return self.problem(request, 409, str(exc))
+        log.info("ui %s", verb, extra={"run_id": run_id, "client": _client(request)})
+        return _secured(RedirectResponse(f"{run_url(run_id)}?did={verb}", status_code=303))
+
+    def _refused(self, request: Request, need_session: bool) -> Response | None:
+        """Why a POST is refused (403), or None: no token configured (the page is read-only),
+        a request from another site, or no valid session where one is needed."""
+        if not self.token:
+            return self.problem(
+                request, 403, "This page is read-only: no token is configured (DUCTOR_UI_TOKEN)."
+            )
+        if not auth.same_origin(request.headers.get("origin"), request.headers.get("host")):
+            return self.problem(request, 403, "Refused: the form was sent from another site.")
+        cookie = request.cookies.get(auth.COOKIE)
+        if need_session and not auth.session_valid(self.token, cookie, _now_s()):
+            return self.problem(request, 403, "Log in with the token first.")
+        return None
+
+
+def create_app(settings: Settings, loopback: bool) -> Starlette:
+    """The application; ``loopback``: served on a loopback address, so only the names of this
+    machine are taken as its Host (LOOPBACK_HOSTS)."""
+    site = Site(settings)
+    routes = [
+        Route("/", site.runs),
+        Route("/runs/{run_id:path}", site.run),
+        Route("/dead-letters", site.dead_letters),
+        Route("/schedules", site.schedules),
+        Route("/login", site.login_form, methods=["GET"]),
+        Route("/login", site.login, methods=["POST"]),
+        Route("/logout", site.logout, methods=["POST"]),
+        Route("/actions/retry", site.retry, methods=["POST"]),
+        Route("/actions/cancel", site.cancel, methods=["POST"]),
+        Route("/static/ui.css", site.stylesheet),
+    ]
+    hosts = list(LOOPBACK_HOSTS) if loopback else ["*"]
+    middleware = [Middleware(TrustedHostMiddleware, allowed_hosts=hosts, www_redirect=False)]
+
+    async def failed(request: Request, exc: Exception) -> Response:
+        # A service the page reads is away (Postgres, Kafka): one sentence, not a traceback.
+        # The client's sentences hide secrets; a driver's own text (hosts, users) is for the
+        # log only, as the health endpoints do.
+        log.warning("ui page failed", extra={"path": request.url.path, "error": first_line(exc)})
+        if isinstance(exc, ClientError):
+            return site.problem(request, 503, str(exc))
+        service = "Postgres" if isinstance(exc, psycopg.Error) else "Kafka"
+        return site.problem(
+            request, 503, f"{service} failed ({type(exc).__name__}); the server's log says why."
+        )
+
+    unavailable = (ClientError, psycopg.Error, KafkaException)
+    return Starlette(
+        routes=routes,
+        middleware=middleware,
+        exception_handlers=dict.fromkeys(unavailable, failed),
+    )
+
+
+def _filter(form: Mapping[str, Any]) -> RunFilter:
+    """The form's filter, as `ductor runs list` reads its flags (client.parse_filter)."""
+    return client.parse_filter(
+        now_ms=int(time.time() * 1000),
+        workflow=form["workflow"].strip() or None,
+        statuses=form["statuses"],
+        since=form["since"].strip() or None,
+        until=form["until"].strip() or None,
+        id_prefix=form["id_prefix"] if form["id_prefix"].strip() else None,
+        tags=[t.strip() for t in form["tags"]],
+        step_failed=form["step_failed"].strip() or None,
+    )
+
+
+def _page_size(text: str) -> int:
+    if not text.strip():
+        return PAGE_SIZE
+    if not text.strip().isdigit() or not 1 <= int(text) <= MAX_PAGE_SIZE:
+        raise ValueError(f"runs per page: a number from 1 to {MAX_PAGE_SIZE}, not {text!r}")
+    return int(text)
+
+
+async def _form(request: Request) -> dict[str, str]:
+    """A urlencoded form's fields (the first value of each), at most _FORM_BYTES read."""
+    body = b""
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > _FORM_BYTES:
+            return {}
+    fields = parse_qs(body.decode("utf-8", "replace"), keep_blank_values=True)
+    return {name: values[0] for name, values in fields.items()}
+
+
+def _secured(response: Response) -> Response:
+    response.headers.update(_HEADERS)
+    return response
+
+
+def _client(request: Request) -> str:
+    return request.client.host if request.client else "?"
+
+
+def _now_s() -> int:
+    return int(time.time())

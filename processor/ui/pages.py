@@ -1,0 +1,70 @@
+"""The pages' HTML: Jinja2 templates shipped in the package (processor/ui/templates), every
+value escaped (autoescape on for every template, and an undefined name is an error rather than
+an empty string), and the few filters the templates use to show times and ids."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from importlib import resources
+from typing import Any
+from urllib.parse import quote, urlencode
+
+import orjson
+from jinja2 import Environment, PackageLoader, StrictUndefined
+
+# Shown whole on the run page up to this many characters; `ductor result` prints any output.
+OUTPUT_CHARS = 20_000
+
+
+def environment() -> Environment:
+    env = Environment(
+        loader=PackageLoader("processor.ui", "templates"),
+        autoescape=True,
+        undefined=StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+    )
+    env.filters["when"] = when
+    env.filters["run_url"] = run_url
+    env.filters["pretty_json"] = pretty_json
+    env.filters["seconds"] = seconds
+    env.globals["query"] = query
+    return env
+
+
+def stylesheet() -> bytes:
+    return resources.files("processor.ui").joinpath("static/ui.css").read_bytes()
+
+
+def when(value: datetime | str | None) -> str:
+    """A time as UTC to the second (``2026-05-01 12:00:03``), ``-`` for none."""
+    if value is None:
+        return "-"
+    at = datetime.fromisoformat(value) if isinstance(value, str) else value
+    if at.tzinfo is not None:
+        at = at.astimezone(UTC)
+    return at.strftime("%Y-%m-%d %H:%M:%S")
+
+
+def seconds(value: float | None) -> str:
+    if value is None:
+        return "-"
+    return f"{value * 1000:.0f} ms" if value < 1 else f"{value:.1f} s"
+
+
+def run_url(run_id: str) -> str:
+    """The run page's path: the id quoted whole (a child run's id holds '/' and '#')."""
+    return "/runs/" + quote(run_id, safe="")
+
+
+def pretty_json(value: Any) -> str:
+    text = orjson.dumps(value, option=orjson.OPT_INDENT_2).decode()
+    if len(text) <= OUTPUT_CHARS:
+        return text
+    return f"{text[:OUTPUT_CHARS]}\n... ({len(text)} characters; `ductor result` prints it whole)"
+
+
+def query(pairs: list[tuple[str, str]], **changes: str) -> str:
+    """``?a=1&b=2``: the pairs with each name in ``changes`` set to its value alone."""
+    kept = [(k, v) for k, v in pairs if k not in changes]
+    return "?" + urlencode([*kept, *changes.items()])

@@ -1,0 +1,356 @@
+"""`ductor ui` in a real browser, against the real services: headless Chromium (Debian's
+chromium and chromedriver, `make tools`) driven by selenium loads each page of a `ductor ui`
+subprocess: the runs with their filters and pages, a failed run's DAG and attempts, the dead
+letters and the schedules. It logs in with the token (a wrong one is refused with 403), clicks
+retry on the failed run and waits for its second attempt in the database; a page served
+without a token shows no button and refuses every action. The screenshots it takes are the
+ones docs/operations.md#web-ui shows (docs/images/ui-*.png)."""
+
+from __future__ import annotations
+
+import base64
+import shutil
+import urllib.error
+import urllib.parse
+import urllib.request
+import uuid
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import psycopg
+import pytest
+from confluent_kafka import Producer
+from selenium import webdriver
+from selenium.webdriver.chrome.options import Options
+from selenium.webdriver.chrome.service import Service
+from selenium.webdriver.common.by import By
+from selenium.webdriver.remote.webdriver import WebDriver
+from selenium.webdriver.support.ui import Select, WebDriverWait
+
+from processor import client
+from processor.client import RunFilter
+from processor.core.model import RunStatus
+from processor.core.routing import TopicNames
+from processor.core.workflow import parse_workflow
+from processor.io.config import Settings
+from processor.io.dlq import read_dead_letters
+from processor.io.kafka import produce, producer_config
+from processor.io.runs_admin import register_workflow
+
+from .conftest import REPO, Spawned, WorkerThread, run_ductor, step_attempts, wait_for
+from .scrape import free_port
+
+pytestmark = pytest.mark.integration
+
+IMAGES = REPO / "docs" / "images"
+TOKEN = f"ui-test-token-{uuid.uuid4().hex}"
+WIDTH = 1360
+# validate, then charge and notify side by side, then a receipt: charge always fails, once.
+CHARGES = {
+    "name": "charges",
+    "version": 1,
+    "steps": [
+        {"name": "validate", "type": "fast"},
+        {
+            "name": "charge",
+            "type": "fail",
+            "depends_on": ["validate"],
+            "retry": {"max_attempts": 1},
+        },
+        {"name": "notify", "type": "fast", "depends_on": ["validate"]},
+        {"name": "receipt", "type": "fast", "depends_on": ["charge", "notify"]},
+    ],
+}
+
+
+@pytest.fixture
+def browser() -> Iterator[WebDriver]:
+    """Headless Chromium. Missing, it fails the test (CI installs it with `make tools`)."""
+    chromium, driver = shutil.which("chromium"), shutil.which("chromedriver")
+    if chromium is None or driver is None:
+        pytest.fail(
+            "chromium and chromedriver are needed: `make tools` installs Debian's chromium"
+            " and chromium-driver"
+        )
+    options = Options()
+    options.binary_location = chromium
+    # As root (CI, containers) Chromium runs only without its sandbox; /dev/shm may be small.
+    for argument in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage"):
+        options.add_argument(argument)
+    options.add_argument(f"--window-size={WIDTH},900")
+    chrome = webdriver.Chrome(options=options, service=Service(executable_path=driver))
+    chrome.set_page_load_timeout(60)
+    try:
+        yield chrome
+    finally:
+        chrome.quit()
+
+
+class Page:
+    """The browser on one `ductor ui`, with the waits the pages need (deadlines, no sleeps)."""
+
+    def __init__(self, driver: WebDriver, port: int) -> None:
+        self.driver, self.base = driver, f"http://127.0.0.1:{port}"
+
+    def open(self, path: str) -> None:
+        self.driver.get(self.base + path)
+
+    def text(self, css: str) -> str:
+        return str(self.driver.find_element(By.CSS_SELECTOR, css).text)
+
+    def has(self, css: str) -> bool:
+        return bool(self.driver.find_elements(By.CSS_SELECTOR, css))
+
+    def until(self, predicate: Callable[[], bool], what: str) -> None:
+        WebDriverWait(self.driver, 30, poll_frequency=0.1).until(
+            lambda _d: predicate(), f"timed out waiting for {what}"
+        )
+
+    def column(self, table: str, index: int) -> list[str]:
+        cells = self.driver.find_elements(By.CSS_SELECTOR, f"{table} tbody td:nth-child({index})")
+        return [str(c.text) for c in cells]
+
+    def screenshot(self, name: str) -> None:
+        """The whole page, as tall as its content, into docs/images (Chromium's own
+        screenshot beyond the window: a window is no taller than the headless screen)."""
+        assert isinstance(self.driver, webdriver.Chrome)
+        size = self.driver.execute_cdp_cmd("Page.getLayoutMetrics", {})["cssContentSize"]
+        clip = {"x": 0, "y": 0, "width": WIDTH, "height": size["height"], "scale": 1}
+        shot = self.driver.execute_cdp_cmd(
+            "Page.captureScreenshot", {"format": "png", "captureBeyondViewport": True, "clip": clip}
+        )
+        IMAGES.mkdir(exist_ok=True)
+        (IMAGES / name).write_bytes(base64.b64decode(shot["data"]))
+
+
+def _start_ui(spawn: Callable[..., Spawned], settings: Settings, token: str, name: str) -> int:
+    port = free_port()
+    ui = spawn(["ui", "--port", str(port)], settings, name, env={"DUCTOR_UI_TOKEN": token})
+    wait_for(lambda: ui.running() and _status(port, "/") == 200, 60, f"{name} to answer")
+    return port
+
+
+def _status(port: int, path: str) -> int:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=10) as reply:
+            return int(reply.status)
+    except urllib.error.HTTPError as exc:
+        return exc.code
+    except OSError:
+        return 0
+
+
+def _post(port: int, path: str, fields: dict[str, str], headers: dict[str, str]) -> int:
+    """A form POSTed outside the browser: the status it is answered with."""
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{port}{path}",
+        data=urllib.parse.urlencode(fields).encode(),
+        headers=headers,
+        method="POST",
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=30) as reply:
+            return int(reply.status)
+    except urllib.error.HTTPError as exc:
+        return exc.code
+
+
+def test_the_pages_in_a_browser_and_a_retry_behind_the_token(
+    settings: Settings,
+    pg: psycopg.Connection[Any],
+    processor_thread: Any,
+    spawn: Callable[..., Spawned],
+    browser: WebDriver,
+) -> None:
+    t = uuid.uuid4().hex[:4]
+    register_workflow(pg, parse_workflow(CHARGES))
+    schedule = f"nightly-sample-{t}"
+    pg.execute("DELETE FROM eec_schedule WHERE name LIKE 'nightly-sample-%'")
+    created = run_ductor(
+        settings, "schedules", "create", schedule, "--cron", "0 3 * * *", "--workflow", "sample"
+    )
+    assert created.returncode == 0, created.stderr
+    orders = [f"order-{t}-{i}" for i in range(1, 4)]
+    failed = f"charge-{t}-17"
+    client.start_runs(settings, "sample", orders, {"n": 1}, tags={"customer": "ada"})
+    client.start_run(settings, "charges", failed, {}, tags={"customer": "bob"})
+    triggered = run_ductor(settings, "schedules", "trigger", schedule)
+    assert triggered.returncode == 0, triggered.stderr
+    fired = triggered.stdout.strip()
+    # A start for a workflow nobody registered, and a wakeup that is not JSON: the processor
+    # dead-letters both.
+    client.request_starts(settings, "no-such-workflow", [f"ghost-{t}"])
+    producer = Producer(producer_config(settings, "test-ui"))
+    produce(producer, TopicNames(settings.topic_prefix).wakeup("t1"), b"hello?", b"bad-1", 0)
+    assert producer.flush(30) == 0
+
+    processor_thread(settings)
+    worker = WorkerThread(settings)
+    try:
+        everything = [*orders, fired]
+        wait_for(
+            lambda: (
+                client.count_runs(settings, RunFilter(statuses=(RunStatus.SUCCEEDED,))) == 4
+                and client.get_run(settings, failed).status is RunStatus.FAILED
+            ),
+            90,
+            "the runs to end",
+        )
+        wait_for(lambda: len(read_dead_letters(settings)) == 2, 60, "the dead letters")
+
+        port = _start_ui(spawn, settings, TOKEN, "ui")
+        page = Page(browser, port)
+        _check_runs(page, [*everything, failed], failed)
+        _check_run_and_retry(page, settings, pg, port, failed, orders[0])
+        _check_dead_letters(page, t)
+        page.open("/schedules")
+        assert page.column("#schedules", 1) == [schedule]
+        assert page.column("#schedules", 2) == ["0 3 * * *"]
+        assert page.column("#schedules", 3) == ["sample"]
+
+        bare = _start_ui(spawn, settings, "", "ui-read-only")
+        _check_read_only(Page(browser, bare), bare, failed, browser)
+    finally:
+        worker.stop()
+        pg.execute("DELETE FROM eec_schedule WHERE name = %s", (schedule,))
+
+
+def _check_runs(page: Page, every: list[str], failed: str) -> None:
+    """The list, its filters (as `runs list` reads them) and its pages."""
+    page.open("/")
+    assert sorted(page.column("#runs", 1)) == sorted(every)
+    assert page.text("#count") == f"{len(every)} runs match, newest first"
+    assert page.column("#runs", 3).count("failed") == 1
+    page.screenshot("ui-runs.png")
+
+    page.driver.find_element(By.CSS_SELECTOR, "input[name=status][value=failed]").click()
+    page.driver.find_element(By.CSS_SELECTOR, "input[name=tag]").send_keys("customer=bob")
+    page.driver.find_element(By.ID, "apply").click()
+    page.until(lambda: "status=failed" in page.driver.current_url, "the filtered list")
+    assert page.column("#runs", 1) == [failed]
+    assert page.text("#count") == "1 run matches, newest first"
+    (reason,) = page.column("#runs", 6)
+    assert reason.startswith("step 'charge' failed after 1 attempt(s)")
+    assert page.column("#runs", 7) == ["customer=bob"]
+
+    # Pages of two through the cursor: every run once, in the listing's order.
+    page.open("/?limit=2")
+    seen = page.column("#runs", 1)
+    while page.has("#next-page"):
+        page.driver.find_element(By.ID, "next-page").click()
+        page.until(lambda: "cursor=" in page.driver.current_url, "the next page")
+        seen += page.column("#runs", 1)
+    assert sorted(seen) == sorted(every) and len(seen) == len(every)
+
+    page.open("/?since=yesterday")
+    assert "since 'yesterday': expected an ISO 8601 time" in page.text("#filter-error")
+
+
+def _check_run_and_retry(
+    page: Page,
+    settings: Settings,
+    pg: psycopg.Connection[Any],
+    port: int,
+    failed: str,
+    succeeded: str,
+) -> None:
+    """A succeeded run's DAG and output; the failed run's DAG and attempts, the login (a wrong
+    token refused), and the retry button, whose run gets its second attempt."""
+    page.open(f"/runs/{succeeded}")
+    nodes = page.driver.find_elements(By.CSS_SELECTOR, "#dag g.node")
+    assert {n.get_attribute("data-step"): n.get_attribute("data-status") for n in nodes} == {
+        "fetch": "succeeded",
+        "transform": "succeeded",
+        "enrich": "succeeded",
+        "publish": "succeeded",
+    }
+    edges = page.driver.find_elements(By.CSS_SELECTOR, "#dag path.edge")
+    assert len(edges) == 4
+    # The flaky step's two failed attempts and its third, each with its worker.
+    attempts = list(zip(page.column("#attempts", 1), page.column("#attempts", 9), strict=True))
+    assert [a for a in attempts if a[0] == "transform"] == [
+        ("transform", "failed"),
+        ("transform", "failed"),
+        ("transform", "succeeded"),
+    ]
+
+    page.open(f"/runs/{failed}")
+    assert page.text("#run-status") == "failed"
+    states = {
+        n.get_attribute("data-step"): n.get_attribute("data-status")
+        for n in page.driver.find_elements(By.CSS_SELECTOR, "#dag g.node")
+    }
+    assert states["validate"] == "succeeded" and states["charge"] == "failed"
+    assert set(states) == {"validate", "charge", "notify", "receipt"}
+    assert ("charge", "failed") in zip(
+        page.column("#attempts", 1), page.column("#attempts", 9), strict=True
+    )
+    assert not page.has("#retry")  # not logged in: a link to the login instead
+    page.driver.find_element(By.ID, "login-to-act").click()
+
+    page.until(lambda: page.has("#token"), "the login form")
+    page.driver.find_element(By.ID, "token").send_keys("not-the-token-at-all")
+    page.driver.find_element(By.ID, "login-submit").click()
+    page.until(lambda: page.has("#login-error"), "the refusal")
+    assert page.text("#login-error") == "Wrong token."
+    assert _post(port, "/login", {"token": "not-the-token-at-all"}, {}) == 403
+    page.driver.find_element(By.ID, "token").send_keys(TOKEN)
+    page.driver.find_element(By.ID, "login-submit").click()
+    page.until(lambda: page.has("#retry"), "the run page with its retry button")
+    assert page.driver.current_url.endswith(f"/runs/{failed}")
+    page.screenshot("ui-run.png")
+
+    session = page.driver.get_cookie("ductor_ui_session")
+    assert session is not None and session["httpOnly"] and session["sameSite"] == "Strict"
+    cookie = {"Cookie": f"ductor_ui_session={session['value']}"}
+    # The session is refused from another site's form, and no session is no action.
+    elsewhere = cookie | {"Origin": "http://evil.example"}
+    forged = {"Cookie": "ductor_ui_session=v1.1.x"}
+    for headers in (elsewhere, {}, forged):
+        assert _post(port, "/actions/retry", {"run_id": failed}, headers) == 403, headers
+    assert [a for a, _ in step_attempts(pg, failed)["charge"]] == [1]
+
+    page.driver.find_element(By.ID, "retry").click()
+    page.until(lambda: page.has("#done"), "the retry's answer")
+    assert page.text("#done") == "Retried: the failed steps run again."
+    wait_for(
+        lambda: [a for a, _ in step_attempts(pg, failed).get("charge", [])] == [1, 2],
+        60,
+        "the retried step's second attempt",
+    )
+    wait_for(
+        lambda: client.get_run(settings, failed).status is RunStatus.FAILED,
+        60,
+        "the retried run to fail again",
+    )
+
+
+def _check_dead_letters(page: Page, t: str) -> None:
+    page.open("/dead-letters")
+    assert page.text("#count").startswith("2 dead letters. ")
+    assert sorted(page.column("#letters", 2)) == ["not_json", "unknown_workflow"]
+    page.screenshot("ui-dead-letters.png")
+    Select(page.driver.find_element(By.NAME, "reason")).select_by_value("unknown_workflow")
+    page.driver.find_element(By.ID, "apply-reason").click()
+    page.until(lambda: "reason=" in page.driver.current_url, "the letters of one reason")
+    assert page.column("#letters", 2) == ["unknown_workflow"]
+    assert f"ghost-{t}" in page.column("#letters", 5)[0]
+    page.open("/dead-letters?reason=oversize")
+    assert page.text("#count").startswith("0 dead letters with reason oversize")
+
+
+def _check_read_only(page: Page, port: int, failed: str, browser: WebDriver) -> None:
+    """Served without a token: no button, no login, every action refused, even with the
+    session another server's token made."""
+    page.open(f"/runs/{failed}")
+    assert page.text("#run-status") == "failed"
+    assert page.has("#read-only")
+    assert not page.has("#retry") and not page.has("#cancel") and not page.has("#login-to-act")
+    page.open("/login")
+    assert page.has("#read-only-note") and not page.has("#token")
+    other = browser.get_cookie("ductor_ui_session")  # the cookie is the host's, any port
+    assert other is not None
+    cookie = {"Cookie": f"ductor_ui_session={other['value']}"}
+    assert _post(port, "/actions/retry", {"run_id": failed}, cookie) == 403
+    assert _post(port, "/actions/cancel", {"run_id": failed}, cookie) == 403
+    assert _post(port, "/login", {"token": ""}, {}) == 403

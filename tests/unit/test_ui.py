@@ -1,0 +1,171 @@
+"""The web page's pure parts (processor/ui): the DAG laid out by levels, a step's state read
+from `inspect --output json`'s document, the token and its session cookie, what a POST's
+Origin may be, the filters' shared reading (client.parse_filter) and the command without its
+extra. The pages themselves are tested in a browser (tests/integration/test_ui.py)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from processor.client import parse_filter
+from processor.core.model import RunStatus
+from processor.io.listen import ListenError
+from processor.ui import auth
+from processor.ui.dag import BOX_H, BOX_W, GAP_X, StepState, layout, levels, step_states
+from processor.ui.pages import query, run_url, when
+
+
+def _step(name: str, *after: str) -> StepState:
+    return StepState(name, "task", "fast", after, "pending", 0)
+
+
+def test_each_step_stands_one_column_right_of_its_deepest_dependency() -> None:
+    steps = [("fetch", ()), ("transform", ("fetch",)), ("enrich", ("fetch",))]
+    steps += [("publish", ("transform", "enrich")), ("audit", ("fetch", "publish"))]
+    assert levels(steps) == [["fetch"], ["transform", "enrich"], ["publish"], ["audit"]]
+    assert levels([("b", ()), ("a", ())]) == [["b", "a"]]  # the definition's order
+    assert levels([]) == []
+    with pytest.raises(ValueError, match="missing or on each other"):
+        levels([("a", ("b",)), ("b", ("a",))])
+    with pytest.raises(ValueError, match="steps a depend"):
+        levels([("a", ("nowhere",))])
+
+
+def test_the_layout_centres_short_columns_and_points_every_edge_right() -> None:
+    shown = layout([_step("v"), _step("c", "v"), _step("n", "v"), _step("r", "c", "n")])
+    boxes = {b.step.name: b for b in shown.boxes}
+    assert boxes["c"].x == boxes["n"].x > boxes["v"].x
+    assert boxes["v"].y == boxes["r"].y == (boxes["c"].y + boxes["n"].y) // 2
+    assert shown.width == 2 * 12 + 3 * BOX_W + 2 * GAP_X
+    assert shown.height == 2 * 12 + 2 * BOX_H + 22
+    assert [(e.source, e.target) for e in shown.edges] == [
+        ("v", "c"),
+        ("v", "n"),
+        ("c", "r"),
+        ("n", "r"),
+    ]
+    assert shown.edges[0].path.startswith(f"M{boxes['v'].x + BOX_W},")
+
+
+@given(st.lists(st.sets(st.integers(0, 30), max_size=4), min_size=1, max_size=30))
+def test_every_dependency_is_in_an_earlier_column(picks: list[set[int]]) -> None:
+    """Any DAG (each step depending on some of those before it) is laid out left to right."""
+    steps = [(f"s{i}", tuple(f"s{d}" for d in sorted(p) if d < i)) for i, p in enumerate(picks)]
+    column = {name: col for col, names in enumerate(levels(steps)) for name in names}
+    assert sorted(column) == sorted(name for name, _ in steps)
+    for name, after in steps:
+        assert all(column[a] < column[name] for a in after)
+        assert column[name] == 0 or any(column[a] == column[name] - 1 for a in after)
+
+
+def test_a_step_s_state_comes_from_its_node_and_a_map_s_from_its_items() -> None:
+    document = {
+        "steps": [
+            {"name": "list", "kind": "task", "type": "fast", "after": []},
+            {"name": "resize", "kind": "map", "type": "img", "after": ["list"]},
+            {"name": "child", "kind": "workflow", "type": "", "after": ["resize"]},
+        ],
+        "nodes": [
+            {"node": "list", "status": "succeeded", "attempt": 1, "error": None},
+            {"node": "resize", "status": "dispatched", "attempt": 0, "error": None},
+            {"node": "resize[0]", "status": "succeeded", "attempt": 1},
+            {"node": "resize[1]", "status": "succeeded", "attempt": 2},
+            {"node": "resize[2]", "status": "retry_wait", "attempt": 1},
+        ],
+    }
+    first, mapped, child = step_states(document)
+    assert (first.status, first.attempt, first.items) == ("succeeded", 1, ())
+    assert mapped.items == (("retry_wait", 1), ("succeeded", 2))
+    assert (child.status, child.after, child.kind) == ("pending", ("resize",), "workflow")
+    assert step_states({"load_error": "bad row", "attempts": []}) == []
+
+
+def test_the_token_is_compared_whole_and_never_matches_when_none_is_set() -> None:
+    token = "t" * 24
+    assert auth.token_matches(token, token)
+    assert not auth.token_matches(token, token[:-1])
+    assert not auth.token_matches(token, token + "x")
+    assert not auth.token_matches("", "")
+
+
+def test_a_session_is_the_token_s_own_until_it_expires() -> None:
+    token, now = "k" * 24, 1_800_000_000
+    cookie = auth.new_session(token, now)
+    assert token not in cookie
+    assert auth.session_valid(token, cookie, now)
+    assert auth.session_valid(token, cookie, now + auth.SESSION_S - 1)
+    assert not auth.session_valid(token, cookie, now + auth.SESSION_S)
+    assert not auth.session_valid("o" * 24, cookie, now)  # the token changed: every session ends
+    assert not auth.session_valid("", cookie, now)  # no token: read-only, whatever the cookie
+    issued, mac = cookie.split(".")[1:]
+    later = int(issued) + 3600
+    assert not auth.session_valid(token, f"v1.{later}.{mac}", now)  # a forged issue time
+    for forged in (None, "", "v1", "v1.x.y", f"v2.{issued}.{mac}", f"v1.{issued}.{mac[:-1]}0"):
+        assert not auth.session_valid(token, forged, now)
+
+
+def test_a_post_from_another_site_is_refused_and_the_next_page_is_ours() -> None:
+    assert auth.same_origin(None, "127.0.0.1:8080")
+    assert auth.same_origin("http://127.0.0.1:8080", "127.0.0.1:8080")
+    assert not auth.same_origin("http://127.0.0.1:8081", "127.0.0.1:8080")
+    assert not auth.same_origin("https://evil.example", "127.0.0.1:8080")
+    assert not auth.same_origin("null", "127.0.0.1:8080")
+    assert auth.safe_next("/runs/a%2Fb") == "/runs/a%2Fb"
+    for elsewhere in (None, "", "https://evil.example/", "//evil.example", "/\\evil.example"):
+        assert auth.safe_next(elsewhere) == "/"
+
+
+def test_the_pages_show_ids_and_times_as_written() -> None:
+    assert run_url("parent/charge#2") == "/runs/parent%2Fcharge%232"
+    assert run_url("nightly@2026-01-01T03:00:00Z") == "/runs/nightly%402026-01-01T03%3A00%3A00Z"
+    assert when("2026-05-01T14:00:03.250+02:00") == "2026-05-01 12:00:03"
+    assert when(None) == "-"
+    pairs = [("status", "failed"), ("status", "running"), ("limit", "2")]
+    assert query(pairs, limit="5") == "?status=failed&status=running&limit=5"
+
+
+def test_the_filters_read_as_the_command_line_reads_them() -> None:
+    now = 1_800_000_000_000
+    wanted = parse_filter(
+        now_ms=now, statuses=["failed", "failed"], since="2h", tags=["b=2", "a=1"]
+    )
+    assert wanted.statuses == (RunStatus.FAILED,) and wanted.since_ms == now - 7_200_000
+    assert wanted.tags == (("a", "1"), ("b", "2"))
+    with pytest.raises(ValueError, match=r"^since 'soon': expected an ISO 8601 time"):
+        parse_filter(now_ms=now, since="soon")
+    with pytest.raises(ValueError, match=r"^--until '2026-01-01T00:00:00': say the time's offset"):
+        parse_filter(now_ms=now, until="2026-01-01T00:00:00", names={"until": "--until"})
+    with pytest.raises(ValueError, match="a status is one of pending, running"):
+        parse_filter(now_ms=now, statuses=["done"])
+
+
+def test_a_port_in_use_names_the_ui_s_own_flags() -> None:
+    error = ListenError("ui", "127.0.0.1", 8080, OSError(98, "Address already in use"))
+    assert str(error) == (
+        "the ui endpoint cannot listen on 127.0.0.1:8080; something else listens there: stop it"
+        " or set --port to a free port"
+    )
+    missing = ListenError("ui", "10.9.9.9", 8080, OSError(99, "Cannot assign requested address"))
+    assert str(missing).endswith("no interface of this machine has that address: check --host")
+
+
+def test_without_the_ui_extra_the_command_says_how_to_install_it() -> None:
+    code = (
+        "import sys\n"
+        "sys.modules['uvicorn'] = None  # as if the extra were not installed\n"
+        "from processor.cli.main import main\n"
+        "sys.exit(main(['ui']))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=False, timeout=60
+    )
+    assert done.returncode == 2, done.stderr
+    assert done.stderr == (
+        "ductor: ductor ui needs the ui extra (uvicorn is not installed):"
+        " pip install 'ductor-processor[ui]'\n"
+    )
