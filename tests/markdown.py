@@ -5,6 +5,7 @@ files we write ourselves; shared by tests/unit/test_docs_links.py and the quicks
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -53,12 +54,15 @@ def markdown_files(root: Path = REPO) -> list[Path]:
     """Every Markdown file of the project: none under hidden folders (.git, .venv, .infra) or
     build output."""
     found = []
-    for path in sorted(root.rglob("*.md")):
-        parts = path.relative_to(root).parts[:-1]
-        if any(p.startswith(".") or p in _SKIPPED or p.endswith(".egg-info") for p in parts):
-            continue
-        found.append(path)
-    return found
+    # Walked with the hidden and build folders pruned, not globbed: a glob also walks .infra,
+    # where Kafka deletes a topic's folders while the walk is in them.
+    for folder, subfolders, files in os.walk(root):
+        subfolders[:] = [
+            d for d in subfolders
+            if not (d.startswith(".") or d in _SKIPPED or d.endswith(".egg-info"))
+        ]  # fmt: skip
+        found += [Path(folder) / f for f in files if f.endswith(".md")]
+    return sorted(found)
 
 
 def fences(text: str) -> list[Fence]:
