@@ -38,7 +38,9 @@ from processor.core.workflow import StepDef
 
 # How long a node waiting for a concurrency slot waits before it looks again by itself, should
 # the wakeup of the slot freed for it be lost (a process died between commit and produce).
-BACKSTOP_MS = 30_000
+# Each look that finds no room is a commit: long enough that ten thousand waiters cost under
+# a hundred commits a second, short enough that a lost wakeup stalls its line minutes at most.
+BACKSTOP_MS = 120_000
 
 _DISPATCHED, _LIMIT_WAIT = NodeStatus.DISPATCHED, NodeStatus.LIMIT_WAIT
 

@@ -21,6 +21,11 @@ SELECT g.run_id, g.path, coalesce(r.input #>> g.path::text[], '')
   JOIN eec_workflow_run r ON r.run_id = g.run_id
 """
 
+# A waiter whose run can no longer move (quarantined, ended, deleted) is passed over: one bad
+# row never holds the line behind it.
+_LIVE_WAITER = """EXISTS (SELECT 1 FROM eec_workflow_run r WHERE r.run_id = q.run_id
+                  AND r.status IN ('pending', 'running') AND r.quarantined_at IS NULL)"""
+
 # Each counter's version, holders and oldest waiters, read in one snapshot: a slot taken is
 # always seen with the version its taker wrote (core/limits.py, rule 3).
 _VIEWS_SQL = """
@@ -28,11 +33,12 @@ SELECT k.key, coalesce(l.version, 0), coalesce(l.recent, '{}'::bigint[]),
        (SELECT count(*) FROM eec_limit_hold h WHERE h.key = k.key),
        (SELECT coalesce(jsonb_agg(jsonb_build_array(w.since_ms, w.run_id, w.node)
                                   ORDER BY w.since_ms, w.run_id, w.node), '[]'::jsonb)
-          FROM (SELECT since_ms, run_id, node FROM eec_limit_wait
-                 WHERE key = k.key ORDER BY since_ms, run_id, node LIMIT k.bound) w)
+          FROM (SELECT since_ms, run_id, node FROM eec_limit_wait q
+                 WHERE key = k.key AND {live}
+                 ORDER BY since_ms, run_id, node LIMIT k.bound) w)
   FROM jsonb_to_recordset(%s::jsonb) AS k(key text, bound int)
   LEFT JOIN eec_limit l ON l.key = k.key
-"""
+""".replace("{live}", _LIVE_WAITER)
 
 
 def load_limits(conn: psycopg.Connection[Any], loaded: Mapping[str, Loaded]) -> LimitInputs:
@@ -176,9 +182,9 @@ _WAITERS_SQL = """
 SELECT DISTINCT w.run_id, w.tier
   FROM jsonb_to_recordset(%s::jsonb) AS k(key text, freed int)
  CROSS JOIN LATERAL (
-       SELECT run_id, tier FROM eec_limit_wait
-        WHERE key = k.key ORDER BY since_ms, run_id, node LIMIT k.freed) w
-"""
+       SELECT run_id, tier FROM eec_limit_wait q
+        WHERE key = k.key AND {live} ORDER BY since_ms, run_id, node LIMIT k.freed) w
+""".replace("{live}", _LIVE_WAITER)
 
 
 def waiters_to_wake(conn: psycopg.Connection[Any], freed: Counter[str]) -> list[tuple[str, str]]:

@@ -12,6 +12,7 @@ from typing import Any
 import psycopg
 import pytest
 
+from processor.core.routing import DEFAULT_QUEUE, TopicNames
 from processor.io import config_check
 from processor.io.config import Settings
 from processor.io.config_check import run_checks
@@ -58,11 +59,13 @@ def test_missing_topics_and_wrong_partition_counts_fail_naming_the_setting(
     settings: Settings,
 ) -> None:
     fewer = replace(settings, step_partitions=settings.step_partitions + 2)
+    names = TopicNames(settings.topic_prefix)
     assert _failed(fewer) == {
-        f"topic {settings.topic_prefix}.steps": (
+        f"topic {topic}": (
             f"has {settings.step_partitions} partition(s), DUCTOR_STEP_PARTITIONS says"
             f" {settings.step_partitions + 2}"
         )
+        for topic in names.step_topics(DEFAULT_QUEUE)  # a steps topic per tier
     }
     elsewhere = replace(settings, topic_prefix=f"absent-{uuid.uuid4().hex[:6]}")
     failed = _failed(elsewhere)

@@ -77,6 +77,13 @@ def test_a_concurrency_limit_holds_exactly_under_two_processors_and_nobody_starv
     runs += [(f"b-{i}", {"customer": "b"}) for i in range(8)]
     insert_runs(pg, wf, runs, "t1")
     ids = [r for r, _ in runs]
+    # A full line of waiters ahead of everyone whose runs are gone (a row deleted by hand,
+    # say): were they not passed over, customer a's runs would wait forever behind them.
+    pg.execute(
+        "INSERT INTO eec_limit_wait (key, run_id, node, since_ms, tier)"
+        " SELECT 'c/charge/a', 'gone-' || i, 'charge', i, 't1' FROM generate_series(1, %s) i",
+        (LIMIT,),
+    )
     first, second = processor_thread(settings), processor_thread(settings)
     worker = WorkerThread(settings, registry, threads=16)
     try:
@@ -90,7 +97,8 @@ def test_a_concurrency_limit_holds_exactly_under_two_processors_and_nobody_starv
     assert running.most["b"] <= LIMIT
     # Nothing left holding a slot or waiting for one.
     assert pg.execute("SELECT count(*) FROM eec_limit_hold").fetchone() == (0,)
-    assert pg.execute("SELECT count(*) FROM eec_limit_wait").fetchone() == (0,)
+    waiting = pg.execute("SELECT run_id FROM eec_limit_wait ORDER BY run_id").fetchall()
+    assert waiting == [(f"gone-{i}",) for i in range(1, LIMIT + 1)]  # only the ghosts
     refused = first.stats.limit_refused["charge"] + second.stats.limit_refused["charge"]
     let_in = first.stats.limit_let_in["charge"] + second.stats.limit_let_in["charge"]
     assert refused > 0 and let_in > 0  # some waited, and were let in

@@ -23,6 +23,7 @@ import psycopg
 import pytest
 
 from processor.client import start_runs
+from processor.core.routing import TIERS
 from processor.core.workflow import parse_workflow
 from processor.io.config import Settings
 from processor.io.group_watch import RETIRING_HANG_S
@@ -145,9 +146,11 @@ def test_a_member_whose_old_client_hangs_on_close_goes_on_without_it(
 def test_a_spare_worker_idle_beside_busy_ones_is_not_taken_for_stuck(
     settings: Settings, audit: psycopg.Connection[Any], spawn: Any
 ) -> None:
-    """Four workers for three step partitions: one holds nothing. While the others hold
-    tasks that wait (their records past the committed offsets) for several quiet times, no
-    worker joins again: the records are read by the members that hold them."""
+    """Four workers for three step partitions (of each tier's steps topic: the group's
+    assignor gives partition i of the three topics to one member): one holds nothing. While
+    the others hold tasks that wait (their records past the committed offsets) for several
+    quiet times, no worker joins again: the records are read by the members that hold
+    them."""
     watched = replace(settings, group_stall_s=1.0)
     gate = threading.Event()
     registry = StepRegistry()
@@ -175,12 +178,15 @@ def test_a_spare_worker_idle_beside_busy_ones_is_not_taken_for_stuck(
     workers = [WorkerThread(watched, registry) for _ in range(4)]
     try:
         wait_for(
-            lambda: sorted(len(w.worker.source.assigned) for w in workers) == [0, 1, 1, 1],
+            lambda: (
+                sorted(len(w.worker.source.assigned) for w in workers) == [0, *[len(TIERS)] * 3]
+            ),
             60,
-            "three workers to hold a step partition each, one to hold none",
+            "three workers to hold a step partition (of each tier) each, one to hold none",
         )
         run_ids = [f"spare-{uuid.uuid4().hex[:6]}-{i}" for i in range(12)]
-        start_runs(settings, "gated-spare", run_ids)
+        for rank, tier in enumerate(TIERS):  # tasks waiting on each of the three partitions
+            start_runs(settings, "gated-spare", run_ids[rank :: len(TIERS)], tier=tier)
         # Several quiet times with tasks waiting: every worker looks at the group at least
         # twice meanwhile.
         deadline = time.monotonic() + 4.0

@@ -325,3 +325,53 @@ def test_the_limit_is_never_exceeded_and_every_run_ends(
 
 def _copy(table: _Table) -> _Table:
     return _Table(Counter(table.version), set(table.holds), dict(table.waits))
+
+
+def test_a_map_steps_items_each_need_a_slot_and_waiting_ones_count_as_in_flight() -> None:
+    wf = parse_workflow(
+        {
+            "name": "m",
+            "version": 1,
+            "steps": [
+                {
+                    "name": "resize",
+                    "kind": "map",
+                    "type": "resize",
+                    "parallelism": 4,
+                    "concurrency": {"limit": 2, "name": "images"},
+                }
+            ],
+        }
+    )
+    first = tick_batch({"r": _run("r", wf, input_length=6)}, NOW, NAMES, LimitInputs({}, {}))["r"]
+    items = {n: s.status for n, s in first.state.nodes if n.startswith("resize[")}
+    # Four items started by the map's parallelism; two of them let in by the limit.
+    assert list(items.values()).count(NodeStatus.DISPATCHED) == 2
+    assert list(items.values()).count(NodeStatus.LIMIT_WAIT) == 2
+    assert list(items.values()).count(NodeStatus.PENDING) == 2
+    assert first.limits is not None and len(first.limits.holds) == 2
+    done = tuple(
+        StepResult(n, 1, StepOutcome.SUCCEEDED)
+        for n, s in first.state.nodes
+        if n.startswith("resize[") and s.status is NodeStatus.DISPATCHED
+    )
+    view = LimitView(
+        1,
+        holders=2,
+        queue=tuple((NOW, "r", n) for n, s in items.items() if s is NodeStatus.LIMIT_WAIT),
+    )
+    second = tick_batch(
+        {"r": _run("r", wf, state=first.state, results=done, input_length=6)},
+        NOW + 1,
+        NAMES,
+        LimitInputs({}, {"c/images/": view}),
+    )["r"]
+    after = {n: s.status for n, s in second.state.nodes if n.startswith("resize[")}
+    # The two slots its own items freed go to its two waiting items (in line first), and
+    # the last two items start and wait in turn (the parallelism of four holds).
+    assert list(after.values()).count(NodeStatus.SUCCEEDED) == 2
+    assert list(after.values()).count(NodeStatus.DISPATCHED) == 2
+    assert list(after.values()).count(NodeStatus.LIMIT_WAIT) == 2
+    assert second.limits is not None and set(second.limits.unwaits) == {
+        n for n, s in items.items() if s is NodeStatus.LIMIT_WAIT
+    }
