@@ -18,6 +18,7 @@ import psycopg
 import pytest
 
 from processor.client import start_runs
+from processor.core.routing import TIERS
 from processor.core.workflow import WorkflowDef, parse_workflow
 from processor.io.config import Settings
 from processor.io.runs_admin import register_workflow
@@ -52,9 +53,17 @@ def _ids(prefix: str, count: int) -> list[str]:
     return [f"{prefix}-{tag}-{i}" for i in range(count)]
 
 
-def _worker(spawn: Any, settings: Settings, name: str, *flags: str) -> Spawned:
+def _worker(spawn: Any, settings: Settings, name: str, *flags: str, alone: bool = True) -> Spawned:
+    """A worker, once it owns step partitions: every one of every tier's steps topic when it
+    is ``alone`` in its group (they come topic by topic: a task sent before the topic of its
+    tier was assigned would wait, and a step of a one-second deadline be skipped as stale)."""
     worker: Spawned = spawn(["worker", "--app", APP, *flags], settings, name)
-    wait_for(lambda: worker.owned_partitions() > 0, 60, f"{name} to own step partitions")
+    every = len(TIERS) * settings.step_partitions
+    wait_for(
+        lambda: worker.owned_partitions() >= (every if alone else 1),
+        60,
+        f"{name} to own step partitions",
+    )
     return worker
 
 
@@ -151,7 +160,7 @@ def test_too_many_hung_steps_stop_the_worker_for_its_supervisor(
     assert any(
         "abandoned steps are still running" in str(line.get("msg")) for line in worker.log_lines()
     )
-    _worker(spawn, settings, "worker-2")
+    _worker(spawn, settings, "worker-2", alone=False)
     wait_for(lambda: count_terminal(pg, [hung]) == 1, 60, "the run to end")
     assert run_statuses(pg, [hung]) == {hung: "succeeded"}
     assert counted_steps.executions(pg, hung) == {(hung, "only", 1): 1, (hung, "only", 2): 1}
@@ -235,7 +244,7 @@ def test_the_tasks_a_killed_worker_held_run_again_beside_the_others(
     )
     assert not counted_steps.executions(pg, "ahead-"), "they waited for a slot"
     first.kill()
-    second = _worker(spawn, settings, "worker-1", "--concurrency", "4")
+    second = _worker(spawn, settings, "worker-1", "--concurrency", "4", alone=False)
     start_runs(settings, "held-by-the-killed", after)
     wait_for(
         lambda: _alive(second) and sum(counted_steps.executions(pg, "slow-").values()) == 8,
