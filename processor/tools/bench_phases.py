@@ -22,7 +22,7 @@ from psycopg.conninfo import conninfo_to_dict
 
 from processor.client import wake
 from processor.core.envelope import Wakeup
-from processor.core.routing import TopicNames
+from processor.core.routing import DEFAULT_QUEUE, TopicNames
 from processor.core.workflow import WorkflowDef, parse_workflow
 from processor.io.config import Settings, child_env
 from processor.io.kafka import admin_config, choose_partition, produce, producer_config
@@ -488,7 +488,7 @@ class Bench:
         """Until the consumer group is stable with ``members`` members, each holding
         partitions, and every partition of its topics assigned."""
         names = self.names
-        topics = names.coordinator_topics() if coordinator else [names.steps]
+        topics = names.coordinator_topics() if coordinator else names.step_topics(DEFAULT_QUEUE)
         per_topic = (
             self.settings.wakeup_partitions if coordinator else self.settings.step_partitions
         )
