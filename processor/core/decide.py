@@ -54,7 +54,7 @@ from processor.core.policy import ForceFail, after_exhausted_conflicts, retry_wa
 from processor.core.records import Inbound
 from processor.core.routing import TopicNames, rung_for_delay
 from processor.core.step_task import MapItem, encode_task
-from processor.core.tick import Decision, force_fail, tick
+from processor.core.tick import Decision, force_fail, tick_run
 from processor.core.workflow import StepDef
 
 Attributes = tuple[tuple[str, str | int], ...]
@@ -186,16 +186,7 @@ def tick_batch(
     for run in loaded.values():
         if not isinstance(run, LoadedRun) or not run.checksum_ok:
             continue
-        decision = tick(
-            run.state,
-            run.wf,
-            run.results,
-            run.signals,
-            now_ms,
-            run.not_before_ms,
-            run.named,
-            run.input_length,
-        )
+        decision = tick_run(run, now_ms)
         if decision.new_state is not None:
             (limited if run.wf.has_limits else decided).append((run, decision))
     run_limits: dict[str, RunLimits] = {}

@@ -21,7 +21,7 @@ from typing import NamedTuple
 
 from processor.core.model import Loaded, LoadedRun, RunState
 from processor.core.outcomes import ForceFailReason
-from processor.core.tick import force_fail, tick
+from processor.core.tick import force_fail, tick_run
 
 
 class Leave(NamedTuple):
@@ -49,16 +49,7 @@ StuckVerdict = Leave | Wake | Fail
 def judge_stuck(run: Loaded | None, selected_seq: int, now_ms: int) -> StuckVerdict:
     if not isinstance(run, LoadedRun) or not run.checksum_ok or run.state.seq != selected_seq:
         return Leave()  # gone, unreadable (the commit path quarantines it), or it moved
-    if tick(
-        run.state,
-        run.wf,
-        run.results,
-        run.signals,
-        now_ms,
-        run.not_before_ms,
-        run.named,
-        run.input_length,
-    ).progressed:
+    if tick_run(run, now_ms).progressed:
         return Wake(run.tier)
     failed = force_fail(run.state, ForceFailReason.STUCK)
     if failed is None:  # it ended

@@ -51,6 +51,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import NamedTuple
 
 from processor.core.model import (
+    LoadedRun,
     NodeState,
     NodeStatus,
     RunState,
@@ -174,6 +175,20 @@ def tick(
     new_state = RunState(status, new_nodes, state.seq + 1, state.reason)
     timers = _new_timers(state, new_state)
     return Decision(new_state, tuple(dispatches), timers, tuple(signalled), tuple(mapped))
+
+
+def tick_run(run: LoadedRun, now_ms: int) -> Decision:
+    """``tick`` of a run as loaded, with everything the load carried for it."""
+    return tick(
+        run.state,
+        run.wf,
+        run.results,
+        run.signals,
+        now_ms,
+        run.not_before_ms,
+        run.named,
+        run.input_length,
+    )
 
 
 def _tasks_only(
