@@ -1,9 +1,9 @@
-"""What every command shares: exit codes, the error to report, signal handling."""
+"""What every command shares: exit codes, the error to report, signal handling, tables."""
 
 from __future__ import annotations
 
 import signal
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from processor import early_stop
@@ -19,6 +19,15 @@ class CliError(Exception):
     def __init__(self, message: str, code: int = EXIT_FAILED) -> None:
         super().__init__(message)
         self.code = code
+
+
+def print_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> None:
+    """Rows under a header, every column as wide as its widest cell but the last (which may
+    be long: a failure reason), two spaces apart."""
+    widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header) - 1)]
+    for row in [header, *rows]:
+        cells = [cell.ljust(width) for cell, width in zip(row[:-1], widths, strict=True)]
+        print("  ".join([*cells, row[-1]]).rstrip())
 
 
 def stop_on_signals(stop: Callable[[], None]) -> None:

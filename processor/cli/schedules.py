@@ -8,7 +8,7 @@ from typing import Any
 
 import orjson
 
-from processor.cli.common import EXIT_OK, EXIT_USAGE, CliError
+from processor.cli.common import EXIT_OK, EXIT_USAGE, CliError, print_table
 from processor.client import connect, wake
 from processor.core.routing import TIERS
 from processor.io.config import Settings
@@ -111,12 +111,7 @@ def cmd_schedules_list(settings: Settings, args: argparse.Namespace) -> int:
         )
         for s in schedules
     ]
-    header = ("NAME", "CRON", "WORKFLOW", "NEXT FIRE", "LAST RUN", "FIRES", "MISSED")
-    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
-    for row in [header, *rows]:
-        print(
-            "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
-        )
+    print_table(("NAME", "CRON", "WORKFLOW", "NEXT FIRE", "LAST RUN", "FIRES", "MISSED"), rows)
     return EXIT_OK
 
 

@@ -11,7 +11,7 @@ from typing import Any
 
 import orjson
 
-from processor.cli.common import EXIT_FAILED, EXIT_OK, EXIT_USAGE, CliError
+from processor.cli.common import EXIT_FAILED, EXIT_OK, EXIT_USAGE, CliError, print_table
 from processor.client import (
     MAX_BULK_RUNS,
     MAX_LIST_LIMIT,
@@ -127,12 +127,7 @@ def _print_table(runs: list[RunSummary]) -> None:
         )
         for run in runs
     ]
-    header = ("RUN", "WORKFLOW", "STATUS", "LAST TRANSITION", "FAILURE REASON")
-    # Every column as wide as its widest cell, but the last (reasons can be long).
-    widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header) - 1)]
-    for row in [header, *rows]:
-        cells = [cell.ljust(width) for cell, width in zip(row[:-1], widths, strict=True)]
-        print("  ".join([*cells, row[-1]]).rstrip())
+    print_table(("RUN", "WORKFLOW", "STATUS", "LAST TRANSITION", "FAILURE REASON"), rows)
 
 
 def cmd_runs_count(settings: Settings, args: argparse.Namespace) -> int:
