@@ -52,14 +52,15 @@ def load_limits(conn: psycopg.Connection[Any], loaded: Mapping[str, Loaded]) -> 
     ]
     if not runs:
         return LimitInputs({}, {})
-    wanted = [
-        {"run_id": r.run_id, "path": _array_literal(path)}
-        for r in runs
-        for path in sorted(paths_of(r.wf.steps))
-    ]
+    wanted: list[dict[str, str]] = []
+    by_literal: dict[str, tuple[str, ...]] = {}  # the paths as the statement names them
+    for run in runs:
+        for path in sorted(paths_of(run.wf.steps)):
+            literal = _array_literal(path)
+            by_literal[literal] = path
+            wanted.append({"run_id": run.run_id, "path": literal})
     values: dict[str, dict[tuple[str, ...], str]] = {}
     if wanted:
-        by_literal = {_array_literal(p): p for r in runs for p in paths_of(r.wf.steps)}
         for run_id, literal, value in conn.execute(
             _VALUES_SQL, (orjson.dumps(wanted).decode(),)
         ).fetchall():
