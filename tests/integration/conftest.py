@@ -113,7 +113,8 @@ def pg(base_settings: Settings) -> Iterator[psycopg.Connection[Any]]:
     with psycopg.connect(base_settings.pg_dsn, autocommit=True) as conn:
         conn.execute(
             "TRUNCATE eec_workflow_run, eec_step_result, eec_outbox, eec_step_attempt,"
-            " eec_kept_signal, eec_trigger, eec_limit, eec_limit_hold, eec_limit_wait CASCADE"
+            " eec_kept_signal, eec_trigger, eec_limit, eec_limit_hold, eec_limit_wait,"
+            " eec_schedule CASCADE"
         )
         yield conn
 

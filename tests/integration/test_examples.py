@@ -311,7 +311,6 @@ def test_the_report_example_runs_from_its_schedule_and_by_hand(
     reports = tmp_path / "reports"
     shutil.copytree(REPORTS, reports, ignore=shutil.ignore_patterns("__pycache__"))
     pg.execute("DELETE FROM eec_workflow_definition WHERE name = 'report'")
-    pg.execute("DELETE FROM eec_schedule WHERE name LIKE 'report-%'")
     registered = run_ductor(settings, "workflows", "register", "flows:report", cwd=reports)
     assert registered.stdout == "workflow report v1 registered\n", registered.stderr
     services = [

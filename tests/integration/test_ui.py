@@ -165,7 +165,6 @@ def test_the_pages_in_a_browser_and_a_retry_behind_the_token(
     t = uuid.uuid4().hex[:4]
     register_workflow(pg, parse_workflow(CHARGES))
     schedule = f"nightly-sample-{t}"
-    pg.execute("DELETE FROM eec_schedule")  # other tests' schedules: the page lists them all
     created = run_ductor(
         settings, "schedules", "create", schedule, "--cron", "0 3 * * *", "--workflow", "sample"
     )

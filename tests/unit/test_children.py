@@ -4,14 +4,11 @@ applied once, whatever results come and however often."""
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
 from typing import Any
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from jsonschema import Draft202012Validator
 
 from processor import Workflow
 from processor.core.children import (
@@ -32,12 +29,9 @@ from processor.core.model import (
 )
 from processor.core.tick import tick
 from processor.core.workflow import CHILD_TIMEOUT_MS, ValidationError, parse_workflow
+from processor.io.workflow_schema import workflow_validator
 
-SCHEMA = Draft202012Validator(
-    json.loads(
-        (Path(__file__).resolve().parents[2] / "schemas" / "workflow.schema.json").read_text()
-    )
-)
+SCHEMA = workflow_validator()  # the schema the package ships, as `workflows register` checks it
 PARENT: dict[str, Any] = {
     "name": "order",
     "version": 1,

@@ -8,15 +8,12 @@ names every item once, in order."""
 
 from __future__ import annotations
 
-import json
 import random
-from pathlib import Path
 from typing import Any
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from jsonschema import Draft202012Validator
 
 from processor import Retry, StepContext, Workflow
 from processor.core.model import (
@@ -31,13 +28,10 @@ from processor.core.model import (
 from processor.core.step_task import MapItem, StepData, StepTask, decode_step_task
 from processor.core.tick import NOOP, tick
 from processor.core.workflow import ValidationError, parse_workflow
+from processor.io.workflow_schema import workflow_validator
 from processor.worker.steps import context_of
 
-SCHEMA = Draft202012Validator(
-    json.loads(
-        (Path(__file__).resolve().parents[2] / "schemas" / "workflow.schema.json").read_text()
-    )
-)
+SCHEMA = workflow_validator()  # the schema the package ships, as `workflows register` checks it
 RAW: dict[str, Any] = {
     "name": "images",
     "version": 1,
