@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import faulthandler
 import signal
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -32,12 +33,15 @@ def print_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> None:
 
 def stop_on_signals(stop: Callable[[], None]) -> None:
     """Call ``stop`` on SIGTERM and SIGINT (a graceful shutdown); at once if one came while
-    the modules loaded (processor/early_stop.py)."""
+    the modules loaded (processor/early_stop.py). SIGUSR1 writes every thread's stack to
+    stderr, and the service goes on: what a process that does not stop is doing, without a
+    debugger (docs/operations.md)."""
 
     def handler(_signum: int, _frame: Any) -> None:
         stop()
 
     signal.signal(signal.SIGTERM, handler)
     signal.signal(signal.SIGINT, handler)
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     if early_stop.asked():
         stop()

@@ -7,6 +7,7 @@ Nothing here mocks Kafka or Postgres.
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import subprocess
 import sys
@@ -216,13 +217,21 @@ class Spawned:
         )
 
     def terminate(self, timeout: float = 30.0) -> int:
+        """SIGTERM, and its exit code; SIGKILL if it has not exited within ``timeout``, after
+        SIGUSR1 made it write its threads' stacks to its log (printed here, for the test's
+        report: where it was stuck)."""
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
         try:
             code = self.proc.wait(timeout)
         except subprocess.TimeoutExpired:
+            self.proc.send_signal(signal.SIGUSR1)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.proc.wait(2)
             self.proc.kill()
             code = self.proc.wait(10)
+            tail = self.log_path.read_text(errors="replace")[-6000:]
+            print(f"{self.log_path.name} did not stop in {timeout:.0f} s:\n{tail}", file=sys.stderr)
         self._log.close()
         return code
 

@@ -76,6 +76,7 @@ class ClusterLoad:
     members: tuple[Spawned, Spawned]
     tag: str
     run_ids: list[str]  # (grown by ``feeding``)
+    sleep_ms: int = 5  # how long each step takes
 
     def running(self) -> bool:
         return all(member.running() for member in self.members)
@@ -86,7 +87,7 @@ class ClusterLoad:
     def start(self, count: int) -> None:
         first = len(self.run_ids)
         run_ids = [f"cl-{self.tag}-{i}" for i in range(first, first + count)]
-        start_runs(self.settings, "counted-quad", run_ids, {"sleep_ms": 5})
+        start_runs(self.settings, "counted-quad", run_ids, {"sleep_ms": self.sleep_ms})
         self.run_ids.extend(run_ids)
 
     @contextmanager
@@ -147,11 +148,11 @@ def on_cluster(settings: Settings, cluster: KafkaCluster) -> Settings:
 @pytest.fixture
 def load_on(
     on_cluster: Settings, audit: psycopg.Connection[Any], spawn: Any
-) -> Callable[[int], ClusterLoad]:
+) -> Callable[..., ClusterLoad]:
     """A processor and a worker owning partitions of the test's topics, and ``runs`` runs
-    started."""
+    started, whose steps take ``sleep_ms`` each."""
 
-    def start(runs: int) -> ClusterLoad:
+    def start(runs: int, sleep_ms: int = 5) -> ClusterLoad:
         counted_steps.install(audit)
         register_workflow(audit, _quad())
         processor = spawn(["process"], on_cluster, "process")
@@ -163,7 +164,7 @@ def load_on(
         )
         members = (processor, worker)
         tag = uuid.uuid4().hex[:6]
-        load = ClusterLoad(on_cluster, audit, _admin(on_cluster), members, tag, [])
+        load = ClusterLoad(on_cluster, audit, _admin(on_cluster), members, tag, [], sleep_ms)
         load.start(runs)
         return load
 
@@ -190,9 +191,12 @@ def test_topics_on_the_cluster_have_three_replicas_and_two_in_sync(on_cluster: S
 
 
 def test_the_leader_of_most_partitions_killed_under_load_loses_nothing_and_runs_no_step_twice(
-    cluster: KafkaCluster, on_cluster: Settings, load_on: Callable[[int], ClusterLoad]
+    cluster: KafkaCluster, on_cluster: Settings, load_on: Callable[..., ClusterLoad]
 ) -> None:
-    load = load_on(1000)
+    # Steps of 40 ms: the worker's 8 slots take about 20 s over the 4,000 steps, so most runs
+    # are still in flight when the broker is killed (with 5 ms steps the other four fifths
+    # could end while the busiest broker was looked up and killed).
+    load = load_on(1000, sleep_ms=40)
     load.wait_ended(len(load.run_ids) // 5, 120, "a fifth")
     busiest = busiest_broker(on_cluster)
     cluster.kill_node(busiest)
@@ -211,7 +215,7 @@ def test_the_leader_of_most_partitions_killed_under_load_loses_nothing_and_runs_
 
 
 def test_a_rolling_restart_of_every_broker_under_load_loses_nothing_and_runs_no_step_twice(
-    cluster: KafkaCluster, load_on: Callable[[int], ClusterLoad]
+    cluster: KafkaCluster, load_on: Callable[..., ClusterLoad]
 ) -> None:
     load = load_on(ROLL_FEED_PER_S)
     load.wait_fully_replicated(120)  # (after the previous test's outage, if it ran first)
@@ -227,7 +231,7 @@ def test_a_rolling_restart_of_every_broker_under_load_loses_nothing_and_runs_no_
 
 
 def test_a_broker_kept_down_leaves_two_that_serve_whole_runs(
-    cluster: KafkaCluster, on_cluster: Settings, load_on: Callable[[int], ClusterLoad]
+    cluster: KafkaCluster, on_cluster: Settings, load_on: Callable[..., ClusterLoad]
 ) -> None:
     wait_fully_replicated(_admin(on_cluster), 120, lambda: True)
     down = len(cluster.nodes)
