@@ -93,8 +93,15 @@ typecheck: venv ## mypy --strict
 unit: venv ## the fast tests that need no services
 	$(PY) -m pytest -q -m "not integration"
 
+# Two phases: the tests that share nothing, two at a time (pytest-xdist; each process has a
+# database of its own, each test its own topics), then the serial ones alone (those that
+# restart the shared services, start a cluster or build the package: tests/integration/
+# conftest.py marks them). Both phases run, and both must pass.
 pytest: venv tools ## every test (needs `make up`)
-	$(PY) -m pytest -q -ra --durations=25
+	@status=0; \
+	$(PY) -m pytest -q -ra --durations=15 -n 2 -m "not serial" || status=$$?; \
+	$(PY) -m pytest -q -ra --durations=15 -m serial || status=$$?; \
+	exit $$status
 
 # The README's test command: install, bring the services up, lint, typecheck, test. The
 # services are stopped again afterwards unless they were already running before.

@@ -8,6 +8,7 @@ Nothing here mocks Kafka or Postgres.
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 import subprocess
 import sys
@@ -67,6 +68,20 @@ def wait_for(
         event.wait(interval)  # a bounded wait between two checks of the condition
 
 
+# Tests that change what every test shares (the local Kafka or Postgres restarted, killed or
+# frozen: the fixtures that can), that start a three-broker cluster, or that build the package
+# or the examples: `make pytest` runs them alone, after the others ran two at a time.
+_SERIAL_FIXTURES = {"local_infra", "cluster"}
+_SERIAL_FILES = {"test_wheel.py", "test_examples.py", "test_chaos.py", "test_bench.py"}
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        fixtures = set(getattr(item, "fixturenames", ()))
+        if fixtures & _SERIAL_FIXTURES or item.path.name in _SERIAL_FILES:
+            item.add_marker(pytest.mark.serial)
+
+
 def pytest_collection_finish(session: pytest.Session) -> None:
     """Builds the tests need start as soon as the tests are known (background_builds.py)."""
     files = {item.path.name for item in session.items}
@@ -92,8 +107,23 @@ def base_settings() -> Settings:
         )
     if not AdminClient(settings.kafka_common()).list_topics(timeout=10).brokers:
         pytest.fail(f"Kafka is not reachable at {settings.bootstrap_servers} (run `make up`)")
+    settings = _own_database(settings)
     migrate(settings.pg_dsn)
     return settings
+
+
+def _own_database(settings: Settings) -> Settings:
+    """Under pytest-xdist each process of the run gets a database of its own (the tests
+    empty the run tables): ``<database>_gw0`` and so on, created on first use."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    if not worker:
+        return settings
+    with psycopg.connect(settings.pg_dsn, autocommit=True) as admin:
+        name = f"{admin.info.dbname}_{worker}"
+        exists = admin.execute("SELECT 1 FROM pg_database WHERE datname = %s", (name,))
+        if exists.fetchone() is None:
+            admin.execute(f'CREATE DATABASE "{name}"')
+    return replace(settings, pg_dsn=make_conninfo(settings.pg_dsn, dbname=name))
 
 
 @pytest.fixture
