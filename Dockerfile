@@ -20,10 +20,15 @@ ARG PYTHON_IMAGE=python:3.11-slim-bookworm
 # virtualenv that the runtime stage copies whole. Nothing of the build is left in the image.
 FROM ${PYTHON_IMAGE} AS build
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
+# A C compiler: setup.py compiles the hot paths with mypyc (without one the wheel is pure
+# Python). The runtime stage needs none.
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends gcc libc6-dev \
+    && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
 # What the wheel is built from (.dockerignore sends nothing else); schemas/ holds the SQL
 # migrations and JSON schemas that `ductor migrate` and `ductor workflows register` read.
-COPY pyproject.toml README.md ./
+COPY pyproject.toml README.md setup.py ./
 COPY schemas/ schemas/
 COPY processor/ processor/
 RUN python -m pip wheel --no-deps --wheel-dir /dist . \

@@ -28,6 +28,13 @@ and may change between versions.
 from __future__ import annotations
 
 import importlib
+import importlib.abc
+import importlib.machinery
+import importlib.util
+import os
+import sys
+from collections.abc import Sequence
+from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 __all__ = [
@@ -102,3 +109,52 @@ else:
 
 def __dir__() -> list[str]:
     return sorted({*globals(), *__all__})
+
+
+# -- the compiled build and the pure-Python one ------------------------------------------------
+#
+# A wheel built with compilation on (setup.py) carries, next to some modules' .py files, the
+# same modules compiled by mypyc (extension modules: .so files), which the import system
+# prefers. DUCTOR_PURE_PYTHON=1 (or true, yes, on) at import time makes this package import
+# every module of its own from its .py source instead: the finder below comes before the
+# standard ones for this package's modules only. A build without compiled modules (an
+# editable install, a pure wheel) is the same either way.
+_TRUE = {"1", "true", "yes", "on"}
+
+
+class _SourcesFirst(importlib.abc.MetaPathFinder):
+    """Finds the package's modules as .py sources where a compiled one sits beside them."""
+
+    def find_spec(
+        self, fullname: str, path: Sequence[str] | None, target: ModuleType | None = None
+    ) -> importlib.machinery.ModuleSpec | None:
+        if path is None or not fullname.startswith(__name__ + "."):
+            return None
+        leaf = fullname.rpartition(".")[2]
+        for folder in path:
+            source = os.path.join(folder, leaf + ".py")
+            if os.path.isfile(source):
+                return importlib.util.spec_from_file_location(fullname, source)
+        return None  # a package (its __init__.py is never compiled), or not here
+
+
+def pure_python_selected() -> bool:
+    """Whether DUCTOR_PURE_PYTHON asks for the pure-Python modules."""
+    return os.environ.get("DUCTOR_PURE_PYTHON", "").strip().lower() in _TRUE
+
+
+def compiled_modules() -> list[str]:
+    """The modules of this package imported so far from compiled code, sorted (not the
+    library they share, ``processor.native__mypyc``)."""
+    suffixes = tuple(importlib.machinery.EXTENSION_SUFFIXES)
+    return sorted(
+        name
+        for name, module in list(sys.modules.items())
+        if name.startswith(__name__ + ".")
+        and not name.endswith("__mypyc")
+        and (getattr(module, "__file__", None) or "").endswith(suffixes)
+    )
+
+
+if pure_python_selected() and not any(isinstance(f, _SourcesFirst) for f in sys.meta_path):
+    sys.meta_path.insert(0, _SourcesFirst())

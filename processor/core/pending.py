@@ -17,7 +17,6 @@ import heapq
 import itertools
 from collections import deque
 from collections.abc import Iterable
-from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
 from processor.core.envelope import Wakeup
@@ -26,17 +25,39 @@ from processor.core.records import Inbound, TopicPartition
 S = TypeVar("S")  # the shell's handle on the work's trace span (opaque here)
 
 
-@dataclass(eq=False)
+# A plain class, not a dataclass: a generic dataclass does not compile with mypyc (its
+# dataclass support cannot rebuild a class that has Generic among its bases: mypyc issue 827).
+# Compared by identity, like the dataclass(eq=False) it was.
 class RunWork(Generic[S]):
     """Everything waiting for one run: its coalesced records and its in-process attempts."""
 
-    run_id: str
-    records: list[Inbound] = field(default_factory=list)
-    attempts: int = 0  # in-process attempts that lost a version race
-    locked: int = 0  # attempts in a row that found the run's row held by another transaction
-    prior_version: int | None = None  # the run's version its previous attempt loaded
-    ready_at: float = 0.0  # when the next attempt may start
-    span: S | None = None
+    def __init__(
+        self,
+        run_id: str,
+        records: list[Inbound] | None = None,
+        attempts: int = 0,
+        locked: int = 0,
+        prior_version: int | None = None,
+        ready_at: float = 0.0,
+        span: S | None = None,
+    ) -> None:
+        self.run_id = run_id
+        self.records: list[Inbound] = [] if records is None else records
+        self.attempts = attempts  # in-process attempts that lost a version race
+        self.locked = (
+            locked  # attempts in a row that found the run's row held by another transaction
+        )
+        self.prior_version = prior_version  # the run's version its previous attempt loaded
+        self.ready_at = ready_at  # when the next attempt may start
+        self.span = span
+
+    def __repr__(self) -> str:  # the dataclass's
+        return (
+            f"RunWork(run_id={self.run_id!r}, records={self.records!r},"
+            f" attempts={self.attempts!r}, locked={self.locked!r},"
+            f" prior_version={self.prior_version!r}, ready_at={self.ready_at!r},"
+            f" span={self.span!r})"
+        )
 
     def lineage(self) -> Wakeup:
         """The envelope whose requeue history this work continues: the most requeued one."""

@@ -183,41 +183,37 @@ def decode_step_task(value: bytes | None, clock_offset_ms: int = 0) -> StepTask:
             f"step task must be an object with task_version {STEP_TASK_VERSION} or"
             f" {MAP_ITEM_TASK_VERSION}"
         )
+    # Each field is read and checked before the task is built: a compiled build (mypyc)
+    # checks a field's type as the object is made, so a wrong one must be refused first.
     try:
-        task = StepTask(
-            run_id=raw["run_id"],
-            node=raw["node"],
-            attempt=raw["attempt"],
-            step_type=raw["step_type"],
-            deadline_ms=raw["deadline_ms"] - clock_offset_ms
-            if clock_offset_ms and type(raw["deadline_ms"]) is int
-            else raw["deadline_ms"],
-            tier=raw.get("tier", "t1"),
-            dep_attempts=_dep_attempts(raw.get("dep_attempts")),
-            data=_data(raw.get("data")),
-            heartbeat_timeout_ms=raw.get("heartbeat_timeout_ms"),
-            item=_item(raw.get("item"), version),
-        )
+        run_id, node, attempt = raw["run_id"], raw["node"], raw["attempt"]
+        step_type, deadline_ms = raw["step_type"], raw["deadline_ms"]
     except KeyError as exc:
         raise ValidationError(f"step task is missing {exc.args[0]!r}") from None
-    if not all(isinstance(v, str) for v in (task.run_id, task.node, task.step_type, task.tier)):
+    if clock_offset_ms and type(deadline_ms) is int:
+        deadline_ms -= clock_offset_ms
+    tier = raw.get("tier", "t1")
+    dep_attempts = _dep_attempts(raw.get("dep_attempts"))
+    data = _data(raw.get("data"))
+    beat = raw.get("heartbeat_timeout_ms")
+    item = _item(raw.get("item"), version)
+    if not all(isinstance(v, str) for v in (run_id, node, step_type, tier)):
         raise ValidationError("step task: run_id, node, step_type and tier must be strings")
-    if not all(
-        isinstance(v, int) and not isinstance(v, bool) for v in (task.attempt, task.deadline_ms)
-    ):
+    if not all(isinstance(v, int) and not isinstance(v, bool) for v in (attempt, deadline_ms)):
         raise ValidationError("step task: attempt and deadline_ms must be integers")
     # Bounded as wakeups are: every value here goes into a row or a topic name.
-    if any("\x00" in v for v in (task.run_id, task.node, task.step_type)):
+    if any("\x00" in v for v in (run_id, node, step_type)):
         raise ValidationError("step task: a NUL character, which Postgres cannot store")
-    if task.tier not in TIERS:
+    if tier not in TIERS:
         raise ValidationError(f"step task: tier must be one of {', '.join(TIERS)}")
-    written_deadline_ms = task.deadline_ms + clock_offset_ms
-    if not (1 <= task.attempt <= MAX_ATTEMPT and 0 <= written_deadline_ms <= MAX_EPOCH_MS):
+    written_deadline_ms = deadline_ms + clock_offset_ms
+    if not (1 <= attempt <= MAX_ATTEMPT and 0 <= written_deadline_ms <= MAX_EPOCH_MS):
         raise ValidationError("step task: attempt or deadline_ms out of range")
-    beat = task.heartbeat_timeout_ms
     if beat is not None and (type(beat) is not int or not 1 <= beat <= MAX_EPOCH_MS):
         raise ValidationError("step task: heartbeat_timeout_ms must be a positive integer")
-    return task
+    return StepTask(
+        run_id, node, attempt, step_type, deadline_ms, tier, dep_attempts, data, beat, item
+    )
 
 
 def _item(raw: Any, version: int) -> MapItem | None:

@@ -68,7 +68,7 @@ class RequestDesk:
         self._faults = faults
         self._conn: psycopg.Connection[Any] | None = None
         self._definitions = Definitions()
-        self._thread = StageThread("ductor-requests")
+        self._runner = StageThread("ductor-requests")
         self._waiting: list[Item] = []
         self._in_flight: tuple[list[Item], InFlight[_Answered]] | None = None
         self._next_try_at = 0.0
@@ -98,7 +98,7 @@ class RequestDesk:
         if not self._waiting or self._monotonic() < self._next_try_at:
             return
         batch, self._waiting = self._waiting[:_PER_STATEMENT], self._waiting[_PER_STATEMENT:]
-        self._in_flight = (batch, self._thread.submit(lambda: self._apply(batch)))
+        self._in_flight = (batch, self._runner.submit(lambda: self._apply(batch)))
 
     def flush(self, timeout_s: float) -> bool:
         """Wait for the statement in flight and carry it out (a rebalance, the shutdown);

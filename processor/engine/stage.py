@@ -86,14 +86,14 @@ class DatabaseStage:
         self._rules = rules
         self._clock = clock
         self._faults = faults
-        self._thread = StageThread()
+        self._runner = StageThread()
 
     def start(
         self, items: list[BatchItem], acknowledged: list[tuple[str, int]]
     ) -> InFlight[StageResult]:
         """Run the stage on the database thread (the executor starts one only once the
         previous one ended)."""
-        return self._thread.submit(lambda: self.run(items, acknowledged))
+        return self._runner.submit(lambda: self.run(items, acknowledged))
 
     def use_rules(self, rules: Rules) -> None:
         self._rules = rules  # read by the next batch's thread (one batch at a time)
@@ -272,14 +272,16 @@ class StageThread:
 
     def __init__(self, name: str = "ductor-db") -> None:
         self._stages: queue.SimpleQueue[InFlight[object]] = queue.SimpleQueue()
-        self._thread: threading.Thread | None = None
+        # Not `_thread`: mypyc names an attribute's C field `__thread`, a keyword of GCC's
+        # (thread-local storage), and the compiled build would not compile.
+        self._runner: threading.Thread | None = None
         self._name = name
 
     def submit(self, stage: Callable[[], R]) -> InFlight[R]:
         in_flight = InFlight(stage)
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._serve, name=self._name, daemon=True)
-            self._thread.start()
+        if self._runner is None:
+            self._runner = threading.Thread(target=self._serve, name=self._name, daemon=True)
+            self._runner.start()
         self._stages.put(in_flight)  # type: ignore[arg-type]  # (run() only: its type is no matter)
         return in_flight
 

@@ -375,6 +375,8 @@ READ_ELSEWHERE: Mapping[str, str] = {
     "DUCTOR_LOCAL_KAFKA_SASL_PORT": "infra/local.py",
     "DUCTOR_LOCAL_KAFKA_BROKERS": "infra/local.py",
     "DUCTOR_LOCAL_PG_PORT": "infra/local.py and infra/compose.yaml",
+    # At import: the pure-Python modules instead of the compiled ones; at build: a pure wheel.
+    "DUCTOR_PURE_PYTHON": "processor/__init__.py (at import) and setup.py (at build)",
 }
 
 KNOWN_VARIABLES: frozenset[str] = frozenset(

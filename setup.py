@@ -1,0 +1,119 @@
+"""The build: the package as pyproject.toml declares it, with the hot paths compiled by mypyc.
+
+The modules in ``COMPILED`` are compiled to C extension modules (mypyc, the compiler that ships
+with mypy) and installed next to their .py sources, which the import system then passes over
+(``DUCTOR_PURE_PYTHON=1`` at import time imports the sources instead: processor/__init__.py).
+The build is pure Python, every module from its source, when:
+
+- ``DUCTOR_PURE_PYTHON=1`` (or true, yes, on) is set at build time: a pure wheel
+  (py3-none-any);
+- mypyc is not importable (a build without isolation in an environment without mypy);
+- it is an editable install (``pip install -e``): the development loop stays pure and fast
+  (``python setup.py build_ext --inplace`` compiles a checkout in place);
+- compiling fails: no C compiler, a compiler error. The failure is reported and the build goes
+  on without any compiled module (a part of them would be unusable: they share one library).
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from setuptools import Extension, setup
+from setuptools.command.build_ext import build_ext
+
+HERE = Path(__file__).resolve().parent
+
+
+def _modules(folder: str) -> list[str]:
+    """The modules of a folder of the package, but its __init__ (which stays Python)."""
+    paths = (HERE / "processor" / folder).glob("*.py")
+    return sorted(str(p.relative_to(HERE)) for p in paths if p.name != "__init__.py")
+
+
+# The pure core, the engine (the loop thread's per-record path, the database stage) and the
+# load and commit codecs: what a tick runs (processor.tools.bench_hot measures them).
+COMPILED = [*_modules("core"), *_modules("engine"), "processor/io/store.py"]
+# The shared library of the compiled modules, inside the package (not a top-level module).
+GROUP = "processor.native"
+_TRUE = {"1", "true", "yes", "on"}
+
+
+def _pure_requested() -> bool:
+    return os.environ.get("DUCTOR_PURE_PYTHON", "").strip().lower() in _TRUE
+
+
+def _mypyc_available() -> bool:
+    try:
+        importlib.import_module("mypyc.build")
+    except ImportError:
+        return False
+    return True
+
+
+def _say(message: str) -> None:
+    print(f"ductor build: {message}", file=sys.stderr, flush=True)
+
+
+class CompilingBuildExt(build_ext):
+    """build_ext that compiles ``COMPILED`` with mypyc when it runs (not when setup.py is read,
+    so building the sdist or the metadata type-checks nothing), and falls back to a pure build
+    when compiling fails."""
+
+    editable_mode: bool  # set by setuptools' editable_wheel
+
+    def run(self) -> None:
+        if getattr(self, "editable_mode", False):
+            _say("editable install: pure Python (python setup.py build_ext --inplace compiles)")
+            self.extensions = []
+            return
+        mypycify = importlib.import_module("mypyc.build").mypycify
+        try:
+            extensions = mypycify(COMPILED, group_name=GROUP)
+        except (SystemExit, Exception) as exc:  # mypyc exits on a type error
+            self.extensions = []
+            _say(f"mypyc could not compile the modules ({exc!r}): pure Python")
+            return
+        # The command was set up for the placeholder: what setuptools' finalize_options does
+        # for each extension, done for mypyc's (none of them a shared Library).
+        self.extensions = extensions
+        for ext in extensions:
+            ext._full_name = self.get_ext_fullname(ext.name)
+            self.ext_map[ext._full_name] = ext
+            ext._links_to_dynamic = ext._needs_stub = False
+            ext._file_name = self.get_ext_filename(ext._full_name)
+        try:
+            super().run()
+        except (SystemExit, Exception) as exc:  # CompileError, a missing compiler (OSError)
+            self._fall_back(f"the C extensions could not be built: {exc!r}")
+
+    def _fall_back(self, why: str) -> None:
+        """Remove whatever was built, so no compiled module is installed: every module is then
+        imported from its source."""
+        _say(f"{why}; building pure Python instead")
+        for ext in self.extensions:
+            built = Path(self.get_ext_fullpath(ext.name))
+            if built.exists():
+                built.unlink()
+        self.extensions = []
+
+
+def _options() -> dict[str, Any]:
+    if _pure_requested():
+        _say("DUCTOR_PURE_PYTHON is set: pure Python")
+        return {}
+    if not _mypyc_available():
+        _say("mypyc is not importable: pure Python")
+        return {}
+    # A placeholder the command replaces with mypyc's extensions when it runs: it makes the
+    # wheel one of this platform and Python version.
+    return {
+        "ext_modules": [Extension(f"{GROUP}__placeholder", sources=[])],
+        "cmdclass": {"build_ext": CompilingBuildExt},
+    }
+
+
+setup(**_options())
