@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
 .DEFAULT_GOAL := help
-.PHONY: help venv tools up down status restart migrate topics setup lint format typecheck unit pytest test wheel bench chaos demo clean k8s-rules
+.PHONY: help venv tools up down status restart migrate topics setup lint format typecheck unit unit-pure pytest test wheel compile clean-compiled bench chaos demo clean k8s-rules
 
 help: ## list the targets
 	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -103,12 +103,22 @@ pytest: venv tools ## every test (needs `make up`)
 	$(PY) -m pytest -q -ra --durations=15 -m serial || status=$$?; \
 	exit $$status
 
+# The unit tests again on the pure-Python modules, where the checkout is compiled (`make
+# compile`): the fallback a source install without a compiler gets, and DUCTOR_PURE_PYTHON=1.
+unit-pure: venv ## the fast tests on the pure-Python modules (DUCTOR_PURE_PYTHON=1)
+	DUCTOR_PURE_PYTHON=1 DUCTOR_EXPECT_BUILD=pure $(PY) -m pytest -q -n 2 -m "not integration"
+
 # The README's test command: install, bring the services up, lint, typecheck, test. The
 # services are stopped again afterwards unless they were already running before.
-test: venv tools ## everything CI runs: infra up, lint, typecheck, all tests
+test: venv tools ## everything CI runs: infra up, lint, typecheck, compile, all tests on the compiled build, the unit tests on the pure one
 	@was_up=0; $(PY) infra/local.py status >/dev/null 2>&1 && was_up=1; \
 	$(PY) infra/local.py up || exit 1; \
-	status=0; $(MAKE) --no-print-directory lint typecheck pytest || status=$$?; \
+	status=0; $(MAKE) --no-print-directory -j 2 lint typecheck compile || status=$$?; \
+	if [ $$status = 0 ]; then \
+	  DUCTOR_EXPECT_BUILD=compiled DUCTOR_TEST_DIST=$(CURDIR)/dist \
+	    $(MAKE) --no-print-directory pytest || status=$$?; \
+	  $(MAKE) --no-print-directory unit-pure || status=$$?; \
+	fi; \
 	if [ $$was_up = 0 ]; then $(PY) infra/local.py down; fi; \
 	exit $$status
 
@@ -116,6 +126,26 @@ test: venv tools ## everything CI runs: infra up, lint, typecheck, all tests
 # install. tests/integration/test_wheel.py builds its own, the same way.
 wheel: venv ## build the sdist and the wheel into dist/
 	$(PY) -m build --outdir dist .
+
+# The compiled build (setup.py: the core, the engine and io/store.py by mypyc) of the checkout:
+# the sdist and the wheel built from it into dist/ (`make wheel`'s recipe, rebuilt when a file
+# of the package changed), and the wheel's compiled modules unpacked beside their sources, so
+# that the tests and `python -m processor` run them. A source edited afterwards is imported
+# instead of its stale build (processor/__init__.py says so). `make clean-compiled` undoes it.
+PACKAGE_FILES := $(shell find processor schemas -type f -not -name '*.so' -not -name '*.pyc' 2>/dev/null) setup.py pyproject.toml README.md
+dist/.built: $(PACKAGE_FILES) | $(STAMP)
+	rm -rf dist
+	$(PY) -m build --outdir dist . >/dev/null
+	touch $@
+
+compile: dist/.built ## the compiled build: dist/ and its compiled modules in the checkout
+	$(PY) -c "import sys, zipfile, glob; z = zipfile.ZipFile(glob.glob('dist/*.whl')[0]); \
+	so = [n for n in z.namelist() if n.endswith('.so')]; \
+	sys.exit('the wheel has no compiled module: see the build above') if not so else None; \
+	z.extractall('.', so); print(f'{len(so)} compiled modules unpacked from the wheel')"
+
+clean-compiled: ## remove the compiled modules from the checkout (dist/ stays)
+	find processor -name '*.so' -delete
 
 # CLUSTER=1 also runs the end-to-end and scaling phases on a local three-broker cluster.
 bench: setup ## the benchmark: prints throughput, ratios, latency and memory figures
@@ -130,3 +160,4 @@ demo: venv ## the live demo: infra, two processors, a worker, thousands of runs
 
 clean: ## remove the virtualenv and caches (keeps .infra)
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis *.egg-info build dist
+	find processor -name '*.so' -delete

@@ -9,7 +9,7 @@ The build is pure Python, every module from its source, when:
   (py3-none-any);
 - mypyc is not importable (a build without isolation in an environment without mypy);
 - it is an editable install (``pip install -e``): the development loop stays pure and fast
-  (``python setup.py build_ext --inplace`` compiles a checkout in place);
+  (``make compile`` puts the compiled modules of a built wheel into a checkout);
 - compiling fails: no C compiler, a compiler error. The failure is reported and the build goes
   on without any compiled module (a part of them would be unusable: they share one library).
 """
@@ -67,7 +67,7 @@ class CompilingBuildExt(build_ext):
 
     def run(self) -> None:
         if getattr(self, "editable_mode", False):
-            _say("editable install: pure Python (python setup.py build_ext --inplace compiles)")
+            _say("editable install: pure Python (`make compile` compiles a checkout)")
             self.extensions = []
             return
         mypycify = importlib.import_module("mypyc.build").mypycify

@@ -156,5 +156,46 @@ def compiled_modules() -> list[str]:
     )
 
 
-if pure_python_selected() and not any(isinstance(f, _SourcesFirst) for f in sys.meta_path):
-    sys.meta_path.insert(0, _SourcesFirst())
+def _stale_in_checkout() -> str | None:
+    """In a checkout compiled in place (`make compile`), a source edited since: the compiled
+    modules would shadow the edit, so the sources are imported instead (one warning line).
+    Nothing is checked in an installed package (no setup.py beside it)."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    if not os.path.isfile(os.path.join(os.path.dirname(here), "setup.py")):
+        return None
+    suffixes = tuple(importlib.machinery.EXTENSION_SUFFIXES)
+    for folder in ("core", "engine", "io"):
+        path = os.path.join(here, folder)
+        for name in os.listdir(path):
+            if not name.endswith(suffixes):
+                continue
+            source = os.path.join(path, name.partition(".")[0] + ".py")
+            if os.path.isfile(source) and os.path.getmtime(source) > os.path.getmtime(
+                os.path.join(path, name)
+            ):
+                return source
+    return None
+
+
+def sources_first() -> bool:
+    """Whether this process imports the package's .py sources over compiled modules
+    (DUCTOR_PURE_PYTHON, or a stale build in a checkout)."""
+    return any(isinstance(f, _SourcesFirst) for f in sys.meta_path)
+
+
+def _choose_build() -> None:
+    if sources_first():
+        return
+    if pure_python_selected():
+        sys.meta_path.insert(0, _SourcesFirst())
+        return
+    stale = _stale_in_checkout()
+    if stale is not None:
+        sys.stderr.write(
+            f"ductor: {stale} changed after the checkout was compiled: importing the sources"
+            " (run `make compile` again, or `make clean-compiled`)\n"
+        )
+        sys.meta_path.insert(0, _SourcesFirst())
+
+
+_choose_build()

@@ -1,5 +1,5 @@
 """What every test session says first: which build of the package it tests. A wheel (or a
-checkout after `python setup.py build_ext --inplace`) carries compiled modules (setup.py);
+checkout after `make compile`) carries compiled modules (setup.py);
 DUCTOR_PURE_PYTHON=1 makes the package import its .py sources instead (processor/__init__.py).
 """
 

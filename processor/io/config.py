@@ -377,6 +377,9 @@ READ_ELSEWHERE: Mapping[str, str] = {
     "DUCTOR_LOCAL_PG_PORT": "infra/local.py and infra/compose.yaml",
     # At import: the pure-Python modules instead of the compiled ones; at build: a pure wheel.
     "DUCTOR_PURE_PYTHON": "processor/__init__.py (at import) and setup.py (at build)",
+    # `make test`: the build each test run must be on, and where it built the wheel.
+    "DUCTOR_EXPECT_BUILD": "the tests (tests/unit/test_build.py), set by the Makefile",
+    "DUCTOR_TEST_DIST": "the tests (tests/integration/background_builds.py), set by the Makefile",
 }
 
 KNOWN_VARIABLES: frozenset[str] = frozenset(

@@ -17,7 +17,10 @@ It measures, in the same run so that the ratios hold on a noisy shared machine:
   after both; no-op steps) started the way `ductor start` starts them (insert, then produce
   the start wakeups), from the first start wakeup to the last run ended, with 1 processor +
   1 worker and 2 + 2, and the CPU per run of every process;
-- scaling: 1, 2 and 4 instances in one group over the same topics.
+- scaling: 1, 2 and 4 instances in one group over the same topics;
+- builds: where the package's hot paths are compiled (docs/performance.md), the instance,
+  latency and end-to-end phases again with every process on the pure-Python modules
+  (DUCTOR_PURE_PYTHON=1), side by side with the compiled figures of the same run.
 
 It prints the figures; it asserts nothing about speed (that would make a flaky test).
 """
@@ -33,7 +36,14 @@ from typing import Any
 
 from processor.io.config import load_settings
 from processor.tools.bench_phases import SCALING_PARTITIONS, Bench
-from processor.tools.bench_support import Figures, OtlpSink, report, report_cluster
+from processor.tools.bench_support import (
+    PURE_PYTHON_ENV,
+    Figures,
+    OtlpSink,
+    compiled_modules_of_children,
+    report,
+    report_cluster,
+)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -53,6 +63,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=int,
         default=8000,
         help="runs of the 4-step workflow per end-to-end phase, before --scale (default 8000)",
+    )
+    parser.add_argument(
+        "--no-builds",
+        dest="builds",
+        action="store_false",
+        help="skip the pure-Python phases that compare the builds (run by default where the"
+        " package's hot paths are compiled)",
     )
     parser.add_argument(
         "--cluster",
@@ -128,6 +145,8 @@ def run(args: argparse.Namespace) -> int:
         figures.costs["hot mix, spread (2 + 2 workers)"] = figures.hot_off["cost"]
         runs = bench.n(args.e2e_runs)
         _end_to_end_and_scaling(bench, runs, "", figures.e2e, figures.scaling)
+        if args.builds:
+            _pure_python(bench, figures, runs)
         if args.cluster:
             try:
                 _on_cluster(bench, figures, runs)
@@ -165,6 +184,34 @@ def _end_to_end_and_scaling(
         print(f"scaling{where}: {instances} instance(s) in one group ...", flush=True)
         bench.phase(f"{label}scale{instances}", partitions=SCALING_PARTITIONS)
         scaling.append(bench.scaling(instances))
+
+
+def _pure_python(bench: Bench, figures: Figures, runs: int) -> None:
+    """The phases that measure the processes' own code again, every spawned process on the
+    pure-Python modules: one instance (ticks/s, CPU per tick), its latency at half its peak,
+    end to end with 1 + 1 and 2 + 2. Skipped, saying so, where the processes run pure Python
+    anyway (an editable install, a pure wheel)."""
+    figures.builds.compiled = compiled_modules_of_children(bench.build_env)
+    if not figures.builds.compiled:
+        print("builds: this install has no compiled module; no pure-Python comparison")
+        return
+    bench.build_env = {PURE_PYTHON_ENV: "1"}
+    try:
+        if compiled_modules_of_children(bench.build_env):
+            raise RuntimeError(f"{PURE_PYTHON_ENV}=1 still imports compiled modules")
+        pure = figures.builds
+        print("pure Python: one instance on uncontended runs ...", flush=True)
+        bench.phase("pure-instance")
+        pure.instance, _ = bench.instance(label="pure-inst")
+        print("pure Python: latency at half its peak ...", flush=True)
+        bench.phase("pure-latency")
+        pure.latency = bench.latency(pure.instance.rate / 2, seconds=10)
+        for processes in (1, 2):
+            print(f"pure Python: end to end, {processes} + {processes} ...", flush=True)
+            bench.phase(f"pure-e2e{processes}")
+            pure.e2e.append(bench.end_to_end(processes, processes, runs))
+    finally:
+        bench.build_env = {}
 
 
 def _on_cluster(single: Bench, figures: Figures, runs: int) -> None:

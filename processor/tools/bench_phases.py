@@ -93,6 +93,9 @@ class Bench:
         self.pg_host = str(dsn.get("host") or "/var/run/postgresql").split(",")[0]
         self.pg_port = int(str(dsn.get("port") or 5432).split(",")[0])
         self.database = str(dsn.get("dbname") or dsn.get("user") or "")
+        # What every process the benchmark spawns gets on top of its settings: the build
+        # comparison sets DUCTOR_PURE_PYTHON=1 here for its pure-Python phases.
+        self.build_env: dict[str, str] = {}
 
     def n(self, base: int) -> int:
         return max(100, int(base * self.scale))
@@ -557,6 +560,7 @@ class Bench:
         self, args: list[str], extra_env: dict[str, str], name: str
     ) -> subprocess.Popen[bytes]:
         env = child_env(replace(self.settings, log_format="json"))
+        env.update(self.build_env)
         env.update(extra_env)
         log = self.log_path(name).open("wb")
         return subprocess.Popen(

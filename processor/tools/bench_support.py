@@ -3,7 +3,9 @@ report, and a stand-in OTLP collector."""
 
 from __future__ import annotations
 
+import os
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -87,6 +89,40 @@ class Cost:
         return None if seconds is None or self.cpu.wall <= 0 else seconds / self.cpu.wall
 
 
+PURE_PYTHON_ENV = "DUCTOR_PURE_PYTHON"
+# Run in a child with the benchmark's environment and a build's: the package's modules that
+# the services' imports load from compiled code.
+_LIST_COMPILED = (
+    "import processor, processor.engine.processor, processor.worker.worker;"
+    "print(','.join(processor.compiled_modules()))"
+)
+
+
+def compiled_modules_of_children(build_env: dict[str, str]) -> list[str]:
+    """The compiled modules a `ductor` process spawned with ``build_env`` would run."""
+    env = {**os.environ, **build_env}
+    done = subprocess.run(
+        [sys.executable, "-c", _LIST_COMPILED],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    )
+    return [name for name in done.stdout.strip().split(",") if name]
+
+
+@dataclass
+class BuildFigures:
+    """The phases run again on the pure-Python modules, and what the compiled build compiles
+    (empty: nothing, and no comparison was made)."""
+
+    compiled: list[str] = field(default_factory=list)
+    instance: Cost | None = None
+    latency: dict[str, Any] | None = None
+    e2e: list[dict[str, Any]] = field(default_factory=list)
+
+
 @dataclass
 class Figures:
     ceiling: float = 0.0
@@ -106,6 +142,7 @@ class Figures:
     cluster_e2e: list[dict[str, Any]] = field(default_factory=list)
     cluster_scaling: list[dict[str, Any]] = field(default_factory=list)
     idle: CpuUse | None = None  # the services with nothing of ours running
+    builds: BuildFigures = field(default_factory=BuildFigures)
     wall: float = 0.0  # the whole benchmark, seconds
 
 
@@ -194,9 +231,61 @@ def report_costs(f: Figures) -> None:
     if f.scaling:
         _report_scaling(f.scaling, f.partitions, "")
     report_cluster(f)
+    report_builds(f)
     if f.wall:
         print()
         print(f"whole benchmark: {f.wall / 60:.1f} min")
+
+
+def report_builds(f: Figures) -> None:
+    """Compiled against pure Python, phase by phase, from the same run."""
+    pure = f.builds
+    if pure.instance is None or f.latency is None:
+        return
+    print()
+    print(
+        f"Builds: compiled ({len(pure.compiled)} modules by mypyc) and pure Python"
+        f" ({PURE_PYTHON_ENV}=1), same run"
+    )
+    print(f"  {'phase':44}{'compiled':>10}{'pure':>10}{'ratio':>8}")
+
+    def row(label: str, compiled: float, python: float, higher_is_better: bool = True) -> None:
+        ratio = compiled / python if higher_is_better else python / compiled
+        print(f"  {label:44}{compiled:10.1f}{python:10.1f}{ratio:7.2f}x")
+
+    inst, pinst = f.costs.get("one instance, uncontended"), pure.instance
+    if inst is not None:
+        row("one instance: ticks/s", inst.rate, pinst.rate)
+        row(
+            "  CPU per tick of the instance, µs",
+            inst.per_unit_us("instance", inst.ticks) or 0.0,
+            pinst.per_unit_us("instance", pinst.ticks) or 0.0,
+            higher_is_better=False,
+        )
+    if pure.latency is not None:
+        row(
+            f"wakeup-to-commit p99 ms (at {f.latency['rate']:.0f} / {pure.latency['rate']:.0f}/s)",
+            f.latency["p99"],
+            pure.latency["p99"],
+            higher_is_better=False,
+        )
+    for compiled, python in zip(f.e2e, pure.e2e, strict=False):
+        name = f"end to end {compiled['processors']} + {compiled['workers']}"
+        ccost, pcost = compiled["cost"], python["cost"]
+        row(f"{name}: runs/s", compiled["runs"] / ccost.seconds, python["runs"] / pcost.seconds)
+        row(
+            "  CPU per run of the processors, µs",
+            ccost.per_unit_us("instance", compiled["runs"]) or 0.0,
+            pcost.per_unit_us("instance", python["runs"]) or 0.0,
+            higher_is_better=False,
+        )
+        row(
+            "  CPU per run, every process, µs",
+            ccost.total_us(compiled["runs"]),
+            pcost.total_us(python["runs"]),
+            higher_is_better=False,
+        )
+    print("  ratio: how many times better the compiled build is (for µs and ms: pure / compiled)")
 
 
 def report_cluster(f: Figures) -> None:

@@ -5,7 +5,8 @@ on the cores they leave idle while they wait:
 - the Go producer example (examples/producer-go): a cold build, its modules fetched and they
   and the standard library compiled, takes about a minute on a new machine;
 - the sdist and the wheel built from it (`make wheel`'s recipe), which the quickstart's
-  install block in test_wheel.py installs.
+  install block in test_wheel.py installs (unless DUCTOR_TEST_DIST names a folder where
+  `make compile` built them already).
 """
 
 from __future__ import annotations
@@ -26,17 +27,22 @@ class BackgroundBuild:
     """One command run once, in the background, into a folder of its own."""
 
     def __init__(
-        self, command: Callable[[Path], list[str] | None], cwd: Path, env: dict[str, str]
+        self,
+        command: Callable[[Path], list[str] | None],
+        cwd: Path,
+        env: dict[str, str],
+        prebuilt: Path | None = None,
     ) -> None:
         self._command = command  # the argv that builds into the folder; None: cannot here
         self._cwd = cwd
         self._env = env
         self._proc: subprocess.Popen[str] | None = None
         self._dir: Path | None = None
+        self._prebuilt = prebuilt  # built already by the same recipe: used as it is, kept
 
     def start(self) -> None:
         """Start the build, once (nothing if it cannot run here: ``output`` says so)."""
-        if self._proc is not None:
+        if self._proc is not None or self._prebuilt is not None:
             return
         folder = Path(tempfile.mkdtemp(prefix="ductor-build-"))
         argv = self._command(folder)
@@ -57,6 +63,8 @@ class BackgroundBuild:
     def output(self) -> Path | None:
         """The folder it built into (waiting for the build); None if it cannot build here.
         AssertionError with the build's output if it failed."""
+        if self._prebuilt is not None:
+            return self._prebuilt
         self.start()  # (not started yet: the test file was run alone)
         if self._proc is None or self._dir is None:
             return None
@@ -82,9 +90,14 @@ PRODUCER = BackgroundBuild(
     REPO / "examples" / "producer-go",
     {"GOFLAGS": "-buildvcs=false", "GOTOOLCHAIN": "local"},
 )
-# `make wheel`: $(PY) -m build --outdir dist .
+# `make wheel`: $(PY) -m build --outdir dist . (`make test` builds it once, before the tests,
+# for the checkout's compiled modules too, and names its folder in DUCTOR_TEST_DIST).
+_DIST = os.environ.get("DUCTOR_TEST_DIST")
 WHEEL = BackgroundBuild(
-    lambda folder: [sys.executable, "-m", "build", "--outdir", str(folder), str(REPO)], REPO, {}
+    lambda folder: [sys.executable, "-m", "build", "--outdir", str(folder), str(REPO)],
+    REPO,
+    {},
+    prebuilt=Path(_DIST) if _DIST else None,
 )
 # Which test file needs which build.
 NEEDED_BY = {"test_producer_example.py": PRODUCER, "test_wheel.py": WHEEL}

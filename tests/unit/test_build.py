@@ -3,12 +3,18 @@ pure-Python modules can be chosen at import time over compiled ones."""
 
 from __future__ import annotations
 
+import importlib
+import importlib.machinery
+import os
+import shutil
 import subprocess
 import sys
 import tomllib
 from pathlib import Path
 
 from packaging.requirements import Requirement
+
+import processor
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -49,3 +55,60 @@ def test_ductor_pure_python_imports_every_module_from_its_source() -> None:
         text=True,
     )
     assert done.returncode == 0, done.stderr
+
+
+def test_the_build_under_test_is_the_one_make_test_asked_for() -> None:
+    """`make test` names the build each run tests (DUCTOR_EXPECT_BUILD): a compile that fell
+    back to pure Python, or a DUCTOR_PURE_PYTHON that did not take, fails here instead of
+    passing as the other build. Without the variable (a developer's run) either is fine."""
+    expected = os.environ.get("DUCTOR_EXPECT_BUILD")
+    importlib.import_module("processor.core.tick")
+    importlib.import_module("processor.engine.executor")
+    importlib.import_module("processor.io.store")
+    compiled = processor.compiled_modules()
+    if expected == "compiled":
+        assert {"processor.core.tick", "processor.engine.executor"} <= set(compiled), compiled
+    elif expected == "pure":
+        assert compiled == [], compiled
+    else:
+        assert expected is None, f"DUCTOR_EXPECT_BUILD={expected!r}: compiled or pure"
+
+
+def test_a_source_edited_after_the_checkout_was_compiled_is_imported_over_its_stale_build(
+    tmp_path: Path,
+) -> None:
+    """A checkout compiled in place whose source changed since imports the sources, saying so
+    (the compiled module would silently run the old code). Played on a copy of the package
+    with a stand-in extension file: the check compares times, it does not load it."""
+    copy = tmp_path / "checkout"
+    shutil.copytree(REPO / "processor", copy / "processor", ignore=shutil.ignore_patterns("*.so"))
+    (copy / "setup.py").write_text("")
+    suffix = importlib.machinery.EXTENSION_SUFFIXES[0]
+    stand_in = copy / "processor" / "core" / f"backoff{suffix}"
+    stand_in.write_bytes(b"")
+    source = copy / "processor" / "core" / "backoff.py"
+    os.utime(stand_in, (1_000_000, 1_000_000))  # built long before the source's last edit
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import processor, sys; sys.exit(0 if processor.sources_first() else 1)",
+        ],
+        check=False,
+        cwd=copy,
+        env={"PATH": "/usr/bin:/bin"},
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 0, done.stderr
+    assert f"ductor: {source} changed after the checkout was compiled" in done.stderr
+    os.utime(stand_in)  # built after the edit: nothing to say
+    done = subprocess.run(
+        [sys.executable, "-c", "import processor, sys; sys.exit(processor.sources_first())"],
+        check=False,
+        cwd=copy,
+        env={"PATH": "/usr/bin:/bin"},
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 0 and done.stderr == "", done.stderr
