@@ -271,6 +271,28 @@ def test_the_package_imports_from_the_virtualenv_not_from_the_checkout(user_venv
     assert REPO not in where.parents
 
 
+def test_the_installed_wheel_runs_its_compiled_modules_and_its_sources_on_request(
+    user_venv: UserVenv,
+) -> None:
+    """The wheel `make test` builds is the compiled one (setup.py): its core runs compiled,
+    without mypy in the user's virtualenv, and DUCTOR_PURE_PYTHON=1 runs the sources. A build
+    that fell back to pure Python (no compiler) fails here when the run expects the compiled
+    one (DUCTOR_EXPECT_BUILD, set by `make test`)."""
+    script = (
+        "import processor, processor.core.tick, processor.engine.executor;"
+        "print(len(processor.compiled_modules()))"
+    )
+
+    def compiled(**extra: str) -> int:
+        env = {**user_env(user_venv), **extra}
+        done = _checked([user_venv.bin("python"), "-c", script], script, user_venv.root, env)
+        return int(done.stdout.strip())
+
+    if os.environ.get("DUCTOR_EXPECT_BUILD") == "compiled":
+        assert compiled() > 0, "the wheel carries no compiled module"
+    assert compiled(DUCTOR_PURE_PYTHON="1") == 0
+
+
 def test_the_wheel_holds_the_package_files_and_nothing_of_the_checkout(
     user_venv: UserVenv,
 ) -> None:

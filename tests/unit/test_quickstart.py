@@ -83,10 +83,14 @@ def test_the_session_installs_this_version_s_wheel_into_the_virtualenv_it_activa
     assert argvs[0] == ("make", "wheel")
     assert argvs[1][:3] == ("python3", "-m", "venv")
     assert argvs[2] == (".", f"{argvs[1][3]}/bin/activate")
+    # The wheel dist/ holds, whatever its platform tag (compiled for this machine's CPython,
+    # or pure Python where no compiler was found), with its dependencies from the index.
     assert argvs[3] == (
         "pip",
         "install",
-        f"dist/ductor_processor-{version}-py3-none-any.whl[binary]",
+        "--find-links",
+        "dist",
+        f"ductor-processor[binary]=={version}",
     )
     assert not any(c.background for c in QUICKSTART.install)
 
