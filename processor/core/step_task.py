@@ -188,8 +188,8 @@ def decode_step_task(value: bytes | None, clock_offset_ms: int = 0) -> StepTask:
     try:
         run_id, node, attempt = raw["run_id"], raw["node"], raw["attempt"]
         step_type, deadline_ms = raw["step_type"], raw["deadline_ms"]
-    except KeyError as exc:
-        raise ValidationError(f"step task is missing {exc.args[0]!r}") from None
+    except KeyError as missing:
+        raise ValidationError(f"step task is missing {missing.args[0]!r}") from None
     if clock_offset_ms and type(deadline_ms) is int:
         deadline_ms -= clock_offset_ms
     tier = raw.get("tier", "t1")

@@ -410,8 +410,8 @@ def _parse_input_schema(raw: Any) -> str:
         ) from None
     try:
         return orjson.dumps(raw, option=orjson.OPT_SORT_KEYS).decode()
-    except TypeError as exc:  # (only from code: JSON documents hold JSON values)
-        raise ValidationError(f"workflow.input_schema: not JSON: {exc}") from None
+    except TypeError as not_json:  # (only from code: JSON documents hold JSON values)
+        raise ValidationError(f"workflow.input_schema: not JSON: {not_json}") from None
 
 
 def _dependencies(raw_step: Mapping[str, Any], where: str) -> tuple[str, ...]:

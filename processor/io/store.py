@@ -398,11 +398,11 @@ def load_runs_at(
             continue
         try:
             state = state_from_row(status, nodes, seq, reason, wf)
-        except (KeyError, ValueError, TypeError) as exc:
+        except (KeyError, ValueError, TypeError) as unreadable:
             # Only an outside writer can leave a row we cannot read: report it like a checksum
             # mismatch rather than let one row stop the batch.
             loaded[run_id] = UnreadableRun(
-                f"run {run_id!r}: node_states cannot be read: {exc!r}", version
+                f"run {run_id!r}: node_states cannot be read: {unreadable!r}", version
             )
             continue
         results = tuple(

@@ -33,7 +33,7 @@ from multiprocessing.process import BaseProcess
 from types import MappingProxyType
 from typing import Any
 
-from processor.core.step_task import StepData, StepTask
+from processor.core.step_task import StepData, decode_step_task
 from processor.worker.app import registry_for
 from processor.worker.options import WorkerOptions
 from processor.worker.runners import Ended, begin
@@ -129,8 +129,11 @@ class _Slot:
         assert task.data is not None
         step = task.step
         try:
-            # Without its inline data: a read-only mapping does not pickle (sent as a dict).
-            conn.send(("run", replace(step, data=None), task.data.input, dict(task.data.deps)))
+            # The task as its record value (the wire format: a compiled frozen dataclass does
+            # not unpickle), without its inline data (a read-only mapping does not pickle: the
+            # data is sent as a dict).
+            wire = replace(step, data=None).encode()
+            conn.send(("run", wire, task.data.input, dict(task.data.deps)))
         except (OSError, ValueError) as exc:  # the child died before it took the task
             return self._died(f"could not hand it the task: {exc}")
         cancel_sent = False
@@ -224,7 +227,7 @@ def child_main(conn: Connection, app: str | None) -> None:
     _die_with_parent()
     registry = registry_for(app)
     lock = threading.Lock()
-    jobs: queue.SimpleQueue[tuple[StepTask, Any, dict[str, Any]] | None] = queue.SimpleQueue()
+    jobs: queue.SimpleQueue[tuple[bytes, Any, dict[str, Any]] | None] = queue.SimpleQueue()
     current: list[Attempt] = []
 
     def read() -> None:
@@ -240,7 +243,8 @@ def child_main(conn: Connection, app: str | None) -> None:
 
     threading.Thread(target=read, name="from-worker", daemon=True).start()
     while (job := jobs.get()) is not None:
-        step, run_input, deps = job
+        wire, run_input, deps = job
+        step = decode_step_task(wire)
         attempt = _ChildAttempt(step.deadline_ms, conn, lock)
         current[:] = [attempt]
         data = StepData(run_input, MappingProxyType(deps))
