@@ -36,7 +36,18 @@ def _modules(folder: str) -> list[str]:
 
 # The pure core, the engine (the loop thread's per-record path, the database stage) and the
 # load and commit codecs: what a tick runs (processor.tools.bench_hot measures them).
-COMPILED = [*_modules("core"), *_modules("engine"), "processor/io/store.py"]
+# The worker's per-task path (its loop, its book of tasks, its database lanes, its intake and
+# wakeups) but what runs the users' code or crosses a process boundary (steps.py,
+# isolation.py: a child process unpickles what they define) and what runs once.
+WORKER = [
+    f"processor/worker/{name}.py"
+    for name in ("flow", "tasks", "source", "permits", "database", "runners", "stats")
+]
+IO = [
+    f"processor/io/{name}.py"
+    for name in ("store", "kafka", "delivery", "step_data", "step_attempts")
+]
+COMPILED = [*_modules("core"), *_modules("engine"), *WORKER, *IO]
 # The shared library of the compiled modules, inside the package (not a top-level module).
 GROUP = "processor.native"
 _TRUE = {"1", "true", "yes", "on"}
@@ -116,4 +127,6 @@ def _options() -> dict[str, Any]:
     }
 
 
-setup(**_options())
+# setuptools runs this file as __main__; tests read COMPILED without building anything.
+if __name__ == "__main__":
+    setup(**_options())

@@ -19,7 +19,7 @@ from confluent_kafka import KafkaError, KafkaException
 from processor.cli.common import EXIT_FAILED, EXIT_USAGE, CliError
 from processor.client import InvalidInput
 from processor.io.config import ConfigError
-from processor.io.kafka import MissingTopic
+from processor.io.kafka_errors import MissingTopic
 from processor.io.listen import ListenError
 from processor.io.logs import first_line
 

@@ -14,7 +14,8 @@ from processor.client import ClientError, connect
 from processor.engine.processor import Processor
 from processor.io.config import ConfigError, Settings
 from processor.io.faults import Faults, Point, skew_wall_clock
-from processor.io.kafka import EXIT_KAFKA_FATAL, KafkaAuthError, check_authentication
+from processor.io.kafka import EXIT_KAFKA_FATAL, check_authentication
+from processor.io.kafka_errors import KafkaAuthError
 from processor.io.migrate import migrate
 from processor.io.otel_config import otel_settings
 from processor.io.runs_admin import registered_queues

@@ -20,19 +20,33 @@ import logging
 import time
 from collections import Counter
 from collections.abc import Callable
-from typing import NamedTuple
+from typing import NamedTuple, Protocol
 
 from confluent_kafka import KafkaError, KafkaException
 
 from processor.core.backoff import retry_delay_s
 from processor.core.records import Headers
-from processor.io.kafka import Outbox
+from processor.io.kafka import DeliveryReport
 from processor.io.outage import Outage
 
 log = logging.getLogger("ductor.delivery")
 
 # Refusals for good in a row after which a record with an ``on_refused`` is handed to it.
 PARK_AFTER = 3
+
+
+class Sender(Protocol):
+    """Where records go: the producer's outbox (io/kafka.py ``Outbox``), or a test's."""
+
+    def send(
+        self,
+        topic: str,
+        value: bytes | None,
+        key: bytes | None,
+        on_delivery: DeliveryReport,
+        partition: int | None = None,
+        headers: Headers | None = None,
+    ) -> None: ...
 
 
 class Refusal(NamedTuple):
@@ -94,7 +108,7 @@ class _Record:
 class Delivery:
     def __init__(
         self,
-        outbox: Outbox,
+        outbox: Sender,
         errors: Counter[str],
         monotonic: Callable[[], float] = time.monotonic,
         outage: Outage | None = None,

@@ -20,6 +20,7 @@ from processor.core.offsets import OffsetTracker, decode_finished
 from processor.core.records import Headers
 from processor.core.routing import partition_for
 from processor.io.config import Settings
+from processor.io.kafka_errors import KafkaAuthError, MissingTopic
 
 log = logging.getLogger("ductor.kafka")
 
@@ -385,11 +386,6 @@ class Outbox:
         return remaining
 
 
-class MissingTopic(RuntimeError):
-    """The broker answered, and a topic is not there: the topics were not created (a
-    configuration error, not an outage: waiting would not create them)."""
-
-
 def topic_partitions(
     client: Producer | AdminClient, topics: Sequence[str], timeout_s: float = 10.0
 ) -> dict[str, int]:
@@ -426,11 +422,6 @@ def broker_unreachable(exc: Exception) -> str | None:
     if isinstance(error, KafkaError) and error.code() < 0:
         return error.str()
     return None
-
-
-class KafkaAuthError(Exception):
-    """The broker refused this client's credentials (a configuration error, not an outage:
-    retrying with the same settings cannot help). The message names no secret."""
 
 
 # librdkafka's error text: "<protocol>://<host:port>/<id>: <reason> (after 314ms in state X)".

@@ -109,10 +109,12 @@ class ThreadRunner:
             task = self._jobs.get()
             if task is None:
                 return
-            with self._lock:
-                if task.abandoned:
-                    continue
-                self._running[task] = slot
+            with self._lock:  # (no `continue` inside: mypyc compiles this module)
+                abandoned = task.abandoned
+                if not abandoned:
+                    self._running[task] = slot
+            if abandoned:
+                continue
             started = time.time_ns()
             if not begin(task):
                 with self._lock:

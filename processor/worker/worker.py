@@ -36,12 +36,12 @@ from processor.io.instances import Presence, heartbeat_interval_s
 from processor.io.kafka import (
     EXIT_KAFKA_FATAL,
     ClientErrors,
-    MissingTopic,
     Outbox,
     broker_unreachable,
     producer_config,
     topic_partitions,
 )
+from processor.io.kafka_errors import MissingTopic
 from processor.io.kafka_logs import with_logger
 from processor.io.outage import Outage, until_available
 from processor.io.telemetry import Telemetry

@@ -17,7 +17,7 @@ from processor.cli.main import main
 from processor.engine.health import Probe
 from processor.io.config import ConfigError
 from processor.io.health_http import HealthServer
-from processor.io.kafka import MissingTopic
+from processor.io.kafka_errors import MissingTopic
 from processor.io.listen import ListenError
 from processor.io.telemetry import Telemetry
 

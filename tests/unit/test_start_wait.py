@@ -14,7 +14,8 @@ from confluent_kafka import KafkaError, KafkaException
 from psycopg import errors
 
 from processor.io.db_errors import database_unreachable
-from processor.io.kafka import MissingTopic, broker_unreachable
+from processor.io.kafka import broker_unreachable
+from processor.io.kafka_errors import MissingTopic
 from processor.io.outage import Outage, until_available
 
 _LOG = logging.getLogger("test.start")
