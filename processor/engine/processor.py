@@ -11,7 +11,6 @@ ready time, and the consume timeout is the time to the next of those events.
 
 from __future__ import annotations
 
-import gc
 import logging
 import threading
 import time
@@ -46,6 +45,7 @@ from processor.engine.request_desk import RequestDesk
 from processor.engine.trigger_follow import TriggerFollower
 from processor.engine.watchdog import Shards, SweepSettings, Watchdog
 from processor.io import connections
+from processor.io.collector import settle_collector
 from processor.io.config import Settings
 from processor.io.db_clock import DatabaseClock
 from processor.io.db_errors import database_unreachable
@@ -213,10 +213,7 @@ class Processor:
         try:
             if self._start():
                 log.info("processor started", extra={"instance": self.instance_id})
-                # Everything alive now (modules, clients, settings) lives as long as the
-                # process: keep it out of the collector's full passes, which otherwise rescan
-                # it all.
-                gc.freeze()
+                settle_collector()
                 while not self._stop.is_set() and not (until is not None and until()):
                     self.step()
         finally:

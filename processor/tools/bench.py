@@ -35,7 +35,7 @@ from dataclasses import replace
 from typing import Any
 
 from processor.io.config import load_settings
-from processor.tools.bench_phases import SCALING_PARTITIONS, Bench
+from processor.tools.bench_phases import SCALING_PARTITIONS, Bench, fresh_database
 from processor.tools.bench_support import (
     PURE_PYTHON_ENV,
     Figures,
@@ -87,7 +87,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    bench = Bench(load_settings(), args.scale)
+    bench = Bench(fresh_database(load_settings()), args.scale)
     bench.setup()
     figures = Figures()
     sink = OtlpSink()

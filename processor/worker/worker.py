@@ -26,6 +26,7 @@ from dataclasses import replace
 from confluent_kafka import Producer
 
 from processor.core.routing import TopicNames
+from processor.io.collector import settle_collector
 from processor.io.config import Settings
 from processor.io.db_clock import DatabaseClock
 from processor.io.db_errors import database_unreachable
@@ -242,6 +243,7 @@ class Worker:
                         "isolation": self.options.isolation,
                     },
                 )
+                settle_collector()
                 while self._turn():
                     pass
         finally:
