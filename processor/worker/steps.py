@@ -131,6 +131,7 @@ StepFunction = TypeVar("StepFunction", bound=Callable[[StepContext], object])
 class StepRegistry:
     def __init__(self) -> None:
         self._steps: dict[str, StepFn | AsyncStepFn] = {}
+        self._async: set[str] = set()  # asked once per task: inspect is too slow for that
 
     def step(self, step_type: str) -> Callable[[StepFunction], StepFunction]:
         """Register the decorated function (plain or ``async def``) for ``step_type``.
@@ -148,6 +149,8 @@ class StepRegistry:
                     f" {_name(fn)}; a worker runs one function per type"
                 )
             self._steps[step_type] = fn
+            if inspect.iscoroutinefunction(fn):
+                self._async.add(step_type)
             return fn
 
         return register
@@ -156,8 +159,7 @@ class StepRegistry:
         return self._steps.get(step_type)
 
     def is_async(self, step_type: str) -> bool:
-        fn = self._steps.get(step_type)
-        return fn is not None and inspect.iscoroutinefunction(fn)
+        return step_type in self._async
 
     def types(self) -> list[str]:
         return sorted(self._steps)
