@@ -6,10 +6,13 @@ DUCTOR_PURE_PYTHON=1 makes the package import its .py sources instead (processor
 from __future__ import annotations
 
 import importlib
+import logging
+from collections.abc import Iterator
 
 import pytest
 
 import processor
+from processor.io.logs import HANDLER_NAME
 
 
 def pytest_report_header(config: pytest.Config) -> str:
@@ -20,3 +23,16 @@ def pytest_report_header(config: pytest.Config) -> str:
         return f"ductor build: compiled ({len(compiled)} of its modules imported so far)"
     why = " (DUCTOR_PURE_PYTHON)" if processor.pure_python_selected() else ""
     return f"ductor build: pure Python{why}"
+
+
+@pytest.fixture(autouse=True)
+def _command_logging_removed() -> Iterator[None]:
+    """A test that runs a command in process gets the command's logging (io/logs.py: a
+    handler on the stderr of that moment, pytest's capture, closed after the test). Left on
+    the root logger, it made a later test's threads write "--- Logging error ---" tracebacks
+    into the output; it is removed, and the root's level restored, after each test."""
+    root = logging.getLogger()
+    level = root.level
+    yield
+    root.handlers[:] = [h for h in root.handlers if h.get_name() != HANDLER_NAME]
+    root.setLevel(level)

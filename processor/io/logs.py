@@ -90,8 +90,14 @@ class TextFormatter(logging.Formatter):
         return line
 
 
+# The name of the handler ``setup_logging`` installs (tests remove it after a command they ran
+# in process: its stream is then pytest's closed capture).
+HANDLER_NAME = "ductor"
+
+
 def setup_logging(fmt: str = "json", level: str = "INFO") -> None:
     handler = logging.StreamHandler(sys.stderr)
+    handler.set_name(HANDLER_NAME)
     handler.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter())
     root = logging.getLogger()
     root.handlers[:] = [handler]
