@@ -367,7 +367,9 @@ class Worker:
                 "reruns": self.stats.reruns,
                 "rejoins": self.stats.rejoins,
                 "held": {
-                    s.value: self.flow.book.count(s) for s in State if self.flow.book.count(s)
+                    s.name.lower(): self.flow.book.count(s)
+                    for s in State
+                    if self.flow.book.count(s)
                 },
                 "backlog": self.source.backlog,
                 "paused": self.source.paused,
