@@ -6,9 +6,9 @@ import gc
 
 # Allocations between two collections of the youngest generation (CPython's default is 700).
 # A task or a tick allocates a few hundred objects, nearly all freed by reference counting;
-# collecting every 700 allocations cost the worker ~10 % of its CPU per run and the processor
-# ~8 % (docs/performance.md, "The garbage collector"). The older generations keep their
-# defaults (each collected after ten collections of the one below).
+# collecting every 10,000 took ~15 % off the worker's CPU per run and ~7 % off the processor's
+# (docs/performance.md, "The worker compiled, its collector settled"). The older generations
+# keep their defaults (each collected after ten collections of the one below).
 YOUNG_THRESHOLD = 10_000
 
 
