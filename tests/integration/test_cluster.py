@@ -182,7 +182,17 @@ def _topics(on_cluster: Settings) -> list[str]:
 
 def test_topics_on_the_cluster_have_three_replicas_and_two_in_sync(on_cluster: Settings) -> None:
     admin = _admin(on_cluster)
-    meta = admin.list_topics(timeout=10).topics
+
+    # A broker that has not caught up with the topics' creation yet answers without them
+    # (seen once in CI, right after the cluster started): ask until every one is listed.
+    answers: list[dict[str, Any]] = []  # the last metadata asked for
+
+    def all_listed() -> bool:
+        answers[:] = [admin.list_topics(timeout=10).topics]
+        return all(t in answers[0] and answers[0][t].partitions for t in _topics(on_cluster))
+
+    wait_for(all_listed, 30, "every topic in the cluster's metadata")
+    meta = answers[0]
     for topic in _topics(on_cluster):
         assert {len(p.replicas) for p in meta[topic].partitions.values()} == {3}, topic
     resource = ConfigResource(ConfigResource.Type.TOPIC, TopicNames(on_cluster.topic_prefix).steps)
