@@ -167,7 +167,12 @@ def test_each_run_start_and_end_is_counted_once_by_workflow_and_status(
         30,
         "every end to be counted",
     )
-    assert _scraped(ports, "ductor_runs_started_total", *STARTED) == started
+    counted = _scraped(ports, "ductor_runs_started_total", *STARTED)
+    # The fought run's first tick races the outside writer's turns: it lost every time until
+    # one CI run, where it landed in the instant between two writers' locks (the run then did
+    # start, and its start counts once). Never more than once, and every other count exact.
+    assert counted.pop((sample_workflow().name,), 0) <= 1
+    assert counted == started
     # The fought run's commits all lost (and the racing instances' may have): none counted.
     assert _scraped(ports, "ductor_conflicts_total")[()] > 0
 
@@ -179,7 +184,12 @@ def test_each_run_start_and_end_is_counted_once_by_workflow_and_status(
     _wake_everywhere(settings, everyone)
     wait_for(lambda: noops() >= noops_before + len(everyone), 60, "the late wakeups to be ticked")
     assert _scraped(ports, "ductor_runs_ended_total", *ENDED) == ended
-    assert _scraped(ports, "ductor_runs_started_total", *STARTED) == started
+    counted = _scraped(ports, "ductor_runs_started_total", *STARTED)
+    # The fought run's first tick races the outside writer's turns: it lost every time until
+    # one CI run, where it landed in the instant between two writers' locks (the run then did
+    # start, and its start counts once). Never more than once, and every other count exact.
+    assert counted.pop((sample_workflow().name,), 0) <= 1
+    assert counted == started
     worker.stop()
     assert [instance.terminate() for instance in instances] == [0, 0]
     finals = [instance.final_stats() for instance in instances]
