@@ -310,11 +310,16 @@ class TaskFlow:
             for task, verdict, starts, data in answer.tasks:
                 self._claimed(task, verdict, starts, data)
         elif isinstance(answer, Recorded):
+            # One wakeup per run for the results recorded together (the branches of a fan-out
+            # often end in one group): the tick it causes reads every recorded result.
+            woken: dict[tuple[str, str], list[Task]] = {}
             for task, recorded in answer.tasks:
                 if recorded:
-                    self._wake(task)
+                    woken.setdefault((task.step.run_id, task.step.tier), []).append(task)
                 else:
                     self._done(task)
+            for tasks in woken.values():
+                self._wake(tasks)
         elif isinstance(answer, NotCurrent):
             for task in answer.tasks:
                 if task.state is State.RUNNING and not task.attempt.cancelled:
@@ -359,7 +364,7 @@ class TaskFlow:
             assert verdict in SKIPPED
             self.stats.skipped[verdict.value] += 1
             if verdict is Verdict.RESEND:
-                self._wake(task)  # its worker died before the run heard of the result
+                self._wake([task])  # its worker died before the run heard of the result
             elif verdict is Verdict.AHEAD:
                 log.info(  # (counted: skipped{reason=ahead})
                     "a step task its run's row never dispatched: the commit that dispatched it"
@@ -367,7 +372,7 @@ class TaskFlow:
                     " again",
                     extra=_ids(task),
                 )
-                self._wake(task, "replay")
+                self._wake([task], "replay")
             else:
                 self._done(task)
 
@@ -605,24 +610,29 @@ class TaskFlow:
                 claims.append(task)
         return claims
 
-    def _wake(self, task: Task, reason: str = "step_result") -> None:
-        """Wake the task's run: its result is recorded (or was, by a worker that died), or
-        (``replay``) its row lost the commit that dispatched the task."""
-        self.book.move(task, State.SENDING)
-        step = task.step
+    def _wake(self, tasks: list[Task], reason: str = "step_result") -> None:
+        """Wake the run of ``tasks`` (one run's): their results are recorded (or were, by a
+        worker that died), or (``replay``) its row lost the commit that dispatched them. The
+        wakeup carries the first task's trace context; every task is done once it is
+        acknowledged."""
+        now = time.monotonic()
+        for task in tasks:
+            self.book.move(task, State.SENDING)
+            self._sent_at[task] = now
+        step = tasks[0].step
         wakeup = Wakeup(run_id=step.run_id, reason=reason, produced_at=int(time.time() * 1000))
         topic = self.names.wakeup(step.tier)
         partition = choose_partition(
             step.run_id, self._wakeup_partitions[topic], self.settings.partition_by_run
         )
-        self._sent_at[task] = time.monotonic()
 
         def delivered() -> None:
-            self._sent_at.pop(task, None)
-            self._done(task)
+            for task in tasks:
+                self._sent_at.pop(task, None)
+                self._done(task)
 
         self._delivery.send(
-            topic, wakeup.encode(), wakeup.key(), partition, task.headers, delivered
+            topic, wakeup.encode(), wakeup.key(), partition, tasks[0].headers, delivered
         )
 
     def _done(self, task: Task) -> None:

@@ -10,6 +10,8 @@ One step type, ``counted``, whose behaviour the run's input sets, per attempt:
 - ``hang_on``: attempts that never return (a call that hangs);
 - ``crash_on``: attempts that kill their process with SIGKILL (a native crash, the OOM killer);
 - ``fail_on``: attempts that raise;
+- ``meet``: how many of the run's steps wait for each other before they return (at once, the
+  moment the last one arrives: steps that end together);
 - ``by_node``: the same keys for one step of the run (``{"by_node": {"slow": {...}}}``).
 """
 
@@ -27,6 +29,8 @@ from processor.worker import StepContext, StepFailed, StepRegistry
 
 LOG = ExecutionLog("test_step_execution")
 registry = StepRegistry()
+_meetings: dict[str, threading.Barrier] = {}
+_meetings_lock = threading.Lock()
 
 
 def work_for(seconds: float) -> None:
@@ -49,6 +53,10 @@ def counted(ctx: StepContext) -> Any:
     sleep_ms = spec.get("sleep_ms", 0)
     if sleep_ms:
         work_for(sleep_ms / 1000)
+    if spec.get("meet"):
+        with _meetings_lock:
+            meeting = _meetings.setdefault(ctx.run_id, threading.Barrier(spec["meet"]))
+        meeting.wait(timeout=30)
     return {"attempt": ctx.attempt, "pid": os.getpid()}
 
 

@@ -18,13 +18,15 @@ import psycopg
 import pytest
 
 from processor.client import start_runs
-from processor.core.routing import TIERS
+from processor.core.envelope import Wakeup, decode_wakeup
+from processor.core.routing import TIERS, TopicNames
 from processor.core.workflow import WorkflowDef, parse_workflow
 from processor.io.config import Settings
 from processor.io.runs_admin import register_workflow
 
 from . import counted_steps
 from .conftest import Spawned, count_terminal, run_statuses, step_attempts, wait_for
+from .kcat import end_offset, read_partition
 
 pytestmark = pytest.mark.integration
 
@@ -281,3 +283,63 @@ def _claimed(pg: psycopg.Connection[Any], run_ids: list[str]) -> int:
         "SELECT count(*) FROM eec_step_attempt WHERE run_id = ANY(%s)", (run_ids,)
     ).fetchone()
     return int(row[0]) if row else 0
+
+
+def test_the_results_a_run_records_together_wake_it_once(
+    settings: Settings, pg: psycopg.Connection[Any], spawn: Callable[..., Spawned]
+) -> None:
+    """A fan-out of 12 steps that end at the same moment: their results are recorded in
+    one group, or a few, and each group wakes the run once (it was a wakeup per step, each a
+    record for the broker and the processor to carry, all but one of them finding nothing
+    new). Every step runs once and the run succeeds."""
+    branches = [f"b{i}" for i in range(12)]
+    register_workflow(
+        pg,
+        parse_workflow(
+            {
+                "name": "fan-together",
+                "version": 1,
+                "steps": [
+                    {"name": "first", "type": "counted"},
+                    *({"name": b, "type": "counted", "depends_on": ["first"]} for b in branches),
+                    {"name": "last", "type": "counted", "depends_on": branches},
+                ],
+            }
+        ),
+    )
+    counted_steps.install(pg)
+    spawn(["process"], settings, "process")
+    worker = _worker(spawn, settings, "worker", "--concurrency", "16")
+    (run_id,) = _ids("fan", 1)
+    start_runs(
+        settings,
+        "fan-together",
+        [run_id],
+        {"by_node": {b: {"meet": len(branches)} for b in branches}},
+    )
+    wait_for(lambda: _alive(worker) and count_terminal(pg, [run_id]) == 1, 60, "the run to end")
+    assert run_statuses(pg, [run_id]) == {run_id: "succeeded"}
+    nodes = ["first", *branches, "last"]
+    counts = counted_steps.executions(pg)
+    assert {node: counts[(run_id, node, 1)] for node in nodes} == dict.fromkeys(nodes, 1)
+    woken = _step_result_wakeups(settings, run_id)
+    # first and last wake the run once each; the 12 branches, recorded together, far fewer
+    # times than 12 (one group, or a few when a group was being written as others ended).
+    assert 3 <= woken <= 6, woken
+    assert worker.terminate() == 0
+
+
+def _step_result_wakeups(settings: Settings, run_id: str) -> int:
+    """The wakeups a worker sent ``run_id`` for its recorded results (every tier's topic,
+    every partition)."""
+    names = TopicNames(settings.topic_prefix)
+    count = 0
+    for topic in names.wakeup_topics():
+        for partition in range(settings.wakeup_partitions):
+            for written in read_partition(
+                settings, topic, partition, 0, end_offset(settings, topic, partition)
+            ):
+                wakeup = decode_wakeup(written.value, 1 << 20)
+                if isinstance(wakeup, Wakeup) and wakeup.run_id == run_id:
+                    count += wakeup.reason == "step_result"
+    return count
