@@ -68,6 +68,9 @@ class Stats:
     trigger_records: Counter[tuple[str, str]] = field(default_factory=Counter)
     # Commits whose connection was lost before the answer, by what the re-read found.
     unknown_commits: Counter[str] = field(default_factory=Counter)
+    # Runs woken again because the database restarted or failed over right after their commit
+    # (it may have lost it: engine/stage.py).
+    restart_rewakes: int = 0
     runs: RunTally = field(default_factory=RunTally)  # started, ended: by workflow (and status)
     hot_runs: Counter[str] = field(default_factory=Counter)  # conflicts by run id, logged only
     # Dispatches a full limit held back, and waiters it let in, by limit name (core/limits.py).
@@ -116,6 +119,7 @@ class Stats:
             "rejoins": self.rejoins,
             "triggers": {f"{t}:{o}": n for (t, o), n in sorted(self.trigger_records.items())},
             "unknown_commits": _plain(self.unknown_commits),
+            "restart_rewakes": self.restart_rewakes,
             "runs_started": dict(self.runs.started),
             "runs_ended": {f"{w}:{s}": n for (w, s), n in sorted(self.runs.ended.items())},
             "latency_ms": {

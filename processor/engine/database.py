@@ -34,12 +34,25 @@ class Database:
         self._instance_id = instance_id  # the owner of the outbox rows its commits write
         self._conn: psycopg.Connection[Any] | None = None
         self._definitions = store.Definitions()
+        self._server_started: object = None  # when the server of the connection started
 
     @property
     def conn(self) -> psycopg.Connection[Any]:
         if self._conn is None or self._conn.closed:
-            self._conn = connections.connect(self._dsn)
+            self._conn = self._connect()
         return self._conn
+
+    def _connect(self) -> psycopg.Connection[Any]:
+        conn = connections.connect(self._dsn)
+        self._server_started = connections.server_started(conn)
+        return conn
+
+    def server_started(self) -> object:
+        """When the server of this connection started (a closed connection is opened first):
+        another value than before means a restart or a failover (engine/recent_commits.py)."""
+        if self._conn is None or self._conn.closed:
+            self._conn = self._connect()
+        return self._server_started
 
     def sibling(self) -> Database:
         """Another access to the same database, with a connection of its own."""

@@ -57,6 +57,7 @@ from processor.core.routing import partition_for
 from processor.core.stats import Stats
 from processor.engine.database import Database
 from processor.engine.ledger import Ledger
+from processor.engine.recent_commits import RECENT_COMMITS_S, RecentCommits
 from processor.engine.stage import DatabaseStage, InFlight, StageResult
 from processor.io.db_clock import DatabaseClock
 from processor.io.db_errors import TRANSIENT, classify
@@ -154,12 +155,13 @@ class Executor:
         postgres: Outage | None = None,
         clock: DatabaseClock | None = None,
         sleep: Callable[[float], object] = time.sleep,
+        recent: RecentCommits | None = None,
     ) -> None:
         # The batch's ticks judge time by Postgres's clock; the rest by this process's,
         # corrected by its offset from Postgres (io/db_clock.py).
         clock = clock or DatabaseClock(wall_ms)
         wall_ms = clock.now_ms
-        self._stage_runner = DatabaseStage(database, rules, clock, faults)
+        self._stage_runner = DatabaseStage(database, rules, clock, faults, recent)
         self._outbox = outbox
         self._partitions = partitions  # filled by the processor once the topics are known
         self._rules = rules
@@ -295,6 +297,8 @@ class Executor:
         batch, future = self._stage
         self._stage = None
         result = future.result()
+        if result.replay:
+            self.replay_after_restart(result.replay)
         if result.runs:
             # Counted even when the stage failed later: its statements commit one by one, so
             # a half of a batch split around a poison row committed before the other failed.
@@ -452,15 +456,31 @@ class Executor:
     def next_send_at(self) -> float | None:
         return self._delivery.next_due_at()
 
-    def rewake(self, runs: list[tuple[str, str]]) -> None:
+    def rewake(self, runs: list[tuple[str, str]], reason: str = "sweep") -> None:
         """Wake overdue runs again, each on its own tier (their wakeups were lost, a deadline
         passed, or a recorded result waits for a tick)."""
         now_ms = self._wall_ms()
         for run_id, tier in runs:
             topic = self._rules.names.wakeup(tier)
-            wakeup = Wakeup(run_id=run_id, reason="sweep", produced_at=now_ms)
+            wakeup = Wakeup(run_id=run_id, reason=reason, produced_at=now_ms)
             partition = partition_for(run_id, self._partitions[topic])
             self._outbox.send(topic, wakeup.encode(), wakeup.key(), self._rewake_sent, partition)
+
+    def replay_after_restart(self, runs: list[tuple[str, str]]) -> None:
+        """The database restarted, or another server took its place: the runs this instance
+        committed just before are woken again, in case the server lost their commits
+        (engine/recent_commits.py)."""
+        if not runs:
+            return
+        self._stats.restart_rewakes += len(runs)
+        log.warning(
+            "the database restarted (or another server took its place): waking again the %d"
+            " run(s) committed in the %.0f s before, whose commits it may have lost",
+            len(runs),
+            RECENT_COMMITS_S,
+            extra={"runs": len(runs)},
+        )
+        self.rewake(runs, reason="replay")
 
     def _rewake_sent(self, err: KafkaError | None, _msg: object = None) -> None:
         if err is not None:

@@ -41,6 +41,7 @@ from processor.engine.executor import Executor
 from processor.engine.flow_control import FlowControl
 from processor.engine.health import HealthServer, Probe, is_ready
 from processor.engine.lag import LagMeter
+from processor.engine.recent_commits import RecentCommits
 from processor.engine.request_desk import RequestDesk
 from processor.engine.trigger_follow import TriggerFollower
 from processor.engine.watchdog import Shards, SweepSettings, Watchdog
@@ -141,7 +142,11 @@ class Processor:
             settings.instance_timeout_s,
             self.clock,
         )
+        # What was committed just before a database restart: woken again after it, by the
+        # commit path or the sweeps, whichever meets the new server first.
+        recent = RecentCommits()
         self.executor = Executor(
+            recent=recent,
             database=Database(settings.pg_dsn, self.instance_id),
             outbox=self.outbox,
             partitions=self.partitions,
@@ -181,6 +186,7 @@ class Processor:
             ),
             wall_ms=self.clock.now_ms,
             faults=faults,
+            recent=recent,
         )
         # The triggers followed (their source topics are subscribed to), read at start and by
         # the watchdog's sweeps every DUCTOR_TRIGGER_REFRESH_S.
@@ -312,6 +318,7 @@ class Processor:
                 continue
             if not self.executor.busy:
                 self.postgres.ok()  # (while a batch is in flight, its outcome says)
+            self.executor.replay_after_restart(sweep.replay)
             self.executor.stuck_failed(sweep.force_failed)
             self.executor.rewake(sweep.overdue)
             self.executor.relay(sweep.relay)

@@ -38,6 +38,7 @@ from processor.core.model import Loaded, LoadedRun
 from processor.core.outcomes import Outcome
 from processor.core.run_tally import RunTally
 from processor.engine.database import Database
+from processor.engine.recent_commits import RecentCommits
 from processor.io.db_clock import DatabaseClock
 from processor.io.db_errors import Fault, classify, outcome_unknown
 from processor.io.faults import NO_FAULTS, Faults, Point
@@ -72,6 +73,9 @@ class StageResult:
     # dispatch a full limit held back.
     limit_waited: list[tuple[str, int]] = field(default_factory=list)
     limit_refused: list[str] = field(default_factory=list)
+    # The database restarted (or failed over) since the last stage: the runs committed just
+    # before, (run id, tier), to wake again (engine/recent_commits.py).
+    replay: list[tuple[str, str]] = field(default_factory=list)
 
 
 class DatabaseStage:
@@ -81,12 +85,14 @@ class DatabaseStage:
         rules: Rules,
         clock: DatabaseClock,
         faults: Faults = NO_FAULTS,
+        recent: RecentCommits | None = None,
     ) -> None:
         self._db = database
         self._rules = rules
         self._clock = clock
         self._faults = faults
         self._runner = StageThread()
+        self._recent = recent or RecentCommits()
 
     def start(
         self, items: list[BatchItem], acknowledged: list[tuple[str, int]]
@@ -109,6 +115,7 @@ class DatabaseStage:
         nothing: ``error`` says why, and the executor retries the batch."""
         result = StageResult(started_ns=now_ns(), acknowledged=acknowledged)
         try:
+            self._after_restart(result)
             if not items:
                 self._db.delete_outbox(acknowledged)
             else:
@@ -119,6 +126,19 @@ class DatabaseStage:
             return result
         self._quarantine(result)
         return result
+
+    def _after_restart(self, result: StageResult) -> None:
+        """The runs committed just before a restart of the database, if the connection meets
+        a server started anew (engine/recent_commits.py)."""
+        result.replay = self._recent.met(self._db.server_started())
+
+    def _remember(self, committed: set[str], loaded: dict[str, Loaded]) -> None:
+        runs = []
+        for run_id in committed:
+            found = loaded.get(run_id)
+            if isinstance(found, LoadedRun):
+                runs.append((run_id, found.tier))
+        self._recent.add(time.monotonic(), runs)
 
     def _quarantine(self, result: StageResult) -> None:
         """Flag the runs whose rows the plans found unusable. The flag only spares the sweeps:
@@ -185,6 +205,7 @@ class DatabaseStage:
                 raise  # refused: nothing was written (a deadlock, a timeout: retried)
             committed, held = self._resolve_unknown_commit(list(commits.values()), exc, result)
         self._faults.hit(Point.AFTER_COMMIT, committed)
+        self._remember(committed, loaded)
         result.commit_ended_ns = now_ns()
         result.commit_ms = (time.perf_counter() - commit_started) * 1000
         result.commit_attempts += len(commits)

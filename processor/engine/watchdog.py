@@ -38,6 +38,7 @@ import psycopg
 from processor.core.decide import Send
 from processor.core.stuck import Fail, Leave, StuckVerdict, Wake
 from processor.engine.database import Database
+from processor.engine.recent_commits import RecentCommits
 from processor.io.db_errors import TRANSIENT, classify
 from processor.io.faults import NO_FAULTS, Faults, Point
 from processor.io.kept_signals import ExpiredSignal, KeptKey
@@ -73,6 +74,9 @@ class SweepResult:
     # Kept signals whose run never came, claimed for their dead letters.
     expired: list[ExpiredSignal] = field(default_factory=list)
     triggers: TriggerSet | None = None  # read again by this sweep
+    # The database restarted (or failed over) since the last sweep: the runs committed just
+    # before, to wake again (engine/recent_commits.py).
+    replay: list[tuple[str, str]] = field(default_factory=list)
     error: psycopg.Error | None = None
 
 
@@ -91,8 +95,10 @@ class Watchdog:
         monotonic: Callable[[], float] = time.monotonic,
         wall_ms: Callable[[], int] = lambda: int(time.time() * 1000),
         faults: Faults = NO_FAULTS,
+        recent: RecentCommits | None = None,
     ) -> None:
         self._db = database
+        self._recent = recent or RecentCommits()
         self._wall_ms = wall_ms
         self._faults = faults
         self._owned_shards = owned_shards
@@ -212,6 +218,8 @@ class Watchdog:
                 self._faults.hit(Point.KEPT_CLAIMED, [e.key[0] for e in expired])
         claimed = self._db.claim_outbox(s.relay_after_s, s.limit, self._relay_as()) if relay else []
         return SweepResult(
+            # Taken last, once nothing of the sweep can fail any more.
+            replay=self._recent.met(self._db.server_started()),
             overdue=woken + overdue,
             force_failed=failed,
             relay=claimed,

@@ -51,6 +51,13 @@ def connect_durable(dsn: str) -> psycopg.Connection[Any]:
     return conn
 
 
+def server_started(conn: psycopg.Connection[Any]) -> object:
+    """When the server at the other end of ``conn`` started: another value on a new connection
+    means the database restarted or another server took its place (a failover)."""
+    row = conn.execute("SELECT pg_postmaster_start_time()").fetchone()
+    return row[0] if row else None
+
+
 def ping(conn: psycopg.Connection[Any]) -> None:
     """A round trip that proves the database answers (raises psycopg.Error otherwise)."""
     conn.execute("SELECT 1")

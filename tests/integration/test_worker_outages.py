@@ -6,6 +6,9 @@ it, another is stopped in the middle of it."""
 
 from __future__ import annotations
 
+import os
+import signal
+import uuid
 from typing import Any
 
 import orjson
@@ -18,11 +21,14 @@ from processor.core.workflow import WorkflowDef, parse_workflow
 from processor.io.config import Settings
 from processor.io.runs_admin import register_workflow
 
+from . import counted_steps
 from .audit import assert_results_applied, assert_transitions_applied_once, timed_out_attempts
 from .conftest import SAMPLE, count_terminal, run_statuses, wait_for
 from .restarts import LocalInfra
 
 pytestmark = pytest.mark.integration
+
+APP = "tests.integration.counted_steps:registry"
 
 
 def _outage_lines(lines: list[dict[str, Any]], dependency: str, phase: str) -> list[Any]:
@@ -58,7 +64,9 @@ def test_the_worker_and_the_processor_ride_through_an_immediate_postgres_restart
                 and processor.running()
                 and count_terminal(pg, run_ids) == len(run_ids)
             ),
-            180,
+            # Commits the restart lost are woken again at once (engine/recent_commits.py):
+            # before, their runs stood until their steps' 120 s deadline.
+            60,
             "every run to end after the restart",
             0.5,
         )
@@ -96,3 +104,74 @@ def _patient_sample() -> WorkflowDef:
     for step in raw["steps"]:
         step["timeout_ms"] = 120_000
     return parse_workflow({**raw, "name": "patient-sample"})
+
+
+def test_commits_a_restarted_database_lost_are_ticked_again_at_once(
+    settings: Settings, pg: psycopg.Connection[Any], spawn: Any, local_infra: LocalInfra
+) -> None:
+    """Postgres acknowledges the processor's commits before they are durable (synchronous_commit
+    off, this cluster's default; here it writes its WAL only every 10 s), so a crash loses the
+    last ones: 60 runs whose results are recorded end in one batch commit, and Postgres is
+    restarted in immediate mode right after it. Their rows are back where they were, their step
+    dispatched with a deadline 10 minutes away; the processor sees a server started anew and
+    wakes the runs it committed just before: every run ends in seconds. (Before, they stood
+    until their deadline: a 2-minute stall met in CI with the patient sample above.)"""
+    counted_steps.install(pg)
+    register_workflow(
+        pg,
+        parse_workflow(
+            {
+                "name": "restart-lost-commit",
+                "version": 1,
+                "steps": [{"name": "only", "type": "counted", "timeout_ms": 600_000}],
+            }
+        ),
+    )
+    with local_infra.postgres.as_superuser() as su:
+        su.execute("ALTER SYSTEM SET wal_writer_delay = '10s'")
+        su.execute("SELECT pg_reload_conf()")
+    try:
+        run_ids = [f"restart-lost-{uuid.uuid4().hex[:6]}-{i}" for i in range(60)]
+        processor = spawn(["process"], settings, "process")
+        worker = spawn(["worker", "--app", APP, "--concurrency", "64"], settings, "worker")
+        start_runs(settings, "restart-lost-commit", run_ids, {"sleep_ms": 2000})
+        # Every step started (its task reached the worker) and takes 2 s more.
+        wait_for(
+            lambda: len(counted_steps.executions(pg)) == len(run_ids), 60, "every step to start"
+        )
+        # The processor waits while the steps end and their results are recorded (durably: the
+        # worker's commits are), and the worker leaves: no commit of its flushes the WAL.
+        os.kill(processor.proc.pid, signal.SIGSTOP)
+        try:
+            wait_for(lambda: _recorded(pg, run_ids) == len(run_ids), 60, "every result recorded")
+            assert worker.terminate() == 0
+        finally:
+            os.kill(processor.proc.pid, signal.SIGCONT)
+        wait_for(lambda: count_terminal(pg, run_ids) == len(run_ids), 60, "the runs to end")
+        local_infra.restart_postgres(StopMode.IMMEDIATE)
+        with psycopg.connect(settings.pg_dsn, autocommit=True) as after:
+            lost = len(run_ids) - count_terminal(after, run_ids)
+            assert lost > 0, "the restart lost no commit: this test forced nothing"
+            wait_for(
+                lambda: processor.running() and count_terminal(after, run_ids) == len(run_ids),
+                30,
+                f"the {lost} runs whose ending commit was lost to end again",
+            )
+            assert set(run_statuses(after, run_ids).values()) == {"succeeded"}
+            assert counted_steps.executions(after) == {(r, "only", 1): 1 for r in run_ids}
+        woke = [
+            line for line in processor.log_lines() if "runs" in line and "restarted" in line["msg"]
+        ]
+        assert len(woke) == 1 and woke[0]["runs"] >= lost, woke
+        assert processor.terminate() == 0
+    finally:
+        with local_infra.postgres.as_superuser() as su:
+            su.execute("ALTER SYSTEM RESET wal_writer_delay")
+            su.execute("SELECT pg_reload_conf()")
+
+
+def _recorded(pg: psycopg.Connection[Any], run_ids: list[str]) -> int:
+    row = pg.execute(
+        "SELECT count(*) FROM eec_step_result WHERE run_id = ANY(%s)", (run_ids,)
+    ).fetchone()
+    return int(row[0]) if row else 0
