@@ -69,7 +69,7 @@ class Stats:
     # Commits whose connection was lost before the answer, by what the re-read found.
     unknown_commits: Counter[str] = field(default_factory=Counter)
     # Runs woken again because the database restarted or failed over right after their commit
-    # (it may have lost it: engine/stage.py).
+    # (it may have lost it: engine/recent_commits.py).
     restart_rewakes: int = 0
     runs: RunTally = field(default_factory=RunTally)  # started, ended: by workflow (and status)
     hot_runs: Counter[str] = field(default_factory=Counter)  # conflicts by run id, logged only
