@@ -2,7 +2,9 @@
 
 Traces follow the messaging semantic conventions: a CONSUMER span ``process <topic>`` for the
 wakeup records of a run, with the producer's context (the ``traceparent`` header) as parent when
-it is one record and as links when several records were coalesced into one tick, with a
+it is one record and as links when several records were coalesced into one tick (and to the
+contexts a record carries in ``ductor-link`` headers: a worker's wakeup for several step
+executions, recorded together), with a
 ``tick`` event for each attempt (its outcome and the batch's tick and commit times); a PRODUCER
 span ``send <topic>`` for every record the tick produced, ended when the broker
 acknowledged it, whose context travels in the record's headers. A conflict is a span event
@@ -399,6 +401,7 @@ class Telemetry:
                 for sc in (trace.get_current_span(c).get_span_context() for c in contexts)
                 if sc.is_valid
             ]
+        links += _carried_links(records)
         span = self.tracer.start_span(
             f"process {topic}", context=parent, kind=SpanKind.CONSUMER, links=links
         )
@@ -445,6 +448,31 @@ class Telemetry:
         carrier: dict[str, str] = {}
         _PROPAGATOR.inject(carrier, context=trace.set_span_in_context(span))
         return span, [(k, v.encode()) for k, v in carrier.items()]
+
+
+# A wakeup that stands for several step executions (a worker's results recorded together)
+# carries the first one's context as its ``traceparent`` and each other's in a header of this
+# name; the tick it wakes links to them.
+LINK_HEADER = "ductor-link"
+
+
+def link_headers(others: Iterable[Headers]) -> Headers:
+    """``LINK_HEADER`` headers for the ``traceparent`` of each of ``others``."""
+    return [
+        (LINK_HEADER, value) for headers in others for key, value in headers if key == "traceparent"
+    ]
+
+
+def _carried_links(records: Sequence[tuple[str, int, int, bytes | None, Headers]]) -> list[Link]:
+    links: list[Link] = []
+    for *_rest, headers in records:
+        for key, value in headers:
+            if key == LINK_HEADER:
+                carrier = {"traceparent": value.decode(errors="replace")}
+                context = trace.get_current_span(_PROPAGATOR.extract(carrier)).get_span_context()
+                if context.is_valid:
+                    links.append(Link(context))
+    return links
 
 
 def context_headers(span: Span) -> Headers:

@@ -56,7 +56,7 @@ from processor.io.kafka import (
 )
 from processor.io.outage import Outage
 from processor.io.step_data import MissingData
-from processor.io.telemetry import Telemetry, context_headers, end_error, end_ok
+from processor.io.telemetry import Telemetry, context_headers, end_error, end_ok, link_headers
 from processor.worker.database import (
     Answer,
     Claimed,
@@ -613,8 +613,8 @@ class TaskFlow:
     def _wake(self, tasks: list[Task], reason: str = "step_result") -> None:
         """Wake the run of ``tasks`` (one run's): their results are recorded (or were, by a
         worker that died), or (``replay``) its row lost the commit that dispatched them. The
-        wakeup carries the first task's trace context; every task is done once it is
-        acknowledged."""
+        wakeup carries the first task's trace context, and the others' as links; every task is
+        done once it is acknowledged."""
         now = time.monotonic()
         for task in tasks:
             self.book.move(task, State.SENDING)
@@ -631,9 +631,10 @@ class TaskFlow:
                 self._sent_at.pop(task, None)
                 self._done(task)
 
-        self._delivery.send(
-            topic, wakeup.encode(), wakeup.key(), partition, tasks[0].headers, delivered
-        )
+        headers = tasks[0].headers
+        if len(tasks) > 1 and self.telemetry.tracing:  # the run's tick links to every execution
+            headers = [*headers, *link_headers(task.headers for task in tasks[1:])]
+        self._delivery.send(topic, wakeup.encode(), wakeup.key(), partition, headers, delivered)
 
     def _done(self, task: Task) -> None:
         self._done_offset(task.tp, task.offset)  # ignored when the partition went meanwhile
