@@ -54,7 +54,7 @@ WITH t AS MATERIALIZED (
            coalesce(r.status IN ('pending', 'running')
                     AND coalesce((r.node_states -> t.node ->> 'attempt')::int, 0) < t.attempt,
                     false) AS ahead,
-           res.run_id IS NOT NULL AS recorded,
+           res.found IS NOT NULL AS recorded,
            a.starts,
            coalesce({_UNSTARTED.format(a="a")}, false) AS unstarted,
            coalesce(a.worker_id IS NOT NULL AND {alive("a.worker_id")}, false) AS starter_alive,
@@ -62,10 +62,19 @@ WITH t AS MATERIALIZED (
            r.input, r.node_states, r.workflow_name, r.workflow_version
       FROM t
       LEFT JOIN eec_workflow_run r ON r.run_id = t.run_id
-      LEFT JOIN eec_step_result res
-        ON res.run_id = t.run_id AND res.node_id = t.node AND res.attempt = t.attempt
-      LEFT JOIN eec_step_attempt a
-        ON a.run_id = t.run_id AND a.node_id = t.node AND a.attempt = t.attempt
+      -- A lookup per task, whatever the statistics say: joined, a plan made while they said
+      -- the table was empty read all of it once per statement (tests/integration/
+      -- test_query_plans.py), and kept doing so as the table filled.
+      LEFT JOIN LATERAL (
+          SELECT true AS found FROM eec_step_result res
+           WHERE res.run_id = t.run_id AND res.node_id = t.node AND res.attempt = t.attempt
+           LIMIT 1
+      ) AS res ON true
+      LEFT JOIN LATERAL (
+          SELECT a.starts, a.claim_seq, a.worker_id FROM eec_step_attempt a
+           WHERE a.run_id = t.run_id AND a.node_id = t.node AND a.attempt = t.attempt
+           LIMIT 1
+      ) AS a ON true
 ), seen AS MATERIALIZED (
     -- The executions begun: a claim that never started is not one.
     SELECT raw.*, CASE WHEN unstarted THEN nullif(starts - 1, 0) ELSE starts END AS began
@@ -110,6 +119,45 @@ SELECT sn.i, sn.run_exists, sn.current, sn.ahead, sn.recorded, sn.began, sn.star
 """
 
 
+def claim_params(
+    tasks: Sequence[StepTask],
+    worker_id: str,
+    *,
+    max_starts: int,
+    may_judge: bool,
+    gone_after_s: float,
+    reruns: bool = False,
+    seqs: Sequence[int] | None = None,
+    permit: int = 0,
+) -> dict[str, Any]:
+    """The parameters of the claim statement for ``tasks`` (``claim_attempts`` says what they
+    mean)."""
+    numbers: Sequence[int | None] = [None] * len(tasks) if seqs is None else seqs
+    wanted = orjson.dumps(
+        [
+            {
+                "i": i,
+                "run_id": t.run_id,
+                "node": t.node,
+                "attempt": t.attempt,
+                "deps": deps_json(t),
+                "wants_data": t.data is None,
+                "seq": seq,
+            }
+            for i, (t, seq) in enumerate(zip(tasks, numbers, strict=True))
+        ]
+    ).decode()
+    return {
+        "tasks": wanted,
+        "me": worker_id,
+        "max_starts": max_starts,
+        "judge": may_judge,
+        "gone_after_s": gone_after_s,
+        "reruns": reruns,
+        "permit": permit,
+    }
+
+
 def claim_attempts(
     conn: psycopg.Connection[Any],
     tasks: Sequence[StepTask],
@@ -130,30 +178,16 @@ def claim_attempts(
     apart: core/claims.py, rule 5)."""
     if not tasks:
         return []
-    numbers: Sequence[int | None] = [None] * len(tasks) if seqs is None else seqs
-    wanted = orjson.dumps(
-        [
-            {
-                "i": i,
-                "run_id": t.run_id,
-                "node": t.node,
-                "attempt": t.attempt,
-                "deps": deps_json(t),
-                "wants_data": t.data is None,
-                "seq": seq,
-            }
-            for i, (t, seq) in enumerate(zip(tasks, numbers, strict=True))
-        ]
-    ).decode()
-    params = {
-        "tasks": wanted,
-        "me": worker_id,
-        "max_starts": max_starts,
-        "judge": may_judge,
-        "gone_after_s": gone_after_s,
-        "reruns": reruns,
-        "permit": permit,
-    }
+    params = claim_params(
+        tasks,
+        worker_id,
+        max_starts=max_starts,
+        may_judge=may_judge,
+        gone_after_s=gone_after_s,
+        reruns=reruns,
+        seqs=seqs,
+        permit=permit,
+    )
     answers: list[tuple[ClaimFacts, StepData | MissingData | None] | None] = [None] * len(tasks)
     for i, *facts, data in conn.execute(_CLAIM_SQL, params).fetchall():
         read = None if data is None else data_of(tasks[i], (data[0], data[1]))
@@ -177,10 +211,14 @@ def not_current(conn: psycopg.Connection[Any], attempts: Sequence[AttemptKey]) -
     (or deleted), or the node's dispatched attempt is another one (this one timed out)."""
     if not attempts:
         return []
-    tasks = orjson.dumps(
+    return [row[0] for row in conn.execute(_NOT_CURRENT_SQL, (attempts_param(attempts),))]
+
+
+def attempts_param(attempts: Sequence[AttemptKey]) -> str:
+    """The attempts as ``not_current`` reads them: a JSON array, one object each."""
+    return orjson.dumps(
         [{"i": i, "run_id": r, "node": n, "attempt": a} for i, (r, n, a) in enumerate(attempts)]
     ).decode()
-    return [row[0] for row in conn.execute(_NOT_CURRENT_SQL, (tasks,)).fetchall()]
 
 
 _UNCLAIM_SQL = """

@@ -143,9 +143,14 @@ def insert_step_results(
     ``results`` are returned. A result the database refuses fails the whole statement, and
     nothing of it is written: the caller then records the results one by one, to learn
     which."""
+    return [row[0] for row in conn.execute(_INSERT_RESULTS_SQL, (results_param(results),))]
+
+
+def results_param(results: Sequence[StepResultRow]) -> str:
+    """The results as the insert statement reads them: a JSON array, one object each."""
     rows = [
         {"i": i, "run_id": r, "node_id": n, "attempt": a, "outcome": o, "output": out, "error": e}
         | ({} if retryable else {"retryable": False})
         for i, (r, n, a, o, out, e, retryable) in enumerate(results)
     ]
-    return [row[0] for row in conn.execute(_INSERT_RESULTS_SQL, (orjson.dumps(rows).decode(),))]
+    return orjson.dumps(rows).decode()

@@ -16,8 +16,9 @@ import psycopg
 import pytest
 
 from processor.core.decide import Commit
-from processor.core.model import initial_state
-from processor.io import connections, store
+from processor.core.model import StepOutcome, initial_state
+from processor.core.step_task import StepTask
+from processor.io import connections, step_attempts, step_data, store
 from processor.io.config import Settings
 from processor.io.runs_admin import insert_runs
 
@@ -34,37 +35,64 @@ def _plan_nodes(plan: dict[str, Any]) -> Iterator[dict[str, Any]]:
         yield from _plan_nodes(child)
 
 
-def _scans(conn: psycopg.Connection[Any], sql: str, params: Any) -> list[tuple[str, str]]:
-    """(node type, relation) of every scan of a table in the plan of ``sql``."""
+def _scans(conn: psycopg.Connection[Any], sql: str, params: Any) -> list[tuple[str, str, bool]]:
+    """(node type, relation, whole) of every scan of a table in the plan of ``sql``; whole:
+    it reads every row, a sequential scan or an index scan without a condition (a plan made
+    while the statistics said the table was empty scans the whole index once and keeps it,
+    instead of looking each key up)."""
     row = conn.execute(b"EXPLAIN (FORMAT JSON) " + sql.encode(), params).fetchone()
     assert row is not None
     document = row[0]
     (top,) = document if isinstance(document, list) else orjson.loads(document)
     plans = [top["Plan"], *top.get("InitPlan", [])]
     return [
-        (node["Node Type"], node["Relation Name"])
+        (
+            node["Node Type"],
+            node["Relation Name"],
+            node["Node Type"] == "Seq Scan"
+            or ("Index" in node["Node Type"] and "Index Cond" not in node),
+        )
         for plan in plans
         for node in _plan_nodes(plan)
         if "Relation Name" in node
     ]
 
 
+def _assert_by_key(conn: psycopg.Connection[Any], sql: str, params: Any) -> None:
+    scans = _scans(conn, sql, params)
+    assert scans, f"no table in the plan of {sql.split()[0:4]}"
+    whole_table = [s for s in scans if s[2]]
+    assert not whole_table, f"{sql.split()[0:4]} scans whole tables: {scans}"
+
+
 @pytest.mark.parametrize("batch", [1, 8, 500])
+@pytest.mark.parametrize("statistics", ["of the rows", "of empty tables"])
 def test_load_and_commit_reach_their_runs_by_key(
-    pg: psycopg.Connection[Any], base_settings: Settings, batch: int
+    pg: psycopg.Connection[Any], base_settings: Settings, batch: int, statistics: str
 ) -> None:
     wf = sample_workflow()
     tag = uuid.uuid4().hex[:6]
     run_ids = [f"plan-{tag}-{i}" for i in range(RUNS)]
-    for start in range(0, RUNS, 2000):
-        insert_runs(pg, wf, [(r, {}) for r in run_ids[start : start + 2000]], "t1")
-    # An outbox as a busy instance has one: a row per transition not yet acknowledged.
-    pg.execute(
-        "INSERT INTO eec_outbox (run_id, seq, records)"
-        " SELECT run_id, 1, '[]'::jsonb FROM eec_workflow_run"
-    )
+
+    def fill() -> None:
+        for start in range(0, RUNS, 2000):
+            insert_runs(pg, wf, [(r, {}) for r in run_ids[start : start + 2000]], "t1")
+        # An outbox as a busy instance has one: a row per transition not yet acknowledged.
+        pg.execute(
+            "INSERT INTO eec_outbox (run_id, seq, records)"
+            " SELECT run_id, 1, '[]'::jsonb FROM eec_workflow_run"
+        )
+
+    fill()
+    if statistics == "of empty tables":
+        # A quiet system the retention sweep emptied, analysed, then a burst of runs planned
+        # for before the next autoanalyze.
+        pg.execute("DELETE FROM eec_outbox")
+        pg.execute("DELETE FROM eec_workflow_run")
     pg.execute("VACUUM ANALYZE eec_workflow_run")
     pg.execute("VACUUM ANALYZE eec_outbox")
+    if statistics == "of empty tables":
+        fill()
     # No step results yet (as when the runs have only just started): a plan made now (and
     # kept: the processor's statements are prepared) must still reach the step results by
     # key, since the table fills while the plan lives.
@@ -82,7 +110,50 @@ def test_load_and_commit_reach_their_runs_by_key(
     )
     with connections.connect(base_settings.pg_dsn) as coordinator:  # as the processor's own
         for sql, args in statements:
-            scans = _scans(coordinator, sql, args)
-            whole_table = [s for s in scans if s[0] == "Seq Scan"]
-            assert not whole_table, f"{sql.split()[0:4]} scans whole tables: {scans}"
-            assert scans, f"no table in the plan of {sql.split()[0:4]}"
+            _assert_by_key(coordinator, sql, args)
+
+
+@pytest.mark.parametrize("batch", [1, 40, 500])
+def test_the_workers_statements_reach_their_rows_by_key(
+    pg: psycopg.Connection[Any], base_settings: Settings, batch: int
+) -> None:
+    """The worker's claim, result insert and stale check, planned while the statistics say
+    the step results and attempts are empty (a quiet system whose rows the retention sweep
+    deleted, then analysed): measured, the claim planned then read the whole attempt index
+    on every statement as the table refilled, 330 µs per task instead of 15, until the next
+    autoanalyze made it plan again."""
+    wf = sample_workflow()
+    tag = uuid.uuid4().hex[:6]
+    run_ids = [f"plan-{tag}-{i}" for i in range(RUNS)]
+    # Tables that had rows, emptied and analysed: the statistics say empty, the files are not.
+    for start in range(0, RUNS, 2000):
+        insert_runs(pg, wf, [(r, {}) for r in run_ids[start : start + 2000]], "t1")
+    pg.execute(
+        "INSERT INTO eec_step_attempt (run_id, node_id, attempt, worker_id)"
+        " SELECT run_id, 's0', 1, 'gone' FROM eec_workflow_run"
+    )
+    for table in ("eec_step_attempt", "eec_step_result", "eec_workflow_run"):
+        pg.execute(f"DELETE FROM {table}")
+        pg.execute(f"VACUUM ANALYZE {table}")
+    # Then a burst of runs, planned for before the next autoanalyze.
+    for start in range(0, RUNS, 2000):
+        insert_runs(pg, wf, [(r, {}) for r in run_ids[start : start + 2000]], "t1")
+    some = run_ids[:batch]
+    tasks = [
+        StepTask(r, "s1", 1, "fast", 2**62, dep_attempts=(("s0", 1),), data=None) for r in some
+    ]
+    claim = step_attempts.claim_params(
+        tasks, "me", max_starts=2, may_judge=True, gone_after_s=10.0, seqs=range(batch)
+    )
+    rows = [
+        step_data.StepResultRow(r, "s1", 1, StepOutcome.SUCCEEDED, {}, None, True) for r in some
+    ]
+    statements = (
+        (step_attempts._CLAIM_SQL, claim),
+        (step_attempts._CLAIM_SQL, {**claim, "reruns": True}),
+        (step_data._INSERT_RESULTS_SQL, (step_data.results_param(rows),)),
+        (step_attempts._NOT_CURRENT_SQL, (step_attempts.attempts_param([t.key for t in tasks]),)),
+    )
+    with connections.connect_durable(base_settings.pg_dsn) as worker:  # as the worker's own
+        for sql, args in statements:
+            _assert_by_key(worker, sql, args)
