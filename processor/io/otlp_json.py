@@ -166,7 +166,17 @@ def _flags(remote: bool) -> int:
 
 
 def _attributes(attributes: Mapping[str, Any] | None) -> list[dict[str, Any]]:
-    return [{"key": key, "value": _value(value)} for key, value in (attributes or {}).items()]
+    out: list[dict[str, Any]] = []
+    for key, value in (attributes or {}).items():
+        # The scalar types by identity first: most values are, and this is the encoder's loop.
+        kind = type(value)
+        if kind is str:
+            out.append({"key": key, "value": {"stringValue": value}})
+        elif kind is int:
+            out.append({"key": key, "value": {"intValue": str(value)}})
+        else:
+            out.append({"key": key, "value": _value(value)})
+    return out
 
 
 def _value(value: Any) -> dict[str, Any]:

@@ -20,7 +20,7 @@ import random
 import threading
 
 from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
-from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
+from opentelemetry.sdk.trace.sampling import ParentBased, Sampler, TraceIdRatioBased
 from opentelemetry.trace import (
     INVALID_SPAN_ID,
     INVALID_TRACE_ID,
@@ -57,12 +57,16 @@ class PrimedIds(RandomIdGenerator):
 
 
 class RatioSampling:
-    """ParentBased(TraceIdRatioBased(``ratio``)) with the SDK's default delegates, and the
-    shortcut for the traces it does not sample."""
+    """ParentBased(TraceIdRatioBased(``ratio``)) with the SDK's default delegates, or, not
+    ``parent_based``, TraceIdRatioBased(``ratio``) alone (a parent's decision ignored), and
+    the shortcut for the traces it does not sample. The SDK's other standard samplers are
+    these at a ratio of 1 or 0: ``always_on`` is TraceIdRatioBased(1), whose bound no id
+    reaches, ``parentbased_always_off`` ParentBased(TraceIdRatioBased(0))."""
 
-    def __init__(self, ratio: float) -> None:
+    def __init__(self, ratio: float, parent_based: bool = True) -> None:
         self.root = TraceIdRatioBased(ratio)
-        self.sampler = ParentBased(self.root)
+        self.parent_based = parent_based
+        self.sampler: Sampler = ParentBased(self.root) if parent_based else self.root
         self.ids = PrimedIds()
 
     def unsampled(self, headers: Headers) -> NonRecordingSpan | None:
@@ -80,21 +84,30 @@ class RatioSampling:
             trace_id = random.getrandbits(128)
             if trace_id == INVALID_TRACE_ID:
                 return None
-            if trace_id & TraceIdRatioBased.TRACE_ID_LIMIT < self.root.bound:
+            if self.samples(trace_id):
                 self.ids.prime(trace_id)  # sampled: the SDK's root span gets this very id
                 return None
             flags = _ROOT_FLAGS
         else:
             parent = parse_traceparent(traceparent)
-            if parent is None or parent[1] & _SAMPLED:
+            if parent is None:
                 return None
-            trace_id, flags = parent[0], TraceFlags(parent[1] & _RANDOM)
+            trace_id = parent[0]
+            if self.parent_based and parent[2] & _SAMPLED:
+                return None
+            if not self.parent_based and self.samples(trace_id):
+                return None
+            flags = TraceFlags(parent[2] & _RANDOM)
         return NonRecordingSpan(SpanContext(trace_id, _span_id(), False, trace_flags=flags))
 
+    def samples(self, trace_id: int) -> bool:
+        """The ratio rule, on the id's low 64 bits as the SDK tests it."""
+        return trace_id & TraceIdRatioBased.TRACE_ID_LIMIT < self.root.bound
 
-def parse_traceparent(value: bytes) -> tuple[int, int] | None:
-    """(trace id, flags) of a version-00 W3C traceparent in its one canonical form; None for
-    anything else (the SDK's propagator then has the last word)."""
+
+def parse_traceparent(value: bytes) -> tuple[int, int, int] | None:
+    """(trace id, span id, flags) of a version-00 W3C traceparent in its one canonical form;
+    None for anything else (the SDK's propagator then has the last word)."""
     if len(value) != 55 or value[:3] != b"00-" or value[35:36] != b"-" or value[52:53] != b"-":
         return None
     trace_hex, span_hex, flags_hex = value[3:35], value[36:52], value[53:55]
@@ -103,7 +116,7 @@ def parse_traceparent(value: bytes) -> tuple[int, int] | None:
     trace_id, span_id = int(trace_hex, 16), int(span_hex, 16)
     if trace_id == INVALID_TRACE_ID or span_id == INVALID_SPAN_ID:
         return None
-    return trace_id, int(flags_hex, 16)
+    return trace_id, span_id, int(flags_hex, 16)
 
 
 def _span_id() -> int:

@@ -42,15 +42,27 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor, SpanExporter
 from opentelemetry.sdk.trace.sampling import Sampler
-from opentelemetry.trace import Link, Span, SpanKind, Status, StatusCode, Tracer
+from opentelemetry.sdk.util.instrumentation import InstrumentationScope
+from opentelemetry.trace import (
+    Link,
+    NonRecordingSpan,
+    Span,
+    SpanContext,
+    SpanKind,
+    Status,
+    StatusCode,
+    TraceFlags,
+    Tracer,
+)
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 from prometheus_client import start_http_server
 
 from processor.core.stats import Stats
+from processor.io.light_spans import LightTracer
 from processor.io.listen import ListenError
 from processor.io.otel_config import Protocol, otel_settings
 from processor.io.otlp_json import OtlpJsonSpanExporter
-from processor.io.sampling import RatioSampling
+from processor.io.sampling import RatioSampling, parse_traceparent
 
 Headers = list[tuple[str, bytes]]
 _PROPAGATOR = TraceContextTextMapPropagator()
@@ -58,24 +70,31 @@ _NOOP_TRACER: Tracer = trace.NoOpTracer()
 DEFAULT_SAMPLE_RATIO = 0.1
 END_TO_END = "ductor.end_to_end.latency"
 END_TO_END_STRIDE = 8  # the end-to-end histogram records one committed tick in this many
-_RATIO_SAMPLER = "parentbased_traceidratio"
+_SCOPE = "ductor.processor"
 
 
 def sampler_from_environment() -> RatioSampling | None:
     """One trace in ten unless OTEL_TRACES_SAMPLER says otherwise (the SDK's own default
-    samples every trace, which costs several times the tick itself). The parent-based ratio
-    sampler, ours or asked for by name with a valid ratio, comes with its shortcut for the
-    traces it does not sample (io/sampling.py); any other is left to the SDK (None)."""
+    samples every trace, which costs several times the tick itself). The standard samplers
+    (always on or off, a ratio of trace ids, each parent-based or not) are ratio sampling
+    (io/sampling.py), with light spans and the shortcut for the traces they do not sample;
+    any other, or a ratio that is not one, is left to the SDK (None)."""
     name = os.environ.get("OTEL_TRACES_SAMPLER", "").strip().lower()
     if not name:
         return RatioSampling(DEFAULT_SAMPLE_RATIO)
-    if name != _RATIO_SAMPLER:
+    parent_based = name.startswith("parentbased_")
+    rule = name.removeprefix("parentbased_")
+    if rule == "always_on":
+        return RatioSampling(1.0, parent_based)
+    if rule == "always_off":
+        return RatioSampling(0.0, parent_based)
+    if rule != "traceidratio":
         return None
     try:
         ratio = float(os.environ.get("OTEL_TRACES_SAMPLER_ARG", "1.0"))
     except ValueError:
         return None  # the SDK warns and takes its own default
-    return RatioSampling(ratio) if 0.0 <= ratio <= 1.0 else None
+    return RatioSampling(ratio, parent_based) if 0.0 <= ratio <= 1.0 else None
 
 
 def span_exporter(protocol: Protocol) -> SpanExporter:
@@ -150,10 +169,23 @@ class Telemetry:
         metric_readers: Sequence[MetricReader],
         group_id: str = "",
         sampler: Sampler | RatioSampling | None = None,
+        light_spans: bool = True,
     ) -> Telemetry:
-        """Explicit wiring (tests pass in-memory exporters and readers here)."""
+        """Explicit wiring (tests pass in-memory exporters and readers here). The ratio
+        sampler's spans are light ones unless ``light_spans`` is false (the SDK's)."""
         telemetry = Telemetry(group_id=group_id)
-        if span_processors:
+        if span_processors and isinstance(sampler, RatioSampling) and light_spans:
+            # The default sampler's spans, recorded as plain objects (io/light_spans.py).
+            telemetry.sampling = sampler
+            light = LightTracer(
+                sampler,
+                span_processors,
+                resource or Resource.create(),
+                InstrumentationScope(_SCOPE),
+            )
+            telemetry.tracer = light
+            telemetry._shutdown.append(light.shutdown)
+        elif span_processors:
             # Without a sampler, the SDK's: OTEL_TRACES_SAMPLER, or every trace.
             if isinstance(sampler, RatioSampling):
                 telemetry.sampling = sampler
@@ -164,7 +196,7 @@ class Telemetry:
                 provider = TracerProvider(resource=resource, sampler=sampler)
             for processor in span_processors:
                 provider.add_span_processor(processor)
-            telemetry.tracer = provider.get_tracer("ductor.processor")
+            telemetry.tracer = provider.get_tracer(_SCOPE)
             telemetry._shutdown.append(provider.shutdown)
         if metric_readers:
             # No exemplars unless OTEL_METRICS_EXEMPLAR_FILTER asks for them: the default
@@ -180,8 +212,18 @@ class Telemetry:
         return telemetry
 
     @staticmethod
-    def in_memory(exporter: SpanExporter, reader: MetricReader | None = None) -> Telemetry:
-        return Telemetry.build(None, [SimpleSpanProcessor(exporter)], [reader] if reader else [])
+    def in_memory(
+        exporter: SpanExporter, reader: MetricReader | None = None, light_spans: bool = True
+    ) -> Telemetry:
+        """Every trace sampled (the ratio sampler at 1, its light spans unless
+        ``light_spans`` is false), each span exported as it ends."""
+        return Telemetry.build(
+            None,
+            [SimpleSpanProcessor(exporter)],
+            [reader] if reader else [],
+            sampler=RatioSampling(1.0),
+            light_spans=light_spans,
+        )
 
     def shutdown(self) -> None:
         for close in self._shutdown:
@@ -489,6 +531,20 @@ def context_headers(span: Span) -> Headers:
 
 
 def _extract(headers: Headers) -> Context:
+    """The producer's context in ``headers``: read here when it is one canonical
+    ``traceparent`` and nothing else, by the propagator otherwise (the same context)."""
+    traceparent: bytes | None = None
+    for key, value in headers:
+        if key == "traceparent" and traceparent is None:
+            traceparent = value
+        elif key in ("traceparent", "tracestate"):
+            traceparent = None
+            break
+    parsed = None if traceparent is None else parse_traceparent(traceparent)
+    if parsed is not None:
+        trace_id, span_id, flags = parsed
+        remote = SpanContext(trace_id, span_id, True, TraceFlags(flags))
+        return trace.set_span_in_context(NonRecordingSpan(remote))
     carrier = {
         k: v.decode(errors="replace") for k, v in headers if k in ("traceparent", "tracestate")
     }

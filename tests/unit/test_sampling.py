@@ -21,16 +21,19 @@ TRACE = "0af7651916cd43dd8448eb211c80319c"
 SPAN = "b7ad6b7169203331"
 
 
-def sdk_decision(ratio: float, headers: list[tuple[str, bytes]]) -> trace.Span:
+def sdk_decision(
+    ratio: float, headers: list[tuple[str, bytes]], parent_based: bool = True
+) -> trace.Span:
     """What the SDK alone makes of a record with these headers."""
     carrier = {k: v.decode() for k, v in headers}
-    provider = TracerProvider(sampler=ParentBased(TraceIdRatioBased(ratio)))
+    root = TraceIdRatioBased(ratio)
+    provider = TracerProvider(sampler=ParentBased(root) if parent_based else root)
     return provider.get_tracer("t").start_span("p", context=_PROPAGATOR.extract(carrier))
 
 
 def test_the_canonical_traceparent_is_read_and_anything_else_is_left_to_the_sdk() -> None:
-    assert parse_traceparent(f"00-{TRACE}-{SPAN}-01".encode()) == (int(TRACE, 16), 1)
-    assert parse_traceparent(f"00-{TRACE}-{SPAN}-00".encode()) == (int(TRACE, 16), 0)
+    assert parse_traceparent(f"00-{TRACE}-{SPAN}-01".encode()) == (int(TRACE, 16), int(SPAN, 16), 1)
+    assert parse_traceparent(f"00-{TRACE}-{SPAN}-00".encode()) == (int(TRACE, 16), int(SPAN, 16), 0)
     for odd in (
         f"00-{TRACE.upper()}-{SPAN}-00",  # the propagator rejects upper case hex
         f"01-{TRACE}-{SPAN}-00",  # another version: the propagator's own rules apply
@@ -63,9 +66,10 @@ def test_an_unsampled_parent_is_carried_on_without_an_sdk_span() -> None:
         st.tuples(st.integers(1, 2**128 - 1), st.integers(1, 2**64 - 1), st.integers(0, 255)),
     ),
     seed=st.integers(0, 2**32),
+    parent_based=st.booleans(),
 )
 def test_the_shortcut_agrees_with_the_sdk_sampler(
-    ratio: float, parent: tuple[int, int, int] | None, seed: int
+    ratio: float, parent: tuple[int, int, int] | None, seed: int, parent_based: bool
 ) -> None:
     headers = []
     if parent is not None:
@@ -73,7 +77,11 @@ def test_the_shortcut_agrees_with_the_sdk_sampler(
         headers = [("traceparent", f"00-{trace_id:032x}-{span_id:016x}-{flags:02x}".encode())]
     random.seed(seed)
     telemetry = Telemetry.build(
-        None, [SimpleSpanProcessor(InMemorySpanExporter())], [], "g", RatioSampling(ratio)
+        None,
+        [SimpleSpanProcessor(InMemorySpanExporter())],
+        [],
+        "g",
+        RatioSampling(ratio, parent_based),
     )
     span = telemetry.start_consumer_span("topic", [("topic", 0, 1, None, headers)], "r")
     context = span.get_span_context()
@@ -85,7 +93,7 @@ def test_the_shortcut_agrees_with_the_sdk_sampler(
         if not span.is_recording():
             assert context.trace_flags == sdk_root.get_span_context().trace_flags
     else:
-        expected = sdk_decision(ratio, headers)
+        expected = sdk_decision(ratio, headers, parent_based)
         assert span.is_recording() == expected.is_recording()
         assert context.trace_id == expected.get_span_context().trace_id
         assert context.trace_flags == expected.get_span_context().trace_flags

@@ -10,6 +10,8 @@ from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ALWAYS_ON
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from processor.core.stats import Stats
+from processor.io.light_spans import LightTracer
+from processor.io.otel_config import SAMPLERS
 from processor.io.telemetry import (
     END_TO_END,
     END_TO_END_STRIDE,
@@ -77,14 +79,15 @@ def test_one_trace_in_ten_is_sampled_unless_the_environment_says_otherwise(
     try:
         sampler = telemetry.tracer.sampler  # type: ignore[attr-defined]
         assert telemetry.sampling is not None and sampler is telemetry.sampling.sampler
-        assert "TraceIdRatioBased{0.1}" in sampler.get_description()  # type: ignore[no-untyped-call]
+        assert "TraceIdRatioBased{0.1}" in sampler.get_description()
     finally:
         telemetry.shutdown()
     monkeypatch.setenv("OTEL_TRACES_SAMPLER", "always_on")
     telemetry = Telemetry.from_environment("ductor-test", metrics_port=0, group_id="g")
     try:
-        assert telemetry.tracer.sampler is ALWAYS_ON  # type: ignore[attr-defined]
-        assert telemetry.sampling is None  # the shortcut is the ratio sampler's only
+        # always_on is TraceIdRatioBased(1) alone: every id under its bound, no parent asked.
+        assert telemetry.sampling is not None and not telemetry.sampling.parent_based
+        assert telemetry.sampling.root.rate == 1.0
     finally:
         telemetry.shutdown()
     monkeypatch.setenv("OTEL_TRACES_SAMPLER", "parentbased_traceidratio")
@@ -92,8 +95,16 @@ def test_one_trace_in_ten_is_sampled_unless_the_environment_says_otherwise(
     telemetry = Telemetry.from_environment("ductor-test", metrics_port=0, group_id="g")
     try:
         assert telemetry.sampling is not None and telemetry.sampling.root.rate == 0.25
+        assert telemetry.sampling.parent_based
     finally:
         telemetry.shutdown()
+    for name in SAMPLERS:  # every sampler the configuration takes makes light spans
+        monkeypatch.setenv("OTEL_TRACES_SAMPLER", name)
+        telemetry = Telemetry.from_environment("ductor-test", metrics_port=0, group_id="g")
+        try:
+            assert isinstance(telemetry.tracer, LightTracer), name
+        finally:
+            telemetry.shutdown()
 
 
 def test_the_end_to_end_histogram_records_one_committed_tick_in_its_stride() -> None:
