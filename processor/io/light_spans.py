@@ -52,6 +52,7 @@ from processor.io.sampling import RatioSampling
 _UNSET = Status(StatusCode.UNSET)
 _SAMPLED = TraceFlags.SAMPLED
 _RANDOM = TraceFlags.RANDOM_TRACE_ID
+# What the SDK keeps as it is when no length limit applies (a subclass too: a StrEnum member).
 _SCALARS = (str, bool, int, float)
 
 
@@ -240,7 +241,7 @@ class LightSpan(Span):
             type(own) is dict
             and limits.max_span_attribute_length is None
             and len(own) + len(attributes) <= _most(limits.max_span_attributes)
-            and all(type(v) in _SCALARS for v in attributes.values())
+            and all(isinstance(v, _SCALARS) for v in attributes.values())
         ):
             # The common case, nothing to check one by one. A key set again moves to the
             # end, as in the SDK's mapping.
@@ -285,7 +286,7 @@ class LightSpan(Span):
         if (
             limits.max_attribute_length is None
             and len(given) <= _most(limits.max_event_attributes)
-            and all(type(v) in _SCALARS for v in given.values())
+            and all(isinstance(v, _SCALARS) for v in given.values())
         ):
             kept = dict(given)
         else:

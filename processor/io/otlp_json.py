@@ -7,30 +7,19 @@ the same data under the protobuf JSON mapping the OTLP specification defines (id
 strings, 64-bit integers as decimal strings, enums as numbers); collectors accept it on the
 same ``/v1/traces`` path.
 
-It reads the standard variables as the SDK's exporters do: the endpoint, the headers, the
-timeout (in seconds, as the Python SDK reads it), the compression (gzip or deflate) and, for
-an https endpoint, the CA certificate and the client's certificate and key.
+The transport, and the standard variables it reads, are io/otlp_http.py's.
 """
 
 from __future__ import annotations
 
-import gzip
-import logging
-import os
-import ssl
-import urllib.error
-import urllib.parse
-import urllib.request
-import zlib
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import orjson
 from opentelemetry.sdk.trace import ReadableSpan
-from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 from opentelemetry.trace import SpanKind, StatusCode
 
-log = logging.getLogger("ductor.telemetry")
+from processor.io.otlp_http import OtlpHttpSpanExporter
 
 _KINDS = {
     SpanKind.INTERNAL: 1,
@@ -42,50 +31,13 @@ _KINDS = {
 _STATUS = {StatusCode.UNSET: 0, StatusCode.OK: 1, StatusCode.ERROR: 2}
 
 
-class OtlpJsonSpanExporter(SpanExporter):
-    """POSTs each batch of spans as one OTLP/JSON document; a failed export is logged and
-    dropped (as the SDK's exporter does once its retries are spent)."""
+class OtlpJsonSpanExporter(OtlpHttpSpanExporter):
+    """Each batch of spans as one OTLP/JSON document."""
 
-    def __init__(
-        self,
-        endpoint: str | None = None,
-        headers: Mapping[str, str] | None = None,
-        timeout_s: float | None = None,
-    ) -> None:
-        self.endpoint = endpoint or _endpoint_from_environment()
-        self.headers = {
-            **(_headers_from_environment() if headers is None else dict(headers)),
-            "Content-Type": "application/json",
-        }
-        timeout = _traces_variable("TIMEOUT")
-        self.timeout_s = timeout_s if timeout_s is not None else float(timeout or 10)
-        self.compression = (_traces_variable("COMPRESSION") or "none").lower()
-        if self.compression != "none":
-            self.headers["Content-Encoding"] = self.compression
-        self._context = _tls_context()
+    content_type = "application/json"
 
-    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
-        body = orjson.dumps(encode(spans))
-        if self.compression == "gzip":
-            body = gzip.compress(body)
-        elif self.compression == "deflate":
-            body = zlib.compress(body)
-        request = urllib.request.Request(self.endpoint, body, self.headers, method="POST")
-        try:
-            with urllib.request.urlopen(
-                request, timeout=self.timeout_s, context=self._context
-            ) as response:
-                response.read()
-        except (urllib.error.URLError, OSError) as exc:
-            log.warning("could not export %d span(s) to %s: %s", len(spans), self.endpoint, exc)
-            return SpanExportResult.FAILURE
-        return SpanExportResult.SUCCESS
-
-    def shutdown(self) -> None:
-        return None
-
-    def force_flush(self, timeout_millis: int = 30000) -> bool:
-        return True
+    def encode(self, spans: Sequence[ReadableSpan]) -> bytes:
+        return orjson.dumps(encode(spans))
 
 
 def encode(spans: Sequence[ReadableSpan]) -> dict[str, Any]:
@@ -192,45 +144,3 @@ def _value(value: Any) -> dict[str, Any]:
     if isinstance(value, list | tuple):
         return {"arrayValue": {"values": [_value(v) for v in value]}}
     return {"stringValue": str(value)}
-
-
-def _endpoint_from_environment() -> str:
-    traces = os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
-    if traces:
-        return traces  # used as it is (the specification's rule for per-signal endpoints)
-    base = os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT", "http://localhost:4318")
-    return base.rstrip("/") + "/v1/traces"
-
-
-def _traces_variable(name: str) -> str:
-    """OTEL_EXPORTER_OTLP_TRACES_<NAME>, else OTEL_EXPORTER_OTLP_<NAME> (stripped; "" if unset)."""
-    return (
-        os.environ.get(f"OTEL_EXPORTER_OTLP_TRACES_{name}")
-        or os.environ.get(f"OTEL_EXPORTER_OTLP_{name}")
-        or ""
-    ).strip()
-
-
-def _tls_context() -> ssl.SSLContext | None:
-    """The TLS context the certificate variables ask for (None: Python's default)."""
-    ca = _traces_variable("CERTIFICATE")
-    cert = _traces_variable("CLIENT_CERTIFICATE")
-    key = _traces_variable("CLIENT_KEY")
-    if not (ca or cert):
-        return None
-    context = ssl.create_default_context(cafile=ca or None)
-    if cert:
-        context.load_cert_chain(cert, key or None)
-    return context
-
-
-def _headers_from_environment() -> dict[str, str]:
-    raw = os.environ.get("OTEL_EXPORTER_OTLP_TRACES_HEADERS") or os.environ.get(
-        "OTEL_EXPORTER_OTLP_HEADERS", ""
-    )
-    headers: dict[str, str] = {}
-    for pair in raw.split(","):
-        name, sep, value = pair.partition("=")
-        if sep and name.strip():
-            headers[urllib.parse.unquote(name.strip())] = urllib.parse.unquote(value.strip())
-    return headers
