@@ -47,7 +47,7 @@ from opentelemetry.trace import (
 )
 from opentelemetry.util.types import Attributes, AttributeValue
 
-from processor.io.sampling import RatioSampling
+from processor.io.sampling import Headers, RatioSampling, trace_headers
 
 _UNSET = Status(StatusCode.UNSET)
 _SAMPLED = TraceFlags.SAMPLED
@@ -168,6 +168,7 @@ class LightSpan(Span):
     exporters read it as they read the SDK's."""
 
     __slots__ = (
+        "_headers",
         "_tracer",
         "attributes",
         "context",
@@ -205,6 +206,7 @@ class LightSpan(Span):
         self.status = _UNSET
         self.dropped_events = 0
         self.dropped_links = 0
+        self._headers: Headers | None = None
 
     # -- what exporters read besides the fields ------------------------------------------------
 
@@ -223,6 +225,12 @@ class LightSpan(Span):
     def readable(self) -> ReadableSpan:
         """This span where a ``ReadableSpan`` is asked for (it reads as one)."""
         return self  # type: ignore[return-value]
+
+    def headers(self) -> Headers:
+        """Its W3C trace-context headers, written once however many records carry them."""
+        if self._headers is None:
+            self._headers = trace_headers(self.context)
+        return self._headers
 
     # -- the API -------------------------------------------------------------------------------
 

@@ -69,7 +69,7 @@ class RatioSampling:
         self.sampler: Sampler = ParentBased(self.root) if parent_based else self.root
         self.ids = PrimedIds()
 
-    def unsampled(self, headers: Headers) -> NonRecordingSpan | None:
+    def unsampled(self, headers: Headers) -> CarriedSpan | None:
         """The span context a not-sampled tick of a record with these ``headers`` carries on,
         or None when the SDK must decide (sampled, or headers out of the ordinary)."""
         traceparent: bytes | None = None
@@ -98,11 +98,36 @@ class RatioSampling:
             if not self.parent_based and self.samples(trace_id):
                 return None
             flags = TraceFlags(parent[2] & _RANDOM)
-        return NonRecordingSpan(SpanContext(trace_id, _span_id(), False, trace_flags=flags))
+        return CarriedSpan(SpanContext(trace_id, _span_id(), False, trace_flags=flags))
 
     def samples(self, trace_id: int) -> bool:
         """The ratio rule, on the id's low 64 bits as the SDK tests it."""
         return trace_id & TraceIdRatioBased.TRACE_ID_LIMIT < self.root.bound
+
+
+class CarriedSpan(NonRecordingSpan):
+    """A span the sampler did not take: it records nothing, and its context rides on in the
+    records its work produces, in headers written once however many records carry them."""
+
+    def __init__(self, context: SpanContext) -> None:
+        super().__init__(context)
+        self._headers: Headers | None = None
+
+    def headers(self) -> Headers:
+        if self._headers is None:
+            self._headers = trace_headers(self.get_span_context())
+        return self._headers
+
+
+def trace_headers(context: SpanContext) -> Headers:
+    """The W3C trace-context headers of ``context`` (none for an invalid one)."""
+    if not context.is_valid:
+        return []
+    parent = f"00-{context.trace_id:032x}-{context.span_id:016x}-{context.trace_flags:02x}"
+    headers = [("traceparent", parent.encode())]
+    if context.trace_state:
+        headers.append(("tracestate", context.trace_state.to_header().encode()))
+    return headers
 
 
 def parse_traceparent(value: bytes) -> tuple[int, int, int] | None:

@@ -57,12 +57,12 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 from prometheus_client import start_http_server
 
 from processor.core.stats import Stats
-from processor.io.light_spans import LightTracer
+from processor.io.light_spans import LightSpan, LightTracer
 from processor.io.listen import ListenError
 from processor.io.otel_config import Protocol, otel_settings
 from processor.io.otlp_json import OtlpJsonSpanExporter
 from processor.io.otlp_proto import OtlpProtobufSpanExporter
-from processor.io.sampling import RatioSampling, parse_traceparent
+from processor.io.sampling import CarriedSpan, RatioSampling, parse_traceparent, trace_headers
 
 Headers = list[tuple[str, bytes]]
 _PROPAGATOR = TraceContextTextMapPropagator()
@@ -520,15 +520,11 @@ def _carried_links(records: Sequence[tuple[str, int, int, bytes | None, Headers]
 
 def context_headers(span: Span) -> Headers:
     """The W3C trace-context headers of ``span`` without going through a propagator (for
-    spans that record nothing: a trace not sampled still passes its decision on)."""
-    context = span.get_span_context()
-    if not context.is_valid:
-        return []
-    parent = f"00-{context.trace_id:032x}-{context.span_id:016x}-{context.trace_flags:02x}"
-    headers = [("traceparent", parent.encode())]
-    if context.trace_state:
-        headers.append(("tracestate", context.trace_state.to_header().encode()))
-    return headers
+    spans that record nothing: a trace not sampled still passes its decision on), written
+    once per span where the span keeps them. Shared: not to be changed by the caller."""
+    if isinstance(span, CarriedSpan | LightSpan):
+        return span.headers()
+    return trace_headers(span.get_span_context())
 
 
 def _extract(headers: Headers) -> Context:
