@@ -370,6 +370,13 @@ class LightSpan(Span):
         if self.end_time is not None:
             return
         self.end_time = end_time or time.time_ns()
+        # What the exporter reads, apart from what a thread that has not seen the end yet may
+        # still change (a step abandoned at its deadline runs on, and may set an attribute):
+        # such a late change goes to the copies left behind.
+        if type(self.attributes) is dict:
+            self.attributes = dict(self.attributes)
+        self.events = list(self.events)
+        self.links = list(self.links)
         for processor in self._tracer.processors:
             processor.on_end(self.readable())
 

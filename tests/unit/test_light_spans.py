@@ -18,7 +18,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import Link, SpanContext, SpanKind, StatusCode, TraceFlags
 
-from processor.io.light_spans import LightTracer
+from processor.io.light_spans import LightEvent, LightSpan, LightTracer
 from processor.io.sampling import RatioSampling
 from processor.io.telemetry import Telemetry, end_error, end_ok
 
@@ -167,3 +167,18 @@ def test_a_step_span_made_current_is_the_parent_of_a_span_the_users_code_starts(
     assert users.parent is not None
     assert users.parent.span_id == step.get_span_context().span_id
     assert [s.name for s in ours.get_finished_spans()] == ["step s0"]
+
+
+def test_a_change_racing_the_end_does_not_reach_what_the_exporter_reads() -> None:
+    """A thread that passed the "not ended" check before the span ended (a step abandoned at
+    its deadline) changes the copies the span left behind, not what was exported."""
+    exporter = InMemorySpanExporter()
+    telemetry = Telemetry.in_memory(exporter)
+    span = telemetry.tracer.start_span("step s0", attributes={"a": 1})
+    assert isinstance(span, LightSpan)
+    attributes, events = span.attributes, span.events  # what a late writer holds
+    span.end()
+    attributes["late"] = "change"
+    events.append(LightEvent("late", 1, {}))
+    [exported] = exporter.get_finished_spans()
+    assert dict(exported.attributes or {}) == {"a": 1} and not exported.events
