@@ -36,6 +36,7 @@ _SAMPLED = TraceFlags.SAMPLED
 _RANDOM = TraceFlags.RANDOM_TRACE_ID
 _ROOT_FLAGS = TraceFlags(_RANDOM)
 _HEX = frozenset(b"0123456789abcdef")
+_ZERO_TRACE, _ZERO_SPAN = b"0" * 32, b"0" * 16
 
 
 class PrimedIds(RandomIdGenerator):
@@ -87,18 +88,19 @@ class RatioSampling:
             if self.samples(trace_id):
                 self.ids.prime(trace_id)  # sampled: the SDK's root span gets this very id
                 return None
-            flags = _ROOT_FLAGS
-        else:
-            parent = parse_traceparent(traceparent)
-            if parent is None:
+            return CarriedSpan(b"00-%032x-%016x-%02x" % (trace_id, _span_id(), _ROOT_FLAGS))
+        flags = canonical_flags(traceparent)
+        if flags is None:
+            return None
+        if self.parent_based:
+            if flags & _SAMPLED:
                 return None
-            trace_id = parent[0]
-            if self.parent_based and parent[2] & _SAMPLED:
-                return None
-            if not self.parent_based and self.samples(trace_id):
-                return None
-            flags = TraceFlags(parent[2] & _RANDOM)
-        return CarriedSpan(SpanContext(trace_id, _span_id(), False, trace_flags=flags))
+        elif self.samples(int(traceparent[3:35], 16)):
+            return None
+        # The child's traceparent written from the parent's: its trace id as it came (no
+        # integer made of it), a new span id, the random-id flag passed on.
+        trace_hex = traceparent[3:35]
+        return CarriedSpan(b"00-%s-%016x-%02x" % (trace_hex, _span_id(), flags & _RANDOM))
 
     def samples(self, trace_id: int) -> bool:
         """The ratio rule, on the id's low 64 bits as the SDK tests it."""
@@ -107,16 +109,26 @@ class RatioSampling:
 
 class CarriedSpan(NonRecordingSpan):
     """A span the sampler did not take: it records nothing, and its context rides on in the
-    records its work produces, in headers written once however many records carry them."""
+    records its work produces. Made from its traceparent, the header it is carried in; the
+    span context is read from it only when something asks (most ticks never do)."""
 
-    def __init__(self, context: SpanContext) -> None:
-        super().__init__(context)
-        self._headers: Headers | None = None
+    def __init__(self, traceparent: bytes) -> None:
+        self._traceparent = traceparent
+        self._read: SpanContext | None = None
+
+    def get_span_context(self) -> SpanContext:
+        if self._read is None:
+            ids = parse_traceparent(self._traceparent)
+            assert ids is not None  # written canonical by RatioSampling.unsampled
+            trace_id, span_id, flags = ids
+            self._read = SpanContext(trace_id, span_id, False, TraceFlags(flags))
+        return self._read
 
     def headers(self) -> Headers:
-        if self._headers is None:
-            self._headers = trace_headers(self.get_span_context())
-        return self._headers
+        return [("traceparent", self._traceparent)]
+
+    def __repr__(self) -> str:
+        return f"CarriedSpan({self._traceparent.decode()})"
 
 
 def trace_headers(context: SpanContext) -> Headers:
@@ -128,6 +140,18 @@ def trace_headers(context: SpanContext) -> Headers:
     if context.trace_state:
         headers.append(("tracestate", context.trace_state.to_header().encode()))
     return headers
+
+
+def canonical_flags(value: bytes) -> int | None:
+    """The flags of a version-00 W3C traceparent in its one canonical form with valid ids
+    (what ``parse_traceparent`` reads), without reading the ids; None for anything else."""
+    if len(value) != 55 or value[:3] != b"00-" or value[35:36] != b"-" or value[52:53] != b"-":
+        return None
+    if not _HEX.issuperset(value[3:35] + value[36:52] + value[53:55]):
+        return None
+    if value[3:35] == _ZERO_TRACE or value[36:52] == _ZERO_SPAN:
+        return None
+    return int(value[53:55], 16)
 
 
 def parse_traceparent(value: bytes) -> tuple[int, int, int] | None:
