@@ -1,4 +1,4 @@
-"""Spans of the default sampler recorded as plain objects, handed to the span processors as
+"""Spans of the standard samplers recorded as plain objects, handed to the span processors as
 they are.
 
 The SDK's span costs ~12 µs before any export, most of it machinery this process never uses:
