@@ -144,14 +144,16 @@ def test_a_member_whose_old_client_hangs_on_close_goes_on_without_it(
 
 
 def test_a_spare_worker_idle_beside_busy_ones_is_not_taken_for_stuck(
-    settings: Settings, audit: psycopg.Connection[Any], spawn: Any
+    settings: Settings, audit: psycopg.Connection[Any], spawn: Any, caplog: Any
 ) -> None:
     """Four workers for three step partitions (of each tier's steps topic: the group's
     assignor gives partition i of the three topics to one member): one holds nothing. While
     the others hold tasks that wait (their records past the committed offsets) for several
     quiet times, no worker joins again: the records are read by the members that hold
     them."""
-    watched = replace(settings, group_stall_s=1.0)
+    # Quiet times of 2.5 s, so a look's verdict is confirmed 2.5 s later (5 s by default, with
+    # 30 s quiet times): at 1 s, CI's load once let a passing state be confirmed.
+    watched = replace(settings, group_stall_s=2.5)
     gate = threading.Event()
     registry = StepRegistry()
 
@@ -189,9 +191,14 @@ def test_a_spare_worker_idle_beside_busy_ones_is_not_taken_for_stuck(
             start_runs(settings, "gated-spare", run_ids[rank :: len(TIERS)], tier=tier)
         # Several quiet times with tasks waiting: every worker looks at the group at least
         # twice meanwhile.
-        deadline = time.monotonic() + 4.0
-        wait_for(lambda: time.monotonic() > deadline, 10, "four quiet seconds", 0.2)
-        assert [w.worker.stats.rejoins for w in workers] == [0, 0, 0, 0]
+        deadline = time.monotonic() + 8.0
+        wait_for(lambda: time.monotonic() > deadline, 15, "eight quiet seconds", 0.2)
+        reasons = [
+            (getattr(r, "instance", ""), getattr(r, "reason", ""), getattr(r, "waiting", ""))
+            for r in caplog.records
+            if r.getMessage() == "joining the group again"
+        ]
+        assert [w.worker.stats.rejoins for w in workers] == [0, 0, 0, 0], reasons
         gate.set()
         wait_for(lambda: count_terminal(audit, run_ids) == len(run_ids), 60, "every run to end")
     finally:
