@@ -25,11 +25,20 @@ from collections.abc import Mapping, Sequence
 
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
+from opentelemetry.trace import SpanKind
 
 from processor.core.backoff import retry_delay_s
 
 log = logging.getLogger("ductor.telemetry")
 
+# OTLP's numbers for the span kinds, in either encoding.
+SPAN_KINDS = {
+    SpanKind.INTERNAL: 1,
+    SpanKind.SERVER: 2,
+    SpanKind.CLIENT: 3,
+    SpanKind.PRODUCER: 4,
+    SpanKind.CONSUMER: 5,
+}
 _TRANSIENT = frozenset({429, 502, 503, 504})
 _FIRST_RETRY_S = 1.0
 _MAX_RETRY_S = 32.0

@@ -17,17 +17,10 @@ from typing import Any
 
 import orjson
 from opentelemetry.sdk.trace import ReadableSpan
-from opentelemetry.trace import SpanKind, StatusCode
+from opentelemetry.trace import StatusCode
 
-from processor.io.otlp_http import OtlpHttpSpanExporter
+from processor.io.otlp_http import SPAN_KINDS, OtlpHttpSpanExporter
 
-_KINDS = {
-    SpanKind.INTERNAL: 1,
-    SpanKind.SERVER: 2,
-    SpanKind.CLIENT: 3,
-    SpanKind.PRODUCER: 4,
-    SpanKind.CONSUMER: 5,
-}
 _STATUS = {StatusCode.UNSET: 0, StatusCode.OK: 1, StatusCode.ERROR: 2}
 
 
@@ -75,7 +68,7 @@ def _span(span: ReadableSpan) -> dict[str, Any]:
         "traceId": f"{context.trace_id:032x}",
         "spanId": f"{context.span_id:016x}",
         "name": span.name,
-        "kind": _KINDS.get(span.kind, 0),
+        "kind": SPAN_KINDS.get(span.kind, 0),
         "startTimeUnixNano": str(span.start_time or 0),
         "endTimeUnixNano": str(span.end_time or 0),
         "flags": _flags(span.parent is not None and span.parent.is_remote),

@@ -18,19 +18,12 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from opentelemetry.sdk.trace import ReadableSpan
-from opentelemetry.trace import SpanContext, SpanKind
+from opentelemetry.trace import SpanContext
 
-from processor.io.otlp_http import OtlpHttpSpanExporter
+from processor.io.otlp_http import SPAN_KINDS, OtlpHttpSpanExporter
 
 log = logging.getLogger("ductor.telemetry")
 
-_KINDS = {
-    SpanKind.INTERNAL: 1,
-    SpanKind.SERVER: 2,
-    SpanKind.CLIENT: 3,
-    SpanKind.PRODUCER: 4,
-    SpanKind.CONSUMER: 5,
-}
 _FIXED64 = struct.Struct("<Q").pack
 _FIXED32 = struct.Struct("<I").pack
 _DOUBLE = struct.Struct("<d").pack
@@ -109,7 +102,7 @@ def _span(span: ReadableSpan) -> bytes:
         parts += (b"\x22\x08", parent.span_id.to_bytes(8, "big"))
     if span.name:
         parts.append(_delimited(b"\x2a", span.name.encode()))
-    parts += (b"\x30", _varint(_KINDS[span.kind]))
+    parts += (b"\x30", _varint(SPAN_KINDS[span.kind]))
     if span.start_time:
         parts += (b"\x39", _FIXED64(span.start_time))
     if span.end_time:

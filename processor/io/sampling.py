@@ -157,15 +157,10 @@ def canonical_flags(value: bytes) -> int | None:
 def parse_traceparent(value: bytes) -> tuple[int, int, int] | None:
     """(trace id, span id, flags) of a version-00 W3C traceparent in its one canonical form;
     None for anything else (the SDK's propagator then has the last word)."""
-    if len(value) != 55 or value[:3] != b"00-" or value[35:36] != b"-" or value[52:53] != b"-":
+    flags = canonical_flags(value)
+    if flags is None:
         return None
-    trace_hex, span_hex, flags_hex = value[3:35], value[36:52], value[53:55]
-    if not _HEX.issuperset(trace_hex + span_hex + flags_hex):
-        return None
-    trace_id, span_id = int(trace_hex, 16), int(span_hex, 16)
-    if trace_id == INVALID_TRACE_ID or span_id == INVALID_SPAN_ID:
-        return None
-    return trace_id, span_id, int(flags_hex, 16)
+    return int(value[3:35], 16), int(value[36:52], 16), flags
 
 
 def _span_id() -> int:
