@@ -72,6 +72,25 @@ class Send:
     headers: tuple[tuple[str, bytes], ...] = ()
     attributes: Attributes = ()  # for the record's PRODUCER span
 
+    # Written out (as for Commit, Plan and BatchItem): the compiled build compiles it, where
+    # the dataclass decorator's own is interpreted Python, ~20 x dearer, and each tick builds
+    # several. tests/unit/test_dataclass_inits.py holds each to its fields.
+    def __init__(
+        self,
+        topic: str,
+        key: bytes | None,
+        value: bytes | None,
+        by_run: str | None = None,
+        headers: tuple[tuple[str, bytes], ...] = (),
+        attributes: Attributes = (),
+    ) -> None:
+        object.__setattr__(self, "topic", topic)
+        object.__setattr__(self, "key", key)
+        object.__setattr__(self, "value", value)
+        object.__setattr__(self, "by_run", by_run)
+        object.__setattr__(self, "headers", headers)
+        object.__setattr__(self, "attributes", attributes)
+
 
 @dataclass(frozen=True, slots=True)
 class Commit:
@@ -97,6 +116,30 @@ class Commit:
     mapped: tuple[tuple[str, int, tuple[tuple[str, int], ...]], ...] = ()
     # What the commit writes of the run's limits (core/limits.py); None: nothing.
     limits: RunLimits | None = None
+
+    def __init__(
+        self,
+        run_id: str,
+        expected_version: int,
+        state: RunState,
+        effects: tuple[Send, ...] = (),
+        output: OutputRefs | None = None,
+        signalled: tuple[tuple[str, int, str], ...] = (),
+        children: tuple[ChildStart, ...] = (),
+        cancel_children: tuple[str, ...] = (),
+        mapped: tuple[tuple[str, int, tuple[tuple[str, int], ...]], ...] = (),
+        limits: RunLimits | None = None,
+    ) -> None:
+        object.__setattr__(self, "run_id", run_id)
+        object.__setattr__(self, "expected_version", expected_version)
+        object.__setattr__(self, "state", state)
+        object.__setattr__(self, "effects", effects)
+        object.__setattr__(self, "output", output)
+        object.__setattr__(self, "signalled", signalled)
+        object.__setattr__(self, "children", children)
+        object.__setattr__(self, "cancel_children", cancel_children)
+        object.__setattr__(self, "mapped", mapped)
+        object.__setattr__(self, "limits", limits)
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,6 +179,38 @@ class Plan:
     # stop re-waking it. Written before the plan is carried out, like ``force_fail``.
     quarantine: bool = False
 
+    def __init__(
+        self,
+        run_id: str,
+        outcome: Outcome,
+        attempt: Outcome | None = None,
+        sends: tuple[Send, ...] = (),
+        outboxed_seq: int | None = None,
+        retry_in_ms: int | None = None,
+        attempts: int = 0,
+        expected_version: int | None = None,
+        requeue_count: int | None = None,
+        rung_ms: int | None = None,
+        reason: ForceFailReason | DeadLetterReason | None = None,
+        detail: str = "",
+        force_fail: ForceFailWrite | None = None,
+        quarantine: bool = False,
+    ) -> None:
+        object.__setattr__(self, "run_id", run_id)
+        object.__setattr__(self, "outcome", outcome)
+        object.__setattr__(self, "attempt", attempt)
+        object.__setattr__(self, "sends", sends)
+        object.__setattr__(self, "outboxed_seq", outboxed_seq)
+        object.__setattr__(self, "retry_in_ms", retry_in_ms)
+        object.__setattr__(self, "attempts", attempts)
+        object.__setattr__(self, "expected_version", expected_version)
+        object.__setattr__(self, "requeue_count", requeue_count)
+        object.__setattr__(self, "rung_ms", rung_ms)
+        object.__setattr__(self, "reason", reason)
+        object.__setattr__(self, "detail", detail)
+        object.__setattr__(self, "force_fail", force_fail)
+        object.__setattr__(self, "quarantine", quarantine)
+
     @property
     def settles(self) -> bool:
         return self.retry_in_ms is None
@@ -150,6 +225,20 @@ class BatchItem:
     records: tuple[Inbound, ...]
     locked: int = 0  # commits in a row that found its row held by another transaction
     prior_version: int | None = None  # the version its previous attempt loaded
+
+    def __init__(
+        self,
+        run_id: str,
+        attempts: int,
+        records: tuple[Inbound, ...],
+        locked: int = 0,
+        prior_version: int | None = None,
+    ) -> None:
+        object.__setattr__(self, "run_id", run_id)
+        object.__setattr__(self, "attempts", attempts)
+        object.__setattr__(self, "records", records)
+        object.__setattr__(self, "locked", locked)
+        object.__setattr__(self, "prior_version", prior_version)
 
     def lineage(self) -> Wakeup:
         """The envelope whose requeue history this work continues: the most requeued one."""

@@ -44,6 +44,11 @@ CLOCK_TOLERANCE_MS = 60_000  # producers' clocks may be this far ahead of ours
 class Accepted:
     record: Inbound
 
+    # Written out: compiled in the compiled build (the decorator's is interpreted Python),
+    # and one is built per record admitted.
+    def __init__(self, record: Inbound) -> None:
+        object.__setattr__(self, "record", record)
+
 
 @dataclass(frozen=True, slots=True)
 class NotDue:

@@ -103,6 +103,21 @@ class RunState:
     seq: int = 0
     reason: str | None = None
 
+    # Written out (as below for StepResult and LoadedRun): the compiled build compiles it,
+    # where the dataclass decorator's own is interpreted Python, ~20 x dearer; one of each is
+    # built per loaded run. tests/unit/test_dataclass_inits.py holds each to its fields.
+    def __init__(
+        self,
+        status: RunStatus,
+        nodes: tuple[tuple[str, NodeState], ...],
+        seq: int = 0,
+        reason: str | None = None,
+    ) -> None:
+        object.__setattr__(self, "status", status)
+        object.__setattr__(self, "nodes", nodes)
+        object.__setattr__(self, "seq", seq)
+        object.__setattr__(self, "reason", reason)
+
     def node(self, name: str) -> NodeState:
         for n, s in self.nodes:
             if n == name:
@@ -185,6 +200,22 @@ class StepResult:
     # step that maps over it.
     length: int | None = None
 
+    def __init__(
+        self,
+        node: str,
+        attempt: int,
+        outcome: StepOutcome,
+        error: str | None = None,
+        retryable: bool = True,
+        length: int | None = None,
+    ) -> None:
+        object.__setattr__(self, "node", node)
+        object.__setattr__(self, "attempt", attempt)
+        object.__setattr__(self, "outcome", outcome)
+        object.__setattr__(self, "error", error)
+        object.__setattr__(self, "retryable", retryable)
+        object.__setattr__(self, "length", length)
+
 
 class ParentLink(NamedTuple):
     """A child run's parent (core/children.py): the run, and the step and attempt whose
@@ -231,9 +262,38 @@ class LoadedRun:
     # Computed once here (it hashes the state), not at every use.
     checksum_ok: bool = field(init=False)
 
-    def __post_init__(self, verified: bool | None) -> None:
+    def __init__(
+        self,
+        run_id: str,
+        wf: WorkflowDef,
+        state: RunState,
+        version: int,
+        tier: str,
+        results: tuple[StepResult, ...] = (),
+        signals: frozenset[SignalKind] = frozenset(),
+        stored_checksum: str = "",
+        input: RunInput | None = None,
+        not_before_ms: int | None = None,
+        named: tuple[tuple[str, str], ...] = (),
+        parent: ParentLink | None = None,
+        input_length: int | None = None,
+        verified: bool | None = None,
+    ) -> None:
+        object.__setattr__(self, "run_id", run_id)
+        object.__setattr__(self, "wf", wf)
+        object.__setattr__(self, "state", state)
+        object.__setattr__(self, "version", version)
+        object.__setattr__(self, "tier", tier)
+        object.__setattr__(self, "results", results)
+        object.__setattr__(self, "signals", signals)
+        object.__setattr__(self, "stored_checksum", stored_checksum)
+        object.__setattr__(self, "input", input)
+        object.__setattr__(self, "not_before_ms", not_before_ms)
+        object.__setattr__(self, "named", named)
+        object.__setattr__(self, "parent", parent)
+        object.__setattr__(self, "input_length", input_length)
         if verified is None:
-            verified = self.stored_checksum == state_checksum(self.state)
+            verified = stored_checksum == state_checksum(state)
         object.__setattr__(self, "checksum_ok", verified)
 
     @property
