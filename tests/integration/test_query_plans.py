@@ -17,10 +17,10 @@ import pytest
 
 from processor.core.decide import Commit
 from processor.core.model import StepOutcome, initial_state
-from processor.core.step_task import StepTask
+from processor.core.step_task import StepData, StepTask
 from processor.io import connections, step_attempts, step_data, store
 from processor.io.config import Settings
-from processor.io.runs_admin import insert_runs
+from processor.io.runs_admin import insert_runs, register_workflow
 
 from .conftest import sample_workflow
 
@@ -157,3 +157,44 @@ def test_the_workers_statements_reach_their_rows_by_key(
     with connections.connect_durable(base_settings.pg_dsn) as worker:  # as the worker's own
         for sql, args in statements:
             _assert_by_key(worker, sql, args)
+
+
+@pytest.mark.parametrize("carried", [True, False])
+def test_a_claim_reads_the_data_only_of_tasks_that_do_not_carry_it(
+    pg: psycopg.Connection[Any], base_settings: Settings, carried: bool
+) -> None:
+    """Tasks the coordinator sent with their data: the claim takes them without reading any
+    (pulled up into a join, the data of every task was read, then dropped by the join's
+    filter). Tasks without: it reads theirs (the same plan, so this test can fail)."""
+    wf = sample_workflow()
+    tag = uuid.uuid4().hex[:6]
+    run_ids = [f"plan-data-{tag}-{i}" for i in range(20)]
+    register_workflow(pg, wf)
+    insert_runs(pg, wf, [(r, {}) for r in run_ids], "t1")
+    pg.execute(
+        "UPDATE eec_workflow_run SET status = 'running', node_states = jsonb_set(node_states,"
+        """ '{fetch}', '{"status": "dispatched", "attempt": 1}') WHERE run_id = ANY(%s)""",
+        (run_ids,),
+    )
+    data = StepData({}, {}) if carried else None
+    tasks = [StepTask(r, "fetch", 1, "fast", 2**62, data=data) for r in run_ids]
+    claim = step_attempts.claim_params(
+        tasks, f"me-{tag}", max_starts=2, may_judge=True, gone_after_s=10.0, seqs=range(1, 21)
+    )
+    # EXPLAIN ANALYZE runs the claim: rolled back after.
+    with connections.connect_durable(base_settings.pg_dsn) as worker, worker.transaction():
+        row = worker.execute(
+            b"EXPLAIN (ANALYZE, FORMAT JSON) " + step_attempts._CLAIM_SQL.encode(), claim
+        ).fetchone()
+        taken = worker.execute(
+            "SELECT count(*) FROM eec_step_attempt WHERE worker_id = %s", (f"me-{tag}",)
+        ).fetchone()
+        raise psycopg.Rollback()
+    assert row is not None and taken == (20,)
+    (top,) = row[0] if isinstance(row[0], list) else orjson.loads(row[0])
+    nodes = [n for plan in [top["Plan"], *top.get("InitPlan", [])] for n in _plan_nodes(plan)]
+    # Tasks without dependencies are read by their definition: one lookup per task read.
+    definition_reads = sum(
+        n["Actual Loops"] for n in nodes if n.get("Relation Name") == "eec_workflow_definition"
+    )
+    assert definition_reads == (0 if carried else 20)
