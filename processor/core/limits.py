@@ -32,7 +32,7 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import NamedTuple
 
-from processor.core.model import LoadedRun, NodeState, NodeStatus, RunState
+from processor.core.model import LoadedRun, NodeStatus, RunState, node_state
 from processor.core.tick import Decision, Dispatch
 from processor.core.workflow import StepDef
 
@@ -218,7 +218,7 @@ def admit(
             if not step.limited:
                 continue
             needs = needs_of(step, values)
-            waiter = old.get(dispatch.node, NodeState()).status is _LIMIT_WAIT
+            waiter = old.get(dispatch.node, node_state()).status is _LIMIT_WAIT
             found = [
                 s for n in needs if (s := counters.since(n, run.run_id, dispatch.node)) is not None
             ]
@@ -308,12 +308,12 @@ def _undo(
     nodes = decision.new_state.node_map()
     timers = list(decision.timers)
     for name, rate_due in refused.items():
-        before = old.get(name, NodeState())
+        before = old.get(name, node_state())
         if before.status is _LIMIT_WAIT and before.due_ms is not None and before.due_ms > now_ms:
             nodes[name] = before  # still waiting, and it will look again by itself
             continue
         due = rate_due if rate_due is not None else now_ms + BACKSTOP_MS
-        nodes[name] = NodeState(
+        nodes[name] = node_state(
             _LIMIT_WAIT, before.attempt, due, before.error, before.attempts_before
         )
         if rate_due is not None:

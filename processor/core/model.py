@@ -85,13 +85,26 @@ class NodeState(NamedTuple):
     def from_json(raw: Mapping[str, Any]) -> NodeState:
         due = raw.get("due_ms")
         # A dict lookup, not NodeStatus(...): this runs for every node of every loaded run.
-        return NodeState(
+        return node_state(
             _NODE_STATUSES[raw["status"]],
             int(raw["attempt"]),
             None if due is None else int(due),
             raw.get("error"),
             int(raw.get("attempts_before", 0)),
         )
+
+
+def node_state(
+    status: NodeStatus = NodeStatus.PENDING,
+    attempt: int = 0,
+    due_ms: int | None = None,
+    error: str | None = None,
+    attempts_before: int = 0,
+) -> NodeState:
+    """``NodeState(...)``, made as ``tuple.__new__`` makes it: a NamedTuple's own constructor
+    is Python code, also in the compiled build (there 330 ns against 140), and the tick makes
+    several per run."""
+    return tuple.__new__(NodeState, (status, attempt, due_ms, error, attempts_before))
 
 
 @dataclass(frozen=True)
@@ -142,7 +155,7 @@ class RunState:
 
 
 def initial_state(wf: WorkflowDef) -> RunState:
-    return RunState(status=RunStatus.PENDING, nodes=tuple((s.name, NodeState()) for s in wf.steps))
+    return RunState(status=RunStatus.PENDING, nodes=tuple((s.name, node_state()) for s in wf.steps))
 
 
 def state_checksum(state: RunState) -> str:
@@ -169,7 +182,7 @@ def state_from_row(
     nodes = []
     for step in wf.steps:
         raw = node_states.get(step.name)
-        nodes.append((step.name, NodeState() if raw is None else NodeState.from_json(raw)))
+        nodes.append((step.name, node_state() if raw is None else NodeState.from_json(raw)))
         if step.maps:
             index = 0
             while (item := node_states.get(item_node(step.name, index))) is not None:

@@ -59,6 +59,7 @@ from processor.core.model import (
     SignalKind,
     StepOutcome,
     StepResult,
+    node_state,
 )
 from processor.core.workflow import StepDef, WorkflowDef, item_node
 
@@ -207,7 +208,9 @@ def _tasks_only(
         if retry_due or first_run or node.status is _LIMIT_WAIT:
             attempt = node.attempt + 1
             deadline = now_ms + step.timeout_ms
-            nodes[step.name] = NodeState(_DISPATCHED, attempt, deadline, None, node.attempts_before)
+            nodes[step.name] = node_state(
+                _DISPATCHED, attempt, deadline, None, node.attempts_before
+            )
             dispatches.append(Dispatch(step.name, attempt, step.step_type, deadline))
     if all(s.status is _SUCCEEDED for s in nodes.values()):
         return _end(state, nodes, RunStatus.SUCCEEDED, None)
@@ -280,7 +283,9 @@ def _end_maps(
             continue
         items = _items(nodes, step.name)
         if all(nodes[i].status is _SUCCEEDED for i in items):
-            nodes[step.name] = NodeState(_SUCCEEDED, node.attempt, None, None, node.attempts_before)
+            nodes[step.name] = node_state(
+                _SUCCEEDED, node.attempt, None, None, node.attempts_before
+            )
             ended.append((step.name, node.attempt, tuple((i, nodes[i].attempt) for i in items)))
     return ended
 
@@ -326,7 +331,7 @@ def resume_failed(state: RunState) -> RunState:
             name,
             node
             if node.status is _SUCCEEDED
-            else NodeState(_PENDING, node.attempt, None, None, node.attempt),
+            else node_state(_PENDING, node.attempt, None, None, node.attempt),
         )
         for name, node in state.nodes
     )
@@ -342,13 +347,13 @@ def _finish_attempt(
     retryable: bool = True,
 ) -> NodeState:
     if ok:
-        return NodeState(_SUCCEEDED, node.attempt, None, None, node.attempts_before)
+        return node_state(_SUCCEEDED, node.attempt, None, None, node.attempts_before)
     # The policy counts the attempts since the run was last resumed (none before: attempt).
     tried = node.attempt - node.attempts_before
     if retryable and tried < step.retry.max_attempts:
         due = now_ms + step.retry.delay_after(tried)
-        return NodeState(_RETRY_WAIT, node.attempt, due, error, node.attempts_before)
-    return NodeState(_FAILED, node.attempt, None, error, node.attempts_before)
+        return node_state(_RETRY_WAIT, node.attempt, due, error, node.attempts_before)
+    return node_state(_FAILED, node.attempt, None, error, node.attempts_before)
 
 
 def _dispatch_ready(
@@ -375,7 +380,9 @@ def _dispatch_ready(
         if retry_due or first_run or node.status is _LIMIT_WAIT:
             attempt = node.attempt + 1
             deadline = now_ms + step.timeout_ms
-            nodes[step.name] = NodeState(_DISPATCHED, attempt, deadline, None, node.attempts_before)
+            nodes[step.name] = node_state(
+                _DISPATCHED, attempt, deadline, None, node.attempts_before
+            )
             if step.runs_on_a_worker:
                 dispatches.append(Dispatch(step.name, attempt, step.step_type, deadline))
             else:
@@ -389,11 +396,11 @@ def _expand(nodes: dict[str, NodeState], step: StepDef, sources: _Sources) -> in
     node = nodes[step.name]
     count = sources.items(step, nodes)
     if isinstance(count, str):
-        nodes[step.name] = NodeState(_FAILED, node.attempt + 1, None, count, node.attempts_before)
+        nodes[step.name] = node_state(_FAILED, node.attempt + 1, None, count, node.attempts_before)
         return 0
-    nodes[step.name] = NodeState(_DISPATCHED, node.attempt + 1, None, None, node.attempts_before)
+    nodes[step.name] = node_state(_DISPATCHED, node.attempt + 1, None, None, node.attempts_before)
     for index in range(count):
-        nodes.setdefault(item_node(step.name, index), NodeState())
+        nodes.setdefault(item_node(step.name, index), node_state())
     return 1
 
 
@@ -415,7 +422,7 @@ def _dispatch_items(nodes: dict[str, NodeState], step: StepDef, now_ms: int) -> 
         in_flight += fresh
         attempt = node.attempt + 1
         deadline = now_ms + step.timeout_ms
-        nodes[item] = NodeState(_DISPATCHED, attempt, deadline, None, node.attempts_before)
+        nodes[item] = node_state(_DISPATCHED, attempt, deadline, None, node.attempts_before)
         dispatches.append(Dispatch(item, attempt, step.step_type, deadline))
     return dispatches
 
@@ -435,7 +442,9 @@ def _signal_waits(
             continue
         first = next((sid for name, sid in named if name == step.signal), None)
         if first is not None:
-            nodes[step.name] = NodeState(_SUCCEEDED, node.attempt, None, None, node.attempts_before)
+            nodes[step.name] = node_state(
+                _SUCCEEDED, node.attempt, None, None, node.attempts_before
+            )
             ended.append((step.name, node.attempt, first))
     return ended
 
@@ -451,7 +460,7 @@ def _end(
     ended = tuple(
         (
             n,
-            NodeState(_CANCELLED, s.attempt, None, s.error, s.attempts_before)
+            node_state(_CANCELLED, s.attempt, None, s.error, s.attempts_before)
             if s.status in _IN_FLIGHT
             else s,
         )

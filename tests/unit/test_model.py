@@ -17,6 +17,7 @@ from processor.core.model import (
     RunState,
     RunStatus,
     initial_state,
+    node_state,
     row_checksum,
     state_checksum,
     state_from_row,
@@ -308,4 +309,21 @@ def test_the_checksum_of_a_row_as_stored_is_the_checksum_of_its_state(run: Run) 
     stored[name] = {**stored[name], "note": "added by hand"}
     assert row_checksum(state.status.value, stored, state.seq, state.reason) != state_checksum(
         state
+    )
+
+
+def test_node_state_makes_what_the_named_tuple_makes() -> None:
+    made = node_state(NodeStatus.RETRY_WAIT, 3, 1_000, "boom", 2)
+    assert type(made) is NodeState
+    assert made == NodeState(NodeStatus.RETRY_WAIT, 3, 1_000, "boom", 2)
+    assert (made.status, made.attempt, made.due_ms, made.error, made.attempts_before) == (
+        NodeStatus.RETRY_WAIT,
+        3,
+        1_000,
+        "boom",
+        2,
+    )
+    assert node_state() == NodeState() and type(node_state()) is NodeState
+    assert node_state(NodeStatus.DISPATCHED, 1)._replace(attempt=2) == NodeState(
+        NodeStatus.DISPATCHED, 2
     )
