@@ -130,7 +130,8 @@ class StepTask:
 
     @property
     def key(self) -> AttemptKey:
-        return AttemptKey(self.run_id, self.node, self.attempt)
+        # tuple.__new__: a NamedTuple's own constructor is Python code, also compiled.
+        return tuple.__new__(AttemptKey, (self.run_id, self.node, self.attempt))
 
     def encode(self) -> bytes:
         return encode_task(
@@ -279,4 +280,4 @@ def _data(raw: Any) -> StepData | None:
         raise ValidationError("step task: data must be an object with input and deps")
     if not isinstance(raw["deps"], dict):
         raise ValidationError("step task: data.deps must be an object of step outputs")
-    return StepData(raw["input"], MappingProxyType(raw["deps"]))
+    return tuple.__new__(StepData, (raw["input"], MappingProxyType(raw["deps"])))

@@ -96,7 +96,8 @@ def data_of(task: StepTask, found: tuple[Any, Any] | None) -> StepData | Missing
         return MissingData(
             "no recorded output for " + ", ".join(f"{d!r} attempt {attempts[d]}" for d in missing)
         )
-    return StepData(run_input, MappingProxyType(outputs))
+    # tuple.__new__: a NamedTuple's own constructor is Python code, also compiled.
+    return tuple.__new__(StepData, (run_input, MappingProxyType(outputs)))
 
 
 class StepResultRow(NamedTuple):
