@@ -131,34 +131,25 @@ def test_commits_a_restarted_database_lost_are_ticked_again_at_once(
         su.execute("ALTER SYSTEM SET wal_writer_delay = '10s'")
         su.execute("SELECT pg_reload_conf()")
     try:
-        run_ids = [f"restart-lost-{uuid.uuid4().hex[:6]}-{i}" for i in range(60)]
-        processor = spawn(["process"], settings, "process")
-        worker = spawn(["worker", "--app", APP, "--concurrency", "64"], settings, "worker")
-        start_runs(settings, "restart-lost-commit", run_ids, {"sleep_ms": 2000})
-        # Every step started (its task reached the worker) and takes 2 s more.
-        wait_for(
-            lambda: len(counted_steps.executions(pg)) == len(run_ids), 60, "every step to start"
-        )
-        # The processor waits while the steps end and their results are recorded (durably: the
-        # worker's commits are), and the worker leaves: no commit of its flushes the WAL.
-        os.kill(processor.proc.pid, signal.SIGSTOP)
-        try:
-            wait_for(lambda: _recorded(pg, run_ids) == len(run_ids), 60, "every result recorded")
-            assert worker.terminate() == 0
-        finally:
-            os.kill(processor.proc.pid, signal.SIGCONT)
-        wait_for(lambda: count_terminal(pg, run_ids) == len(run_ids), 60, "the runs to end")
-        local_infra.restart_postgres(StopMode.IMMEDIATE)
+        # Whether the restart loses the last commit is a matter of timing: the WAL writer also
+        # writes when its 10 s come round, which can fall between the commit and the restart
+        # (met once in CI). The scenario is played again then, with new runs, until it loses.
+        for attempt in range(3):
+            processor, prefix, run_ids, lost = _end_runs_then_restart(
+                settings, spawn, local_infra, attempt
+            )
+            if lost:
+                break
+            assert processor.terminate() == 0
+        assert lost > 0, "the restart lost no commit in 3 tries: this test forced nothing"
         with psycopg.connect(settings.pg_dsn, autocommit=True) as after:
-            lost = len(run_ids) - count_terminal(after, run_ids)
-            assert lost > 0, "the restart lost no commit: this test forced nothing"
             wait_for(
                 lambda: processor.running() and count_terminal(after, run_ids) == len(run_ids),
                 30,
                 f"the {lost} runs whose ending commit was lost to end again",
             )
             assert set(run_statuses(after, run_ids).values()) == {"succeeded"}
-            assert counted_steps.executions(after) == {(r, "only", 1): 1 for r in run_ids}
+            assert counted_steps.executions(after, prefix) == {(r, "only", 1): 1 for r in run_ids}
         woke = [
             line for line in processor.log_lines() if "runs" in line and "restarted" in line["msg"]
         ]
@@ -168,6 +159,42 @@ def test_commits_a_restarted_database_lost_are_ticked_again_at_once(
         with local_infra.postgres.as_superuser() as su:
             su.execute("ALTER SYSTEM RESET wal_writer_delay")
             su.execute("SELECT pg_reload_conf()")
+
+
+def _end_runs_then_restart(
+    settings: Settings, spawn: Any, local_infra: LocalInfra, n: int
+) -> tuple[Any, str, list[str], int]:
+    """60 runs ended by one batch commit, then Postgres restarted in immediate mode: the
+    processor, the runs' prefix and ids, and how many runs the restart took back. (A
+    connection of its own: an earlier try's restart closed the test's.)"""
+    with psycopg.connect(settings.pg_dsn, autocommit=True) as pg:
+        return _end_then_restart(settings, pg, spawn, local_infra, n)
+
+
+def _end_then_restart(
+    settings: Settings, pg: psycopg.Connection[Any], spawn: Any, local_infra: LocalInfra, n: int
+) -> tuple[Any, str, list[str], int]:
+    prefix = f"restart-lost-{uuid.uuid4().hex[:6]}-"
+    run_ids = [f"{prefix}{i}" for i in range(60)]
+    processor = spawn(["process"], settings, f"process-{n}")
+    worker = spawn(["worker", "--app", APP, "--concurrency", "64"], settings, f"worker-{n}")
+    start_runs(settings, "restart-lost-commit", run_ids, {"sleep_ms": 2000})
+    # Every step started (its task reached the worker) and takes 2 s more.
+    wait_for(
+        lambda: len(counted_steps.executions(pg, prefix)) == len(run_ids), 60, "every step to start"
+    )
+    # The processor waits while the steps end and their results are recorded (durably: the
+    # worker's commits are), and the worker leaves: no commit of its flushes the WAL.
+    os.kill(processor.proc.pid, signal.SIGSTOP)
+    try:
+        wait_for(lambda: _recorded(pg, run_ids) == len(run_ids), 60, "every result recorded")
+        assert worker.terminate() == 0
+    finally:
+        os.kill(processor.proc.pid, signal.SIGCONT)
+    wait_for(lambda: count_terminal(pg, run_ids) == len(run_ids), 60, "the runs to end")
+    local_infra.restart_postgres(StopMode.IMMEDIATE)
+    with psycopg.connect(settings.pg_dsn, autocommit=True) as after:
+        return processor, prefix, run_ids, len(run_ids) - count_terminal(after, run_ids)
 
 
 def _recorded(pg: psycopg.Connection[Any], run_ids: list[str]) -> int:
