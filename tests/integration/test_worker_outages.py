@@ -167,31 +167,27 @@ def _end_runs_then_restart(
     """60 runs ended by one batch commit, then Postgres restarted in immediate mode: the
     processor, the runs' prefix and ids, and how many runs the restart took back. (A
     connection of its own: an earlier try's restart closed the test's.)"""
-    with psycopg.connect(settings.pg_dsn, autocommit=True) as pg:
-        return _end_then_restart(settings, pg, spawn, local_infra, n)
-
-
-def _end_then_restart(
-    settings: Settings, pg: psycopg.Connection[Any], spawn: Any, local_infra: LocalInfra, n: int
-) -> tuple[Any, str, list[str], int]:
     prefix = f"restart-lost-{uuid.uuid4().hex[:6]}-"
     run_ids = [f"{prefix}{i}" for i in range(60)]
-    processor = spawn(["process"], settings, f"process-{n}")
-    worker = spawn(["worker", "--app", APP, "--concurrency", "64"], settings, f"worker-{n}")
-    start_runs(settings, "restart-lost-commit", run_ids, {"sleep_ms": 2000})
-    # Every step started (its task reached the worker) and takes 2 s more.
-    wait_for(
-        lambda: len(counted_steps.executions(pg, prefix)) == len(run_ids), 60, "every step to start"
-    )
-    # The processor waits while the steps end and their results are recorded (durably: the
-    # worker's commits are), and the worker leaves: no commit of its flushes the WAL.
-    os.kill(processor.proc.pid, signal.SIGSTOP)
-    try:
-        wait_for(lambda: _recorded(pg, run_ids) == len(run_ids), 60, "every result recorded")
-        assert worker.terminate() == 0
-    finally:
-        os.kill(processor.proc.pid, signal.SIGCONT)
-    wait_for(lambda: count_terminal(pg, run_ids) == len(run_ids), 60, "the runs to end")
+    with psycopg.connect(settings.pg_dsn, autocommit=True) as pg:
+        processor = spawn(["process"], settings, f"process-{n}")
+        worker = spawn(["worker", "--app", APP, "--concurrency", "64"], settings, f"worker-{n}")
+        start_runs(settings, "restart-lost-commit", run_ids, {"sleep_ms": 2000})
+        # Every step started (its task reached the worker) and takes 2 s more.
+        wait_for(
+            lambda: len(counted_steps.executions(pg, prefix)) == len(run_ids),
+            60,
+            "every step to start",
+        )
+        # The processor waits while the steps end and their results are recorded (durably:
+        # the worker's commits are), and the worker leaves: no commit of its flushes the WAL.
+        os.kill(processor.proc.pid, signal.SIGSTOP)
+        try:
+            wait_for(lambda: _recorded(pg, run_ids) == len(run_ids), 60, "every result recorded")
+            assert worker.terminate() == 0
+        finally:
+            os.kill(processor.proc.pid, signal.SIGCONT)
+        wait_for(lambda: count_terminal(pg, run_ids) == len(run_ids), 60, "the runs to end")
     local_infra.restart_postgres(StopMode.IMMEDIATE)
     with psycopg.connect(settings.pg_dsn, autocommit=True) as after:
         return processor, prefix, run_ids, len(run_ids) - count_terminal(after, run_ids)

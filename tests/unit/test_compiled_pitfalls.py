@@ -7,21 +7,13 @@ processor could not read: the batch stopped)."""
 from __future__ import annotations
 
 import ast
-import runpy
-from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
-
-
-def _compiled_sources() -> list[Path]:
-    compiled = runpy.run_path(str(REPO / "setup.py"), run_name="setup_read")["COMPILED"]
-    assert len(compiled) > 40, compiled  # the core, the engine, the worker's per-task path
-    return [REPO / path for path in compiled]
+from tests.compiled import REPO, compiled_sources
 
 
 def test_no_compiled_function_binds_one_name_to_two_kinds_of_exception() -> None:
     found = []
-    for path in _compiled_sources():
+    for path in compiled_sources():
         for fn in ast.walk(ast.parse(path.read_text())):
             if not isinstance(fn, ast.FunctionDef | ast.AsyncFunctionDef):
                 continue

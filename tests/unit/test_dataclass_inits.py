@@ -9,8 +9,6 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import inspect
-import runpy
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -18,18 +16,12 @@ import pytest
 from processor.core.model import LoadedRun, RunState, RunStatus, StepOutcome, StepResult
 from processor.core.step_task import StepTask
 from processor.core.workflow import StepDef, WorkflowDef
-
-REPO = Path(__file__).resolve().parents[2]
-
-
-def _compiled_module_names() -> list[str]:
-    compiled = runpy.run_path(str(REPO / "setup.py"), run_name="setup_read")["COMPILED"]
-    return [path.removesuffix(".py").replace("/", ".") for path in compiled]
+from tests.compiled import compiled_module_names
 
 
 def _dataclasses() -> list[type]:
     found = []
-    for name in _compiled_module_names():
+    for name in compiled_module_names():
         module = importlib.import_module(name)
         for value in vars(module).values():
             if (
