@@ -18,9 +18,10 @@ It measures, in the same run so that the ratios hold on a noisy shared machine:
   the start wakeups), from the first start wakeup to the last run ended, with 1 processor +
   1 worker and 2 + 2, and the CPU per run of every process;
 - scaling: 1, 2 and 4 instances in one group over the same topics;
-- builds: where the package's hot paths are compiled (docs/performance.md), the instance,
-  latency and end-to-end phases again with every process on the pure-Python modules
-  (DUCTOR_PURE_PYTHON=1), side by side with the compiled figures of the same run.
+- builds: where the package's hot paths are compiled (docs/performance.md), the instance and
+  latency phases again with every process on the pure-Python modules (DUCTOR_PURE_PYTHON=1),
+  and the end-to-end phases in rounds taking turns between the builds (bench_rounds.py),
+  side by side with the compiled figures of the same run.
 
 It prints the figures; it asserts nothing about speed (that would make a flaky test).
 """
@@ -36,7 +37,10 @@ from typing import Any
 
 from processor.io.config import load_settings
 from processor.tools.bench_phases import SCALING_PARTITIONS, Bench, fresh_database
+from processor.tools.bench_rounds import Round, turns
 from processor.tools.bench_support import (
+    COMPILED,
+    PURE,
     PURE_PYTHON_ENV,
     Figures,
     OtlpSink,
@@ -72,6 +76,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         " package's hot paths are compiled)",
     )
     parser.add_argument(
+        "--build-rounds",
+        type=int,
+        default=3,
+        help="end-to-end rounds of each build in the comparison of the builds, taken in turns"
+        " and compared by their medians (default 3)",
+    )
+    parser.add_argument(
         "--cluster",
         action="store_true",
         help="also run the end-to-end and scaling phases on a local three-broker cluster"
@@ -87,6 +98,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.build_rounds < 1:
+        raise SystemExit("ductor bench: --build-rounds must be at least 1")
     bench = Bench(fresh_database(load_settings()), args.scale)
     bench.setup()
     figures = Figures()
@@ -146,7 +159,7 @@ def run(args: argparse.Namespace) -> int:
         runs = bench.n(args.e2e_runs)
         _end_to_end_and_scaling(bench, runs, "", figures.e2e, figures.scaling)
         if args.builds:
-            _pure_python(bench, figures, runs)
+            _pure_python(bench, figures, runs, args.build_rounds)
         if args.cluster:
             try:
                 _on_cluster(bench, figures, runs)
@@ -186,30 +199,43 @@ def _end_to_end_and_scaling(
         scaling.append(bench.scaling(instances))
 
 
-def _pure_python(bench: Bench, figures: Figures, runs: int) -> None:
+def _pure_python(bench: Bench, figures: Figures, runs: int, rounds: int) -> None:
     """The phases that measure the processes' own code again, every spawned process on the
-    pure-Python modules: one instance (ticks/s, CPU per tick), its latency at half its peak,
-    end to end with 1 + 1 and 2 + 2. Skipped, saying so, where the processes run pure Python
-    anyway (an editable install, a pure wheel)."""
+    pure-Python modules: one instance (ticks/s, CPU per tick) and its latency at half its
+    peak; then end to end with 1 + 1 and 2 + 2 in ``rounds`` rounds of each build, taken in
+    turns (one end-to-end phase moves by ±30 % from the next: bench_rounds.py). Skipped,
+    saying so, where the processes run pure Python anyway (an editable install, a pure
+    wheel)."""
     figures.builds.compiled = compiled_modules_of_children(bench.build_env)
     if not figures.builds.compiled:
         print("builds: this install has no compiled module; no pure-Python comparison")
         return
-    bench.build_env = {PURE_PYTHON_ENV: "1"}
+    pure_env = {PURE_PYTHON_ENV: "1"}
+    if compiled_modules_of_children(pure_env):
+        raise RuntimeError(f"{PURE_PYTHON_ENV}=1 still imports compiled modules")
+    pure = figures.builds
+    bench.build_env = pure_env
     try:
-        if compiled_modules_of_children(bench.build_env):
-            raise RuntimeError(f"{PURE_PYTHON_ENV}=1 still imports compiled modules")
-        pure = figures.builds
         print("pure Python: one instance on uncontended runs ...", flush=True)
         bench.phase("pure-instance")
         pure.instance, _ = bench.instance(label="pure-inst")
         print("pure Python: latency at half its peak ...", flush=True)
         bench.phase("pure-latency")
         pure.latency = bench.latency(pure.instance.rate / 2, seconds=10)
+        builds = {COMPILED: {}, PURE: pure_env}
         for processes in (1, 2):
-            print(f"pure Python: end to end, {processes} + {processes} ...", flush=True)
-            bench.phase(f"pure-e2e{processes}")
-            pure.e2e.append(bench.end_to_end(processes, processes, runs))
+            taken = pure.e2e.setdefault(processes, [])
+            for round_, build in turns(rounds, COMPILED, PURE):
+                print(
+                    f"builds: end to end, {processes} + {processes}, round {round_ + 1} of"
+                    f" {rounds}, {build} ...",
+                    flush=True,
+                )
+                bench.build_env = builds[build]
+                bench.phase(f"{build}-e2e{processes}-{round_}")
+                done = bench.end_to_end(processes, processes, runs)
+                cost = done["cost"]
+                taken.append(Round(build, done["runs"], cost.seconds, cost.cpu.seconds))
     finally:
         bench.build_env = {}
 

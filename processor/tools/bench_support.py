@@ -16,6 +16,7 @@ from typing import Any
 
 from processor.io.logs import read_stats
 from processor.tools.bench_cpu import CpuUse
+from processor.tools.bench_rounds import Round, compare
 
 # The process groups of the CPU figures, in the order of the report's columns.
 GROUPS = ("instance", "worker", "broker", "postgres")
@@ -90,6 +91,8 @@ class Cost:
 
 
 PURE_PYTHON_ENV = "DUCTOR_PURE_PYTHON"
+# The builds' labels in the comparison's rounds.
+COMPILED, PURE = "compiled", "pure"
 # Run in a child with the benchmark's environment and a build's: the package's modules that
 # the services' imports load from compiled code.
 _LIST_COMPILED = (
@@ -114,13 +117,14 @@ def compiled_modules_of_children(build_env: dict[str, str]) -> list[str]:
 
 @dataclass
 class BuildFigures:
-    """The phases run again on the pure-Python modules, and what the compiled build compiles
-    (empty: nothing, and no comparison was made)."""
+    """The phases run again on the pure-Python modules, the end-to-end rounds of both builds
+    by processes per kind (1 + 1, 2 + 2), and what the compiled build compiles (empty:
+    nothing, and no comparison was made)."""
 
     compiled: list[str] = field(default_factory=list)
     instance: Cost | None = None
     latency: dict[str, Any] | None = None
-    e2e: list[dict[str, Any]] = field(default_factory=list)
+    e2e: dict[int, list[Round]] = field(default_factory=dict)
 
 
 @dataclass
@@ -269,22 +273,24 @@ def report_builds(f: Figures) -> None:
             pure.latency["p99"],
             higher_is_better=False,
         )
-    for compiled, python in zip(f.e2e, pure.e2e, strict=False):
-        name = f"end to end {compiled['processors']} + {compiled['workers']}"
-        ccost, pcost = compiled["cost"], python["cost"]
-        row(f"{name}: runs/s", compiled["runs"] / ccost.seconds, python["runs"] / pcost.seconds)
+    for processes, rounds in pure.e2e.items():
+        found = compare(rounds, COMPILED, PURE)
+        row(f"end to end {processes} + {processes}: runs/s, median", *found.medians)
         row(
             "  CPU per run of the processors, µs",
-            ccost.per_unit_us("instance", compiled["runs"]) or 0.0,
-            pcost.per_unit_us("instance", python["runs"]) or 0.0,
+            found.this_processors_us,
+            found.other_processors_us,
             higher_is_better=False,
         )
         row(
             "  CPU per run, every process, µs",
-            ccost.total_us(compiled["runs"]),
-            pcost.total_us(python["runs"]),
+            found.this_cpu_us,
+            found.other_cpu_us,
             higher_is_better=False,
         )
+        for build in (COMPILED, PURE):
+            each = [f"{r.runs_per_s:,.0f}" for r in rounds if r.label == build]
+            print(f"    {build}, {len(each)} rounds in turns, runs/s: {' / '.join(each)}")
     print("  ratio: how many times better the compiled build is (for µs and ms: pure / compiled)")
 
 

@@ -20,16 +20,15 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 from pathlib import Path
 
 from processor.io.config import load_settings
 from processor.tools.bench_phases import fresh_database
+from processor.tools.bench_rounds import Round, compare, turns
 
 CHECKOUT = Path(__file__).resolve().parents[2]
 
@@ -51,51 +50,7 @@ print(json.dumps({"seconds": cost.seconds, "cpu": cost.cpu.seconds}))
 """
 
 
-@dataclass(frozen=True)
-class TreeRun:
-    """One end-to-end phase of one tree: its wall time and each group's CPU seconds."""
-
-    tree: str
-    runs: int
-    seconds: float
-    cpu: Mapping[str, float | None]
-
-    @property
-    def runs_per_s(self) -> float:
-        return self.runs / self.seconds
-
-    def cpu_per_run_us(self) -> float:
-        return sum(v for v in self.cpu.values() if v is not None) / self.runs * 1e6
-
-
-@dataclass(frozen=True)
-class Comparison:
-    """The medians of each tree's rounds, and this tree's against the other's."""
-
-    this_median: float  # runs/s
-    other_median: float
-    this_cpu_us: float  # CPU per run over every process, median
-    other_cpu_us: float
-
-    @property
-    def ratio(self) -> float:
-        return self.this_median / self.other_median
-
-
-def compare(results: Sequence[TreeRun], this: str, other: str) -> Comparison:
-    mine = [r for r in results if r.tree == this]
-    theirs = [r for r in results if r.tree == other]
-    if not mine or not theirs:
-        raise ValueError("each tree needs at least one round")
-    return Comparison(
-        statistics.median(r.runs_per_s for r in mine),
-        statistics.median(r.runs_per_s for r in theirs),
-        statistics.median(r.cpu_per_run_us() for r in mine),
-        statistics.median(r.cpu_per_run_us() for r in theirs),
-    )
-
-
-def run_tree(label: str, tree: Path, processes: int, runs: int) -> TreeRun:
+def run_tree(label: str, tree: Path, processes: int, runs: int) -> Round:
     """The end-to-end phase of ``tree``'s benchmark, on a database created empty for it."""
     settings = fresh_database(load_settings())
     # This environment with only the database changed: the other tree reads its settings
@@ -118,7 +73,7 @@ def run_tree(label: str, tree: Path, processes: int, runs: int) -> TreeRun:
             + (done.stderr.strip()[-2000:] or done.stdout.strip()[-2000:])
         )
     figures = json.loads(lines[-1])
-    return TreeRun(label, runs, figures["seconds"], figures["cpu"])
+    return Round(label, runs, figures["seconds"], figures["cpu"])
 
 
 def worktree(revision: str, where: Path) -> Path:
@@ -153,20 +108,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         tree = worktree(args.revision, Path(scratch) / "tree")
         try:
             for processes in args.processes:
-                results: list[TreeRun] = []
-                for round_ in range(args.rounds):
-                    # Each tree goes first every other round: neither always meets the
-                    # state (the page cache, the broker's logs) the other one leaves.
-                    order = [(other, tree), (this, CHECKOUT)]
-                    for label, path in order if round_ % 2 == 0 else order[::-1]:
-                        run = run_tree(label, path, processes, args.runs)
-                        results.append(run)
-                        print(
-                            f"{processes} + {processes}, round {round_ + 1}, {label}:"
-                            f" {run.runs_per_s:,.0f} runs/s,"
-                            f" {run.cpu_per_run_us():,.0f} µs of CPU per run",
-                            flush=True,
-                        )
+                results: list[Round] = []
+                trees = {other: tree, this: CHECKOUT}
+                for round_, label in turns(args.rounds, other, this):
+                    run = run_tree(label, trees[label], processes, args.runs)
+                    results.append(run)
+                    print(
+                        f"{processes} + {processes}, round {round_ + 1}, {label}:"
+                        f" {run.runs_per_s:,.0f} runs/s,"
+                        f" {run.cpu_per_run_us():,.0f} µs of CPU per run",
+                        flush=True,
+                    )
                 found = compare(results, this, other)
                 print(
                     f"{processes} + {processes}: this checkout {found.this_median:,.0f} runs/s"
