@@ -522,7 +522,9 @@ def context_headers(span: Span) -> Headers:
     """The W3C trace-context headers of ``span`` without going through a propagator (for
     spans that record nothing: a trace not sampled still passes its decision on), written
     once per span where the span keeps them. Shared: not to be changed by the caller."""
-    if isinstance(span, CarriedSpan | LightSpan):
+    # By the exact type, not isinstance: compiled (mypyc), LightSpan shares the isinstance
+    # cache of its ABC base, Span, and every span once checked against Span passed for it.
+    if type(span) is LightSpan or type(span) is CarriedSpan:
         return span.headers()
     return trace_headers(span.get_span_context())
 
