@@ -289,8 +289,15 @@ def report_builds(f: Figures) -> None:
             higher_is_better=False,
         )
         for build in (COMPILED, PURE):
-            each = [f"{r.runs_per_s:,.0f}" for r in rounds if r.label == build]
-            print(f"    {build}, {len(each)} rounds in turns, runs/s: {' / '.join(each)}")
+            each = [
+                f"{r.runs_per_s:,.0f} ({r.cpu_per_run_us():,.0f} µs)"
+                for r in rounds
+                if r.label == build
+            ]
+            print(
+                f"    {build}, {len(each)} rounds in turns, runs/s (CPU per run):"
+                f" {' / '.join(each)}"
+            )
     print("  ratio: how many times better the compiled build is (for µs and ms: pure / compiled)")
 
 

@@ -46,8 +46,11 @@ def test_end_to_end_rows_are_the_medians_of_rounds_taken_in_turns(
     assert processors.split()[-3:] == ["200.0", "400.0", "2.00x"]
     every = next(line for line in out.splitlines() if "every process" in line)
     assert every.split()[-3:] == ["3200.0", "3400.0", "1.06x"]
-    assert "compiled, 3 rounds in turns, runs/s: 1,000 / 2,000 / 2,500" in out
-    assert "pure, 3 rounds in turns, runs/s: 4,000 / 1,000 / 500" in out
+    assert (
+        "compiled, 3 rounds in turns, runs/s (CPU per run):"
+        " 1,000 (3,200 µs) / 2,000 (3,200 µs) / 2,500 (3,200 µs)"
+    ) in out
+    assert "pure, 3 rounds in turns, runs/s (CPU per run): 4,000 (3,400 µs) / 1,000" in out
 
 
 def test_no_comparison_is_printed_without_the_pure_phases(
