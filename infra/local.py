@@ -1059,13 +1059,13 @@ class Postgres:
                 f"pg_ctl start failed:\n{done.stdout}{done.stderr}{tail(self.log_file)}"
             )
 
-    def as_superuser(self) -> psycopg.Connection[Any]:
+    def as_superuser(self, dbname: str = "postgres") -> psycopg.Connection[Any]:
         """A connection as the superuser over the server's Unix socket."""
         return psycopg.connect(
             host=str(self.run_dir),
             port=self.port,
             user="postgres",
-            dbname="postgres",
+            dbname=dbname,
             autocommit=True,
         )
 

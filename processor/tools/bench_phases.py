@@ -78,7 +78,7 @@ def _workflow(name: str, steps: int, chain: bool = False) -> WorkflowDef:
     return parse_workflow({"name": name, "version": 1, "steps": defs})
 
 
-def fresh_database(base: Settings) -> Settings:
+def fresh_database(base: Settings, wait_s: float = 120.0) -> Settings:
     """``base`` on a database of the benchmark's own (``<database>_bench``), created empty for
     this run. On the database the tests use, the figures depended on its history: tables
     grown and emptied, leftover instance rows; the Postgres CPU per run of one phase was ~30 %
@@ -86,11 +86,39 @@ def fresh_database(base: Settings) -> Settings:
     dsn = conninfo_to_dict(base.pg_dsn)
     name = f"{dsn.get('dbname') or dsn.get('user') or 'ductor'}_bench"
     with psycopg.connect(base.pg_dsn, autocommit=True) as conn:
-        conn.execute(
-            sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
-        )
+        _drop_database(conn, name, wait_s)
         conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
     return replace(base, pg_dsn=make_conninfo(base.pg_dsn, dbname=name))
+
+
+def _drop_database(conn: psycopg.Connection[Any], name: str, wait_s: float) -> None:
+    """DROP DATABASE ... WITH (FORCE) ends the sessions this role may end and fails at once on
+    one it may not: an autovacuum worker, which the last run's deletes draw to that database
+    right after it (`make bench` twice in a row stopped there), or another role's session.
+    Tried again until those sessions end, for ``wait_s`` at most."""
+    drop = sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            conn.execute(drop)
+            return
+        except psycopg.errors.InsufficientPrivilege as refused:
+            if time.monotonic() > deadline:
+                # Another role's session shows its role; an autovacuum worker its kind.
+                holders = ", ".join(
+                    f"pid {pid} ({who or kind or 'not shown to this role'})"
+                    for pid, who, kind in conn.execute(
+                        "SELECT pid, usename, backend_type FROM pg_stat_activity"
+                        " WHERE datname = %s",
+                        (name,),
+                    ).fetchall()
+                )
+                raise RuntimeError(
+                    f"cannot drop the benchmark's database {name!r} to start afresh: sessions"
+                    f" this role may not end have used it for {wait_s:.0f} s ({holders}); end"
+                    f" them (pg_terminate_backend as a superuser) and run the benchmark again"
+                ) from refused
+            time.sleep(0.5)  # until the sessions it may not end are gone
 
 
 class Bench:
