@@ -82,6 +82,13 @@ class StepData(NamedTuple):
         return {"input": self.input, "deps": dict(self.deps)}
 
 
+def step_data(run_input: Any, deps: Mapping[str, Any]) -> StepData:
+    """``StepData(run_input, MappingProxyType(deps))``, made as ``tuple.__new__`` makes it: a
+    NamedTuple's own constructor is Python code, also in the compiled build, and a worker makes
+    one per task that reads its data."""
+    return tuple.__new__(StepData, (run_input, MappingProxyType(deps)))
+
+
 @dataclass(frozen=True)
 class StepTask:
     run_id: str
@@ -280,4 +287,4 @@ def _data(raw: Any) -> StepData | None:
         raise ValidationError("step task: data must be an object with input and deps")
     if not isinstance(raw["deps"], dict):
         raise ValidationError("step task: data.deps must be an object of step outputs")
-    return tuple.__new__(StepData, (raw["input"], MappingProxyType(raw["deps"])))
+    return step_data(raw["input"], raw["deps"])

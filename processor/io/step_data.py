@@ -12,14 +12,13 @@ stays succeeded, so the attempt read is the one the coordinator applied).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from types import MappingProxyType
 from typing import Any, NamedTuple
 
 import orjson
 import psycopg
 
 from processor.core.model import StepOutcome
-from processor.core.step_task import StepData, StepTask
+from processor.core.step_task import StepData, StepTask, step_data
 
 # The outputs of a task's dependencies as one JSON object by step name: an SQL expression over
 # a task's ``deps`` (dependency -> attempt; NULL for a task from before data flow, whose
@@ -96,8 +95,7 @@ def data_of(task: StepTask, found: tuple[Any, Any] | None) -> StepData | Missing
         return MissingData(
             "no recorded output for " + ", ".join(f"{d!r} attempt {attempts[d]}" for d in missing)
         )
-    # tuple.__new__: a NamedTuple's own constructor is Python code, also compiled.
-    return tuple.__new__(StepData, (run_input, MappingProxyType(outputs)))
+    return step_data(run_input, outputs)
 
 
 class StepResultRow(NamedTuple):

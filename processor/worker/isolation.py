@@ -30,10 +30,9 @@ import time
 from dataclasses import replace
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
-from types import MappingProxyType
 from typing import Any
 
-from processor.core.step_task import StepData, decode_step_task
+from processor.core.step_task import decode_step_task, step_data
 from processor.worker.app import registry_for
 from processor.worker.options import WorkerOptions
 from processor.worker.runners import Ended, begin
@@ -247,7 +246,7 @@ def child_main(conn: Connection, app: str | None) -> None:
         step = decode_step_task(wire)
         attempt = _ChildAttempt(step.deadline_ms, conn, lock)
         current[:] = [attempt]
-        data = StepData(run_input, MappingProxyType(deps))
+        data = step_data(run_input, deps)
         if registry.is_async(step.step_type):
             outcome = asyncio.run(execute_async_step(registry, step, data, attempt))
         else:

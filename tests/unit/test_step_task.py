@@ -17,6 +17,7 @@ from processor.core.step_task import (
     StepData,
     StepTask,
     decode_step_task,
+    step_data,
 )
 from processor.core.workflow import ValidationError
 
@@ -208,3 +209,13 @@ def test_arbitrary_objects_give_a_task_or_a_validation_error(changes: dict[str, 
     except ValidationError:
         return
     assert isinstance(task.attempt, int) and isinstance(task.run_id, str)
+
+
+def test_step_data_makes_what_the_named_tuple_makes_with_read_only_deps() -> None:
+    deps = {"s0": {"n": 1}}
+    made = step_data({"x": 1}, deps)
+    assert type(made) is StepData
+    assert made == StepData({"x": 1}, deps)
+    assert (made.input, dict(made.deps)) == ({"x": 1}, deps)
+    with pytest.raises(TypeError):
+        made.deps["s1"] = 2  # type: ignore[index]
