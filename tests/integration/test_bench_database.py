@@ -17,6 +17,8 @@ from processor.tools.bench_phases import fresh_database
 
 from .restarts import LocalInfra
 
+pytestmark = pytest.mark.integration
+
 
 @pytest.fixture
 def bench_settings(base_settings: Settings) -> Iterator[Settings]:
