@@ -56,6 +56,7 @@ from processor.tools.bench_support import (
     peak_rss,
     stop,
 )
+from processor.tools.databases import drop_database
 
 # Partitions per wakeup and delay topic in the scaling phases: 1, 2 and 4 instances each get
 # the same share (the range assignor gives the first members one more when it does not divide).
@@ -86,39 +87,9 @@ def fresh_database(base: Settings, wait_s: float = 120.0) -> Settings:
     dsn = conninfo_to_dict(base.pg_dsn)
     name = f"{dsn.get('dbname') or dsn.get('user') or 'ductor'}_bench"
     with psycopg.connect(base.pg_dsn, autocommit=True) as conn:
-        _drop_database(conn, name, wait_s)
+        drop_database(conn, name, wait_s)
         conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
     return replace(base, pg_dsn=make_conninfo(base.pg_dsn, dbname=name))
-
-
-def _drop_database(conn: psycopg.Connection[Any], name: str, wait_s: float) -> None:
-    """DROP DATABASE ... WITH (FORCE) ends the sessions this role may end and fails at once on
-    one it may not: an autovacuum worker, which the last run's deletes draw to that database
-    right after it (`make bench` twice in a row stopped there), or another role's session.
-    Tried again until those sessions end, for ``wait_s`` at most."""
-    drop = sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
-    deadline = time.monotonic() + wait_s
-    while True:
-        try:
-            conn.execute(drop)
-            return
-        except psycopg.errors.InsufficientPrivilege as refused:
-            if time.monotonic() > deadline:
-                # Another role's session shows its role; an autovacuum worker its kind.
-                holders = ", ".join(
-                    f"pid {pid} ({who or kind or 'not shown to this role'})"
-                    for pid, who, kind in conn.execute(
-                        "SELECT pid, usename, backend_type FROM pg_stat_activity"
-                        " WHERE datname = %s",
-                        (name,),
-                    ).fetchall()
-                )
-                raise RuntimeError(
-                    f"cannot drop the benchmark's database {name!r} to start afresh: sessions"
-                    f" this role may not end have used it for {wait_s:.0f} s ({holders}); end"
-                    f" them (pg_terminate_backend as a superuser) and run the benchmark again"
-                ) from refused
-            time.sleep(0.5)  # until the sessions it may not end are gone
 
 
 class Bench:

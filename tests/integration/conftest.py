@@ -44,6 +44,7 @@ from processor.io.runs_admin import insert_runs, register_workflow
 from processor.io.telemetry import Telemetry
 from processor.io.topics import create_topics, delete_topics
 from processor.tools import audit as audit_trail
+from processor.tools.databases import drop_database
 from processor.worker import StepRegistry, sample_registry
 from processor.worker.options import WorkerOptions
 from processor.worker.worker import Worker
@@ -136,7 +137,7 @@ def scratch_dsn(base_settings: Settings) -> Iterator[str]:
         yield make_conninfo(base_settings.pg_dsn, dbname=name)
     finally:
         with psycopg.connect(base_settings.pg_dsn, autocommit=True) as admin:
-            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+            drop_database(admin, name)
 
 
 @pytest.fixture

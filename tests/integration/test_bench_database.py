@@ -14,6 +14,7 @@ from psycopg.conninfo import conninfo_to_dict
 
 from processor.io.config import Settings
 from processor.tools.bench_phases import fresh_database
+from processor.tools.databases import drop_database
 
 from .restarts import LocalInfra
 
@@ -26,9 +27,9 @@ def bench_settings(base_settings: Settings) -> Iterator[Settings]:
     try:
         yield made
     finally:
-        name = conninfo_to_dict(made.pg_dsn)["dbname"]
+        name = str(conninfo_to_dict(made.pg_dsn)["dbname"])
         with psycopg.connect(base_settings.pg_dsn, autocommit=True) as admin:
-            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+            drop_database(admin, name)
 
 
 def test_the_benchmark_database_is_its_own_and_empty_at_each_start(
