@@ -198,7 +198,7 @@ def test_the_runs_and_the_dead_letters_are_read_in_a_window_of_time(
         producer.produce(dlq, b"?", key.encode(), headers=headers, timestamp=at_ms)
     assert producer.flush(30) == 0
 
-    port = _serve(spawn, settings, "ui-window", {"DUCTOR_UI_MAX_WINDOW_S": str(7 * 86400)})
+    port = _serve(spawn, settings, "ui-window")  # the default window: a day, at most 7
     prefix = f"id_prefix=win-{t}-"
 
     def run_ids(answer: Answer) -> list[str]:
