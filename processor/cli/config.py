@@ -1,14 +1,23 @@
 """``ductor config show`` (every setting in effect, secrets hidden, and where each came from)
-and ``ductor config check`` (whether the settings work with the services they name)."""
+and ``ductor config check`` (whether the settings work with the services they name).
+
+What is shown is built once (``shown_config``), then printed as text or JSON: both forms
+hide the same things. A secret setting is ``***`` (the DSN keeps all but its password), and so
+is every librdkafka property that carries one (kafka_properties.is_secret) and the value of
+every OTLP header (the standard place for a collector's credentials)."""
 
 from __future__ import annotations
 
 import argparse
+import sys
 from typing import Any
+
+import orjson
 
 from processor.cli.common import EXIT_FAILED, EXIT_OK
 from processor.io import kafka_properties
 from processor.io.config import (
+    HIDDEN,
     SECRET_VARIABLES,
     SETTING_VARIABLES,
     Settings,
@@ -18,7 +27,7 @@ from processor.io.config import (
 )
 from processor.io.config_check import run_checks
 from processor.io.kafka import consumer_config, producer_config
-from processor.io.otel_config import otel_settings
+from processor.io.otel_config import otel_settings, otlp_header_names
 
 # The client properties another setting gives.
 _FROM_SETTING = {
@@ -29,51 +38,83 @@ _FROM_SETTING = {
 }
 
 
-def cmd_config_show(settings: Settings, _args: argparse.Namespace) -> int:
+def add_config_output(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--output", choices=("text", "json"), default="text", help="text or json")
+
+
+def cmd_config_show(settings: Settings, args: argparse.Namespace) -> int:
+    if getattr(args, "output", "text") == "json":
+        sys.stdout.write(orjson.dumps(shown_config(settings), option=orjson.OPT_INDENT_2).decode())
+        sys.stdout.write("\n")
+        return EXIT_OK
     for line in show_lines(settings):
         print(line)
     return EXIT_OK
 
 
-def show_lines(settings: Settings, env: dict[str, str] | None = None) -> list[str]:
-    """``NAME=VALUE  # where it came from`` for every setting, then the properties of the
-    processor's Kafka clients and what the telemetry exports."""
+def shown_config(settings: Settings, env: dict[str, str] | None = None) -> dict[str, Any]:
+    """Every setting (value, source), the processor's Kafka clients' properties (value,
+    origin) and what the telemetry exports, each secret hidden."""
     sources = setting_sources(env)
     values = settings_env(settings)
-    lines = ["# settings: default, env (the variable) or file (<NAME>_FILE)"]
-    kafka = sorted(v for v in values if v not in SETTING_VARIABLES)
-    for var in [*SETTING_VARIABLES, *kafka]:
-        lines.append(f"{var}={_shown(var, values[var])}  # {sources.get(var, 'env')}")
-    lines.append(
-        "# the processor's Kafka clients: default (Ductor's, a DUCTOR_KAFKA_* variable replaces"
-        " it), env, fixed (Ductor's own: refused as a variable) or the setting that gives it"
-    )
+    kafka_vars = sorted(v for v in values if v not in SETTING_VARIABLES)
+    shown_settings = {
+        var: {"value": _shown(var, values[var]), "source": sources.get(var, "env")}
+        for var in [*SETTING_VARIABLES, *kafka_vars]
+    }
+    clients: dict[str, dict[str, dict[str, str]]] = {}
     for client, config in (
         ("producer", producer_config(settings, "<instance id>")),
         ("consumer", consumer_config(settings, "<instance id>")),
     ):
-        for prop in sorted(config):
-            value = _text(config[prop])
-            if prop in kafka_properties.SECRET_PROPERTIES:
-                value = "***"
-            lines.append(f"kafka.{client} {prop}={value}  # {_origin(settings, prop, sources)}")
-    otel = otel_settings().describe()
-    lines.append("# telemetry (OTEL_* variables; Prometheus: DUCTOR_METRICS_PORT)")
-    lines.append(f"traces: {otel['traces']}")
-    prometheus = (
-        f"; Prometheus on {settings.http_host}:{settings.metrics_port}"
-        if settings.metrics_port
-        else ""
+        clients[client] = {
+            prop: {
+                "value": HIDDEN if kafka_properties.is_secret(prop) else _text(config[prop]),
+                "origin": _origin(settings, prop, sources),
+            }
+            for prop in sorted(config)
+        }
+    otel = otel_settings(env).describe()
+    headers = {
+        var: [f"{name}={HIDDEN}" for name in names] for var, names in otlp_header_names(env).items()
+    }
+    prometheus = f"{settings.http_host}:{settings.metrics_port}" if settings.metrics_port else None
+    telemetry = {**otel, "prometheus": prometheus, "otlp_headers": headers}
+    return {"settings": shown_settings, "kafka": clients, "telemetry": telemetry}
+
+
+def show_lines(settings: Settings, env: dict[str, str] | None = None) -> list[str]:
+    """``NAME=VALUE  # where it came from`` for every setting, then the properties of the
+    processor's Kafka clients and what the telemetry exports."""
+    shown = shown_config(settings, env)
+    lines = ["# settings: default, env (the variable) or file (<NAME>_FILE)"]
+    for var, setting in shown["settings"].items():
+        lines.append(f"{var}={setting['value']}  # {setting['source']}")
+    lines.append(
+        "# the processor's Kafka clients: default (Ductor's, a DUCTOR_KAFKA_* variable replaces"
+        " it), env, fixed (Ductor's own: refused as a variable) or the setting that gives it"
     )
-    lines.append(f"metrics: {otel['metrics']}{prometheus}")
+    for client, properties in shown["kafka"].items():
+        for prop, prop_shown in properties.items():
+            lines.append(f"kafka.{client} {prop}={prop_shown['value']}  # {prop_shown['origin']}")
+    telemetry = shown["telemetry"]
+    lines.append("# telemetry (OTEL_* variables; Prometheus: DUCTOR_METRICS_PORT)")
+    lines.append(f"traces: {telemetry['traces']}")
+    prometheus = f"; Prometheus on {telemetry['prometheus']}" if telemetry["prometheus"] else ""
+    lines.append(f"metrics: {telemetry['metrics']}{prometheus}")
+    for var, headers in telemetry["otlp_headers"].items():
+        lines.append(f"{var}={','.join(headers)}  # env")
     return lines
 
 
 def _shown(var: str, value: str) -> str:
-    if var == "DUCTOR_PG_DSN":
+    if var in SECRET_VARIABLES and var.endswith("_DSN"):
         return redact_dsn(value)
-    if var in SECRET_VARIABLES:
-        return "***"
+    if var in SECRET_VARIABLES or (
+        var.startswith(kafka_properties.PASSTHROUGH_PREFIX)
+        and kafka_properties.is_secret(kafka_properties.property_of(var))
+    ):
+        return HIDDEN
     return value
 
 
@@ -95,5 +136,6 @@ def _origin(settings: Settings, prop: str, sources: dict[str, str]) -> str:
 def cmd_config_check(settings: Settings, _args: argparse.Namespace) -> int:
     checks = run_checks(settings)
     for check in checks:
-        print(f"{'ok  ' if check.ok else 'FAIL'}  {check.name}: {check.detail}")
+        state = "FAIL" if not check.ok else "WARN" if check.warning else "ok  "
+        print(f"{state}  {check.name}: {check.detail}")
     return EXIT_OK if all(c.ok for c in checks) else EXIT_FAILED

@@ -12,12 +12,13 @@ a traceback.
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 from collections.abc import Sequence
 from importlib import metadata
 
 from processor import early_stop
-from processor.cli.config import cmd_config_check, cmd_config_show
+from processor.cli.config import add_config_output, cmd_config_check, cmd_config_show
 from processor.cli.dlq import cmd_dlq_list, cmd_dlq_replay
 from processor.cli.errors import explain
 from processor.cli.gc import cmd_gc
@@ -39,7 +40,7 @@ from processor.cli.workflows import add_workflow_commands
 from processor.client import IfExists
 from processor.core.outcomes import DLQ_REASONS
 from processor.core.routing import TIERS
-from processor.io.config import load_settings
+from processor.io.config import load_settings, secret_file_warnings
 from processor.io.logs import setup_logging
 
 DISTRIBUTION = "ductor-processor"
@@ -69,6 +70,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="every setting in effect (secrets hidden) and where it came from (default, env,"
         " file), the Kafka clients' properties, what the telemetry exports",
     )
+    add_config_output(p)
     p.set_defaults(func=cmd_config_show)
     p = config_sub.add_parser(
         "check",
@@ -339,6 +341,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         settings = load_settings()
         setup_logging(settings.log_format, settings.log_level)
+        for warning in secret_file_warnings():
+            logging.getLogger("ductor.config").warning(warning)
         code: int = args.func(settings, args)
         return code
     except KeyboardInterrupt:

@@ -15,8 +15,9 @@ import difflib
 import ipaddress
 import os
 import re
+import stat
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 
 import psycopg
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
@@ -26,7 +27,7 @@ from processor.io.kafka_properties import PASSTHROUGH_PREFIX as KAFKA_PASSTHROUG
 
 # librdkafka properties can be passed through as DUCTOR_KAFKA_<PROPERTY>, with dots written as
 # underscores (DUCTOR_KAFKA_SECURITY_PROTOCOL=SASL_SSL -> security.protocol=SASL_SSL).
-SECRET_KAFKA_KEYS = kafka_properties.SECRET_PROPERTIES
+HIDDEN = "***"  # what is shown in place of a secret
 
 
 class ConfigError(ValueError):
@@ -110,6 +111,15 @@ class Settings:
     # `ductor ui`'s token: who gives it may retry and cancel runs from the web page; empty:
     # the page is read-only. A secret (never shown, or read from DUCTOR_UI_TOKEN_FILE).
     ui_token: str = field(default="", repr=False)
+    # The names (Host headers) `ductor ui` answers to; empty: the address it is bound to, and
+    # this machine's loopback names when that is a loopback address (processor/ui/hosts.py).
+    ui_allowed_hosts: tuple[str, ...] = ()
+    # Whether reading the web page needs the token too, not only retry and cancel.
+    ui_read_token_required: bool = False
+    # How much history one look of the web page reads (runs created, dead letters written):
+    # this long back from its Until when the form gives no Since, and at most the maximum.
+    ui_window_s: float = 86400.0
+    ui_max_window_s: float = 7 * 86400.0
     kafka_extra: Mapping[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -128,8 +138,33 @@ class Settings:
         """librdkafka properties shared by every client (security settings pass through here)."""
         return {**self.kafka_extra, "bootstrap.servers": self.bootstrap_servers}
 
-    def kafka_redacted(self) -> dict[str, str | int | float | bool]:
-        return {k: ("***" if k in SECRET_KAFKA_KEYS else v) for k, v in self.kafka_common().items()}
+    def kafka_redacted(self) -> dict[str, object]:
+        return redact_kafka(self.kafka_common())
+
+    def redacted(self) -> dict[str, object]:
+        """Every field, each secret hidden (``***``, the DSN's password only)."""
+        return {f.name: _redacted_field(f.name, getattr(self, f.name)) for f in fields(self)}
+
+    def __repr__(self) -> str:
+        # dataclass keeps this one: a Settings printed, logged or in a traceback's locals never
+        # shows a secret, whatever field holds it.
+        shown = ", ".join(f"{name}={value!r}" for name, value in self.redacted().items())
+        return f"Settings({shown})"
+
+
+def redact_kafka(properties: Mapping[str, object]) -> dict[str, object]:
+    """librdkafka properties with each secret one's value hidden (kafka_properties.is_secret)."""
+    return {k: (HIDDEN if kafka_properties.is_secret(k) else v) for k, v in properties.items()}
+
+
+def _redacted_field(name: str, value: object) -> object:
+    if name == "kafka_extra" and isinstance(value, Mapping):
+        return redact_kafka(value)
+    if _variable(name) not in SECRET_VARIABLES:
+        return value
+    if name.endswith("dsn") and isinstance(value, str):
+        return redact_dsn(value)
+    return HIDDEN if value else value
 
 
 # libpq parameters whose value is a secret: the server password and the client key's password.
@@ -251,14 +286,19 @@ def _parse_host(name: str, raw: str) -> str:
     return raw
 
 
+# The longest window DUCTOR_UI_MAX_WINDOW_S may give: a year (the page reads what it shows
+# through time-ordered indexes and offsets; a search beyond is `ductor runs list`'s).
+UI_WINDOW_LIMIT_S = 366 * 86400.0
+
+
 def _parse_faults(name: str, raw: str) -> str:
     if not re.fullmatch(r"([a-z_.]+=[a-z]+(@\d+)?)?(,[a-z_.]+=[a-z]+(@\d+)?)*", raw):
         raise ConfigError(f"{name}={raw!r} must look like after_commit=kill@3 (tests only)")
     return raw
 
 
-# A token a person types once; shorter ones could be guessed by trying (the page answers
-# every try at once: it has no lockout).
+# A token a person types once; shorter ones could be guessed by trying (the page limits the
+# tries, processor/ui/login_limit.py, but a long token is what makes guessing hopeless).
 UI_TOKEN_MIN_LENGTH = 16
 
 
@@ -270,6 +310,43 @@ def _parse_token(name: str, raw: str) -> str:
             " (e.g. the output of `openssl rand -hex 24`), or empty for a read-only page"
         )
     return raw
+
+
+def _parse_hosts(name: str, raw: str) -> tuple[str, ...]:
+    """Comma-separated host names or IP addresses (an IPv6 one with or without its brackets),
+    ``*.domain`` for every name under a domain, or ``*`` alone for any name: each as the Host
+    header's host part is compared with it (lower case, IPv6 without brackets)."""
+    hosts: list[str] = []
+    for item in (part.strip().lower() for part in raw.split(",")):
+        if not item:
+            continue
+        if item == "*":
+            hosts.append(item)
+            continue
+        bare = item[1:-1] if item.startswith("[") and item.endswith("]") else item
+        domain = bare.removeprefix("*.")
+        try:
+            hosts.append(str(ipaddress.ip_address(bare)))
+            continue
+        except ValueError:
+            pass
+        if len(domain) > 253 or not _HOSTNAME.fullmatch(domain):
+            raise ConfigError(
+                f"{name}: {item!r} is not a host name, an IP address, *.domain or *"
+                " (e.g. ductor.example.com,10.0.0.5)"
+            )
+        hosts.append(item)
+    return tuple(dict.fromkeys(hosts))
+
+
+def _float_in(minimum: float, maximum: float) -> Callable[[str, str], float]:
+    def parse(name: str, raw: str) -> float:
+        value = _parse_float(name, raw, minimum)
+        if value > maximum:
+            raise ConfigError(f"{name}={raw!r} must be at most {maximum:g}")
+        return value
+
+    return parse
 
 
 def _kafka_passthrough(env: Mapping[str, str]) -> dict[str, str]:
@@ -334,6 +411,10 @@ _FIELDS: tuple[tuple[str, Callable[[str, str], object]], ...] = (
     ("test_faults", _parse_faults),
     ("test_clock_ahead_ms", _int_in(-86_400_000, 86_400_000)),
     ("ui_token", _parse_token),
+    ("ui_allowed_hosts", _parse_hosts),
+    ("ui_read_token_required", _parse_bool),
+    ("ui_window_s", _float_in(60.0, UI_WINDOW_LIMIT_S)),
+    ("ui_max_window_s", _float_in(60.0, UI_WINDOW_LIMIT_S)),
 )
 
 
@@ -349,6 +430,8 @@ def _format(value: object) -> str:
         return f"{value.t0}:{value.t1}:{value.t2}:{value.delay}"
     if isinstance(value, float):
         return repr(value)  # the shortest text that reads back as the same float
+    if isinstance(value, tuple):
+        return ",".join(str(v) for v in value)
     return str(value)
 
 
@@ -439,6 +522,32 @@ def _with_secret_files(env: Mapping[str, str]) -> dict[str, str]:
     return resolved
 
 
+def secret_file_warnings(env: Mapping[str, str] | None = None) -> list[str]:
+    """A sentence for each ``<SECRET>_FILE`` that users other than its owner may read (its
+    group or everyone): whoever shares the machine or the volume can read the secret. Warned,
+    not refused (a file the process cannot stat is load_settings' refusal)."""
+    given = os.environ if env is None else env
+    warnings: list[str] = []
+    for var in SECRET_VARIABLES:
+        path = given.get(var + FILE_SUFFIX)
+        if path is None:
+            continue
+        try:
+            mode = os.stat(path).st_mode
+        except OSError:
+            continue
+        readers = [
+            w for w, bit in (("its group", stat.S_IRGRP), ("others", stat.S_IROTH)) if mode & bit
+        ]
+        if readers:
+            warnings.append(
+                f"{var}{FILE_SUFFIX}={path!r} is readable by {' and '.join(readers)}"
+                f" (mode {stat.S_IMODE(mode):04o}): make it readable by its owner only"
+                " (chmod 600, or a secret volume's defaultMode)"
+            )
+    return warnings
+
+
 # -- settings that depend on each other ---------------------------------------------------------
 
 
@@ -460,6 +569,21 @@ def _check_together(settings: Settings) -> None:
         refused = kafka_properties.refusal(prop, settings.group_protocol)
         if refused is not None:
             raise ConfigError(refused)
+    _check_ui(settings)
+
+
+def _check_ui(settings: Settings) -> None:
+    if settings.ui_read_token_required and not settings.ui_token:
+        raise ConfigError(
+            "DUCTOR_UI_READ_TOKEN_REQUIRED is true but no DUCTOR_UI_TOKEN is set: the page"
+            " would let nobody read it; set the token (or DUCTOR_UI_TOKEN_FILE)"
+        )
+    if settings.ui_window_s > settings.ui_max_window_s:
+        raise ConfigError(
+            f"DUCTOR_UI_WINDOW_S={settings.ui_window_s:g} is longer than"
+            f" DUCTOR_UI_MAX_WINDOW_S={settings.ui_max_window_s:g}: the page's default window"
+            " must fit in its largest one"
+        )
 
 
 # -- loading ------------------------------------------------------------------------------------

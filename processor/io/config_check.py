@@ -19,7 +19,7 @@ import psycopg
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer
 
 from processor.core.routing import TopicNames
-from processor.io.config import ConfigError, Settings
+from processor.io.config import ConfigError, Settings, secret_file_warnings
 from processor.io.kafka import consumer_config, producer_config, refusal_message
 from processor.io.logs import first_line
 from processor.io.migrate import MIGRATIONS_TABLE
@@ -37,10 +37,12 @@ class Check:
     name: str
     ok: bool
     detail: str
+    # Passed, with something to fix all the same (printed WARN; the exit code stays 0).
+    warning: bool = False
 
 
 def run_checks(settings: Settings, clock: Callable[[], float] = time.monotonic) -> list[Check]:
-    checks = [_telemetry()]
+    checks = [_telemetry(), *_secret_files()]
     queues: list[str] = []
     postgres, conn = _postgres(settings, clock)
     checks.append(postgres)
@@ -74,6 +76,12 @@ def _telemetry() -> Check:
     except ConfigError as exc:
         return Check("telemetry", False, str(exc))
     return Check("telemetry", True, f"traces {described['traces']}, metrics {described['metrics']}")
+
+
+def _secret_files() -> list[Check]:
+    """A warning for each secret file others than its owner may read; nothing when no
+    setting is read from a file."""
+    return [Check("secret file", True, warning, warning=True) for warning in secret_file_warnings()]
 
 
 def _postgres(

@@ -116,10 +116,18 @@ class Replayed:
 
 
 def read_dead_letters(
-    settings: Settings, *, reason: str | None = None, limit: int | None = None
+    settings: Settings,
+    *,
+    reason: str | None = None,
+    limit: int | None = None,
+    since_ms: int | None = None,
+    until_ms: int | None = None,
 ) -> list[DeadLetter]:
     """The dead letters from the beginning of the topic up to its end when called (records
-    written meanwhile are not waited for), optionally only one reason, at most ``limit``."""
+    written meanwhile are not waited for), optionally only one reason, at most ``limit``;
+    ``since_ms``/``until_ms``: only those written from then (inclusive) until then
+    (exclusive), epoch ms, found by the records' timestamps (the web page reads a window of
+    time: it never reads the whole topic for the letters of one reason)."""
     letters: list[DeadLetter] = []
 
     def keep(letter: DeadLetter) -> bool:
@@ -130,7 +138,10 @@ def read_dead_letters(
     topic = TopicNames(settings.topic_prefix).dlq
     consumer = _reader(settings)
     try:
-        _read_to_end(consumer, topic, _partitions(consumer, topic), keep)
+        spans = _partitions(consumer, topic)
+        if since_ms is not None or until_ms is not None:
+            spans = _between(consumer, topic, spans, since_ms, until_ms)
+        _read_to_end(consumer, topic, spans, keep)
     finally:
         consumer.close()
     return sorted(letters, key=lambda d: (d.partition, d.offset))
@@ -246,6 +257,34 @@ def _partitions(consumer: Consumer, topic: str) -> dict[int, tuple[int, int]]:
             TopicPartition(topic, partition), timeout=10, cached=False
         )
     return spans
+
+
+def _between(
+    consumer: Consumer,
+    topic: str,
+    spans: dict[int, tuple[int, int]],
+    since_ms: int | None,
+    until_ms: int | None,
+) -> dict[int, tuple[int, int]]:
+    """``spans`` narrowed to the records written from ``since_ms`` until ``until_ms``: each
+    partition's first offset whose timestamp is at or after each time (the broker's time
+    index; -1, none: the partition's end)."""
+
+    def offsets_at(at_ms: int | None) -> dict[int, int]:
+        if at_ms is None:
+            return {p: high for p, (_low, high) in spans.items()}
+        asked = [TopicPartition(topic, p, at_ms) for p in spans]
+        found = consumer.offsets_for_times(asked, timeout=10) if asked else []
+        return {
+            tp.partition: (tp.offset if tp.offset >= 0 else spans[tp.partition][1]) for tp in found
+        }
+
+    starts, ends = offsets_at(since_ms), offsets_at(until_ms)
+    narrowed = {}
+    for partition, (low, high) in spans.items():
+        start = max(low, starts.get(partition, high))
+        narrowed[partition] = (start, max(start, min(high, ends.get(partition, high))))
+    return narrowed
 
 
 def _read_to_end(

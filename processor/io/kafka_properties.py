@@ -14,17 +14,42 @@ from collections.abc import Mapping
 
 PASSTHROUGH_PREFIX = "DUCTOR_KAFKA_"
 
-# The properties whose value is a secret: redacted wherever settings are shown or logged, and
-# each may be read from a file (DUCTOR_KAFKA_SASL_PASSWORD_FILE, see config.py).
+# The properties whose value is a secret: each may be read from a file
+# (DUCTOR_KAFKA_SASL_PASSWORD_FILE, see config.py) and is never shown or logged. They are the
+# properties librdkafka itself flags as sensitive (rdkafka_conf.c's _RK_SENSITIVE, which its
+# own debug dump redacts), with the alias of one of them, but for those that only name an
+# account or a file (sasl.username, ssl.key.location, ...private.key.file): the error messages
+# and `ductor config show` print those, as they tell which credential without giving it.
 SECRET_PROPERTIES = frozenset(
     {
         "sasl.password",
+        "sasl.oauthbearer.config",  # may hold a client secret or an unsecured token's claims
         "sasl.oauthbearer.client.secret",
+        "sasl.oauthbearer.client.credentials.client.secret",  # the alias of the one above
+        "sasl.oauthbearer.assertion.private.key.passphrase",
+        "sasl.oauthbearer.assertion.private.key.pem",
         "ssl.key.password",
         "ssl.key.pem",
         "ssl.keystore.password",
     }
 )
+# Words that make any other property hidden too where settings are shown: a property a later
+# librdkafka adds (or a typo of a known one) whose name says it carries a secret is hidden
+# before anyone has listed it. A PEM value (a key, or a certificate) is hidden whole.
+_SECRET_WORDS = ("password", "secret", "passphrase", "private.key")
+_SECRET_SUFFIXES = (".pem",)
+
+
+def is_secret(prop: str) -> bool:
+    """Whether the value of librdkafka property ``prop`` is hidden wherever it is shown."""
+    name = prop.strip().lower()
+    if name in SECRET_PROPERTIES or name.endswith(_SECRET_SUFFIXES):
+        return True
+    # A file's path is not the secret it holds (ssl.key.location, ...private.key.file).
+    if name.endswith((".file", ".location")):
+        return False
+    return any(word in name for word in _SECRET_WORDS)
+
 
 # property -> why the project sets it itself (one sentence, completed by the variable's name).
 OWNED: Mapping[str, str] = {

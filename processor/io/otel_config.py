@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import urllib.parse
 from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
@@ -76,6 +77,31 @@ def otel_settings(env: Mapping[str, str] | None = None) -> OtelSettings:
             f"{var}=grpc needs the OTLP gRPC exporter, which is not installed: {GRPC_EXTRA}"
         )
     return settings
+
+
+# The variables that give the OTLP exporters' headers (the SDK's and io/otlp_http.py's): the
+# place for a collector's credentials (``authorization=Bearer ...``), so their values are
+# never shown, only their names (`ductor config show`).
+HEADER_VARIABLES = (
+    "OTEL_EXPORTER_OTLP_HEADERS",
+    "OTEL_EXPORTER_OTLP_TRACES_HEADERS",
+    "OTEL_EXPORTER_OTLP_METRICS_HEADERS",
+)
+
+
+def otlp_header_names(env: Mapping[str, str] | None = None) -> dict[str, list[str]]:
+    """For each header variable set, the names of the headers it gives (W3C baggage form:
+    ``name=value`` pairs, comma-separated, percent-encoded), without their values."""
+    source = os.environ if env is None else env
+    found: dict[str, list[str]] = {}
+    for var in HEADER_VARIABLES:
+        raw = _get(source, var)
+        if raw:
+            names = [
+                urllib.parse.unquote(pair.partition("=")[0].strip()) for pair in raw.split(",")
+            ]
+            found[var] = [name for name in names if name]
+    return found
 
 
 def grpc_available() -> bool:

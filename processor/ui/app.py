@@ -1,7 +1,12 @@
 """The web page of `ductor ui` (docs/operations.md#web-ui), a Starlette application: the runs
 with the filters of `ductor runs list`, a run with its DAG and attempts (what `inspect --output
 json` prints), the dead letters and the schedules, and retry and cancel buttons for who gave
-the token (processor/ui/auth.py).
+the token (processor/ui/auth.py); with DUCTOR_UI_READ_TOKEN_REQUIRED, reading needs it too.
+
+Before any page: a request addressed to a name the page is not served as is refused
+(processor/ui/hosts.py: DNS rebinding). The login form takes a few wrong tokens a minute
+(processor/ui/login_limit.py). A look at the runs or the dead letters reads a window of time
+(processor/ui/window.py), never the whole history.
 
 The pages call the client and io functions the commands call, on the server's thread pool (each
 opens its own connection, as a command does: a page is a person's click, not a hot path, so no
@@ -14,18 +19,21 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import replace
+from datetime import UTC, datetime
 from typing import Any
-from urllib.parse import parse_qs
+from urllib.parse import parse_qs, urlencode
 
 import psycopg
 from confluent_kafka import KafkaException
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
+from starlette.datastructures import Headers
 from starlette.middleware import Middleware
-from starlette.middleware.trustedhost import TrustedHostMiddleware
 from starlette.requests import Request
-from starlette.responses import HTMLResponse, RedirectResponse, Response
+from starlette.responses import HTMLResponse, PlainTextResponse, RedirectResponse, Response
 from starlette.routing import Route
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from processor import client
 from processor.client import ClientError, Cursor, RunFilter, RunNotFound, RunPage
@@ -37,14 +45,17 @@ from processor.io.logs import first_line
 from processor.io.schedules import Schedule, list_schedules
 from processor.ui import auth
 from processor.ui.dag import layout, step_states
+from processor.ui.hosts import host_allowed
+from processor.ui.login_limit import LoginLimiter, LoginLimits
 from processor.ui.pages import environment, run_url, stylesheet
+from processor.ui.window import Window, as_duration, span, window
 
 log = logging.getLogger("ductor.ui")
 
 PAGE_SIZE = 50
 MAX_PAGE_SIZE = 500  # a page is one table: `ductor runs list --limit` goes further
-# The dead-letter topic is read from its start, as `ductor dlq list` reads it: the page shows
-# the first ones and says how to list them all.
+# The dead letters of the window, from its start: the page shows the first ones and says how
+# to list them all.
 DEAD_LETTERS_SHOWN = 200
 # Every form of the page is a few short fields.
 _FORM_BYTES = 8192
@@ -59,10 +70,11 @@ _HEADERS = {
     "Referrer-Policy": "same-origin",
     "Cache-Control": "no-store",
 }
-# The names a browser on this machine reaches a loopback address by. Any other Host header is
-# refused: a page of another site whose name resolves to 127.0.0.1 (DNS rebinding) cannot read
-# this one.
-LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1", "[::1]")
+# Said to a request addressed to another name (the header is not echoed back).
+_FOREIGN_HOST = (
+    "Refused: this page is not served under the name this request was sent to (its Host"
+    " header). DUCTOR_UI_ALLOWED_HOSTS lists the names it answers to.\n"
+)
 _LIVE = (RunStatus.PENDING.value, RunStatus.RUNNING.value)
 _DONE = {"retry": "Retried: the failed steps run again.", "cancel": "Cancel sent."}
 
@@ -70,13 +82,14 @@ Handler = Callable[[Request], Awaitable[Response]]
 
 
 class Site:
-    """The handlers, with the settings and the token they share."""
+    """The handlers, with the settings, the token and the login limiter they share."""
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, clock: Callable[[], float]) -> None:
         self.settings = settings
         self.token = settings.ui_token
         self.templates = environment()
         self.css = stylesheet()
+        self.logins = LoginLimiter(LoginLimits(), clock)
 
     # -- answers --------------------------------------------------------------------------
 
@@ -84,6 +97,7 @@ class Site:
         logged_in = auth.session_valid(self.token, request.cookies.get(auth.COOKIE), _now_s())
         html = self.templates.get_template(name).render(
             token_configured=bool(self.token),
+            read_token_required=self.settings.ui_read_token_required,
             logged_in=logged_in,
             here=request.url.path,
             **context,
@@ -116,15 +130,38 @@ class Site:
             "pairs": pairs,
             "all_statuses": [s.value for s in RunStatus],
         }
+        context["default_since"] = as_duration(self.settings.ui_window_s)
         try:
             wanted = _filter(form)
+            look = self._window(wanted.since_ms, wanted.until_ms, "`ductor runs list`")
             limit = _page_size(form["limit"])
             cursor = params.get("cursor")
             after = Cursor.decode(cursor) if cursor else None
         except ValueError as exc:
             return self.page(request, "runs.html", 400, error=str(exc), page=None, **context)
-        page, total = await run_in_threadpool(self._search, wanted, limit, after)
-        return self.page(request, "runs.html", page=page, total=total, error=None, **context)
+        bounded = replace(wanted, since_ms=look.since_ms)
+        page, total = await run_in_threadpool(self._search, bounded, limit, after)
+        return self.page(
+            request, "runs.html", page=page, total=total, error=None, **self._shown(look), **context
+        )
+
+    def _shown(self, look: Window) -> dict[str, Any]:
+        """What the pages say of the window they read."""
+        return {
+            "window_since": _at(look.since_ms),
+            "window_until": None if look.until_ms is None else _at(look.until_ms),
+            "max_window": span(self.settings.ui_max_window_s),
+        }
+
+    def _window(self, since_ms: int | None, until_ms: int | None, instead: str) -> Window:
+        return window(
+            since_ms,
+            until_ms,
+            now_ms=_now_ms(),
+            default_s=self.settings.ui_window_s,
+            max_s=self.settings.ui_max_window_s,
+            instead=instead,
+        )
 
     def _search(self, wanted: RunFilter, limit: int, after: Cursor | None) -> tuple[RunPage, int]:
         return (
@@ -150,11 +187,18 @@ class Site:
         )
 
     async def dead_letters(self, request: Request) -> Response:
-        reason = request.query_params.get("reason") or None
+        params = request.query_params
+        reason = params.get("reason") or None
         if reason is not None and reason not in DLQ_REASONS:
             return self.problem(request, 400, f"no dead-letter reason is called {reason!r}")
+        since, until = params.get("since", "").strip(), params.get("until", "").strip()
         try:
-            letters = await run_in_threadpool(self._dead_letters, reason)
+            times = client.parse_filter(now_ms=_now_ms(), since=since or None, until=until or None)
+            look = self._window(times.since_ms, times.until_ms, "`ductor dlq list`")
+        except ValueError as exc:
+            return self.problem(request, 400, str(exc))
+        try:
+            letters = await run_in_threadpool(self._dead_letters, reason, look)
         except DlqError as exc:
             return self.problem(request, 503, str(exc))
         return self.page(
@@ -164,10 +208,20 @@ class Site:
             reason=reason,
             reasons=DLQ_REASONS,
             shown=DEAD_LETTERS_SHOWN,
+            since=since,
+            until=until,
+            default_since=as_duration(self.settings.ui_window_s),
+            **self._shown(look),
         )
 
-    def _dead_letters(self, reason: str | None) -> list[DeadLetter]:
-        return read_dead_letters(self.settings, reason=reason, limit=DEAD_LETTERS_SHOWN)
+    def _dead_letters(self, reason: str | None, look: Window) -> list[DeadLetter]:
+        return read_dead_letters(
+            self.settings,
+            reason=reason,
+            limit=DEAD_LETTERS_SHOWN,
+            since_ms=look.since_ms,
+            until_ms=look.until_ms,
+        )
 
     async def schedules(self, request: Request) -> Response:
         schedules = await run_in_threadpool(self._schedules)
@@ -189,9 +243,27 @@ class Site:
             return refused
         form = await _form(request)
         target = auth.safe_next(form.get("next"))
+        who = _client(request)
+        # No await from the limiter's check to its count: concurrent tries cannot all pass
+        # the check before the first is counted.
+        wait = self.logins.retry_after(who)
+        if wait is not None:
+            log.warning("ui login refused: too many wrong tokens", extra={"client": who})
+            seconds = max(1, int(wait + 0.999))
+            answer = self.page(
+                request,
+                "login.html",
+                429,
+                target=target,
+                error=f"Too many wrong tokens: try again in {seconds} s.",
+            )
+            answer.headers["Retry-After"] = str(seconds)
+            return answer
         if not auth.token_matches(self.token, form.get("token", "")):
-            log.warning("ui login refused: wrong token", extra={"client": _client(request)})
+            self.logins.failed(who)
+            log.warning("ui login refused: wrong token", extra={"client": who})
             return self.page(request, "login.html", 403, target=target, error="Wrong token.")
+        self.logins.succeeded(who)
         answer = _secured(RedirectResponse(target, status_code=303))
         answer.set_cookie(
             auth.COOKIE,
@@ -235,6 +307,23 @@ class Site:
         log.info("ui %s", verb, extra={"run_id": run_id, "client": _client(request)})
         return _secured(RedirectResponse(f"{run_url(run_id)}?did={verb}", status_code=303))
 
+    def reader(self, handler: Handler) -> Handler:
+        """``handler``, behind the login when reading needs the token."""
+        if not self.settings.ui_read_token_required:
+            return handler
+
+        async def guarded(request: Request) -> Response:
+            cookie = request.cookies.get(auth.COOKIE)
+            if auth.session_valid(self.token, cookie, _now_s()):
+                return await handler(request)
+            # The path as it was sent (a run id's '/' stays %2F), then the query.
+            raw = request.scope.get("raw_path") or request.url.path.encode()
+            here = raw.decode("latin-1") + (f"?{request.url.query}" if request.url.query else "")
+            target = "/login?" + urlencode({"next": here})
+            return _secured(RedirectResponse(target, status_code=303))
+
+        return guarded
+
     def _refused(self, request: Request, need_session: bool) -> Response | None:
         """Why a POST is refused (403), or None: no token configured (the page is read-only),
         a request from another site, or no valid session where one is needed."""
@@ -250,15 +339,34 @@ class Site:
         return None
 
 
-def create_app(settings: Settings, loopback: bool) -> Starlette:
-    """The application; ``loopback``: served on a loopback address, so only the names of this
-    machine are taken as its Host (LOOPBACK_HOSTS)."""
-    site = Site(settings)
+class HostCheck:
+    """Refuses (400) every request whose Host header is not one of ``hosts``, before any page
+    (processor/ui/hosts.py)."""
+
+    def __init__(self, app: ASGIApp, hosts: tuple[str, ...]) -> None:
+        self.app, self.hosts = app, hosts
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] in ("http", "websocket"):
+            host = Headers(scope=scope).get("host")
+            if not host_allowed(host, self.hosts):
+                refusal = _secured(PlainTextResponse(_FOREIGN_HOST, status_code=400))
+                await refusal(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
+def create_app(
+    settings: Settings, hosts: tuple[str, ...], clock: Callable[[], float] = time.monotonic
+) -> Starlette:
+    """The application, answering to the names ``hosts`` (hosts.served_hosts); ``clock``
+    times the login limit."""
+    site = Site(settings, clock)
     routes = [
-        Route("/", site.runs),
-        Route("/runs/{run_id:path}", site.run),
-        Route("/dead-letters", site.dead_letters),
-        Route("/schedules", site.schedules),
+        Route("/", site.reader(site.runs)),
+        Route("/runs/{run_id:path}", site.reader(site.run)),
+        Route("/dead-letters", site.reader(site.dead_letters)),
+        Route("/schedules", site.reader(site.schedules)),
         Route("/login", site.login_form, methods=["GET"]),
         Route("/login", site.login, methods=["POST"]),
         Route("/logout", site.logout, methods=["POST"]),
@@ -266,8 +374,7 @@ def create_app(settings: Settings, loopback: bool) -> Starlette:
         Route("/actions/cancel", site.cancel, methods=["POST"]),
         Route("/static/ui.css", site.stylesheet),
     ]
-    hosts = list(LOOPBACK_HOSTS) if loopback else ["*"]
-    middleware = [Middleware(TrustedHostMiddleware, allowed_hosts=hosts, www_redirect=False)]
+    middleware = [Middleware(HostCheck, hosts=hosts)]
 
     async def failed(request: Request, exc: Exception) -> Response:
         # A service the page reads is away (Postgres, Kafka): one sentence, not a traceback.
@@ -292,7 +399,7 @@ def create_app(settings: Settings, loopback: bool) -> Starlette:
 def _filter(form: Mapping[str, Any]) -> RunFilter:
     """The form's filter, as `ductor runs list` reads its flags (client.parse_filter)."""
     return client.parse_filter(
-        now_ms=int(time.time() * 1000),
+        now_ms=_now_ms(),
         workflow=form["workflow"].strip() or None,
         statuses=form["statuses"],
         since=form["since"].strip() or None,
@@ -333,3 +440,11 @@ def _client(request: Request) -> str:
 
 def _now_s() -> int:
     return int(time.time())
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+def _at(epoch_ms: int) -> datetime:
+    return datetime.fromtimestamp(epoch_ms / 1000, UTC)

@@ -13,6 +13,7 @@ import uvicorn
 from processor.io.config import Settings
 from processor.io.listen import ListenError
 from processor.ui.app import create_app
+from processor.ui.hosts import ANY_HOST, served_hosts
 
 log = logging.getLogger("ductor.ui")
 
@@ -31,15 +32,18 @@ class UiServer:
 
     def __init__(self, settings: Settings, host: str, port: int) -> None:
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        loopback = is_loopback(host)
+        # Before the socket: a wildcard address without the names to answer to is exit 2.
+        self.hosts = served_hosts(host, settings.ui_allowed_hosts, loopback)
         try:
             self.sock = socket.create_server((host, port), family=family)
         except OSError as exc:
             raise ListenError("ui", host, port, exc) from None
         self.host, self.port = host, self.sock.getsockname()[1]
         self.actions = bool(settings.ui_token)
-        loopback = is_loopback(host)
+        self.read_token_required = settings.ui_read_token_required
         config = uvicorn.Config(
-            create_app(settings, loopback),
+            create_app(settings, self.hosts),
             log_config=None,  # the process's own logging (io/logs.py), JSON or text
             access_log=False,  # the actions are logged by the page itself, with the run
             lifespan="off",
@@ -59,20 +63,36 @@ class UiServer:
     def run(self) -> None:
         """Serve until ``stop`` (or a SIGTERM or SIGINT, which uvicorn takes while it runs)."""
         actions = "retry and cancel with the token" if self.actions else "off (read-only)"
-        log.info("ui serving", extra={"url": self.url, "actions": actions})
+        reading = "with the token" if self.read_token_required else "open"
+        log.info(
+            "ui serving",
+            extra={
+                "url": self.url,
+                "actions": actions,
+                "reading": reading,
+                "hosts": ",".join(self.hosts),
+            },
+        )
         self._server.run(sockets=[self.sock])
 
     def stop(self) -> None:
         self._server.should_exit = True
 
     def _warn(self, settings: Settings, loopback: bool) -> None:
+        if ANY_HOST in self.hosts:
+            log.warning(
+                "ui: DUCTOR_UI_ALLOWED_HOSTS is *: the page answers to any Host header, so only"
+                " a proxy in front that checks it keeps DNS-rebinding pages out"
+            )
         if loopback:
             return
-        log.warning(
-            "ui serving beyond this machine: whoever reaches %s reads every run's ids, tags,"
-            " errors and outputs; serve it behind TLS and a proxy that authenticates",
-            self.host,
-        )
+        if not settings.ui_read_token_required:
+            log.warning(
+                "ui serving beyond this machine: whoever reaches %s reads every run's ids, tags,"
+                " errors and outputs; set DUCTOR_UI_READ_TOKEN_REQUIRED, or serve it behind a"
+                " proxy that authenticates",
+                self.host,
+            )
         if settings.ui_token:
             log.warning(
                 "ui: the token and its session cookie cross the network in clear over plain HTTP"

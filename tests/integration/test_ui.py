@@ -1,8 +1,9 @@
 """`ductor ui` in a real browser, against the real services: headless Chromium (Debian's
 chromium and chromedriver, `make tools`) driven by selenium loads each page of a `ductor ui`
 subprocess: the runs with their filters and pages, a failed run's DAG and attempts, the dead
-letters and the schedules. It logs in with the token (a wrong one is refused with 403), clicks
-retry on the failed run and waits for its second attempt in the database; a page served
+letters and the schedules (each look at the runs and the letters reads a window of time). It
+logs in with the token (a wrong one is refused with 403), clicks retry on the failed run and
+waits for its second attempt in the database; a page served
 without a token shows no button and refuses every action. The screenshots it takes are the
 ones docs/operations.md#web-ui shows (docs/images/ui-*.png)."""
 
@@ -219,6 +220,9 @@ def _check_runs(page: Page, every: list[str], failed: str) -> None:
     page.open("/")
     assert sorted(page.column("#runs", 1)) == sorted(every)
     assert page.text("#count") == f"{len(every)} runs match, newest first"
+    # The count reads a window of time (the last day by default), and says so.
+    assert page.text("#window").startswith("Created from ")
+    assert "the page reads at most 7 days at a time" in page.text("#window")
     assert page.column("#runs", 3).count("failed") == 1
     page.screenshot("ui-runs.png")
 
@@ -327,6 +331,7 @@ def _check_run_and_retry(
 def _check_dead_letters(page: Page, t: str) -> None:
     page.open("/dead-letters")
     assert page.text("#count").startswith("2 dead letters. ")
+    assert page.text("#window").startswith("Written from ")
     assert sorted(page.column("#letters", 2)) == ["not_json", "unknown_workflow"]
     page.screenshot("ui-dead-letters.png")
     Select(page.driver.find_element(By.NAME, "reason")).select_by_value("unknown_workflow")

@@ -361,6 +361,10 @@ def test_settings_env_round_trips_every_field_changed() -> None:
         "DUCTOR_TEST_FAULTS": "after_commit=kill@2",
         "DUCTOR_TEST_CLOCK_AHEAD_MS": "-1500",
         "DUCTOR_UI_TOKEN": "a-token-of-24-characters",
+        "DUCTOR_UI_ALLOWED_HOSTS": "ductor.example.com,[::1],*.internal",
+        "DUCTOR_UI_READ_TOKEN_REQUIRED": "yes",
+        "DUCTOR_UI_WINDOW_S": "3600",
+        "DUCTOR_UI_MAX_WINDOW_S": "172800.5",
         "DUCTOR_KAFKA_SECURITY_PROTOCOL": "SASL_SSL",
         "DUCTOR_KAFKA_SASL_PASSWORD": "hunter2",
     }

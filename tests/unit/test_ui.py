@@ -1,7 +1,9 @@
 """The web page's pure parts (processor/ui): the DAG laid out by levels, a step's state read
 from `inspect --output json`'s document, the token and its session cookie, what a POST's
 Origin may be, the filters' shared reading (client.parse_filter) and the command without its
-extra. The pages themselves are tested in a browser (tests/integration/test_ui.py)."""
+extra; the names the page answers to, the login's limit (on an injected clock) and the window of
+history a look reads. The pages themselves are tested in a browser
+(tests/integration/test_ui.py) and on a real server (tests/integration/test_ui_security.py)."""
 
 from __future__ import annotations
 
@@ -14,10 +16,14 @@ from hypothesis import strategies as st
 
 from processor.client import parse_filter
 from processor.core.model import RunStatus
+from processor.io.config import ConfigError, Settings, load_settings
 from processor.io.listen import ListenError
 from processor.ui import auth
 from processor.ui.dag import BOX_H, BOX_W, GAP_X, StepState, layout, levels, step_states
+from processor.ui.hosts import LOOPBACK_HOSTS, host_allowed, host_of, served_hosts
+from processor.ui.login_limit import LoginLimiter, LoginLimits
 from processor.ui.pages import query, run_url, when
+from processor.ui.window import Window, as_duration, span, window
 
 
 def _step(name: str, *after: str) -> StepState:
@@ -169,3 +175,124 @@ def test_without_the_ui_extra_the_command_says_how_to_install_it() -> None:
         "ductor: ductor ui needs the ui extra (uvicorn is not installed):"
         " pip install 'ductor-processor[ui]'\n"
     )
+
+
+# -- the names the page answers to (DNS rebinding) ----------------------------------------------
+
+
+def test_a_page_on_loopback_answers_to_this_machine_s_names_only() -> None:
+    served = served_hosts("127.0.0.1", (), loopback=True)
+    assert served == ("127.0.0.1", "localhost", "::1")
+    for header in ("127.0.0.1:8080", "localhost", "LOCALHOST:80", "localhost.", "[::1]:8080"):
+        assert host_allowed(header, served), header
+    # A site whose name its owner made resolve to 127.0.0.1 still sends its own name.
+    for foreign in ("evil.example", "evil.example:8080", "127.0.0.1.evil.example", None, ""):
+        assert not host_allowed(foreign, served), foreign
+    assert served_hosts("::1", (), loopback=True) == ("::1", "127.0.0.1", "localhost")
+
+
+def test_off_loopback_the_page_answers_to_its_address_or_the_names_it_is_given() -> None:
+    assert served_hosts("10.0.0.5", (), loopback=False) == ("10.0.0.5",)
+    assert not host_allowed("localhost:8080", ("10.0.0.5",))
+    assert host_allowed("10.0.0.5:8080", ("10.0.0.5",))
+    given = ("ductor.example.com", "*.internal", "fd00::5")
+    assert served_hosts("0.0.0.0", given, loopback=False) == given
+    assert host_allowed("ductor.example.com:443", given)
+    assert host_allowed("ui.ops.internal", given)
+    assert host_allowed("[fd00:0::5]:8080", given)  # an IPv6 address in any of its spellings
+    assert not host_allowed("internal", given)
+    assert not host_allowed("ductor.example.com.evil.example", given)
+    assert host_allowed("anything.at.all", ("*",))
+    # Bound to every interface, the page has no name of its own: the setting must say them.
+    for everywhere in ("0.0.0.0", "::"):
+        with pytest.raises(ConfigError, match="set DUCTOR_UI_ALLOWED_HOSTS"):
+            served_hosts(everywhere, (), loopback=False)
+
+
+@pytest.mark.parametrize("header", ["[::1", "[::1]x", "[::1]:", "::1", "localhost:http", ":80"])
+def test_a_host_header_that_names_no_host_is_refused(header: str) -> None:
+    assert host_of(header) is None
+    assert not host_allowed(header, LOOPBACK_HOSTS)
+
+
+def test_the_allowed_hosts_setting_reads_names_addresses_and_domains() -> None:
+    settings = load_settings({"DUCTOR_UI_ALLOWED_HOSTS": " Ductor.Example.com, [::1] ,*.ops.io,,"})
+    assert settings.ui_allowed_hosts == ("ductor.example.com", "::1", "*.ops.io")
+    assert load_settings({}).ui_allowed_hosts == ()
+    for bad in ("http://x", "a_b.example", "*.", "x..y"):
+        with pytest.raises(ConfigError, match="DUCTOR_UI_ALLOWED_HOSTS"):
+            load_settings({"DUCTOR_UI_ALLOWED_HOSTS": bad})
+
+
+# -- how many wrong tokens the login form takes -------------------------------------------------
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_wrong_tokens_from_one_address_are_refused_for_the_rest_of_the_window() -> None:
+    clock = _Clock()
+    limiter = LoginLimiter(LoginLimits(per_client=3, overall=100, window_s=60), clock)
+    for _ in range(3):
+        assert limiter.retry_after("10.0.0.1") is None
+        limiter.failed("10.0.0.1")
+        clock.now += 1
+    assert limiter.retry_after("10.0.0.1") == pytest.approx(57)  # the first try leaves at 60
+    assert limiter.retry_after("10.0.0.2") is None  # another address is not held
+    clock.now += 57
+    assert limiter.retry_after("10.0.0.1") is None  # one try left the window: one more
+    limiter.failed("10.0.0.1")
+    assert limiter.retry_after("10.0.0.1") == pytest.approx(1)
+    limiter.succeeded("10.0.0.1")  # the right token forgives the address's own tries
+    assert limiter.retry_after("10.0.0.1") is None
+
+
+def test_wrong_tokens_from_many_addresses_hold_every_login_until_they_age_out() -> None:
+    clock = _Clock()
+    limiter = LoginLimiter(LoginLimits(per_client=3, overall=10, window_s=60), clock)
+    for i in range(10):
+        assert limiter.retry_after(f"10.0.1.{i}") is None
+        limiter.failed(f"10.0.1.{i}")
+    assert limiter.retry_after("192.168.0.9") == pytest.approx(60)  # even a new address
+    assert limiter.tracked() == 10
+    clock.now += 60
+    assert limiter.retry_after("192.168.0.9") is None
+    assert limiter.tracked() == 0  # the addresses leave with their tries: memory is bounded
+
+
+# -- the window of history a look reads ---------------------------------------------------------
+
+_DAY_MS = 86_400_000
+
+
+def _window(since: int | None, until: int | None) -> Window:
+    return window(
+        since, until, now_ms=100 * _DAY_MS, default_s=86400, max_s=7 * 86400, instead="the CLI"
+    )
+
+
+def test_a_look_reads_the_default_window_up_to_the_maximum() -> None:
+    assert _window(None, None) == Window(99 * _DAY_MS, None)
+    assert _window(None, 50 * _DAY_MS) == Window(49 * _DAY_MS, 50 * _DAY_MS)
+    assert _window(93 * _DAY_MS, None) == Window(93 * _DAY_MS, None)
+    with pytest.raises(ValueError, match=r"at most 7 days at a time .* is 8 days: narrow .* CLI"):
+        _window(92 * _DAY_MS, None)
+    with pytest.raises(ValueError, match="Since must be before Until"):
+        _window(50 * _DAY_MS, 50 * _DAY_MS)
+    assert span(7 * 86400) == "7 days" and span(3600) == "1 hour" and span(90) == "90 seconds"
+    assert as_duration(86400) == "1d" and as_duration(5400) == "90m" and as_duration(61) == "61s"
+
+
+def test_the_window_settings_fit_together() -> None:
+    assert (Settings().ui_window_s, Settings().ui_max_window_s) == (86400.0, 7 * 86400.0)
+    with pytest.raises(ConfigError, match="DUCTOR_UI_WINDOW_S=864000 is longer than"):
+        load_settings({"DUCTOR_UI_WINDOW_S": "864000"})
+    with pytest.raises(ConfigError, match="DUCTOR_UI_MAX_WINDOW_S='inf' must be at most"):
+        load_settings({"DUCTOR_UI_MAX_WINDOW_S": "inf"})
+    with pytest.raises(ConfigError, match="DUCTOR_UI_READ_TOKEN_REQUIRED is true but no"):
+        load_settings({"DUCTOR_UI_READ_TOKEN_REQUIRED": "true"})
