@@ -16,7 +16,10 @@ The broker has two client listeners: PLAINTEXT (what everything uses by default)
 SASL_PLAINTEXT with SCRAM-SHA-512, for testing authenticated clients. The SCRAM credentials
 (user `ductor`, password `ductor-scram-secret`: a development secret, like the Postgres
 password) are written into the cluster metadata when `up` formats the log dir
-(`kafka-storage format --add-scram`), so they exist before the broker first answers.
+(`kafka-storage format --add-scram`), so they exist before the broker first answers. The
+broker runs the KRaft ACL authorizer, for trying and testing ACL recipes: a new principal may
+do only what its ACLs allow, and the ones everything else uses (ANONYMOUS on the PLAINTEXT
+listener, `ductor` on the SASL one) are super users.
 
 `up` starts Kafka on a freshly formatted log dir every time (a new, empty cluster); Postgres
 keeps its data directory. `restart` stops a service and starts it again on its data, keeping
@@ -594,6 +597,7 @@ class Kafka:
             host=HOST,
             port=self.port,
             sasl_port=self.sasl_port,
+            sasl_user=KAFKA_SASL_USER,
             controller_port=self.controller_port,
             log_dirs=self.data_dir,
         )
@@ -846,6 +850,14 @@ inter.broker.listener.name=PLAINTEXT
 sasl.enabled.mechanisms=SCRAM-SHA-512
 listener.name.sasl_plaintext.scram-sha-512.sasl.jaas.config=\\
   org.apache.kafka.common.security.scram.ScramLoginModule required;
+# ACLs, as a production cluster has them, to try the recipes of docs/operations.md
+# (tests/integration/test_kafka_acls.py): the KRaft authorizer, and a principal may do only
+# what an ACL allows. Nothing changes for anything but the principals those recipes create:
+# the ones everything else uses are super users, ANONYMOUS (the PLAINTEXT and controller
+# listeners, brokers among themselves) and the SASL user ductor.
+authorizer.class.name=org.apache.kafka.metadata.authorizer.StandardAuthorizer
+allow.everyone.if.no.acl.found=false
+super.users=User:ANONYMOUS;User:{sasl_user}
 log.dirs={log_dirs}
 num.partitions=1
 auto.create.topics.enable=false

@@ -390,7 +390,9 @@ def request_signal(
     """Ask the processors to signal the run through Kafka alone (``ductor.requests``): a
     cancel, or the signal named ``kind`` that a wait step waits for, with ``payload``. The
     signal id (a new one when None: the idempotency key). A signal for a run that does not
-    exist yet is kept for its start (``DUCTOR_KEPT_SIGNAL_TTL_S``), then dead-lettered."""
+    exist yet is kept for its start: a cancel until the start comes, however late (the run
+    then ends cancelled before any step), another for ``DUCTOR_KEPT_SIGNAL_TTL_S``, then
+    dead-lettered."""
     name = str(kind)
     signal_id = signal_id or f"{name}-{uuid.uuid4().hex[:12]}"
     _produce_requests(settings, [SignalRequest(run_id, name, signal_id, payload)], "signal request")

@@ -1,4 +1,5 @@
-"""`ductor gc`: delete finished runs older than a duration (processor/io/retention.py)."""
+"""`ductor gc`: delete finished runs older than a duration (processor/io/retention.py), and
+the cancels kept as long for runs that never started (processor/io/kept_signals.py)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import time
 from processor.cli.common import EXIT_OK, EXIT_USAGE, CliError
 from processor.client import connect
 from processor.io.config import Settings
+from processor.io.kept_signals import count_old_kept_cancels, delete_old_kept_cancels
 from processor.io.retention import Removed, count_finished, cutoff, delete_finished
 
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
@@ -25,10 +27,10 @@ def parse_duration(text: str) -> int:
     return int(match[1]) * _UNITS[match[2]]
 
 
-def _describe(removed: Removed) -> str:
+def _describe(removed: Removed, kept_cancels: int) -> str:
     return (
         f"{removed.runs} run(s), {removed.results} step result(s), {removed.signals} signal(s),"
-        f" {removed.outbox} outbox row(s)"
+        f" {removed.outbox} outbox row(s), {kept_cancels} kept cancel(s)"
     )
 
 
@@ -43,7 +45,8 @@ def cmd_gc(settings: Settings, args: argparse.Namespace) -> int:
         before = cutoff(conn, older_than_s)
         when = f"finished before {before.isoformat(timespec='seconds')}"
         if args.dry_run:
-            print(f"would delete {_describe(count_finished(conn, before))} ({when}; dry run)")
+            counted = _describe(count_finished(conn, before), count_old_kept_cancels(conn, before))
+            print(f"would delete {counted} ({when}; dry run)")
             return EXIT_OK
         next_note = time.monotonic() + _PROGRESS_EVERY_S
 
@@ -54,5 +57,6 @@ def cmd_gc(settings: Settings, args: argparse.Namespace) -> int:
                 print(f"deleted {total.runs} run(s) so far", file=sys.stderr, flush=True)
 
         total, batches = delete_finished(conn, before, args.batch_size, progress)
-    print(f"deleted {_describe(total)} ({when}; {batches} batch(es))")
+        cancels = delete_old_kept_cancels(conn, before)
+    print(f"deleted {_describe(total, cancels)} ({when}; {batches} batch(es))")
     return EXIT_OK

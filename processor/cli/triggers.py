@@ -149,7 +149,12 @@ def add_trigger_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser
         " header:NAME, key, or position (one run per record; the default for a start;"
         " a signal's default is $.run_id)",
     )
-    p.add_argument("--run-id-prefix", default="", help="put before each run id")
+    p.add_argument(
+        "--run-id-prefix",
+        default="",
+        help="put before each run id: the trigger reaches only the runs whose ids begin with it"
+        " (required with --signal)",
+    )
     p.add_argument(
         "--input",
         metavar="PATH",

@@ -14,7 +14,8 @@ Every record that reaches the processor gets exactly one of these verdicts:
 
 A record of a trigger's source topic (core/triggers.py) is judged by ``admit_trigger``: it is
 ``Requested`` as if read from ``ductor.requests``, ``Skipped`` (its trigger's filter leaves it
-out: taken and done at once), or a ``Reject``.
+out: taken and done at once), or a ``Reject``. A request from either door outside that door's
+scope (core/scopes.py) is a ``Reject`` (``not_allowed``).
 
 Due times have a horizon: a delay record is never due later than its rung, a wakeup-tier
 record never later than the longest rung, a timer's target never later than the longest retry
@@ -34,7 +35,8 @@ from processor.core.outcomes import DeadLetterReason
 from processor.core.records import Inbound, KafkaMessage, normalise_headers
 from processor.core.requests import Request, decode_request
 from processor.core.routing import DELAY_RUNGS_MS, TopicNames
-from processor.core.triggers import Filtered, Trigger, map_record
+from processor.core.scopes import ANY_DOOR, Scope, scope_refusal
+from processor.core.triggers import Filtered, Trigger, map_record, trigger_scope
 from processor.core.workflow import MAX_BACKOFF_MS
 
 CLOCK_TOLERANCE_MS = 60_000  # producers' clocks may be this far ahead of ours
@@ -102,12 +104,22 @@ def admit_trigger(
         return Reject(record, mapped.reason, f"trigger {trigger.name}: {mapped.detail}")
     if isinstance(mapped, Filtered):
         return Skipped(record)
+    refused = scope_refusal(trigger_scope(trigger), mapped)
+    if refused is not None:
+        return Reject(record, refused.reason, refused.detail)
     return Requested(record, mapped)
 
 
-def admit(message: KafkaMessage, names: TopicNames, max_bytes: int, now_ms: int) -> Verdict:
-    """The verdict on a record the consumer returned without an error. Never raises on what
-    the record holds: a poison record must never stop the consumer."""
+def admit(
+    message: KafkaMessage,
+    names: TopicNames,
+    max_bytes: int,
+    now_ms: int,
+    scope: Scope = ANY_DOOR,
+) -> Verdict:
+    """The verdict on a record the consumer returned without an error; a request outside
+    ``scope`` (the requests topic's: core/scopes.py) is refused. Never raises on what the
+    record holds: a poison record must never stop the consumer."""
     topic, partition, offset = message.topic(), message.partition(), message.offset()
     assert topic is not None and partition is not None and offset is not None
     record = Inbound(
@@ -124,6 +136,9 @@ def admit(message: KafkaMessage, names: TopicNames, max_bytes: int, now_ms: int)
             request = decode_request(record.value, max_bytes)
             if isinstance(request, Rejected):
                 return Reject(record, request.reason, request.detail)
+            refused = scope_refusal(scope, request)
+            if refused is not None:
+                return Reject(record, refused.reason, refused.detail)
             return Requested(record, request)
         decoded = decode_wakeup(record.value, max_bytes)
     except Exception as exc:

@@ -43,6 +43,9 @@ class DeadLetterReason(StrEnum):
     CONFLICTING_START = "conflicting_start"
     # A start request whose input does not match its workflow's input schema.
     INVALID_INPUT = "invalid_input"
+    # A request outside the scope of the door it came through (the requests topic's
+    # DUCTOR_REQUESTS_* settings, a trigger's definition): core/scopes.py.
+    NOT_ALLOWED = "not_allowed"
 
 
 DLQ_REASONS = tuple(r.value for r in DeadLetterReason)

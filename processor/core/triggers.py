@@ -10,6 +10,10 @@ Mapping a record is pure and never raises on what the record holds: a record is 
 
 The stored form (``eec_trigger.definition``) is the JSON ``Trigger.to_json`` writes;
 ``parse_trigger`` reads it back and is what ``ductor triggers create`` checks a new one with.
+
+A trigger's definition is its scope (``trigger_scope``, core/scopes.py): it starts its one
+workflow or sends its one signal, to run ids under its prefix; a signal trigger must have a
+prefix (one stored without, from before that rule, cannot be read, and is not followed).
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ from processor.core.requests import (
     StartRequest,
 )
 from processor.core.routing import TIERS
+from processor.core.scopes import Scope
 from processor.core.storable import holds_nul
 from processor.core.workflow import SIGNAL_NAME
 
@@ -236,6 +241,7 @@ def parse_trigger(name: str, raw: Any, start_offsets: tuple[tuple[int, int], ...
         fields["signal"] = signal
         if run_id.kind == "position":
             raise ValueError("a signal trigger takes its run id from the record, not its position")
+        _require_signal_scope(prefix)
     if "filter" in raw:
         given = raw["filter"]
         if not isinstance(given, dict) or set(given) != {"path", "equals"}:
@@ -244,6 +250,26 @@ def parse_trigger(name: str, raw: Any, start_offsets: tuple[tuple[int, int], ...
     return Trigger(
         name, topic, action, run_id, run_id_prefix=prefix, start_offsets=start_offsets, **fields
     )
+
+
+def _require_signal_scope(prefix: str) -> None:
+    """A signal trigger reaches only the runs under its prefix: without one, whoever writes
+    its topic could signal (cancel, approve) every run there is."""
+    if not prefix:
+        raise ValueError(
+            "a signal trigger needs a run-id prefix (--run-id-prefix): it may signal only the"
+            " runs whose ids begin with it, not every run"
+        )
+
+
+def trigger_scope(trigger: Trigger) -> Scope:
+    """What the trigger's records may ask for (core/scopes.py): its definition is its scope,
+    the one workflow it starts or the one signal it sends, to run ids under its prefix."""
+    door = f"trigger {trigger.name}"
+    prefixes = (trigger.run_id_prefix,) if trigger.run_id_prefix else None
+    if trigger.action == "start":
+        return Scope(door, (trigger.workflow,), prefixes, ())
+    return Scope(door, (), prefixes, (trigger.signal,))
 
 
 def _text(raw: dict[str, Any], field: str, default: str) -> str:

@@ -159,7 +159,9 @@ class Processor:
             postgres=self.postgres,
             clock=self.clock,
         )
-        # Start and signal requests from upstream producers (ductor.requests).
+        # Start and signal requests from upstream producers (ductor.requests), within the
+        # scope the operator set (core/scopes.py): said once started, unscoped or not.
+        self.requests_scope = settings.requests_scope
         self.requests = RequestDesk(
             settings.pg_dsn,
             self.executor,
@@ -219,6 +221,7 @@ class Processor:
         try:
             if self._start():
                 log.info("processor started", extra={"instance": self.instance_id})
+                log.info(self.requests_scope.describe())
                 settle_collector()
                 while not self._stop.is_set() and not (until is not None and until()):
                     self.step()
@@ -428,7 +431,9 @@ class Processor:
             self._intake_trigger(message)
             return
         now_ms = self.clock.now_ms()
-        verdict = admit(message, self.names, self.settings.max_record_bytes, now_ms)
+        verdict = admit(
+            message, self.names, self.settings.max_record_bytes, now_ms, self.requests_scope
+        )
         if isinstance(verdict, NotDue):
             self.flow.hold_until_due(tp, verdict.record.offset, time.monotonic(), verdict.wait_ms)
             return

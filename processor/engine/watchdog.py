@@ -12,8 +12,9 @@ Schedules (io/schedules.py) are fired by shard too: the runs of their due fires 
 and woken.
 
 Signals kept for runs that did not exist yet (io/kept_signals.py) are swept by shard too: those
-whose run now exists are applied and their runs woken, those whose run never came are claimed
-for their dead letters, deleted once the broker has them.
+whose run now exists are applied and their runs woken, those whose run never came (a cancel
+excepted: it waits for its start however long) are claimed for their dead letters, deleted
+once the broker has them.
 
 The relay is not split: every live instance claims rows left behind, whether it owns
 partitions or not; it takes only rows whose owner is gone from the instance registry
@@ -58,7 +59,8 @@ class SweepSettings:
     stuck_after_s: float  # a live run with no transition for this long is force-failed
     limit: int  # runs per sweep
     relay_after_s: float  # outbox rows left this long are relayed by whoever sweeps first
-    kept_signal_ttl_s: float = 300.0  # a kept signal whose run never came is dead-lettered
+    # A kept signal whose run never came is dead-lettered after this (a cancel never is).
+    kept_signal_ttl_s: float = 300.0
     trigger_refresh_s: float = 5.0  # how often the triggers are read again
 
 

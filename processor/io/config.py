@@ -22,6 +22,7 @@ from dataclasses import dataclass, field, fields, replace
 import psycopg
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
+from processor.core.scopes import Scope, format_scope_list, parse_scope_list
 from processor.io import kafka_properties
 from processor.io.kafka_properties import PASSTHROUGH_PREFIX as KAFKA_PASSTHROUGH_PREFIX
 
@@ -77,8 +78,16 @@ class Settings:
     # again by any instance's relay: their instance died between commit and produce.
     relay_after_s: float = 3.0
     # A signal read from ductor.requests for a run that does not exist is kept this long for
-    # its start (the two may race), then dead-lettered as unknown_run.
+    # its start (the two may race), then dead-lettered as unknown_run; a cancel is kept until
+    # its start comes, however late (io/kept_signals.py).
     kept_signal_ttl_s: float = 300.0
+    # What the requests topic may ask for (core/scopes.py): the workflows a start may name,
+    # the prefixes every run id (started or signalled) must begin with, the signals it may
+    # send. None (written "*"): any, the default: unscoped, as before scopes existed; ():
+    # none. A request outside them is a not_allowed dead letter.
+    requests_workflows: tuple[str, ...] | None = None
+    requests_run_id_prefixes: tuple[str, ...] | None = None
+    requests_signals: tuple[str, ...] | None = None
     # How often a processor reads the triggers again (a new one is followed this long after
     # `ductor triggers create` at most).
     trigger_refresh_s: float = 5.0
@@ -129,6 +138,16 @@ class Settings:
     def worker_group_id(self) -> str:
         """The step workers' consumer group: the coordinator's group id, then ``-workers``."""
         return f"{self.group_id}-workers"
+
+    @property
+    def requests_scope(self) -> Scope:
+        """What a record of the requests topic may ask for (core/scopes.py)."""
+        return Scope(
+            "the requests topic (DUCTOR_REQUESTS_*)",
+            self.requests_workflows,
+            self.requests_run_id_prefixes,
+            self.requests_signals,
+        )
 
     @property
     def pg_dsn_redacted(self) -> str:
@@ -349,6 +368,20 @@ def _float_in(minimum: float, maximum: float) -> Callable[[str, str], float]:
     return parse
 
 
+def _parse_scope(kind: str) -> Callable[[str, str], tuple[str, ...] | None]:
+    """A scope's list (core/scopes.py): ``*`` any, empty none, else comma-separated items."""
+
+    def parse(name: str, raw: str) -> tuple[str, ...] | None:
+        try:
+            return parse_scope_list(kind, raw)
+        except ValueError as exc:
+            raise ConfigError(
+                f"{name}={raw!r}: {exc}; write '*' (any), nothing (none) or a comma-separated list"
+            ) from None
+
+    return parse
+
+
 def _kafka_passthrough(env: Mapping[str, str]) -> dict[str, str]:
     """The librdkafka properties the DUCTOR_KAFKA_* variables give (whether each may be set
     is checked with the other settings: ``_check_together``)."""
@@ -395,6 +428,9 @@ _FIELDS: tuple[tuple[str, Callable[[str, str], object]], ...] = (
     ("sweep_limit", _int_in(1, 1_000_000)),
     ("relay_after_s", _float_min(0.5)),
     ("kept_signal_ttl_s", _float_min(1.0)),
+    ("requests_workflows", _parse_scope("workflows")),
+    ("requests_run_id_prefixes", _parse_scope("run_id_prefixes")),
+    ("requests_signals", _parse_scope("signals")),
     ("trigger_refresh_s", _float_min(0.1)),
     ("instance_timeout_s", _float_min(1.0)),
     ("partition_by_run", _parse_bool),
@@ -430,8 +466,8 @@ def _format(value: object) -> str:
         return f"{value.t0}:{value.t1}:{value.t2}:{value.delay}"
     if isinstance(value, float):
         return repr(value)  # the shortest text that reads back as the same float
-    if isinstance(value, tuple):
-        return ",".join(str(v) for v in value)
+    if value is None or isinstance(value, tuple):  # a scope's or a host list: None is any
+        return format_scope_list(value)
     return str(value)
 
 

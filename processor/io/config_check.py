@@ -48,6 +48,7 @@ def run_checks(settings: Settings, clock: Callable[[], float] = time.monotonic) 
     checks.append(postgres)
     if conn is None:
         checks.append(Check("schema", False, "not checked: Postgres did not answer"))
+        checks.append(_requests_scope(settings, None))
     else:
         with conn:
             checks.append(_schema(conn))
@@ -55,6 +56,7 @@ def run_checks(settings: Settings, clock: Callable[[], float] = time.monotonic) 
                 queues = registered_queues(conn)
             except psycopg.Error:
                 queues = []  # no workflow table yet: the schema check said why
+            checks.append(_requests_scope(settings, conn))
     clients, producer, errors = _kafka_clients(settings)
     checks.append(clients)
     if producer is None:
@@ -127,6 +129,30 @@ def _schema(conn: psycopg.Connection[Any]) -> Check:
             f" ({', '.join(unknown)}): it is older than the schema",
         )
     return Check("schema", True, f"up to date ({max(applied) if applied else 'none'})")
+
+
+def _requests_scope(settings: Settings, conn: psycopg.Connection[Any] | None) -> Check:
+    """What the requests topic may ask for (docs/requests.md#who-may-do-what); a workflow the
+    scope names that is not registered is said (a typo would refuse every start of it)."""
+    scope = settings.requests_scope
+    detail = scope.describe().split(": ", 1)[1]
+    if scope.unscoped:
+        detail += (
+            ": whoever may write the topic may start and signal anything (DUCTOR_REQUESTS_*"
+            " scope it)"
+        )
+    if conn is not None and scope.workflows:
+        try:
+            rows = conn.execute(
+                "SELECT DISTINCT name FROM eec_workflow_definition WHERE name = ANY(%s)",
+                (list(scope.workflows),),
+            ).fetchall()
+        except psycopg.Error:
+            rows = []  # no workflow table yet: the schema check said why
+        unknown = sorted(set(scope.workflows) - {r[0] for r in rows})
+        if unknown:
+            detail += f" (not registered: {', '.join(unknown)})"
+    return Check("requests scope", True, detail)
 
 
 def _quiet(config: dict[str, Any], errors: list[KafkaError]) -> dict[str, Any]:

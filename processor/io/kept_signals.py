@@ -4,6 +4,11 @@ them (``take_kept_signals``, in the statement's transaction); the watchdog's swe
 shards its instance owns, adopts those whose run appeared another way or in a race with the
 keeping transaction, and dead-letters those that waited longer than the time to live.
 
+A cancel has no time to live: it is kept until a start for its run id comes, however late,
+and that run then ends cancelled before any step runs (were it dead-lettered, a late start
+would run as if never cancelled). ``ductor gc`` deletes the cancels kept longer than the
+finished runs it keeps (``delete_old_kept_cancels``): past that, a run id is forgotten anyway.
+
 A kept signal is applied or dead-lettered, never both: once a sweep claims one for its dead
 letter (``dead_letter_sent_at``, ``dead_letter_by``), no start takes it; it is deleted once
 the broker has the dead letter (at a shutdown too), and sent again by another instance's sweep
@@ -15,10 +20,12 @@ from __future__ import annotations
 import base64
 from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 import psycopg
 
+from processor.core.model import SignalKind
 from processor.core.records import Headers, Inbound
 from processor.io.instances import alive
 from processor.io.store import OutboxRelay
@@ -59,22 +66,39 @@ SELECT DISTINCT c.run_id, c.tier FROM chosen c JOIN taken t USING (run_id, signa
 
 # Expired kept signals of the owned shards whose run does not exist, and those claimed before
 # by an instance that is gone (it died before the broker had their dead letters), claimed now.
+# A cancel never expires (module docstring): the first half reads the partial index that holds
+# only the signals that may (migration 0022), so cancels kept long cost the sweep nothing.
 _CLAIM_EXPIRED = f"""
-UPDATE eec_kept_signal k SET dead_letter_sent_at = now(), dead_letter_by = %(me)s
-  FROM (
-    SELECT run_id, signal_id FROM eec_kept_signal s
-     WHERE s.shard %% %(modulus)s = ANY(%(shards)s)
+WITH expired AS (
+    SELECT s.run_id, s.signal_id, s.received_at FROM eec_kept_signal s
+     WHERE s.dead_letter_sent_at IS NULL AND s.kind <> '{SignalKind.CANCEL.value}'
        AND s.received_at < now() - make_interval(secs => %(ttl_s)s)
-       AND ((s.dead_letter_sent_at IS NULL
-             AND NOT EXISTS (SELECT 1 FROM eec_workflow_run r WHERE r.run_id = s.run_id))
-            OR (%(judge)s AND NOT {alive("s.dead_letter_by")}))
+       AND s.shard %% %(modulus)s = ANY(%(shards)s)
+       AND NOT EXISTS (SELECT 1 FROM eec_workflow_run r WHERE r.run_id = s.run_id)
      ORDER BY s.received_at LIMIT %(limit)s
        FOR UPDATE SKIP LOCKED
-  ) due
+), orphaned AS (
+    SELECT s.run_id, s.signal_id, s.received_at FROM eec_kept_signal s
+     WHERE %(judge)s AND s.dead_letter_sent_at IS NOT NULL
+       AND s.shard %% %(modulus)s = ANY(%(shards)s) AND NOT {alive("s.dead_letter_by")}
+     ORDER BY s.received_at LIMIT %(limit)s
+       FOR UPDATE SKIP LOCKED
+), due AS (
+    SELECT * FROM expired UNION ALL SELECT * FROM orphaned ORDER BY received_at LIMIT %(limit)s
+)
+UPDATE eec_kept_signal k SET dead_letter_sent_at = now(), dead_letter_by = %(me)s
+  FROM due
  WHERE k.run_id = due.run_id AND k.signal_id = due.signal_id
 RETURNING k.run_id, k.signal_id, k.record_key, k.record_value, k.record_headers,
           k.source_topic, k.source_partition, k.source_offset,
           extract(epoch FROM now() - k.received_at)
+"""
+
+# The cancels kept for runs that never started, received before a moment (``ductor gc``).
+_OLD_CANCELS = f"""
+  FROM eec_kept_signal
+ WHERE kind = '{SignalKind.CANCEL.value}' AND dead_letter_sent_at IS NULL
+   AND received_at < %(before)s
 """
 
 _FORGET = """
@@ -147,6 +171,18 @@ def claim_expired_signals(
         )
         for run_id, signal_id, key, value, headers, topic, partition, offset, kept_s in rows
     ]
+
+
+def delete_old_kept_cancels(conn: psycopg.Connection[Any], before: datetime) -> int:
+    """Delete the cancels kept for runs that never started, received before ``before``; how
+    many (``ductor gc``: a run id is remembered as long as a finished run is kept)."""
+    return conn.execute("DELETE" + _OLD_CANCELS, {"before": before}).rowcount
+
+
+def count_old_kept_cancels(conn: psycopg.Connection[Any], before: datetime) -> int:
+    """How many ``delete_old_kept_cancels`` would delete now."""
+    row = conn.execute("SELECT count(*)" + _OLD_CANCELS, {"before": before}).fetchone()
+    return int(row[0]) if row else 0
 
 
 def forget_kept_signals(conn: psycopg.Connection[Any], keys: Sequence[KeptKey]) -> None:

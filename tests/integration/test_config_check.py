@@ -48,6 +48,7 @@ def test_settings_that_work_pass_every_check(settings: Settings) -> None:
         "ok    telemetry",
         "ok    postgres",
         "ok    schema",
+        "ok    requests scope",
         "ok    kafka settings",
         "ok    kafka",
         "ok    topics",
@@ -101,4 +102,5 @@ def test_an_unreachable_postgres_fails_its_checks_within_seconds(settings: Setti
     lines = done.stdout.splitlines()
     assert lines[1].startswith("FAIL  postgres: cannot connect to user=ductor password=***")
     assert lines[2] == "FAIL  schema: not checked: Postgres did not answer"
-    assert lines[4].startswith("ok    kafka: ")  # the broker is checked all the same
+    assert lines[3].startswith("ok    requests scope: unscoped")  # said without a database
+    assert lines[5].startswith("ok    kafka: ")  # the broker is checked all the same

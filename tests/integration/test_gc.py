@@ -31,7 +31,8 @@ pytestmark = pytest.mark.integration
 
 _REPORT = re.compile(
     r"(deleted|would delete) (\d+) run\(s\), (\d+) step result\(s\), (\d+) signal\(s\),"
-    r" (\d+) outbox row\(s\) \(finished before \S+; (dry run|\d+ batch\(es\))\)"
+    r" (\d+) outbox row\(s\), 0 kept cancel\(s\) \(finished before \S+;"
+    r" (dry run|\d+ batch\(es\))\)"
 )
 
 

@@ -191,12 +191,15 @@ def test_a_kept_signal_is_applied_when_its_run_appears_and_dead_lettered_when_no
     direct path (``ductor start``) is applied at its first tick; one left kept beside a run
     that exists (the state a start racing the signal's statement leaves) is adopted by the
     sweep; one whose run never comes is one dead letter, ``unknown_run``, with the record's
-    own key, value, headers and position, once its time to live has passed."""
+    own key, value, headers and position, once its time to live has passed; but a cancel
+    whose run never came is kept past it, for its start (test_early_cancels.py)."""
     pg = audit
     settings = replace(settings, kept_signal_ttl_s=3.0)
     processor_thread(settings)
     topic = TopicNames(settings.topic_prefix).requests
-    ghost = SignalRequest("ghost-1", "cancel", "sig-ghost").encode()
+    _write(settings, [_cancel("ghost-0", "sig-ghost-0")])  # kept first: it would expire first
+    wait_for(lambda: _kept(pg) == ["ghost-0"], 30, "the cancel to be kept")
+    ghost = SignalRequest("ghost-1", "approve", "sig-ghost", {"ok": True}).encode()
     kcat_produce_many(
         settings,
         topic,
@@ -205,7 +208,7 @@ def test_a_kept_signal_is_applied_when_its_run_appears_and_dead_lettered_when_no
         headers=[("producer", b"billing")],
     )
     _write(settings, [_cancel("late-1", "sig-late")])
-    wait_for(lambda: _kept(pg) == ["ghost-1", "late-1"], 30, "both signals to be kept")
+    wait_for(lambda: _kept(pg) == ["ghost-0", "ghost-1", "late-1"], 30, "the signals to be kept")
     start_run(settings, WORKFLOW["name"], "late-1")  # the direct path takes its signal
     # The race's leftover: a run, and a signal kept for it that no start took.
     start_run(settings, WORKFLOW["name"], "race-1")
@@ -222,7 +225,7 @@ def test_a_kept_signal_is_applied_when_its_run_appears_and_dead_lettered_when_no
         60,
         "both runs to be cancelled by their kept signals",
     )
-    wait_for(lambda: _kept(pg) == [], 60, "the unclaimed signal to be dead-lettered")
+    wait_for(lambda: _kept(pg) == ["ghost-0"], 60, "the unclaimed signal to be dead-lettered")
     [letter] = read_dead_letters(settings)
     assert letter.reason == "unknown_run"
     assert (letter.key, letter.value) == (b"ghost-1", ghost)
@@ -232,7 +235,7 @@ def test_a_kept_signal_is_applied_when_its_run_appears_and_dead_lettered_when_no
         partition_for("ghost-1", settings.wakeup_partitions)
     )
     assert "ghost-1" in (letter.header("ductor.dlq.detail") or "")
-    assert _signals(pg, ["late-1", "race-1", "ghost-1"]) == {"late-1": 1, "race-1": 1}
+    assert _signals(pg, ["late-1", "race-1", "ghost-0", "ghost-1"]) == {"late-1": 1, "race-1": 1}
     assert_transitions_applied_once(pg)
 
 
@@ -284,7 +287,7 @@ def test_a_kept_signals_dead_letter_claimed_by_an_instance_that_died_is_sent_onc
     settings = replace(settings, kept_signal_ttl_s=2.0)
     doomed = spawn(["process"], replace(settings, test_faults="kept_claimed=kill@1"), "doomed")
     wait_for(lambda: doomed.owned_partitions() > 0, 60, "the doomed instance to own partitions")
-    _write(settings, [_cancel("ghost-2", "sig-ghost-2")])
+    _write(settings, [("ghost-2", SignalRequest("ghost-2", "approve", "sig-ghost-2").encode())])
     wait_for(lambda: doomed.proc.poll() is not None, 60, "the fault to kill the instance")
     assert doomed.proc.returncode == -9
     claimed = pg.execute("SELECT dead_letter_by FROM eec_kept_signal").fetchall()

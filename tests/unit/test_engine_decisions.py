@@ -218,6 +218,16 @@ DEAD_LETTERS: dict[DeadLetterReason, Callable[[], Plan]] = {
         NOW_MS,
         RULES,
     ),
+    DeadLetterReason.NOT_ALLOWED: lambda: request_plan(
+        accepted(wakeup_message(7, Wakeup("r", "start"), partition=2)),
+        "r",
+        Refused(
+            DeadLetterReason.NOT_ALLOWED,
+            "the requests topic may not start workflow 'w': it may start 'orders'",
+        ),
+        NOW_MS,
+        RULES,
+    ),
     DeadLetterReason.INVALID_INPUT: lambda: request_plan(
         accepted(wakeup_message(7, Wakeup("r", "start"), partition=2)),
         "r",

@@ -95,11 +95,18 @@ def test_the_run_id_from_the_position_the_key_or_a_header() -> None:
 
 def test_a_signal_trigger_signals_the_run_the_record_names_once_per_record() -> None:
     trigger = parse_trigger(
-        "cancels", {"trigger_version": 1, "topic": "t", "action": "signal", "run_id": "$.run"}
+        "cancels",
+        {
+            "trigger_version": 1,
+            "topic": "t",
+            "action": "signal",
+            "run_id": "$.run",
+            "run_id_prefix": "order-",
+        },
     )
-    found = map_record(trigger, _record({"run": "order-1", "why": "customer"}, offset=40), 9999)
+    found = map_record(trigger, _record({"run": "1", "why": "customer"}, offset=40), 9999)
     assert found == SignalRequest(
-        "order-1", "cancel", "cancels:2:40", {"run": "order-1", "why": "customer"}
+        "order-1", "cancel", "cancels:2:40", {"run": "1", "why": "customer"}
     )
 
 
@@ -144,7 +151,13 @@ def test_a_trigger_that_cannot_work_is_refused_with_what_to_fix(
 
 
 def test_a_signal_trigger_needs_a_run_id_from_the_record() -> None:
-    raw = {"trigger_version": 1, "topic": "t", "action": "signal", "run_id": "position"}
+    raw = {
+        "trigger_version": 1,
+        "topic": "t",
+        "action": "signal",
+        "run_id": "position",
+        "run_id_prefix": "order-",
+    }
     with pytest.raises(ValueError, match="not its position"):
         parse_trigger("t", raw)
 
