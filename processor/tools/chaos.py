@@ -14,10 +14,12 @@ start. Then every run must end.
 Checked with the audit trail (processor/tools/audit.py) in the same database: every run
 succeeded (so none was force-failed as stuck or for livelock), no transition was applied
 twice, no step attempt was dispatched or resolved twice, every succeeded node's result was
-recorded and applied, every attempt that timed out did run (no task was lost) and was in
-flight while a step could really be held back (Postgres frozen, the broker down, a killed
-worker's session not yet expired: processor/tools/chaos_report.py), no process exited by
-itself, no effect was left in the outbox, nothing was dead-lettered.
+recorded and applied, no write to a run row left its version where it was (the row has one
+writer: the sweeps' marks and quarantine flags live beside it), every attempt that timed out
+did run (no task was lost) and was in flight while a step could really be held back
+(Postgres frozen, the broker down, a killed worker's session not yet expired:
+processor/tools/chaos_report.py), no process exited by itself, no effect was left in the
+outbox, nothing was dead-lettered.
 
 It needs the services infra/local.py runs (it restarts them), so it runs from a checkout of
 the repository (processor/tools/checkout.py); from an installed package it says so and exits 2:

@@ -104,6 +104,8 @@ class ChaosReport:
     problems: list[str]
     lost_starts: int = 0  # runs inserted without a start wakeup: the sweep started them
     ended_while_locked: int = 0  # runs that ended while a row was held from outside
+    # Writes to run rows that left the version where it was, by the columns they changed.
+    unversioned: Counter[str] = field(default_factory=Counter)
 
     @property
     def ok(self) -> bool:
@@ -162,6 +164,11 @@ class ChaosReport:
                 f"{self.writes} committed writes checked"
                 if self.writes is not None
                 else "FAILED (see problems)",
+            ),
+            (
+                "one writer",
+                f"{sum(self.unversioned.values())} writes to a run row that did not move its"
+                " version" + (f" ({_counts(self.unversioned)})" if self.unversioned else ""),
             ),
             (
                 "timeouts",
@@ -248,6 +255,7 @@ def check(
             audit.assert_results_applied(conn, run_ids)
         except audit.AuditFailure as exc:
             problems.append(f"audit: {exc}")
+        unversioned = audit.unversioned_writes(conn, prefix)
         timeouts = audit.timed_out_attempts(conn, prefix)
         outbox = count_outbox_with_prefix(conn, prefix)
         executions = chaos_steps.executions(conn, prefix)
@@ -282,6 +290,11 @@ def check(
                 f"attempt timed out with no outage to explain it: {where},"
                 f" result recorded at {t.result_at.timestamp():.3f}"
             )
+    if unversioned:
+        problems.append(
+            f"writes to run rows that did not move their version (the row has one writer):"
+            f" {dict(unversioned)}"
+        )
     if outbox:
         problems.append(f"{outbox} outbox rows left after every process stopped")
     for exit_ in fleet.exits:
@@ -320,6 +333,7 @@ def check(
         problems=problems,
         lost_starts=lost_starts,
         ended_while_locked=ended_while_locked,
+        unversioned=unversioned,
     )
 
 
