@@ -53,6 +53,7 @@ from confluent_kafka.admin import AdminClient, ConfigResource  # type: ignore[at
 from processor.core.workflow import WorkflowDef, parse_workflow
 from processor.io.config import ConfigError, Settings, load_settings
 from processor.io.connections import connect_durable
+from processor.io.dlq import DlqError, read_dead_letters
 from processor.io.kafka import admin_config
 from processor.io.kafka_logs import with_logger
 from processor.io.migrate import migrate
@@ -252,8 +253,14 @@ class _Chaos:
             codes = self.fleet.stop()
             self.proxy.close()
             self.infra.ensure_running()
+        try:
+            letters = read_dead_letters(self.settings)
+        except DlqError as exc:
+            letters = []
+            problems.append(f"the dead-letter topic could not be read: {exc}")
         return check(
             self.settings.pg_dsn,
+            dead_letters=letters,
             copies=plan.copies,
             seed=plan.seed,
             prefix=self.prefix,
