@@ -11,6 +11,7 @@ import uuid
 from dataclasses import replace
 from typing import Any
 
+import orjson
 import psycopg
 import pytest
 
@@ -85,6 +86,13 @@ def test_the_sweeps_and_the_quarantine_never_write_the_run_row(
         sweeps = watchdog.sweeps
         wait_for(lambda: watchdog.sweeps >= sweeps + 3, 30, "three more sweeps")
         assert_every_write_versioned(pg, prefix)
+        # What users see of the flag, read beside the row: the listing and inspect.
+        listed = run_ductor(settings, "runs", "list", "--id-prefix", prefix, "--output", "json")
+        assert listed.returncode == 0, listed.stderr
+        flagged = {r["run_id"] for r in orjson.loads(listed.stdout)["runs"] if r["quarantined"]}
+        assert flagged == {tampered}
+        shown = run_ductor(settings, "inspect", tampered)
+        assert shown.returncode == 1 and "QUARANTINED since" in shown.stdout
 
         # The operator repairs the row (by hand: not the processor's write, left out of the
         # trail) and releases it: `runs release` moves the version, and the run goes on.
