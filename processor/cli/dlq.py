@@ -24,7 +24,14 @@ def cmd_dlq_list(settings: Settings, args: argparse.Namespace) -> int:
     # The count goes to stderr, so stdout stays exactly one line per record for scripts.
     which = f" with reason {args.reason}" if args.reason else ""
     topic = TopicNames(settings.topic_prefix).dlq
-    print(f"{len(letters)} dead letter(s){which} listed from {topic}", file=sys.stderr)
+    again = sum(1 for letter in letters if letter.copies > 1)
+    resent = (
+        f" ({again} of them dead-lettered again by the instance that redid the record after"
+        " a crash: listed once)"
+        if again
+        else ""
+    )
+    print(f"{len(letters)} dead letter(s){which} listed from {topic}{resent}", file=sys.stderr)
     return EXIT_OK
 
 

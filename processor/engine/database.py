@@ -119,7 +119,7 @@ class Database:
 
     def woken(self, run_ids: Sequence[str]) -> set[str]:
         """Mark the runs the stuck sweep wakes (spaced like the overdue ones); the marked."""
-        return {run_id for run_id, _tier in sweeps.mark_rewoken(self.conn, run_ids)}
+        return sweeps.mark_rewoken(self.conn, run_ids)
 
     def stuck(
         self, modulus: int, shards: Sequence[int], stuck_s: float, grace_s: float, limit: int

@@ -62,7 +62,7 @@ from processor.engine.stage import DatabaseStage, InFlight, StageResult
 from processor.io.db_clock import DatabaseClock
 from processor.io.db_errors import TRANSIENT, classify
 from processor.io.delivery import Delivery, Refusal
-from processor.io.faults import NO_FAULTS, Faults
+from processor.io.faults import NO_FAULTS, Faults, Point
 from processor.io.kafka import Outbox, choose_partition
 from processor.io.kept_signals import ExpiredSignal, KeptKey
 from processor.io.logs import first_line
@@ -162,6 +162,7 @@ class Executor:
         clock = clock or DatabaseClock(wall_ms)
         wall_ms = clock.now_ms
         self._stage_runner = DatabaseStage(database, rules, clock, faults, recent)
+        self._faults = faults
         self._outbox = outbox
         self._partitions = partitions  # filled by the processor once the topics are known
         self._rules = rules
@@ -366,6 +367,8 @@ class Executor:
         settling.held = 0
         if settling.outboxed_seq is not None and settling.parked is None:
             self._acknowledge([(settling.work.run_id, settling.outboxed_seq)])
+        if settling.outcome is Outcome.DEAD_LETTERED:
+            self._faults.hit(Point.DEAD_LETTERED, settling.work.run_id)
         self.finish(settling.work, settling.outcome)
 
     def _park(self, settling: _Settling) -> None:

@@ -8,6 +8,13 @@ free of side effects and always starts from the beginning.
 Replaying produces the record again with its original key and headers (the ``ductor.dlq.*``
 ones removed) and either its original value or a fixed one. A wakeup is idempotent, so
 replaying a record twice only wakes the run twice; the second tick is a no-op.
+
+A bad record is one dead letter. A record's offset is committed after the broker has its
+dead letter, so an instance killed in between leaves it to the next owner of its partition,
+which dead-letters it again: the same source topic, partition and offset (the ``ductor.dlq.*``
+headers every dead letter carries). That source position is the dead letter's identity:
+reading folds the copies into the first one (``DeadLetter.copies`` counts them), so every
+listing and count (``ductor dlq list``, the web page, the chaos run) has each bad record once.
 """
 
 from __future__ import annotations
@@ -15,7 +22,7 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
@@ -52,6 +59,7 @@ class DeadLetter:
     key: bytes | None
     value: bytes | None
     headers: Headers
+    copies: int = 1  # times its record was dead-lettered (again after a crash: module doc)
 
     def header(self, name: str) -> str | None:
         """The last header of that name, as text (the processor writes them as UTF-8)."""
@@ -77,6 +85,15 @@ class DeadLetter:
     @property
     def source_offset(self) -> int | None:
         return _int_or_none(self.header(SOURCE_OFFSET))
+
+    @property
+    def identity(self) -> tuple[str, int, int]:
+        """Which bad record this is the dead letter of: its source topic, partition and
+        offset; one whose headers do not say (not written by Ductor) is its own record."""
+        topic, partition, offset = self.source_topic, self.source_partition, self.source_offset
+        if topic is None or partition is None or offset is None:
+            return ("", self.partition, self.offset)  # no topic is named "": never a source
+        return (topic, partition, offset)
 
     def original_headers(self) -> Headers:
         """The headers the record had before it was dead-lettered."""
@@ -124,27 +141,51 @@ def read_dead_letters(
     until_ms: int | None = None,
 ) -> list[DeadLetter]:
     """The dead letters from the beginning of the topic up to its end when called (records
-    written meanwhile are not waited for), optionally only one reason, at most ``limit``;
-    ``since_ms``/``until_ms``: only those written from then (inclusive) until then
-    (exclusive), epoch ms, found by the records' timestamps (the web page reads a window of
-    time: it never reads the whole topic for the letters of one reason)."""
-    letters: list[DeadLetter] = []
-
-    def keep(letter: DeadLetter) -> bool:
-        if reason is None or letter.reason == reason:
-            letters.append(letter)
-        return limit is None or len(letters) < limit
-
+    written meanwhile are not waited for), optionally only one reason, at most ``limit``: one
+    per bad record, its copies folded into the first read (module doc). ``since_ms``/
+    ``until_ms``: only those written from then (inclusive) until then (exclusive), epoch ms,
+    found by the records' timestamps (the web page reads a window of time: it never reads the
+    whole topic for the letters of one reason)."""
+    folded = Folded(reason, limit)
     topic = TopicNames(settings.topic_prefix).dlq
     consumer = _reader(settings)
     try:
         spans = _partitions(consumer, topic)
         if since_ms is not None or until_ms is not None:
             spans = _between(consumer, topic, spans, since_ms, until_ms)
-        _read_to_end(consumer, topic, spans, keep)
+        _read_to_end(consumer, topic, spans, folded.add)
     finally:
         consumer.close()
-    return sorted(letters, key=lambda d: (d.partition, d.offset))
+    return folded.letters()
+
+
+class Folded:
+    """Dead letters as they are read, one per bad record: a copy (the same ``identity``) is
+    folded into the first one read, counted in its ``copies``. Only ``reason``'s, if given,
+    are kept, ``limit`` of them at most."""
+
+    def __init__(self, reason: str | None = None, limit: int | None = None) -> None:
+        self._reason = reason
+        self._limit = limit
+        self._first: dict[tuple[str, int, int], DeadLetter] = {}
+        self._kept: list[tuple[str, int, int]] = []
+
+    def add(self, letter: DeadLetter) -> bool:
+        """Take the next letter read; False once ``limit`` letters are kept."""
+        identity = letter.identity
+        seen = self._first.get(identity)
+        if seen is not None:
+            self._first[identity] = replace(seen, copies=seen.copies + 1)
+        else:
+            self._first[identity] = letter
+            if self._reason is None or letter.reason == self._reason:
+                self._kept.append(identity)
+        return self._limit is None or len(self._kept) < self._limit
+
+    def letters(self) -> list[DeadLetter]:
+        """The letters kept, in the topic's order (partition, offset)."""
+        found = (self._first[identity] for identity in self._kept)
+        return sorted(found, key=lambda d: (d.partition, d.offset))
 
 
 def fetch_dead_letter(settings: Settings, partition: int, offset: int) -> DeadLetter:

@@ -34,6 +34,10 @@ class Point(StrEnum):
     # A sweep claimed kept signals for their dead letters (io/kept_signals.py); the dead
     # letters are not produced yet (the signals' run ids; hit only when it claimed some).
     KEPT_CLAIMED = "kept_claimed"
+    # The broker acknowledged the dead letters of a record (or of a run's records); their
+    # offsets are not stored yet, so a crash here makes the next owner dead-letter them again
+    # (the run id, "" for a record refused before it named one).
+    DEAD_LETTERED = "dead_lettered"
     # `ductor process` is starting: its signal handler is set, the processor not built yet.
     STARTING = "starting"
     # `python -m processor` is loading its modules (hit by processor/early_stop.py, which

@@ -14,6 +14,7 @@ import psycopg
 from processor.core.decide import Commit
 from processor.core.limits import Guard, LimitInputs, LimitView, needs_of, paths_of
 from processor.core.model import Loaded, LoadedRun
+from processor.io.run_marks import quarantined
 
 _VALUES_SQL = """
 SELECT g.run_id, g.path, coalesce(r.input #>> g.path::text[], '')
@@ -23,8 +24,8 @@ SELECT g.run_id, g.path, coalesce(r.input #>> g.path::text[], '')
 
 # A waiter whose run can no longer move (quarantined, ended, deleted) is passed over: one bad
 # row never holds the line behind it.
-_LIVE_WAITER = """EXISTS (SELECT 1 FROM eec_workflow_run r WHERE r.run_id = q.run_id
-                  AND r.status IN ('pending', 'running') AND r.quarantined_at IS NULL)"""
+_LIVE_WAITER = f"""EXISTS (SELECT 1 FROM eec_workflow_run r WHERE r.run_id = q.run_id
+                  AND r.status IN ('pending', 'running') AND NOT {quarantined("r")})"""
 
 # Each counter's version, holders and oldest waiters, read in one snapshot: a slot taken is
 # always seen with the version its taker wrote (core/limits.py, rule 3).

@@ -1,5 +1,5 @@
-"""Retention: deleting finished runs, with their step results, signals, step attempts and
-outbox rows.
+"""Retention: deleting finished runs, with their step results, signals, step attempts, outbox
+rows and the marks kept beside them (re-wakes, quarantine flags).
 
 A run is finished when its status is terminal (succeeded, failed, cancelled); terminal statuses
 are absorbing, so a run chosen here can never come back to life, and a live run is never
@@ -40,6 +40,10 @@ _DELETE_BATCH = sql.SQL(
         DELETE FROM eec_outbox c USING doomed d WHERE c.run_id = d.run_id RETURNING 1
     ), attempts AS (
         DELETE FROM eec_step_attempt c USING doomed d WHERE c.run_id = d.run_id
+    ), rewakes AS (
+        DELETE FROM eec_run_rewake c USING doomed d WHERE c.run_id = d.run_id
+    ), flags AS (
+        DELETE FROM eec_run_quarantine c USING doomed d WHERE c.run_id = d.run_id
     ), runs AS (
         DELETE FROM eec_workflow_run r USING doomed d WHERE r.run_id = d.run_id RETURNING 1
     )

@@ -15,6 +15,7 @@ import psycopg
 
 from processor.core.model import RunStatus
 from processor.core.run_search import Cursor, RunFilter
+from processor.io.run_marks import flag_column
 from processor.io.runs_admin import RunSummary, like_prefix
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
@@ -22,7 +23,7 @@ _MICROSECOND = timedelta(microseconds=1)
 
 _COLUMNS = (
     "r.run_id, r.workflow_name, r.workflow_version, r.status, r.last_transition_at,"
-    " r.failure_reason, r.quarantine_reason, r.created_at, r.tags"
+    f" r.failure_reason, {flag_column('r', 'reason')} AS quarantine_reason, r.created_at, r.tags"
 )
 
 
@@ -36,15 +37,14 @@ class RunPage:
 
 _ENDED = (RunStatus.SUCCEEDED, RunStatus.FAILED, RunStatus.CANCELLED)
 _LIVE = (RunStatus.PENDING, RunStatus.RUNNING)
-# The three disjoint parts of the run table a search reads, each through indexes that hold it
-# alone: the ended runs (migration 0017's partial indexes), the live runs (the watchdog's
-# eec_workflow_run_stuck_idx, which leaves out quarantined ones; the condition on its column,
-# true of every run, is there for the planner, which otherwise reads the whole table to find
-# them) and the quarantined live runs (eec_workflow_run_quarantined_idx).
+# The two disjoint parts of the run table a search reads, each through indexes that hold it
+# alone: the ended runs (migration 0017's partial indexes) and the live runs, quarantined or
+# not (the watchdog's eec_workflow_run_stuck_idx; the condition on its column, true of every
+# run, is there for the planner, which otherwise reads the whole table to find them). A run's
+# quarantine flag is read beside it, for the rows returned (io/run_marks.py).
 _PARTS: tuple[tuple[tuple[RunStatus, ...], tuple[str, ...]], ...] = (
     (_ENDED, ()),
-    (_LIVE, ("r.quarantined_at IS NULL", "r.last_transition_at < 'infinity'::timestamptz")),
-    (_LIVE, ("r.quarantined_at IS NOT NULL",)),
+    (_LIVE, ("r.last_transition_at < 'infinity'::timestamptz",)),
 )
 
 

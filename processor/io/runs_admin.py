@@ -18,6 +18,7 @@ from processor.core.model import RunStatus, SignalKind, initial_state, state_che
 from processor.core.routing import DEFAULT_QUEUE, run_shard
 from processor.core.workflow import WorkflowDef, parse_workflow, workflow_to_json
 from processor.io.kept_signals import take_kept_signals
+from processor.io.run_marks import flag_column
 
 
 @dataclass(frozen=True)
@@ -278,10 +279,11 @@ def insert_cancels(conn: psycopg.Connection[Any], run_ids: Sequence[str], signal
 def run_columns(conn: psycopg.Connection[Any], run_id: str) -> RunColumns | None:
     """The run row's columns as stored (readable or not), or None if there is no such run."""
     row = conn.execute(
-        "SELECT db_record_version, next_wakeup_at, created_at, updated_at, failure_reason,"
-        "       workflow_name, workflow_version, status, tier, quarantined_at, quarantine_reason,"
-        "       start_at, tags"
-        " FROM eec_workflow_run WHERE run_id = %s",
+        "SELECT r.db_record_version, r.next_wakeup_at, r.created_at, r.updated_at,"
+        "       r.failure_reason, r.workflow_name, r.workflow_version, r.status, r.tier,"
+        f"      {flag_column('r', 'quarantined_at')}, {flag_column('r', 'reason')},"
+        "       r.start_at, r.tags"
+        " FROM eec_workflow_run r WHERE r.run_id = %s",
         (run_id,),
     ).fetchone()
     if row is None:
@@ -313,18 +315,33 @@ def run_result(conn: psycopg.Connection[Any], run_id: str) -> RunResult | None:
     return None if row is None else RunResult(run_id, RunStatus(row[0]), row[1], row[2])
 
 
+# The release deletes the flag and moves the row's version, conditioned on the version the
+# flag holds for: a versioned write, the only one to the run row that is not a tick's
+# (docs/guarantees.md). Moving the version voids what was decided on the row before the
+# release: a flag still on its way is not written (io/store.py), and a commit computed from
+# the row before its repair conflicts instead of overwriting the repair.
+_RELEASE_SQL = """
+WITH released AS (
+    DELETE FROM eec_run_quarantine f USING eec_workflow_run r
+     WHERE f.run_id = %(run_id)s AND r.run_id = f.run_id AND r.db_record_version = f.run_version
+    RETURNING f.run_id, f.run_version
+)
+UPDATE eec_workflow_run r SET db_record_version = r.db_record_version + 1
+  FROM released
+ WHERE r.run_id = released.run_id AND r.db_record_version = released.run_version
+RETURNING r.run_id
+"""
+
+
 def release_quarantine(conn: psycopg.Connection[Any], run_id: str) -> bool:
     """Clear a run's quarantine flag (its row was repaired); False if it was not flagged. The
-    release moves the row's version, so that a flag decided on the row before it (a batch
-    still on its way) is not written again (io/store.py), and a commit computed from the row
-    before its repair conflicts instead of overwriting the repair."""
-    cur = conn.execute(
-        "UPDATE eec_workflow_run SET quarantined_at = NULL, quarantine_reason = NULL,"
-        " db_record_version = db_record_version + 1"
-        " WHERE run_id = %s AND quarantined_at IS NOT NULL",
-        (run_id,),
-    )
-    return cur.rowcount == 1
+    row is locked first (waited for: an operator's command, not the commit path), so the
+    flag read and the version moved are the row's as it is."""
+    with conn.transaction():
+        conn.execute(
+            "SELECT 1 FROM eec_workflow_run WHERE run_id = %s FOR NO KEY UPDATE", (run_id,)
+        )
+        return conn.execute(_RELEASE_SQL, {"run_id": run_id}).fetchone() is not None
 
 
 def run_tier(conn: psycopg.Connection[Any], run_id: str) -> str | None:
@@ -418,10 +435,12 @@ def count_outbox_with_prefix(conn: psycopg.Connection[Any], prefix: str) -> int:
 
 def delete_runs_with_prefix(conn: psycopg.Connection[Any], prefix: str) -> int:
     """Delete the runs whose id starts with ``prefix`` (their signals go with them by
-    cascade, their results, outbox rows, step attempts and kept signals explicitly); returns
-    how many were deleted."""
+    cascade, their results, outbox rows, step attempts, kept signals and marks explicitly);
+    returns how many were deleted."""
     pattern = like_prefix(prefix)
     conn.execute("DELETE FROM eec_kept_signal WHERE run_id LIKE %s", (pattern,))
+    conn.execute("DELETE FROM eec_run_rewake WHERE run_id LIKE %s", (pattern,))
+    conn.execute("DELETE FROM eec_run_quarantine WHERE run_id LIKE %s", (pattern,))
     conn.execute("DELETE FROM eec_step_result WHERE run_id LIKE %s", (pattern,))
     conn.execute("DELETE FROM eec_outbox WHERE run_id LIKE %s", (pattern,))
     conn.execute("DELETE FROM eec_step_attempt WHERE run_id LIKE %s", (pattern,))

@@ -106,7 +106,8 @@ _INPUT_LOAD_BYTES = 2 * MAX_INLINE_DATA_BYTES
 # listed only when there are any (a one-time filter on the count). The locks last only for
 # this one statement: nothing is held between the load and the commit. A run that commits a
 # transition is usable, whatever a quarantine flag said of it (it was repaired without
-# `ductor runs release`): the commit clears the flag, so the sweeps enforce its deadlines.
+# `ductor runs release`): a flag holds for the version it was decided on only (io/run_marks.py),
+# so the commit leaves it behind without writing it, and the sweeps enforce its deadlines.
 # A map step's output, from its items' results: (node, attempt) pairs in order in ``m.parts``.
 _MAPPED_OUTPUT = """coalesce((
     SELECT jsonb_agg(s2.output ORDER BY p.ord)
@@ -131,8 +132,6 @@ UPDATE eec_workflow_run AS r
        next_wakeup_at = to_timestamp(c.next_wakeup_ms / 1000.0),
        updated_at = now(),
        last_transition_at = now(),
-       quarantined_at = NULL,
-       quarantine_reason = NULL,
        output = CASE WHEN c.output IS NULL THEN r.output ELSE (
            SELECT CASE WHEN (c.output ->> 'single')::boolean THEN (array_agg(v.output))[1]
                        ELSE jsonb_object_agg(v.key, v.output) END
@@ -312,18 +311,24 @@ WITH failed AS (
 SELECT count(*) FROM failed
 """
 
-# Only the flag and its reason: the run's state, version and checksum stay as they were (the
-# row is written by committed ticks only), so nothing here can race a commit.
-# A flag is written only on the row as it was loaded (its version): `ductor runs release` moves
-# the version, so a flag decided before a release, still on its way, cannot undo it.
+# The flags live beside the run rows (eec_run_quarantine, io/run_marks.py), never on them: the
+# row is written by versioned writes only, so nothing here can race a commit. A flag is written
+# for the row's version as it was loaded (as it is now when unknown), and only while the row
+# still has it: `ductor runs release` moves the version, so a flag decided before a release,
+# still on its way, cannot undo it. A flag in force keeps its first reason; one left behind by
+# a version the row no longer has is replaced.
 _QUARANTINE_SQL = """
-UPDATE eec_workflow_run r
-   SET quarantined_at = now(), quarantine_reason = q.why
+INSERT INTO eec_run_quarantine AS f (run_id, run_version, quarantined_at, reason)
+SELECT r.run_id, r.db_record_version, now(), q.why
   FROM jsonb_to_recordset(%(flagged)s::jsonb) AS q(run_id text, why text, version bigint)
- WHERE r.run_id = q.run_id AND r.quarantined_at IS NULL
-   AND (q.version IS NULL OR r.db_record_version = q.version)
+  JOIN eec_workflow_run r ON r.run_id = q.run_id
+ WHERE r.db_record_version = coalesce(q.version, r.db_record_version)
    AND r.run_id = ANY(ARRAY(SELECT jsonb_array_elements(%(flagged)s::jsonb) ->> 'run_id'))
-RETURNING r.run_id
+ON CONFLICT (run_id) DO UPDATE
+   SET run_version = EXCLUDED.run_version, quarantined_at = EXCLUDED.quarantined_at,
+       reason = EXCLUDED.reason
+ WHERE f.run_version <> EXCLUDED.run_version
+RETURNING f.run_id
 """
 _QUARANTINE_WHY_CHARS = 1000
 
@@ -682,10 +687,13 @@ def quarantine_runs(conn: psycopg.Connection[Any], runs: Sequence[QuarantineFlag
     """Flag runs whose rows cannot be used, with why, so the sweeps skip them, if their row
     is still at the version it was found at; returns the ones newly flagged (a run flagged
     already keeps its first reason)."""
+    first: dict[str, QuarantineFlag] = {}
+    for flag in runs:  # one row per run: an upsert may not meet the same key twice
+        first.setdefault(flag.run_id, flag)
     flagged = orjson.dumps(
         [
             {"run_id": run_id, "why": why[:_QUARANTINE_WHY_CHARS], "version": version}
-            for run_id, why, version in runs
+            for run_id, why, version in first.values()
         ]
     ).decode()
     rows = conn.execute(_QUARANTINE_SQL, {"flagged": flagged}).fetchall()

@@ -1,11 +1,14 @@
 """An audit trail of every committed write to a run row, and the checks made over it: no
 transition applied twice, no step attempt dispatched or resolved twice, each succeeded node's
-result recorded, and which attempts ended by their deadline.
+result recorded, no write that left the row's version where it was, and which attempts ended
+by their deadline.
 
-The trail is a trigger on ``eec_workflow_run`` writing one row per UPDATE in the same
-transaction, so it holds exactly the writes that committed. The integration tests install it
-(the ``audit`` fixture) and so does the chaos run (``processor.tools.chaos``); both use the
-checks below. It slows every write a little: never install it on a production database.
+The trail is two triggers on ``eec_workflow_run`` writing one row per UPDATE in the same
+transaction, so it holds exactly the writes that committed: one for the writes of a run's
+state, one for any write that does not move ``db_record_version`` (the run row has one
+writer, the versioned write: docs/guarantees.md). The integration tests install it (the
+``audit`` fixture) and so does the chaos run (``processor.tools.chaos``); both use the checks
+below. It slows every write a little: never install it on a production database.
 
 A failed check raises ``AuditFailure`` (an AssertionError, so pytest reports it as one).
 """
@@ -38,14 +41,31 @@ BEGIN
   RETURN NEW;
 END $$ LANGUAGE plpgsql;
 DROP TRIGGER IF EXISTS test_run_audit_trg ON eec_workflow_run;
--- Writes of a run's state only: a sweep's re-wake mark or a quarantine flag changes none of it
--- (and `runs release` moves the version alone, so that decisions made before it are void).
+-- Writes of a run's state only (`runs release` moves the version alone, so that decisions made
+-- before it are void: not a write of its state).
 CREATE TRIGGER test_run_audit_trg AFTER UPDATE ON eec_workflow_run
     FOR EACH ROW WHEN (OLD.last_transition_seq IS DISTINCT FROM NEW.last_transition_seq
                        OR OLD.status IS DISTINCT FROM NEW.status
                        OR OLD.node_states IS DISTINCT FROM NEW.node_states
                        OR OLD.state_checksum IS DISTINCT FROM NEW.state_checksum)
     EXECUTE FUNCTION test_run_audit_fn();
+-- Every write that leaves the version where it was, with the columns it changed (none: a write
+-- of the same values, which still writes a new row version and holds the row's lock).
+CREATE TABLE IF NOT EXISTS test_run_unversioned (
+    id bigserial PRIMARY KEY, run_id text, version bigint, changed text[],
+    at timestamptz NOT NULL DEFAULT clock_timestamp());
+CREATE OR REPLACE FUNCTION test_run_unversioned_fn() RETURNS trigger AS $$
+BEGIN
+  INSERT INTO test_run_unversioned (run_id, version, changed)
+  SELECT OLD.run_id, OLD.db_record_version, coalesce(array_agg(n.key ORDER BY n.key), '{}')
+    FROM jsonb_each(to_jsonb(NEW)) n
+   WHERE n.value IS DISTINCT FROM to_jsonb(OLD) -> n.key;
+  RETURN NEW;
+END $$ LANGUAGE plpgsql;
+DROP TRIGGER IF EXISTS test_run_unversioned_trg ON eec_workflow_run;
+CREATE TRIGGER test_run_unversioned_trg AFTER UPDATE ON eec_workflow_run
+    FOR EACH ROW WHEN (OLD.db_record_version IS NOT DISTINCT FROM NEW.db_record_version)
+    EXECUTE FUNCTION test_run_unversioned_fn();
 """
 
 
@@ -72,15 +92,44 @@ def install(conn: psycopg.Connection[Any]) -> None:
 
 def clear(conn: psycopg.Connection[Any], run_prefix: str = "") -> None:
     """Forget the trail: all of it, or the rows of the runs whose id starts with the prefix."""
-    if run_prefix:
-        conn.execute("DELETE FROM test_run_audit WHERE run_id LIKE %s", (like_prefix(run_prefix),))
-    else:
-        conn.execute("TRUNCATE test_run_audit")
+    for table in ("test_run_audit", "test_run_unversioned"):
+        if run_prefix:
+            conn.execute(f"DELETE FROM {table} WHERE run_id LIKE %s", (like_prefix(run_prefix),))
+        else:
+            conn.execute(f"TRUNCATE {table}")
 
 
 def uninstall(conn: psycopg.Connection[Any]) -> None:
-    """Remove the trigger (the trail's rows stay until ``clear``)."""
+    """Remove the triggers (the trail's rows stay until ``clear``)."""
     conn.execute("DROP TRIGGER IF EXISTS test_run_audit_trg ON eec_workflow_run")
+    conn.execute("DROP TRIGGER IF EXISTS test_run_unversioned_trg ON eec_workflow_run")
+
+
+def unversioned_writes(conn: psycopg.Connection[Any], run_prefix: str = "") -> Counter[str]:
+    """The writes to run rows that left their version where it was (of every run, or of the
+    runs whose id starts with ``run_prefix``), counted by the columns each changed."""
+    rows = conn.execute(
+        "SELECT array_to_string(changed, ', '), count(*) FROM test_run_unversioned"
+        " WHERE run_id LIKE %s GROUP BY 1",
+        (like_prefix(run_prefix),),
+    ).fetchall()
+    return Counter({(changed or "nothing"): n for changed, n in rows})
+
+
+def assert_every_write_versioned(conn: psycopg.Connection[Any], run_prefix: str = "") -> None:
+    """No write to a run row left its version where it was: the row has one writer, the
+    versioned write (a committed tick, or `runs release` moving the version alone)."""
+    found = unversioned_writes(conn, run_prefix)
+    if found:
+        example = conn.execute(
+            "SELECT run_id, changed FROM test_run_unversioned WHERE run_id LIKE %s"
+            " ORDER BY id LIMIT 5",
+            (like_prefix(run_prefix),),
+        ).fetchall()
+        raise AuditFailure(
+            f"{sum(found.values())} writes did not move the run row's version,"
+            f" by the columns they changed: {dict(found)}; the first: {example}"
+        )
 
 
 def assert_transitions_applied_once(conn: psycopg.Connection[Any], run_prefix: str = "") -> int:

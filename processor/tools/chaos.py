@@ -14,10 +14,12 @@ start. Then every run must end.
 Checked with the audit trail (processor/tools/audit.py) in the same database: every run
 succeeded (so none was force-failed as stuck or for livelock), no transition was applied
 twice, no step attempt was dispatched or resolved twice, every succeeded node's result was
-recorded and applied, every attempt that timed out did run (no task was lost) and was in
-flight while a step could really be held back (Postgres frozen, the broker down, a killed
-worker's session not yet expired: processor/tools/chaos_report.py), no process exited by
-itself, no effect was left in the outbox, nothing was dead-lettered.
+recorded and applied, no write to a run row left its version where it was (the row has one
+writer: the sweeps' marks and quarantine flags live beside it), every attempt that timed out
+did run (no task was lost) and was in flight while a step could really be held back
+(Postgres frozen, the broker down, a killed worker's session not yet expired:
+processor/tools/chaos_report.py), no process exited by itself, no effect was left in the
+outbox, nothing was dead-lettered.
 
 It needs the services infra/local.py runs (it restarts them), so it runs from a checkout of
 the repository (processor/tools/checkout.py); from an installed package it says so and exits 2:
@@ -51,6 +53,7 @@ from confluent_kafka.admin import AdminClient, ConfigResource  # type: ignore[at
 from processor.core.workflow import WorkflowDef, parse_workflow
 from processor.io.config import ConfigError, Settings, load_settings
 from processor.io.connections import connect_durable
+from processor.io.dlq import DlqError, read_dead_letters
 from processor.io.kafka import admin_config
 from processor.io.kafka_logs import with_logger
 from processor.io.migrate import migrate
@@ -250,8 +253,14 @@ class _Chaos:
             codes = self.fleet.stop()
             self.proxy.close()
             self.infra.ensure_running()
+        try:
+            letters = read_dead_letters(self.settings)
+        except DlqError as exc:
+            letters = []
+            problems.append(f"the dead-letter topic could not be read: {exc}")
         return check(
             self.settings.pg_dsn,
+            dead_letters=letters,
             copies=plan.copies,
             seed=plan.seed,
             prefix=self.prefix,

@@ -12,6 +12,7 @@ import psycopg
 
 from processor.core.workflow import WorkflowDef
 from processor.io.connections import connect_durable
+from processor.io.dlq import DeadLetter
 from processor.io.runs_admin import (
     count_outbox_with_prefix,
     like_prefix,
@@ -104,6 +105,10 @@ class ChaosReport:
     problems: list[str]
     lost_starts: int = 0  # runs inserted without a start wakeup: the sweep started them
     ended_while_locked: int = 0  # runs that ended while a row was held from outside
+    # Writes to run rows that left the version where it was, by the columns they changed.
+    unversioned: Counter[str] = field(default_factory=Counter)
+    # The dead-letter topic as its readers see it: one per bad record (io/dlq.py).
+    dead_letters: list[DeadLetter] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -164,6 +169,11 @@ class ChaosReport:
                 else "FAILED (see problems)",
             ),
             (
+                "one writer",
+                f"{sum(self.unversioned.values())} writes to a run row that did not move its"
+                " version" + (f" ({_counts(self.unversioned)})" if self.unversioned else ""),
+            ),
+            (
                 "timeouts",
                 f"{len(self.timeouts)} attempts timed out"
                 + (
@@ -183,7 +193,7 @@ class ChaosReport:
             ("ticks", f"{t.committed} committed, {t.conflicts} conflicts"),
             ("errors", _counts(t.errors)),
             ("unknown commits", _counts(t.unknown_commits)),
-            ("dead letters", _counts(t.dead_letters)),
+            ("dead letters", _dead_letters(t.dead_letters, self.dead_letters)),
             ("force-fails", _counts(t.force_fails)),
         ]
         out = [f"Ductor chaos run (real Kafka and Postgres on this machine, seed {self.seed})"]
@@ -198,6 +208,19 @@ class ChaosReport:
         else:
             out.append("PASSED: every check held")
         return out
+
+
+def _dead_letters(sent: Counter[str], letters: list[DeadLetter]) -> str:
+    """What the processors sent (a record redone after a kill is sent again) and what the
+    topic holds, one per bad record."""
+    if not sent and not letters:
+        return "none"
+    again = sum(letter.copies - 1 for letter in letters)
+    held = Counter(letter.reason for letter in letters)
+    return (
+        f"{_counts(sent)} sent; in the topic {len(letters)} bad records ({_counts(held)}),"
+        f" {again} copies sent again after a kill, each counted once"
+    )
 
 
 def _share(part: int, whole: int) -> str:
@@ -237,6 +260,7 @@ def check(
     ended_at: float | None,
     problems: list[str],
     lost_starts: int = 0,
+    dead_letters: Sequence[DeadLetter] = (),
 ) -> ChaosReport:
     """Every check of the run, with its figures; failed checks are added to ``problems``."""
     writes: int | None = None
@@ -248,6 +272,7 @@ def check(
             audit.assert_results_applied(conn, run_ids)
         except audit.AuditFailure as exc:
             problems.append(f"audit: {exc}")
+        unversioned = audit.unversioned_writes(conn, prefix)
         timeouts = audit.timed_out_attempts(conn, prefix)
         outbox = count_outbox_with_prefix(conn, prefix)
         executions = chaos_steps.executions(conn, prefix)
@@ -282,6 +307,11 @@ def check(
                 f"attempt timed out with no outage to explain it: {where},"
                 f" result recorded at {t.result_at.timestamp():.3f}"
             )
+    if unversioned:
+        problems.append(
+            f"writes to run rows that did not move their version (the row has one writer):"
+            f" {dict(unversioned)}"
+        )
     if outbox:
         problems.append(f"{outbox} outbox rows left after every process stopped")
     for exit_ in fleet.exits:
@@ -290,8 +320,11 @@ def check(
         if code != 0:
             problems.append(f"{name} did not stop cleanly on SIGTERM: exit {code}")
     totals = Totals.of(fleet.processor_stats())
-    if totals.dead_letters:
-        problems.append(f"records dead-lettered: {dict(totals.dead_letters)}")
+    if totals.dead_letters or dead_letters:
+        problems.append(
+            f"records dead-lettered: {dict(totals.dead_letters)} sent,"
+            f" {len(dead_letters)} bad records in the topic"
+        )
     last_fault = max((w.end for w in windows), default=None)
     finished_after = (
         ended_at - last_fault if ended_at is not None and last_fault is not None else None
@@ -320,6 +353,8 @@ def check(
         problems=problems,
         lost_starts=lost_starts,
         ended_while_locked=ended_while_locked,
+        unversioned=unversioned,
+        dead_letters=list(dead_letters),
     )
 
 

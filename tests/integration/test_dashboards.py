@@ -51,7 +51,7 @@ LIMITED = parse_workflow(
 
 def _quarantine_reason(pg: psycopg.Connection[Any], run_id: str) -> str | None:
     row = pg.execute(
-        "SELECT quarantine_reason FROM eec_workflow_run WHERE run_id = %s", (run_id,)
+        "SELECT reason FROM eec_run_quarantine WHERE run_id = %s", (run_id,)
     ).fetchone()
     return None if row is None else row[0]
 

@@ -113,9 +113,7 @@ def test_a_row_held_by_an_outside_transaction_holds_its_own_run_and_nothing_else
     counts = counted_steps.executions(pg)
     assert {counts[(r, step, 1)] for r in everyone for step in ("first", "second")} == {1}
     assert counted_steps.extra_executions(counts) == 0
-    quarantined = pg.execute(
-        "SELECT count(*) FROM eec_workflow_run WHERE quarantined_at IS NOT NULL"
-    ).fetchone()
+    quarantined = pg.execute("SELECT count(*) FROM eec_run_quarantine").fetchone()
     assert quarantined == (0,)
     processor.terminate()
     worker.terminate()

@@ -63,8 +63,11 @@ def test_a_run_that_fails_its_batch_is_isolated_and_dead_lettered_as_poison(
     # go into one batch, the poison run in the middle of the good ones.
     topic = TopicNames(settings.topic_prefix).wakeup("t1")
     produce_wakeups(settings, [(topic, Wakeup(r, "start"), 0) for r in run_ids])
-    # (and a linger long enough for the first batch to take them all)
-    instance: ProcessorThread = processor_thread(replace(settings, batch_linger_ms=1000))
+    # (and a linger long enough for the first batch to take them all; no sweep re-wakes them
+    # meanwhile, which would give the poison run a second wakeup, so a second dead letter)
+    instance: ProcessorThread = processor_thread(
+        replace(settings, batch_linger_ms=1000, sweep_grace_s=3600.0)
+    )
     # Their first tick dispatches `fetch`: every good run moves to running in the same batches.
     wait_for(
         lambda: set(run_statuses(pg, good).values()) == {"running"}, 60, "the good runs to move"

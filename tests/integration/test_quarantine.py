@@ -38,9 +38,11 @@ CLOCK_SLACK_MS = 50  # Postgres's now() is taken when its statement started
 
 
 def _quarantined(pg: psycopg.Connection[Any], run_ids: list[str]) -> dict[str, str]:
+    """The runs' quarantine flags in force (io/run_marks.py), by run: their reasons."""
     rows = pg.execute(
-        "SELECT run_id, quarantine_reason FROM eec_workflow_run"
-        " WHERE run_id = ANY(%s) AND quarantined_at IS NOT NULL",
+        "SELECT r.run_id, f.reason FROM eec_workflow_run r"
+        " JOIN eec_run_quarantine f ON f.run_id = r.run_id AND f.run_version = r.db_record_version"
+        " WHERE r.run_id = ANY(%s)",
         (run_ids,),
     ).fetchall()
     return {r[0]: r[1] for r in rows}
@@ -49,7 +51,7 @@ def _quarantined(pg: psycopg.Connection[Any], run_ids: list[str]) -> dict[str, s
 def _flagged_ms(pg: psycopg.Connection[Any], run_ids: list[str]) -> dict[str, int]:
     rows = pg.execute(
         "SELECT run_id, (extract(epoch FROM quarantined_at) * 1000)::bigint"
-        " FROM eec_workflow_run WHERE run_id = ANY(%s)",
+        " FROM eec_run_quarantine WHERE run_id = ANY(%s)",
         (run_ids,),
     ).fetchall()
     return {r[0]: r[1] for r in rows}
@@ -176,10 +178,12 @@ def test_a_quarantined_run_that_commits_again_is_unflagged(
     run_id = f"repaired-{uuid.uuid4().hex[:6]}"
     insert_runs(pg, sample_workflow(), [(run_id, {})], "t1")
     pg.execute(
-        "UPDATE eec_workflow_run SET quarantined_at = now(), quarantine_reason = 'repaired since'"
+        "INSERT INTO eec_run_quarantine (run_id, run_version, quarantined_at, reason)"
+        " SELECT run_id, db_record_version, now(), 'repaired since' FROM eec_workflow_run"
         " WHERE run_id = %s",
         (run_id,),
     )
+    assert _quarantined(pg, [run_id]) == {run_id: "repaired since"}
     processor_thread(settings)
     worker = WorkerThread(settings)
     try:

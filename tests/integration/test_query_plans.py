@@ -18,7 +18,7 @@ import pytest
 from processor.core.decide import Commit
 from processor.core.model import StepOutcome, initial_state
 from processor.core.step_task import StepData, StepTask
-from processor.io import connections, step_attempts, step_data, store
+from processor.io import connections, step_attempts, step_data, store, sweeps
 from processor.io.config import Settings
 from processor.io.runs_admin import insert_runs, register_workflow
 
@@ -198,3 +198,70 @@ def test_a_claim_reads_the_data_only_of_tasks_that_do_not_carry_it(
         n["Actual Loops"] for n in nodes if n.get("Relation Name") == "eec_workflow_definition"
     )
     assert definition_reads == (0 if carried else 20)
+
+
+def _index_of(conn: psycopg.Connection[Any], sql: str, params: Any, table: str) -> set[str]:
+    """The indexes through which the plan of ``sql`` reads ``table``."""
+    row = conn.execute(b"EXPLAIN (FORMAT JSON) " + sql.encode(), params).fetchone()
+    assert row is not None
+    (top,) = row[0] if isinstance(row[0], list) else orjson.loads(row[0])
+    plans = [top["Plan"], *top.get("InitPlan", [])]
+    return {
+        node.get("Index Name", node["Node Type"])
+        for plan in plans
+        for node in _plan_nodes(plan)
+        if node.get("Relation Name") == table and node["Node Type"] != "ModifyTable"
+    }
+
+
+@pytest.mark.parametrize("statistics", ["of the rows", "of empty tables"])
+def test_the_sweeps_walk_their_index_and_reach_the_marks_by_key(
+    pg: psycopg.Connection[Any], base_settings: Settings, statistics: str
+) -> None:
+    """The overdue and stuck sweeps read the live runs through their partial indexes, in
+    order, and reach each run's re-wake mark and quarantine flag (tables of their own since
+    the run row has one writer) through their primary keys: never a scan of a whole table,
+    however many marks and flags there are."""
+    wf = sample_workflow()
+    tag = uuid.uuid4().hex[:6]
+    run_ids = [f"sweep-{tag}-{i}" for i in range(RUNS)]
+
+    def fill() -> None:
+        for start in range(0, RUNS, 2000):
+            insert_runs(pg, wf, [(r, {}) for r in run_ids[start : start + 2000]], "t1")
+        # Every run overdue and stuck, re-woken long ago; a tenth of them quarantined.
+        pg.execute(
+            "UPDATE eec_workflow_run SET next_wakeup_at = now() - interval '1 hour',"
+            " last_transition_at = now() - interval '2 hours'"
+        )
+        pg.execute(
+            "INSERT INTO eec_run_rewake (run_id, rewoken_at)"
+            " SELECT run_id, now() - interval '3 hours' FROM eec_workflow_run"
+        )
+        pg.execute(
+            "INSERT INTO eec_run_quarantine (run_id, run_version, quarantined_at, reason)"
+            " SELECT run_id, db_record_version, now(), 'x' FROM eec_workflow_run"
+            " WHERE right(run_id, 1) = '7'"
+        )
+
+    tables = ("eec_workflow_run", "eec_run_rewake", "eec_run_quarantine")
+    fill()
+    if statistics == "of empty tables":
+        for table in tables:
+            pg.execute(f"DELETE FROM {table}")
+    for table in tables:
+        pg.execute(f"VACUUM ANALYZE {table}")
+    if statistics == "of empty tables":
+        fill()
+    shards = {"modulus": 3, "shards": [0, 1, 2], "limit": 100}
+    overdue = (sweeps._REWAKE_DUE_SQL, {**shards, "grace_s": 2.0})
+    stuck = (sweeps._STUCK_SQL, {**shards, "stuck_s": 3600.0, "grace_s": 2.0})
+    marks = (sweeps._MARK_SQL, (orjson.dumps(run_ids[:100]).decode(),))
+    with connections.connect(base_settings.pg_dsn) as coordinator:  # as the processor's own
+        for sql, args in (overdue, stuck, marks):
+            _assert_by_key(coordinator, sql, args)
+        assert _index_of(coordinator, *overdue, "eec_workflow_run") == {"eec_workflow_run_due_idx"}
+        assert _index_of(coordinator, *stuck, "eec_workflow_run") == {"eec_workflow_run_stuck_idx"}
+        for sql, args in (overdue, stuck):
+            for table in ("eec_run_rewake", "eec_run_quarantine"):
+                assert _index_of(coordinator, sql, args, table) == {f"{table}_pkey"}, table
