@@ -100,7 +100,9 @@ class Database:
 
     def force_fail(self, write: ForceFailWrite) -> bool:
         """The terminal path shared by the livelock guard and the watchdog: write the failed
-        state only if the run did not move since it was loaded."""
+        state only if the run did not move since it was loaded. Its records go to the outbox
+        without an owner: sent at once by the caller, and by any relay after
+        DUCTOR_RELAY_AFTER_S if the caller could not (its answer was lost, it died)."""
         return store.force_fail_write(
             self.conn,
             write.run_id,
@@ -108,7 +110,6 @@ class Database:
             write.state,
             write.cancel_children,
             write.effects,
-            self._instance_id,
         )
 
     def quarantine(self, runs: Sequence[store.QuarantineFlag]) -> set[str]:

@@ -169,8 +169,7 @@ class Processor:
             faults=faults,
         )
         self.watchdog = Watchdog(
-            # Its force-fails' records are outbox rows of this instance's, like its commits'.
-            database=Database(settings.pg_dsn, self.instance_id),
+            database=Database(settings.pg_dsn),
             names=self.names,
             owned_shards=self._owned_shards,
             may_relay=lambda: self.executor.may_relay(settings.relay_after_s),

@@ -294,9 +294,11 @@ RETURNING run_id, seq, records
 # The same statement ends what the run's end ends (core/children.py, rule 4), so a crash
 # after it loses nothing: its children in flight get a cancel signal each (the id names the
 # failed transition: written again, it is the same signal), and the records of the end (their
-# wakeups, its parent's) go to the outbox, owned like a commit's: produced at once by the
-# instance that wrote them, relayed by another if it dies first. A child run force-failed is
-# its parent's step result too (rule 2).
+# wakeups, its parent's) go to the outbox. Without an owner: the writer produces them at once
+# and deletes the row once they are in, and any relay sends them after DUCTOR_RELAY_AFTER_S if
+# it could not (it died, or the statement's answer was lost with its connection, so the writer
+# never learnt it landed); a copy of a wakeup is a no-op tick. A child run force-failed is its
+# parent's step result too (rule 2).
 _FORCE_FAIL_SQL = f"""
 WITH failed AS (
     UPDATE eec_workflow_run
@@ -322,7 +324,7 @@ WITH failed AS (
     ON CONFLICT DO NOTHING
 ), outboxed AS (
     INSERT INTO eec_outbox (run_id, seq, records, owner)
-    SELECT f.run_id, %(seq)s, %(effects)s::jsonb, %(owner)s
+    SELECT f.run_id, %(seq)s, %(effects)s::jsonb, NULL
       FROM failed f WHERE %(effects)s::jsonb IS NOT NULL
     ON CONFLICT DO NOTHING
 ){limit_store.FORCE_FAIL_CTES}
@@ -674,11 +676,10 @@ def force_fail_write(
     failed: RunState,
     cancel_children: Sequence[str] = (),
     effects: Sequence[Send] = (),
-    owner: str | None = None,
 ) -> bool:
     """Write a force-failed state if the run did not move since it was loaded; with it, a
-    cancel signal for each of ``cancel_children`` and ``effects`` into the outbox (owned by
-    ``owner``, the writing instance) as the failed transition's records."""
+    cancel signal for each of ``cancel_children`` and ``effects`` into the outbox (without
+    an owner) as the failed transition's records."""
     params = {
         "status": failed.status.value,
         "nodes": orjson.dumps(failed.nodes_json()).decode(),
@@ -689,7 +690,6 @@ def force_fail_write(
         "loaded": loaded_checksum,
         "cancel": orjson.dumps(list(cancel_children)).decode(),
         "effects": orjson.dumps([_outbox_record(s) for s in effects]).decode() if effects else None,
-        "owner": owner,
     }
     cur = conn.execute(_FORCE_FAIL_SQL, params).fetchone()
     return cur is not None and cur[0] == 1

@@ -7,6 +7,7 @@ deadline; and a registration that would close a cycle of child workflows is refu
 from __future__ import annotations
 
 import threading
+import time
 import uuid
 from dataclasses import replace
 from pathlib import Path
@@ -19,11 +20,15 @@ import pytest
 from processor import StepContext, StepRegistry
 from processor.client import send_signal
 from processor.core.child_graph import ChildCycle
+from processor.core.decide import force_fail_write
 from processor.core.model import LoadedRun, NodeStatus, state_checksum
+from processor.core.outcomes import ForceFailReason
+from processor.core.routing import TopicNames
 from processor.core.workflow import parse_workflow
 from processor.io.config import Settings
 from processor.io.runs_admin import register_workflow
 from processor.io.store import Definitions, load_runs
+from processor.io.store import force_fail_write as store_force_fail
 
 from .conftest import (
     OutsideWriter,
@@ -221,6 +226,46 @@ def test_a_stuck_child_wakes_its_parent_at_once(
     ).fetchone()
     assert lag is not None
     print(f"the parent ended {float(lag[0]):.3f} s after its child was force-failed")
+
+
+def test_a_force_fail_whose_writer_died_before_sending_still_cancels_the_child(
+    settings: Settings, pg: psycopg.Connection[Any], processor_thread: Any
+) -> None:
+    """The force-fail of a parent is written (as the livelock guard or a sweep writes it) by
+    an instance that dies before it sends anything: the child's cancel is in the database and
+    its wakeup in the outbox, which a live processor's relay sends; the child ends cancelled."""
+    tag = uuid.uuid4().hex[:6]
+    child, parent = f"gated-{tag}", f"orphaned-{tag}"
+    _register(
+        pg,
+        _gated_child(child),
+        {
+            "name": parent,
+            "version": 1,
+            "steps": [{"name": "hold", "kind": "workflow", "workflow": child}],
+        },
+    )
+    processor_thread(settings)
+    _start(settings, parent, "p4")
+    wait_for(lambda: _status_is(pg, "p4/hold#1", "running"), 60, "p4's child to wait")
+    run = load_runs(pg, Definitions(), ["p4"])["p4"]
+    assert isinstance(run, LoadedRun)
+    names = TopicNames(settings.topic_prefix)
+    write = force_fail_write(run, ForceFailReason.LIVELOCK, int(time.time() * 1000), names)
+    assert write is not None and write.cancel_children == ("p4/hold#1",)
+    assert store_force_fail(
+        pg, "p4", write.loaded_checksum, write.state, write.cancel_children, write.effects
+    )
+    # Written again (a retry whose first answer was lost): nothing more lands.
+    assert not store_force_fail(
+        pg, "p4", write.loaded_checksum, write.state, write.cancel_children, write.effects
+    )
+    wait_for(lambda: _status_is(pg, "p4/hold#1", "cancelled"), 30, "the relay to cancel it")
+    assert _status_is(pg, "p4", "failed")
+    signals = pg.execute(
+        "SELECT count(*) FROM eec_run_signal WHERE run_id = 'p4/hold#1' AND kind = 'cancel'"
+    ).fetchone()
+    assert signals == (1,)
 
 
 def _flows(tag: str) -> dict[str, dict[str, Any]]:
