@@ -21,6 +21,7 @@ from processor.io.otel_config import otel_settings
 from processor.io.runs_admin import registered_queues
 from processor.io.topics import create_topics
 from processor.worker.app import AppError, registry_for
+from processor.worker.environment import scrub_secrets
 from processor.worker.options import WorkerOptions
 from processor.worker.worker import Worker
 
@@ -75,6 +76,9 @@ def cmd_process(settings: Settings, args: argparse.Namespace) -> int:
 def cmd_worker(settings: Settings, args: argparse.Namespace) -> int:
     options = worker_options(args)
     otel_settings()  # bad OTEL_* values stop the command before anything connects
+    # The settings are read: the secrets leave the environment before the steps module is
+    # imported, so step code (a thread's, a child process's) never finds them there.
+    scrub_secrets()
     # The registry first: a wrong --app is a usage error, reported before any connection.
     try:
         registry = registry_for(args.app)

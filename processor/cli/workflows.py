@@ -14,6 +14,7 @@ from confluent_kafka import KafkaException
 from processor.authoring import Workflow
 from processor.cli.common import EXIT_OK, EXIT_USAGE, CliError
 from processor.client import connect
+from processor.core.child_graph import ChildCycle
 from processor.core.model import UnknownWorkflow
 from processor.core.routing import DEFAULT_QUEUE, TopicNames
 from processor.core.workflow import ValidationError, WorkflowDef, parse_workflow, workflow_to_json
@@ -55,6 +56,8 @@ def cmd_workflows_register(settings: Settings, args: argparse.Namespace) -> int:
         for wf in definitions:
             try:
                 news.append(register_workflow(conn, wf))
+            except ChildCycle as exc:  # the definition itself cannot be registered: usage
+                raise CliError(str(exc), EXIT_USAGE) from None
             except ValueError as exc:
                 raise CliError(str(exc)) from None
     for wf, new in zip(definitions, news, strict=True):

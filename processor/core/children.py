@@ -12,6 +12,12 @@ Rules:
    and wakes the parent; the parent's tick applies it like any step result (once).
 3. An attempt that ends without its child's result (it timed out, the parent was cancelled or
    failed) cancels its child: the commit records a cancel signal for it and wakes it.
+4. A run force-failed (the livelock guard, the stuck sweep: core/decide.py
+   ``force_fail_write``) is a transition like any other for its children and its parent: the
+   write that fails it cancels its children in flight (rule 3) and, for a child, records its
+   end as the parent's step result (rule 2); the wakeups of both go to the outbox in that same
+   statement, so the parent applies its child's end at once, and a parent retried later
+   (``ductor runs retry``) never has two children of one step running.
 """
 
 from __future__ import annotations

@@ -145,11 +145,15 @@ class Commit:
 @dataclass(frozen=True, slots=True)
 class ForceFailWrite:
     """The terminal write a plan needs before it holds: conditioned on the loaded checksum,
-    so it applies only if the run did not move since it was loaded."""
+    so it applies only if the run did not move since it was loaded. The same statement
+    cancels ``cancel_children`` (a cancel signal each) and keeps ``effects`` in the outbox
+    (their wakeups, and its parent's for a child): core/children.py, rule 4."""
 
     run_id: str
     loaded_checksum: str
     state: RunState
+    cancel_children: tuple[str, ...] = ()
+    effects: tuple[Send, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -297,8 +301,7 @@ def tick_batch(
             cancelled = children_to_cancel(run_id, run.wf, run.state, new_state)
             effects += _child_wakeups(run, started, cancelled, now_ms, names)
         if run.parent is not None and new_state.status.terminal:
-            parent = Wakeup(run.parent.run_id, reason="step_result", produced_at=now_ms)
-            effects += (_wakeup_send(names.wakeup(run.tier), parent),)
+            effects += _parent_wakeup(run, now_ms, names)
         commits[run_id] = Commit(
             run_id,
             run.version,
@@ -408,12 +411,17 @@ def _after_conflict(item: BatchItem, run: LoadedRun, now_ms: int, rules: Rules) 
         livelock_requeues=rules.livelock_requeues,
     )
     if isinstance(verdict, ForceFail):
-        failed = force_fail(run.state, verdict.reason)
-        if failed is None:  # it ended meanwhile: nothing to fail, try again from fresh state
+        write = force_fail_write(run, verdict.reason, now_ms, rules.names)
+        if write is None:  # it ended meanwhile: nothing to fail, try again from fresh state
             return force_fail_refused(conflict)
-        write = ForceFailWrite(item.run_id, run.stored_checksum, failed)
         return replace(
-            conflict, outcome=Outcome.FORCE_FAILED, reason=verdict.reason, force_fail=write
+            conflict,
+            outcome=Outcome.FORCE_FAILED,
+            reason=verdict.reason,
+            force_fail=write,
+            # Produced once the write landed; its outbox row is deleted once they are in.
+            sends=write.effects,
+            outboxed_seq=write.state.seq if write.effects else None,
         )
     wakeup = Wakeup(
         run_id=item.run_id,
@@ -438,8 +446,34 @@ def force_fail_refused(plan: Plan) -> Plan:
     it ended), so it is not a livelock. The attempts start again at once from fresh state; the
     next exhaustion sees the new seq."""
     return replace(
-        plan, outcome=Outcome.CONFLICT, retry_in_ms=0, attempts=0, reason=None, force_fail=None
+        plan,
+        outcome=Outcome.CONFLICT,
+        retry_in_ms=0,
+        attempts=0,
+        reason=None,
+        force_fail=None,
+        sends=(),
+        outboxed_seq=None,
     )
+
+
+def force_fail_write(
+    run: LoadedRun, reason: ForceFailReason, now_ms: int, names: TopicNames
+) -> ForceFailWrite | None:
+    """The terminal write that force-fails ``run`` as loaded (the livelock guard's, the stuck
+    sweep's), or None when it ended already. Its end is the end of every child attempt in
+    flight (cancelled, and woken to see it), and, for a child, its parent's step result (the
+    parent woken at once): core/children.py, rule 4."""
+    failed = force_fail(run.state, reason)
+    if failed is None:
+        return None
+    cancelled = (
+        children_to_cancel(run.run_id, run.wf, run.state, failed) if run.wf.has_children else []
+    )
+    effects = _child_wakeups(run, [], cancelled, now_ms, names)
+    if run.parent is not None:
+        effects += _parent_wakeup(run, now_ms, names)
+    return ForceFailWrite(run.run_id, run.stored_checksum, failed, tuple(cancelled), effects)
 
 
 def poisoned(item: BatchItem, detail: str, rules: Rules) -> Plan:
@@ -536,6 +570,14 @@ def _child_wakeups(
     return tuple(_wakeup_send(topic, w) for w in wakeups)
 
 
+def _parent_wakeup(run: LoadedRun, now_ms: int, names: TopicNames) -> tuple[Send, ...]:
+    """The wakeup of a child's parent once the child ended (its end is the parent's step
+    result), on the child's tier (its parent's)."""
+    assert run.parent is not None
+    parent = Wakeup(run.parent.run_id, reason="step_result", produced_at=now_ms)
+    return (_wakeup_send(names.wakeup(run.tier), parent),)
+
+
 def _timer(run_id: str, due_ms: int, now_ms: int, reason: str, names: TopicNames) -> Send:
     """A wakeup at ``due_ms`` on the delay ladder: on the largest rung that fits the wait, and
     hopping on (``target_at``) when the wait is longer than the top rung."""
@@ -593,6 +635,7 @@ __all__ = [
     "database_failed",
     "decide",
     "force_fail_refused",
+    "force_fail_write",
     "hop",
     "poisoned",
     "reject",

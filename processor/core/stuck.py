@@ -10,7 +10,8 @@ So the run is ticked first, with everything recorded for it, at the sweep's time
 - the tick would change it (a recorded result applies, a deadline passed, a pending run starts):
   it is woken on its own tier, and the processor that owns it ticks it as usual;
 - the tick changes nothing: nothing recorded, no deadline, nothing can move it. Stuck: it is
-  force-failed through the terminal path (``force_fail``), conditioned on its loaded row.
+  force-failed through the terminal path (``force_fail_write``), conditioned on its loaded
+  row; the same write cancels its children in flight and wakes its parent (a child).
 
 Pure: the shell loads the run and writes the outcome.
 """
@@ -19,9 +20,11 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from processor.core.model import Loaded, LoadedRun, RunState
+from processor.core.decide import ForceFailWrite, force_fail_write
+from processor.core.model import Loaded, LoadedRun
 from processor.core.outcomes import ForceFailReason
-from processor.core.tick import force_fail, tick_run
+from processor.core.routing import TopicNames
+from processor.core.tick import tick_run
 
 
 class Leave(NamedTuple):
@@ -35,23 +38,26 @@ class Wake(NamedTuple):
 
 
 class Fail(NamedTuple):
-    """Nothing can move it: write ``state`` if the row still has ``loaded_checksum``
-    (``workflow``: what the run counts as once it ended, core/run_tally.py)."""
+    """Nothing can move it: make ``write`` (it applies only if the row still has the loaded
+    checksum; ``workflow``: what the run counts as once it ended, core/run_tally.py)."""
 
-    loaded_checksum: str
-    state: RunState
+    write: ForceFailWrite
     workflow: str
 
 
 StuckVerdict = Leave | Wake | Fail
 
 
-def judge_stuck(run: Loaded | None, selected_seq: int, now_ms: int) -> StuckVerdict:
+def judge_stuck(
+    run: Loaded | None, selected_seq: int, now_ms: int, names: TopicNames
+) -> StuckVerdict:
+    """``names``: the topics of the wakeups a force-fail produces (its children's, its
+    parent's)."""
     if not isinstance(run, LoadedRun) or not run.checksum_ok or run.state.seq != selected_seq:
         return Leave()  # gone, unreadable (the commit path quarantines it), or it moved
     if tick_run(run, now_ms).progressed:
         return Wake(run.tier)
-    failed = force_fail(run.state, ForceFailReason.STUCK)
-    if failed is None:  # it ended
+    write = force_fail_write(run, ForceFailReason.STUCK, now_ms, names)
+    if write is None:  # it ended
         return Leave()
-    return Fail(run.stored_checksum, failed, run.wf.name)
+    return Fail(write, run.wf.name)

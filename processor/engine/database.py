@@ -16,6 +16,7 @@ import psycopg
 from processor.core.decide import Commit, ForceFailWrite, Send
 from processor.core.limits import LimitInputs
 from processor.core.model import Loaded
+from processor.core.routing import TopicNames
 from processor.core.stuck import Fail, Leave, StuckVerdict, judge_stuck
 from processor.io import (
     connections,
@@ -99,22 +100,32 @@ class Database:
 
     def force_fail(self, write: ForceFailWrite) -> bool:
         """The terminal path shared by the livelock guard and the watchdog: write the failed
-        state only if the run did not move since it was loaded."""
-        return store.force_fail_write(self.conn, write.run_id, write.loaded_checksum, write.state)
+        state only if the run did not move since it was loaded. Its records go to the outbox
+        without an owner: sent at once by the caller, and by any relay after
+        DUCTOR_RELAY_AFTER_S if the caller could not (its answer was lost, it died)."""
+        return store.force_fail_write(
+            self.conn,
+            write.run_id,
+            write.loaded_checksum,
+            write.state,
+            write.cancel_children,
+            write.effects,
+        )
 
     def quarantine(self, runs: Sequence[store.QuarantineFlag]) -> set[str]:
         """Flag runs whose rows cannot be used; returns the newly flagged."""
         return store.quarantine_runs(self.conn, runs)
 
-    def settle_stuck(self, run_id: str, selected_seq: int, now_ms: int) -> StuckVerdict:
+    def settle_stuck(
+        self, run_id: str, selected_seq: int, now_ms: int, names: TopicNames
+    ) -> StuckVerdict:
         """A run the stuck sweep selected at ``selected_seq``: ticked with everything recorded
         for it (core/stuck.py); failed through the terminal path only if nothing can move it,
-        and only if its row did not change since it was loaded (else left alone)."""
-        verdict = judge_stuck(self.load([run_id]).get(run_id), selected_seq, now_ms)
-        if isinstance(verdict, Fail):
-            write = ForceFailWrite(run_id, verdict.loaded_checksum, verdict.state)
-            if not self.force_fail(write):
-                return Leave()
+        and only if its row did not change since it was loaded (else left alone). A failed
+        one's records (``Fail.write.effects``) are in the outbox, for the caller to send."""
+        verdict = judge_stuck(self.load([run_id]).get(run_id), selected_seq, now_ms, names)
+        if isinstance(verdict, Fail) and not self.force_fail(verdict.write):
+            return Leave()
         return verdict
 
     def woken(self, run_ids: Sequence[str]) -> set[str]:

@@ -437,11 +437,17 @@ class Executor:
     def relay(self, rows: list[tuple[str, int, tuple[Send, ...]]]) -> None:
         """Send again the records of outbox rows left behind (their instance died after its
         commit, or the broker was away); each row is deleted once all its records are in."""
+        for run_id, _seq, sends in rows:
+            self._ledger.relayed(run_id, len(sends))
+        self.send_outboxed(rows)
+
+    def send_outboxed(self, rows: list[tuple[str, int, tuple[Send, ...]]]) -> None:
+        """Send the records of outbox rows (run id, seq, records): relayed ones, or those a
+        force-fail of the watchdog's wrote; each row is deleted once all its records are in."""
         for run_id, seq, sends in rows:
             settling = _Settling(
                 RunWork(run_id), Outcome.COMMITTED, len(sends), seq, self._settled, self._park
             )
-            self._ledger.relayed(run_id, len(sends))
             for send in sends:
                 self._produce(settling, send)
             if settling.outstanding == 0:

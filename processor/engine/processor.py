@@ -172,6 +172,7 @@ class Processor:
         )
         self.watchdog = Watchdog(
             database=Database(settings.pg_dsn),
+            names=self.names,
             owned_shards=self._owned_shards,
             may_relay=lambda: self.executor.may_relay(settings.relay_after_s),
             relay_as=lambda: OutboxRelay(
@@ -323,6 +324,7 @@ class Processor:
                 self.postgres.ok()  # (while a batch is in flight, its outcome says)
             self.executor.replay_after_restart(sweep.replay)
             self.executor.stuck_failed(sweep.force_failed)
+            self.executor.send_outboxed(sweep.ended)
             self.executor.rewake(sweep.overdue)
             self.executor.relay(sweep.relay)
             self.executor.dead_letter_expired(sweep.expired, self.watchdog.forget)

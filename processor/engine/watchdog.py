@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 import psycopg
 
 from processor.core.decide import Send
+from processor.core.routing import TopicNames
 from processor.core.stuck import Fail, Leave, StuckVerdict, Wake
 from processor.engine.database import Database
 from processor.engine.recent_commits import RecentCommits
@@ -71,6 +72,9 @@ class SweepResult:
     # Runs to wake, with their tiers (overdue, given a kept signal, or started by a schedule).
     overdue: list[tuple[str, str]] = field(default_factory=list)
     force_failed: list[tuple[str, str]] = field(default_factory=list)  # stuck: (run, workflow)
+    # The records of those ends (their children's wakeups, their parents'), written to the
+    # outbox with each: (run id, transition seq, records), to send now.
+    ended: list[tuple[str, int, tuple[Send, ...]]] = field(default_factory=list)
     # Outbox rows claimed for relaying: (run id, transition seq, records).
     relay: list[tuple[str, int, tuple[Send, ...]]] = field(default_factory=list)
     # Kept signals whose run never came, claimed for their dead letters.
@@ -90,6 +94,7 @@ class Watchdog:
         self,
         *,
         database: Database,
+        names: TopicNames,
         owned_shards: Callable[[], Shards],
         may_relay: Callable[[], bool],
         relay_as: Callable[[], OutboxRelay],
@@ -100,6 +105,7 @@ class Watchdog:
         recent: RecentCommits | None = None,
     ) -> None:
         self._db = database
+        self._names = names
         self._recent = recent or RecentCommits()
         self._wall_ms = wall_ms
         self._faults = faults
@@ -194,6 +200,7 @@ class Watchdog:
                 self._to_forget[:0] = forgetting
             raise
         failed: list[tuple[str, str]] = []
+        ended: list[tuple[str, int, tuple[Send, ...]]] = []
         woken: list[tuple[str, str]] = []
         if owned:
             stuck = self._db.stuck(modulus, owned, s.stuck_after_s, s.grace_s, s.limit)
@@ -203,6 +210,8 @@ class Watchdog:
                 verdict = self._settle(run_id, seq, now_ms)
                 if isinstance(verdict, Fail):
                     failed.append((run_id, verdict.workflow))
+                    if verdict.write.effects:
+                        ended.append((run_id, verdict.write.state.seq, verdict.write.effects))
                 elif isinstance(verdict, Wake):
                     woken.append((run_id, verdict.tier))
             marked = self._db.woken([run_id for run_id, _tier in woken])
@@ -224,6 +233,7 @@ class Watchdog:
             replay=self._recent.met(self._db.server_started()),
             overdue=woken + overdue,
             force_failed=failed,
+            ended=ended,
             relay=claimed,
             expired=expired,
             triggers=self._db.triggers() if triggers else None,
@@ -232,7 +242,7 @@ class Watchdog:
     def _settle(self, run_id: str, seq: int, now_ms: int) -> StuckVerdict:
         """One stuck run; one whose row another transaction holds waits for the next sweep."""
         try:
-            return self._db.settle_stuck(run_id, seq, now_ms)
+            return self._db.settle_stuck(run_id, seq, now_ms, self._names)
         except psycopg.Error as exc:
             if classify(exc) not in TRANSIENT:
                 raise

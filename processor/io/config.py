@@ -56,6 +56,9 @@ class Settings:
     # "classic": the classic protocol with cooperative-sticky (older brokers).
     group_protocol: str = "consumer"
     pg_dsn: str = "postgresql://ductor:ductor@127.0.0.1:55432/ductor"
+    # The step workers' own DSN (a login role in the ductor_worker group, which may claim,
+    # record and read what steps need, nothing else: docs/operations.md); empty: pg_dsn.
+    worker_pg_dsn: str = field(default="", repr=False)
     topic_prefix: str = "ductor"
     wakeup_partitions: int = 6
     delay_partitions: int = 6  # keep equal to wakeup_partitions: see group_protocol
@@ -152,6 +155,16 @@ class Settings:
     @property
     def pg_dsn_redacted(self) -> str:
         return redact_dsn(self.pg_dsn)
+
+    @property
+    def worker_dsn(self) -> str:
+        """The DSN a step worker connects with: DUCTOR_WORKER_PG_DSN, else DUCTOR_PG_DSN."""
+        return self.worker_pg_dsn or self.pg_dsn
+
+    def for_worker(self) -> Settings:
+        """These settings as a step worker uses them: its own DSN as ``pg_dsn`` (so nothing
+        of the worker reaches Postgres as the coordinator), no other one kept."""
+        return replace(self, pg_dsn=self.worker_dsn, worker_pg_dsn="")
 
     def kafka_common(self) -> dict[str, str | int | float | bool]:
         """librdkafka properties shared by every client (security settings pass through here)."""
@@ -268,6 +281,11 @@ def _parse_dsn(name: str, raw: str) -> str:
     if "://" in raw and not raw.startswith(("postgresql://", "postgres://")):
         raise ConfigError(f"{name}={redact_dsn(raw)!r} must start with postgresql://")
     return raw
+
+
+def _parse_optional_dsn(name: str, raw: str) -> str:
+    """A DSN, or empty (another setting stands for it)."""
+    return _parse_dsn(name, raw) if raw.strip() else ""
 
 
 def _parse_servers(name: str, raw: str) -> str:
@@ -410,6 +428,7 @@ _FIELDS: tuple[tuple[str, Callable[[str, str], object]], ...] = (
     ("group_id", _parse_name),
     ("group_protocol", _parse_choice(("consumer", "classic"))),
     ("pg_dsn", _parse_dsn),
+    ("worker_pg_dsn", _parse_optional_dsn),
     ("topic_prefix", _parse_name),
     ("wakeup_partitions", _int_in(1, 10_000)),
     ("delay_partitions", _int_in(1, 10_000)),
@@ -479,6 +498,7 @@ SETTING_VARIABLES: tuple[str, ...] = tuple(_variable(name) for name, _ in _FIELD
 # a file named by <VARIABLE>_FILE instead (a mounted Kubernetes or Docker secret).
 SECRET_VARIABLES: tuple[str, ...] = (
     "DUCTOR_PG_DSN",
+    "DUCTOR_WORKER_PG_DSN",
     "DUCTOR_UI_TOKEN",
     *sorted(kafka_properties.variable_for(p) for p in kafka_properties.SECRET_PROPERTIES),
 )
@@ -499,6 +519,8 @@ READ_ELSEWHERE: Mapping[str, str] = {
     # `make test`: the build each test run must be on, and where it built the wheel.
     "DUCTOR_EXPECT_BUILD": "the tests (tests/unit/test_build.py), set by the Makefile",
     "DUCTOR_TEST_DIST": "the tests (tests/integration/background_builds.py), set by the Makefile",
+    # The database the tests' and the chaos run's step modules count executions in.
+    "DUCTOR_TEST_EXECUTION_LOG": "the tests' and the chaos run's steps (tools/chaos_steps.py)",
 }
 
 KNOWN_VARIABLES: frozenset[str] = frozenset(

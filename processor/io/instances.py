@@ -57,12 +57,17 @@ RETURNING (extract(epoch FROM now()) * 1000)::bigint
 """
 
 
-def register(conn: psycopg.Connection[Any], instance_id: str, kind: str) -> int:
-    """Announce an instance (and forget instances gone for a day); Postgres's time (epoch ms)."""
+def register(
+    conn: psycopg.Connection[Any], instance_id: str, kind: str, forget_gone: bool = True
+) -> int:
+    """Announce an instance (and, with ``forget_gone``, forget instances gone for a day);
+    Postgres's time (epoch ms). A worker forgets none: its database role may not delete
+    another instance's row (docs/operations.md, the workers' database role)."""
     database_ms = heartbeat(conn, instance_id, kind)
-    conn.execute(
-        "DELETE FROM eec_instance WHERE heartbeat_at < now() - %s::interval", (_FORGET_AFTER,)
-    )
+    if forget_gone:
+        conn.execute(
+            "DELETE FROM eec_instance WHERE heartbeat_at < now() - %s::interval", (_FORGET_AFTER,)
+        )
     return database_ms
 
 
@@ -109,7 +114,7 @@ class Presence:
     heartbeat that fails is tried again at the next interval, quietly: the instance's own
     work reports the outage. ``may_judge`` says whether this instance may take a silent one
     for gone (it has seen the database answer, without a failure, for the last
-    ``gone_after_s``)."""
+    ``gone_after_s``). Only a processor forgets the instances gone for a day (``register``)."""
 
     def __init__(
         self,
@@ -121,6 +126,7 @@ class Presence:
         clock: DatabaseClock | None = None,
     ) -> None:
         self.instance_id = instance_id
+        self._forgets = kind == "processor"
         self._clock = clock or DatabaseClock()  # each heartbeat measures its offset
         self.gone_after_s = gone_after_s
         self._dsn = dsn
@@ -138,7 +144,7 @@ class Presence:
         self._close()  # (what a failed try left)
         self._conn = connect(self._dsn)
         sent_ms = self._clock.local_ms()
-        database_ms = register(self._conn, self.instance_id, self._kind)
+        database_ms = register(self._conn, self.instance_id, self._kind, self._forgets)
         self._clock.observe(database_ms, sent_ms, self._clock.local_ms())
         self._registered.set()
 
@@ -178,7 +184,7 @@ class Presence:
                 if self._registered.is_set():
                     database_ms = heartbeat(self._conn, self.instance_id, self._kind)
                 else:
-                    database_ms = register(self._conn, self.instance_id, self._kind)
+                    database_ms = register(self._conn, self.instance_id, self._kind, self._forgets)
                     self._registered.set()
                 self._clock.observe(database_ms, sent_ms, self._clock.local_ms())
             except psycopg.Error as exc:

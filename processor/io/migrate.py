@@ -10,11 +10,15 @@ once on a fresh database would race in the catalog, and one would fail.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 
 import psycopg
+from psycopg.errors import Diagnostic
 
 from processor.io.package_files import Migration, migrations
+
+log = logging.getLogger("ductor.migrate")
 
 MIGRATIONS_TABLE = "ductor_schema_migration"
 MIGRATION_LOCK_KEY = 0x0D0C7012  # arbitrary constant naming "ductor migrations"
@@ -29,6 +33,7 @@ def migrate(dsn: str) -> list[str]:
     available = migrations()
     applied_now: list[str] = []
     with psycopg.connect(dsn, autocommit=True) as conn, conn.transaction():
+        conn.add_notice_handler(_warn)
         conn.execute("SELECT pg_advisory_xact_lock(%s)", (MIGRATION_LOCK_KEY,))
         conn.execute(
             f"CREATE TABLE IF NOT EXISTS {MIGRATIONS_TABLE} ("
@@ -43,3 +48,12 @@ def migrate(dsn: str) -> list[str]:
                 )
             applied_now.append(migration.name)
     return applied_now
+
+
+def _warn(notice: Diagnostic) -> None:
+    """A migration's WARNING (one that could not do all it would, e.g. create the workers'
+    role without CREATEROLE: 0023_worker_role.sql), logged with its hint; notices below that
+    (NOTICE: a table that exists already) are not."""
+    if notice.severity_nonlocalized == "WARNING":
+        hint = f" ({notice.message_hint})" if notice.message_hint else ""
+        log.warning("migration: %s%s", notice.message_primary, hint)

@@ -14,6 +14,7 @@ from typing import Any
 import orjson
 import psycopg
 
+from processor.core.child_graph import ChildCycle, ChildRef, child_cycle
 from processor.core.model import RunStatus, SignalKind, initial_state, state_checksum
 from processor.core.routing import DEFAULT_QUEUE, run_shard
 from processor.core.workflow import WorkflowDef, parse_workflow, workflow_to_json
@@ -68,10 +69,31 @@ class RunSummary:
     tags: Mapping[str, str] = field(default_factory=dict)
 
 
+# Registrations of definitions that start children take turns (a transaction-scoped advisory
+# lock, this key): two registered at once could each close half of a cycle unseen.
+_CHILD_GRAPH_LOCK = 0x64756374  # "duct"
+
+
 def register_workflow(conn: psycopg.Connection[Any], wf: WorkflowDef) -> bool:
     """Register a definition; True if new. Re-registering the same content is a no-op, a
     different content under an existing (name, version) is refused (versions are immutable),
-    and so is one whose step starts a child run of a workflow (version) not registered."""
+    and so is one whose step starts a child run of a workflow (version) not registered, or
+    whose registration would close a cycle of child workflows (ChildCycle: core/child_graph.py).
+    """
+    if not wf.has_children:
+        return _register(conn, wf)
+    with conn.transaction():
+        conn.execute("SELECT pg_advisory_xact_lock(%s)", (_CHILD_GRAPH_LOCK,))
+        _check_children_registered(conn, wf)
+        new = _register(conn, wf)
+        if new:  # read with the new row, in this transaction: raising takes it back
+            cycle = child_cycle(wf.key, _child_graph(conn))
+            if cycle is not None:
+                raise ChildCycle(wf.key, cycle)
+        return new
+
+
+def _check_children_registered(conn: psycopg.Connection[Any], wf: WorkflowDef) -> None:
     for step in wf.steps:
         if step.starts_child:
             row = conn.execute(
@@ -85,6 +107,26 @@ def register_workflow(conn: psycopg.Connection[Any], wf: WorkflowDef) -> bool:
                     f"step {step.name!r} starts workflow {step.child_workflow!r}{which}, which"
                     " is not registered: register it first"
                 )
+
+
+def _child_graph(conn: psycopg.Connection[Any]) -> dict[tuple[str, int], list[ChildRef]]:
+    """Every registered version with the children its steps start (core/child_graph.py)."""
+    rows = conn.execute(
+        "SELECT w.name, w.version, st ->> 'workflow', st ->> 'version'"
+        " FROM eec_workflow_definition w"
+        f" LEFT JOIN LATERAL {_STEPS.format(d='w.definition')} AS st"
+        "   ON st ->> 'kind' = 'workflow' AND jsonb_typeof(st -> 'workflow') = 'string'"
+    ).fetchall()
+    graph: dict[tuple[str, int], list[ChildRef]] = {}
+    for name, version, child, child_version in rows:
+        refs = graph.setdefault((name, version), [])
+        if child is not None:
+            pinned = int(child_version) if child_version and child_version.isdigit() else None
+            refs.append((child, pinned))
+    return graph
+
+
+def _register(conn: psycopg.Connection[Any], wf: WorkflowDef) -> bool:
     body = orjson.dumps(workflow_to_json(wf)).decode()
     row = conn.execute(
         "INSERT INTO eec_workflow_definition (name, version, definition) VALUES (%s, %s, %s)"

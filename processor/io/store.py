@@ -290,22 +290,41 @@ RETURNING run_id, seq, records
 # state checksum rather than the version: it only applies if no transition happened since the
 # state was loaded (a progressing run is never force-failed), and an outside writer that merely
 # bumps the version cannot keep a livelocked run alive forever.
-# A child run force-failed is its parent's step result too (core/children.py, rule 2): the
-# parent applies it at its next wakeup (its step's deadline at the latest).
+# The same statement ends what the run's end ends (core/children.py, rule 4), so a crash
+# after it loses nothing: its children in flight get a cancel signal each (the id names the
+# failed transition: written again, it is the same signal), and the records of the end (their
+# wakeups, its parent's) go to the outbox. Without an owner: the writer produces them at once
+# and deletes the row once they are in, and any relay sends them after DUCTOR_RELAY_AFTER_S if
+# it could not (it died, or the statement's answer was lost with its connection, so the writer
+# never learnt it landed); a copy of a wakeup is a no-op tick. A child run force-failed is its
+# parent's step result too (rule 2).
 _FORCE_FAIL_SQL = f"""
 WITH failed AS (
     UPDATE eec_workflow_run
        SET db_record_version = db_record_version + 1,
-           status = %s, node_states = %s, last_transition_seq = %s, state_checksum = %s,
-           failure_reason = %s, next_wakeup_at = NULL, updated_at = now(),
-           last_transition_at = now()
-     WHERE run_id = %s AND state_checksum = %s AND status IN ('pending', 'running')
+           status = %(status)s, node_states = %(nodes)s, last_transition_seq = %(seq)s,
+           state_checksum = %(checksum)s, failure_reason = %(reason)s, next_wakeup_at = NULL,
+           updated_at = now(), last_transition_at = now()
+     WHERE run_id = %(run_id)s AND state_checksum = %(loaded)s
+       AND status IN ('pending', 'running')
     RETURNING run_id, status, failure_reason, parent_run_id, parent_node, parent_attempt
 ), child_results AS (
     INSERT INTO eec_step_result (run_id, node_id, attempt, outcome, error)
     SELECT parent_run_id, parent_node, parent_attempt, 'failed',
            'child run ' || run_id || ' ' || status || coalesce(': ' || failure_reason, '')
       FROM failed WHERE parent_run_id IS NOT NULL
+    ON CONFLICT DO NOTHING
+), cancelled_children AS (
+    INSERT INTO eec_run_signal (run_id, signal_id, kind)
+    SELECT x.run_id, 'parent:' || f.run_id || ':' || %(seq)s, 'cancel'
+      FROM failed f
+     CROSS JOIN LATERAL jsonb_array_elements_text(%(cancel)s::jsonb) AS x(run_id)
+     WHERE EXISTS (SELECT 1 FROM eec_workflow_run c WHERE c.run_id = x.run_id)
+    ON CONFLICT DO NOTHING
+), outboxed AS (
+    INSERT INTO eec_outbox (run_id, seq, records, owner)
+    SELECT f.run_id, %(seq)s, %(effects)s::jsonb, NULL
+      FROM failed f WHERE %(effects)s::jsonb IS NOT NULL
     ON CONFLICT DO NOTHING
 ){limit_store.FORCE_FAIL_CTES}
 SELECT count(*) FROM failed
@@ -656,21 +675,28 @@ def _pairs(acknowledged: Sequence[tuple[str, int]]) -> str:
 
 
 def force_fail_write(
-    conn: psycopg.Connection[Any], run_id: str, loaded_checksum: str, failed: RunState
+    conn: psycopg.Connection[Any],
+    run_id: str,
+    loaded_checksum: str,
+    failed: RunState,
+    cancel_children: Sequence[str] = (),
+    effects: Sequence[Send] = (),
 ) -> bool:
-    """Write a force-failed state if the run did not move since it was loaded."""
-    cur = conn.execute(
-        _FORCE_FAIL_SQL,
-        (
-            failed.status.value,
-            orjson.dumps(failed.nodes_json()).decode(),
-            failed.seq,
-            state_checksum(failed),
-            failed.reason,
-            run_id,
-            loaded_checksum,
-        ),
-    ).fetchone()
+    """Write a force-failed state if the run did not move since it was loaded; with it, a
+    cancel signal for each of ``cancel_children`` and ``effects`` into the outbox (without
+    an owner) as the failed transition's records."""
+    params = {
+        "status": failed.status.value,
+        "nodes": orjson.dumps(failed.nodes_json()).decode(),
+        "seq": failed.seq,
+        "checksum": state_checksum(failed),
+        "reason": failed.reason,
+        "run_id": run_id,
+        "loaded": loaded_checksum,
+        "cancel": orjson.dumps(list(cancel_children)).decode(),
+        "effects": orjson.dumps([_outbox_record(s) for s in effects]).decode() if effects else None,
+    }
+    cur = conn.execute(_FORCE_FAIL_SQL, params).fetchone()
     return cur is not None and cur[0] == 1
 
 

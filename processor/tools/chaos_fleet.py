@@ -24,6 +24,7 @@ from typing import Any
 
 from processor.io.config import Settings, child_env
 from processor.io.logs import read_stats
+from processor.tools.chaos_steps import execution_log_env
 
 PROCESSOR, WORKER = "process", "worker"
 # The workers run the sample steps, counting their executions (chaos_steps.py).
@@ -94,7 +95,7 @@ class Fleet:
         on_fault: Callable[[str, str], None],
     ) -> None:
         log_dir.mkdir(parents=True, exist_ok=True)
-        self._env = child_env(replace(settings, log_format="json"))
+        self._env = child_env(replace(settings, log_format="json")) | execution_log_env(settings)
         self._log_dir = log_dir
         self._rng = rng
         self._arming = arming

@@ -13,8 +13,19 @@ from typing import Any
 
 import psycopg
 
-from processor.io.config import load_settings
+from processor.io.config import Settings, load_settings
 from processor.worker import StepContext, StepRegistry, sample_registry
+
+# Where the steps write their executions: a DSN the chaos run and the tests give the workers
+# they start (`ductor worker` removes its own DSNs from the environment before it imports the
+# steps: processor/worker/environment.py); a worker in the test process keeps its environment,
+# and the steps there use the settings'.
+EXECUTION_LOG_VARIABLE = "DUCTOR_TEST_EXECUTION_LOG"
+
+
+def execution_log_env(settings: Settings) -> dict[str, str]:
+    """What a worker running these steps needs in its environment besides its settings."""
+    return {EXECUTION_LOG_VARIABLE: settings.pg_dsn}
 
 
 class ExecutionLog:
@@ -37,7 +48,8 @@ class ExecutionLog:
         """One execution of ``ctx``'s attempt, on this thread's own connection."""
         conn: psycopg.Connection[Any] | None = getattr(self._local, "conn", None)
         if conn is None or conn.closed:
-            conn = self._local.conn = psycopg.connect(load_settings().pg_dsn, autocommit=True)
+            dsn = os.environ.get(EXECUTION_LOG_VARIABLE) or load_settings().pg_dsn
+            conn = self._local.conn = psycopg.connect(dsn, autocommit=True)
         conn.execute(
             f"INSERT INTO {self.table} (run_id, node, attempt, pid) VALUES (%s, %s, %s, %s)",
             (ctx.run_id, ctx.node, ctx.attempt, os.getpid()),

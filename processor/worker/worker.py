@@ -83,7 +83,9 @@ class Worker:
         telemetry: Telemetry | None = None,
         faults: Faults = NO_FAULTS,  # tests only: see io/faults.py
     ) -> None:
-        self.settings = settings
+        # Its own DSN (DUCTOR_WORKER_PG_DSN, else DUCTOR_PG_DSN) for every connection it
+        # makes: the claims, the results, the heartbeat, the health endpoint's check.
+        self.settings = settings = settings.for_worker()
         self.registry = registry
         self.options = options = _for_children(options or WorkerOptions(), registry)
         self.names = TopicNames(settings.topic_prefix)

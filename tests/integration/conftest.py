@@ -44,6 +44,7 @@ from processor.io.runs_admin import insert_runs, register_workflow
 from processor.io.telemetry import Telemetry
 from processor.io.topics import create_topics, delete_topics
 from processor.tools import audit as audit_trail
+from processor.tools.chaos_steps import execution_log_env
 from processor.tools.databases import drop_database
 from processor.worker import StepRegistry, sample_registry
 from processor.worker.options import WorkerOptions
@@ -198,8 +199,9 @@ def local_infra(settings: Settings) -> Iterator[LocalInfra]:
 
 
 def child_env(settings: Settings) -> dict[str, str]:
-    """The environment that gives a `ductor` subprocess these settings, logging JSON."""
-    return config_child_env(replace(settings, log_format="json"))
+    """The environment that gives a `ductor` subprocess these settings, logging JSON (and the
+    tests' steps modules the database they count executions in)."""
+    return config_child_env(replace(settings, log_format="json")) | execution_log_env(settings)
 
 
 # The installed console script, as a user runs it: `python -m processor` would put the

@@ -327,6 +327,7 @@ def test_settings_env_round_trips_every_field_changed() -> None:
         "DUCTOR_GROUP_ID": "g",
         "DUCTOR_GROUP_PROTOCOL": "classic",
         "DUCTOR_PG_DSN": "host=db user=u password='a b' dbname=x",
+        "DUCTOR_WORKER_PG_DSN": "postgresql://w:pw@db/x",
         "DUCTOR_TOPIC_PREFIX": "p.q",
         "DUCTOR_WAKEUP_PARTITIONS": "7",
         "DUCTOR_DELAY_PARTITIONS": "7",

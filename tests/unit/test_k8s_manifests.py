@@ -483,6 +483,20 @@ def test_pods_get_only_their_own_variables_and_run_as_the_image_user(workload: W
     assert str(context["runAsUser"]) == _image_user().split(":")[0]
 
 
+def test_workers_get_the_worker_roles_dsn_and_never_the_coordinators() -> None:
+    """Step code runs in the worker's pods: they connect as the worker role (its own Secret)
+    and get no DUCTOR_PG_DSN; the other components get no worker DSN."""
+    for workload in WORKLOADS:
+        env = _environment(workload.container)
+        if workload.component == "worker":
+            assert "DUCTOR_PG_DSN" not in env and "DUCTOR_PG_DSN_FILE" not in env
+            dsn = _settings(workload.container).for_worker().pg_dsn
+            assert dsn == _secret_values("ductor-worker-credentials")["DUCTOR_WORKER_PG_DSN"]
+            assert dsn.startswith("postgresql://ductor_worker_login:")
+        else:
+            assert "DUCTOR_WORKER_PG_DSN" not in env, workload.component
+
+
 # -- probes, ports and the shutdown bound ---------------------------------------------------
 
 

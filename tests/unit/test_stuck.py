@@ -16,9 +16,12 @@ from processor.core.model import (
     initial_state,
     state_checksum,
 )
+from processor.core.routing import TopicNames
 from processor.core.stuck import Fail, Leave, Wake, judge_stuck
 
 from .fakes import NOW_MS, WF
+
+NAMES = TopicNames("ductor")
 
 
 def _running(due_ms: int | None, results: tuple[StepResult, ...] = ()) -> LoadedRun:
@@ -32,30 +35,30 @@ def _running(due_ms: int | None, results: tuple[StepResult, ...] = ()) -> Loaded
 
 def test_a_run_whose_recorded_result_a_tick_would_apply_is_woken_on_its_tier() -> None:
     result = StepResult("first", 1, StepOutcome.SUCCEEDED, None)
-    assert judge_stuck(_running(None, (result,)), 1, NOW_MS) == Wake("t0")
+    assert judge_stuck(_running(None, (result,)), 1, NOW_MS, NAMES) == Wake("t0")
 
 
 def test_a_run_whose_deadline_passed_or_that_never_started_is_woken() -> None:
-    assert judge_stuck(_running(NOW_MS - 1), 1, NOW_MS) == Wake("t0")
+    assert judge_stuck(_running(NOW_MS - 1), 1, NOW_MS, NAMES) == Wake("t0")
     pending = initial_state(WF)
     never = LoadedRun("r", WF, pending, 1, "t2", stored_checksum=state_checksum(pending))
-    assert judge_stuck(never, 0, NOW_MS) == Wake("t2")
+    assert judge_stuck(never, 0, NOW_MS, NAMES) == Wake("t2")
 
 
 def test_a_run_nothing_can_move_is_failed_on_its_loaded_checksum() -> None:
     run = _running(None)
-    verdict = judge_stuck(run, 1, NOW_MS)
+    verdict = judge_stuck(run, 1, NOW_MS, NAMES)
     assert isinstance(verdict, Fail)
-    assert verdict.loaded_checksum == run.stored_checksum
-    assert verdict.state.status is RunStatus.FAILED and verdict.state.seq == 2
+    assert verdict.write.loaded_checksum == run.stored_checksum
+    assert verdict.write.state.status is RunStatus.FAILED and verdict.write.state.seq == 2
     assert verdict.workflow == WF.name  # counted as an end of its workflow
 
 
 def test_a_run_that_moved_ended_or_cannot_be_read_is_left_alone() -> None:
-    assert judge_stuck(_running(None), 0, NOW_MS) == Leave()  # its seq moved on
-    assert judge_stuck(None, 1, NOW_MS) == Leave()
-    assert judge_stuck(UnreadableRun("x"), 1, NOW_MS) == Leave()
+    assert judge_stuck(_running(None), 0, NOW_MS, NAMES) == Leave()  # its seq moved on
+    assert judge_stuck(None, 1, NOW_MS, NAMES) == Leave()
+    assert judge_stuck(UnreadableRun("x"), 1, NOW_MS, NAMES) == Leave()
     done = replace(_running(None).state, status=RunStatus.SUCCEEDED)
     ended = LoadedRun("r", WF, done, 3, "t0", stored_checksum=state_checksum(done))
     assert ended.checksum_ok
-    assert judge_stuck(ended, 1, NOW_MS) == Leave()
+    assert judge_stuck(ended, 1, NOW_MS, NAMES) == Leave()
