@@ -43,6 +43,8 @@ class DeadLetterReason(StrEnum):
     CONFLICTING_START = "conflicting_start"
     # A start request whose input does not match its workflow's input schema.
     INVALID_INPUT = "invalid_input"
+    # A start request for a run id of a shape only Ductor derives (core/run_ids.py).
+    RESERVED_RUN_ID = "reserved_run_id"
 
 
 DLQ_REASONS = tuple(r.value for r in DeadLetterReason)
