@@ -149,10 +149,13 @@ def _big_integer(value: Any) -> BoundsProblem | None:
         if kind is int:
             if not MIN_INTEGER <= item <= MAX_INTEGER:
                 return _at(list(steps), f"is {_integer(item)}, {_BEYOND_64_BITS}")
-        elif kind is dict:
-            stack += [(v, (*steps, k)) for k, v in reversed(item.items())]
-        elif kind is list:
-            stack += [(v, (*steps, i)) for i, v in reversed(list(enumerate(item)))]
+        elif kind is dict or kind is list:
+            pairs: list[tuple[Any, Any]] = (
+                list(item.items()) if kind is dict else list(enumerate(item))
+            )
+            for at in range(len(pairs) - 1, -1, -1):  # the first is popped first
+                step, inner = pairs[at]
+                stack.append((inner, (*steps, step)))
     return None
 
 
@@ -190,7 +193,7 @@ def _walk(value: Any, steps: list[Any], depth: int, full: bool) -> BoundsProblem
         if depth >= MAX_DEPTH:
             return _too_deep(steps)
         for key, item in value.items():
-            if type(key) is not str:
+            if not isinstance(key, str):  # a str subclass is written as its text
                 return _at(steps, f"has a key that is not a string ({_kind(key)})")
             wrong = _text(key, full)
             if wrong is not None:

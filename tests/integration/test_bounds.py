@@ -22,6 +22,7 @@ from hypothesis import HealthCheck, Phase, given
 from hypothesis import settings as hypothesis_settings
 from hypothesis import strategies as st
 
+from processor.core.bounds import json_problem
 from processor.core.envelope import Rejected
 from processor.core.records import Inbound
 from processor.core.requests import SignalRequest, StartRequest, decode_request
@@ -31,7 +32,7 @@ from processor.core.workflow import parse_workflow
 from processor.io.config import Settings
 from processor.io.dlq import read_dead_letters
 from processor.io.runs_admin import register_workflow
-from tests.unit.strategies import hostile_json_bytes, hostile_request
+from tests.unit.strategies import hostile_json_bytes, hostile_request, hostile_values, json_values
 
 from .conftest import (
     SAMPLE,
@@ -141,10 +142,15 @@ class Doors:
         expected = Counter({(*where, reason): 1 for where, reason in self.refused.items()})
         assert +letters == expected, "a dead letter for a record that was not refused"
         rows = pg.execute(
-            "SELECT run_id, status, input FROM eec_workflow_run WHERE run_id = ANY(%s)",
+            "SELECT run_id, status, input::text FROM eec_workflow_run WHERE run_id = ANY(%s)",
             (list(self.starts),),
         ).fetchall()
-        assert {r[0]: r[2] for r in rows} == {r: v or {} for r, v in self.starts.items()}
+        # Read as Ductor reads jsonb (orjson): 1.5e308 is stored as a numeric of 309 digits,
+        # which the stdlib would read as that integer, orjson as the float it was.
+        stored = {r[0]: orjson.loads(r[2]) for r in rows}
+        assert stored.keys() == self.starts.keys()
+        for run_id, run_input in self.starts.items():
+            assert _same_json(stored[run_id], {} if run_input is None else run_input), run_id
         assert {r[1] for r in rows} <= {"succeeded"}
         counted = Counter(
             r[0]
@@ -262,3 +268,56 @@ def test_hostile_json_drawn_by_the_strategy_is_refused_or_done_once(
     finally:
         worker.stop()
     still_running(*processes)
+
+
+@hypothesis_settings(
+    max_examples=300,
+    deadline=None,
+    database=None,
+    suppress_health_check=[
+        HealthCheck.function_scoped_fixture,
+        HealthCheck.too_slow,
+        HealthCheck.data_too_large,
+    ],
+)
+@given(value=st.one_of(hostile_values(), json_values(max_leaves=30)))
+def test_the_bounds_agree_with_what_postgres_stores(
+    pg: psycopg.Connection[Any], value: Any
+) -> None:
+    """A value within the bounds is stored by Postgres as jsonb and read back (as Ductor reads
+    it, with orjson) as orjson wrote it; a value Postgres refuses is out of the bounds."""
+    problem = json_problem(value)
+    try:
+        encoded = orjson.dumps(value)
+    except TypeError:
+        assert problem is not None
+        return
+    try:
+        row = pg.execute("SELECT %s::jsonb::text", (encoded.decode(),)).fetchone()
+    except psycopg.Error:
+        assert problem is not None, "Postgres refused a value within the bounds"
+        return
+    assert row is not None
+    if problem is None:
+        assert _same_json(orjson.loads(row[0]), orjson.loads(encoded))
+
+
+def _same_json(stored: Any, written: Any) -> bool:
+    """The same JSON, numbers compared as numbers: jsonb keeps a number as a decimal, so a
+    float written with an exponent comes back as the integer it equals (6.6e+16 as
+    66000000000000000), the same double."""
+    if isinstance(written, float) or isinstance(stored, float):
+        return isinstance(stored, int | float) and float(stored) == float(written)
+    if isinstance(written, dict):
+        return (
+            isinstance(stored, dict)
+            and stored.keys() == written.keys()
+            and all(_same_json(stored[k], v) for k, v in written.items())
+        )
+    if isinstance(written, list):
+        return (
+            isinstance(stored, list)
+            and len(stored) == len(written)
+            and all(_same_json(a, b) for a, b in zip(stored, written, strict=True))
+        )
+    return type(stored) is type(written) and stored == written
