@@ -267,5 +267,10 @@ def checked_input(data: StepData) -> Outcome | None:
 
 
 def storable_text(text: str) -> str:
-    """``text`` with what Postgres cannot store in text (NUL) replaced."""
-    return text.replace("\x00", "\ufffd")
+    """``text`` as Postgres can store it (an attempt's error, a step's own message): a NUL
+    replaced, a lone surrogate (text that is not Unicode: psycopg cannot even encode it, and
+    the statement would fail before it is sent) written as its escape, ``\\ud800``."""
+    text = text.replace("\x00", "\ufffd")
+    if text.isascii():
+        return text
+    return text.encode("utf-8", "backslashreplace").decode()

@@ -2,7 +2,9 @@
 returning what cannot be stored fails its attempt once, for good, naming the path, and the
 worker goes on; a child whose input Postgres aggregated beyond the bounds (a map step's list
 of outputs each within them) fails at its first step, and its parent's step fails with the
-reason; a map whose list is beyond the bounds never starts. No run is left hanging."""
+reason; a map whose list is beyond the bounds never starts; a step's error that is not text
+Postgres can store (a NUL, a lone surrogate) is stored made storable, and the worker goes on.
+No run is left hanging."""
 
 from __future__ import annotations
 
@@ -12,7 +14,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from processor import StepContext, StepRegistry
+from processor import NonRetryable, StepContext, StepRegistry
 from processor.client import start_run
 from processor.core.bounds import MAX_DEPTH
 from processor.core.workflow import parse_workflow
@@ -57,6 +59,8 @@ def _registry() -> StepRegistry:
         kind = ctx.input["kind"]
         if kind == "fine":
             return {"ok": nest(MAX_DEPTH - 1)}  # as deep as may be
+        if kind == "says":  # an error Postgres cannot store as it is
+            raise NonRetryable("no \x00 nor \ud800 here")
         return _cycle() if kind == "cycle" else OUTPUTS[kind][0]
 
     @registry.step("items")
@@ -140,7 +144,7 @@ def test_values_beyond_the_bounds_fail_their_step_once_naming_the_path(
     names = _register(pg)
     processor = processor_thread(settings)
     worker = WorkerThread(settings, _registry())
-    hostile = [f"out-{kind}" for kind in (*OUTPUTS, "fine")]
+    hostile = [f"out-{kind}" for kind in (*OUTPUTS, "fine", "says")]
     runs = [*hostile, "parent-1", "mapped-1"]
     try:
         for run_id in hostile:
@@ -153,6 +157,7 @@ def test_values_beyond_the_bounds_fail_their_step_once_naming_the_path(
         worker.stop()
     statuses = run_statuses(pg, [*runs, "parent-1/ship#1"])
     assert statuses.pop("out-fine") == "succeeded"
+    assert statuses.pop("out-says") == "failed"
     assert set(statuses.values()) == {"failed"}
     reasons = dict(
         pg.execute(
@@ -165,6 +170,9 @@ def test_values_beyond_the_bounds_fail_their_step_once_naming_the_path(
         assert reasons[run_id].startswith("step 'h' failed after 1 attempt(s): OutOfBounds: ")
         assert says in reasons[run_id]
         assert step_attempts(pg, run_id) == {"h": [(1, "failed")]}, "the failure is final"
+    assert reasons["out-says"] == (
+        "step 'h' failed after 1 attempt(s): NonRetryable: no \ufffd nor \\ud800 here"
+    )
     # The child's input is the map's list of two outputs, each 64 levels deep: 65 levels.
     assert reasons["parent-1"].startswith(
         "step 'ship' failed after 1 attempt(s): child run parent-1/ship#1 failed: step 'b'"

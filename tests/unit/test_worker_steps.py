@@ -109,6 +109,18 @@ async def _async(registry: StepRegistry, output: Any) -> Outcome:
     return await execute_async_step(registry, _task("hostile_async"), NO_DATA)
 
 
+def test_a_failure_message_is_text_postgres_can_store() -> None:
+    registry = StepRegistry()
+
+    @registry.step("says")
+    def says(ctx: StepContext) -> Any:
+        raise StepFailed("bad \x00 and \ud800 but é kept")
+
+    _, _, error, _ = execute_step(registry, _task("says"), NO_DATA)
+    assert error == "StepFailed: bad \ufffd and \\ud800 but é kept"
+    assert error is not None and error.encode()  # Postgres text: UTF-8, no NUL
+
+
 def test_a_run_input_beyond_the_bounds_fails_the_attempt_before_the_step_runs() -> None:
     """A child run's input is an aggregate Postgres copied (a map step's list of outputs):
     it may be one level deeper than any one output. Its steps refuse it, for good."""
