@@ -172,6 +172,7 @@ def trigger_schedule(
     """Start a run of the schedule now, by hand (paused or not; its own fires are not
     moved): the run id (``name@manual-<now>``) and its tier, for the caller to wake it."""
     schedule = get_schedule(conn, name)
+    _check_input(schedule.input)  # a row written by hand, or before the bounds
     wf = _workflow(conn, definitions, schedule.workflow, schedule.version)
     run_id = manual_run_id(name, _now_ms(conn))
     insert_runs(conn, wf, [(run_id, schedule.input)], schedule.tier, tags=schedule_tags(name))
