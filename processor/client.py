@@ -165,8 +165,8 @@ class OutOfBounds(ClientError, ValueError):
     """A value refused before anything was written because Ductor cannot store it: a run's
     input or a signal's payload beyond the bounds of stored JSON (nested deeper than 64 levels,
     larger than 1 MiB, a NUL character, a lone surrogate, an integer beyond 64 bits, something
-    that is not JSON), or an id that is too long or holds a NUL (docs/requests.md#bounds). The
-    message names the path: ``the input at $.a[0]... is nested deeper than 64 levels``."""
+    that is not JSON), or an id that holds a NUL or a lone surrogate (docs/requests.md#bounds).
+    The message names the path: ``the input at $.a[0]... is nested deeper than 64 levels``."""
 
 
 class ReservedRunId(ClientError, ValueError):
@@ -299,8 +299,10 @@ def start_runs(
 
 def check_start(workflow: str, run_ids: Sequence[str], run_input: Any) -> None:
     """What every door checks of a start before anything is written: the workflow's name and
-    the run ids as texts Postgres can store, no run id of a shape Ductor derives, and the
-    input within the bounds of stored JSON (OutOfBounds, ReservedRunId)."""
+    the run ids as texts Postgres can store (ClientError for a length, OutOfBounds for a NUL
+    or a lone surrogate, as a request's dead letter says wrong_schema or out_of_bounds), no run
+    id of a shape Ductor derives (ReservedRunId), and the input within the bounds of stored
+    JSON (OutOfBounds)."""
     _check_text("the workflow's name", workflow, MAX_NAME_LENGTH)
     for run_id in run_ids:
         _check_run_id(run_id)
@@ -317,6 +319,8 @@ def _check_json(name: str, value: Any) -> None:
 
 
 def _check_text(name: str, value: str, most: int) -> None:
+    if not 1 <= len(value) <= most:
+        raise ClientError(f"{name} must be 1 to {most} characters, not {len(value)}")
     problem = text_problem(value, most)
     if problem is not None:
         raise OutOfBounds(f"{name} {problem}")
@@ -416,7 +420,9 @@ def request_starts(
     request; the runs are created by a processor shortly after. Idempotent by run id like
     ``start_runs``, but what a start cannot do (an unknown workflow, a run id that exists with
     another workflow or input) is a dead letter, not an exception: nothing answers here."""
-    check_start(workflow, run_ids, run_input)
+    # The input before it is encoded (orjson cannot write a value nested past 254 levels); the
+    # rest as a processor decodes each request (_produce_requests).
+    _check_json("the input", run_input)
     requests = [StartRequest(r, workflow, version, run_input, tier) for r in run_ids]
     _produce_requests(settings, requests, "start request")
 
@@ -434,7 +440,7 @@ def request_signal(
     exist yet is kept for its start (``DUCTOR_KEPT_SIGNAL_TTL_S``), then dead-lettered."""
     name = str(kind)
     signal_id = signal_id or f"{name}-{uuid.uuid4().hex[:12]}"
-    _check_signal(run_id, signal_id, payload)
+    _check_json("the payload", payload)
     _produce_requests(settings, [SignalRequest(run_id, name, signal_id, payload)], "signal request")
     return signal_id
 
@@ -494,10 +500,11 @@ def _produce_keyed(
 
 
 def _check_run_id(run_id: str) -> None:
+    if not 1 <= len(run_id) <= MAX_RUN_ID_LENGTH:
+        raise ClientError(f"a run id is 1 to {MAX_RUN_ID_LENGTH} characters, not {len(run_id)}")
     problem = text_problem(run_id, MAX_RUN_ID_LENGTH)
     if problem is not None:
-        shown = run_id if len(run_id) <= 60 else run_id[:60] + "..."
-        raise OutOfBounds(f"the run id {shown!r} {problem}")
+        raise OutOfBounds(f"the run id {run_id[:60]!r} {problem}")
 
 
 def _check_signal(run_id: str, signal_id: str, payload: Any) -> None:
