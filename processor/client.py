@@ -469,7 +469,6 @@ def _produce_requests(settings: Settings, requests: Sequence[Request], what: str
 # The exception a request refused for these reasons raises (others: ClientError).
 _REFUSALS: dict[DeadLetterReason, type[ClientError]] = {
     DeadLetterReason.OUT_OF_BOUNDS: OutOfBounds,
-    DeadLetterReason.OVERSIZE: OutOfBounds,
     DeadLetterReason.RESERVED_RUN_ID: ReservedRunId,
 }
 
