@@ -19,15 +19,17 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Any
 
-import orjson
 import psycopg
 from confluent_kafka import KafkaError, KafkaException, Producer
 
 from processor.authoring import duration_ms
+from processor.core.bounds import json_problem, text_problem
 from processor.core.decide import Commit, Send
 from processor.core.envelope import MAX_RUN_ID_LENGTH, Rejected, Wakeup
 from processor.core.model import LoadedRun, NodeStatus, RunStatus, SignalKind
+from processor.core.outcomes import DeadLetterReason
 from processor.core.requests import (
+    MAX_NAME_LENGTH,
     Request,
     SignalRequest,
     StartRequest,
@@ -35,6 +37,7 @@ from processor.core.requests import (
     request_key,
 )
 from processor.core.routing import TIERS, TopicNames
+from processor.core.run_ids import reserved_problem
 from processor.core.run_input import input_problem
 from processor.core.run_search import Cursor, RunFilter, parse_tags, tags_problem
 from processor.core.tick import resume_failed
@@ -69,6 +72,8 @@ __all__ = [
     "Cursor",
     "IfExists",
     "InvalidInput",
+    "OutOfBounds",
+    "ReservedRunId",
     "RetriedRun",
     "RetryRefused",
     "RunExists",
@@ -156,6 +161,20 @@ class InvalidInput(ClientError, ValueError):
     message says where it is wrong. Nothing was written."""
 
 
+class OutOfBounds(ClientError, ValueError):
+    """A value refused before anything was written because Ductor cannot store it: a run's
+    input or a signal's payload beyond the bounds of stored JSON (nested deeper than 64 levels,
+    larger than 1 MiB, a NUL character, a lone surrogate, an integer beyond 64 bits, something
+    that is not JSON), or an id that holds a NUL or a lone surrogate (docs/requests.md#bounds).
+    The message names the path: ``the input at $.a[0]... is nested deeper than 64 levels``."""
+
+
+class ReservedRunId(ClientError, ValueError):
+    """A start refused because its run id has the shape of an id only Ductor derives (a
+    schedule's run ``NAME@TIME``, a child run ``PARENT/STEP#N``: docs/requests.md#reserved-run-ids).
+    Nothing was written."""
+
+
 class RunExists(ClientError):
     """A start refused because its run id exists already: under another workflow, with
     another input (no policy), or at all (``IfExists.FAIL``). ``existing``: each run refused;
@@ -238,6 +257,7 @@ def start_runs(
     problem = None if tags is None else tags_problem(tags)
     if problem is not None:
         raise ClientError(problem)
+    check_start(workflow, run_ids, run_input)
     policy = _policy(if_exists)
     start_ms = _start_ms(start_at)
     with connect(settings) as conn:
@@ -275,6 +295,35 @@ def start_runs(
     if refused:
         raise RunExists(_refusal(refused, workflow, policy), refused, inserted)
     return inserted
+
+
+def check_start(workflow: str, run_ids: Sequence[str], run_input: Any) -> None:
+    """What every door checks of a start before anything is written: the workflow's name and
+    the run ids as texts Postgres can store (ClientError for a length, OutOfBounds for a NUL
+    or a lone surrogate, as a request's dead letter says wrong_schema or out_of_bounds), no run
+    id of a shape Ductor derives (ReservedRunId), and the input within the bounds of stored
+    JSON (OutOfBounds)."""
+    _check_text("the workflow's name", workflow, MAX_NAME_LENGTH)
+    for run_id in run_ids:
+        _check_run_id(run_id)
+        reserved = reserved_problem(run_id)
+        if reserved is not None:
+            raise ReservedRunId(reserved)
+    _check_json("the input", run_input)
+
+
+def _check_json(name: str, value: Any) -> None:
+    problem = json_problem(value)
+    if problem is not None:
+        raise OutOfBounds(problem.describe(name) + "; nothing was written")
+
+
+def _check_text(name: str, value: str, most: int) -> None:
+    if not 1 <= len(value) <= most:
+        raise ClientError(f"{name} must be 1 to {most} characters, not {len(value)}")
+    problem = text_problem(value, most)
+    if problem is not None:
+        raise OutOfBounds(f"{name} {problem}")
 
 
 def _start_ms(start_at: datetime | None) -> int | None:
@@ -338,12 +387,7 @@ def start_run(
     ``created`` says so. RunExists if that run belongs to another workflow or was started
     with another input (``if_exists``: see ``IfExists``). ``start_at``: not before then.
     ``tags``: what ``search_runs`` finds it by (``{"customer": "c-42"}``)."""
-    _check_run_id(run_id)
     _check_tier(tier)
-    try:
-        orjson.dumps(run_input)
-    except TypeError as exc:
-        raise ClientError(f"the run input cannot be written as JSON: {exc}") from None
     created = bool(
         start_runs(
             settings, workflow, [run_id], run_input, tier, version, if_exists, start_at, tags
@@ -376,6 +420,9 @@ def request_starts(
     request; the runs are created by a processor shortly after. Idempotent by run id like
     ``start_runs``, but what a start cannot do (an unknown workflow, a run id that exists with
     another workflow or input) is a dead letter, not an exception: nothing answers here."""
+    # The input before it is encoded (orjson cannot write a value nested past 254 levels); the
+    # rest as a processor decodes each request (_produce_requests).
+    _check_json("the input", run_input)
     requests = [StartRequest(r, workflow, version, run_input, tier) for r in run_ids]
     _produce_requests(settings, requests, "start request")
 
@@ -395,13 +442,15 @@ def request_signal(
     dead-lettered."""
     name = str(kind)
     signal_id = signal_id or f"{name}-{uuid.uuid4().hex[:12]}"
+    _check_json("the payload", payload)
     _produce_requests(settings, [SignalRequest(run_id, name, signal_id, payload)], "signal request")
     return signal_id
 
 
 def _produce_requests(settings: Settings, requests: Sequence[Request], what: str) -> None:
     """The requests, each checked as a processor decodes it (ClientError with what is wrong,
-    and nothing produced, if one would be dead-lettered), produced."""
+    and nothing produced, if one would be dead-lettered: OutOfBounds or ReservedRunId for
+    those reasons), produced."""
     records = []
     for request in requests:
         try:
@@ -410,12 +459,20 @@ def _produce_requests(settings: Settings, requests: Sequence[Request], what: str
             raise ClientError(f"the {what} cannot be written as JSON: {exc}") from None
         decoded = decode_request(value, settings.max_record_bytes)
         if isinstance(decoded, Rejected):
-            raise ClientError(
+            refusal = _REFUSALS.get(decoded.reason, ClientError)
+            raise refusal(
                 f"the {what} for run {request.run_id!r} would be dead-lettered by a processor"
                 f" ({decoded.reason.value}): {decoded.detail}"
             )
         records.append((request.run_id, request_key(request), value))
     _produce_keyed(settings, TopicNames(settings.topic_prefix).requests, records, what)
+
+
+# The exception a request refused for these reasons raises (others: ClientError).
+_REFUSALS: dict[DeadLetterReason, type[ClientError]] = {
+    DeadLetterReason.OUT_OF_BOUNDS: OutOfBounds,
+    DeadLetterReason.RESERVED_RUN_ID: ReservedRunId,
+}
 
 
 def _produce_keyed(
@@ -444,8 +501,17 @@ def _produce_keyed(
 
 
 def _check_run_id(run_id: str) -> None:
-    if not 1 <= len(run_id) <= MAX_RUN_ID_LENGTH or "\x00" in run_id:
-        raise ClientError(f"a run id is 1 to {MAX_RUN_ID_LENGTH} characters, without NUL")
+    if not 1 <= len(run_id) <= MAX_RUN_ID_LENGTH:
+        raise ClientError(f"a run id is 1 to {MAX_RUN_ID_LENGTH} characters, not {len(run_id)}")
+    problem = text_problem(run_id, MAX_RUN_ID_LENGTH)
+    if problem is not None:
+        raise OutOfBounds(f"the run id {run_id[:60]!r} {problem}")
+
+
+def _check_signal(run_id: str, signal_id: str, payload: Any) -> None:
+    _check_run_id(run_id)
+    _check_text("the signal id", signal_id, MAX_NAME_LENGTH)
+    _check_json("the payload", payload)
 
 
 def _check_tier(tier: str) -> None:
@@ -683,11 +749,8 @@ def send_signal(
             f"a signal's name is 'cancel' or 1 to 100 letters, digits, '_', '.', ':' or '-',"
             f" not {name!r}"
         )
-    try:
-        orjson.dumps(payload)
-    except TypeError as exc:
-        raise ClientError(f"the signal's payload cannot be written as JSON: {exc}") from None
     signal_id = signal_id or f"{name}-{uuid.uuid4().hex[:12]}"
+    _check_signal(run_id, signal_id, payload)
     with connect(settings) as conn:
         tier = _tier_of(conn, run_id)
         new = insert_signal(conn, run_id, signal_id, name, payload)

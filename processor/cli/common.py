@@ -7,7 +7,10 @@ import signal
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import orjson
+
 from processor import early_stop
+from processor.core.bounds import literal_problem
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 # `ductor result`: the run has not ended (yet, or within --wait).
@@ -20,6 +23,22 @@ class CliError(Exception):
     def __init__(self, message: str, code: int = EXIT_FAILED) -> None:
         super().__init__(message)
         self.code = code
+
+
+def json_argument(flag: str, text: str | None, absent: Any) -> Any:
+    """The JSON value a flag gives (``absent`` without one); exit 2 when it is not JSON or
+    holds an integer literal beyond 64 bits, which orjson would read as another number (the
+    other bounds of stored JSON are the client's to check: core/bounds.py)."""
+    if text is None:
+        return absent
+    try:
+        value = orjson.loads(text)
+    except orjson.JSONDecodeError as exc:
+        raise CliError(f"{flag} is not valid JSON: {exc}", EXIT_USAGE) from None
+    problem = literal_problem(text.encode(), lambda document: document)
+    if problem is not None:
+        raise CliError(problem.describe(flag), EXIT_USAGE)
+    return value
 
 
 def print_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> None:

@@ -3,7 +3,8 @@ the sentence printed on stderr and the exit code, so no command decides it again
 command ends in a traceback.
 
 2: the configuration or the usage is wrong (fix it and run again; nothing was done: a topic
-that does not exist is one, a start whose input its workflow's schema refuses another); 1:
+that does not exist is one, a start whose input its workflow's schema refuses another, a value
+beyond the bounds of stored JSON or a run id only Ductor may give a third); 1:
 the operation failed (a service unreachable, a refusal); the command's own ``CliError`` codes.
 An error nobody expected is a bug: one sentence too, its traceback logged at DEBUG.
 """
@@ -17,7 +18,7 @@ import psycopg
 from confluent_kafka import KafkaError, KafkaException
 
 from processor.cli.common import EXIT_FAILED, EXIT_USAGE, CliError
-from processor.client import InvalidInput
+from processor.client import InvalidInput, OutOfBounds, ReservedRunId
 from processor.io.config import ConfigError
 from processor.io.kafka_errors import MissingTopic
 from processor.io.listen import ListenError
@@ -35,7 +36,7 @@ class Failure:
 def explain(exc: Exception) -> Failure:
     if isinstance(exc, ConfigError):
         return Failure(f"configuration error: {exc}", EXIT_USAGE)
-    if isinstance(exc, ListenError | MissingTopic | InvalidInput):
+    if isinstance(exc, ListenError | MissingTopic | InvalidInput | OutOfBounds | ReservedRunId):
         return Failure(str(exc), EXIT_USAGE)
     if isinstance(exc, CliError):
         return Failure(str(exc), exc.code)

@@ -10,7 +10,14 @@ from datetime import UTC, datetime, timedelta
 import orjson
 
 from processor.authoring import duration_ms
-from processor.cli.common import EXIT_FAILED, EXIT_NOT_FINISHED, EXIT_OK, EXIT_USAGE, CliError
+from processor.cli.common import (
+    EXIT_FAILED,
+    EXIT_NOT_FINISHED,
+    EXIT_OK,
+    EXIT_USAGE,
+    CliError,
+    json_argument,
+)
 from processor.client import (
     IfExists,
     RunExists,
@@ -38,10 +45,7 @@ from processor.io.store import Definitions
 
 
 def cmd_start(settings: Settings, args: argparse.Namespace) -> int:
-    try:
-        run_input = orjson.loads(args.input) if args.input else {}
-    except orjson.JSONDecodeError as exc:
-        raise CliError(f"--input is not valid JSON: {exc}", EXIT_USAGE) from None
+    run_input = json_argument("--input", args.input or None, {})
     if args.count < 1:
         raise CliError("--count must be at least 1", EXIT_USAGE)
     try:
@@ -209,10 +213,7 @@ def output_text(result: RunResult) -> str:
 
 
 def cmd_signal(settings: Settings, args: argparse.Namespace) -> int:
-    try:
-        payload = orjson.loads(args.payload) if args.payload is not None else None
-    except orjson.JSONDecodeError as exc:
-        raise CliError(f"--payload is not valid JSON: {exc}", EXIT_USAGE) from None
+    payload = json_argument("--payload", args.payload, None)
     if not SIGNAL_NAME.fullmatch(args.kind):
         raise CliError(
             f"signal name {args.kind!r}: cancel, or 1 to 100 letters, digits, '_', '.', ':'"

@@ -8,7 +8,7 @@ from typing import Any
 
 import orjson
 
-from processor.cli.common import EXIT_OK, EXIT_USAGE, CliError, print_table
+from processor.cli.common import EXIT_OK, EXIT_USAGE, CliError, json_argument, print_table
 from processor.client import connect, wake
 from processor.core.routing import TIERS
 from processor.io.config import Settings
@@ -66,10 +66,7 @@ def add_schedule_commands(sub: Any) -> None:
 
 
 def cmd_schedules_create(settings: Settings, args: argparse.Namespace) -> int:
-    try:
-        run_input = orjson.loads(args.input) if args.input else {}
-    except orjson.JSONDecodeError as exc:
-        raise CliError(f"--input is not valid JSON: {exc}", EXIT_USAGE) from None
+    run_input = json_argument("--input", args.input or None, {})
     with connect(settings) as conn:
         try:
             schedule = create_schedule(

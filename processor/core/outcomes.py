@@ -46,6 +46,8 @@ class DeadLetterReason(StrEnum):
     # A request outside the scope of the door it came through (the requests topic's
     # DUCTOR_REQUESTS_* settings, a trigger's definition): core/scopes.py.
     NOT_ALLOWED = "not_allowed"
+    # A start request for a run id of a shape only Ductor derives (core/run_ids.py).
+    RESERVED_RUN_ID = "reserved_run_id"
 
 
 DLQ_REASONS = tuple(r.value for r in DeadLetterReason)

@@ -13,10 +13,11 @@ from typing import Any, NamedTuple
 
 import orjson
 
+from processor.core.bounds import json_problem, literal_problem, text_problem
 from processor.core.envelope import MAX_RUN_ID_LENGTH, Rejected, decode_versioned_object
 from processor.core.outcomes import DeadLetterReason
 from processor.core.routing import TIERS
-from processor.core.storable import holds_nul
+from processor.core.run_ids import reserved_problem
 from processor.core.workflow import SIGNAL_NAME
 
 REQUEST_VERSION = 1
@@ -91,13 +92,13 @@ def decode_request(value: bytes | None, max_bytes: int) -> Request | Rejected:
         return raw
     kind = raw.get("kind")
     if kind == "start":
-        return _start(raw)
+        return _start(raw, value)
     if kind == "signal":
-        return _signal(raw)
+        return _signal(raw, value)
     return Rejected(DeadLetterReason.WRONG_SCHEMA, "kind must be start or signal")
 
 
-def _start(raw: dict[str, Any]) -> StartRequest | Rejected:
+def _start(raw: dict[str, Any], value: bytes | None) -> StartRequest | Rejected:
     problem = (
         _unknown_fields(raw, START_FIELDS)
         or _text(raw, "run_id", MAX_RUN_ID_LENGTH)
@@ -111,16 +112,16 @@ def _start(raw: dict[str, Any]) -> StartRequest | Rejected:
     tier = raw.get("tier", "t1")
     if tier not in TIERS:
         return _wrong(f"tier must be one of {', '.join(TIERS)}")
-    run_input = raw.get("input")
-    if holds_nul(run_input):
-        return Rejected(
-            DeadLetterReason.OUT_OF_BOUNDS,
-            "input holds a NUL character, which Postgres cannot store",
-        )
-    return StartRequest(raw["run_id"], raw["workflow"], version, run_input, tier)
+    problem = _json_field(raw, "input", value)
+    if problem:
+        return problem
+    reserved = reserved_problem(raw["run_id"])
+    if reserved is not None:
+        return Rejected(DeadLetterReason.RESERVED_RUN_ID, reserved)
+    return StartRequest(raw["run_id"], raw["workflow"], version, raw.get("input"), tier)
 
 
-def _signal(raw: dict[str, Any]) -> SignalRequest | Rejected:
+def _signal(raw: dict[str, Any], value: bytes | None) -> SignalRequest | Rejected:
     problem = (
         _unknown_fields(raw, SIGNAL_FIELDS)
         or _text(raw, "run_id", MAX_RUN_ID_LENGTH)
@@ -134,13 +135,22 @@ def _signal(raw: dict[str, Any]) -> SignalRequest | Rejected:
             "name must be 'cancel' or the signal a wait step waits for: 1 to 100 letters,"
             " digits, '_', '.', ':' or '-', starting with a letter or digit"
         )
-    payload = raw.get("payload")
-    if holds_nul(payload):
-        return Rejected(
-            DeadLetterReason.OUT_OF_BOUNDS,
-            "payload holds a NUL character, which Postgres cannot store",
-        )
-    return SignalRequest(raw["run_id"], name, raw["signal_id"], payload)
+    problem = _json_field(raw, "payload", value)
+    if problem:
+        return problem
+    return SignalRequest(raw["run_id"], name, raw["signal_id"], raw.get("payload"))
+
+
+def _json_field(raw: dict[str, Any], name: str, value: bytes | None) -> Rejected | None:
+    """The field's JSON value beyond the bounds of a stored value (core/bounds.py), as read
+    and as written (an integer literal too long for 64 bits, which orjson read as a float)."""
+    found = raw.get(name)
+    problem = json_problem(found)
+    if problem is None and value is not None and found is not None:
+        problem = literal_problem(value, lambda document: document[name])
+    if problem is None:
+        return None
+    return Rejected(DeadLetterReason.OUT_OF_BOUNDS, problem.describe(name))
 
 
 def _workflow_version(raw: dict[str, Any]) -> int | Rejected | None:
@@ -170,9 +180,7 @@ def _text(raw: dict[str, Any], name: str, most: int) -> Rejected | None:
     value = raw.get(name)
     if type(value) is not str or not 1 <= len(value) <= most:
         return _wrong(f"{name} must be a string of 1 to {most} characters")
-    if "\x00" in value:
-        return Rejected(
-            DeadLetterReason.OUT_OF_BOUNDS,
-            f"{name} contains a NUL character, which Postgres cannot store",
-        )
+    problem = text_problem(value, most)
+    if problem is not None:
+        return Rejected(DeadLetterReason.OUT_OF_BOUNDS, f"{name} {problem}")
     return None

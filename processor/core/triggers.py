@@ -24,6 +24,7 @@ from typing import Any, NamedTuple
 
 import orjson
 
+from processor.core.bounds import json_problem, literal_problem, text_problem
 from processor.core.envelope import MAX_RUN_ID_LENGTH, Rejected
 from processor.core.model import SignalKind
 from processor.core.outcomes import DeadLetterReason
@@ -36,8 +37,8 @@ from processor.core.requests import (
     StartRequest,
 )
 from processor.core.routing import TIERS
+from processor.core.run_ids import reserved_problem
 from processor.core.scopes import Scope
-from processor.core.storable import holds_nul
 from processor.core.workflow import SIGNAL_NAME
 
 TRIGGER_VERSION = 1
@@ -306,12 +307,15 @@ def map_record(trigger: Trigger, record: Inbound, max_bytes: int) -> Request | F
     data = trigger.input.pick(document)
     if data is _MISSING:
         return _wrong(f"the value has nothing at {trigger.input.text} (the trigger's input)")
-    if holds_nul(data):
-        return Rejected(
-            DeadLetterReason.OUT_OF_BOUNDS,
-            "the input holds a NUL character, which Postgres cannot store",
-        )
+    # The same bounds as a request's (core/bounds.py), as read and as written.
+    problem = json_problem(data) or literal_problem(value, trigger.input.pick)
+    if problem is not None:
+        name = f"the input ({trigger.input.text} of the value)"
+        return Rejected(DeadLetterReason.OUT_OF_BOUNDS, problem.describe(name))
     if trigger.action == "start":
+        reserved = reserved_problem(run_id)
+        if reserved is not None:
+            return Rejected(DeadLetterReason.RESERVED_RUN_ID, reserved)
         return StartRequest(run_id, trigger.workflow, trigger.workflow_version, data, trigger.tier)
     signal_id = f"{trigger.name}:{record.tp[1]}:{record.offset}"
     return SignalRequest(run_id, trigger.signal, signal_id, data)
@@ -337,8 +341,9 @@ def _run_id(trigger: Trigger, record: Inbound, document: Any) -> str | Rejected:
     run_id = trigger.run_id_prefix + found
     if len(run_id) > MAX_RUN_ID_LENGTH:
         return _wrong(f"the run id at {source.text} is longer than {MAX_RUN_ID_LENGTH}")
-    if "\x00" in run_id:
-        return Rejected(DeadLetterReason.OUT_OF_BOUNDS, "the run id holds a NUL character")
+    problem = text_problem(run_id, MAX_RUN_ID_LENGTH)
+    if problem is not None:
+        return Rejected(DeadLetterReason.OUT_OF_BOUNDS, f"the run id {problem}")
     return run_id
 
 

@@ -19,6 +19,7 @@ from typing import Any
 import orjson
 import psycopg
 
+from processor.core.bounds import json_problem
 from processor.core.cron import Cron
 from processor.core.model import UnknownWorkflow
 from processor.core.routing import TIERS, run_shard
@@ -81,8 +82,9 @@ def create_schedule(
     catch_up: int = 0,
 ) -> Schedule:
     """A new schedule, its first fire the first after now (Postgres's clock). ScheduleError
-    when the name is taken, the expression, zone, tier or catch-up is wrong, the workflow
-    is not registered, or the input does not match its schema."""
+    when the name is taken, the expression, zone, tier or catch-up is wrong, the input is
+    beyond the bounds of stored JSON (core/bounds.py), the workflow is not registered, or the
+    input does not match its schema."""
     try:
         check_schedule_name(name)
         check_catch_up(catch_up)
@@ -91,6 +93,7 @@ def create_schedule(
         raise ScheduleError(str(exc)) from None
     if tier not in TIERS:
         raise ScheduleError(f"tier must be one of {', '.join(TIERS)}, not {tier!r}")
+    _check_input(run_input)
     wf = _workflow(conn, definitions, workflow, version)
     problem = input_problem(wf, run_input if run_input is not None else {})
     if problem is not None:
@@ -169,6 +172,7 @@ def trigger_schedule(
     """Start a run of the schedule now, by hand (paused or not; its own fires are not
     moved): the run id (``name@manual-<now>``) and its tier, for the caller to wake it."""
     schedule = get_schedule(conn, name)
+    _check_input(schedule.input)  # a row written by hand, or before the bounds
     wf = _workflow(conn, definitions, schedule.workflow, schedule.version)
     run_id = manual_run_id(name, _now_ms(conn))
     insert_runs(conn, wf, [(run_id, schedule.input)], schedule.tier, tags=schedule_tags(name))
@@ -246,6 +250,7 @@ def _fire(
         )
     run_ids = [fire_run_id(name, fire) for fire in plan.fires]
     if run_ids:
+        _check_input(run_input)  # a row written by hand, or before the bounds
         wf = _workflow(conn, definitions, workflow, version)
         problem = input_problem(wf, run_input)
         if problem is not None:
@@ -270,6 +275,12 @@ def _advance(
             "last_run": last_run,
         },
     )
+
+
+def _check_input(run_input: Any) -> None:
+    problem = json_problem(run_input)
+    if problem is not None:
+        raise ScheduleError(problem.describe("the input"))
 
 
 def _workflow(

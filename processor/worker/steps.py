@@ -18,16 +18,15 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, TypeVar, cast
 
-import orjson
-
+from processor.core.bounds import MAX_JSON_BYTES, json_problem
 from processor.core.model import StepOutcome
 from processor.core.step_task import NO_DEPS, StepData, StepTask
-from processor.core.storable import holds_nul
 
-# The largest output a step may return (its encoded JSON). It is stored in Postgres, read by
-# the steps that depend on it and may become part of the run's output; data larger than this
-# belongs in object storage, with its key as the output. A larger output fails the attempt.
-MAX_STEP_OUTPUT_BYTES = 1024 * 1024
+# The largest output a step may return (its encoded JSON): the bound of every stored value
+# (core/bounds.py). It is stored in Postgres, read by the steps that depend on it and may
+# become part of the run's output; data larger than this belongs in object storage, with its
+# key as the output. A larger output fails the attempt.
+MAX_STEP_OUTPUT_BYTES = MAX_JSON_BYTES
 
 
 InputT = TypeVar("InputT")
@@ -211,6 +210,9 @@ def execute_step(
     fn = registry.get(task.step_type)
     if fn is None:
         return unknown_type(task)
+    refused = checked_input(data)
+    if refused is not None:
+        return refused
     try:
         return checked_output(fn(context_of(task, data, attempt)))
     except Exception as exc:  # a step's failure is the attempt's result, not the worker's
@@ -224,6 +226,9 @@ async def execute_async_step(
     fn = registry.get(task.step_type)
     if fn is None:
         return unknown_type(task)
+    refused = checked_input(data)
+    if refused is not None:
+        return refused
     try:
         return checked_output(await fn(context_of(task, data, attempt)))
     except Exception as exc:
@@ -240,26 +245,32 @@ def failure(exc: BaseException) -> Outcome:
 
 def checked_output(output: Any) -> Outcome:
     """A step's return value as its result, or the failure that says why it cannot be
-    stored: the result is stored as JSON, so it is checked here, in the attempt."""
-    try:
-        encoded = orjson.dumps(output)
-    except TypeError as exc:
-        return Outcome.failed(f"TypeError: {exc}")
-    size = len(encoded)
-    if size > MAX_STEP_OUTPUT_BYTES:
-        return Outcome.failed(
-            f"ValueError: the output is {size} bytes as JSON, more than the"
-            f" {MAX_STEP_OUTPUT_BYTES} a step may return"
-        )
-    # JSON writes a NUL as \u0000: an output whose encoding lacks that holds none (the walk
-    # decides only when it is there, perhaps as the text of an escaped backslash).
-    if b"\\u0000" in encoded and holds_nul(output):
-        return Outcome.failed(
-            "ValueError: the output holds a NUL character, which Postgres cannot store"
-        )
+    stored: the result is stored as JSON, within the bounds of every stored value
+    (core/bounds.py), so it is checked here, in the attempt. Such a failure is final: the
+    same code would return the same value again."""
+    problem = json_problem(output, MAX_STEP_OUTPUT_BYTES)
+    if problem is not None:
+        return Outcome.failed(f"OutOfBounds: {problem.describe('the output')}", retryable=False)
     return Outcome(StepOutcome.SUCCEEDED, output)
 
 
+def checked_input(data: StepData) -> Outcome | None:
+    """The failure of an attempt whose run's input is beyond the bounds, or None. Every door
+    bounds an input before it is written; a child run's input is copied by Postgres from its
+    parent's input or a step's output, and an aggregate (a map step's list of outputs, a
+    child's output of several steps) may be deeper or larger than one value may be. The
+    child's step then fails, finally, naming the path, and its parent's step fails with it."""
+    problem = json_problem(data.input)
+    if problem is None:
+        return None
+    return Outcome.failed(f"OutOfBounds: {problem.describe('the run input')}", retryable=False)
+
+
 def storable_text(text: str) -> str:
-    """``text`` with what Postgres cannot store in text (NUL) replaced."""
-    return text.replace("\x00", "\ufffd")
+    """``text`` as Postgres can store it (an attempt's error, a step's own message): a NUL
+    replaced, a lone surrogate (text that is not Unicode: psycopg cannot even encode it, and
+    the statement would fail before it is sent) written as its escape, ``\\ud800``."""
+    text = text.replace("\x00", "\ufffd")
+    if text.isascii():
+        return text
+    return text.encode("utf-8", "backslashreplace").decode()

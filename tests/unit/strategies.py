@@ -8,6 +8,7 @@ produced (at most one result per (node, attempt), as the store's primary key gua
 
 from __future__ import annotations
 
+import json
 import random
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
@@ -247,3 +248,154 @@ def check_decision(old: RunState, decision: Decision, wf: WorkflowDef) -> None:
 def with_duplicates(results: Iterable[StepResult], dup_mask: Iterable[bool]) -> list[StepResult]:
     base = list(results)
     return base + [r for r, dup in zip(base, dup_mask, strict=False) if dup]
+
+
+# -- hostile JSON: what a careless or hostile sender gives a door (core/bounds.py) ------------
+
+# Text as a sender may write it: any character, NUL, a lone surrogate, a quote or a backslash.
+_NASTY_CHARS = st.sampled_from(["\x00", "\ud800", "\udfff", '"', "\\", "\n", "é", "💥", "u0000"])
+hostile_text = st.one_of(
+    st.text(max_size=12),
+    st.lists(st.one_of(_NASTY_CHARS, st.characters()), max_size=8).map("".join),
+)
+# Integers around the 64-bit range JSON is stored in, and far past it.
+hostile_integers = st.one_of(
+    st.integers(-(2**63) - 2, -(2**63) + 2),
+    st.integers(2**63 - 2, 2**64 + 2),
+    st.integers(-(2**70), 2**70),
+    st.sampled_from([10**30, -(10**30), 2**200, 10**400]),
+    st.integers(-1000, 1000),
+)
+hostile_scalars = st.one_of(
+    st.none(),
+    st.booleans(),
+    hostile_integers,
+    st.floats(allow_nan=True, allow_infinity=True),
+    hostile_text,
+    st.sampled_from([{1, 2}, b"bytes", frozenset(), object()]),  # no JSON form
+)
+# Keys a Python value may have: strings (with NUL, surrogates), and what is not a string.
+hostile_keys = st.one_of(hostile_text, st.integers(-3, 3), st.none(), st.booleans())
+
+
+# Storable JSON: what orjson reads and writes and Postgres stores (no NUL, no lone
+# surrogate, integers in 64 bits), with brackets inside strings too (they look like nesting).
+_STORABLE_TEXT = st.one_of(
+    st.text(st.characters(codec="utf-8", exclude_characters="\x00"), max_size=10),
+    st.sampled_from(["[[", "]]", "{", "}", "[{]", "\\u0000"]),
+)
+
+
+def json_values(max_leaves: int = 12) -> st.SearchStrategy[Any]:
+    return st.recursive(
+        st.one_of(
+            st.none(),
+            st.booleans(),
+            st.integers(-(2**63), 2**64 - 1),
+            st.floats(allow_nan=False, allow_infinity=False),
+            _STORABLE_TEXT,
+        ),
+        lambda inner: st.one_of(
+            st.lists(inner, max_size=5), st.dictionaries(_STORABLE_TEXT, inner, max_size=5)
+        ),
+        max_leaves=max_leaves,
+    )
+
+
+def nest(value: Any, depth: int, shape: str) -> Any:
+    """``value`` inside ``depth`` containers: lists, objects, or both in turn."""
+    for level in range(depth):
+        in_list = shape == "list" or (shape == "mixed" and level % 2 == 1)
+        value = [value] if in_list else {"k": value}
+    return value
+
+
+@st.composite
+def hostile_values(draw: st.DrawFn) -> Any:
+    """A Python value a step may return or a client may be given: scalars of every kind,
+    wide lists and objects, tuples, nested 0 to 300 levels (around 64 and 254, orjson's own
+    limit), sometimes a cycle."""
+    leaf = st.recursive(
+        hostile_scalars,
+        lambda inner: st.one_of(
+            st.lists(inner, max_size=6),
+            st.lists(inner, max_size=4).map(tuple),
+            st.dictionaries(hostile_keys, inner, max_size=5),
+        ),
+        max_leaves=20,
+    )
+    value = draw(leaf)
+    depth = draw(st.one_of(st.integers(0, 3), st.sampled_from([62, 63, 64, 65, 253, 254, 300])))
+    value = nest(value, depth, draw(st.sampled_from(["list", "dict", "mixed"])))
+    if draw(st.integers(0, 19)) == 0:  # a cycle: a list that holds itself
+        cycle: list[Any] = [value]
+        cycle.append(cycle)
+        return cycle
+    return value
+
+
+def _json_text(value: str) -> bytes:
+    """A string as a JSON text writes it, escapes included (a lone surrogate as \\udxxx)."""
+    return json.dumps(value).encode()
+
+
+@st.composite
+def hostile_json_bytes(draw: st.DrawFn) -> bytes:
+    """Raw JSON text as a wire sender may write it: nested deep, keys given twice, integer
+    literals past 64 bits, escaped NUL and lone surrogates, bytes that are not UTF-8, long
+    strings, and text that is not JSON at all."""
+    atoms = st.one_of(
+        st.sampled_from(
+            [
+                b"1",
+                b"-0",
+                b"1.5e308",
+                b"1e400",
+                b"18446744073709551615",
+                b"18446744073709551616",
+                b"-9223372036854775809",
+                b"123456789012345678901234567890",
+                b'"\\u0000"',
+                b'"\\ud800"',
+                b'"\\udc00x"',
+                b'"\\ud83d\\udca5"',
+                b'"\xff\xfe"',
+                b'"\xed\xa0\x80"',
+                b"null",
+                b"true",
+                b"NaN",
+                b'"12345678901234567890123"',
+            ]
+        ),
+        hostile_text.map(_json_text),
+        st.integers(1, 5000).map(lambda n: b'"' + b"x" * n + b'"'),
+    )
+
+    def pair(key: bytes, value: bytes) -> bytes:
+        return key + b":" + value
+
+    def composite(inner: st.SearchStrategy[bytes]) -> st.SearchStrategy[bytes]:
+        keys = st.one_of(st.sampled_from([b'"a"', b'"a"', b'"\\u0000"', b'"b"']), atoms)
+        return st.one_of(
+            st.lists(inner, max_size=5).map(lambda xs: b"[" + b",".join(xs) + b"]"),
+            st.lists(st.tuples(keys, inner), max_size=5).map(
+                lambda kvs: b"{" + b",".join(pair(k, v) for k, v in kvs) + b"}"
+            ),
+        )
+
+    body = draw(st.recursive(atoms, composite, max_leaves=12))
+    depth = draw(st.one_of(st.integers(0, 2), st.sampled_from([63, 64, 65, 254, 300, 1030])))
+    if draw(st.booleans()):
+        body = b'{"k":' * depth + body + b"}" * depth
+    else:
+        body = b"[" * depth + body + b"]" * depth
+    return body
+
+
+def hostile_request(kind: str, field: bytes, run_id: str = "r-1") -> bytes:
+    """A request record (start or signal) whose input or payload is ``field``, raw."""
+    if kind == "start":
+        head = b'{"request_version":1,"kind":"start","workflow":"w","run_id":'
+        return head + _json_text(run_id) + b',"input":' + field + b"}"
+    head = b'{"request_version":1,"kind":"signal","name":"go","signal_id":"s","run_id":'
+    return head + _json_text(run_id) + b',"payload":' + field + b"}"

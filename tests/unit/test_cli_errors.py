@@ -155,3 +155,32 @@ class _FakeConnection:
 
     def __exit__(self, *_args: object) -> None:
         return None
+
+
+_DEEP = "[" * 400 + "1" + "]" * 400  # read by orjson (1,024 levels), never written (254)
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (["start", "sample", "--input", _DEEP], "the input at $[0][0][0][0][0][0][0][0]…"),
+        (["start", "sample", "--input", _DEEP, "--via", "kafka"], "is nested deeper than 64"),
+        (["start", "sample", "--input", '{"a": "\\u0000"}'], "the input at $.a holds a NUL"),
+        (["start", "sample", "--input", '{"n": 99999999999999999999}'], "at $.n is the integer"),
+        (["start", "sample", "--run-id", "o-1/ship#1"], "the id of a child run (PARENT/STEP#N)"),
+        (
+            ["start", "sample", "--run-id", "nightly@2026-12-04T02:00:00Z", "--via", "kafka"],
+            "the id of a schedule's run (NAME@TIME)",
+        ),
+        (["signal", "r-1", "approved", "--payload", _DEEP], "the payload at $[0][0]"),
+        (["signal", "r-1", "ok", "--payload", _DEEP, "--via", "kafka"], "the payload at $[0]"),
+    ],
+)
+def test_a_start_or_signal_beyond_the_bounds_exits_2_naming_the_path_before_any_connection(
+    args: list[str], says: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    for name, value in _NOWHERE.items():  # nothing to reach: refused before any connection
+        monkeypatch.setenv(name, value)
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("ductor: ") and says in err and err.count("\n") == 1, err

@@ -195,6 +195,15 @@ def _refused_after_load(load: Loaded | None) -> Callable[[], Plan]:
     return plan
 
 
+def _request_rejected_at_intake(value: bytes) -> Callable[[], Plan]:
+    def plan() -> Plan:
+        verdict = admit(FakeMessage(NAMES.requests, 7, value, 2), NAMES, MAX_BYTES, NOW_MS)
+        assert isinstance(verdict, Reject)
+        return reject(verdict.record, verdict.reason, verdict.detail, RULES)
+
+    return plan
+
+
 DEAD_LETTERS: dict[DeadLetterReason, Callable[[], Plan]] = {
     DeadLetterReason.NOT_JSON: _rejected_at_intake(b"not json"),
     DeadLetterReason.WRONG_SCHEMA: _rejected_at_intake(b'{"envelope_version": 1, "run_id": 3}'),
@@ -207,6 +216,9 @@ DEAD_LETTERS: dict[DeadLetterReason, Callable[[], Plan]] = {
     ),
     DeadLetterReason.OUT_OF_BOUNDS: _rejected_at_intake(
         b'{"envelope_version": 1, "run_id": "r", "reason": "start", "attempt": 4294967296}'
+    ),
+    DeadLetterReason.RESERVED_RUN_ID: _request_rejected_at_intake(
+        b'{"request_version": 1, "kind": "start", "run_id": "p/s#1", "workflow": "w"}'
     ),
     DeadLetterReason.UNKNOWN_RUN: _refused_after_load(None),
     DeadLetterReason.UNKNOWN_WORKFLOW: _refused_after_load(UnknownWorkflow("not registered")),
@@ -254,7 +266,7 @@ def test_a_dead_letter_keeps_the_record_and_says_why_and_where(reason: DeadLette
     assert send.topic == NAMES.dlq and send.by_run is None
     headers = dict(send.headers)
     assert headers[REASON] == reason.value.encode()
-    assert headers[SOURCE_TOPIC] == NAMES.wakeup("t1").encode()
+    assert headers[SOURCE_TOPIC] in {NAMES.wakeup("t1").encode(), NAMES.requests.encode()}
     assert (headers[SOURCE_PARTITION], headers[SOURCE_OFFSET]) == (b"2", b"7")
 
 

@@ -69,6 +69,9 @@ def test_a_signal_round_trips() -> None:
     assert _decode(_signal()) == SignalRequest("r-1", "cancel", "s-1", None)
 
 
+_OOB = DeadLetterReason.OUT_OF_BOUNDS
+
+
 @pytest.mark.parametrize(
     ("value", "reason", "detail"),
     [
@@ -94,6 +97,8 @@ def test_a_signal_round_trips() -> None:
         (orjson.dumps(_signal(signal_id=None)), DeadLetterReason.WRONG_SCHEMA, "signal_id"),
         (orjson.dumps(_signal(workflow="w")), DeadLetterReason.WRONG_SCHEMA, "workflow"),
         (orjson.dumps(_signal(payload=["\x00"])), DeadLetterReason.OUT_OF_BOUNDS, "NUL"),
+        (orjson.dumps(_start())[:-1] + b',"input":' + b"[" * 70 + b"]" * 70 + b"}", _OOB, "$[0]"),
+        (orjson.dumps(_start(run_id="o/s#1")), DeadLetterReason.RESERVED_RUN_ID, "child run"),
     ],
 )
 def test_every_bad_request_is_refused_saying_why(
@@ -118,6 +123,7 @@ _values = st.one_of(
     st.floats(allow_nan=False, allow_infinity=False),
     st.text(max_size=3),
     st.sampled_from(["start", "signal", "cancel", "t0", "t2", "w", "\x00"]),
+    st.sampled_from(["o-1/ship#1", "o-1/ship#0", "nightly@2026-12-04T02:00:00Z", "a@b.c"]),
     st.lists(st.text(max_size=2), max_size=2),
     st.dictionaries(st.text(max_size=2), st.text(max_size=2), max_size=2),
 )

@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from processor.core.bounds import MAX_DEPTH
 from processor.core.model import StepOutcome
 from processor.core.step_task import StepData, StepTask
 from processor.worker.samples import sample_registry
@@ -67,6 +68,77 @@ def test_an_output_that_cannot_be_stored_fails_the_attempt_instead_of_the_worker
     )
 
 
+def _nested(depth: int) -> Any:
+    value: Any = 1
+    for level in range(depth):  # a list inside, objects and lists in turn
+        value = {"x": value} if level % 2 else [value]
+    return value
+
+
+@pytest.mark.parametrize(
+    ("output", "says"),
+    [
+        ({"deep": _nested(64)}, "the output at $.deep.x[0].x[0].x[0].x…[0].x[0].x is nested"),
+        (_nested(300), "is nested deeper than 64 levels"),  # past what orjson writes
+        ({"a": ["x\x00"]}, "the output at $.a[0] holds a NUL character"),
+        ({"n": 2**64}, "the output at $.n is the integer 18446744073709551616, beyond"),
+        ({"s": "\ud800"}, "the output at $.s holds a lone surrogate"),
+        ({1: "x"}, "the output has a key that is not a string (int)"),
+    ],
+)
+def test_an_output_beyond_the_bounds_fails_the_attempt_for_good_naming_the_path(
+    output: Any, says: str
+) -> None:
+    registry = StepRegistry()
+
+    @registry.step("hostile")
+    def hostile(ctx: StepContext) -> Any:
+        return output
+
+    for run in (execute_step, lambda *a: asyncio.run(_async(registry, output))):
+        outcome, stored, error, retryable = run(registry, _task("hostile"), NO_DATA)
+        assert outcome is StepOutcome.FAILED and stored is None and retryable is False
+        assert error is not None and error.startswith("OutOfBounds: ") and says in error
+
+
+async def _async(registry: StepRegistry, output: Any) -> Outcome:
+    @registry.step("hostile_async")
+    async def hostile_async(ctx: StepContext) -> Any:
+        return output
+
+    return await execute_async_step(registry, _task("hostile_async"), NO_DATA)
+
+
+def test_a_failure_message_is_text_postgres_can_store() -> None:
+    registry = StepRegistry()
+
+    @registry.step("says")
+    def says(ctx: StepContext) -> Any:
+        raise StepFailed("bad \x00 and \ud800 but é kept")
+
+    _, _, error, _ = execute_step(registry, _task("says"), NO_DATA)
+    assert error == "StepFailed: bad \ufffd and \\ud800 but é kept"
+    assert error is not None and error.encode()  # Postgres text: UTF-8, no NUL
+
+
+def test_a_run_input_beyond_the_bounds_fails_the_attempt_before_the_step_runs() -> None:
+    """A child run's input is an aggregate Postgres copied (a map step's list of outputs):
+    it may be one level deeper than any one output. Its steps refuse it, for good."""
+    ran: list[str] = []
+    registry = StepRegistry()
+
+    @registry.step("reads")
+    def reads(ctx: StepContext) -> Any:
+        ran.append(ctx.run_id)
+        return None
+
+    items = [_nested(MAX_DEPTH - 1), _nested(MAX_DEPTH)]  # each within bounds, the list not
+    outcome, _, error, retryable = execute_step(registry, _task("reads"), StepData(items))
+    assert outcome is StepOutcome.FAILED and retryable is False and ran == []
+    assert error is not None and "the run input at $[1].x[0].x" in error and "than 64" in error
+    assert execute_step(registry, _task("reads"), StepData(items[:1]))[0] is StepOutcome.SUCCEEDED
+
+
 def test_a_step_is_given_the_run_input_and_its_dependencies_outputs() -> None:
     data = StepData({"order": 7}, {"fetch": {"rows": 3}, "enrich": None})
     outcome, output, *_ = execute_step(sample_registry(), _task("echo"), data)
@@ -111,7 +183,7 @@ def test_an_output_larger_than_the_bound_fails_the_attempt(size: int, succeeds: 
     assert (outcome is StepOutcome.SUCCEEDED) is succeeds
     if not succeeds:
         assert output is None and error is not None
-        assert f"{size} bytes as JSON, more than the {MAX_STEP_OUTPUT_BYTES}" in error
+        assert f"{size:,} bytes as JSON, more than the {MAX_STEP_OUTPUT_BYTES:,}" in error
 
 
 def test_a_non_retryable_failure_says_so_and_any_other_exception_does_not() -> None:
