@@ -10,7 +10,10 @@ decisions are made here, without I/O, clock or randomness:
   transition's, a requeue, dead letters), whether to try again after a backoff, whether to
   force-fail; ``force_fail_refused`` when that write found the run moved on;
 - ``reject``, ``hop`` and ``database_failed``: the plans for a record refused at intake, a
-  timer that must travel on, and a batch the database could not serve.
+  timer that must travel on, and a batch the database could not serve;
+- ``poisoned`` and ``failed_unexpectedly``: a run isolated from its batch because a statement
+  failed on what it holds, or because handling it raised what nobody foresaw (the shell
+  catches the exception; the plan is decided here).
 
 Rules, in the order ``decide`` applies them:
 
@@ -484,6 +487,23 @@ def poisoned(item: BatchItem, detail: str, rules: Rules) -> Plan:
     return replace(plan, quarantine=True)
 
 
+def failed_unexpectedly(item: BatchItem, detail: str, rules: Rules) -> Plan:
+    """Deciding or writing the run raised an exception nobody foresaw (the shell caught it,
+    isolated from its batch): as for poison, its records are dead-lettered and the run
+    quarantined, so that the sweeps stop waking it and it never holds its batch again."""
+    reason = DeadLetterReason.UNEXPECTED_ERROR
+    plan = _dead_letter(item.run_id, item.records, reason, detail, rules)
+    return replace(plan, quarantine=True)
+
+
+def dead_letter(
+    run_id: str, records: tuple[Inbound, ...], reason: DeadLetterReason, detail: str, rules: Rules
+) -> Plan:
+    """Every record of a work to the dead-letter topic, with why: the shell's plan for a
+    work whose own plan could not be carried out."""
+    return _dead_letter(run_id, records, reason, detail, rules)
+
+
 def database_failed(item: BatchItem, retry_in_ms: int) -> Plan:
     """Nothing was decided for the run (a genuine error): try it again after ``retry_in_ms``
     (the shell's backoff through a database outage; 0 when the database answers again)."""
@@ -633,7 +653,9 @@ __all__ = [
     "Rules",
     "Send",
     "database_failed",
+    "dead_letter",
     "decide",
+    "failed_unexpectedly",
     "force_fail_refused",
     "force_fail_write",
     "hop",

@@ -48,6 +48,9 @@ class DeadLetterReason(StrEnum):
     NOT_ALLOWED = "not_allowed"
     # A start request for a run id of a shape only Ductor derives (core/run_ids.py).
     RESERVED_RUN_ID = "reserved_run_id"
+    # Handling this item raised an exception nobody foresaw (a bug, or content no door
+    # refused): isolated to it, its exception's type and first line in the detail.
+    UNEXPECTED_ERROR = "unexpected_error"
 
 
 DLQ_REASONS = tuple(r.value for r in DeadLetterReason)

@@ -57,6 +57,9 @@ class Stats:
     force_fails: Counter[str] = field(default_factory=Counter)  # by reason
     dead_letters: Counter[str] = field(default_factory=Counter)  # by reason
     quarantined: Counter[str] = field(default_factory=Counter)  # runs flagged, by reason
+    # Exceptions nobody foresaw, each isolated to the item it was met on, by where: intake,
+    # request, tick, produce, trigger, sweep (docs/guarantees.md#isolation).
+    isolated: Counter[str] = field(default_factory=Counter)
     records: int = 0  # wakeup records accepted
     done_before: int = 0  # records a partition's previous owner had done: not done again
     commit_attempts: int = 0  # runs sent to a batched commit
@@ -113,6 +116,7 @@ class Stats:
             "force_fails": _plain(self.force_fails),
             "dead_letters": _plain(self.dead_letters),
             "quarantined": _plain(self.quarantined),
+            "isolated": _plain(self.isolated),
             "commit_attempts": self.commit_attempts,
             "relayed": self.relayed,
             "parked": _plain(self.parked),

@@ -8,7 +8,7 @@ shared between threads. A connection that failed is dropped and reopened on next
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import psycopg
@@ -27,6 +27,7 @@ from processor.io import (
     sweeps,
     trigger_store,
 )
+from processor.io.faults import NO_FAULTS, Faults
 
 
 class Database:
@@ -143,10 +144,18 @@ class Database:
         return sweeps.rewake_due(self.conn, modulus, shards, grace_s, limit)
 
     def fire_schedules(
-        self, modulus: int, shards: Sequence[int], limit: int
+        self,
+        modulus: int,
+        shards: Sequence[int],
+        limit: int,
+        faults: Faults = NO_FAULTS,
+        unexpected: Callable[[str, Exception], None] | None = None,
     ) -> list[tuple[str, str]]:
-        """The runs the due schedules of these shards start, with their tiers, to wake."""
-        return schedules.fire_due(self.conn, self._definitions, modulus, shards, limit)
+        """The runs the due schedules of these shards start, with their tiers, to wake (a
+        schedule whose fire raised what nobody foresaw is handed to ``unexpected``)."""
+        return schedules.fire_due(
+            self.conn, self._definitions, modulus, shards, limit, faults, unexpected
+        )
 
     def adopt_kept_signals(
         self, modulus: int, shards: Sequence[int], limit: int

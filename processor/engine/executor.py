@@ -46,6 +46,7 @@ from processor.core.decide import (
     Rules,
     Send,
     database_failed,
+    dead_letter,
     reject,
 )
 from processor.core.envelope import Wakeup
@@ -65,9 +66,10 @@ from processor.io.delivery import Delivery, Refusal
 from processor.io.faults import NO_FAULTS, Faults, Point
 from processor.io.kafka import Outbox, choose_partition
 from processor.io.kept_signals import ExpiredSignal, KeptKey
-from processor.io.logs import first_line
+from processor.io.logs import describe, first_line
 from processor.io.outage import Outage
 from processor.io.telemetry import Telemetry, context_headers
+from processor.io.threads import ThreadWatch
 
 log = logging.getLogger("ductor.executor")
 
@@ -156,13 +158,15 @@ class Executor:
         clock: DatabaseClock | None = None,
         sleep: Callable[[float], object] = time.sleep,
         recent: RecentCommits | None = None,
+        threads: ThreadWatch | None = None,
     ) -> None:
         # The batch's ticks judge time by Postgres's clock; the rest by this process's,
         # corrected by its offset from Postgres (io/db_clock.py).
         clock = clock or DatabaseClock(wall_ms)
         wall_ms = clock.now_ms
-        self._stage_runner = DatabaseStage(database, rules, clock, faults, recent)
+        self._stage_runner = DatabaseStage(database, rules, clock, faults, recent, threads)
         self._faults = faults
+        self._produce_fault = faults.at(Point.PRODUCE)  # (asked per plan: a bool)
         self._outbox = outbox
         self._partitions = partitions  # filled by the processor once the topics are known
         self._rules = rules
@@ -300,6 +304,8 @@ class Executor:
         result = future.result()
         if result.replay:
             self.replay_after_restart(result.replay)
+        for run_id, exc in result.isolated:
+            self._ledger.isolated("tick", run_id, exc)
         if result.runs:
             # Counted even when the stage failed later: its statements commit one by one, so
             # a half of a batch split around a poison row committed before the other failed.
@@ -340,7 +346,17 @@ class Executor:
             self.carry_out(work, plan, result.force_fail_errors.get(work.run_id) or result.error)
 
     def carry_out(self, work: Work, plan: Plan, error: BaseException | None = None) -> None:
-        """Count and log the plan, then park the work for its retry or carry out steps 4 to 6."""
+        """Count and log the plan, then park the work for its retry or carry out steps 4 to 6.
+        An exception nobody foresaw while doing so is the work's alone, never the loop's
+        (``_carry_out_failed``)."""
+        try:
+            if self._produce_fault:
+                self._faults.hit(Point.PRODUCE, work.run_id)
+            self._carry_out(work, plan, error)
+        except Exception as exc:
+            self._carry_out_failed(work, plan, exc)
+
+    def _carry_out(self, work: Work, plan: Plan, error: BaseException | None = None) -> None:
         self._ledger.record(work, plan)
         if plan.retry_in_ms is not None:
             if plan.outcome is Outcome.ERROR and error is not None:
@@ -361,6 +377,35 @@ class Executor:
         else:  # its records wait for the broker: they count against the intake's bound
             settling.held = len(work.records)
             self.unacknowledged_records += settling.held
+
+    def _carry_out_failed(self, work: Work, plan: Plan, exc: Exception) -> None:
+        """Carrying out the work's plan raised what nobody foresaw (its records produced so
+        far may land; the plan never settles). Its records go to the dead-letter topic
+        instead (``unexpected_error``); should that raise too, the work is left undone: its
+        records' offsets stay held, so nothing is skipped (they are redone after a restart
+        or a rebalance) and the loop goes on with every other work."""
+        self._ledger.isolated("produce", work.run_id, exc)
+        if work.records and plan.reason is not DeadLetterReason.UNEXPECTED_ERROR:
+            reason = DeadLetterReason.UNEXPECTED_ERROR
+            letters = dead_letter(
+                work.run_id, tuple(work.records), reason, describe(exc), self._rules
+            )
+            try:
+                self._carry_out(work, letters)
+                return
+            except Exception as again:
+                self._ledger.isolated("produce", work.run_id, again)
+        log.error(
+            "run %s: its work is left undone, its records' offsets held: they are redone after"
+            " a restart or a rebalance",
+            work.run_id,
+            extra={"run_id": work.run_id, "records": len(work.records)},
+        )
+        self._ledger.end_span(work)
+
+    def isolated(self, stage: str, item: str, exc: Exception) -> None:
+        """An exception nobody foresaw, isolated by the loop to one item: counted, logged."""
+        self._ledger.isolated(stage, item, exc)
 
     def _settled(self, settling: _Settling) -> None:
         self.unacknowledged_records -= settling.held
@@ -448,8 +493,12 @@ class Executor:
             settling = _Settling(
                 RunWork(run_id), Outcome.COMMITTED, len(sends), seq, self._settled, self._park
             )
-            for send in sends:
-                self._produce(settling, send)
+            try:
+                for send in sends:
+                    self._produce(settling, send)
+            except Exception as exc:  # the row stays claimed: relayed again once we are gone
+                self._ledger.isolated("sweep", run_id, exc)
+                continue
             if settling.outstanding == 0:
                 self._settled(settling)
 
@@ -470,10 +519,15 @@ class Executor:
         passed, or a recorded result waits for a tick)."""
         now_ms = self._wall_ms()
         for run_id, tier in runs:
-            topic = self._rules.names.wakeup(tier)
-            wakeup = Wakeup(run_id=run_id, reason=reason, produced_at=now_ms)
-            partition = partition_for(run_id, self._partitions[topic])
-            self._outbox.send(topic, wakeup.encode(), wakeup.key(), self._rewake_sent, partition)
+            try:
+                topic = self._rules.names.wakeup(tier)
+                wakeup = Wakeup(run_id=run_id, reason=reason, produced_at=now_ms)
+                partition = partition_for(run_id, self._partitions[topic])
+                self._outbox.send(
+                    topic, wakeup.encode(), wakeup.key(), self._rewake_sent, partition
+                )
+            except Exception as exc:  # the run stays overdue: the next sweep wakes it again
+                self._ledger.isolated("sweep", run_id, exc)
 
     def replay_after_restart(self, runs: list[tuple[str, str]]) -> None:
         """The database restarted, or another server took its place: the runs this instance
@@ -508,12 +562,15 @@ class Executor:
         for signal in expired:
             run_id = signal.key[0]
             detail = f"no run {run_id!r} was started within {signal.kept_s:.0f} s of this signal"
-            plan = reject(signal.record, DeadLetterReason.UNKNOWN_RUN, detail, self._rules)
-            self._ledger.record(RunWork(run_id, records=[signal.record]), plan)
-            for send in plan.sends:
-                headers = list(send.headers)
-                done = partial(forget, [signal.key])
-                self._delivery.send(send.topic, send.value, send.key, None, headers, done)
+            try:
+                plan = reject(signal.record, DeadLetterReason.UNKNOWN_RUN, detail, self._rules)
+                self._ledger.record(RunWork(run_id, records=[signal.record]), plan)
+                for send in plan.sends:
+                    headers = list(send.headers)
+                    done = partial(forget, [signal.key])
+                    self._delivery.send(send.topic, send.value, send.key, None, headers, done)
+            except Exception as exc:  # it stays claimed: sent again once we are gone
+                self._ledger.isolated("sweep", run_id, exc)
 
     # -- rebalance and shutdown --------------------------------------------------------------
 
@@ -527,13 +584,20 @@ class Executor:
         for work in self.book.clear():
             self._ledger.end_span(work)
 
-    def _database_failed(self, exc: psycopg.Error, runs: int) -> int:
+    def _database_failed(self, exc: Exception, runs: int) -> int:
         """The database failed a stage: nothing was decided for these runs. A genuine error,
         counted every time; returns after how many ms to try again (the loop keeps running
         meanwhile). A statement that lost a lock or its time (a deadlock, a lock timeout, the
         statement timeout) is logged each time, and retried after a backoff that grows while
-        it recurs; anything else is an outage of the database, logged once while it lasts."""
+        it recurs; anything else is an outage of the database, logged once while it lasts.
+        An exception nobody foresaw that is no run's own (the stage isolates every run's) is
+        logged each time and retried after the same growing backoff."""
         self._stats.errors[type(exc).__name__] += 1
+        if not isinstance(exc, psycopg.Error):
+            self._ledger.isolated("tick", f"a batch of {runs} run(s), retried", exc)
+            delay_s = retry_delay_s(self._refused_streak)
+            self._refused_streak += 1
+            return int(delay_s * 1000)
         fault = classify(exc)
         if fault in TRANSIENT:
             delay_s = retry_delay_s(self._refused_streak)

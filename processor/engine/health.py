@@ -2,8 +2,9 @@
 served by io/health_http.py's server.
 
 ``GET /healthz`` (liveness): 200 while the poll loop keeps turning, 503 once it has not turned
-for ``DUCTOR_HEALTH_STALL_S``. A loop stuck that long will not recover by itself; restarting the
-instance is safe (its uncommitted records are redelivered).
+for ``DUCTOR_HEALTH_STALL_S``, or once one of its threads died (the database stage's, the
+request statement's, a sweep's, the presence heartbeat's: io/threads.py). Neither will recover
+by itself; restarting the instance is safe (its uncommitted records are redelivered).
 
 ``GET /readyz`` (readiness): 200 when the instance owns partitions, the database answers and it
 is neither starting (waiting for the broker or the database) nor shutting down; otherwise 503.
@@ -16,6 +17,7 @@ import time
 from dataclasses import dataclass, field
 
 from processor.io.health_http import HealthServer
+from processor.io.threads import ThreadWatch
 
 __all__ = ["HealthServer", "Probe", "is_ready", "probe_problems"]
 
@@ -31,9 +33,13 @@ class Probe:
     stopping: bool = False
     database_ok: bool = True  # False after a batch failed on a database error
     waiting_for: str | None = None  # at start: the dependency not answering yet
+    threads: ThreadWatch = field(default_factory=ThreadWatch)  # the instance's own threads
 
     def problems(self, stall_s: float) -> list[str]:
         return probe_problems(self, stall_s)
+
+    def broken(self) -> list[str]:
+        return self.threads.problems()
 
 
 def probe_problems(probe: Probe, stall_s: float) -> list[str]:
@@ -50,6 +56,7 @@ def probe_problems(probe: Probe, stall_s: float) -> list[str]:
         problems.append("no partitions assigned")
     if not probe.database_ok:
         problems.append("the last batch failed on a database error")
+    problems += probe.broken()
     return problems
 
 

@@ -17,7 +17,7 @@ from processor.core.decide import Plan
 from processor.core.outcomes import DeadLetterReason, ForceFailReason, Outcome
 from processor.core.pending import RunWork
 from processor.core.stats import Stats
-from processor.io.logs import first_line
+from processor.io.logs import describe, first_line
 from processor.io.telemetry import Telemetry, end_error, end_ok, log_ids
 
 log = logging.getLogger("ductor.executor")
@@ -98,6 +98,21 @@ class Ledger:
             )
         if error is not None:  # tried again when the run is next met: not an outage
             log.warning("could not write quarantine flags: %s", first_line(error))
+
+    def isolated(self, stage: str, item: str, exc: BaseException) -> None:
+        """An exception nobody foresaw, met while handling one item (``item``: its run id, or
+        what names it) at ``stage``, and isolated to it: counted by stage, logged with its
+        traceback (once: its dead letter is counted and logged as a dead letter only, where
+        it is carried out)."""
+        self._stats.isolated[stage] += 1
+        log.error(
+            "%s: an unexpected exception, isolated to %s: %s",
+            stage,
+            item or "one record",
+            describe(exc),
+            exc_info=exc,
+            extra={"stage": stage, "item": item},
+        )
 
     def relayed(self, run_id: str, records: int) -> None:
         """Records of a transition sent again from the outbox (their first send was lost)."""

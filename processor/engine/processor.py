@@ -11,6 +11,7 @@ ready time, and the consume timeout is the time to the next of those events.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -29,11 +30,13 @@ from processor.core.intake import (
     Reject,
     Requested,
     Skipped,
+    Verdict,
     admit,
 )
 from processor.core.membership import Holding, Stuck
 from processor.core.offsets import OffsetTracker
-from processor.core.records import Inbound, KafkaMessage
+from processor.core.outcomes import DeadLetterReason
+from processor.core.records import Inbound, KafkaMessage, normalise_headers
 from processor.core.routing import DEFAULT_QUEUE, TIERS, TopicNames
 from processor.core.stats import Stats
 from processor.engine.database import Database
@@ -44,13 +47,13 @@ from processor.engine.lag import LagMeter
 from processor.engine.recent_commits import RecentCommits
 from processor.engine.request_desk import RequestDesk
 from processor.engine.trigger_follow import TriggerFollower
-from processor.engine.watchdog import Shards, SweepSettings, Watchdog
+from processor.engine.watchdog import Shards, SweepResult, SweepSettings, Watchdog
 from processor.io import connections
 from processor.io.collector import settle_collector
 from processor.io.config import Settings
 from processor.io.db_clock import DatabaseClock
 from processor.io.db_errors import database_unreachable
-from processor.io.faults import NO_FAULTS, Faults
+from processor.io.faults import NO_FAULTS, Faults, Point
 from processor.io.group_watch import GroupWatch, holding, let_go_by_fault
 from processor.io.instances import Presence, heartbeat_interval_s
 from processor.io.kafka import (
@@ -68,10 +71,11 @@ from processor.io.kafka import (
     topic_partitions,
 )
 from processor.io.kafka_logs import with_logger
-from processor.io.logs import first_line
+from processor.io.logs import describe, first_line
 from processor.io.outage import Outage, until_available
 from processor.io.store import OutboxRelay
 from processor.io.telemetry import Telemetry
+from processor.io.threads import ThreadWatch
 from processor.io.topics import topic_max_message_bytes
 from processor.io.trigger_store import TriggerSet, load_triggers
 
@@ -105,7 +109,9 @@ class Processor:
         self.instance_id = instance_id or f"ductor-{uuid.uuid4().hex[:8]}"
         self.stats = stats or Stats()
         self.names = TopicNames(settings.topic_prefix)
-        self.probe = Probe(self.instance_id)
+        # Its long-lived threads, watched: one that dies turns the health endpoints unhealthy.
+        self.threads = ThreadWatch(faults)
+        self.probe = Probe(self.instance_id, threads=self.threads)
         self._stop = threading.Event()
         # A fatal client error stops the instance (exit EXIT_KAFKA_FATAL, for its supervisor).
         self.client_errors = ClientErrors(self.stop)
@@ -126,6 +132,7 @@ class Processor:
         # it, so an outage gives one line when it starts and one when it ends.
         self.postgres = Outage("postgres", log)
         self._faults = faults
+        self._intake_fault = faults.at(Point.INTAKE)  # (asked per record: a bool)
         if faults.armed:
             log.warning("fault injection armed (tests only): %s", ", ".join(faults.armed))
         self.rules = Rules(self.names, settings.livelock_requeues, producer_max_bytes(settings))
@@ -141,6 +148,7 @@ class Processor:
             heartbeat_interval_s(settings.instance_timeout_s),
             settings.instance_timeout_s,
             self.clock,
+            self.threads,
         )
         # What was committed just before a database restart: woken again after it, by the
         # commit path or the sweeps, whichever meets the new server first.
@@ -158,6 +166,7 @@ class Processor:
             faults=faults,
             postgres=self.postgres,
             clock=self.clock,
+            threads=self.threads,
         )
         # Start and signal requests from upstream producers (ductor.requests), within the
         # scope the operator set (core/scopes.py): said once started, unscoped or not.
@@ -169,6 +178,7 @@ class Processor:
             self.clock.now_ms,
             self.postgres,
             faults=faults,
+            threads=self.threads,
         )
         self.watchdog = Watchdog(
             database=Database(settings.pg_dsn),
@@ -190,10 +200,11 @@ class Processor:
             wall_ms=self.clock.now_ms,
             faults=faults,
             recent=recent,
+            threads=self.threads,
         )
         # The triggers followed (their source topics are subscribed to), read at start and by
         # the watchdog's sweeps every DUCTOR_TRIGGER_REFRESH_S.
-        self.triggers = TriggerFollower(self.names, settings.max_record_bytes, self.stats)
+        self.triggers = TriggerFollower(self.names, settings.max_record_bytes, self.stats, faults)
         self._consumer, self.lag, self.flow = self._new_member()
         # Looks at the group when nothing has come for a while (built once the partition
         # counts are read, in run()).
@@ -301,7 +312,10 @@ class Processor:
         self.probe.last_loop_at = now
         messages = self._consume()
         for message in messages:
-            self._intake(message)
+            try:
+                self._intake(message)
+            except Exception as exc:  # the record's alone: never the loop's
+                self._intake_failed(message, exc)
         assert self.group_watch is not None
         stuck = self.group_watch.turn(now, bool(messages), self._holding)
         if stuck is not None:
@@ -316,28 +330,37 @@ class Processor:
         self.outbox.poll(0)
         self._store_offsets()
         for sweep in self.watchdog.maybe_sweep():
-            if sweep.error is not None:
-                self.stats.errors[type(sweep.error).__name__] += 1
-                self.postgres.failed(f"watchdog sweep: {first_line(sweep.error)}")
-                continue
-            if not self.executor.busy:
-                self.postgres.ok()  # (while a batch is in flight, its outcome says)
-            self.executor.replay_after_restart(sweep.replay)
-            self.executor.stuck_failed(sweep.force_failed)
-            self.executor.send_outboxed(sweep.ended)
-            self.executor.rewake(sweep.overdue)
-            self.executor.relay(sweep.relay)
-            self.executor.dead_letter_expired(sweep.expired, self.watchdog.forget)
-            if sweep.triggers is not None:
-                self._use_triggers(sweep.triggers)
-            if sweep.overdue:
-                log.info("watchdog re-woke %d overdue run(s)", len(sweep.overdue))
-            if sweep.relay:
-                log.info(
-                    "relaying the records of %d transition(s) left in the outbox", len(sweep.relay)
-                )
+            try:
+                self._hand_on(sweep)
+            except Exception as exc:  # the next sweep finds what this one left
+                self.executor.isolated("sweep", "a sweep's results", exc)
         self._maybe_log_stats(now)
         self.lag.maybe_update(now, set(self.flow.assigned), self.flow.paused())
+
+    def _hand_on(self, sweep: SweepResult) -> None:
+        """What a sweep found, to the executor (each item isolated there) and the log."""
+        if sweep.isolated:
+            self.stats.isolated["sweep"] += sweep.isolated
+        if sweep.error is not None:
+            self.stats.errors[type(sweep.error).__name__] += 1
+            self.postgres.failed(f"watchdog sweep: {first_line(sweep.error)}")
+            return
+        if not self.executor.busy:
+            self.postgres.ok()  # (while a batch is in flight, its outcome says)
+        self.executor.replay_after_restart(sweep.replay)
+        self.executor.stuck_failed(sweep.force_failed)
+        self.executor.send_outboxed(sweep.ended)
+        self.executor.rewake(sweep.overdue)
+        self.executor.relay(sweep.relay)
+        self.executor.dead_letter_expired(sweep.expired, self.watchdog.forget)
+        if sweep.triggers is not None:
+            self._use_triggers(sweep.triggers)
+        if sweep.overdue:
+            log.info("watchdog re-woke %d overdue run(s)", len(sweep.overdue))
+        if sweep.relay:
+            log.info(
+                "relaying the records of %d transition(s) left in the outbox", len(sweep.relay)
+            )
 
     @property
     def assigned(self) -> Set[tuple[str, int]]:
@@ -442,6 +465,8 @@ class Processor:
         # From here the record is taken: its offset is held back until it is done.
         record = verdict.record
         self.tracker.started(record.tp, record.offset)
+        if self._intake_fault:
+            self._faults.hit(Point.INTAKE, _run_id_of(verdict))
         if isinstance(verdict, Reject):
             plan = reject(record, verdict.reason, verdict.detail, self.rules)
             self.executor.carry_out_now(record, plan)
@@ -456,6 +481,20 @@ class Processor:
             return
         assert isinstance(verdict, Accepted)
         self.queues.push(record.tier, record)
+
+    def _intake_failed(self, message: KafkaMessage, exc: Exception) -> None:
+        """Taking a record in raised what nobody foresaw: the record is taken (if it was not
+        yet) and dead-lettered with why, so its offset passes and the loop goes on."""
+        topic, partition, offset = message.topic(), message.partition(), message.offset()
+        self.executor.isolated("intake", f"{topic}[{partition}]@{offset}", exc)
+        if topic is None or partition is None or offset is None:
+            return  # not a record (the consumer's own event): nothing to take
+        record = Inbound((topic, partition), offset, message.key(), message.value(), [], "")
+        with contextlib.suppress(Exception):  # (else the dead letter goes without them)
+            record.headers = normalise_headers(message)
+        self.tracker.started(record.tp, offset)
+        plan = reject(record, DeadLetterReason.UNEXPECTED_ERROR, describe(exc), self.rules)
+        self.executor.carry_out_now(record, plan)
 
     def _intake_trigger(self, message: KafkaMessage) -> None:
         verdict = self.triggers.admit(message)
@@ -642,3 +681,11 @@ class Processor:
         log.info(
             "processor stopped", extra={"instance": self.instance_id, "stats": self.stats.summary()}
         )
+
+
+def _run_id_of(verdict: Verdict) -> str:
+    """The run a record taken in names, for the intake's fault point ("": none known)."""
+    if isinstance(verdict, Requested):
+        return verdict.request.run_id
+    wakeup = verdict.record.wakeup
+    return "" if wakeup is None else wakeup.run_id

@@ -5,7 +5,10 @@ The core answers each request with a plan (core/request_plans.py: a start wakeup
 letter) that the one executor carries out; a record is done, and its offset may pass, once
 the broker has what its plan sends. A record whose statement failed is tried again after a
 backoff; one whose content makes the statement fail is found by halving the batch and
-dead-lettered alone (poison), as in the commit path.
+dead-lettered alone (poison, or ``unexpected_error`` for an exception that is not the
+database's: a value that cannot be encoded, a bug), as in the commit path. A request whose
+plan cannot be built or carried out is dead-lettered alone too: nothing one request holds
+reaches the loop.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from typing import Any
 
 import psycopg
 
-from processor.core.decide import Rules
+from processor.core.decide import Rules, reject
 from processor.core.outcomes import DeadLetterReason
 from processor.core.records import Inbound
 from processor.core.request_plans import Refused, RequestAnswer, request_plan
@@ -26,12 +29,13 @@ from processor.core.requests import Request
 from processor.engine.executor import Executor
 from processor.engine.stage import InFlight, StageThread
 from processor.io import connections
-from processor.io.db_errors import Fault, classify
+from processor.io.db_errors import item_fault
 from processor.io.faults import NO_FAULTS, Faults, Point
-from processor.io.logs import first_line
+from processor.io.logs import describe, first_line
 from processor.io.outage import Outage
 from processor.io.request_store import Item, apply_requests
 from processor.io.store import Definitions
+from processor.io.threads import ThreadWatch
 
 log = logging.getLogger("ductor.requests")
 
@@ -46,6 +50,9 @@ class _Answered:
 
     answers: list[RequestAnswer] = field(default_factory=list)
     error: psycopg.Error | None = None
+    # Requests whose statement raised what nobody foresaw: (run id, the exception), for the
+    # loop to count and log (their answers are unexpected_error dead letters).
+    isolated: list[tuple[str, Exception]] = field(default_factory=list)
 
 
 class RequestDesk:
@@ -58,6 +65,7 @@ class RequestDesk:
         postgres: Outage,
         monotonic: Callable[[], float] = time.monotonic,
         faults: Faults = NO_FAULTS,
+        threads: ThreadWatch | None = None,
     ) -> None:
         self._dsn = dsn
         self._executor = executor
@@ -68,7 +76,7 @@ class RequestDesk:
         self._faults = faults
         self._conn: psycopg.Connection[Any] | None = None
         self._definitions = Definitions()
-        self._runner = StageThread("ductor-requests")
+        self._runner = StageThread("ductor-requests", threads)
         self._waiting: list[Item] = []
         self._in_flight: tuple[list[Item], InFlight[_Answered]] | None = None
         self._next_try_at = 0.0
@@ -120,27 +128,33 @@ class RequestDesk:
     # -- the database thread ---------------------------------------------------------------
 
     def _apply(self, batch: list[Item]) -> _Answered:
+        answered = _Answered()
         try:
-            answered = _Answered(self._isolating_poison(batch))
+            answered.answers = self._isolating_poison(batch, answered)
         except psycopg.Error as exc:
             self._close()
             return _Answered(error=exc)
         self._faults.hit(Point.AFTER_REQUESTS, [request.run_id for request, _ in batch])
         return answered
 
-    def _isolating_poison(self, batch: list[Item]) -> list[RequestAnswer]:
+    def _isolating_poison(self, batch: list[Item], answered: _Answered) -> list[RequestAnswer]:
         """The batch's answers; a statement that fails on what one request holds (not on the
-        connection) is tried on each half, down to the request that makes it fail."""
+        connection), or raises what nobody foresaw (its transaction rolled back), is tried
+        on each half, down to the request that makes it fail."""
         try:
+            self._faults.hit(Point.REQUEST, [request.run_id for request, _ in batch])
             return apply_requests(self._connection(), self._definitions, batch)
-        except psycopg.Error as exc:
-            if classify(exc) is not Fault.ROW:
+        except Exception as exc:
+            if not item_fault(exc):
                 raise
             if len(batch) == 1:
-                detail = f"{type(exc).__name__}: {first_line(exc)}"
-                return [Refused(DeadLetterReason.POISON, detail)]
+                if isinstance(exc, psycopg.Error):
+                    return [Refused(DeadLetterReason.POISON, describe(exc))]
+                answered.isolated.append((batch[0][0].run_id, exc))
+                return [Refused(DeadLetterReason.UNEXPECTED_ERROR, describe(exc))]
             half = len(batch) // 2
-            return self._isolating_poison(batch[:half]) + self._isolating_poison(batch[half:])
+            first = self._isolating_poison(batch[:half], answered)
+            return first + self._isolating_poison(batch[half:], answered)
 
     def _connection(self) -> psycopg.Connection[Any]:
         # Durable: a request's offset passes once its row is written, so the row must not be
@@ -167,9 +181,17 @@ class RequestDesk:
             self._waiting = batch + self._waiting  # tried again, first, in their order
             return
         self._postgres.ok()
+        for run_id, exc in answered.isolated:
+            self._executor.isolated("request", run_id, exc)
         now_ms = self._wall_ms()
         for (request, record), answer in zip(batch, answered.answers, strict=True):
-            plan = request_plan(record, request.run_id, answer, now_ms, self._rules)
+            try:
+                self._faults.hit(Point.REQUEST_PLAN, request.run_id)
+                plan = request_plan(record, request.run_id, answer, now_ms, self._rules)
+            except Exception as exc:  # this request's alone: its record is a dead letter
+                self._executor.isolated("request", request.run_id, exc)
+                reason = DeadLetterReason.UNEXPECTED_ERROR
+                plan = reject(record, reason, describe(exc), self._rules)
             self._executor.carry_out_now(record, plan)
 
     def close(self) -> None:

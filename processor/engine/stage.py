@@ -9,6 +9,12 @@ consuming, delivering and storing offsets while Postgres works.
    transaction holds is skipped (and retried apart); a commit whose answer was lost with its
    connection is read back. The core then decides each run's plan
    (``decide``); a livelocked run's force-fail is written here (the terminal path).
+
+One run never holds its batch: a statement that fails on what one run holds, and any
+exception nobody foresaw before the commit went (a row that cannot be encoded, a tick that
+raises), is isolated by trying each half of the batch apart, down to the run that makes it
+fail, which is dead-lettered and quarantined (``poisoned``, ``failed_unexpectedly``). After
+the commit each run's plan is decided apart, so an exception there is its run's alone.
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ from processor.core.decide import (
     Rules,
     database_failed,
     decide,
+    failed_unexpectedly,
     force_fail_refused,
     poisoned,
     tick_batch,
@@ -40,10 +47,12 @@ from processor.core.run_tally import RunTally
 from processor.engine.database import Database
 from processor.engine.recent_commits import RecentCommits
 from processor.io.db_clock import DatabaseClock
-from processor.io.db_errors import Fault, classify, outcome_unknown
+from processor.io.db_errors import item_fault, outcome_unknown
 from processor.io.faults import NO_FAULTS, Faults, Point
+from processor.io.logs import describe
 from processor.io.store import CommitAnswer, QuarantineFlag
 from processor.io.telemetry import now_ns
+from processor.io.threads import ThreadWatch
 
 
 @dataclass
@@ -53,7 +62,12 @@ class StageResult:
     started_ns: int
     acknowledged: list[tuple[str, int]]  # outbox rows this stage deletes
     plans: list[Plan] = field(default_factory=list)
-    error: psycopg.Error | None = None  # the whole batch failed: nothing was decided
+    # The whole batch failed: nothing was decided. A database error, or (rarely) an exception
+    # nobody foresaw that is no run's own (met before any run was loaded): retried alike.
+    error: Exception | None = None
+    # Exceptions nobody foresaw, each isolated to its run: (run id, the exception), for the
+    # ledger to count and log on the loop thread.
+    isolated: list[tuple[str, Exception]] = field(default_factory=list)
     # The commit's answer was lost with its connection (then resolved by reading it back).
     unknown_commit: psycopg.Error | None = None
     not_landed: set[str] = field(default_factory=set)
@@ -86,12 +100,14 @@ class DatabaseStage:
         clock: DatabaseClock,
         faults: Faults = NO_FAULTS,
         recent: RecentCommits | None = None,
+        threads: ThreadWatch | None = None,
     ) -> None:
         self._db = database
         self._rules = rules
         self._clock = clock
         self._faults = faults
-        self._runner = StageThread()
+        self._decide_fault = faults.at(Point.DECIDE)  # (asked per run: a bool)
+        self._runner = StageThread(threads=threads)
         self._recent = recent or RecentCommits()
 
     def start(
@@ -120,7 +136,7 @@ class DatabaseStage:
                 self._db.delete_outbox(acknowledged)
             else:
                 self._isolating_poison(items, acknowledged, result)
-        except psycopg.Error as exc:
+        except Exception as exc:  # the database's (or no run's own): the batch is retried whole
             result.error = exc
             result.plans.clear()
             return result
@@ -163,21 +179,26 @@ class DatabaseStage:
     def _isolating_poison(
         self, items: list[BatchItem], acknowledged: list[tuple[str, int]], result: StageResult
     ) -> None:
-        """Steps 1 to 3; a statement that fails on what one run holds (not on the connection)
-        is tried again on each half of the batch, down to the run that makes it fail, which is
-        dead-lettered as poison: one bad run never holds the others."""
+        """Steps 1 to 3; a statement that fails on what one run holds (not on the connection),
+        or an exception nobody foresaw before the commit went, is tried again on each half of
+        the batch, down to the run that makes it fail, which is dead-lettered (poison, or
+        unexpected_error) and quarantined: one bad run never holds the others."""
         try:
             self._steps(items, acknowledged, result)
-        except psycopg.Error as exc:
-            # Text Postgres cannot store, a constraint: another run of the batch would not
-            # meet it. Anything else is the database's (io/db_errors.py).
-            if classify(exc) is not Fault.ROW:
+        except Exception as exc:
+            # Text Postgres cannot store, a constraint, a value that cannot be encoded, a tick
+            # that raises: another run of the batch would not meet it. Anything else is the
+            # database's (io/db_errors.py): the batch is retried whole.
+            if not item_fault(exc):
                 raise
-            text = str(exc).strip()
-            detail = f"{type(exc).__name__}: {text.splitlines()[0] if text else ''}"
             if len(items) == 1:
                 self._db.delete_outbox(acknowledged)  # the failed statement did not
-                result.plans.append(poisoned(items[0], detail, self._rules))
+                if isinstance(exc, psycopg.Error):
+                    result.plans.append(poisoned(items[0], describe(exc), self._rules))
+                else:
+                    result.isolated.append((items[0].run_id, exc))
+                    plan = failed_unexpectedly(items[0], describe(exc), self._rules)
+                    result.plans.append(plan)
                 return
             half = len(items) // 2
             self._isolating_poison(items[:half], acknowledged, result)
@@ -194,6 +215,7 @@ class DatabaseStage:
         self._clock.observe(now_ms, sent_ms, self._clock.local_ms())
         # 2. Tick (with what the batch's limited steps count on: core/limits.py).
         limits = self._db.load_limits(loaded)
+        self._faults.hit(Point.TICK, run_ids)
         commits = tick_batch(loaded, now_ms, self._rules.names, limits)
         result.tick_ended_ns, result.tick_ms = now_ns(), (time.perf_counter() - started) * 1000
         # 3. Commit.
@@ -211,24 +233,43 @@ class DatabaseStage:
         result.commit_attempts += len(commits)
         self._after_limits(commits, committed, result)
         for item in items:
-            run_id = item.run_id
-            if run_id in result.not_landed:  # lost with its connection: try again at once
-                result.plans.append(database_failed(item, 0))
-                continue
-            found, commit = loaded.get(run_id), commits.get(run_id)
-            plan = decide(
-                item, found, commit, run_id in committed, now_ms, self._rules, run_id in held
-            )
-            if plan.force_fail is not None:
-                plan = self._write_force_fail(plan, item, found, result)
-            elif plan.outcome is Outcome.COMMITTED:
-                assert commit is not None and isinstance(found, LoadedRun)
-                # Only a commit that landed is counted: a conflict, or a commit lost with
-                # its connection and not found landed, never gets here (core/run_tally.py).
-                before, after = found.state.status, commit.state.status
-                if before is not after:
-                    result.runs.committed(found.wf.name, before, after)
+            # The commit went: from here an exception is one run's own, never the batch's (a
+            # bisection would only tick again what committed).
+            try:
+                plan = self._plan(item, loaded, commits, committed, held, now_ms, result)
+            except Exception as unforeseen:
+                result.isolated.append((item.run_id, unforeseen))
+                plan = failed_unexpectedly(item, describe(unforeseen), self._rules)
             result.plans.append(plan)
+
+    def _plan(
+        self,
+        item: BatchItem,
+        loaded: dict[str, Loaded],
+        commits: dict[str, Commit],
+        committed: set[str],
+        held: set[str],
+        now_ms: int,
+        result: StageResult,
+    ) -> Plan:
+        """One run's plan once the commit answered (its force-fail written)."""
+        run_id = item.run_id
+        if run_id in result.not_landed:  # lost with its connection: try again at once
+            return database_failed(item, 0)
+        if self._decide_fault:
+            self._faults.hit(Point.DECIDE, run_id)
+        found, commit = loaded.get(run_id), commits.get(run_id)
+        plan = decide(item, found, commit, run_id in committed, now_ms, self._rules, run_id in held)
+        if plan.force_fail is not None:
+            return self._write_force_fail(plan, item, found, result)
+        if plan.outcome is Outcome.COMMITTED:
+            assert commit is not None and isinstance(found, LoadedRun)
+            # Only a commit that landed is counted: a conflict, or a commit lost with its
+            # connection and not found landed, never gets here (core/run_tally.py).
+            before, after = found.state.status, commit.state.status
+            if before is not after:
+                result.runs.committed(found.wf.name, before, after)
+        return plan
 
     def _after_limits(
         self, commits: dict[str, Commit], committed: set[str], result: StageResult
@@ -249,6 +290,8 @@ class DatabaseStage:
             result.limit_wakes = self._db.waiters_to_wake(freed)
         except psycopg.Error:
             self._db.close()
+        except Exception as exc:  # nobody foresaw it: counted and logged, it fails nothing
+            result.isolated.append(("the waiters of freed limits", exc))
 
     def _resolve_unknown_commit(
         self, commits: list[Commit], exc: psycopg.Error, result: StageResult
@@ -291,18 +334,18 @@ class StageThread:
     start, through a Condition written in Python) cost each batch tens of microseconds, which
     a batch of a few runs at moderate load pays per run."""
 
-    def __init__(self, name: str = "ductor-db") -> None:
+    def __init__(self, name: str = "ductor-db", threads: ThreadWatch | None = None) -> None:
         self._stages: queue.SimpleQueue[InFlight[object]] = queue.SimpleQueue()
         # Not `_thread`: mypyc names an attribute's C field `__thread`, a keyword of GCC's
         # (thread-local storage), and the compiled build would not compile.
         self._runner: threading.Thread | None = None
         self._name = name
+        self._threads = threads or ThreadWatch()  # should it die, the health probes say so
 
     def submit(self, stage: Callable[[], R]) -> InFlight[R]:
         in_flight = InFlight(stage)
         if self._runner is None:
-            self._runner = threading.Thread(target=self._serve, name=self._name, daemon=True)
-            self._runner.start()
+            self._runner = self._threads.start(self._serve, self._name)
         self._stages.put(in_flight)  # type: ignore[arg-type]  # (run() only: its type is no matter)
         return in_flight
 

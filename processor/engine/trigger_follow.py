@@ -12,10 +12,13 @@ from collections.abc import Mapping
 from confluent_kafka import OFFSET_BEGINNING, TopicPartition
 
 from processor.core.intake import Reject, Requested, Skipped, admit_trigger
-from processor.core.records import KafkaMessage
+from processor.core.outcomes import DeadLetterReason
+from processor.core.records import Inbound, KafkaMessage
 from processor.core.routing import TopicNames
 from processor.core.stats import Stats
 from processor.core.triggers import Trigger
+from processor.io.faults import NO_FAULTS, Faults, Point
+from processor.io.logs import describe
 from processor.io.trigger_store import TriggerSet
 
 log = logging.getLogger("ductor.triggers")
@@ -24,10 +27,13 @@ _OUTCOMES = {Requested: "requested", Skipped: "skipped", Reject: "rejected"}
 
 
 class TriggerFollower:
-    def __init__(self, names: TopicNames, max_bytes: int, stats: Stats) -> None:
+    def __init__(
+        self, names: TopicNames, max_bytes: int, stats: Stats, faults: Faults = NO_FAULTS
+    ) -> None:
         self._names = names
         self._max_bytes = max_bytes
         self._stats = stats
+        self._faults = faults
         self._set = TriggerSet()
         # Asked of every consumed record: a dict lookup, not the names' string comparisons.
         self._is_source: dict[str, bool] = {}
@@ -88,6 +94,31 @@ class TriggerFollower:
         trigger = self._set.by_topic.get(topic) if topic is not None else None
         if trigger is None:
             return None
-        verdict = admit_trigger(message, trigger, self._max_bytes)
+        try:
+            verdict = admit_trigger(message, trigger, self._max_bytes)
+            if isinstance(verdict, Requested):
+                self._faults.hit(Point.TRIGGER, verdict.request.run_id)
+        except Exception as exc:  # the record's alone: dead-lettered, never the loop's
+            verdict = self._failed(message, trigger, exc)
         self._stats.trigger_records[(trigger.name, _OUTCOMES[type(verdict)])] += 1
         return verdict
+
+    def _failed(self, message: KafkaMessage, trigger: Trigger, exc: Exception) -> Reject:
+        """Mapping the record raised what nobody foresaw (the mapping itself never raises on
+        what a record holds: core/triggers.py): its dead letter says why."""
+        topic, partition, offset = message.topic(), message.partition(), message.offset()
+        assert topic is not None and partition is not None and offset is not None
+        self._stats.isolated["trigger"] += 1
+        log.error(
+            "trigger %s: an unexpected exception, isolated to the record at %s[%d]@%d: %s",
+            trigger.name,
+            topic,
+            partition,
+            offset,
+            describe(exc),
+            exc_info=exc,
+            extra={"trigger": trigger.name, "stage": "trigger"},
+        )
+        record = Inbound((topic, partition), offset, message.key(), message.value(), [], "trigger")
+        detail = f"trigger {trigger.name}: {describe(exc)}"
+        return Reject(record, DeadLetterReason.UNEXPECTED_ERROR, detail)

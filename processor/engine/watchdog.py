@@ -23,6 +23,12 @@ dead instance's partitions stay with it until the group's session timeout (10 s 
 broker, 45 s by Kafka's default); when every instance crashed, the new ones own nothing for
 that long, and a relay that waited for partitions would let the dead instances' step tasks
 wait past their deadlines.
+
+A sweep never stops on one item: an exception nobody foresaw while settling one stuck run or
+firing one schedule is logged and counted (``ductor.isolated{ductor.stage="sweep"}``) and the
+sweep goes on with the next; one met by a whole part of the sweep (the overdue runs, the kept
+signals, the relay, the triggers) leaves that part for the next sweep and goes on with the
+others. Only the database's own errors end a sweep (an outage, reported as one).
 """
 
 from __future__ import annotations
@@ -33,6 +39,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 import psycopg
 
@@ -44,7 +51,9 @@ from processor.engine.recent_commits import RecentCommits
 from processor.io.db_errors import TRANSIENT, classify
 from processor.io.faults import NO_FAULTS, Faults, Point
 from processor.io.kept_signals import ExpiredSignal, KeptKey
+from processor.io.logs import describe
 from processor.io.store import OutboxRelay
+from processor.io.threads import ThreadWatch
 from processor.io.trigger_store import TriggerSet
 
 log = logging.getLogger("ductor.watchdog")
@@ -84,6 +93,10 @@ class SweepResult:
     # before, to wake again (engine/recent_commits.py).
     replay: list[tuple[str, str]] = field(default_factory=list)
     error: psycopg.Error | None = None
+    isolated: int = 0  # exceptions nobody foresaw, each left with its item (logged here)
+
+
+T = TypeVar("T")
 
 
 class Watchdog:
@@ -103,9 +116,12 @@ class Watchdog:
         wall_ms: Callable[[], int] = lambda: int(time.time() * 1000),
         faults: Faults = NO_FAULTS,
         recent: RecentCommits | None = None,
+        threads: ThreadWatch | None = None,
     ) -> None:
         self._db = database
         self._names = names
+        self._threads = threads or ThreadWatch()
+        self._isolated = 0  # by the sweep running now (one at a time)
         self._recent = recent or RecentCommits()
         self._wall_ms = wall_ms
         self._faults = faults
@@ -155,12 +171,9 @@ class Watchdog:
             self._next_triggers_at = now + self._settings.trigger_refresh_s
         if owned or relay or triggers or self._to_park or self._to_forget:
             self._sweeping.set()
-            threading.Thread(
-                target=self._sweep_thread,
-                args=(modulus, owned, relay, triggers),
-                name="ductor-sweep",
-                daemon=True,
-            ).start()
+            self._threads.start(
+                self._sweep_thread, "ductor-sweep", (modulus, owned, relay, triggers)
+            )
         return finished
 
     def _sweep_thread(self, modulus: int, owned: list[int], relay: bool, triggers: bool) -> None:
@@ -177,6 +190,10 @@ class Watchdog:
         except psycopg.Error as exc:
             self._db.close()
             self._results.put(SweepResult(error=exc))
+        except Exception as unexpected:  # outside every part: the next sweep starts afresh
+            self._db.close()
+            self._left("the sweep", unexpected)
+            self._results.put(SweepResult(isolated=self._isolated))
         finally:
             self._sweeping.clear()
 
@@ -187,6 +204,7 @@ class Watchdog:
         claim outbox rows left behind, when ``triggers`` read the triggers again (database
         work only; the loop produces)."""
         s = self._settings
+        self._isolated = 0
         with self._lock:
             parking, self._to_park = self._to_park, []
             forgetting, self._to_forget = self._to_forget, []
@@ -219,15 +237,40 @@ class Watchdog:
         overdue: list[tuple[str, str]] = []
         expired: list[ExpiredSignal] = []
         if owned:
-            overdue = self._db.overdue(modulus, owned, s.grace_s, s.limit)
-            overdue += self._db.adopt_kept_signals(modulus, owned, s.limit)
-            overdue += self._db.fire_schedules(modulus, owned, s.limit)
-            expired = self._db.claim_expired_signals(
-                modulus, owned, s.kept_signal_ttl_s, self._relay_as(), s.limit
+            overdue = self._part(
+                "the overdue runs",
+                lambda: self._db.overdue(modulus, owned, s.grace_s, s.limit),
+                [],
+            )
+            overdue += self._part(
+                "the kept signals",
+                lambda: self._db.adopt_kept_signals(modulus, owned, s.limit),
+                [],
+            )
+            overdue += self._part(
+                "the schedules",
+                lambda: self._db.fire_schedules(modulus, owned, s.limit, self._faults, self._left),
+                [],
+            )
+            expired = self._part(
+                "the expired kept signals",
+                lambda: self._db.claim_expired_signals(
+                    modulus, owned, s.kept_signal_ttl_s, self._relay_as(), s.limit
+                ),
+                [],
             )
             if expired:
                 self._faults.hit(Point.KEPT_CLAIMED, [e.key[0] for e in expired])
-        claimed = self._db.claim_outbox(s.relay_after_s, s.limit, self._relay_as()) if relay else []
+        claimed: list[tuple[str, int, tuple[Send, ...]]] = []
+        if relay:
+            claimed = self._part(
+                "the outbox relay",
+                lambda: self._db.claim_outbox(s.relay_after_s, s.limit, self._relay_as()),
+                claimed,
+            )
+        found: TriggerSet | None = None
+        if triggers:
+            found = self._part("the triggers", self._db.triggers, None)
         return SweepResult(
             # Taken last, once nothing of the sweep can fail any more.
             replay=self._recent.met(self._db.server_started()),
@@ -236,12 +279,39 @@ class Watchdog:
             ended=ended,
             relay=claimed,
             expired=expired,
-            triggers=self._db.triggers() if triggers else None,
+            triggers=found,
+            isolated=self._isolated,
+        )
+
+    def _part(self, what: str, sweep: Callable[[], T], otherwise: T) -> T:
+        """A part of the sweep; one that raised what nobody foresaw (not the database's) is
+        logged and left for the next sweep (``otherwise`` stands for what it found): the
+        others go on."""
+        try:
+            return sweep()
+        except psycopg.Error:
+            raise
+        except Exception as exc:
+            self._left(what, exc)
+            return otherwise
+
+    def _left(self, item: str, exc: Exception) -> None:
+        """An exception nobody foresaw, met on one item (or part) of a sweep: logged with its
+        traceback, counted, and the item left as it is (the next sweep meets it again)."""
+        self._isolated += 1
+        log.error(
+            "sweep: an unexpected exception, isolated to %s: %s",
+            item,
+            describe(exc),
+            exc_info=exc,
+            extra={"stage": "sweep", "item": item},
         )
 
     def _settle(self, run_id: str, seq: int, now_ms: int) -> StuckVerdict:
-        """One stuck run; one whose row another transaction holds waits for the next sweep."""
+        """One stuck run; one whose row another transaction holds waits for the next sweep,
+        and so does one whose settling raised what nobody foresaw (logged)."""
         try:
+            self._faults.hit(Point.SWEEP, run_id)
             return self._db.settle_stuck(run_id, seq, now_ms, self._names)
         except psycopg.Error as exc:
             if classify(exc) not in TRANSIENT:
@@ -249,6 +319,9 @@ class Watchdog:
             log.warning(
                 "run %s: left for the next sweep: %s", run_id, exc, extra={"run_id": run_id}
             )
+            return Leave()
+        except Exception as unexpected:
+            self._left(f"run {run_id}", unexpected)
             return Leave()
 
     def close(self) -> None:

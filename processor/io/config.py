@@ -327,10 +327,14 @@ def _parse_host(name: str, raw: str) -> str:
 # through time-ordered indexes and offsets; a search beyond is `ductor runs list`'s).
 UI_WINDOW_LIMIT_S = 366 * 86400.0
 
+_FAULT = r"[a-z_.]+=([a-z]+(@\d+)?|raise:[^,\s]+)"
+
 
 def _parse_faults(name: str, raw: str) -> str:
-    if not re.fullmatch(r"([a-z_.]+=[a-z]+(@\d+)?)?(,[a-z_.]+=[a-z]+(@\d+)?)*", raw):
-        raise ConfigError(f"{name}={raw!r} must look like after_commit=kill@3 (tests only)")
+    if not re.fullmatch(rf"({_FAULT})?(,{_FAULT})*", raw):
+        raise ConfigError(
+            f"{name}={raw!r} must look like after_commit=kill@3 or tick=raise:RUN_ID (tests only)"
+        )
     return raw
 
 

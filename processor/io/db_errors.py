@@ -65,3 +65,12 @@ def outcome_unknown(exc: psycopg.Error) -> bool:
 # Faults that say nothing about the database's health: one statement lost a race for a lock
 # or its time; the same statement a moment later most likely goes through.
 TRANSIENT = frozenset({Fault.LOCK_TIMEOUT, Fault.DEADLOCK, Fault.CANCELLED})
+
+
+def item_fault(exc: Exception) -> bool:
+    """Whether a failure met while handling a batch is one of its items' own, to be isolated
+    by trying the items apart: a row the database refused for what it holds, or any exception
+    that is not the database's at all (an encoding error, a bug met by what one item holds:
+    nothing was written, the statement never went). Anything else is the database's: the
+    batch is retried whole."""
+    return not isinstance(exc, psycopg.Error) or classify(exc) is Fault.ROW

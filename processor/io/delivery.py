@@ -141,6 +141,11 @@ class Delivery:
             self._outbox.send(r.topic, r.value, r.key, r.report, r.partition, r.headers)
         except KafkaException as exc:  # refused by the client itself (too large, say)
             r.report(exc.args[0])
+        except Exception as unforeseen:  # (a ValueError, a TypeError): never the loop's
+            # A refusal for good, as the client's own would be: counted, logged, tried again
+            # after its backoff (parked, for an outbox row's record), its offset held.
+            why = f"{type(unforeseen).__name__}: {unforeseen}"
+            r.report(KafkaError(KafkaError._INVALID_ARG, why))
 
     def failed(self, record: _Record, err: KafkaError) -> None:
         """A delivery that failed for good in the client: the record goes again after its

@@ -6,9 +6,17 @@ Production never arms one: ``NO_FAULTS`` does nothing. A test in the same proces
 ``Faults`` with actions; a test that runs ``ductor process`` as a child arms points with
 ``DUCTOR_TEST_FAULTS`` (``after_commit=kill@3``: SIGKILL the process the third time the
 point is reached; ``starting=term``: SIGTERM instead; ``assigned=ignore@1``: the code at the
-point takes its bad branch that time, see ``Faults.forces``), which the processor announces
-loudly in its log. Points are constants here, so a test cannot arm a point that does not
-exist.
+point takes its bad branch that time, see ``Faults.forces``; ``tick=raise:r-7``: a plain
+``Exception`` is raised there each time the point is reached for run ``r-7``), which the
+processor announces loudly in its log. Points are constants here, so a test cannot arm a
+point that does not exist.
+
+The ``raise`` points stand for whatever nobody foresaw (a bug, input no door refused): each
+proves that such an exception, met while handling one item, is isolated to that item (its
+dead letter, its quarantine, its failed attempt, a log line and a count) and never reaches a
+loop (docs/guarantees.md#isolation). The ``thread`` point, armed with a thread's name, ends
+that thread the way an unforeseen exception would, to prove that a dead thread turns the
+health endpoints unhealthy (io/threads.py).
 """
 
 from __future__ import annotations
@@ -51,6 +59,30 @@ class Point(StrEnum):
     # RetiredConsumers). Forced (``ignore``): the close first hangs a while, as a client's
     # does when its group coordinator does not answer (seen after a broker restart).
     RETIRING = "retiring"
+    # -- raise:<run id> points: an unforeseen exception while handling one item --------------
+    # The processor's intake of one record (its run id, once decoded).
+    INTAKE = "intake"
+    # The request statement (io/request_store.py), on the request thread (the batch's run ids).
+    REQUEST = "request"
+    # The plan of one answered request, built and carried out on the loop thread (its run id).
+    REQUEST_PLAN = "request_plan"
+    # The database stage, between the load and the ticks (the batch's run ids).
+    TICK = "tick"
+    # The stage's plan of one run, once the commit answered (its run id).
+    DECIDE = "decide"
+    # The executor carrying out one plan: its records produced (its run id).
+    PRODUCE = "produce"
+    # One record of a trigger's source topic, mapped (the run id it names).
+    TRIGGER = "trigger"
+    # One item of a sweep: a stuck run settled (its run id), a schedule fired (its name).
+    SWEEP = "sweep"
+    # A worker's step task: taken in (its run id), its claim answered, its result recorded
+    # (the results lane's batch of run ids).
+    TASK_INTAKE = "task_intake"
+    TASK_CLAIMED = "task_claimed"
+    TASK_RECORD = "task_record"
+    # A watched thread's turn (its name): raise:<name> ends that thread (io/threads.py).
+    THREAD = "thread"
 
 
 # What an armed point does when reached; True: the code there takes its bad branch.
@@ -64,6 +96,11 @@ class Faults:
     @property
     def armed(self) -> list[str]:
         return sorted(self._actions)
+
+    def at(self, point: Point) -> bool:
+        """Whether ``point`` is armed (for a hot path that skips building the point's
+        arguments when it is not)."""
+        return point in self._actions
 
     def hit(self, point: Point, *args: object) -> None:
         """Run the action armed at ``point``, if any (a dict lookup when none is)."""
@@ -82,12 +119,15 @@ class Faults:
         actions: dict[Point, Action] = {}
         for item in filter(None, (part.strip() for part in spec.split(","))):
             name, _, what = item.partition("=")
-            action, _, nth = what.partition("@")
             try:
                 point = Point(name)
             except ValueError:
                 known = ", ".join(p.value for p in Point)
                 raise ValueError(f"unknown fault point {name!r}; known: {known}") from None
+            if what.startswith("raise:") and what != "raise:":
+                actions[point] = RaiseFor(point, what.removeprefix("raise:"))
+                continue
+            action, _, nth = what.partition("@")
             if (
                 action not in (*_SIGNALS, "ignore")
                 or not (nth or "1").isdigit()
@@ -95,7 +135,7 @@ class Faults:
             ):
                 raise ValueError(
                     f"fault {item!r}: expected {name}=kill, {name}=term or {name}=ignore,"
-                    " optionally @N"
+                    f" optionally @N, or {name}=raise:<run id>"
                 )
             n = int(nth or "1")
             actions[point] = (
@@ -131,6 +171,23 @@ class _ForceOnHit:
     def __call__(self, *_args: object) -> bool:
         self._left -= 1
         return self._left == 0
+
+
+class RaiseFor:
+    """Raise a plain ``Exception`` (which nothing catches by its type) each time the point is
+    reached for ``target``: a run id (a schedule's, a thread's name) alone or among others."""
+
+    def __init__(self, point: Point, target: str) -> None:
+        self._point = point
+        self.target = target
+
+    def __call__(self, *args: object) -> None:
+        for arg in args:
+            hit = arg == self.target or (
+                isinstance(arg, list | tuple | set | frozenset) and self.target in arg
+            )
+            if hit:
+                raise Exception(f"injected fault at {self._point.value} for {self.target}")
 
 
 NO_FAULTS = Faults()

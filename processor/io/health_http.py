@@ -2,9 +2,10 @@
 processor (engine/health.py) and the worker (worker/health.py) run, each with a probe of its
 own that says what is wrong with it.
 
-``GET /healthz`` (liveness): 200 while the instance's loop keeps turning, 503 once it has not
-turned for ``stall_s``. ``GET /readyz`` (readiness): 200 when the probe reports no problem and
-the database answers; otherwise 503. Both answer JSON saying why.
+``GET /healthz`` (liveness): 200 while the instance's loop keeps turning and none of its
+watched threads died (io/threads.py), 503 once it has not turned for ``stall_s`` or one died.
+``GET /readyz`` (readiness): 200 when the probe reports no problem and the database answers;
+otherwise 503. Both answer JSON saying why.
 
 The database is checked by a thread of its own with its own connection, and a request only
 reads the last result: a hung database cannot hang a probe, it turns the check stale, which is
@@ -62,6 +63,11 @@ class HealthProbe(Protocol):
     def problems(self, stall_s: float) -> list[str]:
         """Why the instance is not ready, as far as its own reports tell (the server adds
         its database check)."""
+        ...
+
+    def broken(self) -> list[str]:
+        """What in the instance will not recover by itself (a thread that died): it is not
+        alive either."""
         ...
 
 
@@ -139,11 +145,14 @@ class HealthServer:
 
     def liveness(self) -> Verdict:
         age = time.monotonic() - self._probe.last_loop_at
-        ok = age <= self._stall_s
-        body: dict[str, Any] = {"status": "ok" if ok else "stalled", "last_loop_age_s": age}
-        if not ok:
-            body["problems"] = [f"the poll loop has not turned for {age:.1f} s"]
-        return Verdict(ok, body)
+        problems = self._probe.broken()
+        if age > self._stall_s:
+            problems.insert(0, f"the poll loop has not turned for {age:.1f} s")
+        status = "ok" if not problems else "stalled" if age > self._stall_s else "broken"
+        body: dict[str, Any] = {"status": status, "last_loop_age_s": age}
+        if problems:
+            body["problems"] = problems
+        return Verdict(not problems, body)
 
     def readiness(self) -> Verdict:
         probe = self._probe

@@ -27,6 +27,7 @@ import psycopg
 from processor.io.connections import connect
 from processor.io.db_clock import DatabaseClock
 from processor.io.logs import first_line
+from processor.io.threads import ThreadWatch
 
 log = logging.getLogger("ductor.instances")
 
@@ -124,6 +125,7 @@ class Presence:
         interval_s: float,
         gone_after_s: float,
         clock: DatabaseClock | None = None,
+        threads: ThreadWatch | None = None,
     ) -> None:
         self.instance_id = instance_id
         self._forgets = kind == "processor"
@@ -136,7 +138,8 @@ class Presence:
         self._registered = threading.Event()
         self._stop = threading.Event()
         self._conn: psycopg.Connection[Any] | None = None
-        self._thread = threading.Thread(target=self._beat, name=f"{kind}-presence", daemon=True)
+        # Watched: a heartbeat that died would let the others take this instance for gone.
+        self._thread = (threads or ThreadWatch()).thread(self._beat, f"{kind}-presence")
 
     def register_now(self) -> None:
         """Register before anything else happens (raises psycopg.Error: the caller's start
@@ -190,6 +193,15 @@ class Presence:
             except psycopg.Error as exc:
                 self._judge.failed()
                 log.debug("heartbeat of %s failed: %s", self.instance_id, first_line(exc))
+                self._close()
+            except Exception as unexpected:  # nobody foresaw it: said, and the next beat tries
+                self._judge.failed()
+                log.error(
+                    "heartbeat of %s failed unexpectedly: %s",
+                    self.instance_id,
+                    first_line(unexpected),
+                    exc_info=unexpected,
+                )
                 self._close()
             if self._stop.wait(self._interval_s):
                 return

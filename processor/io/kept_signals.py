@@ -18,6 +18,7 @@ only once the claiming instance is gone before that (io/instances.py).
 from __future__ import annotations
 
 import base64
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -29,6 +30,8 @@ from processor.core.model import SignalKind
 from processor.core.records import Headers, Inbound
 from processor.io.instances import alive
 from processor.io.store import OutboxRelay
+
+log = logging.getLogger("ductor.watchdog")
 
 # Applied to a run that now exists: into eec_run_signal (a signal already recorded by another
 # path is left as it is), the kept row deleted in the same statement.
@@ -164,7 +167,7 @@ def claim_expired_signals(
                 offset=offset,
                 key=None if key is None else bytes(key),
                 value=bytes(value),
-                headers=decode_headers(headers),
+                headers=_kept_headers(run_id, headers),
                 tier="requests",
             ),
             float(kept_s),
@@ -198,3 +201,19 @@ def encode_headers(headers: Headers) -> list[list[str]]:
 
 def decode_headers(kept: Sequence[Sequence[str]]) -> Headers:
     return [(str(name), base64.b64decode(value)) for name, value in kept]
+
+
+def _kept_headers(run_id: str, kept: Any) -> Headers:
+    """The record's headers as kept; none, said in the log, if they cannot be read (a row
+    written by hand): its dead letter goes without them rather than stop the sweep."""
+    try:
+        return decode_headers(kept)
+    except Exception as exc:
+        log.error(
+            "the kept signal of run %s has headers that cannot be read; its dead letter goes"
+            " without them: %s",
+            run_id,
+            exc,
+            extra={"run_id": run_id},
+        )
+        return []

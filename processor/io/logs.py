@@ -29,6 +29,12 @@ def first_line(exc: BaseException) -> str:
     return text.splitlines()[0] if text else type(exc).__name__
 
 
+def describe(exc: BaseException) -> str:
+    """What a log line or a dead letter says of an exception nobody foresaw: its type and the
+    first line of its text."""
+    return f"{type(exc).__name__}: {first_line(exc)}"
+
+
 _STANDARD = set(logging.LogRecord("", 0, "", 0, "", None, None).__dict__) | {"message", "asctime"}
 
 

@@ -11,7 +11,7 @@ Two instances that fire one schedule at once (a rebalance moved its shard) start
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -34,6 +34,7 @@ from processor.core.schedules import (
     plan_fires,
 )
 from processor.core.workflow import ValidationError, WorkflowDef
+from processor.io.faults import NO_FAULTS, Faults, Point
 from processor.io.runs_admin import insert_runs
 from processor.io.store import Definitions
 
@@ -211,23 +212,34 @@ def fire_due(
     modulus: int,
     shards: Sequence[int],
     limit: int,
+    faults: Faults = NO_FAULTS,
+    unexpected: Callable[[str, Exception], None] | None = None,
 ) -> list[tuple[str, str]]:
     """Fire the due schedules of the given shards, in one transaction: the runs started
     (created now, or by an instance that fired the same fire first), each with its tier,
     for the caller to wake. A schedule that cannot fire (its workflow is gone, its input no
     longer matches the latest version's schema, its row was written by hand) is logged and
     moved to its next fire, in a savepoint of its own: one bad schedule never stops the
-    others."""
+    others. So is one whose fire raised what nobody foresaw (an input that cannot be encoded,
+    a bug), handed to ``unexpected`` (the sweep's log and count) rather than only logged."""
     params = {"modulus": modulus, "shards": list(shards), "limit": limit}
     to_wake: list[tuple[str, str]] = []
     with conn.transaction():
         for row in conn.execute(_DUE, params).fetchall():
+            name = row[0]
             try:
                 with conn.transaction():
+                    faults.hit(Point.SWEEP, name)
                     to_wake += _fire(conn, definitions, row)
             except (ScheduleError, ValidationError, psycopg.DataError) as exc:
-                name = row[0]
                 log.error("schedule %s cannot fire: %s", name, exc, extra={"schedule": name})
+                _advance(conn, name, FirePlan((), 0, int(row[-1]) + _RETRY_MS), None)
+            except psycopg.Error:
+                raise  # the database's: the sweep reports it
+            except Exception as unforeseen:
+                if unexpected is None:
+                    raise
+                unexpected(f"schedule {name}", unforeseen)
                 _advance(conn, name, FirePlan((), 0, int(row[-1]) + _RETRY_MS), None)
     return to_wake
 

@@ -300,6 +300,16 @@ class Telemetry:
             lambda: [Observation(n, {"ductor.reason": k}) for k, n in stats.quarantined.items()],
         )
         counter(
+            "ductor.isolated",
+            "{item}",
+            "exceptions nobody foresaw, each isolated to the item it was met on (a dead letter,"
+            " a quarantine, a sweep item left), by where",
+            lambda: (
+                [Observation(n, {"ductor.stage": k}) for k, n in stats.isolated.items()]
+                or [Observation(0)]
+            ),
+        )
+        counter(
             "ductor.consumer.rejoins",
             "{rejoin}",
             "times the consumer joined its group again: records waited that it held or was given"

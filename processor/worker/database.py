@@ -11,7 +11,9 @@ idempotent, and a claim that landed before its answer was lost finds the attempt
 this very worker, which core/claims.py takes for this worker's own claim. What the database
 refuses for what a task holds never stops the worker: a task whose data cannot be read fails
 its attempt, a result that cannot be stored is recorded as a failed attempt saying why, and a
-result for a run that no longer exists is dropped with a log line.
+result for a run that no longer exists is dropped with a log line. So does an exception nobody
+foresaw (a value that cannot be encoded, a bug): the task it was met on is tried alone, and
+fails its attempt; it never ends a lane's thread.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import logging
 import queue
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
@@ -32,8 +35,9 @@ from processor.core.model import StepOutcome
 from processor.core.step_task import StepData, StepTask
 from processor.io.connections import connect, connect_durable, ping
 from processor.io.db_errors import Fault, classify
+from processor.io.faults import NO_FAULTS, Faults, Point
 from processor.io.instances import Presence
-from processor.io.logs import first_line
+from processor.io.logs import describe, first_line
 from processor.io.outage import Outage, SharedOutage
 from processor.io.step_attempts import (
     claim_attempts,
@@ -42,6 +46,7 @@ from processor.io.step_attempts import (
     unclaim_attempts,
 )
 from processor.io.step_data import MissingData, StepResultRow, insert_step_results
+from processor.io.threads import ThreadWatch
 from processor.worker.steps import Outcome, storable_text
 from processor.worker.tasks import Task
 
@@ -109,6 +114,7 @@ class _Lane:
         outage: SharedOutage,
         tick: Callable[[], bool] | None = None,
         tick_s: float = 1.0,
+        threads: ThreadWatch | None = None,
     ) -> None:
         self.name = name
         self._connect = connect
@@ -120,7 +126,7 @@ class _Lane:
         self.requests: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
         self.closing = threading.Event()  # stop taking requests
         self.give_up = threading.Event()  # stop retrying through an outage
-        self.thread = threading.Thread(target=self._serve, name=f"worker-{name}", daemon=True)
+        self.thread = (threads or ThreadWatch()).thread(self._serve, f"worker-{name}")
 
     def start(self) -> None:
         self.thread.start()
@@ -206,7 +212,13 @@ class WorkerDatabase:
         outage: Outage,
         answers: Callable[[Answer], None],
         presence: Presence,
+        faults: Faults = NO_FAULTS,
+        threads: ThreadWatch | None = None,
+        isolated: Counter[str] | None = None,
     ) -> None:
+        self._faults = faults
+        # Exceptions nobody foresaw, isolated to their tasks by the lanes (the worker's stats).
+        self.isolated: Counter[str] = Counter() if isolated is None else isolated
         self._dsn = dsn
         self._instance_id = instance_id
         self._rules = rules
@@ -219,6 +231,7 @@ class WorkerDatabase:
             self._serve_claims,
             shared,
             tick=lambda: self._ping_if_doubted(self._claims),
+            threads=threads,
         )
         self._results = _Lane(
             "results",
@@ -226,6 +239,7 @@ class WorkerDatabase:
             self._serve_results,
             shared,
             tick=lambda: self._ping_if_doubted(self._results),
+            threads=threads,
         )
         # Statements by kind: how many, for how many tasks, and the seconds they took.
         self.statements: dict[str, list[float]] = {}
@@ -347,7 +361,7 @@ class WorkerDatabase:
         may_judge = self._presence.may_judge()
         steps = [t.step for t in tasks]
         answers = self._claims.through_outages(
-            lambda conn: _claim_isolating(
+            lambda conn: self._claim_isolating(
                 conn,
                 steps,
                 self._instance_id,
@@ -376,13 +390,15 @@ class WorkerDatabase:
     # -- results ----------------------------------------------------------------------------
 
     def _record(self, results: list[tuple[Task, Outcome]]) -> Literal[_Stopped.STOPPED] | None:
-        """The results in one statement; if the database refuses any of them, nothing was
-        written and each is recorded alone (``_record_one`` says what becomes of a refused
-        one). A result of a run that no longer exists is dropped."""
-        rows = [_row(t, o) for t, o in results]
+        """The results in one statement; if the database refuses any of them (or writing them
+        raises what nobody foresaw), nothing was written and each is recorded alone
+        (``_record_one`` says what becomes of a refused one). A result of a run that no longer
+        exists is dropped."""
         try:
+            self._faults.hit(Point.TASK_RECORD, [t.key.run_id for t, _ in results])
+            rows = [_row(t, o) for t, o in results]
             gone = self._results.through_outages(lambda conn: insert_step_results(conn, rows))
-        except psycopg.Error:
+        except Exception:  # each alone: one result never holds the others
             recorded: list[tuple[Task, bool]] = []
             for task, outcome in results:
                 one = self._record_one(task, outcome)
@@ -407,10 +423,13 @@ class WorkerDatabase:
         """One result. True: recorded; False: not (the run no longer exists, or not even a
         bare failure can be stored)."""
         try:
+            self._faults.hit(Point.TASK_RECORD, task.key.run_id)
             gone = self._results.through_outages(
                 lambda conn: insert_step_results(conn, [_row(task, outcome)])
             )
-        except psycopg.Error as exc:  # the result itself cannot be stored
+        except Exception as exc:  # the result itself cannot be stored
+            if not isinstance(exc, psycopg.Error):
+                self._isolated("record", task, exc)
             if outcome.outcome is StepOutcome.FAILED and outcome.output is None:
                 # Not even a bare failure can be stored: drop it, visibly; the attempt then
                 # times out and the coordinator retries it.
@@ -422,7 +441,7 @@ class WorkerDatabase:
                 self.dropped += 1
                 return False
             # The attempt fails, saying why (a bare failure: this recursion ends here).
-            why = f"the step's result could not be stored: {first_line(exc)}"
+            why = f"the step's result could not be stored: {describe(exc)}"
             return self._record_one(task, Outcome.failed(why))
         if gone is STOPPED:
             return STOPPED
@@ -430,6 +449,49 @@ class WorkerDatabase:
             self._dropped_gone(task)
             return False
         return True
+
+    def _isolated(self, stage: str, task: Task | None, exc: Exception) -> None:
+        """An exception nobody foresaw, isolated by a lane to one task: counted, logged."""
+        self.isolated[stage] += 1
+        log.error(
+            "%s: an unexpected exception, isolated to a step task: %s",
+            stage,
+            describe(exc),
+            exc_info=exc,
+            extra={"stage": stage, **({} if task is None else _ids(task))},
+        )
+
+    def _claim_isolating(
+        self,
+        conn: psycopg.Connection[Any],
+        steps: list[StepTask],
+        worker_id: str,
+        seqs: list[int] | None,
+        **rules: Any,
+    ) -> list[tuple[ClaimFacts, StepData | MissingData | None]]:
+        """The group's claim in one statement; should a task make it fail on what it holds
+        (its data cannot be read, or reading it raises what nobody foresaw), each task alone,
+        so that one bad task fails only its own attempt (its claim then says it runs; the
+        data says why it cannot)."""
+        try:
+            return claim_attempts(conn, steps, worker_id, seqs=seqs, **rules)
+        except (psycopg.OperationalError, psycopg.InterfaceError):
+            raise
+        except Exception as exc:
+            if len(steps) == 1:
+                if not isinstance(exc, psycopg.Error):
+                    self._isolated("claim", None, exc)
+                if rules.get("permit"):  # it rode on the statement that failed
+                    permit_starts(conn, worker_id, rules["permit"])
+                facts = ClaimFacts(True, True, False, False, None, False, True, None)
+                return [(facts, MissingData(f"cannot be read: {describe(exc)}"))]
+            return [
+                answer
+                for i, step in enumerate(steps)
+                for answer in self._claim_isolating(
+                    conn, [step], worker_id, None if seqs is None else [seqs[i]], **rules
+                )
+            ]
 
     def _unclaim(self, tasks: list[Task]) -> Literal[_Stopped.STOPPED] | None:
         keys = [t.key for t in tasks]
@@ -466,32 +528,3 @@ def _row(task: Task, outcome: Outcome) -> StepResultRow:
         None if outcome.error is None else storable_text(outcome.error),
         outcome.retryable,
     )
-
-
-def _claim_isolating(
-    conn: psycopg.Connection[Any],
-    steps: list[StepTask],
-    worker_id: str,
-    seqs: list[int] | None,
-    **rules: Any,
-) -> list[tuple[ClaimFacts, StepData | MissingData | None]]:
-    """The group's claim in one statement; should a task make it fail on what it holds (its
-    data cannot be read), each task alone, so that one bad task fails only its own attempt
-    (its claim then says it runs; the data says why it cannot)."""
-    try:
-        return claim_attempts(conn, steps, worker_id, seqs=seqs, **rules)
-    except (psycopg.OperationalError, psycopg.InterfaceError):
-        raise
-    except psycopg.Error as exc:
-        if len(steps) == 1:
-            if rules.get("permit"):  # it rode on the statement that failed
-                permit_starts(conn, worker_id, rules["permit"])
-            facts = ClaimFacts(True, True, False, False, None, False, True, None)
-            return [(facts, MissingData(f"cannot be read: {first_line(exc)}"))]
-        return [
-            answer
-            for i, step in enumerate(steps)
-            for answer in _claim_isolating(
-                conn, [step], worker_id, None if seqs is None else [seqs[i]], **rules
-            )
-        ]

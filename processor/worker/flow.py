@@ -19,6 +19,12 @@ loop around it; tasks.py names the states):
 
 Every change of a task's state happens on the worker's loop thread; the slots and the database
 lanes report through one queue (``answers``).
+
+An exception nobody foresaw while handling one task (taking it in, its claim's answer, its
+step's end, its result's answer) is that task's alone, never the loop's: a task taken in is
+dead-lettered (``unexpected_error``); one claimed fails its attempt, saying why (the
+coordinator retries it as its policy says); one whose attempt cannot be failed either is let
+go (its attempt times out). Each is logged and counted (``ductor.worker.isolated``).
 """
 
 from __future__ import annotations
@@ -45,18 +51,21 @@ from processor.core.envelope import Wakeup
 from processor.core.outcomes import DeadLetterReason
 from processor.core.records import TRACE_HEADERS, normalise_headers
 from processor.core.routing import TopicNames
-from processor.core.step_task import decode_step_task
+from processor.core.step_task import StepTask, decode_step_task
 from processor.io.config import Settings
 from processor.io.db_clock import DatabaseClock
 from processor.io.delivery import Delivery
+from processor.io.faults import NO_FAULTS, Faults, Point
 from processor.io.kafka import (
     Outbox,
     choose_partition,
     producer_max_bytes,
 )
+from processor.io.logs import describe
 from processor.io.outage import Outage
 from processor.io.step_data import MissingData
 from processor.io.telemetry import Telemetry, context_headers, end_error, end_ok, link_headers
+from processor.io.threads import ThreadWatch
 from processor.worker.database import (
     Answer,
     Claimed,
@@ -126,8 +135,12 @@ class TaskFlow:
         ready: Callable[[], bool],
         assigned: Callable[[], int],
         clock: DatabaseClock | None = None,
+        faults: Faults = NO_FAULTS,
+        threads: ThreadWatch | None = None,
     ) -> None:
         self.settings = settings
+        self._faults = faults
+        self._threads = threads or ThreadWatch()
         self._clock = clock or DatabaseClock()
         self.options = options
         self.registry = registry
@@ -196,11 +209,13 @@ class TaskFlow:
 
     def _make_runners(self) -> dict[str, Runner]:
         if self.options.isolation == "process":
-            runner = ProcessRunner(self.options, self._on_ended)
+            runner = ProcessRunner(self.options, self._on_ended, threads=self._threads)
             return {"sync": runner, "async": runner, "rerun": runner}
         runners: dict[str, Runner] = {
-            "sync": ThreadRunner(self.options.concurrency, self._execute, self._on_ended),
-            "async": AsyncRunner(self._execute_async, self._on_ended),
+            "sync": ThreadRunner(
+                self.options.concurrency, self._execute, self._on_ended, self._threads
+            ),
+            "async": AsyncRunner(self._execute_async, self._on_ended, self._threads),
         }
         if self.options.reruns_in_child:
             # A rerun may kill its process again: it runs in a child of its own (started
@@ -211,6 +226,7 @@ class TaskFlow:
                 slots=_RERUN_SLOTS_PER_SLOT * self.options.concurrency,
                 idle_exit_s=_RERUN_IDLE_EXIT_S,
                 name="rerun",
+                threads=self._threads,
             )
         return runners
 
@@ -248,6 +264,24 @@ class TaskFlow:
         except Exception as exc:  # a poison task must never stop the worker
             self._dead_letter(message, tp, offset, exc)
             return
+        try:
+            self._take(message, tp, offset, context, step)
+        except Exception as unforeseen:  # the task's alone: dead-lettered, never the loop's
+            self._isolated("intake", step.run_id, unforeseen)
+            held = self.book.get(step.key)
+            if held is not None and held.tp == tp and held.offset == offset:
+                self.book.remove(held)  # (its claim, if asked, finds it gone)
+            self._dead_letter(message, tp, offset, unforeseen, DeadLetterReason.UNEXPECTED_ERROR)
+
+    def _take(
+        self,
+        message: Message,
+        tp: tuple[str, int],
+        offset: int,
+        context: list[tuple[str, bytes]],
+        step: StepTask,
+    ) -> None:
+        self._faults.hit(Point.TASK_INTAKE, step.run_id)
         if self.book.holds(step.key):
             self._skipped_at_intake(tp, offset, "duplicate")  # the task in hand covers it
             return
@@ -260,20 +294,58 @@ class TaskFlow:
         self.book.add(task)
         self._to_claim.append(task)
 
+    def _isolated(self, stage: str, run_id: str, exc: Exception) -> None:
+        self.stats.isolated[stage] += 1
+        log.error(
+            "%s: an unexpected exception, isolated to a step task of run %s: %s",
+            stage,
+            run_id,
+            describe(exc),
+            exc_info=exc,
+            extra={"stage": stage, "run_id": run_id},
+        )
+
+    def _task_failed(self, task: Task, stage: str, exc: Exception) -> None:
+        """Handling ``task`` raised what nobody foresaw: its attempt fails, saying why (the
+        coordinator retries it as its policy says), unless its result is recorded already or
+        being recorded; then, or should failing it raise too, the task is let go (its offset
+        passes; a result not recorded times its attempt out at the coordinator)."""
+        self._isolated(stage, task.key.run_id, exc)
+        try:
+            if task.state in (State.RECORDING, State.SENDING):  # its result is recorded
+                self._sent_at.pop(task, None)
+                self._done(task)
+                return
+            if task.state is State.RUNNING:  # (its step may still run: its slot is freed)
+                self._rerunning.discard(task)
+                self._runner_of(task).abandon(task)
+            self._end_span(task, None, f"unexpected error: {describe(exc)}")
+            self._record(task, Outcome.failed(f"the worker failed handling it: {describe(exc)}"))
+        except Exception as again:
+            self._isolated(stage, task.key.run_id, again)
+            self._done(task)
+
     def _skipped_at_intake(self, tp: tuple[str, int], offset: int, reason: str) -> None:
         self.stats.skipped[reason] += 1
         self._done_offset(tp, offset)
 
     def _dead_letter(
-        self, message: Message, tp: tuple[str, int], offset: int, exc: Exception
+        self,
+        message: Message,
+        tp: tuple[str, int],
+        offset: int,
+        exc: Exception,
+        reason: DeadLetterReason = DeadLetterReason.WRONG_SCHEMA,
     ) -> None:
         """A task that cannot be run goes to the dead-letter topic with why and where from."""
-        detail = f"undecodable step task: {exc}"
+        if reason is DeadLetterReason.WRONG_SCHEMA:
+            detail = f"undecodable step task: {exc}"
+        else:
+            detail = describe(exc)
         try:
             own = normalise_headers(message)
         except Exception:
             own = []
-        reason = DeadLetterReason.WRONG_SCHEMA
         headers = dead_letter_headers(own, reason, detail, tp[0], tp[1], offset)
         value, headers = truncate_dead_letter(
             message.key(), message.value(), headers, self._dlq_max_bytes
@@ -303,12 +375,19 @@ class TaskFlow:
 
     def _answered(self, answer: Answer | _Ended) -> None:
         if isinstance(answer, _Ended):
-            self._step_ended(answer)
+            try:
+                self._step_ended(answer)
+            except Exception as exc:
+                self._task_failed(answer.task, "ended", exc)
         elif isinstance(answer, Claimed):
             if answer.tasks:
                 self._pace.claimed(time.monotonic() - answer.tasks[0][0].asked_at)
             for task, verdict, starts, data in answer.tasks:
-                self._claimed(task, verdict, starts, data)
+                try:
+                    self._faults.hit(Point.TASK_CLAIMED, task.key.run_id)
+                    self._claimed(task, verdict, starts, data)
+                except Exception as exc:
+                    self._task_failed(task, "claimed", exc)
         elif isinstance(answer, Recorded):
             # One wakeup per run for the results recorded together (the branches of a fan-out
             # often end in one group): the tick it causes reads every recorded result.
@@ -319,7 +398,11 @@ class TaskFlow:
                 else:
                     self._done(task)
             for tasks in woken.values():
-                self._wake(tasks)
+                try:
+                    self._wake(tasks)
+                except Exception as exc:  # their results are recorded: a sweep wakes the run
+                    for task in tasks:
+                        self._task_failed(task, "recorded", exc)
         elif isinstance(answer, NotCurrent):
             for task in answer.tasks:
                 if task.state is State.RUNNING and not task.attempt.cancelled:

@@ -1,8 +1,10 @@
 """Health of one worker, for an orchestrator's probes (served by io/health_http.py's server on
 ``DUCTOR_HEALTH_PORT``).
 
-``GET /healthz``: 200 while the worker's loop keeps turning. A step that hangs does not stall
-it (the loop never runs users' code), so a stall is the worker's own and a restart is the cure.
+``GET /healthz``: 200 while the worker's loop keeps turning and none of its threads died (its
+database lanes, its step slots, its presence heartbeat: io/threads.py). A step that hangs does
+not stall it (the loop never runs users' code), so a stall or a dead thread is the worker's
+own and a restart is the cure.
 
 ``GET /readyz``: 200 unless the worker is starting (waiting for the broker or the database) or
 shutting down, its loop is stalled, Postgres does not answer (its own connections are in an
@@ -23,6 +25,7 @@ from confluent_kafka import Consumer, KafkaException, TopicPartition
 from processor.io.config import Settings
 from processor.io.kafka import reader_config
 from processor.io.kafka_logs import with_logger
+from processor.io.threads import ThreadWatch
 
 _LAG_CHECK_EVERY_S = 5.0
 _LAG_TIMEOUT_S = 2.0
@@ -40,9 +43,13 @@ class WorkerProbe:
     stopping: bool = False
     database_ok: bool = True  # False while its connections ride through an outage
     waiting_for: str | None = None  # at start: the dependency not answering yet
+    threads: ThreadWatch = field(default_factory=ThreadWatch)  # the worker's own threads
+
+    def broken(self) -> list[str]:
+        return self.threads.problems()
 
     def problems(self, stall_s: float) -> list[str]:
-        problems: list[str] = []
+        problems = self.broken()
         if self.waiting_for is not None:
             problems.append(f"starting: waiting for {self.waiting_for}")
         if self.stopping:

@@ -33,9 +33,10 @@ from multiprocessing.process import BaseProcess
 from typing import Any
 
 from processor.core.step_task import decode_step_task, step_data
+from processor.io.threads import ThreadWatch
 from processor.worker.app import registry_for
 from processor.worker.options import WorkerOptions
-from processor.worker.runners import Ended, begin
+from processor.worker.runners import Ended, begin, unforeseen
 from processor.worker.steps import Attempt, Outcome, execute_async_step, execute_step
 from processor.worker.tasks import Task
 
@@ -59,7 +60,9 @@ class ProcessRunner:
         slots: int | None = None,
         idle_exit_s: float | None = None,
         name: str = "step",
+        threads: ThreadWatch | None = None,
     ) -> None:
+        self._threads = threads or ThreadWatch()
         self._app = options.app
         self._ended = ended
         self._idle_exit_s = idle_exit_s
@@ -97,7 +100,7 @@ class _Slot:
 
     def start(self) -> None:
         name = f"{self._runner._name}-proc-{self._number}"
-        threading.Thread(target=self._serve, name=name, daemon=True).start()
+        self._runner._threads.start(self._serve, name)
 
     def _serve(self) -> None:
         runner = self._runner
@@ -116,7 +119,11 @@ class _Slot:
                 if not begin(task):
                     runner._ended(task, None, started, started)
                     continue
-                outcome = self._run(task)
+                try:
+                    outcome = self._run(task)
+                except Exception as exc:  # around the step: its attempt fails, not the slot
+                    self._kill()
+                    outcome = unforeseen(task, exc)
                 if outcome is not None:
                     runner._ended(task, outcome, started, time.time_ns())
         finally:

@@ -116,6 +116,17 @@ class WorkerMetrics:
             ),
         )
 
+        counter(
+            "ductor.worker.isolated",
+            "{task}",
+            "exceptions nobody foresaw, each isolated to the task it was met on (a dead letter,"
+            " a failed attempt), by where",
+            lambda: (
+                [Observation(n, {"ductor.stage": k}) for k, n in list(stats.isolated.items())]
+                or [Observation(0)]
+            ),
+        )
+
         def read_in_flight() -> list[Observation]:
             waiting, running = in_flight()
             return [

@@ -6,7 +6,10 @@ A step that outlives its deadline is *abandoned* by the worker: its slot is give
 (a new thread takes the hung one's place; an async step is cancelled) and whatever it returns
 later is dropped. Python cannot kill a thread, so a hung one lives on: ``abandoned_alive``
 counts them, and past its bound the worker stops (worker.py) for its supervisor to start a
-fresh process. Every thread here is a daemon: a hung step never holds the process at exit.
+fresh process. Every thread here is a daemon: a hung step never holds the process at exit,
+and watched (io/threads.py): one that dies turns the worker unhealthy. A step's own exception
+is its attempt's failure (steps.py); one the runner meets around it, which nobody foresaw,
+fails that attempt too, never its slot.
 """
 
 from __future__ import annotations
@@ -20,6 +23,8 @@ from collections.abc import Callable, Coroutine
 from concurrent.futures import Future
 from typing import Any, Protocol
 
+from processor.io.logs import describe
+from processor.io.threads import ThreadWatch
 from processor.worker.steps import Outcome
 from processor.worker.tasks import Task
 
@@ -57,7 +62,14 @@ class ThreadRunner:
     without a round trip through the worker's loop, and a slow step holds only its own
     thread."""
 
-    def __init__(self, size: int, execute: Callable[[Task], Outcome], ended: Ended) -> None:
+    def __init__(
+        self,
+        size: int,
+        execute: Callable[[Task], Outcome],
+        ended: Ended,
+        threads: ThreadWatch | None = None,
+    ) -> None:
+        self._threads = threads or ThreadWatch()
         self._size = size
         self._execute = execute
         self._ended = ended
@@ -100,9 +112,7 @@ class ThreadRunner:
         self._made += 1
         slot = _Slot()
         self._slots.append(slot)
-        threading.Thread(
-            target=self._serve, args=(slot,), name=f"step-{self._made}", daemon=True
-        ).start()
+        self._threads.start(self._serve, f"step-{self._made}", (slot,))
 
     def _serve(self, slot: _Slot) -> None:
         while True:
@@ -121,7 +131,7 @@ class ThreadRunner:
                     self._running.pop(task, None)
                 self._ended(task, None, started, started)
                 continue
-            outcome = self._execute(task)
+            outcome = _executed(self._execute, task)
             ended = time.time_ns()
             with self._lock:
                 self._running.pop(task, None)
@@ -134,6 +144,24 @@ class ThreadRunner:
                     )
                     return  # its replacement serves in its place
             self._ended(task, outcome, started, ended)
+
+
+def _executed(execute: Callable[[Task], Outcome], task: Task) -> Outcome:
+    try:
+        return execute(task)
+    except Exception as exc:  # around the step, not its own (steps.py catches those)
+        return unforeseen(task, exc)
+
+
+def unforeseen(task: Task, exc: Exception) -> Outcome:
+    """The attempt's failure when running it raised what nobody foresaw outside the step."""
+    log.error(
+        "running a step raised an unexpected exception; its attempt fails: %s",
+        describe(exc),
+        exc_info=exc,
+        extra={"run_id": task.key.run_id, "node": task.key.node, "stage": "run"},
+    )
+    return Outcome.failed(f"the worker failed running it: {describe(exc)}")
 
 
 class _Slot:
@@ -149,8 +177,12 @@ class AsyncRunner:
     swallowed the cancellation) is counted until it ends."""
 
     def __init__(
-        self, execute: Callable[[Task], Coroutine[Any, Any, Outcome]], ended: Ended
+        self,
+        execute: Callable[[Task], Coroutine[Any, Any, Outcome]],
+        ended: Ended,
+        threads: ThreadWatch | None = None,
     ) -> None:
+        self._threads = threads or ThreadWatch()
         self._execute = execute
         self._ended = ended
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -183,7 +215,7 @@ class AsyncRunner:
 
     def _start(self) -> asyncio.AbstractEventLoop:
         loop = self._loop = asyncio.new_event_loop()
-        threading.Thread(target=loop.run_forever, name="step-async", daemon=True).start()
+        self._threads.start(loop.run_forever, "step-async")
         return loop
 
     async def _run(self, task: Task) -> None:
@@ -193,6 +225,8 @@ class AsyncRunner:
             return
         try:
             outcome = await self._execute(task)
+        except Exception as exc:  # around the step, not its own (steps.py catches those)
+            outcome = unforeseen(task, exc)
         finally:
             with self._lock:
                 self._futures.pop(task, None)

@@ -22,6 +22,9 @@ class WorkerStats:
     dead_letters: int = 0  # tasks that could not be decoded
     rejoins: int = 0  # times the consumer joined its group again, stuck (io/group_watch.py)
     errors: Counter[str] = field(default_factory=Counter)  # genuine failures by kind
+    # Exceptions nobody foresaw, each isolated to the task it was met on, by where: intake,
+    # claimed, ended, recorded (the loop), claim, record (the database lanes).
+    isolated: Counter[str] = field(default_factory=Counter)
 
     @property
     def executed(self) -> int:

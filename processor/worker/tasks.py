@@ -109,6 +109,9 @@ class TaskBook:
     def holds(self, key: AttemptKey) -> bool:
         return key in self._tasks
 
+    def get(self, key: AttemptKey) -> Task | None:
+        return self._tasks.get(key)
+
     def has(self, task: Task) -> bool:
         """Whether ``task`` itself is in the book (not only another delivery of its attempt)."""
         return self._tasks.get(task.key) is task

@@ -46,6 +46,7 @@ from processor.io.kafka_errors import MissingTopic
 from processor.io.kafka_logs import with_logger
 from processor.io.outage import Outage, until_available
 from processor.io.telemetry import Telemetry
+from processor.io.threads import ThreadWatch
 from processor.worker.app import AppError, child_spec
 from processor.worker.database import Answer, ClaimRules, WorkerDatabase
 from processor.worker.flow import TaskFlow, _Ended
@@ -91,6 +92,8 @@ class Worker:
         self.names = TopicNames(settings.topic_prefix)
         self.instance_id = client_id = f"ductor-worker-{uuid.uuid4().hex[:8]}"
         self.stats = WorkerStats()
+        # Its long-lived threads, watched: one that dies turns the health endpoints unhealthy.
+        self.threads = ThreadWatch(faults)
         if faults.armed:
             log.warning("fault injection armed (tests only): %s", ", ".join(faults.armed))
         self.telemetry = telemetry or Telemetry.from_environment(
@@ -128,6 +131,7 @@ class Worker:
             heartbeat_interval_s(settings.instance_timeout_s),
             settings.instance_timeout_s,
             self.clock,
+            self.threads,
         )
         self.db = WorkerDatabase(
             settings.pg_dsn,
@@ -136,6 +140,9 @@ class Worker:
             self.outages["postgres"],
             answers.put,
             self.presence,
+            faults,
+            self.threads,
+            self.stats.isolated,
         )
         self.flow = TaskFlow(
             settings=settings,
@@ -153,6 +160,8 @@ class Worker:
             ready=self._is_ready,
             assigned=lambda: len(self.source.assigned),
             clock=self.clock,
+            faults=faults,
+            threads=self.threads,
         )
         self._stop = threading.Event()
         self._stopping_since: float | None = None
@@ -162,7 +171,9 @@ class Worker:
         self._next_stats_log = time.monotonic() + settings.stats_log_interval_s
         queues = {t: q for q in options.queues for t in self.names.step_topics(q)}
         self.probe = WorkerProbe(
-            client_id, QueueLag(settings, queues) if settings.health_port else None
+            client_id,
+            QueueLag(settings, queues) if settings.health_port else None,
+            threads=self.threads,
         )
         self._health: HealthServer | None = None
 
@@ -344,7 +355,7 @@ class Worker:
             max(0, self.flow.room()), _IDLE_POLL_S if idle else 0.0, self._stopping_since is None
         )
         for message in taken:
-            self.flow.intake(message)
+            self.flow.intake(message)  # (never raises: a task's exception is its own)
         return len(taken)
 
     def _releasing(self, tps: set[tuple[str, int]], commit: bool) -> None:
@@ -414,6 +425,7 @@ class Worker:
                 "abandoned": self.stats.abandoned,
                 "reruns": self.stats.reruns,
                 "dead_letters": self.stats.dead_letters,
+                "isolated": dict(self.stats.isolated),
                 "dropped": self.db.dropped,
                 "fetched": self.db.fetched,
                 "statements": self._statements(),

@@ -82,3 +82,28 @@ def test_a_fatal_client_error_stops_the_service_once_and_others_do_not() -> None
     errors(KafkaError(KafkaError._FENCED, "fenced", fatal=True))
     errors.failed("and another")
     assert errors.fatal is not None and "fenced" in errors.fatal and stops == ["stop"]
+
+
+class RaisingOutbox(FakeOutbox):
+    """A client that raises what nobody foresaw on every send (a ValueError for one record)."""
+
+    def send(self, topic: str, value: Any, key: Any, report: Report, *rest: Any) -> None:
+        self.sends += 1
+        raise ValueError("a record the client cannot take")
+
+
+def test_a_send_that_raises_what_nobody_foresaw_is_a_refusal_never_the_loops() -> None:
+    """It is counted and retried after its backoff like a refusal for good, and an outbox
+    row's record is handed to its on_refused (parked) after PARK_AFTER of them: the caller
+    (the loop) never sees the exception."""
+    outbox, clock, errors = RaisingOutbox(), Clock(), Counter[str]()
+    delivery = Delivery(outbox, errors, clock)  # type: ignore[arg-type]
+    why: list[Refusal] = []
+    delivered: list[str] = []
+    delivery.send("steps", b"v", b"k", None, [], lambda: delivered.append("ok"), why.append)
+    for _ in range(PARK_AFTER + 2):
+        clock.now += 10.0
+        delivery.send_due(clock.now)
+    assert outbox.sends == PARK_AFTER and errors["produce_permanent"] == PARK_AFTER
+    assert len(why) == 1 and "ValueError: a record the client cannot take" in why[0].reason
+    assert delivered == []  # (its on_refused settles its work: the executor's parking)

@@ -27,6 +27,7 @@ from processor.core.decide import (
     Rules,
     database_failed,
     decide,
+    failed_unexpectedly,
     force_fail_refused,
     hop,
     poisoned,
@@ -214,6 +215,11 @@ DEAD_LETTERS: dict[DeadLetterReason, Callable[[], Plan]] = {
         "DataError: a statement failed on this run",
         RULES,
     ),
+    DeadLetterReason.UNEXPECTED_ERROR: lambda: failed_unexpectedly(
+        item("r", [accepted(wakeup_message(7, Wakeup("r", "start"), partition=2))]),
+        "TypeError: Recursion limit reached",
+        RULES,
+    ),
     DeadLetterReason.OUT_OF_BOUNDS: _rejected_at_intake(
         b'{"envelope_version": 1, "run_id": "r", "reason": "start", "attempt": 4294967296}'
     ),
@@ -281,6 +287,7 @@ def test_an_unreadable_row_is_dead_lettered_as_a_checksum_mismatch() -> None:
 # refused before (or without) a row has nothing to flag.
 _QUARANTINED = {
     DeadLetterReason.POISON,
+    DeadLetterReason.UNEXPECTED_ERROR,
     DeadLetterReason.UNKNOWN_WORKFLOW,
     DeadLetterReason.CHECKSUM_MISMATCH,
 }

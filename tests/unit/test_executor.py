@@ -25,6 +25,7 @@ from processor.core.stats import Stats
 from processor.engine.database import Database
 from processor.engine.executor import Executor, Work
 from processor.engine.stage import InFlight, StageResult
+from processor.io.faults import Faults
 from processor.io.kafka import Outbox
 from processor.io.telemetry import Telemetry
 
@@ -267,3 +268,40 @@ def test_a_failed_stage_holds_the_next_deletions_for_its_backoff(h: Harness) -> 
     h.executor.advance(10)
     assert h.executor.busy
     h.executor.wait_for_stage(10)
+
+
+def test_a_plan_whose_carrying_out_raises_dead_letters_its_records_and_the_loop_goes_on(
+    producer: Producer,
+) -> None:
+    """The ``produce`` fault point raises for run r when its plan is carried out: the work's
+    records go to the dead-letter topic (unexpected_error), counted and logged once; another
+    run's plan is carried out as ever."""
+    tracker, stats, outbox = OffsetTracker(), Stats(), Outbox(producer)
+    partitions = dict.fromkeys([*NAMES.coordinator_topics(), NAMES.steps, NAMES.dlq], 3)
+    executor = Executor(
+        database=Database("postgresql://nobody@127.0.0.1:1/none"),  # never opened here
+        outbox=outbox,
+        partitions=partitions,
+        rules=RULES,
+        partition_by_run=True,
+        tracker=tracker,
+        stats=stats,
+        telemetry=Telemetry(),
+        wall_ms=lambda: NOW_MS,
+        faults=Faults.from_spec("produce=raise:r"),
+    )
+    works: dict[str, Work] = {}
+    for offset, run_id in enumerate(["r", "other"]):
+        record = accepted(wakeup_message(offset, Wakeup(run_id, "start", produced_at=NOW_MS)))
+        tracker.started(record.tp, record.offset)
+        works[run_id] = RunWork(run_id, records=[record])
+    for run_id, work in works.items():
+        run = loaded(run_id, tick_batch({run_id: loaded(run_id)}, NOW_MS, NAMES)[run_id].state)
+        executor.carry_out(
+            work, decide(item(run_id, work.records), run, None, False, NOW_MS, RULES)
+        )
+    assert stats.isolated == {"produce": 1}
+    assert stats.dead_letters == {DeadLetterReason.UNEXPECTED_ERROR: 1}
+    assert stats.ticks == {Outcome.NOOP: 1, Outcome.DEAD_LETTERED: 1}
+    # The other's record (offset 1) is done; r's (offset 0) waits for its letter's ack.
+    assert tracker.committable() == {TP: 0} and tracker.in_flight(TP) == 1

@@ -17,6 +17,8 @@ from typing import Any
 import pytest
 
 from processor.engine.health import HealthServer, Probe, is_ready, probe_problems
+from processor.io.faults import Faults
+from processor.io.threads import ThreadWatch
 
 # Nothing listens on port 1: the database check fails at once with "connection refused".
 REFUSING_DSN = "postgresql://ductor:hunter2-secret@127.0.0.1:1/ductor"
@@ -196,3 +198,31 @@ def test_the_ready_gauge_reads_the_probe_alone_without_a_server_and_readyz_with_
         assert not is_ready(probe, stall_s=30.0, server=health)
     finally:
         health.stop()
+
+
+def test_a_watched_thread_that_dies_turns_healthz_and_readyz_to_503(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A thread ended by the ``thread`` fault point (as an exception nobody foresaw would end
+    it): logged at CRITICAL with why, and the instance is neither alive nor ready; a thread
+    that returns is no death, and another name is not touched."""
+    threads = ThreadWatch(Faults.from_spec("thread=raise:ductor-sweep"))
+    probe = Probe("dying-instance", assigned_partitions=3, threads=threads)
+    health = HealthServer(probe, REFUSING_DSN, port=0).start()
+    try:
+        threads.start(lambda: None, "ductor-db").join(5)  # returns: alive and well
+        assert _get(health.port, "/healthz")[0] == 200
+        threads.start(lambda: None, "ductor-sweep").join(5)
+        status, body = _get(health.port, "/healthz")
+        assert status == 503 and body["status"] == "broken"
+        (problem,) = body["problems"]
+        assert problem == (
+            "thread ductor-sweep died (Exception: injected fault at thread for ductor-sweep)"
+        )
+        status, body = _get(health.port, "/readyz")
+        assert status == 503 and problem in body["problems"]
+        assert not is_ready(probe, stall_s=30.0, server=None)
+    finally:
+        health.stop()
+    (logged,) = [r for r in caplog.records if r.levelname == "CRITICAL"]
+    assert "thread ductor-sweep died" in logged.getMessage() and logged.exc_info

@@ -510,6 +510,9 @@ class _FreshProbe:
     def problems(self, stall_s: float) -> list[str]:
         return []
 
+    def broken(self) -> list[str]:
+        return []
+
 
 @pytest.fixture(scope="module")
 def health_server() -> Iterator[HealthServer]:
