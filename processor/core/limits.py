@@ -322,10 +322,19 @@ def _undo(
     state = decision.new_state
     # The nodes in the state's order (a map's new items included).
     new_state = RunState(
-        state.status, tuple((n, nodes[n]) for n, _ in state.nodes), state.seq, state.reason
+        state.status,
+        tuple((n, nodes[n]) for n, _ in state.nodes),
+        state.seq,
+        state.reason,
+        state.maps,
     )
-    unchanged = new_state.status is run.state.status and new_state.nodes == run.state.nodes
-    if unchanged and not decision.signalled and not decision.mapped:
+    old_state = run.state
+    unchanged = (
+        new_state.status is old_state.status
+        and new_state.nodes == old_state.nodes
+        and new_state.maps == old_state.maps
+    )
+    if unchanged and not (decision.signalled or decision.mapped or decision.items_done):
         return Decision(None)
     return decision._replace(
         new_state=new_state, dispatches=dispatches, timers=tuple(sorted(set(timers)))
