@@ -18,6 +18,7 @@ from processor import Concurrency, RateLimit, Workflow
 from processor.core.decide import tick_batch
 from processor.core.limits import (
     BACKSTOP_MS,
+    Guard,
     LimitInputs,
     LimitView,
     RunLimits,
@@ -112,7 +113,7 @@ def test_a_full_limit_holds_a_dispatch_back_and_the_node_waits() -> None:
     assert not waiting.effects  # no step task sent
     assert waiting.state.status is RunStatus.RUNNING
     assert waiting.limits == RunLimits(
-        guards=(("c/charge/a", 3, None),),  # type: ignore[arg-type]
+        guards=(Guard("c/charge/a", 3),),
         waits=(("c/charge/a", "charge", NOW),),
         refused=("charge",),
     )
@@ -184,14 +185,17 @@ def test_a_slot_freed_by_a_result_is_released_and_may_be_taken_again_by_its_run(
 def test_a_rate_limit_counts_a_window_and_its_waiter_has_a_timer() -> None:
     wf = _workflow(rate_limit={"limit": 2, "per_s": 10})
     runs = {f"r{i}": _run(f"r{i}", wf) for i in range(3)}
-    view = LimitView(4, recent=(NOW - 11_000, NOW - 4_000))  # one dispatch in the window
+    # Two dispatches counted, one of them in the window: the next admission is bounded by
+    # the first (out of the window), the one after by the second (in it).
+    view = LimitView(4, bounds=(NOW - 11_000, NOW - 4_000), dispatched=2, span=2)
     commits = tick_batch(runs, NOW, NAMES, LimitInputs({}, {"r/charge": view}))
     assert commits["r0"].state.node_map()["charge"].status is NodeStatus.DISPATCHED
     held = commits["r1"].state.node_map()["charge"]
     assert held.status is NodeStatus.LIMIT_WAIT and held.due_ms == NOW - 4_000 + 10_000
     assert any(s.topic.startswith("t.delay") for s in commits["r1"].effects)  # its timer
     guard = commits["r0"].limits.guards[0]  # type: ignore[union-attr]
-    assert guard.recent == (NOW - 4_000, NOW)  # the window, and this dispatch
+    # This dispatch, numbered after the two, and the two last ones kept.
+    assert (guard.times, guard.first, guard.keep) == ((NOW,), 2, 2)
 
 
 def test_a_run_that_ends_gives_back_what_it_held() -> None:

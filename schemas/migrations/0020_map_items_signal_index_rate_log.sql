@@ -17,22 +17,21 @@ CREATE TABLE IF NOT EXISTS eec_map_item (
 CREATE INDEX IF NOT EXISTS eec_run_signal_first_idx
     ON eec_run_signal (run_id, kind, received_at, signal_id);
 
--- A rate limit's dispatches as a ring (core/limits.py): dispatch number `seq` of counter `key`
--- in slot seq % 100000 (the largest limit), so that admitting one reads the one dispatch that
--- bounds its window and writes one row, whatever the limit and the window. `dispatched` on the
--- counter's row is how many it counted; `recent` (the times kept as an array) is no longer
--- written by this version.
+-- A rate limit's last dispatches (core/limits.py), one row each, numbered: admitting one
+-- reads the few that bound its window (one range of the key) and writes one row, and the
+-- commit deletes the one that fell out of the count, whatever the limit and the window.
+-- `dispatched` on the counter's row is how many it counted; `recent` (the times kept as an
+-- array, read and written whole at every admission) is no longer written by this version.
 ALTER TABLE eec_limit ADD COLUMN IF NOT EXISTS dispatched bigint NOT NULL DEFAULT 0;
 CREATE TABLE IF NOT EXISTS eec_limit_rate (
     key    text   NOT NULL,
-    slot   integer NOT NULL,
     seq    bigint NOT NULL,
     at_ms  bigint NOT NULL,
-    PRIMARY KEY (key, slot)
+    PRIMARY KEY (key, seq)
 );
--- The windows counted so far carry over: each counter's kept times become its first dispatches.
-INSERT INTO eec_limit_rate (key, slot, seq, at_ms)
-SELECT l.key, (t.ord - 1)::integer, t.ord - 1, t.at
+-- The windows counted so far carry over: each counter's kept times are its first dispatches.
+INSERT INTO eec_limit_rate (key, seq, at_ms)
+SELECT l.key, t.ord - 1, t.at
   FROM eec_limit l, unnest(l.recent) WITH ORDINALITY AS t(at, ord)
  WHERE l.key LIKE 'r/%' AND l.dispatched = 0
 ON CONFLICT DO NOTHING;
