@@ -46,21 +46,21 @@ from processor.io.instances import alive
 # elements, so the rows are found through the primary key whatever the table's size
 # (docs/performance.md has the figures).
 #
-# What a live run's tick can use, and no more, whatever the run received: the step result of
-# each node at its attempt (one lookup per node: a result of an earlier attempt, or of a map's
-# item that left the state, applies to nothing), and, for a run that got any signal, one
-# cancel and the first signal of each name its wait steps wait for (core/tick.py, rule 3; the
-# names from its definition, an index lookup each). Each LIMIT 1 keeps its lookup per row,
-# whatever the planner thinks of the tables (joined, it may read every row of the run).
+# What a live run's tick can use, whatever the run received. Its step results: a run with a
+# map step (its state says so: ``items``) reads the result of each node at its attempt, a
+# lookup per node, never the results of the items that left its state; any other run has as
+# many results as its steps made attempts, read in one range of the key (cheaper than a
+# lookup per node: most runs). Its signals, for a run that got any: one cancel and the first
+# signal of each name its wait steps wait for (core/tick.py, rule 3; the names from its
+# definition, an index lookup each), never every signal it got. Each LIMIT 1 keeps its lookup
+# per row whatever the planner thinks of the tables (joined, it may read every row of the run).
 _LOAD_SQL = """
 SELECT coalesce(json_agg(json_build_array(
          r.run_id, r.workflow_name, r.workflow_version, r.status, r.node_states,
          r.last_transition_seq, r.state_checksum, r.db_record_version, r.failure_reason, r.tier,
-         CASE WHEN r.status IN ('pending', 'running') THEN
-             (SELECT json_agg(json_build_array(s.node_id, s.attempt, s.outcome, s.error,
-                                              s.retryable,
-                                              CASE WHEN jsonb_typeof(s.output) = 'array'
-                                                   THEN jsonb_array_length(s.output) END))
+         CASE WHEN r.status NOT IN ('pending', 'running') THEN NULL
+              WHEN r.node_states @? '$.*.items' THEN
+             (SELECT json_agg({result})
                 FROM jsonb_each(r.node_states) AS n(node, st)
                CROSS JOIN LATERAL (
                      SELECT * FROM eec_step_result s
@@ -68,6 +68,8 @@ SELECT coalesce(json_agg(json_build_array(
                         AND s.attempt = (n.st ->> 'attempt')::int
                       LIMIT 1) AS s
                WHERE (n.st ->> 'attempt')::int > 0)
+         ELSE
+             (SELECT json_agg({result}) FROM eec_step_result s WHERE s.run_id = r.run_id)
          END,
          CASE WHEN r.status IN ('pending', 'running')
                AND EXISTS (SELECT 1 FROM eec_run_signal g WHERE g.run_id = r.run_id) THEN
@@ -99,7 +101,12 @@ SELECT coalesce(json_agg(json_build_array(
        (extract(epoch FROM now()) * 1000)::bigint
   FROM eec_workflow_run r
  WHERE r.run_id = ANY(ARRAY(SELECT jsonb_array_elements_text(%s::jsonb)))
-"""
+""".replace(
+    "{result}",
+    """json_build_array(s.node_id, s.attempt, s.outcome, s.error, s.retryable,
+                        CASE WHEN jsonb_typeof(s.output) = 'array'
+                             THEN jsonb_array_length(s.output) END)""",
+)
 # The input of a pending run (its first tick dispatches its first steps) rides with the load,
 # for those steps to carry it inline (core/dataflow.py); no other tick loads it. The stored
 # size is only a first filter (a large input may be stored compressed); the task's encoder
@@ -174,8 +181,10 @@ UPDATE eec_workflow_run AS r
                      LEFT JOIN jsonb_to_recordset(c.signalled)
                           AS w(node text, attempt int, signal_id text)
                        ON s.run_id IS NULL AND w.node = o.node AND w.attempt = o.attempt
-                     LEFT JOIN eec_run_signal g
-                       ON g.run_id = r.run_id AND g.signal_id = w.signal_id
+                     LEFT JOIN LATERAL (
+                         SELECT g.run_id, g.payload FROM eec_run_signal g
+                          WHERE g.run_id = r.run_id AND g.signal_id = w.signal_id
+                          LIMIT 1) AS g ON true
                      -- A map step this very commit ends: its items' outputs, in order.
                      LEFT JOIN LATERAL (
                          SELECT {_MAPPED_OUTPUT.format(run="r.run_id", items="c.items")}
@@ -264,7 +273,12 @@ RETURNING r.run_id, c.seq, c.effects, c.signalled, c.children, c.cancel_children
       FROM updated u
      CROSS JOIN LATERAL jsonb_to_recordset(u.signalled)
            AS w(node text, attempt int, signal_id text)
-      JOIN eec_run_signal g ON g.run_id = u.run_id AND g.signal_id = w.signal_id
+     -- A lookup per signal (LIMIT 1), whatever the statistics: with those of a run that got
+     -- thousands of signals, a join planned a read of every signal at every commit.
+     CROSS JOIN LATERAL (
+           SELECT g.payload FROM eec_run_signal g
+            WHERE g.run_id = u.run_id AND g.signal_id = w.signal_id
+            LIMIT 1) AS g
      WHERE u.signalled IS NOT NULL
     ON CONFLICT DO NOTHING
 ), {{limit_ctes}}outboxed AS (

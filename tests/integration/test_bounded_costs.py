@@ -124,7 +124,8 @@ def test_a_maps_state_writes_are_as_small_for_a_long_list_as_for_a_short_one(
 
 
 def _waiting(pg: psycopg.Connection[Any]) -> tuple[WorkflowDef, str]:
-    """A run at a wait step (for the signal ``go``), committed through the commit path."""
+    """A run at a wait step (for the signal ``go``) beside a map of 3,000 items, two in
+    flight, committed through the commit path."""
     wf = parse_workflow(
         {
             "name": f"approve-{uuid.uuid4().hex[:6]}",
@@ -132,12 +133,14 @@ def _waiting(pg: psycopg.Connection[Any]) -> tuple[WorkflowDef, str]:
             "steps": [
                 {"name": "approve", "kind": "wait", "signal": "go"},
                 {"name": "ship", "type": "fast", "depends_on": ["approve"]},
+                {"name": "m", "kind": "map", "type": "fast", "parallelism": 2,
+                 "max_items": 10_000},
             ],
         }
-    )
+    )  # fmt: skip
     register_workflow(pg, wf)
     run_id = f"waiting-{uuid.uuid4().hex[:6]}"
-    insert_runs(pg, wf, [(run_id, {})], "t1")
+    insert_runs(pg, wf, [(run_id, list(range(3000)))], "t1")
     _commit_ticks(pg, [run_id])
     return wf, run_id
 
@@ -148,19 +151,23 @@ def test_a_load_reads_what_the_tick_can_use_not_every_signal_and_result_of_the_r
     wf, run_id = _waiting(pg)
     params = (store._INPUT_LOAD_BYTES, orjson.dumps([run_id]).decode())
     few = _rows_read(pg, store._LOAD_SQL, params)
-    # What a run may accumulate: signals of names nothing waits for, repeats of the one its
-    # step waits for, and results no node is at (late ones of attempts gone by).
+    # What a run may accumulate: signals of names nothing waits for, and the results of its
+    # map's items that left the state (and late ones of an item's attempts gone by).
     pg.execute(
         "INSERT INTO eec_run_signal (run_id, signal_id, kind)"
         " SELECT %s, 'noise-' || i, 'noise' FROM generate_series(1, 3000) i",
         (run_id,),
     )
     pg.execute(
-        "INSERT INTO eec_step_result (run_id, node_id, attempt, outcome, error)"
-        " SELECT %s, 'approve', i, 'failed', 'late' FROM generate_series(2, 3001) i",
+        "INSERT INTO eec_step_result (run_id, node_id, attempt, outcome, output)"
+        " SELECT %s, 'm[' || i || ']', 1, 'succeeded', '{}' FROM generate_series(2, 2999) i",
         (run_id,),
     )
-    pg.execute("ANALYZE eec_run_signal, eec_step_result")
+    pg.execute(
+        "INSERT INTO eec_step_result (run_id, node_id, attempt, outcome, error)"
+        " SELECT %s, 'm[0]', i, 'failed', 'late' FROM generate_series(2, 1001) i",
+        (run_id,),
+    )
     many = _rows_read(pg, store._LOAD_SQL, params)
     # The cancel check, and the first signal of the one name the run waits for: none yet.
     assert many.get("eec_run_signal", 0) <= 3, many
