@@ -120,14 +120,16 @@ def test_items_leave_the_state_once_across_failures_cancels_and_resumes(
     rng = random.Random(seed)
     world = _World(_workflow(parallelism, attempts), length)
     world.tick()
+    live_at_cancel = False  # the run had not ended when its cancel came
     for move in moves:
         if move <= 4 and world.sent:  # an answer, late or not, maybe a second time
             node, attempt = rng.choice(world.sent)
             world.answer(node, attempt, rng.random() < 0.8)
         elif move == 5:
             world.now += rng.choice([1, 50, 150])  # a retry due, a deadline passed
-        elif move == 6 and rng.random() < 0.2:
+        elif move == 6 and rng.random() < 0.2 and not world.cancelled:
             world.cancelled = True
+            live_at_cancel = not world.state.status.terminal
         elif move == 7 and rng.random() < 0.2 and (failed := force_fail(world.state, "stuck")):
             world.state = failed
         elif move == 8 and world.state.status is RunStatus.FAILED:
@@ -136,8 +138,9 @@ def test_items_leave_the_state_once_across_failures_cancels_and_resumes(
         decision = world.tick()
         if ended:
             assert decision == NOOP  # absorbing
-    if world.cancelled:
-        assert world.state.status is RunStatus.CANCELLED
+    if world.cancelled:  # it ended cancelled, unless it had ended before
+        assert world.state.status.terminal
+        assert world.state.status is RunStatus.CANCELLED or not live_at_cancel
         return
     # Driven on: every attempt answered, retried runs resumed, until it ends succeeded.
     for _ in range(40):
