@@ -76,6 +76,9 @@ _RETRY_WAIT, _LIMIT_WAIT = NodeStatus.RETRY_WAIT, NodeStatus.LIMIT_WAIT
 _SUCCEEDED, _FAILED, _CANCELLED = NodeStatus.SUCCEEDED, NodeStatus.FAILED, NodeStatus.CANCELLED
 _RUN_PENDING, _RUN_RUNNING = RunStatus.PENDING, RunStatus.RUNNING
 _IN_FLIGHT = (_PENDING, _DISPATCHED, _RETRY_WAIT, _LIMIT_WAIT)
+# A map in flight always has its progress; a row edited by hand without it ends its map as one
+# of no more items rather than raise.
+_NO_ITEMS = MapProgress(0)
 
 
 # Dispatch and Decision are NamedTuples (immutable, compared and hashed in C): a tick makes
@@ -312,7 +315,7 @@ def _end_maps(
                 del nodes[item]
             else:
                 left += 1
-        progress = maps.progress[step.name]
+        progress = maps.progress.get(step.name, _NO_ITEMS)
         if not left and progress.started == progress.items:
             nodes[step.name] = node_state(
                 _SUCCEEDED, node.attempt, None, None, node.attempts_before
@@ -453,7 +456,7 @@ def _dispatch_items(
         deadline = now_ms + step.timeout_ms
         nodes[item] = node_state(_DISPATCHED, attempt, deadline, None, node.attempts_before)
         dispatches.append(Dispatch(item, attempt, step.step_type, deadline))
-    progress = maps.progress[step.name]
+    progress = maps.progress.get(step.name, _NO_ITEMS)
     started = progress.started
     while started < progress.items and in_flight < step.parallelism:
         item = item_node(step.name, started)

@@ -13,7 +13,7 @@ import orjson
 import psycopg
 import pytest
 
-from processor import StepContext, StepRegistry
+from processor import NonRetryable, StepContext, StepRegistry
 from processor.core.workflow import parse_workflow
 from processor.io.config import Settings
 from processor.io.runs_admin import register_workflow
@@ -152,4 +152,74 @@ def test_a_map_runs_an_attempt_per_item_within_its_parallelism_and_keeps_the_ord
     assert mine == sorted([("pics-1", i, 1) for i in range(7)] + [("pics-1", 4, 2)])
     inspected = run_ductor(settings, "inspect", "pics-1").stdout
     assert "resize[4]            succeeded   attempt 2" in inspected
+    assert_transitions_applied_once(pg)
+
+
+def test_a_retried_map_runs_again_only_its_items_that_did_not_succeed(
+    settings: Settings, audit: psycopg.Connection[Any], processor_thread: Any
+) -> None:
+    """Item 3 fails for good and fails the run; once fixed, `ductor runs retry` runs it again
+    (and the items its failure cancelled), never an item recorded as succeeded, and the
+    output is every item's, in order."""
+    pg = audit
+    workflow = f"maybe-{uuid.uuid4().hex[:6]}"
+    register_workflow(
+        pg,
+        parse_workflow(
+            {
+                "name": workflow,
+                "version": 1,
+                "steps": [
+                    {
+                        "name": "m",
+                        "kind": "map",
+                        "type": "maybe",
+                        "parallelism": 3,
+                        "retry": {"max_attempts": 1},
+                    }
+                ],
+                "output": "m",
+            }
+        ),
+    )
+    broken = threading.Event()
+    broken.set()
+    executed: list[int] = []
+    registry = StepRegistry()
+
+    @registry.step("maybe")
+    def maybe(ctx: StepContext) -> str:
+        assert ctx.index is not None
+        executed.append(ctx.index)
+        if ctx.index == 3 and broken.is_set():
+            raise NonRetryable("item 3 is broken")
+        return f"{ctx.item}-done"
+
+    processor_thread(settings)
+    worker = WorkerThread(settings, registry, threads=4)
+    try:
+        started = run_ductor(
+            settings, "start", workflow, "--run-id", "maybe-1", "--input",
+            orjson.dumps([f"i{i}" for i in range(12)]).decode(),
+        )  # fmt: skip
+        assert started.returncode == 0, started.stderr
+        wait_for(lambda: count_terminal(pg, ["maybe-1"]) == 1, 60, "the run to fail")
+        assert run_statuses(pg, ["maybe-1"]) == {"maybe-1": "failed"}
+        recorded = {
+            r[0] for r in pg.execute("SELECT item FROM eec_map_item WHERE run_id = 'maybe-1'")
+        }
+        assert 3 not in recorded and recorded  # some items succeeded before it failed
+        broken.clear()
+        retried = run_ductor(settings, "runs", "retry", "maybe-1")
+        assert retried.returncode == 0, retried.stderr
+        wait_for(lambda: run_statuses(pg, ["maybe-1"]) == {"maybe-1": "succeeded"}, 60, "the retry")
+    finally:
+        worker.stop()
+    output = orjson.loads(run_ductor(settings, "result", "maybe-1").stdout)
+    assert output == [f"i{i}-done" for i in range(12)]
+    assert executed.count(3) == 2
+    assert all(executed.count(i) == 1 for i in recorded)  # none of those ran again
+    assert sorted(set(executed)) == list(range(12))
+    inspected = run_ductor(settings, "inspect", "maybe-1").stdout
+    assert "m[3]                 succeeded   attempt 2\n" in inspected
     assert_transitions_applied_once(pg)
