@@ -8,8 +8,10 @@ slots, the sample registry's no-op ``fast`` step). First the ordinary runs alone
 workflow, woken at a steady pace): their latency (woken to ended) and the processor's CPU per
 run, the baseline. Then, for each map size, one run mapping ``fast`` over a list of that many
 items (its input), the same ordinary runs woken at the same pace once a tenth of its items
-are done; per item result: the processor's and Postgres's CPU (the ordinary runs' share, as
-measured alone, taken off the processor's), the bytes of the rows the coordinator wrote
+are done; per item result: the processor's CPU, its own Postgres backends' (its sessions,
+found by their client ports) and all of Postgres's (the workers' too: each item's worker reads
+its list whole), the ordinary runs' share as measured alone taken off the first two; the bytes
+of the rows the coordinator wrote
 (the run row as stored, its state as JSON, the outbox's records, the map's item rows: a
 trigger sums them), and the ordinary runs' latency against the baseline's.
 
@@ -19,6 +21,8 @@ It prints the figures and asserts nothing about speed. Needs the local services 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
 import statistics
 import sys
 import time
@@ -32,7 +36,7 @@ from processor.client import wake
 from processor.core.workflow import parse_workflow
 from processor.io.config import load_settings
 from processor.io.runs_admin import insert_runs, register_workflow
-from processor.tools.bench_cpu import CpuUse
+from processor.tools.bench_cpu import CpuUse, read_stat
 from processor.tools.bench_phases import Bench, fresh_database
 from processor.tools.bench_support import stop
 
@@ -87,6 +91,7 @@ class MapFigures:
     seconds: float  # the map run, woken to ended
     commits: int  # its transitions
     cpu: CpuUse
+    backends_s: float  # the CPU of the processor's own Postgres sessions
     written: dict[str, tuple[int, int, int]]  # table -> (rows, bytes stored, bytes as JSON)
     beside: Latency
 
@@ -123,8 +128,9 @@ class MapBench:
         if self.conn.execute("SELECT to_regclass('eec_map_item')").fetchone() != (None,):
             self.conn.execute(_ITEM_METER_SQL)
 
-    def baseline(self, ordinary: int) -> tuple[Latency, CpuUse]:
-        """The ordinary runs alone: their latency and the CPU they cost."""
+    def baseline(self, ordinary: int) -> tuple[Latency, CpuUse, float]:
+        """The ordinary runs alone: their latency, the CPU they cost and that of the
+        processor's Postgres sessions."""
         bench = self.bench
         bench.phase("maps-base")
         ids = bench.ids("base", ordinary)
@@ -133,14 +139,16 @@ class MapBench:
         try:
             self._warm("base")
             meter = bench.meter([children[0].pid], [children[1].pid])
+            sessions = self._sessions(children[0].pid)
             meter.start()
             woken = self._pace(ids)
             bench.wait_terminal(ids, timeout=600)
             cpu = meter.stop()
+            backends_s = self._sessions_s(children[0].pid, sessions)
         finally:
             for child in children:
                 stop(child)
-        return self._latency(woken), cpu
+        return self._latency(woken), cpu, backends_s
 
     def beside(self, items: int, ordinary: int) -> MapFigures:
         """One map of ``items`` items, the ordinary runs woken while it goes."""
@@ -163,6 +171,7 @@ class MapBench:
         try:
             self._warm(f"map{items}")
             meter = bench.meter([children[0].pid], [children[1].pid])
+            sessions = self._sessions(children[0].pid)
             meter.start()
             started = self._db_ms()
             wake(bench.settings, [map_id], "t1", "start")
@@ -170,6 +179,7 @@ class MapBench:
             woken = self._pace(ids)
             bench.wait_terminal([*ids, map_id], timeout=3600)
             cpu = meter.stop()
+            backends_s = self._sessions_s(children[0].pid, sessions)
         finally:
             for child in children:
                 stop(child)
@@ -192,7 +202,13 @@ class MapBench:
             ).fetchall()
         }
         return MapFigures(
-            items, (ended_ms - started) / 1000, commits, cpu, written, self._latency(woken)
+            items,
+            (ended_ms - started) / 1000,
+            commits,
+            cpu,
+            backends_s,
+            written,
+            self._latency(woken),
         )
 
     # -- plumbing ------------------------------------------------------------------------------
@@ -251,13 +267,49 @@ class MapBench:
                 raise RuntimeError(f"{run_id}: fewer than {count} item results in {timeout} s")
             time.sleep(0.2)  # the benchmark samples progress; this is not a test
 
+    def _sessions(self, pid: int) -> dict[int, int]:
+        """The Postgres backends serving process ``pid`` (matched by its sockets' ports), with
+        the CPU each has used (clock ticks)."""
+        inodes = set()
+        with contextlib.suppress(OSError):
+            for fd in os.scandir(f"/proc/{pid}/fd"):
+                with contextlib.suppress(OSError):
+                    inodes.add(os.readlink(fd.path))
+        ports = set()
+        for table in ("tcp", "tcp6"):
+            with contextlib.suppress(OSError), open(f"/proc/{pid}/net/{table}") as lines:
+                for line in list(lines)[1:]:
+                    cols = line.split()
+                    if f"socket:[{cols[9]}]" in inodes:
+                        ports.add(int(cols[1].rsplit(":", 1)[1], 16))
+        backends = self.conn.execute(
+            "SELECT pid, client_port FROM pg_stat_activity WHERE datname = current_database()"
+        ).fetchall()
+        return {
+            backend: stat.own
+            for backend, port in backends
+            if port in ports and (stat := read_stat(backend)) is not None
+        }
+
+    def _sessions_s(self, pid: int, before: dict[int, int]) -> float:
+        """The CPU seconds the backends serving ``pid`` used since ``before``."""
+        now = self._sessions(pid)
+        ticks = sum(used - before.get(backend, 0) for backend, used in now.items())
+        return ticks / os.sysconf("SC_CLK_TCK")
+
     def _db_ms(self) -> int:
         row = self.conn.execute("SELECT (extract(epoch FROM now()) * 1000)::bigint").fetchone()
         assert row is not None
         return int(row[0])
 
 
-def report(base: Latency, base_cpu: CpuUse, ordinary: int, maps: Sequence[MapFigures]) -> str:
+def report(
+    base: Latency,
+    base_cpu: CpuUse,
+    base_backends_s: float,
+    ordinary: int,
+    maps: Sequence[MapFigures],
+) -> str:
     """The figures as a table, one row per map size."""
     ticks_per_run = 5  # the 4-step workflow: its start, then one per result
     per_run = {g: (s or 0.0) / ordinary for g, s in base_cpu.seconds.items()}
@@ -265,17 +317,19 @@ def report(base: Latency, base_cpu: CpuUse, ordinary: int, maps: Sequence[MapFig
         f"ordinary runs alone ({ordinary}): latency p50 {base.p50:.0f} ms, p99 {base.p99:.0f}"
         f" ms; processor CPU {per_run['instance'] / ticks_per_run * 1e3:.2f} ms per tick",
         "",
-        "items  map s  items/s  commits  proc ms/result  pg ms/result  run row B/result"
-        "  (state JSON B)  all rows B/result  beside p50/p99 ms  vs alone",
+        "items  map s  items/s  commits  proc ms/result  its pg ms/result  all pg ms/result"
+        "  run row B/result  (state JSON B)  all rows B/result  beside p50/p99 ms  vs alone",
     ]
     for m in maps:
         instance = (m.cpu.seconds.get("instance") or 0.0) - per_run["instance"] * ordinary
-        postgres = (m.cpu.seconds.get("postgres") or 0.0) - per_run.get("postgres", 0) * ordinary
+        sessions = m.backends_s - base_backends_s
+        postgres = m.cpu.seconds.get("postgres") or 0.0
         run_rows = m.written.get("eec_workflow_run", (0, 0, 0))
         stored = sum(w[1] for w in m.written.values())
         lines.append(
             f"{m.items:>5}  {m.seconds:>5.0f}  {m.items / m.seconds:>7.0f}  {m.commits:>7}"
-            f"  {instance / m.items * 1e3:>14.2f}  {postgres / m.items * 1e3:>12.2f}"
+            f"  {instance / m.items * 1e3:>14.2f}  {sessions / m.items * 1e3:>16.2f}"
+            f"  {postgres / m.items * 1e3:>16.2f}"
             f"  {run_rows[1] / m.items:>16,.0f}  {run_rows[2] / m.items:>15,.0f}"
             f"  {stored / m.items:>17,.0f}  {m.beside.p50:>7.0f}/{m.beside.p99:<8.0f}"
             f"  {m.beside.p50 / base.p50:.1f} x / {m.beside.p99 / base.p99:.1f} x"
@@ -295,11 +349,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     maps = MapBench(bench, args.parallelism, args.pace)
     maps.setup()
     try:
-        base, base_cpu = maps.baseline(args.ordinary)
+        base, base_cpu, base_backends_s = maps.baseline(args.ordinary)
         figures = [maps.beside(items, args.ordinary) for items in args.items]
     finally:
         bench.teardown()
-    print(report(base, base_cpu, args.ordinary, figures))
+    print(report(base, base_cpu, base_backends_s, args.ordinary, figures))
     if args.json:
         print(
             orjson.dumps(
@@ -311,6 +365,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                             "seconds": m.seconds,
                             "commits": m.commits,
                             "cpu_s": m.cpu.seconds,
+                            "processor_sessions_s": m.backends_s,
                             "written": m.written,
                             "beside": m.beside.__dict__,
                         }
