@@ -185,7 +185,7 @@ def cmd_inspect(settings: Settings, args: argparse.Namespace) -> int:
     print(f"next wake  {columns.next_wakeup_at or '-'}")
     print(f"output     {output_text(result)}")
     print("nodes:")
-    for name, node in run.state.nodes:
+    for name, node in record.nodes:
         extra = f"  (retried after attempt {node.attempts_before})" if node.attempts_before else ""
         extra += f"  error: {node.error}" if node.error else ""
         if run.wf.step_for(name).starts_child and node.attempt:

@@ -114,11 +114,14 @@ class Commit:
     # cancels (a cancel signal each): core/children.py.
     children: tuple[ChildStart, ...] = ()
     cancel_children: tuple[str, ...] = ()
-    # Map steps the transition ended, with their items: the statement records each one's
-    # output, its items' outputs in order (core/tick.py, rule 6).
-    mapped: tuple[tuple[str, int, tuple[tuple[str, int], ...]], ...] = ()
+    # Map steps the transition ended, (node, attempt, how many items): the statement records
+    # each one's output, its items' outputs in order (core/tick.py, rule 6).
+    mapped: tuple[tuple[str, int, int], ...] = ()
     # What the commit writes of the run's limits (core/limits.py); None: nothing.
     limits: RunLimits | None = None
+    # Map items the transition took out of the state, succeeded: (map step, index, attempt),
+    # which the statement records (eec_map_item) for the map's output.
+    items: tuple[tuple[str, int, int], ...] = ()
 
     def __init__(
         self,
@@ -130,8 +133,9 @@ class Commit:
         signalled: tuple[tuple[str, int, str], ...] = (),
         children: tuple[ChildStart, ...] = (),
         cancel_children: tuple[str, ...] = (),
-        mapped: tuple[tuple[str, int, tuple[tuple[str, int], ...]], ...] = (),
+        mapped: tuple[tuple[str, int, int], ...] = (),
         limits: RunLimits | None = None,
+        items: tuple[tuple[str, int, int], ...] = (),
     ) -> None:
         object.__setattr__(self, "run_id", run_id)
         object.__setattr__(self, "expected_version", expected_version)
@@ -143,6 +147,7 @@ class Commit:
         object.__setattr__(self, "cancel_children", cancel_children)
         object.__setattr__(self, "mapped", mapped)
         object.__setattr__(self, "limits", limits)
+        object.__setattr__(self, "items", items)
 
 
 @dataclass(frozen=True, slots=True)
@@ -316,6 +321,7 @@ def tick_batch(
             tuple(cancelled),
             decision.mapped,
             run_limits.get(run_id),
+            decision.items_done,
         )
     return commits
 

@@ -4,7 +4,8 @@ A step may bound its dispatches (core/limit_defs.py). Each bound is a counter in
 named by a key: ``c/NAME/VALUE`` for a concurrency limit (VALUE: what the run's input holds at
 the limit's path), ``r/NAME`` for a rate limit. A counter row carries a version; a concurrency
 counter's holders are rows of their own (the attempts in flight that hold it), a rate
-counter keeps the times of its last dispatches. Nothing holds a lock or a lease across ticks:
+counter's dispatches too (numbered, the last ``limit`` of them kept). Nothing holds a lock or a
+lease across ticks:
 
 1. The tick dispatches as if there were no limit (core/tick.py, rule 6). ``admit`` then
    decides, for each dispatch of a limited step in the batch, whether it holds: every one of
@@ -24,6 +25,12 @@ counter keeps the times of its last dispatches. Nothing holds a lock or a lease 
    oldest waiters, one per freed slot. Should that wakeup be lost (the process died between),
    the waiter's own ``due_ms`` (BACKSTOP_MS ahead) has the overdue sweep wake it: never a
    loop that polls. A rate-limited waiter is due when its window has room again, with a timer.
+5. A rate limit of ``limit`` per window has room for its next dispatch when the dispatch
+   ``limit`` before it is out of the window (or never was): the times of the dispatches before
+   them, oldest first, bound the next admissions one by one. The shell loads only those
+   bounds (RATE_LOOKAHEAD of them at most) and the commit writes one row per dispatch, so
+   admitting costs the same at the largest limit and the longest window as at the smallest;
+   a batch lets in at most RATE_LOOKAHEAD dispatches of one rate limit, the rest waiting.
 """
 
 from __future__ import annotations
@@ -42,6 +49,10 @@ from processor.core.workflow import StepDef
 # a hundred commits a second, short enough that a lost wakeup stalls its line minutes at most.
 BACKSTOP_MS = 120_000
 
+# The most dispatches of one rate limit a batch may let in (and so the most of its dispatches
+# the shell loads for it): more than a batch's runs dispatch at once in all but a burst.
+RATE_LOOKAHEAD = 256
+
 _DISPATCHED, _LIMIT_WAIT = NodeStatus.DISPATCHED, NodeStatus.LIMIT_WAIT
 
 
@@ -56,14 +67,20 @@ class Need(NamedTuple):
 
 class LimitView(NamedTuple):
     """A counter as loaded: its version (0: no row yet), the attempts holding it
-    (concurrency), the times of its recent dispatches (rate) and its oldest waiters,
-    ``(since_ms, run_id, node)`` oldest first, at most as many as the limit (any waiter
-    behind those cannot be let in before they are)."""
+    (concurrency), the times that bound its next dispatches (rate: ``bounds``) and its oldest
+    waiters, ``(since_ms, run_id, node)`` oldest first, at most as many as can be let in
+    (any waiter behind those cannot be let in before they are).
+
+    A rate counter has counted ``dispatched`` dispatches; ``bounds[j]`` is the time of its
+    dispatch number ``dispatched - span + j`` (0 when there is none: no bound), the one
+    that bounds its ``j``-th next admission under a limit of ``span``."""
 
     version: int = 0
     holders: int = 0
-    recent: tuple[int, ...] = ()
+    bounds: tuple[int, ...] = ()
     queue: tuple[tuple[int, str, str], ...] = ()
+    dispatched: int = 0
+    span: int = 0
 
 
 class LimitInputs(NamedTuple):
@@ -79,11 +96,14 @@ NO_LIMITS = LimitInputs({}, {})
 
 class Guard(NamedTuple):
     """A counter a commit counted on: written only if its version is still ``expected`` (it
-    becomes expected + 1); ``recent``: a rate counter's dispatch times to keep."""
+    becomes expected + 1). A rate counter's: the times of the dispatches the batch let in
+    (``times``), numbered from ``first``, and how many of its last dispatches it keeps."""
 
     key: str
     expected: int
-    recent: tuple[int, ...] | None = None
+    times: tuple[int, ...] | None = None
+    first: int = 0
+    keep: int = 0
 
 
 class RunLimits(NamedTuple):
@@ -141,22 +161,31 @@ class _Counters:
     def view(self, key: str) -> LimitView:
         return self.views.get(key, LimitView())
 
-    def window(self, need: Need) -> list[int]:
-        start = self.now_ms - need.per_ms
-        return sorted(t for t in self.view(need.key).recent if t > start)
-
-    def room(self, need: Need, run_id: str, node: str) -> bool:
-        """Whether a slot is free for (run, node) once the older waiters had theirs."""
-        view = self.view(need.key)
-        taken = len(self.window(need)) if need.per_ms else view.holders
-        free = need.limit - taken
+    def position(self, need: Need, run_id: str, node: str) -> int:
+        """Which of the counter's next admissions (run, node) would be, once the older
+        waiters and this batch's admissions had theirs (0: the next one)."""
         let_in = self.let_in.get(need.key, set())
         ahead = 0
-        for _since, waiting_run, waiting_node in view.queue:
+        for _since, waiting_run, waiting_node in self.view(need.key).queue:
             if (waiting_run, waiting_node) == (run_id, node):
                 break
             ahead += (waiting_run, waiting_node) not in let_in
-        return ahead + self.used[need.key] < free
+        return ahead + self.used[need.key]
+
+    def bound(self, need: Need, position: int) -> int | None:
+        """A rate counter's: the time of the dispatch that bounds its admission number
+        ``position`` (0: none), None when that one was not loaded (no room known)."""
+        view = self.view(need.key)
+        index = view.span - need.limit + position
+        return view.bounds[index] if 0 <= index < len(view.bounds) else None
+
+    def room(self, need: Need, run_id: str, node: str) -> bool:
+        """Whether a slot is free for (run, node) once the older waiters had theirs."""
+        position = self.position(need, run_id, node)
+        if need.per_ms:
+            bound = self.bound(need, position)
+            return bound is not None and bound <= self.now_ms - need.per_ms
+        return position < need.limit - self.view(need.key).holders
 
     def take(self, need: Need, run_id: str, node: str) -> None:
         self.used[need.key] += 1
@@ -164,12 +193,16 @@ class _Counters:
         if need.per_ms:
             self.dispatched.setdefault(need.key, []).append(self.now_ms)
 
-    def due(self, need: Need) -> int:
-        """When a waiter of ``need`` looks again by itself."""
-        window = self.window(need) if need.per_ms else []
-        if window:
-            return window[0] + need.per_ms
-        return self.now_ms + (need.per_ms or BACKSTOP_MS)
+    def due(self, need: Need, run_id: str, node: str) -> int:
+        """When a waiter of a full rate limit looks again by itself: when the dispatch that
+        bounds its admission leaves the window; one further in line than was loaded, no
+        sooner than the last one loaded does, nor than a window (two minutes at most)."""
+        bound = self.bound(need, self.position(need, run_id, node))
+        if bound is not None:
+            return bound + need.per_ms
+        bounds = self.view(need.key).bounds
+        later = self.now_ms + min(need.per_ms, BACKSTOP_MS)
+        return max(bounds[-1] + need.per_ms, later) if bounds else later
 
     def since(self, need: Need, run_id: str, node: str) -> int | None:
         for since, waiting_run, waiting_node in self.view(need.key).queue:
@@ -181,9 +214,8 @@ class _Counters:
         view = self.view(need.key)
         if not need.per_ms:
             return Guard(need.key, view.version)
-        # The dispatches a window can still count: at most ``limit`` of them are needed.
-        kept = [*self.window(need), *self.dispatched.get(need.key, [])][-need.limit :]
-        return Guard(need.key, view.version, tuple(kept))
+        taken = tuple(self.dispatched.get(need.key, ()))
+        return Guard(need.key, view.version, taken, view.dispatched, max(view.span, need.limit))
 
 
 def admit(
@@ -242,7 +274,7 @@ def admit(
             if not ((not n.per_ms and own[n.key] > 0) or counters.room(n, run_id, name))
         ]
         if full:
-            dues = [counters.due(n) for n in candidate.needs if n.per_ms]
+            dues = [counters.due(n, run_id, name) for n in full if n.per_ms]
             refused.setdefault(run_id, {})[name] = min(dues) if dues else None
             w.waits += [(n.key, name, now_ms) for n in candidate.needs]
             w.refused += [n.name for n in full]
@@ -322,10 +354,19 @@ def _undo(
     state = decision.new_state
     # The nodes in the state's order (a map's new items included).
     new_state = RunState(
-        state.status, tuple((n, nodes[n]) for n, _ in state.nodes), state.seq, state.reason
+        state.status,
+        tuple((n, nodes[n]) for n, _ in state.nodes),
+        state.seq,
+        state.reason,
+        state.maps,
     )
-    unchanged = new_state.status is run.state.status and new_state.nodes == run.state.nodes
-    if unchanged and not decision.signalled and not decision.mapped:
+    old_state = run.state
+    unchanged = (
+        new_state.status is old_state.status
+        and new_state.nodes == old_state.nodes
+        and new_state.maps == old_state.maps
+    )
+    if unchanged and not (decision.signalled or decision.mapped or decision.items_done):
         return Decision(None)
     return decision._replace(
         new_state=new_state, dispatches=dispatches, timers=tuple(sorted(set(timers)))

@@ -8,14 +8,14 @@ checksum of a state is the same wherever it is computed.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import InitVar, dataclass, field, replace
 from enum import StrEnum
 from typing import Any, NamedTuple
 
 import orjson
 
-from processor.core.workflow import WorkflowDef, item_node
+from processor.core.workflow import WorkflowDef
 
 
 class RunStatus(StrEnum):
@@ -107,6 +107,18 @@ def node_state(
     return tuple.__new__(NodeState, (status, attempt, due_ms, error, attempts_before))
 
 
+class MapProgress(NamedTuple):
+    """A map step's items as its run's state counts them, once the step started: how many
+    its list has, and how many were started (by index). An item started is, until it
+    succeeded, a node of the state of its own (``step[i]``, at most ``parallelism`` of them);
+    once it succeeded it leaves the state, and the commit records its applied attempt in a
+    table of its own (``eec_map_item``): the state's size, and what each commit writes, do
+    not grow with the list."""
+
+    items: int
+    started: int = 0
+
+
 @dataclass(frozen=True)
 class RunState:
     """What a committed tick writes: the canonical state the checksum covers."""
@@ -115,6 +127,9 @@ class RunState:
     nodes: tuple[tuple[str, NodeState], ...]  # in definition order; a tuple keeps it hashable
     seq: int = 0
     reason: str | None = None
+    # Each map step that started, with its progress (in definition order); written into its
+    # node's entry of ``node_states`` (``items``, ``started``).
+    maps: tuple[tuple[str, MapProgress], ...] = ()
 
     # Written out (as below for StepResult and LoadedRun): the compiled build compiles it,
     # where the dataclass decorator's own is interpreted Python, ~20 x dearer; one of each is
@@ -125,11 +140,13 @@ class RunState:
         nodes: tuple[tuple[str, NodeState], ...],
         seq: int = 0,
         reason: str | None = None,
+        maps: tuple[tuple[str, MapProgress], ...] = (),
     ) -> None:
         object.__setattr__(self, "status", status)
         object.__setattr__(self, "nodes", nodes)
         object.__setattr__(self, "seq", seq)
         object.__setattr__(self, "reason", reason)
+        object.__setattr__(self, "maps", maps)
 
     def node(self, name: str) -> NodeState:
         for n, s in self.nodes:
@@ -144,7 +161,10 @@ class RunState:
         return replace(self, nodes=tuple((n, nodes[n]) for n, _ in self.nodes))
 
     def nodes_json(self) -> dict[str, Any]:
-        return {n: s.to_json() for n, s in self.nodes}
+        out = {n: s.to_json() for n, s in self.nodes}
+        for name, progress in self.maps:
+            out[name] |= {"items": progress.items, "started": progress.started}
+        return out
 
     def next_due_ms(self) -> int | None:
         """The earliest deadline or retry time: when the run must be woken even if nothing comes."""
@@ -177,19 +197,67 @@ def row_checksum(status: str, nodes: Mapping[str, Any], seq: int, reason: str | 
 def state_from_row(
     status: str, node_states: Mapping[str, Any], seq: int, reason: str | None, wf: WorkflowDef
 ) -> RunState:
-    """Rebuild a state from its row, in the definition's node order (a map step's items right
-    after it, by index)."""
+    """Rebuild a state from its row, in the definition's node order (a map step's items in
+    the state right after it, by index)."""
     nodes = []
+    maps = []
+    items = items_in(node_states) if wf.has_maps else {}
     for step in wf.steps:
         raw = node_states.get(step.name)
         nodes.append((step.name, node_state() if raw is None else NodeState.from_json(raw)))
         if step.maps:
-            index = 0
-            while (item := node_states.get(item_node(step.name, index))) is not None:
-                nodes.append((item_node(step.name, index), NodeState.from_json(item)))
-                index += 1
+            window = items.get(step.name, [])
+            nodes += [(name, NodeState.from_json(node_states[name])) for _, name in window]
+            if raw is not None and "items" in raw:
+                maps.append((step.name, MapProgress(int(raw["items"]), int(raw["started"]))))
+            elif window:
+                # Written before items left the state: every item is a node, started or not
+                # (one never started is pending in the state, and started as it comes).
+                maps.append((step.name, MapProgress(len(window), len(window))))
     # A dict lookup, not RunStatus(...) (the enum's call runs Python code): once per loaded run.
-    return RunState(status=_RUN_STATUSES[status], nodes=tuple(nodes), seq=seq, reason=reason)
+    return RunState(_RUN_STATUSES[status], tuple(nodes), seq, reason, tuple(maps))
+
+
+def shown_nodes(
+    state: RunState, recorded: Mapping[tuple[str, int], int]
+) -> tuple[tuple[str, NodeState], ...]:
+    """Every node of a run as `ductor inspect` shows it: the state's, each started map step
+    followed by all its items by index: those in the state, those that succeeded and left it
+    (``recorded``: (step, index) -> the attempt that succeeded, as the commits recorded
+    them), and those not started yet (pending)."""
+    if not state.maps:
+        return state.nodes
+    nodes = state.node_map()
+    progress = dict(state.maps)
+    items = {name for step in progress for _, name in items_in(nodes).get(step, ())}
+    shown: list[tuple[str, NodeState]] = []
+    for name, node in state.nodes:
+        if name in items:
+            continue  # shown with its map
+        shown.append((name, node))
+        if name in progress:
+            for index in range(progress[name].items):
+                item = f"{name}[{index}]"
+                attempt = recorded.get((name, index))
+                if item in nodes:
+                    shown.append((item, nodes[item]))
+                elif attempt is not None:
+                    shown.append((item, node_state(NodeStatus.SUCCEEDED, attempt)))
+                else:
+                    shown.append((item, node_state()))
+    return tuple(shown)
+
+
+def items_in(nodes: Iterable[str]) -> dict[str, list[tuple[int, str]]]:
+    """The map items among node names (``step[i]``), by step: (index, name), by index."""
+    found: dict[str, list[tuple[int, str]]] = {}
+    for name in nodes:
+        if name.endswith("]"):
+            cut = name.rindex("[")
+            found.setdefault(name[:cut], []).append((int(name[cut + 1 : -1]), name))
+    for window in found.values():
+        window.sort()
+    return found
 
 
 # ---------------------------------------------------------------------------------------------

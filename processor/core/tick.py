@@ -29,9 +29,13 @@ Rules, in the order they are applied:
    one that does not is a node waiting for its limit instead. A map step that becomes ready
    takes its items' count from its list (the run's input, or its ``items_from``
    dependency's output: ``length``): more than ``max_items``, or not a list, fails it; none
-   succeeds it at once; otherwise its items are added, pending, and dispatched by index, at
-   most ``parallelism`` of them in flight. When every item succeeded the map step succeeded;
-   the decision names the items, whose outputs in order the commit records as its output.
+   succeeds it at once; otherwise its items are started by index, at most ``parallelism``
+   of them in flight, each a node of the state while it is (``step[i]``). An item that
+   succeeded leaves the state: the decision names it with its attempt, and the commit
+   records it (``items_done``), so the state holds a map's counters (``MapProgress``) and
+   its items in flight, never its whole list. When every item succeeded the map step
+   succeeded; the decision names it with its count, and the commit records the items'
+   outputs, in order, as its output.
 7. When every node succeeded the run succeeded.
 8. A tick that changes nothing is a no-op and writes nothing; one that changes anything bumps
    ``seq`` by exactly one (so ``last_transition_seq`` is monotone).
@@ -52,6 +56,7 @@ from typing import NamedTuple
 
 from processor.core.model import (
     LoadedRun,
+    MapProgress,
     NodeState,
     NodeStatus,
     RunState,
@@ -59,6 +64,7 @@ from processor.core.model import (
     SignalKind,
     StepOutcome,
     StepResult,
+    items_in,
     node_state,
 )
 from processor.core.workflow import StepDef, WorkflowDef, item_node
@@ -70,6 +76,9 @@ _RETRY_WAIT, _LIMIT_WAIT = NodeStatus.RETRY_WAIT, NodeStatus.LIMIT_WAIT
 _SUCCEEDED, _FAILED, _CANCELLED = NodeStatus.SUCCEEDED, NodeStatus.FAILED, NodeStatus.CANCELLED
 _RUN_PENDING, _RUN_RUNNING = RunStatus.PENDING, RunStatus.RUNNING
 _IN_FLIGHT = (_PENDING, _DISPATCHED, _RETRY_WAIT, _LIMIT_WAIT)
+# A map in flight always has its progress; a row edited by hand without it ends its map as one
+# of no more items rather than raise.
+_NO_ITEMS = MapProgress(0)
 
 
 # Dispatch and Decision are NamedTuples (immutable, compared and hashed in C): a tick makes
@@ -91,9 +100,10 @@ class Decision(NamedTuple):
     timers: tuple[int, ...] = ()  # epoch ms at which a retry wait ends and the run must be woken
     # Wait steps this tick ended, each with the signal that ended it: (node, attempt, signal id)
     signalled: tuple[tuple[str, int, str], ...] = ()
-    # Map steps this tick ended succeeded, each with its items' succeeded attempts in order:
-    # (node, attempt, ((item node, attempt), ...)).
-    mapped: tuple[tuple[str, int, tuple[tuple[str, int], ...]], ...] = ()
+    # Map steps this tick ended succeeded: (node, attempt, how many items).
+    mapped: tuple[tuple[str, int, int], ...] = ()
+    # Map items this tick took out of the state, succeeded: (map step, index, attempt).
+    items_done: tuple[tuple[str, int, int], ...] = ()
 
     @property
     def progressed(self) -> bool:
@@ -144,38 +154,42 @@ def tick(
 
     failed = _failed(state, nodes)
     if failed is not None:
-        return _end(state, nodes, RunStatus.FAILED, failed, wf)
+        return _end(state, nodes, RunStatus.FAILED, failed, wf)._replace(signalled=tuple(signalled))
 
     if wf.only_tasks:  # the fast path: every step a task, started as it is ready
         return _tasks_only(state, wf, nodes, now_ms)
-    sources = _Sources(results, input_length) if wf.has_maps else None
-    mapped = _end_maps(nodes, wf) if sources is not None else []
-    dispatches, waiting = _dispatch_ready(nodes, wf, now_ms, sources)
+    maps = _Maps(state, results, input_length) if wf.has_maps else None
+    mapped = _end_maps(nodes, wf, maps) if maps is not None else []
+    dispatches, waiting = _dispatch_ready(nodes, wf, now_ms, maps)
     while waiting:
         # A step just started may end at once (a wait whose signal came first, a map of no
         # items), and what follows it starts now.
         ended = _signal_waits(nodes, wf, named)
-        ended_maps = _end_maps(nodes, wf) if sources is not None else []
+        ended_maps = _end_maps(nodes, wf, maps) if maps is not None else []
         if not (ended or ended_maps):
             break
         signalled += ended
         mapped += ended_maps
-        more, waiting = _dispatch_ready(nodes, wf, now_ms, sources)
+        more, waiting = _dispatch_ready(nodes, wf, now_ms, maps)
         dispatches += more
-    if sources is not None and (failed := _failed(state, nodes)) is not None:
-        return _end(state, nodes, RunStatus.FAILED, failed, wf)  # a map without its list
+    # What this tick ended (wait steps, maps, items) is recorded whatever becomes of the run.
+    if maps is not None and (failed := _failed(state, nodes)) is not None:
+        ended_run = _end(state, nodes, RunStatus.FAILED, failed, wf, maps)  # a map without its list
+        return ended_run._replace(signalled=tuple(signalled), mapped=tuple(mapped))
     if all(s.status is _SUCCEEDED for s in nodes.values()):
-        ended_run = _end(state, nodes, RunStatus.SUCCEEDED, None, wf)
+        ended_run = _end(state, nodes, RunStatus.SUCCEEDED, None, wf, maps)
         return ended_run._replace(signalled=tuple(signalled), mapped=tuple(mapped))
 
     started = dispatches or waiting or signalled
     status = _RUN_RUNNING if state.status is _RUN_PENDING and started else state.status
     new_nodes = _ordered(state, nodes, wf)
-    if status is state.status and new_nodes == state.nodes:
+    new_maps = state.maps if maps is None else maps.progress_of(wf)
+    if status is state.status and new_nodes == state.nodes and new_maps == state.maps:
         return NOOP
-    new_state = RunState(status, new_nodes, state.seq + 1, state.reason)
+    new_state = RunState(status, new_nodes, state.seq + 1, state.reason, new_maps)
     timers = _new_timers(state, new_state)
-    return Decision(new_state, tuple(dispatches), timers, tuple(signalled), tuple(mapped))
+    done = () if maps is None else tuple(maps.done)
+    return Decision(new_state, tuple(dispatches), timers, tuple(signalled), tuple(mapped), done)
 
 
 def tick_run(run: LoadedRun, now_ms: int) -> Decision:
@@ -218,7 +232,7 @@ def _tasks_only(
     new_nodes = tuple((name, nodes[name]) for name, _ in state.nodes)
     if status is state.status and new_nodes == state.nodes:
         return NOOP
-    new_state = RunState(status, new_nodes, state.seq + 1, state.reason)
+    new_state = RunState(status, new_nodes, state.seq + 1, state.reason, state.maps)
     return Decision(new_state, tuple(dispatches), _new_timers(state, new_state))
 
 
@@ -233,29 +247,32 @@ def _failed(state: RunState, nodes: dict[str, NodeState]) -> str | None:
 def _ordered(
     state: RunState, nodes: dict[str, NodeState], wf: WorkflowDef
 ) -> tuple[tuple[str, NodeState], ...]:
-    """The nodes in the state's order: the definition's, each map step's items right after
-    it by index (those this tick added too)."""
+    """The nodes in the state's order: the definition's, each map step's items in the state
+    right after it by index (those this tick started too; those it took out gone)."""
     if not wf.has_maps:
         return tuple((name, nodes[name]) for name, _ in state.nodes)
+    items = items_in(nodes)
     ordered: list[tuple[str, NodeState]] = []
     for step in wf.steps:
         ordered.append((step.name, nodes[step.name]))
         if step.maps:
-            index = 0
-            while (item := nodes.get(item_node(step.name, index))) is not None:
-                ordered.append((item_node(step.name, index), item))
-                index += 1
+            ordered += [(item, nodes[item]) for _, item in items.get(step.name, ())]
     return tuple(ordered)
 
 
-class _Sources:
-    """Where a map step's items come from: the lengths of the lists at hand."""
+class _Maps:
+    """A tick's map steps: where their items come from (the lengths of the lists at hand),
+    how far each got, and the items it took out of the state, succeeded."""
 
-    def __init__(self, results: Iterable[StepResult], input_length: int | None) -> None:
+    def __init__(
+        self, state: RunState, results: Iterable[StepResult], input_length: int | None
+    ) -> None:
         self.input_length = input_length
         self._lengths = {
             (r.node, r.attempt): r.length for r in results if r.outcome is StepOutcome.SUCCEEDED
         }
+        self.progress: dict[str, MapProgress] = dict(state.maps)
+        self.done: list[tuple[str, int, int]] = []
 
     def items(self, step: StepDef, nodes: Mapping[str, NodeState]) -> int | str:
         """How many items ``step`` has, or why it has none it can run."""
@@ -271,30 +288,40 @@ class _Sources:
             return f"{source} has {length} items, more than max_items ({step.max_items})"
         return length
 
+    def progress_of(self, wf: WorkflowDef) -> tuple[tuple[str, MapProgress], ...]:
+        """Each started map step's progress, in definition order."""
+        return tuple((s.name, self.progress[s.name]) for s in wf.steps if s.name in self.progress)
+
+
+def _window(nodes: Mapping[str, NodeState], step: str) -> list[tuple[int, str]]:
+    """The items of map step ``step`` in the state, (index, node), by index."""
+    return items_in(n for n in nodes if n.startswith(step) and n.endswith("]")).get(step, [])
+
 
 def _end_maps(
-    nodes: dict[str, NodeState], wf: WorkflowDef
-) -> list[tuple[str, int, tuple[tuple[str, int], ...]]]:
-    """End each map step in flight whose items all succeeded: the items it ended with."""
+    nodes: dict[str, NodeState], wf: WorkflowDef, maps: _Maps
+) -> list[tuple[str, int, int]]:
+    """Take the items that succeeded out of each map step in flight (``maps.done``), and end
+    each one whose items all did: (node, attempt, how many items)."""
     ended = []
     for step in wf.steps:
         node = nodes[step.name]
         if not step.maps or node.status is not _DISPATCHED:
             continue
-        items = _items(nodes, step.name)
-        if all(nodes[i].status is _SUCCEEDED for i in items):
+        left = 0
+        for index, item in _window(nodes, step.name):
+            if nodes[item].status is _SUCCEEDED:
+                maps.done.append((step.name, index, nodes[item].attempt))
+                del nodes[item]
+            else:
+                left += 1
+        progress = maps.progress.get(step.name, _NO_ITEMS)
+        if not left and progress.started == progress.items:
             nodes[step.name] = node_state(
                 _SUCCEEDED, node.attempt, None, None, node.attempts_before
             )
-            ended.append((step.name, node.attempt, tuple((i, nodes[i].attempt) for i in items)))
+            ended.append((step.name, node.attempt, progress.items))
     return ended
-
-
-def _items(nodes: Mapping[str, NodeState], step: str) -> list[str]:
-    found: list[str] = []
-    while item_node(step, len(found)) in nodes:
-        found.append(item_node(step, len(found)))
-    return found
 
 
 def _result_order(result: StepResult) -> tuple[str, int, str, str]:
@@ -335,7 +362,7 @@ def resume_failed(state: RunState) -> RunState:
         )
         for name, node in state.nodes
     )
-    return RunState(_RUN_RUNNING, nodes, state.seq + 1, None)
+    return RunState(_RUN_RUNNING, nodes, state.seq + 1, None, state.maps)
 
 
 def _finish_attempt(
@@ -357,7 +384,7 @@ def _finish_attempt(
 
 
 def _dispatch_ready(
-    nodes: dict[str, NodeState], wf: WorkflowDef, now_ms: int, sources: _Sources | None = None
+    nodes: dict[str, NodeState], wf: WorkflowDef, now_ms: int, maps: _Maps | None = None
 ) -> tuple[list[Dispatch], int]:
     """Start what is ready: the step attempts to send to the workers, and how many steps
     began that no worker runs (a wait step, which a signal ends; a workflow step, whose child
@@ -371,11 +398,11 @@ def _dispatch_ready(
             nodes[d].status is _SUCCEEDED for d in step.depends_on
         )
         if step.maps:
-            assert sources is not None
+            assert maps is not None
             if first_run:
-                waiting += _expand(nodes, step, sources)
+                waiting += _expand(nodes, step, maps)
             if nodes[step.name].status is _DISPATCHED:
-                dispatches += _dispatch_items(nodes, step, now_ms)
+                dispatches += _dispatch_items(nodes, step, now_ms, maps)
             continue
         if retry_due or first_run or node.status is _LIMIT_WAIT:
             attempt = node.attempt + 1
@@ -390,28 +417,33 @@ def _dispatch_ready(
     return dispatches, waiting
 
 
-def _expand(nodes: dict[str, NodeState], step: StepDef, sources: _Sources) -> int:
-    """A map step becomes ready: in flight with its items (pending; items kept from before
-    a resume stay as they are), or failed (no list, too many items); 1 once it started."""
+def _expand(nodes: dict[str, NodeState], step: StepDef, maps: _Maps) -> int:
+    """A map step becomes ready: in flight with its count of items (the items it started
+    before a resume go on where they were), or failed (no list, too many items); 1 once it
+    started."""
     node = nodes[step.name]
-    count = sources.items(step, nodes)
-    if isinstance(count, str):
-        nodes[step.name] = node_state(_FAILED, node.attempt + 1, None, count, node.attempts_before)
-        return 0
+    if step.name not in maps.progress:
+        count = maps.items(step, nodes)
+        if isinstance(count, str):
+            failed = node_state(_FAILED, node.attempt + 1, None, count, node.attempts_before)
+            nodes[step.name] = failed
+            return 0
+        maps.progress[step.name] = MapProgress(count)
     nodes[step.name] = node_state(_DISPATCHED, node.attempt + 1, None, None, node.attempts_before)
-    for index in range(count):
-        nodes.setdefault(item_node(step.name, index), node_state())
     return 1
 
 
-def _dispatch_items(nodes: dict[str, NodeState], step: StepDef, now_ms: int) -> list[Dispatch]:
-    """The items to start now: those due again (or waiting for a limit), then pending ones
-    by index, with at most ``parallelism`` in flight (dispatched or waiting for a retry or a
-    limit)."""
-    items = _items(nodes, step.name)
-    in_flight = sum(1 for i in items if nodes[i].status in (_DISPATCHED, _RETRY_WAIT, _LIMIT_WAIT))
+def _dispatch_items(
+    nodes: dict[str, NodeState], step: StepDef, now_ms: int, maps: _Maps
+) -> list[Dispatch]:
+    """The items to start now: those in the state due again (a retry, a limit, pending again
+    after a resume), then the next ones by index, with at most ``parallelism`` in flight
+    (dispatched or waiting for a retry or a limit)."""
+    window = _window(nodes, step.name)
+    busy = (_DISPATCHED, _RETRY_WAIT, _LIMIT_WAIT)
+    in_flight = sum(1 for _, item in window if nodes[item].status in busy)
     dispatches = []
-    for item in items:
+    for _, item in window:
         node = nodes[item]
         due = node.status is _LIMIT_WAIT or (
             node.status is _RETRY_WAIT and node.due_ms is not None and now_ms >= node.due_ms
@@ -424,6 +456,17 @@ def _dispatch_items(nodes: dict[str, NodeState], step: StepDef, now_ms: int) -> 
         deadline = now_ms + step.timeout_ms
         nodes[item] = node_state(_DISPATCHED, attempt, deadline, None, node.attempts_before)
         dispatches.append(Dispatch(item, attempt, step.step_type, deadline))
+    progress = maps.progress.get(step.name, _NO_ITEMS)
+    started = progress.started
+    while started < progress.items and in_flight < step.parallelism:
+        item = item_node(step.name, started)
+        deadline = now_ms + step.timeout_ms
+        nodes[item] = node_state(_DISPATCHED, 1, deadline)
+        dispatches.append(Dispatch(item, 1, step.step_type, deadline))
+        started += 1
+        in_flight += 1
+    if started != progress.started:
+        maps.progress[step.name] = MapProgress(progress.items, started)
     return dispatches
 
 
@@ -455,6 +498,7 @@ def _end(
     status: RunStatus,
     reason: str | None,
     wf: WorkflowDef | None = None,
+    maps: _Maps | None = None,
 ) -> Decision:
     order = state.nodes if wf is None else _ordered(state, nodes, wf)
     ended = tuple(
@@ -466,7 +510,10 @@ def _end(
         )
         for n, s in ((name, nodes[name]) for name, _ in order)
     )
-    return Decision(RunState(status, ended, state.seq + 1, reason))
+    if maps is None or wf is None:
+        return Decision(RunState(status, ended, state.seq + 1, reason, state.maps))
+    new_state = RunState(status, ended, state.seq + 1, reason, maps.progress_of(wf))
+    return Decision(new_state, items_done=tuple(maps.done))
 
 
 def _new_timers(old: RunState, new: RunState) -> tuple[int, ...]:

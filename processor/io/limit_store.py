@@ -12,7 +12,14 @@ import orjson
 import psycopg
 
 from processor.core.decide import Commit
-from processor.core.limits import Guard, LimitInputs, LimitView, needs_of, paths_of
+from processor.core.limits import (
+    RATE_LOOKAHEAD,
+    Guard,
+    LimitInputs,
+    LimitView,
+    needs_of,
+    paths_of,
+)
 from processor.core.model import Loaded, LoadedRun
 from processor.io.run_marks import quarantined
 
@@ -27,17 +34,24 @@ SELECT g.run_id, g.path, coalesce(r.input #>> g.path::text[], '')
 _LIVE_WAITER = f"""EXISTS (SELECT 1 FROM eec_workflow_run r WHERE r.run_id = q.run_id
                   AND r.status IN ('pending', 'running') AND NOT {quarantined("r")})"""
 
-# Each counter's version, holders and oldest waiters, read in one snapshot: a slot taken is
-# always seen with the version its taker wrote (core/limits.py, rule 3).
+# Each counter's version, holders, oldest waiters and, for a rate counter, the dispatches
+# that bound its next admissions (``span`` before its count, ``ahead`` of them: one range of
+# its rows, whatever its limit), read in one snapshot: a slot taken is always seen with the
+# version its taker wrote (core/limits.py, rules 3 and 5).
 _VIEWS_SQL = """
-SELECT k.key, coalesce(l.version, 0), coalesce(l.recent, '{}'::bigint[]),
+SELECT k.key, coalesce(l.version, 0), coalesce(l.dispatched, 0),
+       (SELECT coalesce(jsonb_agg(jsonb_build_array(d.seq, d.at_ms) ORDER BY d.seq), '[]')
+          FROM eec_limit_rate d
+         WHERE k.ahead > 0 AND d.key = k.key
+           AND d.seq >= coalesce(l.dispatched, 0) - k.span
+           AND d.seq < coalesce(l.dispatched, 0) - k.span + k.ahead),
        (SELECT count(*) FROM eec_limit_hold h WHERE h.key = k.key),
        (SELECT coalesce(jsonb_agg(jsonb_build_array(w.since_ms, w.run_id, w.node)
                                   ORDER BY w.since_ms, w.run_id, w.node), '[]'::jsonb)
           FROM (SELECT since_ms, run_id, node FROM eec_limit_wait q
                  WHERE key = k.key AND {live}
                  ORDER BY since_ms, run_id, node LIMIT k.bound) w)
-  FROM jsonb_to_recordset(%s::jsonb) AS k(key text, bound int)
+  FROM jsonb_to_recordset(%s::jsonb) AS k(key text, bound int, span bigint, ahead int)
   LEFT JOIN eec_limit l ON l.key = k.key
 """.replace("{live}", _LIVE_WAITER)
 
@@ -66,18 +80,37 @@ def load_limits(conn: psycopg.Connection[Any], loaded: Mapping[str, Loaded]) -> 
             _VALUES_SQL, (orjson.dumps(wanted).decode(),)
         ).fetchall():
             values.setdefault(run_id, {})[by_literal[literal]] = value
-    bounds: dict[str, int] = {}
+    limits: dict[str, int] = {}
+    rated: set[str] = set()
     for run in runs:
         for step in run.wf.steps:
             for need in needs_of(step, values.get(run.run_id, {})):
-                bounds[need.key] = max(bounds.get(need.key, 0), need.limit)
-    keys = [{"key": k, "bound": b} for k, b in sorted(bounds.items())]
-    views = {
-        key: LimitView(version, holders, tuple(recent), tuple((int(s), r, n) for s, r, n in queue))
-        for key, version, recent, holders, queue in conn.execute(
-            _VIEWS_SQL, (orjson.dumps(keys).decode(),)
-        ).fetchall()
-    }
+                limits[need.key] = max(limits.get(need.key, 0), need.limit)
+                if need.per_ms:
+                    rated.add(need.key)
+    keys = []
+    for key, limit in sorted(limits.items()):
+        # A rate counter lets a batch in RATE_LOOKAHEAD times at most: its waiters beyond
+        # those cannot be let in before they are.
+        ahead = min(limit, RATE_LOOKAHEAD) if key in rated else 0
+        bound = ahead or limit
+        keys.append({"key": key, "bound": bound, "span": limit, "ahead": ahead})
+    views = {}
+    for key, version, dispatched, rows, holders, queue in conn.execute(
+        _VIEWS_SQL, (orjson.dumps(keys).decode(),)
+    ).fetchall():
+        span = limits[key]
+        first = dispatched - span
+        at = dict(rows)
+        bounds = tuple(at.get(first + j, 0) for j in range(min(span, RATE_LOOKAHEAD)))
+        views[key] = LimitView(
+            version,
+            holders,
+            bounds if key in rated else (),
+            tuple((int(s), r, n) for s, r, n in queue),
+            dispatched,
+            span,
+        )
     return LimitInputs(values, views)
 
 
@@ -90,15 +123,42 @@ def _array_literal(path: tuple[str, ...]) -> str:
 # -- the commit statement's parts (io/store.py puts them in when a batch has limits) ------------
 
 # Before the runs' UPDATE: every counter a run of the batch counted on moves to the next
-# version if it is still at the one loaded (a counter without a row yet is created at 1).
+# version if it is still at the one loaded (a counter without a row yet is created at 1), and
+# a rate counter's count by the dispatches the batch let in; those are written as its rows,
+# and the rows that fell out of what it keeps (its limit) deleted: a row each, whatever the
+# limit (core/limits.py, rule 5). The times a counter kept as an array before (migration
+# 0020 made them its first rows) are dropped at its first write: the row stays small.
 GUARDED_CTE = """guarded AS (
-    INSERT INTO eec_limit AS l (key, version, recent)
-    SELECT g.key, g.expected + 1, coalesce(g.recent, '{}'::bigint[])
-      FROM jsonb_to_recordset(%(guards)s::jsonb) AS g(key text, expected bigint, recent bigint[])
-    ON CONFLICT (key) DO UPDATE SET version = l.version + 1, recent = EXCLUDED.recent
+    INSERT INTO eec_limit AS l (key, version, dispatched)
+    SELECT g.key, g.expected + 1, g.first + coalesce(cardinality(g.times), 0)
+      FROM jsonb_to_recordset(%(guards)s::jsonb)
+           AS g(key text, expected bigint, times bigint[], first bigint)
+    ON CONFLICT (key) DO UPDATE SET version = l.version + 1, dispatched = EXCLUDED.dispatched,
+                                    recent = '{}'::bigint[]
      WHERE l.version = EXCLUDED.version - 1
     RETURNING l.key
-), """
+), rate_taken AS (
+    INSERT INTO eec_limit_rate (key, seq, at_ms)
+    SELECT g.key, g.first + t.ord - 1, t.at
+      FROM jsonb_to_recordset(%(guards)s::jsonb) AS g(key text, times bigint[], first bigint)
+     CROSS JOIN LATERAL unnest(g.times) WITH ORDINALITY AS t(at, ord)
+     WHERE g.key IN (SELECT key FROM guarded)
+    ON CONFLICT (key, seq) DO UPDATE SET at_ms = EXCLUDED.at_ms
+), rate_gone AS (
+    -- Found through the key and the range of numbers (a lookup per counter: joined, the
+    -- planner read every row of the counter), then deleted by their row ids.
+    DELETE FROM eec_limit_rate d
+     WHERE d.ctid = ANY(ARRAY(
+           SELECT x.ctid
+             FROM jsonb_to_recordset(%(guards)s::jsonb)
+                  AS g(key text, times bigint[], first bigint, keep bigint)
+            CROSS JOIN LATERAL (
+                  SELECT x.ctid FROM eec_limit_rate x
+                   WHERE x.key = g.key AND x.seq >= g.first - g.keep
+                     AND x.seq < g.first + cardinality(g.times) - g.keep
+                   LIMIT {lookahead}) AS x
+            WHERE cardinality(g.times) > 0 AND g.key IN (SELECT key FROM guarded)))
+), """.replace("{lookahead}", str(RATE_LOOKAHEAD))
 
 # The runs' UPDATE writes a run only if every counter it counted on was guarded.
 GUARD_CHECK = """
@@ -157,7 +217,13 @@ def guards_param(commits: Sequence[Commit]) -> str:
                 guards[guard.key] = guard
     return orjson.dumps(
         [
-            {"key": g.key, "expected": g.expected, "recent": g.recent}
+            {
+                "key": g.key,
+                "expected": g.expected,
+                "times": g.times,
+                "first": g.first,
+                "keep": g.keep,
+            }
             for g in sorted(guards.values())
         ]
     ).decode()

@@ -11,7 +11,7 @@ from typing import Any
 import psycopg
 
 from processor.core.children import child_run_id
-from processor.core.model import LoadedRun, NodeStatus, RunStatus
+from processor.core.model import LoadedRun, NodeState, NodeStatus, RunStatus, shown_nodes
 from processor.io.run_search import AttemptRow, attempt_rows
 from processor.io.runs_admin import RunColumns, RunResult, run_columns, run_result
 from processor.io.store import Definitions, load_runs
@@ -19,14 +19,15 @@ from processor.io.store import Definitions, load_runs
 
 @dataclass(frozen=True)
 class RunRecord:
-    """A run as stored: its columns, its state (or why it cannot be loaded), its result and
-    its attempts."""
+    """A run as stored: its columns, its state (or why it cannot be loaded), its result, its
+    attempts and its nodes as shown (a map's items all of them: core/model.shown_nodes)."""
 
     run_id: str
     columns: RunColumns
     run: LoadedRun | Exception
     result: RunResult
     attempts: list[AttemptRow]
+    nodes: tuple[tuple[str, NodeState], ...] = ()
 
     @property
     def healthy(self) -> bool:
@@ -44,7 +45,18 @@ def read_run(
     result = run_result(conn, run_id)
     if columns is None or run is None or result is None:
         return None
-    return RunRecord(run_id, columns, run, result, attempt_rows(conn, run_id))
+    nodes: tuple[tuple[str, NodeState], ...] = ()
+    if not isinstance(run, Exception):
+        recorded = {}
+        if run.state.maps:
+            recorded = {
+                (node, item): attempt
+                for node, item, attempt in conn.execute(
+                    "SELECT node, item, attempt FROM eec_map_item WHERE run_id = %s", (run_id,)
+                ).fetchall()
+            }
+        nodes = shown_nodes(run.state, recorded)
+    return RunRecord(run_id, columns, run, result, attempt_rows(conn, run_id), nodes)
 
 
 def inspect_document(record: RunRecord) -> dict[str, Any]:
@@ -86,7 +98,7 @@ def inspect_document(record: RunRecord) -> dict[str, Any]:
     ]
     in_flight: dict[tuple[str, int], int] = {}
     nodes = []
-    for name, node in run.state.nodes:
+    for name, node in record.nodes:
         step = run.wf.step_for(name)
         if node.status is NodeStatus.DISPATCHED and node.due_ms is not None:
             in_flight[(name, node.attempt)] = node.due_ms - step.timeout_ms

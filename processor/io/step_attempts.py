@@ -52,7 +52,15 @@ WITH t AS MATERIALIZED (
                     AND (r.node_states -> t.node ->> 'attempt')::int = t.attempt,
                     false) AS current,
            coalesce(r.status IN ('pending', 'running')
-                    AND coalesce((r.node_states -> t.node ->> 'attempt')::int, 0) < t.attempt,
+                    AND coalesce((r.node_states -> t.node ->> 'attempt')::int, 0) < t.attempt
+                    -- A map's item the state no longer holds, below the items it started,
+                    -- succeeded and left it (core/tick.py, rule 6): superseded, not ahead.
+                    AND CASE WHEN right(t.node, 1) = ']' AND r.node_states -> t.node IS NULL
+                                  AND t.node ~ '^[^[]+[[][0-9]{{1,9}}[]]$'
+                             THEN coalesce((r.node_states -> split_part(t.node, '[', 1)
+                                                         ->> 'started')::int, 0)
+                                  <= substring(t.node FROM '[[]([0-9]+)[]]$')::int
+                             ELSE true END,
                     false) AS ahead,
            res.found IS NOT NULL AS recorded,
            a.starts,

@@ -45,21 +45,47 @@ from processor.io.instances import alive
 # per statement. `= ANY(ARRAY(SELECT ...))` makes the ids one array, estimated at ten
 # elements, so the rows are found through the primary key whatever the table's size
 # (docs/performance.md has the figures).
+#
+# What a live run's tick can use, whatever the run received. Its step results: a run with a
+# map step (its state says so: ``items``) reads the result of each node at its attempt, a
+# lookup per node, never the results of the items that left its state; any other run has as
+# many results as its steps made attempts, read in one range of the key (cheaper than a
+# lookup per node: most runs). Its signals, for a run that got any: one cancel and the first
+# signal of each name its wait steps wait for (core/tick.py, rule 3; the names from its
+# definition, an index lookup each), never every signal it got. Each LIMIT 1 keeps its lookup
+# per row whatever the planner thinks of the tables (joined, it may read every row of the run).
 _LOAD_SQL = """
 SELECT coalesce(json_agg(json_build_array(
          r.run_id, r.workflow_name, r.workflow_version, r.status, r.node_states,
          r.last_transition_seq, r.state_checksum, r.db_record_version, r.failure_reason, r.tier,
-         CASE WHEN r.status IN ('pending', 'running') THEN
-             (SELECT json_agg(json_build_array(s.node_id, s.attempt, s.outcome, s.error,
-                                              s.retryable,
-                                              CASE WHEN jsonb_typeof(s.output) = 'array'
-                                                   THEN jsonb_array_length(s.output) END))
-                FROM eec_step_result s WHERE s.run_id = r.run_id)
+         CASE WHEN r.status NOT IN ('pending', 'running') THEN NULL
+              WHEN r.node_states @? '$.*.items' THEN
+             (SELECT json_agg({result})
+                FROM jsonb_each(r.node_states) AS n(node, st)
+               CROSS JOIN LATERAL (
+                     SELECT * FROM eec_step_result s
+                      WHERE s.run_id = r.run_id AND s.node_id = n.node
+                        AND s.attempt = (n.st ->> 'attempt')::int
+                      LIMIT 1) AS s
+               WHERE (n.st ->> 'attempt')::int > 0)
+         ELSE
+             (SELECT json_agg({result}) FROM eec_step_result s WHERE s.run_id = r.run_id)
          END,
-         CASE WHEN r.status IN ('pending', 'running') THEN
+         CASE WHEN r.status IN ('pending', 'running')
+               AND EXISTS (SELECT 1 FROM eec_run_signal g WHERE g.run_id = r.run_id) THEN
              (SELECT json_agg(json_build_array(g.kind, g.signal_id)
                               ORDER BY g.received_at, g.signal_id)
-                FROM eec_run_signal g WHERE g.run_id = r.run_id)
+                FROM (SELECT 'cancel' AS name
+                      UNION
+                      SELECT w ->> 'signal' FROM eec_workflow_definition d
+                       CROSS JOIN LATERAL jsonb_array_elements(d.definition -> 'steps') AS w
+                       WHERE d.name = r.workflow_name AND d.version = r.workflow_version
+                         AND w ->> 'kind' = 'wait') AS wanted
+               CROSS JOIN LATERAL (
+                     SELECT g.kind, g.signal_id, g.received_at FROM eec_run_signal g
+                      WHERE g.run_id = r.run_id AND g.kind = wanted.name
+                      ORDER BY g.received_at, g.signal_id
+                      LIMIT 1) AS g)
          END,
          CASE WHEN r.status = 'pending' AND pg_column_size(r.input) <= %s THEN
              json_build_array(r.input)
@@ -75,7 +101,12 @@ SELECT coalesce(json_agg(json_build_array(
        (extract(epoch FROM now()) * 1000)::bigint
   FROM eec_workflow_run r
  WHERE r.run_id = ANY(ARRAY(SELECT jsonb_array_elements_text(%s::jsonb)))
-"""
+""".replace(
+    "{result}",
+    """json_build_array(s.node_id, s.attempt, s.outcome, s.error, s.retryable,
+                        CASE WHEN jsonb_typeof(s.output) = 'array'
+                             THEN jsonb_array_length(s.output) END)""",
+)
 # The input of a pending run (its first tick dispatches its first steps) rides with the load,
 # for those steps to carry it inline (core/dataflow.py); no other tick loads it. The stored
 # size is only a first filter (a large input may be stored compressed); the task's encoder
@@ -108,13 +139,19 @@ _INPUT_LOAD_BYTES = 2 * MAX_INLINE_DATA_BYTES
 # transition is usable, whatever a quarantine flag said of it (it was repaired without
 # `ductor runs release`): a flag holds for the version it was decided on only (io/run_marks.py),
 # so the commit leaves it behind without writing it, and the sweeps enforce its deadlines.
-# A map step's output, from its items' results: (node, attempt) pairs in order in ``m.parts``.
+# A map step's output (``m``: the map that ended), from its items' results by index: the items
+# recorded by earlier commits (eec_map_item) and those this commit records (``{items}``).
 _MAPPED_OUTPUT = """coalesce((
-    SELECT jsonb_agg(s2.output ORDER BY p.ord)
-      FROM jsonb_array_elements(m.parts) WITH ORDINALITY AS p(part, ord)
+    SELECT jsonb_agg(s2.output ORDER BY p.item)
+      FROM (SELECT i.item, i.attempt FROM eec_map_item i
+             WHERE i.run_id = {run} AND i.node = m.node
+            UNION ALL
+            SELECT x.item, x.attempt
+              FROM jsonb_to_recordset({items}) AS x(node text, item int, attempt int)
+             WHERE x.node = m.node) AS p
       JOIN eec_step_result s2
-        ON s2.run_id = {run} AND s2.node_id = p.part ->> 0
-       AND s2.attempt = (p.part ->> 1)::int), '[]'::jsonb)"""
+        ON s2.run_id = {run} AND s2.node_id = m.node || '[' || p.item || ']'
+       AND s2.attempt = p.attempt), '[]'::jsonb)"""
 
 _COMMIT_TEMPLATE = f"""
 WITH ordered AS MATERIALIZED (
@@ -144,13 +181,15 @@ UPDATE eec_workflow_run AS r
                      LEFT JOIN jsonb_to_recordset(c.signalled)
                           AS w(node text, attempt int, signal_id text)
                        ON s.run_id IS NULL AND w.node = o.node AND w.attempt = o.attempt
-                     LEFT JOIN eec_run_signal g
-                       ON g.run_id = r.run_id AND g.signal_id = w.signal_id
+                     LEFT JOIN LATERAL (
+                         SELECT g.run_id, g.payload FROM eec_run_signal g
+                          WHERE g.run_id = r.run_id AND g.signal_id = w.signal_id
+                          LIMIT 1) AS g ON true
                      -- A map step this very commit ends: its items' outputs, in order.
                      LEFT JOIN LATERAL (
-                         SELECT {_MAPPED_OUTPUT.format(run="r.run_id")} AS output
-                           FROM jsonb_to_recordset(c.mapped)
-                                AS m(node text, attempt int, parts jsonb)
+                         SELECT {_MAPPED_OUTPUT.format(run="r.run_id", items="c.items")}
+                                AS output
+                           FROM jsonb_to_recordset(c.mapped) AS m(node text, attempt int)
                           WHERE s.run_id IS NULL AND m.node = o.node AND m.attempt = o.attempt
                      ) AS mm ON true
                     WHERE s.run_id IS NOT NULL OR g.run_id IS NOT NULL
@@ -159,12 +198,13 @@ UPDATE eec_workflow_run AS r
   FROM jsonb_to_recordset(%(batch)s::jsonb)
        AS c(run_id text, expected_version bigint, status text, node_states jsonb, seq bigint,
             checksum text, reason text, next_wakeup_ms bigint, effects jsonb, output jsonb,
-            signalled jsonb, children jsonb, cancel_children jsonb, mapped jsonb, limits jsonb)
+            signalled jsonb, children jsonb, cancel_children jsonb, mapped jsonb, limits jsonb,
+            items jsonb)
  WHERE r.run_id = c.run_id
    AND r.run_id = ANY(ARRAY(SELECT run_id FROM ordered))
    AND r.db_record_version = c.expected_version{{guard_check}}
 RETURNING r.run_id, c.seq, c.effects, c.signalled, c.children, c.cancel_children, c.mapped,
-          c.limits, r.status,
+          c.limits, c.items, r.status,
           r.output, r.failure_reason, r.tier, r.parent_run_id, r.parent_node, r.parent_attempt
 ), started_children AS (
     -- core/children.py, rule 1: a child exists exactly when its parent's attempt does.
@@ -210,12 +250,21 @@ RETURNING r.run_id, c.seq, c.effects, c.signalled, c.children, c.cancel_children
       FROM updated u
      WHERE u.parent_run_id IS NOT NULL AND u.status IN ('succeeded', 'failed', 'cancelled')
     ON CONFLICT DO NOTHING
+), map_items AS (
+    -- Map items that left the state, succeeded: each one's applied attempt (core/tick.py).
+    INSERT INTO eec_map_item (run_id, node, item, attempt)
+    SELECT u.run_id, x.node, x.item, x.attempt
+      FROM updated u
+     CROSS JOIN LATERAL jsonb_to_recordset(u.items) AS x(node text, item int, attempt int)
+     WHERE u.items IS NOT NULL
+    ON CONFLICT DO NOTHING
 ), map_results AS (
     -- A map step that ended: its output is its items' outputs, in order (core/tick.py).
     INSERT INTO eec_step_result (run_id, node_id, attempt, outcome, output)
-    SELECT u.run_id, m.node, m.attempt, 'succeeded', {_MAPPED_OUTPUT.format(run="u.run_id")}
+    SELECT u.run_id, m.node, m.attempt, 'succeeded',
+           {_MAPPED_OUTPUT.format(run="u.run_id", items="u.items")}
       FROM updated u
-     CROSS JOIN LATERAL jsonb_to_recordset(u.mapped) AS m(node text, attempt int, parts jsonb)
+     CROSS JOIN LATERAL jsonb_to_recordset(u.mapped) AS m(node text, attempt int)
      WHERE u.mapped IS NOT NULL
     ON CONFLICT DO NOTHING
 ), signal_results AS (
@@ -224,7 +273,12 @@ RETURNING r.run_id, c.seq, c.effects, c.signalled, c.children, c.cancel_children
       FROM updated u
      CROSS JOIN LATERAL jsonb_to_recordset(u.signalled)
            AS w(node text, attempt int, signal_id text)
-      JOIN eec_run_signal g ON g.run_id = u.run_id AND g.signal_id = w.signal_id
+     -- A lookup per signal (LIMIT 1), whatever the statistics: with those of a run that got
+     -- thousands of signals, a join planned a read of every signal at every commit.
+     CROSS JOIN LATERAL (
+           SELECT g.payload FROM eec_run_signal g
+            WHERE g.run_id = u.run_id AND g.signal_id = w.signal_id
+            LIMIT 1) AS g
      WHERE u.signalled IS NOT NULL
     ON CONFLICT DO NOTHING
 ), {{limit_ctes}}outboxed AS (
@@ -538,10 +592,9 @@ def _commit_row(c: Commit) -> dict[str, Any]:
     if c.limits is not None:
         row["limits"] = limit_store.limits_row(c)
     if c.mapped:
-        row["mapped"] = [
-            {"node": n, "attempt": a, "parts": [list(part) for part in parts]}
-            for n, a, parts in c.mapped
-        ]
+        row["mapped"] = [{"node": n, "attempt": a, "items": k} for n, a, k in c.mapped]
+    if c.items:
+        row["items"] = [{"node": n, "item": i, "attempt": a} for n, i, a in c.items]
     return row
 
 

@@ -151,6 +151,9 @@ def assert_transitions_applied_once(conn: psycopg.Connection[Any], run_prefix: s
         _check(new_v == old_v + 1, f"{run_id}: version jumped {old_v} -> {new_v}")
         _check(new_seq == old_seq + 1, f"{run_id}: seq moved {old_seq} -> {new_seq}")
         from_versions[(run_id, old_v)] += 1
+        for node, old in old_nodes.items():
+            if node not in new_nodes and old["status"] == "dispatched":
+                resolved[(run_id, node, old["attempt"])] += 1  # a map's item that succeeded
         for node, new in new_nodes.items():
             old = old_nodes.get(node, {"status": "pending", "attempt": 0})
             if new["status"] == "dispatched" and (old["status"], old["attempt"]) != (

@@ -13,10 +13,15 @@ import orjson
 import psycopg
 import pytest
 
-from processor import StepContext, StepRegistry
+from processor import NonRetryable, StepContext, StepRegistry
+from processor.core.claims import Verdict, verdict
+from processor.core.decide import tick_batch
+from processor.core.routing import TopicNames
+from processor.core.step_task import StepTask
 from processor.core.workflow import parse_workflow
+from processor.io import step_attempts, store
 from processor.io.config import Settings
-from processor.io.runs_admin import register_workflow
+from processor.io.runs_admin import insert_runs, register_workflow
 
 from .audit import assert_transitions_applied_once
 from .conftest import WorkerThread, count_terminal, run_ductor, run_statuses, wait_for
@@ -153,3 +158,109 @@ def test_a_map_runs_an_attempt_per_item_within_its_parallelism_and_keeps_the_ord
     inspected = run_ductor(settings, "inspect", "pics-1").stdout
     assert "resize[4]            succeeded   attempt 2" in inspected
     assert_transitions_applied_once(pg)
+
+
+def test_a_retried_map_runs_again_only_its_items_that_did_not_succeed(
+    settings: Settings, audit: psycopg.Connection[Any], processor_thread: Any
+) -> None:
+    """Item 3 fails for good and fails the run; once fixed, `ductor runs retry` runs it again
+    (and the items its failure cancelled), never an item recorded as succeeded, and the
+    output is every item's, in order."""
+    pg = audit
+    workflow = f"maybe-{uuid.uuid4().hex[:6]}"
+    register_workflow(
+        pg,
+        parse_workflow(
+            {
+                "name": workflow,
+                "version": 1,
+                "steps": [
+                    {
+                        "name": "m",
+                        "kind": "map",
+                        "type": "maybe",
+                        "parallelism": 3,
+                        "retry": {"max_attempts": 1},
+                    }
+                ],
+                "output": "m",
+            }
+        ),
+    )
+    broken = threading.Event()
+    broken.set()
+    executed: list[int] = []
+    registry = StepRegistry()
+
+    @registry.step("maybe")
+    def maybe(ctx: StepContext) -> str:
+        assert ctx.index is not None
+        executed.append(ctx.index)
+        if ctx.index == 3 and broken.is_set():
+            raise NonRetryable("item 3 is broken")
+        return f"{ctx.item}-done"
+
+    processor_thread(settings)
+    worker = WorkerThread(settings, registry, threads=4)
+    try:
+        started = run_ductor(
+            settings, "start", workflow, "--run-id", "maybe-1", "--input",
+            orjson.dumps([f"i{i}" for i in range(12)]).decode(),
+        )  # fmt: skip
+        assert started.returncode == 0, started.stderr
+        wait_for(lambda: count_terminal(pg, ["maybe-1"]) == 1, 60, "the run to fail")
+        assert run_statuses(pg, ["maybe-1"]) == {"maybe-1": "failed"}
+        recorded = {
+            r[0] for r in pg.execute("SELECT item FROM eec_map_item WHERE run_id = 'maybe-1'")
+        }
+        assert 3 not in recorded and recorded  # some items succeeded before it failed
+        broken.clear()
+        retried = run_ductor(settings, "runs", "retry", "maybe-1")
+        assert retried.returncode == 0, retried.stderr
+        wait_for(lambda: run_statuses(pg, ["maybe-1"]) == {"maybe-1": "succeeded"}, 60, "the retry")
+    finally:
+        worker.stop()
+    output = orjson.loads(run_ductor(settings, "result", "maybe-1").stdout)
+    assert output == [f"i{i}-done" for i in range(12)]
+    assert executed.count(3) == 2
+    assert all(executed.count(i) == 1 for i in recorded)  # none of those ran again
+    assert sorted(set(executed)) == list(range(12))
+    inspected = run_ductor(settings, "inspect", "maybe-1").stdout
+    assert "m[3]                 succeeded   attempt 2\n" in inspected
+    assert_transitions_applied_once(pg)
+
+
+def test_a_task_of_an_item_that_left_the_state_is_superseded_not_ahead(
+    pg: psycopg.Connection[Any],
+) -> None:
+    """A worker handed an item's task again (a redelivery) after the item succeeded and left
+    its run's state skips it as superseded; one for an item its run never started is ahead
+    (its row lost the commit that dispatched it: the run is woken)."""
+    wf = parse_workflow(
+        {
+            "name": f"left-{uuid.uuid4().hex[:6]}",
+            "version": 1,
+            "steps": [{"name": "m", "kind": "map", "type": "t", "parallelism": 2}],
+        }
+    )
+    register_workflow(pg, wf)
+    insert_runs(pg, wf, [("left-1", ["a", "b", "c", "d"])], "t1")
+    names = TopicNames("test-left")
+
+    def commit_tick() -> None:
+        loaded, now = store.load_runs_at(pg, store.Definitions(), ["left-1"])
+        commits = tick_batch(loaded, now, names)
+        assert store.commit_batch(pg, list(commits.values())).committed == {"left-1"}
+
+    commit_tick()  # m[0] and m[1] dispatched
+    pg.execute(
+        "INSERT INTO eec_step_result (run_id, node_id, attempt, outcome, output)"
+        " VALUES ('left-1', 'm[0]', 1, 'succeeded', '\"A\"')"
+    )
+    commit_tick()  # m[0] left the state, m[2] dispatched: three started
+    tasks = [StepTask("left-1", f"m[{i}]", 1, "t", 2**62) for i in (0, 2, 3)]
+    claimed = step_attempts.claim_attempts(
+        pg, tasks, "me", max_starts=2, may_judge=True, gone_after_s=10.0
+    )
+    verdicts = [verdict(facts, 2, True) for facts, _ in claimed]
+    assert verdicts == [Verdict.SUPERSEDED, Verdict.RUN, Verdict.AHEAD]

@@ -18,6 +18,7 @@ from processor import Concurrency, RateLimit, Workflow
 from processor.core.decide import tick_batch
 from processor.core.limits import (
     BACKSTOP_MS,
+    Guard,
     LimitInputs,
     LimitView,
     RunLimits,
@@ -25,6 +26,7 @@ from processor.core.limits import (
 )
 from processor.core.model import (
     LoadedRun,
+    MapProgress,
     NodeStatus,
     RunState,
     RunStatus,
@@ -111,7 +113,7 @@ def test_a_full_limit_holds_a_dispatch_back_and_the_node_waits() -> None:
     assert not waiting.effects  # no step task sent
     assert waiting.state.status is RunStatus.RUNNING
     assert waiting.limits == RunLimits(
-        guards=(("c/charge/a", 3, None),),  # type: ignore[arg-type]
+        guards=(Guard("c/charge/a", 3),),
         waits=(("c/charge/a", "charge", NOW),),
         refused=("charge",),
     )
@@ -183,14 +185,17 @@ def test_a_slot_freed_by_a_result_is_released_and_may_be_taken_again_by_its_run(
 def test_a_rate_limit_counts_a_window_and_its_waiter_has_a_timer() -> None:
     wf = _workflow(rate_limit={"limit": 2, "per_s": 10})
     runs = {f"r{i}": _run(f"r{i}", wf) for i in range(3)}
-    view = LimitView(4, recent=(NOW - 11_000, NOW - 4_000))  # one dispatch in the window
+    # Two dispatches counted, one of them in the window: the next admission is bounded by
+    # the first (out of the window), the one after by the second (in it).
+    view = LimitView(4, bounds=(NOW - 11_000, NOW - 4_000), dispatched=2, span=2)
     commits = tick_batch(runs, NOW, NAMES, LimitInputs({}, {"r/charge": view}))
     assert commits["r0"].state.node_map()["charge"].status is NodeStatus.DISPATCHED
     held = commits["r1"].state.node_map()["charge"]
     assert held.status is NodeStatus.LIMIT_WAIT and held.due_ms == NOW - 4_000 + 10_000
     assert any(s.topic.startswith("t.delay") for s in commits["r1"].effects)  # its timer
     guard = commits["r0"].limits.guards[0]  # type: ignore[union-attr]
-    assert guard.recent == (NOW - 4_000, NOW)  # the window, and this dispatch
+    # This dispatch, numbered after the two, and the two last ones kept.
+    assert (guard.times, guard.first, guard.keep) == ((NOW,), 2, 2)
 
 
 def test_a_run_that_ends_gives_back_what_it_held() -> None:
@@ -348,7 +353,8 @@ def test_a_map_steps_items_each_need_a_slot_and_waiting_ones_count_as_in_flight(
     # Four items started by the map's parallelism; two of them let in by the limit.
     assert list(items.values()).count(NodeStatus.DISPATCHED) == 2
     assert list(items.values()).count(NodeStatus.LIMIT_WAIT) == 2
-    assert list(items.values()).count(NodeStatus.PENDING) == 2
+    # The other two are not started yet: not in the state, counted by the map's progress.
+    assert first.state.maps == (("resize", MapProgress(6, 4)),)
     assert first.limits is not None and len(first.limits.holds) == 2
     done = tuple(
         StepResult(n, 1, StepOutcome.SUCCEEDED)
@@ -369,7 +375,9 @@ def test_a_map_steps_items_each_need_a_slot_and_waiting_ones_count_as_in_flight(
     after = {n: s.status for n, s in second.state.nodes if n.startswith("resize[")}
     # The two slots its own items freed go to its two waiting items (in line first), and
     # the last two items start and wait in turn (the parallelism of four holds).
-    assert list(after.values()).count(NodeStatus.SUCCEEDED) == 2
+    # The two that succeeded left the state, recorded by the commit.
+    assert [(n, a) for n, _, a in second.items] == [("resize", 1), ("resize", 1)]
+    assert second.state.maps == (("resize", MapProgress(6, 6)),)
     assert list(after.values()).count(NodeStatus.DISPATCHED) == 2
     assert list(after.values()).count(NodeStatus.LIMIT_WAIT) == 2
     assert second.limits is not None and set(second.limits.unwaits) == {

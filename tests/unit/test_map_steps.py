@@ -1,10 +1,11 @@
 """Map steps in the pure tick and the definitions: a map over a dependency's list or the run's
 input dispatches one attempt of its step type per item, at most ``parallelism`` in flight,
-retries each item by the step's policy, ends succeeded with its items (in order) when all
-did, fails when an item fails for good or its list is not one; the same in code and in JSON;
-a Hypothesis property: whatever results come, in whatever order and however often, each item's
-result is applied once, no more items are in flight than the bound, and a map that ended
-names every item once, in order."""
+retries each item by the step's policy, takes each item that succeeded out of the state (named
+with its attempt, for the commit to record), ends succeeded when all did, fails when an item
+fails for good or its list is not one; the same in code and in JSON; a Hypothesis property:
+whatever results come, in whatever order and however often, each item's result is applied
+once, no more items are in the state than the bound, and a map that ended had every item
+recorded once."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from hypothesis import strategies as st
 
 from processor import Retry, StepContext, Workflow
 from processor.core.model import (
+    MapProgress,
     NodeStatus,
     RunState,
     RunStatus,
@@ -115,25 +117,29 @@ def test_its_items_are_dispatched_within_the_parallelism_and_it_ends_in_order() 
     assert state is not None
     assert [d.node for d in decision.dispatches] == ["resize[0]", "resize[1]"]
     assert {d.step_type for d in decision.dispatches} == {"resize_image"}
-    assert [n for n, _ in state.nodes] == [
-        "list", "resize", "resize[0]", "resize[1]", "resize[2]", "resize[3]", "publish"
-    ]  # fmt: skip
-    # Read back from its row: the same state, items and all.
+    # Only the items in flight are nodes of the state; the map counts the rest.
+    assert [n for n, _ in state.nodes] == ["list", "resize", "resize[0]", "resize[1]", "publish"]
+    assert state.maps == (("resize", MapProgress(4, 2)),)
+    # Read back from its row: the same state, items and counters.
     again = state_from_row(state.status, state.nodes_json(), state.seq, state.reason, WF)
     assert again == state
     results = [LISTED, StepResult("resize[1]", 1, StepOutcome.SUCCEEDED)]
     step2 = tick(state, WF, results, (), 20)
     assert step2.new_state is not None and [d.node for d in step2.dispatches] == ["resize[2]"]
+    assert step2.items_done == (("resize", 1, 1),)  # out of the state, recorded by the commit
+    assert [n for n, _ in step2.new_state.nodes] == [
+        "list", "resize", "resize[0]", "resize[2]", "publish"
+    ]  # fmt: skip
     results += [StepResult(f"resize[{i}]", 1, StepOutcome.SUCCEEDED) for i in (0, 2, 3)]
     done = tick(step2.new_state, WF, results, (), 30)
     assert done.new_state is not None
     assert [d.node for d in done.dispatches] == ["resize[3]"]
+    assert done.items_done == (("resize", 0, 1), ("resize", 2, 1))
     final = tick(done.new_state, WF, results, (), 40)
     assert final.new_state is not None
     assert final.new_state.node("resize").status is NodeStatus.SUCCEEDED
-    assert final.mapped == (
-        ("resize", 1, (("resize[0]", 1), ("resize[1]", 1), ("resize[2]", 1), ("resize[3]", 1))),
-    )
+    assert final.items_done == (("resize", 3, 1),)
+    assert final.mapped == (("resize", 1, 4),)  # the commit reads the four items, in order
     assert [d.node for d in final.dispatches] == ["publish"]
 
 
@@ -170,7 +176,7 @@ def test_an_empty_list_ends_the_map_at_once_and_what_follows_starts() -> None:
     _, decision = _listed(0)
     assert decision.new_state is not None
     assert decision.new_state.node("resize").status is NodeStatus.SUCCEEDED
-    assert decision.mapped == (("resize", 1, ()),)
+    assert decision.mapped == (("resize", 1, 0),)
     assert [d.node for d in decision.dispatches] == ["publish"]
 
 
@@ -205,6 +211,7 @@ def test_each_item_is_applied_once_within_the_bound_and_ends_in_order(
     now = 20
     applied: list[tuple[str, int]] = []
     mapped: list[Any] = list(decision.mapped)
+    recorded: list[tuple[str, int, int]] = list(decision.items_done)
     for index, attempt, ok in answers:
         outcome = StepOutcome.SUCCEEDED if ok else StepOutcome.FAILED
         stored.append(StepResult(f"resize[{index}]", attempt, outcome, None if ok else "no"))
@@ -214,20 +221,29 @@ def test_each_item_is_applied_once_within_the_bound_and_ends_in_order(
         if decision.new_state is None:
             continue
         new = decision.new_state
+        after = new.node_map()
         for name, old in state.nodes:
             item = name.startswith("resize[")
-            if item and old.status is NodeStatus.DISPATCHED and new.node(name) != old:
+            if item and old.status is NodeStatus.DISPATCHED and after.get(name) != old:
                 applied.append((name, old.attempt))
         busy = (NodeStatus.DISPATCHED, NodeStatus.RETRY_WAIT)
         in_flight = [n for n, s in new.nodes if n.startswith("resize[") and s.status in busy]
         assert new.status.terminal or len(in_flight) <= 2
+        # The state holds the items in flight only, never the list.
+        assert len([n for n, _ in new.nodes if n.startswith("resize[")]) <= 2
+        for _, done, done_attempt in decision.items_done:
+            # An item recorded is one that succeeded, with the attempt that did.
+            assert state.node(f"resize[{done}]").attempt == done_attempt
+            assert f"resize[{done}]" not in after
+        recorded += decision.items_done
         mapped += decision.mapped
         state = new
         if state.status.terminal:
             break
     assert len(applied) == len(set(applied))
     assert len(mapped) <= 1
+    indices = [index for _, index, _ in recorded]
+    assert len(indices) == len(set(indices))  # each item recorded once
     if mapped:
-        name, attempt, parts = mapped[0]
-        assert (name, attempt) == ("resize", 1)
-        assert [p[0] for p in parts] == [f"resize[{i}]" for i in range(length)]
+        assert mapped[0] == ("resize", 1, length)
+        assert sorted(indices) == list(range(length))  # every item, before the map ended
