@@ -553,6 +553,10 @@ def _effects(
             else:
                 deps = ()
             data = data_at_hand(run, step)
+            start_by = close_by = None
+            if step.schedule_to_start_ms is not None or step.schedule_to_close_ms is not None:
+                nodes = nodes or decision.new_state.node_map()
+                start_by, close_by = _bounds_of(step, nodes[d.node])
             # Encoded straight from the dispatch: no StepTask object per dispatch.
             task = encode_task(
                 run.run_id,
@@ -565,6 +569,9 @@ def _effects(
                 data,
                 step.heartbeat_timeout_ms,
                 _item_of(step, d.node),
+                step.timeout_ms,
+                start_by,
+                close_by,
             )
             attributes = (("ductor.node", d.node), ("ductor.attempt", d.attempt))
             topic = names.steps_for(step.queue, run.tier)
@@ -572,6 +579,20 @@ def _effects(
     if decision.timers:
         sends += [_timer(run.run_id, due, now_ms, "timer", names) for due in decision.timers]
     return tuple(sends)
+
+
+def _bounds_of(step: StepDef, node: NodeState) -> tuple[int | None, int | None]:
+    """A dispatched attempt's schedule-to-start and schedule-to-close bounds as its task
+    carries them (epoch ms): by when a worker may take it, and by when it must end."""
+    close_by = None
+    if step.schedule_to_close_ms is not None and node.first_ms is not None:
+        close_by = node.first_ms + step.schedule_to_close_ms
+    start_by = close_by
+    if step.schedule_to_start_ms is not None and node.since_ms is not None:
+        start_by = node.since_ms + step.schedule_to_start_ms
+        if close_by is not None:
+            start_by = min(start_by, close_by)
+    return start_by, close_by
 
 
 def _item_of(step: StepDef, node: str) -> MapItem | None:

@@ -24,6 +24,8 @@ from processor.core.model import (
     RunInput,
     RunState,
     SignalKind,
+    Started,
+    Starts,
     StepOutcome,
     StepResult,
     UnknownWorkflow,
@@ -37,6 +39,7 @@ from processor.core.step_task import MAX_INLINE_DATA_BYTES
 from processor.core.workflow import ValidationError, WorkflowDef, parse_workflow
 from processor.io import limit_store
 from processor.io.instances import alive
+from processor.io.step_attempts import UNSTARTED
 
 # Every statement here selects rows by a batch of run ids that travels as one JSON array. The
 # planner cannot see how many ids a set-returning function yields and assumes 100: against a
@@ -97,7 +100,8 @@ SELECT coalesce(json_agg(json_build_array(
              json_build_array(r.parent_run_id, r.parent_node, r.parent_attempt)
          END,
          CASE WHEN r.status IN ('pending', 'running') AND jsonb_typeof(r.input) = 'array'
-              THEN jsonb_array_length(r.input) END)), '[]')::text,
+              THEN jsonb_array_length(r.input) END,
+         {starts})), '[]')::text,
        (extract(epoch FROM now()) * 1000)::bigint
   FROM eec_workflow_run r
  WHERE r.run_id = ANY(ARRAY(SELECT jsonb_array_elements_text(%s::jsonb)))
@@ -107,6 +111,34 @@ SELECT coalesce(json_agg(json_build_array(
                         CASE WHEN jsonb_typeof(s.output) = 'array'
                              THEN jsonb_array_length(s.output) END)""",
 )
+# What the workers recorded of the attempts in flight whose due time passed (core/tick.py, rule
+# 4: their timeouts count from their start), read only for a run whose next wakeup passed (a
+# step that answers in time never costs its run this read): for each such node, the claim of
+# its attempt (or its start on a slot, when that came later: io/step_attempts.py) and its last
+# heartbeat recorded, unless the claim never started (numbered past its worker's start
+# permit). A node due by the tick's clock (the statement's ``now`` in ms, as returned) is due
+# here: the gate on the row is a superset, the test on each node the same as the tick's.
+_STARTS = f"""CASE WHEN r.status IN ('pending', 'running')
+              AND r.next_wakeup_at <= now() + interval '1 millisecond' THEN
+             coalesce((SELECT json_agg(json_build_array(n.node, a.attempt, a.started_ms,
+                                                        a.beat_ms, a.reports))
+                FROM jsonb_each(r.node_states) AS n(node, st)
+               CROSS JOIN LATERAL (
+                     SELECT a.attempt, (extract(epoch FROM a.started_at) * 1000)::bigint
+                                       AS started_ms,
+                            (extract(epoch FROM a.beat_at) * 1000)::bigint AS beat_ms,
+                            a.reports
+                       FROM eec_step_attempt a
+                      WHERE a.run_id = r.run_id AND a.node_id = n.node
+                        AND a.attempt = (n.st ->> 'attempt')::int
+                        AND NOT {UNSTARTED.format(a="a")}
+                      LIMIT 1) AS a
+               WHERE n.st ->> 'status' = 'dispatched'
+                 AND (n.st ->> 'due_ms')::bigint <= (extract(epoch FROM now()) * 1000)::bigint),
+                      '[]')
+         END"""
+_LOAD_SQL = _LOAD_SQL.replace("{starts}", _STARTS)
+
 # The input of a pending run (its first tick dispatches its first steps) rides with the load,
 # for those steps to carry it inline (core/dataflow.py); no other tick loads it. The stored
 # size is only a first filter (a large input may be stored compressed); the task's encoder
@@ -468,7 +500,7 @@ def load_runs_at(
     for row in orjson.loads(found[0]):
         run_id, wf_name, wf_version, status, nodes, seq, checksum, version, reason, tier = row[:10]
         raw_results, raw_signals, raw_input, not_before_ms = row[10], row[11], row[12], row[13]
-        raw_parent, input_length = row[14], row[15]
+        raw_parent, input_length, raw_starts = row[14], row[15], row[16]
         try:
             wf = definitions.get(conn, (wf_name, wf_version))
         except UnknownWorkflow as exc:
@@ -504,8 +536,16 @@ def load_runs_at(
             named=named,
             parent=None if raw_parent is None else ParentLink(*raw_parent),
             input_length=input_length,
+            starts=None if raw_starts is None else _starts(raw_starts),
         )
     return loaded, int(found[1])
+
+
+def _starts(raw: list[list[Any]]) -> Starts:
+    """The starts a load read, as the tick takes them."""
+    return tuple(
+        (node, Started(attempt, at, beat, reports)) for node, attempt, at, beat, reports in raw
+    )
 
 
 class CommitAnswer(NamedTuple):

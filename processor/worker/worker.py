@@ -49,7 +49,7 @@ from processor.io.telemetry import Telemetry
 from processor.io.threads import ThreadWatch
 from processor.worker.app import AppError, child_spec
 from processor.worker.database import Answer, ClaimRules, WorkerDatabase
-from processor.worker.flow import TaskFlow, _Ended
+from processor.worker.flow import TaskFlow, _Ended, _Over
 from processor.worker.health import QueueLag, WorkerProbe
 from processor.worker.options import WorkerOptions
 from processor.worker.source import TaskSource
@@ -120,7 +120,7 @@ class Worker:
             faults,
             self.names.step_tier_rank,
         )
-        answers: queue.SimpleQueue[Answer | _Ended] = queue.SimpleQueue()
+        answers: queue.SimpleQueue[Answer | _Ended | _Over] = queue.SimpleQueue()
         # Deadlines are Postgres's time: each heartbeat measures this process's offset from
         # it, and a task's deadline is taken in on this process's clock (io/db_clock.py).
         self.clock = DatabaseClock()
