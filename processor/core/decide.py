@@ -122,6 +122,10 @@ class Commit:
     # Map items the transition took out of the state, succeeded: (map step, index, attempt),
     # which the statement records (eec_map_item) for the map's output.
     items: tuple[tuple[str, int, int], ...] = ()
+    # Attempts the transition fails that no worker started, (node, attempt): the statement
+    # marks each never to be started, and writes the run only if it could, that is, only if
+    # no worker claimed one meanwhile (io/store.py); else the run lost a race, a conflict.
+    unstarted: tuple[tuple[str, int], ...] = ()
 
     def __init__(
         self,
@@ -136,6 +140,7 @@ class Commit:
         mapped: tuple[tuple[str, int, int], ...] = (),
         limits: RunLimits | None = None,
         items: tuple[tuple[str, int, int], ...] = (),
+        unstarted: tuple[tuple[str, int], ...] = (),
     ) -> None:
         object.__setattr__(self, "run_id", run_id)
         object.__setattr__(self, "expected_version", expected_version)
@@ -148,6 +153,7 @@ class Commit:
         object.__setattr__(self, "mapped", mapped)
         object.__setattr__(self, "limits", limits)
         object.__setattr__(self, "items", items)
+        object.__setattr__(self, "unstarted", unstarted)
 
 
 @dataclass(frozen=True, slots=True)
@@ -322,6 +328,7 @@ def tick_batch(
             decision.mapped,
             run_limits.get(run_id),
             decision.items_done,
+            decision.unstarted,
         )
     return commits
 

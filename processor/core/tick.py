@@ -128,6 +128,10 @@ class Decision(NamedTuple):
     mapped: tuple[tuple[str, int, int], ...] = ()
     # Map items this tick took out of the state, succeeded: (map step, index, attempt).
     items_done: tuple[tuple[str, int, int], ...] = ()
+    # Attempts this tick failed that no worker had started (a schedule-to bound passed in the
+    # queue): (node, attempt). The commit holds only if none was started meanwhile: it marks
+    # each one never to be started (io/store.py), as a claim would mark it started.
+    unstarted: tuple[tuple[str, int], ...] = ()
 
     @property
     def progressed(self) -> bool:
@@ -174,6 +178,7 @@ def tick(
 
     signalled = _signal_waits(nodes, wf, named) if named else []
 
+    unstarted: list[tuple[str, int]] = []
     for name, node in list(nodes.items()):
         if node.status is _DISPATCHED and node.due_ms is not None and now_ms >= node.due_ms:
             step = step_of(name)
@@ -181,6 +186,8 @@ def tick(
                 judged = _judge(node, step, started, name, now_ms)
                 if judged is not None:
                     nodes[name] = judged
+                    if judged.status is _FAILED and _unstarted(started, name, node.attempt):
+                        unstarted.append((name, node.attempt))
             else:
                 error = f"attempt {node.attempt} timed out after {step.timeout_ms} ms"
                 nodes[name] = _finish_attempt(node, step, False, error, now_ms)
@@ -196,7 +203,8 @@ def tick(
 
     failed = _failed(state, nodes)
     if failed is not None:
-        return _end(state, nodes, RunStatus.FAILED, failed, wf)._replace(signalled=tuple(signalled))
+        run_failed = _end(state, nodes, RunStatus.FAILED, failed, wf)
+        return run_failed._replace(signalled=tuple(signalled), unstarted=tuple(unstarted))
 
     if wf.only_tasks:  # the fast path: every step a task, started as it is ready
         return _tasks_only(state, wf, nodes, now_ms)
@@ -302,6 +310,12 @@ def _judge(
         error = f"attempt {attempt} timed out after {step.timeout_ms} ms"
         return _finish_attempt(node, step, False, error, now_ms)
     return _due_at(node, due)
+
+
+def _unstarted(started: Mapping[str, Started] | None, name: str, attempt: int) -> bool:
+    """Whether no worker had started ``attempt`` of node ``name`` (as far as was loaded)."""
+    fact = None if started is None else started.get(name)
+    return fact is None or fact.attempt != attempt
 
 
 def _due_at(node: NodeState, due_ms: int) -> NodeState:

@@ -102,7 +102,8 @@ def read_run(
                 ).fetchall()
             }
         nodes = shown_nodes(run.state, recorded)
-    attempts = attempt_rows(conn, run_id)
+    # (But the marks of attempts that failed never started: io/store.py, of no worker.)
+    attempts = [a for a in attempt_rows(conn, run_id) if a.worker_id != ""]
     return RunRecord(
         run_id, columns, run, result, attempts, nodes, executions(conn, run_id, gone_after_s)
     )
