@@ -115,7 +115,7 @@ class StepContext:
         if details is not None:
             problem = json_problem(details, MAX_HEARTBEAT_BYTES)
             if problem is not None:
-                raise ValueError(problem.describe("the heartbeat's details"))
+                raise ValueError(problem.describe("the heartbeat's progress"))
             encoded = orjson.dumps(details).decode()
         if self._attempt is not None:
             self._attempt.heartbeat(encoded)

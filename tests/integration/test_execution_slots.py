@@ -72,7 +72,7 @@ def test_a_slot_stays_with_an_execution_that_outlives_its_attempt(
     worker = _worker(spawn, settings)
     slow, other = f"{name}-slow", f"{name}-other"
     start_runs(settings, name, [slow], {"sleep_on": {"1": 10_000}})
-    wait_for(lambda: counted_steps.executions(pg, slow), 30, "the slow step to start")
+    wait_for(lambda: bool(counted_steps.executions(pg, slow)), 30, "the slow step to start")
     start_runs(settings, name, [other])
     if how == "cancel":
         send_signal(settings, slow)

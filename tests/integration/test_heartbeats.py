@@ -100,10 +100,10 @@ def test_a_worker_killed_mid_step_fails_the_attempt_for_its_heartbeat_and_the_re
     wait_for(lambda: second.running() and count_terminal(pg, [run_id]) == 1, 60, "the run to end")
     assert run_statuses(pg, [run_id]) == {run_id: "succeeded"}
     assert step_attempts(pg, run_id) == {"only": [(2, "succeeded")]}
-    (output,) = pg.execute(
+    row = pg.execute(
         "SELECT output FROM eec_step_result WHERE run_id = %s AND attempt = 2", (run_id,)
-    ).fetchone() or (None,)
-    assert output["attempt"] == 2 and output["last_heartbeat"] == last
+    ).fetchone()
+    assert row is not None and row[0]["attempt"] == 2 and row[0]["last_heartbeat"] == last
     assert counted_steps.executions(pg, run_id) == {(run_id, "only", 1): 1, (run_id, "only", 2): 1}
     print(f"the attempt failed for its heartbeat {took_s:.1f} s after its worker was killed")
     assert second.terminate() == 0

@@ -7,9 +7,11 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 from hypothesis import event, given
 from hypothesis import strategies as st
 
+from processor.authoring import Workflow
 from processor.core.model import (
     NodeStatus,
     RunState,
@@ -21,7 +23,8 @@ from processor.core.model import (
     node_state,
 )
 from processor.core.tick import NOOP, Decision, tick
-from processor.core.workflow import WorkflowDef, parse_workflow
+from processor.core.workflow import ValidationError, WorkflowDef, parse_workflow, workflow_to_json
+from processor.worker import StepContext
 
 from .strategies import FAST, check_decision, runs, tick_inputs
 
@@ -208,6 +211,50 @@ def test_a_retry_that_would_come_after_schedule_to_close_is_not_made() -> None:
     assert failed.node("only").error == (
         "boom; not retried: the step must end within 1500 ms of its first dispatch"
         " (schedule_to_close_ms)"
+    )
+
+
+def test_an_attempt_failed_unstarted_is_named_for_the_commit_to_mark_it() -> None:
+    """The commit holds only if no worker claimed it meanwhile (io/store.py): the decision
+    names the attempts it fails that no worker had started, and no other."""
+    wf = _wf(schedule_to_start_ms=500)
+    s = _dispatched(wf)
+    assert tick(s, wf, (), (), 500, started={}).unstarted == (("only", 1),)
+    timed_out = tick(s, wf, (), (), 5_000, started=_start(1, 0))
+    assert timed_out.progressed and timed_out.unstarted == ()
+
+
+def test_the_bounds_are_parsed_written_back_and_refused_out_of_range() -> None:
+    wf = _wf(schedule_to_start_ms=2_000, schedule_to_close_ms=60_000)
+    step = wf.steps[0]
+    assert (step.schedule_to_start_ms, step.schedule_to_close_ms) == (2_000, 60_000)
+    assert parse_workflow(workflow_to_json(wf)) == wf
+    assert "schedule_to_start_ms" not in workflow_to_json(_wf())["steps"][0]
+    for bad in (0, -1, 10**13, "2s", True):
+        with pytest.raises(ValidationError, match="schedule_to_start_ms"):
+            _wf(schedule_to_start_ms=bad)
+    with pytest.raises(ValidationError, match="unknown field"):  # a wait step has no queue
+        parse_workflow(
+            {
+                "name": "w",
+                "version": 1,
+                "steps": [{"name": "w", "kind": "wait", "signal": "go", "schedule_to_start_ms": 1}],
+            }
+        )
+
+
+def test_a_workflow_in_code_declares_the_bounds_as_durations() -> None:
+    wf = Workflow("coded")
+
+    @wf.step(timeout="1s", schedule_to_start="2s", schedule_to_close="1m")
+    def only(ctx: StepContext) -> None:
+        return None
+
+    step = wf.to_json()["steps"][0]
+    assert (step["timeout_ms"], step["schedule_to_start_ms"], step["schedule_to_close_ms"]) == (
+        1_000,
+        2_000,
+        60_000,
     )
 
 
