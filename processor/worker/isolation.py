@@ -124,6 +124,10 @@ class _Slot:
                 if task.abandoned:
                     runner.over(task)  # never started
                     continue
+                # Its child first, loaded (a fresh one imports the steps module, seconds under
+                # load): the step's timeout counts from when it can run, not while it starts.
+                with contextlib.suppress(Exception):  # (one that cannot start: _run says why)
+                    self._ensure_child()
                 started = time.time_ns()
                 if not begin(task):
                     runner._ended(task, None, started, started)
@@ -214,6 +218,7 @@ class _Slot:
         child.start()
         theirs.close()
         self._child, self._conn = child, ours
+        _await_ready(child, ours)
         return ours
 
     def _kill(self) -> None:
@@ -224,6 +229,18 @@ class _Slot:
         if child is not None and child.is_alive():
             child.kill()
             child.join(5.0)
+
+
+def _await_ready(child: BaseProcess, conn: Connection) -> None:
+    """Until a fresh child has loaded the steps module (its first message), or died doing so
+    (then the step it was to run fails saying how: _Slot._died)."""
+    try:
+        while not conn.poll(_POLL_S):
+            if not child.is_alive():
+                return
+        conn.recv()  # ("ready",)
+    except (EOFError, OSError):
+        return
 
 
 # -- the child --------------------------------------------------------------------------------
@@ -255,6 +272,7 @@ def child_main(conn: Connection, app: str | None) -> None:
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     _die_with_parent()
     registry = registry_for(app)
+    conn.send(("ready",))
     lock = threading.Lock()
     jobs: queue.SimpleQueue[tuple[bytes, Any, dict[str, Any], int, Any] | None]
     jobs = queue.SimpleQueue()
