@@ -3,13 +3,13 @@ would) under a backlog of steps with a short timeout and one attempt.
 
 Every run of a one-step workflow (the sample's ``fast`` step, counted by chaos_steps.py;
 ``timeout_ms`` 1 s, ``max_attempts`` 1) is started at once, so most wait in their queue far
-longer than their timeout while a worker is killed every few seconds and its partitions wait
-for the group to give them to another. A step's timeout counts from its start (core/tick.py,
-rule 4), so no run may fail for its time in a queue. A run may fail only for an attempt its
-worker's kill cut short: its attempt started (claimed within its worker's start permit, which
-runs about a slot's worth of claims ahead of the steps running: io/step_attempts.py) and a
-kill came before its start plus its timeout. The report says how many of those had not begun
-their step yet.
+longer than their timeout while workers are killed over the backlog (``kill_at``) and a killed
+one's partitions wait for the group to give them to another. A step's timeout counts from its
+start (core/tick.py, rule 4), so no run may fail for its time in a queue. A run may fail only
+for an attempt its worker's kill cut short: its attempt started (claimed within its worker's
+start permit, which runs about a slot's worth of claims ahead of the steps running:
+io/step_attempts.py) and a kill came before its start plus its timeout. The report says how
+many of those had not begun their step yet.
 
 The report's check, per failed run: not a timeout (problem), a timeout of an attempt no
 worker started or judged before its start plus its timeout (failed for queue time: problem),
@@ -57,8 +57,8 @@ _START_BATCH = 500  # runs started per call (one statement and one batch of wake
 class BacklogPlan:
     runs: int = 3000
     timeout_ms: int = 1000
-    kills: int = 8  # worker SIGKILLs, one every kill_every_s while runs are live
-    kill_every_s: float = 4.0
+    kills: int = 8  # worker SIGKILLs, spread over the backlog (``kill_at``)
+    kill_gap_s: float = 1.0  # at least this far apart
     processors: int = 1
     workers: int = 2
     finish_timeout_s: float = 240.0  # for every run to end, from the start of the phase
@@ -218,7 +218,7 @@ def run_backlog(
     try:
         for i in range(0, len(run_ids), _START_BATCH):
             start_runs(settings, WORKFLOW, run_ids[i : i + _START_BATCH], {})
-        if not _kill_and_wait(fleet, plan, run_ids, settings.pg_dsn, began, out):
+        if not _kill_and_wait(fleet, plan, run_ids, prefix, settings.pg_dsn, began, out):
             problems.append(
                 f"not every run ended within {plan.finish_timeout_s:.0f} s of the phase's start"
             )
@@ -240,14 +240,14 @@ def _kill_and_wait(
     fleet: Fleet,
     plan: BacklogPlan,
     run_ids: list[str],
+    prefix: str,
     dsn: str,
     began: float,
     out: Callable[[str], None],
 ) -> bool:
-    """A worker SIGKILLed every ``kill_every_s`` while runs are live (at most ``kills``), the
-    first once runs end (the workers run steps, with claims ahead), until every run ended;
-    False if they did not within the bound."""
-    kills_left = plan.kills
+    """Workers SIGKILLed as ``kill_at`` says, until every run ended; False if they did not
+    within the bound."""
+    done = 0
     next_kill = 0.0
     next_progress = 0.0
     deadline = began + plan.finish_timeout_s
@@ -256,15 +256,32 @@ def _kill_and_wait(
             now = time.monotonic()
             if now > deadline:
                 return False
-            if kills_left and ended and now >= next_kill:
+            due = done < plan.kills and now >= next_kill
+            if due and claimed(conn, prefix) >= kill_at(done, plan):
                 fleet.sigkill(WORKER)
-                kills_left -= 1
-                next_kill = now + plan.kill_every_s
+                done += 1
+                next_kill = now + plan.kill_gap_s
             if now >= next_progress:
                 out(f"{now - began:6.1f} s  runs ended {ended}/{len(run_ids)}")
                 next_progress = now + _PROGRESS_EVERY_S
             time.sleep(0.2)  # polling the database for the end; bounded by the deadline
     return True
+
+
+def kill_at(done: int, plan: BacklogPlan) -> int:
+    """How many steps workers must have claimed before the kill after ``done`` kills: the
+    first once they claim, the others evenly over the backlog, so that every kill comes
+    while steps wait, however fast this machine works through them (the runs' ends lag
+    behind: a processor ends them in large batches)."""
+    return max(1, done * plan.runs // plan.kills)
+
+
+def claimed(conn: psycopg.Connection[Any], prefix: str) -> int:
+    """How many of the phase's step attempts workers claimed."""
+    row = conn.execute(
+        "SELECT count(*) FROM eec_step_attempt WHERE starts_with(run_id, %s)", (prefix,)
+    ).fetchone()
+    return int(row[0]) if row else 0
 
 
 def run_facts(conn: psycopg.Connection[Any], prefix: str) -> list[RunFacts]:

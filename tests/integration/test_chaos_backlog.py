@@ -21,7 +21,7 @@ pytestmark = pytest.mark.integration
 def test_workers_killed_under_a_backlog_of_1s_steps_fail_no_run_for_queue_time(
     settings: Settings, pg: psycopg.Connection[Any], tmp_path: Path
 ) -> None:
-    plan = BacklogPlan(runs=400, kills=3, kill_every_s=3.0, finish_timeout_s=150.0, seed=1)
+    plan = BacklogPlan(runs=400, kills=3, finish_timeout_s=150.0, seed=1)
     report = run_backlog(settings, plan, tmp_path, f"{settings.topic_prefix}-backlog-")
     print("\n".join(report.lines()))
     assert report.ok, report.problems

@@ -16,6 +16,7 @@ from processor.tools.chaos_backlog import (
     RunFacts,
     check,
     classify,
+    kill_at,
 )
 
 TIMEOUT = "step 'only' failed after 1 attempt(s): attempt 1 timed out after 1000 ms"
@@ -97,3 +98,8 @@ def test_a_succeeded_run_whose_step_never_ran_is_a_problem() -> None:
     problems: list[str] = []
     check(BacklogPlan(), [_run(status="succeeded", reason=None)], [], Counter(), 1, 1.0, problems)
     assert any("succeeded without running its step" in p for p in problems)
+
+
+def test_the_kills_are_spread_over_the_backlog() -> None:
+    plan = BacklogPlan(runs=3000, kills=8)
+    assert [kill_at(done, plan) for done in range(8)] == [1, 375, 750, 1125, 1500, 1875, 2250, 2625]
