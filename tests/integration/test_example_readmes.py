@@ -97,28 +97,31 @@ class Shell:
         except FileNotFoundError:
             return False
 
-    def close(self) -> None:
-        """The services ended (SIGTERM, as `kill %1 %2` in the README does), then the shell."""
+    def stop_services(self) -> list[int]:
+        """The services ended as `kill %1 %2` in the README ends them (SIGTERM): their exit
+        codes, read by the shell that started them."""
         for pid in self.services:
             if self.running(pid):
                 os.kill(pid, signal.SIGTERM)
+        wait_for(
+            lambda: not any(self.running(pid) for pid in self.services),
+            30,
+            "the README's services to exit on SIGTERM",
+        )
+        return [self.run(f"wait {pid}")[1] for pid in self.services]
+
+    def close(self) -> None:
+        """Whatever still runs killed, then the shell ended."""
+        for pid in self.services:
+            if self.running(pid):
+                os.kill(pid, signal.SIGKILL)
+        assert self._proc.stdin is not None
+        self._proc.stdin.close()
         try:
-            wait_for(
-                lambda: not any(self.running(pid) for pid in self.services),
-                30,
-                "the README's services to exit",
-            )
-        finally:
-            for pid in self.services:
-                if self.running(pid):
-                    os.kill(pid, signal.SIGKILL)
-            assert self._proc.stdin is not None
-            self._proc.stdin.close()
-            try:
-                self._proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self._proc.kill()
-                self._proc.wait()
+            self._proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self._proc.kill()
+            self._proc.wait()
 
 
 def shlex_quote(path: Path) -> str:
@@ -181,6 +184,8 @@ def test_an_examples_readme_runs_top_to_bottom_and_prints_what_it_shows(
                 + "\n".join(command.expected)
             )
     assert shell.services, f"{where} starts no service"
-    for number, pid in enumerate(shell.services, 1):
-        log = top / f"service-{number}.log"
+    logs = [top / f"service-{number}.log" for number in range(1, len(shell.services) + 1)]
+    for pid, log in zip(shell.services, logs, strict=True):
         assert shell.running(pid), f"{log.name} exited: {log.read_text()[-2000:]}"
+    codes = shell.stop_services()
+    assert codes == [0] * len(codes), [log.read_text()[-2000:] for log in logs]
