@@ -74,7 +74,12 @@ def wait_for(
 # frozen: the fixtures that can), that start a three-broker cluster, or that build the package
 # or the examples: `make pytest` runs them alone, after the others ran two at a time.
 _SERIAL_FIXTURES = {"local_infra", "cluster"}
-_SERIAL_FILES = {"test_wheel.py", "test_examples.py", "test_chaos.py", "test_bench.py"}
+_SERIAL_FILES = {
+    "test_wheel.py",
+    "test_examples.py",
+    "test_chaos.py",
+    "test_bench.py",
+}
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
