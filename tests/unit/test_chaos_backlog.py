@@ -92,6 +92,7 @@ def test_the_phase_fails_when_it_tested_nothing_or_lost_runs() -> None:
     check(BacklogPlan(), quick, [], Counter({("ok", NODE, 1): 1}), 2, 1.0, problems)
     assert any("tested nothing" in p for p in problems)
     assert any("1 runs found of 2" in p for p in problems)
+    assert any("no worker was killed" in p for p in problems)
 
 
 def test_a_succeeded_run_whose_step_never_ran_is_a_problem() -> None:
