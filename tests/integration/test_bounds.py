@@ -54,8 +54,9 @@ WORKFLOW = {**orjson.loads(SAMPLE.read_bytes()), "name": f"bounded-{uuid.uuid4()
 # signal nobody sends, so it is live for every signal of the round whatever came first (a
 # signal that cannot land, on a run that has ended or of a name no step waits for, is refused:
 # core/landing.py).
+WAITER_NAME = f"waiter-{uuid.uuid4().hex[:8]}"
 WAITER = {
-    "name": f"waiter-{uuid.uuid4().hex[:8]}",
+    "name": WAITER_NAME,
     "version": 1,
     "steps": [
         {"name": "hear", "kind": "wait", "signal": "go"},
@@ -212,7 +213,7 @@ def _write_round(doors: Doors, tag: str, fields: list[bytes], good: int) -> None
     trigger record's input; ``good`` plain starts besides, and the reserved run ids."""
     name = orjson.dumps(WORKFLOW["name"])
     waiter = f"{tag}-waiter"
-    start_run(doors.settings, WAITER["name"], waiter)
+    start_run(doors.settings, WAITER_NAME, waiter)
     records: list[tuple[str, bytes]] = []
     for i in range(good):
         run_id = f"{tag}-good-{i}"

@@ -35,18 +35,19 @@ from .test_triggers import _create, _events, _team_topic
 pytestmark = pytest.mark.integration
 
 TAG = uuid.uuid4().hex[:8]
+NAME, CHILD_NAME, PARENT_NAME = f"approval-{TAG}", f"approval-child-{TAG}", f"holder-{TAG}"
 # No worker runs any of these: a run waits at its wait step until a signal ends it.
 APPROVAL = {
-    "name": f"approval-{TAG}",
+    "name": NAME,
     "version": 1,
     "steps": [{"name": "approve", "kind": "wait", "signal": "approved"}],
     "output": "approve",
 }
-CHILD = {**APPROVAL, "name": f"approval-child-{TAG}"}
+CHILD = {**APPROVAL, "name": CHILD_NAME}
 PARENT = {
-    "name": f"holder-{TAG}",
+    "name": PARENT_NAME,
     "version": 1,
-    "steps": [{"name": "hold", "kind": "workflow", "workflow": CHILD["name"]}],
+    "steps": [{"name": "hold", "kind": "workflow", "workflow": CHILD_NAME}],
 }
 
 
@@ -60,7 +61,7 @@ def _signal(run_id: str, name: str, signal_id: str, payload: Any = None) -> tupl
     return run_id, SignalRequest(run_id, name, signal_id, payload).encode()
 
 
-def _start(run_id: str, workflow: str = APPROVAL["name"]) -> tuple[str, bytes]:
+def _start(run_id: str, workflow: str = NAME) -> tuple[str, bytes]:
     return run_id, StartRequest(run_id, workflow).encode()
 
 
@@ -84,7 +85,7 @@ def _letters(settings: Settings) -> dict[str, list[DeadLetter]]:
 
 def _ended(settings: Settings, pg: psycopg.Connection[Any], run_id: str) -> None:
     """Start a run and cancel it: a run that has ended."""
-    start_run(settings, APPROVAL["name"], run_id)
+    start_run(settings, NAME, run_id)
     send_signal(settings, run_id, "cancel", signal_id=f"end-{run_id}")
     wait_for(lambda: run_statuses(pg, [run_id]) == {run_id: "cancelled"}, 60, f"{run_id} ended")
 
@@ -93,13 +94,13 @@ def test_ductor_signal_and_the_client_refuse_a_typo_and_a_run_that_has_ended(
     settings: Settings, pg: psycopg.Connection[Any], processor_thread: Any
 ) -> None:
     processor_thread(settings)
-    start_run(settings, APPROVAL["name"], "cli-1")
-    start_run(settings, APPROVAL["name"], "cli-2")
+    start_run(settings, NAME, "cli-1")
+    start_run(settings, NAME, "cli-2")
     typo = run_ductor(settings, "signal", "cli-1", "aproved", "--payload", '{"by": "ada"}')
     assert typo.returncode == 2, typo.stderr
     assert typo.stderr.strip() == (
         "ductor: signal 'aproved' refused (unknown_signal): no step of workflow"
-        f" '{APPROVAL['name']}' version 1 waits for a signal named 'aproved'; it waits for"
+        f" '{NAME}' version 1 waits for a signal named 'aproved'; it waits for"
         " 'approved' (or 'cancel')"
     )
     with pytest.raises(SignalRefused) as refused:
@@ -155,7 +156,7 @@ def test_bad_signals_from_kafka_are_one_dead_letter_each_with_the_reason(
         30,
         "the instance to follow the trigger",
     )
-    start_run(settings, APPROVAL["name"], "kfk-live")
+    start_run(settings, NAME, "kfk-live")
     _ended(settings, pg, "kfk-done")
     bad = {
         "typo": _signal("kfk-live", "aproved", "sig-typo", {"by": "ada"}),
@@ -231,7 +232,7 @@ def test_a_signal_whose_run_ends_while_it_is_recorded_is_refused(
             ended.set()
 
     processor_thread(settings, faults=Faults({Point.SIGNALS_READ: cancel_meanwhile}))
-    start_run(settings, APPROVAL["name"], "race-1")
+    start_run(settings, NAME, "race-1")
     record = _signal("race-1", "approved", "sig-racing", {"by": "ada"})
     _write(settings, [record])
     wait_for(lambda: len(read_dead_letters(settings)) == 1, 60, "the racing signal's dead letter")
@@ -253,7 +254,7 @@ def test_signals_kept_for_a_child_run_are_judged_when_the_sweep_adopts_them(
     typo = _signal(child, "approve", "sig-child-typo")
     _write(settings, [good, typo])
     wait_for(lambda: _kept(pg) == [child, child], 30, "the child's signals to be kept")
-    _write(settings, [_start("kid-1", PARENT["name"])])
+    _write(settings, [_start("kid-1", PARENT_NAME)])
     wait_for(
         lambda: run_statuses(pg, ["kid-1", child]) == {"kid-1": "succeeded", child: "succeeded"},
         60,
