@@ -74,7 +74,12 @@ def wait_for(
 # frozen: the fixtures that can), that start a three-broker cluster, or that build the package
 # or the examples: `make pytest` runs them alone, after the others ran two at a time.
 _SERIAL_FIXTURES = {"local_infra", "cluster"}
-_SERIAL_FILES = {"test_wheel.py", "test_examples.py", "test_chaos.py", "test_bench.py"}
+_SERIAL_FILES = {
+    "test_wheel.py",
+    "test_examples.py",
+    "test_chaos.py",
+    "test_bench.py",
+}
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -111,6 +116,10 @@ def base_settings() -> Settings:
         pytest.fail(f"Kafka is not reachable at {settings.bootstrap_servers} (run `make up`)")
     settings = _own_database(settings)
     migrate(settings.pg_dsn)
+    # Steps that log their executions (counted_steps.py) on a worker in this process write to
+    # this process's database, as those of a spawned worker do (child_env): under xdist it is
+    # not the one DUCTOR_PG_DSN names.
+    os.environ.update(execution_log_env(settings))
     return settings
 
 
@@ -251,9 +260,10 @@ class Spawned:
         )
 
     def terminate(self, timeout: float = 30.0) -> int:
-        """SIGTERM, and its exit code; SIGKILL if it has not exited within ``timeout``, after
-        SIGUSR1 made it write its threads' stacks to its log (printed here, for the test's
-        report: where it was stuck)."""
+        """SIGTERM, and its exit code. A process that has not exited within ``timeout`` fails
+        the test (a stop that hangs is a bug wherever it shows): SIGUSR1 makes it write its
+        threads' stacks to its log, SIGKILL ends it, and the failure carries the log's tail,
+        so a report shows where it was stuck."""
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
         try:
@@ -263,9 +273,10 @@ class Spawned:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 self.proc.wait(2)
             self.proc.kill()
-            code = self.proc.wait(10)
-            tail = self.log_path.read_text(errors="replace")[-6000:]
-            print(f"{self.log_path.name} did not stop in {timeout:.0f} s:\n{tail}", file=sys.stderr)
+            self.proc.wait(10)
+            self._log.close()
+            tail = self.log_path.read_text(errors="replace")[-8000:]
+            pytest.fail(f"{self.log_path.name} did not stop in {timeout:.0f} s of SIGTERM:\n{tail}")
         self._log.close()
         return code
 
