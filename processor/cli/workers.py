@@ -34,7 +34,7 @@ def add_workers_command(sub: Any) -> None:
 
 def cmd_workers(settings: Settings, args: argparse.Namespace) -> int:
     with connect(settings) as conn:
-        workers = live_workers(conn, settings.instance_timeout_s)
+        workers = live_workers(conn, settings.worker_group_id, settings.instance_timeout_s)
         now = _now(conn)
     if args.output == "json":
         print(orjson.dumps([w.as_json() for w in workers]).decode())
@@ -77,7 +77,7 @@ def warn_unserved(settings: Settings, definitions: Sequence[WorkflowDef]) -> Non
     command itself did what it was asked."""
     try:
         with connect(settings) as conn:
-            workers = live_workers(conn, settings.instance_timeout_s)
+            workers = live_workers(conn, settings.worker_group_id, settings.instance_timeout_s)
     except (ClientError, psycopg.Error):
         return
     for line in unserved_lines(definitions, workers):

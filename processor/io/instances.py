@@ -56,9 +56,9 @@ def alive(column: str) -> str:
 # given (what it holds changed), else kept.
 _UPSERT = """
 INSERT INTO eec_instance
-    (instance_id, kind, host, pid, name, queues, step_types, concurrency, version, app,
-     partitions)
-    VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s::jsonb)
+    (instance_id, kind, host, pid, group_id, name, queues, step_types, concurrency, version,
+     app, partitions)
+    VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s::jsonb)
     ON CONFLICT (instance_id) DO UPDATE
         SET heartbeat_at = now(),
             partitions = coalesce(EXCLUDED.partitions, eec_instance.partitions)

@@ -44,6 +44,20 @@ _BROKER_MINIMUM = {
 }
 
 
+def membership_note(settings: Settings) -> None:
+    """A named worker under the consumer protocol: say what its name does and does not do
+    (measured: processor/tools/failover.py, docs/operations.md "Step workers")."""
+    if settings.worker_name and settings.group_protocol == "consumer":
+        log.info(
+            "worker %r is a static member of its group: restarted after a clean stop, it takes"
+            " its partitions back at once; killed, it gets its name back only once its session"
+            " ends (DUCTOR_WORKER_SESSION_TIMEOUT_MS), as under the consumer group protocol the"
+            " broker holds it until then (DUCTOR_GROUP_PROTOCOL=classic on the workers gives"
+            " it back at once)",
+            settings.worker_name,
+        )
+
+
 def configure_worker_group(settings: Settings, timeout_s: float = 5.0) -> dict[str, int]:
     """Set the workers' group's session timeout and heartbeat interval on the broker (consumer
     protocol, ``DUCTOR_WORKER_SESSION_TIMEOUT_MS`` > 0); returns what the broker took. Nothing

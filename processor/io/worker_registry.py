@@ -26,6 +26,7 @@ from processor.core.workflow import WorkflowDef
 class WorkerAbout:
     """What a worker serves, as it registers."""
 
+    group_id: str  # the consumer group it joins (its deployment's workers)
     name: str | None  # DUCTOR_WORKER_NAME, None when it has none
     queues: tuple[str, ...]
     step_types: tuple[str, ...]
@@ -43,11 +44,12 @@ def ductor_version() -> str:
 
 
 def about_params(about: WorkerAbout | None) -> tuple[Any, ...]:
-    """The registry columns (name, queues, step_types, concurrency, version, app) of a
-    worker's row; NULLs for a processor's."""
+    """The registry columns (group_id, name, queues, step_types, concurrency, version, app)
+    of a worker's row; NULLs for a processor's."""
     if about is None:
-        return (None, None, None, None, None, None)
+        return (None, None, None, None, None, None, None)
     return (
+        about.group_id,
         about.name,
         list(about.queues),
         list(about.step_types),
@@ -65,23 +67,25 @@ def partitions_doc(held: Iterable[tuple[str, int]]) -> str:
     return orjson.dumps(by_topic).decode()
 
 
-# What a worker reads of the others (the workers' role may read these columns): those seen
-# within the grace of a hand-back, live or not (core/handback.py).
+# What a worker reads of the others of its group (the workers' role may read these columns):
+# those seen within the grace of a hand-back, live or not (core/handback.py).
 _SERVERS = """
 SELECT instance_id, queues, step_types, partitions,
        stopped_at IS NULL AND heartbeat_at > now() - make_interval(secs => %(gone_after_s)s)
   FROM eec_instance
- WHERE kind = 'worker' AND queues IS NOT NULL
+ WHERE kind = 'worker' AND group_id = %(group_id)s
    AND heartbeat_at > now() - make_interval(secs => %(seen_within_s)s)
 """
 
 
 def servers(
-    conn: psycopg.Connection[Any], gone_after_s: float, seen_within_s: float = GRACE_S
+    conn: psycopg.Connection[Any],
+    group_id: str,
+    gone_after_s: float,
+    seen_within_s: float = GRACE_S,
 ) -> list[Server]:
-    rows = conn.execute(
-        _SERVERS, {"gone_after_s": gone_after_s, "seen_within_s": seen_within_s}
-    ).fetchall()
+    params = {"group_id": group_id, "gone_after_s": gone_after_s, "seen_within_s": seen_within_s}
+    rows = conn.execute(_SERVERS, params).fetchall()
     return [
         Server(
             instance_id,
@@ -132,17 +136,21 @@ class LiveWorker:
         }
 
 
-def live_workers(conn: psycopg.Connection[Any], gone_after_s: float) -> list[LiveWorker]:
-    """The workers alive now (not stopped, a heartbeat within ``gone_after_s``), oldest
-    first. A worker from before the registry said what it serves shows none."""
+def live_workers(
+    conn: psycopg.Connection[Any], group_id: str, gone_after_s: float
+) -> list[LiveWorker]:
+    """The workers of group ``group_id`` alive now (not stopped, a heartbeat within
+    ``gone_after_s``), oldest first; a worker from before the registry said what it serves
+    (no group: listed with every group) shows none."""
     rows = conn.execute(
         "SELECT instance_id, name, host, pid, queues, step_types, concurrency, version, app,"
         "       partitions, started_at, heartbeat_at"
         "  FROM eec_instance"
         " WHERE kind = 'worker' AND stopped_at IS NULL"
         "   AND heartbeat_at > now() - make_interval(secs => %s)"
+        "   AND (group_id = %s OR group_id IS NULL)"
         " ORDER BY started_at, instance_id",
-        (gone_after_s,),
+        (gone_after_s, group_id),
     ).fetchall()
     return [
         LiveWorker(
@@ -193,7 +201,8 @@ class Directory:
 
     WANTED_FOR_S = 60.0
 
-    def __init__(self, gone_after_s: float, monotonic: Any = time.monotonic) -> None:
+    def __init__(self, group_id: str, gone_after_s: float, monotonic: Any = time.monotonic) -> None:
+        self._group_id = group_id
         self._gone_after_s = gone_after_s
         self._monotonic = monotonic
         self._lock = threading.Lock()
@@ -214,7 +223,7 @@ class Directory:
         wanted = self._wanted_at
         if wanted is None or self._monotonic() - wanted > self.WANTED_FOR_S:
             return
-        found = servers(conn, self._gone_after_s)
+        found = servers(conn, self._group_id, self._gone_after_s)
         with self._lock:
             self._servers = found
             self.version += 1

@@ -62,6 +62,7 @@ _WAIT_S = 120.0
 
 @dataclass(frozen=True)
 class Failover:
+    group: str  # the workers' group
     protocol: str
     session_timeout_ms: int
     named: bool
@@ -258,6 +259,7 @@ def _measure(
     assert row is not None and row[0] is not None
     first, last = row
     return Failover(
+        group=s.worker_group_id,
         protocol=s.group_protocol,
         session_timeout_ms=s.worker_session_timeout_ms,
         named=named,

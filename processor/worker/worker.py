@@ -47,7 +47,7 @@ from processor.io.kafka_logs import with_logger
 from processor.io.outage import Outage, until_available
 from processor.io.telemetry import Telemetry
 from processor.io.threads import ThreadWatch
-from processor.io.worker_group import configure_worker_group
+from processor.io.worker_group import configure_worker_group, membership_note
 from processor.io.worker_registry import Directory, WorkerAbout, ductor_version, partitions_doc
 from processor.worker.app import AppError, child_spec
 from processor.worker.database import Answer, ClaimRules, WorkerDatabase
@@ -129,8 +129,9 @@ class Worker:
         # What it serves, in its registry row (`ductor workers`), and the other workers as the
         # registry shows them, read after its heartbeats while tasks of types it has no
         # function for wait for them (handback.py).
-        self.directory = Directory(settings.instance_timeout_s)
+        self.directory = Directory(settings.worker_group_id, settings.instance_timeout_s)
         about = WorkerAbout(
+            settings.worker_group_id,
             settings.worker_name or None,
             options.queues,
             tuple(registry.types()),
@@ -307,6 +308,7 @@ class Worker:
             return False
         self.probe.waiting_for = None
         configure_worker_group(self.settings)  # how soon a dead worker's tasks move
+        membership_note(self.settings)
         self.presence.start()
         self.db.start()
         self.source.subscribe(partitions)

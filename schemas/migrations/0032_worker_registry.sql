@@ -2,10 +2,12 @@
 -- workers"): written when it registers, read by `ductor workers`, by `workflows register` and
 -- `start` (which warn when no live worker serves a step type of the workflow), and by a worker
 -- handed a task it has no function for, which passes the task to a partition of a worker that
--- has (worker/handback.py). `partitions` is what the worker holds of its queues' steps topics
--- ({"topic": [partition, ...]}), written with its heartbeat when it changed. NULL for
--- processors, and for workers from before this migration.
+-- has (worker/handback.py). `group_id` is the consumer group the worker joins (the workers of
+-- one deployment: each reads only those of its own); `partitions` what the worker holds of its
+-- queues' steps topics ({"topic": [partition, ...]}), written with its heartbeat when it
+-- changed. NULL for processors, and for workers from before this migration.
 ALTER TABLE eec_instance
+    ADD COLUMN IF NOT EXISTS group_id    text,
     ADD COLUMN IF NOT EXISTS name        text,
     ADD COLUMN IF NOT EXISTS queues      text[],
     ADD COLUMN IF NOT EXISTS step_types  text[],
@@ -60,10 +62,10 @@ BEGIN
     -- Its own registration (with what it serves), heartbeat, partitions, start permit and clean
     -- stop (io/instances.py); whether another instance is alive, and what the other workers
     -- serve and hold. It forgets no one (only processors delete old rows).
-    GRANT SELECT (instance_id, kind, heartbeat_at, stopped_at, started_through, queues,
-                  step_types, partitions),
-          INSERT (instance_id, kind, host, pid, name, queues, step_types, concurrency, version,
-                  app, partitions),
+    GRANT SELECT (instance_id, kind, heartbeat_at, stopped_at, started_through, group_id,
+                  queues, step_types, partitions),
+          INSERT (instance_id, kind, host, pid, group_id, name, queues, step_types,
+                  concurrency, version, app, partitions),
           UPDATE (heartbeat_at, stopped_at, started_through, partitions)
         ON eec_instance TO ductor_worker;
     RETURN true;

@@ -128,7 +128,7 @@ class Shell:
 
     def __init__(self) -> None:
         self.sent = Sent()
-        self.directory = Directory(5.0)
+        self.directory = Directory("g", 5.0)
         self.done: list[tuple[tuple[str, int], int]] = []
         self.here: list[Foreign] = []
         self.counts: Counter[str] = Counter()
