@@ -51,7 +51,7 @@ from processor.io.kafka import (
     store_offsets,
     worker_consumer_config,
 )
-from processor.io.kafka_logs import with_logger
+from processor.io.kafka_logs import ClientLog, with_logger
 
 log = logging.getLogger("ductor.worker")
 
@@ -72,6 +72,7 @@ class StaticJoin:
 
     def __init__(self, name: str) -> None:
         self.name = name
+        self.client_log = ClientLog(expected=lambda text: _UNRELEASED_TEXT in text)
         self.refused_since: float | None = None  # the first refusal of this wait
         self._retry_at: float | None = None
         self._warned_at = 0.0
@@ -208,6 +209,7 @@ class TaskSource:
         self._releasing = releasing
         self._faults = faults
         self._client_errors = client_errors
+        self._static = StaticJoin(settings.worker_name) if settings.worker_name else None
         self._consumer = self._new_consumer()
         self.tracker = OffsetTracker()
         self.assigned: set[TP] = set()
@@ -220,19 +222,17 @@ class TaskSource:
         self._watch: GroupWatch | None = None
         self._read = False  # a record came since the last turn's look at the group
         self._leaving = False  # the worker left: the close's callbacks find nothing to do
-        self._static = StaticJoin(settings.worker_name) if settings.worker_name else None
 
     def _new_consumer(self) -> Consumer:
         # Offsets are stored once a task's result is recorded and its wakeup acknowledged (the
         # tracker's order); auto-commit ships them.
-        return Consumer(
-            with_logger(
-                {
-                    **worker_consumer_config(self._settings, self._client_id),
-                    "error_cb": self._client_error,
-                }
-            )
-        )
+        config = {
+            **worker_consumer_config(self._settings, self._client_id),
+            "error_cb": self._client_error,
+        }
+        # A named worker's consumers share one log: the broker's refusal of the name is said
+        # by the worker (StaticJoin), not as a critical line of each consumer that tries.
+        return Consumer(with_logger(config, self._static.client_log if self._static else None))
 
     def _client_error(self, error: KafkaError) -> None:
         if self._static is not None and StaticJoin.is_refusal(error):
