@@ -186,8 +186,7 @@ class TaskFlow:
                 delivery,
                 done_offset,
                 self._run_here,
-                stats.handed_back,
-                stats.skipped,
+                stats,
             )
             if directory is not None
             else None

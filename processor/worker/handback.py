@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import logging
 import time
-from collections import Counter
 from collections.abc import Callable
 from typing import NamedTuple
 
@@ -41,6 +40,7 @@ from processor.core.routing import TopicNames
 from processor.core.step_task import StepTask
 from processor.io.delivery import Delivery
 from processor.io.worker_registry import Directory
+from processor.worker.stats import WorkerStats
 
 log = logging.getLogger("ductor.worker")
 
@@ -76,8 +76,7 @@ class Handback:
         delivery: Delivery,
         done_offset: Callable[[TP, int], None],
         run_here: Callable[[Foreign], None],
-        handed_back: Counter[str],
-        skipped: Counter[str],
+        stats: WorkerStats,
     ) -> None:
         self._queue_of = {t: q for q in queues for t in names.step_topics(q)}
         self._me = me
@@ -85,8 +84,7 @@ class Handback:
         self._delivery = delivery
         self._done_offset = done_offset
         self._run_here = run_here
-        self._handed_back = handed_back  # the worker's stats: by step type
-        self._skipped = skipped  # ... and tasks not run, by reason
+        self._stats = stats  # (handed_back by step type, skipped, isolated)
         self._waiting: dict[TP, dict[int, Foreign]] = {}
         self._seen_version = -1  # the directory's version at the last look at the waiting
         self._said: dict[tuple[str, str], tuple[float, int]] = {}
@@ -142,7 +140,17 @@ class Handback:
         waiting, self._waiting = self._waiting, {}
         for tasks in waiting.values():
             for foreign in tasks.values():
-                self._decide(foreign)
+                try:
+                    self._decide(foreign)
+                except Exception as unforeseen:  # the task's alone, never the loop's
+                    self._stats.isolated["handback"] += 1
+                    log.error(
+                        "handing back a task of run %s failed unexpectedly: it runs here",
+                        foreign.step.run_id,
+                        exc_info=unforeseen,
+                        extra={"run_id": foreign.step.run_id},
+                    )
+                    self._run_here(foreign)
 
     def releasing(self, tps: set[TP]) -> None:
         """Partitions go: their waiting tasks are the next owner's."""
@@ -156,7 +164,7 @@ class Handback:
     def _decide(self, foreign: Foreign) -> None:
         step = foreign.step
         if time.time() * 1000 >= step.deadline_ms:
-            self._skipped["deadline"] += 1  # stale: the coordinator moved on
+            self._stats.skipped["deadline"] += 1  # stale: the coordinator moved on
             self._done_offset(foreign.tp, foreign.offset)
             return
         version = self._directory.version
@@ -205,7 +213,7 @@ class Handback:
         self._delivery.send(
             foreign.tp[0], foreign.value, foreign.key, to.partition, headers, delivered
         )
-        self._handed_back[step.step_type] += 1
+        self._stats.handed_back[step.step_type] += 1
         self._say(
             "handed_back",
             step.step_type,

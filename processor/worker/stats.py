@@ -26,7 +26,7 @@ class WorkerStats:
     handed_back: Counter[str] = field(default_factory=Counter)
     errors: Counter[str] = field(default_factory=Counter)  # genuine failures by kind
     # Exceptions nobody foresaw, each isolated to the task it was met on, by where: intake,
-    # claimed, ended, recorded (the loop), claim, record (the database lanes).
+    # claimed, ended, recorded, handback (the loop), claim, record (the database lanes).
     isolated: Counter[str] = field(default_factory=Counter)
 
     @property

@@ -33,6 +33,7 @@ from processor.io.kafka import worker_consumer_config
 from processor.io.worker_registry import Directory, LiveWorker
 from processor.worker.handback import Foreign, Handback
 from processor.worker.source import StaticJoin
+from processor.worker.stats import WorkerStats
 
 from .fakes import FakeMessage
 
@@ -131,8 +132,9 @@ class Shell:
         self.directory = Directory("g", 5.0)
         self.done: list[tuple[tuple[str, int], int]] = []
         self.here: list[Foreign] = []
-        self.counts: Counter[str] = Counter()
-        self.skipped: Counter[str] = Counter()
+        self.stats = WorkerStats()
+        self.counts = self.stats.handed_back
+        self.skipped = self.stats.skipped
         self.handback = Handback(
             NAMES,
             ("default",),
@@ -141,8 +143,7 @@ class Shell:
             Delivery(self.sent, Counter()),
             lambda tp, offset: self.done.append((tp, offset)),
             self.here.append,
-            self.counts,
-            self.skipped,
+            self.stats,
         )
 
     def show(self, *servers: Server) -> None:
