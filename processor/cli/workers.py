@@ -73,25 +73,30 @@ def cmd_workers(settings: Settings, args: argparse.Namespace) -> int:
 
 def warn_unserved(settings: Settings, definitions: Sequence[WorkflowDef]) -> None:
     """On stderr, a line for each step type of ``definitions`` that no live worker serves on
-    its queue (the exit code stays). Said nothing when the registry cannot be read: the
+    its queue (the exit code stays). Nothing is said when the registry cannot be read: the
     command itself did what it was asked."""
     try:
         with connect(settings) as conn:
-            workers = live_workers(conn, settings.worker_group_id, settings.instance_timeout_s)
+            _warn(conn, settings, definitions)
     except (ClientError, psycopg.Error):
         return
-    for line in unserved_lines(definitions, workers):
-        print(line, file=sys.stderr)
 
 
 def warn_unserved_workflow(settings: Settings, name: str) -> None:
     """``warn_unserved`` for the latest version of workflow ``name`` (what `start` runs)."""
     try:
         with connect(settings) as conn:
-            wf = Definitions().latest(conn, name)
+            _warn(conn, settings, [Definitions().latest(conn, name)])
     except (ClientError, psycopg.Error, UnknownWorkflow):
         return
-    warn_unserved(settings, [wf])
+
+
+def _warn(
+    conn: psycopg.Connection[Any], settings: Settings, definitions: Sequence[WorkflowDef]
+) -> None:
+    workers = live_workers(conn, settings.worker_group_id, settings.instance_timeout_s)
+    for line in unserved_lines(definitions, workers):
+        print(line, file=sys.stderr)
 
 
 def unserved_lines(definitions: Sequence[WorkflowDef], workers: Sequence[LiveWorker]) -> list[str]:
