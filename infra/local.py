@@ -1088,6 +1088,12 @@ class Postgres:
             if role is None:
                 note("postgres: creating role ductor")
                 conn.execute("CREATE ROLE ductor LOGIN CREATEDB PASSWORD 'ductor'")
+            # The workers' group role, made by the administrator as docs/operations.md says
+            # (the `ductor` role may not create roles, so its migration only grants to it).
+            worker = conn.execute("SELECT 1 FROM pg_roles WHERE rolname = 'ductor_worker'")
+            if worker.fetchone() is None:
+                note("postgres: creating role ductor_worker")
+                conn.execute("CREATE ROLE ductor_worker NOLOGIN")
             database = conn.execute("SELECT 1 FROM pg_database WHERE datname = 'ductor'").fetchone()
             if database is None:
                 note("postgres: creating database ductor")

@@ -7,7 +7,7 @@ import gc
 # Allocations between two collections of the youngest generation (CPython's default is 700).
 # A task or a tick allocates a few hundred objects, nearly all freed by reference counting;
 # collecting every 10,000 took ~15 % off the worker's CPU per run and ~7 % off the processor's
-# (docs/performance.md, "The worker compiled, its collector settled"). The older generations
+# (docs/performance.md, "The garbage collector settled"). The older generations
 # keep their defaults (each collected after ten collections of the one below).
 YOUNG_THRESHOLD = 10_000
 

@@ -218,7 +218,17 @@ RETURNING r.run_id, c.seq, c.effects, c.signalled, c.children, c.cancel_children
            ELSE coalesce(
                (SELECT s.output FROM eec_step_result s
                  WHERE s.run_id = u.run_id AND s.node_id = k.input_from
-                   AND s.attempt = k.input_attempt), 'null'::jsonb) END,
+                   AND s.attempt = k.input_attempt),
+               -- A step this very commit ends (its result is written by this statement,
+               -- which cannot read it back): a wait step's signal, a map's items.
+               (SELECT g.payload
+                  FROM jsonb_to_recordset(u.signalled) AS w(node text, attempt int, signal_id text)
+                  JOIN eec_run_signal g ON g.run_id = u.run_id AND g.signal_id = w.signal_id
+                 WHERE w.node = k.input_from AND w.attempt = k.input_attempt LIMIT 1),
+               (SELECT {_MAPPED_OUTPUT.format(run="u.run_id", items="u.items")}
+                  FROM jsonb_to_recordset(u.mapped) AS m(node text, attempt int)
+                 WHERE m.node = k.input_from AND m.attempt = k.input_attempt),
+               'null'::jsonb) END,
            now(), u.run_id, k.node, k.attempt
       FROM updated u
      CROSS JOIN LATERAL jsonb_to_recordset(u.children)

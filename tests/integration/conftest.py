@@ -111,6 +111,10 @@ def base_settings() -> Settings:
         pytest.fail(f"Kafka is not reachable at {settings.bootstrap_servers} (run `make up`)")
     settings = _own_database(settings)
     migrate(settings.pg_dsn)
+    # Steps that log their executions (counted_steps.py) on a worker in this process write to
+    # this process's database, as those of a spawned worker do (child_env): under xdist it is
+    # not the one DUCTOR_PG_DSN names.
+    os.environ.update(execution_log_env(settings))
     return settings
 
 

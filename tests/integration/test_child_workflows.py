@@ -181,3 +181,73 @@ def test_a_child_runs_for_its_step_and_its_end_comes_back_once(
         register_workflow(
             pg, parse_workflow({"name": f"{parent}-x", "version": 1, "steps": [orphan]})
         )
+
+
+def test_a_child_takes_the_output_of_a_step_that_ends_in_the_commit_that_starts_it(
+    settings: Settings, pg: psycopg.Connection[Any], processor_thread: Any
+) -> None:
+    """A wait step's signal or a map's last item ends that step in the very commit that starts
+    the child reading its output: the child's input is that output, not null (the statement
+    that writes the step's result and the one that starts the child cannot see each other)."""
+    tag = uuid.uuid4().hex[:6]
+    echo, after_wait, after_map = f"echo-{tag}", f"after-wait-{tag}", f"after-map-{tag}"
+    child = {"name": "child", "kind": "workflow", "workflow": echo}
+    for raw in (
+        {"name": echo, "version": 1, "steps": [{"name": "echo", "type": "echo"}], "output": "echo"},
+        {
+            "name": after_wait,
+            "version": 1,
+            "steps": [
+                {"name": "go", "kind": "wait", "signal": "go"},
+                {**child, "input_from": "go", "depends_on": ["go"]},
+            ],
+            "output": "child",
+        },
+        {
+            "name": after_map,
+            "version": 1,
+            "steps": [
+                {"name": "double", "kind": "map", "type": "double", "parallelism": 3},
+                {**child, "input_from": "double", "depends_on": ["double"]},
+            ],
+            "output": "child",
+        },
+    ):
+        register_workflow(pg, parse_workflow(raw))
+    registry = StepRegistry()
+
+    @registry.step("echo")
+    def echo_step(ctx: StepContext) -> Any:
+        return {"got": ctx.input}
+
+    @registry.step("double")
+    def double(ctx: StepContext) -> Any:
+        return ctx.item * 2
+
+    processor_thread(settings)
+    worker = WorkerThread(settings, registry)
+    try:
+        for run_id, workflow, run_input in (
+            ("w-1", after_wait, {}),
+            ("m-1", after_map, [1, 2, 3, 4]),
+        ):
+            started = run_ductor(
+                settings,
+                "start",
+                workflow,
+                "--run-id",
+                run_id,
+                "--input",
+                orjson.dumps(run_input).decode(),
+            )
+            assert started.returncode == 0, started.stderr
+        wait_for(
+            lambda: run_statuses(pg, ["w-1"]).get("w-1") == "running", 30, "w-1 to wait for go"
+        )
+        send_signal(settings, "w-1", "go", payload={"order": 17})
+        wait_for(lambda: count_terminal(pg, ["w-1", "m-1"]) == 2, 60, "both runs to end")
+    finally:
+        worker.stop()
+    assert run_statuses(pg, ["w-1", "m-1"]) == {"w-1": "succeeded", "m-1": "succeeded"}
+    assert orjson.loads(run_ductor(settings, "result", "w-1").stdout) == {"got": {"order": 17}}
+    assert orjson.loads(run_ductor(settings, "result", "m-1").stdout) == {"got": [2, 4, 6, 8]}
