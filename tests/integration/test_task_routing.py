@@ -15,17 +15,20 @@ from typing import Any
 import orjson
 import psycopg
 import pytest
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
 from processor.client import start_runs
 from processor.core.workflow import parse_workflow
 from processor.io.config import Settings
 from processor.io.runs_admin import register_workflow
+from processor.io.telemetry import Telemetry
 from processor.worker import StepContext, StepRegistry
 
 from .conftest import (
     ProcessorThread,
     WorkerThread,
     count_terminal,
+    metric_values,
     run_ductor,
     run_statuses,
     wait_for,
@@ -90,8 +93,12 @@ def test_two_apps_on_one_queue_every_run_succeeds(
     register_workflow(pg, parse_workflow(_orders_workflow()))
     register_workflow(pg, parse_workflow(INVOICES_WORKFLOW))
     processor: ProcessorThread = processor_thread(settings)
-    orders = WorkerThread(settings, ORDERS, threads=4)
-    invoices = WorkerThread(settings, INVOICES, threads=4)
+    readers = {"orders": InMemoryMetricReader(), "invoices": InMemoryMetricReader()}
+    telemetry = {
+        app: Telemetry.build(None, [], [r], settings.group_id) for app, r in readers.items()
+    }
+    orders = WorkerThread(settings, ORDERS, threads=4, telemetry=telemetry["orders"])
+    invoices = WorkerThread(settings, INVOICES, threads=4, telemetry=telemetry["invoices"])
     try:
         wait_for(
             lambda: orders.worker.assigned > 0 and invoices.worker.assigned > 0,
@@ -110,6 +117,11 @@ def test_two_apps_on_one_queue_every_run_succeeds(
         handed = orders.worker.stats.handed_back + invoices.worker.stats.handed_back
         assert sum(handed.values()) > 0  # (30 tasks over two workers' partitions: some were)
         assert set(handed) <= {"load", "price", "bill"}
+        # The metric counts them by step type (ductor_worker_handed_back_total).
+        for app, worker in (("orders", orders), ("invoices", invoices)):
+            counted = metric_values(readers[app], "ductor.worker.handed_back")
+            expected = worker.worker.stats.handed_back
+            assert counted == {(("ductor.step_type", t),): n for t, n in expected.items()}
         said = [r.getMessage() for r in caplog.records if "handed back" in r.getMessage()]
         assert said and all("step type '" in line for line in said)
         assert orders.worker.executed == 20 and invoices.worker.executed == 10
