@@ -1,6 +1,7 @@
 # syntax=docker/dockerfile:1
-# The `ductor` image. The processor (`ductor process`) and the step worker (`ductor worker`)
-# are subcommands of one program, so this one image runs every component of infra/k8s.
+# The `ductor` image. The processor (`ductor process`), the step worker (`ductor worker`) and
+# the web page (`ductor ui`) are subcommands of one program, so this one image runs every
+# component of infra/k8s.
 #
 #   docker build -t ductor:0.1.0 .
 #   docker run --rm ductor:0.1.0 --help
@@ -31,9 +32,14 @@ WORKDIR /src
 COPY pyproject.toml README.md setup.py ./
 COPY schemas/ schemas/
 COPY processor/ processor/
-RUN python -m pip wheel --no-deps --wheel-dir /dist . \
-    && python -m venv /opt/ductor \
-    && /opt/ductor/bin/pip install /dist/*.whl
+RUN python -m pip wheel --no-deps --wheel-dir /dist .
+# The wheel (its one file) with two extras: `binary`, psycopg's build that brings its own
+# libpq, which this slim base and the runtime stage lack (without it every command, --help
+# included, ends in "ImportError: no pq wrapper available"); and `ui`, for `ductor ui` (the
+# web page's Deployment in infra/k8s). tests/integration/test_wheel.py runs this very
+# instruction into a clean virtualenv and runs what it installed against the services.
+RUN python -m venv /opt/ductor \
+    && /opt/ductor/bin/pip install "$(echo /dist/*.whl)[binary,ui]"
 
 # --- runtime
 FROM ${PYTHON_IMAGE}
@@ -47,7 +53,10 @@ RUN groupadd --system --gid 10001 ductor \
     && useradd --system --uid 10001 --gid ductor --no-create-home --home-dir /nonexistent \
         --shell /usr/sbin/nologin ductor
 COPY --from=build /opt/ductor /opt/ductor
+# PSYCOPG_IMPL=binary: psycopg loads its binary build or fails at once, never a libpq of the
+# system that an image built FROM this one may have added.
 ENV PATH=/opt/ductor/bin:$PATH \
+    PSYCOPG_IMPL=binary \
     PYTHONUNBUFFERED=1 \
     PYTHONDONTWRITEBYTECODE=1
 WORKDIR /app

@@ -16,6 +16,7 @@ from processor.io.schedules import (
     Schedule,
     ScheduleError,
     create_schedule,
+    cron_of,
     delete_schedule,
     list_schedules,
     pause_schedule,
@@ -35,8 +36,12 @@ def add_schedule_commands(sub: Any) -> None:
     p.add_argument(
         "--cron",
         required=True,
-        help="five fields (minute hour day-of-month month day-of-week), six with seconds last,"
-        " or @hourly/@daily/@weekly/@monthly/@yearly",
+        help="five fields, as cron has them (minute hour day-of-month month day-of-week), or"
+        " @hourly/@daily/@weekly/@monthly/@yearly; never six (seconds go in --seconds)",
+    )
+    p.add_argument(
+        "--seconds",
+        help="the seconds of each minute the five fields match (e.g. */10, 0,30); default 0",
     )
     p.add_argument("--tz", default="UTC", help="the IANA time zone it reads in (default UTC)")
     p.add_argument("--workflow", required=True, help="the workflow each fire starts")
@@ -76,6 +81,7 @@ def cmd_schedules_create(settings: Settings, args: argparse.Namespace) -> int:
                 args.cron,
                 args.workflow,
                 tz=args.tz,
+                seconds=args.seconds,
                 version=args.version,
                 run_input=run_input,
                 tier=args.tier,
@@ -83,8 +89,16 @@ def cmd_schedules_create(settings: Settings, args: argparse.Namespace) -> int:
             )
         except ScheduleError as exc:
             raise CliError(str(exc), EXIT_USAGE) from None
-    print(f"schedule {schedule.name} created: next fire {_when(schedule.next_fire_at)}")
+    cron = cron_of(schedule)
+    first = round(schedule.next_fire_at.timestamp() * 1000)
+    print(f"schedule {schedule.name} created; its next {NEXT_FIRES} fires ({cron.tz}):")
+    for fire in cron.following(first, NEXT_FIRES):
+        print(f"  {cron.local(fire)}")
     return EXIT_OK
+
+
+# How many fire times `schedules create` prints: enough to see the expression's rhythm.
+NEXT_FIRES = 3
 
 
 def cmd_schedules_list(settings: Settings, args: argparse.Namespace) -> int:
@@ -99,7 +113,7 @@ def cmd_schedules_list(settings: Settings, args: argparse.Namespace) -> int:
     rows = [
         (
             s.name,
-            s.cron + ("" if s.tz == "UTC" else f" ({s.tz})"),
+            _cron(s) + ("" if s.tz == "UTC" else f" ({s.tz})"),
             s.workflow + ("" if s.version is None else f" v{s.version}"),
             "paused" if s.paused_at else _when(s.next_fire_at),
             s.last_run_id or "-",
@@ -116,6 +130,7 @@ def _json(s: Schedule) -> dict[str, Any]:
     return {
         "name": s.name,
         "cron": s.cron,
+        "seconds": s.seconds,
         "tz": s.tz,
         "workflow": s.workflow,
         "version": s.version,
@@ -129,6 +144,10 @@ def _json(s: Schedule) -> dict[str, Any]:
         "missed": s.missed,
         "paused": s.paused_at is not None,
     }
+
+
+def _cron(s: Schedule) -> str:
+    return s.cron + ("" if s.seconds is None else f" --seconds {s.seconds}")
 
 
 def _when(moment: Any) -> str:

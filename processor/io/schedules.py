@@ -50,7 +50,8 @@ class Schedule:
     """A schedule as `ductor schedules list` shows it."""
 
     name: str
-    cron: str
+    cron: str  # five fields, or a @ name
+    seconds: str | None  # the seconds field (``*/10``); None: at second 0
     tz: str
     workflow: str
     version: int | None  # None: the latest at each fire
@@ -65,7 +66,7 @@ class Schedule:
     paused_at: datetime | None
 
 
-_COLUMNS = """name, cron, tz, workflow_name, workflow_version, input, tier, catch_up,
+_COLUMNS = """name, cron, seconds, tz, workflow_name, workflow_version, input, tier, catch_up,
               next_fire_at, last_fired_at, last_run_id, fires, missed, paused_at"""
 
 
@@ -77,19 +78,21 @@ def create_schedule(
     workflow: str,
     *,
     tz: str = "UTC",
+    seconds: str | None = None,
     version: int | None = None,
     run_input: Any = None,
     tier: str = "t1",
     catch_up: int = 0,
 ) -> Schedule:
     """A new schedule, its first fire the first after now (Postgres's clock). ScheduleError
-    when the name is taken, the expression, zone, tier or catch-up is wrong, the input is
+    when the name is taken, the expression (six fields among others: core/cron.py), seconds,
+    zone, tier or catch-up is wrong, the input is
     beyond the bounds of stored JSON (core/bounds.py), the workflow is not registered, or the
     input does not match its schema."""
     try:
         check_schedule_name(name)
         check_catch_up(catch_up)
-        parsed = Cron(cron, tz)
+        parsed = Cron(cron, tz, seconds)
     except ValidationError as exc:
         raise ScheduleError(str(exc)) from None
     if tier not in TIERS:
@@ -101,13 +104,14 @@ def create_schedule(
         raise ScheduleError(problem)
     now_ms = _now_ms(conn)
     row = conn.execute(
-        f"""INSERT INTO eec_schedule (name, cron, tz, workflow_name, workflow_version, input,
-                                      tier, catch_up, shard, next_fire_at)
-            VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, to_timestamp(%s / 1000.0))
+        f"""INSERT INTO eec_schedule (name, cron, seconds, tz, workflow_name, workflow_version,
+                                      input, tier, catch_up, shard, next_fire_at)
+            VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, to_timestamp(%s / 1000.0))
             ON CONFLICT (name) DO NOTHING RETURNING {_COLUMNS}""",
         (
             name,
             parsed.expression,
+            seconds,
             tz,
             workflow,
             version,
@@ -152,7 +156,7 @@ def resume_schedule(conn: psycopg.Connection[Any], name: str) -> bool:
     schedule = get_schedule(conn, name)
     if schedule.paused_at is None:
         return False
-    next_fire = first_fire(Cron(schedule.cron, schedule.tz), _now_ms(conn))
+    next_fire = first_fire(cron_of(schedule), _now_ms(conn))
     conn.execute(
         "UPDATE eec_schedule SET paused_at = NULL, next_fire_at = to_timestamp(%s / 1000.0)"
         " WHERE name = %s",
@@ -186,7 +190,7 @@ def schedule_tags(name: str) -> dict[str, str]:
 
 
 _DUE = """
-SELECT name, cron, tz, workflow_name, workflow_version, input, tier, catch_up,
+SELECT name, cron, seconds, tz, workflow_name, workflow_version, input, tier, catch_up,
        (extract(epoch FROM next_fire_at) * 1000)::bigint,
        (extract(epoch FROM now()) * 1000)::bigint
   FROM eec_schedule
@@ -251,8 +255,8 @@ _RETRY_MS = 60_000
 def _fire(
     conn: psycopg.Connection[Any], definitions: Definitions, row: Sequence[Any]
 ) -> list[tuple[str, str]]:
-    name, cron, tz, workflow, version, run_input, tier, catch_up, next_ms, now_ms = row
-    plan = plan_fires(Cron(cron, tz), next_ms, now_ms, catch_up)
+    name, cron, seconds, tz, workflow, version, run_input, tier, catch_up, next_ms, now_ms = row
+    plan = plan_fires(Cron(cron, tz, seconds), next_ms, now_ms, catch_up)
     if plan.missed:
         log.warning(
             "schedule %s: %d fire(s) missed (more than a minute late) and skipped",
@@ -314,3 +318,12 @@ def _now_ms(conn: psycopg.Connection[Any]) -> int:
 
 def _schedule(row: Sequence[Any]) -> Schedule:
     return Schedule(*row)
+
+
+def cron_of(schedule: Schedule) -> Cron:
+    """A stored schedule's expression, parsed; ScheduleError for one that cannot be (a row
+    written by hand)."""
+    try:
+        return Cron(schedule.cron, schedule.tz, schedule.seconds)
+    except ValidationError as exc:
+        raise ScheduleError(f"schedule {schedule.name!r}: {exc}") from None

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -58,6 +59,9 @@ class BackgroundBuild:
             stderr=subprocess.STDOUT,
             text=True,
             preexec_fn=lambda: os.nice(10),  # noqa: PLW1509 (no threads in the child yet)
+            # A group of its own: `clean` ends the compilers the build started too, not only
+            # the build's first process (they would go on, orphaned, for minutes).
+            start_new_session=True,
         )
 
     def output(self) -> Path | None:
@@ -74,7 +78,7 @@ class BackgroundBuild:
 
     def clean(self) -> None:
         if self._proc is not None and self._proc.poll() is None:
-            self._proc.kill()
+            os.killpg(self._proc.pid, signal.SIGKILL)
             self._proc.wait()
         if self._dir is not None:
             shutil.rmtree(self._dir, ignore_errors=True)

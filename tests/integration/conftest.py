@@ -74,7 +74,13 @@ def wait_for(
 # frozen: the fixtures that can), that start a three-broker cluster, or that build the package
 # or the examples: `make pytest` runs them alone, after the others ran two at a time.
 _SERIAL_FIXTURES = {"local_infra", "cluster"}
-_SERIAL_FILES = {"test_wheel.py", "test_examples.py", "test_chaos.py", "test_bench.py"}
+_SERIAL_FILES = {
+    "test_wheel.py",
+    "test_examples.py",
+    "test_example_readmes.py",
+    "test_chaos.py",
+    "test_bench.py",
+}
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -255,9 +261,10 @@ class Spawned:
         )
 
     def terminate(self, timeout: float = 30.0) -> int:
-        """SIGTERM, and its exit code; SIGKILL if it has not exited within ``timeout``, after
-        SIGUSR1 made it write its threads' stacks to its log (printed here, for the test's
-        report: where it was stuck)."""
+        """SIGTERM, and its exit code. A process that has not exited within ``timeout`` fails
+        the test (a stop that hangs is a bug wherever it shows): SIGUSR1 makes it write its
+        threads' stacks to its log, SIGKILL ends it, and the failure carries the log's tail,
+        so a report shows where it was stuck."""
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
         try:
@@ -267,9 +274,10 @@ class Spawned:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 self.proc.wait(2)
             self.proc.kill()
-            code = self.proc.wait(10)
-            tail = self.log_path.read_text(errors="replace")[-6000:]
-            print(f"{self.log_path.name} did not stop in {timeout:.0f} s:\n{tail}", file=sys.stderr)
+            self.proc.wait(10)
+            self._log.close()
+            tail = self.log_path.read_text(errors="replace")[-8000:]
+            pytest.fail(f"{self.log_path.name} did not stop in {timeout:.0f} s of SIGTERM:\n{tail}")
         self._log.close()
         return code
 

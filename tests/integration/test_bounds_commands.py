@@ -143,8 +143,8 @@ def test_a_start_cannot_take_a_schedules_next_fire_nor_a_parents_next_child(
     tag = uuid.uuid4().hex[:6]
     schedule, child, parent = f"every-{tag}", f"child-{tag}", f"parent-{tag}"
     created = run_ductor(
-        settings, "schedules", "create", schedule, "--cron", "* * * * * */5",
-        "--workflow", "sample",
+        settings, "schedules", "create", schedule, "--cron", "* * * * *",
+        "--seconds", "*/5", "--workflow", "sample",
     )  # fmt: skip
     assert created.returncode == 0, created.stderr
     row = pg.execute(

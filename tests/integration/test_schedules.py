@@ -98,7 +98,16 @@ def test_a_schedule_fired_by_two_processors_starts_one_run_per_fire(
     name = _workflow(pg)
     schedule = f"every-2s-{uuid.uuid4().hex[:4]}"
     created = run_ductor(
-        settings, "schedules", "create", schedule, "--cron", "* * * * * */2", "--workflow", name
+        settings,
+        "schedules",
+        "create",
+        schedule,
+        "--cron",
+        "* * * * *",
+        "--seconds",
+        "*/2",
+        "--workflow",
+        name,
     )
     assert created.returncode == 0 and created.stdout.startswith(f"schedule {schedule} created")
     first, second = processor_thread(settings), processor_thread(settings)

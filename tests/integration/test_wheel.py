@@ -8,6 +8,12 @@ topics, register, process, `worker --app`, start, `result --wait` with the outpu
 shows). Also: `ductor --version`, `mypy --strict` on a user's module against the installed
 package, the demo, and the tools that need a checkout saying so in one sentence.
 
+And the image's install set, without Docker: the Dockerfile's install instruction (read from
+it, tests/dockerfile.py) run as written into a new virtualenv, and what it installed used as
+the image uses it (its runtime ENV): psycopg takes its own libpq (`PSYCOPG_IMPL=binary`, so
+the machine's libpq, which the image has not, cannot stand in for it), `ductor --help`, and a
+processor and the web page against the services.
+
 The user's shell (`Shell`) starts in a folder that stands in for their checkout: it holds what
 the quickstart's commands read from one, a copy of examples/ and the `dist/` that `make wheel`
 fills. Its HOME is a folder of its own, so `~/ductor-env` is the test's; its caches stay where
@@ -27,6 +33,8 @@ import signal
 import subprocess
 import sys
 import tomllib
+import urllib.error
+import urllib.request
 import uuid
 import zipfile
 from collections.abc import Iterable, Iterator
@@ -39,10 +47,12 @@ import pytest
 from processor.io.config import Settings, settings_env
 from processor.io.package_files import migrations
 from processor.io.topics import delete_topics
+from tests import dockerfile
 from tests.quickstart import Command, quickstart
 
 from .background_builds import WHEEL
-from .conftest import REPO
+from .conftest import REPO, wait_for
+from .scrape import free_port
 
 pytestmark = pytest.mark.integration
 
@@ -462,3 +472,101 @@ def test_the_demo_runs_from_the_installed_wheel(
     assert "Every run ended as expected." in demo.stdout
     (logs,) = [line for line in demo.stdout.splitlines() if line.startswith("Logs: ")]
     assert logs.startswith(f"Logs: {user_venv.root}/ductor-demo-"), logs
+
+
+@dataclass(frozen=True)
+class ImageVenv:
+    venv: Path  # the image's /opt/ductor
+    env: dict[str, str]  # the image's runtime ENV, its paths made this folder's
+
+    def bin(self, name: str) -> str:
+        return str(self.venv / "bin" / name)
+
+
+@pytest.fixture(scope="module")
+def image_venv(tmp_path_factory: pytest.TempPathFactory) -> ImageVenv:
+    """The Dockerfile's install instruction, as written but for its two folders: the wheel's
+    (the one `make wheel` built, as the build stage's `pip wheel` does) and the virtualenv's,
+    with `python` the interpreter of the tests."""
+    built = WHEEL.output()
+    assert built is not None
+    root = tmp_path_factory.mktemp("image")
+    install = dockerfile.wheel_install()
+    venv = root / "opt-ductor"
+    command = install.command.replace(install.venv, str(venv))
+    command = command.replace(f"{install.dist}/", f"{built}/")
+    tools = root / "bin"
+    tools.mkdir()
+    (tools / "python").symlink_to(sys.executable)
+    here = Path(sys.executable).parent
+    path = [p for p in os.environ["PATH"].split(os.pathsep) if Path(p) != here]
+    base = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("PYTHON", "DUCTOR_", "VIRTUAL_ENV", "OTEL_", "PSYCOPG"))
+    }
+    base["PATH"] = os.pathsep.join(path)
+    _checked(
+        ["sh", "-c", command],
+        f"the image's install ({command})",
+        cwd=root,
+        env={**base, "PATH": os.pathsep.join([str(tools), *path])},
+    )
+    runtime = {
+        name: value.replace(install.venv, str(venv)).replace("$PATH", base["PATH"])
+        for name, value in dockerfile.runtime_env().items()
+    }
+    # Whatever the Dockerfile says: psycopg's own build, or an ImportError.
+    return ImageVenv(venv, {**base, **runtime, "PSYCOPG_IMPL": "binary"})
+
+
+def test_the_images_install_set_brings_its_own_libpq(image_venv: ImageVenv) -> None:
+    """The image's base has no libpq: psycopg must run on the build its `binary` extra brings
+    (the machine running this test has a libpq, which PSYCOPG_IMPL=binary keeps out)."""
+    env = image_venv.env
+    assert shutil.which("ductor", path=env["PATH"]) == image_venv.bin("ductor")
+    shown = _checked(
+        [image_venv.bin("python"), "-c", "import psycopg; print(psycopg.pq.__impl__)"],
+        "import psycopg",
+        env=env,
+    )
+    assert shown.stdout == "binary\n"
+    helped = _run([image_venv.bin("ductor"), "--help"], env=env)
+    assert (helped.returncode, helped.stderr) == (0, ""), helped.stderr
+    assert helped.stdout.startswith("usage: ductor")
+
+
+def _status(port: int, path: str) -> int:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as reply:
+            return int(reply.status)
+    except urllib.error.HTTPError as refused:
+        return int(refused.code)
+    except OSError:
+        return 0
+
+
+def test_the_images_processor_and_web_page_run_against_the_services(
+    image_venv: ImageVenv, wheel_settings: Settings, tmp_path: Path
+) -> None:
+    """What the image's pods run, from its install set: the schema and topics made, a
+    processor ready (its partitions assigned, Postgres answering: /readyz), the web page
+    serving its pages from Postgres; both stop cleanly on SIGTERM."""
+    health, page = free_port(), free_port()
+    settings = replace(wheel_settings, health_port=health, log_format="json")
+    env = {**image_venv.env, **settings_env(settings)}
+    for command in (["migrate"], ["topics", "create"]):
+        done = _checked([image_venv.bin("ductor"), *command], f"ductor {command[0]}", env=env)
+        assert "Traceback" not in done.stdout + done.stderr
+    services = [
+        Service([image_venv.bin("ductor"), "process"], tmp_path, env),
+        Service([image_venv.bin("ductor"), "ui", "--port", str(page)], tmp_path, env),
+    ]
+    try:
+        wait_for(lambda: _status(health, "/readyz") == 200, 90, "the processor to be ready")
+        wait_for(lambda: _status(page, "/static/ui.css") == 200, 60, "the web page to serve")
+        assert _status(page, "/") == 200, "the runs page reads Postgres"
+        assert _status(page, "/schedules") == 200
+    finally:
+        codes = [service.stop() for service in services]
+    assert codes == [0, 0], [s.log_path.read_text()[-2000:] for s in services]

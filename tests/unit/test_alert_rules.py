@@ -5,6 +5,7 @@ missing fails these tests rather than skipping them: CI must run them."""
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -13,9 +14,11 @@ from typing import Any
 import pytest
 import yaml
 
+from tests.markdown import REPO, anchors, headings, slug
 from tests.promql import RULES, load_rules
 
 RULE_TESTS = RULES.with_name("ductor-alerts.test.yml")
+PROMETHEUS_CONFIG = RULES.with_name("prometheus.yml")
 
 
 def _promtool(*args: str) -> subprocess.CompletedProcess[str]:
@@ -56,3 +59,42 @@ def test_every_alert_is_tested_where_it_fires_and_where_it_must_not() -> None:
     assert alerts - fires == set(), "alerts with no test where they fire"
     assert alerts - quiet == set(), "alerts with no test where they must not fire"
     assert (fires | quiet) - alerts == set(), "tests of alerts that do not exist"
+
+
+OPERATIONS = REPO / "docs" / "operations.md"
+RUNBOOKS = "docs/operations.md#"
+
+
+def test_every_alert_has_a_runbook_in_the_operations_guide() -> None:
+    """Each rule's runbook_url is a section of docs/operations.md's Alerts named after the
+    alert: where its alert lands a person on call, to read what it means and what to do."""
+    text = OPERATIONS.read_text()
+    found = headings(text)
+    (alerts,) = [h for h in found if h.text == "Alerts" and h.level == 2]
+    after = [h.line for h in found if h.line > alerts.line and h.level <= alerts.level]
+    end = min(after, default=len(text.splitlines()) + 1)
+    in_section = {slug(h.text): h.text for h in found if alerts.line < h.line < end}
+    assert anchors(text) >= in_section.keys()
+    for group in load_rules()["groups"]:
+        for rule in group["rules"]:
+            url = rule["annotations"].get("runbook_url", "")
+            assert url.startswith(RUNBOOKS), f"{rule['alert']}: runbook_url {url!r}"
+            anchor = url.removeprefix(RUNBOOKS)
+            assert in_section.get(anchor) == rule["alert"], (
+                f"{rule['alert']}: no section `{rule['alert']}` under Alerts for #{anchor}"
+            )
+
+
+def test_an_absent_rule_fires_when_a_scraped_job_exports_nothing() -> None:
+    """The rules that watch instances need a series to fire: with no processor or worker
+    scraped at all, only absent() sees it. Every job the example configuration scrapes is
+    watched by one."""
+    config = yaml.safe_load(PROMETHEUS_CONFIG.read_text())
+    jobs = {c["job_name"] for c in config["scrape_configs"]}
+    watched = {
+        job
+        for group in load_rules()["groups"]
+        for rule in group["rules"]
+        for job in re.findall(r'absent\(\s*\w+\{job="([^"]+)"\}\s*\)', rule["expr"])
+    }
+    assert watched == jobs

@@ -14,11 +14,11 @@ and the Dockerfile installs the built wheel and runs the ``ductor`` script.
 
 from __future__ import annotations
 
-import base64
 import http.client
 import json
 import re
 import shlex
+import threading
 import time
 import tomllib
 from collections.abc import Callable, Iterator
@@ -42,6 +42,7 @@ from processor.cli.services import (
     cmd_worker,
     worker_options,
 )
+from processor.cli.ui import cmd_ui
 from processor.core.routing import TopicNames
 from processor.io.config import (
     ConfigError,
@@ -52,13 +53,16 @@ from processor.io.config import (
 from processor.io.health_http import HealthServer
 from processor.io.kafka import consumer_config
 from processor.io.kafka_properties import PASSTHROUGH_PREFIX as KAFKA_PASSTHROUGH_PREFIX
+from processor.ui.server import UiServer
+from tests import dockerfile
+from tests.markdown import fences, section
 
 REPO = Path(__file__).resolve().parents[2]
 K8S = REPO / "infra" / "k8s"
 KUSTOMIZATION = K8S / "kustomization.yaml"
 ALERT_RULES = REPO / "infra" / "prometheus" / "ductor-alerts.yml"
 PROMETHEUS_CONFIG = REPO / "infra" / "prometheus" / "prometheus.yml"
-DOCKERFILE = REPO / "Dockerfile"
+DOCKERFILE = dockerfile.DOCKERFILE
 DOCKERIGNORE = REPO / ".dockerignore"
 
 # The oldest Kubernetes the base is written for (CronJob timeZone, PDB policy/v1, HPA
@@ -72,6 +76,7 @@ COMMANDS: dict[str, Callable[..., int]] = {
     "migrate": cmd_migrate,
     "topics": cmd_topics_create,
     "gc": cmd_gc,
+    "ui": cmd_ui,
 }
 SERVICES = ("processor", "worker")  # long-running, probed, scraped, scaled
 # After DUCTOR_SHUTDOWN_TIMEOUT_S has bounded the in-flight work, a process still leaves its
@@ -165,16 +170,48 @@ def _workload(component: str) -> Workload:
     return found[0]
 
 
+# The Secrets the base reads are the operator's (none ships with it): their names, keys and
+# example values are the `kubectl create secret generic` commands docs/operations.md gives.
+OPERATIONS = REPO / "docs" / "operations.md"
+DEPLOYING = "Deploying on Kubernetes"
+# What `$(openssl rand -hex 24)` gives: a token of 48 hexadecimal digits.
+GENERATED_TOKEN = "0123456789abcdef" * 3
+# The namespace the downward API gives a pod (metadata.namespace), here.
+NAMESPACE = "ductor"
+
+
+def _documented_secrets() -> dict[str, dict[str, str]]:
+    """name -> {key: value} of every `kubectl create secret generic NAME --from-literal=K=V`
+    in the shell blocks of the operations guide's Kubernetes section."""
+    _, text = section(OPERATIONS.read_text(), DEPLOYING)
+    secrets: dict[str, dict[str, str]] = {}
+    for fence in fences(text):
+        if fence.info != "sh":
+            continue
+        for line in fence.body.replace("\\\n", " ").splitlines():
+            words = shlex.split(line.replace('"$(openssl rand -hex 24)"', GENERATED_TOKEN), True)
+            if words[:4] != ["kubectl", "create", "secret", "generic"]:
+                continue
+            name, *options = words[4:]
+            literals = [o.removeprefix("--from-literal=") for o in options]
+            assert all(o.startswith("--from-literal=") for o in options), line
+            secrets[name] = dict(literal.split("=", 1) for literal in literals)
+    assert secrets, f"docs/operations.md, {DEPLOYING!r}: no `kubectl create secret generic`"
+    return secrets
+
+
+SECRETS = _documented_secrets()
+
+
 def _secret_values(name: str) -> dict[str, str]:
-    secret = _named("Secret", name)
-    values = {k: base64.b64decode(v).decode() for k, v in secret.get("data", {}).items()}
-    values.update(secret.get("stringData", {}))
-    return values
+    assert name in SECRETS, f"the Secret {name!r} is read but docs/operations.md creates none"
+    return SECRETS[name]
 
 
 def _environment(container: dict[str, Any]) -> dict[str, str]:
-    """The variables the container gets, as the kubelet would set them from the manifests (a
-    ConfigMap or Secret it names must be among them)."""
+    """The variables the container gets, as the kubelet would set them from the manifests and
+    the Secrets the operator creates (a ConfigMap or Secret it names must be among them), a
+    `$(NAME)` in a value replaced by the variable defined before it."""
     env: dict[str, str] = {}
     for source in container.get("envFrom", []):
         if "configMapRef" in source:
@@ -183,14 +220,26 @@ def _environment(container: dict[str, Any]) -> dict[str, str]:
             env |= _secret_values(source["secretRef"]["name"])
     for var in container.get("env", []):
         if "value" in var:
-            env[var["name"]] = var["value"]
+            env[var["name"]] = re.sub(r"\$\((\w+)\)", lambda m: env[m[1]], var["value"])
         elif "secretKeyRef" in var["valueFrom"]:
             ref = var["valueFrom"]["secretKeyRef"]
             env[var["name"]] = _secret_values(ref["name"])[ref["key"]]
+        elif "fieldRef" in var["valueFrom"]:
+            assert var["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.namespace"
+            env[var["name"]] = NAMESPACE
         else:
             ref = var["valueFrom"]["configMapKeyRef"]
             env[var["name"]] = _named("ConfigMap", ref["name"])["data"][ref["key"]]
     return env
+
+
+def _helpers(container: dict[str, Any]) -> set[str]:
+    """Variables of the downward API that only serve to build another's value, `$(NAME)`."""
+    found = {v["name"] for v in container.get("env", []) if "fieldRef" in v.get("valueFrom", {})}
+    for name in found:
+        used = [v for v in container.get("env", []) if f"$({name})" in v.get("value", "")]
+        assert used, f"{name} is set but no variable's value uses it"
+    return found
 
 
 def _settings(container: dict[str, Any]) -> Settings:
@@ -211,6 +260,20 @@ def _port(container: dict[str, Any], port: int | str) -> int:
 
 def _selects(selector: dict[str, str], labels: dict[str, str]) -> bool:
     return selector.items() <= labels.items()
+
+
+def _label_selects(selector: dict[str, Any], labels: dict[str, str]) -> bool:
+    """A LabelSelector (matchLabels and matchExpressions) as Kubernetes applies it."""
+    tests = {
+        "In": lambda e: labels.get(e["key"]) in e["values"],
+        "NotIn": lambda e: labels.get(e["key"]) not in e["values"],
+        "Exists": lambda e: e["key"] in labels,
+        "DoesNotExist": lambda e: e["key"] not in labels,
+    }
+    expressions = selector.get("matchExpressions", [])
+    return _selects(selector.get("matchLabels", {}), labels) and all(
+        tests[e["operator"]](e) for e in expressions
+    )
 
 
 # -- the files and the schemas --------------------------------------------------------------
@@ -436,7 +499,7 @@ def test_the_base_has_every_component() -> None:
 def test_every_variable_is_one_the_config_reads(workload: Workload) -> None:
     env = _environment(workload.container)
     known = set(settings_env(Settings()))  # every DUCTOR_* setting the loader reads
-    for name in env:
+    for name in env.keys() - _helpers(workload.container):
         assert name.startswith("DUCTOR_"), f"{name}: not a variable ductor reads"
         assert not name.startswith("DUCTOR_TEST_"), f"{name}: a setting for tests only"
         if not name.startswith(KAFKA_PASSTHROUGH_PREFIX):
@@ -495,6 +558,116 @@ def test_workers_get_the_worker_roles_dsn_and_never_the_coordinators() -> None:
             assert dsn.startswith("postgresql://ductor_worker_login:")
         else:
             assert "DUCTOR_WORKER_PG_DSN" not in env, workload.component
+
+
+def _secret_references() -> dict[str, set[str]]:
+    """Secret name -> the keys the base reads of it (every key, for a whole `secretRef`: the
+    empty string stands for that)."""
+    read: dict[str, set[str]] = {}
+    for workload in WORKLOADS:
+        container = workload.container
+        for source in container.get("envFrom", []):
+            if "secretRef" in source:
+                read.setdefault(source["secretRef"]["name"], set()).add("")
+        for var in container.get("env", []):
+            ref = var.get("valueFrom", {}).get("secretKeyRef")
+            if ref:
+                read.setdefault(ref["name"], set()).add(ref["key"])
+    for auth in _of_kind("TriggerAuthentication"):
+        for ref in auth.doc["spec"]["secretTargetRef"]:
+            read.setdefault(ref["name"], set()).add(ref["key"])
+    return read
+
+
+def test_no_secret_ships_with_the_base_and_each_one_it_reads_is_documented() -> None:
+    """Applying the base never overwrites a Secret, nor gives a pod placeholder credentials:
+    the Secrets are the operator's, created with the commands docs/operations.md gives,
+    which create every key the pods and KEDA read, and nothing they do not."""
+    assert _of_kind("Secret") == [], "the base ships a Secret: the operator creates them"
+    for path in K8S.iterdir():
+        assert "REPLACE_ME" not in path.read_text(), f"{path.name} holds a placeholder"
+    read = _secret_references()
+    assert sorted(read) == sorted(SECRETS), "the Secrets read are the ones documented"
+    for name, keys in read.items():
+        assert keys - {""} <= SECRETS[name].keys(), f"{name}: keys read but not created"
+    # The documented values load as settings where the pods read them.
+    env = _environment(_workload("processor").container)
+    assert env["DUCTOR_PG_DSN"] == SECRETS["ductor-credentials"]["DUCTOR_PG_DSN"]
+    assert _settings(_workload("ui").container).ui_token == GENERATED_TOKEN
+
+
+def test_the_web_page_listens_where_its_service_and_probes_send_requests() -> None:
+    """`ductor ui` on every interface, on the port its Service targets and its probes ask;
+    bound so, it needs the names it answers to (DUCTOR_UI_ALLOWED_HOSTS): the Service's in
+    the pod's namespace; reading it needs the token, which comes from a Secret."""
+    workload = _workload("ui")
+    container = workload.container
+    args = parse_args(container["args"])
+    assert args.host == "0.0.0.0"
+    assert _port(container, "http") == args.port
+    (service,) = [s for s in _services() if _selects(s["spec"]["selector"], workload.labels)]
+    (port,) = service["spec"]["ports"]
+    assert _port(container, port["targetPort"]) == args.port
+    settings = _settings(container)
+    name = service["metadata"]["name"]
+    assert {
+        name,
+        f"{name}.{NAMESPACE}",
+        f"{name}.{NAMESPACE}.svc",
+        f"{name}.{NAMESPACE}.svc.cluster.local",
+    } <= set(settings.ui_allowed_hosts)
+    assert settings.ui_read_token_required and settings.ui_token
+    (token,) = [v for v in container["env"] if v["name"] == "DUCTOR_UI_TOKEN"]
+    assert "secretKeyRef" in token["valueFrom"], "the token comes from a Secret"
+    for kind in ("startupProbe", LIVENESS, READINESS):
+        assert _port(container, container[kind]["httpGet"]["port"]) == args.port, kind
+
+
+def _get_with_host(server: UiServer, path: str, host: str) -> int:
+    conn = http.client.HTTPConnection(server.host, server.port, timeout=10)
+    try:
+        conn.request("GET", path, headers={"Host": host})
+        return conn.getresponse().status
+    finally:
+        conn.close()
+
+
+def test_the_web_pages_probes_and_service_names_are_answered_and_others_refused() -> None:
+    """The real page, with the container's settings (its database is never reached: the
+    probes' path needs none): the probes' request, with its Host header, is answered 200;
+    without that header the kubelet would send the pod's address, which is refused; the
+    Service's names reach the page (its login, as reading needs the token); another site's
+    name is refused."""
+    container = _workload("ui").container
+    settings = _settings(container)
+    server = UiServer(settings, "127.0.0.1", 0)
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    try:
+        for kind in ("startupProbe", LIVENESS, READINESS):
+            get = container[kind]["httpGet"]
+            (host,) = [h["value"] for h in get["httpHeaders"] if h["name"] == "Host"]
+            assert _get_with_host(server, get["path"], f"{host}:8080") == 200, kind
+        assert _get_with_host(server, "/static/ui.css", "10.1.2.3:8080") == 400
+        for name in ("ductor-ui", f"ductor-ui.{NAMESPACE}.svc.cluster.local"):
+            assert _get_with_host(server, "/", name) == 303  # to the login: reading needs it
+        assert _get_with_host(server, "/", "evil.example") == 400
+    finally:
+        server.stop()
+        thread.join(10)
+
+
+def test_the_scaling_comments_state_kedas_rule() -> None:
+    """KEDA gives a ScaledObject with several triggers the largest replica count any of them
+    asks for, never the sum of their lags; the comments say so."""
+    text = (K8S / "autoscaling.yaml").read_text()
+    comments = " ".join(
+        line.strip().lstrip("# ") for line in text.splitlines() if line.strip().startswith("#")
+    )
+    assert not re.search(r"(?<!not )(add up|adds up|are summed|sum of)", comments), comments
+    for scaled in _of_kind("ScaledObject"):
+        assert len(scaled.doc["spec"]["triggers"]) > 1
+    assert comments.count("largest") >= len(_of_kind("ScaledObject"))
 
 
 # -- probes, ports and the shutdown bound ---------------------------------------------------
@@ -586,10 +759,8 @@ def test_each_metrics_service_reaches_its_components_metrics_port() -> None:
 def test_the_service_monitor_scrapes_the_jobs_the_alerts_expect() -> None:
     (monitor,) = [m.doc for m in _of_kind("ServiceMonitor")]
     spec = monitor["spec"]
-    scraped = [
-        s for s in _services() if _selects(spec["selector"]["matchLabels"], s["metadata"]["labels"])
-    ]
-    assert len(scraped) == len(SERVICES)
+    scraped = [s for s in _services() if _label_selects(spec["selector"], s["metadata"]["labels"])]
+    assert len(scraped) == len(SERVICES), "the Services with metrics, and no other"
     for service in scraped:
         names = {p["name"] for p in service["spec"]["ports"]}
         assert {e["port"] for e in spec["endpoints"]} <= names
@@ -705,82 +876,49 @@ def test_keda_reaches_kafka_as_the_containers_do(component: str) -> None:
 # -- the image ------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class Instruction:
-    keyword: str
-    rest: str
-
-
-def _instructions() -> list[Instruction]:
-    """The Dockerfile's instructions, continuation lines joined and comments dropped."""
-    instructions, pending = [], ""
-    for line in DOCKERFILE.read_text().splitlines():
-        text = line.strip()
-        if not text or text.startswith("#"):
-            continue
-        if text.endswith("\\"):
-            pending += text[:-1] + " "
-            continue
-        keyword, _, rest = (pending + text).partition(" ")
-        instructions.append(Instruction(keyword.upper(), rest.strip()))
-        pending = ""
-    return instructions
-
-
-def _stages() -> list[tuple[str, list[Instruction]]]:
-    """(image, instructions) of each build stage, the ARG defaults before the first FROM
-    substituted into the image."""
-    args: dict[str, str] = {}
-    stages: list[tuple[str, list[Instruction]]] = []
-    for instruction in _instructions():
-        if instruction.keyword == "ARG" and not stages:
-            name, _, default = instruction.rest.partition("=")
-            args[name] = default
-        elif instruction.keyword == "FROM":
-            image = re.sub(r"\$\{(\w+)\}", lambda m: args[m[1]], instruction.rest)
-            stages.append((image, []))
-        else:
-            stages[-1][1].append(instruction)
-    return stages
-
-
-def _final(keyword: str) -> str:
-    """The runtime stage's last instruction of a kind: the one in force."""
-    found = [i.rest for i in _stages()[-1][1] if i.keyword == keyword]
-    assert found, f"the runtime stage has no {keyword}"
-    return found[-1]
-
-
 def _image_user() -> str:
-    return _final("USER")
+    return dockerfile.final("USER")
 
 
 def test_the_image_builds_the_wheel_and_installs_it_without_dev_dependencies() -> None:
-    stages = _stages()
+    stages = dockerfile.stages()
     assert len(stages) >= 2, "a build stage and a runtime stage"
-    build_image, build = stages[0]
+    build_image, _ = stages[0]
     runtime_image, runtime = stages[-1]
     build_name = build_image.split()[-1]
     assert re.fullmatch(r"python:3\.(1[1-9]|[2-9][0-9])-slim(-\w+)?", runtime_image), runtime_image
-    runs = " && ".join(i.rest for i in build if i.keyword == "RUN")
-    wheel = re.search(r"pip wheel --no-deps --wheel-dir (\S+) \.(\s|$)", runs)
-    assert wheel, "the build stage builds the project's wheel (pip wheel --no-deps ... .)"
-    venv = re.search(r"python -m venv (\S+)", runs)
-    assert venv, "the build stage installs into a virtualenv"
-    assert re.search(rf"{venv[1]}/bin/pip install {re.escape(wheel[1])}/\*\.whl", runs)
+    install = dockerfile.wheel_install()
     copies = [i.rest for i in runtime if i.keyword == "COPY"]
-    assert f"--from={build_name} {venv[1]} {venv[1]}" in copies
-    assert f"PATH={venv[1]}/bin:" in _final("ENV")
+    assert f"--from={build_name} {install.venv} {install.venv}" in copies
+    assert dockerfile.runtime_env()["PATH"].startswith(f"{install.venv}/bin:")
     text = DOCKERFILE.read_text()
     assert "[dev]" not in text and "pip install -e" not in text
 
 
+def test_the_image_installs_what_its_commands_need_to_connect_and_serve() -> None:
+    """The wheel with the `binary` extra: the slim base has no libpq, and psycopg without one
+    fails every command (`no pq wrapper available`), --help included; psycopg is told to take
+    that build and no other. And with `ui` when a workload of the base runs `ductor ui`.
+    tests/integration/test_wheel.py runs the same install and its commands."""
+    install = dockerfile.wheel_install()
+    wheel = re.fullmatch(r'"\$\(echo (\S+)/\*\.whl\)\[([\w,]+)\]"', install.what)
+    assert wheel, f"the built wheel with its extras: {install.what}"
+    assert wheel[1] == install.dist
+    extras = set(wheel[2].split(","))
+    declared = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    assert extras <= set(declared["optional-dependencies"]) - {"dev"}
+    assert "binary" in extras
+    assert dockerfile.runtime_env().get("PSYCOPG_IMPL") == "binary"
+    if any(w.container["args"][0] == "ui" for w in WORKLOADS):
+        assert "ui" in extras, "a workload runs `ductor ui`: the image needs the ui extra"
+
+
 def test_the_image_runs_the_ductor_script_under_tini_as_a_user() -> None:
     scripts = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["scripts"]
-    entrypoint = json.loads(_final("ENTRYPOINT"))
+    entrypoint = json.loads(dockerfile.final("ENTRYPOINT"))
     assert entrypoint[0].endswith("/tini") and entrypoint[1:] == ["--", "ductor"]
     assert "ductor" in scripts
-    parse_args(json.loads(_final("CMD")))  # the default command parses
+    parse_args(json.loads(dockerfile.final("CMD")))  # the default command parses
     user = _image_user().split(":")
     assert all(part.isdigit() and int(part) != 0 for part in user), user
 
@@ -793,7 +931,7 @@ def test_the_build_context_holds_what_the_dockerfile_copies_and_nothing_else() -
     ]
     assert rules[0] == "*", "everything is left out unless named"
     kept = {rule[1:].rstrip("/") for rule in rules if rule.startswith("!")}
-    for _, instructions in _stages():
+    for _, instructions in dockerfile.stages():
         for copy in (i.rest.split() for i in instructions if i.keyword == "COPY"):
             if not copy[0].startswith("--from="):
                 assert {src.rstrip("/") for src in copy[:-1]} <= kept, copy
