@@ -77,7 +77,6 @@ _SERIAL_FIXTURES = {"local_infra", "cluster"}
 _SERIAL_FILES = {
     "test_wheel.py",
     "test_examples.py",
-    "test_example_readmes.py",
     "test_chaos.py",
     "test_bench.py",
 }
