@@ -70,6 +70,7 @@ from processor.core.outcomes import Outcome
 from processor.core.run_tally import RunTally
 
 Protocol = Generator[Request, object, BatchOutcome]
+_MEET = MeetServer()
 
 
 class RequestFailed(Exception):
@@ -144,7 +145,10 @@ def batch(
     gathered = _Gathered()
     replay: RunTiers = ()
     try:
-        replay = cast(RunTiers, (yield from _ask(MeetServer())))
+        met = yield _MEET
+        if isinstance(met, Failed):
+            raise RequestFailed(met)
+        replay = cast(RunTiers, met)
         if items:
             yield from _isolating(items, acknowledged, rules, probe_decide, gathered)
         else:
@@ -212,10 +216,15 @@ def _steps(
 ) -> Generator[Request, object, None]:
     run_ids = tuple(item.run_id for item in items)
     # 1. Load, at Postgres's time: the batch is judged by it (io/db_clock.py).
-    answer = yield from _ask(LoadRuns(run_ids))
-    loaded, now_ms = cast(tuple[Mapping[str, Loaded], int], answer)
+    answer = yield LoadRuns(run_ids)
+    if isinstance(answer, Failed):
+        raise RequestFailed(answer)
+    loaded, now_ms = cast("tuple[Mapping[str, Loaded], int]", answer)
     # 2. Tick (with what the batch's limited steps count on: core/limits.py).
-    limits = cast(LimitInputs, (yield from _ask(LoadLimits(run_ids, loaded))))
+    answer = yield LoadLimits(run_ids, loaded)
+    if isinstance(answer, Failed):
+        raise RequestFailed(answer)
+    limits = cast(LimitInputs, answer)
     commits = tick_batch(loaded, now_ms, rules.names, limits)
     # 3. Commit.
     writes = tuple(commits.values())
@@ -224,74 +233,83 @@ def _steps(
     if isinstance(answered, Failed):
         if answered.failure is not Failure.LOST:
             raise RequestFailed(answered)  # refused: nothing was written
-        landed = cast(set[str], (yield from _ask(ReadBack(writes))))
+        landed = cast("set[str]", (yield from _ask(ReadBack(writes))))
         gathered.read_back_error = answered.error
         not_landed = {c.run_id for c in writes} - landed
         gathered.not_landed |= not_landed
         committed, held = landed, set[str]()
     else:
-        committed, held = cast(tuple[set[str], set[str]], answered)
+        committed, held = cast("tuple[set[str], set[str]]", answered)
     tiers = []
     for run_id in committed:
         run = loaded.get(run_id)
         if isinstance(run, LoadedRun):
             tiers.append((run_id, run.tier))
-    yield from _ask(NoteCommitted(frozenset(committed), tuple(tiers)))
+    noted = yield NoteCommitted(frozenset(committed), tuple(tiers))
+    if isinstance(noted, Failed):
+        raise RequestFailed(noted)
     gathered.commit_attempts += len(commits)
     yield from _after_limits(commits, committed, gathered)
-    for item in items:
-        # The commit went: from here an exception is one run's own, never the batch's (a
-        # bisection would only tick again what committed).
-        try:
-            if item.run_id in not_landed:  # lost with its connection: try again at once
-                plan = database_failed(item, 0)
-            else:
-                found, commit = loaded.get(item.run_id), commits.get(item.run_id)
-                landed_here, held_here = item.run_id in committed, item.run_id in held
-                plan = yield from _plan(
-                    item, found, commit, landed_here, held_here, now_ms, rules, probe, gathered
-                )
-        except Exception as unforeseen:
-            gathered.isolated.append((item.run_id, unforeseen))
-            plan = failed_unexpectedly(item, describe(unforeseen), rules)
-        gathered.plans.append(plan)
+    yield from _plans(
+        items, loaded, commits, (committed, held, not_landed), now_ms, rules, probe, gathered
+    )
 
 
-def _plan(
-    item: BatchItem,
-    found: Loaded | None,
-    commit: Commit | None,
-    committed: bool,
-    held: bool,
+def _plans(
+    items: Sequence[BatchItem],
+    loaded: Mapping[str, Loaded],
+    commits: Mapping[str, Commit],
+    answered: tuple[set[str], set[str], set[str]],
     now_ms: int,
     rules: Rules,
     probe: bool,
     gathered: _Gathered,
+) -> Generator[Request, object, None]:
+    """Each run's plan once the commit answered (``answered``: the runs it committed, those
+    whose row another transaction held, those lost with its connection), its force-fail
+    written. The commit went: from here an exception is one run's own, never the batch's (a
+    bisection would only tick again what committed)."""
+    committed, held, not_landed = answered
+    for item in items:
+        run_id = item.run_id
+        try:
+            if run_id in not_landed:  # lost with its connection: try again at once
+                plan = database_failed(item, 0)
+            else:
+                if probe:
+                    probed = yield ProbeDecide(run_id)
+                    if isinstance(probed, Failed):
+                        raise probed.error
+                found, commit = loaded.get(run_id), commits.get(run_id)
+                landed, was_held = run_id in committed, run_id in held
+                plan = decide(item, found, commit, landed, now_ms, rules, was_held)
+                if plan.force_fail is not None:
+                    plan = yield from _force_fail(item, plan, found, gathered)
+                elif plan.outcome is Outcome.COMMITTED:
+                    assert commit is not None and isinstance(found, LoadedRun)
+                    # Only a commit that landed is counted: a conflict, or a commit lost with
+                    # its connection and not found landed, never gets here (run_tally.py).
+                    gathered.runs.committed(found.wf.name, found.state.status, commit.state.status)
+        except Exception as unforeseen:
+            gathered.isolated.append((run_id, unforeseen))
+            plan = failed_unexpectedly(item, describe(unforeseen), rules)
+        gathered.plans.append(plan)
+
+
+def _force_fail(
+    item: BatchItem, plan: Plan, found: Loaded | None, gathered: _Gathered
 ) -> Generator[Request, object, Plan]:
-    """One run's plan once the commit answered (``committed``: its commit landed; ``held``:
-    another transaction held its row), its force-fail written."""
-    if probe:
-        probed = yield ProbeDecide(item.run_id)
-        if isinstance(probed, Failed):
-            raise probed.error
-    plan = decide(item, found, commit, committed, now_ms, rules, held)
-    if plan.force_fail is not None:
-        assert isinstance(found, LoadedRun)
-        written = yield WriteForceFail(plan.force_fail)
-        if isinstance(written, Failed):
-            if written.failure is Failure.UNFORESEEN:
-                raise written.error
-            gathered.force_fail_errors[item.run_id] = written.error
-            return database_failed(item, 0)  # the delay is the outage's (the executor's)
-        if not written:
-            return force_fail_refused(plan)
-        gathered.runs.force_failed(found.wf.name)
-        return plan
-    if plan.outcome is Outcome.COMMITTED:
-        assert commit is not None and isinstance(found, LoadedRun)
-        # Only a commit that landed is counted: a conflict, or a commit lost with its
-        # connection and not found landed, never gets here (core/run_tally.py).
-        gathered.runs.committed(found.wf.name, found.state.status, commit.state.status)
+    """A livelocked run's terminal write, before its plan holds."""
+    assert plan.force_fail is not None and isinstance(found, LoadedRun)
+    written = yield WriteForceFail(plan.force_fail)
+    if isinstance(written, Failed):
+        if written.failure is Failure.UNFORESEEN:
+            raise written.error
+        gathered.force_fail_errors[item.run_id] = written.error
+        return database_failed(item, 0)  # the delay is the outage's (the executor's)
+    if not written:
+        return force_fail_refused(plan)
+    gathered.runs.force_failed(found.wf.name)
     return plan
 
 
@@ -334,7 +352,7 @@ def _quarantine(
             gathered.isolated.append(("the quarantine flags", answer.error))
             return (), None
         return (), answer.error
-    done = cast(set[str], answer)
+    done = cast("set[str]", answer)
     return tuple(p for p in flagged if p.run_id in done), None
 
 
