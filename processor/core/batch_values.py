@@ -22,6 +22,9 @@ from processor.core.run_tally import RunTally
 
 Acknowledged = tuple[tuple[str, int], ...]  # outbox rows (run id, seq) to delete
 RunTiers = tuple[tuple[str, str], ...]  # (run id, tier) of runs to wake
+# The compiled build looks a dataclass field's bare type name up in this module's globals, where
+# a builtin is not (``error: Exception`` raised KeyError at import): fields name this alias.
+Error = Exception
 
 
 class Failure(Enum):
@@ -41,7 +44,7 @@ ITEM_FAILURES = frozenset({Failure.ROW, Failure.UNFORESEEN})
 class Failed:
     """The answer to a request whose statement (or fault point) raised ``error``."""
 
-    error: Exception
+    error: Error
     failure: Failure
 
 
@@ -163,7 +166,7 @@ Request = (
 class ReadBackResult:
     """A commit whose answer was lost with its connection, resolved by reading it back."""
 
-    error: Exception
+    error: Error
     not_landed: frozenset[str]
 
 
@@ -197,7 +200,7 @@ class Undecided:
     own did: nothing was decided, and the batch is retried whole. What its statements did
     before (a half of a split batch commits on its own) is reported all the same."""
 
-    error: Exception
+    error: Error
     replay: RunTiers
     isolated: tuple[tuple[str, Exception], ...]
     runs: RunTally
