@@ -44,6 +44,7 @@ from processor.io.dlq import DeadLetter, DlqError, read_dead_letters
 from processor.io.logs import first_line
 from processor.io.schedules import Schedule, list_schedules
 from processor.ui import auth
+from processor.ui.api import Api, error_answer
 from processor.ui.dag import layout, step_states
 from processor.ui.hosts import host_allowed
 from processor.ui.login_limit import LoginLimiter, LoginLimits
@@ -350,7 +351,10 @@ class HostCheck:
         if scope["type"] in ("http", "websocket"):
             host = Headers(scope=scope).get("host")
             if not host_allowed(host, self.hosts):
-                refusal = _secured(PlainTextResponse(_FOREIGN_HOST, status_code=400))
+                if str(scope.get("path", "")).startswith("/api/"):
+                    refusal = error_answer(400, "foreign_host", _FOREIGN_HOST.strip())
+                else:
+                    refusal = _secured(PlainTextResponse(_FOREIGN_HOST, status_code=400))
                 await refusal(scope, receive, send)
                 return
         await self.app(scope, receive, send)
@@ -373,6 +377,7 @@ def create_app(
         Route("/actions/retry", site.retry, methods=["POST"]),
         Route("/actions/cancel", site.cancel, methods=["POST"]),
         Route("/static/ui.css", site.stylesheet),
+        *Api(settings, site.logins).routes(),
     ]
     middleware = [Middleware(HostCheck, hosts=hosts)]
 
