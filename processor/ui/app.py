@@ -2,6 +2,7 @@
 with the filters of `ductor runs list`, a run with its DAG and attempts (what `inspect --output
 json` prints), the dead letters and the schedules, and retry and cancel buttons for who gave
 the token (processor/ui/auth.py); with DUCTOR_UI_READ_TOKEN_REQUIRED, reading needs it too.
+Beside them, under /api/, the JSON API (processor/ui/api.py) with the same token and checks.
 
 Before any page: a request addressed to a name the page is not served as is refused
 (processor/ui/hosts.py: DNS rebinding). The login form takes a few wrong tokens a minute
