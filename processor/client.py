@@ -26,7 +26,8 @@ from processor.authoring import duration_ms
 from processor.core.bounds import json_problem, text_problem
 from processor.core.decide import Commit, Send
 from processor.core.envelope import MAX_RUN_ID_LENGTH, Rejected, Wakeup
-from processor.core.model import LoadedRun, NodeStatus, RunStatus, SignalKind
+from processor.core.landing import landing_problem
+from processor.core.model import LoadedRun, NodeStatus, RunStatus, SignalKind, UnknownWorkflow
 from processor.core.outcomes import DeadLetterReason
 from processor.core.requests import (
     MAX_NAME_LENGTH,
@@ -50,13 +51,13 @@ from processor.io.run_document import inspect_document, read_run
 from processor.io.run_search import RunPage
 from processor.io.run_search import count_runs as _count_runs
 from processor.io.run_search import search_runs as _search_runs
+from processor.io.run_signals import Signal, record_live_signals, signal_targets
 from processor.io.runs_admin import (
     ExistingRun,
     RunResult,
     RunSummary,
     insert_cancels,
     insert_runs,
-    insert_signal,
     release_quarantine,
     run_columns,
     run_result,
@@ -84,6 +85,7 @@ __all__ = [
     "RunPage",
     "RunResult",
     "RunSummary",
+    "SignalRefused",
     "SignalSent",
     "StartNotAnnounced",
     "StartedRun",
@@ -182,6 +184,17 @@ class ReservedRunId(ClientError, ValueError):
     """A start refused because its run id has the shape of an id only Ductor derives (a
     schedule's run ``NAME@TIME``, a child run ``PARENT/STEP#N``: docs/requests.md#reserved-run-ids).
     Nothing was written."""
+
+
+class SignalRefused(ClientError, ValueError):
+    """A signal refused before anything was written because it cannot land
+    (core/landing.py): ``reason`` is ``run_ended`` (the run has ended: a signal can change it
+    no more) or ``unknown_signal`` (no wait step of the run's workflow waits for that name: a
+    typo), the dead-letter reason the same signal gets on the requests topic."""
+
+    def __init__(self, message: str, reason: DeadLetterReason) -> None:
+        super().__init__(message)
+        self.reason = reason
 
 
 class RunExists(ClientError):
@@ -750,8 +763,11 @@ def send_signal(
 ) -> SignalSent:
     """Record a signal for the run and wake it: a cancel, or the signal named ``kind`` that a
     wait step waits for, whose ``payload`` (JSON) becomes that step's output. ``signal_id``
-    is the idempotency key (a new one when None): the same id is recorded and acted on once.
-    ClientError for a name no signal may have, or a payload that is not JSON."""
+    is the idempotency key (a new one when None): the same id is recorded and acted on once
+    (sent again, it is answered as recorded before, whatever the run became since).
+    ClientError for a name no signal may have, or a payload that is not JSON; RunNotFound
+    for a run that does not exist; SignalRefused for a run that has ended (``run_ended``) or
+    a name no wait step of its workflow waits for (``unknown_signal``): nothing is written."""
     name = str(kind)
     if not SIGNAL_NAME.fullmatch(name):
         raise InvalidArgument(
@@ -761,10 +777,38 @@ def send_signal(
     signal_id = signal_id or f"{name}-{uuid.uuid4().hex[:12]}"
     _check_signal(run_id, signal_id, payload)
     with connect(settings) as conn:
-        tier = _tier_of(conn, run_id)
-        new = insert_signal(conn, run_id, signal_id, name, payload)
+        tier, new = _record_signal(conn, Signal(run_id, signal_id, name, payload))
     wake(settings, [run_id], tier, "signal")
     return SignalSent(signal_id, new)
+
+
+def _record_signal(conn: psycopg.Connection[Any], signal: Signal) -> tuple[str, bool]:
+    """Record the signal if it can land (core/landing.py): the run's tier, and whether this
+    call recorded it (False: its id was recorded before). RunNotFound, or SignalRefused with
+    the reason, when it cannot; a run that ended between the read and the write is refused
+    too (the write is conditioned on the run being live)."""
+    run_id = signal.run_id
+    for _ in range(2):
+        target = signal_targets(conn, [signal.key])[signal.key]
+        if target.workflow is None or target.status is None or target.tier is None:
+            raise RunNotFound(f"no run with id {run_id!r}")
+        if target.recorded:  # sent again (a retry): the same answer as the first time
+            return target.tier, False
+        try:
+            wf = Definitions().get(conn, target.workflow)
+        except UnknownWorkflow as exc:
+            raise ClientError(f"run {run_id!r} cannot take signals: {exc}") from None
+        refusal = landing_problem(run_id, wf, target.status, signal.name)
+        if refusal is not None:
+            raise SignalRefused(
+                f"signal {signal.name!r} refused ({refusal.reason.value}): {refusal.detail}",
+                refusal.reason,
+            )
+        if record_live_signals(conn, [signal]):
+            return target.tier, True
+        # Not written: the run ended since it was read, or the same id was recorded meanwhile;
+        # the second read says which.
+    raise ClientError(f"run {run_id!r} kept changing while signal {signal.name!r} was recorded")
 
 
 def release_run(settings: Settings, run_id: str) -> None:

@@ -36,6 +36,7 @@ from processor.cli.services import cmd_migrate, cmd_process, cmd_topics_create, 
 from processor.cli.tool_commands import cmd_bench, cmd_demo, parse_bench_arguments
 from processor.cli.triggers import add_trigger_commands
 from processor.cli.ui import add_ui_command
+from processor.cli.workers import add_workers_command
 from processor.cli.workflows import add_workflow_commands
 from processor.client import IfExists
 from processor.core.outcomes import DLQ_REASONS
@@ -196,6 +197,7 @@ def build_parser() -> argparse.ArgumentParser:
         " is importable); default: the sample step functions",
     )
     p.set_defaults(func=cmd_worker, handles_signals=True)
+    add_workers_command(sub)
 
     p = sub.add_parser("inspect", help="show a run: status, nodes, version, seq, checksum check")
     p.add_argument("run_id")

@@ -18,6 +18,7 @@ from processor.cli.common import (
     CliError,
     json_argument,
 )
+from processor.cli.workers import warn_unserved_workflow
 from processor.client import (
     IfExists,
     RunExists,
@@ -84,6 +85,7 @@ def cmd_start(settings: Settings, args: argparse.Namespace) -> int:
         print(ids[0] if inserted else f"{ids[0]} (already started)")
     else:
         print(f"started {len(inserted)} run(s), {len(ids) - len(inserted)} already existed")
+    warn_unserved_workflow(settings, args.workflow)
     return EXIT_OK
 
 

@@ -13,6 +13,7 @@ from confluent_kafka import KafkaException
 
 from processor.authoring import Workflow
 from processor.cli.common import EXIT_OK, EXIT_USAGE, CliError
+from processor.cli.workers import warn_unserved
 from processor.client import connect
 from processor.core.child_graph import ChildCycle
 from processor.core.model import UnknownWorkflow
@@ -63,6 +64,7 @@ def cmd_workflows_register(settings: Settings, args: argparse.Namespace) -> int:
     for wf, new in zip(definitions, news, strict=True):
         print(f"workflow {wf.name} v{wf.version} {'registered' if new else 'already registered'}")
         _ensure_queue_topics(settings, wf)
+    warn_unserved(settings, definitions)
     return EXIT_OK
 
 

@@ -48,6 +48,10 @@ class DeadLetterReason(StrEnum):
     NOT_ALLOWED = "not_allowed"
     # A start request for a run id of a shape only Ductor derives (core/run_ids.py).
     RESERVED_RUN_ID = "reserved_run_id"
+    # A signal to a run that has ended (it can change nothing any more), or named as no wait
+    # step of the run's workflow waits for (a typo: it would change nothing): core/landing.py.
+    RUN_ENDED = "run_ended"
+    UNKNOWN_SIGNAL = "unknown_signal"
     # Handling this item raised an exception nobody foresaw (a bug, or content no door
     # refused): isolated to it, its exception's type and first line in the detail.
     UNEXPECTED_ERROR = "unexpected_error"

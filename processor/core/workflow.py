@@ -178,6 +178,12 @@ class WorkflowDef:
         return any(s.maps for s in self.steps)
 
     @cached_property
+    def signals(self) -> frozenset[str]:
+        """The names its wait steps wait for (a signal of another name, but ``cancel``,
+        would change nothing: core/landing.py refuses it)."""
+        return frozenset(s.signal for s in self.steps if s.waits and s.signal is not None)
+
+    @cached_property
     def has_children(self) -> bool:
         """Whether a step starts child runs (what the commit path then looks for)."""
         return any(s.starts_child for s in self.steps)

@@ -160,17 +160,19 @@ class Database:
     def adopt_kept_signals(
         self, modulus: int, shards: Sequence[int], limit: int
     ) -> list[tuple[str, str]]:
-        return kept_signals.adopt_kept_signals(self.conn, modulus, shards, limit)
+        return kept_signals.adopt_kept_signals(self.conn, self._definitions, modulus, shards, limit)
 
-    def claim_expired_signals(
+    def claim_kept_dead_letters(
         self,
         modulus: int,
         shards: Sequence[int],
         ttl_s: float,
         claimer: store.OutboxRelay,
         limit: int,
-    ) -> list[kept_signals.ExpiredSignal]:
-        return kept_signals.claim_expired_signals(self.conn, modulus, shards, ttl_s, claimer, limit)
+    ) -> list[kept_signals.KeptDeadLetter]:
+        return kept_signals.claim_kept_dead_letters(
+            self.conn, modulus, shards, ttl_s, claimer, limit
+        )
 
     def forget_kept_signals(self, keys: Sequence[kept_signals.KeptKey]) -> None:
         kept_signals.forget_kept_signals(self.conn, keys)

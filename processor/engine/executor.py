@@ -65,7 +65,7 @@ from processor.io.db_errors import TRANSIENT, classify
 from processor.io.delivery import Delivery, Refusal
 from processor.io.faults import NO_FAULTS, Faults, Point
 from processor.io.kafka import Outbox, choose_partition
-from processor.io.kept_signals import ExpiredSignal, KeptKey
+from processor.io.kept_signals import KeptDeadLetter, KeptKey
 from processor.io.logs import describe, first_line
 from processor.io.outage import Outage
 from processor.io.telemetry import Telemetry, context_headers
@@ -554,16 +554,16 @@ class Executor:
         """Runs the watchdog force-failed as stuck: (run id, workflow)."""
         self._ledger.stuck_failed(runs)
 
-    def dead_letter_expired(
-        self, expired: list[ExpiredSignal], forget: Callable[[list[KeptKey]], None]
+    def dead_letter_kept(
+        self, claimed: list[KeptDeadLetter], forget: Callable[[list[KeptKey]], None]
     ) -> None:
-        """Dead-letter the kept signals whose run never came (``unknown_run``, with the record
-        as it was read and where); each is forgotten once the broker has its dead letter."""
-        for signal in expired:
+        """Dead-letter the kept signals whose run never came (``unknown_run``) or came and
+        could not take them (``unknown_signal``, ``run_ended``), with the record as it was
+        read and where; each is forgotten once the broker has its dead letter."""
+        for signal in claimed:
             run_id = signal.key[0]
-            detail = f"no run {run_id!r} was started within {signal.kept_s:.0f} s of this signal"
             try:
-                plan = reject(signal.record, DeadLetterReason.UNKNOWN_RUN, detail, self._rules)
+                plan = reject(signal.record, signal.reason, signal.detail, self._rules)
                 self._ledger.record(RunWork(run_id, records=[signal.record]), plan)
                 for send in plan.sends:
                     headers = list(send.headers)

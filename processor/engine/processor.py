@@ -352,7 +352,7 @@ class Processor:
         self.executor.send_outboxed(sweep.ended)
         self.executor.rewake(sweep.overdue)
         self.executor.relay(sweep.relay)
-        self.executor.dead_letter_expired(sweep.expired, self.watchdog.forget)
+        self.executor.dead_letter_kept(sweep.expired, self.watchdog.forget)
         if sweep.triggers is not None:
             self._use_triggers(sweep.triggers)
         if sweep.overdue:

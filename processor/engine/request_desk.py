@@ -143,7 +143,7 @@ class RequestDesk:
         on each half, down to the request that makes it fail."""
         try:
             self._faults.hit(Point.REQUEST, [request.run_id for request, _ in batch])
-            return apply_requests(self._connection(), self._definitions, batch)
+            return apply_requests(self._connection(), self._definitions, batch, self._faults)
         except Exception as exc:
             if not item_fault(exc):
                 raise

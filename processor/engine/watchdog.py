@@ -50,7 +50,7 @@ from processor.engine.database import Database
 from processor.engine.recent_commits import RecentCommits
 from processor.io.db_errors import TRANSIENT, classify
 from processor.io.faults import NO_FAULTS, Faults, Point
-from processor.io.kept_signals import ExpiredSignal, KeptKey
+from processor.io.kept_signals import KeptDeadLetter, KeptKey
 from processor.io.logs import describe
 from processor.io.store import OutboxRelay
 from processor.io.threads import ThreadWatch
@@ -86,8 +86,8 @@ class SweepResult:
     ended: list[tuple[str, int, tuple[Send, ...]]] = field(default_factory=list)
     # Outbox rows claimed for relaying: (run id, transition seq, records).
     relay: list[tuple[str, int, tuple[Send, ...]]] = field(default_factory=list)
-    # Kept signals whose run never came, claimed for their dead letters.
-    expired: list[ExpiredSignal] = field(default_factory=list)
+    # Kept signals whose run never came, or came and refused them, claimed for dead letters.
+    expired: list[KeptDeadLetter] = field(default_factory=list)
     triggers: TriggerSet | None = None  # read again by this sweep
     # The database restarted (or failed over) since the last sweep: the runs committed just
     # before, to wake again (engine/recent_commits.py).
@@ -235,7 +235,7 @@ class Watchdog:
             marked = self._db.woken([run_id for run_id, _tier in woken])
             woken = [(run_id, tier) for run_id, tier in woken if run_id in marked]
         overdue: list[tuple[str, str]] = []
-        expired: list[ExpiredSignal] = []
+        expired: list[KeptDeadLetter] = []
         if owned:
             overdue = self._part(
                 "the overdue runs",
@@ -254,7 +254,7 @@ class Watchdog:
             )
             expired = self._part(
                 "the expired kept signals",
-                lambda: self._db.claim_expired_signals(
+                lambda: self._db.claim_kept_dead_letters(
                     modulus, owned, s.kept_signal_ttl_s, self._relay_as(), s.limit
                 ),
                 [],

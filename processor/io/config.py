@@ -115,6 +115,17 @@ class Settings:
     # broker sees it, and joins again with a new client if records wait that it should be
     # reading (io/group_watch.py). 0: never.
     group_stall_s: float = 30.0
+    # A step worker's stable name (a StatefulSet pod's, a systemd unit instance's): its
+    # consumer is then a static member of the workers' group (``group.instance.id``), so a
+    # worker started again under the same name takes its partitions back without the group
+    # moving them. Empty: a dynamic member. Two live workers must not share a name.
+    worker_name: str = ""
+    # How long the broker waits for a silent worker before its partitions go to the others
+    # (what a dead worker's queued tasks wait, docs/operations.md "Step workers"): the
+    # workers' group's ``consumer.session.timeout.ms`` (set by each worker at start) under
+    # the consumer protocol, the consumer's ``session.timeout.ms`` under classic. 0: the
+    # broker's (consumer) or Ductor's 10 s (classic).
+    worker_session_timeout_ms: int = 6000
     # Tests only: fault-injection points to arm (see io/faults.py). Empty in production.
     test_faults: str = ""
     # Tests only: this process's wall clock runs this far ahead (negative: behind), as a
@@ -305,6 +316,19 @@ def _parse_name(name: str, raw: str) -> str:
     return raw
 
 
+def _parse_optional_name(name: str, raw: str) -> str:
+    """A name as ``_parse_name`` reads it, or empty (none)."""
+    return _parse_name(name, raw) if raw else ""
+
+
+def _parse_session_timeout(name: str, raw: str) -> int:
+    """0 (the broker's, or the client's default), or a session timeout in milliseconds."""
+    value = _parse_int(name, raw, 0, 1_800_000)
+    if 0 < value < 1000:
+        raise ConfigError(f"{name}={raw!r} must be 0 (the broker's) or at least 1000 ms")
+    return value
+
+
 # A host name: dot-separated labels of letters, digits and inner hyphens (RFC 1123).
 _HOSTNAME = re.compile(r"(?!-)[A-Za-z0-9-]{1,63}(?<!-)(\.(?!-)[A-Za-z0-9-]{1,63}(?<!-))*")
 
@@ -467,6 +491,8 @@ _FIELDS: tuple[tuple[str, Callable[[str, str], object]], ...] = (
     ("http_host", _parse_host),
     ("health_stall_s", _float_min(0.1)),
     ("group_stall_s", _float_min(0.0)),
+    ("worker_name", _parse_optional_name),
+    ("worker_session_timeout_ms", _parse_session_timeout),
     ("test_faults", _parse_faults),
     ("test_clock_ahead_ms", _int_in(-86_400_000, 86_400_000)),
     ("ui_token", _parse_token),
@@ -631,6 +657,11 @@ def _check_together(settings: Settings) -> None:
         refused = kafka_properties.refusal(prop, settings.group_protocol)
         if refused is not None:
             raise ConfigError(refused)
+    if settings.worker_name and "group.instance.id" in settings.kafka_extra:
+        raise ConfigError(
+            "DUCTOR_WORKER_NAME and DUCTOR_KAFKA_GROUP_INSTANCE_ID are both set: a worker's"
+            " group.instance.id is its name; keep DUCTOR_WORKER_NAME"
+        )
     _check_ui(settings)
 
 

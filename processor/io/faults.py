@@ -39,6 +39,9 @@ class Point(StrEnum):
     # A request statement committed (io/request_store.py); the wakeups its answers send are
     # not produced yet (the requests' run ids).
     AFTER_REQUESTS = "after_requests"
+    # The request statement read the runs its signals name (io/request_store.py) and has not
+    # recorded the signals yet, in its transaction (the run ids of the signals to record).
+    SIGNALS_READ = "signals_read"
     # A sweep claimed kept signals for their dead letters (io/kept_signals.py); the dead
     # letters are not produced yet (the signals' run ids; hit only when it claimed some).
     KEPT_CLAIMED = "kept_claimed"

@@ -28,6 +28,7 @@ from processor.io.connections import connect
 from processor.io.db_clock import DatabaseClock
 from processor.io.logs import first_line
 from processor.io.threads import ThreadWatch
+from processor.io.worker_registry import WorkerAbout, about_params
 
 log = logging.getLogger("ductor.instances")
 
@@ -51,20 +52,31 @@ def alive(column: str) -> str:
     return ALIVE.format(column=column)
 
 
+# A worker's row says what it serves (io/worker_registry.py); ``partitions`` is written when
+# given (what it holds changed), else kept.
 _UPSERT = """
-INSERT INTO eec_instance (instance_id, kind, host, pid) VALUES (%s, %s, %s, %s)
-    ON CONFLICT (instance_id) DO UPDATE SET heartbeat_at = now()
+INSERT INTO eec_instance
+    (instance_id, kind, host, pid, group_id, name, queues, step_types, concurrency, version,
+     app, partitions)
+    VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s::jsonb)
+    ON CONFLICT (instance_id) DO UPDATE
+        SET heartbeat_at = now(),
+            partitions = coalesce(EXCLUDED.partitions, eec_instance.partitions)
 RETURNING (extract(epoch FROM now()) * 1000)::bigint
 """
 
 
 def register(
-    conn: psycopg.Connection[Any], instance_id: str, kind: str, forget_gone: bool = True
+    conn: psycopg.Connection[Any],
+    instance_id: str,
+    kind: str,
+    forget_gone: bool = True,
+    about: WorkerAbout | None = None,
 ) -> int:
     """Announce an instance (and, with ``forget_gone``, forget instances gone for a day);
     Postgres's time (epoch ms). A worker forgets none: its database role may not delete
     another instance's row (docs/operations.md, the workers' database role)."""
-    database_ms = heartbeat(conn, instance_id, kind)
+    database_ms = heartbeat(conn, instance_id, kind, about)
     if forget_gone:
         conn.execute(
             "DELETE FROM eec_instance WHERE heartbeat_at < now() - %s::interval", (_FORGET_AFTER,)
@@ -72,11 +84,26 @@ def register(
     return database_ms
 
 
-def heartbeat(conn: psycopg.Connection[Any], instance_id: str, kind: str) -> int:
-    """The instance is alive (registered again, should its row have been forgotten);
-    returns Postgres's time of the heartbeat (epoch ms)."""
+def heartbeat(
+    conn: psycopg.Connection[Any],
+    instance_id: str,
+    kind: str,
+    about: WorkerAbout | None = None,
+    partitions: str | None = None,
+) -> int:
+    """The instance is alive (registered again, should its row have been forgotten, with
+    what it serves: ``about``); ``partitions`` (JSON), what it holds now if that changed.
+    Returns Postgres's time of the heartbeat (epoch ms)."""
     row = conn.execute(
-        _UPSERT, (instance_id, kind, socket.gethostname()[:200], os.getpid())
+        _UPSERT,
+        (
+            instance_id,
+            kind,
+            socket.gethostname()[:200],
+            os.getpid(),
+            *about_params(about),
+            partitions,
+        ),
     ).fetchone()
     assert row is not None
     return int(row[0])
@@ -126,8 +153,16 @@ class Presence:
         gone_after_s: float,
         clock: DatabaseClock | None = None,
         threads: ThreadWatch | None = None,
+        about: WorkerAbout | None = None,
+        after_beat: Callable[[psycopg.Connection[Any]], None] | None = None,
     ) -> None:
+        """``about``: what a worker serves (its row says it); ``after_beat``: called with the
+        connection after each heartbeat (a worker's directory of the others reads there)."""
         self.instance_id = instance_id
+        self._about = about
+        self._after_beat = after_beat
+        self._holding: str | None = None  # partitions to write with the next heartbeat
+        self._after_beat_failing = False
         self._forgets = kind == "processor"
         self._clock = clock or DatabaseClock()  # each heartbeat measures its offset
         self.gone_after_s = gone_after_s
@@ -147,13 +182,17 @@ class Presence:
         self._close()  # (what a failed try left)
         self._conn = connect(self._dsn)
         sent_ms = self._clock.local_ms()
-        database_ms = register(self._conn, self.instance_id, self._kind, self._forgets)
+        database_ms = register(self._conn, self.instance_id, self._kind, self._forgets, self._about)
         self._clock.observe(database_ms, sent_ms, self._clock.local_ms())
         self._registered.set()
 
     def start(self) -> Presence:
         self._thread.start()
         return self
+
+    def holding(self, partitions: str) -> None:
+        """What the instance holds now (JSON), written with its next heartbeat."""
+        self._holding = partitions
 
     def may_judge(self) -> bool:
         return self._registered.is_set() and self._judge.may_judge()
@@ -185,11 +224,14 @@ class Presence:
                     self._conn = connect(self._dsn)
                 sent_ms = self._clock.local_ms()
                 if self._registered.is_set():
-                    database_ms = heartbeat(self._conn, self.instance_id, self._kind)
+                    database_ms = self._heartbeat(self._conn)
                 else:
-                    database_ms = register(self._conn, self.instance_id, self._kind, self._forgets)
+                    database_ms = register(
+                        self._conn, self.instance_id, self._kind, self._forgets, self._about
+                    )
                     self._registered.set()
                 self._clock.observe(database_ms, sent_ms, self._clock.local_ms())
+                self._run_after_beat(self._conn)
             except psycopg.Error as exc:
                 self._judge.failed()
                 log.debug("heartbeat of %s failed: %s", self.instance_id, first_line(exc))
@@ -205,6 +247,30 @@ class Presence:
                 self._close()
             if self._stop.wait(self._interval_s):
                 return
+
+    def _heartbeat(self, conn: psycopg.Connection[Any]) -> int:
+        """A heartbeat, with what the instance holds if that changed (kept for the next one
+        should this one fail)."""
+        holding, self._holding = self._holding, None
+        try:
+            return heartbeat(conn, self.instance_id, self._kind, self._about, holding)
+        except BaseException:
+            if self._holding is None:
+                self._holding = holding
+            raise
+
+    def _run_after_beat(self, conn: psycopg.Connection[Any]) -> None:
+        """What rides on the heartbeat's connection; its failure is its own (logged), never
+        the heartbeat's: a failed heartbeat would stop this instance judging the others."""
+        if self._after_beat is None:
+            return
+        try:
+            self._after_beat(conn)
+            self._after_beat_failing = False
+        except psycopg.Error as exc:
+            level = logging.DEBUG if self._after_beat_failing else logging.WARNING
+            self._after_beat_failing = True  # (said once until it works again)
+            log.log(level, "after the heartbeat of %s: %s", self.instance_id, first_line(exc))
 
     def _close(self) -> None:
         if self._conn is not None:

@@ -168,21 +168,37 @@ def consumer_config(settings: Settings, client_id: str) -> dict[str, Any]:
 
 
 def worker_consumer_config(settings: Settings, client_id: str) -> dict[str, Any]:
-    """A step worker's consumer of its queues' steps topics."""
-    return group_consumer_config(
-        settings,
-        settings.worker_group_id,
-        {
-            "client.id": client_id,
-            "auto.commit.interval.ms": 1000,
-            # What librdkafka prefetches beside the worker's own backlog.
-            "queued.max.messages.kbytes": 4096,
-        },
-    )
+    """A step worker's consumer of its queues' steps topics: a static member of its group
+    when the worker has a name (``DUCTOR_WORKER_NAME``), with the workers' session timeout
+    under the classic protocol (under the consumer protocol it is the group's: io/
+    worker_group.py sets it)."""
+    defaults: dict[str, Any] = {
+        "client.id": client_id,
+        "auto.commit.interval.ms": 1000,
+        # What librdkafka prefetches beside the worker's own backlog.
+        "queued.max.messages.kbytes": 4096,
+    }
+    session_ms = settings.worker_session_timeout_ms
+    if settings.group_protocol == "classic" and session_ms:
+        defaults["session.timeout.ms"] = session_ms
+        defaults["heartbeat.interval.ms"] = worker_heartbeat_interval_ms(session_ms)
+    owned = {"group.instance.id": settings.worker_name} if settings.worker_name else {}
+    return group_consumer_config(settings, settings.worker_group_id, defaults, owned)
+
+
+def worker_heartbeat_interval_ms(session_timeout_ms: int) -> int:
+    """How often a worker's consumer says it is alive: every second, or a third of its
+    session timeout if that is shorter (three beats may be lost before it is taken for
+    dead). A survivor learns its new assignment at its next beat, so this adds to the time
+    a dead worker's tasks wait."""
+    return min(1000, session_timeout_ms // 3)
 
 
 def group_consumer_config(
-    settings: Settings, group_id: str, defaults: Mapping[str, Any]
+    settings: Settings,
+    group_id: str,
+    defaults: Mapping[str, Any],
+    owned: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """A member of a consumer group whose offsets are stored by hand, only once a record's
     work is committed and its effects acknowledged; the auto-commit then only ships what was
@@ -190,7 +206,7 @@ def group_consumer_config(
     protocol_defaults, protocol_owned = group_protocol_config(settings)
     return client_config(
         settings,
-        {**defaults, **protocol_defaults},
+        {**protocol_defaults, **defaults},
         {
             "group.id": group_id,
             "auto.offset.reset": "earliest",
@@ -198,6 +214,7 @@ def group_consumer_config(
             "enable.auto.commit": True,
             "enable.partition.eof": False,
             **protocol_owned,
+            **(owned or {}),
         },
     )
 

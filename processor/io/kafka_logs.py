@@ -37,10 +37,10 @@ _MAX_KINDS = 512
 _NUMBERS = re.compile(r"\d+")
 
 
-def with_logger(config: Mapping[str, Any]) -> dict[str, Any]:
+def with_logger(config: Mapping[str, Any], log: ClientLog | None = None) -> dict[str, Any]:
     """A client's configuration whose librdkafka lines go through the project's logger, with
-    a limiter of the client's own."""
-    return {**config, "logger": ClientLog()}
+    a limiter of the client's own (or ``log``'s, shared by the clients given it)."""
+    return {**config, "logger": log or ClientLog()}
 
 
 @dataclass
@@ -59,13 +59,19 @@ class ClientLog:
         self,
         log: logging.Logger | None = None,
         clock: Callable[[], float] = time.monotonic,
+        expected: Callable[[str], bool] | None = None,
     ) -> None:
+        """``expected``: lines the caller handles and says itself, logged at INFO whatever
+        librdkafka's level (a fatal error the client's owner recovers from is no critical)."""
         self._log = log or logging.getLogger("ductor.librdkafka")
         self._clock = clock
+        self._expected = expected
         self._kinds: dict[tuple[str, str], _Kind] = {}
         self._lock = threading.Lock()
 
     def log(self, level: int, _format: str, facility: str, client: str, text: str) -> None:
+        if level > logging.INFO and self._expected is not None and self._expected(text):
+            level = logging.INFO
         if not self._log.isEnabledFor(level):
             return
         suppressed = 0 if level <= logging.DEBUG else self._admit(facility, text)

@@ -4,6 +4,11 @@ them (``take_kept_signals``, in the statement's transaction); the watchdog's swe
 shards its instance owns, adopts those whose run appeared another way or in a race with the
 keeping transaction, and dead-letters those that waited longer than the time to live.
 
+A kept signal lands on its run only as any signal does (core/landing.py): one whose name no
+wait step of the run's workflow waits for, or (adopted by a sweep) whose run has ended, is not
+applied but marked refused with the reason (migration 0034), and the sweep of its shard's
+owner dead-letters it at once (``unknown_signal``, ``run_ended``), as it does an expired one.
+
 A cancel has no time to live: it is kept until a start for its run id comes, however late,
 and that run then ends cancelled before any step runs (were it dead-lettered, a late start
 would run as if never cancelled). ``ductor gc`` deletes the cancels kept longer than the
@@ -26,58 +31,73 @@ from typing import Any
 
 import psycopg
 
-from processor.core.model import SignalKind
+from processor.core.landing import Refusal, landing_problem
+from processor.core.model import RunStatus, SignalKind, UnknownWorkflow
+from processor.core.outcomes import DeadLetterReason
 from processor.core.records import Headers, Inbound
+from processor.core.workflow import WorkflowDef
 from processor.io.instances import alive
-from processor.io.store import OutboxRelay
+from processor.io.store import Definitions, OutboxRelay
 
 log = logging.getLogger("ductor.watchdog")
 
-# Applied to a run that now exists: into eec_run_signal (a signal already recorded by another
-# path is left as it is), the kept row deleted in the same statement.
-_TAKE = """
-WITH taken AS (
-    DELETE FROM eec_kept_signal
-     WHERE run_id = ANY(%s::text[]) AND dead_letter_sent_at IS NULL
-    RETURNING run_id, signal_id, kind, payload
-)
-INSERT INTO eec_run_signal (run_id, signal_id, kind, payload)
-SELECT run_id, signal_id, kind, payload FROM taken
-ON CONFLICT DO NOTHING
+# The kept signals of runs just created, locked until their verdict is written.
+_KEPT_FOR = """
+SELECT run_id, signal_id, kind FROM eec_kept_signal
+ WHERE run_id = ANY(%s::text[]) AND dead_letter_sent_at IS NULL AND refused_reason IS NULL
+   FOR UPDATE
 """
 
-# The kept signals of the owned shards whose run exists, applied; each run with its tier, to
-# wake it. Rows another transaction holds are left for the next sweep.
-_ADOPT = """
-WITH chosen AS (
-    SELECT k.run_id, k.signal_id, r.tier
-      FROM eec_kept_signal k JOIN eec_workflow_run r ON r.run_id = k.run_id
-     WHERE k.dead_letter_sent_at IS NULL AND k.shard %% %(modulus)s = ANY(%(shards)s)
-     LIMIT %(limit)s
-       FOR UPDATE OF k SKIP LOCKED
-), taken AS (
-    DELETE FROM eec_kept_signal k USING chosen c
-     WHERE k.run_id = c.run_id AND k.signal_id = c.signal_id
+# The kept signals of the owned shards whose run exists, with the run as it stands (its
+# workflow, status and tier), for their verdicts. Rows another transaction holds are left for
+# the next sweep.
+_ADOPTABLE = """
+SELECT k.run_id, k.signal_id, k.kind, r.workflow_name, r.workflow_version, r.status, r.tier
+  FROM eec_kept_signal k JOIN eec_workflow_run r ON r.run_id = k.run_id
+ WHERE k.dead_letter_sent_at IS NULL AND k.refused_reason IS NULL
+   AND k.shard %% %(modulus)s = ANY(%(shards)s)
+ LIMIT %(limit)s
+   FOR UPDATE OF k SKIP LOCKED
+"""
+
+# The verdicts on kept signals whose run exists: those that land are applied (into
+# eec_run_signal; one recorded already by another path is left as it is) and deleted, the
+# others marked refused with why, for their dead letters.
+_SETTLE = """
+WITH taken AS (
+    DELETE FROM eec_kept_signal k
+     USING unnest(%(runs)s::text[], %(ids)s::text[]) AS t(run_id, signal_id)
+     WHERE k.run_id = t.run_id AND k.signal_id = t.signal_id
     RETURNING k.run_id, k.signal_id, k.kind, k.payload
 ), recorded AS (
     INSERT INTO eec_run_signal (run_id, signal_id, kind, payload)
     SELECT run_id, signal_id, kind, payload FROM taken
     ON CONFLICT DO NOTHING
 )
-SELECT DISTINCT c.run_id, c.tier FROM chosen c JOIN taken t USING (run_id, signal_id)
+UPDATE eec_kept_signal k SET refused_reason = x.reason, refused_detail = x.detail
+  FROM unnest(%(refused_runs)s::text[], %(refused_ids)s::text[], %(reasons)s::text[],
+              %(details)s::text[]) AS x(run_id, signal_id, reason, detail)
+ WHERE k.run_id = x.run_id AND k.signal_id = x.signal_id
 """
 
-# Expired kept signals of the owned shards whose run does not exist, and those claimed before
-# by an instance that is gone (it died before the broker had their dead letters), claimed now.
-# A cancel never expires (module docstring): the first half reads the partial index that holds
-# only the signals that may (migration 0022), so cancels kept long cost the sweep nothing.
+# Expired kept signals of the owned shards whose run does not exist, refused ones, and those
+# claimed before by an instance that is gone (it died before the broker had their dead
+# letters), claimed now. A cancel never expires (module docstring): the first part reads the
+# partial index that holds only the signals that may (migration 0022), so cancels kept long
+# cost the sweep nothing; the second the one of the refused (migration 0034).
 _CLAIM_EXPIRED = f"""
 WITH expired AS (
     SELECT s.run_id, s.signal_id, s.received_at FROM eec_kept_signal s
      WHERE s.dead_letter_sent_at IS NULL AND s.kind <> '{SignalKind.CANCEL.value}'
        AND s.received_at < now() - make_interval(secs => %(ttl_s)s)
-       AND s.shard %% %(modulus)s = ANY(%(shards)s)
+       AND s.refused_reason IS NULL AND s.shard %% %(modulus)s = ANY(%(shards)s)
        AND NOT EXISTS (SELECT 1 FROM eec_workflow_run r WHERE r.run_id = s.run_id)
+     ORDER BY s.received_at LIMIT %(limit)s
+       FOR UPDATE SKIP LOCKED
+), refused AS (
+    SELECT s.run_id, s.signal_id, s.received_at FROM eec_kept_signal s
+     WHERE s.refused_reason IS NOT NULL AND s.dead_letter_sent_at IS NULL
+       AND s.shard %% %(modulus)s = ANY(%(shards)s)
      ORDER BY s.received_at LIMIT %(limit)s
        FOR UPDATE SKIP LOCKED
 ), orphaned AS (
@@ -87,14 +107,15 @@ WITH expired AS (
      ORDER BY s.received_at LIMIT %(limit)s
        FOR UPDATE SKIP LOCKED
 ), due AS (
-    SELECT * FROM expired UNION ALL SELECT * FROM orphaned ORDER BY received_at LIMIT %(limit)s
+    SELECT * FROM expired UNION ALL SELECT * FROM refused UNION ALL SELECT * FROM orphaned
+     ORDER BY received_at LIMIT %(limit)s
 )
 UPDATE eec_kept_signal k SET dead_letter_sent_at = now(), dead_letter_by = %(me)s
   FROM due
  WHERE k.run_id = due.run_id AND k.signal_id = due.signal_id
 RETURNING k.run_id, k.signal_id, k.record_key, k.record_value, k.record_headers,
           k.source_topic, k.source_partition, k.source_offset,
-          extract(epoch FROM now() - k.received_at)
+          extract(epoch FROM now() - k.received_at), k.refused_reason, k.refused_detail
 """
 
 # The cancels kept for runs that never started, received before a moment (``ductor gc``).
@@ -115,40 +136,93 @@ KeptKey = tuple[str, str]
 
 
 @dataclass(frozen=True)
-class ExpiredSignal:
-    """A kept signal whose run never came: its record as it was read, for its dead letter."""
+class KeptDeadLetter:
+    """A kept signal to dead-letter: its run never came (``unknown_run``), or came and
+    cannot take it (core/landing.py's reasons); its record as it was read, and why."""
 
     key: KeptKey
     record: Inbound
-    kept_s: float  # how long it was kept
+    reason: DeadLetterReason
+    detail: str
 
 
-def take_kept_signals(conn: psycopg.Connection[Any], run_ids: Sequence[str]) -> None:
-    """Apply the signals kept for runs just created (in the caller's transaction)."""
-    if run_ids:
-        conn.execute(_TAKE, (list(run_ids),))
+def take_kept_signals(
+    conn: psycopg.Connection[Any], wf: WorkflowDef, run_ids: Sequence[str]
+) -> None:
+    """Apply the signals kept for runs of ``wf`` just created, those that can land there; mark
+    the others refused (in the caller's transaction, or one of its own)."""
+    if not run_ids:
+        return
+    with conn.transaction():
+        rows = conn.execute(_KEPT_FOR, (list(run_ids),)).fetchall()
+        if rows:
+            verdicts = [
+                ((run_id, signal_id), landing_problem(run_id, wf, RunStatus.PENDING, kind))
+                for run_id, signal_id, kind in rows
+            ]
+            _settle(conn, verdicts)
 
 
 def adopt_kept_signals(
-    conn: psycopg.Connection[Any], modulus: int, shards: Sequence[int], limit: int
+    conn: psycopg.Connection[Any],
+    definitions: Definitions,
+    modulus: int,
+    shards: Sequence[int],
+    limit: int,
 ) -> list[tuple[str, str]]:
-    """Apply the kept signals of the given shards whose run exists; the runs, with their
+    """Apply the kept signals of the given shards whose run exists, those that can land there
+    (the others are marked refused, for their dead letters); the runs given one, with their
     tiers, to wake."""
     params = {"modulus": modulus, "shards": list(shards), "limit": limit}
-    return [(r[0], r[1]) for r in conn.execute(_ADOPT, params).fetchall()]
+    with conn.transaction():
+        rows = conn.execute(_ADOPTABLE, params).fetchall()
+        verdicts: list[tuple[KeptKey, Refusal | None]] = []
+        woken: dict[str, str] = {}
+        for run_id, signal_id, kind, name, version, status, tier in rows:
+            try:
+                wf = definitions.get(conn, (name, version))
+            except UnknownWorkflow as exc:
+                refusal: Refusal | None = Refusal(DeadLetterReason.UNKNOWN_WORKFLOW, str(exc))
+            else:
+                refusal = landing_problem(run_id, wf, RunStatus(status), kind)
+            verdicts.append(((run_id, signal_id), refusal))
+            if refusal is None:
+                woken[run_id] = tier
+        if verdicts:
+            _settle(conn, verdicts)
+    return sorted(woken.items())
 
 
-def claim_expired_signals(
+def _settle(
+    conn: psycopg.Connection[Any], verdicts: Sequence[tuple[KeptKey, Refusal | None]]
+) -> None:
+    taken = [key for key, refusal in verdicts if refusal is None]
+    refused = [(key, refusal) for key, refusal in verdicts if refusal is not None]
+    conn.execute(
+        _SETTLE,
+        {
+            "runs": [k[0] for k in taken],
+            "ids": [k[1] for k in taken],
+            "refused_runs": [k[0] for k, _ in refused],
+            "refused_ids": [k[1] for k, _ in refused],
+            "reasons": [r.reason.value for _, r in refused],
+            "details": [r.detail for _, r in refused],
+        },
+    )
+
+
+def claim_kept_dead_letters(
     conn: psycopg.Connection[Any],
     modulus: int,
     shards: Sequence[int],
     ttl_s: float,
     claimer: OutboxRelay,
     limit: int,
-) -> list[ExpiredSignal]:
+) -> list[KeptDeadLetter]:
     """Claim for ``claimer`` the dead letters of the kept signals of the given shards older
-    than ``ttl_s`` whose run does not exist, and of those claimed by an instance that is gone
-    (as outbox rows are relayed: io/store.py's ``claim_outbox``)."""
+    than ``ttl_s`` whose run does not exist, of those refused by their run, and of those
+    claimed by an instance that is gone (as outbox rows are relayed: io/store.py's
+    ``claim_outbox``)."""
     params = {
         "modulus": modulus,
         "shards": list(shards),
@@ -159,21 +233,36 @@ def claim_expired_signals(
         "gone_after_s": claimer.gone_after_s,
     }
     rows = conn.execute(_CLAIM_EXPIRED, params).fetchall()
-    return [
-        ExpiredSignal(
-            (run_id, signal_id),
-            Inbound(
-                tp=(topic, partition),
-                offset=offset,
-                key=None if key is None else bytes(key),
-                value=bytes(value),
-                headers=_kept_headers(run_id, headers),
-                tier="requests",
-            ),
-            float(kept_s),
+    claimed = []
+    for run_id, signal_id, key, value, headers, topic, partition, offset, *why in rows:
+        kept_s, refused_reason, refused_detail = why
+        record = Inbound(
+            tp=(topic, partition),
+            offset=offset,
+            key=None if key is None else bytes(key),
+            value=bytes(value),
+            headers=_kept_headers(run_id, headers),
+            tier="requests",
         )
-        for run_id, signal_id, key, value, headers, topic, partition, offset, kept_s in rows
-    ]
+        if refused_reason is None:
+            reason = DeadLetterReason.UNKNOWN_RUN
+            detail = f"no run {run_id!r} was started within {float(kept_s):.0f} s of this signal"
+        else:
+            reason, detail = _refused(run_id, refused_reason, refused_detail)
+        claimed.append(KeptDeadLetter((run_id, signal_id), record, reason, detail))
+    return claimed
+
+
+def _refused(run_id: str, reason: str, detail: str | None) -> tuple[DeadLetterReason, str]:
+    """The refusal as written; a reason this version does not know (a row written by hand, or
+    by a newer version) is dead-lettered as unexpected, its text kept in the detail."""
+    try:
+        return DeadLetterReason(reason), detail or ""
+    except ValueError:
+        return (
+            DeadLetterReason.UNEXPECTED_ERROR,
+            f"the kept signal of run {run_id!r} was refused as {reason!r}: {detail or ''}",
+        )
 
 
 def delete_old_kept_cancels(conn: psycopg.Connection[Any], before: datetime) -> int:

@@ -4,10 +4,12 @@
 Starts first, then signals, so that a signal read after its run's start in the same batch
 finds the run. A start inserts its run as ``ductor start`` does (io/runs_admin.py's
 ``insert_runs``: an existing run id is left alone and compared; the run created takes the
-signals kept for it). A signal is recorded for its run, or kept (the run does
-not exist yet: it may race its start) with the record's bytes, for its dead letter should the
-start never come (io/kept_signals.py). Every write is idempotent by its key, so a batch redelivered
-after a crash answers as before: a created run is then found started before.
+signals kept for it that can land there). A signal is recorded for its run if it can land
+there (core/landing.py: the run has not ended, a wait step waits for its name) and refused if
+not, or kept (the run does not exist yet: it may race its start) with the record's bytes, for
+its dead letter should the start never come or the run turn out not to take it
+(io/kept_signals.py). Every write is idempotent by its key, so a batch redelivered after a
+crash answers as before: a created run is then found started before, a signal recorded before.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from typing import Any
 import orjson
 import psycopg
 
+from processor.core.landing import landing_problem
 from processor.core.model import UnknownWorkflow
 from processor.core.outcomes import DeadLetterReason
 from processor.core.records import Inbound
@@ -34,31 +37,20 @@ from processor.core.requests import Request, SignalRequest, StartRequest
 from processor.core.routing import run_shard
 from processor.core.run_input import input_problem
 from processor.core.workflow import WorkflowDef
+from processor.io.faults import NO_FAULTS, Faults, Point
 from processor.io.kept_signals import encode_headers
+from processor.io.run_signals import (
+    Signal,
+    SignalKey,
+    SignalTarget,
+    record_live_signals,
+    signal_targets,
+)
 from processor.io.runs_admin import ExistingRun, insert_runs
 from processor.io.store import Definitions
 
 # One request and the record it came in (its bytes and position, kept with an early signal).
 Item = tuple[Request, Inbound]
-
-# Each signal is recorded if its run exists (the LEFT JOIN reads the run table as it is
-# after this transaction's starts); the rows say which were new and each run's tier.
-_RECORD_SIGNALS = """
-WITH given AS (
-    SELECT * FROM unnest(%(runs)s::text[], %(ids)s::text[], %(kinds)s::text[],
-                         %(payloads)s::jsonb[]) AS g(run_id, signal_id, kind, payload)
-), recorded AS (
-    INSERT INTO eec_run_signal (run_id, signal_id, kind, payload)
-    SELECT g.run_id, g.signal_id, g.kind, g.payload FROM given g
-     WHERE EXISTS (SELECT 1 FROM eec_workflow_run r WHERE r.run_id = g.run_id)
-    ON CONFLICT DO NOTHING
-    RETURNING run_id, signal_id
-)
-SELECT g.run_id, g.signal_id, r.tier, c.run_id IS NOT NULL
-  FROM given g
-  LEFT JOIN eec_workflow_run r ON r.run_id = g.run_id
-  LEFT JOIN recorded c ON c.run_id = g.run_id AND c.signal_id = g.signal_id
-"""
 
 _KEEP_SIGNALS = """
 INSERT INTO eec_kept_signal (run_id, signal_id, kind, payload, shard, record_key, record_value,
@@ -73,13 +65,16 @@ RETURNING run_id, signal_id
 
 
 def apply_requests(
-    conn: psycopg.Connection[Any], definitions: Definitions, items: Sequence[Item]
+    conn: psycopg.Connection[Any],
+    definitions: Definitions,
+    items: Sequence[Item],
+    faults: Faults = NO_FAULTS,
 ) -> list[RequestAnswer]:
     """Apply the requests in one transaction; the answer of each, in order."""
     answers: list[RequestAnswer | None] = [None] * len(items)
     with conn.transaction():
         _starts(conn, definitions, items, answers)
-        _signals(conn, items, answers)
+        _signals(conn, definitions, items, answers, faults)
     assert all(a is not None for a in answers)
     return [a for a in answers if a is not None]
 
@@ -196,34 +191,83 @@ def _compared(run: ExistingRun, workflow: str, version: int | None) -> RequestAn
 
 
 def _signals(
-    conn: psycopg.Connection[Any], items: Sequence[Item], answers: list[RequestAnswer | None]
+    conn: psycopg.Connection[Any],
+    definitions: Definitions,
+    items: Sequence[Item],
+    answers: list[RequestAnswer | None],
+    faults: Faults,
 ) -> None:
+    """Each signal recorded for its run if it can land there (core/landing.py), refused if
+    not, kept if its run does not exist yet; one recorded before (a redelivery, a producer's
+    retry) is answered as recorded before."""
     indexes = [i for i, (request, _) in enumerate(items) if isinstance(request, SignalRequest)]
     if not indexes:
         return
-    signals = [_signal(items[i][0]) for i in indexes]
-    rows = conn.execute(
-        _RECORD_SIGNALS,
-        {
-            "runs": [s.run_id for s in signals],
-            "ids": [s.signal_id for s in signals],
-            "kinds": [s.name for s in signals],
-            "payloads": [_json(s.payload) for s in signals],
-        },
-    ).fetchall()
-    found = {(r[0], r[1]): (r[2], bool(r[3])) for r in rows}
-    answered: set[tuple[str, str]] = set()  # a signal given twice in the batch is new once
+    signals = {i: _as_signal(items[i][0]) for i in indexes}
+    targets = signal_targets(conn, [s.key for s in signals.values()])
     kept: list[int] = []
-    for i, signal in zip(indexes, signals, strict=True):
-        key = (signal.run_id, signal.signal_id)
-        tier, new = found[key]
-        if tier is None:
+    landing: list[int] = []
+    for i in indexes:
+        target = targets[signals[i].key]
+        if target.workflow is None or target.status is None or target.tier is None:
             kept.append(i)
+        elif target.recorded:
+            answers[i] = Signalled(target.tier, False)
+        else:
+            refusal = _refusal(conn, definitions, signals[i], target)
+            if refusal is None:
+                landing.append(i)
+            else:
+                answers[i] = refusal
+    if landing:
+        faults.hit(Point.SIGNALS_READ, [signals[i].run_id for i in landing])
+    recorded = record_live_signals(conn, [signals[i] for i in landing])
+    missed = [i for i in landing if signals[i].key not in recorded]
+    again = signal_targets(conn, [signals[i].key for i in missed]) if missed else {}
+    answered: set[SignalKey] = set()  # a signal given twice in the batch is new once
+    for i in landing:
+        key = signals[i].key
+        if key in recorded:
+            answers[i] = Signalled(_tier(targets[key]), key not in answered)
+            answered.add(key)
             continue
-        answers[i] = Signalled(tier, new and key not in answered)
-        answered.add(key)
+        # The run ended since it was read (or, in a race, the signal was recorded meanwhile).
+        now = again[key]
+        if now.recorded:
+            answers[i] = Signalled(_tier(now), False)
+            continue
+        refusal = _refusal(conn, definitions, signals[i], now)
+        if refusal is None:  # neither: tried again alone by the desk (unexpected_error)
+            raise RuntimeError(f"signal {key[1]!r} of run {key[0]!r}: neither refused nor recorded")
+        answers[i] = refusal
     if kept:
         _keep(conn, items, kept, answers)
+
+
+def _refusal(
+    conn: psycopg.Connection[Any],
+    definitions: Definitions,
+    signal: Signal,
+    target: SignalTarget,
+) -> Refused | None:
+    """Why the signal cannot land on its run as it stands (core/landing.py), or None."""
+    assert target.workflow is not None and target.status is not None
+    try:
+        wf = definitions.get(conn, target.workflow)
+    except UnknownWorkflow as exc:
+        return Refused(DeadLetterReason.UNKNOWN_WORKFLOW, f"run {signal.run_id!r}: {exc}")
+    refusal = landing_problem(signal.run_id, wf, target.status, signal.name)
+    return None if refusal is None else Refused(refusal.reason, refusal.detail)
+
+
+def _tier(target: SignalTarget) -> str:
+    assert target.tier is not None
+    return target.tier
+
+
+def _as_signal(request: Request) -> Signal:
+    assert isinstance(request, SignalRequest)
+    return Signal(request.run_id, request.signal_id, request.name, request.payload)
 
 
 def _signal(request: Request) -> SignalRequest:

@@ -245,7 +245,8 @@ def insert_runs(
 ) -> InsertedRuns:
     """Insert new runs idempotently (an existing run id is left alone, and reported with its
     workflow and whether its input is the same), in one statement.
-    A run created takes the signals ``ductor.requests`` kept for it (io/kept_signals.py).
+    A run created takes the signals ``ductor.requests`` kept for it that can land there
+    (io/kept_signals.py).
     A new run is due at once (``next_wakeup_at``): should its start wakeup never reach a
     processor (the broker was unreachable, the client died before producing it), the overdue
     sweep starts it. With ``start_ms`` (epoch ms) it is due then, and does not start before
@@ -271,7 +272,7 @@ def insert_runs(
         },
     ).fetchall()
     created = [r[0] for r in rows if r[1] is None]
-    take_kept_signals(conn, created)
+    take_kept_signals(conn, wf, created)
     existing = [ExistingRun(r[0], (r[1], r[2]), bool(r[3]), r[4]) for r in rows if r[1] is not None]
     seen = {*created, *(e.run_id for e in existing)}
     unseen = [(run_id, i) for run_id, i in zip(ids, inputs, strict=True) if run_id not in seen]

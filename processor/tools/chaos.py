@@ -9,7 +9,11 @@ before its effects are produced (``after_commit=kill@N``), the broker killed wit
 started again on its data, Postgres restarted in immediate mode, Postgres frozen behind
 the proxy, and a live run's row held FOR UPDATE by an outside transaction (an operator's open
 `psql`); a few runs are inserted without their start wakeup (lost starts) for the sweep to
-start. Then every run must end.
+start. Meanwhile a hostile producer (processor/tools/chaos_hostile.py) writes to the requests
+topic, which the processors read under a scope (``DUCTOR_REQUESTS_*``): records nested 300
+levels and other JSON no door may store, starts of reserved and colliding run ids, forged
+cancels and approvals, and the run's own traffic, one run of a map over 10,000 items started
+and approved through the topic. Then every run must end.
 
 Checked with the audit trail (processor/tools/audit.py) in the same database: every run
 succeeded (so none was force-failed as stuck or for livelock), no transition was applied
@@ -19,7 +23,9 @@ writer: the sweeps' marks and quarantine flags live beside it), every attempt th
 did run (no task was lost) and was in flight while a step could really be held back
 (Postgres frozen, the broker down, a killed worker's session not yet expired:
 processor/tools/chaos_report.py), no process exited by itself, no effect was left in the
-outbox, nothing was dead-lettered.
+outbox, nothing was dead-lettered but the hostile records, each once with the reason it must
+get, no forged record signalled a run or made one, and the map run succeeded with every
+item's output.
 
 It needs the services infra/local.py runs (it restarts them), so it runs from a checkout of
 the repository (processor/tools/checkout.py); from an installed package it says so and exits 2:
@@ -67,6 +73,14 @@ from processor.io.runs_admin import (
 from processor.io.topics import busiest_broker, create_topics, delete_topics
 from processor.tools import audit, chaos_steps
 from processor.tools.chaos_fleet import PROCESSOR, WORKER, Arming, Fleet
+from processor.tools.chaos_hostile import (
+    HostilePlan,
+    HostileProducer,
+    check_hostile,
+    map_run_id,
+    map_workflow,
+    scoped,
+)
 from processor.tools.chaos_load import Feeder
 from processor.tools.chaos_report import (
     BROKER,
@@ -115,6 +129,7 @@ class ChaosPlan:
     step_timeout_s: float = 60.0
     finish_timeout_s: float = 300.0  # after the last fault, for every run to end
     seed: int = 0
+    hostile: HostilePlan = field(default_factory=HostilePlan)
 
 
 # The variant `make test` runs (tests/integration/test_chaos.py): about a minute.
@@ -128,6 +143,8 @@ SHORT = ChaosPlan(
     lock_s=5.0,
     lost_starts=10,
     finish_timeout_s=90.0,
+    # A few dozen hostile records (every kind thrice) and a map of 1,000 items: CI's seconds.
+    hostile=HostilePlan(records=51, map_items=1000),
 )
 
 
@@ -201,11 +218,12 @@ class _Chaos:
         rng = random.Random(plan.seed)
         self.faults = schedule(plan, rng)
         children = replace(
-            settings,
+            scoped(settings, settings.topic_prefix),
             pg_dsn=self.proxy.dsn(settings.pg_dsn),
             stats_log_interval_s=1.0,
             shutdown_timeout_s=10.0,
         )
+        self.map_id = map_run_id(settings.topic_prefix)
         self.fleet = Fleet(
             children, log_dir, plan.processors, plan.workers, rng, plan.arming, self._fault
         )
@@ -231,9 +249,19 @@ class _Chaos:
             random.Random(plan.seed + 1),
             plan.lost_starts,
         )
+        hostile = HostileProducer(
+            self.settings,
+            plan.hostile,
+            self.run_ids,
+            lambda: feeder.started,
+            plan.duration_s * 0.8,
+            plan.duration_s * plan.hostile.map_at,
+            random.Random(plan.seed + 2),
+        )
         self.began = time.monotonic()
         self.fleet.start()
         feeder.start()
+        hostile.start()
         problems: list[str] = []
         try:
             late = 0.0  # an outage that took longer than expected moves what follows
@@ -247,9 +275,15 @@ class _Chaos:
                     f" {feeder.acknowledged}/{feeder.expected} wakeups acknowledged,"
                     f" error {feeder.error!r}"
                 )
+            if not hostile.join(plan.finish_timeout_s):
+                problems.append(
+                    f"the hostile producer did not write every record: {len(hostile.sent)}"
+                    f" sent, {len(hostile.acknowledged)} acknowledged, error {hostile.error!r}"
+                )
             ended_at = self._wait_for_the_end(feeder)
         finally:
             feeder.stop()
+            hostile.stop()
             codes = self.fleet.stop()
             self.proxy.close()
             self.infra.ensure_running()
@@ -258,6 +292,8 @@ class _Chaos:
         except DlqError as exc:
             letters = []
             problems.append(f"the dead-letter topic could not be read: {exc}")
+        with connect_durable(self.settings.pg_dsn) as conn:
+            verdict = check_hostile(conn, hostile, letters, self.run_ids, len(self.fleet.exits))
         return check(
             self.settings.pg_dsn,
             dead_letters=letters,
@@ -274,6 +310,7 @@ class _Chaos:
             ended_at=ended_at,
             problems=problems,
             lost_starts=len(feeder.lost),
+            hostile=verdict,
         )
 
     def _wait_until(self, at_s: float, feeder: Feeder) -> None:
@@ -339,11 +376,13 @@ class _Chaos:
         last_fault = max((w.end for w in self.windows), default=time.time())
         deadline = last_fault + self.plan.finish_timeout_s
         next_progress = 0.0
+        mapped = [self.map_id] if self.plan.hostile.map_items else []
         with connect_durable(self.settings.pg_dsn) as conn:
             while True:
                 ended = count_ended(conn, self.run_ids)
                 now = time.time()
-                if ended == len(self.run_ids) and feeder.started == len(self.run_ids):
+                everything = ended == len(self.run_ids) and feeder.started == len(self.run_ids)
+                if everything and count_ended(conn, mapped) == len(mapped):
                     return now
                 if now > deadline:
                     return None
@@ -384,6 +423,7 @@ def run_chaos(
     wf = chaos_workflow(plan.step_timeout_s)
     with connect_durable(settings.pg_dsn) as conn:
         register_workflow(conn, wf)
+        register_workflow(conn, map_workflow(plan.step_timeout_s))
         audit.install(conn)
         chaos_steps.install(conn)
     chaos = _Chaos(settings, plan, infra, log_dir, out)
@@ -432,6 +472,15 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--workers", type=int, default=d.workers)
     p.add_argument(
         "--step-timeout", type=float, default=d.step_timeout_s, help="every step's deadline, s"
+    )
+    p.add_argument(
+        "--hostile",
+        type=int,
+        default=d.hostile.records,
+        help="hostile records to the requests topic",
+    )
+    p.add_argument(
+        "--map-items", type=int, default=d.hostile.map_items, help="items of the map run (0: none)"
     )
     p.add_argument("--seed", type=int, help="random seed (default: drawn and printed)")
     p.add_argument("--keep", action="store_true", help="keep the runs and topics afterwards")
@@ -493,6 +542,7 @@ def _chaos(
         workers=args.workers,
         step_timeout_s=args.step_timeout,
         seed=args.seed if args.seed is not None else random.randrange(1_000_000),
+        hostile=replace(ChaosPlan().hostile, records=args.hostile, map_items=args.map_items),
     )
     tag = uuid.uuid4().hex[:6]
     settings = replace(base, topic_prefix=f"chaos-{tag}", group_id=f"chaos-{tag}")
@@ -510,8 +560,9 @@ def _chaos(
     print("\n".join(report.lines()))
     if report.ok and not args.keep:
         with connect_durable(settings.pg_dsn) as conn:
-            delete_runs_with_prefix(conn, f"{settings.topic_prefix}-")
-            audit.clear(conn, f"{settings.topic_prefix}-")
+            for prefix in (f"{settings.topic_prefix}-", map_run_id(settings.topic_prefix)):
+                delete_runs_with_prefix(conn, prefix)
+                audit.clear(conn, prefix)
     else:
         print(f"runs kept: ids start with {settings.topic_prefix}-; logs in {log_dir}")
     return 0 if report.ok else 1

@@ -29,6 +29,7 @@ from processor.tools.chaos_fleet import (
     WORKER,
     Fleet,
 )
+from processor.tools.chaos_hostile import HostileVerdict
 
 BROKER, POSTGRES, FREEZE = "broker restart", "postgres restart", "postgres freeze"
 LOCK = "outside lock"  # a run's row held FOR UPDATE by a transaction not ours
@@ -109,6 +110,8 @@ class ChaosReport:
     unversioned: Counter[str] = field(default_factory=Counter)
     # The dead-letter topic as its readers see it: one per bad record (io/dlq.py).
     dead_letters: list[DeadLetter] = field(default_factory=list)
+    # The hostile producer's records and the map run (processor/tools/chaos_hostile.py).
+    hostile: HostileVerdict | None = None
 
     @property
     def ok(self) -> bool:
@@ -195,6 +198,7 @@ class ChaosReport:
             ("unknown commits", _counts(t.unknown_commits)),
             ("dead letters", _dead_letters(t.dead_letters, self.dead_letters)),
             ("force-fails", _counts(t.force_fails)),
+            *(self.hostile.rows() if self.hostile is not None else []),
         ]
         out = [f"Ductor chaos run (real Kafka and Postgres on this machine, seed {self.seed})"]
         out += [f"  {label:16} {value}" for label, value in rows]
@@ -261,6 +265,7 @@ def check(
     problems: list[str],
     lost_starts: int = 0,
     dead_letters: Sequence[DeadLetter] = (),
+    hostile: HostileVerdict | None = None,
 ) -> ChaosReport:
     """Every check of the run, with its figures; failed checks are added to ``problems``."""
     writes: int | None = None
@@ -320,11 +325,17 @@ def check(
         if code != 0:
             problems.append(f"{name} did not stop cleanly on SIGTERM: exit {code}")
     totals = Totals.of(fleet.processor_stats())
-    if totals.dead_letters or dead_letters:
+    # Nothing but the hostile records is dead-lettered (each checked by chaos_hostile.py).
+    hostile_letters = hostile.letters if hostile is not None else set()
+    others = [d for d in dead_letters if (d.partition, d.offset) not in hostile_letters]
+    if others or (totals.dead_letters and hostile is None):
         problems.append(
-            f"records dead-lettered: {dict(totals.dead_letters)} sent,"
-            f" {len(dead_letters)} bad records in the topic"
+            f"records dead-lettered but the hostile ones: {dict(totals.dead_letters)} sent,"
+            f" {len(others)} other bad records in the topic, the first:"
+            f" {[(d.reason, d.source_topic, d.detail) for d in others[:3]]}"
         )
+    if hostile is not None:
+        problems += hostile.problems
     last_fault = max((w.end for w in windows), default=None)
     finished_after = (
         ended_at - last_fault if ended_at is not None and last_fault is not None else None
@@ -355,6 +366,7 @@ def check(
         ended_while_locked=ended_while_locked,
         unversioned=unversioned,
         dead_letters=list(dead_letters),
+        hostile=hostile,
     )
 
 

@@ -66,6 +66,7 @@ from processor.io.outage import Outage
 from processor.io.step_data import MissingData
 from processor.io.telemetry import Telemetry, context_headers, end_error, end_ok, link_headers
 from processor.io.threads import ThreadWatch
+from processor.io.worker_registry import Directory
 from processor.worker.database import (
     Answer,
     Claimed,
@@ -74,6 +75,7 @@ from processor.worker.database import (
     Recorded,
     WorkerDatabase,
 )
+from processor.worker.handback import Foreign, Handback
 from processor.worker.isolation import PROCESS_DIED, ProcessRunner
 from processor.worker.metrics import WorkerMetrics
 from processor.worker.options import WorkerOptions
@@ -137,7 +139,11 @@ class TaskFlow:
         clock: DatabaseClock | None = None,
         faults: Faults = NO_FAULTS,
         threads: ThreadWatch | None = None,
+        directory: Directory | None = None,
+        instance_id: str = "",
     ) -> None:
+        """``directory``: the other workers (the registry), for the tasks this one has no
+        function for (handback.py); None: such tasks run here, and fail."""
         self.settings = settings
         self._faults = faults
         self._threads = threads or ThreadWatch()
@@ -171,6 +177,20 @@ class TaskFlow:
         self._sent_at: dict[Task, float] = {}  # wakeups on their way, since when
         self._bound_reached = False
         self.stopping = False
+        self.handback = (
+            Handback(
+                self.names,
+                options.queues,
+                instance_id,
+                directory,
+                delivery,
+                done_offset,
+                self._run_here,
+                stats,
+            )
+            if directory is not None
+            else None
+        )
         self.metrics = WorkerMetrics(
             telemetry,
             stats,
@@ -188,6 +208,8 @@ class TaskFlow:
         """Take no new task; tasks not claimed yet are left to the group (their offsets are
         not stored), claims not started are given back; running ones finish."""
         self.stopping = True
+        if self.handback is not None:
+            self.handback.stop()
         ready: list[Task] = []
         for task in self.book:
             if task.state in (State.RECEIVED, State.HELD, State.SUSPECT):
@@ -246,6 +268,8 @@ class TaskFlow:
         waiting = self.book.count(State.HELD) + self.book.count(State.SUSPECT)
         if waiting >= _HELD_PER_SLOT * self.options.concurrency:
             return 0
+        if self.handback is not None and self.handback.waiting >= self.options.held_limit:
+            return 0  # (tasks of others' types, waiting for a worker that has them)
         # (Tasks handed to a runner wait there for a free slot: they count too.)
         held = self.book.in_hand + self.book.count(State.RUNNING)
         return self.options.held_limit + self.options.concurrency - held
@@ -290,9 +314,30 @@ class TaskFlow:
             return
         kind, stamp = message.timestamp()
         produced = None if kind == TIMESTAMP_NOT_AVAILABLE else stamp
+        if self.handback is not None and self.registry.get(step.step_type) is None:
+            self.handback.take(message, tp, offset, step, context, produced)
+            return
+        self._admit(step, tp, offset, context, produced)
+
+    def _admit(
+        self,
+        step: StepTask,
+        tp: tuple[str, int],
+        offset: int,
+        context: list[tuple[str, bytes]],
+        produced: int | None,
+    ) -> None:
         task = Task(step, tp, offset, context, produced)
         self.book.add(task)
         self._to_claim.append(task)
+
+    def _run_here(self, foreign: Foreign) -> None:
+        """A task of a type this worker has no function for, that no other worker can take
+        (handback.py): it runs here, and fails as it always did."""
+        if self.book.holds(foreign.step.key):
+            self._skipped_at_intake(foreign.tp, foreign.offset, "duplicate")
+            return
+        self._admit(foreign.step, foreign.tp, foreign.offset, foreign.context, foreign.produced_ms)
 
     def _isolated(self, stage: str, run_id: str, exc: Exception) -> None:
         self.stats.isolated[stage] += 1
@@ -653,6 +698,8 @@ class TaskFlow:
         """Hand the database what gathered this turn: one request per kind; held tasks whose
         wait is over are claimed again."""
         now = time.monotonic()
+        if self.handback is not None:
+            self.handback.turn()
         for task in self.book.in_state(State.HELD) if self.book.count(State.HELD) else ():
             if time.time() * 1000 >= task.step.deadline_ms:
                 self.stats.skipped["deadline"] += 1
@@ -728,6 +775,8 @@ class TaskFlow:
         are given back; running ones run to their end here (the next owner finds them held,
         then recorded), their offsets no longer ours."""
         ready: list[Task] = []
+        if self.handback is not None:
+            self.handback.releasing(tps)
         for task in self.book.of_partitions(tps):
             task.revoked = True
             if task.state in (State.RECEIVED, State.HELD, State.SUSPECT):

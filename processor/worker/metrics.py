@@ -14,6 +14,8 @@ On the Prometheus endpoint:
   slot) and ``running``;
 - ``ductor_worker_skipped_total{ductor_reason}``: tasks not run (deadline, superseded, ahead,
   recorded, resend, run_gone, duplicate, died);
+- ``ductor_worker_handed_back_total{ductor_step_type}``: tasks of a type this worker has no
+  function for, handed to a worker that has (handback.py);
 - ``ductor_worker_abandoned_total``, ``ductor_worker_abandoned_running`` (threads of abandoned
   steps still alive), ``ductor_worker_heartbeats_total``, ``ductor_worker_reruns_total``,
   ``ductor_worker_errors_total{error_type}``;
@@ -105,6 +107,15 @@ class WorkerMetrics:
             "times the worker's consumer joined its group again: tasks waited that it held or"
             " was given but did not read",
             lambda: [Observation(stats.rejoins)],
+        )
+        counter(
+            "ductor.worker.handed_back",
+            "{task}",
+            "tasks of a step type this worker has no function for, handed to a worker that"
+            " has, by step type",
+            lambda: [
+                Observation(n, {"ductor.step_type": t}) for t, n in list(stats.handed_back.items())
+            ],
         )
         counter(
             "ductor.worker.errors",

@@ -19,6 +19,13 @@ bound). A task already running holds its slot: a tier is served first, never pre
 A worker that has read nothing for ``DUCTOR_GROUP_STALL_S`` looks at its group as the broker
 sees it (io/group_watch.py) and joins again with a new consumer if tasks wait that it holds or
 was given but does not read.
+
+A worker with a name (``DUCTOR_WORKER_NAME``) is a static member of its group. Under the
+consumer protocol the broker refuses its name (UNRELEASED_INSTANCE_ID, fatal for the client)
+while the member of a previous process of the same name has not left: one killed without
+leaving holds it until its session ends. The worker then joins again with a new consumer every
+second until the broker lets it (``StaticJoin``), instead of exiting for a supervisor that
+would start it again into the same refusal.
 """
 
 from __future__ import annotations
@@ -28,7 +35,7 @@ import time
 from collections import Counter, deque
 from collections.abc import Callable, Mapping
 
-from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 
 from processor.core.membership import Holding, Stuck
 from processor.core.offsets import OffsetTracker
@@ -44,13 +51,71 @@ from processor.io.kafka import (
     store_offsets,
     worker_consumer_config,
 )
-from processor.io.kafka_logs import with_logger
+from processor.io.kafka_logs import ClientLog, with_logger
 
 log = logging.getLogger("ductor.worker")
 
 TP = tuple[str, int]
 
 _MOST_PER_CONSUME = 500
+# A worker whose name the broker still counts as another member's joins again this often.
+_UNRELEASED_RETRY_S = 1.0
+# ... and says so again this often while it waits (another live worker may have its name).
+_UNRELEASED_WARN_EVERY_S = 30.0
+# What librdkafka's fatal error says when the broker refuses a static member's name.
+_UNRELEASED_TEXT = KafkaError(KafkaError.UNRELEASED_INSTANCE_ID).str()
+
+
+class StaticJoin:
+    """A named worker's join that the broker refuses while its name is a previous member's
+    (``UNRELEASED_INSTANCE_ID``): when to try again, and what to say meanwhile."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.client_log = ClientLog(expected=lambda text: _UNRELEASED_TEXT in text)
+        self.refused_since: float | None = None  # the first refusal of this wait
+        self._retry_at: float | None = None
+        self._warned_at = 0.0
+
+    @staticmethod
+    def is_refusal(error: KafkaError) -> bool:
+        """Whether a client error is the broker refusing the name (reported either as its own
+        code or, by a consumer, as a fatal error whose text names it)."""
+        code = error.code()
+        return code == KafkaError.UNRELEASED_INSTANCE_ID or (
+            code == KafkaError._FATAL and _UNRELEASED_TEXT in error.str()
+        )
+
+    def refused(self, now: float) -> None:
+        if self._retry_at is not None:
+            return  # (the same refusal, reported twice)
+        if self.refused_since is None:
+            self.refused_since = now
+        self._retry_at = now + _UNRELEASED_RETRY_S
+        if now - self._warned_at >= _UNRELEASED_WARN_EVERY_S:
+            self._warned_at = now
+            log.warning(
+                "the broker still counts worker name %r as another member's (a previous"
+                " process of that name died without leaving: until its session ends, at most"
+                " DUCTOR_WORKER_SESSION_TIMEOUT_MS; or another live worker has this name):"
+                " joining again every %.0f s",
+                self.name,
+                _UNRELEASED_RETRY_S,
+                extra={"waited_s": round(now - self.refused_since, 1)},
+            )
+
+    def due(self, now: float) -> bool:
+        """Whether to join again now (once per refusal)."""
+        if self._retry_at is None or now < self._retry_at:
+            return False
+        self._retry_at = None
+        return True
+
+    def joined(self) -> None:
+        """Partitions came: the name is this worker's."""
+        if self.refused_since is not None:
+            log.info("the broker took worker name %r", self.name)
+        self.refused_since = None
 
 
 class Backlog:
@@ -144,9 +209,11 @@ class TaskSource:
         self._releasing = releasing
         self._faults = faults
         self._client_errors = client_errors
+        self._static = StaticJoin(settings.worker_name) if settings.worker_name else None
         self._consumer = self._new_consumer()
         self.tracker = OffsetTracker()
         self.assigned: set[TP] = set()
+        self.assignments = 0  # changes of ``assigned`` so far
         self.paused = False  # every partition is paused (the worker stops, or all is full)
         self._paused: set[TP] = set()  # the partitions paused now
         self._rank = rank
@@ -159,14 +226,19 @@ class TaskSource:
     def _new_consumer(self) -> Consumer:
         # Offsets are stored once a task's result is recorded and its wakeup acknowledged (the
         # tracker's order); auto-commit ships them.
-        return Consumer(
-            with_logger(
-                {
-                    **worker_consumer_config(self._settings, self._client_id),
-                    "error_cb": self._client_errors,
-                }
-            )
-        )
+        config = {
+            **worker_consumer_config(self._settings, self._client_id),
+            "error_cb": self._client_error,
+        }
+        # A named worker's consumers share one log: the broker's refusal of the name is said
+        # by the worker (StaticJoin), not as a critical line of each consumer that tries.
+        return Consumer(with_logger(config, self._static.client_log if self._static else None))
+
+    def _client_error(self, error: KafkaError) -> None:
+        if self._static is not None and StaticJoin.is_refusal(error):
+            self._static.refused(time.monotonic())
+        else:
+            self._client_errors(error)
 
     def subscribe(self, partitions: Mapping[str, int]) -> None:
         """Join the group for these topics (topic: partition count)."""
@@ -192,6 +264,8 @@ class TaskSource:
     def keep_in_group(self, now: float) -> Stuck | None:
         """Once a turn: if the worker has read nothing for a while and the group shows it
         stuck (io/group_watch.py), join again with a new consumer; returns what was wrong."""
+        if self._static is not None and self._static.due(now):
+            self._join_with_name()
         if self._watch is None:
             return None
         read, self._read = self._read, False
@@ -225,6 +299,18 @@ class TaskSource:
         self._paused = set()
         self._subscribe()
         return old
+
+    def _join_with_name(self) -> None:
+        """Join again with a new consumer: the broker refused the last one this worker's
+        name, and that consumer never held a partition (it is closed at once)."""
+        old, self._consumer = self._consumer, self._new_consumer()
+        self.paused = False
+        self._paused = set()
+        self._subscribe()
+        try:
+            old.close()
+        except (KafkaException, RuntimeError) as exc:
+            log.debug("closing the refused consumer: %s", exc)
 
     def serve(self) -> None:
         """Serve the consumer's queue before it joins the group (its log lines:
@@ -301,7 +387,9 @@ class TaskSource:
         a record its partition's previous owner finished)."""
         error = message.error()
         if error is not None:
-            if error.code() == KafkaError._FATAL:  # the consumer's own, reported so
+            if self._static is not None and StaticJoin.is_refusal(error):
+                self._static.refused(time.monotonic())
+            elif error.code() == KafkaError._FATAL:  # the consumer's own, reported so
                 self._client_errors.failed(error.str())
             elif error.code() != KafkaError._PARTITION_EOF:
                 self._errors["consume"] += 1
@@ -335,9 +423,12 @@ class TaskSource:
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         if let_go_by_fault(self._faults, consumer, partitions):
             return
+        if self._static is not None and partitions:
+            self._static.joined()
         read_finished(consumer, partitions, self.tracker)
         consumer.incremental_assign(partitions)
         self.assigned |= {(p.topic, p.partition) for p in partitions}
+        self.assignments += 1
         if self._paused and partitions:
             # Assigned while the backlog is full: paused like the rest of their tier.
             paused = [p for p in partitions if self.paused or self._rank(p.topic) != 0]
@@ -378,6 +469,7 @@ class TaskSource:
         for tp in tps:
             self.tracker.forget(tp)
         self.assigned -= tps
+        self.assignments += 1
         self._paused -= tps
         log.info("partitions released", extra={"count": len(tps), "instance": self._client_id})
         return offsets

@@ -21,9 +21,12 @@ class WorkerStats:
     rerun_crashes: int = 0  # reruns whose step killed the child process running it again
     dead_letters: int = 0  # tasks that could not be decoded
     rejoins: int = 0  # times the consumer joined its group again, stuck (io/group_watch.py)
+    # Tasks of a step type this worker has no function for, handed to a worker that has, by
+    # step type (handback.py).
+    handed_back: Counter[str] = field(default_factory=Counter)
     errors: Counter[str] = field(default_factory=Counter)  # genuine failures by kind
     # Exceptions nobody foresaw, each isolated to the task it was met on, by where: intake,
-    # claimed, ended, recorded (the loop), claim, record (the database lanes).
+    # claimed, ended, recorded, handback (the loop), claim, record (the database lanes).
     isolated: Counter[str] = field(default_factory=Counter)
 
     @property

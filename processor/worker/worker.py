@@ -47,6 +47,8 @@ from processor.io.kafka_logs import with_logger
 from processor.io.outage import Outage, until_available
 from processor.io.telemetry import Telemetry
 from processor.io.threads import ThreadWatch
+from processor.io.worker_group import configure_worker_group, membership_note
+from processor.io.worker_registry import Directory, WorkerAbout, ductor_version, partitions_doc
 from processor.worker.app import AppError, child_spec
 from processor.worker.database import Answer, ClaimRules, WorkerDatabase
 from processor.worker.flow import TaskFlow, _Ended
@@ -124,6 +126,19 @@ class Worker:
         # Deadlines are Postgres's time: each heartbeat measures this process's offset from
         # it, and a task's deadline is taken in on this process's clock (io/db_clock.py).
         self.clock = DatabaseClock()
+        # What it serves, in its registry row (`ductor workers`), and the other workers as the
+        # registry shows them, read after its heartbeats while tasks of types it has no
+        # function for wait for them (handback.py).
+        self.directory = Directory(settings.worker_group_id, settings.instance_timeout_s)
+        about = WorkerAbout(
+            settings.worker_group_id,
+            settings.worker_name or None,
+            options.queues,
+            tuple(registry.types()),
+            options.concurrency,
+            ductor_version(),
+            options.app,
+        )
         self.presence = Presence(
             settings.pg_dsn,
             client_id,
@@ -132,7 +147,10 @@ class Worker:
             settings.instance_timeout_s,
             self.clock,
             self.threads,
+            about,
+            self.directory.refresh,
         )
+        self._holding = 0  # the source's assignment changes the registry was told of
         self.db = WorkerDatabase(
             settings.pg_dsn,
             client_id,
@@ -162,6 +180,8 @@ class Worker:
             clock=self.clock,
             faults=faults,
             threads=self.threads,
+            directory=self.directory,
+            instance_id=client_id,
         )
         self._stop = threading.Event()
         self._stopping_since: float | None = None
@@ -287,6 +307,8 @@ class Worker:
         ):
             return False
         self.probe.waiting_for = None
+        configure_worker_group(self.settings)  # how soon a dead worker's tasks move
+        membership_note(self.settings)
         self.presence.start()
         self.db.start()
         self.source.subscribe(partitions)
@@ -324,6 +346,9 @@ class Worker:
         if self._stop.is_set() and self._stopping_since is None:
             self._begin_stopping(now)
         self.probe.assigned_partitions = len(self.source.assigned)
+        if self.source.assignments != self._holding:  # (the registry says what it holds)
+            self._holding = self.source.assignments
+            self.presence.holding(partitions_doc(self.source.assigned))
         self.probe.database_ok = not self.outages["postgres"].active
         polled = self._poll()
         if self.source.keep_in_group(now) is not None:
@@ -379,6 +404,7 @@ class Worker:
                 "abandoned": self.stats.abandoned,
                 "reruns": self.stats.reruns,
                 "rejoins": self.stats.rejoins,
+                "handed_back": dict(self.stats.handed_back),
                 "held": {
                     s.name.lower(): self.flow.book.count(s)
                     for s in State
@@ -424,6 +450,7 @@ class Worker:
                 "skipped": dict(self.stats.skipped),
                 "abandoned": self.stats.abandoned,
                 "reruns": self.stats.reruns,
+                "handed_back": dict(self.stats.handed_back),
                 "dead_letters": self.stats.dead_letters,
                 "isolated": dict(self.stats.isolated),
                 "dropped": self.db.dropped,

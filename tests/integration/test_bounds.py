@@ -22,6 +22,7 @@ from hypothesis import HealthCheck, Phase, given
 from hypothesis import settings as hypothesis_settings
 from hypothesis import strategies as st
 
+from processor.client import start_run
 from processor.core.bounds import json_problem
 from processor.core.envelope import Rejected
 from processor.core.records import Inbound
@@ -49,6 +50,19 @@ from .test_triggers import _team_topic
 pytestmark = pytest.mark.integration
 
 WORKFLOW = {**orjson.loads(SAMPLE.read_bytes()), "name": f"bounded-{uuid.uuid4().hex[:8]}"}
+# The run each round's signals go to: it waits for "go" (the name they send), then for a
+# signal nobody sends, so it is live for every signal of the round whatever came first (a
+# signal that cannot land, on a run that has ended or of a name no step waits for, is refused:
+# core/landing.py).
+WAITER_NAME = f"waiter-{uuid.uuid4().hex[:8]}"
+WAITER = {
+    "name": WAITER_NAME,
+    "version": 1,
+    "steps": [
+        {"name": "hear", "kind": "wait", "signal": "go"},
+        {"name": "hold", "kind": "wait", "signal": "never", "depends_on": ["hear"]},
+    ],
+}
 
 
 def nest(depth: int, leaf: bytes = b"1") -> bytes:
@@ -173,6 +187,7 @@ def doors(
     """A trigger on a team topic, two `ductor process` children following it and the
     requests topic, and the workflow the starts name."""
     register_workflow(pg, parse_workflow(WORKFLOW))
+    register_workflow(pg, parse_workflow(WAITER))
     settings = replace(settings, trigger_refresh_s=0.5)
     team = _team_topic(settings, "hostile", partitions=1)
     created = run_ductor(
@@ -194,9 +209,11 @@ def doors(
 
 
 def _write_round(doors: Doors, tag: str, fields: list[bytes], good: int) -> None:
-    """Each field as a start's input, a signal's payload (to a good run of the round) and a
+    """Each field as a start's input, a signal's payload (to the round's waiting run) and a
     trigger record's input; ``good`` plain starts besides, and the reserved run ids."""
     name = orjson.dumps(WORKFLOW["name"])
+    waiter = f"{tag}-waiter"
+    start_run(doors.settings, WAITER_NAME, waiter)
     records: list[tuple[str, bytes]] = []
     for i in range(good):
         run_id = f"{tag}-good-{i}"
@@ -204,8 +221,8 @@ def _write_round(doors: Doors, tag: str, fields: list[bytes], good: int) -> None
     for i, field in enumerate(fields):
         run_id = f"{tag}-start-{i}"
         records.append((run_id, hostile_request("start", field, run_id).replace(b'"w"', name, 1)))
-        signal = hostile_request("signal", field, f"{tag}-good-0")
-        records.append((f"{tag}-good-0", signal.replace(b'"s"', f'"{tag}-sig-{i}"'.encode(), 1)))
+        signal = hostile_request("signal", field, waiter)
+        records.append((waiter, signal.replace(b'"s"', f'"{tag}-sig-{i}"'.encode(), 1)))
     for reserved in (f"{tag}-good-0/a#1", "nightly@2030-01-01T00:00:00Z"):
         records.append((reserved, StartRequest(reserved, WORKFLOW["name"]).encode()))
     doors.requests(records)

@@ -28,6 +28,7 @@ from processor.core.workflow import parse_workflow
 from processor.io.config import Settings
 from processor.io.package_files import migrations
 from processor.io.runs_admin import register_workflow
+from processor.io.worker_registry import servers
 
 from .conftest import (
     ProcessorThread,
@@ -132,6 +133,22 @@ def test_a_worker_as_the_worker_role_completes_runs(
             (login,),
         ).fetchone()
         assert sessions is not None and sessions[0] >= 3, sessions
+        # What it serves and holds is in its row, and the role reads the workers' rows (what
+        # a worker handed a task it has no function for reads: worker/handback.py).
+        with psycopg.connect(worker_login) as as_worker:
+
+            def its_row_shows_its_partitions() -> bool:
+                rows = servers(as_worker, settings.worker_group_id, settings.instance_timeout_s)
+                mine = [s for s in rows if s.instance_id == worker.worker.instance_id]
+                return bool(mine) and mine[0].live and bool(mine[0].partitions)
+
+            wait_for(its_row_shows_its_partitions, 30, "the worker's row to show its partitions")
+            [mine] = [
+                s
+                for s in servers(as_worker, settings.worker_group_id, settings.instance_timeout_s)
+                if s.instance_id == worker.worker.instance_id
+            ]
+            assert mine.queues == {"default"} and {"fast", "flaky"} <= mine.step_types
     finally:
         worker.stop()
     assert set(run_statuses(pg, run_ids).values()) == {"succeeded"}

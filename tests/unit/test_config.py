@@ -361,6 +361,8 @@ def test_settings_env_round_trips_every_field_changed() -> None:
         "DUCTOR_HEALTH_PORT": "8081",
         "DUCTOR_HEALTH_STALL_S": "3",
         "DUCTOR_GROUP_STALL_S": "0",
+        "DUCTOR_WORKER_NAME": "worker-7",
+        "DUCTOR_WORKER_SESSION_TIMEOUT_MS": "0",
         "DUCTOR_HTTP_HOST": "0.0.0.0",
         "DUCTOR_TEST_FAULTS": "after_commit=kill@2",
         "DUCTOR_TEST_CLOCK_AHEAD_MS": "-1500",

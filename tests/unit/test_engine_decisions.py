@@ -257,6 +257,20 @@ DEAD_LETTERS: dict[DeadLetterReason, Callable[[], Plan]] = {
         NOW_MS,
         RULES,
     ),
+    DeadLetterReason.RUN_ENDED: lambda: request_plan(
+        accepted(wakeup_message(7, Wakeup("r", "start"), partition=2)),
+        "r",
+        Refused(DeadLetterReason.RUN_ENDED, "run 'r' has ended (succeeded)"),
+        NOW_MS,
+        RULES,
+    ),
+    DeadLetterReason.UNKNOWN_SIGNAL: lambda: request_plan(
+        accepted(wakeup_message(7, Wakeup("r", "start"), partition=2)),
+        "r",
+        Refused(DeadLetterReason.UNKNOWN_SIGNAL, "no step of workflow 'w' waits for 'aproved'"),
+        NOW_MS,
+        RULES,
+    ),
 }
 
 

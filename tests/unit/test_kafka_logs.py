@@ -186,3 +186,13 @@ def _name(func: ast.expr) -> str | None:
     if isinstance(func, ast.Name):
         return func.id
     return func.attr if isinstance(func, ast.Attribute) else None
+
+
+def test_a_line_its_client_expects_is_logged_at_info(
+    clock: FakeClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG, logger="test.librdkafka")
+    log = ClientLog(logging.getLogger("test.librdkafka"), clock, lambda text: "expected" in text)
+    log.log(logging.CRITICAL, "%s [%s] %s", "FATAL", _CLIENT, "an expected refusal")
+    log.log(logging.CRITICAL, "%s [%s] %s", "FATAL", _CLIENT, "anything else")
+    assert [r.levelno for r in caplog.records] == [logging.INFO, logging.CRITICAL]
