@@ -46,10 +46,12 @@ from processor.client import (
     RunExists,
     RunNotFinished,
     RunNotFound,
+    SignalRefused,
     StartNotAnnounced,
 )
 from processor.core.bounds import literal_problem, render_path
 from processor.core.model import SignalKind, UnknownWorkflow
+from processor.core.outcomes import DeadLetterReason
 from processor.core.requests import Request as IntakeRequest
 from processor.core.requests import SignalRequest, StartRequest
 from processor.core.scopes import scope_refusal
@@ -337,6 +339,12 @@ def _failed(request: Request, op: Operation, exc: Exception) -> Response:
             "unavailable",
             f"{service} failed ({type(exc).__name__}); the server's log says why",
         )
+    if isinstance(exc, SignalRefused):
+        # A run that ended can take no signal (a conflict with its state, 409); a name no
+        # wait step of its workflow waits for is refused input (400). The dead-letter reason
+        # the same signal gets on the requests topic names both.
+        status = 409 if exc.reason is DeadLetterReason.RUN_ENDED else 400
+        return error_answer(status, exc.reason.value, str(exc))
     for kind, status, error in _STATUS:
         if isinstance(exc, kind):
             if status == 503:

@@ -226,11 +226,12 @@ OPERATIONS: tuple[Operation, ...] = (
                 ),
                 400: (
                     "refused input: a payload beyond the bounds of stored JSON, a name no"
-                    " signal may have; nothing was written",
+                    " signal may have, or one no wait step of the run waits for"
+                    " (unknown_signal); nothing was written",
                     "Error",
                 ),
                 404: ("no run with this id", "Error"),
-                409: ("the run cannot take this signal (it has ended)", "Error"),
+                409: ("the run has ended (run_ended): a signal can change it no more", "Error"),
             },
             "write",
             body=True,
@@ -248,7 +249,7 @@ OPERATIONS: tuple[Operation, ...] = (
             {
                 201: ("the cancel was recorded and the run woken", "SignalSent"),
                 404: ("no run with this id", "Error"),
-                409: ("the run has ended", "Error"),
+                409: ("the run has ended (run_ended)", "Error"),
             },
             "write",
             body=False,

@@ -238,7 +238,7 @@ def test_a_signal_ends_a_waiting_run_and_a_cancel_another(
     serve: Callable[..., Server], running: None
 ) -> None:
     server = serve()
-    for run_id in ("api-gate-a", "api-gate-b"):
+    for run_id in ("api-gate-a", "api-gate-b", "api-gate-c"):
         assert _start(server, "gate", run_id).status == 201
     waiting = server.call("GET", "/api/runs/api-gate-a/result")
     assert (waiting.status, waiting.document["finished"]) == (200, False)
@@ -250,11 +250,17 @@ def test_a_signal_ends_a_waiting_run_and_a_cancel_another(
     assert (done.document["status"], done.document["output"]) == ("succeeded", {"by": "ada"})
     again = server.call("POST", "/api/runs/api-gate-a/signals", body)
     assert (again.status, again.document["new"]) == (200, False)
+    late = server.call("POST", "/api/runs/api-gate-a/signals", {"name": "go"})
+    assert (late.status, late.document["error"]) == (409, "run_ended")
+    typo = server.call("POST", "/api/runs/api-gate-c/signals", {"name": "og"})
+    assert (typo.status, typo.document["error"]) == (400, "unknown_signal")
 
     cancelled = server.call("POST", "/api/runs/api-gate-b/cancel")
     assert cancelled.status == 201 and cancelled.document["new"] is True
     ended = server.call("GET", "/api/runs/api-gate-b/result?wait=60")
     assert (ended.document["status"], ended.document["finished"]) == ("cancelled", True)
+    twice = server.call("POST", "/api/runs/api-gate-b/cancel")
+    assert (twice.status, twice.document["error"]) == (409, "run_ended")
 
     nobody = server.call("POST", "/api/runs/api-nobody/signals", {"name": "go"})
     assert (nobody.status, nobody.document["error"]) == (404, "run_not_found")
