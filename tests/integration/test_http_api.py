@@ -1,7 +1,7 @@
 """The HTTP API of `ductor ui` (processor/ui/api.py) on a real server in this process, against
 the real broker and database, with a processor and a step worker running: a start and its
 result waited for, a signal that ends a waiting run, a cancel, a retry of a failed run, a
-search; hostile bodies, a missing or wrong token and a forged Host refused with nothing
+search, the bound on waits held at once; hostile bodies, a missing or wrong token and a forged Host refused with nothing
 written; and the curl block of docs/usage.md#the-http-api run as written.
 
 Every answer any test gets is validated against the OpenAPI document the server serves
@@ -34,6 +34,7 @@ from processor import client
 from processor.core.workflow import parse_workflow
 from processor.io.config import Settings
 from processor.io.runs_admin import register_workflow
+from processor.ui import api
 from processor.ui.api_spec import openapi_document
 from processor.ui.server import UiServer
 from processor.worker.samples import sample_registry
@@ -480,3 +481,30 @@ def test_the_document_is_valid_openapi_and_the_usage_curl_block_runs(
     assert done.returncode == 0, done.stderr + done.stdout
     assert '"status":"succeeded"' in done.stdout, done.stdout
     assert server.checked >= 2
+
+
+def test_waits_are_bounded_and_a_wait_ends_with_its_run(
+    serve: Callable[..., Server], running: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(api, "MAX_WAITS", 1)  # one wait at a time: the next is told to ask again
+    server = serve()
+    assert _start(server, "gate", "api-held").status == 201
+    held: list[Answer] = []
+    waiter = threading.Thread(
+        target=lambda: held.append(server.call("GET", "/api/runs/api-held/result?wait=60"))
+    )
+    waiter.start()
+
+    def refused() -> bool:
+        answer = server.call("GET", "/api/runs/api-held/result?wait=0.1")
+        return answer.status == 429 and answer.document["error"] == "too_many_waits"
+
+    wait_for(refused, 30, "a second wait to be refused while the first holds the slot")
+    look = server.call("GET", "/api/runs/api-held/result")  # a look without wait is never held
+    assert (look.status, look.document["finished"]) == (200, False)
+    assert server.call("POST", "/api/runs/api-held/signals", {"name": "go"}).status == 201
+    waiter.join(60)
+    assert [(a.status, a.document["status"]) for a in held] == [(200, "succeeded")]
+    for wrong in ("-1", "61", "soon"):
+        answer = server.call("GET", f"/api/runs/api-held/result?wait={wrong}")
+        assert (answer.status, answer.document["error"]) == (400, "invalid_query"), wrong
