@@ -77,6 +77,8 @@ MAX_BODY_BYTES = 4 * 1024 * 1024
 # Results waited for at once: each wait holds a thread of the server's pool (40, shared with
 # the pages) for up to MAX_WAIT_S; past this many the next is told to ask again (429).
 MAX_WAITS = 16
+# How much of a schema validator's message a refusal quotes.
+_MESSAGE_CHARS = 300
 _HEADERS = {
     "Content-Security-Policy": "default-src 'none'; frame-ancestors 'none'",
     "X-Content-Type-Options": "nosniff",
@@ -173,12 +175,13 @@ class Api:
                     wrong = best_match(validator.iter_errors(body))
                     if wrong is not None:
                         where = render_path(list(wrong.absolute_path))
-                        raise Refusal(400, "invalid_body", f"the body at {where}: {wrong.message}")
+                        said = _shortened(wrong.message)
+                        raise Refusal(400, "invalid_body", f"the body at {where}: {said}")
                 status, document = await handler(request, body)
             except Refusal as refusal:
                 return error_answer(refusal.status, refusal.error, refusal.reason, refusal.headers)
             except (ClientError, UnknownWorkflow, psycopg.Error, KafkaException) as exc:
-                return _failed(request, op, exc)
+                return _failed(request, exc)
             if op.method == "POST":
                 log.info(
                     "api %s",
@@ -328,7 +331,7 @@ class Api:
         return 200, orjson.Fragment(self.document)
 
 
-def _failed(request: Request, op: Operation, exc: Exception) -> Response:
+def _failed(request: Request, exc: Exception) -> Response:
     """The answer to what the client (or a service under it) raised."""
     if isinstance(exc, psycopg.Error | KafkaException):
         # A driver's own text (hosts, users) is for the log only, as on the pages.
@@ -378,6 +381,14 @@ async def _read_body(request: Request) -> Body:
     if not isinstance(document, dict):
         raise Refusal(400, "invalid_body", "the body must be a JSON object")
     return document
+
+
+def _shortened(message: str) -> str:
+    """A validator's message, which quotes the value it refused, cut to a sentence's length:
+    a body of megabytes is not echoed back."""
+    if len(message) <= _MESSAGE_CHARS:
+        return message
+    return f"{message[: _MESSAGE_CHARS // 2]} … {message[-_MESSAGE_CHARS // 2 :]}"
 
 
 def _number(

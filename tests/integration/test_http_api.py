@@ -1,8 +1,9 @@
 """The HTTP API of `ductor ui` (processor/ui/api.py) on a real server in this process, against
 the real broker and database, with a processor and a step worker running: a start and its
 result waited for, a signal that ends a waiting run, a cancel, a retry of a failed run, a
-search, the bound on waits held at once; hostile bodies, a missing or wrong token and a forged Host refused with nothing
-written; and the curl block of docs/usage.md#the-http-api run as written.
+search, the bound on waits held at once; hostile bodies, a missing or wrong token and a
+forged Host refused with nothing written; and the curl block of docs/usage.md#the-http-api
+run as written.
 
 Every answer any test gets is validated against the OpenAPI document the server serves
 (openapi-core): its status must be one the operation documents, and its body must match that
