@@ -63,6 +63,11 @@ def duration_ms(value: Duration, what: str = "duration") -> int:
     return ms
 
 
+def _optional_ms(value: Duration | None, what: str) -> int | None:
+    """``duration_ms`` of an optional duration (None stays None)."""
+    return None if value is None else duration_ms(value, what)
+
+
 @dataclass(frozen=True)
 class Retry:
     """A step's retry policy: at most ``max_attempts`` attempts, the n-th retry waiting
@@ -133,6 +138,8 @@ class _Step:
     mapping: tuple[str | None, int, int] | None = None
     concurrency: Concurrency | None = None
     rate_limit: RateLimit | None = None
+    schedule_to_start_ms: int | None = None
+    schedule_to_close_ms: int | None = None
 
     def to_json(self) -> dict[str, Any]:
         raw: dict[str, Any] = {"name": self.name, "type": self.step_type}
@@ -151,6 +158,10 @@ class _Step:
             raw["queue"] = self.queue
         if self.heartbeat_timeout_ms is not None:
             raw["heartbeat_timeout_ms"] = self.heartbeat_timeout_ms
+        if self.schedule_to_start_ms is not None:
+            raw["schedule_to_start_ms"] = self.schedule_to_start_ms
+        if self.schedule_to_close_ms is not None:
+            raw["schedule_to_close_ms"] = self.schedule_to_close_ms
         if self.concurrency is not None:
             raw["concurrency"] = self.concurrency.to_json()
         if self.rate_limit is not None:
@@ -265,6 +276,8 @@ class Workflow:
         heartbeat_timeout: Duration | None = None,
         concurrency: Concurrency | None = None,
         rate_limit: RateLimit | None = None,
+        schedule_to_start: Duration | None = None,
+        schedule_to_close: Duration | None = None,
     ) -> Callable[[StepFunction], StepFunction]: ...
 
     def step(
@@ -281,6 +294,8 @@ class Workflow:
         heartbeat_timeout: Duration | None = None,
         concurrency: Concurrency | None = None,
         rate_limit: RateLimit | None = None,
+        schedule_to_start: Duration | None = None,
+        schedule_to_close: Duration | None = None,
     ) -> StepFunction | Callable[[StepFunction], StepFunction]:
         """Add a step run by the decorated function (plain or ``async def``): named after
         the function unless ``name`` says otherwise, of type ``type`` (the function's name by
@@ -311,6 +326,8 @@ class Workflow:
                 heartbeat_timeout_ms=heartbeat,
                 concurrency=concurrency,
                 rate_limit=rate_limit,
+                schedule_to_start_ms=_optional_ms(schedule_to_start, f"{where}: schedule_to_start"),
+                schedule_to_close_ms=_optional_ms(schedule_to_close, f"{where}: schedule_to_close"),
             )
             registered = self.registry.step(step.step_type)(function)
             self._steps.append(step)
@@ -333,6 +350,8 @@ class Workflow:
         queue: str = DEFAULT_QUEUE,
         concurrency: Concurrency | None = None,
         rate_limit: RateLimit | None = None,
+        schedule_to_start: Duration | None = None,
+        schedule_to_close: Duration | None = None,
     ) -> Callable[[StepFunction], StepFunction]:
         """Add a map step run by the decorated function once per item of a list: the run's
         input, or the output of ``items_from`` (a dependency: its function or name, which is
@@ -352,6 +371,8 @@ class Workflow:
             queue=queue,
             concurrency=concurrency,
             rate_limit=rate_limit,
+            schedule_to_start=schedule_to_start,
+            schedule_to_close=schedule_to_close,
         )
 
         def add(function: StepFunction) -> StepFunction:

@@ -552,7 +552,7 @@ def inspect_run(settings: Settings, run_id: str) -> dict[str, Any]:
     their dependencies, its nodes and every attempt's timeline (io/run_document.py).
     RunNotFound if there is no such run."""
     with connect(settings) as conn:
-        record = read_run(conn, Definitions(), run_id)
+        record = read_run(conn, Definitions(), run_id, settings.instance_timeout_s)
     if record is None:
         raise RunNotFound(f"no run with id {run_id!r}")
     return inspect_document(record)

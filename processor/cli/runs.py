@@ -41,7 +41,7 @@ from processor.core.routing import TopicNames
 from processor.core.run_search import parse_tags
 from processor.core.workflow import SIGNAL_NAME, ValidationError
 from processor.io.config import Settings
-from processor.io.run_document import inspect_document, read_run
+from processor.io.run_document import RunRecord, inspect_document, read_run
 from processor.io.store import Definitions
 
 
@@ -155,7 +155,7 @@ def _start_refused(exc: RunExists, args: argparse.Namespace, count: int) -> str:
 
 def cmd_inspect(settings: Settings, args: argparse.Namespace) -> int:
     with connect(settings) as conn:
-        record = read_run(conn, Definitions(), args.run_id)
+        record = read_run(conn, Definitions(), args.run_id, settings.instance_timeout_s)
     if record is None:
         raise CliError(f"no run with id {args.run_id!r}")
     if args.output == "json":
@@ -193,7 +193,36 @@ def cmd_inspect(settings: Settings, args: argparse.Namespace) -> int:
         if run.wf.step_for(name).starts_child and node.attempt:
             extra += f"  child: {child_run_id(args.run_id, name, node.attempt)}"
         print(f"  {name:20} {node.status.value:11} attempt {node.attempt}{extra}")
+    _print_executions(record)
     return EXIT_OK if record.healthy else EXIT_FAILED
+
+
+def _print_executions(record: RunRecord) -> None:
+    """What the workers report of the executions: each attempt's last heartbeat (and the
+    details the step gave), and the executions that outlived their attempts, keeping their
+    concurrency slots (a step in a thread cannot be stopped: core/limits.py, rule 4)."""
+    lines = []
+    for (node, attempt), execution in sorted(record.executions.items()):
+        if execution.beat_at is not None or execution.details is not None:
+            at = "-" if execution.beat_at is None else execution.beat_at.isoformat()
+            details = "" if execution.details is None else f": {_short(execution.details)}"
+            lines.append(f"  {node} #{attempt}  last heartbeat {at}{details}")
+        if execution.lingering:
+            lines.append(
+                f"  {node} #{attempt}  still running after its attempt ended (its worker cannot"
+                f" stop a step in a thread): keeps its slot of {', '.join(execution.lingering)}"
+                " until it ends or its worker is gone"
+            )
+    if lines:
+        print("executions:")
+        for line in lines:
+            print(line)
+
+
+def _short(value: object) -> str:
+    """A heartbeat's details as `ductor inspect` shows them: compact JSON, cut short."""
+    text = orjson.dumps(value).decode()
+    return text if len(text) <= INSPECT_OUTPUT_CHARS else text[:INSPECT_OUTPUT_CHARS] + " ..."
 
 
 # Enough of a run's output to recognise it; `ductor result` prints it whole.

@@ -43,6 +43,9 @@ import orjson
 
 MAX_DEPTH = 64
 MAX_JSON_BYTES = 1024 * 1024
+# The details a step gives its heartbeat (``ctx.heartbeat(details)``): written again at each
+# recorded beat, so kept far smaller than a stored value: progress, a cursor, not data.
+MAX_HEARTBEAT_BYTES = 64 * 1024
 MIN_INTEGER, MAX_INTEGER = -(2**63), 2**64 - 1
 
 # A path longer than this many steps is shown by its first and last steps.

@@ -122,6 +122,10 @@ class Commit:
     # Map items the transition took out of the state, succeeded: (map step, index, attempt),
     # which the statement records (eec_map_item) for the map's output.
     items: tuple[tuple[str, int, int], ...] = ()
+    # Attempts the transition fails that no worker started, (node, attempt): the statement
+    # marks each never to be started, and writes the run only if it could, that is, only if
+    # no worker claimed one meanwhile (io/store.py); else the run lost a race, a conflict.
+    unstarted: tuple[tuple[str, int], ...] = ()
 
     def __init__(
         self,
@@ -136,6 +140,7 @@ class Commit:
         mapped: tuple[tuple[str, int, int], ...] = (),
         limits: RunLimits | None = None,
         items: tuple[tuple[str, int, int], ...] = (),
+        unstarted: tuple[tuple[str, int], ...] = (),
     ) -> None:
         object.__setattr__(self, "run_id", run_id)
         object.__setattr__(self, "expected_version", expected_version)
@@ -148,6 +153,7 @@ class Commit:
         object.__setattr__(self, "mapped", mapped)
         object.__setattr__(self, "limits", limits)
         object.__setattr__(self, "items", items)
+        object.__setattr__(self, "unstarted", unstarted)
 
 
 @dataclass(frozen=True, slots=True)
@@ -322,6 +328,7 @@ def tick_batch(
             decision.mapped,
             run_limits.get(run_id),
             decision.items_done,
+            decision.unstarted,
         )
     return commits
 
@@ -553,6 +560,10 @@ def _effects(
             else:
                 deps = ()
             data = data_at_hand(run, step)
+            start_by = close_by = None
+            if step.schedule_to_start_ms is not None or step.schedule_to_close_ms is not None:
+                nodes = nodes or decision.new_state.node_map()
+                start_by, close_by = _bounds_of(step, nodes[d.node])
             # Encoded straight from the dispatch: no StepTask object per dispatch.
             task = encode_task(
                 run.run_id,
@@ -565,6 +576,9 @@ def _effects(
                 data,
                 step.heartbeat_timeout_ms,
                 _item_of(step, d.node),
+                step.timeout_ms,
+                start_by,
+                close_by,
             )
             attributes = (("ductor.node", d.node), ("ductor.attempt", d.attempt))
             topic = names.steps_for(step.queue, run.tier)
@@ -572,6 +586,20 @@ def _effects(
     if decision.timers:
         sends += [_timer(run.run_id, due, now_ms, "timer", names) for due in decision.timers]
     return tuple(sends)
+
+
+def _bounds_of(step: StepDef, node: NodeState) -> tuple[int | None, int | None]:
+    """A dispatched attempt's schedule-to-start and schedule-to-close bounds as its task
+    carries them (epoch ms): by when a worker may take it, and by when it must end."""
+    close_by = None
+    if step.schedule_to_close_ms is not None and node.first_ms is not None:
+        close_by = node.first_ms + step.schedule_to_close_ms
+    start_by = close_by
+    if step.schedule_to_start_ms is not None and node.since_ms is not None:
+        start_by = node.since_ms + step.schedule_to_start_ms
+        if close_by is not None:
+            start_by = min(start_by, close_by)
+    return start_by, close_by
 
 
 def _item_of(step: StepDef, node: str) -> MapItem | None:

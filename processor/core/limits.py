@@ -13,18 +13,26 @@ lease across ticks:
    its limit (``limit_wait``), and joins the counter's queue of waiters.
 2. Room is given first come, first served: a waiter is let in only when fewer waiters older
    than it are still waiting than there are free slots, and a new dispatch waits behind every
-   waiter, so no run starves while others keep arriving. A run whose own attempt frees a slot
-   in this very tick may use it again at once (its next step under the same limit).
+   waiter, so no run starves while others keep arriving. A run whose own attempt succeeds in
+   this very tick may use its slot again at once (its next step under the same limit); a slot
+   freed otherwise (a failure, a timeout, a cancel) goes through the counter, as its execution
+   may go on (rule 4).
 3. The commit that takes a slot (or adds a waiter) names each counter with the version it was
    loaded at (a ``Guard``); the statement moves that version, and writes the run only if
    every guard of the run held: two instances counting from the same version cannot both
    take the last slot, whatever the batch; the loser is a conflict, retried from fresh state.
-4. A slot is freed by the commit that ends its attempt (a result, a timeout, a cancel, the run's
-   end) and that commit moves the counter's version too (so a waiter added from a count read
-   before the slot was freed is a conflict, not a wait nobody ends); the shell then wakes the
-   oldest waiters, one per freed slot. Should that wakeup be lost (the process died between),
-   the waiter's own ``due_ms`` (BACKSTOP_MS ahead) has the overdue sweep wake it: never a
-   loop that polls. A rate-limited waiter is due when its window has room again, with a timer.
+4. A slot is held by an execution, not an attempt: it is freed by the commit that ends its
+   attempt (a result, a timeout, a cancel, the run's end) only if the attempt's execution is
+   over by then, as its worker reported it (io/step_attempts.py), or never began. One that
+   still runs (a step in a thread cannot be stopped: a timeout, a heartbeat timeout or a
+   cancel ends its attempt, not its code) keeps the slot, lingering, until its worker reports
+   its end or is gone (io/instances.py), when the watchdog frees it (io/limit_store.py). A
+   commit or a sweep that frees a slot moves the counter's version too (so a waiter added
+   from a count read before the slot was freed is a conflict, not a wait nobody ends); the
+   shell then wakes the oldest waiters, one per freed slot. Should that wakeup be lost (the
+   process died between), the waiter's own ``due_ms`` (BACKSTOP_MS ahead) has the overdue
+   sweep wake it: never a loop that polls. A rate-limited waiter is due when its window has
+   room again, with a timer.
 5. A rate limit of ``limit`` per window has room for its next dispatch when the dispatch
    ``limit`` before it is out of the window (or never was): the times of the dispatches before
    them, oldest first, bound the next admissions one by one. The shell loads only those
@@ -54,6 +62,7 @@ BACKSTOP_MS = 120_000
 RATE_LOOKAHEAD = 256
 
 _DISPATCHED, _LIMIT_WAIT = NodeStatus.DISPATCHED, NodeStatus.LIMIT_WAIT
+_SUCCEEDED = NodeStatus.SUCCEEDED
 
 
 class Need(NamedTuple):
@@ -227,7 +236,8 @@ def admit(
     with nothing left to write becomes a no-op (``new_state`` None)."""
     counters = _Counters(inputs.views, now_ms)
     candidates: list[_Candidate] = []
-    freed: dict[str, Counter[str]] = {}
+    freed: dict[str, Counter[str]] = {}  # slots the run's attempts that ended held
+    reusable: dict[str, Counter[str]] = {}  # of those, the slots of attempts that succeeded
     releases: dict[str, list[tuple[str, int]]] = {}
     for index, (run, decision) in enumerate(batch):
         if decision.new_state is None:
@@ -242,9 +252,13 @@ def admit(
             after = new.get(name)
             if after is None or after.status is not _DISPATCHED or after.attempt != node.attempt:
                 releases.setdefault(run.run_id, []).append((name, node.attempt))
+                # (A map's item that leaves the state succeeded.)
+                succeeded = after is None or after.status is _SUCCEEDED
                 for need in needs_of(step_of(name), values):
                     if not need.per_ms:
                         freed.setdefault(run.run_id, Counter())[need.key] += 1
+                        if succeeded:
+                            reusable.setdefault(run.run_id, Counter())[need.key] += 1
         for position, dispatch in enumerate(decision.dispatches):
             step = step_of(dispatch.node)
             if not step.limited:
@@ -265,7 +279,7 @@ def admit(
     writes: dict[str, _RunWrites] = {}
     for candidate in sorted(candidates):
         run_id, name = candidate.run_id, candidate.dispatch.node
-        own = freed.get(run_id, Counter())
+        own = reusable.get(run_id, Counter())
         w = writes.setdefault(run_id, _RunWrites())
         w.keys.update(n.key for n in candidate.needs)
         full = [
@@ -282,6 +296,7 @@ def admit(
         for need in candidate.needs:
             if not need.per_ms and own[need.key] > 0:
                 own[need.key] -= 1  # its own slot, freed in this tick, taken again
+                freed[run_id][need.key] -= 1  # (not for a waiter)
             else:
                 counters.take(need, run_id, name)
             if not need.per_ms:
@@ -301,7 +316,7 @@ def admit(
         if held.new_state is None:
             continue
         w = writes.get(run_id, _RunWrites())
-        released = tuple(sorted((freed.get(run_id) or Counter()).elements()))
+        released = tuple(sorted((freed.get(run_id) or Counter()).elements()))  # (positive)
         ends = held.new_state.status.terminal
         if not (w.keys or released or releases.get(run_id) or ends):
             continue
@@ -345,8 +360,18 @@ def _undo(
             nodes[name] = before  # still waiting, and it will look again by itself
             continue
         due = rate_due if rate_due is not None else now_ms + BACKSTOP_MS
+        step = run.wf.step_for(name)
+        if step.schedule_to_close_ms is not None and before.first_ms is not None:
+            # (its wait counts towards its schedule-to-close bound: it fails by then)
+            due = min(due, before.first_ms + step.schedule_to_close_ms)
         nodes[name] = node_state(
-            _LIMIT_WAIT, before.attempt, due, before.error, before.attempts_before
+            _LIMIT_WAIT,
+            before.attempt,
+            due,
+            before.error,
+            before.attempts_before,
+            None,
+            before.first_ms,  # a retry's schedule-to-close bound counts its wait too
         )
         if rate_due is not None:
             timers.append(rate_due)

@@ -68,6 +68,12 @@ class NodeState(NamedTuple):
     # Attempts made before the run was last resumed by `ductor runs retry` (core/resume.py):
     # attempt numbers go on from there, and the retry policy counts only the attempts after.
     attempts_before: int = 0
+    # DISPATCHED, a step with a schedule-to-start bound: when the attempt in flight was
+    # dispatched (epoch ms), what its wait in the queue is counted from (core/tick.py, rule 4).
+    since_ms: int | None = None
+    # A step with a schedule-to-close bound: when its first attempt since the run was last
+    # resumed was dispatched, what the whole step is counted from; kept through its retries.
+    first_ms: int | None = None
 
     def to_json(self) -> dict[str, Any]:
         # The member itself: a StrEnum is its value, and orjson writes it as such (`.value`
@@ -79,11 +85,16 @@ class NodeState(NamedTuple):
             out["error"] = self.error
         if self.attempts_before:  # written only when set: older states keep their checksum
             out["attempts_before"] = self.attempts_before
+        if self.since_ms is not None:  # (so are these: only steps with those bounds have them)
+            out["since_ms"] = self.since_ms
+        if self.first_ms is not None:
+            out["first_ms"] = self.first_ms
         return out
 
     @staticmethod
     def from_json(raw: Mapping[str, Any]) -> NodeState:
         due = raw.get("due_ms")
+        since, first = raw.get("since_ms"), raw.get("first_ms")
         # A dict lookup, not NodeStatus(...): this runs for every node of every loaded run.
         return node_state(
             _NODE_STATUSES[raw["status"]],
@@ -91,6 +102,8 @@ class NodeState(NamedTuple):
             None if due is None else int(due),
             raw.get("error"),
             int(raw.get("attempts_before", 0)),
+            None if since is None else int(since),
+            None if first is None else int(first),
         )
 
 
@@ -100,11 +113,15 @@ def node_state(
     due_ms: int | None = None,
     error: str | None = None,
     attempts_before: int = 0,
+    since_ms: int | None = None,
+    first_ms: int | None = None,
 ) -> NodeState:
     """``NodeState(...)``, made as ``tuple.__new__`` makes it: a NamedTuple's own constructor
     is Python code, also in the compiled build (there 330 ns against 140), and the tick makes
     several per run."""
-    return tuple.__new__(NodeState, (status, attempt, due_ms, error, attempts_before))
+    return tuple.__new__(
+        NodeState, (status, attempt, due_ms, error, attempts_before, since_ms, first_ms)
+    )
 
 
 class MapProgress(NamedTuple):
@@ -298,6 +315,25 @@ class StepResult:
         object.__setattr__(self, "length", length)
 
 
+class Started(NamedTuple):
+    """What the workers recorded of the execution of a node's attempt in flight
+    (``eec_step_attempt``), as the tick judges its timeouts by (core/tick.py, rule 4): when it
+    started (the worker's claim, or its start when that came later; epoch ms, Postgres's
+    clock), the last heartbeat recorded (None: none), and whether its worker records
+    heartbeats at all (one from before they were recorded does not: its heartbeat timeout is
+    then the worker's alone)."""
+
+    attempt: int
+    started_ms: int
+    beat_ms: int | None = None
+    beats_recorded: bool = True
+
+
+# The starts a load found for a run's nodes whose deadline had passed: (node, what was
+# recorded), for those a worker started. None: not loaded (no deadline had passed).
+Starts = tuple[tuple[str, Started], ...]
+
+
 class ParentLink(NamedTuple):
     """A child run's parent (core/children.py): the run, and the step and attempt whose
     result the child's end is."""
@@ -336,6 +372,9 @@ class LoadedRun:
     parent: ParentLink | None = None
     # The length of the run's input when it is a list (the items of a map step over it).
     input_length: int | None = None
+    # What the workers recorded of the executions of its dispatched nodes whose deadline had
+    # passed when it was loaded (core/tick.py, rule 4); None: none had passed (not loaded).
+    starts: Starts | None = None
     # Whether the loader found the stored checksum right for the row as stored (row_checksum);
     # when not given, it is checked against the state here.
     verified: InitVar[bool | None] = None
@@ -358,6 +397,7 @@ class LoadedRun:
         named: tuple[tuple[str, str], ...] = (),
         parent: ParentLink | None = None,
         input_length: int | None = None,
+        starts: Starts | None = None,
         verified: bool | None = None,
     ) -> None:
         object.__setattr__(self, "run_id", run_id)
@@ -373,6 +413,7 @@ class LoadedRun:
         object.__setattr__(self, "named", named)
         object.__setattr__(self, "parent", parent)
         object.__setattr__(self, "input_length", input_length)
+        object.__setattr__(self, "starts", starts)
         if verified is None:
             verified = stored_checksum == state_checksum(state)
         object.__setattr__(self, "checksum_ok", verified)

@@ -6,6 +6,8 @@ run's input and those outputs). The format, one JSON object:
 
     {"task_version": 1, "run_id": ..., "node": ..., "attempt": 1, "step_type": ...,
      "deadline_ms": ..., "tier": "t1",
+     "timeout_ms": 30000,                                    # start-to-close
+     "start_by_ms": ..., "close_by_ms": ...,                 # only when the step bounds them
      "heartbeat_timeout_ms": 5000,                           # only when the step declares one
      "dep_attempts": {"fetch": 1},                           # dependency -> attempt that succeeded
      "data": {"input": {...}, "deps": {"fetch": {...}}},     # inline; null: the worker fetches
@@ -15,8 +17,18 @@ The data is inline only when its encoded JSON is at most ``MAX_INLINE_DATA_BYTES
 ``data`` is null and the worker reads the run's input and those outputs from Postgres in one
 query per batch (docs/operations.md, "Data between steps", says why the bound is what it is).
 
-``task_version`` stays 1: ``dep_attempts``, ``data`` and ``heartbeat_timeout_ms`` are optional
-additions. A worker from
+Timeouts. A task with ``timeout_ms`` is judged by Temporal's three timeouts (core/tick.py,
+rule 4): the worker runs it for at most ``timeout_ms`` from the moment it starts it (its
+deadline is its start plus that, ``close_by_ms`` at the latest), whatever the task waited in
+its queue, and takes it only until ``start_by_ms`` (its schedule-to-start and schedule-to-close
+bounds; absent: no bound). Its ``deadline_ms`` is its dispatch plus its timeout: what a worker
+from before start-to-close took for its deadline, skipping the task once it passed. Such a
+worker, given tasks by a coordinator that counts timeouts from their start, skips those that
+waited in their queue longer than their timeout, and the coordinator, which never saw them
+started, waits for them: upgrade the workers first.
+
+``task_version`` stays 1: ``dep_attempts``, ``data``, ``heartbeat_timeout_ms`` and the
+timeouts are optional additions. A worker from
 before them ignores fields it does not know and runs the task as before, and a worker from
 after them reads a task without them (from an older coordinator) as "fetch everything", finding
 the dependencies in the run's definition and state. Coordinators and workers can so be
@@ -107,6 +119,13 @@ class StepTask:
     heartbeat_timeout_ms: int | None = None
     # The item it runs, for an item of a map step.
     item: MapItem | None = None
+    # Start-to-close (ms): how long it may run from its start (None: a task from a
+    # coordinator before it, whose ``deadline_ms`` is the deadline). ``start_by_ms``: it is
+    # not taken after this (schedule-to-start or -to-close); ``close_by_ms``: it ends by this
+    # whenever it started (schedule-to-close). Epoch ms, in the reader's clock once decoded.
+    timeout_ms: int | None = None
+    start_by_ms: int | None = None
+    close_by_ms: int | None = None
 
     # Written out: compiled in the compiled build (the decorator's is interpreted Python, ~20 x
     # dearer), and one is built per task dispatched and per task a worker reads.
@@ -123,6 +142,9 @@ class StepTask:
         data: StepData | None = None,
         heartbeat_timeout_ms: int | None = None,
         item: MapItem | None = None,
+        timeout_ms: int | None = None,
+        start_by_ms: int | None = None,
+        close_by_ms: int | None = None,
     ) -> None:
         object.__setattr__(self, "run_id", run_id)
         object.__setattr__(self, "node", node)
@@ -134,6 +156,9 @@ class StepTask:
         object.__setattr__(self, "data", data)
         object.__setattr__(self, "heartbeat_timeout_ms", heartbeat_timeout_ms)
         object.__setattr__(self, "item", item)
+        object.__setattr__(self, "timeout_ms", timeout_ms)
+        object.__setattr__(self, "start_by_ms", start_by_ms)
+        object.__setattr__(self, "close_by_ms", close_by_ms)
 
     @property
     def key(self) -> AttemptKey:
@@ -152,7 +177,24 @@ class StepTask:
             self.data,
             self.heartbeat_timeout_ms,
             self.item,
+            self.timeout_ms,
+            self.start_by_ms,
+            self.close_by_ms,
         )
+
+    def taken_until_ms(self) -> int | None:
+        """The last moment (epoch ms) a worker may take it: its ``start_by_ms`` (None: no
+        bound), or the deadline of a task from before start-to-close."""
+        return self.deadline_ms if self.timeout_ms is None else self.start_by_ms
+
+    def deadline_from(self, start_ms: int) -> int:
+        """Its deadline (epoch ms) once it started at ``start_ms``: the start plus its
+        timeout, ``close_by_ms`` at the latest (a task from before start-to-close: its
+        ``deadline_ms``)."""
+        if self.timeout_ms is None:
+            return self.deadline_ms
+        deadline = start_ms + self.timeout_ms
+        return deadline if self.close_by_ms is None else min(deadline, self.close_by_ms)
 
 
 def encode_task(
@@ -166,6 +208,9 @@ def encode_task(
     data: StepData | None,
     heartbeat_timeout_ms: int | None = None,
     item: MapItem | None = None,
+    timeout_ms: int | None = None,
+    start_by_ms: int | None = None,
+    close_by_ms: int | None = None,
 ) -> bytes:
     """A task's record value, from its fields (what ``StepTask.encode`` writes; the tick calls
     it directly, one per dispatch, without building the object)."""
@@ -178,6 +223,12 @@ def encode_task(
         "deadline_ms": deadline_ms,
         "tier": tier,
     }
+    if timeout_ms is not None:
+        body["timeout_ms"] = timeout_ms
+        if start_by_ms is not None:
+            body["start_by_ms"] = start_by_ms
+        if close_by_ms is not None:
+            body["close_by_ms"] = close_by_ms
     if heartbeat_timeout_ms is not None:
         body["heartbeat_timeout_ms"] = heartbeat_timeout_ms
     if dep_attempts is not None:
@@ -232,6 +283,8 @@ def decode_step_task(value: bytes | None, clock_offset_ms: int = 0) -> StepTask:
     data = _data(raw.get("data"))
     beat = raw.get("heartbeat_timeout_ms")
     item = _item(raw.get("item"), version)
+    timeout_ms = raw.get("timeout_ms")
+    start_by, close_by = raw.get("start_by_ms"), raw.get("close_by_ms")
     if not all(isinstance(v, str) for v in (run_id, node, step_type, tier)):
         raise ValidationError("step task: run_id, node, step_type and tier must be strings")
     if not all(isinstance(v, int) and not isinstance(v, bool) for v in (attempt, deadline_ms)):
@@ -246,8 +299,30 @@ def decode_step_task(value: bytes | None, clock_offset_ms: int = 0) -> StepTask:
         raise ValidationError("step task: attempt or deadline_ms out of range")
     if beat is not None and (type(beat) is not int or not 1 <= beat <= MAX_EPOCH_MS):
         raise ValidationError("step task: heartbeat_timeout_ms must be a positive integer")
+    if timeout_ms is not None and (
+        type(timeout_ms) is not int or not 1 <= timeout_ms <= MAX_EPOCH_MS
+    ):
+        raise ValidationError("step task: timeout_ms must be a positive integer")
+    for bound in (start_by, close_by):
+        if bound is not None and (type(bound) is not int or not 0 <= bound <= MAX_EPOCH_MS):
+            raise ValidationError("step task: start_by_ms and close_by_ms must be epoch ms")
+    if clock_offset_ms:  # in the reader's clock, as the deadline
+        start_by = None if start_by is None else start_by - clock_offset_ms
+        close_by = None if close_by is None else close_by - clock_offset_ms
     return StepTask(
-        run_id, node, attempt, step_type, deadline_ms, tier, dep_attempts, data, beat, item
+        run_id,
+        node,
+        attempt,
+        step_type,
+        deadline_ms,
+        tier,
+        dep_attempts,
+        data,
+        beat,
+        item,
+        timeout_ms,
+        start_by,
+        close_by,
     )
 
 

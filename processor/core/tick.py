@@ -17,14 +17,35 @@ Rules, in the order they are applied:
    A workflow step in flight waits for its child run's end, which comes as its result like a
    worker's (core/children.py). A map step's items are nodes of their own (``step[i]``): each
    attempt of an item is a step attempt like any other.
-4. A dispatched node whose deadline has passed has failed its attempt ("timed out").
+4. A dispatched node is due (``due_ms``) when the coordinator must look at it again. A wait
+   or workflow step whose due time passed has timed out. A step a worker runs has Temporal's
+   three timeouts, judged from what the workers recorded of its attempt (``started``: the
+   load reads it for the nodes whose due time passed, and only then; None, not loaded, leaves
+   the node as it is for the wakeup that loads it):
+   - start-to-close (``timeout_ms``): counted from the attempt's start (its claim by a
+     worker, or its start on a slot when that came later), never from its dispatch, so time
+     in a queue spends none of it. The attempt "timed out" at start + timeout_ms; before
+     that, its due time moves there.
+   - heartbeat (``heartbeat_timeout_ms``): once started, an attempt whose worker records
+     heartbeats fails when none was recorded for that long (from its start, or its last
+     beat), before its deadline; its due time moves with the beats.
+   - schedule-to-start (``schedule_to_start_ms``): an attempt no worker started that long
+     after its dispatch (``since_ms``) fails the step, final (another attempt would wait in
+     the same queue); schedule-to-close (``schedule_to_close_ms``): a step not done that long
+     after its first dispatch (``first_ms``, kept through retries) fails, final, whatever its
+     attempt is doing. An attempt in its queue with no such bound ahead stays as it is, its
+     due time passed: the watchdog wakes it again, further apart each time (io/sweeps.py),
+     and nothing is written until a worker starts it.
 5. A failed attempt is retried by the step's policy (retry_wait until its backoff is due),
    or fails the node when attempts are exhausted (counted since the run was last resumed, see
-   below) or the step declared the failure final (a result that is not ``retryable``: the
-   step raised NonRetryable); a failed node fails the run.
+   below), when the step declared the failure final (a result that is not ``retryable``: the
+   step raised NonRetryable), or when the retry would come after its schedule-to-close
+   bound; a failed node fails the run.
 6. Due retries are dispatched with the next attempt; pending nodes whose dependencies all
-   succeeded are dispatched with their next attempt (1, unless the run was resumed), each with
-   its deadline; so are nodes waiting for a limit, at every tick. Whether a dispatch of a
+   succeeded are dispatched with their next attempt (1, unless the run was resumed), due when
+   its first bound could pass (its heartbeat timeout, else its timeout, from now; sooner
+   when its schedule-to-start or schedule-to-close bound is); so are nodes waiting for a
+   limit, at every tick. Whether a dispatch of a
    step with limits holds is decided across the batch's runs afterwards (core/limits.py):
    one that does not is a node waiting for its limit instead. A map step that becomes ready
    takes its items' count from its list (the run's input, or its ``items_from``
@@ -62,6 +83,7 @@ from processor.core.model import (
     RunState,
     RunStatus,
     SignalKind,
+    Started,
     StepOutcome,
     StepResult,
     items_in,
@@ -79,12 +101,14 @@ _IN_FLIGHT = (_PENDING, _DISPATCHED, _RETRY_WAIT, _LIMIT_WAIT)
 # A map in flight always has its progress; a row edited by hand without it ends its map as one
 # of no more items rather than raise.
 _NO_ITEMS = MapProgress(0)
+_NEVER = node_state()  # a node never dispatched (a map's item before it starts)
 
 
 # Dispatch and Decision are NamedTuples (immutable, compared and hashed in C): a tick makes
 # several, and a frozen dataclass's __init__ sets each field through object.__setattr__.
 class Dispatch(NamedTuple):
-    """A step attempt to send to the workers."""
+    """A step attempt to send to the workers. ``deadline_ms``: its dispatch plus its timeout
+    (what a worker from before start-to-close takes for its deadline: core/step_task.py)."""
 
     node: str
     attempt: int
@@ -104,6 +128,10 @@ class Decision(NamedTuple):
     mapped: tuple[tuple[str, int, int], ...] = ()
     # Map items this tick took out of the state, succeeded: (map step, index, attempt).
     items_done: tuple[tuple[str, int, int], ...] = ()
+    # Attempts this tick failed that no worker had started (a schedule-to bound passed in the
+    # queue): (node, attempt). The commit holds only if none was started meanwhile: it marks
+    # each one never to be started (io/store.py), as a claim would mark it started.
+    unstarted: tuple[tuple[str, int], ...] = ()
 
     @property
     def progressed(self) -> bool:
@@ -122,9 +150,12 @@ def tick(
     not_before_ms: int | None = None,
     named: Sequence[tuple[str, str]] = (),
     input_length: int | None = None,
+    started: Mapping[str, Started] | None = None,
 ) -> Decision:
     """``named``: the run's named signals, (name, signal id), in the order received;
-    ``input_length``: the length of the run's input when it is a list (a map's items)."""
+    ``input_length``: the length of the run's input when it is a list (a map's items);
+    ``started``: what the workers recorded of the attempts in flight whose due time passed,
+    by node (rule 4; None: not loaded)."""
     if state.status.terminal:
         return NOOP
     if SignalKind.CANCEL in set(signals):
@@ -147,14 +178,33 @@ def tick(
 
     signalled = _signal_waits(nodes, wf, named) if named else []
 
+    unstarted: list[tuple[str, int]] = []
     for name, node in list(nodes.items()):
         if node.status is _DISPATCHED and node.due_ms is not None and now_ms >= node.due_ms:
-            error = f"attempt {node.attempt} timed out after {step_of(name).timeout_ms} ms"
-            nodes[name] = _finish_attempt(node, step_of(name), False, error, now_ms)
+            step = step_of(name)
+            if step.runs_on_a_worker or (step.maps and name != step.name):
+                judged = _judge(node, step, started, name, now_ms)
+                if judged is not None:
+                    nodes[name] = judged
+                    if judged.status is _FAILED and _unstarted(started, name, node.attempt):
+                        unstarted.append((name, node.attempt))
+            else:
+                error = f"attempt {node.attempt} timed out after {step.timeout_ms} ms"
+                nodes[name] = _finish_attempt(node, step, False, error, now_ms)
+        elif node.first_ms is not None and (
+            node.status is _RETRY_WAIT or node.status is _LIMIT_WAIT
+        ):
+            step = step_of(name)  # waiting for its next attempt past its schedule-to-close
+            to_close = step.schedule_to_close_ms
+            if to_close is not None and now_ms >= node.first_ms + to_close:
+                nodes[name] = node_state(
+                    _FAILED, node.attempt, None, _closed(to_close, node.error), node.attempts_before
+                )
 
     failed = _failed(state, nodes)
     if failed is not None:
-        return _end(state, nodes, RunStatus.FAILED, failed, wf)._replace(signalled=tuple(signalled))
+        run_failed = _end(state, nodes, RunStatus.FAILED, failed, wf)
+        return run_failed._replace(signalled=tuple(signalled), unstarted=tuple(unstarted))
 
     if wf.only_tasks:  # the fast path: every step a task, started as it is ready
         return _tasks_only(state, wf, nodes, now_ms)
@@ -180,8 +230,8 @@ def tick(
         ended_run = _end(state, nodes, RunStatus.SUCCEEDED, None, wf, maps)
         return ended_run._replace(signalled=tuple(signalled), mapped=tuple(mapped))
 
-    started = dispatches or waiting or signalled
-    status = _RUN_RUNNING if state.status is _RUN_PENDING and started else state.status
+    began = dispatches or waiting or signalled
+    status = _RUN_RUNNING if state.status is _RUN_PENDING and began else state.status
     new_nodes = _ordered(state, nodes, wf)
     new_maps = state.maps if maps is None else maps.progress_of(wf)
     if status is state.status and new_nodes == state.nodes and new_maps == state.maps:
@@ -203,7 +253,103 @@ def tick_run(run: LoadedRun, now_ms: int) -> Decision:
         run.not_before_ms,
         run.named,
         run.input_length,
+        None if run.starts is None else dict(run.starts),
     )
+
+
+def _judge(
+    node: NodeState,
+    step: StepDef,
+    started: Mapping[str, Started] | None,
+    name: str,
+    now_ms: int,
+) -> NodeState | None:
+    """Rule 4 for a dispatched attempt a worker runs, whose due time passed: failed by one
+    of its timeouts, or due again when the next could pass; None: nothing to change (what
+    the workers recorded was not loaded, or it waits in its queue with no bound ahead)."""
+    if started is None:
+        return None
+    attempt = node.attempt
+    close_by = None
+    if step.schedule_to_close_ms is not None and node.first_ms is not None:
+        close_by = node.first_ms + step.schedule_to_close_ms
+        if now_ms >= close_by:
+            error = (
+                f"the step did not end within {step.schedule_to_close_ms} ms of its first"
+                f" dispatch (schedule_to_close_ms); attempt {attempt} was in flight"
+            )
+            return _finish_attempt(node, step, False, error, now_ms, retryable=False)
+    fact = started.get(name)
+    if fact is None or fact.attempt != attempt:  # still in its queue
+        bounds = [] if close_by is None else [close_by]
+        if step.schedule_to_start_ms is not None and node.since_ms is not None:
+            start_by = node.since_ms + step.schedule_to_start_ms
+            if now_ms >= start_by:
+                error = (
+                    f"attempt {attempt} was not started within {step.schedule_to_start_ms} ms"
+                    " of its dispatch (schedule_to_start_ms)"
+                )
+                return _finish_attempt(node, step, False, error, now_ms, retryable=False)
+            bounds.append(start_by)
+        return _due_at(node, min(bounds)) if bounds else None
+    close = fact.started_ms + step.timeout_ms
+    if close_by is not None:
+        close = min(close, close_by)  # (not passed: judged above)
+    due = close
+    if step.heartbeat_timeout_ms is not None and fact.beats_recorded:
+        last = fact.started_ms if fact.beat_ms is None else max(fact.started_ms, fact.beat_ms)
+        silent_by = last + step.heartbeat_timeout_ms
+        if now_ms >= silent_by and silent_by < close:
+            error = (
+                f"attempt {attempt} recorded no heartbeat for {step.heartbeat_timeout_ms} ms"
+                " (heartbeat_timeout_ms)"
+            )
+            return _finish_attempt(node, step, False, error, now_ms)
+        due = min(due, silent_by)
+    if now_ms >= close:
+        error = f"attempt {attempt} timed out after {step.timeout_ms} ms"
+        return _finish_attempt(node, step, False, error, now_ms)
+    return _due_at(node, due)
+
+
+def _unstarted(started: Mapping[str, Started] | None, name: str, attempt: int) -> bool:
+    """Whether no worker had started ``attempt`` of node ``name`` (as far as was loaded)."""
+    fact = None if started is None else started.get(name)
+    return fact is None or fact.attempt != attempt
+
+
+def _due_at(node: NodeState, due_ms: int) -> NodeState:
+    """``node``, due at ``due_ms``."""
+    return node_state(
+        node.status,
+        node.attempt,
+        due_ms,
+        node.error,
+        node.attempts_before,
+        node.since_ms,
+        node.first_ms,
+    )
+
+
+def _dispatched(node: NodeState, step: StepDef, attempt: int, now_ms: int) -> NodeState:
+    """``node`` dispatched now with ``attempt``: due when its first bound could pass (rule
+    6): its heartbeat timeout (shorter than its timeout), else its timeout, from now; its
+    schedule-to-start and schedule-to-close bounds when sooner, which it then remembers
+    (``since_ms``, ``first_ms``: rule 4)."""
+    beat = step.heartbeat_timeout_ms
+    due = now_ms + (step.timeout_ms if beat is None else beat)
+    to_start, to_close = step.schedule_to_start_ms, step.schedule_to_close_ms
+    if to_start is None and to_close is None:  # the common case: nothing to remember
+        return node_state(_DISPATCHED, attempt, due, None, node.attempts_before)
+    since = None
+    if to_start is not None:
+        since = now_ms
+        due = min(due, now_ms + to_start)
+    first = None
+    if to_close is not None:
+        first = now_ms if node.first_ms is None else node.first_ms
+        due = min(due, first + to_close)
+    return node_state(_DISPATCHED, attempt, due, None, node.attempts_before, since, first)
 
 
 def _tasks_only(
@@ -221,10 +367,8 @@ def _tasks_only(
         # be the slot it waits for (core/limits.py decides).
         if retry_due or first_run or node.status is _LIMIT_WAIT:
             attempt = node.attempt + 1
+            nodes[step.name] = _dispatched(node, step, attempt, now_ms)
             deadline = now_ms + step.timeout_ms
-            nodes[step.name] = node_state(
-                _DISPATCHED, attempt, deadline, None, node.attempts_before
-            )
             dispatches.append(Dispatch(step.name, attempt, step.step_type, deadline))
     if all(s.status is _SUCCEEDED for s in nodes.values()):
         return _end(state, nodes, RunStatus.SUCCEEDED, None)
@@ -379,8 +523,22 @@ def _finish_attempt(
     tried = node.attempt - node.attempts_before
     if retryable and tried < step.retry.max_attempts:
         due = now_ms + step.retry.delay_after(tried)
-        return node_state(_RETRY_WAIT, node.attempt, due, error, node.attempts_before)
+        to_close = step.schedule_to_close_ms
+        if to_close is None or node.first_ms is None or due < node.first_ms + to_close:
+            return node_state(
+                _RETRY_WAIT, node.attempt, due, error, node.attempts_before, None, node.first_ms
+            )
+        error = _closed(to_close, error)
     return node_state(_FAILED, node.attempt, None, error, node.attempts_before)
+
+
+def _closed(to_close: int, error: str | None) -> str:
+    """The error of a step whose schedule-to-close bound ends it between two attempts (the
+    last attempt's error first)."""
+    return (
+        f"{error or 'failed'}; not retried: the step must end within {to_close} ms of its"
+        " first dispatch (schedule_to_close_ms)"
+    )
 
 
 def _dispatch_ready(
@@ -407,9 +565,7 @@ def _dispatch_ready(
         if retry_due or first_run or node.status is _LIMIT_WAIT:
             attempt = node.attempt + 1
             deadline = now_ms + step.timeout_ms
-            nodes[step.name] = node_state(
-                _DISPATCHED, attempt, deadline, None, node.attempts_before
-            )
+            nodes[step.name] = _dispatched(node, step, attempt, now_ms)
             if step.runs_on_a_worker:
                 dispatches.append(Dispatch(step.name, attempt, step.step_type, deadline))
             else:
@@ -453,16 +609,14 @@ def _dispatch_items(
             continue
         in_flight += fresh
         attempt = node.attempt + 1
-        deadline = now_ms + step.timeout_ms
-        nodes[item] = node_state(_DISPATCHED, attempt, deadline, None, node.attempts_before)
-        dispatches.append(Dispatch(item, attempt, step.step_type, deadline))
+        nodes[item] = _dispatched(node, step, attempt, now_ms)
+        dispatches.append(Dispatch(item, attempt, step.step_type, now_ms + step.timeout_ms))
     progress = maps.progress.get(step.name, _NO_ITEMS)
     started = progress.started
     while started < progress.items and in_flight < step.parallelism:
         item = item_node(step.name, started)
-        deadline = now_ms + step.timeout_ms
-        nodes[item] = node_state(_DISPATCHED, 1, deadline)
-        dispatches.append(Dispatch(item, 1, step.step_type, deadline))
+        nodes[item] = _dispatched(_NEVER, step, 1, now_ms)
+        dispatches.append(Dispatch(item, 1, step.step_type, now_ms + step.timeout_ms))
         started += 1
         in_flight += 1
     if started != progress.started:

@@ -70,12 +70,23 @@ class StepDef:
     step_type: str  # the function a worker runs ("" for a wait step: no worker runs it)
     depends_on: tuple[str, ...] = ()
     retry: RetryPolicy = field(default_factory=RetryPolicy)
+    # Start-to-close: how long an attempt may run, counted from the moment a worker starts it
+    # (its claim, io/step_attempts.py), never from its dispatch: time in a queue does not
+    # count (core/tick.py, rule 4). A wait step's: how long it waits; a workflow step's: how
+    # long its child run may take.
     timeout_ms: int = 30_000
     # The queue whose workers run it: each queue is a steps topic of its own (routing.py).
     queue: str = DEFAULT_QUEUE
     # A long step calls ``ctx.heartbeat()`` at least this often, or its attempt fails without
     # waiting for its deadline. None: no heartbeat is expected.
     heartbeat_timeout_ms: int | None = None
+    # Schedule-to-start: how long an attempt may wait in its queue for a worker to start it;
+    # past it the step fails, final. None: as long as it takes.
+    schedule_to_start_ms: int | None = None
+    # Schedule-to-close: how long the step may take in all, from the dispatch of its first
+    # attempt (since the run was last resumed) to the end of its last; past it the step
+    # fails, final. None: no bound.
+    schedule_to_close_ms: int | None = None
     # "task": a worker runs it; "wait": it waits for the first signal named ``signal`` sent
     # to the run (before it or while it waits), and its output is that signal's payload.
     kind: str = TASK
@@ -295,6 +306,8 @@ def parse_workflow(raw: Any) -> WorkflowDef:
                 "timeout_ms",
                 "queue",
                 "heartbeat_timeout_ms",
+                "schedule_to_start_ms",
+                "schedule_to_close_ms",
                 "concurrency",
                 "rate_limit",
                 *(("items_from", "max_items", "parallelism") if kind == MAP else ()),
@@ -326,6 +339,8 @@ def parse_workflow(raw: Any) -> WorkflowDef:
             timeout_ms=timeout_ms,
             queue=queue,
             heartbeat_timeout_ms=heartbeat_ms,
+            schedule_to_start_ms=_bound(raw_step, "schedule_to_start_ms", where),
+            schedule_to_close_ms=_bound(raw_step, "schedule_to_close_ms", where),
             concurrency=_parse_concurrency(raw_step, where),
             rate_limit=_parse_rate_limit(raw_step, where),
         )
@@ -348,6 +363,19 @@ def parse_workflow(raw: Any) -> WorkflowDef:
     return WorkflowDef(
         name=name, version=version, steps=tuple(steps), output=output, input_schema=schema
     )
+
+
+# The longest a step's timeouts may be: ten years (a due time stays within the bounds of an
+# epoch in ms every door checks).
+MAX_TIMEOUT_MS = 10 * 365 * 24 * 3600 * 1000
+
+
+def _bound(raw_step: Mapping[str, Any], key: str, where: str) -> int | None:
+    """An optional timeout of a task or map step (schedule-to-start, schedule-to-close)."""
+    value = _optional(raw_step, key, int, where, None)
+    if value is not None and not 1 <= value <= MAX_TIMEOUT_MS:
+        raise ValidationError(f"{where}.{key}: must be between 1 and {MAX_TIMEOUT_MS} (ten years)")
+    return None if value is None else int(value)
 
 
 def _limit_name(raw: Mapping[str, Any], where: str, step_type: str) -> str:
@@ -608,6 +636,10 @@ def _step_to_json(s: StepDef) -> dict[str, Any]:
         raw["queue"] = s.queue
     if s.heartbeat_timeout_ms is not None:
         raw["heartbeat_timeout_ms"] = s.heartbeat_timeout_ms
+    if s.schedule_to_start_ms is not None:
+        raw["schedule_to_start_ms"] = s.schedule_to_start_ms
+    if s.schedule_to_close_ms is not None:
+        raw["schedule_to_close_ms"] = s.schedule_to_close_ms
     if s.concurrency is not None:
         raw["concurrency"] = s.concurrency.to_json()
     if s.rate_limit is not None:

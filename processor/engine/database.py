@@ -80,6 +80,12 @@ class Database:
     def waiters_to_wake(self, freed: Counter[str]) -> list[tuple[str, str]]:
         return limit_store.waiters_to_wake(self.conn, freed)
 
+    def free_lingering(self, gone_after_s: float, limit: int) -> list[tuple[str, str]]:
+        """Free the concurrency slots of executions that outlived their attempts and are over
+        now (core/limits.py, rule 4); the waiters to wake for them, with their tiers."""
+        freed = limit_store.free_lingering(self.conn, gone_after_s, limit)
+        return limit_store.waiters_to_wake(self.conn, freed)
+
     def commit(
         self, commits: Sequence[Commit], acknowledged: Sequence[tuple[str, int]]
     ) -> store.CommitAnswer:

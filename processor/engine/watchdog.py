@@ -11,6 +11,11 @@ produces a duplicate wakeup, which a no-op tick absorbs.
 Schedules (io/schedules.py) are fired by shard too: the runs of their due fires are started
 and woken.
 
+The concurrency slots of executions that outlived their attempts (a step in a thread after a
+timeout or a cancel: core/limits.py, rule 4) are freed once their executions are over, and
+their waiters woken, by any instance that sweeps and may judge who is gone (a slot another
+instance's sweep is freeing is passed over).
+
 Signals kept for runs that did not exist yet (io/kept_signals.py) are swept by shard too: those
 whose run now exists are applied and their runs woken, those whose run never came (a cancel
 excepted: it waits for its start however long) are claimed for their dead letters, deleted
@@ -242,6 +247,13 @@ class Watchdog:
                 lambda: self._db.overdue(modulus, owned, s.grace_s, s.limit),
                 [],
             )
+            relay_as = self._relay_as()
+            if relay_as.may_judge:  # (it judges whether the workers that ran them are gone)
+                overdue += self._part(
+                    "the lingering slots",
+                    lambda: self._db.free_lingering(relay_as.gone_after_s, s.limit),
+                    [],
+                )
             overdue += self._part(
                 "the kept signals",
                 lambda: self._db.adopt_kept_signals(modulus, owned, s.limit),

@@ -21,7 +21,34 @@ from processor.core.limits import (
     paths_of,
 )
 from processor.core.model import Loaded, LoadedRun
+from processor.io.instances import alive
 from processor.io.run_marks import quarantined
+
+# The SQL condition "the execution of the attempt holding slot {h} may still run": a worker
+# started it (a claim numbered past its worker's start permit never did, nor did an attempt
+# no worker took), reports the ends of its executions (io/step_attempts.py), has not reported
+# this one's, and ``{worker}``: the worker is not known to be gone. The commit path takes a
+# worker for gone only once it said it stopped (a slot is kept rather than given to two
+# executions: right after an outage of the database every heartbeat looks old); the
+# watchdog, which judges silence only when it may (io/instances.py's Judge), by its
+# heartbeat too (``gone_after_s``, named by the statement).
+_RUNNING = """EXISTS (
+    SELECT 1 FROM eec_step_attempt x
+     WHERE x.run_id = {h}.run_id AND x.node_id = {h}.node AND x.attempt = {h}.attempt
+       AND x.reports AND x.ended_at IS NULL AND {worker}
+       AND NOT (x.claim_seq IS NOT NULL AND EXISTS (
+           SELECT 1 FROM eec_instance p
+            WHERE p.instance_id = x.worker_id AND x.claim_seq > p.started_through)))"""
+_NOT_STOPPED = """NOT EXISTS (SELECT 1 FROM eec_instance s
+                WHERE s.instance_id = x.worker_id AND s.stopped_at IS NOT NULL)"""
+
+
+def running(hold: str, judged: bool = False) -> str:
+    """The condition "the execution holding slot ``hold`` may still run" (``judged``: its
+    worker's silence says it is gone too)."""
+    worker = alive("x.worker_id") if judged else _NOT_STOPPED
+    return _RUNNING.replace("{h}", hold).replace("{worker}", worker)
+
 
 _VALUES_SQL = """
 SELECT g.run_id, g.path, coalesce(r.input #>> g.path::text[], '')
@@ -178,6 +205,9 @@ LIMIT_CTES = """limit_holds AS (
      WHERE u.limits IS NOT NULL
     ON CONFLICT DO NOTHING
 ), limit_releases AS (
+    -- A slot whose attempt ended is freed, unless its execution still runs (a step in a
+    -- thread, which cannot be stopped, after a timeout or a cancel): the slot then stays
+    -- with it, lingering, until the watchdog sees it end (``free_lingering``).
     DELETE FROM eec_limit_hold h
      USING updated u
      WHERE u.limits IS NOT NULL AND h.run_id = u.run_id
@@ -185,7 +215,17 @@ LIMIT_CTES = """limit_holds AS (
             OR (h.node, h.attempt) IN (
                 SELECT x.node, x.attempt
                   FROM jsonb_to_recordset(u.limits -> 'releases') AS x(node text, attempt int)))
+       AND NOT {running}
     RETURNING h.key
+), limit_lingers AS (
+    UPDATE eec_limit_hold h SET lingering_since = coalesce(h.lingering_since, now())
+      FROM updated u
+     WHERE u.limits IS NOT NULL AND h.run_id = u.run_id
+       AND ((u.limits ->> 'ends')::boolean
+            OR (h.node, h.attempt) IN (
+                SELECT x.node, x.attempt
+                  FROM jsonb_to_recordset(u.limits -> 'releases') AS x(node text, attempt int)))
+       AND {running}
 ), limit_waits AS (
     INSERT INTO eec_limit_wait (key, run_id, node, since_ms, tier)
     SELECT w.key, u.run_id, w.node, w.since, u.tier
@@ -204,7 +244,7 @@ LIMIT_CTES = """limit_holds AS (
     UPDATE eec_limit l SET version = l.version + 1
      WHERE l.key IN (SELECT key FROM limit_releases)
        AND l.key NOT IN (SELECT key FROM guarded)
-), """
+), """.replace("{running}", running("h"))
 
 
 def guards_param(commits: Sequence[Commit]) -> str:
@@ -264,11 +304,48 @@ def waiters_to_wake(conn: psycopg.Connection[Any], freed: Counter[str]) -> list[
     return [(r[0], r[1]) for r in rows]
 
 
-# The run force-failed (io/store.py's force-fail statement): its slots and waits go with it.
+# The run force-failed (io/store.py's force-fail statement): its slots and waits go with it,
+# but the slots of executions still running, which linger until they end.
 FORCE_FAIL_CTES = """, freed_holds AS (
-    DELETE FROM eec_limit_hold h USING failed f WHERE h.run_id = f.run_id RETURNING h.key
+    DELETE FROM eec_limit_hold h USING failed f WHERE h.run_id = f.run_id AND NOT {running}
+    RETURNING h.key
+), lingering_holds AS (
+    UPDATE eec_limit_hold h SET lingering_since = coalesce(h.lingering_since, now())
+      FROM failed f WHERE h.run_id = f.run_id AND {running}
 ), ended_waits AS (
     DELETE FROM eec_limit_wait w USING failed f WHERE w.run_id = f.run_id
 ), freed_versions AS (
     UPDATE eec_limit l SET version = l.version + 1 WHERE l.key IN (SELECT key FROM freed_holds)
-)"""
+)""".replace("{running}", running("h"))
+
+
+# The slots of executions that outlived their attempts, whose executions are over now (their
+# worker reported their end, or is gone): freed, and their counters' versions moved (as a
+# commit that frees a slot moves it: core/limits.py, rule 4), the freed counted by counter
+# for their oldest waiters to be woken. Any instance's sweep takes them, a few at a time, and
+# passes over the rows another holds (a lingering slot is rare: a step that ignored its
+# cancellation, a hung one).
+_FREE_LINGERING_SQL = """
+WITH over AS (
+    DELETE FROM eec_limit_hold h
+     WHERE h.ctid = ANY(ARRAY(
+           SELECT l.ctid FROM eec_limit_hold l
+            WHERE l.lingering_since IS NOT NULL AND NOT {running}
+            ORDER BY l.lingering_since LIMIT %(limit)s
+              FOR UPDATE SKIP LOCKED))
+    RETURNING h.key
+), moved AS (
+    UPDATE eec_limit l SET version = l.version + 1 WHERE l.key IN (SELECT key FROM over)
+)
+SELECT key, count(*) FROM over GROUP BY key
+""".replace("{running}", running("l", judged=True))
+
+
+def free_lingering(conn: psycopg.Connection[Any], gone_after_s: float, limit: int) -> Counter[str]:
+    """Free the slots held by executions that outlived their attempts and are over now; how
+    many were freed, by counter (their waiters to wake: ``waiters_to_wake``). Only an
+    instance that may judge others gone asks (io/instances.py's Judge)."""
+    rows = conn.execute(
+        _FREE_LINGERING_SQL, {"gone_after_s": gone_after_s, "limit": limit}
+    ).fetchall()
+    return Counter({key: int(n) for key, n in rows})

@@ -20,7 +20,7 @@ started: the next claim takes it as new (core/claims.py sees no start), not as a
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import orjson
 import psycopg
@@ -32,7 +32,7 @@ from processor.io.step_data import DEPENDENCY_OUTPUTS, MissingData, data_of, dep
 
 # The SQL condition "the claim on attempt row {a} never started": numbered past the permit of
 # its worker (a worker whose row is forgotten may have started it).
-_UNSTARTED = """({a}.claim_seq IS NOT NULL AND EXISTS (
+UNSTARTED = """({a}.claim_seq IS NOT NULL AND EXISTS (
     SELECT 1 FROM eec_instance i
      WHERE i.instance_id = {a}.worker_id AND {a}.claim_seq > i.started_through))"""
 
@@ -64,7 +64,7 @@ WITH t AS MATERIALIZED (
                     false) AS ahead,
            res.found IS NOT NULL AS recorded,
            a.starts,
-           coalesce({_UNSTARTED.format(a="a")}, false) AS unstarted,
+           coalesce({UNSTARTED.format(a="a")}, false) AS unstarted,
            coalesce(a.worker_id IS NOT NULL AND {alive("a.worker_id")}, false) AS starter_alive,
            coalesce(a.worker_id = %(me)s, false) AS mine,
            r.input, r.node_states, r.workflow_name, r.workflow_version
@@ -88,25 +88,28 @@ WITH t AS MATERIALIZED (
     SELECT raw.*, CASE WHEN unstarted THEN nullif(starts - 1, 0) ELSE starts END AS began
       FROM raw
 ), claimed AS (
-    INSERT INTO eec_step_attempt AS a (run_id, node_id, attempt, worker_id, claim_seq)
-    SELECT run_id, node, attempt, %(me)s, seq FROM seen
+    INSERT INTO eec_step_attempt AS a (run_id, node_id, attempt, worker_id, claim_seq, reports)
+    SELECT run_id, node, attempt, %(me)s, seq, true FROM seen
      WHERE current AND NOT recorded
        AND (began IS NULL
             OR (%(reruns)s AND NOT starter_alive AND %(judge)s AND began < %(max_starts)s))
      ORDER BY run_id, node, attempt
         ON CONFLICT (run_id, node_id, attempt) DO UPDATE
        -- A gone worker's claim that never started is taken over as it is (no start counted);
-       -- a rerun counts one more start, and starts at its claim (no number).
+       -- a rerun counts one more start, and starts at its claim (no number). Either is an
+       -- execution of its own: not ended, no beat yet (the details of the last one stay, for
+       -- the step to read: ctx.last_heartbeat).
        SET starts = CASE WHEN %(reruns)s THEN a.starts + 1 ELSE a.starts END,
-           claim_seq = excluded.claim_seq, worker_id = excluded.worker_id, started_at = now()
+           claim_seq = excluded.claim_seq, worker_id = excluded.worker_id, started_at = now(),
+           reports = true, ended_at = NULL, beat_at = NULL
      WHERE %(judge)s AND a.worker_id <> excluded.worker_id
        AND NOT {alive("a.worker_id")}
        AND CASE WHEN %(reruns)s THEN a.starts < %(max_starts)s
-                ELSE {_UNSTARTED.format(a="a")} END
+                ELSE {UNSTARTED.format(a="a")} END
     RETURNING a.run_id, a.node_id, a.attempt, a.starts
 )
 SELECT sn.i, sn.run_exists, sn.current, sn.ahead, sn.recorded, sn.began, sn.starter_alive,
-       sn.mine, c.starts, taken.data
+       sn.mine, c.starts, taken.data, last.details
   FROM seen sn
   LEFT JOIN claimed c ON c.run_id = sn.run_id AND c.node_id = sn.node AND c.attempt = sn.attempt
   -- What a task taken here needs and does not carry: read now, in the same statement.
@@ -128,6 +131,17 @@ SELECT sn.i, sn.run_exists, sn.current, sn.ahead, sn.recorded, sn.began, sn.star
       -- filter (the claim's backend CPU 22.5 -> 18 µs per task on tasks that carry theirs).
       OFFSET 0
   ) AS taken ON true
+  -- The details of the last heartbeat an earlier execution of the step recorded (this
+  -- attempt's, before a rerun; else the last attempt's that has any): ctx.last_heartbeat.
+  -- Never looked for on a first attempt's first execution (most tasks).
+  LEFT JOIN LATERAL (
+      SELECT b.beat_details AS details FROM eec_step_attempt b
+       WHERE (sn.attempt > 1 OR sn.starts IS NOT NULL)
+         AND (c.starts IS NOT NULL OR (sn.mine AND sn.current AND NOT sn.recorded))
+         AND b.run_id = sn.run_id AND b.node_id = sn.node AND b.attempt <= sn.attempt
+         AND b.beat_details IS NOT NULL
+       ORDER BY b.attempt DESC LIMIT 1
+  ) AS last ON true
 """
 
 
@@ -181,10 +195,11 @@ def claim_attempts(
     reruns: bool = False,
     seqs: Sequence[int] | None = None,
     permit: int = 0,
-) -> list[tuple[ClaimFacts, StepData | MissingData | None]]:
+) -> list[tuple[ClaimFacts, StepData | MissingData | None, Any]]:
     """Claim what is right to run of ``tasks`` for ``worker_id``: the facts of each, in
     order, with the data of each task taken here that does not carry its own (None for the
-    others). ``seqs`` numbers the claims (None: they start at once, as reruns do); the
+    others) and the details of the last heartbeat an earlier execution of its step recorded
+    (None: none). ``seqs`` numbers the claims (None: they start at once, as reruns do); the
     worker's start permit is raised to ``permit`` in the same statement. Attempts a worker
     that is gone started are taken only with ``reruns`` (a claim the worker makes for them
     apart: core/claims.py, rule 5)."""
@@ -200,10 +215,11 @@ def claim_attempts(
         seqs=seqs,
         permit=permit,
     )
-    answers: list[tuple[ClaimFacts, StepData | MissingData | None] | None] = [None] * len(tasks)
-    for i, *facts, data in conn.execute(_CLAIM_SQL, params).fetchall():
+    answers: list[tuple[ClaimFacts, StepData | MissingData | None, Any] | None]
+    answers = [None] * len(tasks)
+    for i, *facts, data, details in conn.execute(_CLAIM_SQL, params).fetchall():
         read = None if data is None else data_of(tasks[i], (data[0], data[1]))
-        answers[i] = (ClaimFacts(*facts), read)
+        answers[i] = (ClaimFacts(*facts), read, details)
     assert all(a is not None for a in answers)
     return answers  # type: ignore[return-value]
 
@@ -265,3 +281,79 @@ def permit_starts(conn: psycopg.Connection[Any], worker_id: str, through: int) -
         " WHERE instance_id = %s AND started_through < %s",
         (through, worker_id, through),
     )
+
+
+# What a worker reports of its executions, each on the attempt row of its own claim (a worker
+# that took the attempt over since, as a rerun, has its own execution there): its start on a
+# slot, when that came well after its claim (what its start-to-close timeout counts from:
+# core/tick.py, rule 4); its heartbeats, with the details of the last one (None: keep the
+# details recorded before); its end. An end is written once: the first one stays.
+#
+# The rows are locked in key order first, as the results' statement locks those it ends
+# (io/step_data.py) and the claim those it takes: the worker's two lanes never deadlock.
+_REPORT_SQL = """
+WITH t AS MATERIALIZED (
+    SELECT * FROM jsonb_to_recordset(%(reports)s::jsonb)
+        AS t(run_id text, node text, attempt int, started boolean, beat boolean, details jsonb,
+             ended boolean)
+), locked AS MATERIALIZED (
+    -- A lookup per report (LIMIT 1: joined, a plan read the whole index), in key order.
+    SELECT a.row_id, o.*
+      FROM (SELECT * FROM t ORDER BY t.run_id, t.node, t.attempt) AS o
+     CROSS JOIN LATERAL (
+           SELECT a.ctid AS row_id FROM eec_step_attempt a
+            WHERE a.run_id = o.run_id AND a.node_id = o.node AND a.attempt = o.attempt
+              AND a.worker_id = %(me)s
+            LIMIT 1 FOR NO KEY UPDATE) AS a
+)
+UPDATE eec_step_attempt a
+   SET started_at = CASE WHEN l.started THEN now() ELSE a.started_at END,
+       beat_at = CASE WHEN l.beat THEN now() ELSE a.beat_at END,
+       beat_details = coalesce(l.details, a.beat_details),
+       ended_at = CASE WHEN l.ended THEN coalesce(a.ended_at, now()) ELSE a.ended_at END
+  FROM locked l
+ WHERE a.ctid = l.row_id
+"""
+
+
+class Report(NamedTuple):
+    """What a worker reports of one execution: it started now on a slot (``started``), it
+    beat (``beat``, with ``details`` when the step gave any: JSON text), it ended
+    (``ended``)."""
+
+    key: AttemptKey
+    started: bool = False
+    beat: bool = False
+    details: str | None = None
+    ended: bool = False
+
+
+def report_executions(
+    conn: psycopg.Connection[Any], reports: Sequence[Report], worker_id: str
+) -> None:
+    """Write what ``worker_id`` reports of its executions, in one statement (several reports
+    of one attempt: merged first, a row is written once per statement)."""
+    if not reports:
+        return
+    merged: dict[AttemptKey, dict[str, Any]] = {}
+    for r in reports:
+        run_id, node, attempt = r.key
+        row = merged.setdefault(
+            r.key,
+            {
+                "run_id": run_id,
+                "node": node,
+                "attempt": attempt,
+                "started": False,
+                "beat": False,
+                "details": None,
+                "ended": False,
+            },
+        )
+        row["started"] |= r.started
+        row["beat"] |= r.beat
+        row["ended"] |= r.ended
+        if r.details is not None:
+            row["details"] = orjson.Fragment(r.details)
+    param = orjson.dumps(list(merged.values())).decode()
+    conn.execute(_REPORT_SQL, {"reports": param, "me": worker_id})

@@ -108,6 +108,11 @@ class StepResultRow(NamedTuple):
     output: Any
     error: str | None
     retryable: bool = True  # False: the step declared the failure final (NonRetryable)
+    # The execution that gave it ended with it (False: it was given up while it still runs,
+    # its end is reported when it comes: io/step_attempts.py), and the details of its last
+    # heartbeat not recorded yet (JSON text; None: none).
+    ended: bool = False
+    details: str | None = None
 
 
 # A result is recorded only while its run exists, read without a lock: the results table has
@@ -118,9 +123,9 @@ class StepResultRow(NamedTuple):
 _INSERT_RESULTS_SQL = """
 WITH r AS MATERIALIZED (
     SELECT r.*, EXISTS (SELECT 1 FROM eec_workflow_run w WHERE w.run_id = r.run_id) AS known
-      FROM jsonb_to_recordset(%s::jsonb)
+      FROM jsonb_to_recordset(%(results)s::jsonb)
         AS r(i int, run_id text, node_id text, attempt int, outcome text, output jsonb,
-             error text, retryable boolean)
+             error text, retryable boolean, ended boolean, details jsonb)
 ), inserted AS (
     INSERT INTO eec_step_result (run_id, node_id, attempt, outcome, output, error, retryable)
     SELECT r.run_id, r.node_id, r.attempt, r.outcome, coalesce(r.output, 'null'::jsonb), r.error,
@@ -129,20 +134,42 @@ WITH r AS MATERIALIZED (
      WHERE r.known
      ORDER BY r.run_id, r.node_id, r.attempt
         ON CONFLICT DO NOTHING
+), ends AS (
+    -- The end of the execution that gave each result, on its worker's claim, with the last
+    -- details it beat with: a lookup per result (LIMIT 1: joined, a plan read the whole
+    -- index), the rows locked in key order (io/step_attempts.py).
+    SELECT a.row_id, e.ended, e.details
+      FROM (SELECT * FROM r WHERE %(me)s::text IS NOT NULL AND (r.ended OR r.details IS NOT NULL)
+             ORDER BY r.run_id, r.node_id, r.attempt) AS e
+     CROSS JOIN LATERAL (
+           SELECT a.ctid AS row_id FROM eec_step_attempt a
+            WHERE a.run_id = e.run_id AND a.node_id = e.node_id AND a.attempt = e.attempt
+              AND a.worker_id = %(me)s
+            LIMIT 1 FOR NO KEY UPDATE) AS a
+), ended AS (
+    UPDATE eec_step_attempt a
+       SET ended_at = CASE WHEN e.ended THEN coalesce(a.ended_at, now()) ELSE a.ended_at END,
+           beat_details = coalesce(e.details, a.beat_details)
+      FROM ends e
+     WHERE a.ctid = e.row_id
 )
 SELECT r.i FROM r WHERE NOT r.known
 """
 
 
 def insert_step_results(
-    conn: psycopg.Connection[Any], results: Sequence[StepResultRow]
+    conn: psycopg.Connection[Any],
+    results: Sequence[StepResultRow],
+    worker_id: str | None = None,
 ) -> list[int]:
     """Record results in one statement (a redelivered one is ignored; an output of None is
     stored as JSON null), except those of runs that no longer exist: their indexes in
-    ``results`` are returned. A result the database refuses fails the whole statement, and
-    nothing of it is written: the caller then records the results one by one, to learn
-    which."""
-    return [row[0] for row in conn.execute(_INSERT_RESULTS_SQL, (results_param(results),))]
+    ``results`` are returned; with them, the end of each execution that ended with its
+    result, on ``worker_id``'s claim. A result the database refuses fails the whole
+    statement, and nothing of it is written: the caller then records the results one by
+    one, to learn which."""
+    params = {"results": results_param(results), "me": worker_id}
+    return [row[0] for row in conn.execute(_INSERT_RESULTS_SQL, params)]
 
 
 def results_param(results: Sequence[StepResultRow]) -> str:
@@ -150,6 +177,8 @@ def results_param(results: Sequence[StepResultRow]) -> str:
     rows = [
         {"i": i, "run_id": r, "node_id": n, "attempt": a, "outcome": o, "output": out, "error": e}
         | ({} if retryable else {"retryable": False})
-        for i, (r, n, a, o, out, e, retryable) in enumerate(results)
+        | ({"ended": True} if ended else {})
+        | ({} if details is None else {"details": orjson.Fragment(details)})
+        for i, (r, n, a, o, out, e, retryable, ended, details) in enumerate(results)
     ]
     return orjson.dumps(rows).decode()

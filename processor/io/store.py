@@ -24,6 +24,8 @@ from processor.core.model import (
     RunInput,
     RunState,
     SignalKind,
+    Started,
+    Starts,
     StepOutcome,
     StepResult,
     UnknownWorkflow,
@@ -37,6 +39,7 @@ from processor.core.step_task import MAX_INLINE_DATA_BYTES
 from processor.core.workflow import ValidationError, WorkflowDef, parse_workflow
 from processor.io import limit_store
 from processor.io.instances import alive
+from processor.io.step_attempts import UNSTARTED
 
 # Every statement here selects rows by a batch of run ids that travels as one JSON array. The
 # planner cannot see how many ids a set-returning function yields and assumes 100: against a
@@ -97,7 +100,8 @@ SELECT coalesce(json_agg(json_build_array(
              json_build_array(r.parent_run_id, r.parent_node, r.parent_attempt)
          END,
          CASE WHEN r.status IN ('pending', 'running') AND jsonb_typeof(r.input) = 'array'
-              THEN jsonb_array_length(r.input) END)), '[]')::text,
+              THEN jsonb_array_length(r.input) END,
+         {starts})), '[]')::text,
        (extract(epoch FROM now()) * 1000)::bigint
   FROM eec_workflow_run r
  WHERE r.run_id = ANY(ARRAY(SELECT jsonb_array_elements_text(%s::jsonb)))
@@ -107,6 +111,34 @@ SELECT coalesce(json_agg(json_build_array(
                         CASE WHEN jsonb_typeof(s.output) = 'array'
                              THEN jsonb_array_length(s.output) END)""",
 )
+# What the workers recorded of the attempts in flight whose due time passed (core/tick.py, rule
+# 4: their timeouts count from their start), read only for a run whose next wakeup passed (a
+# step that answers in time never costs its run this read): for each such node, the claim of
+# its attempt (or its start on a slot, when that came later: io/step_attempts.py) and its last
+# heartbeat recorded, unless the claim never started (numbered past its worker's start
+# permit). A node due by the tick's clock (the statement's ``now`` in ms, as returned) is due
+# here: the gate on the row is a superset, the test on each node the same as the tick's.
+_STARTS = f"""CASE WHEN r.status IN ('pending', 'running')
+              AND r.next_wakeup_at <= now() + interval '1 millisecond' THEN
+             coalesce((SELECT json_agg(json_build_array(n.node, a.attempt, a.started_ms,
+                                                        a.beat_ms, a.reports))
+                FROM jsonb_each(r.node_states) AS n(node, st)
+               CROSS JOIN LATERAL (
+                     SELECT a.attempt, (extract(epoch FROM a.started_at) * 1000)::bigint
+                                       AS started_ms,
+                            (extract(epoch FROM a.beat_at) * 1000)::bigint AS beat_ms,
+                            a.reports
+                       FROM eec_step_attempt a
+                      WHERE a.run_id = r.run_id AND a.node_id = n.node
+                        AND a.attempt = (n.st ->> 'attempt')::int AND a.starts > 0
+                        AND NOT {UNSTARTED.format(a="a")}
+                      LIMIT 1) AS a
+               WHERE n.st ->> 'status' = 'dispatched'
+                 AND (n.st ->> 'due_ms')::bigint <= (extract(epoch FROM now()) * 1000)::bigint),
+                      '[]')
+         END"""
+_LOAD_SQL = _LOAD_SQL.replace("{starts}", _STARTS)
+
 # The input of a pending run (its first tick dispatches its first steps) rides with the load,
 # for those steps to carry it inline (core/dataflow.py); no other tick loads it. The stored
 # size is only a first filter (a large input may be stored compressed); the task's encoder
@@ -158,7 +190,7 @@ WITH ordered AS MATERIALIZED (
     SELECT run_id FROM eec_workflow_run
      WHERE run_id = ANY(ARRAY(SELECT jsonb_array_elements_text(%(ids)s::jsonb)))
      ORDER BY run_id FOR NO KEY UPDATE SKIP LOCKED
-), {{guarded_cte}}updated AS (
+), {{guarded_cte}}{{unstarted_cte}}updated AS (
 UPDATE eec_workflow_run AS r
    SET db_record_version = r.db_record_version + 1,
        status = c.status,
@@ -199,10 +231,10 @@ UPDATE eec_workflow_run AS r
        AS c(run_id text, expected_version bigint, status text, node_states jsonb, seq bigint,
             checksum text, reason text, next_wakeup_ms bigint, effects jsonb, output jsonb,
             signalled jsonb, children jsonb, cancel_children jsonb, mapped jsonb, limits jsonb,
-            items jsonb)
+            items jsonb, unstarted jsonb)
  WHERE r.run_id = c.run_id
    AND r.run_id = ANY(ARRAY(SELECT run_id FROM ordered))
-   AND r.db_record_version = c.expected_version{{guard_check}}
+   AND r.db_record_version = c.expected_version{{guard_check}}{{unstarted_check}}
 RETURNING r.run_id, c.seq, c.effects, c.signalled, c.children, c.cancel_children, c.mapped,
           c.limits, c.items, r.status,
           r.output, r.failure_reason, r.tier, r.parent_run_id, r.parent_node, r.parent_attempt
@@ -308,13 +340,45 @@ SELECT id, false FROM jsonb_array_elements_text(%(ids)s::jsonb) AS id
 """
 
 
-def _commit_sql(limited: bool) -> str:
+# A transition that fails attempts no worker started (a schedule-to bound passed while they
+# waited in their queue: core/tick.py, rule 4) marks each one never to be started: a row of
+# its own in eec_step_attempt, of no worker (''), no execution (``starts`` 0) and ended. The
+# row's key arbitrates with a worker's claim of the same attempt (io/step_attempts.py): a
+# claim committed first makes the insert find a real claim, and the run is not written (its
+# commit lost a race: retried, from a load that sees the attempt started); a claim that comes
+# after finds the attempt no longer the node's, or this row, which no claim takes. So an
+# attempt that failed for its wait never runs, and one that ran never failed for it. A mark
+# written for a run whose commit did not hold (its version had moved) is taken again by the
+# next one.
+_UNSTARTED_CTE = """unstarted AS (
+    INSERT INTO eec_step_attempt AS a (run_id, node_id, attempt, worker_id, starts, ended_at,
+                                       reports)
+    SELECT c.run_id, x.node, x.attempt, '', 0, now(), true
+      FROM jsonb_to_recordset(%(batch)s::jsonb) AS c(run_id text, unstarted jsonb)
+     CROSS JOIN LATERAL jsonb_to_recordset(c.unstarted) AS x(node text, attempt int)
+     WHERE c.unstarted IS NOT NULL
+     ORDER BY 1, 2, 3
+    ON CONFLICT (run_id, node_id, attempt) DO UPDATE SET ended_at = excluded.ended_at
+     WHERE a.worker_id = ''
+    RETURNING a.run_id, a.node_id, a.attempt
+), """
+# The run is written only if every attempt it fails unstarted was marked so.
+_UNSTARTED_CHECK = """
+   AND (c.unstarted IS NULL OR NOT EXISTS (
+        SELECT 1 FROM jsonb_to_recordset(c.unstarted) AS x(node text, attempt int)
+         WHERE (c.run_id, x.node, x.attempt) NOT IN (SELECT * FROM unstarted)))"""
+
+
+def _commit_sql(limited: bool, unstarted: bool = False) -> str:
     """The commit statement: with the parts that write limits (io/limit_store.py) for a batch
-    with limited steps, without them for every other (the hot path, unchanged)."""
+    with limited steps, and those that mark attempts never started for a batch that fails
+    some, without them for every other (the hot path, unchanged)."""
     parts = {
         "{guarded_cte}": limit_store.GUARDED_CTE if limited else "",
         "{guard_check}": limit_store.GUARD_CHECK if limited else "",
         "{limit_ctes}": limit_store.LIMIT_CTES if limited else "",
+        "{unstarted_cte}": _UNSTARTED_CTE if unstarted else "",
+        "{unstarted_check}": _UNSTARTED_CHECK if unstarted else "",
     }
     sql = _COMMIT_TEMPLATE
     for marker, text in parts.items():
@@ -324,6 +388,11 @@ def _commit_sql(limited: bool) -> str:
 
 _COMMIT_SQL = _commit_sql(limited=False)
 _LIMITED_COMMIT_SQL = _commit_sql(limited=True)
+_COMMIT_SQLS = {
+    (limited, unstarted): _commit_sql(limited, unstarted)
+    for limited in (False, True)
+    for unstarted in (False, True)
+}
 
 _DELETE_OUTBOX_SQL = """
 DELETE FROM eec_outbox o USING jsonb_to_recordset(%(acked)s::jsonb) AS a(run_id text, seq bigint)
@@ -478,7 +547,7 @@ def load_runs_at(
     for row in orjson.loads(found[0]):
         run_id, wf_name, wf_version, status, nodes, seq, checksum, version, reason, tier = row[:10]
         raw_results, raw_signals, raw_input, not_before_ms = row[10], row[11], row[12], row[13]
-        raw_parent, input_length = row[14], row[15]
+        raw_parent, input_length, raw_starts = row[14], row[15], row[16]
         try:
             wf = definitions.get(conn, (wf_name, wf_version))
         except UnknownWorkflow as exc:
@@ -514,8 +583,16 @@ def load_runs_at(
             named=named,
             parent=None if raw_parent is None else ParentLink(*raw_parent),
             input_length=input_length,
+            starts=None if raw_starts is None else _starts(raw_starts),
         )
     return loaded, int(found[1])
+
+
+def _starts(raw: list[list[Any]]) -> Starts:
+    """The starts a load read, as the tick takes them."""
+    return tuple(
+        (node, Started(attempt, at, beat, reports)) for node, attempt, at, beat, reports in raw
+    )
 
 
 class CommitAnswer(NamedTuple):
@@ -539,7 +616,7 @@ def commit_batch(
         delete_outbox(conn, acknowledged)
         return CommitAnswer(set(), set())
     params = commit_params(commits, acknowledged, owner)
-    sql = _LIMITED_COMMIT_SQL if "guards" in params else _COMMIT_SQL
+    sql = _COMMIT_SQLS[("guards" in params, any(c.unstarted for c in commits))]
     committed: set[str] = set()
     locked: set[str] = set()
     for run_id, updated in conn.execute(sql, params).fetchall():
@@ -605,6 +682,8 @@ def _commit_row(c: Commit) -> dict[str, Any]:
         row["mapped"] = [{"node": n, "attempt": a, "items": k} for n, a, k in c.mapped]
     if c.items:
         row["items"] = [{"node": n, "item": i, "attempt": a} for n, i, a in c.items]
+    if c.unstarted:
+        row["unstarted"] = [{"node": n, "attempt": a} for n, a in c.unstarted]
     return row
 
 

@@ -80,7 +80,9 @@ class TimedOut:
     run_id: str
     node: str
     attempt: int
-    deadline_ms: int  # epoch ms: the attempt's deadline (it was dispatched one timeout before)
+    # epoch ms: the attempt's deadline: its start plus its timeout (core/tick.py, rule 4; its
+    # dispatch plus its timeout when it was judged at that first look, having started then)
+    deadline_ms: int
     at: datetime  # when the write that timed it out was made
     result_at: datetime | None  # when a worker recorded the attempt's result (None: never)
 

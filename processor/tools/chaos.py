@@ -27,6 +27,9 @@ outbox, nothing was dead-lettered but the hostile records, each once with the re
 get, no forged record signalled a run or made one, and the map run succeeded with every
 item's output.
 
+Then a backlog phase (processor/tools/chaos_backlog.py, ``--backlog-runs 0``: none): workers
+SIGKILLed under a backlog of 1 s steps with one attempt, and no run failed for queue time.
+
 It needs the services infra/local.py runs (it restarts them), so it runs from a checkout of
 the repository (processor/tools/checkout.py); from an installed package it says so and exits 2:
 
@@ -71,7 +74,7 @@ from processor.io.runs_admin import (
     register_workflow,
 )
 from processor.io.topics import busiest_broker, create_topics, delete_topics
-from processor.tools import audit, chaos_steps
+from processor.tools import audit, chaos_backlog, chaos_steps
 from processor.tools.chaos_fleet import PROCESSOR, WORKER, Arming, Fleet
 from processor.tools.chaos_hostile import (
     HostilePlan,
@@ -482,6 +485,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--map-items", type=int, default=d.hostile.map_items, help="items of the map run (0: none)"
     )
+    p.add_argument(
+        "--backlog-runs",
+        type=int,
+        default=chaos_backlog.BacklogPlan().runs,
+        help="runs of the backlog phase, workers killed under 1 s steps (0: no such phase)",
+    )
     p.add_argument("--seed", type=int, help="random seed (default: drawn and printed)")
     p.add_argument("--keep", action="store_true", help="keep the runs and topics afterwards")
     p.add_argument(
@@ -553,19 +562,21 @@ def _chaos(
         infra = broker_for(settings)
     try:
         report = run_chaos(settings, plan, infra, log_dir)
+        after = chaos_backlog.phase(settings, args.backlog_runs, plan.seed, log_dir)
     finally:
         if not args.keep:
             delete_topics(settings)
     print()
-    print("\n".join(report.lines()))
-    if report.ok and not args.keep:
+    print("\n".join(report.lines() + [line for phase in after for line in phase.lines()]))
+    ok = report.ok and all(phase.ok for phase in after)
+    if ok and not args.keep:
         with connect_durable(settings.pg_dsn) as conn:
             for prefix in (f"{settings.topic_prefix}-", map_run_id(settings.topic_prefix)):
                 delete_runs_with_prefix(conn, prefix)
                 audit.clear(conn, prefix)
     else:
         print(f"runs kept: ids start with {settings.topic_prefix}-; logs in {log_dir}")
-    return 0 if report.ok else 1
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":

@@ -34,14 +34,18 @@ from processor.tools.chaos_hostile import HostileVerdict
 BROKER, POSTGRES, FREEZE = "broker restart", "postgres restart", "postgres freeze"
 LOCK = "outside lock"  # a run's row held FOR UPDATE by a transaction not ours
 _KILL_KINDS = (KILL_PROCESSOR, KILL_WORKER, KILL_AFTER_COMMIT)
-# Faults that can make a step attempt time out for real: its task cannot be run, or its
-# result cannot be recorded, before the deadline. While Postgres is frozen nothing records a
-# result; while the broker is down no task is consumed; a SIGKILLed worker's step partitions
-# stay with the dead member for the group's session timeout (10 s on the local broker, the
-# sample steps' timeout) before another worker takes them, so a worker kill counts from the
-# kill to the end of that session. A processor's crash or a Postgres restart must never cost
-# an attempt: the outbox relays a dead instance's effects within seconds.
-_REAL_CAUSES = (FREEZE, BROKER, KILL_WORKER)
+# Faults that can make a step attempt time out for real. A step's timeout counts from the
+# moment a worker starts it (core/tick.py, rule 4), so only what holds a started execution's
+# result past its start plus its timeout can: while Postgres is frozen nothing records a
+# result; a SIGKILLed worker's running steps are run again (as reruns, their timeout counted
+# anew) only once another worker has its step partitions, after the group's session timeout
+# (10 s on the local broker, the sample steps' timeout), so a worker kill counts from the
+# kill to the end of that session. Time in a queue times nothing out: a broker away holds
+# tasks in their queue (or the outbox) and results' wakeups, never a started step's result
+# (recorded in Postgres, and applied before any deadline at the next tick). Nor must a
+# processor's crash or a Postgres restart cost an attempt: the outbox relays a dead instance's
+# effects within seconds.
+_REAL_CAUSES = (FREEZE, KILL_WORKER)
 
 
 @dataclass(frozen=True)
@@ -243,7 +247,9 @@ def _counts(counter: Counter[str]) -> str:
 
 
 def _in_flight(timed_out: TimedOut, timeout_ms: int, window: Window) -> bool:
-    """Whether the attempt was out (dispatched, deadline not passed) during the window."""
+    """Whether the attempt ran (started, deadline not passed) during the window: a deadline
+    is its start plus its timeout (or, judged at once, its dispatch plus its timeout, when
+    it started then)."""
     deadline = timed_out.deadline_ms / 1000
     return deadline - timeout_ms / 1000 <= window.end and deadline >= window.start
 

@@ -26,7 +26,7 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal, NamedTuple, TypeVar
 
 import psycopg
 
@@ -40,9 +40,11 @@ from processor.io.instances import Presence
 from processor.io.logs import describe, first_line
 from processor.io.outage import Outage, SharedOutage
 from processor.io.step_attempts import (
+    Report,
     claim_attempts,
     not_current,
     permit_starts,
+    report_executions,
     unclaim_attempts,
 )
 from processor.io.step_data import MissingData, StepResultRow, insert_step_results
@@ -67,9 +69,11 @@ STOPPED: Literal[_Stopped.STOPPED] = _Stopped.STOPPED
 
 @dataclass(frozen=True)
 class Claimed:
-    """Each task's verdict; a task to run comes with its data (or why it has none)."""
+    """Each task's verdict; a task to run comes with its data (or why it has none) and the
+    details of the last heartbeat an earlier execution of its step recorded."""
 
-    tasks: list[tuple[Task, Verdict, int, StepData | MissingData | None]]  # (.., starts, data)
+    # (task, verdict, starts, data, last heartbeat's details)
+    tasks: list[tuple[Task, Verdict, int, StepData | MissingData | None, Any]]
 
 
 @dataclass(frozen=True)
@@ -273,7 +277,12 @@ class WorkerDatabase:
     def check_current(self, tasks: list[Task]) -> None:
         self._claims.put("check", tasks)
 
-    def record(self, results: list[tuple[Task, Outcome]]) -> None:
+    def report(self, reports: list[Report]) -> None:
+        """What the worker reports of its executions: late starts, heartbeats (with their
+        details), ends (io/step_attempts.py)."""
+        self._claims.put("report", reports)
+
+    def record(self, results: list[ToRecord]) -> None:
         self._results.put("record", results)
 
     def close(self, timeout_s: float) -> None:
@@ -314,6 +323,7 @@ class WorkerDatabase:
             ("rerun", self._claim_reruns),
             ("check", self._check),
             ("unclaim", self._unclaim),
+            ("report", self._report),
         ):
             tasks = grouped.get(kind)
             if tasks and self._timed(kind, tasks, action) is STOPPED:
@@ -377,55 +387,59 @@ class WorkerDatabase:
             return STOPPED
         if permit:
             self._answer(Permitted(permit))
-        claimed: list[tuple[Task, Verdict, int, StepData | MissingData | None]] = []
-        for task, (facts, read) in zip(tasks, answers, strict=True):
+        claimed: list[tuple[Task, Verdict, int, StepData | MissingData | None, Any]] = []
+        for task, (facts, read, details) in zip(tasks, answers, strict=True):
             decided = verdict(facts, self._rules.max_starts, may_judge)
             if read is not None:
                 self.fetched += 1
             data = read if read is not None else task.data
-            claimed.append((task, decided, facts.claimed_starts or facts.starts or 0, data))
+            starts = facts.claimed_starts or facts.starts or 0
+            claimed.append((task, decided, starts, data, details))
         self._answer(Claimed(claimed))
         return None
 
     # -- results ----------------------------------------------------------------------------
 
-    def _record(self, results: list[tuple[Task, Outcome]]) -> Literal[_Stopped.STOPPED] | None:
+    def _record(self, results: list[ToRecord]) -> Literal[_Stopped.STOPPED] | None:
         """The results in one statement; if the database refuses any of them (or writing them
         raises what nobody foresaw), nothing was written and each is recorded alone
         (``_record_one`` says what becomes of a refused one). A result of a run that no longer
         exists is dropped."""
+        me = self._instance_id
         try:
-            self._faults.hit(Point.TASK_RECORD, [t.key.run_id for t, _ in results])
-            rows = [_row(t, o) for t, o in results]
-            gone = self._results.through_outages(lambda conn: insert_step_results(conn, rows))
+            self._faults.hit(Point.TASK_RECORD, [r.task.key.run_id for r in results])
+            rows = [_row(r) for r in results]
+            gone = self._results.through_outages(lambda conn: insert_step_results(conn, rows, me))
         except Exception:  # each alone: one result never holds the others
             recorded: list[tuple[Task, bool]] = []
-            for task, outcome in results:
-                one = self._record_one(task, outcome)
+            for result in results:
+                one = self._record_one(result)
                 if one is STOPPED:
                     return STOPPED
-                recorded.append((task, one))
+                recorded.append((result.task, one))
             self._answer(Recorded(recorded))
             return None
         if gone is STOPPED:
             return STOPPED
         gone_at = set(gone)
         for i in gone_at:
-            self._dropped_gone(results[i][0])
-        self._answer(Recorded([(task, i not in gone_at) for i, (task, _) in enumerate(results)]))
+            self._dropped_gone(results[i].task)
+        self._answer(Recorded([(r.task, i not in gone_at) for i, r in enumerate(results)]))
         return None
 
     def _dropped_gone(self, task: Task) -> None:
         log.warning("dropped a step result: the run no longer exists", extra=_ids(task))
         self.dropped += 1
 
-    def _record_one(self, task: Task, outcome: Outcome) -> bool | Literal[_Stopped.STOPPED]:
+    def _record_one(self, result: ToRecord) -> bool | Literal[_Stopped.STOPPED]:
         """One result. True: recorded; False: not (the run no longer exists, or not even a
         bare failure can be stored)."""
+        task, outcome = result.task, result.outcome
+        me = self._instance_id
         try:
             self._faults.hit(Point.TASK_RECORD, task.key.run_id)
             gone = self._results.through_outages(
-                lambda conn: insert_step_results(conn, [_row(task, outcome)])
+                lambda conn: insert_step_results(conn, [_row(result)], me)
             )
         except Exception as exc:  # the result itself cannot be stored
             if not isinstance(exc, psycopg.Error):
@@ -442,7 +456,7 @@ class WorkerDatabase:
                 return False
             # The attempt fails, saying why (a bare failure: this recursion ends here).
             why = f"the step's result could not be stored: {describe(exc)}"
-            return self._record_one(task, Outcome.failed(why))
+            return self._record_one(result._replace(outcome=Outcome.failed(why), details=None))
         if gone is STOPPED:
             return STOPPED
         if gone:
@@ -468,7 +482,7 @@ class WorkerDatabase:
         worker_id: str,
         seqs: list[int] | None,
         **rules: Any,
-    ) -> list[tuple[ClaimFacts, StepData | MissingData | None]]:
+    ) -> list[tuple[ClaimFacts, StepData | MissingData | None, Any]]:
         """The group's claim in one statement; should a task make it fail on what it holds
         (its data cannot be read, or reading it raises what nobody foresaw), each task alone,
         so that one bad task fails only its own attempt (its claim then says it runs; the
@@ -484,7 +498,7 @@ class WorkerDatabase:
                 if rules.get("permit"):  # it rode on the statement that failed
                     permit_starts(conn, worker_id, rules["permit"])
                 facts = ClaimFacts(True, True, False, False, None, False, True, None)
-                return [(facts, MissingData(f"cannot be read: {describe(exc)}"))]
+                return [(facts, MissingData(f"cannot be read: {describe(exc)}"), None)]
             return [
                 answer
                 for i, step in enumerate(steps)
@@ -492,6 +506,12 @@ class WorkerDatabase:
                     conn, [step], worker_id, None if seqs is None else [seqs[i]], **rules
                 )
             ]
+
+    def _report(self, reports: list[Report]) -> Literal[_Stopped.STOPPED] | None:
+        done = self._claims.through_outages(
+            lambda conn: report_executions(conn, reports, self._instance_id)
+        )
+        return STOPPED if done is STOPPED else None
 
     def _unclaim(self, tasks: list[Task]) -> Literal[_Stopped.STOPPED] | None:
         keys = [t.key for t in tasks]
@@ -517,8 +537,20 @@ def _ids(task: Task) -> dict[str, object]:
     return {"run_id": run_id, "node": node, "attempt": attempt}
 
 
-def _row(task: Task, outcome: Outcome) -> StepResultRow:
-    run_id, node, attempt = task.key
+class ToRecord(NamedTuple):
+    """A result to record: the task, its outcome, whether the execution that gave it ended
+    with it (False: it was given up while it still runs, or none ran), and the details of its
+    last heartbeat not recorded yet (JSON text)."""
+
+    task: Task
+    outcome: Outcome
+    ended: bool = False
+    details: str | None = None
+
+
+def _row(result: ToRecord) -> StepResultRow:
+    outcome = result.outcome
+    run_id, node, attempt = result.task.key
     return StepResultRow(
         run_id,
         node,
@@ -527,4 +559,6 @@ def _row(task: Task, outcome: Outcome) -> StepResultRow:
         outcome.output,
         None if outcome.error is None else storable_text(outcome.error),
         outcome.retryable,
+        result.ended,
+        result.details,
     )

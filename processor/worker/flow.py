@@ -63,6 +63,7 @@ from processor.io.kafka import (
 )
 from processor.io.logs import describe
 from processor.io.outage import Outage
+from processor.io.step_attempts import Report
 from processor.io.step_data import MissingData
 from processor.io.telemetry import Telemetry, context_headers, end_error, end_ok, link_headers
 from processor.io.threads import ThreadWatch
@@ -73,6 +74,7 @@ from processor.worker.database import (
     NotCurrent,
     Permitted,
     Recorded,
+    ToRecord,
     WorkerDatabase,
 )
 from processor.worker.handback import Foreign, Handback
@@ -106,6 +108,21 @@ _RERUN_SLOTS_PER_SLOT = 2
 _RERUN_IDLE_EXIT_S = 30.0
 # Wakeups unacknowledged this long mean the broker is away (an outage, logged once).
 _ACK_PATIENCE_S = 5.0
+# A step that started on its slot this long after its claim (at most; a quarter of its
+# timeout when that is less) reports its start: its timeout counts from there (core/tick.py,
+# rule 4). Most start within milliseconds of their claim, and report nothing.
+_LATE_START_S = 1.0
+# Heartbeats are recorded at most this often (the last one's details with them), and at least
+# twice within a step's heartbeat timeout: the coordinator judges that timeout from them.
+_BEAT_RECORD_EVERY_S = 10.0
+_BEATS_PER_TIMEOUT = 2.5
+
+
+class _Over(NamedTuple):
+    """The execution of an abandoned task is over (posted by its runner): its function
+    returned at last, its child process was killed, or it never started."""
+
+    task: Task
 
 
 class _Ended(NamedTuple):
@@ -128,7 +145,7 @@ class TaskFlow:
         stats: WorkerStats,
         telemetry: Telemetry,
         db: WorkerDatabase,
-        answers: queue.SimpleQueue[Answer | _Ended],
+        answers: queue.SimpleQueue[Answer | _Ended | _Over],
         outbox: Outbox,
         delivery: Delivery,
         kafka_outage: Outage,
@@ -166,7 +183,8 @@ class TaskFlow:
         self._suspects: deque[Task] = deque()  # reruns, to be claimed as such
         # Claims are numbered; those within the stored start permit may start (permits.py).
         self._permits = StartPermits(self.book)
-        self._to_record: list[tuple[Task, Outcome]] = []
+        self._to_record: list[ToRecord] = []
+        self._reports: list[Report] = []  # what to report of executions (io/step_attempts.py)
         self._runners = self._make_runners()
         # Reruns running in children of their own, beside the slots (not waiting for them).
         self._rerunning: set[Task] = set()
@@ -231,13 +249,19 @@ class TaskFlow:
 
     def _make_runners(self) -> dict[str, Runner]:
         if self.options.isolation == "process":
-            runner = ProcessRunner(self.options, self._on_ended, threads=self._threads)
+            runner = ProcessRunner(
+                self.options, self._on_ended, threads=self._threads, over=self._on_over
+            )
             return {"sync": runner, "async": runner, "rerun": runner}
         runners: dict[str, Runner] = {
             "sync": ThreadRunner(
-                self.options.concurrency, self._execute, self._on_ended, self._threads
+                self.options.concurrency,
+                self._execute,
+                self._on_ended,
+                self._threads,
+                self._on_over,
             ),
-            "async": AsyncRunner(self._execute_async, self._on_ended, self._threads),
+            "async": AsyncRunner(self._execute_async, self._on_ended, self._threads, self._on_over),
         }
         if self.options.reruns_in_child:
             # A rerun may kill its process again: it runs in a child of its own (started
@@ -249,6 +273,7 @@ class TaskFlow:
                 idle_exit_s=_RERUN_IDLE_EXIT_S,
                 name="rerun",
                 threads=self._threads,
+                over=self._on_over,
             )
         return runners
 
@@ -309,7 +334,7 @@ class TaskFlow:
         if self.book.holds(step.key):
             self._skipped_at_intake(tp, offset, "duplicate")  # the task in hand covers it
             return
-        if time.time() * 1000 >= step.deadline_ms:
+        if _too_late(step):
             self._skipped_at_intake(tp, offset, "deadline")
             return
         kind, stamp = message.timestamp()
@@ -361,11 +386,14 @@ class TaskFlow:
                 self._sent_at.pop(task, None)
                 self._done(task)
                 return
-            if task.state is State.RUNNING:  # (its step may still run: its slot is freed)
+            running = task.state is State.RUNNING
+            if running:  # (its step may still run: its slot is freed)
                 self._rerunning.discard(task)
                 self._runner_of(task).abandon(task)
             self._end_span(task, None, f"unexpected error: {describe(exc)}")
-            self._record(task, Outcome.failed(f"the worker failed handling it: {describe(exc)}"))
+            why = f"the worker failed handling it: {describe(exc)}"
+            # Its execution, if any, is reported over by its runner.
+            self._record(task, Outcome.failed(why), ended=not running)
         except Exception as again:
             self._isolated(stage, task.key.run_id, again)
             self._done(task)
@@ -418,8 +446,10 @@ class TaskFlow:
         except queue.Empty:
             pass
 
-    def _answered(self, answer: Answer | _Ended) -> None:
-        if isinstance(answer, _Ended):
+    def _answered(self, answer: Answer | _Ended | _Over) -> None:
+        if isinstance(answer, _Over):
+            self._reports.append(Report(answer.task.key, ended=True))
+        elif isinstance(answer, _Ended):
             try:
                 self._step_ended(answer)
             except Exception as exc:
@@ -427,10 +457,10 @@ class TaskFlow:
         elif isinstance(answer, Claimed):
             if answer.tasks:
                 self._pace.claimed(time.monotonic() - answer.tasks[0][0].asked_at)
-            for task, verdict, starts, data in answer.tasks:
+            for task, verdict, starts, data, details in answer.tasks:
                 try:
                     self._faults.hit(Point.TASK_CLAIMED, task.key.run_id)
-                    self._claimed(task, verdict, starts, data)
+                    self._claimed(task, verdict, starts, data, details)
                 except Exception as exc:
                     self._task_failed(task, "claimed", exc)
         elif isinstance(answer, Recorded):
@@ -455,7 +485,9 @@ class TaskFlow:
         elif isinstance(answer, Permitted):
             self._permits.stored(answer.through)
 
-    def _claimed(self, task: Task, verdict: Verdict, starts: int, data: Any) -> None:
+    def _claimed(
+        self, task: Task, verdict: Verdict, starts: int, data: Any, details: Any = None
+    ) -> None:
         if not self.book.has(task):  # let go meanwhile (its partition went, the worker stops)
             if verdict is Verdict.RUN:
                 self.db.unclaim([task])  # the next worker takes it as never started
@@ -465,8 +497,10 @@ class TaskFlow:
             return
         if verdict is Verdict.RUN:
             task.starts = starts
+            task.claimed_ns = time.monotonic_ns()
+            task.attempt.last_details = details
             if isinstance(data, MissingData):  # the attempt fails; a deleted run's is dropped
-                self._record(task, Outcome.failed(f"the step's data: {data}"))
+                self._record(task, Outcome.failed(f"the step's data: {data}"), ended=True)
                 return
             task.data = data
             self.book.move(task, State.READY)
@@ -598,6 +632,9 @@ class TaskFlow:
     ) -> None:
         self._answers.put(_Ended(task, outcome, started_ns, ended_ns))
 
+    def _on_over(self, task: Task) -> None:
+        self._answers.put(_Over(task))
+
     def _step_ended(self, ended: _Ended) -> None:
         task = ended.task
         if task.abandoned or task.state is not State.RUNNING:
@@ -612,6 +649,7 @@ class TaskFlow:
         if outcome is None:
             self.stats.skipped["deadline"] += 1
             self._end_span(task, None, "its deadline passed before it started")
+            self._reports.append(Report(task.key, ended=True))  # claimed, never run
             self._done(task)
             return
         self.stats.attempts[(task.step.step_type, outcome.outcome.value)] += 1
@@ -624,7 +662,7 @@ class TaskFlow:
             )
         self.stats.heartbeats += task.attempt.beats
         self._end_span(task, outcome)
-        self._record(task, outcome)
+        self._record(task, outcome, ended=True)
 
     def _end_span(self, task: Task, outcome: Outcome | None, why: str | None = None) -> None:
         span, task.span = task.span, None
@@ -637,8 +675,8 @@ class TaskFlow:
 
     def watch(self, now: float) -> None:
         """Steps past their deadline (and grace) or their heartbeat timeout are abandoned;
-        long ones are asked whether their attempt still matters; a broker that does not
-        acknowledge wakeups is an outage."""
+        the others report a late start and their heartbeats; long ones are asked whether their
+        attempt still matters; a broker that does not acknowledge wakeups is an outage."""
         wall_ms = time.time() * 1000
         grace_ms = self.options.abandon_after_s * 1000
         long_running: list[Task] = []
@@ -646,11 +684,16 @@ class TaskFlow:
             if not task.started_ns:
                 continue  # waiting for a slot (skipped by it if its deadline passes)
             step = task.step
+            deadline_ms = task.attempt.deadline_ms  # (its start plus its timeout)
             silent_ms = (now - task.attempt.beat_at) * 1000
-            if wall_ms > step.deadline_ms + grace_ms:
-                late_s = (wall_ms - step.deadline_ms) / 1000
+            if wall_ms > deadline_ms + grace_ms:
+                late_s = (wall_ms - deadline_ms) / 1000
                 self._abandon(task, f"still running {late_s:.1f} s after its deadline")
-                self._done(task)  # its attempt timed out at the coordinator
+                if step.timeout_ms is None:
+                    self._done(task)  # its attempt timed out at the coordinator
+                else:  # (which may learn late that it started, if it waited in its queue)
+                    error = f"attempt {task.key.attempt} timed out after {step.timeout_ms} ms"
+                    self._record(task, Outcome.failed(error))
             elif step.heartbeat_timeout_ms is not None and silent_ms > step.heartbeat_timeout_ms:
                 why = (
                     f"no heartbeat for {silent_ms / 1000:.1f} s"
@@ -658,8 +701,10 @@ class TaskFlow:
                 )
                 self._abandon(task, why)
                 self._record(task, Outcome.failed(f"abandoned: {why}"))
-            elif time.monotonic_ns() - task.started_ns > _CURRENT_CHECK_EVERY_S * 1e9:
-                long_running.append(task)
+            else:
+                self._report_progress(task, now)
+                if time.monotonic_ns() - task.started_ns > _CURRENT_CHECK_EVERY_S * 1e9:
+                    long_running.append(task)
         if long_running and now >= self._next_current_check:
             self._next_current_check = now + _CURRENT_CHECK_EVERY_S
             self.db.check_current(long_running)
@@ -682,6 +727,39 @@ class TaskFlow:
                 f" {now - waiting:.0f} s"
             )
 
+    def _report_progress(self, task: Task, now: float) -> None:
+        """What a running step reports of its execution (io/step_attempts.py): its start, when
+        it came well after its claim (a task claimed ahead of the slots waited for one: its
+        timeout counts from its start, not its claim); its heartbeats, with the details of the
+        last one, a few times per heartbeat timeout at most (the coordinator judges that
+        timeout from them: core/tick.py, rule 4)."""
+        step = task.step
+        if not task.start_reported:
+            task.start_reported = True
+            if step.timeout_ms is not None and task.claimed_ns:
+                waited_s = (task.started_ns - task.claimed_ns) / 1e9
+                if waited_s > min(_LATE_START_S, step.timeout_ms / 4000):
+                    self._reports.append(Report(task.key, started=True))
+        attempt = task.attempt
+        if attempt.beats == task.beats_reported:
+            return
+        every = _BEAT_RECORD_EVERY_S
+        if step.heartbeat_timeout_ms is not None:
+            every = min(every, step.heartbeat_timeout_ms / 1000 / _BEATS_PER_TIMEOUT)
+        if now - task.beat_reported_at >= every:
+            self._reports.append(Report(task.key, beat=True, details=self._new_details(task)))
+            task.beats_reported = attempt.beats
+            task.beat_reported_at = now
+
+    def _new_details(self, task: Task) -> str | None:
+        """The details of the task's last heartbeat, if they were not recorded yet (they are
+        taken as recorded now)."""
+        details = task.attempt.details
+        if details is None or details == task.details_reported:
+            return None
+        task.details_reported = details
+        return details
+
     def _abandon(self, task: Task, why: str) -> None:
         self._rerunning.discard(task)
         self._runner_of(task).abandon(task)
@@ -690,9 +768,12 @@ class TaskFlow:
         log.warning("abandoned a step: %s", why, extra={**_ids(task), "reason": why})
         self._end_span(task, None, f"abandoned: {why}")
 
-    def _record(self, task: Task, outcome: Outcome) -> None:
+    def _record(self, task: Task, outcome: Outcome, ended: bool = False) -> None:
+        """Record ``outcome`` as the task's attempt's result; ``ended``: the task's execution
+        ended with it (else it still runs, given up, or none ran; its runner reports its end
+        when it comes)."""
         self.book.move(task, State.RECORDING)
-        self._to_record.append((task, outcome))
+        self._to_record.append(ToRecord(task, outcome, ended, self._new_details(task)))
 
     def ask(self) -> None:
         """Hand the database what gathered this turn: one request per kind; held tasks whose
@@ -701,7 +782,7 @@ class TaskFlow:
         if self.handback is not None:
             self.handback.turn()
         for task in self.book.in_state(State.HELD) if self.book.count(State.HELD) else ():
-            if time.time() * 1000 >= task.step.deadline_ms:
+            if _too_late(task.step):
                 self.stats.skipped["deadline"] += 1
                 self._done(task)  # the coordinator has moved on from it
             elif now >= task.claim_at:
@@ -710,6 +791,9 @@ class TaskFlow:
         if self._to_record:
             self.db.record(self._to_record)
             self._to_record = []
+        if self._reports:
+            self.db.report(self._reports)
+            self._reports = []
         self._dispatch()
         claims = self._claims_to_ask(now) if self._to_claim else []
         if claims:
@@ -788,6 +872,13 @@ class TaskFlow:
             # Wakeups on their way count their tasks as done (briefly: a broker away must
             # not hold a rebalance) before what is done is committed.
             self._outbox.flush(min(2.0, self.settings.shutdown_timeout_s))
+
+
+def _too_late(step: StepTask) -> bool:
+    """Whether no worker may take the task any more (core/step_task.py): its schedule-to-start
+    bound passed, or the deadline of a task from before start-to-close."""
+    until = step.taken_until_ms()
+    return until is not None and time.time() * 1000 >= until
 
 
 def _ids(task: Task) -> dict[str, Any]:

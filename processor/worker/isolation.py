@@ -36,7 +36,7 @@ from processor.core.step_task import decode_step_task, step_data
 from processor.io.threads import ThreadWatch
 from processor.worker.app import registry_for
 from processor.worker.options import WorkerOptions
-from processor.worker.runners import Ended, begin, unforeseen
+from processor.worker.runners import Ended, Over, begin, unforeseen
 from processor.worker.steps import Attempt, Outcome, execute_async_step, execute_step
 from processor.worker.tasks import Task
 
@@ -61,10 +61,12 @@ class ProcessRunner:
         idle_exit_s: float | None = None,
         name: str = "step",
         threads: ThreadWatch | None = None,
+        over: Over | None = None,
     ) -> None:
         self._threads = threads or ThreadWatch()
         self._app = options.app
         self._ended = ended
+        self._over = over
         self._idle_exit_s = idle_exit_s
         self._name = name
         self._jobs: queue.SimpleQueue[Task | None] = queue.SimpleQueue()
@@ -85,6 +87,12 @@ class ProcessRunner:
 
     def abandoned_alive(self) -> int:
         return 0  # an abandoned step's child is killed: nothing is left running
+
+    def over(self, task: Task) -> None:
+        """The execution of an abandoned task is over (its child killed, or it never
+        started)."""
+        if self._over is not None:
+            self._over(task)
 
     def close(self) -> None:
         for _ in self._slots:
@@ -114,7 +122,12 @@ class _Slot:
                 if task is None:
                     return
                 if task.abandoned:
+                    runner.over(task)  # never started
                     continue
+                # Its child first, loaded (a fresh one imports the steps module, seconds under
+                # load): the step's timeout counts from when it can run, not while it starts.
+                with contextlib.suppress(Exception):  # (one that cannot start: _run says why)
+                    self._ensure_child()
                 started = time.time_ns()
                 if not begin(task):
                     runner._ended(task, None, started, started)
@@ -126,6 +139,8 @@ class _Slot:
                     outcome = unforeseen(task, exc)
                 if outcome is not None:
                     runner._ended(task, outcome, started, time.time_ns())
+                else:
+                    runner.over(task)  # abandoned: its child was killed
         finally:
             self._kill()
 
@@ -139,7 +154,17 @@ class _Slot:
             # not unpickle), without its inline data (a read-only mapping does not pickle: the
             # data is sent as a dict).
             wire = replace(step, data=None).encode()
-            conn.send(("run", wire, task.data.input, dict(task.data.deps)))
+            attempt = task.attempt
+            conn.send(
+                (
+                    "run",
+                    wire,
+                    task.data.input,
+                    dict(task.data.deps),
+                    attempt.deadline_ms,
+                    attempt.last_details,
+                )
+            )
         except (OSError, ValueError) as exc:  # the child died before it took the task
             return self._died(f"could not hand it the task: {exc}")
         cancel_sent = False
@@ -158,7 +183,7 @@ class _Slot:
             except (EOFError, OSError):
                 return self._died("")
             if message[0] == "beat":
-                task.attempt.heartbeat()
+                task.attempt.heartbeat(message[1])
             elif message[0] == "done":
                 return Outcome(*message[1])
 
@@ -193,6 +218,7 @@ class _Slot:
         child.start()
         theirs.close()
         self._child, self._conn = child, ours
+        _await_ready(child, ours)
         return ours
 
     def _kill(self) -> None:
@@ -205,6 +231,18 @@ class _Slot:
             child.join(5.0)
 
 
+def _await_ready(child: BaseProcess, conn: Connection) -> None:
+    """Until a fresh child has loaded the steps module (its first message), or died doing so
+    (then the step it was to run fails saying how: _Slot._died)."""
+    try:
+        while not conn.poll(_POLL_S):
+            if not child.is_alive():
+                return
+        conn.recv()  # ("ready",)
+    except (EOFError, OSError):
+        return
+
+
 # -- the child --------------------------------------------------------------------------------
 
 
@@ -213,15 +251,17 @@ class _ChildAttempt(Attempt):
 
     __slots__ = ("_conn", "_lock")
 
-    def __init__(self, deadline_ms: int, conn: Connection, lock: threading.Lock) -> None:
-        super().__init__(deadline_ms)
+    def __init__(
+        self, deadline_ms: int, last_details: Any, conn: Connection, lock: threading.Lock
+    ) -> None:
+        super().__init__(deadline_ms, last_details)
         self._conn = conn
         self._lock = lock
 
-    def heartbeat(self) -> None:
-        super().heartbeat()
+    def heartbeat(self, details: str | None = None) -> None:
+        super().heartbeat(details)
         with self._lock, contextlib.suppress(OSError, ValueError):
-            self._conn.send(("beat",))
+            self._conn.send(("beat", details))
 
 
 def child_main(conn: Connection, app: str | None) -> None:
@@ -232,8 +272,10 @@ def child_main(conn: Connection, app: str | None) -> None:
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     _die_with_parent()
     registry = registry_for(app)
+    conn.send(("ready",))
     lock = threading.Lock()
-    jobs: queue.SimpleQueue[tuple[bytes, Any, dict[str, Any]] | None] = queue.SimpleQueue()
+    jobs: queue.SimpleQueue[tuple[bytes, Any, dict[str, Any], int, Any] | None]
+    jobs = queue.SimpleQueue()
     current: list[Attempt] = []
 
     def read() -> None:
@@ -249,9 +291,9 @@ def child_main(conn: Connection, app: str | None) -> None:
 
     threading.Thread(target=read, name="from-worker", daemon=True).start()
     while (job := jobs.get()) is not None:
-        wire, run_input, deps = job
+        wire, run_input, deps, deadline_ms, last_details = job
         step = decode_step_task(wire)
-        attempt = _ChildAttempt(step.deadline_ms, conn, lock)
+        attempt = _ChildAttempt(deadline_ms, last_details, conn, lock)
         current[:] = [attempt]
         data = step_data(run_input, deps)
         if registry.is_async(step.step_type):

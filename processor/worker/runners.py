@@ -34,15 +34,32 @@ log = logging.getLogger("ductor.worker")
 # outcome (None: not started, its deadline passed while it waited for a slot), and when it
 # started and ended (time.time_ns).
 Ended = Callable[[Task, Outcome | None, int, int], None]
+# What a runner calls (from its thread) once the execution of a task it was told to abandon
+# is over: its function returned at last, its child process was killed, or it never started.
+# Until then the execution runs, and holds its concurrency slot (core/limits.py, rule 4).
+Over = Callable[[Task], None]
+
+
+def _nothing(task: Task) -> None:
+    """An ``Over`` that does nothing (a runner whose owner does not ask)."""
 
 
 def begin(task: Task) -> bool:
-    """A slot takes the task: False if its deadline passed while it waited (it is skipped);
-    otherwise its step starts now, and so does its heartbeat clock."""
-    if time.time() * 1000 >= task.step.deadline_ms:
+    """A slot takes the task: False if it is past its time (a task from before start-to-close
+    whose deadline passed while it waited; one that cannot end by its schedule-to-close
+    bound): it is skipped. Otherwise its step starts now, and so do its heartbeat clock and
+    its timeout (its deadline: now plus its timeout)."""
+    step = task.step
+    now_ms = int(time.time() * 1000)
+    if step.timeout_ms is None:
+        if now_ms >= step.deadline_ms:
+            return False
+    elif step.close_by_ms is not None and now_ms >= step.close_by_ms:
         return False
-    task.started_ns = time.monotonic_ns()
+    else:
+        task.attempt.deadline_ms = step.deadline_from(now_ms)
     task.attempt.beat_at = time.monotonic()
+    task.started_ns = time.monotonic_ns()
     return True
 
 
@@ -68,11 +85,13 @@ class ThreadRunner:
         execute: Callable[[Task], Outcome],
         ended: Ended,
         threads: ThreadWatch | None = None,
+        over: Over = _nothing,
     ) -> None:
         self._threads = threads or ThreadWatch()
         self._size = size
         self._execute = execute
         self._ended = ended
+        self._over = over
         self._jobs: queue.SimpleQueue[Task | None] = queue.SimpleQueue()
         self._lock = threading.Lock()  # the hand-over between a thread and ``abandon``
         self._running: dict[Task, _Slot] = {}
@@ -124,6 +143,7 @@ class ThreadRunner:
                 if not abandoned:
                     self._running[task] = slot
             if abandoned:
+                self._over(task)  # never started
                 continue
             started = time.time_ns()
             if not begin(task):
@@ -135,14 +155,17 @@ class ThreadRunner:
             ended = time.time_ns()
             with self._lock:
                 self._running.pop(task, None)
-                if slot.abandoned:
+                given_up = slot.abandoned
+                if given_up:
                     self._abandoned.discard(slot)
-                    log.warning(
-                        "an abandoned step ended %.1f s after it started; its result is dropped",
-                        (ended - started) / 1e9,
-                        extra={"run_id": task.key.run_id, "node": task.key.node},
-                    )
-                    return  # its replacement serves in its place
+            if given_up:
+                log.warning(
+                    "an abandoned step ended %.1f s after it started; its result is dropped",
+                    (ended - started) / 1e9,
+                    extra={"run_id": task.key.run_id, "node": task.key.node},
+                )
+                self._over(task)
+                return  # its replacement serves in its place
             self._ended(task, outcome, started, ended)
 
 
@@ -181,13 +204,16 @@ class AsyncRunner:
         execute: Callable[[Task], Coroutine[Any, Any, Outcome]],
         ended: Ended,
         threads: ThreadWatch | None = None,
+        over: Over = _nothing,
     ) -> None:
         self._threads = threads or ThreadWatch()
         self._execute = execute
         self._ended = ended
+        self._over = over
         self._loop: asyncio.AbstractEventLoop | None = None
         self._futures: dict[Task, Future[None]] = {}
         self._abandoned: set[Task] = set()
+        self._begun: set[Task] = set()  # tasks whose coroutine started
         self._lock = threading.Lock()
 
     def submit(self, task: Task) -> None:
@@ -200,10 +226,13 @@ class AsyncRunner:
         with self._lock:
             task.abandoned = True
             future = self._futures.pop(task, None)
-            if future is not None:
+            begun = task in self._begun
+            if future is not None and begun:
                 self._abandoned.add(task)
         if future is not None:
             future.cancel()
+            if not begun:  # its coroutine never runs: its execution is over
+                self._over(task)
 
     def abandoned_alive(self) -> int:
         with self._lock:
@@ -219,17 +248,28 @@ class AsyncRunner:
         return loop
 
     async def _run(self, task: Task) -> None:
+        with self._lock:
+            given_up = task.abandoned
+            if not given_up:
+                self._begun.add(task)
+        if given_up:
+            return  # abandoned before it began (abandon() said it is over)
         started = time.time_ns()
         if not begin(task):
+            with self._lock:
+                self._begun.discard(task)
             self._ended(task, None, started, started)
             return
         try:
             outcome = await self._execute(task)
         except Exception as exc:  # around the step, not its own (steps.py catches those)
             outcome = unforeseen(task, exc)
-        finally:
+        finally:  # (also when it was cancelled: CancelledError goes on from here)
             with self._lock:
                 self._futures.pop(task, None)
                 self._abandoned.discard(task)
+                self._begun.discard(task)
+            if task.abandoned:
+                self._over(task)
         if not task.abandoned:
             self._ended(task, outcome, started, time.time_ns())

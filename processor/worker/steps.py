@@ -18,7 +18,9 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, TypeVar, cast
 
-from processor.core.bounds import MAX_JSON_BYTES, json_problem
+import orjson
+
+from processor.core.bounds import MAX_HEARTBEAT_BYTES, MAX_JSON_BYTES, json_problem
 from processor.core.model import StepOutcome
 from processor.core.step_task import NO_DEPS, StepData, StepTask
 
@@ -48,18 +50,24 @@ class RegistrationError(ValueError):
 
 class Attempt:
     """The live side of one attempt, shared by its step function and the worker: heartbeats
-    go one way, cancellation the other. Plain attribute writes (atomic under the GIL): a
-    heartbeat costs a clock read, ``cancelled`` a comparison."""
+    go one way (with the details of the last one, JSON text), cancellation the other. Plain
+    attribute writes (atomic under the GIL): a heartbeat costs a clock read, ``cancelled`` a
+    comparison. ``deadline_ms`` is set when the step starts (its start plus its timeout);
+    ``last_details``: what an earlier execution of the step said with its last heartbeat."""
 
-    __slots__ = ("_cancelled", "beat_at", "beats", "deadline_ms")
+    __slots__ = ("_cancelled", "beat_at", "beats", "deadline_ms", "details", "last_details")
 
-    def __init__(self, deadline_ms: int) -> None:
+    def __init__(self, deadline_ms: int, last_details: Any = None) -> None:
         self.deadline_ms = deadline_ms
         self.beat_at = time.monotonic()
         self.beats = 0
+        self.details: str | None = None
+        self.last_details = last_details
         self._cancelled = False
 
-    def heartbeat(self) -> None:
+    def heartbeat(self, details: str | None = None) -> None:
+        if details is not None:
+            self.details = details
         self.beat_at = time.monotonic()
         self.beats += 1
 
@@ -90,12 +98,27 @@ class StepContext:
     # (None for any other step).
     item: Any = None
     index: int | None = None
+    # The details an earlier execution of this step gave its last heartbeat (an earlier
+    # attempt's, or this one's before its worker died), None when none gave any: where a
+    # long step that records its progress with its heartbeats goes on from.
+    last_heartbeat: Any = None
 
-    def heartbeat(self) -> None:
-        """Say the step is alive. A step whose workflow declares ``heartbeat_timeout_ms``
-        must call it at least that often, or its attempt fails before its deadline."""
+    def heartbeat(self, details: Any = None) -> None:
+        """Say the step is alive, and, with ``details`` (any JSON value, at most 64 KiB
+        encoded), how far it got: the last details given are recorded (a few times per
+        heartbeat timeout at most), shown by `ductor inspect` and given to the step's next
+        execution as ``last_heartbeat``. A step whose workflow declares
+        ``heartbeat_timeout_ms`` must call it at least that often once it started, or its
+        attempt fails before its deadline. Raises ValueError for details beyond the
+        bounds."""
+        encoded = None
+        if details is not None:
+            problem = json_problem(details, MAX_HEARTBEAT_BYTES)
+            if problem is not None:
+                raise ValueError(problem.describe("the heartbeat's progress"))
+            encoded = orjson.dumps(details).decode()
         if self._attempt is not None:
-            self._attempt.heartbeat()
+            self._attempt.heartbeat(encoded)
 
     def input_as(self, kind: type[InputT]) -> InputT:
         """The run's input as ``kind``: a pydantic model (its ``model_validate``), a dataclass
@@ -182,9 +205,20 @@ class Outcome(NamedTuple):
 
 
 def context_of(task: StepTask, data: StepData, attempt: Attempt | None = None) -> StepContext:
+    """What the step function of ``task`` is given; its deadline is the attempt's (set when
+    it started: its start plus its timeout)."""
+    deadline = task.deadline_ms if attempt is None else attempt.deadline_ms
+    last = None if attempt is None else attempt.last_details
     if task.item is None:
         return StepContext(
-            task.run_id, task.node, task.attempt, task.deadline_ms, data.input, data.deps, attempt
+            task.run_id,
+            task.node,
+            task.attempt,
+            deadline,
+            data.input,
+            data.deps,
+            attempt,
+            last_heartbeat=last,
         )
     source = data.input if task.item.source is None else data.deps.get(task.item.source)
     position = task.item.position
@@ -193,12 +227,13 @@ def context_of(task: StepTask, data: StepData, attempt: Attempt | None = None) -
         task.run_id,
         task.node,
         task.attempt,
-        task.deadline_ms,
+        deadline,
         data.input,
         data.deps,
         attempt,
         item,
         position,
+        last,
     )
 
 

@@ -20,6 +20,7 @@ from collections.abc import Iterator
 from enum import IntEnum
 from typing import Any
 
+from processor.core.envelope import MAX_EPOCH_MS
 from processor.core.records import Headers
 from processor.core.routing import TIERS
 from processor.core.step_task import AttemptKey, StepData, StepTask
@@ -53,15 +54,20 @@ class Task:
         "abandoned",
         "asked_at",
         "attempt",
+        "beat_reported_at",
+        "beats_reported",
         "claim_at",
         "claim_seq",
+        "claimed_ns",
         "data",
+        "details_reported",
         "headers",
         "key",
         "offset",
         "produced_ms",
         "revoked",
         "span",
+        "start_reported",
         "started_ns",
         "starts",
         "state",
@@ -80,7 +86,9 @@ class Task:
         self.produced_ms = produced_ms  # when the coordinator produced it (record timestamp)
         self.state = State.RECEIVED
         self.data: StepData | None = step.data
-        self.attempt = Attempt(step.deadline_ms)
+        # Its deadline is set when it starts (runners.begin: its start plus its timeout); a
+        # task from before start-to-close has its own.
+        self.attempt = Attempt(step.deadline_ms if step.timeout_ms is None else MAX_EPOCH_MS)
         self.starts = 0  # which execution of the attempt this worker begins (from its claim)
         self.claim_at = 0.0  # HELD: when to claim it again (monotonic)
         # Its claim's number: it may start once the worker's start permit reaches it
@@ -88,6 +96,14 @@ class Task:
         self.claim_seq = 0
         self.asked_at = 0.0  # when its claim was asked (monotonic)
         self.started_ns = 0
+        # What was reported of its execution (flow.py): when its claim was answered
+        # (monotonic ns), whether its late start was looked at, the heartbeats and details
+        # recorded, and when the last beat was (monotonic).
+        self.claimed_ns = 0
+        self.start_reported = False
+        self.beats_reported = 0
+        self.details_reported: str | None = None
+        self.beat_reported_at = 0.0
         self.revoked = False  # its partition was taken away: its offset is not ours any more
         self.abandoned = False  # given up while its step still ran
         self.span: Any = None  # the execution's span, while it runs

@@ -51,7 +51,7 @@ from processor.io.worker_group import configure_worker_group, membership_note
 from processor.io.worker_registry import Directory, WorkerAbout, ductor_version, partitions_doc
 from processor.worker.app import AppError, child_spec
 from processor.worker.database import Answer, ClaimRules, WorkerDatabase
-from processor.worker.flow import TaskFlow, _Ended
+from processor.worker.flow import TaskFlow, _Ended, _Over
 from processor.worker.health import QueueLag, WorkerProbe
 from processor.worker.options import WorkerOptions
 from processor.worker.source import TaskSource
@@ -122,7 +122,7 @@ class Worker:
             faults,
             self.names.step_tier_rank,
         )
-        answers: queue.SimpleQueue[Answer | _Ended] = queue.SimpleQueue()
+        answers: queue.SimpleQueue[Answer | _Ended | _Over] = queue.SimpleQueue()
         # Deadlines are Postgres's time: each heartbeat measures this process's offset from
         # it, and a task's deadline is taken in on this process's clock (io/db_clock.py).
         self.clock = DatabaseClock()

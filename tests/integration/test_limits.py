@@ -111,12 +111,15 @@ def test_a_rate_limit_spaces_dispatches_by_the_coordinators_clock(
     wf = parse_workflow(
         {
             "name": "rated",
-            "version": 1,
+            "version": 2,
             "steps": [
                 {
                     "name": "call",
                     "type": "call_api",
                     "timeout_ms": timeout_ms,
+                    # The whole step bounded by its timeout from its dispatch: its deadline
+                    # (its start plus its timeout, at most this) says when it was dispatched.
+                    "schedule_to_close_ms": timeout_ms,
                     "rate_limit": {"limit": limit, "per_s": per_ms / 1000},
                 }
             ],

@@ -262,5 +262,5 @@ def test_a_task_of_an_item_that_left_the_state_is_superseded_not_ahead(
     claimed = step_attempts.claim_attempts(
         pg, tasks, "me", max_starts=2, may_judge=True, gone_after_s=10.0
     )
-    verdicts = [verdict(facts, 2, True) for facts, _ in claimed]
+    verdicts = [verdict(facts, 2, True) for facts, _, _ in claimed]
     assert verdicts == [Verdict.SUPERSEDED, Verdict.RUN, Verdict.AHEAD]

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import random
 from collections.abc import Iterable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from hypothesis import HealthCheck, settings
@@ -22,6 +22,7 @@ from processor.core.model import (
     RunState,
     RunStatus,
     SignalKind,
+    Started,
     StepOutcome,
     StepResult,
     initial_state,
@@ -68,6 +69,14 @@ def workflow_json(draw: st.DrawFn, max_steps: int = 6) -> dict[str, Any]:
             step["retry"] = draw(retry_json())
         if draw(st.integers(0, 4)):
             step["timeout_ms"] = draw(st.integers(1, 1_000))
+        # Now and then the other timeouts (core/tick.py, rule 4).
+        timeout = step.get("timeout_ms", 30_000)
+        if timeout > 1 and not draw(st.integers(0, 5)):
+            step["heartbeat_timeout_ms"] = draw(st.integers(1, timeout - 1))
+        if not draw(st.integers(0, 5)):
+            step["schedule_to_start_ms"] = draw(st.integers(1, 2_000))
+        if not draw(st.integers(0, 5)):
+            step["schedule_to_close_ms"] = draw(st.integers(1, 5_000))
         steps.append(step)
     raw = {"name": draw(st.sampled_from(["wf", "orders", "etl"])), "version": 1, "steps": steps}
     match draw(st.integers(0, 2)):  # the declared output: none, one step's, or a mapping
@@ -84,13 +93,15 @@ workflows: st.SearchStrategy[WorkflowDef] = workflow_json().map(parse_workflow)
 
 @dataclass(frozen=True)
 class Run:
-    """A reachable run: its workflow, its state, the time of its last tick, and the results the
-    store holds for it (every result the world produced so far, one per (node, attempt))."""
+    """A reachable run: its workflow, its state, the time of its last tick, the results the
+    store holds for it (every result the world produced so far, one per (node, attempt)), and
+    what the workers recorded of the attempts they started (their last, by node)."""
 
     wf: WorkflowDef
     state: RunState
     now_ms: int
     stored: tuple[StepResult, ...]
+    starts: tuple[tuple[str, Started], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -98,6 +109,7 @@ class TickInputs:
     results: tuple[StepResult, ...]
     signals: tuple[SignalKind, ...]
     now_ms: int
+    started: dict[str, Started] = field(default_factory=dict)
 
 
 def answer(rng: random.Random, node: str, attempt: int) -> StepResult:
@@ -116,6 +128,22 @@ def answer_some(
             stored.setdefault((name, node.attempt), answer(rng, name, node.attempt))
 
 
+def start_some(rng: random.Random, state: RunState, now: int, starts: dict[str, Started]) -> None:
+    """Workers start some of the attempts in flight no worker started yet (a while before
+    ``now``, or just now), and some of those they started record a heartbeat (most workers
+    record them; one from before that does not, now and then)."""
+    for name, node in state.nodes:
+        if node.status is not NodeStatus.DISPATCHED:
+            continue
+        fact = starts.get(name)
+        if fact is None or fact.attempt != node.attempt:
+            if rng.random() < 0.5:
+                at = now - rng.randint(0, 400)
+                starts[name] = Started(node.attempt, at, None, rng.random() < 0.9)
+        elif rng.random() < 0.4:
+            starts[name] = fact._replace(beat_ms=max(fact.started_ms, now - rng.randint(0, 300)))
+
+
 # The walk's coin flips come from a seeded Random rather than from individual draws: Hypothesis
 # biases small integers towards their bounds, which would end most walks with a cancel.
 seeds = st.integers(0, 2**32 - 1)
@@ -129,11 +157,14 @@ def runs(draw: st.DrawFn, *, live_only: bool = False, max_walk: int = 12) -> Run
     state = initial_state(wf)
     now = draw(st.integers(0, 10_000))
     stored: dict[tuple[str, int], StepResult] = {}
+    starts: dict[str, Started] = {}
     for _ in range(rng.randint(0, max_walk)):
         answer_some(rng, state, stored)
         now += rng.randint(0, 50) if rng.random() < 0.7 else rng.randint(0, 1_500)
+        start_some(rng, state, now, starts)
         cancel = may_end and rng.random() < 0.03
-        decision = tick(state, wf, stored.values(), [SignalKind.CANCEL] if cancel else [], now)
+        signals = [SignalKind.CANCEL] if cancel else []
+        decision = tick(state, wf, stored.values(), signals, now, started=dict(starts))
         if decision.new_state is not None:
             if decision.new_state.status.terminal and not (may_end and rng.random() < 0.3):
                 break  # mostly stop just before the end: live runs are the interesting ones
@@ -148,7 +179,8 @@ def runs(draw: st.DrawFn, *, live_only: bool = False, max_walk: int = 12) -> Run
         assert first is not None
         state = first
         stored = {}
-    return Run(wf, state, now, tuple(stored.values()))
+        starts = {}
+    return Run(wf, state, now, tuple(stored.values()), tuple(starts.items()))
 
 
 @st.composite
@@ -166,7 +198,11 @@ def tick_inputs(draw: st.DrawFn, run: Run) -> TickInputs:
         stored[(UNKNOWN_NODE, 1)] = answer(rng, UNKNOWN_NODE, 1)
     signals = (SignalKind.CANCEL,) if rng.random() < 0.1 else ()
     now = run.now_ms + (0 if rng.random() < 0.3 else rng.randint(0, 3_000))
-    return TickInputs(tuple(stored.values()), signals, now)
+    starts = dict(run.starts)
+    start_some(rng, run.state, now, starts)
+    if rng.random() < 0.1:  # one of an attempt the node moved on from (ignored)
+        starts[UNKNOWN_NODE] = Started(1, now)
+    return TickInputs(tuple(stored.values()), signals, now, starts)
 
 
 @st.composite
@@ -215,14 +251,14 @@ def check_decision(old: RunState, decision: Decision, wf: WorkflowDef) -> None:
         if step.name in dispatched:
             d = dispatched[step.name]
             assert after.status is NodeStatus.DISPATCHED
-            assert (d.attempt, d.deadline_ms, d.step_type) == (
-                after.attempt,
-                after.due_ms,
-                step.step_type,
-            )
+            assert (d.attempt, d.step_type) == (after.attempt, step.step_type)
+            # Due at its first bound: its timeout from its dispatch, or sooner.
+            assert after.due_ms is not None and after.due_ms <= d.deadline_ms
             assert d.attempt > before.attempt
         elif after.status is NodeStatus.DISPATCHED:
-            assert (after.attempt, after.due_ms) == (before.attempt, before.due_ms)
+            # The same attempt, its due time where it was or later (rule 4 moved it).
+            assert after.attempt == before.attempt
+            assert before.due_ms is None or (after.due_ms or 0) >= before.due_ms
     # Timers: every retry wait this tick started has its wake-up; a timer is always the due
     # time of a node of the new state, never in the past.
     old_waits = {(n, s.attempt) for n, s in old.nodes if s.status is NodeStatus.RETRY_WAIT}
@@ -243,6 +279,17 @@ def check_decision(old: RunState, decision: Decision, wf: WorkflowDef) -> None:
     assert (new.status is RunStatus.SUCCEEDED) == all(
         s.status is NodeStatus.SUCCEEDED for _, s in new.nodes
     )
+
+
+def claimed_long_ago(state: RunState) -> dict[str, Started]:
+    """Every attempt in flight started by a worker long before anything (a worker that takes
+    each task at once, and an attempt that does not answer in time): the tick times each out
+    when its due time passes, as if its timeout counted from its dispatch."""
+    return {
+        name: Started(node.attempt, -(10**12), None, False)
+        for name, node in state.nodes
+        if node.status is NodeStatus.DISPATCHED
+    }
 
 
 def with_duplicates(results: Iterable[StepResult], dup_mask: Iterable[bool]) -> list[StepResult]:

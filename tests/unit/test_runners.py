@@ -13,7 +13,7 @@ from processor.core.model import StepOutcome
 from processor.core.step_task import StepTask
 from processor.io.faults import Faults
 from processor.io.threads import ThreadWatch
-from processor.worker.runners import ThreadRunner
+from processor.worker.runners import ThreadRunner, begin
 from processor.worker.steps import Outcome
 from processor.worker.tasks import Task
 
@@ -56,3 +56,64 @@ def test_a_slot_thread_that_dies_is_reported() -> None:
     assert threads.problems() == [
         "thread step-1 died (Exception: injected fault at thread for step-1)"
     ]
+
+
+def test_an_abandoned_step_reports_its_execution_over_only_once_it_ends() -> None:
+    """Abandoned at its deadline (a thread cannot be stopped), a step's slot is free at once,
+    but its execution is over only when its function returns: then the runner says so
+    (its concurrency slot is held until then: core/limits.py, rule 4). One abandoned
+    before it began is over at once."""
+    release = threading.Event()
+    started = threading.Event()
+    over: queue.SimpleQueue[str] = queue.SimpleQueue()
+
+    def execute(task: Task) -> Outcome:
+        started.set()
+        release.wait(10)
+        return Outcome(StepOutcome.SUCCEEDED, None)
+
+    runner = ThreadRunner(
+        1, execute, lambda *_: None, ThreadWatch(), lambda task: over.put(task.key.run_id)
+    )
+    hung = _task("hung")
+    runner.submit(hung)
+    assert started.wait(10)
+    runner.abandon(hung)
+    assert over.empty() and runner.abandoned_alive() == 1
+    waiting = _task("never-began")
+    waiting.abandoned = True
+    runner.submit(waiting)  # taken by the fresh slot, which skips it
+    assert over.get(timeout=10) == "never-began"
+    release.set()
+    assert over.get(timeout=10) == "hung"
+    runner.close()
+
+
+def test_a_step_starts_its_timeout_when_it_begins() -> None:
+    """A task's deadline is its start plus its timeout (its close-by bound at most); one past
+    its close-by bound, or a task from before start-to-close past its deadline, is
+    skipped."""
+    now = int(time.time() * 1000)
+    task = Task(
+        StepTask("r", "s", 1, "fast", now - 60_000, timeout_ms=2_000), ("steps", 0), 0, [], None
+    )
+    assert begin(task)
+    assert now + 2_000 <= task.attempt.deadline_ms <= int(time.time() * 1000) + 2_000
+    closing = Task(
+        StepTask("r", "s", 1, "fast", now, timeout_ms=2_000, close_by_ms=now + 500),
+        ("steps", 0),
+        0,
+        [],
+        None,
+    )
+    assert begin(closing) and closing.attempt.deadline_ms == now + 500
+    closed = Task(
+        StepTask("r", "s", 1, "fast", now, timeout_ms=2_000, close_by_ms=now - 1),
+        ("steps", 0),
+        0,
+        [],
+        None,
+    )
+    assert not begin(closed)
+    old = Task(StepTask("r", "s", 1, "fast", now - 1), ("steps", 0), 0, [], None)
+    assert not begin(old)

@@ -32,6 +32,7 @@ tasks = st.builds(
     step_type=st.text(_STORABLE, min_size=1, max_size=20),
     deadline_ms=st.integers(0, 253_402_300_799_999),
     tier=st.sampled_from(["t0", "t1", "t2"]),
+    timeout_ms=st.one_of(st.none(), st.integers(1, 10**9)),
 )
 
 
@@ -219,3 +220,61 @@ def test_step_data_makes_what_the_named_tuple_makes_with_read_only_deps() -> Non
     assert (made.input, dict(made.deps)) == ({"x": 1}, deps)
     with pytest.raises(TypeError):
         made.deps["s1"] = 2  # type: ignore[index]
+
+
+def test_a_task_carries_its_timeouts_and_a_worker_counts_from_its_start() -> None:
+    """``timeout_ms`` (start-to-close) always, the schedule-to bounds when the step has them;
+    its deadline once started is its start plus its timeout, its close-by bound at most."""
+    task = StepTask(
+        "r1",
+        "fetch",
+        2,
+        "fast",
+        1_000,
+        "t0",
+        timeout_ms=1_000,
+        start_by_ms=2_000,
+        close_by_ms=9_000,
+    )
+    body = orjson.loads(task.encode())
+    assert (body["timeout_ms"], body["start_by_ms"], body["close_by_ms"]) == (1_000, 2_000, 9_000)
+    assert decode_step_task(task.encode()) == task
+    assert task.taken_until_ms() == 2_000
+    assert task.deadline_from(5_000) == 6_000
+    assert task.deadline_from(8_500) == 9_000
+    plain = StepTask("r1", "fetch", 2, "fast", 1_000, "t0", timeout_ms=1_000)
+    assert plain.taken_until_ms() is None  # waits in its queue as long as it takes
+    assert "start_by_ms" not in orjson.loads(plain.encode())
+
+
+def test_a_task_from_before_start_to_close_keeps_its_deadline() -> None:
+    old = decode_step_task(orjson.dumps(_body()))
+    assert old.timeout_ms is None
+    assert old.taken_until_ms() == old.deadline_ms == old.deadline_from(0)
+
+
+def test_the_bounds_move_into_the_readers_clock_as_the_deadline() -> None:
+    task = StepTask(
+        "r", "n", 1, "t", 10_000, "t1", timeout_ms=500, start_by_ms=20_000, close_by_ms=30_000
+    )
+    decoded = decode_step_task(task.encode(), clock_offset_ms=100)
+    assert (decoded.deadline_ms, decoded.start_by_ms, decoded.close_by_ms) == (
+        9_900,
+        19_900,
+        29_900,
+    )
+    assert decoded.timeout_ms == 500  # a duration: in no clock
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"timeout_ms": 0}, "timeout_ms must be a positive integer"),
+        ({"timeout_ms": "1s"}, "timeout_ms must be a positive integer"),
+        ({"start_by_ms": -1}, "start_by_ms and close_by_ms must be epoch ms"),
+        ({"close_by_ms": True}, "start_by_ms and close_by_ms must be epoch ms"),
+    ],
+)
+def test_invalid_timeouts_are_refused(changes: dict[str, Any], message: str) -> None:
+    with pytest.raises(ValidationError, match=message):
+        decode_step_task(orjson.dumps(_body(**changes)))

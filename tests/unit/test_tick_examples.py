@@ -12,6 +12,7 @@ from processor.core.model import (
     RunState,
     RunStatus,
     SignalKind,
+    Started,
     StepOutcome,
     StepResult,
     initial_state,
@@ -110,13 +111,19 @@ def test_a_result_for_a_node_waiting_to_retry_is_ignored() -> None:
     assert tick(s, SINGLE, [StepResult("only", 1, OK)], [], 50) == NOOP
 
 
+def _started(attempt: int, at_ms: int, beat_ms: int | None = None) -> dict[str, Started]:
+    """What a worker recorded of the only step's attempt: started at ``at_ms``."""
+    return {"only": Started(attempt, at_ms, beat_ms)}
+
+
 def test_a_timed_out_attempt_is_retried_by_policy_then_fails_the_run() -> None:
     s = initial_state(SINGLE)
     s = _advance(s, tick(s, SINGLE, [], [], 0))
     assert s.node("only").due_ms == 1_000
     assert tick(s, SINGLE, [], [], 999) == NOOP  # the deadline has not passed yet
 
-    d = tick(s, SINGLE, [], [], 1_000)  # attempt 1 times out: retry after 100 ms
+    # Attempt 1, started at once, times out: retry after 100 ms.
+    d = tick(s, SINGLE, [], [], 1_000, started=_started(1, 0))
     s = _advance(s, d)
     assert s.node("only").status is NodeStatus.RETRY_WAIT
     assert s.node("only").due_ms == 1_100
@@ -128,12 +135,14 @@ def test_a_timed_out_attempt_is_retried_by_policy_then_fails_the_run() -> None:
     s = _advance(s, d)
     assert d.dispatches == (Dispatch("only", 2, "flaky", 2_100),)
 
-    s = _advance(s, tick(s, SINGLE, [], [], 2_100))  # attempt 2 times out: wait 200 ms
+    # Attempt 2 times out: wait 200 ms.
+    s = _advance(s, tick(s, SINGLE, [], [], 2_100, started=_started(2, 1_100)))
     assert s.node("only").due_ms == 2_300
     s = _advance(s, tick(s, SINGLE, [], [], 2_300))
     assert s.node("only") == NodeState(NodeStatus.DISPATCHED, 3, due_ms=3_300)
 
-    d = tick(s, SINGLE, [], [], 5_000)  # attempt 3 = max_attempts times out: the run fails
+    # Attempt 3 = max_attempts times out: the run fails.
+    d = tick(s, SINGLE, [], [], 5_000, started=_started(3, 2_300))
     s = _advance(s, d)
     assert s.status is RunStatus.FAILED
     assert s.node("only").status is NodeStatus.FAILED

@@ -22,7 +22,7 @@ from processor.ui import auth
 from processor.ui.dag import BOX_H, BOX_W, GAP_X, StepState, layout, levels, step_states
 from processor.ui.hosts import LOOPBACK_HOSTS, host_allowed, host_of, served_hosts
 from processor.ui.login_limit import LoginLimiter, LoginLimits
-from processor.ui.pages import query, run_url, when
+from processor.ui.pages import environment, query, run_url, when
 from processor.ui.window import Window, as_duration, span, window
 
 
@@ -296,3 +296,57 @@ def test_the_window_settings_fit_together() -> None:
         load_settings({"DUCTOR_UI_MAX_WINDOW_S": "inf"})
     with pytest.raises(ConfigError, match="DUCTOR_UI_READ_TOKEN_REQUIRED is true but no"):
         load_settings({"DUCTOR_UI_READ_TOKEN_REQUIRED": "true"})
+
+
+def test_the_run_page_shows_each_attempts_last_heartbeat_and_a_slot_kept() -> None:
+    """An attempt's last heartbeat (when, and the details the step gave) and the slot its
+    execution keeps after the attempt ended, as `ductor inspect --output json` says them."""
+    attempt = {
+        "node": "load",
+        "attempt": 1,
+        "dispatched": None,
+        "started": "2026-05-01T12:00:00+00:00",
+        "ended": None,
+        "worker": "w-1",
+        "executions": 1,
+        "duration_s": None,
+        "outcome": None,
+        "error": None,
+        "heartbeat": {"at": "2026-05-01T12:00:03+00:00", "details": {"rows": 4200}},
+        "running": True,
+        "execution_ended": None,
+        "holds_slots": ["c/warehouse/"],
+    }
+    run = {
+        "run_id": "r-1",
+        "workflow": "etl",
+        "version": 1,
+        "status": "running",
+        "failure_reason": None,
+        "tier": "t1",
+        "tags": {},
+        "created_at": "2026-05-01T12:00:00+00:00",
+        "updated_at": "2026-05-01T12:00:00+00:00",
+        "start_at": None,
+        "next_wakeup_at": None,
+        "quarantine_reason": None,
+        "output": None,
+        "attempts": [attempt],
+    }
+    html = (
+        environment()
+        .get_template("run.html")
+        .render(
+            run=run,
+            dag=None,
+            done=None,
+            token_configured=False,
+            read_token_required=False,
+            logged_in=False,
+            here="/runs/r-1",
+            can_retry=False,
+            can_cancel=True,
+        )
+    )
+    assert '2026-05-01 12:00:03 <code class="details">{"rows": 4200}</code>' in html
+    assert "it keeps its slot of c/warehouse/ until it ends" in html

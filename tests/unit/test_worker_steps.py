@@ -251,3 +251,28 @@ def test_a_step_sees_its_heartbeats_counted_and_its_cancellation() -> None:
     # A deadline in the past is a cancellation too, without anyone saying so.
     assert Attempt(deadline_ms=1).cancelled
     assert StepContext("r", "n", 1, deadline_ms=1).cancelled
+
+
+def test_heartbeat_details_are_kept_for_the_worker_and_bounded() -> None:
+    """The last details given are the attempt's (JSON text, for the worker to record); a
+    heartbeat without details keeps them; details beyond their bound are refused, in the
+    step, as ValueError; an earlier execution's details are the step's
+    ``last_heartbeat``."""
+    registry = StepRegistry()
+    seen: list[object] = []
+
+    @registry.step("long")
+    def long(ctx: StepContext) -> object:
+        seen.append(ctx.last_heartbeat)
+        ctx.heartbeat({"done": 1})
+        ctx.heartbeat()
+        with pytest.raises(ValueError, match="progress is 65,547 bytes as JSON"):
+            ctx.heartbeat({"blob": "x" * (64 * 1024)})
+        with pytest.raises(ValueError, match="NUL"):
+            ctx.heartbeat({"bad": "\x00"})
+        return None
+
+    attempt = Attempt(deadline_ms=2**42, last_details={"done": 0})
+    assert execute_step(registry, _task("long"), NO_DATA, attempt).error is None
+    assert attempt.details == '{"done":1}' and attempt.beats == 2
+    assert seen == [{"done": 0}]
