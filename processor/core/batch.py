@@ -330,7 +330,7 @@ def _after_limits(
         return
     answer = yield WakeWaiters(freed)
     if not isinstance(answer, Failed):
-        gathered.limit_wakes = tuple(cast(RunTiers, answer))
+        gathered.limit_wakes = cast(RunTiers, answer)
     elif answer.failure is Failure.UNFORESEEN:  # counted and logged, it fails nothing
         gathered.isolated.append(("the waiters of freed limits", answer.error))
 

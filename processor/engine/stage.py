@@ -204,7 +204,8 @@ class DatabaseStage:
             db.close()  # the commit's connection failed: read on a new one
             return db.landed(request.commits)
         if isinstance(request, WakeWaiters):
-            return db.waiters_to_wake(request.freed)
+            # A tuple, as the protocol casts it: the compiled build checks a cast's type.
+            return tuple(db.waiters_to_wake(request.freed))
         if isinstance(request, WriteForceFail):
             return db.force_fail(request.write)
         if isinstance(request, FlagQuarantine):

@@ -86,7 +86,7 @@ class Script:
         if isinstance(request, WriteForceFail):
             return True
         if isinstance(request, WakeWaiters):
-            return [("waiter", "t1")]
+            return (("waiter", "t1"),)  # answers are of the types the protocol casts them to
         return None  # NoteCommitted, ProbeDecide, DeleteOutbox
 
     def kinds(self) -> list[str]:
