@@ -10,6 +10,9 @@ on the real Kafka and Postgres, unless the line before it (blank lines aside) ma
 for what a test cannot run as written: a cluster (`kubectl`, `docker`), the shared local
 services (`make up`), hosts and files of a deployment, placeholders (`RUN_ID`) a reader fills
 in. The reason says which, and names the test that checks the same behaviour where one does.
+A block that another test runs as written (it needs a server that test serves) says which:
+
+    <!-- shell: run by tests/integration/test_x.py -->
 tests/unit/test_docs_shell.py checks the markers and what can be checked without services.
 """
 
@@ -26,6 +29,7 @@ DOCS = REPO / "docs"
 SHELL_INFOS = frozenset({"sh", "bash", "shell", "console"})
 MARKER = re.compile(r"^\s*<!--\s*shell:(?P<rest>.*?)-->\s*$")
 NOT_RUN = re.compile(r"^\s*not run:\s*(?P<why>\S.*?)\s*$")
+RUN_BY = re.compile(r"^\s*run by (?P<test>tests/[\w/]+\.py)\s*$")
 _COMMAND = re.compile(r"^\s*(?:\$ |ductor |\.venv/bin/)")
 
 
@@ -33,7 +37,10 @@ _COMMAND = re.compile(r"^\s*(?:\$ |ductor |\.venv/bin/)")
 class ShellBlock:
     path: Path
     fence: Fence
-    not_run: str | None  # the marker's reason; None: tests/integration/test_docs_shell.py runs it
+    not_run: str | None  # the marker's reason
+    run_by: str | None = (
+        None  # the test that runs it; neither: tests/integration/test_docs_shell.py
+    )
 
     @property
     def where(self) -> str:
@@ -68,10 +75,12 @@ def shell_blocks(path: Path) -> list[ShellBlock]:
         if not is_shell(fence):
             continue
         marker = _marker_before(lines, fence.line)
-        reason = None
+        reason = run_by = None
         if marker is not None and (not_run := NOT_RUN.match(marker)) is not None:
             reason = not_run["why"]
-        found.append(ShellBlock(path, fence, reason))
+        if marker is not None and (other := RUN_BY.match(marker)) is not None:
+            run_by = other["test"]
+        found.append(ShellBlock(path, fence, reason, run_by))
     return found
 
 
@@ -84,7 +93,7 @@ def walks() -> dict[str, list[ShellBlock]]:
     pages without one left out."""
     found: dict[str, list[ShellBlock]] = {}
     for path in doc_pages():
-        run = [block for block in shell_blocks(path) if block.not_run is None]
+        run = [b for b in shell_blocks(path) if b.not_run is None and b.run_by is None]
         if run:
             found[str(path.relative_to(REPO))] = run
     return found

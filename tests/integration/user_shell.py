@@ -24,6 +24,9 @@ from tests.readme_script import Command, matches
 
 from .conftest import REPO, child_env, wait_for
 
+# The line a service logs once it serves ("processor started", "worker started").
+STARTED = re.compile(r'"msg":"(processor|worker) started"')
+
 # The most one command may take: `ductor result --wait 30` is the longest a README asks for.
 COMMAND_TIMEOUT_S = 90.0
 
@@ -75,10 +78,22 @@ class Shell:
 
     def start(self, command: Command, log: Path) -> None:
         """A service the README leaves running, its output to ``log`` rather than among the
-        commands' output."""
+        commands' output; the next command comes once it says it started, as a user reading
+        its terminal types it (a worker not yet registered makes `workflows register` warn
+        that no worker serves the steps)."""
         lines, status = self.run(f"{command.foreground()} >{shlex_quote(log)} 2>&1 &\necho $!")
         assert status == 0, lines
-        self.services.append(int(lines[-1]))
+        pid = int(lines[-1])
+        self.services.append(pid)
+        # The shell's child opens the log itself: it may not exist yet.
+        wait_for(
+            lambda: (
+                (log.exists() and STARTED.search(log.read_text(errors="replace")) is not None)
+                or not self.running(pid)
+            ),
+            60,
+            f"{command.text!r} to say it started",
+        )
 
     def running(self, pid: int) -> bool:
         try:

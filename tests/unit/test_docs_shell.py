@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from processor.cli.main import parse_args
-from tests.docs_shell import MARKER, NOT_RUN, doc_pages, is_shell, shell_blocks, walks
+from tests.docs_shell import MARKER, NOT_RUN, RUN_BY, doc_pages, is_shell, shell_blocks, walks
 from tests.markdown import REPO, fences, prose
 
 PAGES = doc_pages()
@@ -29,18 +29,20 @@ def test_a_shell_block_is_told_from_the_others(tmp_path: Path) -> None:
     page.write_text(
         "```sh\nductor migrate\n```\n\n"
         "<!-- shell: not run: a cluster -->\n\n```sh\nkubectl apply -k .\n```\n\n"
+        '<!-- shell: run by tests/integration/test_http_api.py -->\n```sh\ncurl "$API"\n```\n\n'
         "```\n$ ductor gc --finished-before 7d\ndeleted 0 run(s)\n```\n\n"
         "```\nductor outbox parked\n```\n\n"
         '```json\n{"a": 1}\n```\n\n```\nok    postgres: up\n```\n'
     )
     found = shell_blocks(page)
-    assert [(b.fence.line, b.not_run) for b in found] == [
-        (1, None),
-        (7, "a cluster"),
-        (11, None),
-        (16, None),
+    assert [(b.fence.line, b.not_run, b.run_by) for b in found] == [
+        (1, None, None),
+        (7, "a cluster", None),
+        (12, None, "tests/integration/test_http_api.py"),
+        (16, None, None),
+        (21, None, None),
     ]
-    assert [len(b.commands()) for b in found] == [1, 1, 1, 0]
+    assert [len(b.commands()) for b in found] == [1, 1, 1, 1, 0]
 
 
 @pytest.mark.parametrize("path", PAGES, ids=_ids)
@@ -54,8 +56,13 @@ def test_every_marker_marks_a_shell_block_and_says_why(path: Path) -> None:
         found = MARKER.match(line)
         if found is None:
             continue
-        if NOT_RUN.match(found["rest"]) is None:
-            problems.append(f"{number}: not `<!-- shell: not run: REASON -->`: {line.strip()}")
+        run_by = RUN_BY.match(found["rest"])
+        if NOT_RUN.match(found["rest"]) is None and run_by is None:
+            problems.append(f"{number}: neither `not run: REASON` nor `run by TEST`: {line}")
+        if run_by is not None:
+            test = REPO / run_by["test"]
+            if not test.is_file() or path.name not in test.read_text():
+                problems.append(f"{number}: {run_by['test']} does not read {path.name}")
         after = next((n for n in range(number + 1, len(lines) + 1) if lines[n - 1].strip()), 0)
         if after not in shell_lines:
             problems.append(f"{number}: the marker is not right before a shell block")
@@ -65,7 +72,7 @@ def test_every_marker_marks_a_shell_block_and_says_why(path: Path) -> None:
 @pytest.mark.parametrize("path", PAGES, ids=_ids)
 def test_a_block_the_docs_test_runs_types_its_commands_in_full(path: Path) -> None:
     for block in shell_blocks(path):
-        if block.not_run is not None:
+        if block.not_run is not None or block.run_by is not None:
             continue
         found = block.commands()
         assert found, f"{block.where}: no command the test can run: an `sh` block, or marked"
@@ -83,6 +90,11 @@ def test_a_block_the_docs_test_runs_types_its_commands_in_full(path: Path) -> No
 
 def test_the_docs_test_runs_every_block_no_marker_excuses() -> None:
     run = {b.where for blocks in walks().values() for b in blocks}
-    unmarked = {b.where for path in PAGES for b in shell_blocks(path) if b.not_run is None}
+    unmarked = {
+        b.where
+        for path in PAGES
+        for b in shell_blocks(path)
+        if b.not_run is None and b.run_by is None
+    }
     assert run == unmarked
     assert run, "no shell block of docs/ is run by a test"
