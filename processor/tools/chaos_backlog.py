@@ -8,8 +8,10 @@ one's partitions wait for the group to give them to another. A step's timeout co
 start (core/tick.py, rule 4), so no run may fail for its time in a queue. A run may fail only
 for an attempt its worker's kill cut short: its attempt started (claimed within its worker's
 start permit, which runs about a slot's worth of claims ahead of the steps running:
-io/step_attempts.py) and a kill came before its start plus its timeout. The report says how
-many of those had not begun their step yet.
+io/step_attempts.py) and a kill came before its start plus its timeout; or its worker was
+killed and the rerun, in a child process of its own, did not end in time either; or its
+worker was killed each time it started it (core/claims.py). The report says how many had not
+begun their step yet.
 
 The report's check, per failed run: not a timeout (problem), a timeout of an attempt no
 worker started or judged before its start plus its timeout (failed for queue time: problem),
