@@ -26,11 +26,11 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
-from typing import Any, Literal, NamedTuple, TypeVar
+from typing import Any, Literal, TypeVar
 
 import psycopg
 
-from processor.core.claims import ClaimFacts, Verdict, verdict
+from processor.core.claims import ClaimFacts, verdict
 from processor.core.model import StepOutcome
 from processor.core.step_task import StepData, StepTask
 from processor.io.connections import connect, connect_durable, ping
@@ -49,6 +49,23 @@ from processor.io.step_attempts import (
 )
 from processor.io.step_data import MissingData, StepResultRow, insert_step_results
 from processor.io.threads import ThreadWatch
+from processor.worker.messages import (
+    Answer,
+    CheckCurrent,
+    Claimed,
+    ClaimReruns,
+    ClaimTasks,
+    ClaimVerdict,
+    NotCurrent,
+    Permitted,
+    Recorded,
+    RecordResults,
+    ReportExecutions,
+    Request,
+    StorePermit,
+    ToRecord,
+    Unclaim,
+)
 from processor.worker.steps import Outcome, storable_text
 from processor.worker.tasks import Task
 
@@ -62,42 +79,6 @@ class _Stopped(Enum):
 
 
 STOPPED: Literal[_Stopped.STOPPED] = _Stopped.STOPPED
-
-
-# -- the answers, read by the loop ------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Claimed:
-    """Each task's verdict; a task to run comes with its data (or why it has none) and the
-    details of the last heartbeat an earlier execution of its step recorded."""
-
-    # (task, verdict, starts, data, last heartbeat's details)
-    tasks: list[tuple[Task, Verdict, int, StepData | MissingData | None, Any]]
-
-
-@dataclass(frozen=True)
-class Recorded:
-    """Whether each result was recorded (False: its run is gone, or it cannot be stored)."""
-
-    tasks: list[tuple[Task, bool]]
-
-
-@dataclass(frozen=True)
-class NotCurrent:
-    """Running tasks whose attempt no longer matters (cancelled run, timed-out attempt)."""
-
-    tasks: list[Task]
-
-
-@dataclass(frozen=True)
-class Permitted:
-    """The worker's claims numbered up to ``through`` may start: the permit is stored."""
-
-    through: int
-
-
-Answer = Claimed | Recorded | NotCurrent | Permitted
 
 
 @dataclass(frozen=True)
@@ -114,7 +95,7 @@ class _Lane:
         self,
         name: str,
         connect: Callable[[], psycopg.Connection[Any]],
-        serve: Callable[[list[tuple[str, Any]]], bool],
+        serve: Callable[[list[Request]], bool],
         outage: SharedOutage,
         tick: Callable[[], bool] | None = None,
         tick_s: float = 1.0,
@@ -127,7 +108,8 @@ class _Lane:
         self._tick = tick
         self._tick_s = tick_s
         self.conn: psycopg.Connection[Any] | None = None
-        self.requests: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
+        # (None: only wakes the thread, to see that it is closing)
+        self.requests: queue.SimpleQueue[Request | None] = queue.SimpleQueue()
         self.closing = threading.Event()  # stop taking requests
         self.give_up = threading.Event()  # stop retrying through an outage
         self.thread = (threads or ThreadWatch()).thread(self._serve, f"worker-{name}")
@@ -135,13 +117,13 @@ class _Lane:
     def start(self) -> None:
         self.thread.start()
 
-    def put(self, kind: str, payload: Any) -> None:
-        self.requests.put((kind, payload))
+    def put(self, request: Request) -> None:
+        self.requests.put(request)
 
     def close(self, timeout_s: float) -> None:
         """Finish what was asked within ``timeout_s``, then give up on an outage."""
         self.closing.set()
-        self.requests.put(("wake", None))
+        self.requests.put(None)
         if self.thread.is_alive():
             self.thread.join(timeout_s)
         self.give_up.set()
@@ -152,14 +134,14 @@ class _Lane:
         next_tick = time.monotonic() + self._tick_s
         while True:
             wait = max(0.0, next_tick - time.monotonic()) if self._tick else 1.0
-            batch: list[tuple[str, Any]] = []
+            got: list[Request | None] = []
             try:
-                batch.append(self.requests.get(timeout=wait))
+                got.append(self.requests.get(timeout=wait))
                 while True:
-                    batch.append(self.requests.get_nowait())
+                    got.append(self.requests.get_nowait())
             except queue.Empty:
                 pass
-            batch = [b for b in batch if b[0] != "wake"]
+            batch = [request for request in got if request is not None]
             if batch and not self._serve_batch(batch):
                 return
             if self._tick is not None and time.monotonic() >= next_tick:
@@ -258,32 +240,13 @@ class WorkerDatabase:
         self._claims.start()
         self._results.start()
 
-    def claim(self, tasks: list[Task], permit: int = 0) -> None:
-        """Claim ``tasks`` (each numbered), raising the start permit to ``permit`` with them."""
-        self._claims.put("claim", (tasks, permit))
-
-    def permit(self, through: int) -> None:
-        """Store the start permit (io/step_attempts.py): with the next claim, or alone."""
-        self._claims.put("permit", through)
-
-    def claim_reruns(self, tasks: list[Task]) -> None:
-        """Claim attempts a worker that died had started, as reruns (core/claims.py)."""
-        self._claims.put("rerun", tasks)
-
-    def unclaim(self, tasks: list[Task]) -> None:
-        """Give back claims whose step never started (io/step_attempts.py)."""
-        self._claims.put("unclaim", tasks)
-
-    def check_current(self, tasks: list[Task]) -> None:
-        self._claims.put("check", tasks)
-
-    def report(self, reports: list[Report]) -> None:
-        """What the worker reports of its executions: late starts, heartbeats (with their
-        details), ends (io/step_attempts.py)."""
-        self._claims.put("report", reports)
-
-    def record(self, results: list[ToRecord]) -> None:
-        self._results.put("record", results)
+    def ask(self, request: Request) -> None:
+        """Hand ``request`` to its lane: results to the results lane, the rest to the claims
+        lane (answers come back on the loop's queue: messages.py)."""
+        if isinstance(request, RecordResults):
+            self._results.put(request)
+        else:
+            self._claims.put(request)
 
     def close(self, timeout_s: float) -> None:
         """Finish what was asked within ``timeout_s`` (giving up on an outage), and close."""
@@ -301,37 +264,48 @@ class WorkerDatabase:
 
     # -- the lanes' threads -----------------------------------------------------------------
 
-    def _serve_claims(self, batch: list[tuple[str, Any]]) -> bool:
-        grouped: dict[str, list[Any]] = {}
+    def _serve_claims(self, batch: list[Request]) -> bool:
+        """What gathered on the claims lane, one statement per kind, in this order: the
+        permit (with the claims when there are any, else alone), claims, reruns, checks,
+        claims given back, reports."""
+        claims: list[Task] = []
+        reruns: list[Task] = []
+        checks: list[Task] = []
+        unclaims: list[Task] = []
+        reports: list[Report] = []
         permit = 0
-        for kind, payload in batch:
-            if kind == "claim":
-                tasks, with_permit = payload
-                grouped.setdefault(kind, []).extend(tasks)
-                permit = max(permit, with_permit)
-            elif kind == "permit":
-                permit = max(permit, payload)
-            else:
-                grouped.setdefault(kind, []).extend(payload)
-        # The permit rides on the claim when there is one, and goes alone when there is not.
-        if permit and "claim" not in grouped:
+        for request in batch:
+            if isinstance(request, ClaimTasks):
+                claims.extend(request.tasks)
+                permit = max(permit, request.permit)
+            elif isinstance(request, StorePermit):
+                permit = max(permit, request.through)
+            elif isinstance(request, ClaimReruns):
+                reruns.extend(request.tasks)
+            elif isinstance(request, CheckCurrent):
+                checks.extend(request.tasks)
+            elif isinstance(request, Unclaim):
+                unclaims.extend(request.tasks)
+            elif isinstance(request, ReportExecutions):
+                reports.extend(request.reports)
+        if permit and not claims:
             if self._timed("permit", [permit], self._permit) is STOPPED:
                 return False
             permit = 0
-        for kind, action in (
-            ("claim", lambda tasks: self._claim(tasks, permit=permit)),
-            ("rerun", self._claim_reruns),
-            ("check", self._check),
-            ("unclaim", self._unclaim),
-            ("report", self._report),
-        ):
-            tasks = grouped.get(kind)
-            if tasks and self._timed(kind, tasks, action) is STOPPED:
+        steps: tuple[tuple[str, list[Any], Callable[[Any], object]], ...] = (
+            ("claim", claims, lambda tasks: self._claim(tasks, permit=permit)),
+            ("rerun", reruns, self._claim_reruns),
+            ("check", checks, self._check),
+            ("unclaim", unclaims, self._unclaim),
+            ("report", reports, self._report),
+        )
+        for kind, items, action in steps:
+            if items and self._timed(kind, items, action) is STOPPED:
                 return False
         return True
 
-    def _serve_results(self, batch: list[tuple[str, Any]]) -> bool:
-        results = [r for _kind, payload in batch for r in payload]
+    def _serve_results(self, batch: list[Request]) -> bool:
+        results = [r for b in batch if isinstance(b, RecordResults) for r in b.results]
         return self._timed("record", results, self._record) is not STOPPED
 
     def _ping_if_doubted(self, lane: _Lane) -> bool:
@@ -387,14 +361,14 @@ class WorkerDatabase:
             return STOPPED
         if permit:
             self._answer(Permitted(permit))
-        claimed: list[tuple[Task, Verdict, int, StepData | MissingData | None, Any]] = []
+        claimed: list[ClaimVerdict] = []
         for task, (facts, read, details) in zip(tasks, answers, strict=True):
             decided = verdict(facts, self._rules.max_starts, may_judge)
             if read is not None:
                 self.fetched += 1
             data = read if read is not None else task.data
             starts = facts.claimed_starts or facts.starts or 0
-            claimed.append((task, decided, starts, data, details))
+            claimed.append(ClaimVerdict(task, decided, starts, data, details))
         self._answer(Claimed(claimed))
         return None
 
@@ -535,17 +509,6 @@ class WorkerDatabase:
 def _ids(task: Task) -> dict[str, object]:
     run_id, node, attempt = task.key
     return {"run_id": run_id, "node": node, "attempt": attempt}
-
-
-class ToRecord(NamedTuple):
-    """A result to record: the task, its outcome, whether the execution that gave it ended
-    with it (False: it was given up while it still runs, or none ran), and the details of its
-    last heartbeat not recorded yet (JSON text)."""
-
-    task: Task
-    outcome: Outcome
-    ended: bool = False
-    details: str | None = None
 
 
 def _row(result: ToRecord) -> StepResultRow:

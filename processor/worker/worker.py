@@ -19,13 +19,13 @@ from __future__ import annotations
 import logging
 import queue
 import threading
-import time
 import uuid
 from dataclasses import replace
 
 from confluent_kafka import Producer
 
 from processor.core.routing import TopicNames
+from processor.io.clock import SYSTEM_CLOCK, Clock
 from processor.io.collector import settle_collector
 from processor.io.config import Settings
 from processor.io.db_clock import DatabaseClock
@@ -40,6 +40,7 @@ from processor.io.kafka import (
     Outbox,
     broker_unreachable,
     producer_config,
+    producer_max_bytes,
     topic_partitions,
 )
 from processor.io.kafka_errors import MissingTopic
@@ -50,14 +51,14 @@ from processor.io.threads import ThreadWatch
 from processor.io.worker_group import configure_worker_group, membership_note
 from processor.io.worker_registry import Directory, WorkerAbout, ductor_version, partitions_doc
 from processor.worker.app import AppError, child_spec
-from processor.worker.database import Answer, ClaimRules, WorkerDatabase
-from processor.worker.flow import TaskFlow, _Ended, _Over
+from processor.worker.assembly import FlowParts, build_flow
+from processor.worker.database import ClaimRules, WorkerDatabase
 from processor.worker.health import QueueLag, WorkerProbe
+from processor.worker.messages import News
 from processor.worker.options import WorkerOptions
 from processor.worker.source import TaskSource
 from processor.worker.stats import WorkerStats
 from processor.worker.steps import StepRegistry
-from processor.worker.tasks import State
 
 log = logging.getLogger("ductor.worker")
 
@@ -85,6 +86,7 @@ class Worker:
         options: WorkerOptions | None = None,
         telemetry: Telemetry | None = None,
         faults: Faults = NO_FAULTS,  # tests only: see io/faults.py
+        clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         # Its own DSN (DUCTOR_WORKER_PG_DSN, else DUCTOR_PG_DSN) for every connection it
         # makes: the claims, the results, the heartbeat, the health endpoint's check.
@@ -122,7 +124,8 @@ class Worker:
             faults,
             self.names.step_tier_rank,
         )
-        answers: queue.SimpleQueue[Answer | _Ended | _Over] = queue.SimpleQueue()
+        self.time = clock  # (``clock`` is Postgres's, below)
+        answers: queue.SimpleQueue[News] = queue.SimpleQueue()
         # Deadlines are Postgres's time: each heartbeat measures this process's offset from
         # it, and a task's deadline is taken in on this process's clock (io/db_clock.py).
         self.clock = DatabaseClock()
@@ -162,33 +165,35 @@ class Worker:
             self.threads,
             self.stats.isolated,
         )
-        self.flow = TaskFlow(
-            settings=settings,
+        parts = FlowParts(
             options=options,
             registry=registry,
+            names=self.names,
             stats=self.stats,
             telemetry=self.telemetry,
-            db=self.db,
+            clock=clock,
+            db_clock=self.clock,
             answers=answers,
-            outbox=self._outbox,
+            ask=self.db.ask,
             delivery=self._delivery,
+            flush=self._outbox.flush,
             kafka_outage=self.outages["kafka"],
             done_offset=self.source.done,
             too_many_abandoned=self._too_many_abandoned,
-            ready=self._is_ready,
-            assigned=lambda: len(self.source.assigned),
-            clock=self.clock,
+            partition_by_run=settings.partition_by_run,
+            shutdown_timeout_s=settings.shutdown_timeout_s,
+            dlq_max_bytes=producer_max_bytes(settings),
             faults=faults,
             threads=self.threads,
-            directory=self.directory,
-            instance_id=client_id,
         )
+        gauges = (self._is_ready, lambda: len(self.source.assigned))
+        self.flow = build_flow(parts, self.directory, client_id, gauges)
         self._stop = threading.Event()
         self._stopping_since: float | None = None
         self._shutdown_by = 0.0
         self._next_watch = 0.0
         self.exit_code = 0
-        self._next_stats_log = time.monotonic() + settings.stats_log_interval_s
+        self._next_stats_log = clock.monotonic() + settings.stats_log_interval_s
         queues = {t: q for q in options.queues for t in self.names.step_topics(q)}
         self.probe = WorkerProbe(
             client_id,
@@ -220,7 +225,7 @@ class Worker:
     @property
     def in_flight(self) -> int:
         """Tasks held waiting to run, and running."""
-        return self.flow.book.in_hand + self.flow.book.count(State.RUNNING)
+        return sum(self.flow.in_flight())
 
     @property
     def assigned(self) -> int:
@@ -333,7 +338,7 @@ class Worker:
     def _turn_while_starting(self) -> None:
         """The loop is alive (``/healthz``), and the clients' queues are served (their log
         lines: io/kafka_logs.py)."""
-        self.probe.last_loop_at = time.monotonic()
+        self.probe.last_loop_at = self.time.monotonic()
         self._outbox.poll(0)
         self.source.serve()
         if self.probe.lag is not None:
@@ -342,7 +347,7 @@ class Worker:
     def _turn(self) -> bool:
         """One turn: poll, take what the slots and the database answered, watch the running
         steps, ask for claims and records, deliver, store offsets. False: time to leave."""
-        now = self.probe.last_loop_at = time.monotonic()
+        now = self.probe.last_loop_at = self.time.monotonic()
         if self._stop.is_set() and self._stopping_since is None:
             self._begin_stopping(now)
         self.probe.assigned_partitions = len(self.source.assigned)
@@ -353,7 +358,7 @@ class Worker:
         polled = self._poll()
         if self.source.keep_in_group(now) is not None:
             self.stats.rejoins += 1
-        self.flow.take_answers(_BUSY_WAIT_S if not polled and len(self.flow.book) else 0.0)
+        self.flow.take_answers(_BUSY_WAIT_S if not polled and self.flow.holding() else 0.0)
         if now >= self._next_watch:
             self._next_watch = now + _WATCH_EVERY_S
             self.flow.watch(now)
@@ -367,15 +372,14 @@ class Worker:
             self._next_stats_log = now + self.settings.stats_log_interval_s
             self._log_stats()
         if self._stopping_since is not None:
-            unfinished = len(self.flow.book) > 0
-            return unfinished and time.monotonic() < self._shutdown_by
+            unfinished = self.flow.holding() > 0
+            return unfinished and self.time.monotonic() < self._shutdown_by
         return True
 
     def _poll(self) -> int:
         """Take new tasks while there is room (waiting a little for them when idle); how many
         were taken."""
-        book = self.flow.book
-        idle = not len(book) and not self.source.backlog and not self._outbox.in_flight
+        idle = not self.flow.holding() and not self.source.backlog and not self._outbox.in_flight
         taken = self.source.take(
             max(0, self.flow.room()), _IDLE_POLL_S if idle else 0.0, self._stopping_since is None
         )
@@ -405,11 +409,7 @@ class Worker:
                 "reruns": self.stats.reruns,
                 "rejoins": self.stats.rejoins,
                 "handed_back": dict(self.stats.handed_back),
-                "held": {
-                    s.name.lower(): self.flow.book.count(s)
-                    for s in State
-                    if self.flow.book.count(s)
-                },
+                "held": self.flow.held_by_state(),
                 "backlog": self.source.backlog,
                 "paused": self.source.paused,
                 "statements": self._statements(),
@@ -432,14 +432,18 @@ class Worker:
         self.source.stop_reading()
         self.flow.begin_stopping()
 
+    def _shutdown_left(self) -> float:
+        """What is left of the shutdown bound (none unless the worker was stopping)."""
+        if self._stopping_since is None:
+            return 0.0
+        return max(0.0, self._shutdown_by - self.time.monotonic())
+
     def _shutdown(self) -> None:
         self.flow.abandon_running()
-        remaining = max(0.0, self._shutdown_by - time.monotonic()) if self._stopping_since else 0.0
-        self.source.close(max(_LEAVE_AT_LEAST_S, remaining))
-        remaining = max(0.0, self._shutdown_by - time.monotonic()) if self._stopping_since else 0.0
-        self._producer.flush(remaining)
+        self.source.close(max(_LEAVE_AT_LEAST_S, self._shutdown_left()))
+        self._producer.flush(self._shutdown_left())
         self.flow.close()
-        self.db.close(max(1.0, remaining))
+        self.db.close(max(1.0, self._shutdown_left()))
         self.presence.stop()
         self.telemetry.shutdown()
         log.info(
