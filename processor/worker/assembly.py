@@ -80,44 +80,7 @@ def build_flow(
     ``runners``: tests only (runs.py)."""
     p = parts
     book = TaskBook()
-    runs = Runs(
-        book=book,
-        options=p.options,
-        registry=p.registry,
-        stats=p.stats,
-        telemetry=p.telemetry,
-        post=p.answers.put,
-        threads=p.threads,
-        runners=runners,
-    )
-    results = Results(
-        book=book,
-        clock=p.clock,
-        names=p.names,
-        partition_by_run=p.partition_by_run,
-        delivery=p.delivery,
-        kafka_outage=p.kafka_outage,
-        ask=p.ask,
-        done_offset=p.done_offset,
-        tracing=p.telemetry.tracing,
-    )
-    claims = Claims(
-        book=book,
-        clock=p.clock,
-        concurrency=p.options.concurrency,
-        held_limit=p.options.held_limit,
-        runs=runs,
-        ask=p.ask,
-    )
-    watch = DeadlineWatch(
-        book=book,
-        clock=p.clock,
-        options=p.options,
-        runs=runs,
-        results=results,
-        ask=p.ask,
-        too_many_abandoned=p.too_many_abandoned,
-    )
+    runs, results, claims, watch = _stages(p, book, runners)
     intake = Intake(
         book=book,
         claims=claims,
@@ -174,3 +137,48 @@ def _handback(
         p.stats,
     )
     return intake.handback
+
+
+def _stages(
+    p: FlowParts, book: TaskBook, runners: dict[str, Runner] | None
+) -> tuple[Runs, Results, Claims, DeadlineWatch]:
+    """The stages a task goes through once taken in, around ``book``."""
+    runs = Runs(
+        book=book,
+        options=p.options,
+        registry=p.registry,
+        stats=p.stats,
+        telemetry=p.telemetry,
+        post=p.answers.put,
+        threads=p.threads,
+        runners=runners,
+    )
+    results = Results(
+        book=book,
+        clock=p.clock,
+        names=p.names,
+        partition_by_run=p.partition_by_run,
+        delivery=p.delivery,
+        kafka_outage=p.kafka_outage,
+        ask=p.ask,
+        done_offset=p.done_offset,
+        tracing=p.telemetry.tracing,
+    )
+    claims = Claims(
+        book=book,
+        clock=p.clock,
+        concurrency=p.options.concurrency,
+        held_limit=p.options.held_limit,
+        runs=runs,
+        ask=p.ask,
+    )
+    watch = DeadlineWatch(
+        book=book,
+        clock=p.clock,
+        options=p.options,
+        runs=runs,
+        results=results,
+        ask=p.ask,
+        too_many_abandoned=p.too_many_abandoned,
+    )
+    return runs, results, claims, watch

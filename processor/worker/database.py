@@ -262,6 +262,13 @@ class WorkerDatabase:
         self._claims.give_up.set()
         self._results.give_up.set()
 
+    def statements_done(self) -> dict[str, dict[str, int]]:
+        """The statements so far, by kind: how many, for how many tasks, how long (ms)."""
+        return {
+            kind: {"count": int(n), "tasks": int(rows), "ms": round(seconds * 1000)}
+            for kind, (n, rows, seconds) in self.statements.items()
+        }
+
     # -- the lanes' threads -----------------------------------------------------------------
 
     def _serve_claims(self, batch: list[Request]) -> bool:

@@ -2,7 +2,7 @@
 its requests to the database lanes are collected as the typed values they are, the lanes'
 and the slots' answers are scripted, a fake runner stands for the slots, and a ManualClock
 moves time, so the deadline watch, the heartbeat timeout, back-pressure and the broker's
-acknowledgements are judged in microseconds."""
+acknowledgements are judged in microseconds; so are the loop's own times (turns.py)."""
 
 from __future__ import annotations
 
@@ -47,6 +47,7 @@ from processor.worker.options import WorkerOptions
 from processor.worker.stats import WorkerStats
 from processor.worker.steps import Outcome, StepRegistry
 from processor.worker.tasks import State, Task
+from processor.worker.turns import BUSY_WAIT_S, IDLE_POLL_S, WATCH_EVERY_S, Turns
 from processor.worker.watch import CURRENT_CHECK_EVERY_S
 
 from .fakes import FakeMessage
@@ -355,3 +356,37 @@ def test_claims_go_ahead_of_the_slots_only_as_far_as_the_pace_says() -> None:
     (claim,) = h.asked(ClaimTasks)
     assert len(claim.tasks) == 2  # two slots' worth before any step ended
     assert [t.state for t in claim.tasks] == [State.CLAIMING] * 2
+
+
+# -- the loop's times (turns.py) ----------------------------------------------------------------
+
+
+def test_an_idle_loop_blocks_in_poll_and_a_busy_one_does_not() -> None:
+    assert Turns.poll_wait(holding=0, backlog=0, in_flight=0) == IDLE_POLL_S
+    for busy in ((1, 0, 0), (0, 1, 0), (0, 0, 1)):
+        assert Turns.poll_wait(*busy) == 0.0
+    assert Turns.answers_wait(polled=0, holding=3) == BUSY_WAIT_S
+    assert Turns.answers_wait(polled=1, holding=3) == 0.0
+    assert Turns.answers_wait(polled=0, holding=0) == 0.0
+
+
+def test_the_watch_and_the_stats_line_come_at_their_intervals() -> None:
+    manual = ManualClock()
+    turns = Turns(manual.clock, stats_every_s=30.0)
+    assert turns.watch_due(turns.now()) and not turns.watch_due(turns.now())
+    manual.advance(WATCH_EVERY_S)
+    assert turns.watch_due(turns.now())
+    assert not turns.stats_due(turns.now())
+    manual.advance(30.0)
+    assert turns.stats_due(turns.now()) and not turns.stats_due(turns.now())
+
+
+def test_a_stopping_worker_has_its_shutdown_bound_left_and_no_more() -> None:
+    manual = ManualClock()
+    turns = Turns(manual.clock, stats_every_s=30.0)
+    assert turns.left_s() == 0.0  # not stopping: nothing to wait for
+    turns.begin_stopping(turns.now(), wait_s=10.0)
+    manual.advance(4.0)
+    assert turns.left_s() == 6.0
+    manual.advance(7.0)
+    assert turns.left_s() == 0.0
