@@ -46,7 +46,7 @@ WORKER = [
     f"processor/worker/{name}.py"
     for name in (
         *("flow", "tasks", "source", "permits", "database", "runners", "stats"),
-        *("messages", "intake", "claiming", "runs", "watch", "results"),
+        *("messages", "lanes", "intake", "claiming", "runs", "watch", "results", "turns"),
     )
 ]
 IO = [

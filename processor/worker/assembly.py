@@ -16,13 +16,15 @@ from dataclasses import dataclass
 
 from processor.core.routing import TopicNames
 from processor.io.clock import Clock
+from processor.io.config import Settings
 from processor.io.db_clock import DatabaseClock
 from processor.io.delivery import Delivery
 from processor.io.faults import Faults
+from processor.io.instances import Presence, heartbeat_interval_s
 from processor.io.outage import Outage
 from processor.io.telemetry import Telemetry
 from processor.io.threads import ThreadWatch
-from processor.io.worker_registry import Directory
+from processor.io.worker_registry import Directory, WorkerAbout, ductor_version
 from processor.worker.claiming import Claims
 from processor.worker.flow import TaskFlow
 from processor.worker.handback import Handback
@@ -182,3 +184,36 @@ def _stages(
         too_many_abandoned=p.too_many_abandoned,
     )
     return runs, results, claims, watch
+
+
+def presence_of(
+    settings: Settings,
+    options: WorkerOptions,
+    registry: StepRegistry,
+    instance_id: str,
+    db_clock: DatabaseClock,
+    threads: ThreadWatch,
+    directory: Directory,
+) -> Presence:
+    """A worker's heartbeat and row in the instance registry (io/instances.py): what it
+    serves (`ductor workers`); each heartbeat reads the other workers into ``directory``."""
+    about = WorkerAbout(
+        settings.worker_group_id,
+        settings.worker_name or None,
+        options.queues,
+        tuple(registry.types()),
+        options.concurrency,
+        ductor_version(),
+        options.app,
+    )
+    return Presence(
+        settings.pg_dsn,
+        instance_id,
+        "worker",
+        heartbeat_interval_s(settings.instance_timeout_s),
+        settings.instance_timeout_s,
+        db_clock,
+        threads,
+        about,
+        directory.refresh,
+    )

@@ -19,14 +19,11 @@ fails its attempt; it never ends a lane's thread.
 from __future__ import annotations
 
 import logging
-import queue
-import threading
 import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
-from enum import Enum
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal
 
 import psycopg
 
@@ -34,7 +31,6 @@ from processor.core.claims import ClaimFacts, verdict
 from processor.core.model import StepOutcome
 from processor.core.step_task import StepData, StepTask
 from processor.io.connections import connect, connect_durable, ping
-from processor.io.db_errors import Fault, classify
 from processor.io.faults import NO_FAULTS, Faults, Point
 from processor.io.instances import Presence
 from processor.io.logs import describe, first_line
@@ -49,6 +45,7 @@ from processor.io.step_attempts import (
 )
 from processor.io.step_data import MissingData, StepResultRow, insert_step_results
 from processor.io.threads import ThreadWatch
+from processor.worker.lanes import STOPPED, Lane, Stopped
 from processor.worker.messages import (
     Answer,
     CheckCurrent,
@@ -71,114 +68,11 @@ from processor.worker.tasks import Task
 
 log = logging.getLogger("ductor.worker")
 
-T = TypeVar("T")
-
-
-class _Stopped(Enum):
-    STOPPED = "stopped"
-
-
-STOPPED: Literal[_Stopped.STOPPED] = _Stopped.STOPPED
-
 
 @dataclass(frozen=True)
 class ClaimRules:
     max_starts: int  # executions an attempt may begin in all (1 + the crash reruns)
     gone_after_s: float  # a worker silent this long is gone (DUCTOR_INSTANCE_TIMEOUT_S)
-
-
-class _Lane:
-    """One connection on a thread of its own, and the requests waiting for it: the thread
-    takes whatever has gathered since its last statement and hands it to ``serve``."""
-
-    def __init__(
-        self,
-        name: str,
-        connect: Callable[[], psycopg.Connection[Any]],
-        serve: Callable[[list[Request]], bool],
-        outage: SharedOutage,
-        tick: Callable[[], bool] | None = None,
-        tick_s: float = 1.0,
-        threads: ThreadWatch | None = None,
-    ) -> None:
-        self.name = name
-        self._connect = connect
-        self._serve_batch = serve
-        self._outage = outage
-        self._tick = tick
-        self._tick_s = tick_s
-        self.conn: psycopg.Connection[Any] | None = None
-        # (None: only wakes the thread, to see that it is closing)
-        self.requests: queue.SimpleQueue[Request | None] = queue.SimpleQueue()
-        self.closing = threading.Event()  # stop taking requests
-        self.give_up = threading.Event()  # stop retrying through an outage
-        self.thread = (threads or ThreadWatch()).thread(self._serve, f"worker-{name}")
-
-    def start(self) -> None:
-        self.thread.start()
-
-    def put(self, request: Request) -> None:
-        self.requests.put(request)
-
-    def close(self, timeout_s: float) -> None:
-        """Finish what was asked within ``timeout_s``, then give up on an outage."""
-        self.closing.set()
-        self.requests.put(None)
-        if self.thread.is_alive():
-            self.thread.join(timeout_s)
-        self.give_up.set()
-        if self.thread.is_alive():  # (never started when the worker stopped while starting)
-            self.thread.join(1.0)
-
-    def _serve(self) -> None:
-        next_tick = time.monotonic() + self._tick_s
-        while True:
-            wait = max(0.0, next_tick - time.monotonic()) if self._tick else 1.0
-            got: list[Request | None] = []
-            try:
-                got.append(self.requests.get(timeout=wait))
-                while True:
-                    got.append(self.requests.get_nowait())
-            except queue.Empty:
-                pass
-            batch = [request for request in got if request is not None]
-            if batch and not self._serve_batch(batch):
-                return
-            if self._tick is not None and time.monotonic() >= next_tick:
-                next_tick = time.monotonic() + self._tick_s
-                if not self._tick():
-                    return
-            if self.closing.is_set() and self.requests.empty():
-                return
-
-    def through_outages(
-        self, action: Callable[[psycopg.Connection[Any]], T]
-    ) -> T | Literal[_Stopped.STOPPED]:
-        while True:
-            try:
-                if self.conn is None:
-                    self.conn = self._connect()
-                result = action(self.conn)
-            except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
-                # A lost connection (whether a lost write committed is unknown: every write
-                # here may be redone), or a statement that lost a lock or its time: the same
-                # statement again after the backoff.
-                if self.conn is not None and classify(exc) is Fault.CONNECTION:
-                    self.conn.close()
-                    self.conn = None
-                if self.give_up.wait(self._outage.failed(self.name, first_line(exc))):
-                    return STOPPED
-                continue
-            except psycopg.Error:
-                self._outage.ok(self.name)  # it answered: what it refused is the caller's
-                raise
-            self._outage.ok(self.name)
-            return result
-
-    def close_connection(self) -> None:
-        if self.conn is not None:
-            self.conn.close()
-            self.conn = None
 
 
 class WorkerDatabase:
@@ -211,7 +105,7 @@ class WorkerDatabase:
         self._answer = answers
         self._presence = presence  # whether this worker may judge others gone
         shared = self._outage = SharedOutage(outage, ("claims", "results"))
-        self._claims = _Lane(
+        self._claims = Lane(
             "claims",
             lambda: connect(dsn),
             self._serve_claims,
@@ -219,7 +113,7 @@ class WorkerDatabase:
             tick=lambda: self._ping_if_doubted(self._claims),
             threads=threads,
         )
-        self._results = _Lane(
+        self._results = Lane(
             "results",
             lambda: connect_durable(dsn),
             self._serve_results,
@@ -315,7 +209,7 @@ class WorkerDatabase:
         results = [r for b in batch if isinstance(b, RecordResults) for r in b.results]
         return self._timed("record", results, self._record) is not STOPPED
 
-    def _ping_if_doubted(self, lane: _Lane) -> bool:
+    def _ping_if_doubted(self, lane: Lane) -> bool:
         """In an outage the other lane saw, this lane's connection tries too (it is most
         likely gone as well), so the outage ends once both are through it."""
         if not self._outage.doubts(lane.name):
@@ -333,10 +227,10 @@ class WorkerDatabase:
 
     # -- claims -----------------------------------------------------------------------------
 
-    def _claim_reruns(self, tasks: list[Task]) -> Literal[_Stopped.STOPPED] | None:
+    def _claim_reruns(self, tasks: list[Task]) -> Literal[Stopped.STOPPED] | None:
         return self._claim(tasks, reruns=True)
 
-    def _permit(self, through: list[int]) -> Literal[_Stopped.STOPPED] | None:
+    def _permit(self, through: list[int]) -> Literal[Stopped.STOPPED] | None:
         done = self._claims.through_outages(
             lambda conn: permit_starts(conn, self._instance_id, through[0])
         )
@@ -347,7 +241,7 @@ class WorkerDatabase:
 
     def _claim(
         self, tasks: list[Task], reruns: bool = False, permit: int = 0
-    ) -> Literal[_Stopped.STOPPED] | None:
+    ) -> Literal[Stopped.STOPPED] | None:
         # Judged before the statement: an outage during it makes the next claim wait.
         may_judge = self._presence.may_judge()
         steps = [t.step for t in tasks]
@@ -381,7 +275,7 @@ class WorkerDatabase:
 
     # -- results ----------------------------------------------------------------------------
 
-    def _record(self, results: list[ToRecord]) -> Literal[_Stopped.STOPPED] | None:
+    def _record(self, results: list[ToRecord]) -> Literal[Stopped.STOPPED] | None:
         """The results in one statement; if the database refuses any of them (or writing them
         raises what nobody foresaw), nothing was written and each is recorded alone
         (``_record_one`` says what becomes of a refused one). A result of a run that no longer
@@ -412,7 +306,7 @@ class WorkerDatabase:
         log.warning("dropped a step result: the run no longer exists", extra=_ids(task))
         self.dropped += 1
 
-    def _record_one(self, result: ToRecord) -> bool | Literal[_Stopped.STOPPED]:
+    def _record_one(self, result: ToRecord) -> bool | Literal[Stopped.STOPPED]:
         """One result. True: recorded; False: not (the run no longer exists, or not even a
         bare failure can be stored)."""
         task, outcome = result.task, result.outcome
@@ -488,13 +382,13 @@ class WorkerDatabase:
                 )
             ]
 
-    def _report(self, reports: list[Report]) -> Literal[_Stopped.STOPPED] | None:
+    def _report(self, reports: list[Report]) -> Literal[Stopped.STOPPED] | None:
         done = self._claims.through_outages(
             lambda conn: report_executions(conn, reports, self._instance_id)
         )
         return STOPPED if done is STOPPED else None
 
-    def _unclaim(self, tasks: list[Task]) -> Literal[_Stopped.STOPPED] | None:
+    def _unclaim(self, tasks: list[Task]) -> Literal[Stopped.STOPPED] | None:
         keys = [t.key for t in tasks]
         done = self._claims.through_outages(
             lambda conn: unclaim_attempts(conn, keys, self._instance_id)
@@ -503,7 +397,7 @@ class WorkerDatabase:
 
     # -- checks -----------------------------------------------------------------------------
 
-    def _check(self, tasks: list[Task]) -> Literal[_Stopped.STOPPED] | None:
+    def _check(self, tasks: list[Task]) -> Literal[Stopped.STOPPED] | None:
         keys = [t.key for t in tasks]
         stale = self._claims.through_outages(lambda conn: not_current(conn, keys))
         if stale is STOPPED:

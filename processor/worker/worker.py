@@ -1,6 +1,7 @@
 """A step worker: a task queue on Kafka that runs the users' step functions. This module is
-the process around it (its loop, start and stop, health, presence); the life of each task is
-flow.py's, where the tasks come from source.py's.
+the process around it (its loop, start and stop, health, presence) and its composition root:
+it builds its parts (assembly.py puts the task flow together) around one injected clock
+(io/clock.py). The life of each task is flow.py's, where the tasks come from source.py's.
 
 So a step runs once per attempt unless a process died or a deadline passed, and one step never
 holds back another: no batch barrier, at most ``concurrency`` steps at once; when its backlog
@@ -32,7 +33,6 @@ from processor.io.db_errors import database_unreachable
 from processor.io.delivery import Delivery
 from processor.io.faults import NO_FAULTS, Faults
 from processor.io.health_http import HealthServer
-from processor.io.instances import Presence, heartbeat_interval_s
 from processor.io.kafka import (
     EXIT_KAFKA_FATAL,
     ClientErrors,
@@ -48,9 +48,9 @@ from processor.io.outage import Outage, until_available
 from processor.io.telemetry import Telemetry
 from processor.io.threads import ThreadWatch
 from processor.io.worker_group import configure_worker_group, membership_note
-from processor.io.worker_registry import Directory, WorkerAbout, ductor_version, partitions_doc
+from processor.io.worker_registry import Directory, partitions_doc
 from processor.worker.app import for_children
-from processor.worker.assembly import FlowParts, build_flow
+from processor.worker.assembly import FlowParts, build_flow, presence_of
 from processor.worker.database import ClaimRules, WorkerDatabase
 from processor.worker.health import QueueLag, WorkerProbe
 from processor.worker.messages import News
@@ -117,7 +117,9 @@ class Worker:
         # registry shows them, read after its heartbeats while tasks of types it has no
         # function for wait for them (handback.py).
         self.directory = Directory(settings.worker_group_id, settings.instance_timeout_s)
-        self.presence = self._presence()
+        self.presence = presence_of(
+            settings, options, registry, client_id, self.db_clock, self.threads, self.directory
+        )
         self._holding = 0  # the source's assignment changes the registry was told of
         answers: queue.SimpleQueue[News] = queue.SimpleQueue()
         self.db = WorkerDatabase(
@@ -155,30 +157,6 @@ class Worker:
             self.client_errors,
             faults,
             self.names.step_tier_rank,
-        )
-
-    def _presence(self) -> Presence:
-        """Its heartbeat and row in the instance registry (io/instances.py)."""
-        settings, options = self.settings, self.options
-        about = WorkerAbout(
-            settings.worker_group_id,
-            settings.worker_name or None,
-            options.queues,
-            tuple(self.registry.types()),
-            options.concurrency,
-            ductor_version(),
-            options.app,
-        )
-        return Presence(
-            settings.pg_dsn,
-            self.instance_id,
-            "worker",
-            heartbeat_interval_s(settings.instance_timeout_s),
-            settings.instance_timeout_s,
-            self.db_clock,
-            self.threads,
-            about,
-            self.directory.refresh,
         )
 
     def _flow_parts(self, answers: queue.SimpleQueue[News], faults: Faults) -> FlowParts:
