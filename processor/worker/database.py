@@ -169,38 +169,19 @@ class WorkerDatabase:
         """What gathered on the claims lane, one statement per kind, in this order: the
         permit (with the claims when there are any, else alone), claims, reruns, checks,
         claims given back, reports."""
-        claims: list[Task] = []
-        reruns: list[Task] = []
-        checks: list[Task] = []
-        unclaims: list[Task] = []
-        reports: list[Report] = []
-        permit = 0
-        for request in batch:
-            if isinstance(request, ClaimTasks):
-                claims.extend(request.tasks)
-                permit = max(permit, request.permit)
-            elif isinstance(request, StorePermit):
-                permit = max(permit, request.through)
-            elif isinstance(request, ClaimReruns):
-                reruns.extend(request.tasks)
-            elif isinstance(request, CheckCurrent):
-                checks.extend(request.tasks)
-            elif isinstance(request, Unclaim):
-                unclaims.extend(request.tasks)
-            elif isinstance(request, ReportExecutions):
-                reports.extend(request.reports)
-        if permit and not claims:
+        permit, kinds = gather_claims(batch)
+        if permit and "claim" not in kinds:
             if self._timed("permit", [permit], self._permit) is STOPPED:
                 return False
             permit = 0
-        steps: tuple[tuple[str, list[Any], Callable[[Any], object]], ...] = (
-            ("claim", claims, lambda tasks: self._claim(tasks, permit=permit)),
-            ("rerun", reruns, self._claim_reruns),
-            ("check", checks, self._check),
-            ("unclaim", unclaims, self._unclaim),
-            ("report", reports, self._report),
-        )
-        for kind, items, action in steps:
+        for kind, action in (
+            ("claim", lambda tasks: self._claim(tasks, permit=permit)),
+            ("rerun", self._claim_reruns),
+            ("check", self._check),
+            ("unclaim", self._unclaim),
+            ("report", self._report),
+        ):
+            items = kinds.get(kind)
             if items and self._timed(kind, items, action) is STOPPED:
                 return False
         return True
@@ -405,6 +386,28 @@ class WorkerDatabase:
         if stale:
             self._answer(NotCurrent([tasks[i] for i in stale]))
         return None
+
+
+def gather_claims(batch: list[Request]) -> tuple[int, dict[str, list[Any]]]:
+    """The claims lane's requests by kind (claim, rerun, check, unclaim, report), and the
+    highest start permit asked, with a claim or alone."""
+    permit = 0
+    kinds: dict[str, list[Any]] = {}
+    for request in batch:
+        if isinstance(request, ClaimTasks):
+            kinds.setdefault("claim", []).extend(request.tasks)
+            permit = max(permit, request.permit)
+        elif isinstance(request, StorePermit):
+            permit = max(permit, request.through)
+        elif isinstance(request, ClaimReruns):
+            kinds.setdefault("rerun", []).extend(request.tasks)
+        elif isinstance(request, CheckCurrent):
+            kinds.setdefault("check", []).extend(request.tasks)
+        elif isinstance(request, Unclaim):
+            kinds.setdefault("unclaim", []).extend(request.tasks)
+        elif isinstance(request, ReportExecutions):
+            kinds.setdefault("report", []).extend(request.reports)
+    return permit, kinds
 
 
 def _ids(task: Task) -> dict[str, object]:

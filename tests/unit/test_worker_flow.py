@@ -23,14 +23,17 @@ from processor.io.db_clock import DatabaseClock
 from processor.io.delivery import Delivery
 from processor.io.faults import NO_FAULTS
 from processor.io.outage import Outage
+from processor.io.step_attempts import Report
 from processor.io.telemetry import Telemetry
 from processor.io.threads import ThreadWatch
 from processor.worker.assembly import FlowParts, build_flow
 from processor.worker.claiming import RECLAIM_AFTER_S
+from processor.worker.database import gather_claims
 from processor.worker.flow import HELD_PER_SLOT
 from processor.worker.messages import (
     CheckCurrent,
     Claimed,
+    ClaimReruns,
     ClaimTasks,
     ClaimVerdict,
     Ended,
@@ -42,6 +45,8 @@ from processor.worker.messages import (
     RecordResults,
     ReportExecutions,
     Request,
+    StorePermit,
+    Unclaim,
 )
 from processor.worker.options import WorkerOptions
 from processor.worker.stats import WorkerStats
@@ -390,3 +395,33 @@ def test_a_stopping_worker_has_its_shutdown_bound_left_and_no_more() -> None:
     assert turns.left_s() == 6.0
     manual.advance(7.0)
     assert turns.left_s() == 0.0
+
+
+# -- the lanes' requests ------------------------------------------------------------------------
+
+
+def test_the_claims_lane_takes_its_requests_by_kind_with_the_highest_permit() -> None:
+    h = Harness()
+    h.take(3)
+    a, b, c = (t for t in list(h.flow._book))
+    report = Report(a.key, ended=True)
+    permit, kinds = gather_claims(
+        [
+            ClaimTasks([a], permit=3),
+            StorePermit(5),
+            ClaimReruns([b]),
+            Unclaim([c]),
+            CheckCurrent([a]),
+            ReportExecutions([report]),
+            ClaimTasks([b], permit=2),
+        ]
+    )
+    assert permit == 5
+    assert kinds == {
+        "claim": [a, b],
+        "rerun": [b],
+        "unclaim": [c],
+        "check": [a],
+        "report": [report],
+    }
+    assert gather_claims([StorePermit(4)]) == (4, {})
