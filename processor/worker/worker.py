@@ -122,10 +122,22 @@ class Worker:
         )
         self._holding = 0  # the source's assignment changes the registry was told of
         answers: queue.SimpleQueue[News] = queue.SimpleQueue()
-        self.db = WorkerDatabase(
+        self.db = self._database(answers, faults)
+        gauges = (self._is_ready, lambda: len(self.source.assigned))
+        self.flow = build_flow(self._flow_parts(answers, faults), self.directory, client_id, gauges)
+        self._stop = threading.Event()
+        self.turns = Turns(clock, settings.stats_log_interval_s)
+        self.exit_code = 0
+        self.probe = self._probe()
+        self._health: HealthServer | None = None
+
+    def _database(self, answers: queue.SimpleQueue[News], faults: Faults) -> WorkerDatabase:
+        """Its two database lanes (claims, results), answering on the loop's queue."""
+        settings = self.settings
+        return WorkerDatabase(
             settings.pg_dsn,
-            client_id,
-            ClaimRules(options.max_starts, settings.instance_timeout_s),
+            self.instance_id,
+            ClaimRules(self.options.max_starts, settings.instance_timeout_s),
             self.outages["postgres"],
             answers.put,
             self.presence,
@@ -133,18 +145,12 @@ class Worker:
             self.threads,
             self.stats.isolated,
         )
-        gauges = (self._is_ready, lambda: len(self.source.assigned))
-        self.flow = build_flow(self._flow_parts(answers, faults), self.directory, client_id, gauges)
-        self._stop = threading.Event()
-        self.turns = Turns(clock, settings.stats_log_interval_s)
-        self.exit_code = 0
-        queues = {t: q for q in options.queues for t in self.names.step_topics(q)}
-        self.probe = WorkerProbe(
-            client_id,
-            QueueLag(settings, queues) if settings.health_port else None,
-            threads=self.threads,
-        )
-        self._health: HealthServer | None = None
+
+    def _probe(self) -> WorkerProbe:
+        """What its health endpoints answer from (health.py), with its queues' lag."""
+        queues = {t: q for q in self.options.queues for t in self.names.step_topics(q)}
+        lag = QueueLag(self.settings, queues) if self.settings.health_port else None
+        return WorkerProbe(self.instance_id, lag, threads=self.threads)
 
     def _source(self, faults: Faults) -> TaskSource:
         """Where its tasks come from: its consumer of the queues' steps topics (source.py)."""
