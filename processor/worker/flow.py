@@ -75,8 +75,8 @@ HELD_PER_SLOT = 8
 
 
 class TaskFlow:
-    """The state moves of the tasks held; built by the worker's composition root (worker.py)
-    from its collaborators, each of which a unit test builds alone."""
+    """The state moves of the tasks held, over the collaborators it is built from (assembly.py,
+    which the worker, its composition root, calls); a unit test builds any of them alone."""
 
     def __init__(
         self,
