@@ -29,7 +29,8 @@ venv: $(STAMP) ## create .venv and install the package with its dev tools (cache
 # start is in place for the install, so no server starts, with systemd or without it.
 # Chromium and its chromedriver (Debian's builds, which apt keeps at one version together):
 # the real browser tests/integration/test_ui.py drives, headless, through selenium.
-TOOLS := kcat:kafkacat promtool:prometheus chromium:chromium chromedriver:chromium-driver
+# curl: docs/usage.md's HTTP API block is run with it, as a user runs it.
+TOOLS := kcat:kafkacat promtool:prometheus chromium:chromium chromedriver:chromium-driver curl:curl
 tools: ## client tools the tests use (kcat, promtool, chromium, chromedriver), installed with apt-get when missing
 	@for tool in $(TOOLS); do \
 	  command=$${tool%%:*}; package=$${tool##*:}; \

@@ -72,6 +72,7 @@ __all__ = [
     "ClientError",
     "Cursor",
     "IfExists",
+    "InvalidArgument",
     "InvalidInput",
     "OutOfBounds",
     "ReservedRunId",
@@ -98,12 +99,14 @@ __all__ = [
     "release_run",
     "request_signal",
     "request_starts",
+    "result_document",
     "retry_run",
     "retry_runs",
     "search_runs",
     "send_signal",
     "start_run",
     "start_runs",
+    "summary_document",
     "wait_for_run",
     "wake",
 ]
@@ -156,6 +159,12 @@ class IfExists(StrEnum):
 
     IGNORE = "ignore"  # keep the existing run (and wake it), whatever input it was given
     FAIL = "fail"  # refuse to start a run id that exists at all
+
+
+class InvalidArgument(ClientError, ValueError):
+    """A call refused for what it asks before anything was written: a name or an id of the
+    wrong length, a tier, a policy or a signal name that does not exist, tags of the wrong
+    shape, a limit out of range (the HTTP API answers it 400)."""
 
 
 class InvalidInput(ClientError, ValueError):
@@ -269,7 +278,7 @@ def start_runs(
     them by; a run that exists already keeps its own."""
     problem = None if tags is None else tags_problem(tags)
     if problem is not None:
-        raise ClientError(problem)
+        raise InvalidArgument(problem)
     check_start(workflow, run_ids, run_input)
     policy = _policy(if_exists)
     start_ms = _start_ms(start_at)
@@ -333,7 +342,7 @@ def _check_json(name: str, value: Any) -> None:
 
 def _check_text(name: str, value: str, most: int) -> None:
     if not 1 <= len(value) <= most:
-        raise ClientError(f"{name} must be 1 to {most} characters, not {len(value)}")
+        raise InvalidArgument(f"{name} must be 1 to {most} characters, not {len(value)}")
     problem = text_problem(value, most)
     if problem is not None:
         raise OutOfBounds(f"{name} {problem}")
@@ -343,7 +352,7 @@ def _start_ms(start_at: datetime | None) -> int | None:
     if start_at is None:
         return None
     if start_at.tzinfo is None:
-        raise ClientError(
+        raise InvalidArgument(
             f"start_at must say its time zone (an aware datetime), not {start_at.isoformat()}"
         )
     return round(start_at.timestamp() * 1000)
@@ -355,7 +364,7 @@ def _policy(if_exists: IfExists | str | None) -> IfExists | None:
     try:
         return IfExists(if_exists)
     except ValueError:
-        raise ClientError(
+        raise InvalidArgument(
             f"if_exists must be one of {', '.join(p.value for p in IfExists)} (or None),"
             f" not {if_exists!r}"
         ) from None
@@ -515,7 +524,7 @@ def _produce_keyed(
 
 def _check_run_id(run_id: str) -> None:
     if not 1 <= len(run_id) <= MAX_RUN_ID_LENGTH:
-        raise ClientError(f"a run id is 1 to {MAX_RUN_ID_LENGTH} characters, not {len(run_id)}")
+        raise InvalidArgument(f"a run id is 1 to {MAX_RUN_ID_LENGTH} characters, not {len(run_id)}")
     problem = text_problem(run_id, MAX_RUN_ID_LENGTH)
     if problem is not None:
         raise OutOfBounds(f"the run id {run_id[:60]!r} {problem}")
@@ -529,7 +538,7 @@ def _check_signal(run_id: str, signal_id: str, payload: Any) -> None:
 
 def _check_tier(tier: str) -> None:
     if tier not in TIERS:
-        raise ClientError(f"tier must be one of {', '.join(TIERS)}, not {tier!r}")
+        raise InvalidArgument(f"tier must be one of {', '.join(TIERS)}, not {tier!r}")
 
 
 def get_run(settings: Settings, run_id: str) -> RunResult:
@@ -578,7 +587,7 @@ def list_runs(
 ) -> list[RunSummary]:
     """Up to ``limit`` runs, newest first, of ``workflow`` and in ``status`` when given."""
     if not 1 <= limit <= MAX_LIST_LIMIT:
-        raise ClientError(f"the limit must be between 1 and {MAX_LIST_LIMIT}, not {limit}")
+        raise InvalidArgument(f"the limit must be between 1 and {MAX_LIST_LIMIT}, not {limit}")
     wanted = RunFilter(workflow=workflow, statuses=() if status is None else (status,))
     return search_runs(settings, wanted, limit).runs
 
@@ -590,7 +599,7 @@ def search_runs(
     page (None on the last): pass it as ``after`` to continue. Each filter is served by an
     index, so a search costs what it finds, not the size of the run table."""
     if not 1 <= limit <= MAX_LIST_LIMIT:
-        raise ClientError(f"the limit must be between 1 and {MAX_LIST_LIMIT}, not {limit}")
+        raise InvalidArgument(f"the limit must be between 1 and {MAX_LIST_LIMIT}, not {limit}")
     with connect(settings) as conn:
         return _search_runs(conn, wanted, limit, after)
 
@@ -761,7 +770,7 @@ def send_signal(
     a name no wait step of its workflow waits for (``unknown_signal``): nothing is written."""
     name = str(kind)
     if not SIGNAL_NAME.fullmatch(name):
-        raise ClientError(
+        raise InvalidArgument(
             f"a signal's name is 'cancel' or 1 to 100 letters, digits, '_', '.', ':' or '-',"
             f" not {name!r}"
         )
@@ -902,3 +911,30 @@ def _read_result(conn: psycopg.Connection[Any], run_id: str) -> RunResult:
     if result is None:
         raise RunNotFound(f"no run with id {run_id!r}")
     return result
+
+
+def summary_document(run: RunSummary) -> dict[str, Any]:
+    """A run as `ductor runs list --output json` and the HTTP API's search give it."""
+    return {
+        "run_id": run.run_id,
+        "workflow": run.workflow[0],
+        "version": run.workflow[1],
+        "status": run.status.value,
+        "created_at": None if run.created_at is None else run.created_at.isoformat(),
+        "last_transition_at": run.last_transition_at.isoformat(),
+        "failure_reason": run.failure_reason,
+        "quarantined": run.quarantine_reason is not None,
+        "tags": dict(run.tags),
+    }
+
+
+def result_document(result: RunResult) -> dict[str, Any]:
+    """Where a run stands, as the HTTP API's result gives it (`ductor result` prints the
+    output alone)."""
+    return {
+        "run_id": result.run_id,
+        "status": result.status.value,
+        "finished": result.finished,
+        "output": result.output,
+        "failure_reason": result.failure_reason,
+    }

@@ -26,6 +26,7 @@ from processor.client import (
     retry_runs,
     search_runs,
     send_signal,
+    summary_document,
 )
 from processor.core.model import RunStatus
 from processor.io.config import Settings
@@ -93,27 +94,13 @@ def cmd_runs_list(settings: Settings, args: argparse.Namespace) -> int:
     page = search_runs(settings, wanted, args.limit, after)
     following = None if page.next_cursor is None else page.next_cursor.encode()
     if args.output == "json":
-        document = {"runs": [_run_json(run) for run in page.runs], "next_cursor": following}
+        document = {"runs": [summary_document(run) for run in page.runs], "next_cursor": following}
         sys.stdout.write(orjson.dumps(document).decode() + "\n")
         return EXIT_OK
     _print_table(page.runs)
     more = "" if following is None else f"; more with --cursor {following}"
     print(f"{len(page.runs)} run(s), newest first{more}", file=sys.stderr)
     return EXIT_OK
-
-
-def _run_json(run: RunSummary) -> dict[str, Any]:
-    return {
-        "run_id": run.run_id,
-        "workflow": run.workflow[0],
-        "version": run.workflow[1],
-        "status": run.status.value,
-        "created_at": None if run.created_at is None else run.created_at.isoformat(),
-        "last_transition_at": run.last_transition_at.isoformat(),
-        "failure_reason": run.failure_reason,
-        "quarantined": run.quarantine_reason is not None,
-        "tags": dict(run.tags),
-    }
 
 
 def _print_table(runs: list[RunSummary]) -> None:

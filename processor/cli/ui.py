@@ -18,7 +18,8 @@ def add_ui_command(sub: Any) -> None:
     p = sub.add_parser(
         "ui",
         help="serve a read-only web page of the runs (filters, each run's DAG and attempts),"
-        " dead letters and schedules; retry and cancel with DUCTOR_UI_TOKEN",
+        " dead letters and schedules; retry and cancel with DUCTOR_UI_TOKEN; and a JSON API"
+        " to start, signal, cancel, retry and find runs (/api/openapi.json)",
     )
     p.add_argument(
         "--host",

@@ -2,6 +2,7 @@
 with the filters of `ductor runs list`, a run with its DAG and attempts (what `inspect --output
 json` prints), the dead letters and the schedules, and retry and cancel buttons for who gave
 the token (processor/ui/auth.py); with DUCTOR_UI_READ_TOKEN_REQUIRED, reading needs it too.
+Beside them, under /api/, the JSON API (processor/ui/api.py) with the same token and checks.
 
 Before any page: a request addressed to a name the page is not served as is refused
 (processor/ui/hosts.py: DNS rebinding). The login form takes a few wrong tokens a minute
@@ -44,6 +45,7 @@ from processor.io.dlq import DeadLetter, DlqError, read_dead_letters
 from processor.io.logs import first_line
 from processor.io.schedules import Schedule, list_schedules
 from processor.ui import auth
+from processor.ui.api import Api, error_answer
 from processor.ui.dag import layout, step_states
 from processor.ui.hosts import host_allowed
 from processor.ui.login_limit import LoginLimiter, LoginLimits
@@ -350,7 +352,10 @@ class HostCheck:
         if scope["type"] in ("http", "websocket"):
             host = Headers(scope=scope).get("host")
             if not host_allowed(host, self.hosts):
-                refusal = _secured(PlainTextResponse(_FOREIGN_HOST, status_code=400))
+                if str(scope.get("path", "")).startswith("/api/"):
+                    refusal = error_answer(400, "foreign_host", _FOREIGN_HOST.strip())
+                else:
+                    refusal = _secured(PlainTextResponse(_FOREIGN_HOST, status_code=400))
                 await refusal(scope, receive, send)
                 return
         await self.app(scope, receive, send)
@@ -373,6 +378,7 @@ def create_app(
         Route("/actions/retry", site.retry, methods=["POST"]),
         Route("/actions/cancel", site.cancel, methods=["POST"]),
         Route("/static/ui.css", site.stylesheet),
+        *Api(settings, site.logins).routes(),
     ]
     middleware = [Middleware(HostCheck, hosts=hosts)]
 

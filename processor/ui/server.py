@@ -68,6 +68,7 @@ class UiServer:
             "ui serving",
             extra={
                 "url": self.url,
+                "api": f"{self.url}api/openapi.json",
                 "actions": actions,
                 "reading": reading,
                 "hosts": ",".join(self.hosts),

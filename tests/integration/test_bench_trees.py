@@ -15,13 +15,20 @@ from processor.tools import bench_trees
 pytestmark = pytest.mark.integration
 
 
-def _worktrees() -> str:
-    return subprocess.run(
-        ["git", "-C", str(bench_trees.CHECKOUT), "worktree", "list"],
+def _worktrees() -> set[str]:
+    """The worktrees' paths (not their commits: another worktree of the checkout may commit
+    meanwhile)."""
+    listed = subprocess.run(
+        ["git", "-C", str(bench_trees.CHECKOUT), "worktree", "list", "--porcelain"],
         capture_output=True,
         text=True,
         check=True,
     ).stdout
+    return {
+        line.removeprefix("worktree ")
+        for line in listed.splitlines()
+        if line.startswith("worktree ")
+    }
 
 
 def test_two_trees_run_in_turns_and_their_medians_are_compared(

@@ -34,6 +34,9 @@ from .conftest import REPO, child_env, wait_for
 
 pytestmark = pytest.mark.integration
 
+# The line a service logs once it serves ("processor started", "worker started").
+STARTED = re.compile(r'"msg":"(processor|worker) started"')
+
 # The most one command may take: `ductor result --wait 30` is the longest a README asks for.
 COMMAND_TIMEOUT_S = 90.0
 
@@ -85,10 +88,20 @@ class Shell:
 
     def start(self, command: Command, log: Path) -> None:
         """A service the README leaves running, its output to ``log`` rather than among the
-        commands' output."""
+        commands' output; the next command comes once it says it started, as a user reading
+        its terminal types it (a worker not yet registered makes `workflows register` warn
+        that no worker serves the steps)."""
         lines, status = self.run(f"{command.foreground()} >{shlex_quote(log)} 2>&1 &\necho $!")
         assert status == 0, lines
-        self.services.append(int(lines[-1]))
+        pid = int(lines[-1])
+        self.services.append(pid)
+        wait_for(
+            lambda: (
+                STARTED.search(log.read_text(errors="replace")) is not None or not self.running(pid)
+            ),
+            60,
+            f"{command.text!r} to say it started",
+        )
 
     def running(self, pid: int) -> bool:
         try:

@@ -15,6 +15,8 @@ import orjson
 import psycopg
 import pytest
 
+from processor.core.model import initial_state, state_checksum
+from processor.core.routing import run_shard
 from processor.io.config import Settings
 from processor.io.migrate import MIGRATIONS_TABLE, migrate
 from processor.io.package_files import migrations
@@ -128,7 +130,23 @@ def test_the_migration_moves_the_marks_off_the_run_row(scratch_dsn: str) -> None
             conn.execute(f"INSERT INTO {MIGRATIONS_TABLE} (name) VALUES (%s)", (migration.name,))
         wf = sample_workflow()
         register_workflow(conn, wf)
-        insert_runs(conn, wf, [("plain", {}), ("rewoken", {}), ("flagged", {})], "t1")
+        # Rows as that schema has them, written by hand: today's insert reads tables of
+        # later migrations.
+        state = initial_state(wf)
+        for run_id in ("plain", "rewoken", "flagged"):
+            conn.execute(
+                "INSERT INTO eec_workflow_run (run_id, workflow_name, workflow_version, status,"
+                " node_states, state_checksum, shard) VALUES (%s, %s, %s, %s, %s, %s, %s)",
+                (
+                    run_id,
+                    wf.name,
+                    wf.version,
+                    state.status.value,
+                    orjson.dumps(state.nodes_json()).decode(),
+                    state_checksum(state),
+                    run_shard(run_id),
+                ),
+            )
         conn.execute(
             "UPDATE eec_workflow_run SET rewoken_at = '2030-01-01T00:00:00Z'"
             " WHERE run_id IN ('rewoken', 'flagged')"

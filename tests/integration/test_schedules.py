@@ -57,9 +57,9 @@ def test_a_delayed_run_starts_at_its_time_not_when_woken_early(
     processor_thread(settings)
     worker = WorkerThread(settings)
     try:
-        start_at = datetime.now(UTC) + timedelta(seconds=6)
+        start_at = datetime.now(UTC) + timedelta(seconds=8)
         assert start_run(settings, name, "later-1", {}, start_at=start_at).created
-        delayed = run_ductor(settings, "start", name, "--run-id", "later-2", "--delay", "6s")
+        delayed = run_ductor(settings, "start", name, "--run-id", "later-2", "--delay", "8s")
         assert delayed.stdout == "later-2\n", delayed.stderr
         # Woken early, again and again: a start of the same id, wakeups of its own.
         again = run_ductor(settings, "start", name, "--run-id", "later-1")
@@ -67,7 +67,8 @@ def test_a_delayed_run_starts_at_its_time_not_when_woken_early(
         for _ in range(3):
             wake(settings, ["later-1", "later-2"], "t1", "start")
         shown = run_ductor(settings, "inspect", "later-1").stdout
-        assert "starts at" in shown and "status     pending" in shown
+        if datetime.now(UTC) < start_at:  # (on a loaded machine the commands may take longer)
+            assert "starts at" in shown and "status     pending" in shown, shown
         wait_for(lambda: count_terminal(pg, ["later-1", "later-2"]) == 2, 60, "both to end")
     finally:
         worker.stop()
