@@ -12,7 +12,7 @@
 #   COPY my_steps/ /app/my_steps/
 #
 # and the worker runs them with `ductor worker --app my_steps:registry` (the working
-# directory, /app, is importable: docs/operations.md, "Deploying on Kubernetes").
+# directory, /app, is importable: docs/operations/deployment.md#deploying-on-kubernetes).
 
 # The Python CI tests with (pyproject.toml: requires-python >= 3.11). Pin a digest in production.
 ARG PYTHON_IMAGE=python:3.11-slim-bookworm

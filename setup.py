@@ -44,7 +44,10 @@ def _modules(folder: str) -> list[str]:
 # isolation.py: a child process unpickles what they define) and what runs once.
 WORKER = [
     f"processor/worker/{name}.py"
-    for name in ("flow", "tasks", "source", "permits", "database", "runners", "stats")
+    for name in (
+        *("flow", "tasks", "source", "permits", "database", "runners", "stats"),
+        *("messages", "lanes", "intake", "claiming", "runs", "watch", "results", "turns"),
+    )
 ]
 IO = [
     f"processor/io/{name}.py"

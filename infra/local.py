@@ -850,7 +850,7 @@ inter.broker.listener.name=PLAINTEXT
 sasl.enabled.mechanisms=SCRAM-SHA-512
 listener.name.sasl_plaintext.scram-sha-512.sasl.jaas.config=\\
   org.apache.kafka.common.security.scram.ScramLoginModule required;
-# ACLs, as a production cluster has them, to try the recipes of docs/operations.md
+# ACLs, as a production cluster has them, to try the recipes of docs/operations/access.md
 # (tests/integration/test_kafka_acls.py): the KRaft authorizer, and a principal may do only
 # what an ACL allows. Nothing changes for anything but the principals those recipes create:
 # the ones everything else uses are super users, ANONYMOUS (the PLAINTEXT and controller
@@ -1088,7 +1088,7 @@ class Postgres:
             if role is None:
                 note("postgres: creating role ductor")
                 conn.execute("CREATE ROLE ductor LOGIN CREATEDB PASSWORD 'ductor'")
-            # The workers' group role, made by the administrator as docs/operations.md says
+            # The workers' group role, made by the administrator as docs/operations/access.md says
             # (the `ductor` role may not create roles, so its migration only grants to it).
             worker = conn.execute("SELECT 1 FROM pg_roles WHERE rolname = 'ductor_worker'")
             if worker.fetchone() is None:

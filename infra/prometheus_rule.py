@@ -20,7 +20,7 @@ PROMETHEUS_RULE = INFRA / "k8s" / "prometheus-rule.yaml"
 
 _HEADER = """\
 # GENERATED from infra/prometheus/ductor-alerts.yml by infra/prometheus_rule.py: edit the
-# rules there, then run `make k8s-rules`. docs/operations.md#alerts says what each alert
+# rules there, then run `make k8s-rules`. docs/operations/alerts.md says what each alert
 # means. Your Prometheus must select this rule (its ruleSelector, e.g. a `release: <name>`
 # label with kube-prometheus-stack): add that label in an overlay.
 apiVersion: monitoring.coreos.com/v1

@@ -4,11 +4,12 @@ checks what can be checked without the services.
 
 Two kinds of fenced blocks hold commands:
 
-- an ``sh`` block: commands to type, each line one (a line ending in ``\\`` or inside an
-  unclosed quote goes on); they must succeed; a command ending in ``&`` is a service left
-  running in the background;
-- a block without a language whose first line starts with ``$ ``: a transcript; each ``$ ``
-  line is a command, the lines up to the next are what it prints (stdout and stderr), to match.
+- a block without a language (or ``sh``) whose first line starts with ``$ ``: a transcript;
+  each ``$ `` line is a command, the lines up to the next are what it prints (stdout and
+  stderr), to match;
+- any other ``sh`` block: commands to type, each line one (a line ending in ``\\`` or inside
+  an unclosed quote goes on); they must succeed; a command ending in ``&`` is a service left
+  running in the background.
 
 Any other block (a diagram, output shown without its command) is prose. In what a transcript
 shows, a line ``...`` stands for any lines and ``...`` within a line for any text; a timestamp
@@ -25,7 +26,7 @@ from dataclasses import dataclass
 
 import orjson
 
-from tests.markdown import fences
+from tests.markdown import Fence, fences
 
 
 @dataclass(frozen=True)
@@ -49,12 +50,19 @@ def commands(markdown: str) -> list[Command]:
     """Every command of the README's ``sh`` blocks and transcripts, in order."""
     found: list[Command] = []
     for fence in fences(markdown):
-        body = fence.body.splitlines()
-        if fence.info == "sh":
-            found.extend(_typed(body, fence.line + 1))
-        elif not fence.info and body and body[0].startswith("$ "):
-            found.extend(_transcript(body, fence.line + 1))
+        found.extend(fence_commands(fence))
     return found
+
+
+def fence_commands(fence: Fence) -> list[Command]:
+    """The commands of one block: a transcript's (a block without a language, or ``sh``, whose
+    first line starts with ``$ ``), or typed (any other ``sh`` block); none for any other."""
+    body = fence.body.splitlines()
+    if body and body[0].startswith("$ ") and fence.info in ("", "sh"):
+        return _transcript(body, fence.line + 1)
+    if fence.info == "sh":
+        return _typed(body, fence.line + 1)
+    return []
 
 
 def _typed(body: list[str], first: int) -> list[Command]:

@@ -54,7 +54,7 @@ def stop_on_signals(stop: Callable[[], None]) -> None:
     """Call ``stop`` on SIGTERM and SIGINT (a graceful shutdown); at once if one came while
     the modules loaded (processor/early_stop.py). SIGUSR1 writes every thread's stack to
     stderr, and the service goes on: what a process that does not stop is doing, without a
-    debugger (docs/operations.md)."""
+    debugger (docs/operations/running.md#logs)."""
 
     def handler(_signum: int, _frame: Any) -> None:
         stop()

@@ -15,7 +15,8 @@ run's input and those outputs). The format, one JSON object:
 
 The data is inline only when its encoded JSON is at most ``MAX_INLINE_DATA_BYTES``; otherwise
 ``data`` is null and the worker reads the run's input and those outputs from Postgres in one
-query per batch (docs/operations.md, "Data between steps", says why the bound is what it is).
+query per batch (docs/operations/steps.md, "How the data travels", says why the bound is what
+it is).
 
 Timeouts. A task with ``timeout_ms`` is judged by Temporal's three timeouts (core/tick.py,
 rule 4): the worker runs it for at most ``timeout_ms`` from the moment it starts it (its

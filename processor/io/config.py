@@ -57,7 +57,7 @@ class Settings:
     group_protocol: str = "consumer"
     pg_dsn: str = "postgresql://ductor:ductor@127.0.0.1:55432/ductor"
     # The step workers' own DSN (a login role in the ductor_worker group, which may claim,
-    # record and read what steps need, nothing else: docs/operations.md); empty: pg_dsn.
+    # record and read what steps need, nothing else: docs/operations/access.md); empty: pg_dsn.
     worker_pg_dsn: str = field(default="", repr=False)
     topic_prefix: str = "ductor"
     wakeup_partitions: int = 6
@@ -121,8 +121,8 @@ class Settings:
     # moving them. Empty: a dynamic member. Two live workers must not share a name.
     worker_name: str = ""
     # How long the broker waits for a silent worker before its partitions go to the others
-    # (what a dead worker's queued tasks wait, docs/operations.md "Step workers"): the
-    # workers' group's ``consumer.session.timeout.ms`` (set by each worker at start) under
+    # (what a dead worker's queued tasks wait: docs/operations/workers.md#membership-and-failover):
+    # the workers' group's ``consumer.session.timeout.ms`` (set by each worker at start) under
     # the consumer protocol, the consumer's ``session.timeout.ms`` under classic. 0: the
     # broker's (consumer) or Ductor's 10 s (classic).
     worker_session_timeout_ms: int = 6000

@@ -75,7 +75,7 @@ def register(
 ) -> int:
     """Announce an instance (and, with ``forget_gone``, forget instances gone for a day);
     Postgres's time (epoch ms). A worker forgets none: its database role may not delete
-    another instance's row (docs/operations.md, the workers' database role)."""
+    another instance's row (docs/operations/access.md#the-workers-database-role)."""
     database_ms = heartbeat(conn, instance_id, kind, about)
     if forget_gone:
         conn.execute(

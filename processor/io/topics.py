@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections import Counter
 from collections.abc import Iterable
@@ -11,11 +12,13 @@ from confluent_kafka.admin import (  # type: ignore[attr-defined]
     AdminClient,
     ConfigResource,
     NewTopic,
+    OffsetSpec,
 )
 
 from processor.core.routing import DEFAULT_QUEUE, TopicNames
 from processor.io.config import Settings
 from processor.io.kafka import admin_config, reader_config, topic_partitions
+from processor.io.kafka_errors import MissingTopic
 from processor.io.kafka_logs import with_logger
 
 
@@ -94,9 +97,40 @@ def create_topics(
             else:
                 raise
     # Return only once every topic is in the metadata, so a client started right after this
-    # (a processor, a test) finds them all.
-    topic_partitions(admin, list(wanted), timeout_s)
+    # (a processor, a test) finds them all, and every partition is served by its leader.
+    wait_served(admin, topic_partitions(admin, list(wanted), timeout_s), timeout_s)
     return dict(sorted(report.items()))
+
+
+def wait_served(admin: AdminClient, partitions: dict[str, int], timeout_s: float) -> None:
+    """Return once the leader of every partition of ``partitions`` (topic: count) serves it
+    (answers a ListOffsets request); MissingTopic after ``timeout_s``.
+
+    A new topic is in the metadata before its leader has created the partitions' logs (a
+    second or two later on a loaded broker). A record produced in between is refused and
+    retried by the idempotent producer, yet one was reported delivered and never reached the
+    log: the chaos run's first record to a partition, sent 0.6 s before the broker created
+    it; the partition's next record, sent 0.5 s later, took offset 0."""
+    deadline = time.monotonic() + timeout_s
+    waiting = [TopicPartition(t, p) for t, n in partitions.items() for p in range(n)]
+    while waiting:
+        latest = OffsetSpec.latest()  # type: ignore[no-untyped-call]
+        futures = admin.list_offsets(dict.fromkeys(waiting, latest), request_timeout=timeout_s)
+        unserved = []
+        for tp, future in futures.items():
+            try:
+                future.result(timeout=timeout_s)
+            except KafkaException:
+                unserved.append(tp)
+        waiting = unserved
+        if waiting and time.monotonic() > deadline:
+            first = waiting[0]
+            raise MissingTopic(
+                f"partition {first.partition} of topic {first.topic} is not served by its"
+                f" leader after {timeout_s:.0f} s ({len(waiting)} partitions waiting)"
+            )
+        if waiting:
+            time.sleep(0.2)  # the leader creating the partitions; bounded by the deadline
 
 
 def delete_topics(settings: Settings, timeout_s: float = 30.0) -> None:

@@ -46,7 +46,7 @@ _BROKER_MINIMUM = {
 
 def membership_note(settings: Settings) -> None:
     """A named worker under the consumer protocol: say what its name does and does not do
-    (measured: processor/tools/failover.py, docs/operations.md "Step workers")."""
+    (measured: processor/tools/failover.py, docs/operations/workers.md#membership-and-failover)."""
     if settings.worker_name and settings.group_protocol == "consumer":
         log.info(
             "worker %r is a static member of its group: restarted after a clean stop, it takes"

@@ -8,8 +8,10 @@ one's partitions wait for the group to give them to another. A step's timeout co
 start (core/tick.py, rule 4), so no run may fail for its time in a queue. A run may fail only
 for an attempt its worker's kill cut short: its attempt started (claimed within its worker's
 start permit, which runs about a slot's worth of claims ahead of the steps running:
-io/step_attempts.py) and a kill came before its start plus its timeout. The report says how
-many of those had not begun their step yet.
+io/step_attempts.py) and a kill came before its start plus its timeout; or its worker was
+killed and the rerun, in a child process of its own, did not end in time either; or its
+worker was killed each time it started it (core/claims.py). The report says how many had not
+begun their step yet.
 
 The report's check, per failed run: not a timeout (problem), a timeout of an attempt no
 worker started or judged before its start plus its timeout (failed for queue time: problem),
@@ -75,6 +77,10 @@ class RunFacts:
     started: float | None  # its attempt's start (None: no worker started it)
     ended_at: float  # the run's last transition (its end)
     waited: float | None  # from the run's creation to its attempt's start
+    # Executions its attempt began (io/step_attempts.py): more than 1, a worker that started
+    # it was killed and another ran it again, and ``started`` is that rerun's start (the row
+    # keeps the last start; the coordinator's deadline counted from the first).
+    starts: int = 1
 
 
 def classify(run: RunFacts, timeout_ms: int, kills: Sequence[float]) -> str | None:
@@ -82,10 +88,17 @@ def classify(run: RunFacts, timeout_ms: int, kills: Sequence[float]) -> str | No
     KILLED, UNEXPLAINED or OTHER."""
     if run.status == "succeeded":
         return None
+    if run.status == "failed" and _DIED in (run.reason or ""):
+        return KILLED  # its worker was killed each time it started (core/claims.py)
     if run.status != "failed" or "attempt 1 timed out after" not in (run.reason or ""):
         return OTHER
     if run.started is None:
         return QUEUE  # timed out without a start: its queue time counted
+    if run.starts > 1 and any(k <= run.ended_at + _CLOCK_SLACK_S for k in kills):
+        # Started by a worker a kill took, then run again (in a child process of its own,
+        # whose start counts towards the timeout): its first start, which its deadline
+        # counted from, is not kept, but a kill cut that execution short.
+        return KILLED
     close = run.started + timeout_ms / 1000
     if run.ended_at < close - _CLOCK_SLACK_S:
         return QUEUE  # judged before its start plus its timeout: counted from before
@@ -93,6 +106,9 @@ def classify(run: RunFacts, timeout_ms: int, kills: Sequence[float]) -> str | No
         return KILLED
     return UNEXPLAINED
 
+
+# The failure of an attempt whose worker died every time it started it (core/claims.py).
+_DIED = "the worker running this step died"
 
 # The workers' and Postgres's clocks are this machine's; a few ms of rounding apart at most.
 _CLOCK_SLACK_S = 0.05
@@ -293,7 +309,7 @@ def run_facts(conn: psycopg.Connection[Any], prefix: str) -> list[RunFacts]:
         SELECT r.run_id, r.status, r.failure_reason,
                CASE WHEN a.run_id IS NULL OR {UNSTARTED.format(a="a")} THEN NULL
                     ELSE a.started_at END,
-               r.last_transition_at, r.created_at
+               r.last_transition_at, r.created_at, coalesce(a.starts, 0)
           FROM eec_workflow_run r
           LEFT JOIN eec_step_attempt a
             ON a.run_id = r.run_id AND a.node_id = %s AND a.attempt = 1
@@ -311,10 +327,11 @@ def _facts(
     started: datetime | None,
     ended_at: datetime,
     created: datetime,
+    starts: int,
 ) -> RunFacts:
     start = None if started is None else started.timestamp()
     waited = None if start is None else start - created.timestamp()
-    return RunFacts(run_id, status, reason, start, ended_at.timestamp(), waited)
+    return RunFacts(run_id, status, reason, start, ended_at.timestamp(), waited, starts)
 
 
 def check(

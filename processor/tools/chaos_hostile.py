@@ -575,10 +575,16 @@ def _check_map(
         problems.append(f"writes to the map run that did not move its version: {unversioned}")
     timeouts = audit.timed_out_attempts(conn, map_id)
     figures.timeouts = len(timeouts)
-    lost = [t for t in timeouts if t.result_at is None]
+    reached = chaos_steps.reached_a_worker(conn, map_id)
+    lost = [
+        t
+        for t in timeouts
+        if chaos_steps.never_ran((t.run_id, t.node, t.attempt), t.result_at is not None, reached)
+    ]
     if lost:
         problems.append(
-            f"{len(lost)} map items timed out and never ran: {lost[0].node} #{lost[0].attempt}"
+            f"{len(lost)} map items timed out and never reached a worker:"
+            f" {lost[0].node} #{lost[0].attempt}"
         )
     signals = conn.execute("SELECT signal_id FROM eec_run_signal WHERE run_id = %s", (map_id,))
     found = [r[0] for r in signals]

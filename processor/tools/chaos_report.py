@@ -101,6 +101,7 @@ class ChaosReport:
     totals: Totals
     writes: int | None  # audit rows checked (None: the check failed)
     timeouts: list[TimedOut]
+    never_ran: int  # of them, attempts no worker took (lost tasks: a problem)
     # Attempts whose step ran, and the executions beyond one per attempt (chaos_steps.py).
     attempts_run: int
     extra_executions: int
@@ -184,7 +185,7 @@ class ChaosReport:
                 "timeouts",
                 f"{len(self.timeouts)} attempts timed out"
                 + (
-                    f" ({sum(1 for x in self.timeouts if x.result_at is None)} never ran),"
+                    f" ({self.never_ran} never reached a worker),"
                     f" in flight during: {_counts(self.timeout_causes)}"
                     if self.timeouts
                     else ""
@@ -287,6 +288,7 @@ def check(
         timeouts = audit.timed_out_attempts(conn, prefix)
         outbox = count_outbox_with_prefix(conn, prefix)
         executions = chaos_steps.executions(conn, prefix)
+        reached = chaos_steps.reached_a_worker(conn, prefix)
         ended_while_locked = sum(
             ended_between(conn, prefix, w.start, w.end, w.what) for w in windows if w.kind == LOCK
         )
@@ -303,6 +305,7 @@ def check(
         replace(w, end=w.start + session_timeout_s) if w.kind == KILL_WORKER else w for w in windows
     ]
     causes: Counter[str] = Counter()
+    never_ran = 0
     for t in timeouts:
         during = {w.kind for w in stalls if _in_flight(t, timeout_ms[t.node], w)}
         real = [c for c in _REAL_CAUSES if c in during]
@@ -311,12 +314,14 @@ def check(
             f"{t.run_id}/{t.node} #{t.attempt}, deadline {t.deadline_ms / 1000:.3f},"
             f" timed out at {t.at.timestamp():.3f}, in flight during {sorted(during) or 'no fault'}"
         )
-        if t.result_at is None:  # its task never reached a worker: a lost dispatch
-            problems.append(f"attempt timed out and never ran: {where}")
+        if chaos_steps.never_ran((t.run_id, t.node, t.attempt), t.result_at is not None, reached):
+            never_ran += 1  # its task never reached a worker: a lost dispatch
+            problems.append(f"attempt timed out and never reached a worker: {where}")
         elif not real:
+            recorded = "none" if t.result_at is None else f"{t.result_at.timestamp():.3f}"
             problems.append(
                 f"attempt timed out with no outage to explain it: {where},"
-                f" result recorded at {t.result_at.timestamp():.3f}"
+                f" result recorded at {recorded}"
             )
     if unversioned:
         problems.append(
@@ -364,6 +369,7 @@ def check(
         totals=totals,
         writes=writes,
         timeouts=timeouts,
+        never_ran=never_ran,
         attempts_run=len(executions),
         extra_executions=chaos_steps.extra_executions(executions),
         timeout_causes=causes,

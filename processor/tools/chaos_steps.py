@@ -73,6 +73,28 @@ def extra_executions(counts: Counter[tuple[str, str, int]]) -> int:
     return sum(n - 1 for n in counts.values())
 
 
+Attempt = tuple[str, str, int]  # run, step, attempt
+
+
+def reached_a_worker(conn: psycopg.Connection[Any], prefix: str) -> set[Attempt]:
+    """The attempts of the runs whose id starts with ``prefix`` that a worker took: claimed
+    (their row in eec_step_attempt, written as a worker starts them) or run (the execution
+    log)."""
+    rows = conn.execute(
+        "SELECT run_id, node_id, attempt FROM eec_step_attempt WHERE starts_with(run_id, %s)",
+        (prefix,),
+    ).fetchall()
+    return {(r, n, a) for r, n, a in rows} | set(executions(conn, prefix))
+
+
+def never_ran(attempt: Attempt, result_recorded: bool, reached: set[Attempt]) -> bool:
+    """Whether a timed-out attempt is a lost task: no worker ever took it. An attempt whose
+    worker was killed while running it has no recorded result either, and times out from
+    its start (its timeout counts from there) unless another worker runs it again in time:
+    that is a kill's cost, not a lost task."""
+    return not result_recorded and attempt not in reached
+
+
 LOG = ExecutionLog("chaos_step_execution")
 install, executions = LOG.install, LOG.executions
 

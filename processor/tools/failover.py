@@ -11,7 +11,7 @@ too), the last, and whether every run succeeded. With ``--named`` the workers ha
 (``DUCTOR_WORKER_NAME``: static group membership), and the survivor's assignments after the
 kill are counted (a restarted named worker takes its partitions back without moving B's).
 
-What sets the figure: docs/operations.md, "Step workers".
+What sets the figure: docs/operations/workers.md#membership-and-failover.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """`ductor ui`: a small web page over the runs, their DAGs and attempts, the dead letters and
-the schedules, with retry and cancel behind a token (docs/operations.md#web-ui).
+the schedules, with retry and cancel behind a token (docs/operations/web-ui.md).
 
 Server-rendered HTML (Starlette, Jinja2, uvicorn: the ``ui`` extra, ``pip install
 'ductor-processor[ui]'``), no script. dag.py, auth.py, hosts.py (the names it answers to),

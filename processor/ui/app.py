@@ -1,4 +1,4 @@
-"""The web page of `ductor ui` (docs/operations.md#web-ui), a Starlette application: the runs
+"""The web page of `ductor ui` (docs/operations/web-ui.md), a Starlette application: the runs
 with the filters of `ductor runs list`, a run with its DAG and attempts (what `inspect --output
 json` prints), the dead letters and the schedules, and retry and cancel buttons for who gave
 the token (processor/ui/auth.py); with DUCTOR_UI_READ_TOKEN_REQUIRED, reading needs it too.

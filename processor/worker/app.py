@@ -6,12 +6,15 @@ it."""
 from __future__ import annotations
 
 import importlib
+import logging
 import os
 import re
 import sys
+from dataclasses import replace
 
 from processor.authoring import Workflow
 from processor.io.logs import first_line
+from processor.worker.options import WorkerOptions
 from processor.worker.samples import sample_registry
 from processor.worker.steps import StepRegistry
 
@@ -97,3 +100,19 @@ def child_spec(registry: StepRegistry, app: str | None) -> str | None:
         "the step registry is not an attribute of an imported module, so a child process"
         " cannot import it: give the worker its MODULE:ATTRIBUTE (WorkerOptions.app, --app)"
     )
+
+
+def for_children(options: WorkerOptions, registry: StepRegistry) -> WorkerOptions:
+    """The options, with where child processes import the steps from (``app``: reruns run in
+    a child of their own, and so does every step under process isolation). A registry no
+    child can import refuses process isolation (ValueError); its reruns run in the worker's
+    own threads, with a warning."""
+    try:
+        return replace(options, app=child_spec(registry, options.app))
+    except AppError as exc:
+        if options.isolation == "process":
+            raise ValueError(f"isolation 'process': {exc}") from None
+        logging.getLogger("ductor.worker").warning(
+            "reruns run in the worker's own process: %s", exc
+        )
+        return replace(options, reruns_in_child=False)

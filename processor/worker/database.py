@@ -19,22 +19,18 @@ fails its attempt; it never ends a lane's thread.
 from __future__ import annotations
 
 import logging
-import queue
-import threading
 import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
-from enum import Enum
-from typing import Any, Literal, NamedTuple, TypeVar
+from typing import Any, Literal
 
 import psycopg
 
-from processor.core.claims import ClaimFacts, Verdict, verdict
+from processor.core.claims import ClaimFacts, verdict
 from processor.core.model import StepOutcome
 from processor.core.step_task import StepData, StepTask
 from processor.io.connections import connect, connect_durable, ping
-from processor.io.db_errors import Fault, classify
 from processor.io.faults import NO_FAULTS, Faults, Point
 from processor.io.instances import Presence
 from processor.io.logs import describe, first_line
@@ -49,154 +45,34 @@ from processor.io.step_attempts import (
 )
 from processor.io.step_data import MissingData, StepResultRow, insert_step_results
 from processor.io.threads import ThreadWatch
+from processor.worker.lanes import STOPPED, Lane, Stopped
+from processor.worker.messages import (
+    Answer,
+    CheckCurrent,
+    Claimed,
+    ClaimReruns,
+    ClaimTasks,
+    ClaimVerdict,
+    NotCurrent,
+    Permitted,
+    Recorded,
+    RecordResults,
+    ReportExecutions,
+    Request,
+    StorePermit,
+    ToRecord,
+    Unclaim,
+)
 from processor.worker.steps import Outcome, storable_text
 from processor.worker.tasks import Task
 
 log = logging.getLogger("ductor.worker")
-
-T = TypeVar("T")
-
-
-class _Stopped(Enum):
-    STOPPED = "stopped"
-
-
-STOPPED: Literal[_Stopped.STOPPED] = _Stopped.STOPPED
-
-
-# -- the answers, read by the loop ------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Claimed:
-    """Each task's verdict; a task to run comes with its data (or why it has none) and the
-    details of the last heartbeat an earlier execution of its step recorded."""
-
-    # (task, verdict, starts, data, last heartbeat's details)
-    tasks: list[tuple[Task, Verdict, int, StepData | MissingData | None, Any]]
-
-
-@dataclass(frozen=True)
-class Recorded:
-    """Whether each result was recorded (False: its run is gone, or it cannot be stored)."""
-
-    tasks: list[tuple[Task, bool]]
-
-
-@dataclass(frozen=True)
-class NotCurrent:
-    """Running tasks whose attempt no longer matters (cancelled run, timed-out attempt)."""
-
-    tasks: list[Task]
-
-
-@dataclass(frozen=True)
-class Permitted:
-    """The worker's claims numbered up to ``through`` may start: the permit is stored."""
-
-    through: int
-
-
-Answer = Claimed | Recorded | NotCurrent | Permitted
 
 
 @dataclass(frozen=True)
 class ClaimRules:
     max_starts: int  # executions an attempt may begin in all (1 + the crash reruns)
     gone_after_s: float  # a worker silent this long is gone (DUCTOR_INSTANCE_TIMEOUT_S)
-
-
-class _Lane:
-    """One connection on a thread of its own, and the requests waiting for it: the thread
-    takes whatever has gathered since its last statement and hands it to ``serve``."""
-
-    def __init__(
-        self,
-        name: str,
-        connect: Callable[[], psycopg.Connection[Any]],
-        serve: Callable[[list[tuple[str, Any]]], bool],
-        outage: SharedOutage,
-        tick: Callable[[], bool] | None = None,
-        tick_s: float = 1.0,
-        threads: ThreadWatch | None = None,
-    ) -> None:
-        self.name = name
-        self._connect = connect
-        self._serve_batch = serve
-        self._outage = outage
-        self._tick = tick
-        self._tick_s = tick_s
-        self.conn: psycopg.Connection[Any] | None = None
-        self.requests: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
-        self.closing = threading.Event()  # stop taking requests
-        self.give_up = threading.Event()  # stop retrying through an outage
-        self.thread = (threads or ThreadWatch()).thread(self._serve, f"worker-{name}")
-
-    def start(self) -> None:
-        self.thread.start()
-
-    def put(self, kind: str, payload: Any) -> None:
-        self.requests.put((kind, payload))
-
-    def close(self, timeout_s: float) -> None:
-        """Finish what was asked within ``timeout_s``, then give up on an outage."""
-        self.closing.set()
-        self.requests.put(("wake", None))
-        if self.thread.is_alive():
-            self.thread.join(timeout_s)
-        self.give_up.set()
-        if self.thread.is_alive():  # (never started when the worker stopped while starting)
-            self.thread.join(1.0)
-
-    def _serve(self) -> None:
-        next_tick = time.monotonic() + self._tick_s
-        while True:
-            wait = max(0.0, next_tick - time.monotonic()) if self._tick else 1.0
-            batch: list[tuple[str, Any]] = []
-            try:
-                batch.append(self.requests.get(timeout=wait))
-                while True:
-                    batch.append(self.requests.get_nowait())
-            except queue.Empty:
-                pass
-            batch = [b for b in batch if b[0] != "wake"]
-            if batch and not self._serve_batch(batch):
-                return
-            if self._tick is not None and time.monotonic() >= next_tick:
-                next_tick = time.monotonic() + self._tick_s
-                if not self._tick():
-                    return
-            if self.closing.is_set() and self.requests.empty():
-                return
-
-    def through_outages(
-        self, action: Callable[[psycopg.Connection[Any]], T]
-    ) -> T | Literal[_Stopped.STOPPED]:
-        while True:
-            try:
-                if self.conn is None:
-                    self.conn = self._connect()
-                result = action(self.conn)
-            except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
-                # A lost connection (whether a lost write committed is unknown: every write
-                # here may be redone), or a statement that lost a lock or its time: the same
-                # statement again after the backoff.
-                if self.conn is not None and classify(exc) is Fault.CONNECTION:
-                    self.conn.close()
-                    self.conn = None
-                if self.give_up.wait(self._outage.failed(self.name, first_line(exc))):
-                    return STOPPED
-                continue
-            except psycopg.Error:
-                self._outage.ok(self.name)  # it answered: what it refused is the caller's
-                raise
-            self._outage.ok(self.name)
-            return result
-
-    def close_connection(self) -> None:
-        if self.conn is not None:
-            self.conn.close()
-            self.conn = None
 
 
 class WorkerDatabase:
@@ -229,7 +105,7 @@ class WorkerDatabase:
         self._answer = answers
         self._presence = presence  # whether this worker may judge others gone
         shared = self._outage = SharedOutage(outage, ("claims", "results"))
-        self._claims = _Lane(
+        self._claims = Lane(
             "claims",
             lambda: connect(dsn),
             self._serve_claims,
@@ -237,7 +113,7 @@ class WorkerDatabase:
             tick=lambda: self._ping_if_doubted(self._claims),
             threads=threads,
         )
-        self._results = _Lane(
+        self._results = Lane(
             "results",
             lambda: connect_durable(dsn),
             self._serve_results,
@@ -258,32 +134,13 @@ class WorkerDatabase:
         self._claims.start()
         self._results.start()
 
-    def claim(self, tasks: list[Task], permit: int = 0) -> None:
-        """Claim ``tasks`` (each numbered), raising the start permit to ``permit`` with them."""
-        self._claims.put("claim", (tasks, permit))
-
-    def permit(self, through: int) -> None:
-        """Store the start permit (io/step_attempts.py): with the next claim, or alone."""
-        self._claims.put("permit", through)
-
-    def claim_reruns(self, tasks: list[Task]) -> None:
-        """Claim attempts a worker that died had started, as reruns (core/claims.py)."""
-        self._claims.put("rerun", tasks)
-
-    def unclaim(self, tasks: list[Task]) -> None:
-        """Give back claims whose step never started (io/step_attempts.py)."""
-        self._claims.put("unclaim", tasks)
-
-    def check_current(self, tasks: list[Task]) -> None:
-        self._claims.put("check", tasks)
-
-    def report(self, reports: list[Report]) -> None:
-        """What the worker reports of its executions: late starts, heartbeats (with their
-        details), ends (io/step_attempts.py)."""
-        self._claims.put("report", reports)
-
-    def record(self, results: list[ToRecord]) -> None:
-        self._results.put("record", results)
+    def ask(self, request: Request) -> None:
+        """Hand ``request`` to its lane: results to the results lane, the rest to the claims
+        lane (answers come back on the loop's queue: messages.py)."""
+        if isinstance(request, RecordResults):
+            self._results.put(request)
+        else:
+            self._claims.put(request)
 
     def close(self, timeout_s: float) -> None:
         """Finish what was asked within ``timeout_s`` (giving up on an outage), and close."""
@@ -299,22 +156,21 @@ class WorkerDatabase:
         self._claims.give_up.set()
         self._results.give_up.set()
 
+    def statements_done(self) -> dict[str, dict[str, int]]:
+        """The statements so far, by kind: how many, for how many tasks, how long (ms)."""
+        return {
+            kind: {"count": int(n), "tasks": int(rows), "ms": round(seconds * 1000)}
+            for kind, (n, rows, seconds) in self.statements.items()
+        }
+
     # -- the lanes' threads -----------------------------------------------------------------
 
-    def _serve_claims(self, batch: list[tuple[str, Any]]) -> bool:
-        grouped: dict[str, list[Any]] = {}
-        permit = 0
-        for kind, payload in batch:
-            if kind == "claim":
-                tasks, with_permit = payload
-                grouped.setdefault(kind, []).extend(tasks)
-                permit = max(permit, with_permit)
-            elif kind == "permit":
-                permit = max(permit, payload)
-            else:
-                grouped.setdefault(kind, []).extend(payload)
-        # The permit rides on the claim when there is one, and goes alone when there is not.
-        if permit and "claim" not in grouped:
+    def _serve_claims(self, batch: list[Request]) -> bool:
+        """What gathered on the claims lane, one statement per kind, in this order: the
+        permit (with the claims when there are any, else alone), claims, reruns, checks,
+        claims given back, reports."""
+        permit, kinds = gather_claims(batch)
+        if permit and "claim" not in kinds:
             if self._timed("permit", [permit], self._permit) is STOPPED:
                 return False
             permit = 0
@@ -325,16 +181,16 @@ class WorkerDatabase:
             ("unclaim", self._unclaim),
             ("report", self._report),
         ):
-            tasks = grouped.get(kind)
-            if tasks and self._timed(kind, tasks, action) is STOPPED:
+            items = kinds.get(kind)
+            if items and self._timed(kind, items, action) is STOPPED:
                 return False
         return True
 
-    def _serve_results(self, batch: list[tuple[str, Any]]) -> bool:
-        results = [r for _kind, payload in batch for r in payload]
+    def _serve_results(self, batch: list[Request]) -> bool:
+        results = [r for b in batch if isinstance(b, RecordResults) for r in b.results]
         return self._timed("record", results, self._record) is not STOPPED
 
-    def _ping_if_doubted(self, lane: _Lane) -> bool:
+    def _ping_if_doubted(self, lane: Lane) -> bool:
         """In an outage the other lane saw, this lane's connection tries too (it is most
         likely gone as well), so the outage ends once both are through it."""
         if not self._outage.doubts(lane.name):
@@ -352,10 +208,10 @@ class WorkerDatabase:
 
     # -- claims -----------------------------------------------------------------------------
 
-    def _claim_reruns(self, tasks: list[Task]) -> Literal[_Stopped.STOPPED] | None:
+    def _claim_reruns(self, tasks: list[Task]) -> Literal[Stopped.STOPPED] | None:
         return self._claim(tasks, reruns=True)
 
-    def _permit(self, through: list[int]) -> Literal[_Stopped.STOPPED] | None:
+    def _permit(self, through: list[int]) -> Literal[Stopped.STOPPED] | None:
         done = self._claims.through_outages(
             lambda conn: permit_starts(conn, self._instance_id, through[0])
         )
@@ -366,7 +222,7 @@ class WorkerDatabase:
 
     def _claim(
         self, tasks: list[Task], reruns: bool = False, permit: int = 0
-    ) -> Literal[_Stopped.STOPPED] | None:
+    ) -> Literal[Stopped.STOPPED] | None:
         # Judged before the statement: an outage during it makes the next claim wait.
         may_judge = self._presence.may_judge()
         steps = [t.step for t in tasks]
@@ -387,20 +243,20 @@ class WorkerDatabase:
             return STOPPED
         if permit:
             self._answer(Permitted(permit))
-        claimed: list[tuple[Task, Verdict, int, StepData | MissingData | None, Any]] = []
+        claimed: list[ClaimVerdict] = []
         for task, (facts, read, details) in zip(tasks, answers, strict=True):
             decided = verdict(facts, self._rules.max_starts, may_judge)
             if read is not None:
                 self.fetched += 1
             data = read if read is not None else task.data
             starts = facts.claimed_starts or facts.starts or 0
-            claimed.append((task, decided, starts, data, details))
+            claimed.append(ClaimVerdict(task, decided, starts, data, details))
         self._answer(Claimed(claimed))
         return None
 
     # -- results ----------------------------------------------------------------------------
 
-    def _record(self, results: list[ToRecord]) -> Literal[_Stopped.STOPPED] | None:
+    def _record(self, results: list[ToRecord]) -> Literal[Stopped.STOPPED] | None:
         """The results in one statement; if the database refuses any of them (or writing them
         raises what nobody foresaw), nothing was written and each is recorded alone
         (``_record_one`` says what becomes of a refused one). A result of a run that no longer
@@ -431,7 +287,7 @@ class WorkerDatabase:
         log.warning("dropped a step result: the run no longer exists", extra=_ids(task))
         self.dropped += 1
 
-    def _record_one(self, result: ToRecord) -> bool | Literal[_Stopped.STOPPED]:
+    def _record_one(self, result: ToRecord) -> bool | Literal[Stopped.STOPPED]:
         """One result. True: recorded; False: not (the run no longer exists, or not even a
         bare failure can be stored)."""
         task, outcome = result.task, result.outcome
@@ -507,13 +363,13 @@ class WorkerDatabase:
                 )
             ]
 
-    def _report(self, reports: list[Report]) -> Literal[_Stopped.STOPPED] | None:
+    def _report(self, reports: list[Report]) -> Literal[Stopped.STOPPED] | None:
         done = self._claims.through_outages(
             lambda conn: report_executions(conn, reports, self._instance_id)
         )
         return STOPPED if done is STOPPED else None
 
-    def _unclaim(self, tasks: list[Task]) -> Literal[_Stopped.STOPPED] | None:
+    def _unclaim(self, tasks: list[Task]) -> Literal[Stopped.STOPPED] | None:
         keys = [t.key for t in tasks]
         done = self._claims.through_outages(
             lambda conn: unclaim_attempts(conn, keys, self._instance_id)
@@ -522,7 +378,7 @@ class WorkerDatabase:
 
     # -- checks -----------------------------------------------------------------------------
 
-    def _check(self, tasks: list[Task]) -> Literal[_Stopped.STOPPED] | None:
+    def _check(self, tasks: list[Task]) -> Literal[Stopped.STOPPED] | None:
         keys = [t.key for t in tasks]
         stale = self._claims.through_outages(lambda conn: not_current(conn, keys))
         if stale is STOPPED:
@@ -532,20 +388,31 @@ class WorkerDatabase:
         return None
 
 
+def gather_claims(batch: list[Request]) -> tuple[int, dict[str, list[Any]]]:
+    """The claims lane's requests by kind (claim, rerun, check, unclaim, report), and the
+    highest start permit asked, with a claim or alone."""
+    permit = 0
+    kinds: dict[str, list[Any]] = {}
+    for request in batch:
+        if isinstance(request, ClaimTasks):
+            kinds.setdefault("claim", []).extend(request.tasks)
+            permit = max(permit, request.permit)
+        elif isinstance(request, StorePermit):
+            permit = max(permit, request.through)
+        elif isinstance(request, ClaimReruns):
+            kinds.setdefault("rerun", []).extend(request.tasks)
+        elif isinstance(request, CheckCurrent):
+            kinds.setdefault("check", []).extend(request.tasks)
+        elif isinstance(request, Unclaim):
+            kinds.setdefault("unclaim", []).extend(request.tasks)
+        elif isinstance(request, ReportExecutions):
+            kinds.setdefault("report", []).extend(request.reports)
+    return permit, kinds
+
+
 def _ids(task: Task) -> dict[str, object]:
     run_id, node, attempt = task.key
     return {"run_id": run_id, "node": node, "attempt": attempt}
-
-
-class ToRecord(NamedTuple):
-    """A result to record: the task, its outcome, whether the execution that gave it ended
-    with it (False: it was given up while it still runs, or none ran), and the details of its
-    last heartbeat not recorded yet (JSON text)."""
-
-    task: Task
-    outcome: Outcome
-    ended: bool = False
-    details: str | None = None
 
 
 def _row(result: ToRecord) -> StepResultRow:

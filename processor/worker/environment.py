@@ -13,7 +13,8 @@ every connection the worker opens (give the worker its password in its DSN inste
 What this does not do: a step on a thread shares the worker's memory, so code that goes looking
 (the ``Settings`` object, ``/proc/self/environ`` of the worker, which keeps the environment it
 started with) finds the worker's own DSN. The boundary is the worker's database role, which may
-only claim, record and read what steps need (docs/operations.md), and process isolation.
+only claim, record and read what steps need
+(docs/operations/access.md#the-workers-database-role), and process isolation.
 """
 
 from __future__ import annotations

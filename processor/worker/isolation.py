@@ -13,7 +13,7 @@ runs users' code.
 What it costs: a task's data and result cross the pipe (pickled) and two threads on each side,
 a millisecond or two per task on the 2-core dev machine (no-op steps: 0.56 times the runs per
 second of thread isolation), and a child's start (the import time of the steps module) after
-each crash or kill; docs/operations.md has the figures.
+each crash or kill; docs/operations/workers.md, "Process isolation", has the figures.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """How one worker runs: its queues, how many steps at once, in threads or processes, and
 what it does with a step that outlives its deadline or kills its process. Set by `ductor
-worker`'s flags (docs/operations.md, "Step workers")."""
+worker`'s flags (docs/operations/workers.md)."""
 
 from __future__ import annotations
 

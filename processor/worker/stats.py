@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
+from typing import Any
 
 
 @dataclass
@@ -32,3 +33,13 @@ class WorkerStats:
     @property
     def executed(self) -> int:
         return sum(self.attempts.values())
+
+    def totals(self) -> dict[str, Any]:
+        """What the worker's log lines say of its work so far (``worker stats``, ``stopped``)."""
+        return {
+            "executed": self.executed,
+            "skipped": dict(self.skipped),
+            "abandoned": self.abandoned,
+            "reruns": self.reruns,
+            "handed_back": dict(self.handed_back),
+        }

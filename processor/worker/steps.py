@@ -6,7 +6,7 @@ one. It receives a ``StepContext`` (which attempt of which step, by when, the ru
 the outputs of the step's dependencies, ``heartbeat()`` and ``cancelled``) and returns a
 JSON-serialisable output. Raising fails the attempt: ``StepFailed`` (or any exception) leaves
 the next attempt to the step's retry policy, ``NonRetryable`` fails the step at once. See
-docs/operations.md, "Writing step functions".
+docs/operations/steps.md#writing-step-functions.
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
 """A step worker: a task queue on Kafka that runs the users' step functions. This module is
-the process around it (its loop, start and stop, health, presence); the life of each task is
-flow.py's, where the tasks come from source.py's.
+the process around it (its loop, start and stop, health, presence) and its composition root:
+it builds its parts (assembly.py puts the task flow together) around one injected clock
+(io/clock.py). The life of each task is flow.py's, where the tasks come from source.py's.
 
 So a step runs once per attempt unless a process died or a deadline passed, and one step never
 holds back another: no batch barrier, at most ``concurrency`` steps at once; when its backlog
@@ -19,13 +20,12 @@ from __future__ import annotations
 import logging
 import queue
 import threading
-import time
 import uuid
-from dataclasses import replace
 
 from confluent_kafka import Producer
 
 from processor.core.routing import TopicNames
+from processor.io.clock import SYSTEM_CLOCK, Clock
 from processor.io.collector import settle_collector
 from processor.io.config import Settings
 from processor.io.db_clock import DatabaseClock
@@ -33,13 +33,13 @@ from processor.io.db_errors import database_unreachable
 from processor.io.delivery import Delivery
 from processor.io.faults import NO_FAULTS, Faults
 from processor.io.health_http import HealthServer
-from processor.io.instances import Presence, heartbeat_interval_s
 from processor.io.kafka import (
     EXIT_KAFKA_FATAL,
     ClientErrors,
     Outbox,
     broker_unreachable,
     producer_config,
+    producer_max_bytes,
     topic_partitions,
 )
 from processor.io.kafka_errors import MissingTopic
@@ -48,27 +48,22 @@ from processor.io.outage import Outage, until_available
 from processor.io.telemetry import Telemetry
 from processor.io.threads import ThreadWatch
 from processor.io.worker_group import configure_worker_group, membership_note
-from processor.io.worker_registry import Directory, WorkerAbout, ductor_version, partitions_doc
-from processor.worker.app import AppError, child_spec
-from processor.worker.database import Answer, ClaimRules, WorkerDatabase
-from processor.worker.flow import TaskFlow, _Ended, _Over
+from processor.io.worker_registry import Directory, partitions_doc
+from processor.worker.app import for_children
+from processor.worker.assembly import FlowParts, build_flow, presence_of
+from processor.worker.database import ClaimRules, WorkerDatabase
 from processor.worker.health import QueueLag, WorkerProbe
+from processor.worker.messages import News
 from processor.worker.options import WorkerOptions
 from processor.worker.source import TaskSource
 from processor.worker.stats import WorkerStats
 from processor.worker.steps import StepRegistry
-from processor.worker.tasks import State
+from processor.worker.turns import Turns
 
 log = logging.getLogger("ductor.worker")
 
 EXIT_ABANDONED = 3  # the worker stopped itself: too many abandoned steps still running
 
-# How long an idle loop blocks in poll, and how long a busy one waits for its slots and its
-# database lanes between two polls.
-_IDLE_POLL_S = 0.1
-_BUSY_WAIT_S = 0.002
-# How often running steps are checked against their deadlines and heartbeat timeouts.
-_WATCH_EVERY_S = 0.05
 # How long each try at the broker waits for its answer at start, before the backoff: short,
 # so a stop is not kept waiting (librdkafka goes on connecting between two tries).
 _START_TRY_S = 2.0
@@ -85,12 +80,13 @@ class Worker:
         options: WorkerOptions | None = None,
         telemetry: Telemetry | None = None,
         faults: Faults = NO_FAULTS,  # tests only: see io/faults.py
+        clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         # Its own DSN (DUCTOR_WORKER_PG_DSN, else DUCTOR_PG_DSN) for every connection it
         # makes: the claims, the results, the heartbeat, the health endpoint's check.
         self.settings = settings = settings.for_worker()
         self.registry = registry
-        self.options = options = _for_children(options or WorkerOptions(), registry)
+        self.options = options = for_children(options or WorkerOptions(), registry)
         self.names = TopicNames(settings.topic_prefix)
         self.instance_id = client_id = f"ductor-worker-{uuid.uuid4().hex[:8]}"
         self.stats = WorkerStats()
@@ -112,49 +108,36 @@ class Worker:
         )
         self._outbox = Outbox(self._producer)
         self._delivery = Delivery(self._outbox, self.stats.errors, outage=self.outages["kafka"])
-        self.source = TaskSource(
-            settings,
-            client_id,
-            self.stats.errors,
-            self._releasing,
-            self.stats.skipped,
-            self.client_errors,
-            faults,
-            self.names.step_tier_rank,
-        )
-        answers: queue.SimpleQueue[Answer | _Ended | _Over] = queue.SimpleQueue()
+        self.source = self._source(faults)
+        self.clock = clock
         # Deadlines are Postgres's time: each heartbeat measures this process's offset from
         # it, and a task's deadline is taken in on this process's clock (io/db_clock.py).
-        self.clock = DatabaseClock()
+        self.db_clock = DatabaseClock()
         # What it serves, in its registry row (`ductor workers`), and the other workers as the
         # registry shows them, read after its heartbeats while tasks of types it has no
         # function for wait for them (handback.py).
         self.directory = Directory(settings.worker_group_id, settings.instance_timeout_s)
-        about = WorkerAbout(
-            settings.worker_group_id,
-            settings.worker_name or None,
-            options.queues,
-            tuple(registry.types()),
-            options.concurrency,
-            ductor_version(),
-            options.app,
-        )
-        self.presence = Presence(
-            settings.pg_dsn,
-            client_id,
-            "worker",
-            heartbeat_interval_s(settings.instance_timeout_s),
-            settings.instance_timeout_s,
-            self.clock,
-            self.threads,
-            about,
-            self.directory.refresh,
+        self.presence = presence_of(
+            settings, options, registry, client_id, self.db_clock, self.threads, self.directory
         )
         self._holding = 0  # the source's assignment changes the registry was told of
-        self.db = WorkerDatabase(
+        answers: queue.SimpleQueue[News] = queue.SimpleQueue()
+        self.db = self._database(answers, faults)
+        gauges = (self._is_ready, lambda: len(self.source.assigned))
+        self.flow = build_flow(self._flow_parts(answers, faults), self.directory, client_id, gauges)
+        self._stop = threading.Event()
+        self.turns = Turns(clock, settings.stats_log_interval_s)
+        self.exit_code = 0
+        self.probe = self._probe()
+        self._health: HealthServer | None = None
+
+    def _database(self, answers: queue.SimpleQueue[News], faults: Faults) -> WorkerDatabase:
+        """Its two database lanes (claims, results), answering on the loop's queue."""
+        settings = self.settings
+        return WorkerDatabase(
             settings.pg_dsn,
-            client_id,
-            ClaimRules(options.max_starts, settings.instance_timeout_s),
+            self.instance_id,
+            ClaimRules(self.options.max_starts, settings.instance_timeout_s),
             self.outages["postgres"],
             answers.put,
             self.presence,
@@ -162,40 +145,50 @@ class Worker:
             self.threads,
             self.stats.isolated,
         )
-        self.flow = TaskFlow(
-            settings=settings,
-            options=options,
-            registry=registry,
+
+    def _probe(self) -> WorkerProbe:
+        """What its health endpoints answer from (health.py), with its queues' lag."""
+        queues = {t: q for q in self.options.queues for t in self.names.step_topics(q)}
+        lag = QueueLag(self.settings, queues) if self.settings.health_port else None
+        return WorkerProbe(self.instance_id, lag, threads=self.threads)
+
+    def _source(self, faults: Faults) -> TaskSource:
+        """Where its tasks come from: its consumer of the queues' steps topics (source.py)."""
+        return TaskSource(
+            self.settings,
+            self.instance_id,
+            self.stats.errors,
+            self._releasing,
+            self.stats.skipped,
+            self.client_errors,
+            faults,
+            self.names.step_tier_rank,
+        )
+
+    def _flow_parts(self, answers: queue.SimpleQueue[News], faults: Faults) -> FlowParts:
+        """What its task flow is built from (assembly.py): its own parts, one clock."""
+        settings = self.settings
+        return FlowParts(
+            options=self.options,
+            registry=self.registry,
+            names=self.names,
             stats=self.stats,
             telemetry=self.telemetry,
-            db=self.db,
+            clock=self.clock,
+            db_clock=self.db_clock,
             answers=answers,
-            outbox=self._outbox,
+            ask=self.db.ask,
             delivery=self._delivery,
+            flush=self._outbox.flush,
             kafka_outage=self.outages["kafka"],
             done_offset=self.source.done,
             too_many_abandoned=self._too_many_abandoned,
-            ready=self._is_ready,
-            assigned=lambda: len(self.source.assigned),
-            clock=self.clock,
+            partition_by_run=settings.partition_by_run,
+            shutdown_timeout_s=settings.shutdown_timeout_s,
+            dlq_max_bytes=producer_max_bytes(settings),
             faults=faults,
             threads=self.threads,
-            directory=self.directory,
-            instance_id=client_id,
         )
-        self._stop = threading.Event()
-        self._stopping_since: float | None = None
-        self._shutdown_by = 0.0
-        self._next_watch = 0.0
-        self.exit_code = 0
-        self._next_stats_log = time.monotonic() + settings.stats_log_interval_s
-        queues = {t: q for q in options.queues for t in self.names.step_topics(q)}
-        self.probe = WorkerProbe(
-            client_id,
-            QueueLag(settings, queues) if settings.health_port else None,
-            threads=self.threads,
-        )
-        self._health: HealthServer | None = None
 
     # -- what the tests and tools read ------------------------------------------------------
 
@@ -220,7 +213,7 @@ class Worker:
     @property
     def in_flight(self) -> int:
         """Tasks held waiting to run, and running."""
-        return self.flow.book.in_hand + self.flow.book.count(State.RUNNING)
+        return sum(self.flow.in_flight())
 
     @property
     def assigned(self) -> int:
@@ -333,7 +326,7 @@ class Worker:
     def _turn_while_starting(self) -> None:
         """The loop is alive (``/healthz``), and the clients' queues are served (their log
         lines: io/kafka_logs.py)."""
-        self.probe.last_loop_at = time.monotonic()
+        self.probe.last_loop_at = self.clock.monotonic()
         self._outbox.poll(0)
         self.source.serve()
         if self.probe.lag is not None:
@@ -342,8 +335,9 @@ class Worker:
     def _turn(self) -> bool:
         """One turn: poll, take what the slots and the database answered, watch the running
         steps, ask for claims and records, deliver, store offsets. False: time to leave."""
-        now = self.probe.last_loop_at = time.monotonic()
-        if self._stop.is_set() and self._stopping_since is None:
+        turns = self.turns
+        now = self.probe.last_loop_at = turns.now()
+        if self._stop.is_set() and turns.stopping_since is None:
             self._begin_stopping(now)
         self.probe.assigned_partitions = len(self.source.assigned)
         if self.source.assignments != self._holding:  # (the registry says what it holds)
@@ -353,9 +347,8 @@ class Worker:
         polled = self._poll()
         if self.source.keep_in_group(now) is not None:
             self.stats.rejoins += 1
-        self.flow.take_answers(_BUSY_WAIT_S if not polled and len(self.flow.book) else 0.0)
-        if now >= self._next_watch:
-            self._next_watch = now + _WATCH_EVERY_S
+        self.flow.take_answers(turns.answers_wait(polled, self.flow.holding()))
+        if turns.watch_due(now):
             self.flow.watch(now)
         self.flow.ask()
         self._delivery.send_due(now)
@@ -363,21 +356,18 @@ class Worker:
         if self.probe.lag is not None:
             self.probe.lag.serve()
         self.source.store_offsets()
-        if now >= self._next_stats_log:
-            self._next_stats_log = now + self.settings.stats_log_interval_s
+        if turns.stats_due(now):
             self._log_stats()
-        if self._stopping_since is not None:
-            unfinished = len(self.flow.book) > 0
-            return unfinished and time.monotonic() < self._shutdown_by
+        if turns.stopping_since is not None:
+            return self.flow.holding() > 0 and turns.left_s() > 0
         return True
 
     def _poll(self) -> int:
         """Take new tasks while there is room (waiting a little for them when idle); how many
         were taken."""
-        book = self.flow.book
-        idle = not len(book) and not self.source.backlog and not self._outbox.in_flight
+        wait_s = Turns.poll_wait(self.flow.holding(), self.source.backlog, self._outbox.in_flight)
         taken = self.source.take(
-            max(0, self.flow.room()), _IDLE_POLL_S if idle else 0.0, self._stopping_since is None
+            max(0, self.flow.room()), wait_s, self.turns.stopping_since is None
         )
         for message in taken:
             self.flow.intake(message)  # (never raises: a task's exception is its own)
@@ -386,33 +376,18 @@ class Worker:
     def _releasing(self, tps: set[tuple[str, int]], commit: bool) -> None:
         self.flow.releasing(tps, commit)
 
-    def _statements(self) -> dict[str, dict[str, int]]:
-        """The database statements so far, by kind: how many, for how many tasks, how long."""
-        return {
-            kind: {"count": int(n), "tasks": int(rows), "ms": round(seconds * 1000)}
-            for kind, (n, rows, seconds) in self.db.statements.items()
-        }
-
     def _log_stats(self) -> None:
         """Totals and what the worker holds, every DUCTOR_STATS_LOG_INTERVAL_S."""
         log.info(
             "worker stats",
             extra={
                 "instance": self.instance_id,
-                "executed": self.stats.executed,
-                "skipped": dict(self.stats.skipped),
-                "abandoned": self.stats.abandoned,
-                "reruns": self.stats.reruns,
+                **self.stats.totals(),
                 "rejoins": self.stats.rejoins,
-                "handed_back": dict(self.stats.handed_back),
-                "held": {
-                    s.name.lower(): self.flow.book.count(s)
-                    for s in State
-                    if self.flow.book.count(s)
-                },
+                "held": self.flow.held_by_state(),
                 "backlog": self.source.backlog,
                 "paused": self.source.paused,
-                "statements": self._statements(),
+                "statements": self.db.statements_done(),
             },
         )
 
@@ -422,40 +397,33 @@ class Worker:
         """Take no new task; running ones finish (within the shutdown timeout), are recorded
         and announced. Tasks not claimed yet are left to the group (their offsets are not
         stored). With a dependency in an outage, nothing is waited for."""
-        self._stopping_since = now
         self.probe.stopping = True
         wait_s = self.settings.shutdown_timeout_s
         if any(o.active for o in self.outages.values()):
             wait_s = 0.0
             self.db.give_up()
-        self._shutdown_by = now + wait_s
+        self.turns.begin_stopping(now, wait_s)
         self.source.stop_reading()
         self.flow.begin_stopping()
 
     def _shutdown(self) -> None:
         self.flow.abandon_running()
-        remaining = max(0.0, self._shutdown_by - time.monotonic()) if self._stopping_since else 0.0
-        self.source.close(max(_LEAVE_AT_LEAST_S, remaining))
-        remaining = max(0.0, self._shutdown_by - time.monotonic()) if self._stopping_since else 0.0
-        self._producer.flush(remaining)
+        self.source.close(max(_LEAVE_AT_LEAST_S, self.turns.left_s()))
+        self._producer.flush(self.turns.left_s())
         self.flow.close()
-        self.db.close(max(1.0, remaining))
+        self.db.close(max(1.0, self.turns.left_s()))
         self.presence.stop()
         self.telemetry.shutdown()
         log.info(
             "worker stopped",
             extra={
                 "instance": self.instance_id,
-                "executed": self.stats.executed,
-                "skipped": dict(self.stats.skipped),
-                "abandoned": self.stats.abandoned,
-                "reruns": self.stats.reruns,
-                "handed_back": dict(self.stats.handed_back),
+                **self.stats.totals(),
                 "dead_letters": self.stats.dead_letters,
                 "isolated": dict(self.stats.isolated),
                 "dropped": self.db.dropped,
                 "fetched": self.db.fetched,
-                "statements": self._statements(),
+                "statements": self.db.statements_done(),
                 "outages": {name: o.count for name, o in self.outages.items()},
                 "exit_code": self.exit_code,
             },
@@ -463,17 +431,3 @@ class Worker:
 
 
 __all__ = ["EXIT_ABANDONED", "Worker"]
-
-
-def _for_children(options: WorkerOptions, registry: StepRegistry) -> WorkerOptions:
-    """The options, with where child processes import the steps from (``app``: reruns run in
-    a child of their own, and so does every step under process isolation). A registry no
-    child can import refuses process isolation (ValueError); its reruns run in the worker's
-    own threads, with a warning."""
-    try:
-        return replace(options, app=child_spec(registry, options.app))
-    except AppError as exc:
-        if options.isolation == "process":
-            raise ValueError(f"isolation 'process': {exc}") from None
-        log.warning("reruns run in the worker's own process: %s", exc)
-        return replace(options, reruns_in_child=False)

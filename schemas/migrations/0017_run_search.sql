@@ -1,4 +1,4 @@
--- Runs you can search (docs/operations.md#finding-runs): tags given at start, and an index
+-- Runs you can search (docs/operations/runs.md#finding-runs): tags given at start, and an index
 -- behind each filter of `ductor runs list` / `runs count` / bulk cancel and retry.
 --
 -- Every committed tick updates its run row and moves last_transition_at, which other indexes
@@ -10,7 +10,7 @@
 -- the quarantined ones, rare, through an index of their own. The failed steps are
 -- found in the step results (written once, never updated) by a partial index of failures.
 -- Like 0003, built without CONCURRENTLY: on a large existing table, build these beforehand
--- with CREATE INDEX CONCURRENTLY under the same names (docs/operations.md).
+-- with CREATE INDEX CONCURRENTLY under the same names (docs/operations/runs.md#finding-runs).
 ALTER TABLE eec_workflow_run ADD COLUMN IF NOT EXISTS tags jsonb NOT NULL DEFAULT '{}'::jsonb;
 
 CREATE INDEX IF NOT EXISTS eec_workflow_run_ended_created_idx

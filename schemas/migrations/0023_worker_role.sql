@@ -1,4 +1,4 @@
--- The role step workers connect as (docs/operations.md, "The workers' database role"): a group
+-- The role step workers connect as (docs/operations/access.md#the-workers-database-role): a group
 -- role without login, `ductor_worker`; a deployment creates a login role in it for its workers
 -- and gives them its DSN (DUCTOR_WORKER_PG_DSN):
 --
@@ -29,7 +29,7 @@ BEGIN
                 RAISE WARNING 'role ductor_worker was not created: % may not create roles', current_user
                     USING HINT = 'as a role with CREATEROLE: CREATE ROLE ductor_worker NOLOGIN; then, as '
                         || current_user || ': SELECT ductor_grant_worker_role();'
-                        || ' (docs/operations.md, "The workers'' database role")';
+                        || ' (docs/operations/access.md#the-workers-database-role)';
                 RETURN false;
             WHEN duplicate_object OR unique_violation THEN
                 NULL;  -- created meanwhile (another database of the cluster migrating)

@@ -1,5 +1,5 @@
 -- The life of a step's execution as its worker reports it (docs/usage.md, "Timeouts" and
--- "Heartbeats"; docs/operations.md, "Step workers").
+-- "Heartbeats"; docs/operations/workers.md).
 --
 -- eec_step_attempt, beside the claim: `started_at` is the execution's start (the claim, moved to
 -- the start on a slot when that came later), what its start-to-close timeout counts from;
@@ -35,7 +35,7 @@ BEGIN
                 RAISE WARNING 'role ductor_worker was not created: % may not create roles', current_user
                     USING HINT = 'as a role with CREATEROLE: CREATE ROLE ductor_worker NOLOGIN; then, as '
                         || current_user || ': SELECT ductor_grant_worker_role();'
-                        || ' (docs/operations.md, "The workers'' database role")';
+                        || ' (docs/operations/access.md#the-workers-database-role)';
                 RETURN false;
             WHEN duplicate_object OR unique_violation THEN
                 NULL;  -- created meanwhile (another database of the cluster migrating)

@@ -1,5 +1,5 @@
--- What each worker serves, in its row of the instance registry (docs/operations.md, "Step
--- workers"): written when it registers, read by `ductor workers`, by `workflows register` and
+-- What each worker serves, in its row of the instance registry (docs/operations/workers.md,
+-- "Tasks find their workers"): written when it registers, read by `ductor workers`, by `workflows register` and
 -- `start` (which warn when no live worker serves a step type of the workflow), and by a worker
 -- handed a task it has no function for, which passes the task to a partition of a worker that
 -- has (worker/handback.py). `group_id` is the consumer group the worker joins (the workers of
@@ -33,7 +33,7 @@ BEGIN
                 RAISE WARNING 'role ductor_worker was not created: % may not create roles', current_user
                     USING HINT = 'as a role with CREATEROLE: CREATE ROLE ductor_worker NOLOGIN; then, as '
                         || current_user || ': SELECT ductor_grant_worker_role();'
-                        || ' (docs/operations.md, "The workers'' database role")';
+                        || ' (docs/operations/access.md#the-workers-database-role)';
                 RETURN false;
             WHEN duplicate_object OR unique_violation THEN
                 NULL;  -- created meanwhile (another database of the cluster migrating)

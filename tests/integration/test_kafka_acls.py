@@ -1,5 +1,5 @@
-"""Kafka ACLs on the local broker's SASL listener, set as docs/operations.md's recipe sets them
-(#kafka-acls): each principal may touch only what its part needs.
+"""Kafka ACLs on the local broker's SASL listener, set as docs/operations/access.md's recipe
+sets them (#kafka-acls): each principal may touch only what its part needs.
 
 - Ductor's own principal (processors and workers) owns the topics of its prefix and the
   groups of its group id, and reads the team's topic its trigger follows: runs flow with
@@ -72,7 +72,7 @@ def recipe(
     team_topic: str,
     upstream: Principal,
 ) -> list[AclBinding]:
-    """The ACLs of docs/operations.md#kafka-acls, for one deployment (``prefix``, ``group``),
+    """The ACLs of docs/operations/access.md#kafka-acls, for one deployment (``prefix``, ``group``),
     one team topic with a trigger, and one upstream service writing the requests topic."""
 
     def allow(kind: Any, name: str, pattern: Any, who: Principal, operation: Any) -> AclBinding:

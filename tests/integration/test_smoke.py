@@ -4,15 +4,18 @@ from __future__ import annotations
 
 import threading
 import uuid
+from dataclasses import replace
 from typing import Any
 
 import psycopg
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, OffsetSpec  # type: ignore[attr-defined]
 
 from processor.io.config import Settings
+from processor.io.kafka import producer_config
 from processor.io.migrate import migrate
-from processor.io.topics import create_topics
+from processor.io.topics import create_topics, delete_topics, desired_topics
 
 from .conftest import wait_for
 
@@ -100,3 +103,34 @@ def test_migrate_and_topic_creation_are_idempotent(settings: Settings) -> None:
     assert migrate(settings.pg_dsn) == []  # already applied by the session fixture
     report = create_topics(settings)  # the fixture created them: a second run creates none
     assert set(report.values()) == {"exists"}
+
+
+def test_created_topics_take_records_at_once(base_settings: Settings) -> None:
+    """Once create_topics returns, every partition is served by its leader: a record the
+    idempotent producer sends to each at once is in the log. (The topic is in the metadata a
+    moment before its leader has the partitions: a record sent then was once acknowledged
+    and never written.)"""
+    settings = replace(base_settings, topic_prefix=f"test-{uuid.uuid4().hex[:8]}")
+    create_topics(settings)
+    try:
+        admin = AdminClient({"bootstrap.servers": settings.bootstrap_servers})
+        topics = desired_topics(settings)
+        everything = [TopicPartition(t, p) for t, n in topics.items() for p in range(n)]
+        latest = OffsetSpec.latest()  # type: ignore[no-untyped-call]
+        asked = admin.list_offsets(dict.fromkeys(everything, latest), request_timeout=30)
+        unserved = [tp for tp, f in asked.items() if f.exception(timeout=30) is not None]
+        assert unserved == []
+        producer = Producer(producer_config(settings, "test-created-topics"))
+        reports: list[object] = []  # delivery errors, None when delivered
+        for tp in everything:
+            producer.produce(
+                tp.topic, b"x", partition=tp.partition, on_delivery=lambda e, _m: reports.append(e)
+            )
+        assert producer.flush(60) == 0
+        assert [e for e in reports if e is not None] == []
+        assert len(reports) == len(everything)  # every record acknowledged
+        ends = admin.list_offsets(dict.fromkeys(everything, latest), request_timeout=30)
+        written = [tp for tp, f in ends.items() if f.result(timeout=30).offset == 1]
+        assert len(written) == len(everything)
+    finally:
+        delete_topics(settings)

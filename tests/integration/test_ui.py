@@ -5,7 +5,7 @@ letters and the schedules (each look at the runs and the letters reads a window 
 logs in with the token (a wrong one is refused with 403), clicks retry on the failed run and
 waits for its second attempt in the database; a page served
 without a token shows no button and refuses every action. The screenshots it takes are the
-ones docs/operations.md#web-ui shows (docs/images/ui-*.png)."""
+ones docs/operations/web-ui.md shows (docs/images/ui-*.png)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """A dead worker's queued tasks move to another worker in seconds, on the real services
-(processor/tools/failover.py measures it; docs/operations.md, "Step workers", gives the
-figures): the workers' group holds the workers' own session timeout
+(processor/tools/failover.py measures it; docs/operations/workers.md#membership-and-failover
+gives the figures): the workers' group holds the workers' own session timeout
 (DUCTOR_WORKER_SESSION_TIMEOUT_MS), and a named worker (DUCTOR_WORKER_NAME, a static member)
 that a supervisor starts again takes its partitions back: at once under the classic protocol,
 without the surviving worker being given anything; under the consumer protocol once the broker

@@ -29,8 +29,9 @@ def _run(
     ended: float = 101.2,
     waited: float | None = 5.0,
     run_id: str = "r",
+    starts: int = 1,
 ) -> RunFacts:
-    return RunFacts(run_id, status, reason, started, ended, waited)
+    return RunFacts(run_id, status, reason, started, ended, waited, starts)
 
 
 def test_a_succeeded_run_is_no_failure() -> None:
@@ -54,6 +55,25 @@ def test_a_kill_while_it_ran_explains_its_timeout() -> None:
 def test_a_kill_before_its_start_or_after_its_deadline_explains_nothing() -> None:
     assert classify(_run(), 1000, [99.0, 102.0]) == UNEXPLAINED
     assert classify(_run(), 1000, []) == UNEXPLAINED
+
+
+def test_a_rerun_after_a_kill_that_timed_out_was_cut_short_by_the_kill() -> None:
+    # The row keeps the rerun's start (101.8 s), after the coordinator had timed the attempt
+    # out (101.2 s) from its first start, which a kill at 100.5 s cut short.
+    assert classify(_run(started=101.8, starts=2), 1000, [100.5]) == KILLED
+    # The rerun itself timed out (its child process started too slowly): the kill's cost.
+    assert classify(_run(started=101.8, ended=108.0, starts=2), 1000, [100.5]) == KILLED
+    # No kill before its end: nothing explains a second start.
+    assert classify(_run(started=101.8, starts=2), 1000, [110.0]) == QUEUE
+
+
+def test_an_attempt_whose_worker_died_each_time_it_started_was_cut_short_by_kills() -> None:
+    died = (
+        "step 'only' failed after 1 attempt(s): the worker running this step died (2 times,"
+        " the step's own process included): not started again; see the worker's crash-reruns"
+        " setting"
+    )
+    assert classify(_run(reason=died, starts=2), 1000, [100.5]) == KILLED
 
 
 def test_another_failure_or_end_is_its_own_kind() -> None:

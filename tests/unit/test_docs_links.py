@@ -99,8 +99,9 @@ def test_every_link_of_the_markdown_stays_in_the_repository_and_resolves(path: P
 
 
 def test_every_markdown_anchor_the_repository_names_exists() -> None:
-    """`docs/operations.md#alerts` in an alert rule's comment, a docstring or a doc's prose:
-    the file (from the repository's top, or beside the one that names it) and its heading."""
+    """`docs/operations/alerts.md#ductorinstancedown` in an alert rule's comment, a docstring or
+    a doc's prose: the file (from the repository's top, or beside the one that names it) and
+    its heading."""
     paths = [REPO / name for name in _MENTIONING_FILES]
     for folder in _MENTIONING:
         paths += [p for p in (REPO / folder).rglob("*") if p.is_file() and p.suffix != ".pyc"]

@@ -171,8 +171,8 @@ def _workload(component: str) -> Workload:
 
 
 # The Secrets the base reads are the operator's (none ships with it): their names, keys and
-# example values are the `kubectl create secret generic` commands docs/operations.md gives.
-OPERATIONS = REPO / "docs" / "operations.md"
+# example values are the `kubectl create secret generic` commands the deployment page gives.
+DEPLOYMENT = REPO / "docs" / "operations" / "deployment.md"
 DEPLOYING = "Deploying on Kubernetes"
 # What `$(openssl rand -hex 24)` gives: a token of 48 hexadecimal digits.
 GENERATED_TOKEN = "0123456789abcdef" * 3
@@ -182,8 +182,8 @@ NAMESPACE = "ductor"
 
 def _documented_secrets() -> dict[str, dict[str, str]]:
     """name -> {key: value} of every `kubectl create secret generic NAME --from-literal=K=V`
-    in the shell blocks of the operations guide's Kubernetes section."""
-    _, text = section(OPERATIONS.read_text(), DEPLOYING)
+    in the shell blocks of the deployment page's Kubernetes section."""
+    _, text = section(DEPLOYMENT.read_text(), DEPLOYING)
     secrets: dict[str, dict[str, str]] = {}
     for fence in fences(text):
         if fence.info != "sh":
@@ -196,7 +196,9 @@ def _documented_secrets() -> dict[str, dict[str, str]]:
             literals = [o.removeprefix("--from-literal=") for o in options]
             assert all(o.startswith("--from-literal=") for o in options), line
             secrets[name] = dict(literal.split("=", 1) for literal in literals)
-    assert secrets, f"docs/operations.md, {DEPLOYING!r}: no `kubectl create secret generic`"
+    assert secrets, (
+        f"docs/operations/deployment.md, {DEPLOYING!r}: no `kubectl create secret generic`"
+    )
     return secrets
 
 
@@ -204,7 +206,9 @@ SECRETS = _documented_secrets()
 
 
 def _secret_values(name: str) -> dict[str, str]:
-    assert name in SECRETS, f"the Secret {name!r} is read but docs/operations.md creates none"
+    assert name in SECRETS, (
+        f"the Secret {name!r} is read but docs/operations/deployment.md creates none"
+    )
     return SECRETS[name]
 
 
@@ -581,7 +585,7 @@ def _secret_references() -> dict[str, set[str]]:
 
 def test_no_secret_ships_with_the_base_and_each_one_it_reads_is_documented() -> None:
     """Applying the base never overwrites a Secret, nor gives a pod placeholder credentials:
-    the Secrets are the operator's, created with the commands docs/operations.md gives,
+    the Secrets are the operator's, created with the commands docs/operations/deployment.md gives,
     which create every key the pods and KEDA read, and nothing they do not."""
     assert _of_kind("Secret") == [], "the base ships a Secret: the operator creates them"
     for path in K8S.iterdir():

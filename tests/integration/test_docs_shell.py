@@ -1,0 +1,55 @@
+"""The docs' shell blocks run as a reader runs them (tests/docs_shell.py says which): each page's
+blocks that no marker excuses, top to bottom, in one bash session at a copy of the repository's
+top, on the real Kafka and Postgres with this test's own topics, group and database (its
+DUCTOR_* settings in the session's environment). A typed command must succeed, a transcript's
+must print what the page shows, a service it leaves running must still run and stop cleanly on
+SIGTERM. A block added to docs/ without a marker is run here, so a page cannot show a command
+that no test runs."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+
+from processor.io.config import Settings
+from tests.docs_shell import walks
+
+from .user_shell import Shell, repo_top, user_shell
+
+pytestmark = pytest.mark.integration
+
+WALKS = walks()
+# The workflows the pages register: a database that has never seen them, as a new user's.
+REGISTERED = ("orders",)
+
+
+@pytest.fixture
+def top(tmp_path: Path) -> Path:
+    return repo_top(tmp_path)
+
+
+@pytest.fixture
+def shell(settings: Settings, top: Path) -> Iterator[Shell]:
+    session = user_shell(settings, top)
+    try:
+        yield session
+    finally:
+        session.close()
+
+
+@pytest.mark.parametrize("page", sorted(WALKS))
+def test_a_pages_shell_blocks_run_and_print_what_they_show(
+    pg: psycopg.Connection[Any], top: Path, shell: Shell, page: str
+) -> None:
+    pg.execute("DELETE FROM eec_workflow_definition WHERE name = ANY(%s)", (list(REGISTERED),))
+    # A reader has `ductor` on the PATH (the quickstart's virtualenv, or an image's).
+    assert shell.run(". .venv/bin/activate")[1] == 0
+    for block in WALKS[page]:
+        found = block.commands()
+        assert found, f"{block.where}: a block without commands"
+        shell.follow(found, page, top)
+    shell.stop_checked(top)
