@@ -159,6 +159,9 @@ def pg(base_settings: Settings) -> Iterator[psycopg.Connection[Any]]:
             " eec_limit_rate, eec_map_item, eec_schedule, eec_run_rewake, eec_run_quarantine"
             " CASCADE"
         )
+        # The sample is every test's workflow: registered here, not by whichever test ran
+        # first on this database (a fresh one, as CI's, has none; some tests delete it).
+        register_workflow(conn, sample_workflow())
         yield conn
 
 
@@ -177,7 +180,6 @@ def settings(base_settings: Settings, pg: psycopg.Connection[Any]) -> Iterator[S
         shutdown_timeout_s=10.0,
     )
     create_topics(settings)
-    register_workflow(pg, parse_workflow(orjson.loads(SAMPLE.read_bytes())))
     yield settings
     delete_topics(settings)
 
