@@ -19,9 +19,10 @@ The commit path of a batch, numbered as it happens (a crash between any two step
    stored offset behind any record still in flight), its outbox row is due for deletion (with
    the next commit), and its span ends with the outcome.
 
-Steps 1 to 3 run on a database thread (``stage.DatabaseStage.run``) so the poll loop keeps
-consuming, delivering and storing offsets while Postgres works; one batch is in flight at a
-time, so an instance never ticks a run twice at once. Steps 4 to 6 run on the loop thread
+Steps 1 to 3 run on a database thread (the protocol of core/batch.py, driven by
+engine/stage.py) so the poll loop keeps consuming, delivering and storing offsets while
+Postgres works; one batch is in flight at a time, so an instance never ticks a run twice at
+once. Steps 4 to 6 run on the loop thread
 (``carry_out``, ``_produce``, ``finish``).
 A plan that retries (a conflict's backoff, a database error) parks its work instead: waiting
 never blocks, and the loop goes on serving every other run.
@@ -40,6 +41,7 @@ from confluent_kafka import KafkaError
 from opentelemetry.trace import Span
 
 from processor.core.backoff import retry_delay_s
+from processor.core.batch_values import Decided, ReadBackResult, Undecided
 from processor.core.decide import (
     BatchItem,
     Plan,
@@ -59,7 +61,9 @@ from processor.core.stats import Stats
 from processor.engine.database import Database
 from processor.engine.ledger import Ledger
 from processor.engine.recent_commits import RECENT_COMMITS_S, RecentCommits
-from processor.engine.stage import DatabaseStage, InFlight, StageResult
+from processor.engine.stage import DatabaseStage, Staged
+from processor.engine.stage_thread import InFlight
+from processor.io.clock import Clock
 from processor.io.db_clock import DatabaseClock
 from processor.io.db_errors import TRANSIENT, classify
 from processor.io.delivery import Delivery, Refusal
@@ -162,9 +166,12 @@ class Executor:
     ) -> None:
         # The batch's ticks judge time by Postgres's clock; the rest by this process's,
         # corrected by its offset from Postgres (io/db_clock.py).
+        process_clock = Clock(monotonic, wall_ms)  # what the database stage is timed by
         clock = clock or DatabaseClock(wall_ms)
         wall_ms = clock.now_ms
-        self._stage_runner = DatabaseStage(database, rules, clock, faults, recent, threads)
+        self._stage_runner = DatabaseStage(
+            database, rules, clock, faults, recent, threads, process_clock
+        )
         self._faults = faults
         self._produce_fault = faults.at(Point.PRODUCE)  # (asked per plan: a bool)
         self._outbox = outbox
@@ -180,7 +187,7 @@ class Executor:
         self._sleep = sleep
         self.book: RunBook[Span] = RunBook()
         self.database_ok = True  # False after a batch failed on a database error
-        self._stage: tuple[list[Work], InFlight[StageResult]] | None = None
+        self._stage: tuple[list[Work], InFlight[Staged]] | None = None
         self._outage = postgres or Outage("postgres", log)  # shared with the watchdog's
         # Outbox rows to delete (a dict: the same row acknowledged twice, by its commit and a
         # relay, is deleted once).
@@ -301,49 +308,61 @@ class Executor:
         assert self._stage is not None
         batch, future = self._stage
         self._stage = None
-        result = future.result()
-        if result.replay:
-            self.replay_after_restart(result.replay)
-        for run_id, exc in result.isolated:
+        staged = future.result()
+        outcome, timings = staged.outcome, staged.timings
+        if outcome.replay:
+            self.replay_after_restart(list(outcome.replay))
+        for run_id, exc in outcome.isolated:
             self._ledger.isolated("tick", run_id, exc)
-        if result.runs:
+        if outcome.runs:
             # Counted even when the stage failed later: its statements commit one by one, so
             # a half of a batch split around a poison row committed before the other failed.
-            self._stats.runs.add(result.runs)
-        if result.error is not None or result.redo_acknowledged:
+            self._stats.runs.add(outcome.runs)
+        if outcome.unacknowledged:
             # The deletions did not happen: they go with the next stage.
-            self._acknowledge(result.acknowledged)
-        if result.error is not None:
-            retry_ms = self._database_failed(result.error, len(batch))
-            self._next_stage_at = self._monotonic() + retry_ms / 1000
-            plans = [database_failed(BatchItem(w.run_id, w.attempts, ()), retry_ms) for w in batch]
-            self._unknown_streak = 0
+            self._acknowledge(list(outcome.unacknowledged))
+        errors: Mapping[str, Exception]
+        if isinstance(outcome, Undecided):
+            plans = self._undecided(outcome.error, batch)
+            errors, error = {}, outcome.error
         else:
-            self._stats.sample("tick", result.tick_ms)
-            self._stats.sample("commit", result.commit_ms)
-            self._stats.commit_attempts += result.commit_attempts
-            plans = result.plans
-            if result.unknown_commit is not None:
-                plans = self._unknown_commit_resolved(result, plans)
-            else:
-                self._unknown_streak = 0
-            for run_id, exc in result.force_fail_errors.items():
-                retry_ms = self._database_failed(exc, 1)
-                plans = [
-                    replace(p, retry_in_ms=retry_ms) if p.run_id == run_id else p for p in plans
-                ]
-            if not result.force_fail_errors:
-                self._database_back()
-            self._ledger.quarantined(result.quarantined, result.quarantine_error)
-            if result.limit_wakes:
-                self.rewake(result.limit_wakes)  # slots freed: their oldest waiters go on
-            if result.limit_waited or result.limit_refused:
-                self._stats.limits_used(result.limit_refused, result.limit_waited)
-        tick = (result.started_ns, result.tick_ended_ns)
-        commit = (result.tick_ended_ns, result.commit_ended_ns)
+            self._stats.sample("tick", timings.tick_ms)
+            self._stats.sample("commit", timings.commit_ms)
+            plans = self._decided(outcome)
+            errors, error = outcome.force_fail_errors, None
+        tick = (timings.started_ns, timings.tick_ended_ns)
+        commit = (timings.tick_ended_ns, timings.commit_ended_ns)
         for work, plan in zip(batch, plans, strict=True):
             self._ledger.trace_attempt(work, plan, tick, commit)
-            self.carry_out(work, plan, result.force_fail_errors.get(work.run_id) or result.error)
+            self.carry_out(work, plan, errors.get(work.run_id) or error)
+
+    def _undecided(self, error: Exception, batch: list[Work]) -> list[Plan]:
+        """The database failed the batch: every run is tried again after the backoff."""
+        retry_ms = self._database_failed(error, len(batch))
+        self._next_stage_at = self._monotonic() + retry_ms / 1000
+        self._unknown_streak = 0
+        return [database_failed(BatchItem(w.run_id, w.attempts, ()), retry_ms) for w in batch]
+
+    def _decided(self, outcome: Decided) -> list[Plan]:
+        """The batch's plans, delayed where a force-fail could not be written or a commit
+        lost with its connection keeps being lost; what its commits freed is woken."""
+        self._stats.commit_attempts += outcome.commit_attempts
+        plans = list(outcome.plans)
+        if outcome.read_back is not None:
+            plans = self._unknown_commit_resolved(outcome.read_back, outcome.commit_attempts, plans)
+        else:
+            self._unknown_streak = 0
+        for run_id, exc in outcome.force_fail_errors.items():
+            retry_ms = self._database_failed(exc, 1)
+            plans = [replace(p, retry_in_ms=retry_ms) if p.run_id == run_id else p for p in plans]
+        if not outcome.force_fail_errors:
+            self._database_back()
+        self._ledger.quarantined(list(outcome.quarantined), outcome.quarantine_error)
+        if outcome.limit_wakes:
+            self.rewake(list(outcome.limit_wakes))  # slots freed: their oldest waiters go on
+        if outcome.limit_waited or outcome.limit_refused:
+            self._stats.limits_used(outcome.limit_refused, outcome.limit_waited)
+        return plans
 
     def carry_out(self, work: Work, plan: Plan, error: BaseException | None = None) -> None:
         """Count and log the plan, then park the work for its retry or carry out steps 4 to 6.
@@ -621,29 +640,29 @@ class Executor:
         self.database_ok = True
         self._outage.ok()
 
-    def _unknown_commit_resolved(self, result: StageResult, plans: list[Plan]) -> list[Plan]:
+    def _unknown_commit_resolved(
+        self, read_back: ReadBackResult, attempts: int, plans: list[Plan]
+    ) -> list[Plan]:
         """A commit's answer was lost with its connection, and reading the rows back told
         which runs it moved: counted apart (neither a conflict nor a lost transition). The
         runs it did not move are tried again at once the first time; when commits keep
         losing their connection, after the outage's growing backoff."""
-        assert result.unknown_commit is not None
         self._unknown_streak += 1
-        landed = result.commit_attempts - len(result.not_landed)
+        not_landed = read_back.not_landed
+        landed = attempts - len(not_landed)
         self._stats.unknown_commits["landed"] += landed
-        self._stats.unknown_commits["not_landed"] += len(result.not_landed)
-        self._stats.errors[type(result.unknown_commit).__name__] += 1
+        self._stats.unknown_commits["not_landed"] += len(not_landed)
+        self._stats.errors[type(read_back.error).__name__] += 1
         log.warning(
             "the connection was lost during a commit; read back: %d run(s) landed, %d did not",
             landed,
-            len(result.not_landed),
-            extra={"landed": landed, "not_landed": len(result.not_landed)},
+            len(not_landed),
+            extra={"landed": landed, "not_landed": len(not_landed)},
         )
-        if self._unknown_streak == 1 or not result.not_landed:
+        if self._unknown_streak == 1 or not not_landed:
             return plans
         retry_ms = int(retry_delay_s(self._unknown_streak - 2) * 1000)
-        return [
-            replace(p, retry_in_ms=retry_ms) if p.run_id in result.not_landed else p for p in plans
-        ]
+        return [replace(p, retry_in_ms=retry_ms) if p.run_id in not_landed else p for p in plans]
 
     def close(self) -> None:
         # A batch still in flight (a flush that timed out, Postgres hung) is abandoned: its

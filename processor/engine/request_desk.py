@@ -27,7 +27,7 @@ from processor.core.records import Inbound
 from processor.core.request_plans import Refused, RequestAnswer, request_plan
 from processor.core.requests import Request
 from processor.engine.executor import Executor
-from processor.engine.stage import InFlight, StageThread
+from processor.engine.stage_thread import InFlight, StageThread
 from processor.io import connections
 from processor.io.db_errors import item_fault
 from processor.io.faults import NO_FAULTS, Faults, Point

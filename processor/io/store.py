@@ -16,6 +16,7 @@ from typing import Any, NamedTuple
 import orjson
 import psycopg
 
+from processor.core.batch_values import QuarantineFlag as QuarantineFlag  # noqa: PLC0414 (re-exported)
 from processor.core.decide import Commit, Send
 from processor.core.model import (
     Loaded,
@@ -840,15 +841,6 @@ def force_fail_write(
     }
     cur = conn.execute(_FORCE_FAIL_SQL, params).fetchone()
     return cur is not None and cur[0] == 1
-
-
-class QuarantineFlag(NamedTuple):
-    """A run to flag, why, and the version its row had when that was found (None: unknown,
-    the run made a statement fail)."""
-
-    run_id: str
-    why: str
-    version: int | None
 
 
 def quarantine_runs(conn: psycopg.Connection[Any], runs: Sequence[QuarantineFlag]) -> set[str]:

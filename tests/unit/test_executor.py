@@ -11,6 +11,7 @@ import psycopg
 import pytest
 from confluent_kafka import Producer
 
+from processor.core.batch_values import ReadBackResult, Undecided
 from processor.core.decide import BatchItem, Rules, database_failed, decide, reject, tick_batch
 from processor.core.envelope import Wakeup
 from processor.core.intake import Reject, admit
@@ -24,7 +25,8 @@ from processor.core.run_tally import RunTally
 from processor.core.stats import Stats
 from processor.engine.database import Database
 from processor.engine.executor import Executor, Work
-from processor.engine.stage import InFlight, StageResult
+from processor.engine.stage import Staged, Timings
+from processor.engine.stage_thread import InFlight
 from processor.io.faults import Faults
 from processor.io.kafka import Outbox
 from processor.io.telemetry import Telemetry
@@ -163,7 +165,7 @@ def test_runs_a_stage_moved_before_it_failed_are_counted(h: Harness) -> None:
     moved.committed("orders", RunStatus.PENDING, RunStatus.RUNNING)
     moved.committed("orders", RunStatus.RUNNING, RunStatus.SUCCEEDED)
     failed = psycopg.OperationalError("server closed the connection unexpectedly")
-    stage = InFlight(lambda: StageResult(0, [], error=failed, runs=moved))
+    stage = InFlight(lambda: Staged(Undecided(failed, (), (), moved, ()), Timings(0)))
     stage.run()
     h.executor._stage = ([], stage)
     assert h.executor.flush(0)
@@ -214,10 +216,9 @@ def test_commits_that_keep_losing_their_connection_back_off(h: Harness) -> None:
     lost = psycopg.OperationalError("server closed the connection unexpectedly")
     waits = []
     for _ in range(4):
-        result = StageResult(started_ns=0, acknowledged=[], unknown_commit=lost)
-        result.not_landed, result.commit_attempts = {"r"}, 1
+        read_back = ReadBackResult(lost, frozenset({"r"}))
         plans = [database_failed(item("r", []), 0)]
-        waits.append(h.executor._unknown_commit_resolved(result, plans)[0].retry_in_ms)
+        waits.append(h.executor._unknown_commit_resolved(read_back, 1, plans)[0].retry_in_ms)
     assert waits == [0, 100, 200, 400]
     assert h.stats.unknown_commits == {"landed": 0, "not_landed": 4}
 

@@ -6,14 +6,15 @@ import threading
 
 import pytest
 
-from processor.engine.stage import StageResult, StageThread
+from processor.engine.stage import Timings
+from processor.engine.stage_thread import StageThread
 
 
 def test_a_stage_in_flight_is_not_done_until_it_ends_and_then_gives_its_result() -> None:
     release = threading.Event()
-    result = StageResult(started_ns=1, acknowledged=[])
+    result = Timings(started_ns=1)
 
-    def stage() -> StageResult:
+    def stage() -> Timings:
         release.wait(30)
         return result
 
@@ -29,7 +30,7 @@ def test_a_stage_in_flight_is_not_done_until_it_ends_and_then_gives_its_result()
 
 
 def test_a_stage_that_raises_raises_on_the_thread_that_asks() -> None:
-    def stage() -> StageResult:
+    def stage() -> Timings:
         raise RuntimeError("a bug in the stage")
 
     in_flight = StageThread().submit(stage)
@@ -43,14 +44,14 @@ def test_stages_run_one_after_the_other_on_one_thread() -> None:
     release = threading.Event()
     threads: list[threading.Thread] = []
 
-    def slow() -> StageResult:
+    def slow() -> Timings:
         threads.append(threading.current_thread())
         release.wait(30)
-        return StageResult(started_ns=1, acknowledged=[])
+        return Timings(started_ns=1)
 
-    def quick() -> StageResult:
+    def quick() -> Timings:
         threads.append(threading.current_thread())
-        return StageResult(started_ns=2, acknowledged=[])
+        return Timings(started_ns=2)
 
     runner = StageThread()
     first, second = runner.submit(slow), runner.submit(quick)

@@ -13,6 +13,7 @@ from dataclasses import replace
 import psycopg
 import pytest
 
+from processor.core.batch_values import Decided, Undecided
 from processor.core.decide import BatchItem, Commit, Rules
 from processor.core.envelope import Wakeup
 from processor.core.limits import NO_LIMITS, LimitInputs
@@ -110,10 +111,10 @@ def test_one_runs_exception_is_isolated_from_its_batch(how: str) -> None:
         runs["r5"] = replace(loaded("r5"), input=RunInput(_nested(254)))
     else:
         db.poison_commit = "r5"
-    result = _stage(db, faults).run(_batch(RUNS), [])
-    assert result.error is None
+    result = _stage(db, faults).run(_batch(RUNS), []).outcome
+    assert isinstance(result, Decided)
     plans = {p.run_id: p for p in result.plans}
-    assert sorted(plans) == sorted(RUNS)  # one plan per run, in no particular order
+    assert list(plans) == RUNS  # one plan per run, in the batch's order
     bad = plans["r5"]
     assert bad.outcome is Outcome.DEAD_LETTERED and bad.quarantine
     assert bad.reason is DeadLetterReason.UNEXPECTED_ERROR and len(bad.sends) == 1
@@ -121,12 +122,13 @@ def test_one_runs_exception_is_isolated_from_its_batch(how: str) -> None:
     assert [r for r, _ in result.isolated] == ["r5"]
     assert {p.outcome for r, p in plans.items() if r != "r5"} == {Outcome.COMMITTED}
     assert sorted(db.committed) == sorted(r for r in RUNS if r != "r5")
-    assert [f.run_id for f in db.flagged] == ["r5"] and result.quarantined == [bad]
+    assert [f.run_id for f in db.flagged] == ["r5"] and result.quarantined == (bad,)
 
 
 def test_a_plan_that_raises_after_the_commit_is_its_runs_alone() -> None:
     db = MemoryDatabase({r: loaded(r) for r in RUNS})
-    result = _stage(db, Faults.from_spec("decide=raise:r2")).run(_batch(RUNS), [])
+    result = _stage(db, Faults.from_spec("decide=raise:r2")).run(_batch(RUNS), []).outcome
+    assert isinstance(result, Decided)
     assert sorted(db.committed) == sorted(RUNS)  # one statement: the batch is not tried again
     plans = {p.run_id: p for p in result.plans}
     assert plans["r2"].reason is DeadLetterReason.UNEXPECTED_ERROR and plans["r2"].quarantine
@@ -136,6 +138,6 @@ def test_a_plan_that_raises_after_the_commit_is_its_runs_alone() -> None:
 
 def test_a_database_error_is_still_the_batchs_and_isolates_no_one() -> None:
     db = MemoryDatabase({r: loaded(r) for r in RUNS}, error=psycopg.OperationalError("gone"))
-    result = _stage(db).run(_batch(RUNS), [])
-    assert isinstance(result.error, psycopg.OperationalError)
-    assert result.plans == [] and result.isolated == [] and db.flagged == []
+    result = _stage(db).run(_batch(RUNS), []).outcome
+    assert isinstance(result, Undecided) and isinstance(result.error, psycopg.OperationalError)
+    assert result.isolated == () and db.flagged == []
