@@ -19,6 +19,7 @@ from __future__ import annotations
 import importlib
 import os
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -64,6 +65,8 @@ IO = [
 COMPILED = [*_modules("core"), *_modules("engine"), *WORKER, *IO]
 # The shared library of the compiled modules, inside the package (not a top-level module).
 GROUP = "processor.native"
+# Where mypyc writes the C files (relative to the build's folder).
+MYPYC_DIR = "build"
 _TRUE = {"1", "true", "yes", "on"}
 
 
@@ -97,7 +100,11 @@ class CompilingBuildExt(build_ext):
             return
         mypycify = importlib.import_module("mypyc.build").mypycify
         try:
-            extensions = mypycify(COMPILED, group_name=GROUP)
+            # One C file per module instead of one for the whole group: the C compiler's time
+            # (the build's largest part) falls from 195 to 100 s of CPU, and the files can be
+            # compiled side by side. The compiled hot paths (processor.tools.bench_hot, CPU per
+            # run, four alternated rounds) are within 2 % of the single file's.
+            extensions = mypycify(COMPILED, group_name=GROUP, multi_file=True, target_dir=MYPYC_DIR)
         except (SystemExit, Exception) as exc:  # mypyc exits on a type error
             self.extensions = []
             _say(f"mypyc could not compile the modules ({exc!r}): pure Python")
@@ -106,6 +113,9 @@ class CompilingBuildExt(build_ext):
         # for each extension, done for mypyc's (none of them a shared Library).
         self.extensions = extensions
         for ext in extensions:
+            # mypyc writes a dotted group's headers in its package's folder of the build
+            # directory, but includes them from the modules' files as if beside them.
+            ext.include_dirs.append(os.path.join(MYPYC_DIR, *GROUP.split(".")[:-1]))
             ext._full_name = self.get_ext_fullname(ext.name)
             self.ext_map[ext._full_name] = ext
             ext._links_to_dynamic = ext._needs_stub = False
@@ -114,6 +124,10 @@ class CompilingBuildExt(build_ext):
             super().run()
         except (SystemExit, Exception) as exc:  # CompileError, a missing compiler (OSError)
             self._fall_back(f"the C extensions could not be built: {exc!r}")
+
+    def build_extensions(self) -> None:
+        _compile_side_by_side(self.compiler)
+        super().build_extensions()
 
     def _fall_back(self, why: str) -> None:
         """Remove whatever was built, so no compiled module is installed: every module is then
@@ -124,6 +138,41 @@ class CompilingBuildExt(build_ext):
             if built.exists():
                 built.unlink()
         self.extensions = []
+
+
+def _compile_side_by_side(compiler: Any) -> None:
+    """Compile an extension's C files on every CPU (setuptools compiles one after another):
+    distutils' own steps of ``CCompiler.compile``, the files given to a thread pool. Left as
+    it is where a compiler lacks those steps."""
+    steps = ("_setup_compile", "_get_cc_args", "_compile")
+    jobs = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    if (jobs or 1) < 2 or not all(hasattr(compiler, step) for step in steps):
+        return
+
+    def compile_files(
+        sources: list[str],
+        output_dir: str | None = None,
+        macros: Any = None,
+        include_dirs: Any = None,
+        debug: bool = False,
+        extra_preargs: Any = None,
+        extra_postargs: Any = None,
+        depends: Any = None,
+    ) -> list[str]:
+        macros, objects, extra_postargs, pp_opts, build = compiler._setup_compile(
+            output_dir, macros, include_dirs, sources, depends, extra_postargs
+        )
+        cc_args = compiler._get_cc_args(pp_opts, debug, extra_preargs)
+
+        def compile_one(obj: str) -> None:
+            src, ext = build[obj]
+            compiler._compile(obj, src, ext, cc_args, extra_postargs, pp_opts)
+
+        with ThreadPoolExecutor(jobs) as pool:
+            list(pool.map(compile_one, [obj for obj in objects if obj in build]))
+        return list(objects)
+
+    compiler.compile = compile_files
 
 
 def _options() -> dict[str, Any]:
