@@ -112,18 +112,20 @@ unit-pure: venv ## the fast tests on the pure-Python modules (DUCTOR_PURE_PYTHON
 	DUCTOR_PURE_PYTHON=1 DUCTOR_EXPECT_BUILD=pure $(PY) -m pytest -q -n 2 -m "not integration"
 
 # The README's test command: install, bring the services up, lint, typecheck, test. The
-# services come up (downloads and installs, on a fresh machine) while lint, typecheck and
-# compile run, and are stopped again afterwards unless they were already running before.
-test: venv tools ## everything CI runs: infra up, lint, typecheck, compile, all tests on the compiled build, the unit tests on the pure one
+# services come up (downloads and installs, on a fresh machine) while lint, typecheck, compile
+# and the unit tests on the pure-Python modules run (DUCTOR_PURE_PYTHON=1 passes over the
+# compiled modules as they land), and are stopped again afterwards unless they were already
+# running before.
+test: venv tools ## everything CI runs: infra up, lint, typecheck, compile, the unit tests on the pure build, all tests on the compiled one
 	@was_up=0; $(PY) infra/local.py status >/dev/null 2>&1 && was_up=1; \
 	up_log=$$(mktemp); $(PY) infra/local.py up >$$up_log 2>&1 & up_pid=$$!; \
-	status=0; $(MAKE) --no-print-directory -j 2 lint typecheck compile || status=$$?; \
+	status=0; $(MAKE) --no-print-directory -j 2 --output-sync=target compile lint typecheck unit-pure \
+	  || status=$$?; \
 	wait $$up_pid; up_status=$$?; cat $$up_log; rm -f $$up_log; \
 	[ $$up_status = 0 ] || exit 1; \
 	if [ $$status = 0 ]; then \
 	  DUCTOR_EXPECT_BUILD=compiled DUCTOR_TEST_DIST=$(CURDIR)/dist \
 	    $(MAKE) --no-print-directory pytest || status=$$?; \
-	  $(MAKE) --no-print-directory unit-pure || status=$$?; \
 	fi; \
 	if [ $$was_up = 0 ]; then $(PY) infra/local.py down; fi; \
 	exit $$status
