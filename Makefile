@@ -97,12 +97,13 @@ unit: venv ## the fast tests that need no services
 # Two phases: the tests that share nothing, three at a time (pytest-xdist; each process has a
 # database of its own, each test its own topics; most of a test's time is spent waiting on the
 # services, so a third process cut this phase from ~660 to ~450 s on the 2-core machine, all
-# passing), then the serial ones alone (those that
+# passing; a process that runs out of tests takes some of another's instead of idling behind
+# its long ones: worksteal), then the serial ones alone (those that
 # restart the shared services, start a cluster or build the package: tests/integration/
 # conftest.py marks them). Both phases run, and both must pass.
 pytest: venv tools ## every test (needs `make up`)
 	@status=0; \
-	$(PY) -m pytest -q -ra --durations=15 -n 3 -m "not serial" || status=$$?; \
+	$(PY) -m pytest -q -ra --durations=15 -n 3 --dist worksteal -m "not serial" || status=$$?; \
 	$(PY) -m pytest -q -ra --durations=15 -m serial || status=$$?; \
 	exit $$status
 
