@@ -10,13 +10,10 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import sys
 from typing import Any
 
-import orjson
-
 from processor.cli.common import EXIT_FAILED, EXIT_OK
-from processor.cli.grammar import print_json_lines
+from processor.cli.grammar import print_json, print_json_lines
 from processor.io import kafka_properties
 from processor.io.config import (
     HIDDEN,
@@ -60,8 +57,7 @@ def register(sub: Any) -> None:
 
 def cmd_config_show(settings: Settings, args: argparse.Namespace) -> int:
     if args.output == "json":
-        sys.stdout.write(orjson.dumps(shown_config(settings), option=orjson.OPT_INDENT_2).decode())
-        sys.stdout.write("\n")
+        print_json(shown_config(settings))
         return EXIT_OK
     for line in show_lines(settings):
         print(line)

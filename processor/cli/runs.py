@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import Any
+from typing import Any, NoReturn
 
 import orjson
 
@@ -97,8 +97,7 @@ def cmd_inspect(settings: Settings, args: argparse.Namespace) -> int:
     if record is None:
         raise RunNotFound(f"no run with id {args.run_id!r}")
     if args.output == "json":
-        document = inspect_document(record)
-        sys.stdout.write(orjson.dumps(document, option=orjson.OPT_INDENT_2).decode() + "\n")
+        print_json(inspect_document(record))
         return EXIT_OK if record.healthy else EXIT_FAILED
     columns, run, result = record.columns, record.run, record.result
     print(f"run        {args.run_id}")
@@ -209,23 +208,29 @@ def cmd_result(settings: Settings, args: argparse.Namespace) -> int:
     if args.wait is None:
         result = get_run(settings, args.run_id)
         if not result.finished:
-            raise CliError(
-                f"run {args.run_id!r} is still {result.status}; not finished"
-                " (--wait SECONDS waits)",
-                EXIT_NOT_FINISHED,
-            )
+            _not_finished(args, result, f"run {args.run_id!r} is still {result.status}")
     else:
-        result = waited_result(settings, args.run_id, args.wait)
+        result = waited_result(settings, args, args.run_id, args.wait)
     return print_result(args, result)
 
 
-def waited_result(settings: Settings, run_id: str, wait_s: float) -> RunResult:
+def waited_result(
+    settings: Settings, args: argparse.Namespace, run_id: str, wait_s: float
+) -> RunResult:
     """The run's result once it ended; exit 3 (not finished) when it did not within
     ``wait_s`` (RunNotFound, exit 1, when there is no such run)."""
     try:
         return wait_for_run(settings, run_id, wait_s)
     except RunNotFinished as exc:
-        raise CliError(f"{exc}; not finished", EXIT_NOT_FINISHED) from None
+        _not_finished(args, exc.result, str(exc))
+
+
+def _not_finished(args: argparse.Namespace, result: RunResult, why: str) -> NoReturn:
+    """Exit 3; with ``-o json``, where the run stands first (its status, finished false)."""
+    if args.output == "json":
+        print_json(result_document(result))
+    hint = "" if args.wait else " (--wait SECONDS waits)"
+    raise CliError(f"{why}; not finished{hint}", EXIT_NOT_FINISHED)
 
 
 def print_result(args: argparse.Namespace, result: RunResult) -> int:

@@ -112,7 +112,7 @@ def cmd_start(settings: Settings, args: argparse.Namespace) -> int:
     warn_unserved_workflow(settings, args.workflow)
     if args.wait is not None:
         print(f"run {ids[0]} started; waiting for its end", file=sys.stderr)
-        return print_result(args, waited_result(settings, ids[0], args.wait))
+        return print_result(args, waited_result(settings, args, ids[0], args.wait))
     _print_started(args, ids, inserted)
     return EXIT_OK
 
