@@ -548,7 +548,7 @@ def get_run(settings: Settings, run_id: str) -> RunResult:
 
 
 def inspect_run(settings: Settings, run_id: str) -> dict[str, Any]:
-    """What `ductor inspect RUN_ID --output json` prints: the run, its workflow's steps and
+    """What `ductor inspect RUN_ID -o json` prints: the run, its workflow's steps and
     their dependencies, its nodes and every attempt's timeline (io/run_document.py).
     RunNotFound if there is no such run."""
     with connect(settings) as conn:
@@ -914,7 +914,7 @@ def _read_result(conn: psycopg.Connection[Any], run_id: str) -> RunResult:
 
 
 def summary_document(run: RunSummary) -> dict[str, Any]:
-    """A run as `ductor runs list --output json` and the HTTP API's search give it."""
+    """A run as `ductor runs list -o json` and the HTTP API's search give it."""
     return {
         "run_id": run.run_id,
         "workflow": run.workflow[0],

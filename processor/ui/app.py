@@ -1,5 +1,5 @@
 """The web page of `ductor ui` (docs/operations/web-ui.md), a Starlette application: the runs
-with the filters of `ductor runs list`, a run with its DAG and attempts (what `inspect --output
+with the filters of `ductor runs list`, a run with its DAG and attempts (what `inspect -o
 json` prints), the dead letters and the schedules, and retry and cancel buttons for who gave
 the token (processor/ui/auth.py); with DUCTOR_UI_READ_TOKEN_REQUIRED, reading needs it too.
 Beside them, under /api/, the JSON API (processor/ui/api.py) with the same token and checks.
