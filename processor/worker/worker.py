@@ -47,6 +47,7 @@ from processor.io.telemetry import Telemetry
 from processor.io.threads import ThreadWatch
 from processor.io.worker_group import configure_worker_group, membership_note
 from processor.io.worker_registry import Directory, partitions_doc
+from processor.worker import worker_parts as parts
 from processor.worker.app import for_children
 from processor.worker.assembly import FlowParts, build_flow, presence_of
 from processor.worker.database import ClaimRules, WorkerDatabase
@@ -55,7 +56,6 @@ from processor.worker.options import WorkerOptions
 from processor.worker.stats import WorkerStats
 from processor.worker.steps import StepRegistry
 from processor.worker.turns import Turns
-from processor.worker.worker_parts import read_topics, task_source, worker_probe
 
 log = logging.getLogger("ductor.worker")
 
@@ -88,12 +88,7 @@ class Worker:
         self.threads = ThreadWatch(faults)
         if faults.armed:
             log.warning("fault injection armed (tests only): %s", ", ".join(faults.armed))
-        self.telemetry = telemetry or Telemetry.from_environment(
-            "ductor-worker",
-            settings.metrics_port,
-            settings.worker_group_id,
-            settings.http_host,
-        )
+        self.telemetry = telemetry or parts.worker_telemetry(settings)
         self.outages = {"postgres": Outage("postgres", log), "kafka": Outage("kafka", log)}
         # A fatal client error stops the worker (exit EXIT_KAFKA_FATAL, for its supervisor).
         self.client_errors = ClientErrors(self._fatal_client_error)
@@ -102,7 +97,7 @@ class Worker:
         )
         self._outbox = Outbox(self._producer)
         self._delivery = Delivery(self._outbox, self.stats.errors, outage=self.outages["kafka"])
-        self.source = task_source(
+        self.source = parts.task_source(
             settings, client_id, self.stats, self._releasing, self.client_errors, faults, self.names
         )
         self.clock = clock
@@ -118,12 +113,23 @@ class Worker:
         )
         self._holding = 0  # the source's assignment changes the registry was told of
         answers: queue.SimpleQueue[News] = queue.SimpleQueue()
-        # Its two database lanes (claims, results), answering on the loop's queue.
-        claim_rules = ClaimRules(options.max_starts, settings.instance_timeout_s)
-        self.db = WorkerDatabase(
-            settings.pg_dsn,
-            client_id,
-            claim_rules,
+        self.db = self._database(answers, faults)
+        gauges = (self._is_ready, lambda: len(self.source.assigned))
+        self.flow = build_flow(self._flow_parts(answers, faults), self.directory, client_id, gauges)
+        self._stop = threading.Event()
+        self.turns = Turns(clock, settings.stats_log_interval_s)
+        self.exit_code = 0
+        self.probe = parts.worker_probe(
+            settings, self.names, options.queues, client_id, self.threads
+        )
+        self._health: HealthServer | None = None
+
+    def _database(self, answers: queue.SimpleQueue[News], faults: Faults) -> WorkerDatabase:
+        """Its two database lanes (claims, results), answering on the loop's queue."""
+        return WorkerDatabase(
+            self.settings.pg_dsn,
+            self.instance_id,
+            ClaimRules(self.options.max_starts, self.settings.instance_timeout_s),
             self.outages["postgres"],
             answers.put,
             self.presence,
@@ -131,13 +137,6 @@ class Worker:
             self.threads,
             self.stats.isolated,
         )
-        gauges = (self._is_ready, lambda: len(self.source.assigned))
-        self.flow = build_flow(self._flow_parts(answers, faults), self.directory, client_id, gauges)
-        self._stop = threading.Event()
-        self.turns = Turns(clock, settings.stats_log_interval_s)
-        self.exit_code = 0
-        self.probe = worker_probe(settings, self.names, options.queues, client_id, self.threads)
-        self._health: HealthServer | None = None
 
     def _flow_parts(self, answers: queue.SimpleQueue[News], faults: Faults) -> FlowParts:
         """What its task flow is built from (assembly.py): its own parts, one clock."""
@@ -284,7 +283,7 @@ class Worker:
     def _read_topics(self) -> dict[str, int]:
         """The partition counts of the queues' steps topics (returned) and of the wakeup
         topics (for the flow)."""
-        steps, wakeups = read_topics(self._producer, self.names, self.options.queues)
+        steps, wakeups = parts.read_topics(self._producer, self.names, self.options.queues)
         self.flow.wakeup_partitions(wakeups)
         return steps
 

@@ -1,6 +1,7 @@
-"""Parts the worker (worker.py, its composition root) builds from its settings alone: where its
-tasks come from, what its health endpoints answer from, and the partition counts it starts
-with (a steps topic that does not exist is MissingTopic, saying how to create it)."""
+"""Parts the worker (worker.py, its composition root) builds from its settings alone: its
+telemetry, where its tasks come from, what its health endpoints answer from, and the partition
+counts it starts with (a steps topic that does not exist is MissingTopic, saying how to create
+it)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from processor.io.config import Settings
 from processor.io.faults import Faults
 from processor.io.kafka import ClientErrors, topic_partitions
 from processor.io.kafka_errors import MissingTopic
+from processor.io.telemetry import Telemetry
 from processor.io.threads import ThreadWatch
 from processor.worker.health import QueueLag, WorkerProbe
 from processor.worker.source import TaskSource
@@ -21,6 +23,13 @@ from processor.worker.stats import WorkerStats
 # How long each try at the broker waits for its answer at start, before the backoff: short,
 # so a stop is not kept waiting (librdkafka goes on connecting between two tries).
 START_TRY_S = 2.0
+
+
+def worker_telemetry(settings: Settings) -> Telemetry:
+    """Its telemetry, as the OTEL_* variables and DUCTOR_METRICS_PORT say."""
+    return Telemetry.from_environment(
+        "ductor-worker", settings.metrics_port, settings.worker_group_id, settings.http_host
+    )
 
 
 def task_source(
