@@ -48,6 +48,7 @@ WORKER = [
     for name in (
         *("flow", "tasks", "source", "permits", "database", "runners", "stats"),
         *("messages", "lanes", "intake", "claiming", "runs", "watch", "results", "turns"),
+        *("backlog", "static_join", "lane_batches"),
     )
 ]
 IO = [

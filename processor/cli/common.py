@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import faulthandler
 import signal
+import sys
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 import orjson
@@ -12,8 +14,9 @@ import orjson
 from processor import early_stop
 from processor.core.bounds import literal_problem
 
+# The exit codes of every command (grammar.EXIT_TABLE says what each means; docs/usage.md).
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
-# `ductor result`: the run has not ended (yet, or within --wait).
+# `ductor result`, `ductor start --wait`: the run has not ended (yet, or within --wait).
 EXIT_NOT_FINISHED = 3
 
 
@@ -25,10 +28,13 @@ class CliError(Exception):
         self.code = code
 
 
-def json_argument(flag: str, text: str | None, absent: Any) -> Any:
-    """The JSON value a flag gives (``absent`` without one); exit 2 when it is not JSON or
-    holds an integer literal beyond 64 bits, which orjson would read as another number (the
-    other bounds of stored JSON are the client's to check: core/bounds.py)."""
+def json_argument(flag: str, given: str | None, absent: Any) -> Any:
+    """The JSON value a flag gives (``absent`` without one): the flag's value, the content of
+    the file ``@PATH`` names, or stdin for ``-`` (JSON never starts with ``@`` and is never
+    ``-`` alone, so neither is ambiguous); exit 2 when it cannot be read, is not JSON or holds
+    an integer literal beyond 64 bits, which orjson would read as another number (the other
+    bounds of stored JSON are the client's to check: core/bounds.py)."""
+    text = json_text(flag, given)
     if text is None:
         return absent
     try:
@@ -39,6 +45,23 @@ def json_argument(flag: str, text: str | None, absent: Any) -> Any:
     if problem is not None:
         raise CliError(problem.describe(flag), EXIT_USAGE)
     return value
+
+
+def json_text(flag: str, given: str | None) -> str | None:
+    """The text ``given`` stands for: itself, ``@PATH``'s content or stdin's (``-``)."""
+    if not given:
+        return None
+    if given == "-":
+        return sys.stdin.read()
+    if not given.startswith("@"):
+        return given
+    path = Path(given[1:])
+    try:
+        return path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise CliError(f"{flag} {given}: cannot read {path}: {exc.strerror}", EXIT_USAGE) from None
+    except UnicodeDecodeError as exc:
+        raise CliError(f"{flag} {given}: {path} is not UTF-8 ({exc.reason})", EXIT_USAGE) from None
 
 
 def print_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> None:

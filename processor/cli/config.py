@@ -9,12 +9,11 @@ every OTLP header (the standard place for a collector's credentials)."""
 from __future__ import annotations
 
 import argparse
-import sys
+import dataclasses
 from typing import Any
 
-import orjson
-
 from processor.cli.common import EXIT_FAILED, EXIT_OK
+from processor.cli.grammar import print_json, print_json_lines
 from processor.io import kafka_properties
 from processor.io.config import (
     HIDDEN,
@@ -38,14 +37,27 @@ _FROM_SETTING = {
 }
 
 
-def add_config_output(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--output", choices=("text", "json"), default="text", help="text or json")
+def register(sub: Any) -> None:
+    config = sub.add_parser("config", help="the settings in effect, and whether they work")
+    config_sub = config.add_subparsers(dest="config_command", required=True, metavar="ACTION")
+    p = config_sub.add_parser(
+        "show",
+        help="every setting in effect (secrets hidden) and where it came from (default, env,"
+        " file), the Kafka clients' properties, what the telemetry exports",
+    )
+    p.set_defaults(func=cmd_config_show)
+    p = config_sub.add_parser(
+        "check",
+        help="reach Postgres and Kafka (short timeouts), check the schema version, the Kafka"
+        " client settings and the topics' partition counts; one line per check, exit 1 if one"
+        " fails",
+    )
+    p.set_defaults(func=cmd_config_check)
 
 
 def cmd_config_show(settings: Settings, args: argparse.Namespace) -> int:
-    if getattr(args, "output", "text") == "json":
-        sys.stdout.write(orjson.dumps(shown_config(settings), option=orjson.OPT_INDENT_2).decode())
-        sys.stdout.write("\n")
+    if args.output == "json":
+        print_json(shown_config(settings))
         return EXIT_OK
     for line in show_lines(settings):
         print(line)
@@ -133,9 +145,11 @@ def _origin(settings: Settings, prop: str, sources: dict[str, str]) -> str:
     return "fixed" if prop in kafka_properties.OWNED else "default"
 
 
-def cmd_config_check(settings: Settings, _args: argparse.Namespace) -> int:
+def cmd_config_check(settings: Settings, args: argparse.Namespace) -> int:
     checks = run_checks(settings)
-    for check in checks:
+    if args.output == "json":
+        print_json_lines([dataclasses.asdict(check) for check in checks])
+    for check in checks if args.output == "text" else ():
         state = "FAIL" if not check.ok else "WARN" if check.warning else "ok  "
         print(f"{state}  {check.name}: {check.detail}")
     return EXIT_OK if all(c.ok for c in checks) else EXIT_FAILED

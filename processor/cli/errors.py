@@ -5,8 +5,9 @@ command ends in a traceback.
 2: the configuration or the usage is wrong (fix it and run again; nothing was done: a topic
 that does not exist is one, a start whose input its workflow's schema refuses another, a value
 beyond the bounds of stored JSON or a run id only Ductor may give a third, a signal to a run
-that has ended or of a name no wait step waits for a fourth); 1:
-the operation failed (a service unreachable, a refusal); the command's own ``CliError`` codes.
+that has ended or of a name no wait step waits for a fourth, a workflow that is not
+registered a fifth); 1: the operation failed (a service unreachable, a refusal, a run that is
+not found); the command's own ``CliError`` codes (grammar.EXIT_TABLE).
 An error nobody expected is a bug: one sentence too, its traceback logged at DEBUG.
 """
 
@@ -20,6 +21,7 @@ from confluent_kafka import KafkaError, KafkaException
 
 from processor.cli.common import EXIT_FAILED, EXIT_USAGE, CliError
 from processor.client import InvalidInput, OutOfBounds, ReservedRunId, SignalRefused
+from processor.core.model import UnknownWorkflow
 from processor.io.config import ConfigError
 from processor.io.kafka_errors import MissingTopic
 from processor.io.listen import ListenError
@@ -38,7 +40,9 @@ def explain(exc: Exception) -> Failure:
     if isinstance(exc, ConfigError):
         return Failure(f"configuration error: {exc}", EXIT_USAGE)
     refused = InvalidInput | OutOfBounds | ReservedRunId | SignalRefused
-    if isinstance(exc, ListenError | MissingTopic | refused):
+    # An unknown workflow is refused input wherever it is named (start, schedules, triggers,
+    # workflows show): nothing was done.
+    if isinstance(exc, ListenError | MissingTopic | UnknownWorkflow | refused):
         return Failure(str(exc), EXIT_USAGE)
     if isinstance(exc, CliError):
         return Failure(str(exc), exc.code)

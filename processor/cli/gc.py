@@ -7,8 +7,10 @@ import argparse
 import re
 import sys
 import time
+from typing import Any
 
 from processor.cli.common import EXIT_OK, EXIT_USAGE, CliError
+from processor.cli.grammar import emit
 from processor.client import connect
 from processor.io.config import Settings
 from processor.io.kept_signals import count_old_kept_cancels, delete_old_kept_cancels
@@ -17,6 +19,25 @@ from processor.io.retention import Removed, count_finished, cutoff, delete_finis
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 _DURATION = re.compile(r"(\d{1,9})([smhd])")
 _PROGRESS_EVERY_S = 5.0
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser(
+        "gc",
+        help="delete finished runs (succeeded, failed, cancelled) last moved before a time,"
+        " with their step results, signals and outbox rows, in batches",
+    )
+    p.add_argument(
+        "--finished-before",
+        required=True,
+        metavar="DURATION",
+        help="how long ago: 90s, 30m, 12h or 7d (runs whose last transition is older go)",
+    )
+    p.add_argument(
+        "--batch-size", type=int, default=1000, help="runs per statement and transaction (1000)"
+    )
+    p.add_argument("--dry-run", action="store_true", help="count what would go; delete nothing")
+    p.set_defaults(func=cmd_gc)
 
 
 def parse_duration(text: str) -> int:
@@ -34,6 +55,16 @@ def _describe(removed: Removed, kept_cancels: int) -> str:
     )
 
 
+def _counts(removed: Removed, kept_cancels: int) -> dict[str, int]:
+    return {
+        "runs": removed.runs,
+        "results": removed.results,
+        "signals": removed.signals,
+        "outbox": removed.outbox,
+        "kept_cancels": kept_cancels,
+    }
+
+
 def cmd_gc(settings: Settings, args: argparse.Namespace) -> int:
     try:
         older_than_s = parse_duration(args.finished_before)
@@ -45,8 +76,9 @@ def cmd_gc(settings: Settings, args: argparse.Namespace) -> int:
         before = cutoff(conn, older_than_s)
         when = f"finished before {before.isoformat(timespec='seconds')}"
         if args.dry_run:
-            counted = _describe(count_finished(conn, before), count_old_kept_cancels(conn, before))
-            print(f"would delete {counted} ({when}; dry run)")
+            counted, kept = count_finished(conn, before), count_old_kept_cancels(conn, before)
+            document = {**_counts(counted, kept), "before": before.isoformat(), "dry_run": True}
+            emit(args, document, f"would delete {_describe(counted, kept)} ({when}; dry run)")
             return EXIT_OK
         next_note = time.monotonic() + _PROGRESS_EVERY_S
 
@@ -58,5 +90,6 @@ def cmd_gc(settings: Settings, args: argparse.Namespace) -> int:
 
         total, batches = delete_finished(conn, before, args.batch_size, progress)
         cancels = delete_old_kept_cancels(conn, before)
-    print(f"deleted {_describe(total, cancels)} ({when}; {batches} batch(es))")
+    document = {**_counts(total, cancels), "before": before.isoformat(), "dry_run": False}
+    emit(args, document, f"deleted {_describe(total, cancels)} ({when}; {batches} batch(es))")
     return EXIT_OK

@@ -1,15 +1,14 @@
-"""Commands about runs: start, inspect, signal, result, runs list, runs retry, runs release."""
+"""Commands about runs: inspect, signal, result, runs release (`start` is start.py; `runs list`,
+`count`, `cancel` and `retry` search.py)."""
 
 from __future__ import annotations
 
 import argparse
 import sys
-import uuid
-from datetime import UTC, datetime, timedelta
+from typing import Any, NoReturn
 
 import orjson
 
-from processor.authoring import duration_ms
 from processor.cli.common import (
     EXIT_FAILED,
     EXIT_NOT_FINISHED,
@@ -18,149 +17,87 @@ from processor.cli.common import (
     CliError,
     json_argument,
 )
-from processor.cli.workers import warn_unserved_workflow
+from processor.cli.grammar import emit, print_json
+from processor.cli.search import add_search_commands
 from processor.client import (
-    IfExists,
-    RunExists,
     RunNotFinished,
     RunNotFound,
     RunResult,
-    StartNotAnnounced,
     connect,
     get_run,
     release_run,
     request_signal,
-    request_starts,
+    result_document,
     send_signal,
-    start_runs,
     wait_for_run,
 )
 from processor.core.children import child_run_id
 from processor.core.model import RunStatus, state_checksum
 from processor.core.routing import TopicNames
-from processor.core.run_search import parse_tags
-from processor.core.workflow import SIGNAL_NAME, ValidationError
+from processor.core.workflow import SIGNAL_NAME
 from processor.io.config import Settings
 from processor.io.run_document import RunRecord, inspect_document, read_run
 from processor.io.store import Definitions
 
 
-def cmd_start(settings: Settings, args: argparse.Namespace) -> int:
-    run_input = json_argument("--input", args.input or None, {})
-    if args.count < 1:
-        raise CliError("--count must be at least 1", EXIT_USAGE)
-    try:
-        tags = parse_tags(args.tag)
-    except ValueError as exc:
-        raise CliError(f"--tag: {exc}", EXIT_USAGE) from None
-    if args.run_id:
-        ids = (
-            [args.run_id] if args.count == 1 else [f"{args.run_id}-{i}" for i in range(args.count)]
-        )
-    else:
-        ids = [f"{args.workflow}-{uuid.uuid4().hex[:12]}" for _ in range(args.count)]
-    start_at = _start_at(args)
-    if args.via == "kafka":
-        if start_at is not None or tags:
-            raise CliError("--at, --delay and --tag need --via database", EXIT_USAGE)
-        return _request_starts(settings, args, ids, run_input)
-    try:
-        inserted = start_runs(
-            settings,
-            args.workflow,
-            ids,
-            run_input,
-            args.tier,
-            if_exists=args.if_exists,
-            start_at=start_at,
-            tags=tags or None,
-        )
-    except StartNotAnnounced as exc:
-        # The runs exist and will start: what the command promises holds, later than usual.
-        print(f"warning: {exc}", file=sys.stderr)
-        inserted = exc.inserted
-    except RunExists as exc:
-        raise CliError(_start_refused(exc, args, len(ids))) from None
-    if args.count == 1:
-        print(ids[0] if inserted else f"{ids[0]} (already started)")
-    else:
-        print(f"started {len(inserted)} run(s), {len(ids) - len(inserted)} already existed")
-    warn_unserved_workflow(settings, args.workflow)
-    return EXIT_OK
+def register(sub: Any) -> None:
+    """`ductor inspect`, `result`, `signal` and `runs ...` (search.py adds its own there)."""
+    p = sub.add_parser("inspect", help="show a run: status, nodes, version, seq, checksum check")
+    p.add_argument("run_id")
+    p.set_defaults(func=cmd_inspect)
+    p = sub.add_parser(
+        "result",
+        help="print a run's output as JSON (exit 0 succeeded, 1 failed, cancelled or unknown"
+        " run, 3 not finished)",
+    )
+    p.add_argument("run_id")
+    p.add_argument(
+        "--wait", type=float, metavar="SECONDS", help="wait this long for the run to end"
+    )
+    p.set_defaults(func=cmd_result)
+    runs = sub.add_parser("runs", help="act on runs")
+    runs_sub = runs.add_subparsers(dest="runs_command", required=True, metavar="ACTION")
+    p = runs_sub.add_parser(
+        "release",
+        help="clear a quarantined run's flag (once its row is repaired) and wake it",
+    )
+    p.add_argument("run_id")
+    p.set_defaults(func=cmd_runs_release)
+    add_search_commands(runs_sub)
+    p = sub.add_parser(
+        "signal", help="send a signal to a run: cancel, or one a wait step waits for"
+    )
+    p.add_argument("run_id")
+    p.add_argument("kind", metavar="NAME", help="cancel, or the signal's name")
+    p.add_argument(
+        "--payload",
+        metavar="JSON|@FILE|-",
+        help="the signal's data (a wait step's output): JSON, @FILE to read it from a file,"
+        " or - from stdin",
+    )
+    p.add_argument("--signal-id", help="idempotency key (default: a new one)")
+    via_argument(p)
+    p.set_defaults(func=cmd_signal)
 
 
-def _start_at(args: argparse.Namespace) -> datetime | None:
-    """When ``--at`` or ``--delay`` says the runs start (exit 2 if it cannot be read)."""
-    if args.at:
-        try:
-            at = datetime.fromisoformat(args.at)
-        except ValueError:
-            at = None
-        if at is None or at.tzinfo is None:
-            raise CliError(
-                f"--at {args.at!r}: expected an ISO 8601 time with its offset, e.g."
-                " 2026-12-24T18:00:00Z or 2026-12-24T19:00:00+01:00",
-                EXIT_USAGE,
-            )
-        return at
-    if args.delay:
-        try:
-            delay_ms = duration_ms(args.delay, "--delay")
-        except ValidationError as exc:
-            raise CliError(str(exc), EXIT_USAGE) from None
-        return datetime.now(UTC) + timedelta(milliseconds=delay_ms)
-    return None
-
-
-def _request_starts(
-    settings: Settings, args: argparse.Namespace, ids: list[str], run_input: object
-) -> int:
-    """`ductor start --via kafka`: the starts go to the requests topic; a processor creates
-    the runs (what it cannot start is a dead letter, since nothing here hears back)."""
-    if args.if_exists:
-        raise CliError(
-            "--if-exists needs --via database: through Kafka, a start for a run id that exists"
-            " with another input is a conflicting_start dead letter",
-            EXIT_USAGE,
-        )
-    request_starts(settings, args.workflow, ids, run_input, args.tier)
-    topic = TopicNames(settings.topic_prefix).requests
-    if args.count == 1:
-        print(f"{ids[0]} (start requested on {topic})")
-    else:
-        print(f"requested the start of {len(ids)} run(s) on {topic}")
-    return EXIT_OK
-
-
-def _start_refused(exc: RunExists, args: argparse.Namespace, count: int) -> str:
-    """Why `ductor start` refused, with the flag that changes it (the client's message names
-    the client's parameter)."""
-    run = exc.existing[0]
-    more = f" (and {len(exc.existing) - 1} more)" if len(exc.existing) > 1 else ""
-    started = f"; {len(exc.inserted)} of the {count} run(s) were started" if count > 1 else ""
-    if run.workflow[0] != args.workflow:
-        why = (
-            f"run {run.run_id!r}{more} exists already, of workflow {run.workflow[0]!r}: a run"
-            f" id belongs to one workflow; start {args.workflow!r} under another --run-id"
-        )
-    elif args.if_exists == IfExists.FAIL:
-        why = f"run {run.run_id!r}{more} exists already (--if-exists fail)"
-    else:
-        why = (
-            f"run {run.run_id!r}{more} exists already with another input; --if-exists ignore"
-            " keeps the existing run, or start this one under another --run-id"
-        )
-    return why + started
+def via_argument(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--via",
+        choices=("database", "kafka"),
+        default="database",
+        help="database (default): write the run or signal row, then wake the run; kafka: write"
+        " a request to the requests topic and let a processor do it (no Postgres access"
+        " needed, docs/requests.md)",
+    )
 
 
 def cmd_inspect(settings: Settings, args: argparse.Namespace) -> int:
     with connect(settings) as conn:
         record = read_run(conn, Definitions(), args.run_id, settings.instance_timeout_s)
     if record is None:
-        raise CliError(f"no run with id {args.run_id!r}")
+        raise RunNotFound(f"no run with id {args.run_id!r}")
     if args.output == "json":
-        document = inspect_document(record)
-        sys.stdout.write(orjson.dumps(document, option=orjson.OPT_INDENT_2).decode() + "\n")
+        print_json(inspect_document(record))
         return EXIT_OK if record.healthy else EXIT_FAILED
     columns, run, result = record.columns, record.run, record.result
     print(f"run        {args.run_id}")
@@ -254,37 +191,57 @@ def cmd_signal(settings: Settings, args: argparse.Namespace) -> int:
     if args.via == "kafka":
         signal_id = request_signal(settings, args.run_id, args.kind, args.signal_id, payload)
         topic = TopicNames(settings.topic_prefix).requests
-        print(f"signal {args.kind} requested on {topic} ({signal_id})")
+        document = {"run_id": args.run_id, "signal_id": signal_id, "requested_on": topic}
+        emit(args, document, f"signal {args.kind} requested on {topic} ({signal_id})")
         return EXIT_OK
     sent = send_signal(settings, args.run_id, args.kind, args.signal_id, payload)
-    print(f"signal {args.kind} {'sent' if sent.new else 'was already recorded'} ({sent.signal_id})")
+    done = "sent" if sent.new else "was already recorded"
+    document = {"run_id": args.run_id, "signal_id": sent.signal_id, "new": sent.new}
+    emit(args, document, f"signal {args.kind} {done} ({sent.signal_id})")
     return EXIT_OK
 
 
 def cmd_result(settings: Settings, args: argparse.Namespace) -> int:
-    """Print a run's output as JSON once it succeeded; see the exit codes in ``main``."""
+    """Print a run's output as JSON once it succeeded (exit codes: grammar.EXIT_TABLE)."""
     if args.wait is not None and args.wait < 0:
         raise CliError("--wait must be 0 or more seconds", EXIT_USAGE)
+    if args.wait is None:
+        result = get_run(settings, args.run_id)
+        if not result.finished:
+            _not_finished(args, result, f"run {args.run_id!r} is still {result.status}")
+    else:
+        result = waited_result(settings, args, args.run_id, args.wait)
+    return print_result(args, result)
+
+
+def waited_result(
+    settings: Settings, args: argparse.Namespace, run_id: str, wait_s: float
+) -> RunResult:
+    """The run's result once it ended; exit 3 (not finished) when it did not within
+    ``wait_s`` (RunNotFound, exit 1, when there is no such run)."""
     try:
-        if args.wait is None:
-            result = get_run(settings, args.run_id)
-        else:
-            result = wait_for_run(settings, args.run_id, args.wait)
-    except RunNotFound as exc:
-        raise CliError(str(exc), EXIT_USAGE) from None
+        return wait_for_run(settings, run_id, wait_s)
     except RunNotFinished as exc:
-        raise CliError(f"{exc}; not finished", EXIT_NOT_FINISHED) from None
-    if not result.finished:
-        raise CliError(
-            f"run {args.run_id!r} is still {result.status}; not finished (--wait SECONDS waits)",
-            EXIT_NOT_FINISHED,
-        )
-    return _print_result(result)
+        _not_finished(args, exc.result, str(exc))
 
 
-def _print_result(result: RunResult) -> int:
-    if result.status is RunStatus.SUCCEEDED:
+def _not_finished(args: argparse.Namespace, result: RunResult, why: str) -> NoReturn:
+    """Exit 3; with ``-o json``, where the run stands first (its status, finished false)."""
+    if args.output == "json":
+        print_json(result_document(result))
+    hint = "" if args.wait else " (--wait SECONDS waits)"
+    raise CliError(f"{why}; not finished{hint}", EXIT_NOT_FINISHED)
+
+
+def print_result(args: argparse.Namespace, result: RunResult) -> int:
+    """An ended run's result: its output alone (text), or its whole result (``-o json``);
+    exit 0 when it succeeded, 1 when it failed or was cancelled (why, on stderr)."""
+    succeeded = result.status is RunStatus.SUCCEEDED
+    if args.output == "json":
+        print_json(result_document(result))
+    elif succeeded:
         print(orjson.dumps(result.output).decode())
+    if succeeded:
         return EXIT_OK
     print(f"run {result.run_id} {result.status}: {result.failure_reason or '-'}", file=sys.stderr)
     return EXIT_FAILED
@@ -293,5 +250,5 @@ def _print_result(result: RunResult) -> int:
 def cmd_runs_release(settings: Settings, args: argparse.Namespace) -> int:
     """Clear a run's quarantine flag and wake it (client.release_run)."""
     release_run(settings, args.run_id)
-    print(f"run {args.run_id} released and woken")
+    emit(args, {"run_id": args.run_id, "released": True}, f"run {args.run_id} released and woken")
     return EXIT_OK

@@ -9,6 +9,7 @@ from typing import Any
 import orjson
 
 from processor.cli.common import EXIT_OK, EXIT_USAGE, CliError, json_argument, print_table
+from processor.cli.grammar import add_legacy_output, emit, print_json, print_json_lines
 from processor.client import connect, wake
 from processor.core.routing import TIERS
 from processor.io.config import Settings
@@ -26,7 +27,7 @@ from processor.io.schedules import (
 from processor.io.store import Definitions
 
 
-def add_schedule_commands(sub: Any) -> None:
+def register(sub: Any) -> None:
     schedules = sub.add_parser("schedules", help="start a workflow on a cron schedule")
     s_sub = schedules.add_subparsers(dest="schedules_command", required=True, metavar="ACTION")
     p = s_sub.add_parser(
@@ -46,7 +47,11 @@ def add_schedule_commands(sub: Any) -> None:
     p.add_argument("--tz", default="UTC", help="the IANA time zone it reads in (default UTC)")
     p.add_argument("--workflow", required=True, help="the workflow each fire starts")
     p.add_argument("--version", type=int, help="this version (default: the latest at each fire)")
-    p.add_argument("--input", help="each run's input, as JSON")
+    p.add_argument(
+        "--input",
+        metavar="JSON|@FILE|-",
+        help="each run's input: JSON, @FILE to read it from a file, or - from stdin",
+    )
     p.add_argument("--tier", choices=TIERS, default="t1", help="the runs' wakeup tier")
     p.add_argument(
         "--catch-up",
@@ -57,7 +62,7 @@ def add_schedule_commands(sub: Any) -> None:
     )
     p.set_defaults(func=cmd_schedules_create)
     p = s_sub.add_parser("list", help="the schedules: next fire, last run, fires and misses")
-    p.add_argument("--output", choices=["table", "json"], default="table")
+    add_legacy_output(p)
     p.set_defaults(func=cmd_schedules_list)
     for action, text in (
         ("pause", "stop firing it (its runs go on)"),
@@ -71,7 +76,7 @@ def add_schedule_commands(sub: Any) -> None:
 
 
 def cmd_schedules_create(settings: Settings, args: argparse.Namespace) -> int:
-    run_input = json_argument("--input", args.input or None, {})
+    run_input = json_argument("--input", args.input, {})
     with connect(settings) as conn:
         try:
             schedule = create_schedule(
@@ -91,9 +96,13 @@ def cmd_schedules_create(settings: Settings, args: argparse.Namespace) -> int:
             raise CliError(str(exc), EXIT_USAGE) from None
     cron = cron_of(schedule)
     first = round(schedule.next_fire_at.timestamp() * 1000)
+    fires = [cron.local(fire) for fire in cron.following(first, NEXT_FIRES)]
+    if args.output == "json":
+        print_json({**_json(schedule), "next_fires": [str(fire) for fire in fires]})
+        return EXIT_OK
     print(f"schedule {schedule.name} created; its next {NEXT_FIRES} fires ({cron.tz}):")
-    for fire in cron.following(first, NEXT_FIRES):
-        print(f"  {cron.local(fire)}")
+    for fire in fires:
+        print(f"  {fire}")
     return EXIT_OK
 
 
@@ -104,8 +113,11 @@ NEXT_FIRES = 3
 def cmd_schedules_list(settings: Settings, args: argparse.Namespace) -> int:
     with connect(settings) as conn:
         schedules = list_schedules(conn)
-    if args.output == "json":
+    if args.legacy_json:  # the former document, for one release (grammar.py)
         print(orjson.dumps([_json(s) for s in schedules]).decode())
+        return EXIT_OK
+    if args.output == "json":
+        print_json_lines([_json(s) for s in schedules])
         return EXIT_OK
     if not schedules:
         print("no schedule (ductor schedules create NAME --cron EXPR --workflow W)")
@@ -157,14 +169,16 @@ def _when(moment: Any) -> str:
 def cmd_schedules_pause(settings: Settings, args: argparse.Namespace) -> int:
     with connect(settings) as conn:
         changed = _refusing(lambda: pause_schedule(conn, args.name))
-    print(f"schedule {args.name} {'paused' if changed else 'was paused already'}")
+    said = "paused" if changed else "was paused already"
+    emit(args, {"name": args.name, "changed": changed}, f"schedule {args.name} {said}")
     return EXIT_OK
 
 
 def cmd_schedules_resume(settings: Settings, args: argparse.Namespace) -> int:
     with connect(settings) as conn:
         changed = _refusing(lambda: resume_schedule(conn, args.name))
-    print(f"schedule {args.name} {'resumed' if changed else 'was not paused'}")
+    said = "resumed" if changed else "was not paused"
+    emit(args, {"name": args.name, "changed": changed}, f"schedule {args.name} {said}")
     return EXIT_OK
 
 
@@ -172,7 +186,7 @@ def cmd_schedules_trigger(settings: Settings, args: argparse.Namespace) -> int:
     with connect(settings) as conn:
         run_id, tier = _refusing(lambda: trigger_schedule(conn, Definitions(), args.name))
     wake(settings, [run_id], tier, "start")
-    print(run_id)
+    emit(args, {"name": args.name, "run_id": run_id}, run_id)
     return EXIT_OK
 
 
@@ -180,7 +194,7 @@ def cmd_schedules_delete(settings: Settings, args: argparse.Namespace) -> int:
     with connect(settings) as conn:
         if not delete_schedule(conn, args.name):
             raise CliError(f"no schedule is named {args.name!r}")
-    print(f"schedule {args.name} deleted")
+    emit(args, {"name": args.name, "deleted": True}, f"schedule {args.name} deleted")
     return EXIT_OK
 
 

@@ -12,6 +12,7 @@ from typing import Any
 import orjson
 
 from processor.cli.common import EXIT_FAILED, EXIT_OK, EXIT_USAGE, CliError, print_table
+from processor.cli.grammar import add_legacy_output, emit, print_json, print_json_lines
 from processor.client import (
     MAX_BULK_RUNS,
     MAX_LIST_LIMIT,
@@ -93,11 +94,14 @@ def cmd_runs_list(settings: Settings, args: argparse.Namespace) -> int:
         raise CliError(f"--cursor: {exc}", EXIT_USAGE) from None
     page = search_runs(settings, wanted, args.limit, after)
     following = None if page.next_cursor is None else page.next_cursor.encode()
-    if args.output == "json":
+    if args.legacy_json:  # the former document, for one release (grammar.py)
         document = {"runs": [summary_document(run) for run in page.runs], "next_cursor": following}
         sys.stdout.write(orjson.dumps(document).decode() + "\n")
         return EXIT_OK
-    _print_table(page.runs)
+    if args.output == "json":
+        print_json_lines([summary_document(run) for run in page.runs])
+    else:
+        _print_table(page.runs)
     more = "" if following is None else f"; more with --cursor {following}"
     print(f"{len(page.runs)} run(s), newest first{more}", file=sys.stderr)
     return EXIT_OK
@@ -118,7 +122,8 @@ def _print_table(runs: list[RunSummary]) -> None:
 
 
 def cmd_runs_count(settings: Settings, args: argparse.Namespace) -> int:
-    print(count_runs(settings, filter_from_args(args)))
+    count = count_runs(settings, filter_from_args(args))
+    emit(args, {"count": count}, str(count))
     return EXIT_OK
 
 
@@ -127,10 +132,11 @@ def cmd_runs_cancel(settings: Settings, args: argparse.Namespace) -> int:
     if args.run_id is not None:
         _single(args)
         sent = send_signal(settings, args.run_id)
-        print(f"run {args.run_id} cancel sent ({sent.signal_id})")
+        document = {"run_id": args.run_id, "signal_id": sent.signal_id, "new": sent.new}
+        emit(args, document, f"run {args.run_id} cancel sent ({sent.signal_id})")
         return EXIT_OK
     done = cancel_runs(settings, _bulk_filter(args), args.dry_run, args.max)
-    return _report(done, args.dry_run, "cancel", "pending or running")
+    return _report(args, done, "cancel", "pending or running")
 
 
 def cmd_runs_retry(settings: Settings, args: argparse.Namespace) -> int:
@@ -138,10 +144,12 @@ def cmd_runs_retry(settings: Settings, args: argparse.Namespace) -> int:
     if args.run_id is not None:
         _single(args)
         retried = retry_run(settings, args.run_id)
-        print(f"run {retried.run_id} resumed; running again: {', '.join(retried.steps)}")
+        document = {"run_id": retried.run_id, "steps": list(retried.steps)}
+        text = f"run {retried.run_id} resumed; running again: {', '.join(retried.steps)}"
+        emit(args, document, text)
         return EXIT_OK
     done = retry_runs(settings, _bulk_filter(args), args.dry_run, args.max)
-    return _report(done, args.dry_run, "retry", "failed")
+    return _report(args, done, "retry", "failed")
 
 
 def _bulk_filter(args: argparse.Namespace) -> RunFilter:
@@ -163,13 +171,21 @@ def _single(args: argparse.Namespace) -> None:
         raise CliError("give a RUN_ID or filters (with --dry-run), not both", EXIT_USAGE)
 
 
-def _report(done: BulkAction, dry_run: bool, verb: str, which: str) -> int:
-    shown = done.matched[:_SHOWN]
-    for run_id in shown:
-        print(run_id)
-    if len(done.matched) > len(shown):
-        print(f"... and {len(done.matched) - len(shown)} more")
-    if dry_run:
+def _report(args: argparse.Namespace, done: BulkAction, verb: str, which: str) -> int:
+    """The matched runs on stdout (JSON: one object with every list), the count on stderr;
+    exit 1 when one was refused."""
+    if args.output == "json":
+        print_json(
+            {
+                "matched": list(done.matched),
+                "acted": list(done.acted),
+                "refused": [{"run_id": r, "why": why} for r, why in done.refused],
+                "dry_run": args.dry_run,
+            }
+        )
+    else:
+        _print_matched(done.matched)
+    if args.dry_run:
         print(f"{len(done.matched)} {which} run(s) match; --dry-run: nothing done", file=sys.stderr)
         return EXIT_OK
     for run_id, why in done.refused:
@@ -182,6 +198,14 @@ def _report(done: BulkAction, dry_run: bool, verb: str, which: str) -> int:
     return EXIT_FAILED if done.refused else EXIT_OK
 
 
+def _print_matched(matched: tuple[str, ...]) -> None:
+    shown = matched[:_SHOWN]
+    for run_id in shown:
+        print(run_id)
+    if len(matched) > len(shown):
+        print(f"... and {len(matched) - len(shown)} more")
+
+
 def add_search_commands(runs_sub: Any) -> None:
     """`runs list`, `runs count`, `runs cancel`, `runs retry` under `ductor runs`."""
     p = runs_sub.add_parser(
@@ -191,7 +215,7 @@ def add_search_commands(runs_sub: Any) -> None:
     add_filter_arguments(p)
     p.add_argument("--limit", type=int, default=50, help="at most N runs (50)")
     p.add_argument("--cursor", help="the page after the one that printed this cursor")
-    p.add_argument("--output", choices=("text", "json"), default="text", help="text or json")
+    add_legacy_output(p)
     p.set_defaults(func=cmd_runs_list)
     p = runs_sub.add_parser("count", help="how many runs the filters match")
     add_filter_arguments(p)

@@ -6,10 +6,12 @@ import argparse
 import re
 import sys
 import threading
+from typing import Any
 
 import psycopg
 
 from processor.cli.common import EXIT_OK, EXIT_USAGE, CliError, stop_on_signals
+from processor.cli.grammar import emit, print_json_lines
 from processor.client import ClientError, connect
 from processor.engine.processor import Processor
 from processor.io.config import ConfigError, Settings
@@ -25,12 +27,106 @@ from processor.worker.environment import scrub_secrets
 from processor.worker.options import WorkerOptions
 from processor.worker.worker import Worker
 
+# What the services print is their log (DUCTOR_LOG_FORMAT=json for JSON lines).
+_LOGS = "a service logs; DUCTOR_LOG_FORMAT=json makes its log JSON lines"
 
-def cmd_migrate(settings: Settings, _args: argparse.Namespace) -> int:
+
+def register_setup(sub: Any) -> None:
+    """`ductor migrate` and `ductor topics create`."""
+    p = sub.add_parser(
+        "migrate", help="apply the SQL migrations the package ships (schemas/migrations)"
+    )
+    p.set_defaults(func=cmd_migrate)
+    topics = sub.add_parser("topics", help="manage the Kafka topics")
+    topics_sub = topics.add_subparsers(dest="topics_command", required=True, metavar="ACTION")
+    p = topics_sub.add_parser(
+        "create",
+        help="create every topic idempotently (partitions from config), with a steps topic"
+        " for each queue the registered workflows name",
+    )
+    p.add_argument(
+        "--queue", metavar="Q[,Q...]", help="steps topics of these queues too (not registered yet)"
+    )
+    p.set_defaults(func=cmd_topics_create)
+
+
+def register_services(sub: Any) -> None:
+    """`ductor process` and `ductor worker`: they run until SIGTERM or SIGINT."""
+    p = sub.add_parser("process", help="run one coordinator instance until SIGTERM/SIGINT")
+    p.set_defaults(func=cmd_process, handles_signals=True, json_refused=_LOGS)
+    p = sub.add_parser(
+        "worker", help="run a step worker with your step functions (--app) or the sample ones"
+    )
+    _worker_arguments(p)
+    p.set_defaults(func=cmd_worker, handles_signals=True, json_refused=_LOGS)
+
+
+def _worker_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--concurrency",
+        "--threads",
+        type=int,
+        default=8,
+        help="most step functions running at once (plain ones each on a thread of its own)",
+    )
+    p.add_argument(
+        "--prefetch",
+        type=int,
+        default=None,
+        metavar="N",
+        help="most tasks held waiting to run (read, claimed, waiting for a slot)"
+        " (default: 16 per slot, at least 512)",
+    )
+    p.add_argument(
+        "--queue",
+        default="default",
+        metavar="Q[,Q...]",
+        help="the queues to serve (a step names its queue; default: default)",
+    )
+    p.add_argument(
+        "--isolation",
+        choices=("thread", "process"),
+        default="thread",
+        help="run steps in the worker's threads, or each slot in a child process that a hung"
+        " or crashing step takes down alone (default: thread)",
+    )
+    p.add_argument(
+        "--abandon-after",
+        type=float,
+        default=5.0,
+        metavar="SECONDS",
+        help="a step still running this long past its deadline is abandoned (default: 5)",
+    )
+    p.add_argument(
+        "--max-abandoned",
+        type=int,
+        default=None,
+        metavar="N",
+        help="abandoned steps still running past which the worker stops with exit code 3"
+        " (default: the concurrency)",
+    )
+    p.add_argument(
+        "--crash-reruns",
+        type=int,
+        default=1,
+        metavar="N",
+        help="how many more times an attempt runs (in a child process of its own) after the"
+        " worker running it died, before it fails (default: 1)",
+    )
+    p.add_argument(
+        "--app",
+        metavar="MODULE:ATTRIBUTE",
+        help="the StepRegistry to run, e.g. my_package.steps:registry (the current directory"
+        " is importable); default: the sample step functions",
+    )
+
+
+def cmd_migrate(settings: Settings, args: argparse.Namespace) -> int:
     with connect(settings):
         pass
     applied = migrate(settings.pg_dsn)
-    print("applied: " + ", ".join(applied) if applied else "schema is up to date")
+    text = "applied: " + ", ".join(applied) if applied else "schema is up to date"
+    emit(args, {"applied": applied}, text)
     return EXIT_OK
 
 
@@ -44,6 +140,9 @@ def cmd_topics_create(settings: Settings, args: argparse.Namespace) -> int:
     except (ClientError, psycopg.Error) as exc:
         print(f"(the queues of registered workflows were not read: {exc})", file=sys.stderr)
     report = create_topics(settings, queues=sorted(queues))
+    if args.output == "json":
+        print_json_lines([{"topic": topic, "state": state} for topic, state in report.items()])
+        return EXIT_OK
     for topic, state in report.items():
         print(f"{topic:32} {state}")
     return EXIT_OK

@@ -5,9 +5,27 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Sequence
+from typing import Any
 
 from processor.cli.common import CliError
 from processor.io.config import Settings
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser(
+        "demo", help="the whole system live: infra, 2 processors, a worker, thousands of runs"
+    )
+    p.add_argument(
+        "--runs", type=int, default=3000, help="sample runs to start (plus hot, failing, cancelled)"
+    )
+    p.add_argument("--timeout", type=float, default=300.0, help="give up after this many seconds")
+    p.set_defaults(func=cmd_demo, json_refused="the demo shows itself live")
+    # The benchmark's options are its own (see parse_bench_arguments): `ductor bench --help`
+    # lists them.
+    p = sub.add_parser(
+        "bench", help="the benchmark (same as `make bench`); prints figures", add_help=False
+    )
+    p.set_defaults(func=cmd_bench, json_refused="the benchmark writes its own report")
 
 
 def parse_bench_arguments(argv: Sequence[str], namespace: argparse.Namespace) -> argparse.Namespace:

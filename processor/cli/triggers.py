@@ -9,6 +9,7 @@ import orjson
 from confluent_kafka import KafkaException
 
 from processor.cli.common import EXIT_OK, EXIT_USAGE, CliError
+from processor.cli.grammar import emit, print_json_lines
 from processor.client import connect
 from processor.core.model import UnknownWorkflow
 from processor.core.routing import TopicNames
@@ -41,16 +42,20 @@ def cmd_triggers_create(settings: Settings, args: argparse.Namespace) -> int:
                 else:
                     Definitions().get(conn, (trigger.workflow, trigger.workflow_version))
             except UnknownWorkflow as exc:
-                raise CliError(f"{exc}: register it first (ductor workflows register)") from None
+                raise CliError(
+                    f"{exc}: register it first (ductor workflows register)", EXIT_USAGE
+                ) from None
         try:
             new = create_trigger(conn, trigger, start)
         except TriggerConflict as exc:
             raise CliError(str(exc)) from None
+    document = {"name": trigger.name, "new": new}
     if not new:
-        print(f"trigger {trigger.name} exists already, the same")
+        emit(args, document, f"trigger {trigger.name} exists already, the same")
         return EXIT_OK
     where = "its first records" if args.from_beginning else "the records written from now on"
-    print(f"trigger {trigger.name} created: {trigger.action}s from {trigger.topic}, {where}")
+    text = f"trigger {trigger.name} created: {trigger.action}s from {trigger.topic}, {where}"
+    emit(args, document, text)
     return EXIT_OK
 
 
@@ -90,9 +95,14 @@ def _trigger_from(args: argparse.Namespace) -> Trigger:
         raise CliError(str(exc), EXIT_USAGE) from None
 
 
-def cmd_triggers_list(settings: Settings, _args: argparse.Namespace) -> int:
+def cmd_triggers_list(settings: Settings, args: argparse.Namespace) -> int:
     with connect(settings) as conn:
         stored = list_triggers(conn)
+    if args.output == "json":
+        print_json_lines(
+            [{"name": t.name, "definition": t.definition, "problem": t.problem} for t in stored]
+        )
+        return EXIT_OK
     for t in stored:
         if t.trigger is None:
             print(f"{t.name}  UNREADABLE ({t.problem})  {orjson.dumps(t.definition).decode()}")
@@ -119,11 +129,12 @@ def cmd_triggers_delete(settings: Settings, args: argparse.Namespace) -> int:
         deleted = delete_trigger(conn, args.name)
     if not deleted:
         raise CliError(f"there is no trigger {args.name!r}")
-    print(f"trigger {args.name} deleted: the processors let its topic go within seconds")
+    text = f"trigger {args.name} deleted: the processors let its topic go within seconds"
+    emit(args, {"name": args.name, "deleted": True}, text)
     return EXIT_OK
 
 
-def add_trigger_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     triggers = sub.add_parser("triggers", help="map the records of your own topics to runs")
     actions = triggers.add_subparsers(dest="triggers_command", required=True, metavar="ACTION")
     p = actions.add_parser(

@@ -14,7 +14,7 @@ from processor.io.config import Settings
 INSTALL_HINT = "pip install 'ductor-processor[ui]'"
 
 
-def add_ui_command(sub: Any) -> None:
+def register(sub: Any) -> None:
     p = sub.add_parser(
         "ui",
         help="serve a read-only web page of the runs (filters, each run's DAG and attempts),"
@@ -27,7 +27,7 @@ def add_ui_command(sub: Any) -> None:
         help="the address to listen on (default 127.0.0.1: this machine only)",
     )
     p.add_argument("--port", type=int, default=8080, help="the port (default 8080; 0: any free)")
-    p.set_defaults(func=cmd_ui, handles_signals=True)
+    p.set_defaults(func=cmd_ui, handles_signals=True, json_refused="a service logs")
 
 
 def cmd_ui(settings: Settings, args: argparse.Namespace) -> int:

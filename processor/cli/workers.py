@@ -14,6 +14,7 @@ import orjson
 import psycopg
 
 from processor.cli.common import EXIT_OK, print_table
+from processor.cli.grammar import add_legacy_output, print_json_lines
 from processor.client import ClientError, connect
 from processor.core.model import UnknownWorkflow
 from processor.core.workflow import WorkflowDef
@@ -22,13 +23,13 @@ from processor.io.store import Definitions
 from processor.io.worker_registry import LiveWorker, live_workers, unserved
 
 
-def add_workers_command(sub: Any) -> None:
+def register(sub: Any) -> None:
     p = sub.add_parser(
         "workers",
         help="the live step workers: their queues, step types, concurrency, version and the"
         " partitions they hold",
     )
-    p.add_argument("--output", choices=["table", "json"], default="table")
+    add_legacy_output(p)
     p.set_defaults(func=cmd_workers)
 
 
@@ -36,8 +37,11 @@ def cmd_workers(settings: Settings, args: argparse.Namespace) -> int:
     with connect(settings) as conn:
         workers = live_workers(conn, settings.worker_group_id, settings.instance_timeout_s)
         now = _now(conn)
-    if args.output == "json":
+    if args.legacy_json:  # the former document, for one release (grammar.py)
         print(orjson.dumps([w.as_json() for w in workers]).decode())
+        return EXIT_OK
+    if args.output == "json":
+        print_json_lines([w.as_json() for w in workers])
         return EXIT_OK
     if not workers:
         print("no live worker (`ductor worker` starts one)")

@@ -13,6 +13,7 @@ from confluent_kafka import KafkaException
 
 from processor.authoring import Workflow
 from processor.cli.common import EXIT_OK, EXIT_USAGE, CliError
+from processor.cli.grammar import add_legacy_output, emit, print_json, print_json_lines
 from processor.cli.workers import warn_unserved
 from processor.client import connect
 from processor.core.child_graph import ChildCycle
@@ -27,7 +28,7 @@ from processor.io.workflow_schema import WorkflowSchemaError, check_workflow_doc
 from processor.worker.app import AppError, load_attribute
 
 
-def add_workflow_commands(sub: Any) -> None:
+def register(sub: Any) -> None:
     workflows = sub.add_parser("workflows", help="manage workflow definitions")
     wf_sub = workflows.add_subparsers(dest="workflows_command", required=True, metavar="ACTION")
     p = wf_sub.add_parser(
@@ -42,7 +43,7 @@ def add_workflow_commands(sub: Any) -> None:
     )
     p.set_defaults(func=cmd_workflows_register)
     p = wf_sub.add_parser("list", help="the registered workflows: each version, its steps")
-    p.add_argument("--output", choices=["table", "json"], default="table")
+    add_legacy_output(p)
     p.set_defaults(func=cmd_workflows_list)
     p = wf_sub.add_parser("show", help="print a registered definition as JSON")
     p.add_argument("name", help="the workflow's name")
@@ -62,7 +63,9 @@ def cmd_workflows_register(settings: Settings, args: argparse.Namespace) -> int:
             except ValueError as exc:
                 raise CliError(str(exc)) from None
     for wf, new in zip(definitions, news, strict=True):
-        print(f"workflow {wf.name} v{wf.version} {'registered' if new else 'already registered'}")
+        said = "registered" if new else "already registered"
+        document = {"name": wf.name, "version": wf.version, "new": new}
+        emit(args, document, f"workflow {wf.name} v{wf.version} {said}")
         _ensure_queue_topics(settings, wf)
     warn_unserved(settings, definitions)
     return EXIT_OK
@@ -137,8 +140,11 @@ def _ensure_queue_topics(settings: Settings, wf: WorkflowDef) -> None:
 def cmd_workflows_list(settings: Settings, args: argparse.Namespace) -> int:
     with connect(settings) as conn:
         versions = workflow_versions(conn)
-    if args.output == "json":
+    if args.legacy_json:  # the former document, for one release (grammar.py)
         print(orjson.dumps([_version_json(v) for v in versions]).decode())
+        return EXIT_OK
+    if args.output == "json":
+        print_json_lines([_version_json(v) for v in versions])
         return EXIT_OK
     if not versions:
         print("no workflow is registered (ductor workflows register FILE|MODULE:ATTR)")
@@ -169,6 +175,9 @@ def cmd_workflows_show(settings: Settings, args: argparse.Namespace) -> int:
             else:
                 wf = definitions.get(conn, (args.name, args.version))
         except UnknownWorkflow as exc:
-            raise CliError(str(exc)) from None
+            raise CliError(str(exc), EXIT_USAGE) from None
+    if args.output == "json":
+        print_json(workflow_to_json(wf))  # one line: the same document
+        return EXIT_OK
     print(orjson.dumps(workflow_to_json(wf), option=orjson.OPT_INDENT_2).decode())
     return EXIT_OK

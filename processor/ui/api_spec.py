@@ -18,10 +18,7 @@ from jsonschema import Draft202012Validator
 
 from processor.core.envelope import MAX_RUN_ID_LENGTH
 from processor.core.model import RunStatus
-from processor.core.requests import MAX_NAME_LENGTH
-from processor.core.routing import TIERS
-from processor.core.run_search import MAX_TAG_VALUE, MAX_TAGS, TAG_KEY
-from processor.core.workflow import SIGNAL_NAME
+from processor.ui.api_schemas import SCHEMAS
 
 API_VERSION = "1"
 # The longest a result may be waited for in one request (``?wait=``); a caller that needs
@@ -283,181 +280,12 @@ OPERATIONS: tuple[Operation, ...] = (
     ),
 )
 
-_NAME = {"type": "string", "minLength": 1, "maxLength": MAX_NAME_LENGTH}
-_TAGS = {
-    "type": "object",
-    "maxProperties": MAX_TAGS,
-    "propertyNames": {"pattern": f"^{TAG_KEY.pattern}$"},
-    "additionalProperties": {"type": "string", "maxLength": MAX_TAG_VALUE},
-    "description": "names to strings (core/run_search.py says which names)",
-}
-_STATUS = {"enum": [s.value for s in RunStatus]}
-
-SCHEMAS: dict[str, dict[str, Any]] = {
-    "Error": {
-        "type": "object",
-        "required": ["status", "error", "reason"],
-        "additionalProperties": False,
-        "properties": {
-            "status": {"type": "integer", "description": "the HTTP status, again"},
-            "error": {"type": "string", "description": "a short name to act on"},
-            "reason": {"type": "string", "description": "one sentence: what and why"},
-        },
-    },
-    "StartRequest": {
-        "type": "object",
-        "required": ["workflow", "run_id"],
-        "additionalProperties": False,
-        "properties": {
-            "workflow": _NAME,
-            "run_id": {"type": "string", "minLength": 1, "maxLength": MAX_RUN_ID_LENGTH},
-            "input": {"description": "any JSON value within the bounds of stored JSON"},
-            "version": {"type": "integer", "minimum": 1, "description": "default: the latest"},
-            "tier": {"enum": list(TIERS), "default": "t1"},
-            "if_exists": {
-                "enum": ["ignore", "fail"],
-                "description": "absent: the same start again is ignored, another input refused",
-            },
-            "tags": _TAGS,
-            "start_at": {
-                "type": "string",
-                "description": "ISO 8601 with its offset: the run starts then, not before",
-            },
-        },
-    },
-    "StartedRun": {
-        "type": "object",
-        "required": ["run_id", "created", "announced"],
-        "additionalProperties": False,
-        "properties": {
-            "run_id": {"type": "string"},
-            "created": {"type": "boolean", "description": "false: it existed already"},
-            "announced": {"type": "boolean", "description": "false: its wakeup waits a sweep"},
-        },
-    },
-    "SignalRequest": {
-        "type": "object",
-        "required": ["name"],
-        "additionalProperties": False,
-        "properties": {
-            "name": {"type": "string", "pattern": f"^{SIGNAL_NAME.pattern}$"},
-            "payload": {"description": "any JSON value: the waiting step's output"},
-            "signal_id": {
-                **_NAME,
-                "description": "the idempotency key (default: a new one)",
-            },
-        },
-    },
-    "SignalSent": {
-        "type": "object",
-        "required": ["signal_id", "new"],
-        "additionalProperties": False,
-        "properties": {"signal_id": {"type": "string"}, "new": {"type": "boolean"}},
-    },
-    "RetriedRun": {
-        "type": "object",
-        "required": ["run_id", "steps", "seq"],
-        "additionalProperties": False,
-        "properties": {
-            "run_id": {"type": "string"},
-            "steps": {"type": "array", "items": {"type": "string"}},
-            "seq": {"type": "integer"},
-        },
-    },
-    "RunResult": {
-        "type": "object",
-        "required": ["run_id", "status", "finished", "output", "failure_reason"],
-        "additionalProperties": False,
-        "properties": {
-            "run_id": {"type": "string"},
-            "status": _STATUS,
-            "finished": {"type": "boolean"},
-            "output": {"description": "the run's output once it succeeded, else null"},
-            "failure_reason": {"type": ["string", "null"]},
-        },
-    },
-    "RunSummary": {
-        "type": "object",
-        "required": [
-            "run_id",
-            "workflow",
-            "version",
-            "status",
-            "created_at",
-            "last_transition_at",
-            "failure_reason",
-            "quarantined",
-            "tags",
-        ],
-        "additionalProperties": False,
-        "properties": {
-            "run_id": {"type": "string"},
-            "workflow": {"type": "string"},
-            "version": {"type": "integer"},
-            "status": _STATUS,
-            "created_at": {"type": ["string", "null"]},
-            "last_transition_at": {"type": "string"},
-            "failure_reason": {"type": ["string", "null"]},
-            "quarantined": {"type": "boolean"},
-            "tags": {"type": "object", "additionalProperties": {"type": "string"}},
-        },
-    },
-    "RunPage": {
-        "type": "object",
-        "required": ["runs", "next_cursor"],
-        "additionalProperties": False,
-        "properties": {
-            "runs": {"type": "array", "items": {"$ref": "#/components/schemas/RunSummary"}},
-            "next_cursor": {"type": ["string", "null"]},
-        },
-    },
-    "Document": {"type": "object", "required": ["openapi", "paths"]},
-}
-
 
 def openapi_document() -> dict[str, Any]:
     """The OpenAPI 3.1 document of ``OPERATIONS``."""
     paths: dict[str, dict[str, Any]] = {}
     for op in OPERATIONS:
-        entry: dict[str, Any] = {
-            "operationId": op.operation_id,
-            "summary": op.summary,
-            "responses": {
-                str(status): {
-                    "description": description,
-                    "content": {
-                        "application/json": {"schema": {"$ref": f"#/components/schemas/{ref}"}}
-                    },
-                }
-                for status, (description, ref) in sorted(op.responses.items())
-            },
-        }
-        if op.params:
-            entry["parameters"] = [
-                {
-                    "name": p.name,
-                    "in": p.where,
-                    "required": p.required,
-                    "description": p.description,
-                    "schema": p.schema,
-                    **(
-                        {"style": "form", "explode": True}
-                        if p.schema.get("type") == "array"
-                        else {}
-                    ),
-                }
-                for p in op.params
-            ]
-        if op.body is not None:
-            entry["requestBody"] = {
-                "required": True,
-                "content": {
-                    "application/json": {"schema": {"$ref": f"#/components/schemas/{op.body}"}}
-                },
-            }
-        if op.access != "open":
-            entry["security"] = [{"token": []}] if op.access == "write" else [{}, {"token": []}]
-        paths.setdefault(op.path, {})[op.method.lower()] = entry
+        paths.setdefault(op.path, {})[op.method.lower()] = _path_entry(op)
     return {
         "openapi": "3.1.0",
         "info": {
@@ -476,6 +304,45 @@ def openapi_document() -> dict[str, Any]:
             "securitySchemes": {"token": {"type": "http", "scheme": "bearer"}},
         },
     }
+
+
+def _path_entry(op: Operation) -> dict[str, Any]:
+    """One operation of the document's ``paths``."""
+    entry: dict[str, Any] = {
+        "operationId": op.operation_id,
+        "summary": op.summary,
+        "responses": {
+            str(status): {
+                "description": description,
+                "content": {
+                    "application/json": {"schema": {"$ref": f"#/components/schemas/{ref}"}}
+                },
+            }
+            for status, (description, ref) in sorted(op.responses.items())
+        },
+    }
+    if op.params:
+        entry["parameters"] = [
+            {
+                "name": p.name,
+                "in": p.where,
+                "required": p.required,
+                "description": p.description,
+                "schema": p.schema,
+                **({"style": "form", "explode": True} if p.schema.get("type") == "array" else {}),
+            }
+            for p in op.params
+        ]
+    if op.body is not None:
+        entry["requestBody"] = {
+            "required": True,
+            "content": {
+                "application/json": {"schema": {"$ref": f"#/components/schemas/{op.body}"}}
+            },
+        }
+    if op.access != "open":
+        entry["security"] = [{"token": []}] if op.access == "write" else [{}, {"token": []}]
+    return entry
 
 
 def body_validator(name: str) -> Draft202012Validator:

@@ -1,5 +1,5 @@
 """The web page of `ductor ui` (docs/operations/web-ui.md), a Starlette application: the runs
-with the filters of `ductor runs list`, a run with its DAG and attempts (what `inspect --output
+with the filters of `ductor runs list`, a run with its DAG and attempts (what `inspect -o
 json` prints), the dead letters and the schedules, and retry and cancel buttons for who gave
 the token (processor/ui/auth.py); with DUCTOR_UI_READ_TOKEN_REQUIRED, reading needs it too.
 Beside them, under /api/, the JSON API (processor/ui/api.py) with the same token and checks.
@@ -19,22 +19,19 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable
 from dataclasses import replace
-from datetime import UTC, datetime
 from typing import Any
-from urllib.parse import parse_qs, urlencode
+from urllib.parse import urlencode
 
 import psycopg
 from confluent_kafka import KafkaException
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
-from starlette.datastructures import Headers
 from starlette.middleware import Middleware
 from starlette.requests import Request
-from starlette.responses import HTMLResponse, PlainTextResponse, RedirectResponse, Response
+from starlette.responses import HTMLResponse, RedirectResponse, Response
 from starlette.routing import Route
-from starlette.types import ASGIApp, Receive, Scope, Send
 
 from processor import client
 from processor.client import ClientError, Cursor, RunFilter, RunNotFound, RunPage
@@ -45,38 +42,28 @@ from processor.io.dlq import DeadLetter, DlqError, read_dead_letters
 from processor.io.logs import first_line
 from processor.io.schedules import Schedule, list_schedules
 from processor.ui import auth
-from processor.ui.api import Api, error_answer
+from processor.ui.api import Api
 from processor.ui.dag import layout, step_states
-from processor.ui.hosts import host_allowed
+from processor.ui.http import (
+    HostCheck,
+    at,
+    client_host,
+    now_ms,
+    now_s,
+    page_size,
+    read_form,
+    run_filter,
+    secured,
+)
 from processor.ui.login_limit import LoginLimiter, LoginLimits
 from processor.ui.pages import environment, run_url, stylesheet
 from processor.ui.window import Window, as_duration, span, window
 
 log = logging.getLogger("ductor.ui")
 
-PAGE_SIZE = 50
-MAX_PAGE_SIZE = 500  # a page is one table: `ductor runs list --limit` goes further
 # The dead letters of the window, from its start: the page shows the first ones and says how
 # to list them all.
 DEAD_LETTERS_SHOWN = 200
-# Every form of the page is a few short fields.
-_FORM_BYTES = 8192
-_HEADERS = {
-    "Content-Security-Policy": (
-        "default-src 'none'; style-src 'self'; img-src 'self'; form-action 'self';"
-        " frame-ancestors 'none'; base-uri 'none'"
-    ),
-    "X-Content-Type-Options": "nosniff",
-    # The filters and cursors are in the addresses: no other site is told them. (Not
-    # no-referrer: under it a browser sends "Origin: null" with the page's own forms.)
-    "Referrer-Policy": "same-origin",
-    "Cache-Control": "no-store",
-}
-# Said to a request addressed to another name (the header is not echoed back).
-_FOREIGN_HOST = (
-    "Refused: this page is not served under the name this request was sent to (its Host"
-    " header). DUCTOR_UI_ALLOWED_HOSTS lists the names it answers to.\n"
-)
 _LIVE = (RunStatus.PENDING.value, RunStatus.RUNNING.value)
 _DONE = {"retry": "Retried: the failed steps run again.", "cancel": "Cancel sent."}
 
@@ -96,7 +83,7 @@ class Site:
     # -- answers --------------------------------------------------------------------------
 
     def page(self, request: Request, name: str, status: int = 200, **context: Any) -> Response:
-        logged_in = auth.session_valid(self.token, request.cookies.get(auth.COOKIE), _now_s())
+        logged_in = auth.session_valid(self.token, request.cookies.get(auth.COOKIE), now_s())
         html = self.templates.get_template(name).render(
             token_configured=bool(self.token),
             read_token_required=self.settings.ui_read_token_required,
@@ -104,13 +91,13 @@ class Site:
             here=request.url.path,
             **context,
         )
-        return _secured(HTMLResponse(html, status_code=status))
+        return secured(HTMLResponse(html, status_code=status))
 
     def problem(self, request: Request, status: int, message: str) -> Response:
         return self.page(request, "problem.html", status, message=message)
 
     async def stylesheet(self, _request: Request) -> Response:
-        return _secured(Response(self.css, media_type="text/css"))
+        return secured(Response(self.css, media_type="text/css"))
 
     # -- read-only pages ------------------------------------------------------------------
 
@@ -134,9 +121,9 @@ class Site:
         }
         context["default_since"] = as_duration(self.settings.ui_window_s)
         try:
-            wanted = _filter(form)
+            wanted = run_filter(form)
             look = self._window(wanted.since_ms, wanted.until_ms, "`ductor runs list`")
-            limit = _page_size(form["limit"])
+            limit = page_size(form["limit"])
             cursor = params.get("cursor")
             after = Cursor.decode(cursor) if cursor else None
         except ValueError as exc:
@@ -150,8 +137,8 @@ class Site:
     def _shown(self, look: Window) -> dict[str, Any]:
         """What the pages say of the window they read."""
         return {
-            "window_since": _at(look.since_ms),
-            "window_until": None if look.until_ms is None else _at(look.until_ms),
+            "window_since": at(look.since_ms),
+            "window_until": None if look.until_ms is None else at(look.until_ms),
             "max_window": span(self.settings.ui_max_window_s),
         }
 
@@ -159,7 +146,7 @@ class Site:
         return window(
             since_ms,
             until_ms,
-            now_ms=_now_ms(),
+            now_ms=now_ms(),
             default_s=self.settings.ui_window_s,
             max_s=self.settings.ui_max_window_s,
             instead=instead,
@@ -195,7 +182,7 @@ class Site:
             return self.problem(request, 400, f"no dead-letter reason is called {reason!r}")
         since, until = params.get("since", "").strip(), params.get("until", "").strip()
         try:
-            times = client.parse_filter(now_ms=_now_ms(), since=since or None, until=until or None)
+            times = client.parse_filter(now_ms=now_ms(), since=since or None, until=until or None)
             look = self._window(times.since_ms, times.until_ms, "`ductor dlq list`")
         except ValueError as exc:
             return self.problem(request, 400, str(exc))
@@ -243,9 +230,9 @@ class Site:
         refused = self._refused(request, need_session=False)
         if refused is not None:
             return refused
-        form = await _form(request)
+        form = await read_form(request)
         target = auth.safe_next(form.get("next"))
-        who = _client(request)
+        who = client_host(request)
         # No await from the limiter's check to its count: concurrent tries cannot all pass
         # the check before the first is counted.
         wait = self.logins.retry_after(who)
@@ -266,10 +253,10 @@ class Site:
             log.warning("ui login refused: wrong token", extra={"client": who})
             return self.page(request, "login.html", 403, target=target, error="Wrong token.")
         self.logins.succeeded(who)
-        answer = _secured(RedirectResponse(target, status_code=303))
+        answer = secured(RedirectResponse(target, status_code=303))
         answer.set_cookie(
             auth.COOKIE,
-            auth.new_session(self.token, _now_s()),
+            auth.new_session(self.token, now_s()),
             max_age=auth.SESSION_S,
             httponly=True,
             samesite="strict",
@@ -281,7 +268,7 @@ class Site:
         refused = self._refused(request, need_session=False)
         if refused is not None:
             return refused
-        answer = _secured(RedirectResponse("/", status_code=303))
+        answer = secured(RedirectResponse("/", status_code=303))
         answer.delete_cookie(auth.COOKIE, httponly=True, samesite="strict")
         return answer
 
@@ -299,15 +286,15 @@ class Site:
         refused = self._refused(request, need_session=True)
         if refused is not None:
             return refused
-        run_id = (await _form(request)).get("run_id", "")
+        run_id = (await read_form(request)).get("run_id", "")
         try:
             await run_in_threadpool(action, run_id)
         except RunNotFound as exc:
             return self.problem(request, 404, str(exc))
         except ClientError as exc:
             return self.problem(request, 409, str(exc))
-        log.info("ui %s", verb, extra={"run_id": run_id, "client": _client(request)})
-        return _secured(RedirectResponse(f"{run_url(run_id)}?did={verb}", status_code=303))
+        log.info("ui %s", verb, extra={"run_id": run_id, "client": client_host(request)})
+        return secured(RedirectResponse(f"{run_url(run_id)}?did={verb}", status_code=303))
 
     def reader(self, handler: Handler) -> Handler:
         """``handler``, behind the login when reading needs the token."""
@@ -316,13 +303,13 @@ class Site:
 
         async def guarded(request: Request) -> Response:
             cookie = request.cookies.get(auth.COOKIE)
-            if auth.session_valid(self.token, cookie, _now_s()):
+            if auth.session_valid(self.token, cookie, now_s()):
                 return await handler(request)
             # The path as it was sent (a run id's '/' stays %2F), then the query.
             raw = request.scope.get("raw_path") or request.url.path.encode()
             here = raw.decode("latin-1") + (f"?{request.url.query}" if request.url.query else "")
             target = "/login?" + urlencode({"next": here})
-            return _secured(RedirectResponse(target, status_code=303))
+            return secured(RedirectResponse(target, status_code=303))
 
         return guarded
 
@@ -336,29 +323,9 @@ class Site:
         if not auth.same_origin(request.headers.get("origin"), request.headers.get("host")):
             return self.problem(request, 403, "Refused: the form was sent from another site.")
         cookie = request.cookies.get(auth.COOKIE)
-        if need_session and not auth.session_valid(self.token, cookie, _now_s()):
+        if need_session and not auth.session_valid(self.token, cookie, now_s()):
             return self.problem(request, 403, "Log in with the token first.")
         return None
-
-
-class HostCheck:
-    """Refuses (400) every request whose Host header is not one of ``hosts``, before any page
-    (processor/ui/hosts.py)."""
-
-    def __init__(self, app: ASGIApp, hosts: tuple[str, ...]) -> None:
-        self.app, self.hosts = app, hosts
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] in ("http", "websocket"):
-            host = Headers(scope=scope).get("host")
-            if not host_allowed(host, self.hosts):
-                if str(scope.get("path", "")).startswith("/api/"):
-                    refusal = error_answer(400, "foreign_host", _FOREIGN_HOST.strip())
-                else:
-                    refusal = _secured(PlainTextResponse(_FOREIGN_HOST, status_code=400))
-                await refusal(scope, receive, send)
-                return
-        await self.app(scope, receive, send)
 
 
 def create_app(
@@ -400,57 +367,3 @@ def create_app(
         middleware=middleware,
         exception_handlers=dict.fromkeys(unavailable, failed),
     )
-
-
-def _filter(form: Mapping[str, Any]) -> RunFilter:
-    """The form's filter, as `ductor runs list` reads its flags (client.parse_filter)."""
-    return client.parse_filter(
-        now_ms=_now_ms(),
-        workflow=form["workflow"].strip() or None,
-        statuses=form["statuses"],
-        since=form["since"].strip() or None,
-        until=form["until"].strip() or None,
-        id_prefix=form["id_prefix"] if form["id_prefix"].strip() else None,
-        tags=[t.strip() for t in form["tags"]],
-        step_failed=form["step_failed"].strip() or None,
-    )
-
-
-def _page_size(text: str) -> int:
-    if not text.strip():
-        return PAGE_SIZE
-    if not text.strip().isdigit() or not 1 <= int(text) <= MAX_PAGE_SIZE:
-        raise ValueError(f"runs per page: a number from 1 to {MAX_PAGE_SIZE}, not {text!r}")
-    return int(text)
-
-
-async def _form(request: Request) -> dict[str, str]:
-    """A urlencoded form's fields (the first value of each), at most _FORM_BYTES read."""
-    body = b""
-    async for chunk in request.stream():
-        body += chunk
-        if len(body) > _FORM_BYTES:
-            return {}
-    fields = parse_qs(body.decode("utf-8", "replace"), keep_blank_values=True)
-    return {name: values[0] for name, values in fields.items()}
-
-
-def _secured(response: Response) -> Response:
-    response.headers.update(_HEADERS)
-    return response
-
-
-def _client(request: Request) -> str:
-    return request.client.host if request.client else "?"
-
-
-def _now_s() -> int:
-    return int(time.time())
-
-
-def _now_ms() -> int:
-    return int(time.time() * 1000)
-
-
-def _at(epoch_ms: int) -> datetime:
-    return datetime.fromtimestamp(epoch_ms / 1000, UTC)

@@ -5,7 +5,7 @@ other one column right of its deepest dependency, so every edge points right. Wi
 column the steps keep their order in the definition, and a column shorter than the tallest is
 centred, so a fan-out and its join line up. The page draws the boxes and edges as inline SVG.
 
-A step's state is read from the run's nodes as `inspect --output json` gives them: the node of
+A step's state is read from the run's nodes as `inspect -o json` gives them: the node of
 the step's own name, and for a map step also its items' nodes (``step[0]``, ``step[1]`` ...),
 counted by status.
 """
@@ -109,7 +109,7 @@ def _edge(source: Box, target: Box) -> Edge:
 
 
 def step_states(document: Mapping[str, Any]) -> list[StepState]:
-    """The run's steps with their state, from the document `inspect --output json` prints
+    """The run's steps with their state, from the document `inspect -o json` prints
     (io/run_document.py); none for a run whose row cannot be loaded (it has no steps)."""
     nodes = {n["node"]: n for n in document.get("nodes", [])}
     states = []

@@ -43,27 +43,22 @@ from processor.io.step_attempts import (
     report_executions,
     unclaim_attempts,
 )
-from processor.io.step_data import MissingData, StepResultRow, insert_step_results
+from processor.io.step_data import MissingData, insert_step_results
 from processor.io.threads import ThreadWatch
+from processor.worker.lane_batches import claim_ids, gather_claims, result_row
 from processor.worker.lanes import STOPPED, Lane, Stopped
 from processor.worker.messages import (
     Answer,
-    CheckCurrent,
     Claimed,
-    ClaimReruns,
-    ClaimTasks,
     ClaimVerdict,
     NotCurrent,
     Permitted,
     Recorded,
     RecordResults,
-    ReportExecutions,
     Request,
-    StorePermit,
     ToRecord,
-    Unclaim,
 )
-from processor.worker.steps import Outcome, storable_text
+from processor.worker.steps import Outcome
 from processor.worker.tasks import Task
 
 log = logging.getLogger("ductor.worker")
@@ -264,7 +259,7 @@ class WorkerDatabase:
         me = self._instance_id
         try:
             self._faults.hit(Point.TASK_RECORD, [r.task.key.run_id for r in results])
-            rows = [_row(r) for r in results]
+            rows = [result_row(r) for r in results]
             gone = self._results.through_outages(lambda conn: insert_step_results(conn, rows, me))
         except Exception:  # each alone: one result never holds the others
             recorded: list[tuple[Task, bool]] = []
@@ -284,7 +279,7 @@ class WorkerDatabase:
         return None
 
     def _dropped_gone(self, task: Task) -> None:
-        log.warning("dropped a step result: the run no longer exists", extra=_ids(task))
+        log.warning("dropped a step result: the run no longer exists", extra=claim_ids(task))
         self.dropped += 1
 
     def _record_one(self, result: ToRecord) -> bool | Literal[Stopped.STOPPED]:
@@ -295,7 +290,7 @@ class WorkerDatabase:
         try:
             self._faults.hit(Point.TASK_RECORD, task.key.run_id)
             gone = self._results.through_outages(
-                lambda conn: insert_step_results(conn, [_row(result)], me)
+                lambda conn: insert_step_results(conn, [result_row(result)], me)
             )
         except Exception as exc:  # the result itself cannot be stored
             if not isinstance(exc, psycopg.Error):
@@ -306,7 +301,7 @@ class WorkerDatabase:
                 log.error(
                     "dropped a step result that cannot be stored: %s",
                     first_line(exc),
-                    extra=_ids(task),
+                    extra=claim_ids(task),
                 )
                 self.dropped += 1
                 return False
@@ -328,7 +323,7 @@ class WorkerDatabase:
             stage,
             describe(exc),
             exc_info=exc,
-            extra={"stage": stage, **({} if task is None else _ids(task))},
+            extra={"stage": stage, **({} if task is None else claim_ids(task))},
         )
 
     def _claim_isolating(
@@ -386,46 +381,3 @@ class WorkerDatabase:
         if stale:
             self._answer(NotCurrent([tasks[i] for i in stale]))
         return None
-
-
-def gather_claims(batch: list[Request]) -> tuple[int, dict[str, list[Any]]]:
-    """The claims lane's requests by kind (claim, rerun, check, unclaim, report), and the
-    highest start permit asked, with a claim or alone."""
-    permit = 0
-    kinds: dict[str, list[Any]] = {}
-    for request in batch:
-        if isinstance(request, ClaimTasks):
-            kinds.setdefault("claim", []).extend(request.tasks)
-            permit = max(permit, request.permit)
-        elif isinstance(request, StorePermit):
-            permit = max(permit, request.through)
-        elif isinstance(request, ClaimReruns):
-            kinds.setdefault("rerun", []).extend(request.tasks)
-        elif isinstance(request, CheckCurrent):
-            kinds.setdefault("check", []).extend(request.tasks)
-        elif isinstance(request, Unclaim):
-            kinds.setdefault("unclaim", []).extend(request.tasks)
-        elif isinstance(request, ReportExecutions):
-            kinds.setdefault("report", []).extend(request.reports)
-    return permit, kinds
-
-
-def _ids(task: Task) -> dict[str, object]:
-    run_id, node, attempt = task.key
-    return {"run_id": run_id, "node": node, "attempt": attempt}
-
-
-def _row(result: ToRecord) -> StepResultRow:
-    outcome = result.outcome
-    run_id, node, attempt = result.task.key
-    return StepResultRow(
-        run_id,
-        node,
-        attempt,
-        outcome.outcome,
-        outcome.output,
-        None if outcome.error is None else storable_text(outcome.error),
-        outcome.retryable,
-        result.ended,
-        result.details,
-    )

@@ -20,19 +20,15 @@ A worker that has read nothing for ``DUCTOR_GROUP_STALL_S`` looks at its group a
 sees it (io/group_watch.py) and joins again with a new consumer if tasks wait that it holds or
 was given but does not read.
 
-A worker with a name (``DUCTOR_WORKER_NAME``) is a static member of its group. Under the
-consumer protocol the broker refuses its name (UNRELEASED_INSTANCE_ID, fatal for the client)
-while the member of a previous process of the same name has not left: one killed without
-leaving holds it until its session ends. The worker then joins again with a new consumer every
-second until the broker lets it (``StaticJoin``), instead of exiting for a supervisor that
-would start it again into the same refusal.
+A worker with a name (``DUCTOR_WORKER_NAME``) is a static member of its group, which the
+broker may refuse for a while after a previous process of that name died (static_join.py).
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections import Counter, deque
+from collections import Counter
 from collections.abc import Callable, Mapping
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
@@ -51,138 +47,15 @@ from processor.io.kafka import (
     store_offsets,
     worker_consumer_config,
 )
-from processor.io.kafka_logs import ClientLog, with_logger
+from processor.io.kafka_logs import with_logger
+from processor.worker.backlog import Backlog
+from processor.worker.static_join import StaticJoin
 
 log = logging.getLogger("ductor.worker")
 
 TP = tuple[str, int]
 
 _MOST_PER_CONSUME = 500
-# A worker whose name the broker still counts as another member's joins again this often.
-_UNRELEASED_RETRY_S = 1.0
-# ... and says so again this often while it waits (another live worker may have its name).
-_UNRELEASED_WARN_EVERY_S = 30.0
-# What librdkafka's fatal error says when the broker refuses a static member's name.
-_UNRELEASED_TEXT = KafkaError(KafkaError.UNRELEASED_INSTANCE_ID).str()
-
-
-class StaticJoin:
-    """A named worker's join that the broker refuses while its name is a previous member's
-    (``UNRELEASED_INSTANCE_ID``): when to try again, and what to say meanwhile."""
-
-    def __init__(self, name: str) -> None:
-        self.name = name
-        self.client_log = ClientLog(expected=lambda text: _UNRELEASED_TEXT in text)
-        self.refused_since: float | None = None  # the first refusal of this wait
-        self._retry_at: float | None = None
-        self._warned_at = 0.0
-
-    @staticmethod
-    def is_refusal(error: KafkaError) -> bool:
-        """Whether a client error is the broker refusing the name (reported either as its own
-        code or, by a consumer, as a fatal error whose text names it)."""
-        code = error.code()
-        return code == KafkaError.UNRELEASED_INSTANCE_ID or (
-            code == KafkaError._FATAL and _UNRELEASED_TEXT in error.str()
-        )
-
-    def refused(self, now: float) -> None:
-        if self._retry_at is not None:
-            return  # (the same refusal, reported twice)
-        if self.refused_since is None:
-            self.refused_since = now
-        self._retry_at = now + _UNRELEASED_RETRY_S
-        if now - self._warned_at >= _UNRELEASED_WARN_EVERY_S:
-            self._warned_at = now
-            log.warning(
-                "the broker still counts worker name %r as another member's (a previous"
-                " process of that name died without leaving: until its session ends, at most"
-                " DUCTOR_WORKER_SESSION_TIMEOUT_MS; or another live worker has this name):"
-                " joining again every %.0f s",
-                self.name,
-                _UNRELEASED_RETRY_S,
-                extra={"waited_s": round(now - self.refused_since, 1)},
-            )
-
-    def due(self, now: float) -> bool:
-        """Whether to join again now (once per refusal)."""
-        if self._retry_at is None or now < self._retry_at:
-            return False
-        self._retry_at = None
-        return True
-
-    def joined(self) -> None:
-        """Partitions came: the name is this worker's."""
-        if self.refused_since is not None:
-            log.info("the broker took worker name %r", self.name)
-        self.refused_since = None
-
-
-class Backlog:
-    """The records read ahead of the tasks in hand, one line per tier (the steps topics of a
-    queue are one per tier: core/routing.py), handed out highest tier first, so a task of an
-    interactive run read behind a bulk flood runs before it. Bounded by count and by the
-    values' bytes: full at either bound (the lower tiers' partitions pause; the top tier's
-    only once its own line is full), low again once both are at half (they resume). Half of
-    it covers the second a resumed partition takes to deliver again, at the ~10,000 tasks a
-    second claims reach here."""
-
-    LIMIT = 20_000
-    LIMIT_BYTES = 16_777_216  # 16 MiB (a literal: mypyc compiles this module)
-
-    def __init__(self, rank: Callable[[str], int] = lambda _topic: 0) -> None:
-        self._rank = rank  # a record's topic -> its line (0 first)
-        self._lines: list[deque[Message]] = [deque() for _ in range(3)]
-        self._count = 0
-        self._bytes = 0
-
-    def __len__(self) -> int:
-        return self._count
-
-    def __bool__(self) -> bool:
-        return self._count > 0
-
-    def append(self, message: Message) -> None:
-        self._lines[self.rank_of(message)].append(message)
-        self._count += 1
-        self._bytes += len(message.value() or b"")
-
-    def rank_of(self, message: Message) -> int:
-        return min(self._rank(message.topic() or ""), len(self._lines) - 1)
-
-    def popleft(self) -> Message:
-        line = next(line for line in self._lines if line)
-        message = line.popleft()
-        self._count -= 1
-        self._bytes -= len(message.value() or b"")
-        return message
-
-    def space(self) -> int:
-        """How many more records may be read now."""
-        return 0 if self._bytes >= self.LIMIT_BYTES else self.LIMIT - self._count
-
-    def full(self) -> bool:
-        return self.space() <= 0
-
-    def top_full(self) -> bool:
-        """The top tier's own line is full: its partitions pause too."""
-        return len(self._lines[0]) >= self.LIMIT
-
-    def low(self) -> bool:
-        return self._count <= self.LIMIT // 2 and self._bytes <= self.LIMIT_BYTES // 2
-
-    def drop(self, tps: set[tuple[str, int]]) -> None:
-        """Forget the records of these partitions (they went)."""
-        kept = [m for line in self._lines for m in line if (m.topic(), m.partition()) not in tps]
-        self.clear()
-        for message in kept:
-            self.append(message)
-
-    def clear(self) -> None:
-        for line in self._lines:
-            line.clear()
-        self._count = 0
-        self._bytes = 0
 
 
 class TaskSource:

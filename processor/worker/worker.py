@@ -40,22 +40,19 @@ from processor.io.kafka import (
     broker_unreachable,
     producer_config,
     producer_max_bytes,
-    topic_partitions,
 )
-from processor.io.kafka_errors import MissingTopic
 from processor.io.kafka_logs import with_logger
 from processor.io.outage import Outage, until_available
 from processor.io.telemetry import Telemetry
 from processor.io.threads import ThreadWatch
 from processor.io.worker_group import configure_worker_group, membership_note
 from processor.io.worker_registry import Directory, partitions_doc
+from processor.worker import worker_parts as parts
 from processor.worker.app import for_children
 from processor.worker.assembly import FlowParts, build_flow, presence_of
 from processor.worker.database import ClaimRules, WorkerDatabase
-from processor.worker.health import QueueLag, WorkerProbe
 from processor.worker.messages import News
 from processor.worker.options import WorkerOptions
-from processor.worker.source import TaskSource
 from processor.worker.stats import WorkerStats
 from processor.worker.steps import StepRegistry
 from processor.worker.turns import Turns
@@ -64,9 +61,6 @@ log = logging.getLogger("ductor.worker")
 
 EXIT_ABANDONED = 3  # the worker stopped itself: too many abandoned steps still running
 
-# How long each try at the broker waits for its answer at start, before the backoff: short,
-# so a stop is not kept waiting (librdkafka goes on connecting between two tries).
-_START_TRY_S = 2.0
 # The last offset commit and the group's leave wait at least this long, whatever is left of
 # the shutdown bound (none in an outage): a broker that answers takes them in milliseconds.
 _LEAVE_AT_LEAST_S = 2.0
@@ -94,12 +88,7 @@ class Worker:
         self.threads = ThreadWatch(faults)
         if faults.armed:
             log.warning("fault injection armed (tests only): %s", ", ".join(faults.armed))
-        self.telemetry = telemetry or Telemetry.from_environment(
-            "ductor-worker",
-            settings.metrics_port,
-            settings.worker_group_id,
-            settings.http_host,
-        )
+        self.telemetry = telemetry or parts.worker_telemetry(settings)
         self.outages = {"postgres": Outage("postgres", log), "kafka": Outage("kafka", log)}
         # A fatal client error stops the worker (exit EXIT_KAFKA_FATAL, for its supervisor).
         self.client_errors = ClientErrors(self._fatal_client_error)
@@ -108,7 +97,9 @@ class Worker:
         )
         self._outbox = Outbox(self._producer)
         self._delivery = Delivery(self._outbox, self.stats.errors, outage=self.outages["kafka"])
-        self.source = self._source(faults)
+        self.source = parts.task_source(
+            settings, client_id, self.stats, self._releasing, self.client_errors, faults, self.names
+        )
         self.clock = clock
         # Deadlines are Postgres's time: each heartbeat measures this process's offset from
         # it, and a task's deadline is taken in on this process's clock (io/db_clock.py).
@@ -128,41 +119,23 @@ class Worker:
         self._stop = threading.Event()
         self.turns = Turns(clock, settings.stats_log_interval_s)
         self.exit_code = 0
-        self.probe = self._probe()
+        self.probe = parts.worker_probe(
+            settings, self.names, options.queues, client_id, self.threads
+        )
         self._health: HealthServer | None = None
 
     def _database(self, answers: queue.SimpleQueue[News], faults: Faults) -> WorkerDatabase:
         """Its two database lanes (claims, results), answering on the loop's queue."""
-        settings = self.settings
         return WorkerDatabase(
-            settings.pg_dsn,
+            self.settings.pg_dsn,
             self.instance_id,
-            ClaimRules(self.options.max_starts, settings.instance_timeout_s),
+            ClaimRules(self.options.max_starts, self.settings.instance_timeout_s),
             self.outages["postgres"],
             answers.put,
             self.presence,
             faults,
             self.threads,
             self.stats.isolated,
-        )
-
-    def _probe(self) -> WorkerProbe:
-        """What its health endpoints answer from (health.py), with its queues' lag."""
-        queues = {t: q for q in self.options.queues for t in self.names.step_topics(q)}
-        lag = QueueLag(self.settings, queues) if self.settings.health_port else None
-        return WorkerProbe(self.instance_id, lag, threads=self.threads)
-
-    def _source(self, faults: Faults) -> TaskSource:
-        """Where its tasks come from: its consumer of the queues' steps topics (source.py)."""
-        return TaskSource(
-            self.settings,
-            self.instance_id,
-            self.stats.errors,
-            self._releasing,
-            self.stats.skipped,
-            self.client_errors,
-            faults,
-            self.names.step_tier_rank,
         )
 
     def _flow_parts(self, answers: queue.SimpleQueue[News], faults: Faults) -> FlowParts:
@@ -310,18 +283,9 @@ class Worker:
     def _read_topics(self) -> dict[str, int]:
         """The partition counts of the queues' steps topics (returned) and of the wakeup
         topics (for the flow)."""
-        topics = [t for q in self.options.queues for t in self.names.step_topics(q)]
-        try:
-            partitions = topic_partitions(self._producer, topics, _START_TRY_S)
-        except MissingTopic:
-            missing = ", ".join(self.options.queues)
-            raise MissingTopic(
-                f"a steps topic of queue(s) {missing} does not exist: register a workflow"
-                f" that uses the queue, or run `ductor topics create --queue {missing}`"
-            ) from None
-        wakeups = topic_partitions(self._producer, self.names.wakeup_topics(), _START_TRY_S)
+        steps, wakeups = parts.read_topics(self._producer, self.names, self.options.queues)
         self.flow.wakeup_partitions(wakeups)
-        return partitions
+        return steps
 
     def _turn_while_starting(self) -> None:
         """The loop is alive (``/healthz``), and the clients' queues are served (their log

@@ -217,7 +217,7 @@ def test_waiting_for_a_run_that_cannot_finish_times_out(settings: Settings) -> N
     waited = run_ductor(settings, "result", run_id, "--wait", "0.5")
     assert waited.returncode == 3 and "still pending after 0.5 s" in waited.stderr
     unknown = run_ductor(settings, "result", f"nobody-{run_id}", "--wait", "1")
-    assert unknown.returncode == 2 and "no run with id" in unknown.stderr
+    assert unknown.returncode == 1 and "no run with id" in unknown.stderr  # not found: 1
     assert run_ductor(settings, "result", run_id, "--wait", "-1").returncode == 2
     refused = run_ductor(settings, "runs", "retry", run_id)
     assert refused.returncode == 1

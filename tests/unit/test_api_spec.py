@@ -17,8 +17,10 @@ from starlette.routing import Route
 from processor.core.envelope import MAX_RUN_ID_LENGTH
 from processor.core.workflow import SIGNAL_NAME
 from processor.io.config import Settings
-from processor.ui.api import Api, _shortened
-from processor.ui.api_spec import OPERATIONS, SCHEMAS, body_validator, openapi_document
+from processor.ui.api import Api
+from processor.ui.api_answers import shortened
+from processor.ui.api_schemas import SCHEMAS
+from processor.ui.api_spec import OPERATIONS, body_validator, openapi_document
 from processor.ui.app import create_app
 from processor.ui.login_limit import LoginLimiter, LoginLimits
 
@@ -85,5 +87,5 @@ def test_a_refusal_quotes_no_more_than_a_sentence_of_the_body() -> None:
         body_validator("StartRequest").iter_errors({"workflow": "w", "run_id": ["x" * 10_000]})
     )
     assert wrong is not None
-    said = _shortened(wrong.message)
+    said = shortened(wrong.message)
     assert len(said) < 320 and said.endswith("is not of type 'string'")

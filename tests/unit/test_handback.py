@@ -32,7 +32,7 @@ from processor.io.delivery import Delivery
 from processor.io.kafka import worker_consumer_config
 from processor.io.worker_registry import Directory, LiveWorker
 from processor.worker.handback import Foreign, Handback
-from processor.worker.source import StaticJoin
+from processor.worker.static_join import StaticJoin
 from processor.worker.stats import WorkerStats
 
 from .fakes import FakeMessage

@@ -1,4 +1,4 @@
-"""Which existing runs a start refuses (processor/client.py), and the flag that says so."""
+"""Which existing runs a start refuses (processor/client/starts.py), and the flag that says so."""
 
 from __future__ import annotations
 
@@ -6,7 +6,8 @@ import pytest
 
 from processor import client
 from processor.cli.main import parse_args
-from processor.client import IfExists, _refused
+from processor.client import IfExists
+from processor.client.starts import _refused
 from processor.io.runs_admin import ExistingRun
 
 SAME = ExistingRun("r", ("orders", 1), same_input=True)

@@ -28,8 +28,8 @@ from processor.io.telemetry import Telemetry
 from processor.io.threads import ThreadWatch
 from processor.worker.assembly import FlowParts, build_flow
 from processor.worker.claiming import RECLAIM_AFTER_S
-from processor.worker.database import gather_claims
 from processor.worker.flow import HELD_PER_SLOT
+from processor.worker.lane_batches import gather_claims
 from processor.worker.messages import (
     CheckCurrent,
     Claimed,
