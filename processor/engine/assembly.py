@@ -27,6 +27,7 @@ from processor.core.pending import RunBook
 from processor.core.records import Inbound
 from processor.core.routing import TopicNames
 from processor.core.stats import Stats
+from processor.engine.acknowledged import Acknowledged
 from processor.engine.database import Database
 from processor.engine.executor import Executor
 from processor.engine.health import Probe
@@ -37,7 +38,7 @@ from processor.engine.pace import Pace
 from processor.engine.recent_commits import RecentCommits
 from processor.engine.request_desk import RequestDesk
 from processor.engine.rewake import Rewake
-from processor.engine.settling import Producing
+from processor.engine.settling import Producing, Settler
 from processor.engine.stage import DatabaseStage
 from processor.engine.stage_failures import StageFailures
 from processor.engine.sweeps import Sweeps
@@ -76,6 +77,8 @@ class Commons:
     threads: ThreadWatch
     ledger: Ledger
     rewake: Rewake
+    acknowledged: Acknowledged  # outbox rows whose records the broker has, to delete
+    settler: Settler
 
 
 def commons(
@@ -90,17 +93,24 @@ def commons(
     faults: Faults = NO_FAULTS,
     threads: ThreadWatch | None = None,
     postgres: Outage | None = None,
+    partition_by_run: bool = True,
 ) -> Commons:
+    """What the commit path's collaborators share (``partition_by_run``: how records that
+    follow a run choose their partition, io/kafka.py)."""
     db_clock = db_clock or DatabaseClock(clock.wall_ms)
     # Counted and logged by Postgres's clock, like everything a run is judged by.
     ledger = Ledger(stats, telemetry, db_clock.now_ms)
+    delivery = Delivery(outbox, stats.errors, clock.monotonic)
+    tracker = tracker or OffsetTracker()
+    acknowledged = Acknowledged(clock.monotonic)
+    producing = Producing(delivery, partitions, partition_by_run, telemetry)
     return Commons(
         stats=stats,
         telemetry=telemetry,
         outbox=outbox,
-        delivery=Delivery(outbox, stats.errors, clock.monotonic),
+        delivery=delivery,
         partitions=partitions,
-        tracker=tracker or OffsetTracker(),
+        tracker=tracker,
         clock=clock,
         db_clock=db_clock,
         postgres=postgres or Outage("postgres", logging.getLogger("ductor.executor")),
@@ -108,6 +118,8 @@ def commons(
         threads=threads or ThreadWatch(),
         ledger=ledger,
         rewake=Rewake(outbox, partitions, names, ledger, stats, db_clock.now_ms),
+        acknowledged=acknowledged,
+        settler=Settler(producing, acknowledged, tracker, ledger, stats, faults),
     )
 
 
@@ -115,18 +127,19 @@ def build_executor(
     c: Commons,
     database: Database,
     rules: Rules,
-    partition_by_run: bool,
     book: RunBook[Span] | None = None,
     recent: RecentCommits | None = None,
     sleep: Callable[[float], object] = time.sleep,
+    acknowledged: Acknowledged | None = None,
 ) -> Executor:
     """The executor, its database stage (ticks judged by Postgres's clock, phases timed by
-    the process's) and its producing; ``book``: the runs it holds (a test's or a bench's to
-    look into; None: its own)."""
+    the process's) and its settler; ``book`` and ``acknowledged``: the runs it holds and the
+    outbox rows it is to delete (a test's or a bench's to look into; None: its own)."""
     stage = DatabaseStage(database, rules, c.db_clock, c.faults, recent, c.threads, c.clock)
     return Executor(
         stage=stage,
-        producing=Producing(c.delivery, c.partitions, partition_by_run, c.telemetry),
+        settler=c.settler,
+        acknowledged=c.acknowledged if acknowledged is None else acknowledged,
         ledger=c.ledger,
         rewake=c.rewake,
         failures=StageFailures(c.stats, c.ledger, c.postgres, stage.close),
@@ -186,25 +199,25 @@ def build_processor(
     # instance sees it: batches and sweeps both report to it, so an outage gives one line
     # when it starts and one when it ends.
     postgres = Outage("postgres", logging.getLogger("ductor.processor"))
+    outbox = Outbox(producer)
     c = commons(
-        Outbox(producer),
+        outbox,
         partitions,
         names,
         stats,
         telemetry,
         clock,
-        None,
-        None,
-        faults,
-        threads,
-        postgres,
+        faults=faults,
+        threads=threads,
+        postgres=postgres,
+        partition_by_run=settings.partition_by_run,
     )
     rules = Rules(names, settings.livelock_requeues, producer_max_bytes(settings))
     # What was committed just before a database restart: woken again after it, by the
     # commit path or the sweeps, whichever meets the new server first.
     recent = RecentCommits()
     database = Database(settings.pg_dsn, instance_id)
-    executor = build_executor(c, database, rules, settings.partition_by_run, None, recent)
+    executor = build_executor(c, database, rules, None, recent)
     requests = RequestDesk(
         settings.pg_dsn,
         executor,
@@ -269,8 +282,26 @@ def _loop_parts(
         c.threads,
     )
     sweeps = _sweeps(settings, instance_id, core, presence, membership, triggers, partitions)
+    intake, pace = _turns(settings, core, client_errors, queues, triggers, membership, sweeps)
+    return ProcessorParts(
+        names, c, probe, client_errors, producer, partitions, queues, core.rules, presence,
+        core.executor, core.requests, triggers, membership, sweeps, intake, pace,
+    )  # fmt: skip
+
+
+def _turns(
+    settings: Settings,
+    core: _Core,
+    client_errors: ClientErrors,
+    queues: TierQueues[Inbound],
+    triggers: TriggerFollower,
+    membership: Membership,
+    sweeps: Sweeps,
+) -> tuple[Intake, Pace]:
+    """What takes each record in, and what paces the loop's turns."""
+    c = core.c
     intake = Intake(
-        names=names,
+        names=core.names,
         max_record_bytes=settings.max_record_bytes,
         scope=settings.requests_scope,
         rules=core.rules,
@@ -296,28 +327,11 @@ def _loop_parts(
         executor=core.executor,
         requests=core.requests,
         sweeps=sweeps,
-        outbox=c.outbox,
+        in_flight=lambda: c.outbox.in_flight,
         delivery=c.delivery,
         flow=lambda: membership.flow,
     )
-    return ProcessorParts(
-        names,
-        c,
-        probe,
-        client_errors,
-        producer,
-        partitions,
-        queues,
-        core.rules,
-        presence,
-        core.executor,
-        core.requests,
-        triggers,
-        membership,
-        sweeps,
-        intake,
-        pace,
-    )
+    return intake, pace
 
 
 def _sweeps(
@@ -370,6 +384,7 @@ def _sweeps(
     return Sweeps(
         watchdog=watchdog,
         executor=core.executor,
+        settler=c.settler,
         rewake=c.rewake,
         ledger=c.ledger,
         delivery=c.delivery,

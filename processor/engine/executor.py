@@ -41,13 +41,13 @@ from processor.core.decide import BatchItem, Rules, database_failed, dead_letter
 from processor.core.offsets import OffsetTracker
 from processor.core.outcomes import DeadLetterReason, Outcome
 from processor.core.pending import RunBook, RunWork
-from processor.core.plans import DeadLettered, ForceFailed, Plan, Produce, Requeue, Retry, Send
+from processor.core.plans import DeadLettered, ForceFailed, Plan, Produce, Requeue, Retry
 from processor.core.records import Inbound
 from processor.core.stats import Stats
-from processor.engine.acknowledged import Acknowledged, Row
+from processor.engine.acknowledged import Acknowledged
 from processor.engine.ledger import Ledger
 from processor.engine.rewake import Rewake
-from processor.engine.settling import Parked, Producing, Settling
+from processor.engine.settling import Settler
 from processor.engine.stage import DatabaseStage, Staged
 from processor.engine.stage_failures import StageFailures
 from processor.engine.stage_thread import InFlight
@@ -68,7 +68,8 @@ class Executor:
         self,
         *,
         stage: DatabaseStage,
-        producing: Producing,
+        settler: Settler,
+        acknowledged: Acknowledged,
         ledger: Ledger,
         rewake: Rewake,
         failures: StageFailures,
@@ -82,7 +83,7 @@ class Executor:
         sleep: Callable[[float], object] = time.sleep,
     ) -> None:
         self._stage_runner = stage
-        self._producing = producing
+        self._settler = settler
         self._ledger = ledger
         self._rewake = rewake
         self._failures = failures
@@ -96,11 +97,7 @@ class Executor:
         self._produce_fault = faults.at(Point.PRODUCE)  # (asked per plan: a bool)
         self._sleep = sleep
         self._stage: tuple[list[Work], InFlight[Staged]] | None = None
-        self._acknowledged = Acknowledged(clock.monotonic)  # outbox rows to delete
-        self._parked = Parked(stats)  # outbox rows whose records the broker refuses
-        # Records whose plans wait for the broker to acknowledge their effects (taken off the
-        # book, not done yet): while the broker is away they pile up here.
-        self._unacknowledged_records = 0
+        self._acknowledged = acknowledged  # outbox rows to delete
         self._next_stage_at = 0.0  # no deletions-only stage before (after a failed stage)
 
     def use_rules(self, rules: Rules) -> None:
@@ -127,7 +124,7 @@ class Executor:
     def waiting_records(self) -> int:
         """Records taken in and not done: waiting for a tick (ready, backing off, retried
         through an outage) or for the broker to acknowledge their effects."""
-        return self._book.records + self._unacknowledged_records
+        return self._book.records + self._settler.unacknowledged_records
 
     @property
     def busy(self) -> bool:
@@ -295,14 +292,7 @@ class Executor:
         else:
             assert isinstance(payload, ForceFailed)
             sends, seq = payload.write.effects, payload.outboxed_seq
-        settling = Settling(work, plan.outcome, len(sends), seq, self._settled, self._parked.park)
-        for send in sends:
-            self._producing.produce(settling, send)  # 4. produce; 5. acknowledged: delivered
-        if settling.outstanding == 0:
-            self._settled(settling)
-        else:  # its records wait for the broker: they count against the intake's bound
-            settling.held = len(work.records)
-            self._unacknowledged_records += settling.held
+        self._settler.carry_out(work, plan.outcome, sends, seq)
 
     def _retry(self, work: Work, plan: Plan, retry: Retry, error: BaseException | None) -> None:
         """The work waits in the book for another attempt."""
@@ -344,51 +334,6 @@ class Executor:
     def isolated(self, stage: str, item: str, exc: Exception) -> None:
         """An exception nobody foresaw, isolated by the loop to one item: counted, logged."""
         self._ledger.isolated(stage, item, exc)
-
-    def _settled(self, settling: Settling) -> None:
-        self._unacknowledged_records -= settling.held
-        settling.held = 0
-        if settling.outboxed_seq is not None and settling.parked is None:
-            self._acknowledged.add([(settling.work.run_id, settling.outboxed_seq)])
-        if settling.outcome is Outcome.DEAD_LETTERED:
-            self._faults.hit(Point.DEAD_LETTERED, settling.work.run_id)
-        self.finish(settling.work, settling.outcome)
-
-    def take_parked(self) -> list[tuple[str, int, str]]:
-        """Outbox rows to mark parked (the watchdog writes them)."""
-        return self._parked.take()
-
-    def acknowledged(self, rows: list[Row]) -> None:
-        """Outbox rows whose records the broker has: deleted by the next database stage."""
-        self._acknowledged.add(rows)
-
-    def finish(self, work: Work, outcome: Outcome) -> None:
-        """6. The work is done: its records' offsets may be stored; its span ends."""
-        for record in work.records:
-            self._tracker.done(record.tp, record.offset)
-        work.records = []
-        self._ledger.end_span(work, outcome)
-
-    def send_outboxed(self, rows: list[tuple[str, int, tuple[Send, ...]]]) -> None:
-        """Send the records of outbox rows (run id, seq, records): relayed ones, or those a
-        force-fail of the watchdog's wrote; each row is deleted once all its records are in."""
-        for run_id, seq, sends in rows:
-            settling = Settling(
-                RunWork(run_id),
-                Outcome.COMMITTED,
-                len(sends),
-                seq,
-                self._settled,
-                self._parked.park,
-            )
-            try:
-                for send in sends:
-                    self._producing.produce(settling, send)
-            except Exception as exc:  # the row stays claimed: relayed again once we are gone
-                self._ledger.isolated("sweep", run_id, exc)
-                continue
-            if settling.outstanding == 0:
-                self._settled(settling)
 
     # -- rebalance and shutdown --------------------------------------------------------------
 

@@ -22,7 +22,6 @@ from processor.engine.request_desk import RequestDesk
 from processor.engine.sweeps import Sweeps
 from processor.io.clock import Clock
 from processor.io.delivery import Delivery
-from processor.io.kafka import Outbox
 
 # While a batch is in flight and nothing is left to take, the loop waits this long for it at
 # most before its next turn (delivery reports, sweeps, new records): a short wait that ends
@@ -46,7 +45,7 @@ class Pace:
         executor: Executor,
         requests: RequestDesk,
         sweeps: Sweeps,
-        outbox: Outbox,
+        in_flight: Callable[[], int],  # records and client events waiting for the loop's poll
         delivery: Delivery,
         flow: Callable[[], FlowControl],  # the current member's (a new member has its own)
     ) -> None:
@@ -59,7 +58,7 @@ class Pace:
         self._executor = executor
         self._requests = requests
         self._sweeps = sweeps
-        self._outbox = outbox
+        self._in_flight = in_flight
         self._delivery = delivery
         self._flow = flow
         self._next_stats = clock.monotonic() + stats_every_s
@@ -91,7 +90,7 @@ class Pace:
     def idle_timeout(self) -> float:
         """How long the loop may block in poll: until the next due event, at most 100 ms."""
         now = self._clock.monotonic()
-        if self._outbox.in_flight:
+        if self._in_flight():
             return DELIVERY_WAIT_S  # delivery reports wait for this loop
         if len(self._queues) or self._executor.ready_count(now):
             return 0.0

@@ -1,6 +1,6 @@
-"""Steps 4 and 5 of the commit path (engine/executor.py): a plan's records handed to the
+"""Steps 4 to 6 of the commit path (engine/executor.py): a plan's records handed to the
 producer, each on its partition and with its trace context, and the work settled once the
-broker acknowledged every one of them.
+broker acknowledged every one of them (``Settler``).
 
 ``Settling`` is one plan's count of records still on their way; ``Producing`` sends one record
 of it. An outbox row's record the broker refuses for good parks the row (io/delivery.py): the
@@ -14,11 +14,15 @@ from collections.abc import Callable, Mapping
 
 from opentelemetry.trace import Span
 
+from processor.core.offsets import OffsetTracker
 from processor.core.outcomes import Outcome
 from processor.core.pending import RunWork
 from processor.core.plans import Send
 from processor.core.stats import Stats
+from processor.engine.acknowledged import Acknowledged
+from processor.engine.ledger import Ledger
 from processor.io.delivery import Delivery, Refusal
+from processor.io.faults import Faults, Point
 from processor.io.kafka import choose_partition
 from processor.io.telemetry import Telemetry, context_headers
 
@@ -157,4 +161,77 @@ class Producing:
         )
 
 
-__all__ = ["Parked", "Producing", "Settling", "Work"]
+class Settler:
+    """Steps 4 to 6 for a plan that settles: its records produced, and once the broker
+    acknowledged them all its outbox row due for deletion, its records' offsets free to be
+    stored, its span ended."""
+
+    def __init__(
+        self,
+        producing: Producing,
+        acknowledged: Acknowledged,
+        tracker: OffsetTracker,
+        ledger: Ledger,
+        stats: Stats,
+        faults: Faults,
+    ) -> None:
+        self._producing = producing
+        self._acknowledged = acknowledged
+        self._tracker = tracker
+        self._ledger = ledger
+        self._faults = faults
+        self._parked = Parked(stats)
+        # Records whose plans wait for the broker to acknowledge their effects (taken off the
+        # book, not done yet): while the broker is away they pile up here.
+        self.unacknowledged_records = 0
+
+    def carry_out(
+        self, work: Work, outcome: Outcome, sends: tuple[Send, ...], seq: int | None
+    ) -> None:
+        settling = Settling(work, outcome, len(sends), seq, self._settled, self._parked.park)
+        for send in sends:
+            self._producing.produce(settling, send)  # 4. produce; 5. acknowledged: delivered
+        if settling.outstanding == 0:
+            self._settled(settling)
+        else:  # its records wait for the broker: they count against the intake's bound
+            settling.held = len(work.records)
+            self.unacknowledged_records += settling.held
+
+    def send_outboxed(self, rows: list[tuple[str, int, tuple[Send, ...]]]) -> None:
+        """Send the records of outbox rows (run id, seq, records): relayed ones, or those a
+        force-fail of the watchdog's wrote; each row is deleted once all its records are in."""
+        for run_id, seq, sends in rows:
+            work: Work = RunWork(run_id)
+            committed = Outcome.COMMITTED
+            settling = Settling(work, committed, len(sends), seq, self._settled, self._parked.park)
+            try:
+                for send in sends:
+                    self._producing.produce(settling, send)
+            except Exception as exc:  # the row stays claimed: relayed again once we are gone
+                self._ledger.isolated("sweep", run_id, exc)
+                continue
+            if settling.outstanding == 0:
+                self._settled(settling)
+
+    def take_parked(self) -> list[tuple[str, int, str]]:
+        """Outbox rows to mark parked (the watchdog writes them)."""
+        return self._parked.take()
+
+    def _settled(self, settling: Settling) -> None:
+        self.unacknowledged_records -= settling.held
+        settling.held = 0
+        if settling.outboxed_seq is not None and settling.parked is None:
+            self._acknowledged.add([(settling.work.run_id, settling.outboxed_seq)])
+        if settling.outcome is Outcome.DEAD_LETTERED:
+            self._faults.hit(Point.DEAD_LETTERED, settling.work.run_id)
+        self.finish(settling.work, settling.outcome)
+
+    def finish(self, work: Work, outcome: Outcome) -> None:
+        """6. The work is done: its records' offsets may be stored; its span ends."""
+        for record in work.records:
+            self._tracker.done(record.tp, record.offset)
+        work.records = []
+        self._ledger.end_span(work, outcome)
+
+
+__all__ = ["Parked", "Producing", "Settler", "Settling", "Work"]

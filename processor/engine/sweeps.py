@@ -18,6 +18,7 @@ from processor.core.stats import Stats
 from processor.engine.executor import Executor
 from processor.engine.ledger import Ledger
 from processor.engine.rewake import Rewake
+from processor.engine.settling import Settler
 from processor.engine.watchdog import SweepResult, Watchdog
 from processor.io.delivery import Delivery
 from processor.io.kept_signals import KeptDeadLetter
@@ -34,6 +35,7 @@ class Sweeps:
         *,
         watchdog: Watchdog,
         executor: Executor,
+        settler: Settler,
         rewake: Rewake,
         ledger: Ledger,
         delivery: Delivery,
@@ -44,6 +46,7 @@ class Sweeps:
     ) -> None:
         self.watchdog = watchdog
         self._executor = executor
+        self._settler = settler
         self._rewake = rewake
         self._ledger = ledger
         self._delivery = delivery
@@ -63,7 +66,7 @@ class Sweeps:
 
     def park_refused(self) -> None:
         """The outbox rows whose records the broker refused, to the watchdog to mark."""
-        self.watchdog.park(self._executor.take_parked())
+        self.watchdog.park(self._settler.take_parked())
 
     def turn(self) -> None:
         """One turn of the loop: the sweeps finished since handed on, the next started when
@@ -86,7 +89,7 @@ class Sweeps:
             self._postgres.ok()  # (while a batch is in flight, its outcome says)
         self._rewake.replay_after_restart(sweep.replay)
         self._ledger.stuck_failed(sweep.force_failed)
-        self._executor.send_outboxed(sweep.ended)
+        self._settler.send_outboxed(sweep.ended)
         self._rewake.rewake(sweep.overdue)
         self._relay(sweep.relay)
         self._dead_letter_kept(sweep.expired)
@@ -104,7 +107,7 @@ class Sweeps:
         commit, or the broker was away); each row is deleted once all its records are in."""
         for run_id, _seq, sends in rows:
             self._ledger.relayed(run_id, len(sends))
-        self._executor.send_outboxed(rows)
+        self._settler.send_outboxed(rows)
 
     def _dead_letter_kept(self, claimed: list[KeptDeadLetter]) -> None:
         """Dead-letter the kept signals whose run never came (``unknown_run``) or came and

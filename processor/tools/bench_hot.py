@@ -82,7 +82,7 @@ def _row(run_id: str, first: bool) -> list[Any]:
     checksum = row_checksum(status, nodes, seq, None)
     return [
         run_id, WF.name, WF.version, status, nodes, seq, checksum, 3, None, "t1",
-        results, None, raw_input, not_before, None, None,
+        results, None, raw_input, not_before, None, None, None,
     ]  # fmt: skip
 
 
@@ -188,7 +188,7 @@ def _carry_out(running: dict[str, Loaded], messages: list[_Message]) -> Callable
     clock = Clock(lambda: 100.0, lambda: NOW_MS)
     shared = commons(Outbox(producer), partitions, NAMES, stats, Telemetry(), clock, None, tracker)
     database = Database("postgresql://nobody@127.0.0.1:1/none")  # never opened
-    executor = build_executor(shared, database, rules, True, book)
+    executor = build_executor(shared, database, rules, book)
     commits = tick_batch(running, NOW_MS, NAMES)
     plans: dict[str, Plan] = {}
     for run_id, run in running.items():

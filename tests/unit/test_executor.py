@@ -91,7 +91,7 @@ def _harness(producer: Producer, faults: Faults = NO_FAULTS) -> Harness:
     shared = commons(Outbox(producer), partitions, NAMES, Stats(), Telemetry(), wall, faults=faults)
     book: RunBook[Span] = RunBook()
     database = Database("postgresql://nobody@127.0.0.1:1/none")  # never opened here
-    return Harness(build_executor(shared, database, RULES, True, book), book, shared, clock)
+    return Harness(build_executor(shared, database, RULES, book), book, shared, clock)
 
 
 @pytest.fixture
@@ -290,7 +290,7 @@ def test_a_failed_stage_holds_the_next_deletions_for_its_backoff(h: Harness) -> 
     listens at its address): the deletions are not tried again before the outage's backoff,
     so an outage costs a try per backoff instead of one per loop turn (a chaos run counted
     284 failed tries in 0.6 s)."""
-    h.executor.acknowledged([("r", 1)])
+    h.shared.acknowledged.add([("r", 1)])
     h.clock.advance(1)  # the acknowledgement has waited long enough to go on its own
     h.executor.advance(10)
     assert h.executor.busy
