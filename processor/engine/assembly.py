@@ -144,7 +144,6 @@ def build_executor(
         rewake=c.rewake,
         failures=StageFailures(c.stats, c.ledger, c.postgres, stage.close),
         rules=rules,
-        tracker=c.tracker,
         stats=c.stats,
         book=book,
         clock=c.clock,

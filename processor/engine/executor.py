@@ -38,7 +38,6 @@ from opentelemetry.trace import Span
 
 from processor.core.batch_values import Decided, Undecided
 from processor.core.decide import BatchItem, Rules, database_failed, dead_letter, retry_after
-from processor.core.offsets import OffsetTracker
 from processor.core.outcomes import DeadLetterReason, Outcome
 from processor.core.pending import RunBook, RunWork
 from processor.core.plans import DeadLettered, ForceFailed, Plan, Produce, Requeue, Retry
@@ -74,7 +73,6 @@ class Executor:
         rewake: Rewake,
         failures: StageFailures,
         rules: Rules,
-        tracker: OffsetTracker,
         stats: Stats,
         book: RunBook[Span] | None = None,
         clock: Clock = SYSTEM_CLOCK,
@@ -88,7 +86,6 @@ class Executor:
         self._rewake = rewake
         self._failures = failures
         self._rules = rules
-        self._tracker = tracker
         self._stats = stats
         self._book: RunBook[Span] = RunBook() if book is None else book
         self._monotonic = clock.monotonic
