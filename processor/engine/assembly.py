@@ -233,6 +233,8 @@ def build_processor(
 
 @dataclass(frozen=True)
 class _Core:
+    """The commit path's parts, which the loop's are built around."""
+
     names: TopicNames
     c: Commons
     rules: Rules
