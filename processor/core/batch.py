@@ -67,6 +67,7 @@ from processor.core.decide import (
 from processor.core.limits import LimitInputs
 from processor.core.model import Loaded, LoadedRun
 from processor.core.outcomes import Outcome
+from processor.core.plans import DeadLettered, ForceFailed, payload_of
 from processor.core.run_tally import RunTally
 
 Protocol = Generator[Request, object, BatchOutcome]
@@ -283,8 +284,8 @@ def _plans(
                 found, commit = loaded.get(run_id), commits.get(run_id)
                 landed, was_held = run_id in committed, run_id in held
                 plan = decide(item, found, commit, landed, now_ms, rules, was_held)
-                if plan.force_fail is not None:
-                    plan = yield from _force_fail(item, plan, found, gathered)
+                if isinstance(plan.payload, ForceFailed):
+                    plan = yield from _force_fail(item, plan, plan.payload, found, gathered)
                 elif plan.outcome is Outcome.COMMITTED:
                     assert commit is not None and isinstance(found, LoadedRun)
                     # Only a commit that landed is counted: a conflict, or a commit lost with
@@ -297,11 +298,11 @@ def _plans(
 
 
 def _force_fail(
-    item: BatchItem, plan: Plan, found: Loaded | None, gathered: _Gathered
+    item: BatchItem, plan: Plan, failed: ForceFailed, found: Loaded | None, gathered: _Gathered
 ) -> Generator[Request, object, Plan]:
     """A livelocked run's terminal write, before its plan holds."""
-    assert plan.force_fail is not None and isinstance(found, LoadedRun)
-    written = yield WriteForceFail(plan.force_fail)
+    assert isinstance(found, LoadedRun)
+    written = yield WriteForceFail(failed.write)
     if isinstance(written, Failed):
         if written.failure is Failure.UNFORESEEN:
             raise written.error
@@ -343,9 +344,7 @@ def _quarantine(
     flagged = [p for p in gathered.plans if p.quarantine]
     if not flagged:
         return (), None
-    flags = tuple(
-        QuarantineFlag(p.run_id, f"{p.reason}: {p.detail}", p.expected_version) for p in flagged
-    )
+    flags = tuple(_flag(p, payload_of(p, DeadLettered)) for p in flagged)
     answer = yield FlagQuarantine(flags)
     if isinstance(answer, Failed):
         if answer.failure is Failure.UNFORESEEN:  # counted and logged, it fails nothing
@@ -354,6 +353,10 @@ def _quarantine(
         return (), answer.error
     done = cast("set[str]", answer)
     return tuple(p for p in flagged if p.run_id in done), None
+
+
+def _flag(plan: Plan, letters: DeadLettered) -> QuarantineFlag:
+    return QuarantineFlag(plan.run_id, f"{letters.reason}: {letters.detail}", plan.expected_version)
 
 
 __all__ = ["Protocol", "RequestFailed", "batch", "describe"]

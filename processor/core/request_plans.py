@@ -17,6 +17,7 @@ from typing import NamedTuple
 from processor.core.decide import Plan, Rules, Send, reject
 from processor.core.envelope import Wakeup
 from processor.core.outcomes import DeadLetterReason, Outcome
+from processor.core.plans import Produce
 from processor.core.records import Inbound
 
 
@@ -74,7 +75,7 @@ def request_plan(
         by_run=run_id,
         attributes=(("ductor.request", reason),),
     )
-    return Plan(run_id, Outcome.ACCEPTED if written else Outcome.DUPLICATE, sends=(send,))
+    return Plan(run_id, Outcome.ACCEPTED if written else Outcome.DUPLICATE, Produce((send,)))
 
 
 __all__ = [

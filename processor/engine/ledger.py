@@ -13,9 +13,9 @@ from collections.abc import Callable
 
 from opentelemetry.trace import Span
 
-from processor.core.decide import Plan
 from processor.core.outcomes import DeadLetterReason, ForceFailReason, Outcome
 from processor.core.pending import RunWork
+from processor.core.plans import DeadLettered, ForceFailed, Plan, Requeue, payload_of
 from processor.core.stats import Stats
 from processor.io.logs import describe, first_line
 from processor.io.telemetry import Telemetry, end_error, end_ok, log_ids
@@ -56,17 +56,15 @@ class Ledger:
             stats.hot_runs[work.run_id] += 1
         elif plan.attempt is Outcome.COMMITTED:
             self._sample_end_to_end(work)
-        if plan.outcome is Outcome.REQUEUED:
-            assert plan.rung_ms is not None and plan.requeue_count is not None
-            stats.requeues[plan.rung_ms] += 1
+        payload = plan.payload
+        if isinstance(payload, Requeue):
+            stats.requeues[payload.rung_ms] += 1
             if work.span is not None:
-                work.span.set_attribute("ductor.requeue_count", plan.requeue_count)
-        elif plan.outcome is Outcome.FORCE_FAILED:
-            assert isinstance(plan.reason, ForceFailReason)
-            self.force_failed(work.run_id, plan.reason, work.span)
-        elif plan.outcome is Outcome.DEAD_LETTERED:
-            assert isinstance(plan.reason, DeadLetterReason)
-            self._dead_lettered(work, plan.reason, plan.detail)
+                work.span.set_attribute("ductor.requeue_count", payload.requeue_count)
+        elif isinstance(payload, ForceFailed):
+            self.force_failed(work.run_id, payload.reason, work.span)
+        elif isinstance(payload, DeadLettered):
+            self._dead_lettered(work, payload.reason, payload.detail)
         elif plan.outcome is Outcome.LOCKED and work.locked == 0:
             log.warning(
                 "run %s: another transaction holds its row; its commit waits apart from its"
@@ -89,12 +87,16 @@ class Ledger:
     def quarantined(self, plans: list[Plan], error: Exception | None) -> None:
         """Runs flagged so the sweeps skip them (their rows cannot be used), each once."""
         for plan in plans:
-            assert isinstance(plan.reason, DeadLetterReason)
-            self._stats.quarantined[plan.reason] += 1
+            letters = payload_of(plan, DeadLettered)
+            self._stats.quarantined[letters.reason] += 1
             log.warning(
                 "run %s quarantined: the sweeps skip it until `ductor runs release`",
                 plan.run_id,
-                extra={"run_id": plan.run_id, "reason": plan.reason.value, "detail": plan.detail},
+                extra={
+                    "run_id": plan.run_id,
+                    "reason": letters.reason.value,
+                    "detail": letters.detail,
+                },
             )
         if error is not None:  # tried again when the run is next met: not an outage
             log.warning("could not write quarantine flags: %s", first_line(error))

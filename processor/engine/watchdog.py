@@ -210,69 +210,15 @@ class Watchdog:
         work only; the loop produces)."""
         s = self._settings
         self._isolated = 0
-        with self._lock:
-            parking, self._to_park = self._to_park, []
-            forgetting, self._to_forget = self._to_forget, []
-        try:
-            self._db.park_outbox(parking)
-            parking = []
-            self._db.forget_kept_signals(forgetting)
-        except psycopg.Error:
-            with self._lock:  # for the next sweep
-                self._to_park[:0] = parking
-                self._to_forget[:0] = forgetting
-            raise
+        self._write_marks()
         failed: list[tuple[str, str]] = []
         ended: list[tuple[str, int, tuple[Send, ...]]] = []
         woken: list[tuple[str, str]] = []
-        if owned:
-            stuck = self._db.stuck(modulus, owned, s.stuck_after_s, s.grace_s, s.limit)
-            self._faults.hit(Point.STUCK_SELECTED, [run_id for run_id, _seq in stuck])
-            now_ms = self._wall_ms()
-            for run_id, seq in stuck:
-                verdict = self._settle(run_id, seq, now_ms)
-                if isinstance(verdict, Fail):
-                    failed.append((run_id, verdict.workflow))
-                    if verdict.write.effects:
-                        ended.append((run_id, verdict.write.state.seq, verdict.write.effects))
-                elif isinstance(verdict, Wake):
-                    woken.append((run_id, verdict.tier))
-            marked = self._db.woken([run_id for run_id, _tier in woken])
-            woken = [(run_id, tier) for run_id, tier in woken if run_id in marked]
         overdue: list[tuple[str, str]] = []
         expired: list[KeptDeadLetter] = []
         if owned:
-            overdue = self._part(
-                "the overdue runs",
-                lambda: self._db.overdue(modulus, owned, s.grace_s, s.limit),
-                [],
-            )
-            relay_as = self._relay_as()
-            if relay_as.may_judge:  # (it judges whether the workers that ran them are gone)
-                overdue += self._part(
-                    "the lingering slots",
-                    lambda: self._db.free_lingering(relay_as.gone_after_s, s.limit),
-                    [],
-                )
-            overdue += self._part(
-                "the kept signals",
-                lambda: self._db.adopt_kept_signals(modulus, owned, s.limit),
-                [],
-            )
-            overdue += self._part(
-                "the schedules",
-                lambda: self._db.fire_schedules(modulus, owned, s.limit, self._faults, self._left),
-                [],
-            )
-            expired = self._part(
-                "the expired kept signals",
-                lambda: self._db.claim_kept_dead_letters(
-                    modulus, owned, s.kept_signal_ttl_s, self._relay_as(), s.limit
-                ),
-                [],
-            )
-            if expired:
-                self._faults.hit(Point.KEPT_CLAIMED, [e.key[0] for e in expired])
+            failed, ended, woken = self._stuck(modulus, owned)
+            overdue, expired = self._owned_parts(modulus, owned)
         claimed: list[tuple[str, int, tuple[Send, ...]]] = []
         if relay:
             claimed = self._part(
@@ -294,6 +240,89 @@ class Watchdog:
             triggers=found,
             isolated=self._isolated,
         )
+
+    def _write_marks(self) -> None:
+        """The outbox rows to mark parked and the kept signals to forget, written first; kept
+        for the next sweep if the database fails them."""
+        with self._lock:
+            parking, self._to_park = self._to_park, []
+            forgetting, self._to_forget = self._to_forget, []
+        try:
+            self._db.park_outbox(parking)
+            parking = []
+            self._db.forget_kept_signals(forgetting)
+        except psycopg.Error:
+            with self._lock:  # for the next sweep
+                self._to_park[:0] = parking
+                self._to_forget[:0] = forgetting
+            raise
+
+    def _stuck(
+        self, modulus: int, owned: list[int]
+    ) -> tuple[
+        list[tuple[str, str]], list[tuple[str, int, tuple[Send, ...]]], list[tuple[str, str]]
+    ]:
+        """The stuck runs of the owned shards, settled one by one: those force-failed (with
+        the records their ends wrote to the outbox) and those to wake."""
+        s = self._settings
+        failed: list[tuple[str, str]] = []
+        ended: list[tuple[str, int, tuple[Send, ...]]] = []
+        woken: list[tuple[str, str]] = []
+        stuck = self._db.stuck(modulus, owned, s.stuck_after_s, s.grace_s, s.limit)
+        self._faults.hit(Point.STUCK_SELECTED, [run_id for run_id, _seq in stuck])
+        now_ms = self._wall_ms()
+        for run_id, seq in stuck:
+            verdict = self._settle(run_id, seq, now_ms)
+            if isinstance(verdict, Fail):
+                failed.append((run_id, verdict.workflow))
+                if verdict.write.effects:
+                    ended.append((run_id, verdict.write.state.seq, verdict.write.effects))
+            elif isinstance(verdict, Wake):
+                woken.append((run_id, verdict.tier))
+        marked = self._db.woken([run_id for run_id, _tier in woken])
+        return failed, ended, [(run_id, tier) for run_id, tier in woken if run_id in marked]
+
+    def _owned_parts(
+        self, modulus: int, owned: list[int]
+    ) -> tuple[list[tuple[str, str]], list[KeptDeadLetter]]:
+        """The runs to wake of the owned shards (overdue, freed lingering slots, adopted kept
+        signals, fired schedules) and the kept signals claimed for their dead letters; each
+        part isolated from the others."""
+        s = self._settings
+        none_woken: list[tuple[str, str]] = []
+        overdue = self._part(
+            "the overdue runs",
+            lambda: self._db.overdue(modulus, owned, s.grace_s, s.limit),
+            none_woken,
+        )
+        relay_as = self._relay_as()
+        if relay_as.may_judge:  # (it judges whether the workers that ran them are gone)
+            overdue += self._part(
+                "the lingering slots",
+                lambda: self._db.free_lingering(relay_as.gone_after_s, s.limit),
+                [],
+            )
+        overdue += self._part(
+            "the kept signals",
+            lambda: self._db.adopt_kept_signals(modulus, owned, s.limit),
+            [],
+        )
+        overdue += self._part(
+            "the schedules",
+            lambda: self._db.fire_schedules(modulus, owned, s.limit, self._faults, self._left),
+            [],
+        )
+        none_claimed: list[KeptDeadLetter] = []
+        expired = self._part(
+            "the expired kept signals",
+            lambda: self._db.claim_kept_dead_letters(
+                modulus, owned, s.kept_signal_ttl_s, self._relay_as(), s.limit
+            ),
+            none_claimed,
+        )
+        if expired:
+            self._faults.hit(Point.KEPT_CLAIMED, [e.key[0] for e in expired])
+        return overdue, expired
 
     def _part(self, what: str, sweep: Callable[[], T], otherwise: T) -> T:
         """A part of the sweep; one that raised what nobody foresaw (not the database's) is

@@ -26,6 +26,7 @@ from typing import Any
 
 import orjson
 from confluent_kafka import Producer
+from opentelemetry.trace import Span
 
 from processor import compiled_modules
 from processor.core.decide import BatchItem, Plan, Rules, decide, tick_batch
@@ -34,13 +35,15 @@ from processor.core.intake import Accepted, admit
 from processor.core.model import Loaded, LoadedRun, NodeStatus, row_checksum
 from processor.core.offsets import OffsetTracker
 from processor.core.outcomes import Outcome
+from processor.core.pending import RunBook
 from processor.core.records import ClientError
 from processor.core.routing import TopicNames
 from processor.core.stats import Stats
 from processor.core.workflow import WorkflowDef, parse_workflow
+from processor.engine.assembly import build_executor, commons
 from processor.engine.database import Database
-from processor.engine.executor import Executor
 from processor.io import store
+from processor.io.clock import Clock
 from processor.io.kafka import Outbox
 from processor.io.kafka_logs import with_logger
 from processor.io.telemetry import Telemetry
@@ -182,18 +185,11 @@ def _carry_out(running: dict[str, Loaded], messages: list[_Message]) -> Callable
     tracker, stats = OffsetTracker(), Stats()
     partitions = dict.fromkeys([*NAMES.coordinator_topics(), NAMES.steps, NAMES.dlq], 3)
     rules = Rules(NAMES, livelock_requeues=3)
-    executor = Executor(
-        database=Database("postgresql://nobody@127.0.0.1:1/none"),  # never opened
-        outbox=Outbox(producer),
-        partitions=partitions,
-        rules=rules,
-        partition_by_run=True,
-        tracker=tracker,
-        stats=stats,
-        telemetry=Telemetry(),
-        wall_ms=lambda: NOW_MS,
-        monotonic=lambda: 100.0,
-    )
+    book: RunBook[Span] = RunBook()
+    clock = Clock(lambda: 100.0, lambda: NOW_MS)
+    shared = commons(Outbox(producer), partitions, NAMES, stats, Telemetry(), clock, None, tracker)
+    database = Database("postgresql://nobody@127.0.0.1:1/none")  # never opened
+    executor = build_executor(shared, database, rules, book)
     commits = tick_batch(running, NOW_MS, NAMES)
     plans: dict[str, Plan] = {}
     for run_id, run in running.items():
@@ -207,7 +203,7 @@ def _carry_out(running: dict[str, Loaded], messages: list[_Message]) -> Callable
             assert isinstance(verdict, Accepted)
             tracker.started(verdict.record.tp, verdict.record.offset)
             executor.add(verdict.record)
-        for work in executor.book.take_ready(100.0, len(messages)):
+        for work in book.take_ready(100.0, len(messages)):
             executor.carry_out(work, plans[work.run_id])
         producer.purge()
 

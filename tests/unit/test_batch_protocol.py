@@ -45,6 +45,7 @@ from processor.core.model import (
     state_checksum,
 )
 from processor.core.outcomes import DeadLetterReason, ForceFailReason, Outcome
+from processor.core.plans import DeadLettered, ForceFailed, Retry, payload_of
 from processor.core.policy import MAX_IN_PROCESS_ATTEMPTS
 from processor.core.records import Inbound
 from processor.core.workflow import parse_workflow
@@ -191,7 +192,8 @@ def test_a_noop_commits_nothing_and_a_missing_run_is_dead_lettered() -> None:
     assert isinstance(commit, CommitRuns) and commit.commits == ()
     plans = {p.run_id: p for p in outcome.plans}
     assert plans["a"].outcome is Outcome.NOOP
-    assert plans["gone"].reason is DeadLetterReason.UNKNOWN_RUN and not plans["gone"].quarantine
+    gone = payload_of(plans["gone"], DeadLettered)
+    assert gone.reason is DeadLetterReason.UNKNOWN_RUN and not gone.quarantine
     assert outcome.commit_attempts == 0 and not script.of(FlagQuarantine)
 
 
@@ -222,8 +224,13 @@ def test_one_runs_failure_is_found_by_halving_and_its_run_alone_dead_lettered(
     reason = (
         DeadLetterReason.POISON if failure is Failure.ROW else DeadLetterReason.UNEXPECTED_ERROR
     )
-    assert (bad.outcome, bad.reason, bad.quarantine) == (Outcome.DEAD_LETTERED, reason, True)
-    assert bad.detail == f"RuntimeError: {failure.value} failure"
+    letters = payload_of(bad, DeadLettered)
+    assert (bad.outcome, letters.reason, letters.quarantine) == (
+        Outcome.DEAD_LETTERED,
+        reason,
+        True,
+    )
+    assert letters.detail == f"RuntimeError: {failure.value} failure"
     assert {p.outcome for p in plans.values()} == {Outcome.COMMITTED}
     assert [r for r, _ in outcome.isolated] == ([] if failure is Failure.ROW else ["r5"])
     # The acknowledged rows go with the first half's statements; the lone failed run's
@@ -243,7 +250,8 @@ def test_a_tick_that_raises_for_one_run_is_found_by_halving_too() -> None:
     runs["r2"] = replace(loaded("r2"), input=RunInput(value))
     outcome = decided(run(Script(runs), starts(RUNS)))
     bad = next(p for p in outcome.plans if p.run_id == "r2")
-    assert bad.reason is DeadLetterReason.UNEXPECTED_ERROR and bad.quarantine
+    assert payload_of(bad, DeadLettered).reason is DeadLetterReason.UNEXPECTED_ERROR
+    assert bad.quarantine
     assert [r for r, _ in outcome.isolated] == ["r2"]
 
 
@@ -251,7 +259,7 @@ def test_a_batch_of_one_that_fails_on_its_row_deletes_the_acknowledged_rows_apar
     script = Script(dict(HELD), hooks={CommitRuns: fails(Failure.ROW)})
     outcome = decided(run(script, starts(["r1"])))
     assert script.of(DeleteOutbox) == [DeleteOutbox(ACKS)]
-    assert outcome.plans[0].reason is DeadLetterReason.POISON
+    assert payload_of(outcome.plans[0], DeadLettered).reason is DeadLetterReason.POISON
 
 
 def test_a_plan_that_raises_after_the_commit_is_its_runs_alone() -> None:
@@ -261,7 +269,11 @@ def test_a_plan_that_raises_after_the_commit_is_its_runs_alone() -> None:
     assert len(script.of(CommitRuns)) == 1  # the commit went: no halving
     assert len(script.of(ProbeDecide)) == len(RUNS)
     assert [r for r, _ in outcome.isolated] == ["r2"]
-    reasons = {p.run_id: p.reason for p in outcome.plans if p.reason is not None}
+    reasons = {
+        p.run_id: p.payload.reason
+        for p in outcome.plans
+        if isinstance(p.payload, (DeadLettered, ForceFailed))
+    }
     assert reasons == {"r2": DeadLetterReason.UNEXPECTED_ERROR}
 
 
@@ -275,7 +287,7 @@ def test_a_lost_commit_is_read_back_and_what_did_not_land_is_tried_again_at_once
     assert script.kinds()[3:] == ["CommitRuns", "ReadBack", "NoteCommitted"]
     plans = {p.run_id: p for p in outcome.plans}
     assert plans["r0"].outcome is Outcome.COMMITTED
-    assert (plans["r1"].outcome, plans["r1"].retry_in_ms) == (Outcome.ERROR, 0)
+    assert (plans["r1"].outcome, payload_of(plans["r1"], Retry).retry_in_ms) == (Outcome.ERROR, 0)
     assert outcome.read_back is not None and outcome.read_back.not_landed == {"r1"}
     assert outcome.unacknowledged == ACKS  # the deletions went with the lost statement
     assert outcome.runs.started == {"pair": 1}
@@ -329,7 +341,8 @@ def _lost_race(written: Answer | None = None) -> tuple[Script, Decided]:
 def test_a_livelocked_run_is_force_failed_and_counted_as_ended() -> None:
     script, outcome = _lost_race()
     (plan,) = outcome.plans
-    assert (plan.outcome, plan.reason) == (Outcome.FORCE_FAILED, ForceFailReason.LIVELOCK)
+    assert plan.outcome is Outcome.FORCE_FAILED
+    assert payload_of(plan, ForceFailed).reason is ForceFailReason.LIVELOCK
     assert len(script.of(WriteForceFail)) == 1
     assert outcome.runs.ended == {("pair", RunStatus.FAILED): 1}
 
@@ -337,7 +350,7 @@ def test_a_livelocked_run_is_force_failed_and_counted_as_ended() -> None:
 def test_a_force_fail_that_finds_the_run_moved_is_refused() -> None:
     _script, outcome = _lost_race(lambda _: False)
     (plan,) = outcome.plans
-    assert (plan.outcome, plan.retry_in_ms, plan.attempts) == (Outcome.CONFLICT, 0, 0)
+    assert (plan.outcome, plan.payload) == (Outcome.CONFLICT, Retry(0, 0))
     assert not outcome.runs
 
 
@@ -350,7 +363,8 @@ def test_a_force_fail_the_database_failed_is_retried_and_its_error_kept() -> Non
 def test_a_force_fail_that_raises_what_nobody_foresaw_is_its_runs_alone() -> None:
     _script, outcome = _lost_race(fails(Failure.UNFORESEEN))
     (plan,) = outcome.plans
-    assert plan.reason is DeadLetterReason.UNEXPECTED_ERROR and plan.quarantine
+    assert payload_of(plan, DeadLettered).reason is DeadLetterReason.UNEXPECTED_ERROR
+    assert plan.quarantine
     assert [r for r, _ in outcome.isolated] == ["r"] and not outcome.force_fail_errors
 
 

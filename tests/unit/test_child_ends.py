@@ -25,6 +25,7 @@ from processor.core.model import (
     state_checksum,
 )
 from processor.core.outcomes import ForceFailReason, Outcome
+from processor.core.plans import ForceFailed, Retry
 from processor.core.routing import TopicNames
 from processor.core.stuck import Fail, judge_stuck
 from processor.core.tick import resume_failed, tick
@@ -118,17 +119,10 @@ def test_a_run_without_children_or_parent_writes_no_records_and_an_ended_one_not
 def test_a_refused_force_fail_produces_nothing() -> None:
     write = force_fail_write(_loaded("o-1", WF, _shipping()), ForceFailReason.LIVELOCK, 10, NAMES)
     assert write is not None
-    plan = Plan(
-        "o-1",
-        Outcome.FORCE_FAILED,
-        Outcome.CONFLICT,
-        sends=write.effects,
-        outboxed_seq=write.state.seq,
-        reason=ForceFailReason.LIVELOCK,
-        force_fail=write,
-    )
+    failed = ForceFailed(ForceFailReason.LIVELOCK, write)
+    plan = Plan("o-1", Outcome.FORCE_FAILED, failed, Outcome.CONFLICT)
     refused = force_fail_refused(plan)
-    assert (refused.sends, refused.outboxed_seq, refused.force_fail) == ((), None, None)
+    assert (refused.sends, refused.payload) == ((), Retry(0, 0))
 
 
 # One event of the property below: a result of ``ship``'s child (its attempt; the child

@@ -40,6 +40,7 @@ from processor.core.model import Loaded, RunStatus, UnknownWorkflow, UnreadableR
 from processor.core.offsets import OffsetTracker
 from processor.core.outcomes import DLQ_REASONS, DeadLetterReason, ForceFailReason, Outcome
 from processor.core.pending import RunBook
+from processor.core.plans import DeadLettered, ForceFailed, Produce, Retry, payload_of
 from processor.core.policy import IN_PROCESS_BACKOFF_MS, MAX_IN_PROCESS_ATTEMPTS
 from processor.core.records import Inbound
 from processor.core.request_plans import Refused, request_plan
@@ -281,7 +282,8 @@ def test_every_dead_letter_reason_is_reachable_here() -> None:
 @pytest.mark.parametrize("reason", list(DeadLetterReason))
 def test_a_dead_letter_keeps_the_record_and_says_why_and_where(reason: DeadLetterReason) -> None:
     plan = DEAD_LETTERS[reason]()
-    assert plan.outcome is Outcome.DEAD_LETTERED and plan.reason is reason and plan.settles
+    assert plan.outcome is Outcome.DEAD_LETTERED and plan.settles
+    assert payload_of(plan, DeadLettered).reason is reason
     (send,) = plan.sends
     assert send.topic == NAMES.dlq and send.by_run is None
     headers = dict(send.headers)
@@ -292,8 +294,9 @@ def test_a_dead_letter_keeps_the_record_and_says_why_and_where(reason: DeadLette
 
 def test_an_unreadable_row_is_dead_lettered_as_a_checksum_mismatch() -> None:
     plan = _refused_after_load(UnreadableRun("node_states cannot be read"))()
-    assert plan.reason is DeadLetterReason.CHECKSUM_MISMATCH
-    assert "cannot be read" in plan.detail
+    letters = payload_of(plan, DeadLettered)
+    assert letters.reason is DeadLetterReason.CHECKSUM_MISMATCH
+    assert "cannot be read" in letters.detail
     assert plan.quarantine
 
 
@@ -314,7 +317,8 @@ def test_only_a_run_whose_row_cannot_be_used_is_quarantined(reason: DeadLetterRe
 
 def test_a_tombstone_stays_a_tombstone() -> None:
     plan = _rejected_at_intake(None)()
-    assert plan.reason is DeadLetterReason.WRONG_SCHEMA and plan.sends[0].value is None
+    assert payload_of(plan, DeadLettered).reason is DeadLetterReason.WRONG_SCHEMA
+    assert plan.sends[0].value is None
 
 
 # -- coalescing -----------------------------------------------------------------------------
@@ -390,8 +394,9 @@ def test_conflicts_are_retried_in_process_with_the_seeds_backoff_then_requeued()
     for attempts in range(MAX_IN_PROCESS_ATTEMPTS - 1):
         plan = _conflict(records, attempts)
         assert (plan.outcome, plan.attempt) == (Outcome.CONFLICT, Outcome.CONFLICT)
-        assert plan.retry_in_ms == IN_PROCESS_BACKOFF_MS[attempts + 1]
-        assert plan.attempts == attempts + 1 and not plan.sends
+        retry = payload_of(plan, Retry)
+        assert retry.retry_in_ms == IN_PROCESS_BACKOFF_MS[attempts + 1]
+        assert retry.attempts == attempts + 1 and not plan.sends
     plan = _conflict(records, MAX_IN_PROCESS_ATTEMPTS - 1)
     assert (plan.outcome, plan.attempt) == (Outcome.REQUEUED, Outcome.CONFLICT) and plan.settles
     (send,) = plan.sends
@@ -415,13 +420,14 @@ def test_a_run_that_keeps_conflicting_without_progress_is_force_failed() -> None
         message = FakeMessage(send.topic, 1, send.value, key_=send.key)
     assert len(set(keys)) == len(keys), "requeues must never share a key"
     plan = _conflict([_due(message)], MAX_IN_PROCESS_ATTEMPTS - 1)
-    assert (plan.outcome, plan.reason) == (Outcome.FORCE_FAILED, ForceFailReason.LIVELOCK)
-    assert plan.force_fail is not None and not plan.sends
-    assert plan.force_fail.state.status is RunStatus.FAILED
-    assert plan.force_fail.loaded_checksum == loaded("r").stored_checksum
+    failed = payload_of(plan, ForceFailed)
+    assert (plan.outcome, failed.reason) == (Outcome.FORCE_FAILED, ForceFailReason.LIVELOCK)
+    assert not plan.sends
+    assert failed.write.state.status is RunStatus.FAILED
+    assert failed.write.loaded_checksum == loaded("r").stored_checksum
     # The write found the run moved: not a livelock. Attempts start again at once.
     refused = force_fail_refused(plan)
-    assert (refused.outcome, refused.retry_in_ms, refused.attempts) == (Outcome.CONFLICT, 0, 0)
+    assert (refused.outcome, payload_of(refused, Retry)) == (Outcome.CONFLICT, Retry(0, 0))
 
 
 def test_progress_since_the_last_requeue_restarts_the_count() -> None:
@@ -436,8 +442,9 @@ def test_progress_since_the_last_requeue_restarts_the_count() -> None:
 
 def test_a_database_error_decides_nothing_and_retries_later() -> None:
     plan = database_failed(item("r", [accepted(_start("r", 1))], attempts=2), 1000)
-    assert (plan.outcome, plan.attempt, plan.attempts) == (Outcome.ERROR, None, 2)
-    assert plan.retry_in_ms and not plan.sends
+    retry = payload_of(plan, Retry)
+    assert (plan.outcome, plan.attempt, retry.attempts) == (Outcome.ERROR, None, 2)
+    assert retry.retry_in_ms and not plan.sends
 
 
 def test_a_committed_tick_dispatches_and_a_noop_does_nothing() -> None:
@@ -450,7 +457,7 @@ def test_a_committed_tick_dispatches_and_a_noop_does_nothing() -> None:
     commit = commits["r"]
     assert commit.expected_version == run.version and commit.state.status is RunStatus.RUNNING
     assert commit.effects == plan.sends  # what goes to the outbox is what gets produced
-    assert plan.outboxed_seq == commit.state.seq
+    assert payload_of(plan, Produce).outboxed_seq == commit.state.seq
     started = loaded("r", commit.state)
     assert tick_batch({"r": started}, NOW_MS, NAMES) == {}  # nothing changes: a no-op
     plan = decide(item("r", []), started, None, False, NOW_MS, RULES)

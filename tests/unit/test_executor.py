@@ -10,6 +10,7 @@ from dataclasses import dataclass
 import psycopg
 import pytest
 from confluent_kafka import Producer
+from opentelemetry.trace import Span
 
 from processor.core.batch_values import ReadBackResult, Undecided
 from processor.core.decide import BatchItem, Rules, database_failed, decide, reject, tick_batch
@@ -18,16 +19,21 @@ from processor.core.intake import Reject, admit
 from processor.core.model import RunStatus
 from processor.core.offsets import OffsetTracker
 from processor.core.outcomes import DeadLetterReason, ForceFailReason, Outcome
-from processor.core.pending import RunWork
+from processor.core.pending import RunBook, RunWork
+from processor.core.plans import Retry, payload_of
 from processor.core.policy import IN_PROCESS_BACKOFF_MS, MAX_IN_PROCESS_ATTEMPTS
 from processor.core.routing import DELAY_RUNGS_MS
 from processor.core.run_tally import RunTally
 from processor.core.stats import Stats
+from processor.engine.acknowledged import ACKS_WAIT_S, Acknowledged
+from processor.engine.assembly import Commons, build_executor, commons
 from processor.engine.database import Database
 from processor.engine.executor import Executor, Work
 from processor.engine.stage import Staged, Timings
+from processor.engine.stage_failures import StageFailures
 from processor.engine.stage_thread import InFlight
-from processor.io.faults import Faults
+from processor.io.clock import Clock, ManualClock
+from processor.io.faults import NO_FAULTS, Faults
 from processor.io.kafka import Outbox
 from processor.io.telemetry import Telemetry
 
@@ -35,14 +41,6 @@ from .fakes import MAX_BYTES, NAMES, NOW_MS, FakeMessage, accepted, item, loaded
 
 RULES = Rules(NAMES, livelock_requeues=3)
 TP = (NAMES.wakeup("t1"), 0)
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 @pytest.fixture
@@ -56,29 +54,49 @@ def producer() -> Iterator[Producer]:
 @dataclass
 class Harness:
     executor: Executor
-    tracker: OffsetTracker
-    stats: Stats
-    outbox: Outbox
-    clock: Clock
+    book: RunBook[Span]  # the executor's, looked into by the test that built it
+    shared: Commons
+    clock: ManualClock
+    _failures: StageFailures | None = None
+
+    @property
+    def tracker(self) -> OffsetTracker:
+        return self.shared.tracker
+
+    @property
+    def stats(self) -> Stats:
+        return self.shared.stats
+
+    @property
+    def outbox(self) -> Outbox:
+        return self.shared.outbox
+
+    def now(self) -> float:
+        return self.clock.clock.monotonic()
+
+    @property
+    def failures(self) -> StageFailures:
+        """A stage-failure policy of its own, on the harness's counters (built alone)."""
+        if self._failures is None:
+            self._failures = StageFailures(
+                self.stats, self.shared.ledger, self.shared.postgres, lambda: None
+            )
+        return self._failures
+
+
+def _harness(producer: Producer, faults: Faults = NO_FAULTS) -> Harness:
+    clock = ManualClock(monotonic_s=100.0)
+    wall = Clock(clock.clock.monotonic, lambda: NOW_MS)
+    partitions = dict.fromkeys([*NAMES.coordinator_topics(), NAMES.steps, NAMES.dlq], 3)
+    shared = commons(Outbox(producer), partitions, NAMES, Stats(), Telemetry(), wall, faults=faults)
+    book: RunBook[Span] = RunBook()
+    database = Database("postgresql://nobody@127.0.0.1:1/none")  # never opened here
+    return Harness(build_executor(shared, database, RULES, book), book, shared, clock)
 
 
 @pytest.fixture
 def h(producer: Producer) -> Harness:
-    tracker, stats, outbox, clock = OffsetTracker(), Stats(), Outbox(producer), Clock()
-    partitions = dict.fromkeys([*NAMES.coordinator_topics(), NAMES.steps, NAMES.dlq], 3)
-    executor = Executor(
-        database=Database("postgresql://nobody@127.0.0.1:1/none"),  # never opened here
-        outbox=outbox,
-        partitions=partitions,
-        rules=RULES,
-        partition_by_run=True,
-        tracker=tracker,
-        stats=stats,
-        telemetry=Telemetry(),
-        wall_ms=lambda: NOW_MS,
-        monotonic=clock,
-    )
-    return Harness(executor, tracker, stats, outbox, clock)
+    return _harness(producer)
 
 
 def _work(h: Harness, offset: int) -> Work:
@@ -104,12 +122,13 @@ def test_a_conflict_is_parked_for_its_backoff_and_never_counted_as_an_error(h: H
     commits = tick_batch({"r": run}, NOW_MS, NAMES)
     plan = decide(item("r", work.records), run, commits["r"], False, NOW_MS, RULES)
     h.executor.carry_out(work, plan)
-    assert h.executor.book.take_ready(h.clock.now, 10) == []
-    assert h.executor.book.next_ready_at() == h.clock.now + IN_PROCESS_BACKOFF_MS[1] / 1000
+    assert h.executor.ready_count(h.now()) == 0
+    assert h.executor.next_ready_at() == h.now() + IN_PROCESS_BACKOFF_MS[1] / 1000
     assert (h.stats.conflicts, h.stats.error_count, h.stats.ticks[Outcome.CONFLICT]) == (1, 0, 1)
     assert h.tracker.committable() == {}  # the record waits: its offset is held
-    h.clock.now += 1
-    (again,) = h.executor.book.take_ready(h.clock.now, 10)
+    h.clock.advance(1)
+    assert h.executor.ready_count(h.now()) == 1
+    (again,) = h.book.take_ready(h.now(), 10)
     assert again is work and again.attempts == 1
 
 
@@ -133,8 +152,8 @@ def test_a_database_error_is_an_error_and_the_run_retries_later(h: Harness) -> N
     plan = database_failed(item("r", work.records), 1000)
     h.executor.carry_out(work, plan, psycopg.OperationalError("the server went away"))
     assert h.stats.ticks == {Outcome.ERROR: 1} and h.stats.conflicts == 0
-    assert h.executor.book.take_ready(h.clock.now + 0.5, 10) == []
-    assert h.executor.book.take_ready(h.clock.now + 1.0, 10) == [work]
+    assert h.executor.ready_count(h.now() + 0.5) == 0
+    assert h.book.take_ready(h.now() + 1.0, 10) == [work]
 
 
 def test_a_rejected_record_is_dead_lettered_and_counted_by_reason(h: Harness) -> None:
@@ -151,7 +170,7 @@ def test_a_rejected_record_is_dead_lettered_and_counted_by_reason(h: Harness) ->
 
 
 def test_runs_the_watchdog_failed_are_counted_as_stuck_and_as_ended_failed(h: Harness) -> None:
-    h.executor.stuck_failed([("a", "orders"), ("b", "orders"), ("c", "reports")])
+    h.shared.ledger.stuck_failed([("a", "orders"), ("b", "orders"), ("c", "reports")])
     assert h.stats.force_fails == {ForceFailReason.STUCK: 3}
     assert h.stats.ticks == {Outcome.FORCE_FAILED: 3}
     assert h.stats.runs.ended == {("orders", RunStatus.FAILED): 2, ("reports", RunStatus.FAILED): 1}
@@ -179,13 +198,27 @@ def test_acknowledged_outbox_rows_are_deleted_once_each_in_key_order_and_bounded
     """After an outage both a commit and a relay may acknowledge the same row, and thousands
     may gather: each row is deleted once, at most 500 per statement, locked in key order."""
     rows = [(f"run-{i:05d}", 1) for i in range(1200)]
-    h.executor._acknowledge(list(reversed(rows)))
-    h.executor._acknowledge(rows[:300])  # acknowledged again (a relay's copy)
-    first = h.executor._take_acknowledged()
+    acknowledged = Acknowledged(h.clock.clock.monotonic)
+    acknowledged.add(list(reversed(rows)))
+    acknowledged.add(rows[:300])  # acknowledged again (a relay's copy)
+    assert acknowledged.due(h.now())  # (500 or more: they go on their own at once)
+    first = acknowledged.take()
     assert first == rows[:500]
-    second, third = h.executor._take_acknowledged(), h.executor._take_acknowledged()
+    second, third = acknowledged.take(), acknowledged.take()
     assert second == rows[500:1000] and third == rows[1000:]
-    assert h.executor._take_acknowledged() == []
+    assert acknowledged.take() == [] and not acknowledged.due(h.now() + 1)
+
+
+def test_a_few_acknowledged_rows_go_on_their_own_once_the_oldest_waited() -> None:
+    """Without a commit to ride with, a few rows wait ACKS_WAIT_S for company, no longer."""
+    clock = ManualClock()
+    acknowledged = Acknowledged(clock.clock.monotonic)
+    acknowledged.add([("r", 1)])
+    clock.advance(ACKS_WAIT_S / 2)
+    acknowledged.add([("s", 1)])
+    assert not acknowledged.due(clock.clock.monotonic())
+    clock.advance(ACKS_WAIT_S / 2)
+    assert acknowledged.due(clock.clock.monotonic())
 
 
 def test_a_run_whose_row_is_held_waits_apart_with_a_growing_backoff_never_a_conflict(
@@ -199,14 +232,14 @@ def test_a_run_whose_row_is_held_waits_apart_with_a_growing_backoff_never_a_conf
     commits = tick_batch({"r": run}, NOW_MS, NAMES)
     plan = decide(item("r", work.records), run, commits["r"], False, NOW_MS, RULES, held=True)
     h.executor.carry_out(work, plan)
-    assert (plan.outcome, plan.retry_in_ms) == (Outcome.LOCKED, 10)
+    assert (plan.outcome, payload_of(plan, Retry).retry_in_ms) == (Outcome.LOCKED, 10)
     assert (h.stats.conflicts, h.stats.error_count, h.stats.ticks[Outcome.LOCKED]) == (0, 0, 1)
     assert (work.locked, work.prior_version, work.attempts) == (1, 7, 0)
     again = BatchItem("r", work.attempts, tuple(work.records), work.locked, work.prior_version)
     second = decide(again, run, commits["r"], False, NOW_MS, RULES, held=True)
-    assert (second.outcome, second.retry_in_ms) == (Outcome.LOCKED, 20)
+    assert (second.outcome, payload_of(second, Retry).retry_in_ms) == (Outcome.LOCKED, 20)
     moved = decide(again, loaded("r", version=8), commits["r"], False, NOW_MS, RULES, held=True)
-    assert moved.outcome is Outcome.CONFLICT and moved.attempts == 1
+    assert moved.outcome is Outcome.CONFLICT and payload_of(moved, Retry).attempts == 1
     assert h.tracker.committable() == {}  # the record waits: its offset is held
 
 
@@ -218,7 +251,8 @@ def test_commits_that_keep_losing_their_connection_back_off(h: Harness) -> None:
     for _ in range(4):
         read_back = ReadBackResult(lost, frozenset({"r"}))
         plans = [database_failed(item("r", []), 0)]
-        waits.append(h.executor._unknown_commit_resolved(read_back, 1, plans)[0].retry_in_ms)
+        h.failures.commit_answered(read_back, 1)
+        waits.append(payload_of(h.failures.not_landed(read_back, plans)[0], Retry).retry_in_ms)
     assert waits == [0, 100, 200, 400]
     assert h.stats.unknown_commits == {"landed": 0, "not_landed": 4}
 
@@ -230,10 +264,10 @@ def test_a_deadlock_is_an_error_counted_and_logged_never_a_conflict(
     error (counted by type, logged each time), retried after a backoff that grows while it
     recurs, and not a database outage; never "every run conflicted"."""
     deadlock = psycopg.errors.DeadlockDetected("deadlock detected")
-    waits = [h.executor._database_failed(deadlock, 3) for _ in range(3)]
+    waits = [h.failures.failed(deadlock, 3) for _ in range(3)]
     assert waits == [100, 200, 400]
     assert h.stats.errors == {"DeadlockDetected": 3} and h.stats.conflicts == 0
-    assert h.executor.database_ok
+    assert h.failures.database_ok
     assert [r.levelname for r in caplog.records if "deadlock" in r.getMessage()] == ["ERROR"] * 3
 
 
@@ -247,7 +281,7 @@ def test_records_waiting_for_the_broker_count_against_the_intake_bound(h: Harnes
     plan = decide(item("r", work.records), run, commits["r"], True, NOW_MS, RULES)
     assert plan.outcome is Outcome.COMMITTED and plan.sends
     h.executor.carry_out(work, plan)
-    assert h.executor.book.records == 0 and h.executor.waiting_records == 1
+    assert h.executor.waiting_for_tick == 0 and h.executor.waiting_records == 1
     assert h.tracker.committable() == {}
 
 
@@ -256,8 +290,8 @@ def test_a_failed_stage_holds_the_next_deletions_for_its_backoff(h: Harness) -> 
     listens at its address): the deletions are not tried again before the outage's backoff,
     so an outage costs a try per backoff instead of one per loop turn (a chaos run counted
     284 failed tries in 0.6 s)."""
-    h.executor._acknowledge([("r", 1)])
-    h.clock.now += 1  # the acknowledgement has waited long enough to go on its own
+    h.shared.acknowledged.add([("r", 1)])
+    h.clock.advance(1)  # the acknowledgement has waited long enough to go on its own
     h.executor.advance(10)
     assert h.executor.busy
     h.executor.wait_for_stage(10)
@@ -265,7 +299,7 @@ def test_a_failed_stage_holds_the_next_deletions_for_its_backoff(h: Harness) -> 
     assert not h.executor.busy and h.stats.error_count == 1
     h.executor.advance(10)
     assert not h.executor.busy  # the backoff has not passed
-    h.clock.now += 0.2
+    h.clock.advance(0.2)
     h.executor.advance(10)
     assert h.executor.busy
     h.executor.wait_for_stage(10)
@@ -277,20 +311,8 @@ def test_a_plan_whose_carrying_out_raises_dead_letters_its_records_and_the_loop_
     """The ``produce`` fault point raises for run r when its plan is carried out: the work's
     records go to the dead-letter topic (unexpected_error), counted and logged once; another
     run's plan is carried out as ever."""
-    tracker, stats, outbox = OffsetTracker(), Stats(), Outbox(producer)
-    partitions = dict.fromkeys([*NAMES.coordinator_topics(), NAMES.steps, NAMES.dlq], 3)
-    executor = Executor(
-        database=Database("postgresql://nobody@127.0.0.1:1/none"),  # never opened here
-        outbox=outbox,
-        partitions=partitions,
-        rules=RULES,
-        partition_by_run=True,
-        tracker=tracker,
-        stats=stats,
-        telemetry=Telemetry(),
-        wall_ms=lambda: NOW_MS,
-        faults=Faults.from_spec("produce=raise:r"),
-    )
+    faulty = _harness(producer, Faults.from_spec("produce=raise:r"))
+    executor, tracker, stats = faulty.executor, faulty.tracker, faulty.stats
     works: dict[str, Work] = {}
     for offset, run_id in enumerate(["r", "other"]):
         record = accepted(wakeup_message(offset, Wakeup(run_id, "start", produced_at=NOW_MS)))

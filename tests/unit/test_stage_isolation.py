@@ -19,6 +19,7 @@ from processor.core.envelope import Wakeup
 from processor.core.limits import NO_LIMITS, LimitInputs
 from processor.core.model import Loaded, RunInput
 from processor.core.outcomes import DeadLetterReason, Outcome
+from processor.core.plans import DeadLettered, payload_of
 from processor.engine import database as database_module
 from processor.engine.database import Database
 from processor.engine.stage import DatabaseStage
@@ -117,8 +118,9 @@ def test_one_runs_exception_is_isolated_from_its_batch(how: str) -> None:
     assert list(plans) == RUNS  # one plan per run, in the batch's order
     bad = plans["r5"]
     assert bad.outcome is Outcome.DEAD_LETTERED and bad.quarantine
-    assert bad.reason is DeadLetterReason.UNEXPECTED_ERROR and len(bad.sends) == 1
-    assert bad.detail.startswith(("Exception:", "TypeError:")), bad.detail
+    letters = payload_of(bad, DeadLettered)
+    assert letters.reason is DeadLetterReason.UNEXPECTED_ERROR and len(bad.sends) == 1
+    assert letters.detail.startswith(("Exception:", "TypeError:")), letters.detail
     assert [r for r, _ in result.isolated] == ["r5"]
     assert {p.outcome for r, p in plans.items() if r != "r5"} == {Outcome.COMMITTED}
     assert sorted(db.committed) == sorted(r for r in RUNS if r != "r5")
@@ -131,7 +133,8 @@ def test_a_plan_that_raises_after_the_commit_is_its_runs_alone() -> None:
     assert isinstance(result, Decided)
     assert sorted(db.committed) == sorted(RUNS)  # one statement: the batch is not tried again
     plans = {p.run_id: p for p in result.plans}
-    assert plans["r2"].reason is DeadLetterReason.UNEXPECTED_ERROR and plans["r2"].quarantine
+    assert payload_of(plans["r2"], DeadLettered).reason is DeadLetterReason.UNEXPECTED_ERROR
+    assert plans["r2"].quarantine
     assert [r for r, _ in result.isolated] == ["r2"]
     assert sum(p.outcome is Outcome.COMMITTED for p in plans.values()) == len(RUNS) - 1
 
