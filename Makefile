@@ -99,7 +99,7 @@ unit: venv ## the fast tests that need no services
 # services, so a third process cut this phase from ~660 to ~450 s on the 2-core machine, all
 # passing), then the serial ones alone (those that
 # restart the shared services, start a cluster or build the package: tests/integration/
-# conftest.py marks them). Both phases run, and both must pass.
+# fix_session.py marks them). Both phases run, and both must pass.
 pytest: venv tools ## every test (needs `make up`)
 	@status=0; \
 	$(PY) -m pytest -q -ra --durations=15 -n 3 -m "not serial" || status=$$?; \
