@@ -56,6 +56,7 @@ from processor.tools.bench_support import (
     peak_rss,
     stop,
 )
+from processor.tools.child import popen_ductor
 from processor.tools.databases import drop_database
 
 # Partitions per wakeup and delay topic in the scaling phases: 1, 2 and 4 instances each get
@@ -577,7 +578,4 @@ class Bench:
         env = child_env(replace(self.settings, log_format="json"))
         env.update(self.build_env)
         env.update(extra_env)
-        log = self.log_path(name).open("wb")
-        return subprocess.Popen(
-            [sys.executable, "-m", "processor", *args], env=env, stdout=log, stderr=log
-        )
+        return popen_ductor(args, env, self.log_path(name))
