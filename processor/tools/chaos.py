@@ -75,6 +75,7 @@ from processor.io.runs_admin import (
 )
 from processor.io.topics import busiest_broker, create_topics, delete_topics
 from processor.tools import audit, chaos_backlog, chaos_steps
+from processor.tools.chaos_checks import check
 from processor.tools.chaos_fleet import PROCESSOR, WORKER, Arming, Fleet
 from processor.tools.chaos_hostile import (
     HostilePlan,
@@ -92,7 +93,6 @@ from processor.tools.chaos_report import (
     POSTGRES,
     ChaosReport,
     Window,
-    check,
 )
 from processor.tools.checkout import NEEDS_CHECKOUT
 from processor.tools.proxy import TcpProxy
