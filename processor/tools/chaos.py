@@ -80,11 +80,11 @@ from processor.tools.chaos_fleet import PROCESSOR, WORKER, Arming, Fleet
 from processor.tools.chaos_hostile import (
     HostilePlan,
     HostileProducer,
-    check_hostile,
     map_run_id,
     map_workflow,
     scoped,
 )
+from processor.tools.chaos_hostile_check import check_hostile
 from processor.tools.chaos_load import Feeder
 from processor.tools.chaos_report import (
     BROKER,

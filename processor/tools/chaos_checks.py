@@ -23,7 +23,7 @@ from processor.io.runs_admin import (
 from processor.tools import audit, chaos_steps
 from processor.tools.audit import TimedOut
 from processor.tools.chaos_fleet import KILL_WORKER, PROCESSOR, WORKER, Fleet
-from processor.tools.chaos_hostile import HostileVerdict
+from processor.tools.chaos_hostile_check import HostileVerdict
 from processor.tools.chaos_report import FREEZE, LOCK, ChaosReport, Totals, Window
 
 # Faults that can make a step attempt time out for real. A step's timeout counts from the
@@ -160,7 +160,7 @@ def _process_problems(found: _Found, fleet: Fleet, stop_codes: dict[str, int | N
 def _dead_letter_problems(
     totals: Totals, dead_letters: Sequence[DeadLetter], hostile: HostileVerdict | None
 ) -> list[str]:
-    """Nothing but the hostile records is dead-lettered (each checked by chaos_hostile.py)."""
+    """Nothing but the hostile records is dead-lettered (each checked by chaos_hostile_check.py)."""
     problems = []
     hostile_letters = hostile.letters if hostile is not None else set()
     others = [d for d in dead_letters if (d.partition, d.offset) not in hostile_letters]

@@ -15,7 +15,7 @@ from processor.tools.chaos_fleet import (
     KILL_PROCESSOR,
     KILL_WORKER,
 )
-from processor.tools.chaos_hostile import HostileVerdict
+from processor.tools.chaos_hostile_check import HostileVerdict
 
 BROKER, POSTGRES, FREEZE = "broker restart", "postgres restart", "postgres freeze"
 LOCK = "outside lock"  # a run's row held FOR UPDATE by a transaction not ours
@@ -89,7 +89,7 @@ class ChaosReport:
     unversioned: Counter[str] = field(default_factory=Counter)
     # The dead-letter topic as its readers see it: one per bad record (io/dlq.py).
     dead_letters: list[DeadLetter] = field(default_factory=list)
-    # The hostile producer's records and the map run (processor/tools/chaos_hostile.py).
+    # The hostile producer's records and the map run (processor/tools/chaos_hostile_check.py).
     hostile: HostileVerdict | None = None
 
     @property
