@@ -190,12 +190,7 @@ def _measure(
         "both workers to hold partitions",
     )
     prefix = f"failover-{tag}-"
-    ids = [f"{prefix}{i}" for i in range(runs)]
-    # On every tier: a tier's steps topic is one of the queue's three, and an assignor that
-    # balances the partitions of all three together (cooperative-sticky) may give one worker
-    # a whole topic.
-    for i, tier in enumerate(TIERS):
-        start_runs(s, workflow().name, ids[i :: len(TIERS)], tier=tier)
+    ids = _start_on_every_tier(s, [f"{prefix}{i}" for i in range(runs)])
     executed = _quiet(conn, prefix, a, members.alive)
     if executed >= runs:
         raise RuntimeError("the worker to kill had no task queued: start more runs")
@@ -240,6 +235,15 @@ def _moved(
     assert row is not None and row[0] is not None
     first, last = row
     return (first - killed_at).total_seconds(), (last - killed_at).total_seconds()
+
+
+def _start_on_every_tier(s: Settings, ids: list[str]) -> list[str]:
+    """The runs started, spread over the tiers: a tier's steps topic is one of the queue's
+    three, and an assignor that balances the partitions of all three together
+    (cooperative-sticky) may give one worker a whole topic."""
+    for i, tier in enumerate(TIERS):
+        start_runs(s, workflow().name, ids[i :: len(TIERS)], tier=tier)
+    return ids
 
 
 def _executed(conn: psycopg.Connection[Any], prefix: str) -> int:
