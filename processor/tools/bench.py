@@ -38,6 +38,7 @@ from typing import Any
 from processor.io.config import load_settings
 from processor.tools.bench_harness import fresh_database
 from processor.tools.bench_phases import SCALING_PARTITIONS, Bench
+from processor.tools.bench_report import report, report_cluster
 from processor.tools.bench_rounds import Round, turns
 from processor.tools.bench_support import (
     COMPILED,
@@ -46,8 +47,6 @@ from processor.tools.bench_support import (
     Figures,
     OtlpSink,
     compiled_modules_of_children,
-    report,
-    report_cluster,
 )
 
 
