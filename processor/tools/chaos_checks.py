@@ -68,14 +68,16 @@ def _read(
 ) -> _Found:
     writes: int | None = None
     with connect_durable(dsn) as conn:
+        outcomes = outcomes_with_prefix(conn, prefix)
+        live = live_runs_with_prefix(conn, prefix, 5)
         try:
             writes = audit.assert_transitions_applied_once(conn, prefix)
             audit.assert_results_applied(conn, run_ids)
         except audit.AuditFailure as exc:
             problems.append(f"audit: {exc}")
         return _Found(
-            outcomes=outcomes_with_prefix(conn, prefix),
-            live=list(live_runs_with_prefix(conn, prefix, 5)),
+            outcomes=outcomes,
+            live=live,
             writes=writes,
             unversioned=audit.unversioned_writes(conn, prefix),
             timeouts=audit.timed_out_attempts(conn, prefix),
