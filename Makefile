@@ -100,7 +100,7 @@ unit: venv ## the fast tests that need no services
 # passing; a process that runs out of tests takes some of another's instead of idling behind
 # its long ones: worksteal), then the serial ones alone (those that
 # restart the shared services, start a cluster or build the package: tests/integration/
-# conftest.py marks them). Both phases run, and both must pass.
+# fix_session.py marks them). Both phases run, and both must pass.
 pytest: venv tools ## every test (needs `make up`)
 	@status=0; \
 	$(PY) -m pytest -q -ra --durations=15 -n 3 --dist worksteal -m "not serial" || status=$$?; \

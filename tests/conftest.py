@@ -1,6 +1,13 @@
 """What every test session says first: which build of the package it tests. A wheel (or a
 checkout after `make compile`) carries compiled modules (setup.py);
 DUCTOR_PURE_PYTHON=1 makes the package import its .py sources instead (processor/__init__.py).
+
+The integration tests' fixtures and hooks are plugins by concern, registered here (pytest takes
+``pytest_plugins`` only from the top conftest): the services and a test's share of them, child
+processes, in-process instances, the session's serial marks and builds, a user's shell. The
+functions tests call live in plain modules beside them (tests/integration/waiting.py,
+samples.py, runs.py, children.py, instances.py, contention.py, telemetry_capture.py); no test
+imports from a conftest (tests/unit/test_no_conftest_imports.py).
 """
 
 from __future__ import annotations
@@ -19,6 +26,14 @@ from processor.io.logs import HANDLER_NAME
 # example take 253 ms and fail a property that holds; speed is the benchmark's business.
 settings.register_profile("ductor", deadline=None)
 settings.load_profile("ductor")
+
+pytest_plugins = [
+    "tests.integration.fix_session",
+    "tests.integration.fix_services",
+    "tests.integration.fix_children",
+    "tests.integration.fix_instances",
+    "tests.integration.user_shell",
+]
 
 
 def pytest_report_header(config: pytest.Config) -> str:

@@ -36,7 +36,9 @@ from dataclasses import replace
 from typing import Any
 
 from processor.io.config import load_settings
-from processor.tools.bench_phases import SCALING_PARTITIONS, Bench, fresh_database
+from processor.tools.bench_harness import fresh_database
+from processor.tools.bench_phases import SCALING_PARTITIONS, Bench
+from processor.tools.bench_report import report, report_cluster
 from processor.tools.bench_rounds import Round, turns
 from processor.tools.bench_support import (
     COMPILED,
@@ -45,8 +47,6 @@ from processor.tools.bench_support import (
     Figures,
     OtlpSink,
     compiled_modules_of_children,
-    report,
-    report_cluster,
 )
 
 
@@ -107,55 +107,8 @@ def run(args: argparse.Namespace) -> int:
     started = time.monotonic()
     failed = 0
     try:
-        print("measuring the services idle ...", flush=True)
-        figures.idle = bench.idle(seconds=3)
-        print("measuring the DB-only ceiling ...", flush=True)
-        bench.phase("ceiling")
-        cost = figures.costs["DB-only ceiling (best round) *"] = bench.ceiling()
-        figures.ceiling = cost.rate
-        print("measuring one instance on uncontended runs ...", flush=True)
-        bench.phase("instance")
-        cost, figures.rss = bench.instance()
-        figures.costs["one instance, uncontended"] = cost
-        figures.instance = cost.rate
-        print(
-            "measuring one instance with tracing and metrics on (sampling everything) ...",
-            flush=True,
-        )
-        bench.phase("traced")
-        cost, _ = bench.instance(sink.env, label="traced")
-        figures.costs["same, tracing + metrics, all sampled"] = cost
-        figures.traced = cost.rate
-        print("measuring one instance with tracing sampled at 10 % ...", flush=True)
-        bench.phase("sampled")
-        sampled_env = {
-            **sink.env,
-            "OTEL_TRACES_SAMPLER": "parentbased_traceidratio",
-            "OTEL_TRACES_SAMPLER_ARG": "0.1",
-        }
-        cost, _ = bench.instance(sampled_env, label="sampled")
-        figures.costs["same, traces sampled at 10 %"] = cost
-        figures.sampled = cost.rate
-        print("measuring the naive baseline ...", flush=True)
-        bench.phase("naive")
-        cost = figures.costs["naive loop *"] = bench.naive()
-        figures.naive = cost.rate
-        target = figures.instance / 2
-        print(f"latency of one instance at ~{target:.0f} ticks/s (half its peak) ...", flush=True)
-        bench.phase("latency")
-        figures.latency = bench.latency(target, seconds=10)
-        figures.costs["one instance at half its peak"] = figures.latency["cost"]
-        # The hot mix runs two instances, two workers and the load generator on the same two
-        # cores as the broker and Postgres, so it is fed at a fraction of one instance's peak.
-        mix = figures.instance * args.hot_fraction
-        print(f"hot mix at ~{mix:.0f} ticks/s, co-partitioned by run ...", flush=True)
-        bench.phase("hot-on")
-        figures.hot_on = bench.hot_mix(mix, by_run=True, seconds=args.hot_seconds)
-        figures.costs["hot mix, co-partitioned (2 + 2 workers)"] = figures.hot_on["cost"]
-        print(f"hot mix at ~{mix:.0f} ticks/s, spread over partitions ...", flush=True)
-        bench.phase("hot-off")
-        figures.hot_off = bench.hot_mix(mix, by_run=False, seconds=args.hot_seconds)
-        figures.costs["hot mix, spread (2 + 2 workers)"] = figures.hot_off["cost"]
+        _one_instance(bench, figures, sink)
+        _hot_mixes(bench, figures, args)
         runs = bench.n(args.e2e_runs)
         _end_to_end_and_scaling(bench, runs, "", figures.e2e, figures.scaling)
         if args.builds:
@@ -173,6 +126,64 @@ def run(args: argparse.Namespace) -> int:
     figures.partitions = SCALING_PARTITIONS
     report(figures)
     return failed
+
+
+def _one_instance(bench: Bench, figures: Figures, sink: OtlpSink) -> None:
+    """The phases of one instance (and of none: the services idle, the database alone, the
+    naive loop), each on fresh topics."""
+    print("measuring the services idle ...", flush=True)
+    figures.idle = bench.idle(seconds=3)
+    print("measuring the DB-only ceiling ...", flush=True)
+    bench.phase("ceiling")
+    cost = figures.costs["DB-only ceiling (best round) *"] = bench.ceiling()
+    figures.ceiling = cost.rate
+    print("measuring one instance on uncontended runs ...", flush=True)
+    bench.phase("instance")
+    cost, figures.rss = bench.instance()
+    figures.costs["one instance, uncontended"] = cost
+    figures.instance = cost.rate
+    print(
+        "measuring one instance with tracing and metrics on (sampling everything) ...",
+        flush=True,
+    )
+    bench.phase("traced")
+    cost, _ = bench.instance(sink.env, label="traced")
+    figures.costs["same, tracing + metrics, all sampled"] = cost
+    figures.traced = cost.rate
+    print("measuring one instance with tracing sampled at 10 % ...", flush=True)
+    bench.phase("sampled")
+    sampled_env = {
+        **sink.env,
+        "OTEL_TRACES_SAMPLER": "parentbased_traceidratio",
+        "OTEL_TRACES_SAMPLER_ARG": "0.1",
+    }
+    cost, _ = bench.instance(sampled_env, label="sampled")
+    figures.costs["same, traces sampled at 10 %"] = cost
+    figures.sampled = cost.rate
+    print("measuring the naive baseline ...", flush=True)
+    bench.phase("naive")
+    cost = figures.costs["naive loop *"] = bench.naive()
+    figures.naive = cost.rate
+    target = figures.instance / 2
+    print(f"latency of one instance at ~{target:.0f} ticks/s (half its peak) ...", flush=True)
+    bench.phase("latency")
+    figures.latency = bench.latency(target, seconds=10)
+    figures.costs["one instance at half its peak"] = figures.latency["cost"]
+
+
+def _hot_mixes(bench: Bench, figures: Figures, args: argparse.Namespace) -> None:
+    """Two instances and two workers on hot runs, co-partitioned by run and spread."""
+    # The hot mix runs two instances, two workers and the load generator on the same two
+    # cores as the broker and Postgres, so it is fed at a fraction of one instance's peak.
+    mix = figures.instance * args.hot_fraction
+    print(f"hot mix at ~{mix:.0f} ticks/s, co-partitioned by run ...", flush=True)
+    bench.phase("hot-on")
+    figures.hot_on = bench.hot_mix(mix, by_run=True, seconds=args.hot_seconds)
+    figures.costs["hot mix, co-partitioned (2 + 2 workers)"] = figures.hot_on["cost"]
+    print(f"hot mix at ~{mix:.0f} ticks/s, spread over partitions ...", flush=True)
+    bench.phase("hot-off")
+    figures.hot_off = bench.hot_mix(mix, by_run=False, seconds=args.hot_seconds)
+    figures.costs["hot mix, spread (2 + 2 workers)"] = figures.hot_off["cost"]
 
 
 def _end_to_end_and_scaling(

@@ -29,12 +29,12 @@ import psycopg
 from processor.core.decide import tick_batch
 from processor.core.model import LoadedRun, NodeStatus
 from processor.core.routing import TopicNames
-from processor.core.workflow import parse_workflow
+from processor.core.workflow import WorkflowDef, parse_workflow
 from processor.io import limit_store, store
 from processor.io.config import load_settings
 from processor.io.migrate import migrate
 from processor.io.runs_admin import insert_runs, register_workflow
-from processor.tools.bench_phases import fresh_database
+from processor.tools.bench_harness import fresh_database
 
 WEEK_S = 604_800
 STAGES = ("load", "limits", "tick", "commit")
@@ -48,7 +48,34 @@ def admissions(conn: psycopg.Connection[Any], limit: int, runs: int) -> dict[str
     """Median ms of each stage per admission, and the bytes of the counter's row after them."""
     runs += WARMUP
     name = f"bench-rate-{limit}"
-    wf = parse_workflow(
+    wf = _limited(name, limit)
+    register_workflow(conn, wf)
+    key = f"r/{name}"
+    row = conn.execute("SELECT (extract(epoch FROM now()) * 1000)::bigint").fetchone()
+    assert row is not None
+    now_ms = int(row[0])
+    _fill(conn, key, [now_ms - WEEK_S * 500 + i for i in range(limit - runs - 1)])
+    ids = [f"{name}-{i}" for i in range(runs)]
+    insert_runs(conn, wf, [(r, {}) for r in ids], "t1")
+    definitions = store.Definitions()
+    names = TopicNames("bench-limits")
+    took: dict[str, list[float]] = {s: [] for s in STAGES}
+    for n, run_id in enumerate(ids):
+        marks = _admit(conn, definitions, names, run_id)
+        if n >= WARMUP:
+            for stage, start, end in zip(STAGES, marks, marks[1:], strict=False):
+                took[stage].append((end - start) * 1000)
+    figures = {s: statistics.median(v) for s, v in took.items()}
+    sizes = conn.execute(
+        "SELECT pg_column_size(l.*) FROM eec_limit l WHERE key = %s", (key,)
+    ).fetchone()
+    figures["counter_row_bytes"] = float(sizes[0]) if sizes else 0.0
+    return figures
+
+
+def _limited(name: str, limit: int) -> WorkflowDef:
+    """One step under a rate limit of ``limit`` dispatches a week."""
+    return parse_workflow(
         {
             "name": name,
             "version": 1,
@@ -61,12 +88,10 @@ def admissions(conn: psycopg.Connection[Any], limit: int, runs: int) -> dict[str
             ],
         }
     )
-    register_workflow(conn, wf)
-    key = f"r/{name}"
-    row = conn.execute("SELECT (extract(epoch FROM now()) * 1000)::bigint").fetchone()
-    assert row is not None
-    now_ms = int(row[0])
-    kept = [now_ms - WEEK_S * 500 + i for i in range(limit - runs - 1)]  # all in the window
+
+
+def _fill(conn: psycopg.Connection[Any], key: str, kept: list[int]) -> None:
+    """The counter holding ``kept`` dispatches (all in the window)."""
     # The counter as either version keeps it: the times as an array on its row, and, where
     # the table exists, as rows of its dispatches, numbered (migration 0020).
     conn.execute(
@@ -82,36 +107,29 @@ def admissions(conn: psycopg.Connection[Any], limit: int, runs: int) -> dict[str
         )
         conn.execute("UPDATE eec_limit SET dispatched = %s WHERE key = %s", (len(kept), key))
     conn.execute("VACUUM ANALYZE eec_limit")
-    ids = [f"{name}-{i}" for i in range(runs)]
-    insert_runs(conn, wf, [(r, {}) for r in ids], "t1")
-    definitions = store.Definitions()
-    names = TopicNames("bench-limits")
-    took: dict[str, list[float]] = {s: [] for s in STAGES}
-    for n, run_id in enumerate(ids):
-        marks = [time.perf_counter()]
-        loaded, db_now = store.load_runs_at(conn, definitions, [run_id])
-        marks.append(time.perf_counter())
-        inputs = limit_store.load_limits(conn, loaded)
-        marks.append(time.perf_counter())
-        commits = tick_batch(loaded, db_now, names, inputs)
-        marks.append(time.perf_counter())
-        answer = store.commit_batch(conn, list(commits.values()), (), "bench-limits")
-        marks.append(time.perf_counter())
-        if answer.committed != {run_id}:
-            raise RuntimeError(f"{run_id}: not committed ({answer})")
-        run = loaded[run_id]
-        assert isinstance(run, LoadedRun)
-        if commits[run_id].state.node("call").status is not NodeStatus.DISPATCHED:
-            raise RuntimeError(f"{run_id}: not let in, the window was meant to have room")
-        if n >= WARMUP:
-            for stage, start, end in zip(STAGES, marks, marks[1:], strict=False):
-                took[stage].append((end - start) * 1000)
-    figures = {s: statistics.median(v) for s, v in took.items()}
-    sizes = conn.execute(
-        "SELECT pg_column_size(l.*) FROM eec_limit l WHERE key = %s", (key,)
-    ).fetchone()
-    figures["counter_row_bytes"] = float(sizes[0]) if sizes else 0.0
-    return figures
+
+
+def _admit(
+    conn: psycopg.Connection[Any], definitions: store.Definitions, names: TopicNames, run_id: str
+) -> list[float]:
+    """One run ticked through the commit path's functions: the clock before and after each
+    of the ``STAGES``."""
+    marks = [time.perf_counter()]
+    loaded, db_now = store.load_runs_at(conn, definitions, [run_id])
+    marks.append(time.perf_counter())
+    inputs = limit_store.load_limits(conn, loaded)
+    marks.append(time.perf_counter())
+    commits = tick_batch(loaded, db_now, names, inputs)
+    marks.append(time.perf_counter())
+    answer = store.commit_batch(conn, list(commits.values()), (), "bench-limits")
+    marks.append(time.perf_counter())
+    if answer.committed != {run_id}:
+        raise RuntimeError(f"{run_id}: not committed ({answer})")
+    run = loaded[run_id]
+    assert isinstance(run, LoadedRun)
+    if commits[run_id].state.node("call").status is not NodeStatus.DISPATCHED:
+        raise RuntimeError(f"{run_id}: not let in, the window was meant to have room")
+    return marks
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -37,7 +37,8 @@ from processor.core.workflow import parse_workflow
 from processor.io.config import load_settings
 from processor.io.runs_admin import insert_runs, register_workflow
 from processor.tools.bench_cpu import CpuUse, read_stat
-from processor.tools.bench_phases import Bench, fresh_database
+from processor.tools.bench_harness import fresh_database
+from processor.tools.bench_phases import Bench
 from processor.tools.bench_support import stop
 
 MAP_WORKFLOW = "bench-map"

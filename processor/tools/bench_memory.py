@@ -10,7 +10,6 @@ however long the backlog. Prints the peak RSS and how many records the instance 
 from __future__ import annotations
 
 import argparse
-import subprocess
 import sys
 import time
 import uuid
@@ -29,6 +28,7 @@ from processor.io.kafka_logs import with_logger
 from processor.io.logs import read_stats
 from processor.io.topics import create_topics, desired_topics
 from processor.tools.bench_support import stop
+from processor.tools.child import popen_ductor
 
 UNREACHABLE_DSN = "postgresql://ductor:ductor@127.0.0.1:1/ductor"
 
@@ -69,17 +69,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         producer.flush(120)
         env = child_env(replace(settings, pg_dsn=UNREACHABLE_DSN))
         print(f"one instance, Postgres unreachable, for {args.seconds:.0f} s ...", flush=True)
-        with log.open("wb") as out:
-            child = subprocess.Popen(
-                [sys.executable, "-m", "processor", "process"], env=env, stdout=out, stderr=out
-            )
-            peak = 0
-            deadline = time.monotonic() + args.seconds
-            while time.monotonic() < deadline and child.poll() is None:
-                peak = max(peak, _rss_bytes(child.pid, "VmRSS"))
-                time.sleep(1.0)  # the sampling period of a measurement, not a test
-            high_water = _rss_bytes(child.pid, "VmHWM") if child.poll() is None else peak
-            stop(child)
+        child = popen_ductor(["process"], env, log)
+        peak = 0
+        deadline = time.monotonic() + args.seconds
+        while time.monotonic() < deadline and child.poll() is None:
+            peak = max(peak, _rss_bytes(child.pid, "VmRSS"))
+            time.sleep(1.0)  # the sampling period of a measurement, not a test
+        high_water = _rss_bytes(child.pid, "VmHWM") if child.poll() is None else peak
+        stop(child)
         stats = read_stats(log) or {}
         print(
             f"peak RSS {max(peak, high_water) / 2**20:.0f} MiB with {args.wakeups} wakeups"

@@ -27,7 +27,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from processor.io.config import load_settings
-from processor.tools.bench_phases import fresh_database
+from processor.tools.bench_harness import fresh_database
 from processor.tools.bench_rounds import Round, compare, turns
 
 CHECKOUT = Path(__file__).resolve().parents[2]

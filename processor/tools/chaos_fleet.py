@@ -13,7 +13,6 @@ import contextlib
 import random
 import signal
 import subprocess
-import sys
 import threading
 import time
 from collections import Counter
@@ -25,6 +24,7 @@ from typing import Any
 from processor.io.config import Settings, child_env
 from processor.io.logs import read_stats
 from processor.tools.chaos_steps import execution_log_env
+from processor.tools.child import popen_ductor
 
 PROCESSOR, WORKER = "process", "worker"
 # The workers run the sample steps, counting their executions (chaos_steps.py).
@@ -256,10 +256,7 @@ class Fleet:
         env["DUCTOR_TEST_FAULTS"] = armed
         log_path = self._log_dir / f"{member.name}.{len(member.incarnations) + 1}.log"
         args = [PROCESSOR] if member.kind == PROCESSOR else [WORKER, *_WORKER_ARGS]
-        with log_path.open("wb") as log:
-            proc = subprocess.Popen(
-                [sys.executable, "-m", "processor", *args], env=env, stdout=log, stderr=log
-            )
+        proc = popen_ductor(args, env, log_path)
         member.incarnations.append(Incarnation(proc, log_path, armed))
 
     # -- figures -----------------------------------------------------------------------------

@@ -43,6 +43,7 @@ from processor.io.runs_admin import (
 )
 from processor.io.topics import create_topics
 from processor.tools.checkout import NEEDS_CHECKOUT, checkout_root
+from processor.tools.child import popen_ductor
 
 FAILING = parse_workflow(
     {
@@ -229,10 +230,7 @@ class Fleet:
         self.children: dict[str, subprocess.Popen[bytes]] = {}
         for name, path in self.logs.items():
             args = ["worker"] if name == "worker" else ["process"]
-            with path.open("wb") as log:
-                self.children[name] = subprocess.Popen(
-                    [sys.executable, "-m", "processor", *args], env=env, stdout=log, stderr=log
-                )
+            self.children[name] = popen_ductor(args, env, path)
 
     def processor_stats(self) -> list[dict[str, Any]]:
         """The latest stats line of each processor (final if it stopped)."""

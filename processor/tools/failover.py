@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import os
 import signal
-import subprocess
 import sys
 import tempfile
 import threading
@@ -31,7 +30,6 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-import orjson
 import psycopg
 
 from processor.client import start_runs
@@ -42,6 +40,7 @@ from processor.io.config import Settings, child_env, load_settings
 from processor.io.runs_admin import register_workflow
 from processor.io.topics import create_topics, delete_topics
 from processor.tools.chaos_steps import execution_log_env
+from processor.tools.child import DuctorChild
 from processor.tools.failover_steps import HOLD_VARIABLE, LOG, STEP_TYPE
 
 APP = "processor.tools.failover_steps:registry"
@@ -91,57 +90,6 @@ class Failover:
         ]
 
 
-class _Child:
-    """A `ductor` subprocess logging JSON lines to a file of its own."""
-
-    def __init__(self, args: list[str], env: dict[str, str], log_path: Path) -> None:
-        self.log_path = log_path
-        self._log = log_path.open("wb")
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "processor", *args],
-            env=env,
-            stdout=self._log,
-            stderr=subprocess.STDOUT,
-        )
-
-    def lines(self) -> list[dict[str, Any]]:
-        found = []
-        for raw in self.log_path.read_bytes().splitlines():
-            try:
-                found.append(orjson.loads(raw))
-            except orjson.JSONDecodeError:
-                continue
-        return found
-
-    def owned(self) -> int:
-        owned = 0
-        for line in self.lines():
-            if line.get("msg") == "partitions assigned":
-                owned += int(line["count"])
-            elif line.get("msg") == "partitions released":
-                owned -= int(line["count"])
-        return owned
-
-    def assignments(self) -> int:
-        return sum(1 for line in self.lines() if line.get("msg") == "partitions assigned")
-
-    def check(self) -> None:
-        code = self.proc.poll()
-        if code is not None:
-            tail = self.log_path.read_text(errors="replace").splitlines()[-10:]
-            raise RuntimeError(f"{self.log_path.stem} exited with {code}:\n" + "\n".join(tail))
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
-        self._log.close()
-
-
 def _wait(predicate: Callable[[], bool], timeout_s: float, what: str) -> None:
     deadline = time.monotonic() + timeout_s
     pause = threading.Event()
@@ -175,7 +123,7 @@ def measure(
         log_format="json",
     )
     create_topics(s)
-    children: list[_Child] = []
+    children: list[DuctorChild] = []
     try:
         with psycopg.connect(s.pg_dsn, autocommit=True) as conn:
             register_workflow(conn, workflow())
@@ -187,6 +135,35 @@ def measure(
         delete_topics(s)
 
 
+class _Members:
+    """The measurement's `ductor` children, each logging to a file of its own; those
+    ``watched`` must keep running (a check raises once one has exited)."""
+
+    def __init__(
+        self, s: Settings, log_dir: Path, tag: str, named: bool, children: list[DuctorChild]
+    ) -> None:
+        self._env = child_env(s) | execution_log_env(s)
+        self._log_dir, self._tag, self._named = log_dir, tag, named
+        self._children = children
+        self.watched: list[DuctorChild] = []
+
+    def start(self, args: list[str], name: str, extra: dict[str, str] | None = None) -> DuctorChild:
+        child = DuctorChild(
+            args, self._env | (extra or {}), self._log_dir / f"{self._tag}-{name}.log"
+        )
+        self._children.append(child)
+        self.watched.append(child)
+        return child
+
+    def worker(self, concurrency: str, name: str, letter: str, hold: bool) -> DuctorChild:
+        given = {"DUCTOR_WORKER_NAME": f"failover-{self._tag}-{letter}"} if self._named else {}
+        extra = given | ({HOLD_VARIABLE: str(_HOLD_S)} if hold else {})
+        return self.start(["worker", "--app", APP, "--concurrency", concurrency], name, extra)
+
+    def alive(self) -> bool:
+        return all(child.running() for child in self.watched)
+
+
 def _measure(
     s: Settings,
     conn: psycopg.Connection[Any],
@@ -195,69 +172,40 @@ def _measure(
     runs: int,
     named: bool,
     restart: bool,
-    children: list[_Child],
+    children: list[DuctorChild],
 ) -> Failover:
-    env = child_env(s) | execution_log_env(s)
-
-    def start(args: list[str], name: str, extra: dict[str, str] | None = None) -> _Child:
-        child = _Child(args, env | (extra or {}), log_dir / f"{tag}-{name}.log")
-        children.append(child)
-        return child
-
-    def worker_env(name: str, hold: bool) -> dict[str, str]:
-        given = {"DUCTOR_WORKER_NAME": f"failover-{tag}-{name}"} if named else {}
-        return given | ({HOLD_VARIABLE: str(_HOLD_S)} if hold else {})
-
-    worker = ["worker", "--app", APP, "--concurrency"]
-    processor = start(["process"], "processor")
-    a = start([*worker, "1"], "worker-a", worker_env("a", hold=True))
-    b = start([*worker, "4"], "worker-b", worker_env("b", hold=False))
+    members = _Members(s, log_dir, tag, named, children)
+    members.start(["process"], "processor")
+    a = members.worker("1", "worker-a", "a", hold=True)
+    b = members.worker("4", "worker-b", "b", hold=False)
     every = 3 * s.step_partitions  # a queue's topics: one per tier
-
-    watched = [processor, a, b]
-
-    def alive() -> bool:
-        for child in watched:
-            child.check()
-        return True
-
     _wait(
-        lambda: alive() and a.owned() > 0 and b.owned() > 0 and a.owned() + b.owned() == every,
+        lambda: (
+            members.alive()
+            and a.owned_partitions() > 0
+            and b.owned_partitions() > 0
+            and a.owned_partitions() + b.owned_partitions() == every
+        ),
         60,
         "both workers to hold partitions",
     )
     prefix = f"failover-{tag}-"
-    ids = [f"{prefix}{i}" for i in range(runs)]
-    # On every tier: a tier's steps topic is one of the queue's three, and an assignor that
-    # balances the partitions of all three together (cooperative-sticky) may give one worker
-    # a whole topic.
-    for i, tier in enumerate(TIERS):
-        start_runs(s, workflow().name, ids[i :: len(TIERS)], tier=tier)
-    executed = _quiet(conn, prefix, a, alive)
+    ids = _start_on_every_tier(s, [f"{prefix}{i}" for i in range(runs)])
+    executed = _quiet(conn, prefix, a, members.alive)
     if executed >= runs:
         raise RuntimeError("the worker to kill had no task queued: start more runs")
-    a_pid = a.proc.pid
-    watched.remove(a)
+    members.watched.remove(a)
     a.proc.send_signal(signal.SIGKILL)
     killed_at = _now(conn)
     assigned_before = b.assignments()
-    a2 = None
-    if restart:
-        a2 = start([*worker, "1"], "worker-a-again", worker_env("a", hold=False))
-        watched.append(a2)
+    a2 = members.worker("1", "worker-a-again", "a", hold=False) if restart else None
     _wait(
-        lambda: alive() and runs_admin.count_ended(conn, ids) == runs,
+        lambda: members.alive() and runs_admin.count_ended(conn, ids) == runs,
         _WAIT_S,
         "every run to end",
     )
+    first_s, last_s = _moved(conn, prefix, killed_at, a.proc.pid)
     statuses = runs_admin.statuses(conn, ids)
-    row = conn.execute(
-        f"SELECT min(started_at), max(started_at) FROM {LOG.table}"
-        " WHERE starts_with(run_id, %s) AND started_at > %s AND pid <> %s",
-        (prefix, killed_at, a_pid),
-    ).fetchone()
-    assert row is not None and row[0] is not None
-    first, last = row
     return Failover(
         group=s.worker_group_id,
         protocol=s.group_protocol,
@@ -266,13 +214,36 @@ def _measure(
         restart=restart,
         runs=runs,
         queued=runs - executed,
-        first_s=(first - killed_at).total_seconds(),
-        last_s=(last - killed_at).total_seconds(),
+        first_s=first_s,
+        last_s=last_s,
         succeeded=sum(1 for v in statuses.values() if v == "succeeded"),
         failed=sum(1 for v in statuses.values() if v != "succeeded"),
         survivor_assignments=b.assignments() - assigned_before,
-        restarted_assigned=a2 is not None and a2.owned() > 0,
+        restarted_assigned=a2 is not None and a2.owned_partitions() > 0,
     )
+
+
+def _moved(
+    conn: psycopg.Connection[Any], prefix: str, killed_at: datetime, killed_pid: int
+) -> tuple[float, float]:
+    """Seconds from the kill to the first and to the last execution elsewhere."""
+    row = conn.execute(
+        f"SELECT min(started_at), max(started_at) FROM {LOG.table}"
+        " WHERE starts_with(run_id, %s) AND started_at > %s AND pid <> %s",
+        (prefix, killed_at, killed_pid),
+    ).fetchone()
+    assert row is not None and row[0] is not None
+    first, last = row
+    return (first - killed_at).total_seconds(), (last - killed_at).total_seconds()
+
+
+def _start_on_every_tier(s: Settings, ids: list[str]) -> list[str]:
+    """The runs started, spread over the tiers: a tier's steps topic is one of the queue's
+    three, and an assignor that balances the partitions of all three together
+    (cooperative-sticky) may give one worker a whole topic."""
+    for i, tier in enumerate(TIERS):
+        start_runs(s, workflow().name, ids[i :: len(TIERS)], tier=tier)
+    return ids
 
 
 def _executed(conn: psycopg.Connection[Any], prefix: str) -> int:
@@ -283,7 +254,9 @@ def _executed(conn: psycopg.Connection[Any], prefix: str) -> int:
     return int(row[0]) if row else 0
 
 
-def _quiet(conn: psycopg.Connection[Any], prefix: str, a: _Child, alive: Callable[[], bool]) -> int:
+def _quiet(
+    conn: psycopg.Connection[Any], prefix: str, a: DuctorChild, alive: Callable[[], bool]
+) -> int:
     """Wait until worker A runs its one step and B has run every task of its own (no
     execution for ``_QUIET_S``); the runs executed by then."""
     deadline = time.monotonic() + _WAIT_S
@@ -300,7 +273,7 @@ def _quiet(conn: psycopg.Connection[Any], prefix: str, a: _Child, alive: Callabl
     raise TimeoutError("the workers did not settle: B still runs tasks, or A runs none")
 
 
-def _by(conn: psycopg.Connection[Any], prefix: str, child: _Child) -> int:
+def _by(conn: psycopg.Connection[Any], prefix: str, child: DuctorChild) -> int:
     row = conn.execute(
         f"SELECT count(*) FROM {LOG.table} WHERE starts_with(run_id, %s) AND pid = %s",
         (prefix, child.proc.pid),

@@ -1,6 +1,6 @@
 """What some tests build before they can run, built in the background from the moment the
-suite knows it will run them (conftest's collection hook), at a lower priority than the tests,
-on the cores they leave idle while they wait:
+suite knows it will run them (fix_session.py's collection hook), at a lower priority than the
+tests, on the cores they leave idle while they wait:
 
 - the Go producer example (examples/producer-go): a cold build, its modules fetched and they
   and the standard library compiled, takes about a minute on a new machine;

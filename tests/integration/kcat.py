@@ -23,7 +23,7 @@ from processor.core.workflow import parse_workflow
 from processor.io.config import Settings
 from processor.io.runs_admin import insert_runs, register_workflow
 
-from .conftest import wait_for
+from .waiting import wait_for
 
 # Bulk input for `kcat -P`: records split by MESSAGE_DELIMITER, each one's key and value by
 # KEY_DELIMITER. Multi-byte, with no backslash (kcat would unescape it); a record holding either

@@ -1,4 +1,4 @@
-"""`make bench` runs on a database of its own (processor/tools/bench_phases.py,
+"""`make bench` runs on a database of its own (processor/tools/bench_harness.py,
 ``fresh_database``): ``<database>_bench``, dropped and created empty at each start, even
 while something still holds a connection to the last one, and after waiting for a session
 the benchmark's role may not end (an autovacuum worker the last run drew there)."""
@@ -13,7 +13,7 @@ import pytest
 from psycopg.conninfo import conninfo_to_dict
 
 from processor.io.config import Settings
-from processor.tools.bench_phases import fresh_database
+from processor.tools.bench_harness import fresh_database
 from processor.tools.databases import drop_database
 
 from .restarts import LocalInfra

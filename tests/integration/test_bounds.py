@@ -35,17 +35,13 @@ from processor.io.dlq import read_dead_letters
 from processor.io.runs_admin import register_workflow
 from tests.unit.strategies import hostile_json_bytes, hostile_request, hostile_values, json_values
 
-from .conftest import (
-    SAMPLE,
-    Spawned,
-    WorkerThread,
-    count_terminal,
-    run_ductor,
-    still_running,
-    wait_for,
-)
+from .children import Spawned, run_ductor, still_running
+from .instances import WorkerThread
 from .kcat import end_offset, kcat_produce_many
+from .runs import count_terminal
+from .samples import SAMPLE
 from .test_triggers import _team_topic
+from .waiting import wait_for
 
 pytestmark = pytest.mark.integration
 

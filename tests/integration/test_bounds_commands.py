@@ -31,8 +31,11 @@ from processor.core.workflow import parse_workflow
 from processor.io.config import Settings
 from processor.io.runs_admin import register_workflow
 
-from .conftest import WorkerThread, run_ductor, run_statuses, wait_for
+from .children import run_ductor
+from .instances import WorkerThread
 from .kcat import end_offset
+from .runs import run_statuses
+from .waiting import wait_for
 
 pytestmark = pytest.mark.integration
 

@@ -21,7 +21,9 @@ from processor.core.workflow import parse_workflow
 from processor.io.config import Settings
 from processor.io.runs_admin import register_workflow
 
-from .conftest import WorkerThread, count_terminal, run_statuses, step_attempts, wait_for
+from .instances import WorkerThread
+from .runs import count_terminal, run_statuses, step_attempts
+from .waiting import wait_for
 
 pytestmark = pytest.mark.integration
 

@@ -19,8 +19,10 @@ from processor.io.config import Settings
 from processor.io.runs_admin import register_workflow
 
 from .audit import assert_results_applied, assert_transitions_applied_once
-from .conftest import Spawned, count_terminal, run_statuses, wait_for
+from .children import Spawned
 from .restarts import LocalInfra
+from .runs import count_terminal, run_statuses
+from .waiting import wait_for
 
 pytestmark = pytest.mark.integration
 

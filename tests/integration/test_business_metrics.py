@@ -22,18 +22,13 @@ from processor.core.workflow import WorkflowDef, parse_workflow
 from processor.io.config import Settings
 from processor.io.runs_admin import insert_runs, register_workflow
 
-from .conftest import (
-    OutsideWriter,
-    Spawned,
-    WorkerThread,
-    now_ms,
-    produce_wakeups,
-    run_statuses,
-    sample_workflow,
-    still_running,
-    wait_for,
-)
+from .children import Spawned, still_running
+from .contention import OutsideWriter
+from .instances import WorkerThread
+from .runs import run_statuses
+from .samples import now_ms, produce_wakeups, sample_workflow
 from .scrape import free_port, scrape, values
+from .waiting import wait_for
 
 pytestmark = pytest.mark.integration
 

@@ -12,8 +12,9 @@ from pathlib import Path
 import pytest
 
 from processor.io.config import Settings
-from processor.tools.chaos import SHORT, run_chaos
 from processor.tools.chaos_fleet import KILL_AFTER_COMMIT
+from processor.tools.chaos_plan import SHORT
+from processor.tools.chaos_run import run_chaos
 
 from .restarts import LocalInfra
 

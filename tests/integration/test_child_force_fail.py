@@ -30,14 +30,11 @@ from processor.io.runs_admin import register_workflow
 from processor.io.store import Definitions, load_runs
 from processor.io.store import force_fail_write as store_force_fail
 
-from .conftest import (
-    OutsideWriter,
-    ProcessorThread,
-    WorkerThread,
-    run_ductor,
-    run_statuses,
-    wait_for,
-)
+from .children import run_ductor
+from .contention import OutsideWriter
+from .instances import ProcessorThread, WorkerThread
+from .runs import run_statuses
+from .waiting import wait_for
 
 pytestmark = pytest.mark.integration
 

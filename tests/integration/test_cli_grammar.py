@@ -22,8 +22,10 @@ from processor.cli.main import main
 from processor.core.workflow import parse_workflow
 from processor.io.config import Settings
 from processor.io.runs_admin import register_workflow
+from processor.tools.child import ductor_command
 
-from .conftest import WorkerThread, child_env, ductor_command
+from .children import child_env
+from .instances import WorkerThread
 
 pytestmark = pytest.mark.integration
 

@@ -24,15 +24,11 @@ from processor.io.runs_admin import insert_runs, register_workflow
 from processor.io.store import Definitions, force_fail_write, load_runs
 
 from .audit import assert_results_applied, assert_transitions_applied_once
-from .conftest import (
-    Spawned,
-    WorkerThread,
-    child_env,
-    run_ductor,
-    sample_workflow,
-    step_attempts,
-    wait_for,
-)
+from .children import Spawned, child_env, run_ductor
+from .instances import WorkerThread
+from .runs import step_attempts
+from .samples import sample_workflow
+from .waiting import wait_for
 
 pytestmark = pytest.mark.integration
 

@@ -32,8 +32,10 @@ from processor.tools.local_infra import three_brokers
 
 from . import counted_steps
 from .audit import assert_results_applied, assert_transitions_applied_once
-from .conftest import Spawned, count_terminal, run_statuses, wait_for
+from .children import Spawned
+from .runs import count_terminal, run_statuses
 from .test_once_per_attempt import APP, _quad
+from .waiting import wait_for
 
 pytestmark = pytest.mark.integration
 

@@ -19,7 +19,7 @@ from processor.io import connections, store
 from processor.io.config import Settings
 from processor.io.runs_admin import insert_runs
 
-from .conftest import sample_workflow
+from .samples import sample_workflow
 
 pytestmark = pytest.mark.integration
 

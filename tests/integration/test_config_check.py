@@ -18,7 +18,7 @@ from processor.io.config import Settings
 from processor.io.config_check import run_checks
 from processor.io.package_files import Migration, migrations
 
-from .conftest import run_ductor
+from .children import run_ductor
 
 pytestmark = pytest.mark.integration
 

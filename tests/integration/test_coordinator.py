@@ -22,17 +22,11 @@ from processor.io.config import Settings
 from processor.io.runs_admin import insert_runs, register_workflow
 
 from .audit import assert_results_applied, assert_transitions_applied_once
-from .conftest import (
-    ProcessorThread,
-    WorkerThread,
-    count_terminal,
-    drive_into_livelock,
-    now_ms,
-    produce_wakeups,
-    run_statuses,
-    sample_workflow,
-    wait_for,
-)
+from .contention import drive_into_livelock
+from .instances import ProcessorThread, WorkerThread
+from .runs import count_terminal, run_statuses
+from .samples import now_ms, produce_wakeups, sample_workflow
+from .waiting import wait_for
 
 pytestmark = pytest.mark.integration
 

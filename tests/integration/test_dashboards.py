@@ -25,15 +25,11 @@ from processor.io.kafka import produce, producer_config
 from processor.io.runs_admin import insert_runs, register_workflow
 from tests.promql import all_queries, problems
 
-from .conftest import (
-    OutsideWriter,
-    now_ms,
-    produce_wakeups,
-    run_statuses,
-    sample_workflow,
-    wait_for,
-)
+from .contention import OutsideWriter
+from .runs import run_statuses
+from .samples import now_ms, produce_wakeups, sample_workflow
 from .scrape import free_port, scrape, values
+from .waiting import wait_for
 
 pytestmark = pytest.mark.integration
 

@@ -21,7 +21,9 @@ from processor.io.kafka import producer_config
 from processor.io.runs_admin import register_workflow
 from processor.io.topics import create_topics
 
-from .conftest import WorkerThread, count_terminal, run_statuses, wait_for
+from .instances import WorkerThread
+from .runs import count_terminal, run_statuses
+from .waiting import wait_for
 
 pytestmark = pytest.mark.integration
 

@@ -21,8 +21,9 @@ from processor.core.routing import TopicNames
 from processor.io.config import Settings
 from processor.io.dlq import read_dead_letters
 
-from .conftest import Spawned, run_ductor, wait_for
+from .children import Spawned, run_ductor
 from .scrape import free_port
+from .waiting import wait_for
 
 pytestmark = pytest.mark.integration
 

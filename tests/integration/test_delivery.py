@@ -37,16 +37,11 @@ from processor.io.runs_admin import count_ticked, insert_runs, register_workflow
 from processor.io.store import unpark_outbox
 
 from .audit import assert_results_applied, assert_transitions_applied_once, timed_out_attempts
-from .conftest import (
-    ProcessorThread,
-    WorkerThread,
-    count_terminal,
-    now_ms,
-    run_statuses,
-    sample_workflow,
-    wait_for,
-)
+from .instances import ProcessorThread, WorkerThread
 from .proxy import TcpProxy
+from .runs import count_terminal, run_statuses
+from .samples import now_ms, sample_workflow
+from .waiting import wait_for
 
 pytestmark = pytest.mark.integration
 

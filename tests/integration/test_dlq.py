@@ -24,16 +24,12 @@ from processor.io.config import Settings
 from processor.io.dlq import DeadLetter, read_dead_letters
 from processor.io.runs_admin import insert_runs
 
-from .conftest import (
-    SAMPLE,
-    ProcessorThread,
-    WorkerThread,
-    count_terminal,
-    run_ductor,
-    run_statuses,
-    wait_for,
-)
+from .children import run_ductor
+from .instances import ProcessorThread, WorkerThread
 from .kcat import envelope, kcat_path, run_of_a_vanished_workflow
+from .runs import count_terminal, run_statuses
+from .samples import SAMPLE
+from .waiting import wait_for
 
 pytestmark = pytest.mark.integration
 

@@ -8,37 +8,21 @@ that no test runs."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import psycopg
 import pytest
 
-from processor.io.config import Settings
 from tests.docs_shell import walks
 
-from .user_shell import Shell, repo_top, user_shell
+from .user_shell import Shell
 
 pytestmark = pytest.mark.integration
 
 WALKS = walks()
 # The workflows the pages register: a database that has never seen them, as a new user's.
 REGISTERED = ("orders",)
-
-
-@pytest.fixture
-def top(tmp_path: Path) -> Path:
-    return repo_top(tmp_path)
-
-
-@pytest.fixture
-def shell(settings: Settings, top: Path) -> Iterator[Shell]:
-    session = user_shell(settings, top)
-    try:
-        yield session
-    finally:
-        session.close()
 
 
 @pytest.mark.parametrize("page", sorted(WALKS))

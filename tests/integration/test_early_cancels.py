@@ -24,9 +24,12 @@ from processor.io.dlq import read_dead_letters
 from processor.io.runs_admin import register_workflow
 
 from . import counted_steps
-from .conftest import WorkerThread, count_terminal, run_ductor, run_statuses, wait_for
+from .children import run_ductor
+from .instances import WorkerThread
+from .runs import count_terminal, run_statuses
 from .test_requests_intake import _kept
 from .test_triggers import _create, _events, _team_topic
+from .waiting import wait_for
 
 pytestmark = pytest.mark.integration
 

@@ -10,7 +10,6 @@ test_producer_example.py builds and runs against the services."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -20,24 +19,10 @@ import pytest
 from processor.io.config import Settings
 from tests.readme_script import commands
 
-from .conftest import REPO
-from .user_shell import Shell, repo_top, user_shell
+from .samples import REPO
+from .user_shell import Shell
 
 pytestmark = pytest.mark.integration
-
-
-@pytest.fixture
-def top(tmp_path: Path) -> Path:
-    return repo_top(tmp_path)
-
-
-@pytest.fixture
-def shell(settings: Settings, top: Path) -> Iterator[Shell]:
-    session = user_shell(settings, top)
-    try:
-        yield session
-    finally:
-        session.close()
 
 
 # The workflows the READMEs register: a database that has never seen them, as a new user's.

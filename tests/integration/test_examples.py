@@ -19,7 +19,10 @@ import pytest
 from processor.core.workflow import parse_workflow
 from processor.io.config import Settings
 
-from .conftest import REPO, Spawned, child_env, run_ductor, step_attempts, wait_for
+from .children import Spawned, child_env, run_ductor
+from .runs import step_attempts
+from .samples import REPO
+from .waiting import wait_for
 
 pytestmark = pytest.mark.integration
 

@@ -14,7 +14,7 @@ import pytest
 from processor.io.config import Settings
 from processor.io.kafka import EXIT_KAFKA_FATAL
 
-from .conftest import wait_for
+from .waiting import wait_for
 
 pytestmark = pytest.mark.integration
 

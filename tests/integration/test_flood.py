@@ -38,15 +38,7 @@ from processor.io.config import Settings
 from processor.io.dlq import DeadLetter, read_dead_letters
 from processor.io.runs_admin import insert_runs
 
-from .conftest import (
-    ProcessorThread,
-    WorkerThread,
-    count_terminal,
-    now_ms,
-    run_statuses,
-    sample_workflow,
-    wait_for,
-)
+from .instances import ProcessorThread, WorkerThread
 from .kcat import (
     KEY_DELIMITER,
     MESSAGE_DELIMITER,
@@ -58,6 +50,9 @@ from .kcat import (
     read_partition,
     run_of_a_vanished_workflow,
 )
+from .runs import count_terminal, run_statuses
+from .samples import now_ms, sample_workflow
+from .waiting import wait_for
 
 pytestmark = pytest.mark.integration
 

@@ -17,15 +17,11 @@ from processor.io.config import Settings
 from processor.io.runs_admin import insert_runs
 
 from .audit import assert_results_applied
-from .conftest import (
-    ProcessorThread,
-    WorkerThread,
-    count_terminal,
-    run_ductor,
-    run_statuses,
-    sample_workflow,
-    wait_for,
-)
+from .children import run_ductor
+from .instances import ProcessorThread, WorkerThread
+from .runs import count_terminal, run_statuses
+from .samples import sample_workflow
+from .waiting import wait_for
 
 pytestmark = pytest.mark.integration
 

@@ -31,9 +31,11 @@ from processor.io.telemetry import Telemetry
 from processor.io.topics import create_topics
 from processor.worker.health import QueueLag, WorkerProbe
 
-from .conftest import ProcessorThread, WorkerThread, metric_values, wait_for
+from .instances import ProcessorThread, WorkerThread
 from .proxy import TcpProxy
 from .scrape import free_port
+from .telemetry_capture import metric_values
+from .waiting import wait_for
 
 pytestmark = pytest.mark.integration
 

@@ -22,7 +22,9 @@ from processor.io.config import Settings
 from processor.io.runs_admin import register_workflow
 
 from . import counted_steps
-from .conftest import Spawned, count_terminal, run_statuses, step_attempts, wait_for
+from .children import Spawned
+from .runs import count_terminal, run_statuses, step_attempts
+from .waiting import wait_for
 
 pytestmark = pytest.mark.integration
 

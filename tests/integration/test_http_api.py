@@ -40,7 +40,9 @@ from processor.ui.api_spec import openapi_document
 from processor.ui.server import UiServer
 from processor.worker.samples import sample_registry
 
-from .conftest import REPO, ProcessorThread, WorkerThread, wait_for
+from .instances import ProcessorThread, WorkerThread
+from .samples import REPO
+from .waiting import wait_for
 
 pytestmark = pytest.mark.integration
 

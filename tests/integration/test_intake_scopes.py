@@ -24,9 +24,11 @@ from processor.io.config import Settings
 from processor.io.dlq import read_dead_letters
 from processor.io.runs_admin import register_workflow
 
-from .conftest import run_ductor, run_statuses, wait_for
+from .children import run_ductor
+from .runs import run_statuses
 from .test_requests_intake import _signals, _write
 from .test_triggers import _create, _team_topic
+from .waiting import wait_for
 
 pytestmark = pytest.mark.integration
 

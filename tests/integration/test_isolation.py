@@ -38,19 +38,14 @@ from processor.io.faults import Faults
 from processor.io.runs_admin import insert_runs, run_columns
 from processor.io.trigger_store import create_trigger
 
-from .conftest import (
-    ProcessorThread,
-    Spawned,
-    count_terminal,
-    produce_wakeups,
-    run_statuses,
-    sample_workflow,
-    still_running,
-    wait_for,
-)
+from .children import Spawned, still_running
+from .instances import ProcessorThread
 from .kcat import kcat_produce_many
+from .runs import count_terminal, run_statuses
+from .samples import produce_wakeups, sample_workflow
 from .scrape import free_port
 from .test_triggers import _team_topic
+from .waiting import wait_for
 
 pytestmark = pytest.mark.integration
 

@@ -48,8 +48,10 @@ from processor.core.routing import TopicNames
 from processor.io.config import Settings
 from processor.io.kafka import admin_config, producer_config
 
-from .conftest import Spawned, run_ductor, run_statuses, wait_for
+from .children import Spawned, run_ductor
+from .runs import run_statuses
 from .test_sasl import _local_kafka
+from .waiting import wait_for
 
 pytestmark = pytest.mark.integration
 

@@ -19,7 +19,9 @@ from processor.io.config import Settings
 from processor.io.runs_admin import insert_runs, register_workflow
 from processor.worker import StepContext, StepRegistry
 
-from .conftest import WorkerThread, count_terminal, run_statuses, wait_for
+from .instances import WorkerThread
+from .runs import count_terminal, run_statuses
+from .waiting import wait_for
 
 pytestmark = pytest.mark.integration
 

@@ -12,7 +12,8 @@ import pytest
 
 from processor.io.config import Settings
 
-from .conftest import Spawned, still_running, wait_for
+from .children import Spawned, still_running
+from .waiting import wait_for
 
 pytestmark = pytest.mark.integration
 

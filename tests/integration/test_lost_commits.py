@@ -27,7 +27,9 @@ from processor.tools.audit import assert_transitions_applied_once
 from processor.worker import StepContext, StepRegistry
 from processor.worker.options import WorkerOptions
 
-from .conftest import WorkerThread, run_statuses, wait_for
+from .instances import WorkerThread
+from .runs import run_statuses
+from .waiting import wait_for
 
 pytestmark = pytest.mark.integration
 

@@ -24,7 +24,10 @@ from processor.io.config import Settings
 from processor.io.runs_admin import insert_runs, register_workflow
 
 from .audit import assert_transitions_applied_once
-from .conftest import WorkerThread, count_terminal, run_ductor, run_statuses, wait_for
+from .children import run_ductor
+from .instances import WorkerThread
+from .runs import count_terminal, run_statuses
+from .waiting import wait_for
 
 pytestmark = pytest.mark.integration
 

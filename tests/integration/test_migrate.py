@@ -15,7 +15,9 @@ from processor.io.config import Settings
 from processor.io.migrate import MIGRATION_LOCK_KEY, MIGRATIONS_TABLE
 from processor.io.package_files import migrations
 
-from .conftest import REPO, child_env, wait_for
+from .children import child_env
+from .samples import REPO
+from .waiting import wait_for
 
 pytestmark = pytest.mark.integration
 

@@ -24,15 +24,11 @@ from processor.io.runs_admin import insert_runs, register_workflow, run_columns
 from processor.tools import audit as audit_trail
 
 from .audit import assert_every_write_versioned, assert_transitions_applied_once
-from .conftest import (
-    ProcessorThread,
-    WorkerThread,
-    count_terminal,
-    run_ductor,
-    run_statuses,
-    sample_workflow,
-    wait_for,
-)
+from .children import run_ductor
+from .instances import ProcessorThread, WorkerThread
+from .runs import count_terminal, run_statuses
+from .samples import sample_workflow
+from .waiting import wait_for
 
 pytestmark = pytest.mark.integration
 

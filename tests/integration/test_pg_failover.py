@@ -24,8 +24,10 @@ from processor.tools import audit as audit_trail
 
 from . import counted_steps
 from .audit import assert_results_applied, assert_transitions_applied_once
-from .conftest import count_terminal, run_ductor, run_statuses, wait_for
+from .children import run_ductor
+from .runs import count_terminal, run_statuses
 from .test_once_per_attempt import APP, _quad
+from .waiting import wait_for
 
 pytestmark = pytest.mark.integration
 

@@ -20,14 +20,10 @@ from processor.io.config import Settings
 from processor.io.dlq import DeadLetter, read_dead_letters
 from processor.io.runs_admin import insert_runs
 
-from .conftest import (
-    ProcessorThread,
-    count_terminal,
-    produce_wakeups,
-    run_statuses,
-    sample_workflow,
-    wait_for,
-)
+from .instances import ProcessorThread
+from .runs import count_terminal, run_statuses
+from .samples import produce_wakeups, sample_workflow
+from .waiting import wait_for
 
 pytestmark = pytest.mark.integration
 

@@ -21,7 +21,9 @@ from processor.io.dlq import read_dead_letters
 from processor.io.runs_admin import register_workflow
 
 from .background_builds import PRODUCER
-from .conftest import SAMPLE, run_statuses, wait_for
+from .runs import run_statuses
+from .samples import SAMPLE
+from .waiting import wait_for
 
 pytestmark = pytest.mark.integration
 

@@ -21,15 +21,11 @@ from processor.io.dlq import DeadLetter, read_dead_letters
 from processor.io.runs_admin import insert_runs, register_workflow, release_quarantine
 from processor.io.store import Definitions, QuarantineFlag, load_runs, quarantine_runs
 
-from .conftest import (
-    ProcessorThread,
-    WorkerThread,
-    count_terminal,
-    run_ductor,
-    run_statuses,
-    sample_workflow,
-    wait_for,
-)
+from .children import run_ductor
+from .instances import ProcessorThread, WorkerThread
+from .runs import count_terminal, run_statuses
+from .samples import sample_workflow
+from .waiting import wait_for
 
 pytestmark = pytest.mark.integration
 

@@ -22,7 +22,7 @@ from processor.io import connections, step_attempts, step_data, store, sweeps
 from processor.io.config import Settings
 from processor.io.runs_admin import insert_runs, register_workflow
 
-from .conftest import sample_workflow
+from .samples import sample_workflow
 
 pytestmark = pytest.mark.integration
 

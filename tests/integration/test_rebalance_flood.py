@@ -21,7 +21,8 @@ from processor.io.dlq import read_dead_letters
 from processor.io.kafka import produce, producer_config
 from processor.io.runs_admin import count_ticked, insert_runs
 
-from .conftest import now_ms, sample_workflow, wait_for
+from .samples import now_ms, sample_workflow
+from .waiting import wait_for
 
 pytestmark = pytest.mark.integration
 

@@ -26,8 +26,12 @@ from processor.io.dlq import read_dead_letters
 from processor.io.runs_admin import register_workflow
 
 from .audit import assert_results_applied, assert_transitions_applied_once
-from .conftest import SAMPLE, WorkerThread, count_terminal, run_ductor, run_statuses, wait_for
+from .children import run_ductor
+from .instances import WorkerThread
 from .kcat import kcat_produce_many
+from .runs import count_terminal, run_statuses
+from .samples import SAMPLE
+from .waiting import wait_for
 
 pytestmark = pytest.mark.integration
 

@@ -13,8 +13,8 @@ from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 from infra.local import StopMode
 from processor.io.config import Settings
 
-from .conftest import wait_for
 from .restarts import LocalInfra
+from .waiting import wait_for
 
 pytestmark = pytest.mark.integration
 

@@ -24,7 +24,10 @@ from processor.io import run_search
 from processor.io.config import Settings
 from processor.io.runs_admin import insert_runs, register_workflow
 
-from .conftest import WorkerThread, run_ductor, sample_workflow, wait_for
+from .children import run_ductor
+from .instances import WorkerThread
+from .samples import sample_workflow
+from .waiting import wait_for
 
 pytestmark = pytest.mark.integration
 

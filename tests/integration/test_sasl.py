@@ -22,7 +22,10 @@ from infra.local import Settings as InfraSettings
 from processor.client import start_runs
 from processor.io.config import Settings
 
-from .conftest import REPO, Spawned, child_env, run_statuses, wait_for
+from .children import Spawned, child_env
+from .runs import run_statuses
+from .samples import REPO
+from .waiting import wait_for
 
 pytestmark = pytest.mark.integration
 

@@ -24,7 +24,7 @@ from processor.io.runs_admin import register_workflow
 from processor.io.schedules import fire_due, list_schedules
 from processor.io.store import Definitions
 
-from .conftest import run_ductor
+from .children import run_ductor
 
 pytestmark = pytest.mark.integration
 

@@ -16,8 +16,10 @@ from processor.client import start_runs
 from processor.io.config import Settings
 
 from .audit import assert_results_applied, assert_transitions_applied_once
-from .conftest import WorkerThread, count_terminal, run_statuses, wait_for
+from .instances import WorkerThread
 from .proxy import TcpProxy
+from .runs import count_terminal, run_statuses
+from .waiting import wait_for
 
 pytestmark = pytest.mark.integration
 

@@ -28,9 +28,11 @@ from processor.io.dlq import DeadLetter, read_dead_letters
 from processor.io.faults import Faults, Point
 from processor.io.runs_admin import register_workflow
 
-from .conftest import run_ductor, run_statuses, wait_for
+from .children import run_ductor
+from .runs import run_statuses
 from .test_requests_intake import _kept, _write
 from .test_triggers import _create, _events, _team_topic
+from .waiting import wait_for
 
 pytestmark = pytest.mark.integration
 

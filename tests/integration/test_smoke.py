@@ -17,7 +17,7 @@ from processor.io.kafka import producer_config
 from processor.io.migrate import migrate
 from processor.io.topics import create_topics, delete_topics, desired_topics
 
-from .conftest import wait_for
+from .waiting import wait_for
 
 pytestmark = pytest.mark.integration
 

@@ -16,7 +16,8 @@ from processor.core.workflow import parse_workflow
 from processor.io.config import Settings
 from processor.io.runs_admin import ExistingRun, insert_runs, register_workflow
 
-from .conftest import run_ductor, sample_workflow
+from .children import run_ductor
+from .samples import sample_workflow
 
 pytestmark = pytest.mark.integration
 

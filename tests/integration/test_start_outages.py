@@ -22,16 +22,11 @@ import pytest
 from processor.client import start_runs
 from processor.io.config import Settings
 
-from .conftest import (
-    Spawned,
-    count_terminal,
-    run_ductor,
-    run_statuses,
-    still_running,
-    wait_for,
-)
+from .children import Spawned, run_ductor, still_running
 from .proxy import TcpProxy
+from .runs import count_terminal, run_statuses
 from .scrape import free_port
+from .waiting import wait_for
 
 pytestmark = pytest.mark.integration
 

@@ -25,8 +25,11 @@ from processor.worker import NonRetryable, StepContext, StepRegistry
 from processor.worker.options import WorkerOptions
 
 from . import counted_steps
-from .conftest import Spawned, WorkerThread, count_terminal, run_statuses, step_attempts, wait_for
+from .children import Spawned
 from .counted_steps import work_for
+from .instances import WorkerThread
+from .runs import count_terminal, run_statuses, step_attempts
+from .waiting import wait_for
 
 pytestmark = pytest.mark.integration
 

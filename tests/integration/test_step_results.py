@@ -16,7 +16,7 @@ from processor.io.config import Settings
 from processor.io.runs_admin import insert_runs
 from processor.io.step_data import StepResultRow, insert_step_results
 
-from .conftest import sample_workflow
+from .samples import sample_workflow
 
 pytestmark = pytest.mark.integration
 

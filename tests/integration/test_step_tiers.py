@@ -18,7 +18,9 @@ from processor.io.config import Settings
 from processor.io.runs_admin import register_workflow
 from processor.worker import StepContext, StepRegistry
 
-from .conftest import WorkerThread, count_terminal, wait_for
+from .instances import WorkerThread
+from .runs import count_terminal
+from .waiting import wait_for
 
 pytestmark = pytest.mark.integration
 

@@ -31,8 +31,11 @@ from processor.io.runs_admin import register_workflow
 from processor.worker import StepContext, StepRegistry
 
 from .audit import assert_transitions_applied_once
-from .conftest import Spawned, WorkerThread, count_terminal, run_statuses, wait_for
+from .children import Spawned
+from .instances import WorkerThread
+from .runs import count_terminal, run_statuses
 from .scrape import free_port
+from .waiting import wait_for
 
 pytestmark = pytest.mark.integration
 

@@ -24,15 +24,11 @@ from processor.io.runs_admin import register_workflow
 from processor.io.telemetry import Telemetry
 from processor.worker import StepContext, StepRegistry
 
-from .conftest import (
-    ProcessorThread,
-    WorkerThread,
-    count_terminal,
-    metric_values,
-    run_ductor,
-    run_statuses,
-    wait_for,
-)
+from .children import run_ductor
+from .instances import ProcessorThread, WorkerThread
+from .runs import count_terminal, run_statuses
+from .telemetry_capture import metric_values
+from .waiting import wait_for
 
 pytestmark = pytest.mark.integration
 

@@ -22,19 +22,14 @@ from processor.io.config import Settings
 from processor.io.runs_admin import insert_runs
 from processor.io.telemetry import Telemetry
 
-from .conftest import (
-    SAMPLE,
-    ProcessorThread,
-    WorkerThread,
-    drive_into_livelock,
-    metric_values,
-    now_ms,
-    produce_wakeups,
-    run_statuses,
-    wait_for,
-)
+from .contention import drive_into_livelock
+from .instances import ProcessorThread, WorkerThread
 from .proxy import TcpProxy
+from .runs import run_statuses
+from .samples import SAMPLE, now_ms, produce_wakeups
 from .scrape import free_port, scrape
+from .telemetry_capture import metric_values
+from .waiting import wait_for
 
 pytestmark = pytest.mark.integration
 

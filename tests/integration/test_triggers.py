@@ -24,17 +24,14 @@ from processor.io.kafka import admin_config, topic_partitions
 from processor.io.runs_admin import register_workflow
 
 from .audit import assert_transitions_applied_once
-from .conftest import (
-    SAMPLE,
-    WorkerThread,
-    count_terminal,
-    run_ductor,
-    run_statuses,
-    wait_for,
-)
+from .children import run_ductor
+from .instances import WorkerThread
 from .kcat import kcat_produce_many
+from .runs import count_terminal, run_statuses
+from .samples import SAMPLE
 from .scrape import free_port, scrape, values
 from .test_requests_intake import _kept
+from .waiting import wait_for
 
 pytestmark = pytest.mark.integration
 

@@ -21,7 +21,10 @@ from processor.io.config import Settings
 from processor.io.dlq import read_dead_letters
 from processor.io.runs_admin import register_workflow
 
-from .conftest import WorkerThread, count_terminal, run_ductor, run_statuses, wait_for
+from .children import run_ductor
+from .instances import WorkerThread
+from .runs import count_terminal, run_statuses
+from .waiting import wait_for
 
 pytestmark = pytest.mark.integration
 

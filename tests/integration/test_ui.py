@@ -38,8 +38,12 @@ from processor.io.dlq import read_dead_letters
 from processor.io.kafka import produce, producer_config
 from processor.io.runs_admin import register_workflow
 
-from .conftest import REPO, Spawned, WorkerThread, run_ductor, step_attempts, wait_for
+from .children import Spawned, run_ductor
+from .instances import WorkerThread
+from .runs import step_attempts
+from .samples import REPO
 from .scrape import free_port
+from .waiting import wait_for
 
 pytestmark = pytest.mark.integration
 

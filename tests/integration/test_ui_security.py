@@ -31,8 +31,10 @@ from processor.io.config import Settings
 from processor.io.kafka import producer_config
 from processor.ui import auth
 
-from .conftest import REPO, Spawned, child_env, wait_for
+from .children import Spawned, child_env
+from .samples import REPO
 from .scrape import free_port
+from .waiting import wait_for
 
 pytestmark = pytest.mark.integration
 

@@ -26,18 +26,12 @@ from processor.io.faults import Faults, Point
 from processor.io.runs_admin import insert_runs, register_workflow
 from processor.io.store import Definitions, commit_batch, load_runs
 
-from .conftest import (
-    ProcessorThread,
-    WorkerThread,
-    count_terminal,
-    now_ms,
-    run_ductor,
-    run_statuses,
-    sample_workflow,
-    step_attempts,
-    wait_for,
-)
+from .children import run_ductor
+from .instances import ProcessorThread, WorkerThread
 from .kcat import end_offset, read_partition
+from .runs import count_terminal, run_statuses, step_attempts
+from .samples import now_ms, sample_workflow
+from .waiting import wait_for
 
 pytestmark = pytest.mark.integration
 

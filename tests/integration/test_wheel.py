@@ -20,7 +20,8 @@ fills. Its HOME is a folder of its own, so `~/ductor-env` is the test's; its cac
 they are (XDG_CACHE_HOME), so pip reuses the cache `make venv` filled with the same packages and
 downloads nothing the machine has seen. `make` is the one command not run as written (it would
 run in the checkout): `make wheel` runs its recipe on the checkout with the output in the
-user's folder, and `make up` is the services the suite runs on, which conftest checks answer.
+user's folder, and `make up` is the services the suite runs on, which the services plugin
+(fix_services.py) checks answer.
 tests/unit/test_quickstart.py pins both recipes.
 """
 
@@ -51,8 +52,9 @@ from tests import dockerfile
 from tests.quickstart import Command, quickstart
 
 from .background_builds import WHEEL
-from .conftest import REPO, wait_for
+from .samples import REPO
 from .scrape import free_port
+from .waiting import wait_for
 
 pytestmark = pytest.mark.integration
 

@@ -23,8 +23,10 @@ from processor.io.runs_admin import register_workflow
 
 from . import counted_steps
 from .audit import assert_results_applied, assert_transitions_applied_once, timed_out_attempts
-from .conftest import SAMPLE, count_terminal, run_statuses, wait_for
 from .restarts import LocalInfra
+from .runs import count_terminal, run_statuses
+from .samples import SAMPLE
+from .waiting import wait_for
 
 pytestmark = pytest.mark.integration
 

@@ -23,7 +23,9 @@ from processor.io.kafka import producer_config
 from processor.io.runs_admin import register_workflow
 from processor.worker import StepContext, sample_registry
 
-from .conftest import ProcessorThread, WorkerThread, count_terminal, run_statuses, wait_for
+from .instances import ProcessorThread, WorkerThread
+from .runs import count_terminal, run_statuses
+from .waiting import wait_for
 
 pytestmark = pytest.mark.integration
 

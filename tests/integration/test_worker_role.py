@@ -30,16 +30,10 @@ from processor.io.package_files import migrations
 from processor.io.runs_admin import register_workflow
 from processor.io.worker_registry import servers
 
-from .conftest import (
-    ProcessorThread,
-    Spawned,
-    WorkerThread,
-    child_env,
-    count_terminal,
-    run_ductor,
-    run_statuses,
-    wait_for,
-)
+from .children import Spawned, child_env, run_ductor
+from .instances import ProcessorThread, WorkerThread
+from .runs import count_terminal, run_statuses
+from .waiting import wait_for
 
 pytestmark = pytest.mark.integration
 

@@ -1,6 +1,7 @@
 """A user's bash session fed a Markdown page's commands one at a time, in a copy of the
 repository's top: tests/integration/test_example_readmes.py and test_docs_shell.py walk their
-pages with it."""
+pages with it. A plugin too (registered by tests/conftest.py): its fixtures ``top`` (the copy)
+and ``shell`` (the session there, closed at the test's end)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import pytest
@@ -22,7 +23,9 @@ import pytest
 from processor.io.config import Settings
 from tests.readme_script import Command, matches
 
-from .conftest import REPO, child_env, wait_for
+from .children import child_env
+from .samples import REPO
+from .waiting import wait_for
 
 # The line a service logs once it serves ("processor started", "worker started").
 STARTED = re.compile(r'"msg":"(processor|worker) started"')
@@ -184,3 +187,17 @@ def user_shell(settings: Settings, top: Path) -> Shell:
     )
     env.pop("VIRTUAL_ENV", None)
     return Shell(top, env)
+
+
+@pytest.fixture
+def top(tmp_path: Path) -> Path:
+    return repo_top(tmp_path)
+
+
+@pytest.fixture
+def shell(settings: Settings, top: Path) -> Iterator[Shell]:
+    session = user_shell(settings, top)
+    try:
+        yield session
+    finally:
+        session.close()

@@ -1,4 +1,4 @@
-"""The benchmark's comparison of the builds (processor/tools/bench_support.py,
+"""The benchmark's comparison of the builds (processor/tools/bench_report.py,
 ``report_builds``): the end-to-end rows are the medians of each build's rounds, not one round
 of each, and every round is shown."""
 
@@ -7,8 +7,9 @@ from __future__ import annotations
 import pytest
 
 from processor.tools.bench_cpu import CpuUse
+from processor.tools.bench_report import report_builds
 from processor.tools.bench_rounds import Round
-from processor.tools.bench_support import COMPILED, PURE, Cost, Figures, report_builds
+from processor.tools.bench_support import COMPILED, PURE, Cost, Figures
 
 
 def _round(build: str, seconds: float, instance: float) -> Round:

@@ -12,16 +12,8 @@ from processor.core.outcomes import DeadLetterReason
 from processor.core.requests import SignalRequest, StartRequest, decode_request
 from processor.core.scopes import scope_refusal
 from processor.io.config import Settings
-from processor.tools.chaos_hostile import (
-    APPROVAL,
-    KINDS,
-    MAP_WORKFLOW,
-    Kind,
-    Target,
-    map_run_id,
-    map_workflow,
-    scoped,
-)
+from processor.tools.chaos_hostile import map_run_id, map_workflow, scoped
+from processor.tools.chaos_hostile_kinds import APPROVAL, KINDS, MAP_WORKFLOW, Kind, Target
 
 TOPIC_PREFIX = "chaos-ab12cd"
 SETTINGS = scoped(Settings(), TOPIC_PREFIX)

@@ -8,8 +8,8 @@ import random
 from hypothesis import given
 from hypothesis import strategies as st
 
-from processor.tools.chaos import ChaosPlan, expected_s, schedule
 from processor.tools.chaos_fleet import PROCESSOR, WORKER
+from processor.tools.chaos_plan import ChaosPlan, expected_s, schedule
 from processor.tools.chaos_report import BROKER, FREEZE, LOCK, POSTGRES
 
 

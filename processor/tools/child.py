@@ -1,0 +1,153 @@
+"""One way to start a `ductor` child process, for the tools (bench, chaos, failover, demo)
+and the integration tests alike: `python -m processor ARGS...` (or the installed console
+script, as a user runs it), its stdout and stderr (JSON log lines) written to a file, read
+back by the questions the callers ask of it (partitions owned, outages logged, final stats).
+
+A failure (a child that exited, or did not stop on SIGTERM) is reported through
+``DuctorChild.fail``: an exception here; the tests' subclass fails the test instead.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any, NoReturn
+
+import orjson
+
+from processor.io.logs import read_stats
+
+
+class ChildFailed(RuntimeError):
+    """A child exited when it should have run, or did not stop when told to."""
+
+
+def ductor_command(installed: bool = False) -> list[str]:
+    """How to run `ductor`: `python -m processor`, or the installed console script beside
+    this interpreter (`python -m processor` puts the current directory on the import path by
+    itself and would hide whether `--app` does)."""
+    if installed:
+        return [str(Path(sys.executable).with_name("ductor"))]
+    return [sys.executable, "-m", "processor"]
+
+
+def popen_ductor(
+    args: list[str],
+    env: dict[str, str],
+    log_path: Path,
+    cwd: Path | None = None,
+    installed: bool = False,
+) -> subprocess.Popen[bytes]:
+    """`ductor ARGS...` started with ``env``, its output (stdout and stderr, interleaved) to
+    ``log_path``; the child keeps the file open, this process does not."""
+    with log_path.open("wb") as log:
+        return subprocess.Popen(
+            [*ductor_command(installed), *args],
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            cwd=cwd,
+        )
+
+
+class DuctorChild:
+    """A running `ductor` child and its log file."""
+
+    def __init__(
+        self,
+        args: list[str],
+        env: dict[str, str],
+        log_path: Path,
+        cwd: Path | None = None,
+        installed: bool = False,
+    ) -> None:
+        self.log_path = log_path
+        self.proc = popen_ductor(args, env, log_path, cwd, installed)
+
+    def fail(self, message: str) -> NoReturn:
+        raise ChildFailed(message)
+
+    def tail(self, lines: int = 10) -> str:
+        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+
+    def running(self) -> bool:
+        """True while the process runs (a condition to wait on); once it has exited, a
+        failure carrying its exit code and the last lines of its log."""
+        code = self.proc.poll()
+        if code is not None:
+            self.fail(f"{self.log_path.stem} exited with {code}:\n{self.tail()}")
+        return True
+
+    def terminate(self, timeout: float = 30.0) -> int:
+        """SIGTERM, and its exit code. A process that has not exited within ``timeout`` is a
+        failure (a stop that hangs is a bug wherever it shows): SIGUSR1 makes it write its
+        threads' stacks to its log, SIGKILL ends it, and the failure carries the log's tail,
+        so a report shows where it was stuck."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.send_signal(signal.SIGUSR1)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.proc.wait(2)
+            self.proc.kill()
+            self.proc.wait(10)
+            tail = self.log_path.read_text(errors="replace")[-8000:]
+            self.fail(f"{self.log_path.name} did not stop in {timeout:.0f} s of SIGTERM:\n{tail}")
+
+    def stop(self, timeout: float = 30.0) -> int | None:
+        """SIGTERM, then SIGKILL if it has not exited within ``timeout``: its exit code, None
+        when it had to be killed (for tools, which report rather than fail)."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            return None
+
+    def kill(self) -> None:
+        self.proc.kill()
+        self.proc.wait(10)
+
+    def log_lines(self) -> list[dict[str, Any]]:
+        lines = []
+        for raw in self.log_path.read_bytes().splitlines():
+            try:
+                lines.append(orjson.loads(raw))
+            except orjson.JSONDecodeError:
+                continue  # not a log line (a failing command's last sentence)
+        return lines
+
+    def outages(self, dependency: str, phase: str = "started") -> int:
+        """Its log lines saying an outage of ``dependency`` ("kafka", "postgres") started or
+        ended."""
+        return sum(
+            1
+            for line in self.log_lines()
+            if line.get("dependency") == dependency and line.get("outage") == phase
+        )
+
+    def owned_partitions(self) -> int:
+        """Partitions the instance holds, from its assignment log lines."""
+        owned = 0
+        for line in self.log_lines():
+            if line.get("msg") == "partitions assigned":
+                owned += int(line["count"])
+            elif line.get("msg") == "partitions released":
+                owned -= int(line["count"])
+        return owned
+
+    def assignments(self) -> int:
+        """How many times the instance was given partitions."""
+        return sum(1 for line in self.log_lines() if line.get("msg") == "partitions assigned")
+
+    def final_stats(self) -> dict[str, Any]:
+        stats = read_stats(self.log_path, final=True)
+        if stats is None:
+            self.fail(f"no final stats line in {self.log_path}")
+        return stats
