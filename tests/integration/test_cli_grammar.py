@@ -26,6 +26,7 @@ from processor.tools.child import ductor_command
 
 from .children import child_env
 from .instances import WorkerThread
+from .samples import REPO
 
 pytestmark = pytest.mark.integration
 
@@ -118,7 +119,7 @@ def test_start_wait_prints_the_result_with_an_exit_code_by_outcome(
         worker.stop()
 
     # stdin, as a user pipes it to the installed command.
-    command, where = ductor_command(None)
+    command, where = ductor_command(), REPO
     piped = subprocess.run(
         [*command, "start", "sample", "--run-id", "piped", "--input", "-", "-o", "json"],
         input='{"from": "stdin"}',
