@@ -10,7 +10,13 @@ from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
-from processor.core.limit_defs import LIMIT_NAME, MAX_LIMIT, ConcurrencyLimit, RateLimit
+from processor.core.limit_defs import (
+    LIMIT_NAME,
+    MAX_LIMIT,
+    ConcurrencyLimit,
+    RateLimit,
+    limit_key,
+)
 from processor.core.routing import DEFAULT_QUEUE
 from processor.core.workflow_def import (
     CHILD_TIMEOUT_MS,
@@ -180,7 +186,7 @@ def _parse_concurrency(raw_step: Mapping[str, Any], where: str) -> ConcurrencyLi
         )
     check_keys(raw, {"limit", "key", "name"}, where)
     path = optional(raw, "key", str, where, "")
-    key = tuple(path.removeprefix("$.").split(".")) if path else ()
+    key = limit_key(path)
     if any(not part for part in key):
         raise ValidationError(
             f"{where}.key: {path!r} is a dotted path in the input, e.g. 'customer.id'"
