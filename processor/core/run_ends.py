@@ -27,6 +27,9 @@ def end_run(
     wf: WorkflowDef | None = None,
     maps: Maps | None = None,
 ) -> Decision:
+    """The decision that ends the run with ``status``: every node still in flight cancelled,
+    in the state's order (``wf`` given: a map's items placed, its progress and the items this
+    tick took out kept from ``maps``)."""
     order = state.nodes if wf is None else ordered_nodes(state, nodes, wf)
     ended = tuple(
         (

@@ -61,10 +61,11 @@ Rules, in the order they are applied:
 8. A tick that changes nothing is a no-op and writes nothing; one that changes anything bumps
    ``seq`` by exactly one (so ``last_transition_seq`` is monotone).
 
-Two transitions come from outside a tick (core/run_ends.py, re-exported here): ``force_fail``
-(the livelock guard and the stuck-run watchdog end a live run) and ``resume_failed`` (an operator's
-``ductor runs retry`` takes a failed run back to running: its succeeded nodes are kept, every
-other node is pending again, its attempt numbers going on and its retry budget whole again).
+Two transitions come from outside a tick (core/run_ends.py, re-exported here):
+``force_fail`` (the livelock guard and the stuck-run watchdog end a live run) and
+``resume_failed`` (an operator's ``ductor runs retry`` takes a failed run back to running: its
+succeeded nodes are kept, every other node is pending again, its attempt numbers going on and
+its retry budget whole again).
 
 The tick never reads the clock, never draws randomness, never does I/O: ``now_ms`` is an
 argument, and the shell carries out the returned decision.
@@ -122,9 +123,8 @@ __all__ = [
 # `NodeStatus.DISPATCHED` goes through the enum's metaclass (~130 ns), dozens of times a tick.
 _PENDING, _DISPATCHED = NodeStatus.PENDING, NodeStatus.DISPATCHED
 _RETRY_WAIT, _LIMIT_WAIT = NodeStatus.RETRY_WAIT, NodeStatus.LIMIT_WAIT
-_SUCCEEDED, _FAILED, _CANCELLED = NodeStatus.SUCCEEDED, NodeStatus.FAILED, NodeStatus.CANCELLED
+_SUCCEEDED, _FAILED = NodeStatus.SUCCEEDED, NodeStatus.FAILED
 _RUN_PENDING, _RUN_RUNNING = RunStatus.PENDING, RunStatus.RUNNING
-_IN_FLIGHT = (_PENDING, _DISPATCHED, _RETRY_WAIT, _LIMIT_WAIT)
 
 
 def tick(
