@@ -31,9 +31,10 @@ from dataclasses import dataclass, replace
 from typing import Any, overload
 
 from processor.core.durations import Duration, duration_ms, optional_ms
-from processor.core.limit_defs import ConcurrencyLimit, limit_key
+from processor.core.limit_defs import ConcurrencyLimit
 from processor.core.limit_defs import RateLimit as StepRateLimit
 from processor.core.routing import DEFAULT_QUEUE
+from processor.core.step_parse import concurrency_key
 from processor.core.workflow import (
     MAP,
     MAP_ITEMS,
@@ -80,10 +81,12 @@ class Concurrency:
     key: str | None = None
     name: str | None = None
 
-    def limit_of(self, step_type: str) -> ConcurrencyLimit:
-        """The limit as the definition of a step of type ``step_type`` holds it."""
+    def limit_of(self, step_type: str, where: str) -> ConcurrencyLimit:
+        """The limit as the definition of a step of type ``step_type`` holds it (``where``:
+        the step's place in the definition, for a key that is not a path)."""
         name = self.name if self.name is not None else step_type
-        return ConcurrencyLimit(name, self.limit, limit_key(self.key or ""))
+        key = concurrency_key(self.key or "", f"{where}.concurrency")
+        return ConcurrencyLimit(name, self.limit, key)
 
 
 @dataclass(frozen=True)
@@ -116,12 +119,14 @@ class _Declared:
     def name(self) -> str:
         return self.step.name
 
-    def definition(self) -> StepDef:
+    def definition(self, where: str) -> StepDef:
+        """The step's definition, ``where`` its place in the workflow's."""
         step, step_type = self.step, self.step.step_type
+        concurrency = self.concurrency
         return replace(
             step,
             retry=step.retry if self.retry is None else self.retry.policy(),
-            concurrency=None if self.concurrency is None else self.concurrency.limit_of(step_type),
+            concurrency=None if concurrency is None else concurrency.limit_of(step_type, where),
             rate_limit=None if self.rate_limit is None else self.rate_limit.limit_of(step_type),
         )
 
@@ -380,7 +385,9 @@ class Workflow:
         raw: dict[str, Any] = {"name": self.name, "version": self.version}
         if self.description is not None:
             raw["description"] = self.description
-        raw["steps"] = [step_to_json(s.definition()) for s in self._steps]
+        raw["steps"] = [
+            step_to_json(s.definition(f"workflow.steps[{i}]")) for i, s in enumerate(self._steps)
+        ]
         if self.output is not None:
             raw["output"] = self.output if isinstance(self.output, str) else dict(self.output)
         if self.input_schema is not None:

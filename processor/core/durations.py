@@ -17,9 +17,10 @@ _DURATION = re.compile(r"\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)\s*")
 _UNIT_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
 
 
-def duration_ms(value: Duration, what: str = "duration") -> int:
-    """``value`` in whole milliseconds; ValidationError naming ``what`` when it is not a
-    duration (a negative one included)."""
+def duration_ms(value: object, what: str = "duration") -> int:
+    """``value`` (a ``Duration``) in whole milliseconds; ValidationError naming ``what`` when
+    it is not a duration (a negative one included). It takes any object: a compiled build
+    checks a typed argument before this could refuse it with a ValidationError."""
     if isinstance(value, bool):
         raise ValidationError(f"{what}: expected a duration, got {value!r}")
     if isinstance(value, int):
@@ -38,6 +39,6 @@ def duration_ms(value: Duration, what: str = "duration") -> int:
     return ms
 
 
-def optional_ms(value: Duration | None, what: str) -> int | None:
+def optional_ms(value: object, what: str) -> int | None:
     """``duration_ms`` of an optional duration (None stays None)."""
     return None if value is None else duration_ms(value, what)

@@ -17,12 +17,6 @@ LIMIT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,99}")
 MAX_LIMIT = 100_000
 
 
-def limit_key(path: str) -> tuple[str, ...]:
-    """A concurrency limit's ``key`` as written (a dotted path in the run's input, ``$.``
-    allowed before it; "" for none) as the limit holds it."""
-    return tuple(path.removeprefix("$.").split(".")) if path else ()
-
-
 @dataclass(frozen=True)
 class ConcurrencyLimit:
     """At most ``limit`` attempts of the steps sharing ``name`` in flight at once, counted

@@ -15,7 +15,6 @@ from processor.core.limit_defs import (
     MAX_LIMIT,
     ConcurrencyLimit,
     RateLimit,
-    limit_key,
 )
 from processor.core.routing import DEFAULT_QUEUE
 from processor.core.workflow_def import (
@@ -185,14 +184,20 @@ def _parse_concurrency(raw_step: Mapping[str, Any], where: str) -> ConcurrencyLi
             f"{where}: expected an object, e.g. {{'limit': 5, 'key': 'customer'}}"
         )
     check_keys(raw, {"limit", "key", "name"}, where)
-    path = optional(raw, "key", str, where, "")
-    key = limit_key(path)
+    key = concurrency_key(optional(raw, "key", str, where, ""), where)
+    name = _limit_name(raw, where, str(raw_step.get("type", "")))
+    return ConcurrencyLimit(name, _limit_count(raw, where), key)
+
+
+def concurrency_key(path: str, where: str) -> tuple[str, ...]:
+    """A concurrency limit's ``key`` as written (a dotted path in the run's input, ``$.``
+    allowed before it; "" for none) as the limit holds it; ``where``: the limit's place."""
+    key = tuple(path.removeprefix("$.").split(".")) if path else ()
     if any(not part for part in key):
         raise ValidationError(
             f"{where}.key: {path!r} is a dotted path in the input, e.g. 'customer.id'"
         )
-    name = _limit_name(raw, where, str(raw_step.get("type", "")))
-    return ConcurrencyLimit(name, _limit_count(raw, where), key)
+    return key
 
 
 def _parse_rate_limit(raw_step: Mapping[str, Any], where: str) -> RateLimit | None:

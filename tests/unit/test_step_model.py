@@ -11,6 +11,7 @@ import json
 from dataclasses import fields
 from typing import Any, cast
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -20,6 +21,7 @@ from processor.core.workflow import (
     MAX_BACKOFF_MS,
     MAX_TIMEOUT_MS,
     StepDef,
+    ValidationError,
     WorkflowDef,
     parse_workflow,
     workflow_to_json,
@@ -127,7 +129,8 @@ def definitions(draw: st.DrawFn) -> dict[str, Any]:
             | st.dictionaries(_NAMES, st.sampled_from(names), min_size=1, max_size=3)
         )
     if draw(st.booleans()):
-        raw["input_schema"] = {"type": "object", "required": draw(st.lists(_NAMES, max_size=2, unique=True))}
+        required = draw(st.lists(_NAMES, max_size=2, unique=True))
+        raw["input_schema"] = {"type": "object", "required": required}
     return raw
 
 
@@ -331,3 +334,19 @@ def test_any_workflow_in_code_gives_the_definition_of_its_json_form(raw: dict[st
     code = _in_code(wf, raw)
     assert code.definition() == wf
     assert list(SCHEMA.iter_errors(code.to_json())) == []
+
+
+@pytest.mark.parametrize("key", ["$.", "a..b", "."])
+def test_a_limit_key_that_is_not_a_path_is_refused_in_code_as_in_json(key: str) -> None:
+    raw = {
+        "name": "keyed",
+        "version": 1,
+        "steps": [{"name": "a", "type": "a", "concurrency": {"limit": 1, "key": key}}],
+    }
+    with pytest.raises(ValidationError) as in_json:
+        parse_workflow(raw)
+    code = Workflow("keyed")
+    code.step(name="a", type="a", concurrency=Concurrency(1, key=key))(_function)
+    with pytest.raises(ValidationError) as in_code:
+        code.definition()
+    assert str(in_code.value) == str(in_json.value)
