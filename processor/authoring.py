@@ -115,10 +115,6 @@ class _Declared:
     concurrency: Concurrency | None = None
     rate_limit: RateLimit | None = None
 
-    @property
-    def name(self) -> str:
-        return self.step.name
-
     def definition(self, where: str) -> StepDef:
         """The step's definition, ``where`` its place in the workflow's."""
         step, step_type = self.step, self.step.step_type
@@ -230,9 +226,7 @@ class Workflow:
         def add(function: StepFunction) -> StepFunction:
             function_name = str(getattr(function, "__name__", ""))
             step_name = name if name is not None else function_name
-            if any(s.name == step_name for s in self._steps):
-                raise ValidationError(f"workflow {self.name!r}: step {step_name!r} is added twice")
-            where = f"workflow {self.name!r}, step {step_name!r}"
+            where = self._new_step(step_name)
             step = StepDef(
                 name=step_name,
                 step_type=type if type is not None else function_name,
@@ -320,9 +314,7 @@ class Workflow:
         person's answer. Its output is the signal's payload; after ``timeout`` (default a
         week) the attempt times out, and ``retry`` says whether it waits again (once by
         default). Returns the step's name, for ``after=`` of the steps that follow."""
-        if any(s.name == name for s in self._steps):
-            raise ValidationError(f"workflow {self.name!r}: step {name!r} is added twice")
-        where = f"workflow {self.name!r}, step {name!r}"
+        where = self._new_step(name)
         step = StepDef(
             name=name,
             step_type="",
@@ -352,9 +344,7 @@ class Workflow:
         is cancelled then, as it is when this run is cancelled or fails); ``retry`` (once by
         default) says whether another child run is started after a failure. Returns the
         step's name, for ``after=`` of the steps that follow."""
-        if any(s.name == name for s in self._steps):
-            raise ValidationError(f"workflow {self.name!r}: step {name!r} is added twice")
-        where = f"workflow {self.name!r}, step {name!r}"
+        where = self._new_step(name)
         step = StepDef(
             name=name,
             step_type="",
@@ -367,6 +357,12 @@ class Workflow:
         )
         self._steps.append(_Declared(step, retry or Retry(max_attempts=1)))
         return name
+
+    def _new_step(self, name: str) -> str:
+        """Where a new step ``name`` is declared (for messages), once it is known to be new."""
+        if any(s.step.name == name for s in self._steps):
+            raise ValidationError(f"workflow {self.name!r}: step {name!r} is added twice")
+        return f"workflow {self.name!r}, step {name!r}"
 
     def _dependency(self, dependency: Dependency, where: str) -> str:
         if isinstance(dependency, str):
@@ -399,7 +395,7 @@ class Workflow:
         return parse_workflow(self.to_json())
 
     def __repr__(self) -> str:
-        steps = ", ".join(s.name for s in self._steps)
+        steps = ", ".join(s.step.name for s in self._steps)
         return f"Workflow({self.name!r}, version={self.version}, steps=[{steps}])"
 
 
