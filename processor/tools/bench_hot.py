@@ -79,7 +79,7 @@ def _row(run_id: str, first: bool) -> list[Any]:
     checksum = row_checksum(status, nodes, seq, None)
     return [
         run_id, WF.name, WF.version, status, nodes, seq, checksum, 3, None, "t1",
-        results, None, raw_input, not_before, None, None,
+        results, None, raw_input, not_before, None, None, None,
     ]  # fmt: skip
 
 
