@@ -26,46 +26,29 @@ Durations are milliseconds (an int), a ``timedelta``, or text: ``"500ms"``, ``"1
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
-from datetime import timedelta
 from typing import Any, overload
 
+from processor.core.durations import Duration, duration_ms, optional_ms
+from processor.core.limit_defs import ConcurrencyLimit
+from processor.core.limit_defs import RateLimit as StepRateLimit
 from processor.core.routing import DEFAULT_QUEUE
-from processor.core.workflow import ValidationError, WorkflowDef, parse_workflow
+from processor.core.step_parse import concurrency_key
+from processor.core.workflow import (
+    MAP,
+    MAP_ITEMS,
+    MAP_PARALLELISM,
+    WAIT,
+    WORKFLOW,
+    RetryPolicy,
+    StepDef,
+    ValidationError,
+    WorkflowDef,
+    parse_workflow,
+    step_to_json,
+)
 from processor.worker.steps import StepFunction, StepRegistry
-
-Duration = int | str | timedelta
-
-_DURATION = re.compile(r"\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)\s*")
-_UNIT_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
-
-
-def duration_ms(value: Duration, what: str = "duration") -> int:
-    """``value`` in whole milliseconds; ValidationError naming ``what`` when it is not a
-    duration (a negative one included)."""
-    if isinstance(value, bool):
-        raise ValidationError(f"{what}: expected a duration, got {value!r}")
-    if isinstance(value, int):
-        ms = value
-    elif isinstance(value, timedelta):
-        ms = round(value.total_seconds() * 1000)
-    elif isinstance(value, str) and (match := _DURATION.fullmatch(value)):
-        ms = round(float(match.group(1)) * _UNIT_MS[match.group(2)])
-    else:
-        raise ValidationError(
-            f"{what}: expected milliseconds, a timedelta or text such as '500ms', '15s', '10m',"
-            f" '2h', '1d'; got {value!r}"
-        )
-    if ms < 0:
-        raise ValidationError(f"{what}: must not be negative, got {value!r}")
-    return ms
-
-
-def _optional_ms(value: Duration | None, what: str) -> int | None:
-    """``duration_ms`` of an optional duration (None stays None)."""
-    return None if value is None else duration_ms(value, what)
 
 
 @dataclass(frozen=True)
@@ -78,13 +61,14 @@ class Retry:
     multiplier: float = 2.0
     max_backoff: Duration = "60s"
 
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "max_attempts": self.max_attempts,
-            "backoff_ms": duration_ms(self.backoff, "retry.backoff"),
-            "backoff_multiplier": float(self.multiplier),
-            "max_backoff_ms": duration_ms(self.max_backoff, "retry.max_backoff"),
-        }
+    def policy(self) -> RetryPolicy:
+        """The policy as the definition holds it."""
+        return RetryPolicy(
+            max_attempts=self.max_attempts,
+            backoff_ms=duration_ms(self.backoff, "retry.backoff"),
+            backoff_multiplier=float(self.multiplier),
+            max_backoff_ms=duration_ms(self.max_backoff, "retry.max_backoff"),
+        )
 
 
 @dataclass(frozen=True)
@@ -97,13 +81,12 @@ class Concurrency:
     key: str | None = None
     name: str | None = None
 
-    def to_json(self) -> dict[str, Any]:
-        raw: dict[str, Any] = {"limit": self.limit}
-        if self.key is not None:
-            raw["key"] = self.key
-        if self.name is not None:
-            raw["name"] = self.name
-        return raw
+    def limit_of(self, step_type: str, where: str) -> ConcurrencyLimit:
+        """The limit as the definition of a step of type ``step_type`` holds it (``where``:
+        the step's place in the definition, for a key that is not a path)."""
+        name = self.name if self.name is not None else step_type
+        key = concurrency_key(self.key or "", f"{where}.concurrency")
+        return ConcurrencyLimit(name, self.limit, key)
 
 
 @dataclass(frozen=True)
@@ -115,98 +98,33 @@ class RateLimit:
     per: Duration = "1s"
     name: str | None = None
 
-    def to_json(self) -> dict[str, Any]:
-        raw: dict[str, Any] = {
-            "limit": self.limit,
-            "per_s": duration_ms(self.per, "rate_limit.per") / 1000,
-        }
-        if self.name is not None:
-            raw["name"] = self.name
-        return raw
+    def limit_of(self, step_type: str) -> StepRateLimit:
+        """The limit as the definition of a step of type ``step_type`` holds it."""
+        name = self.name if self.name is not None else step_type
+        return StepRateLimit(name, self.limit, duration_ms(self.per, "rate_limit.per"))
 
 
 @dataclass(frozen=True)
-class _Step:
-    name: str
-    step_type: str
-    after: tuple[str, ...]
-    timeout_ms: int
-    retry: Retry | None
-    queue: str
-    heartbeat_timeout_ms: int | None
-    # A map step: (items_from, max_items, parallelism); None for a plain one.
-    mapping: tuple[str | None, int, int] | None = None
+class _Declared:
+    """A step as declared: its definition, but for the options written in this API's terms
+    (durations of a retry policy, limits named after the step's type by default), which are
+    resolved when the definition is asked for, where a mistake in them is reported."""
+
+    step: StepDef
+    retry: Retry | None = None
     concurrency: Concurrency | None = None
     rate_limit: RateLimit | None = None
-    schedule_to_start_ms: int | None = None
-    schedule_to_close_ms: int | None = None
 
-    def to_json(self) -> dict[str, Any]:
-        raw: dict[str, Any] = {"name": self.name, "type": self.step_type}
-        if self.mapping is not None:
-            items_from, max_items, parallelism = self.mapping
-            raw["kind"] = "map"
-            if items_from is not None:
-                raw["items_from"] = items_from
-            raw |= {"max_items": max_items, "parallelism": parallelism}
-        if self.after:
-            raw["depends_on"] = list(self.after)
-        if self.retry is not None:
-            raw["retry"] = self.retry.to_json()
-        raw["timeout_ms"] = self.timeout_ms
-        if self.queue != DEFAULT_QUEUE:
-            raw["queue"] = self.queue
-        if self.heartbeat_timeout_ms is not None:
-            raw["heartbeat_timeout_ms"] = self.heartbeat_timeout_ms
-        if self.schedule_to_start_ms is not None:
-            raw["schedule_to_start_ms"] = self.schedule_to_start_ms
-        if self.schedule_to_close_ms is not None:
-            raw["schedule_to_close_ms"] = self.schedule_to_close_ms
-        if self.concurrency is not None:
-            raw["concurrency"] = self.concurrency.to_json()
-        if self.rate_limit is not None:
-            raw["rate_limit"] = self.rate_limit.to_json()
-        return raw
-
-
-@dataclass(frozen=True)
-class _WaitStep:
-    name: str
-    signal: str
-    after: tuple[str, ...]
-    timeout_ms: int
-    retry: Retry
-
-    def to_json(self) -> dict[str, Any]:
-        raw: dict[str, Any] = {"name": self.name, "kind": "wait", "signal": self.signal}
-        if self.after:
-            raw["depends_on"] = list(self.after)
-        raw["retry"] = self.retry.to_json()
-        raw["timeout_ms"] = self.timeout_ms
-        return raw
-
-
-@dataclass(frozen=True)
-class _ChildStep:
-    name: str
-    workflow: str
-    version: int | None
-    input_from: str | None
-    after: tuple[str, ...]
-    timeout_ms: int
-    retry: Retry
-
-    def to_json(self) -> dict[str, Any]:
-        raw: dict[str, Any] = {"name": self.name, "kind": "workflow", "workflow": self.workflow}
-        if self.version is not None:
-            raw["version"] = self.version
-        if self.input_from is not None:
-            raw["input_from"] = self.input_from
-        if self.after:
-            raw["depends_on"] = list(self.after)
-        raw["retry"] = self.retry.to_json()
-        raw["timeout_ms"] = self.timeout_ms
-        return raw
+    def definition(self, where: str) -> StepDef:
+        """The step's definition, ``where`` its place in the workflow's."""
+        step, step_type = self.step, self.step.step_type
+        concurrency = self.concurrency
+        return replace(
+            step,
+            retry=step.retry if self.retry is None else self.retry.policy(),
+            concurrency=None if concurrency is None else concurrency.limit_of(step_type, where),
+            rate_limit=None if self.rate_limit is None else self.rate_limit.limit_of(step_type),
+        )
 
 
 Dependency = str | Callable[..., object]
@@ -255,7 +173,7 @@ class Workflow:
         self.output = output
         self.input_schema = _json_schema(input_schema) if input_schema is not None else None
         self.registry = registry if registry is not None else StepRegistry()
-        self._steps: list[_Step | _WaitStep | _ChildStep] = []
+        self._steps: list[_Declared] = []
         self._names: dict[int, str] = {}  # id(function) -> its step's name
 
     @overload
@@ -308,29 +226,19 @@ class Workflow:
         def add(function: StepFunction) -> StepFunction:
             function_name = str(getattr(function, "__name__", ""))
             step_name = name if name is not None else function_name
-            if any(s.name == step_name for s in self._steps):
-                raise ValidationError(f"workflow {self.name!r}: step {step_name!r} is added twice")
-            where = f"workflow {self.name!r}, step {step_name!r}"
-            heartbeat = (
-                None
-                if heartbeat_timeout is None
-                else duration_ms(heartbeat_timeout, f"{where}: heartbeat_timeout")
-            )
-            step = _Step(
+            where = self._new_step(step_name)
+            step = StepDef(
                 name=step_name,
                 step_type=type if type is not None else function_name,
-                after=tuple(self._dependency(d, where) for d in after),
+                depends_on=tuple(self._dependency(d, where) for d in after),
                 timeout_ms=duration_ms(timeout, f"{where}: timeout"),
-                retry=retry,
                 queue=queue,
-                heartbeat_timeout_ms=heartbeat,
-                concurrency=concurrency,
-                rate_limit=rate_limit,
-                schedule_to_start_ms=_optional_ms(schedule_to_start, f"{where}: schedule_to_start"),
-                schedule_to_close_ms=_optional_ms(schedule_to_close, f"{where}: schedule_to_close"),
+                heartbeat_timeout_ms=optional_ms(heartbeat_timeout, f"{where}: heartbeat_timeout"),
+                schedule_to_start_ms=optional_ms(schedule_to_start, f"{where}: schedule_to_start"),
+                schedule_to_close_ms=optional_ms(schedule_to_close, f"{where}: schedule_to_close"),
             )
             registered = self.registry.step(step.step_type)(function)
-            self._steps.append(step)
+            self._steps.append(_Declared(step, retry, concurrency, rate_limit))
             self._names[id(function)] = step.name
             return registered
 
@@ -340,14 +248,15 @@ class Workflow:
         self,
         *,
         items_from: Dependency | None = None,
-        max_items: int = 1_000,
-        parallelism: int = 10,
+        max_items: int = MAP_ITEMS,
+        parallelism: int = MAP_PARALLELISM,
         name: str | None = None,
         type: str | None = None,
         after: Iterable[Dependency] = (),
         timeout: Duration = "30s",
         retry: Retry | None = None,
         queue: str = DEFAULT_QUEUE,
+        heartbeat_timeout: Duration | None = None,
         concurrency: Concurrency | None = None,
         rate_limit: RateLimit | None = None,
         schedule_to_start: Duration | None = None,
@@ -369,6 +278,7 @@ class Workflow:
             timeout=timeout,
             retry=retry,
             queue=queue,
+            heartbeat_timeout=heartbeat_timeout,
             concurrency=concurrency,
             rate_limit=rate_limit,
             schedule_to_start=schedule_to_start,
@@ -377,9 +287,15 @@ class Workflow:
 
         def add(function: StepFunction) -> StepFunction:
             registered = register(function)
-            plain = self._steps[-1]
-            assert isinstance(plain, _Step)
-            self._steps[-1] = replace(plain, mapping=(source, max_items, parallelism))
+            declared = self._steps[-1]
+            mapped = replace(
+                declared.step,
+                kind=MAP,
+                items_from=source,
+                max_items=max_items,
+                parallelism=parallelism,
+            )
+            self._steps[-1] = replace(declared, step=mapped)
             return registered
 
         return add
@@ -398,18 +314,16 @@ class Workflow:
         person's answer. Its output is the signal's payload; after ``timeout`` (default a
         week) the attempt times out, and ``retry`` says whether it waits again (once by
         default). Returns the step's name, for ``after=`` of the steps that follow."""
-        if any(s.name == name for s in self._steps):
-            raise ValidationError(f"workflow {self.name!r}: step {name!r} is added twice")
-        where = f"workflow {self.name!r}, step {name!r}"
-        self._steps.append(
-            _WaitStep(
-                name=name,
-                signal=signal,
-                after=tuple(self._dependency(d, where) for d in after),
-                timeout_ms=duration_ms(timeout, f"{where}: timeout"),
-                retry=retry or Retry(max_attempts=1),
-            )
+        where = self._new_step(name)
+        step = StepDef(
+            name=name,
+            step_type="",
+            depends_on=tuple(self._dependency(d, where) for d in after),
+            timeout_ms=duration_ms(timeout, f"{where}: timeout"),
+            kind=WAIT,
+            signal=signal,
         )
+        self._steps.append(_Declared(step, retry or Retry(max_attempts=1)))
         return name
 
     def child(
@@ -430,21 +344,25 @@ class Workflow:
         is cancelled then, as it is when this run is cancelled or fails); ``retry`` (once by
         default) says whether another child run is started after a failure. Returns the
         step's name, for ``after=`` of the steps that follow."""
-        if any(s.name == name for s in self._steps):
-            raise ValidationError(f"workflow {self.name!r}: step {name!r} is added twice")
-        where = f"workflow {self.name!r}, step {name!r}"
-        self._steps.append(
-            _ChildStep(
-                name=name,
-                workflow=workflow.name if isinstance(workflow, Workflow) else workflow,
-                version=version,
-                input_from=None if input_from is None else self._dependency(input_from, where),
-                after=tuple(self._dependency(d, where) for d in after),
-                timeout_ms=duration_ms(timeout, f"{where}: timeout"),
-                retry=retry or Retry(max_attempts=1),
-            )
+        where = self._new_step(name)
+        step = StepDef(
+            name=name,
+            step_type="",
+            depends_on=tuple(self._dependency(d, where) for d in after),
+            timeout_ms=duration_ms(timeout, f"{where}: timeout"),
+            kind=WORKFLOW,
+            child_workflow=workflow.name if isinstance(workflow, Workflow) else workflow,
+            child_version=version,
+            input_from=None if input_from is None else self._dependency(input_from, where),
         )
+        self._steps.append(_Declared(step, retry or Retry(max_attempts=1)))
         return name
+
+    def _new_step(self, name: str) -> str:
+        """Where a new step ``name`` is declared (for messages), once it is known to be new."""
+        if any(s.step.name == name for s in self._steps):
+            raise ValidationError(f"workflow {self.name!r}: step {name!r} is added twice")
+        return f"workflow {self.name!r}, step {name!r}"
 
     def _dependency(self, dependency: Dependency, where: str) -> str:
         if isinstance(dependency, str):
@@ -458,11 +376,14 @@ class Workflow:
         return found
 
     def to_json(self) -> dict[str, Any]:
-        """The definition as JSON (schemas/workflow.schema.json), as written by hand."""
+        """The definition as JSON (schemas/workflow.schema.json): each step as the core's one
+        writer writes it (core/workflow.py), the workflow's own fields as they were given."""
         raw: dict[str, Any] = {"name": self.name, "version": self.version}
         if self.description is not None:
             raw["description"] = self.description
-        raw["steps"] = [s.to_json() for s in self._steps]
+        raw["steps"] = [
+            step_to_json(s.definition(f"workflow.steps[{i}]")) for i, s in enumerate(self._steps)
+        ]
         if self.output is not None:
             raw["output"] = self.output if isinstance(self.output, str) else dict(self.output)
         if self.input_schema is not None:
@@ -474,7 +395,7 @@ class Workflow:
         return parse_workflow(self.to_json())
 
     def __repr__(self) -> str:
-        steps = ", ".join(s.name for s in self._steps)
+        steps = ", ".join(s.step.name for s in self._steps)
         return f"Workflow({self.name!r}, version={self.version}, steps=[{steps}])"
 
 

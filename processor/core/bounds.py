@@ -196,30 +196,9 @@ def _walk(value: Any, steps: list[Any], depth: int, full: bool) -> BoundsProblem
     characters can be wrong. Recursion ends at MAX_DEPTH: a cycle is a value too deep."""
     kind = type(value)
     if kind is dict:
-        if depth >= MAX_DEPTH:
-            return _too_deep(steps)
-        for key, item in value.items():
-            if not isinstance(key, str):  # a str subclass is written as its text
-                return _at(steps, f"has a key that is not a string ({_kind(key)})")
-            wrong = _text(key, full)
-            if wrong is not None:
-                return _at(steps, f"has a key ({_quoted(key)}) that {wrong}")
-            steps.append(key)
-            problem = _walk(item, steps, depth + 1, full)
-            if problem is not None:
-                return problem
-            steps.pop()
-        return None
+        return _walk_object(value, steps, depth, full)
     if kind is list or kind is tuple:
-        if depth >= MAX_DEPTH:
-            return _too_deep(steps)
-        for index, item in enumerate(value):
-            steps.append(index)
-            problem = _walk(item, steps, depth + 1, full)
-            if problem is not None:
-                return problem
-            steps.pop()
-        return None
+        return _walk_array(value, steps, depth, full)
     if kind is str:
         wrong = _text(value, full)
         return None if wrong is None else _at(steps, wrong)
@@ -230,6 +209,39 @@ def _walk(value: Any, steps: list[Any], depth: int, full: bool) -> BoundsProblem
     if kind in _SCALARS:
         return None
     return _other(value, steps, depth)
+
+
+def _walk_object(
+    value: dict[Any, Any], steps: list[Any], depth: int, full: bool
+) -> BoundsProblem | None:
+    """``_walk`` of a dict: its keys must be text JSON can hold, then each value."""
+    if depth >= MAX_DEPTH:
+        return _too_deep(steps)
+    for key, item in value.items():
+        if not isinstance(key, str):  # a str subclass is written as its text
+            return _at(steps, f"has a key that is not a string ({_kind(key)})")
+        wrong = _text(key, full)
+        if wrong is not None:
+            return _at(steps, f"has a key ({_quoted(key)}) that {wrong}")
+        steps.append(key)
+        problem = _walk(item, steps, depth + 1, full)
+        if problem is not None:
+            return problem
+        steps.pop()
+    return None
+
+
+def _walk_array(value: Any, steps: list[Any], depth: int, full: bool) -> BoundsProblem | None:
+    """``_walk`` of a list or a tuple: each item."""
+    if depth >= MAX_DEPTH:
+        return _too_deep(steps)
+    for index, item in enumerate(value):
+        steps.append(index)
+        problem = _walk(item, steps, depth + 1, full)
+        if problem is not None:
+            return problem
+        steps.pop()
+    return None
 
 
 def _other(value: Any, steps: list[Any], depth: int) -> BoundsProblem | None:

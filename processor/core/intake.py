@@ -30,7 +30,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from processor.core.envelope import Rejected, decode_wakeup
+from processor.core.envelope import Rejected, Wakeup, decode_wakeup
 from processor.core.outcomes import DeadLetterReason
 from processor.core.records import Inbound, KafkaMessage, normalise_headers
 from processor.core.requests import Request, decode_request
@@ -133,13 +133,7 @@ def admit(
     try:
         record.headers = normalise_headers(message)
         if record.tier == "requests":
-            request = decode_request(record.value, max_bytes)
-            if isinstance(request, Rejected):
-                return Reject(record, request.reason, request.detail)
-            refused = scope_refusal(scope, request)
-            if refused is not None:
-                return Reject(record, refused.reason, refused.detail)
-            return Requested(record, request)
+            return _request(record, max_bytes, scope)
         decoded = decode_wakeup(record.value, max_bytes)
     except Exception as exc:
         detail = f"undecodable record: {type(exc).__name__}: {exc}"
@@ -147,6 +141,23 @@ def admit(
     if isinstance(decoded, Rejected):
         return Reject(record, decoded.reason, decoded.detail)
     record.wakeup = decoded
+    return _timed(record, decoded, names, topic, now_ms)
+
+
+def _request(record: Inbound, max_bytes: int, scope: Scope) -> Verdict:
+    """The verdict on a record of the requests topic, if it is within ``scope``."""
+    request = decode_request(record.value, max_bytes)
+    if isinstance(request, Rejected):
+        return Reject(record, request.reason, request.detail)
+    refused = scope_refusal(scope, request)
+    if refused is not None:
+        return Reject(record, refused.reason, refused.detail)
+    return Requested(record, request)
+
+
+def _timed(record: Inbound, decoded: Wakeup, names: TopicNames, topic: str, now_ms: int) -> Verdict:
+    """The verdict on a wakeup by its times: out of bounds, not due yet, to hop to a delay
+    topic, or accepted."""
     due_at, target_at = decoded.due_at, decoded.target_at
     # A target is bounded whatever the due time: a record due soon must not carry one past it.
     if target_at is not None and target_at > now_ms + MAX_BACKOFF_MS + CLOCK_TOLERANCE_MS:

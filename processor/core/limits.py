@@ -47,8 +47,16 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import NamedTuple
 
+from processor.core.limit_values import (
+    NO_LIMITS,
+    Guard,
+    LimitInputs,
+    LimitView,
+    Need,
+    RunLimits,
+)
 from processor.core.model import LoadedRun, NodeStatus, RunState, node_state
-from processor.core.tick import Decision, Dispatch
+from processor.core.tick_decision import Decision, Dispatch
 from processor.core.workflow import StepDef
 
 # How long a node waiting for a concurrency slot waits before it looks again by itself, should
@@ -61,72 +69,23 @@ BACKSTOP_MS = 120_000
 # the shell loads for it): more than a batch's runs dispatch at once in all but a burst.
 RATE_LOOKAHEAD = 256
 
+# The shapes are limit_values.py's, imported from here by the shell.
+__all__ = [
+    "BACKSTOP_MS",
+    "NO_LIMITS",
+    "RATE_LOOKAHEAD",
+    "Guard",
+    "LimitInputs",
+    "LimitView",
+    "Need",
+    "RunLimits",
+    "admit",
+    "needs_of",
+    "paths_of",
+]
+
 _DISPATCHED, _LIMIT_WAIT = NodeStatus.DISPATCHED, NodeStatus.LIMIT_WAIT
 _SUCCEEDED = NodeStatus.SUCCEEDED
-
-
-class Need(NamedTuple):
-    """One counter a dispatch must find room in."""
-
-    key: str
-    name: str  # the limit's name (a metric's label: bounded, unlike the key)
-    limit: int
-    per_ms: int  # a rate limit's window; 0 for a concurrency limit
-
-
-class LimitView(NamedTuple):
-    """A counter as loaded: its version (0: no row yet), the attempts holding it
-    (concurrency), the times that bound its next dispatches (rate: ``bounds``) and its oldest
-    waiters, ``(since_ms, run_id, node)`` oldest first, at most as many as can be let in
-    (any waiter behind those cannot be let in before they are).
-
-    A rate counter has counted ``dispatched`` dispatches; ``bounds[j]`` is the time of its
-    dispatch number ``dispatched - span + j`` (0 when there is none: no bound), the one
-    that bounds its ``j``-th next admission under a limit of ``span``."""
-
-    version: int = 0
-    holders: int = 0
-    bounds: tuple[int, ...] = ()
-    queue: tuple[tuple[int, str, str], ...] = ()
-    dispatched: int = 0
-    span: int = 0
-
-
-class LimitInputs(NamedTuple):
-    """What the shell loaded for the batch's runs with limited steps: each run's input values
-    at the limits' paths, and each counter those runs may use."""
-
-    values: Mapping[str, Mapping[tuple[str, ...], str]]
-    views: Mapping[str, LimitView]
-
-
-NO_LIMITS = LimitInputs({}, {})
-
-
-class Guard(NamedTuple):
-    """A counter a commit counted on: written only if its version is still ``expected`` (it
-    becomes expected + 1). A rate counter's: the times of the dispatches the batch let in
-    (``times``), numbered from ``first``, and how many of its last dispatches it keeps."""
-
-    key: str
-    expected: int
-    times: tuple[int, ...] | None = None
-    first: int = 0
-    keep: int = 0
-
-
-class RunLimits(NamedTuple):
-    """What one run's commit writes of its limits, besides its row."""
-
-    guards: tuple[Guard, ...] = ()
-    holds: tuple[tuple[str, str, int], ...] = ()  # (key, node, attempt) taking a slot
-    releases: tuple[tuple[str, int], ...] = ()  # (node, attempt) whose slots are freed
-    waits: tuple[tuple[str, str, int], ...] = ()  # (key, node, since_ms) now waiting
-    unwaits: tuple[str, ...] = ()  # nodes no longer waiting (let in)
-    released: tuple[str, ...] = ()  # a key per slot freed for others: the waiters to wake
-    ends: bool = False  # the run ended: every slot it holds and every wait of it goes
-    waited: tuple[tuple[str, int], ...] = ()  # (limit name, ms) of each waiter let in
-    refused: tuple[str, ...] = ()  # a limit name per dispatch it held back (a metric)
 
 
 def needs_of(step: StepDef, values: Mapping[tuple[str, ...], str]) -> tuple[Need, ...]:
@@ -235,51 +194,113 @@ def admit(
     undone, its node waiting) and what each run's commit writes of its limits. A decision
     with nothing left to write becomes a no-op (``new_state`` None)."""
     counters = _Counters(inputs.views, now_ms)
+    ended = _Ended()
     candidates: list[_Candidate] = []
-    freed: dict[str, Counter[str]] = {}  # slots the run's attempts that ended held
-    reusable: dict[str, Counter[str]] = {}  # of those, the slots of attempts that succeeded
-    releases: dict[str, list[tuple[str, int]]] = {}
     for index, (run, decision) in enumerate(batch):
         if decision.new_state is None:
             continue
         values = inputs.values.get(run.run_id, {})
-        old = run.state.node_map()
+        ended.add(run, decision, values)
+        candidates += _candidates(index, run, decision, values, counters)
+    refused, writes = _let_in(candidates, counters, ended, now_ms)
+    guards = {c.key: counters.guard(c) for cand in candidates for c in cand.needs}
+    decisions: dict[str, Decision] = {}
+    limits: dict[str, RunLimits] = {}
+    for run, decision in batch:
+        run_id = run.run_id
+        held = _undo(run, decision, refused.get(run_id, {}), now_ms)
+        decisions[run_id] = held
+        if held.new_state is None:
+            continue
+        w = writes.get(run_id, _RunWrites())
+        released = tuple(sorted((ended.freed.get(run_id) or Counter()).elements()))  # (positive)
+        ends = held.new_state.status.terminal
+        if not (w.keys or released or ended.releases.get(run_id) or ends):
+            continue
+        limits[run_id] = RunLimits(
+            guards=tuple(guards[k] for k in sorted(w.keys)),
+            holds=tuple(w.holds),
+            releases=tuple(ended.releases.get(run_id, ())),
+            waits=tuple(w.waits),
+            unwaits=tuple(w.unwaits),
+            released=released,
+            ends=ends,
+            waited=tuple(w.waited),
+            refused=tuple(w.refused),
+        )
+    return decisions, limits
+
+
+class _Ended:
+    """The slots the batch's runs held for attempts their decisions end."""
+
+    def __init__(self) -> None:
+        self.freed: dict[str, Counter[str]] = {}  # slots the run's attempts that ended held
+        self.reusable: dict[str, Counter[str]] = {}  # of those, of attempts that succeeded
+        self.releases: dict[str, list[tuple[str, int]]] = {}
+
+    def add(
+        self, run: LoadedRun, decision: Decision, values: Mapping[tuple[str, ...], str]
+    ) -> None:
+        assert decision.new_state is not None
         new = decision.new_state.node_map()
         step_of = run.wf.step_for
-        for name, node in old.items():
+        for name, node in run.state.node_map().items():
             if node.status is not _DISPATCHED or not step_of(name).concurrency:
                 continue
             after = new.get(name)
             if after is None or after.status is not _DISPATCHED or after.attempt != node.attempt:
-                releases.setdefault(run.run_id, []).append((name, node.attempt))
+                self.releases.setdefault(run.run_id, []).append((name, node.attempt))
                 # (A map's item that leaves the state succeeded.)
                 succeeded = after is None or after.status is _SUCCEEDED
                 for need in needs_of(step_of(name), values):
                     if not need.per_ms:
-                        freed.setdefault(run.run_id, Counter())[need.key] += 1
+                        self.freed.setdefault(run.run_id, Counter())[need.key] += 1
                         if succeeded:
-                            reusable.setdefault(run.run_id, Counter())[need.key] += 1
-        for position, dispatch in enumerate(decision.dispatches):
-            step = step_of(dispatch.node)
-            if not step.limited:
-                continue
-            needs = needs_of(step, values)
-            waiter = old.get(dispatch.node, node_state()).status is _LIMIT_WAIT
-            found = [
-                s for n in needs if (s := counters.since(n, run.run_id, dispatch.node)) is not None
-            ]
-            order = (
-                (0, min(found), run.run_id, dispatch.node)
-                if found
-                else (1 if waiter else 2, index, f"{position:09d}", dispatch.node)
-            )
-            candidates.append(_Candidate(order, run.run_id, dispatch, needs, waiter))
+                            self.reusable.setdefault(run.run_id, Counter())[need.key] += 1
 
-    refused: dict[str, dict[str, int | None]] = {}  # run -> node -> a rate limit's due
+
+def _candidates(
+    index: int,
+    run: LoadedRun,
+    decision: Decision,
+    values: Mapping[tuple[str, ...], str],
+    counters: _Counters,
+) -> list[_Candidate]:
+    """The dispatches of limited steps in run number ``index``'s decision, each in its place
+    in line: the waiters loaded first (oldest first), then the others that waited, then the
+    new ones, in the batch's order."""
+    old = run.state.node_map()
+    step_of = run.wf.step_for
+    candidates = []
+    for position, dispatch in enumerate(decision.dispatches):
+        step = step_of(dispatch.node)
+        if not step.limited:
+            continue
+        needs = needs_of(step, values)
+        waiter = old.get(dispatch.node, node_state()).status is _LIMIT_WAIT
+        found = [
+            s for n in needs if (s := counters.since(n, run.run_id, dispatch.node)) is not None
+        ]
+        order = (
+            (0, min(found), run.run_id, dispatch.node)
+            if found
+            else (1 if waiter else 2, index, f"{position:09d}", dispatch.node)
+        )
+        candidates.append(_Candidate(order, run.run_id, dispatch, needs, waiter))
+    return candidates
+
+
+def _let_in(
+    candidates: list[_Candidate], counters: _Counters, ended: _Ended, now_ms: int
+) -> tuple[dict[str, dict[str, int | None]], dict[str, _RunWrites]]:
+    """Each candidate in line let in or refused: the dispatches refused (run -> node -> a rate
+    limit's due, or None) and what each run writes of its counters."""
+    refused: dict[str, dict[str, int | None]] = {}
     writes: dict[str, _RunWrites] = {}
     for candidate in sorted(candidates):
         run_id, name = candidate.run_id, candidate.dispatch.node
-        own = reusable.get(run_id, Counter())
+        own = ended.reusable.get(run_id, Counter())
         w = writes.setdefault(run_id, _RunWrites())
         w.keys.update(n.key for n in candidate.needs)
         full = [
@@ -296,7 +317,7 @@ def admit(
         for need in candidate.needs:
             if not need.per_ms and own[need.key] > 0:
                 own[need.key] -= 1  # its own slot, freed in this tick, taken again
-                freed[run_id][need.key] -= 1  # (not for a waiter)
+                ended.freed[run_id][need.key] -= 1  # (not for a waiter)
             else:
                 counters.take(need, run_id, name)
             if not need.per_ms:
@@ -305,33 +326,7 @@ def admit(
                 w.waited.append((need.name, now_ms - since))
         if candidate.waiter:
             w.unwaits.append(name)
-
-    guards = {c.key: counters.guard(c) for cand in candidates for c in cand.needs}
-    decisions: dict[str, Decision] = {}
-    limits: dict[str, RunLimits] = {}
-    for run, decision in batch:
-        run_id = run.run_id
-        held = _undo(run, decision, refused.get(run_id, {}), now_ms)
-        decisions[run_id] = held
-        if held.new_state is None:
-            continue
-        w = writes.get(run_id, _RunWrites())
-        released = tuple(sorted((freed.get(run_id) or Counter()).elements()))  # (positive)
-        ends = held.new_state.status.terminal
-        if not (w.keys or released or releases.get(run_id) or ends):
-            continue
-        limits[run_id] = RunLimits(
-            guards=tuple(guards[k] for k in sorted(w.keys)),
-            holds=tuple(w.holds),
-            releases=tuple(releases.get(run_id, ())),
-            waits=tuple(w.waits),
-            unwaits=tuple(w.unwaits),
-            released=released,
-            ends=ends,
-            waited=tuple(w.waited),
-            refused=tuple(w.refused),
-        )
-    return decisions, limits
+    return refused, writes
 
 
 class _RunWrites:

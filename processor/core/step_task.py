@@ -254,24 +254,10 @@ def decode_step_task(value: bytes | None, clock_offset_ms: int = 0) -> StepTask:
     """Parse a step task or raise ValidationError saying what is wrong. Its deadline, in the
     clock of the coordinator that wrote it, is moved by ``clock_offset_ms`` into the reader's
     (the bounds are checked on the deadline as written)."""
-    if value is None:
-        raise ValidationError("step task has no value")
-    try:
-        raw = orjson.loads(value)
-    except orjson.JSONDecodeError as exc:
-        raise ValidationError(f"step task is not JSON: {exc}") from None
-    version = raw.get("task_version") if isinstance(raw, dict) else None
-    if (
-        not isinstance(raw, dict)
-        or type(version) is not int
-        or version not in (STEP_TASK_VERSION, MAP_ITEM_TASK_VERSION)
-    ):
-        raise ValidationError(
-            f"step task must be an object with task_version {STEP_TASK_VERSION} or"
-            f" {MAP_ITEM_TASK_VERSION}"
-        )
+    raw, version = _task_object(value)
     # Each field is read and checked before the task is built: a compiled build (mypyc)
-    # checks a field's type as the object is made, so a wrong one must be refused first.
+    # checks a field's type as the object is made, so a wrong one must be refused first (and
+    # the checks below take Any for that reason).
     try:
         run_id, node, attempt = raw["run_id"], raw["node"], raw["attempt"]
         step_type, deadline_ms = raw["step_type"], raw["deadline_ms"]
@@ -286,27 +272,8 @@ def decode_step_task(value: bytes | None, clock_offset_ms: int = 0) -> StepTask:
     item = _item(raw.get("item"), version)
     timeout_ms = raw.get("timeout_ms")
     start_by, close_by = raw.get("start_by_ms"), raw.get("close_by_ms")
-    if not all(isinstance(v, str) for v in (run_id, node, step_type, tier)):
-        raise ValidationError("step task: run_id, node, step_type and tier must be strings")
-    if not all(isinstance(v, int) and not isinstance(v, bool) for v in (attempt, deadline_ms)):
-        raise ValidationError("step task: attempt and deadline_ms must be integers")
-    # Bounded as wakeups are: every value here goes into a row or a topic name.
-    if any("\x00" in v for v in (run_id, node, step_type)):
-        raise ValidationError("step task: a NUL character, which Postgres cannot store")
-    if tier not in TIERS:
-        raise ValidationError(f"step task: tier must be one of {', '.join(TIERS)}")
-    written_deadline_ms = deadline_ms + clock_offset_ms
-    if not (1 <= attempt <= MAX_ATTEMPT and 0 <= written_deadline_ms <= MAX_EPOCH_MS):
-        raise ValidationError("step task: attempt or deadline_ms out of range")
-    if beat is not None and (type(beat) is not int or not 1 <= beat <= MAX_EPOCH_MS):
-        raise ValidationError("step task: heartbeat_timeout_ms must be a positive integer")
-    if timeout_ms is not None and (
-        type(timeout_ms) is not int or not 1 <= timeout_ms <= MAX_EPOCH_MS
-    ):
-        raise ValidationError("step task: timeout_ms must be a positive integer")
-    for bound in (start_by, close_by):
-        if bound is not None and (type(bound) is not int or not 0 <= bound <= MAX_EPOCH_MS):
-            raise ValidationError("step task: start_by_ms and close_by_ms must be epoch ms")
+    _check_fields(run_id, node, step_type, tier, attempt, deadline_ms, clock_offset_ms)
+    _check_timeouts(beat, timeout_ms, start_by, close_by)
     if clock_offset_ms:  # in the reader's clock, as the deadline
         start_by = None if start_by is None else start_by - clock_offset_ms
         close_by = None if close_by is None else close_by - clock_offset_ms
@@ -325,6 +292,58 @@ def decode_step_task(value: bytes | None, clock_offset_ms: int = 0) -> StepTask:
         start_by,
         close_by,
     )
+
+
+def _task_object(value: bytes | None) -> tuple[dict[str, Any], int]:
+    """The task's JSON object and its version, or ValidationError."""
+    if value is None:
+        raise ValidationError("step task has no value")
+    try:
+        raw = orjson.loads(value)
+    except orjson.JSONDecodeError as exc:
+        raise ValidationError(f"step task is not JSON: {exc}") from None
+    version = raw.get("task_version") if isinstance(raw, dict) else None
+    if (
+        not isinstance(raw, dict)
+        or type(version) is not int
+        or version not in (STEP_TASK_VERSION, MAP_ITEM_TASK_VERSION)
+    ):
+        raise ValidationError(
+            f"step task must be an object with task_version {STEP_TASK_VERSION} or"
+            f" {MAP_ITEM_TASK_VERSION}"
+        )
+    return raw, version
+
+
+def _check_fields(
+    run_id: Any, node: Any, step_type: Any, tier: Any, attempt: Any, deadline_ms: Any, offset: int
+) -> None:
+    """The names strings that can be stored, the attempt and the deadline (moved by
+    ``offset`` into the reader's clock; checked as written) integers in range."""
+    if not all(isinstance(v, str) for v in (run_id, node, step_type, tier)):
+        raise ValidationError("step task: run_id, node, step_type and tier must be strings")
+    if not all(isinstance(v, int) and not isinstance(v, bool) for v in (attempt, deadline_ms)):
+        raise ValidationError("step task: attempt and deadline_ms must be integers")
+    # Bounded as wakeups are: every value here goes into a row or a topic name.
+    if any("\x00" in v for v in (run_id, node, step_type)):
+        raise ValidationError("step task: a NUL character, which Postgres cannot store")
+    if tier not in TIERS:
+        raise ValidationError(f"step task: tier must be one of {', '.join(TIERS)}")
+    written_deadline_ms = deadline_ms + offset
+    if not (1 <= attempt <= MAX_ATTEMPT and 0 <= written_deadline_ms <= MAX_EPOCH_MS):
+        raise ValidationError("step task: attempt or deadline_ms out of range")
+
+
+def _check_timeouts(beat: Any, timeout_ms: Any, start_by: Any, close_by: Any) -> None:
+    if beat is not None and (type(beat) is not int or not 1 <= beat <= MAX_EPOCH_MS):
+        raise ValidationError("step task: heartbeat_timeout_ms must be a positive integer")
+    if timeout_ms is not None and (
+        type(timeout_ms) is not int or not 1 <= timeout_ms <= MAX_EPOCH_MS
+    ):
+        raise ValidationError("step task: timeout_ms must be a positive integer")
+    for bound in (start_by, close_by):
+        if bound is not None and (type(bound) is not int or not 0 <= bound <= MAX_EPOCH_MS):
+            raise ValidationError("step task: start_by_ms and close_by_ms must be epoch ms")
 
 
 def _item(raw: Any, version: int) -> MapItem | None:

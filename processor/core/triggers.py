@@ -197,17 +197,7 @@ _FIELDS = frozenset(
 
 def parse_trigger(name: str, raw: Any, start_offsets: tuple[tuple[int, int], ...] = ()) -> Trigger:
     """A trigger from its stored form, or ValueError saying what to fix."""
-    if not _NAME.match(name):
-        raise ValueError(
-            f"a trigger's name is 1 to 100 letters, digits, '.', '_' or '-', not {name!r}"
-        )
-    if not isinstance(raw, dict):
-        raise ValueError("a trigger is a JSON object")
-    unknown = set(raw) - _FIELDS
-    if unknown:
-        raise ValueError(f"unknown trigger field(s): {', '.join(sorted(unknown))}")
-    if raw.get("trigger_version") != TRIGGER_VERSION:
-        raise ValueError(f"trigger_version must be {TRIGGER_VERSION}")
+    raw = _trigger_object(name, raw)
     topic = raw.get("topic")
     if not isinstance(topic, str) or not topic:
         raise ValueError("a trigger names its source topic")
@@ -220,37 +210,66 @@ def parse_trigger(name: str, raw: Any, start_offsets: tuple[tuple[int, int], ...
         raise ValueError("run_id_prefix is too long or holds a NUL")
     fields: dict[str, Any] = {"input": parse_path(_text(raw, "input", "$"))}
     if action == "start":
-        workflow = raw.get("workflow")
-        if not isinstance(workflow, str) or not 1 <= len(workflow) <= MAX_NAME_LENGTH:
-            raise ValueError("a start trigger names its workflow")
-        version = raw.get("workflow_version")
-        if version is not None and (
-            type(version) is not int or not 1 <= version <= MAX_WORKFLOW_VERSION
-        ):
-            raise ValueError("workflow_version must be a positive integer")
-        tier = raw.get("tier", "t1")
-        if tier not in TIERS:
-            raise ValueError(f"tier must be one of {', '.join(TIERS)}")
-        fields |= {"workflow": workflow, "workflow_version": version, "tier": tier}
+        fields |= _start_fields(raw)
     else:
-        signal = raw.get("signal", SignalKind.CANCEL.value)
-        if not isinstance(signal, str) or not SIGNAL_NAME.fullmatch(signal):
-            raise ValueError(
-                "signal must be cancel or the name of a signal a wait step waits for (1 to 100"
-                " letters, digits, '_', '.', ':' or '-')"
-            )
-        fields["signal"] = signal
+        fields["signal"] = _signal_field(raw)
         if run_id.kind == "position":
             raise ValueError("a signal trigger takes its run id from the record, not its position")
         _require_signal_scope(prefix)
     if "filter" in raw:
-        given = raw["filter"]
-        if not isinstance(given, dict) or set(given) != {"path", "equals"}:
-            raise ValueError('a filter is {"path": "$.field", "equals": VALUE}')
-        fields["filter"] = Filter(parse_path(str(given["path"])), given["equals"])
+        fields["filter"] = _filter(raw["filter"])
     return Trigger(
         name, topic, action, run_id, run_id_prefix=prefix, start_offsets=start_offsets, **fields
     )
+
+
+def _trigger_object(name: str, raw: Any) -> dict[str, Any]:
+    """``raw`` once its name, its fields and its version are known to be a trigger's."""
+    if not _NAME.match(name):
+        raise ValueError(
+            f"a trigger's name is 1 to 100 letters, digits, '.', '_' or '-', not {name!r}"
+        )
+    if not isinstance(raw, dict):
+        raise ValueError("a trigger is a JSON object")
+    unknown = set(raw) - _FIELDS
+    if unknown:
+        raise ValueError(f"unknown trigger field(s): {', '.join(sorted(unknown))}")
+    if raw.get("trigger_version") != TRIGGER_VERSION:
+        raise ValueError(f"trigger_version must be {TRIGGER_VERSION}")
+    return raw
+
+
+def _start_fields(raw: dict[str, Any]) -> dict[str, Any]:
+    """A start trigger's own fields: the workflow (and version) it starts, on which tier."""
+    workflow = raw.get("workflow")
+    if not isinstance(workflow, str) or not 1 <= len(workflow) <= MAX_NAME_LENGTH:
+        raise ValueError("a start trigger names its workflow")
+    version = raw.get("workflow_version")
+    if version is not None and (
+        type(version) is not int or not 1 <= version <= MAX_WORKFLOW_VERSION
+    ):
+        raise ValueError("workflow_version must be a positive integer")
+    tier = raw.get("tier", "t1")
+    if tier not in TIERS:
+        raise ValueError(f"tier must be one of {', '.join(TIERS)}")
+    return {"workflow": workflow, "workflow_version": version, "tier": tier}
+
+
+def _signal_field(raw: dict[str, Any]) -> str:
+    """A signal trigger's signal: cancel, or the name a wait step waits for."""
+    signal = raw.get("signal", SignalKind.CANCEL.value)
+    if not isinstance(signal, str) or not SIGNAL_NAME.fullmatch(signal):
+        raise ValueError(
+            "signal must be cancel or the name of a signal a wait step waits for (1 to 100"
+            " letters, digits, '_', '.', ':' or '-')"
+        )
+    return signal
+
+
+def _filter(given: Any) -> Filter:
+    if not isinstance(given, dict) or set(given) != {"path", "equals"}:
+        raise ValueError('a filter is {"path": "$.field", "equals": VALUE}')
+    return Filter(parse_path(str(given["path"])), given["equals"])
 
 
 def _require_signal_scope(prefix: str) -> None:
@@ -312,6 +331,11 @@ def map_record(trigger: Trigger, record: Inbound, max_bytes: int) -> Request | F
     if problem is not None:
         name = f"the input ({trigger.input.text} of the value)"
         return Rejected(DeadLetterReason.OUT_OF_BOUNDS, problem.describe(name))
+    return _request(trigger, record, run_id, data)
+
+
+def _request(trigger: Trigger, record: Inbound, run_id: str, data: Any) -> Request | Rejected:
+    """What the trigger asks for of run ``run_id`` with ``data``: a start or a signal."""
     if trigger.action == "start":
         reserved = reserved_problem(run_id)
         if reserved is not None:

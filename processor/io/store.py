@@ -18,22 +18,13 @@ import psycopg
 
 from processor.core.batch_values import QuarantineFlag as QuarantineFlag  # noqa: PLC0414 (re-exported)
 from processor.core.decide import Commit, Send
+from processor.core.load_row import LoadRow, loaded_run
 from processor.core.model import (
     Loaded,
-    LoadedRun,
-    ParentLink,
-    RunInput,
     RunState,
-    SignalKind,
-    Started,
-    Starts,
-    StepOutcome,
-    StepResult,
     UnknownWorkflow,
-    UnreadableRun,
     row_checksum,
     state_checksum,
-    state_from_row,
 )
 from processor.core.routing import run_shard
 from processor.core.step_task import MAX_INLINE_DATA_BYTES
@@ -58,6 +49,7 @@ from processor.io.step_attempts import UNSTARTED
 # signal of each name its wait steps wait for (core/tick.py, rule 3; the names from its
 # definition, an index lookup each), never every signal it got. Each LIMIT 1 keeps its lookup
 # per row whatever the planner thinks of the tables (joined, it may read every row of the run).
+# Each row is read by name as core/load_row.py's LoadRow, whose fields follow this array.
 _LOAD_SQL = """
 SELECT coalesce(json_agg(json_build_array(
          r.run_id, r.workflow_name, r.workflow_version, r.status, r.node_states,
@@ -529,8 +521,6 @@ def load_runs(
 # A child run's row as its parent's commit writes it: pending, no node written yet (read
 # back as every node pending: model.state_from_row), at seq 0.
 NEW_CHILD_CHECKSUM = row_checksum("pending", {}, 0, None)
-_CANCEL = SignalKind.CANCEL.value
-_CANCELLED, _NO_SIGNAL = frozenset({SignalKind.CANCEL}), frozenset[SignalKind]()
 
 
 def load_runs_at(
@@ -545,55 +535,15 @@ def load_runs_at(
     found = conn.execute(_LOAD_SQL, (_INPUT_LOAD_BYTES, ids)).fetchone()
     assert found is not None
     loaded: dict[str, Loaded] = {}
-    for row in orjson.loads(found[0]):
-        run_id, wf_name, wf_version, status, nodes, seq, checksum, version, reason, tier = row[:10]
-        raw_results, raw_signals, raw_input, not_before_ms = row[10], row[11], row[12], row[13]
-        raw_parent, input_length, raw_starts = row[14], row[15], row[16]
+    for raw in orjson.loads(found[0]):
+        row = LoadRow(*raw)
         try:
-            wf = definitions.get(conn, (wf_name, wf_version))
+            wf = definitions.get(conn, row.workflow)
         except UnknownWorkflow as exc:
-            loaded[run_id] = UnknownWorkflow(str(exc), version)
+            loaded[row.run_id] = UnknownWorkflow(str(exc), row.version)
             continue
-        try:
-            state = state_from_row(status, nodes, seq, reason, wf)
-        except (KeyError, ValueError, TypeError) as unreadable:
-            # Only an outside writer can leave a row we cannot read: report it like a checksum
-            # mismatch rather than let one row stop the batch.
-            loaded[run_id] = UnreadableRun(
-                f"run {run_id!r}: node_states cannot be read: {unreadable!r}", version
-            )
-            continue
-        results = tuple(
-            StepResult(r[0], r[1], StepOutcome(r[2]), r[3], r[4], r[5]) for r in (raw_results or ())
-        )
-        received = raw_signals or ()
-        signals = _CANCELLED if any(k == _CANCEL for k, _ in received) else _NO_SIGNAL
-        named = tuple((k, sid) for k, sid in received if k != _CANCEL)
-        loaded[run_id] = LoadedRun(
-            run_id=run_id,
-            wf=wf,
-            state=state,
-            version=version,
-            tier=tier,
-            results=results,
-            signals=signals,
-            stored_checksum=checksum,
-            verified=checksum == row_checksum(status, nodes, seq, reason),
-            input=None if raw_input is None else RunInput(raw_input[0]),
-            not_before_ms=not_before_ms,
-            named=named,
-            parent=None if raw_parent is None else ParentLink(*raw_parent),
-            input_length=input_length,
-            starts=None if raw_starts is None else _starts(raw_starts),
-        )
+        loaded[row.run_id] = loaded_run(row, wf)
     return loaded, int(found[1])
-
-
-def _starts(raw: list[list[Any]]) -> Starts:
-    """The starts a load read, as the tick takes them."""
-    return tuple(
-        (node, Started(attempt, at, beat, reports)) for node, attempt, at, beat, reports in raw
-    )
 
 
 class CommitAnswer(NamedTuple):
