@@ -52,13 +52,9 @@ WORKER = [
 IO = [
     f"processor/io/{name}.py"
     for name in (
-        "store",
-        "kafka",
-        "delivery",
-        "step_data",
-        "step_attempts",
-        "otlp_proto",
-        "light_spans",
+        *("postgres/store", "postgres/step_data", "postgres/step_attempts"),
+        *("kafka/clients", "kafka/delivery"),
+        *("telemetry/otlp_proto", "telemetry/light_spans"),
     )
 ]
 COMPILED = [*_modules("core"), *_modules("engine"), *WORKER, *IO]

@@ -61,12 +61,12 @@ __all__ = [
 # stop), and a worker's child processes import this package again.
 _HOMES = {
     "Concurrency": "processor.authoring",
-    "ConfigError": "processor.io.config",
+    "ConfigError": "processor.io.config.settings",
     "NonRetryable": "processor.worker.steps",
     "RateLimit": "processor.authoring",
     "Retry": "processor.authoring",
     "RunStatus": "processor.core.model",
-    "Settings": "processor.io.config",
+    "Settings": "processor.io.config.settings",
     "SignalKind": "processor.core.model",
     "StepContext": "processor.worker.steps",
     "StepFailed": "processor.worker.steps",
@@ -75,7 +75,7 @@ _HOMES = {
     "WorkerOptions": "processor.worker.options",
     "Workflow": "processor.authoring",
     "client": "processor.client",
-    "load_settings": "processor.io.config",
+    "load_settings": "processor.io.config.settings",
 }
 
 if TYPE_CHECKING:
@@ -86,9 +86,9 @@ if TYPE_CHECKING:
     from processor.authoring import Workflow as Workflow
     from processor.core.model import RunStatus as RunStatus
     from processor.core.model import SignalKind as SignalKind
-    from processor.io.config import ConfigError as ConfigError
-    from processor.io.config import Settings as Settings
-    from processor.io.config import load_settings as load_settings
+    from processor.io.config.settings import ConfigError as ConfigError
+    from processor.io.config.settings import Settings as Settings
+    from processor.io.config.settings import load_settings as load_settings
     from processor.worker.options import WorkerOptions as WorkerOptions
     from processor.worker.steps import NonRetryable as NonRetryable
     from processor.worker.steps import StepContext as StepContext

@@ -43,16 +43,15 @@ from processor.core.run_input import input_problem
 from processor.core.run_search import Cursor, RunFilter, parse_tags, tags_problem
 from processor.core.tick import resume_failed
 from processor.core.workflow import SIGNAL_NAME, ValidationError
-from processor.io.config import Settings
-from processor.io.kafka import choose_partition, produce, producer_config, topic_partitions
-from processor.io.kafka_logs import with_logger
-from processor.io.logs import first_line
-from processor.io.run_document import inspect_document, read_run
-from processor.io.run_search import RunPage
-from processor.io.run_search import count_runs as _count_runs
-from processor.io.run_search import search_runs as _search_runs
-from processor.io.run_signals import Signal, record_live_signals, signal_targets
-from processor.io.runs_admin import (
+from processor.io.config.settings import Settings
+from processor.io.kafka.clients import choose_partition, produce, producer_config, topic_partitions
+from processor.io.kafka.logs import with_logger
+from processor.io.postgres.run_document import inspect_document, read_run
+from processor.io.postgres.run_search import RunPage
+from processor.io.postgres.run_search import count_runs as _count_runs
+from processor.io.postgres.run_search import search_runs as _search_runs
+from processor.io.postgres.run_signals import Signal, record_live_signals, signal_targets
+from processor.io.postgres.runs_admin import (
     ExistingRun,
     RunResult,
     RunSummary,
@@ -63,7 +62,8 @@ from processor.io.runs_admin import (
     run_result,
     run_tier,
 )
-from processor.io.store import Definitions, commit_batch, delete_outbox, load_runs
+from processor.io.postgres.store import Definitions, commit_batch, delete_outbox, load_runs
+from processor.io.telemetry.logs import first_line
 
 __all__ = [
     "MAX_BULK_RUNS",
@@ -549,7 +549,7 @@ def get_run(settings: Settings, run_id: str) -> RunResult:
 
 def inspect_run(settings: Settings, run_id: str) -> dict[str, Any]:
     """What `ductor inspect RUN_ID --output json` prints: the run, its workflow's steps and
-    their dependencies, its nodes and every attempt's timeline (io/run_document.py).
+    their dependencies, its nodes and every attempt's timeline (io/postgres/run_document.py).
     RunNotFound if there is no such run."""
     with connect(settings) as conn:
         record = read_run(conn, Definitions(), run_id, settings.instance_timeout_s)

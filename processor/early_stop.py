@@ -26,7 +26,7 @@ def keep() -> None:
 
 
 def loading_fault() -> None:
-    """The ``loading`` fault point (io/faults.py): ``DUCTOR_TEST_FAULTS=loading=term``
+    """The ``loading`` fault point (io/runtime/faults.py): ``DUCTOR_TEST_FAULTS=loading=term``
     sends this process a SIGTERM now, as a supervisor might while the modules load."""
     for item in os.environ.get("DUCTOR_TEST_FAULTS", "").split(","):
         if item.strip() == "loading=term":

@@ -12,11 +12,11 @@ from collections.abc import Iterator
 import pytest
 
 import processor
-from processor.io.logs import HANDLER_NAME
+from processor.io.telemetry.logs import HANDLER_NAME
 
 
 def pytest_report_header(config: pytest.Config) -> str:
-    for name in ("processor.core.tick", "processor.engine.executor", "processor.io.store"):
+    for name in ("processor.core.tick", "processor.engine.executor", "processor.io.postgres.store"):
         importlib.import_module(name)
     compiled = processor.compiled_modules()
     if compiled:
@@ -27,7 +27,7 @@ def pytest_report_header(config: pytest.Config) -> str:
 
 @pytest.fixture(autouse=True)
 def _command_logging_removed() -> Iterator[None]:
-    """A test that runs a command in process gets the command's logging (io/logs.py: a
+    """A test that runs a command in process gets the command's logging (io/telemetry/logs.py: a
     handler on the stderr of that moment, pytest's capture, closed after the test). Left on
     the root logger, it made a later test's threads write "--- Logging error ---" tracebacks
     into the output; it is removed, and the root's level restored, after each test."""

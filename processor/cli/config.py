@@ -15,8 +15,10 @@ from typing import Any
 import orjson
 
 from processor.cli.common import EXIT_FAILED, EXIT_OK
-from processor.io import kafka_properties
-from processor.io.config import (
+from processor.io.config import kafka_properties
+from processor.io.config.check import run_checks
+from processor.io.config.otel import otel_settings, otlp_header_names
+from processor.io.config.settings import (
     HIDDEN,
     SECRET_VARIABLES,
     SETTING_VARIABLES,
@@ -25,9 +27,7 @@ from processor.io.config import (
     setting_sources,
     settings_env,
 )
-from processor.io.config_check import run_checks
-from processor.io.kafka import consumer_config, producer_config
-from processor.io.otel_config import otel_settings, otlp_header_names
+from processor.io.kafka.clients import consumer_config, producer_config
 
 # The client properties another setting gives.
 _FROM_SETTING = {

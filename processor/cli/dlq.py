@@ -8,8 +8,8 @@ from pathlib import Path
 
 from processor.cli.common import EXIT_OK, EXIT_USAGE, CliError
 from processor.core.routing import TopicNames
-from processor.io.config import Settings
-from processor.io.dlq import DlqError, fetch_dead_letter, read_dead_letters, replay
+from processor.io.config.settings import Settings
+from processor.io.kafka.dlq import DlqError, fetch_dead_letter, read_dead_letters, replay
 
 
 def cmd_dlq_list(settings: Settings, args: argparse.Namespace) -> int:

@@ -8,10 +8,10 @@ import sys
 import psycopg
 
 from processor.cli.common import EXIT_OK, EXIT_USAGE, CliError
-from processor.io.config import Settings
-from processor.io.connections import connect
-from processor.io.logs import first_line
-from processor.io.store import parked_outbox, unpark_outbox
+from processor.io.config.settings import Settings
+from processor.io.postgres.connections import connect
+from processor.io.postgres.store import parked_outbox, unpark_outbox
+from processor.io.telemetry.logs import first_line
 
 
 def cmd_outbox_parked(settings: Settings, args: argparse.Namespace) -> int:

@@ -40,9 +40,9 @@ from processor.core.model import RunStatus, state_checksum
 from processor.core.routing import TopicNames
 from processor.core.run_search import parse_tags
 from processor.core.workflow import SIGNAL_NAME, ValidationError
-from processor.io.config import Settings
-from processor.io.run_document import RunRecord, inspect_document, read_run
-from processor.io.store import Definitions
+from processor.io.config.settings import Settings
+from processor.io.postgres.run_document import RunRecord, inspect_document, read_run
+from processor.io.postgres.store import Definitions
 
 
 def cmd_start(settings: Settings, args: argparse.Namespace) -> int:

@@ -7,7 +7,7 @@ import argparse
 from collections.abc import Sequence
 
 from processor.cli.common import CliError
-from processor.io.config import Settings
+from processor.io.config.settings import Settings
 
 
 def parse_bench_arguments(argv: Sequence[str], namespace: argparse.Namespace) -> argparse.Namespace:

@@ -18,7 +18,7 @@ from processor.core.limits import LimitInputs
 from processor.core.model import Loaded
 from processor.core.routing import TopicNames
 from processor.core.stuck import Fail, Leave, StuckVerdict, judge_stuck
-from processor.io import (
+from processor.io.postgres import (
     connections,
     kept_signals,
     limit_store,
@@ -27,7 +27,7 @@ from processor.io import (
     sweeps,
     trigger_store,
 )
-from processor.io.faults import NO_FAULTS, Faults
+from processor.io.runtime.faults import NO_FAULTS, Faults
 
 
 class Database:

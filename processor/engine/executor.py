@@ -63,17 +63,17 @@ from processor.engine.ledger import Ledger
 from processor.engine.recent_commits import RECENT_COMMITS_S, RecentCommits
 from processor.engine.stage import DatabaseStage, Staged
 from processor.engine.stage_thread import InFlight
-from processor.io.clock import Clock
-from processor.io.db_clock import DatabaseClock
-from processor.io.db_errors import TRANSIENT, classify
-from processor.io.delivery import Delivery, Refusal
-from processor.io.faults import NO_FAULTS, Faults, Point
-from processor.io.kafka import Outbox, choose_partition
-from processor.io.kept_signals import KeptDeadLetter, KeptKey
-from processor.io.logs import describe, first_line
-from processor.io.outage import Outage
-from processor.io.telemetry import Telemetry, context_headers
-from processor.io.threads import ThreadWatch
+from processor.io.kafka.clients import Outbox, choose_partition
+from processor.io.kafka.delivery import Delivery, Refusal
+from processor.io.postgres.db_clock import DatabaseClock
+from processor.io.postgres.db_errors import TRANSIENT, classify
+from processor.io.postgres.kept_signals import KeptDeadLetter, KeptKey
+from processor.io.runtime.clock import Clock
+from processor.io.runtime.faults import NO_FAULTS, Faults, Point
+from processor.io.runtime.outage import Outage
+from processor.io.runtime.threads import ThreadWatch
+from processor.io.telemetry.logs import describe, first_line
+from processor.io.telemetry.setup import Telemetry, context_headers
 
 log = logging.getLogger("ductor.executor")
 
@@ -165,7 +165,7 @@ class Executor:
         threads: ThreadWatch | None = None,
     ) -> None:
         # The batch's ticks judge time by Postgres's clock; the rest by this process's,
-        # corrected by its offset from Postgres (io/db_clock.py).
+        # corrected by its offset from Postgres (io/postgres/db_clock.py).
         process_clock = Clock(monotonic, wall_ms)  # what the database stage is timed by
         clock = clock or DatabaseClock(wall_ms)
         wall_ms = clock.now_ms
@@ -490,7 +490,7 @@ class Executor:
                 trace_headers = context_headers(work.span)
             headers = [h for h in headers if h[0] not in ("traceparent", "tracestate")]
             headers += trace_headers
-        # An outbox row's record the broker refuses for good is parked (io/delivery.py).
+        # An outbox row's record the broker refuses for good is parked (io/kafka/delivery.py).
         refused = settling.refused if settling.outboxed_seq is not None else None
         self._delivery.send(
             send.topic, send.value, send.key, partition, headers, on_delivered, refused

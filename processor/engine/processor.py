@@ -48,15 +48,8 @@ from processor.engine.recent_commits import RecentCommits
 from processor.engine.request_desk import RequestDesk
 from processor.engine.trigger_follow import TriggerFollower
 from processor.engine.watchdog import Shards, SweepResult, SweepSettings, Watchdog
-from processor.io import connections
-from processor.io.collector import settle_collector
-from processor.io.config import Settings
-from processor.io.db_clock import DatabaseClock
-from processor.io.db_errors import database_unreachable
-from processor.io.faults import NO_FAULTS, Faults, Point
-from processor.io.group_watch import GroupWatch, holding, let_go_by_fault
-from processor.io.instances import Presence, heartbeat_interval_s
-from processor.io.kafka import (
+from processor.io.config.settings import Settings
+from processor.io.kafka.clients import (
     ClientErrors,
     Outbox,
     broker_unreachable,
@@ -70,14 +63,21 @@ from processor.io.kafka import (
     store_offsets,
     topic_partitions,
 )
-from processor.io.kafka_logs import with_logger
-from processor.io.logs import describe, first_line
-from processor.io.outage import Outage, until_available
-from processor.io.store import OutboxRelay
-from processor.io.telemetry import Telemetry
-from processor.io.threads import ThreadWatch
-from processor.io.topics import topic_max_message_bytes
-from processor.io.trigger_store import TriggerSet, load_triggers
+from processor.io.kafka.group_watch import GroupWatch, holding, let_go_by_fault
+from processor.io.kafka.logs import with_logger
+from processor.io.kafka.topics import topic_max_message_bytes
+from processor.io.postgres import connections
+from processor.io.postgres.db_clock import DatabaseClock
+from processor.io.postgres.db_errors import database_unreachable
+from processor.io.postgres.instances import Presence, heartbeat_interval_s
+from processor.io.postgres.store import OutboxRelay
+from processor.io.postgres.trigger_store import TriggerSet, load_triggers
+from processor.io.runtime.collector import settle_collector
+from processor.io.runtime.faults import NO_FAULTS, Faults, Point
+from processor.io.runtime.outage import Outage, until_available
+from processor.io.runtime.threads import ThreadWatch
+from processor.io.telemetry.logs import describe, first_line
+from processor.io.telemetry.setup import Telemetry
 
 log = logging.getLogger("ductor.processor")
 
@@ -103,7 +103,7 @@ class Processor:
         stats: Stats | None = None,
         instance_id: str | None = None,
         telemetry: Telemetry | None = None,
-        faults: Faults = NO_FAULTS,  # tests only: see io/faults.py
+        faults: Faults = NO_FAULTS,  # tests only: see io/runtime/faults.py
     ) -> None:
         self.settings = settings
         self.instance_id = instance_id or f"ductor-{uuid.uuid4().hex[:8]}"
@@ -138,7 +138,7 @@ class Processor:
         self.rules = Rules(self.names, settings.livelock_requeues, producer_max_bytes(settings))
         # This instance in the registry: the outbox rows it commits are its own, relayed by
         # others only once it is gone.
-        # Every time-based decision reads Postgres's clock (io/db_clock.py): each load and
+        # Every time-based decision reads Postgres's clock (io/postgres/db_clock.py): each load and
         # each heartbeat measure this process's offset from it.
         self.clock = DatabaseClock()
         self.presence = Presence(
@@ -301,7 +301,7 @@ class Processor:
 
     def _turn_while_starting(self) -> None:
         """The loop is alive (``/healthz``), and the clients' queues are served (their log
-        lines: io/kafka_logs.py)."""
+        lines: io/kafka/logs.py)."""
         self.probe.last_loop_at = time.monotonic()
         self.outbox.poll(0)
         self._consumer.poll(0)  # (not subscribed yet: returns nothing)
@@ -551,7 +551,7 @@ class Processor:
         return holding(self._consumer, held, held - self.flow.paused())
 
     def _join_again(self, stuck: Stuck, now: float) -> None:
-        """The member is stuck (io/group_watch.py): give back what it holds, as on a
+        """The member is stuck (io/kafka/group_watch.py): give back what it holds, as on a
         revocation, leave the group, and join it again with a new consumer."""
         log.warning(
             "joining the group again",
@@ -651,7 +651,7 @@ class Processor:
                 "%d effects still undelivered at shutdown; their records will be redone", remaining
             )
         # What is held goes as on a revocation (its work was finished or dropped above), then
-        # the last commit and the close, bounded (io/kafka.py's leave_group): the close's
+        # the last commit and the close, bounded (io/kafka/clients.py's leave_group): the close's
         # callbacks have nothing left to do.
         held = set(self.flow.assigned)
         offsets = positions_to_commit(self.tracker, held)

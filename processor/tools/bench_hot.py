@@ -39,10 +39,10 @@ from processor.core.stats import Stats
 from processor.core.workflow import WorkflowDef, parse_workflow
 from processor.engine.database import Database
 from processor.engine.executor import Executor
-from processor.io import store
-from processor.io.kafka import Outbox
-from processor.io.kafka_logs import with_logger
-from processor.io.telemetry import Telemetry
+from processor.io.kafka.clients import Outbox
+from processor.io.kafka.logs import with_logger
+from processor.io.postgres import store
+from processor.io.telemetry.setup import Telemetry
 
 NAMES = TopicNames("ductor")
 NOW_MS = 1_700_000_000_000
@@ -62,8 +62,8 @@ PHASES = ("tick_first", "tick_result", "decode", "encode", "intake", "carry_out"
 
 
 def _row(run_id: str, first: bool) -> list[Any]:
-    """A run's row as the load statement returns it (io/store.py ``_LOAD_SQL``): pending with
-    its input (``first``), or running with s0's result in."""
+    """A run's row as the load statement returns it (io/postgres/store.py ``_LOAD_SQL``): pending
+    with its input (``first``), or running with s0's result in."""
     if first:
         status, nodes, seq = "pending", {}, 0
         results, raw_input, not_before = None, [{"order": run_id, "amount": 12}], NOW_MS - 5

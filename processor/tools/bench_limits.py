@@ -30,10 +30,10 @@ from processor.core.decide import tick_batch
 from processor.core.model import LoadedRun, NodeStatus
 from processor.core.routing import TopicNames
 from processor.core.workflow import parse_workflow
-from processor.io import limit_store, store
-from processor.io.config import load_settings
-from processor.io.migrate import migrate
-from processor.io.runs_admin import insert_runs, register_workflow
+from processor.io.config.settings import load_settings
+from processor.io.postgres import limit_store, store
+from processor.io.postgres.migrate import migrate
+from processor.io.postgres.runs_admin import insert_runs, register_workflow
 from processor.tools.bench_phases import fresh_database
 
 WEEK_S = 604_800

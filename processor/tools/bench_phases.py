@@ -25,11 +25,12 @@ from processor.client import wake
 from processor.core.envelope import Wakeup
 from processor.core.routing import DEFAULT_QUEUE, TopicNames
 from processor.core.workflow import WorkflowDef, parse_workflow
-from processor.io.config import Settings, child_env
-from processor.io.kafka import admin_config, choose_partition, produce, producer_config
-from processor.io.kafka_logs import with_logger
-from processor.io.migrate import migrate
-from processor.io.runs_admin import (
+from processor.io.config.settings import Settings, child_env
+from processor.io.kafka.clients import admin_config, choose_partition, produce, producer_config
+from processor.io.kafka.logs import with_logger
+from processor.io.kafka.topics import create_topics, desired_topics
+from processor.io.postgres.migrate import migrate
+from processor.io.postgres.runs_admin import (
     count_ended,
     count_ticked,
     count_ticked_with_prefix,
@@ -39,7 +40,6 @@ from processor.io.runs_admin import (
     register_workflow,
     vacuum_runs,
 )
-from processor.io.topics import create_topics, desired_topics
 from processor.tools.bench_baselines import ceiling_rate, naive_rate
 from processor.tools.bench_cpu import (
     CpuMeter,

@@ -60,20 +60,20 @@ import psycopg
 from confluent_kafka.admin import AdminClient, ConfigResource  # type: ignore[attr-defined]
 
 from processor.core.workflow import WorkflowDef, parse_workflow
-from processor.io.config import ConfigError, Settings, load_settings
-from processor.io.connections import connect_durable
-from processor.io.dlq import DlqError, read_dead_letters
-from processor.io.kafka import admin_config
-from processor.io.kafka_logs import with_logger
-from processor.io.migrate import migrate
-from processor.io.package_files import sample_workflow
-from processor.io.runs_admin import (
+from processor.io.config.settings import ConfigError, Settings, load_settings
+from processor.io.kafka.clients import admin_config
+from processor.io.kafka.dlq import DlqError, read_dead_letters
+from processor.io.kafka.logs import with_logger
+from processor.io.kafka.topics import busiest_broker, create_topics, delete_topics
+from processor.io.postgres.connections import connect_durable
+from processor.io.postgres.migrate import migrate
+from processor.io.postgres.runs_admin import (
     count_ended,
     delete_runs_with_prefix,
     like_prefix,
     register_workflow,
 )
-from processor.io.topics import busiest_broker, create_topics, delete_topics
+from processor.io.shipped.files import sample_workflow
 from processor.tools import audit, chaos_backlog, chaos_steps
 from processor.tools.chaos_fleet import PROCESSOR, WORKER, Arming, Fleet
 from processor.tools.chaos_hostile import (

@@ -22,8 +22,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from processor.io.config import Settings, child_env
-from processor.io.logs import read_stats
+from processor.io.config.settings import Settings, child_env
+from processor.io.telemetry.logs import read_stats
 from processor.tools.chaos_steps import execution_log_env
 
 PROCESSOR, WORKER = "process", "worker"

@@ -11,9 +11,9 @@ from typing import Any
 import psycopg
 
 from processor.core.workflow import WorkflowDef
-from processor.io.connections import connect_durable
-from processor.io.dlq import DeadLetter
-from processor.io.runs_admin import (
+from processor.io.kafka.dlq import DeadLetter
+from processor.io.postgres.connections import connect_durable
+from processor.io.postgres.runs_admin import (
     count_outbox_with_prefix,
     like_prefix,
     live_runs_with_prefix,
@@ -113,7 +113,7 @@ class ChaosReport:
     ended_while_locked: int = 0  # runs that ended while a row was held from outside
     # Writes to run rows that left the version where it was, by the columns they changed.
     unversioned: Counter[str] = field(default_factory=Counter)
-    # The dead-letter topic as its readers see it: one per bad record (io/dlq.py).
+    # The dead-letter topic as its readers see it: one per bad record (io/kafka/dlq.py).
     dead_letters: list[DeadLetter] = field(default_factory=list)
     # The hostile producer's records and the map run (processor/tools/chaos_hostile.py).
     hostile: HostileVerdict | None = None

@@ -37,10 +37,10 @@ import psycopg
 from processor.client import start_runs
 from processor.core.routing import TIERS
 from processor.core.workflow import WorkflowDef, parse_workflow
-from processor.io import runs_admin
-from processor.io.config import Settings, child_env, load_settings
-from processor.io.runs_admin import register_workflow
-from processor.io.topics import create_topics, delete_topics
+from processor.io.config.settings import Settings, child_env, load_settings
+from processor.io.kafka.topics import create_topics, delete_topics
+from processor.io.postgres import runs_admin
+from processor.io.postgres.runs_admin import register_workflow
 from processor.tools.chaos_steps import execution_log_env
 from processor.tools.failover_steps import HOLD_VARIABLE, LOG, STEP_TYPE
 

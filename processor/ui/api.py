@@ -55,8 +55,8 @@ from processor.core.outcomes import DeadLetterReason
 from processor.core.requests import Request as IntakeRequest
 from processor.core.requests import SignalRequest, StartRequest
 from processor.core.scopes import scope_refusal
-from processor.io.config import Settings
-from processor.io.logs import first_line
+from processor.io.config.settings import Settings
+from processor.io.telemetry.logs import first_line
 from processor.ui import auth
 from processor.ui.api_spec import (
     MAX_SEARCH_LIMIT,

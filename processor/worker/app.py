@@ -13,7 +13,7 @@ import sys
 from dataclasses import replace
 
 from processor.authoring import Workflow
-from processor.io.logs import first_line
+from processor.io.telemetry.logs import first_line
 from processor.worker.options import WorkerOptions
 from processor.worker.samples import sample_registry
 from processor.worker.steps import StepRegistry

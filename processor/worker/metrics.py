@@ -28,7 +28,7 @@ from collections.abc import Callable, Iterable
 
 from opentelemetry.metrics import Histogram, Observation
 
-from processor.io.telemetry import Telemetry
+from processor.io.telemetry.setup import Telemetry
 from processor.worker.stats import WorkerStats
 
 

@@ -33,16 +33,16 @@ from processor.core.routing import TopicNames
 from processor.core.stats import Stats
 from processor.core.workflow import WorkflowDef, parse_workflow
 from processor.engine.processor import Processor
-from processor.io import runs_admin
-from processor.io.config import Settings, load_settings
-from processor.io.config import child_env as config_child_env
-from processor.io.faults import NO_FAULTS, Faults
-from processor.io.kafka import produce, producer_config
-from processor.io.logs import read_stats
-from processor.io.migrate import migrate
-from processor.io.runs_admin import insert_runs, register_workflow
-from processor.io.telemetry import Telemetry
-from processor.io.topics import create_topics, delete_topics
+from processor.io.config.settings import Settings, load_settings
+from processor.io.config.settings import child_env as config_child_env
+from processor.io.kafka.clients import produce, producer_config
+from processor.io.kafka.topics import create_topics, delete_topics
+from processor.io.postgres import runs_admin
+from processor.io.postgres.migrate import migrate
+from processor.io.postgres.runs_admin import insert_runs, register_workflow
+from processor.io.runtime.faults import NO_FAULTS, Faults
+from processor.io.telemetry.logs import read_stats
+from processor.io.telemetry.setup import Telemetry
 from processor.tools import audit as audit_trail
 from processor.tools.chaos_steps import execution_log_env
 from processor.tools.databases import drop_database

@@ -21,9 +21,9 @@ from processor.core.decide import tick_batch
 from processor.core.model import LoadedRun, NodeStatus
 from processor.core.routing import TopicNames
 from processor.core.workflow import WorkflowDef, parse_workflow
-from processor.io import limit_store, store
-from processor.io.config import Settings
-from processor.io.runs_admin import insert_runs, insert_signal, register_workflow
+from processor.io.config.settings import Settings
+from processor.io.postgres import limit_store, store
+from processor.io.postgres.runs_admin import insert_runs, insert_signal, register_workflow
 
 from .audit import assert_transitions_applied_once
 from .conftest import WorkerThread, count_terminal, run_ductor, run_statuses, wait_for

@@ -15,9 +15,9 @@ import pytest
 
 from processor.core.decide import Commit
 from processor.core.model import LoadedRun
-from processor.io import connections, store
-from processor.io.config import Settings
-from processor.io.runs_admin import insert_runs
+from processor.io.config.settings import Settings
+from processor.io.postgres import connections, store
+from processor.io.postgres.runs_admin import insert_runs
 
 from .conftest import sample_workflow
 

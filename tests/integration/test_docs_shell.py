@@ -15,7 +15,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from processor.io.config import Settings
+from processor.io.config.settings import Settings
 from tests.docs_shell import walks
 
 from .user_shell import Shell, repo_top, user_shell

@@ -18,9 +18,9 @@ import pytest
 from processor.core.decide import Commit
 from processor.core.model import StepOutcome, initial_state
 from processor.core.step_task import StepData, StepTask
-from processor.io import connections, step_attempts, step_data, store, sweeps
-from processor.io.config import Settings
-from processor.io.runs_admin import insert_runs, register_workflow
+from processor.io.config.settings import Settings
+from processor.io.postgres import connections, step_attempts, step_data, store, sweeps
+from processor.io.postgres.runs_admin import insert_runs, register_workflow
 
 from .conftest import sample_workflow
 

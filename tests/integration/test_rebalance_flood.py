@@ -16,10 +16,10 @@ from confluent_kafka import Producer
 
 from processor.core.envelope import Wakeup
 from processor.core.routing import TopicNames
-from processor.io.config import Settings
-from processor.io.dlq import read_dead_letters
-from processor.io.kafka import produce, producer_config
-from processor.io.runs_admin import count_ticked, insert_runs
+from processor.io.config.settings import Settings
+from processor.io.kafka.clients import produce, producer_config
+from processor.io.kafka.dlq import read_dead_letters
+from processor.io.postgres.runs_admin import count_ticked, insert_runs
 
 from .conftest import now_ms, sample_workflow, wait_for
 

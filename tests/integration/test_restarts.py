@@ -11,7 +11,7 @@ import pytest
 from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 
 from infra.local import StopMode
-from processor.io.config import Settings
+from processor.io.config.settings import Settings
 
 from .conftest import wait_for
 from .restarts import LocalInfra

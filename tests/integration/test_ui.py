@@ -33,10 +33,10 @@ from processor.client import RunFilter
 from processor.core.model import RunStatus
 from processor.core.routing import TopicNames
 from processor.core.workflow import parse_workflow
-from processor.io.config import Settings
-from processor.io.dlq import read_dead_letters
-from processor.io.kafka import produce, producer_config
-from processor.io.runs_admin import register_workflow
+from processor.io.config.settings import Settings
+from processor.io.kafka.clients import produce, producer_config
+from processor.io.kafka.dlq import read_dead_letters
+from processor.io.postgres.runs_admin import register_workflow
 
 from .conftest import REPO, Spawned, WorkerThread, run_ductor, step_attempts, wait_for
 from .scrape import free_port

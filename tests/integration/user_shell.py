@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from processor.io.config import Settings
+from processor.io.config.settings import Settings
 from tests.readme_script import Command, matches
 
 from .conftest import REPO, child_env, wait_for

@@ -40,8 +40,8 @@ def test_ductor_pure_python_imports_every_module_from_its_source() -> None:
     """With DUCTOR_PURE_PYTHON=1 no module of the package is compiled code, whatever the
     build installed (in a pure build the check holds trivially)."""
     script = (
-        "import processor, processor.core.tick, processor.engine.executor, processor.io.store;"
-        " assert processor.pure_python_selected();"
+        "import processor, processor.core.tick, processor.engine.executor,"
+        " processor.io.postgres.store; assert processor.pure_python_selected();"
         " assert processor.compiled_modules() == [], processor.compiled_modules();"
         " assert processor.core.tick.__file__.endswith('.py')"
     )
@@ -64,7 +64,7 @@ def test_the_build_under_test_is_the_one_make_test_asked_for() -> None:
     expected = os.environ.get("DUCTOR_EXPECT_BUILD")
     importlib.import_module("processor.core.tick")
     importlib.import_module("processor.engine.executor")
-    importlib.import_module("processor.io.store")
+    importlib.import_module("processor.io.postgres.store")
     importlib.import_module("processor.worker.flow")
     compiled = processor.compiled_modules()
     if expected == "compiled":

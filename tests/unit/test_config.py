@@ -1,4 +1,4 @@
-"""Settings from an environment mapping and back (processor/io/config.py)."""
+"""Settings from an environment mapping and back (processor/io/config/settings.py)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from processor.io.config import (
+from processor.io.config.kafka_properties import property_of, refusal
+from processor.io.config.settings import (
     ConfigError,
     Settings,
     TierWeights,
@@ -16,7 +17,6 @@ from processor.io.config import (
     redact_dsn,
     settings_env,
 )
-from processor.io.kafka_properties import property_of, refusal
 
 from .strategies import FAST
 

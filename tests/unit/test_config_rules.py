@@ -1,7 +1,7 @@
-"""Configuration that says what it does (processor/io/config.py, io/kafka_properties.py,
-io/kafka.py): a Kafka property given overrides the project's default or is refused with the
-reason, an unknown DUCTOR_* name is refused with the nearest known one, enum values in any
-case, related settings checked together, secrets from files."""
+"""Configuration that says what it does (processor/io/config/settings.py,
+io/config/kafka_properties.py, io/kafka/clients.py): a Kafka property given overrides the project's
+default or is refused with the reason, an unknown DUCTOR_* name is refused with the nearest known
+one, enum values in any case, related settings checked together, secrets from files."""
 
 from __future__ import annotations
 
@@ -11,7 +11,8 @@ from typing import Any
 
 import pytest
 
-from processor.io.config import (
+from processor.io.config.kafka_properties import OWNED, variable_for
+from processor.io.config.settings import (
     KNOWN_PREFIXES,
     READ_ELSEWHERE,
     SECRET_VARIABLES,
@@ -23,13 +24,12 @@ from processor.io.config import (
     load_settings,
     setting_sources,
 )
-from processor.io.kafka import (
+from processor.io.kafka.clients import (
     consumer_config,
     producer_config,
     reader_config,
     worker_consumer_config,
 )
-from processor.io.kafka_properties import OWNED, variable_for
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -27,9 +27,9 @@ from processor.engine.database import Database
 from processor.engine.executor import Executor, Work
 from processor.engine.stage import Staged, Timings
 from processor.engine.stage_thread import InFlight
-from processor.io.faults import Faults
-from processor.io.kafka import Outbox
-from processor.io.telemetry import Telemetry
+from processor.io.kafka.clients import Outbox
+from processor.io.runtime.faults import Faults
+from processor.io.telemetry.setup import Telemetry
 
 from .fakes import MAX_BYTES, NAMES, NOW_MS, FakeMessage, accepted, item, loaded, wakeup_message
 

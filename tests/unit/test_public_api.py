@@ -16,12 +16,12 @@ import processor
 REPO = Path(__file__).resolve().parents[2]
 EXPORTS = {
     "Concurrency": "processor.authoring",
-    "ConfigError": "processor.io.config",
+    "ConfigError": "processor.io.config.settings",
     "NonRetryable": "processor.worker.steps",
     "RateLimit": "processor.authoring",
     "Retry": "processor.authoring",
     "RunStatus": "processor.core.model",
-    "Settings": "processor.io.config",
+    "Settings": "processor.io.config.settings",
     "SignalKind": "processor.core.model",
     "StepContext": "processor.worker.steps",
     "StepFailed": "processor.worker.steps",
@@ -30,7 +30,7 @@ EXPORTS = {
     "WorkerOptions": "processor.worker.options",
     "Workflow": "processor.authoring",
     "client": "processor.client",
-    "load_settings": "processor.io.config",
+    "load_settings": "processor.io.config.settings",
 }
 
 

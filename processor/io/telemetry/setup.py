@@ -1,0 +1,603 @@
+"""Traces and metrics (OpenTelemetry), wrapped around the shell; the pure core knows nothing.
+
+Traces follow the messaging semantic conventions: a CONSUMER span ``process <topic>`` for the
+wakeup records of a run, with the producer's context (the ``traceparent`` header) as parent when
+it is one record and as links when several records were coalesced into one tick (and to the
+contexts a record carries in ``ductor-link`` headers: a worker's wakeup for several step
+executions, recorded together), with a
+``tick`` event for each attempt (its outcome and the batch's tick and commit times); a PRODUCER
+span ``send <topic>`` for every record the tick produced, ended when the broker
+acknowledged it, whose context travels in the record's headers. A conflict is a span event
+plus ``ductor.outcome=conflict`` with the status left unset; only a genuine failure sets the
+status to ERROR, ``error.type`` and the recorded exception.
+
+Metrics are observable counters read from ``Stats`` (the hot path only bumps integers) and
+histograms recorded where the latencies are measured. Nothing is exported, and no network is
+touched, unless OTLP is configured by the standard ``OTEL_*`` variables or a Prometheus port
+is set.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from opentelemetry import trace
+from opentelemetry.context import Context
+from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
+from opentelemetry.exporter.prometheus import PrometheusMetricReader
+from opentelemetry.metrics import CallbackOptions, Histogram, Meter, MeterProvider, Observation
+from opentelemetry.sdk.metrics import AlwaysOffExemplarFilter
+from opentelemetry.sdk.metrics import MeterProvider as SdkMeterProvider
+from opentelemetry.sdk.metrics.export import (
+    MetricExporter,
+    MetricReader,
+    PeriodicExportingMetricReader,
+)
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor, SpanExporter
+from opentelemetry.sdk.trace.sampling import Sampler
+from opentelemetry.sdk.util.instrumentation import InstrumentationScope
+from opentelemetry.trace import (
+    Link,
+    NonRecordingSpan,
+    Span,
+    SpanContext,
+    SpanKind,
+    Status,
+    StatusCode,
+    TraceFlags,
+    Tracer,
+)
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+from prometheus_client import start_http_server
+
+from processor.core.stats import Stats
+from processor.io.config.otel import Protocol, otel_settings
+from processor.io.runtime.listen import ListenError
+from processor.io.telemetry.light_spans import LightSpan, LightTracer
+from processor.io.telemetry.otlp_json import OtlpJsonSpanExporter
+from processor.io.telemetry.otlp_proto import OtlpProtobufSpanExporter
+from processor.io.telemetry.sampling import (
+    CarriedSpan,
+    RatioSampling,
+    parse_traceparent,
+    trace_headers,
+)
+
+Headers = list[tuple[str, bytes]]
+_PROPAGATOR = TraceContextTextMapPropagator()
+_NOOP_TRACER: Tracer = trace.NoOpTracer()
+DEFAULT_SAMPLE_RATIO = 0.1
+END_TO_END = "ductor.end_to_end.latency"
+END_TO_END_STRIDE = 8  # the end-to-end histogram records one committed tick in this many
+_SCOPE = "ductor.processor"
+
+
+def sampler_from_environment() -> RatioSampling | None:
+    """One trace in ten unless OTEL_TRACES_SAMPLER says otherwise (the SDK's own default
+    samples every trace, which costs several times the tick itself). The standard samplers
+    (always on or off, a ratio of trace ids, each parent-based or not) are ratio sampling
+    (io/telemetry/sampling.py), with light spans and the shortcut for the traces they do not sample;
+    any other, or a ratio that is not one, is left to the SDK (None)."""
+    name = os.environ.get("OTEL_TRACES_SAMPLER", "").strip().lower()
+    if not name:
+        return RatioSampling(DEFAULT_SAMPLE_RATIO)
+    parent_based = name.startswith("parentbased_")
+    rule = name.removeprefix("parentbased_")
+    if rule == "always_on":
+        return RatioSampling(1.0, parent_based)
+    if rule == "always_off":
+        return RatioSampling(0.0, parent_based)
+    if rule != "traceidratio":
+        return None
+    try:
+        ratio = float(os.environ.get("OTEL_TRACES_SAMPLER_ARG", "1.0"))
+    except ValueError:
+        return None  # the SDK warns and takes its own default
+    return RatioSampling(ratio, parent_based) if 0.0 <= ratio <= 1.0 else None
+
+
+def span_exporter(protocol: Protocol) -> SpanExporter:
+    """The OTLP span exporter that speaks ``protocol`` (each reads its endpoint, headers,
+    timeout, compression and certificates from the standard variables)."""
+    if protocol is Protocol.HTTP_JSON:
+        # Encoded by orjson, several times cheaper than the SDK's protobuf (docs/performance.md).
+        return OtlpJsonSpanExporter()
+    if protocol is Protocol.GRPC:
+        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import (  # noqa: PLC0415
+            OTLPSpanExporter as GrpcSpanExporter,
+        )
+
+        return GrpcSpanExporter()
+    # Encoded here, field by field: the SDK's protobuf messages cost several times as much.
+    return OtlpProtobufSpanExporter()
+
+
+def metric_exporter(protocol: Protocol) -> MetricExporter:
+    if protocol is Protocol.GRPC:
+        from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import (  # noqa: PLC0415
+            OTLPMetricExporter as GrpcMetricExporter,
+        )
+
+        return GrpcMetricExporter()
+    return OTLPMetricExporter()
+
+
+@dataclass
+class Telemetry:
+    """The tracer and meter of one process; a no-op unless something is configured."""
+
+    tracer: Tracer = _NOOP_TRACER
+    meter_provider: MeterProvider | None = None
+    group_id: str = ""
+    histograms: dict[str, Histogram] = field(default_factory=dict)
+    sampling: RatioSampling | None = None  # the ratio sampler's shortcut, when it is the one
+    _end_to_end_seen: int = 0
+    _shutdown: list[Callable[[], Any]] = field(default_factory=list)
+
+    @property
+    def tracing(self) -> bool:
+        return self.tracer is not _NOOP_TRACER
+
+    @staticmethod
+    def from_environment(
+        service: str, metrics_port: int, group_id: str, http_host: str = "127.0.0.1"
+    ) -> Telemetry:
+        """OTLP as the standard OTEL_* variables say (io/config/otel.py: ConfigError for a
+        value it cannot honour), Prometheus on ``http_host``:``metrics_port`` if the port is > 0
+        (this machine only by default: DUCTOR_HTTP_HOST; ListenError if it is taken)."""
+        otel = otel_settings()
+        resource = Resource.create({"service.name": os.environ.get("OTEL_SERVICE_NAME", service)})
+        sampler = sampler_from_environment()
+        processors: list[SpanProcessor] = []
+        if otel.traces is not None:
+            processors.append(BatchSpanProcessor(span_exporter(otel.traces)))
+        readers: list[MetricReader] = []
+        if otel.metrics is not None:
+            readers.append(PeriodicExportingMetricReader(metric_exporter(otel.metrics)))
+        if metrics_port > 0:
+            try:
+                start_http_server(metrics_port, addr=http_host)
+            except OSError as exc:
+                raise ListenError("metrics", http_host, metrics_port, exc) from None
+            readers.append(PrometheusMetricReader())
+        return Telemetry.build(resource, processors, readers, group_id, sampler)
+
+    @staticmethod
+    def build(
+        resource: Resource | None,
+        span_processors: Sequence[SpanProcessor],
+        metric_readers: Sequence[MetricReader],
+        group_id: str = "",
+        sampler: Sampler | RatioSampling | None = None,
+        light_spans: bool = True,
+    ) -> Telemetry:
+        """Explicit wiring (tests pass in-memory exporters and readers here). The ratio
+        sampler's spans are light ones unless ``light_spans`` is false (the SDK's)."""
+        telemetry = Telemetry(group_id=group_id)
+        if span_processors and isinstance(sampler, RatioSampling) and light_spans:
+            # The default sampler's spans, recorded as plain objects (io/telemetry/light_spans.py).
+            telemetry.sampling = sampler
+            light = LightTracer(
+                sampler,
+                span_processors,
+                resource or Resource.create(),
+                InstrumentationScope(_SCOPE),
+            )
+            telemetry.tracer = light
+            telemetry._shutdown.append(light.shutdown)
+        elif span_processors:
+            # Without a sampler, the SDK's: OTEL_TRACES_SAMPLER, or every trace.
+            if isinstance(sampler, RatioSampling):
+                telemetry.sampling = sampler
+                provider = TracerProvider(
+                    resource=resource, sampler=sampler.sampler, id_generator=sampler.ids
+                )
+            else:
+                provider = TracerProvider(resource=resource, sampler=sampler)
+            for processor in span_processors:
+                provider.add_span_processor(processor)
+            telemetry.tracer = provider.get_tracer(_SCOPE)
+            telemetry._shutdown.append(provider.shutdown)
+        if metric_readers:
+            # No exemplars unless OTEL_METRICS_EXEMPLAR_FILTER asks for them: the default
+            # filter consults the current trace context on every histogram record.
+            exemplars = None
+            if not os.environ.get("OTEL_METRICS_EXEMPLAR_FILTER"):
+                exemplars = AlwaysOffExemplarFilter()
+            meter_provider = SdkMeterProvider(
+                metric_readers=list(metric_readers), resource=resource, exemplar_filter=exemplars
+            )
+            telemetry.meter_provider = meter_provider
+            telemetry._shutdown.append(meter_provider.shutdown)
+        return telemetry
+
+    @staticmethod
+    def in_memory(
+        exporter: SpanExporter, reader: MetricReader | None = None, light_spans: bool = True
+    ) -> Telemetry:
+        """Every trace sampled (the ratio sampler at 1, its light spans unless
+        ``light_spans`` is false), each span exported as it ends."""
+        return Telemetry.build(
+            None,
+            [SimpleSpanProcessor(exporter)],
+            [reader] if reader else [],
+            sampler=RatioSampling(1.0),
+            light_spans=light_spans,
+        )
+
+    def shutdown(self) -> None:
+        for close in self._shutdown:
+            close()
+        self._shutdown.clear()
+
+    # -- metrics -------------------------------------------------------------------------------
+
+    def instrument(self, stats: Stats, lag: Callable[[], Mapping[tuple[str, int], int]]) -> None:
+        """Expose ``stats`` as OpenTelemetry instruments (no run id is ever a label)."""
+        if self.meter_provider is None:
+            return
+        meter: Meter = self.meter_provider.get_meter("ductor.processor")
+
+        def counter(
+            name: str, unit: str, description: str, read: Callable[[], Iterable[Observation]]
+        ) -> None:
+            meter.create_observable_counter(
+                name, callbacks=[lambda _o: list(read())], unit=unit, description=description
+            )
+
+        counter(
+            "ductor.ticks",
+            "{tick}",
+            "ticks by outcome",
+            lambda: [Observation(n, {"ductor.outcome": k}) for k, n in stats.ticks.items()],
+        )
+        counter(
+            "ductor.conflicts",
+            "{conflict}",
+            "lost version races (not errors)",
+            lambda: [Observation(stats.conflicts)],
+        )
+        counter(
+            "ductor.relayed",
+            "{record}",
+            "records sent again from the outbox (their instance died after its commit)",
+            lambda: [Observation(stats.relayed)],
+        )
+        counter(
+            "ductor.errors",
+            "{error}",
+            "genuine failures by type",
+            lambda: (
+                [Observation(n, {"error.type": k}) for k, n in stats.errors.items()]
+                or [Observation(0)]
+            ),
+        )
+        counter(
+            "ductor.requeues",
+            "{requeue}",
+            "requeues by delay rung",
+            lambda: [
+                Observation(n, {"ductor.delay.rung_ms": k}) for k, n in stats.requeues.items()
+            ],
+        )
+        counter(
+            "ductor.force_fails",
+            "{run}",
+            "runs force-failed by reason",
+            lambda: [Observation(n, {"ductor.reason": k}) for k, n in stats.force_fails.items()],
+        )
+        counter(
+            "ductor.dead_letters",
+            "{record}",
+            "records dead-lettered by reason",
+            lambda: [Observation(n, {"ductor.reason": k}) for k, n in stats.dead_letters.items()],
+        )
+        counter(
+            "ductor.quarantined",
+            "{run}",
+            "runs flagged as unusable (the sweeps skip them) by reason",
+            lambda: [Observation(n, {"ductor.reason": k}) for k, n in stats.quarantined.items()],
+        )
+        counter(
+            "ductor.isolated",
+            "{item}",
+            "exceptions nobody foresaw, each isolated to the item it was met on (a dead letter,"
+            " a quarantine, a sweep item left), by where",
+            lambda: (
+                [Observation(n, {"ductor.stage": k}) for k, n in stats.isolated.items()]
+                or [Observation(0)]
+            ),
+        )
+        counter(
+            "ductor.consumer.rejoins",
+            "{rejoin}",
+            "times the consumer joined its group again: records waited that it held or was given"
+            " but did not read",
+            lambda: [Observation(stats.rejoins)],
+        )
+        counter(
+            "ductor.trigger.records",
+            "{record}",
+            "records of triggers' source topics by trigger and outcome (requested, skipped by"
+            " the filter, rejected)",
+            lambda: [
+                Observation(n, {"ductor.trigger": t, "ductor.outcome": o})
+                for (t, o), n in stats.trigger_records.items()
+            ],
+        )
+        counter(
+            "ductor.outbox.parked",
+            "{row}",
+            "outbox rows parked: the broker refuses a record of theirs for good, by its error",
+            lambda: (
+                [Observation(n, {"error.type": k}) for k, n in stats.parked.items()]
+                or [Observation(0)]
+            ),
+        )
+
+        # Business metrics (core/run_tally.py): bounded labels, a registered workflow's name
+        # and a final status. The items are copied first (in C, under the GIL): the scrape
+        # thread reads while the loop adds a workflow's first key.
+        counter(
+            "ductor.runs.started",
+            "{run}",
+            "runs started (their first transition out of pending committed) by workflow",
+            lambda: [
+                Observation(n, {"ductor.workflow": w}) for w, n in list(stats.runs.started.items())
+            ],
+        )
+        counter(
+            "ductor.runs.ended",
+            "{run}",
+            "runs ended by workflow and final status (succeeded, failed, cancelled), force-fails"
+            " included",
+            lambda: [
+                Observation(n, {"ductor.workflow": w, "ductor.status": s.value})
+                for (w, s), n in list(stats.runs.ended.items())
+            ],
+        )
+
+        # Limits at dispatch (core/limits.py), by the limit's name (bounded: a definition's).
+        counter(
+            "ductor.limit.refused",
+            "{dispatch}",
+            "dispatches a full concurrency or rate limit held back (the step waits for it)",
+            lambda: [
+                Observation(n, {"ductor.limit": k}) for k, n in list(stats.limit_refused.items())
+            ],
+        )
+        limit_wait = meter.create_histogram(
+            "ductor.limit.wait.duration",
+            unit="ms",
+            description="time a step waited for its limit, recorded when it is let in",
+        )
+        stats.observe_limit_wait = lambda name, ms: limit_wait.record(ms, {"ductor.limit": name})
+
+        def read_lag(_options: CallbackOptions) -> list[Observation]:
+            return [
+                Observation(
+                    value,
+                    {"messaging.destination.name": t, "messaging.destination.partition.id": str(p)},
+                )
+                for (t, p), value in lag().items()
+            ]
+
+        meter.create_observable_gauge(
+            "ductor.consumer.lag",
+            callbacks=[read_lag],
+            unit="{record}",
+            description="records behind the high watermark per partition, paused ones included",
+        )
+        for name, description in (
+            ("ductor.tick.duration", "time to load and tick a batch"),
+            ("ductor.commit.duration", "time of the batched conditional UPDATE"),
+            ("ductor.end_to_end.latency", "wakeup produced (or due) to tick committed"),
+            ("ductor.delay.lateness", "delay record processed minus its due time"),
+        ):
+            self.histograms[name] = meter.create_histogram(name, unit="ms", description=description)
+        stats.observe = self.record
+
+    def instrument_readiness(self, ready: Callable[[], bool], assigned: Callable[[], int]) -> None:
+        """``ductor.ready`` (1 when ``/readyz`` would answer 200, else 0) and the partitions the
+        instance owns, read only when metrics are collected (a scrape), never on the loop."""
+        if self.meter_provider is None:
+            return
+        meter = self.meter_provider.get_meter("ductor.processor")
+        meter.create_observable_gauge(
+            "ductor.ready",
+            callbacks=[lambda _o: [Observation(1 if ready() else 0)]],
+            unit="",
+            description="1 when the instance is ready (as /readyz says), else 0",
+        )
+        meter.create_observable_gauge(
+            "ductor.partitions.assigned",
+            callbacks=[lambda _o: [Observation(assigned())]],
+            unit="{partition}",
+            description="partitions of the coordinator topics this instance owns",
+        )
+
+    def record(self, name: str, value_ms: float) -> None:
+        histogram = self.histograms.get(name)
+        if histogram is None:
+            return
+        if name == END_TO_END:
+            # One committed tick in END_TO_END_STRIDE: a histogram record goes through the
+            # SDK's whole measurement pipeline (~5 µs), and this one comes with every tick.
+            self._end_to_end_seen += 1
+            if self._end_to_end_seen % END_TO_END_STRIDE:
+                return
+        histogram.record(value_ms)
+
+    # -- traces --------------------------------------------------------------------------------
+
+    def start_consumer_span(
+        self,
+        topic: str,
+        records: Sequence[tuple[str, int, int, bytes | None, Headers]],
+        run_id: str,
+    ) -> Span:
+        """``process <topic>`` for the records of one run's tick: parent or links from each
+        record's producer context."""
+        if self.sampling is not None and len(records) == 1:
+            unsampled = self.sampling.unsampled(records[0][4])
+            if unsampled is not None:
+                # certain not to be sampled: no SDK span (io/telemetry/sampling.py)
+                return unsampled
+        contexts = [_extract(headers) for *_rest, headers in records]
+        parent: Context | None = None
+        links: list[Link] = []
+        if len(records) == 1:
+            parent = contexts[0]
+        else:
+            links = [
+                Link(sc)
+                for sc in (trace.get_current_span(c).get_span_context() for c in contexts)
+                if sc.is_valid
+            ]
+        links += _carried_links(records)
+        span = self.tracer.start_span(
+            f"process {topic}", context=parent, kind=SpanKind.CONSUMER, links=links
+        )
+        if not span.is_recording():
+            return span  # not sampled: build nothing more (the ratio sampler reads no attribute)
+        first_topic, partition, offset, key, _headers = records[0]
+        attributes: dict[str, Any] = {
+            "messaging.system": "kafka",
+            "messaging.operation.type": "process",
+            "messaging.operation.name": "process",
+            "messaging.destination.name": first_topic,
+            "messaging.destination.partition.id": str(partition),
+            "messaging.kafka.offset": offset,
+            "messaging.consumer.group.name": self.group_id,
+            "messaging.batch.message_count": len(records),
+            "ductor.run_id": run_id,
+        }
+        if key is not None:
+            attributes["messaging.kafka.message.key"] = key.decode(errors="replace")
+        span.set_attributes(attributes)
+        return span
+
+    def note_send(self, span: Span, topic: str, attributes: Iterable[tuple[str, Any]]) -> None:
+        """A record produced by the work of ``span`` (its context rides in the record)."""
+        span.add_event("send", {"messaging.destination.name": topic, **dict(attributes)})
+
+    def start_producer_span(
+        self, parent: Span | None, topic: str, attributes: Mapping[str, Any]
+    ) -> tuple[Span, Headers]:
+        """``send <topic>``, ended on delivery; returns the headers that carry its context."""
+        context = trace.set_span_in_context(parent) if parent is not None else None
+        span = self.tracer.start_span(
+            f"send {topic}",
+            context=context,
+            kind=SpanKind.PRODUCER,
+            attributes={
+                "messaging.system": "kafka",
+                "messaging.operation.type": "send",
+                "messaging.operation.name": "send",
+                "messaging.destination.name": topic,
+                **attributes,
+            },
+        )
+        carrier: dict[str, str] = {}
+        _PROPAGATOR.inject(carrier, context=trace.set_span_in_context(span))
+        return span, [(k, v.encode()) for k, v in carrier.items()]
+
+
+# A wakeup that stands for several step executions (a worker's results recorded together)
+# carries the first one's context as its ``traceparent`` and each other's in a header of this
+# name; the tick it wakes links to them.
+LINK_HEADER = "ductor-link"
+
+
+def link_headers(others: Iterable[Headers]) -> Headers:
+    """``LINK_HEADER`` headers for the ``traceparent`` of each of ``others``."""
+    return [
+        (LINK_HEADER, value) for headers in others for key, value in headers if key == "traceparent"
+    ]
+
+
+def _carried_links(records: Sequence[tuple[str, int, int, bytes | None, Headers]]) -> list[Link]:
+    links: list[Link] = []
+    for *_rest, headers in records:
+        for key, value in headers:
+            if key == LINK_HEADER:
+                carrier = {"traceparent": value.decode(errors="replace")}
+                context = trace.get_current_span(_PROPAGATOR.extract(carrier)).get_span_context()
+                if context.is_valid:
+                    links.append(Link(context))
+    return links
+
+
+def context_headers(span: Span) -> Headers:
+    """The W3C trace-context headers of ``span`` without going through a propagator (for
+    spans that record nothing: a trace not sampled still passes its decision on), written
+    once per span where the span keeps them. Shared: not to be changed by the caller."""
+    # By the exact type, not isinstance: compiled (mypyc), LightSpan shares the isinstance
+    # cache of its ABC base, Span, and every span once checked against Span passed for it.
+    if type(span) is LightSpan or type(span) is CarriedSpan:
+        return span.headers()
+    return trace_headers(span.get_span_context())
+
+
+def _extract(headers: Headers) -> Context:
+    """The producer's context in ``headers``: read here when it is one canonical
+    ``traceparent`` and nothing else, by the propagator otherwise (the same context)."""
+    traceparent: bytes | None = None
+    for key, value in headers:
+        if key == "traceparent" and traceparent is None:
+            traceparent = value
+        elif key in ("traceparent", "tracestate"):
+            traceparent = None
+            break
+    parsed = None if traceparent is None else parse_traceparent(traceparent)
+    if parsed is not None:
+        trace_id, span_id, flags = parsed
+        remote = SpanContext(trace_id, span_id, True, TraceFlags(flags))
+        return trace.set_span_in_context(NonRecordingSpan(remote))
+    carrier = {
+        k: v.decode(errors="replace") for k, v in headers if k in ("traceparent", "tracestate")
+    }
+    return _PROPAGATOR.extract(carrier)
+
+
+def log_ids(span: Span | None) -> dict[str, str]:
+    """The trace and span ids of ``span`` as log fields (empty when not tracing)."""
+    if span is None:
+        return {}
+    context = span.get_span_context()
+    if not context.is_valid:
+        return {}
+    return {"trace_id": f"{context.trace_id:032x}", "span_id": f"{context.span_id:016x}"}
+
+
+def end_ok(span: Span | None, outcome: str, **attributes: Any) -> None:
+    if span is None:
+        return
+    if not span.is_recording():
+        span.end()
+        return
+    span.set_attribute("ductor.outcome", outcome)
+    for key, value in attributes.items():
+        span.set_attribute(f"ductor.{key}", value)
+    span.end()
+
+
+def end_error(span: Span | None, exc: BaseException) -> None:
+    """A genuine failure: status ERROR, error.type, the exception recorded."""
+    if span is None:
+        return
+    span.set_attribute("ductor.outcome", "error")
+    span.set_attribute("error.type", type(exc).__qualname__)
+    span.record_exception(exc)
+    span.set_status(Status(StatusCode.ERROR, str(exc)[:200]))
+    span.end()
+
+
+def now_ns() -> int:
+    return time.time_ns()
