@@ -57,7 +57,7 @@ __all__ = [
 ]
 
 # Where each name is defined. They are imported on first use, not here: `python -m processor`
-# must run processor/early_stop.py before the modules load (a SIGTERM meanwhile is a clean
+# must run processor/cli/early_stop.py before the modules load (a SIGTERM meanwhile is a clean
 # stop), and a worker's child processes import this package again.
 _HOMES = {
     "Concurrency": "processor.authoring",
@@ -156,23 +156,62 @@ def compiled_modules() -> list[str]:
     )
 
 
-def _stale_in_checkout() -> str | None:
+def _compiled_sources(checkout: str) -> list[str]:
+    """The sources setup.py compiles (its ``COMPILED_FOLDERS`` and ``COMPILED_MODULES``, read
+    as literals: the build's one list), as paths."""
+    import ast  # noqa: PLC0415 (only in a compiled checkout)
+
+    with open(os.path.join(checkout, "setup.py"), encoding="utf-8") as file:
+        tree = ast.parse(file.read())
+    found: dict[str, Any] = {}
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and len(node.targets) == 1:
+            target = node.targets[0]
+            if isinstance(target, ast.Name) and target.id.startswith("COMPILED_"):
+                found[target.id] = _literal(node.value)
+    package = os.path.join(checkout, __name__)
+    sources = [os.path.join(package, *m.split("/")) + ".py" for m in found["COMPILED_MODULES"]]
+    for folder in found["COMPILED_FOLDERS"]:
+        path = os.path.join(package, folder)
+        sources += [
+            os.path.join(path, name)
+            for name in sorted(os.listdir(path))
+            if name.endswith(".py") and name != "__init__.py"
+        ]
+    return sources
+
+
+def _literal(node: Any) -> tuple[str, ...]:
+    """A tuple of strings, its parts possibly starred tuples (``*("a", "b"), "c"``)."""
+    import ast  # noqa: PLC0415
+
+    values: list[str] = []
+    for element in node.elts:
+        if isinstance(element, ast.Starred):
+            values += _literal(element.value)
+        else:
+            values.append(ast.literal_eval(element))
+    return tuple(values)
+
+
+def _stale_in_checkout(package: str | None = None) -> str | None:
     """In a checkout compiled in place (`make compile`), a source edited since: the compiled
     modules would shadow the edit, so the sources are imported instead (one warning line).
-    Nothing is checked in an installed package (no setup.py beside it)."""
-    here = os.path.dirname(os.path.abspath(__file__))
-    if not os.path.isfile(os.path.join(os.path.dirname(here), "setup.py")):
+    Nothing is checked in an installed package (no setup.py beside it), nor in a checkout
+    without compiled modules (no shared library of theirs in the package)."""
+    here = package or os.path.dirname(os.path.abspath(__file__))
+    checkout = os.path.dirname(here)
+    if not os.path.isfile(os.path.join(checkout, "setup.py")):
         return None
-    suffixes = tuple(importlib.machinery.EXTENSION_SUFFIXES)
-    for folder in ("core", "engine", "io"):
-        path = os.path.join(here, folder)
-        for name in os.listdir(path):
-            if not name.endswith(suffixes):
+    if not any(name.startswith("native__mypyc") for name in os.listdir(here)):
+        return None
+    suffixes = importlib.machinery.EXTENSION_SUFFIXES
+    for source in _compiled_sources(checkout):
+        stem = source[: -len(".py")]
+        for built in (stem + suffix for suffix in suffixes):
+            if not (os.path.isfile(built) and os.path.isfile(source)):
                 continue
-            source = os.path.join(path, name.partition(".")[0] + ".py")
-            if os.path.isfile(source) and os.path.getmtime(source) > os.path.getmtime(
-                os.path.join(path, name)
-            ):
+            if os.path.getmtime(source) > os.path.getmtime(built):
                 return source
     return None
 

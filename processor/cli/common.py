@@ -9,7 +9,7 @@ from typing import Any
 
 import orjson
 
-from processor import early_stop
+from processor.cli import early_stop
 from processor.core.bounds import literal_problem
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
@@ -52,7 +52,7 @@ def print_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> None:
 
 def stop_on_signals(stop: Callable[[], None]) -> None:
     """Call ``stop`` on SIGTERM and SIGINT (a graceful shutdown); at once if one came while
-    the modules loaded (processor/early_stop.py). SIGUSR1 writes every thread's stack to
+    the modules loaded (processor/cli/early_stop.py). SIGUSR1 writes every thread's stack to
     stderr, and the service goes on: what a process that does not stop is doing, without a
     debugger (docs/operations/running.md#logs)."""
 

@@ -17,7 +17,7 @@ import sys
 from collections.abc import Sequence
 from importlib import metadata
 
-from processor import early_stop
+from processor.cli import early_stop
 from processor.cli.config import add_config_output, cmd_config_check, cmd_config_show
 from processor.cli.dlq import cmd_dlq_list, cmd_dlq_replay
 from processor.cli.errors import explain

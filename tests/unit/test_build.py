@@ -84,8 +84,9 @@ def test_a_source_edited_after_the_checkout_was_compiled_is_imported_over_its_st
     with a stand-in extension file: the check compares times, it does not load it."""
     copy = tmp_path / "checkout"
     shutil.copytree(REPO / "processor", copy / "processor", ignore=shutil.ignore_patterns("*.so"))
-    (copy / "setup.py").write_text("")
+    shutil.copy(REPO / "setup.py", copy / "setup.py")  # its list says what is compiled
     suffix = importlib.machinery.EXTENSION_SUFFIXES[0]
+    (copy / "processor" / f"native__mypyc{suffix}").write_bytes(b"")  # their shared library
     stand_in = copy / "processor" / "core" / f"backoff{suffix}"
     stand_in.write_bytes(b"")
     source = copy / "processor" / "core" / "backoff.py"

@@ -1,6 +1,6 @@
 """What users import from the package root (processor/__init__.py): the names are pinned here,
 each is the object of the module that defines it, and importing the root loads none of them
-until they are used (`python -m processor` must run processor/early_stop.py first)."""
+until they are used (`python -m processor` must run processor/cli/early_stop.py first)."""
 
 from __future__ import annotations
 

@@ -51,7 +51,7 @@ class Point(StrEnum):
     DEAD_LETTERED = "dead_lettered"
     # `ductor process` is starting: its signal handler is set, the processor not built yet.
     STARTING = "starting"
-    # `python -m processor` is loading its modules (hit by processor/early_stop.py, which
+    # `python -m processor` is loading its modules (hit by processor/cli/early_stop.py, which
     # reads DUCTOR_TEST_FAULTS itself: nothing else is loaded yet).
     LOADING = "loading"
     # A consumer was given partitions (the partitions). Forced (``ignore``): the client lets
