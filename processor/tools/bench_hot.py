@@ -26,7 +26,7 @@ from typing import Any
 import orjson
 from confluent_kafka import Producer
 
-from processor import compiled_modules
+from processor.build import compiled_modules
 from processor.core.decide import BatchItem, Plan, Rules, decide, tick_batch
 from processor.core.envelope import Wakeup
 from processor.core.intake import Accepted, admit

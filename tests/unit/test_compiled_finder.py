@@ -1,11 +1,11 @@
-"""The compiled-build finder of processor/__init__.py in a checkout compiled in place (`make
+"""The compiled-build finder (processor/build.py) in a checkout compiled in place (`make
 compile`): a source edited after the build is imported instead of its stale compiled module,
 for every module setup.py compiles (its one list), the worker's among them.
 
-Each test builds a small checkout in a temporary folder: setup.py and processor/__init__.py
-copied from this one, a module's source and a stand-in for its compiled module (never
-imported: importing ``processor`` alone imports none of its modules), and a fresh interpreter
-says which build it chose.
+Each test builds a small checkout in a temporary folder: setup.py, processor/__init__.py and
+processor/build.py copied from this one, a module's source and a stand-in for its compiled
+module (never imported: importing ``processor`` alone imports none of its modules), and a
+fresh interpreter says which build it chose.
 """
 
 from __future__ import annotations
@@ -28,7 +28,8 @@ def _checkout(root: Path, module: str) -> Path:
     package = root / "processor"
     for folder in ("core", "engine", "io", "worker"):
         (package / folder).mkdir(parents=True)
-    shutil.copy(REPO / "processor" / "__init__.py", package / "__init__.py")
+    for name in ("__init__.py", "build.py"):
+        shutil.copy(REPO / "processor" / name, package / name)
     source = package / f"{module}.py"
     source.parent.mkdir(parents=True, exist_ok=True)
     source.write_text("VALUE = 1\n")
