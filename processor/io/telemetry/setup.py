@@ -29,7 +29,7 @@ from opentelemetry import trace
 from opentelemetry.context import Context
 from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
 from opentelemetry.exporter.prometheus import PrometheusMetricReader
-from opentelemetry.metrics import CallbackOptions, Histogram, Meter, MeterProvider, Observation
+from opentelemetry.metrics import Histogram, Meter, MeterProvider, Observation
 from opentelemetry.sdk.metrics import AlwaysOffExemplarFilter
 from opentelemetry.sdk.metrics import MeterProvider as SdkMeterProvider
 from opentelemetry.sdk.metrics.export import (
@@ -60,6 +60,7 @@ from processor.core.stats import Stats
 from processor.io.config.otel import Protocol, otel_settings
 from processor.io.runtime.listen import ListenError
 from processor.io.telemetry.light_spans import LightSpan, LightTracer
+from processor.io.telemetry.metrics import PROCESSOR, Read, histogram, observe
 from processor.io.telemetry.otlp_json import OtlpJsonSpanExporter
 from processor.io.telemetry.otlp_proto import OtlpProtobufSpanExporter
 from processor.io.telemetry.sampling import (
@@ -239,168 +240,16 @@ class Telemetry:
     # -- metrics -------------------------------------------------------------------------------
 
     def instrument(self, stats: Stats, lag: Callable[[], Mapping[tuple[str, int], int]]) -> None:
-        """Expose ``stats`` as OpenTelemetry instruments (no run id is ever a label)."""
+        """Expose ``stats`` as OpenTelemetry instruments (io/telemetry/metrics.py names them; no
+        run id is ever a label)."""
         if self.meter_provider is None:
             return
-        meter: Meter = self.meter_provider.get_meter("ductor.processor")
-
-        def counter(
-            name: str, unit: str, description: str, read: Callable[[], Iterable[Observation]]
-        ) -> None:
-            meter.create_observable_counter(
-                name, callbacks=[lambda _o: list(read())], unit=unit, description=description
-            )
-
-        counter(
-            "ductor.ticks",
-            "{tick}",
-            "ticks by outcome",
-            lambda: [Observation(n, {"ductor.outcome": k}) for k, n in stats.ticks.items()],
-        )
-        counter(
-            "ductor.conflicts",
-            "{conflict}",
-            "lost version races (not errors)",
-            lambda: [Observation(stats.conflicts)],
-        )
-        counter(
-            "ductor.relayed",
-            "{record}",
-            "records sent again from the outbox (their instance died after its commit)",
-            lambda: [Observation(stats.relayed)],
-        )
-        counter(
-            "ductor.errors",
-            "{error}",
-            "genuine failures by type",
-            lambda: (
-                [Observation(n, {"error.type": k}) for k, n in stats.errors.items()]
-                or [Observation(0)]
-            ),
-        )
-        counter(
-            "ductor.requeues",
-            "{requeue}",
-            "requeues by delay rung",
-            lambda: [
-                Observation(n, {"ductor.delay.rung_ms": k}) for k, n in stats.requeues.items()
-            ],
-        )
-        counter(
-            "ductor.force_fails",
-            "{run}",
-            "runs force-failed by reason",
-            lambda: [Observation(n, {"ductor.reason": k}) for k, n in stats.force_fails.items()],
-        )
-        counter(
-            "ductor.dead_letters",
-            "{record}",
-            "records dead-lettered by reason",
-            lambda: [Observation(n, {"ductor.reason": k}) for k, n in stats.dead_letters.items()],
-        )
-        counter(
-            "ductor.quarantined",
-            "{run}",
-            "runs flagged as unusable (the sweeps skip them) by reason",
-            lambda: [Observation(n, {"ductor.reason": k}) for k, n in stats.quarantined.items()],
-        )
-        counter(
-            "ductor.isolated",
-            "{item}",
-            "exceptions nobody foresaw, each isolated to the item it was met on (a dead letter,"
-            " a quarantine, a sweep item left), by where",
-            lambda: (
-                [Observation(n, {"ductor.stage": k}) for k, n in stats.isolated.items()]
-                or [Observation(0)]
-            ),
-        )
-        counter(
-            "ductor.consumer.rejoins",
-            "{rejoin}",
-            "times the consumer joined its group again: records waited that it held or was given"
-            " but did not read",
-            lambda: [Observation(stats.rejoins)],
-        )
-        counter(
-            "ductor.trigger.records",
-            "{record}",
-            "records of triggers' source topics by trigger and outcome (requested, skipped by"
-            " the filter, rejected)",
-            lambda: [
-                Observation(n, {"ductor.trigger": t, "ductor.outcome": o})
-                for (t, o), n in stats.trigger_records.items()
-            ],
-        )
-        counter(
-            "ductor.outbox.parked",
-            "{row}",
-            "outbox rows parked: the broker refuses a record of theirs for good, by its error",
-            lambda: (
-                [Observation(n, {"error.type": k}) for k, n in stats.parked.items()]
-                or [Observation(0)]
-            ),
-        )
-
-        # Business metrics (core/run_tally.py): bounded labels, a registered workflow's name
-        # and a final status. The items are copied first (in C, under the GIL): the scrape
-        # thread reads while the loop adds a workflow's first key.
-        counter(
-            "ductor.runs.started",
-            "{run}",
-            "runs started (their first transition out of pending committed) by workflow",
-            lambda: [
-                Observation(n, {"ductor.workflow": w}) for w, n in list(stats.runs.started.items())
-            ],
-        )
-        counter(
-            "ductor.runs.ended",
-            "{run}",
-            "runs ended by workflow and final status (succeeded, failed, cancelled), force-fails"
-            " included",
-            lambda: [
-                Observation(n, {"ductor.workflow": w, "ductor.status": s.value})
-                for (w, s), n in list(stats.runs.ended.items())
-            ],
-        )
-
-        # Limits at dispatch (core/limits.py), by the limit's name (bounded: a definition's).
-        counter(
-            "ductor.limit.refused",
-            "{dispatch}",
-            "dispatches a full concurrency or rate limit held back (the step waits for it)",
-            lambda: [
-                Observation(n, {"ductor.limit": k}) for k, n in list(stats.limit_refused.items())
-            ],
-        )
-        limit_wait = meter.create_histogram(
-            "ductor.limit.wait.duration",
-            unit="ms",
-            description="time a step waited for its limit, recorded when it is let in",
-        )
+        meter: Meter = self.meter_provider.get_meter(PROCESSOR.value)
+        observe(meter, PROCESSOR, _processor_reads(stats, lag))
+        limit_wait = histogram(meter, PROCESSOR, "ductor.limit.wait.duration")
         stats.observe_limit_wait = lambda name, ms: limit_wait.record(ms, {"ductor.limit": name})
-
-        def read_lag(_options: CallbackOptions) -> list[Observation]:
-            return [
-                Observation(
-                    value,
-                    {"messaging.destination.name": t, "messaging.destination.partition.id": str(p)},
-                )
-                for (t, p), value in lag().items()
-            ]
-
-        meter.create_observable_gauge(
-            "ductor.consumer.lag",
-            callbacks=[read_lag],
-            unit="{record}",
-            description="records behind the high watermark per partition, paused ones included",
-        )
-        for name, description in (
-            ("ductor.tick.duration", "time to load and tick a batch"),
-            ("ductor.commit.duration", "time of the batched conditional UPDATE"),
-            ("ductor.end_to_end.latency", "wakeup produced (or due) to tick committed"),
-            ("ductor.delay.lateness", "delay record processed minus its due time"),
-        ):
-            self.histograms[name] = meter.create_histogram(name, unit="ms", description=description)
+        for name in _RECORDED:
+            self.histograms[name] = histogram(meter, PROCESSOR, name)
         stats.observe = self.record
 
     def instrument_readiness(self, ready: Callable[[], bool], assigned: Callable[[], int]) -> None:
@@ -408,19 +257,11 @@ class Telemetry:
         instance owns, read only when metrics are collected (a scrape), never on the loop."""
         if self.meter_provider is None:
             return
-        meter = self.meter_provider.get_meter("ductor.processor")
-        meter.create_observable_gauge(
-            "ductor.ready",
-            callbacks=[lambda _o: [Observation(1 if ready() else 0)]],
-            unit="",
-            description="1 when the instance is ready (as /readyz says), else 0",
-        )
-        meter.create_observable_gauge(
-            "ductor.partitions.assigned",
-            callbacks=[lambda _o: [Observation(assigned())]],
-            unit="{partition}",
-            description="partitions of the coordinator topics this instance owns",
-        )
+        reads: dict[str, Read] = {
+            "ductor.ready": lambda: [Observation(1 if ready() else 0)],
+            "ductor.partitions.assigned": lambda: [Observation(assigned())],
+        }
+        observe(self.meter_provider.get_meter(PROCESSOR.value), PROCESSOR, reads)
 
     def record(self, name: str, value_ms: float) -> None:
         histogram = self.histograms.get(name)
@@ -513,6 +354,68 @@ class Telemetry:
 # carries the first one's context as its ``traceparent`` and each other's in a header of this
 # name; the tick it wakes links to them.
 LINK_HEADER = "ductor-link"
+
+
+# The histograms ``Telemetry.record`` records, by name (the limit's wait is recorded by the
+# stats' own hook, with the limit's name as its label).
+_RECORDED = (
+    "ductor.tick.duration",
+    "ductor.commit.duration",
+    "ductor.end_to_end.latency",
+    "ductor.delay.lateness",
+)
+
+
+def _by(
+    label: str, counts: Mapping[Any, int], zero: bool = False
+) -> Callable[[], list[Observation]]:
+    """A counter's reading by one label; ``zero``: a 0 without a label while nothing counted
+    (the series exists from the start). The items are copied first (in C, under the GIL): the
+    scrape thread reads while the loop adds a key."""
+    return lambda: (
+        [Observation(n, {label: k}) for k, n in list(counts.items())]
+        or ([Observation(0)] if zero else [])
+    )
+
+
+def _processor_reads(
+    stats: Stats, lag: Callable[[], Mapping[tuple[str, int], int]]
+) -> dict[str, Read]:
+    """How each of the processor's observable metrics is read from its stats."""
+
+    def read_lag() -> list[Observation]:
+        return [
+            Observation(
+                value,
+                {"messaging.destination.name": t, "messaging.destination.partition.id": str(p)},
+            )
+            for (t, p), value in lag().items()
+        ]
+
+    return {
+        "ductor.ticks": _by("ductor.outcome", stats.ticks),
+        "ductor.conflicts": lambda: [Observation(stats.conflicts)],
+        "ductor.relayed": lambda: [Observation(stats.relayed)],
+        "ductor.errors": _by("error.type", stats.errors, zero=True),
+        "ductor.requeues": _by("ductor.delay.rung_ms", stats.requeues),
+        "ductor.force_fails": _by("ductor.reason", stats.force_fails),
+        "ductor.dead_letters": _by("ductor.reason", stats.dead_letters),
+        "ductor.quarantined": _by("ductor.reason", stats.quarantined),
+        "ductor.isolated": _by("ductor.stage", stats.isolated, zero=True),
+        "ductor.consumer.rejoins": lambda: [Observation(stats.rejoins)],
+        "ductor.trigger.records": lambda: [
+            Observation(n, {"ductor.trigger": t, "ductor.outcome": o})
+            for (t, o), n in list(stats.trigger_records.items())
+        ],
+        "ductor.outbox.parked": _by("error.type", stats.parked, zero=True),
+        "ductor.runs.started": _by("ductor.workflow", stats.runs.started),
+        "ductor.runs.ended": lambda: [
+            Observation(n, {"ductor.workflow": w, "ductor.status": s.value})
+            for (w, s), n in list(stats.runs.ended.items())
+        ],
+        "ductor.limit.refused": _by("ductor.limit", stats.limit_refused),
+        "ductor.consumer.lag": read_lag,
+    }
 
 
 def link_headers(others: Iterable[Headers]) -> Headers:
