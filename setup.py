@@ -50,7 +50,8 @@ COMPILED_MODULES = (
     *("worker/flow", "worker/tasks", "worker/source", "worker/permits", "worker/database"),
     *("worker/runners", "worker/stats", "worker/messages", "worker/lanes", "worker/intake"),
     *("worker/claiming", "worker/runs", "worker/watch", "worker/results", "worker/turns"),
-    *("io/postgres/store", "io/postgres/step_data", "io/postgres/step_attempts"),
+    *("io/postgres/store", "io/postgres/outbox", "io/postgres/step_data"),
+    *("io/postgres/step_attempts",),
     *("io/kafka/clients", "io/kafka/delivery"),
     *("io/telemetry/otlp_proto", "io/telemetry/light_spans"),
 )

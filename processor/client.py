@@ -46,6 +46,7 @@ from processor.core.workflow import SIGNAL_NAME, ValidationError
 from processor.io.config.settings import Settings
 from processor.io.kafka.clients import choose_partition, produce, producer_config, topic_partitions
 from processor.io.kafka.logs import with_logger
+from processor.io.postgres.outbox import delete_outbox
 from processor.io.postgres.run_document import inspect_document, read_run
 from processor.io.postgres.run_search import RunPage
 from processor.io.postgres.run_search import count_runs as _count_runs
@@ -62,7 +63,7 @@ from processor.io.postgres.runs_admin import (
     run_result,
     run_tier,
 )
-from processor.io.postgres.store import Definitions, commit_batch, delete_outbox, load_runs
+from processor.io.postgres.store import Definitions, commit_batch, load_runs
 from processor.io.telemetry.logs import first_line
 
 __all__ = [

@@ -10,7 +10,7 @@ import psycopg
 from processor.cli.common import EXIT_OK, EXIT_USAGE, CliError
 from processor.io.config.settings import Settings
 from processor.io.postgres.connections import connect
-from processor.io.postgres.store import parked_outbox, unpark_outbox
+from processor.io.postgres.outbox import parked_outbox, unpark_outbox
 from processor.io.telemetry.logs import first_line
 
 

@@ -70,7 +70,7 @@ from processor.io.postgres import connections
 from processor.io.postgres.db_clock import DatabaseClock
 from processor.io.postgres.db_errors import database_unreachable
 from processor.io.postgres.instances import Presence, heartbeat_interval_s
-from processor.io.postgres.store import OutboxRelay
+from processor.io.postgres.outbox import OutboxRelay
 from processor.io.postgres.trigger_store import TriggerSet, load_triggers
 from processor.io.runtime.collector import settle_collector
 from processor.io.runtime.faults import NO_FAULTS, Faults, Point

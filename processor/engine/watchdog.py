@@ -55,7 +55,7 @@ from processor.engine.database import Database
 from processor.engine.recent_commits import RecentCommits
 from processor.io.postgres.db_errors import TRANSIENT, classify
 from processor.io.postgres.kept_signals import KeptDeadLetter, KeptKey
-from processor.io.postgres.store import OutboxRelay
+from processor.io.postgres.outbox import OutboxRelay
 from processor.io.postgres.trigger_store import TriggerSet
 from processor.io.runtime.faults import NO_FAULTS, Faults, Point
 from processor.io.runtime.threads import ThreadWatch

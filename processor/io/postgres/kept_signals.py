@@ -37,7 +37,8 @@ from processor.core.outcomes import DeadLetterReason
 from processor.core.records import Headers, Inbound
 from processor.core.workflow import WorkflowDef
 from processor.io.postgres.instances import alive
-from processor.io.postgres.store import Definitions, OutboxRelay
+from processor.io.postgres.outbox import OutboxRelay
+from processor.io.postgres.store import Definitions
 
 log = logging.getLogger("ductor.watchdog")
 
