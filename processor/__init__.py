@@ -63,7 +63,7 @@ __all__ = [
 # stop), and a worker's child processes import this package again.
 _HOMES = {
     "Concurrency": "processor.authoring",
-    "ConfigError": "processor.io.config.settings",
+    "ConfigError": "processor.io.config.values",
     "NonRetryable": "processor.worker.steps",
     "RateLimit": "processor.authoring",
     "Retry": "processor.authoring",
@@ -88,9 +88,9 @@ if TYPE_CHECKING:
     from processor.authoring import Workflow as Workflow
     from processor.core.model import RunStatus as RunStatus
     from processor.core.model import SignalKind as SignalKind
-    from processor.io.config.settings import ConfigError as ConfigError
     from processor.io.config.settings import Settings as Settings
     from processor.io.config.settings import load_settings as load_settings
+    from processor.io.config.values import ConfigError as ConfigError
     from processor.worker.options import WorkerOptions as WorkerOptions
     from processor.worker.steps import NonRetryable as NonRetryable
     from processor.worker.steps import StepContext as StepContext

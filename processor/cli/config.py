@@ -18,15 +18,9 @@ from processor.cli.common import EXIT_FAILED, EXIT_OK
 from processor.io.config import kafka_properties
 from processor.io.config.check import run_checks
 from processor.io.config.otel import otel_settings, otlp_header_names
-from processor.io.config.settings import (
-    HIDDEN,
-    SECRET_VARIABLES,
-    SETTING_VARIABLES,
-    Settings,
-    redact_dsn,
-    setting_sources,
-    settings_env,
-)
+from processor.io.config.settings import Settings, setting_sources, settings_env
+from processor.io.config.values import HIDDEN, redact_dsn
+from processor.io.config.variables import SECRET_VARIABLES, SETTING_VARIABLES
 from processor.io.kafka.clients import consumer_config, producer_config
 
 # The client properties another setting gives.

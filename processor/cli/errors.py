@@ -20,7 +20,7 @@ from confluent_kafka import KafkaError, KafkaException
 
 from processor.cli.common import EXIT_FAILED, EXIT_USAGE, CliError
 from processor.client import InvalidInput, OutOfBounds, ReservedRunId, SignalRefused
-from processor.io.config.settings import ConfigError
+from processor.io.config.values import ConfigError
 from processor.io.kafka.errors import MissingTopic
 from processor.io.runtime.listen import ListenError
 from processor.io.telemetry.logs import first_line

@@ -41,7 +41,8 @@ from processor.cli.workflows import add_workflow_commands
 from processor.client import IfExists
 from processor.core.outcomes import DLQ_REASONS
 from processor.core.routing import TIERS
-from processor.io.config.settings import load_settings, secret_file_warnings
+from processor.io.config.settings import load_settings
+from processor.io.config.variables import secret_file_warnings
 from processor.io.telemetry.logs import setup_logging
 
 DISTRIBUTION = "ductor-processor"

@@ -13,7 +13,8 @@ from processor.cli.common import EXIT_OK, EXIT_USAGE, CliError, stop_on_signals
 from processor.client import ClientError, connect
 from processor.engine.processor import Processor
 from processor.io.config.otel import otel_settings
-from processor.io.config.settings import ConfigError, Settings
+from processor.io.config.settings import Settings
+from processor.io.config.values import ConfigError
 from processor.io.kafka.clients import EXIT_KAFKA_FATAL, check_authentication
 from processor.io.kafka.errors import KafkaAuthError
 from processor.io.kafka.topics import create_topics

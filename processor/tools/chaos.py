@@ -60,7 +60,8 @@ import psycopg
 from confluent_kafka.admin import AdminClient, ConfigResource  # type: ignore[attr-defined]
 
 from processor.core.workflow import WorkflowDef, parse_workflow
-from processor.io.config.settings import ConfigError, Settings, load_settings
+from processor.io.config.settings import Settings, load_settings
+from processor.io.config.values import ConfigError
 from processor.io.kafka.clients import admin_config
 from processor.io.kafka.dlq import DlqError, read_dead_letters
 from processor.io.kafka.logs import with_logger

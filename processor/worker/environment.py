@@ -24,7 +24,7 @@ import os
 import re
 from collections.abc import MutableMapping
 
-from processor.io.config.settings import FILE_SUFFIX, SECRET_VARIABLES
+from processor.io.config.variables import FILE_SUFFIX, SECRET_VARIABLES
 
 # Besides the secrets the settings name (and their _FILE forms), any DUCTOR_* variable whose
 # name says it holds credentials: a password, a secret, a token, a DSN, a SASL property, an SSL

@@ -15,7 +15,7 @@ from processor.cli.common import CliError
 from processor.cli.errors import explain
 from processor.cli.main import main
 from processor.engine.health import Probe
-from processor.io.config.settings import ConfigError
+from processor.io.config.values import ConfigError
 from processor.io.kafka.errors import MissingTopic
 from processor.io.runtime.health_http import HealthServer
 from processor.io.runtime.listen import ListenError

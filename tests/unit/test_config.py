@@ -9,14 +9,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from processor.io.config.kafka_properties import property_of, refusal
-from processor.io.config.settings import (
-    ConfigError,
-    Settings,
-    TierWeights,
-    load_settings,
-    redact_dsn,
-    settings_env,
-)
+from processor.io.config.settings import Settings, load_settings, settings_env
+from processor.io.config.values import ConfigError, TierWeights, redact_dsn
 
 from .strategies import FAST
 

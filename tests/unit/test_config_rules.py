@@ -12,17 +12,14 @@ from typing import Any
 import pytest
 
 from processor.io.config.kafka_properties import OWNED, variable_for
-from processor.io.config.settings import (
+from processor.io.config.settings import Settings, child_env, load_settings, setting_sources
+from processor.io.config.values import ConfigError
+from processor.io.config.variables import (
     KNOWN_PREFIXES,
     READ_ELSEWHERE,
     SECRET_VARIABLES,
     SETTING_VARIABLES,
-    ConfigError,
-    Settings,
-    child_env,
     is_known_variable,
-    load_settings,
-    setting_sources,
 )
 from processor.io.kafka.clients import (
     consumer_config,

@@ -19,7 +19,7 @@ from opentelemetry.proto.collector.trace.v1 import (
 
 from processor.cli.main import main
 from processor.io.config.otel import GRPC_MODULE, OtelSettings, Protocol, otel_settings
-from processor.io.config.settings import ConfigError
+from processor.io.config.values import ConfigError
 from processor.io.telemetry.setup import Telemetry
 
 

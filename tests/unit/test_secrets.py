@@ -16,7 +16,8 @@ import pytest
 from processor.cli.config import show_lines
 from processor.cli.main import main
 from processor.io.config.kafka_properties import SECRET_PROPERTIES, is_secret, variable_for
-from processor.io.config.settings import SECRET_VARIABLES, load_settings, secret_file_warnings
+from processor.io.config.settings import load_settings
+from processor.io.config.variables import SECRET_VARIABLES, secret_file_warnings
 
 SECRET = "S3cr3t-Wh1ch-Must-N0t-Show"
 

@@ -16,7 +16,8 @@ from hypothesis import strategies as st
 
 from processor.client import parse_filter
 from processor.core.model import RunStatus
-from processor.io.config.settings import ConfigError, Settings, load_settings
+from processor.io.config.settings import Settings, load_settings
+from processor.io.config.values import ConfigError
 from processor.io.runtime.listen import ListenError
 from processor.ui import auth
 from processor.ui.dag import BOX_H, BOX_W, GAP_X, StepState, layout, levels, step_states

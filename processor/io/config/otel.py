@@ -21,7 +21,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 
-from processor.io.config.settings import ConfigError
+from processor.io.config.values import ConfigError
 
 
 class Protocol(StrEnum):
