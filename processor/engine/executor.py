@@ -73,7 +73,8 @@ from processor.io.runtime.faults import NO_FAULTS, Faults, Point
 from processor.io.runtime.outage import Outage
 from processor.io.runtime.threads import ThreadWatch
 from processor.io.telemetry.logs import describe, first_line
-from processor.io.telemetry.setup import Telemetry, context_headers
+from processor.io.telemetry.setup import Telemetry
+from processor.io.telemetry.spans import context_headers
 
 log = logging.getLogger("ductor.executor")
 

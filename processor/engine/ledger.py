@@ -18,7 +18,8 @@ from processor.core.outcomes import DeadLetterReason, ForceFailReason, Outcome
 from processor.core.pending import RunWork
 from processor.core.stats import Stats
 from processor.io.telemetry.logs import describe, first_line
-from processor.io.telemetry.setup import Telemetry, end_error, end_ok, log_ids
+from processor.io.telemetry.setup import Telemetry
+from processor.io.telemetry.spans import end_error, end_ok, log_ids
 
 log = logging.getLogger("ductor.executor")
 

@@ -17,7 +17,7 @@ from processor.io.kafka.delivery import Delivery
 from processor.io.postgres.step_attempts import Report
 from processor.io.runtime.clock import Clock
 from processor.io.runtime.outage import Outage
-from processor.io.telemetry.setup import link_headers
+from processor.io.telemetry.spans import link_headers
 from processor.worker.messages import Recorded, RecordResults, ReportExecutions, Request, ToRecord
 from processor.worker.steps import Outcome
 from processor.worker.tasks import State, Task, TaskBook

@@ -20,7 +20,8 @@ from opentelemetry.trace import Link, SpanContext, SpanKind, StatusCode, TraceFl
 
 from processor.io.telemetry.light_spans import LightEvent, LightSpan, LightTracer
 from processor.io.telemetry.sampling import RatioSampling
-from processor.io.telemetry.setup import Telemetry, end_error, end_ok
+from processor.io.telemetry.setup import Telemetry
+from processor.io.telemetry.spans import end_error, end_ok
 
 RESOURCE = Resource.create({"service.name": "ductor-test"})
 SCOPE = "ductor.processor"

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from processor.io.telemetry.setup import Telemetry, context_headers, link_headers
+from processor.io.telemetry.setup import Telemetry
+from processor.io.telemetry.spans import context_headers, link_headers
 
 
 def test_the_tick_of_a_wakeup_for_three_executions_follows_all_three() -> None:

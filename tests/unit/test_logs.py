@@ -10,7 +10,7 @@ import pytest
 from opentelemetry.sdk.trace import TracerProvider
 
 from processor.io.telemetry.logs import JsonFormatter, TextFormatter, escape_control
-from processor.io.telemetry.setup import log_ids
+from processor.io.telemetry.spans import log_ids
 
 
 def _record(**extra: object) -> logging.LogRecord:

@@ -17,8 +17,8 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExportResult
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from processor.io.config.otel import Protocol
+from processor.io.telemetry.exporters import span_exporter
 from processor.io.telemetry.otlp_proto import OtlpProtobufSpanExporter
-from processor.io.telemetry.setup import span_exporter
 
 Collector = tuple[str, list[tuple[dict[str, str], bytes]], list[int]]
 

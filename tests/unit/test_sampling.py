@@ -14,7 +14,8 @@ from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ParentBased, TraceIdRat
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from processor.io.telemetry.sampling import RatioSampling, parse_traceparent
-from processor.io.telemetry.setup import Telemetry, context_headers
+from processor.io.telemetry.setup import Telemetry
+from processor.io.telemetry.spans import context_headers
 
 _PROPAGATOR = TraceContextTextMapPropagator()
 TRACE = "0af7651916cd43dd8448eb211c80319c"

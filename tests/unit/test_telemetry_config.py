@@ -12,12 +12,8 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 from processor.core.stats import Stats
 from processor.io.config.otel import SAMPLERS
 from processor.io.telemetry.light_spans import LightTracer
-from processor.io.telemetry.setup import (
-    END_TO_END,
-    END_TO_END_STRIDE,
-    Telemetry,
-    context_headers,
-)
+from processor.io.telemetry.setup import END_TO_END, END_TO_END_STRIDE, Telemetry
+from processor.io.telemetry.spans import context_headers
 
 
 def test_without_otel_variables_or_a_metrics_port_telemetry_is_a_no_op(

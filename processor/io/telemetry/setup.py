@@ -20,20 +20,17 @@ is set.
 from __future__ import annotations
 
 import os
-import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from opentelemetry import trace
 from opentelemetry.context import Context
-from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
 from opentelemetry.exporter.prometheus import PrometheusMetricReader
 from opentelemetry.metrics import Histogram, Meter, MeterProvider, Observation
 from opentelemetry.sdk.metrics import AlwaysOffExemplarFilter
 from opentelemetry.sdk.metrics import MeterProvider as SdkMeterProvider
 from opentelemetry.sdk.metrics.export import (
-    MetricExporter,
     MetricReader,
     PeriodicExportingMetricReader,
 )
@@ -44,89 +41,33 @@ from opentelemetry.sdk.trace.sampling import Sampler
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import (
     Link,
-    NonRecordingSpan,
     Span,
-    SpanContext,
     SpanKind,
-    Status,
-    StatusCode,
-    TraceFlags,
     Tracer,
 )
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 from prometheus_client import start_http_server
 
 from processor.core.stats import Stats
-from processor.io.config.otel import Protocol, otel_settings
+from processor.io.config.otel import otel_settings
 from processor.io.runtime.listen import ListenError
-from processor.io.telemetry.light_spans import LightSpan, LightTracer
-from processor.io.telemetry.metrics import PROCESSOR, Read, histogram, observe
-from processor.io.telemetry.otlp_json import OtlpJsonSpanExporter
-from processor.io.telemetry.otlp_proto import OtlpProtobufSpanExporter
-from processor.io.telemetry.sampling import (
-    CarriedSpan,
-    RatioSampling,
-    parse_traceparent,
-    trace_headers,
+from processor.io.telemetry.exporters import (
+    metric_exporter,
+    sampler_from_environment,
+    span_exporter,
 )
+from processor.io.telemetry.light_spans import LightTracer
+from processor.io.telemetry.metrics import PROCESSOR, Read, histogram, observe
+from processor.io.telemetry.sampling import (
+    RatioSampling,
+)
+from processor.io.telemetry.spans import Headers, carried_links, extract_context
 
-Headers = list[tuple[str, bytes]]
 _PROPAGATOR = TraceContextTextMapPropagator()
 _NOOP_TRACER: Tracer = trace.NoOpTracer()
-DEFAULT_SAMPLE_RATIO = 0.1
 END_TO_END = "ductor.end_to_end.latency"
 END_TO_END_STRIDE = 8  # the end-to-end histogram records one committed tick in this many
 _SCOPE = "ductor.processor"
-
-
-def sampler_from_environment() -> RatioSampling | None:
-    """One trace in ten unless OTEL_TRACES_SAMPLER says otherwise (the SDK's own default
-    samples every trace, which costs several times the tick itself). The standard samplers
-    (always on or off, a ratio of trace ids, each parent-based or not) are ratio sampling
-    (io/telemetry/sampling.py), with light spans and the shortcut for the traces they do not sample;
-    any other, or a ratio that is not one, is left to the SDK (None)."""
-    name = os.environ.get("OTEL_TRACES_SAMPLER", "").strip().lower()
-    if not name:
-        return RatioSampling(DEFAULT_SAMPLE_RATIO)
-    parent_based = name.startswith("parentbased_")
-    rule = name.removeprefix("parentbased_")
-    if rule == "always_on":
-        return RatioSampling(1.0, parent_based)
-    if rule == "always_off":
-        return RatioSampling(0.0, parent_based)
-    if rule != "traceidratio":
-        return None
-    try:
-        ratio = float(os.environ.get("OTEL_TRACES_SAMPLER_ARG", "1.0"))
-    except ValueError:
-        return None  # the SDK warns and takes its own default
-    return RatioSampling(ratio, parent_based) if 0.0 <= ratio <= 1.0 else None
-
-
-def span_exporter(protocol: Protocol) -> SpanExporter:
-    """The OTLP span exporter that speaks ``protocol`` (each reads its endpoint, headers,
-    timeout, compression and certificates from the standard variables)."""
-    if protocol is Protocol.HTTP_JSON:
-        # Encoded by orjson, several times cheaper than the SDK's protobuf (docs/performance.md).
-        return OtlpJsonSpanExporter()
-    if protocol is Protocol.GRPC:
-        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import (  # noqa: PLC0415
-            OTLPSpanExporter as GrpcSpanExporter,
-        )
-
-        return GrpcSpanExporter()
-    # Encoded here, field by field: the SDK's protobuf messages cost several times as much.
-    return OtlpProtobufSpanExporter()
-
-
-def metric_exporter(protocol: Protocol) -> MetricExporter:
-    if protocol is Protocol.GRPC:
-        from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import (  # noqa: PLC0415
-            OTLPMetricExporter as GrpcMetricExporter,
-        )
-
-        return GrpcMetricExporter()
-    return OTLPMetricExporter()
 
 
 @dataclass
@@ -290,7 +231,7 @@ class Telemetry:
             if unsampled is not None:
                 # certain not to be sampled: no SDK span (io/telemetry/sampling.py)
                 return unsampled
-        contexts = [_extract(headers) for *_rest, headers in records]
+        contexts = [extract_context(headers) for *_rest, headers in records]
         parent: Context | None = None
         links: list[Link] = []
         if len(records) == 1:
@@ -301,7 +242,7 @@ class Telemetry:
                 for sc in (trace.get_current_span(c).get_span_context() for c in contexts)
                 if sc.is_valid
             ]
-        links += _carried_links(records)
+        links += carried_links(records)
         span = self.tracer.start_span(
             f"process {topic}", context=parent, kind=SpanKind.CONSUMER, links=links
         )
@@ -348,12 +289,6 @@ class Telemetry:
         carrier: dict[str, str] = {}
         _PROPAGATOR.inject(carrier, context=trace.set_span_in_context(span))
         return span, [(k, v.encode()) for k, v in carrier.items()]
-
-
-# A wakeup that stands for several step executions (a worker's results recorded together)
-# carries the first one's context as its ``traceparent`` and each other's in a header of this
-# name; the tick it wakes links to them.
-LINK_HEADER = "ductor-link"
 
 
 # The histograms ``Telemetry.record`` records, by name (the limit's wait is recorded by the
@@ -416,91 +351,3 @@ def _processor_reads(
         "ductor.limit.refused": _by("ductor.limit", stats.limit_refused),
         "ductor.consumer.lag": read_lag,
     }
-
-
-def link_headers(others: Iterable[Headers]) -> Headers:
-    """``LINK_HEADER`` headers for the ``traceparent`` of each of ``others``."""
-    return [
-        (LINK_HEADER, value) for headers in others for key, value in headers if key == "traceparent"
-    ]
-
-
-def _carried_links(records: Sequence[tuple[str, int, int, bytes | None, Headers]]) -> list[Link]:
-    links: list[Link] = []
-    for *_rest, headers in records:
-        for key, value in headers:
-            if key == LINK_HEADER:
-                carrier = {"traceparent": value.decode(errors="replace")}
-                context = trace.get_current_span(_PROPAGATOR.extract(carrier)).get_span_context()
-                if context.is_valid:
-                    links.append(Link(context))
-    return links
-
-
-def context_headers(span: Span) -> Headers:
-    """The W3C trace-context headers of ``span`` without going through a propagator (for
-    spans that record nothing: a trace not sampled still passes its decision on), written
-    once per span where the span keeps them. Shared: not to be changed by the caller."""
-    # By the exact type, not isinstance: compiled (mypyc), LightSpan shares the isinstance
-    # cache of its ABC base, Span, and every span once checked against Span passed for it.
-    if type(span) is LightSpan or type(span) is CarriedSpan:
-        return span.headers()
-    return trace_headers(span.get_span_context())
-
-
-def _extract(headers: Headers) -> Context:
-    """The producer's context in ``headers``: read here when it is one canonical
-    ``traceparent`` and nothing else, by the propagator otherwise (the same context)."""
-    traceparent: bytes | None = None
-    for key, value in headers:
-        if key == "traceparent" and traceparent is None:
-            traceparent = value
-        elif key in ("traceparent", "tracestate"):
-            traceparent = None
-            break
-    parsed = None if traceparent is None else parse_traceparent(traceparent)
-    if parsed is not None:
-        trace_id, span_id, flags = parsed
-        remote = SpanContext(trace_id, span_id, True, TraceFlags(flags))
-        return trace.set_span_in_context(NonRecordingSpan(remote))
-    carrier = {
-        k: v.decode(errors="replace") for k, v in headers if k in ("traceparent", "tracestate")
-    }
-    return _PROPAGATOR.extract(carrier)
-
-
-def log_ids(span: Span | None) -> dict[str, str]:
-    """The trace and span ids of ``span`` as log fields (empty when not tracing)."""
-    if span is None:
-        return {}
-    context = span.get_span_context()
-    if not context.is_valid:
-        return {}
-    return {"trace_id": f"{context.trace_id:032x}", "span_id": f"{context.span_id:016x}"}
-
-
-def end_ok(span: Span | None, outcome: str, **attributes: Any) -> None:
-    if span is None:
-        return
-    if not span.is_recording():
-        span.end()
-        return
-    span.set_attribute("ductor.outcome", outcome)
-    for key, value in attributes.items():
-        span.set_attribute(f"ductor.{key}", value)
-    span.end()
-
-
-def end_error(span: Span | None, exc: BaseException) -> None:
-    """A genuine failure: status ERROR, error.type, the exception recorded."""
-    if span is None:
-        return
-    span.set_attribute("ductor.outcome", "error")
-    span.set_attribute("error.type", type(exc).__qualname__)
-    span.record_exception(exc)
-    span.set_status(Status(StatusCode.ERROR, str(exc)[:200]))
-    span.end()
-
-
-def now_ns() -> int:
-    return time.time_ns()
