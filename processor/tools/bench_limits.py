@@ -33,7 +33,8 @@ from processor.core.workflow import parse_workflow
 from processor.io.config.settings import load_settings
 from processor.io.postgres import limit_store, store
 from processor.io.postgres.migrate import migrate
-from processor.io.postgres.runs_admin import insert_runs, register_workflow
+from processor.io.postgres.runs_admin import insert_runs
+from processor.io.postgres.workflows import register_workflow
 from processor.tools.bench_phases import fresh_database
 
 WEEK_S = 604_800

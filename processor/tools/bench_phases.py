@@ -30,16 +30,16 @@ from processor.io.kafka.clients import admin_config, choose_partition, produce, 
 from processor.io.kafka.logs import with_logger
 from processor.io.kafka.topics import create_topics, desired_topics
 from processor.io.postgres.migrate import migrate
-from processor.io.postgres.runs_admin import (
+from processor.io.postgres.run_counts import (
     count_ended,
     count_ticked,
     count_ticked_with_prefix,
     delete_runs_with_prefix,
-    insert_runs,
     like_prefix,
-    register_workflow,
     vacuum_runs,
 )
+from processor.io.postgres.runs_admin import insert_runs
+from processor.io.postgres.workflows import register_workflow
 from processor.tools.bench_baselines import ceiling_rate, naive_rate
 from processor.tools.bench_cpu import (
     CpuMeter,

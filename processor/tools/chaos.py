@@ -68,12 +68,8 @@ from processor.io.kafka.logs import with_logger
 from processor.io.kafka.topics import busiest_broker, create_topics, delete_topics
 from processor.io.postgres.connections import connect_durable
 from processor.io.postgres.migrate import migrate
-from processor.io.postgres.runs_admin import (
-    count_ended,
-    delete_runs_with_prefix,
-    like_prefix,
-    register_workflow,
-)
+from processor.io.postgres.run_counts import count_ended, delete_runs_with_prefix, like_prefix
+from processor.io.postgres.workflows import register_workflow
 from processor.io.shipped.files import sample_workflow
 from processor.tools import audit, chaos_backlog, chaos_steps
 from processor.tools.chaos_fleet import PROCESSOR, WORKER, Arming, Fleet

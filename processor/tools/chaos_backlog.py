@@ -37,8 +37,9 @@ from processor.client import start_runs
 from processor.core.workflow import WorkflowDef, parse_workflow
 from processor.io.config.settings import Settings
 from processor.io.postgres.connections import connect_durable
-from processor.io.postgres.runs_admin import count_ended, register_workflow
+from processor.io.postgres.run_counts import count_ended
 from processor.io.postgres.step_attempts import UNSTARTED
+from processor.io.postgres.workflows import register_workflow
 from processor.tools import chaos_steps
 from processor.tools.chaos_fleet import WORKER, Arming, Fleet
 

@@ -13,7 +13,7 @@ import psycopg
 from processor.core.workflow import WorkflowDef
 from processor.io.kafka.dlq import DeadLetter
 from processor.io.postgres.connections import connect_durable
-from processor.io.postgres.runs_admin import (
+from processor.io.postgres.run_counts import (
     count_outbox_with_prefix,
     like_prefix,
     live_runs_with_prefix,

@@ -34,12 +34,9 @@ from processor.io.kafka.clients import admin_config, produce, producer_config, t
 from processor.io.kafka.logs import with_logger
 from processor.io.kafka.topics import create_topics
 from processor.io.postgres.migrate import migrate
-from processor.io.postgres.runs_admin import (
-    insert_runs,
-    insert_signal,
-    register_workflow,
-    statuses_with_prefix,
-)
+from processor.io.postgres.run_counts import statuses_with_prefix
+from processor.io.postgres.runs_admin import insert_runs, insert_signal
+from processor.io.postgres.workflows import register_workflow
 from processor.io.shipped.files import sample_workflow
 from processor.io.telemetry.logs import read_stats
 from processor.tools.checkout import NEEDS_CHECKOUT, checkout_root

@@ -39,8 +39,8 @@ from processor.core.routing import TIERS
 from processor.core.workflow import WorkflowDef, parse_workflow
 from processor.io.config.settings import Settings, child_env, load_settings
 from processor.io.kafka.topics import create_topics, delete_topics
-from processor.io.postgres import runs_admin
-from processor.io.postgres.runs_admin import register_workflow
+from processor.io.postgres import run_counts
+from processor.io.postgres.workflows import register_workflow
 from processor.tools.chaos_steps import execution_log_env
 from processor.tools.failover_steps import HOLD_VARIABLE, LOG, STEP_TYPE
 
@@ -246,11 +246,11 @@ def _measure(
         a2 = start([*worker, "1"], "worker-a-again", worker_env("a", hold=False))
         watched.append(a2)
     _wait(
-        lambda: alive() and runs_admin.count_ended(conn, ids) == runs,
+        lambda: alive() and run_counts.count_ended(conn, ids) == runs,
         _WAIT_S,
         "every run to end",
     )
-    statuses = runs_admin.statuses(conn, ids)
+    statuses = run_counts.statuses(conn, ids)
     row = conn.execute(
         f"SELECT min(started_at), max(started_at) FROM {LOG.table}"
         " WHERE starts_with(run_id, %s) AND started_at > %s AND pid <> %s",

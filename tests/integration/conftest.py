@@ -37,9 +37,10 @@ from processor.io.config.settings import Settings, load_settings
 from processor.io.config.settings import child_env as config_child_env
 from processor.io.kafka.clients import produce, producer_config
 from processor.io.kafka.topics import create_topics, delete_topics
-from processor.io.postgres import runs_admin
+from processor.io.postgres import run_counts
 from processor.io.postgres.migrate import migrate
-from processor.io.postgres.runs_admin import insert_runs, register_workflow
+from processor.io.postgres.runs_admin import insert_runs
+from processor.io.postgres.workflows import register_workflow
 from processor.io.runtime.faults import NO_FAULTS, Faults
 from processor.io.telemetry.logs import read_stats
 from processor.io.telemetry.setup import Telemetry
@@ -534,11 +535,11 @@ def produce_wakeups(settings: Settings, records: Sequence[tuple[str, Wakeup, int
 
 
 def run_statuses(pg: psycopg.Connection[Any], run_ids: list[str]) -> dict[str, str]:
-    return runs_admin.statuses(pg, run_ids)
+    return run_counts.statuses(pg, run_ids)
 
 
 def count_terminal(pg: psycopg.Connection[Any], run_ids: list[str]) -> int:
-    return runs_admin.count_ended(pg, run_ids)
+    return run_counts.count_ended(pg, run_ids)
 
 
 def step_attempts(pg: psycopg.Connection[Any], run_id: str) -> dict[str, list[tuple[int, str]]]:

@@ -21,7 +21,8 @@ from confluent_kafka import Consumer, KafkaException, TopicPartition
 from processor.core.records import Headers, normalise_headers
 from processor.core.workflow import parse_workflow
 from processor.io.config.settings import Settings
-from processor.io.postgres.runs_admin import insert_runs, register_workflow
+from processor.io.postgres.runs_admin import insert_runs
+from processor.io.postgres.workflows import register_workflow
 
 from .conftest import wait_for
 

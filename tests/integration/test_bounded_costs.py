@@ -23,7 +23,8 @@ from processor.core.routing import TopicNames
 from processor.core.workflow import WorkflowDef, parse_workflow
 from processor.io.config.settings import Settings
 from processor.io.postgres import limit_store, load_sql, store
-from processor.io.postgres.runs_admin import insert_runs, insert_signal, register_workflow
+from processor.io.postgres.runs_admin import insert_runs, insert_signal
+from processor.io.postgres.workflows import register_workflow
 
 from .audit import assert_transitions_applied_once
 from .conftest import WorkerThread, count_terminal, run_ductor, run_statuses, wait_for

@@ -32,7 +32,7 @@ from processor.core.triggers import RunIdFrom, Trigger, map_record, parse_path
 from processor.core.workflow import parse_workflow
 from processor.io.config.settings import Settings
 from processor.io.kafka.dlq import read_dead_letters
-from processor.io.postgres.runs_admin import register_workflow
+from processor.io.postgres.workflows import register_workflow
 from tests.unit.strategies import hostile_json_bytes, hostile_request, hostile_values, json_values
 
 from .conftest import (

@@ -29,7 +29,7 @@ from processor.core.routing import TopicNames
 from processor.core.schedules import fire_run_id
 from processor.core.workflow import parse_workflow
 from processor.io.config.settings import Settings
-from processor.io.postgres.runs_admin import register_workflow
+from processor.io.postgres.workflows import register_workflow
 
 from .conftest import WorkerThread, run_ductor, run_statuses, wait_for
 from .kcat import end_offset

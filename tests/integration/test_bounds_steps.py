@@ -19,7 +19,7 @@ from processor.client import start_run
 from processor.core.bounds import MAX_DEPTH
 from processor.core.workflow import parse_workflow
 from processor.io.config.settings import Settings
-from processor.io.postgres.runs_admin import register_workflow
+from processor.io.postgres.workflows import register_workflow
 
 from .conftest import WorkerThread, count_terminal, run_statuses, step_attempts, wait_for
 

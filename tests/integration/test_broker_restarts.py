@@ -16,7 +16,7 @@ import pytest
 from processor.client import start_runs
 from processor.core.workflow import parse_workflow
 from processor.io.config.settings import Settings
-from processor.io.postgres.runs_admin import register_workflow
+from processor.io.postgres.workflows import register_workflow
 
 from .audit import assert_results_applied, assert_transitions_applied_once
 from .conftest import Spawned, count_terminal, run_statuses, wait_for

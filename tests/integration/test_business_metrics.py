@@ -20,7 +20,8 @@ from processor.core.envelope import Wakeup
 from processor.core.routing import TopicNames
 from processor.core.workflow import WorkflowDef, parse_workflow
 from processor.io.config.settings import Settings
-from processor.io.postgres.runs_admin import insert_runs, register_workflow
+from processor.io.postgres.runs_admin import insert_runs
+from processor.io.postgres.workflows import register_workflow
 
 from .conftest import (
     OutsideWriter,

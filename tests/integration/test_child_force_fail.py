@@ -26,9 +26,9 @@ from processor.core.outcomes import ForceFailReason
 from processor.core.routing import TopicNames
 from processor.core.workflow import parse_workflow
 from processor.io.config.settings import Settings
-from processor.io.postgres.runs_admin import register_workflow
 from processor.io.postgres.store import Definitions, load_runs
 from processor.io.postgres.store import force_fail_write as store_force_fail
+from processor.io.postgres.workflows import register_workflow
 
 from .conftest import (
     OutsideWriter,

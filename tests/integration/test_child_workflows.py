@@ -17,7 +17,7 @@ from processor import StepContext, StepRegistry
 from processor.client import send_signal
 from processor.core.workflow import parse_workflow
 from processor.io.config.settings import Settings
-from processor.io.postgres.runs_admin import register_workflow
+from processor.io.postgres.workflows import register_workflow
 
 from .audit import assert_transitions_applied_once
 from .conftest import WorkerThread, count_terminal, run_ductor, run_statuses, wait_for

@@ -19,7 +19,8 @@ from processor.core.records import normalise_headers
 from processor.core.routing import TopicNames
 from processor.core.workflow import WorkflowDef, parse_workflow
 from processor.io.config.settings import Settings
-from processor.io.postgres.runs_admin import insert_runs, register_workflow
+from processor.io.postgres.runs_admin import insert_runs
+from processor.io.postgres.workflows import register_workflow
 
 from .audit import assert_results_applied, assert_transitions_applied_once
 from .conftest import (

@@ -19,7 +19,7 @@ from processor.core.workflow import WorkflowDef, parse_workflow
 from processor.io.config.settings import Settings
 from processor.io.kafka.clients import producer_config
 from processor.io.kafka.topics import create_topics
-from processor.io.postgres.runs_admin import register_workflow
+from processor.io.postgres.workflows import register_workflow
 
 from .conftest import WorkerThread, count_terminal, run_statuses, wait_for
 

@@ -34,7 +34,9 @@ from processor.io.kafka.clients import produce, producer_config
 from processor.io.kafka.delivery import PARK_AFTER
 from processor.io.kafka.dlq import read_dead_letters
 from processor.io.postgres.outbox import unpark_outbox
-from processor.io.postgres.runs_admin import count_ticked, insert_runs, register_workflow
+from processor.io.postgres.run_counts import count_ticked
+from processor.io.postgres.runs_admin import insert_runs
+from processor.io.postgres.workflows import register_workflow
 
 from .audit import assert_results_applied, assert_transitions_applied_once, timed_out_attempts
 from .conftest import (

@@ -21,7 +21,7 @@ from processor.client import request_signal, request_starts
 from processor.core.workflow import parse_workflow
 from processor.io.config.settings import Settings
 from processor.io.kafka.dlq import read_dead_letters
-from processor.io.postgres.runs_admin import register_workflow
+from processor.io.postgres.workflows import register_workflow
 
 from . import counted_steps
 from .conftest import WorkerThread, count_terminal, run_ductor, run_statuses, wait_for

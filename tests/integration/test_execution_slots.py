@@ -20,7 +20,7 @@ from processor.client import inspect_run, send_signal, start_runs
 from processor.core.routing import TIERS
 from processor.core.workflow import WorkflowDef, parse_workflow
 from processor.io.config.settings import Settings
-from processor.io.postgres.runs_admin import register_workflow
+from processor.io.postgres.workflows import register_workflow
 
 from . import counted_steps
 from .conftest import Spawned, count_terminal, run_ductor, run_statuses, wait_for

@@ -22,7 +22,7 @@ from processor.core.routing import TopicNames
 from processor.core.workflow import parse_workflow
 from processor.io.config.settings import Settings
 from processor.io.kafka.dlq import read_dead_letters
-from processor.io.postgres.runs_admin import register_workflow
+from processor.io.postgres.workflows import register_workflow
 
 from .conftest import run_ductor, run_statuses, wait_for
 from .test_requests_intake import _signals, _write

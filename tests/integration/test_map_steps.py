@@ -21,7 +21,8 @@ from processor.core.step_task import StepTask
 from processor.core.workflow import parse_workflow
 from processor.io.config.settings import Settings
 from processor.io.postgres import step_attempts, store
-from processor.io.postgres.runs_admin import insert_runs, register_workflow
+from processor.io.postgres.runs_admin import insert_runs
+from processor.io.postgres.workflows import register_workflow
 
 from .audit import assert_transitions_applied_once
 from .conftest import WorkerThread, count_terminal, run_ductor, run_statuses, wait_for

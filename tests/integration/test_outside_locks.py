@@ -15,7 +15,8 @@ import pytest
 from processor.client import start_runs
 from processor.core.workflow import WorkflowDef, parse_workflow
 from processor.io.config.settings import Settings
-from processor.io.postgres.runs_admin import insert_runs, register_workflow
+from processor.io.postgres.runs_admin import insert_runs
+from processor.io.postgres.workflows import register_workflow
 
 from . import counted_steps
 from .conftest import Spawned, count_terminal, run_statuses, wait_for

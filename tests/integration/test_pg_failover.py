@@ -19,7 +19,7 @@ from infra.local import PostgresPair, StopMode
 from infra.local import Settings as InfraSettings
 from processor.client import start_runs
 from processor.io.config.settings import Settings
-from processor.io.postgres.runs_admin import register_workflow
+from processor.io.postgres.workflows import register_workflow
 from processor.tools import audit as audit_trail
 
 from . import counted_steps

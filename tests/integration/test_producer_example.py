@@ -18,7 +18,7 @@ import pytest
 from processor.core.workflow import parse_workflow
 from processor.io.config.settings import Settings
 from processor.io.kafka.dlq import read_dead_letters
-from processor.io.postgres.runs_admin import register_workflow
+from processor.io.postgres.workflows import register_workflow
 
 from .background_builds import PRODUCER
 from .conftest import SAMPLE, run_statuses, wait_for

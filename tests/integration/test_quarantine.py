@@ -18,8 +18,9 @@ from processor.core.model import LoadedRun
 from processor.core.workflow import parse_workflow
 from processor.io.config.settings import Settings
 from processor.io.kafka.dlq import DeadLetter, read_dead_letters
-from processor.io.postgres.runs_admin import insert_runs, register_workflow, release_quarantine
+from processor.io.postgres.runs_admin import insert_runs, release_quarantine
 from processor.io.postgres.store import Definitions, QuarantineFlag, load_runs, quarantine_runs
+from processor.io.postgres.workflows import register_workflow
 
 from .conftest import (
     ProcessorThread,

@@ -29,7 +29,8 @@ from processor.io.postgres import (
     store,
     sweeps,
 )
-from processor.io.postgres.runs_admin import insert_runs, register_workflow
+from processor.io.postgres.runs_admin import insert_runs
+from processor.io.postgres.workflows import register_workflow
 
 from .conftest import sample_workflow
 

@@ -19,7 +19,8 @@ from processor.core.routing import TopicNames
 from processor.io.config.settings import Settings
 from processor.io.kafka.clients import produce, producer_config
 from processor.io.kafka.dlq import read_dead_letters
-from processor.io.postgres.runs_admin import count_ticked, insert_runs
+from processor.io.postgres.run_counts import count_ticked
+from processor.io.postgres.runs_admin import insert_runs
 
 from .conftest import now_ms, sample_workflow, wait_for
 

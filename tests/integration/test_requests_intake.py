@@ -23,7 +23,7 @@ from processor.core.routing import TopicNames, partition_for, run_shard
 from processor.core.workflow import parse_workflow
 from processor.io.config.settings import Settings
 from processor.io.kafka.dlq import read_dead_letters
-from processor.io.postgres.runs_admin import register_workflow
+from processor.io.postgres.workflows import register_workflow
 
 from .audit import assert_results_applied, assert_transitions_applied_once
 from .conftest import SAMPLE, WorkerThread, count_terminal, run_ductor, run_statuses, wait_for

@@ -22,7 +22,8 @@ from processor.core.run_search import Cursor
 from processor.core.workflow import parse_workflow
 from processor.io.config.settings import Settings
 from processor.io.postgres import run_search
-from processor.io.postgres.runs_admin import insert_runs, register_workflow
+from processor.io.postgres.runs_admin import insert_runs
+from processor.io.postgres.workflows import register_workflow
 
 from .conftest import WorkerThread, run_ductor, sample_workflow, wait_for
 

@@ -19,9 +19,9 @@ import pytest
 from processor.core.workflow import parse_workflow
 from processor.io.config.settings import Settings
 from processor.io.postgres.migrate import MIGRATIONS_TABLE, migrate
-from processor.io.postgres.runs_admin import register_workflow
 from processor.io.postgres.schedules import fire_due, list_schedules
 from processor.io.postgres.store import Definitions
+from processor.io.postgres.workflows import register_workflow
 from processor.io.shipped.files import migrations
 
 from .conftest import run_ductor

@@ -25,7 +25,7 @@ from processor.core.routing import TopicNames, run_shard
 from processor.core.workflow import parse_workflow
 from processor.io.config.settings import Settings
 from processor.io.kafka.dlq import DeadLetter, read_dead_letters
-from processor.io.postgres.runs_admin import register_workflow
+from processor.io.postgres.workflows import register_workflow
 from processor.io.runtime.faults import Faults, Point
 
 from .conftest import run_ductor, run_statuses, wait_for

@@ -14,7 +14,8 @@ import pytest
 from processor import client
 from processor.core.workflow import parse_workflow
 from processor.io.config.settings import Settings
-from processor.io.postgres.runs_admin import ExistingRun, insert_runs, register_workflow
+from processor.io.postgres.runs_admin import ExistingRun, insert_runs
+from processor.io.postgres.workflows import register_workflow
 
 from .conftest import run_ductor, sample_workflow
 

@@ -20,7 +20,7 @@ from processor.client import send_signal, start_runs
 from processor.core.workflow import parse_workflow
 from processor.io.config.settings import Settings
 from processor.io.kafka.topics import create_topics
-from processor.io.postgres.runs_admin import register_workflow
+from processor.io.postgres.workflows import register_workflow
 from processor.worker import NonRetryable, StepContext, StepRegistry
 from processor.worker.options import WorkerOptions
 

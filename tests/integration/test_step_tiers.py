@@ -15,7 +15,7 @@ from processor import client
 from processor.core.routing import TopicNames
 from processor.core.workflow import parse_workflow
 from processor.io.config.settings import Settings
-from processor.io.postgres.runs_admin import register_workflow
+from processor.io.postgres.workflows import register_workflow
 from processor.worker import StepContext, StepRegistry
 
 from .conftest import WorkerThread, count_terminal, wait_for

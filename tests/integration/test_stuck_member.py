@@ -27,7 +27,7 @@ from processor.core.routing import TIERS
 from processor.core.workflow import parse_workflow
 from processor.io.config.settings import Settings
 from processor.io.kafka.group_watch import RETIRING_HANG_S
-from processor.io.postgres.runs_admin import register_workflow
+from processor.io.postgres.workflows import register_workflow
 from processor.worker import StepContext, StepRegistry
 
 from .audit import assert_transitions_applied_once

@@ -22,7 +22,7 @@ from processor.core.envelope import Wakeup, decode_wakeup
 from processor.core.routing import TIERS, TopicNames
 from processor.core.workflow import WorkflowDef, parse_workflow
 from processor.io.config.settings import Settings
-from processor.io.postgres.runs_admin import register_workflow
+from processor.io.postgres.workflows import register_workflow
 
 from . import counted_steps
 from .conftest import Spawned, count_terminal, run_statuses, step_attempts, wait_for

@@ -20,7 +20,7 @@ from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from processor.client import start_runs
 from processor.core.workflow import parse_workflow
 from processor.io.config.settings import Settings
-from processor.io.postgres.runs_admin import register_workflow
+from processor.io.postgres.workflows import register_workflow
 from processor.io.telemetry.setup import Telemetry
 from processor.worker import StepContext, StepRegistry
 

@@ -21,7 +21,7 @@ from processor.core.workflow import parse_workflow
 from processor.io.config.settings import Settings
 from processor.io.kafka.clients import admin_config, topic_partitions
 from processor.io.kafka.dlq import read_dead_letters
-from processor.io.postgres.runs_admin import register_workflow
+from processor.io.postgres.workflows import register_workflow
 
 from .audit import assert_transitions_applied_once
 from .conftest import (

@@ -36,7 +36,7 @@ from processor.core.workflow import parse_workflow
 from processor.io.config.settings import Settings
 from processor.io.kafka.clients import produce, producer_config
 from processor.io.kafka.dlq import read_dead_letters
-from processor.io.postgres.runs_admin import register_workflow
+from processor.io.postgres.workflows import register_workflow
 
 from .conftest import REPO, Spawned, WorkerThread, run_ductor, step_attempts, wait_for
 from .scrape import free_port

@@ -22,8 +22,9 @@ from processor.core.model import (
 )
 from processor.core.routing import TopicNames, partition_for
 from processor.io.config.settings import Settings
-from processor.io.postgres.runs_admin import insert_runs, register_workflow
+from processor.io.postgres.runs_admin import insert_runs
 from processor.io.postgres.store import Definitions, commit_batch, load_runs
+from processor.io.postgres.workflows import register_workflow
 from processor.io.runtime.faults import Faults, Point
 
 from .conftest import (

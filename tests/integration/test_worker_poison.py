@@ -20,7 +20,7 @@ from processor.core.workflow import parse_workflow
 from processor.io.config.settings import Settings
 from processor.io.kafka.clients import producer_config
 from processor.io.kafka.dlq import read_dead_letters
-from processor.io.postgres.runs_admin import register_workflow
+from processor.io.postgres.workflows import register_workflow
 from processor.worker import StepContext, sample_registry
 
 from .conftest import ProcessorThread, WorkerThread, count_terminal, run_statuses, wait_for

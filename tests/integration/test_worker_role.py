@@ -26,8 +26,8 @@ from infra.local import Settings as InfraSettings
 from processor.client import get_run
 from processor.core.workflow import parse_workflow
 from processor.io.config.settings import Settings
-from processor.io.postgres.runs_admin import register_workflow
 from processor.io.postgres.worker_registry import servers
+from processor.io.postgres.workflows import register_workflow
 from processor.io.shipped.files import migrations
 
 from .conftest import (

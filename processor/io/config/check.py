@@ -26,7 +26,7 @@ from processor.io.config.variables import secret_file_warnings
 from processor.io.kafka.clients import consumer_config, producer_config, refusal_message
 from processor.io.kafka.topics import desired_topics
 from processor.io.postgres.migrate import MIGRATIONS_TABLE
-from processor.io.postgres.runs_admin import registered_queues
+from processor.io.postgres.workflows import registered_queues
 from processor.io.shipped.files import PackageFileMissing, migrations
 from processor.io.telemetry.logs import first_line
 

@@ -15,8 +15,9 @@ import psycopg
 
 from processor.core.model import RunStatus
 from processor.core.run_search import Cursor, RunFilter
+from processor.io.postgres.run_counts import like_prefix
 from processor.io.postgres.run_marks import flag_column
-from processor.io.postgres.runs_admin import RunSummary, like_prefix
+from processor.io.postgres.runs_admin import RunSummary
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _MICROSECOND = timedelta(microseconds=1)

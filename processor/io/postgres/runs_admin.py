@@ -1,5 +1,6 @@
-"""Postgres off the hot paths: registering workflows, inserting runs and signals, reading a
-run for inspection, and the few queries the demo and the benchmark make about their own runs.
+"""Postgres off the hot paths: inserting runs and signals, reading a run for inspection,
+releasing a quarantined one. Registering workflows is in ``workflows.py``, the queries the
+demo, the benchmark and the tests make about their own runs in ``run_counts.py``.
 
 Like ``store.py``, every statement is one round trip on an autocommit connection.
 """
@@ -14,10 +15,9 @@ from typing import Any
 import orjson
 import psycopg
 
-from processor.core.child_graph import ChildCycle, ChildRef, child_cycle
 from processor.core.model import RunStatus, SignalKind, initial_state, state_checksum
-from processor.core.routing import DEFAULT_QUEUE, run_shard
-from processor.core.workflow import WorkflowDef, parse_workflow, workflow_to_json
+from processor.core.routing import run_shard
+from processor.core.workflow import WorkflowDef
 from processor.io.postgres.kept_signals import take_kept_signals
 from processor.io.postgres.run_marks import flag_column
 
@@ -67,120 +67,6 @@ class RunSummary:
     quarantine_reason: str | None  # None unless the run is quarantined
     created_at: datetime | None = None
     tags: Mapping[str, str] = field(default_factory=dict)
-
-
-# Registrations of definitions that start children take turns (a transaction-scoped advisory
-# lock, this key): two registered at once could each close half of a cycle unseen.
-_CHILD_GRAPH_LOCK = 0x64756374  # "duct"
-
-
-def register_workflow(conn: psycopg.Connection[Any], wf: WorkflowDef) -> bool:
-    """Register a definition; True if new. Re-registering the same content is a no-op, a
-    different content under an existing (name, version) is refused (versions are immutable),
-    and so is one whose step starts a child run of a workflow (version) not registered, or
-    whose registration would close a cycle of child workflows (ChildCycle: core/child_graph.py).
-    """
-    if not wf.has_children:
-        return _register(conn, wf)
-    with conn.transaction():
-        conn.execute("SELECT pg_advisory_xact_lock(%s)", (_CHILD_GRAPH_LOCK,))
-        _check_children_registered(conn, wf)
-        new = _register(conn, wf)
-        if new:  # read with the new row, in this transaction: raising takes it back
-            cycle = child_cycle(wf.key, _child_graph(conn))
-            if cycle is not None:
-                raise ChildCycle(wf.key, cycle)
-        return new
-
-
-def _check_children_registered(conn: psycopg.Connection[Any], wf: WorkflowDef) -> None:
-    for step in wf.steps:
-        if step.starts_child:
-            row = conn.execute(
-                "SELECT 1 FROM eec_workflow_definition WHERE name = %s"
-                " AND (%s::integer IS NULL OR version = %s::integer) LIMIT 1",
-                (step.child_workflow, step.child_version, step.child_version),
-            ).fetchone()
-            if row is None:
-                which = "" if step.child_version is None else f" version {step.child_version}"
-                raise ValueError(
-                    f"step {step.name!r} starts workflow {step.child_workflow!r}{which}, which"
-                    " is not registered: register it first"
-                )
-
-
-def _child_graph(conn: psycopg.Connection[Any]) -> dict[tuple[str, int], list[ChildRef]]:
-    """Every registered version with the children its steps start (core/child_graph.py)."""
-    rows = conn.execute(
-        "SELECT w.name, w.version, st ->> 'workflow', st ->> 'version'"
-        " FROM eec_workflow_definition w"
-        f" LEFT JOIN LATERAL {_STEPS.format(d='w.definition')} AS st"
-        "   ON st ->> 'kind' = 'workflow' AND jsonb_typeof(st -> 'workflow') = 'string'"
-    ).fetchall()
-    graph: dict[tuple[str, int], list[ChildRef]] = {}
-    for name, version, child, child_version in rows:
-        refs = graph.setdefault((name, version), [])
-        if child is not None:
-            pinned = int(child_version) if child_version and child_version.isdigit() else None
-            refs.append((child, pinned))
-    return graph
-
-
-def _register(conn: psycopg.Connection[Any], wf: WorkflowDef) -> bool:
-    body = orjson.dumps(workflow_to_json(wf)).decode()
-    row = conn.execute(
-        "INSERT INTO eec_workflow_definition (name, version, definition) VALUES (%s, %s, %s)"
-        " ON CONFLICT (name, version) DO NOTHING RETURNING 1",
-        (wf.name, wf.version, body),
-    ).fetchone()
-    if row is not None:
-        return True
-    existing = conn.execute(
-        "SELECT definition FROM eec_workflow_definition WHERE name = %s AND version = %s",
-        (wf.name, wf.version),
-    ).fetchone()
-    if existing is not None and parse_workflow(existing[0]) != wf:
-        raise ValueError(
-            f"workflow {wf.name!r} version {wf.version} is already registered with a different"
-            " definition; register it under a new version"
-        )
-    return False
-
-
-# The steps of definition {d}, as rows: none for a definition written by hand whose ``steps``
-# is not a list (it cannot be run; a listing or a topic creation must not fail on it).
-_STEPS = """jsonb_array_elements(CASE WHEN jsonb_typeof({d} -> 'steps') = 'array'
-                                   THEN {d} -> 'steps' ELSE '[]'::jsonb END)"""
-
-
-@dataclass(frozen=True)
-class WorkflowVersion:
-    """One registered version of a workflow, as ``ductor workflows list`` shows it."""
-
-    name: str
-    version: int
-    registered_at: datetime
-    steps: tuple[str, ...]
-
-
-def workflow_versions(conn: psycopg.Connection[Any]) -> list[WorkflowVersion]:
-    """Every registered version, by name, then version."""
-    rows = conn.execute(
-        "SELECT name, version, registered_at,"
-        f" ARRAY(SELECT st ->> 'name' FROM {_STEPS.format(d='definition')} AS st)"
-        " FROM eec_workflow_definition ORDER BY name, version"
-    ).fetchall()
-    return [WorkflowVersion(n, v, at, tuple(steps)) for n, v, at, steps in rows]
-
-
-def registered_queues(conn: psycopg.Connection[Any]) -> list[str]:
-    """The queues the steps of the registered workflows name (each its steps topic)."""
-    rows = conn.execute(
-        "SELECT DISTINCT coalesce(st ->> 'queue', %s) FROM eec_workflow_definition w,"
-        f" {_STEPS.format(d='w.definition')} AS st ORDER BY 1",
-        (DEFAULT_QUEUE,),
-    ).fetchall()
-    return [r[0] for r in rows]
 
 
 @dataclass(frozen=True)
@@ -391,110 +277,3 @@ def run_tier(conn: psycopg.Connection[Any], run_id: str) -> str | None:
     """The wakeup tier of the run, or None if there is no such run."""
     row = conn.execute("SELECT tier FROM eec_workflow_run WHERE run_id = %s", (run_id,)).fetchone()
     return None if row is None else str(row[0])
-
-
-def like_prefix(prefix: str) -> str:
-    """A LIKE pattern matching the strings that start with ``prefix`` (its % and _ literal)."""
-    escaped = prefix.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
-    return escaped + "%"
-
-
-def statuses(conn: psycopg.Connection[Any], run_ids: Sequence[str]) -> dict[str, str]:
-    """The status of each of ``run_ids`` that exists."""
-    rows = conn.execute(
-        "SELECT run_id, status FROM eec_workflow_run WHERE run_id = ANY(%s)", (list(run_ids),)
-    ).fetchall()
-    return {r[0]: r[1] for r in rows}
-
-
-def statuses_with_prefix(conn: psycopg.Connection[Any], prefix: str) -> dict[str, str]:
-    """The status of every run whose id starts with ``prefix``, by run id."""
-    rows = conn.execute(
-        "SELECT run_id, status FROM eec_workflow_run WHERE run_id LIKE %s", (like_prefix(prefix),)
-    ).fetchall()
-    return {r[0]: r[1] for r in rows}
-
-
-def count_ticked_with_prefix(conn: psycopg.Connection[Any], prefix: str) -> int:
-    """How many runs whose id starts with ``prefix`` were ticked at least once."""
-    row = conn.execute(
-        "SELECT count(*) FROM eec_workflow_run WHERE run_id LIKE %s AND last_transition_seq >= 1",
-        (like_prefix(prefix),),
-    ).fetchone()
-    return int(row[0]) if row else 0
-
-
-def count_ticked(conn: psycopg.Connection[Any], run_ids: Sequence[str]) -> int:
-    """How many of ``run_ids`` were ticked at least once."""
-    row = conn.execute(
-        "SELECT count(*) FROM eec_workflow_run WHERE run_id = ANY(%s) AND last_transition_seq >= 1",
-        (list(run_ids),),
-    ).fetchone()
-    return int(row[0]) if row else 0
-
-
-def count_ended(conn: psycopg.Connection[Any], run_ids: Sequence[str]) -> int:
-    """How many of ``run_ids`` reached a terminal status."""
-    row = conn.execute(
-        "SELECT count(*) FROM eec_workflow_run"
-        " WHERE run_id = ANY(%s) AND status IN ('succeeded', 'failed', 'cancelled')",
-        (list(run_ids),),
-    ).fetchone()
-    return int(row[0]) if row else 0
-
-
-def outcomes_with_prefix(
-    conn: psycopg.Connection[Any], prefix: str
-) -> dict[tuple[str, str | None], int]:
-    """How many runs whose id starts with ``prefix`` are in each (status, failure reason)."""
-    rows = conn.execute(
-        "SELECT status, failure_reason, count(*) FROM eec_workflow_run WHERE run_id LIKE %s"
-        " GROUP BY 1, 2",
-        (like_prefix(prefix),),
-    ).fetchall()
-    return {(r[0], r[1]): int(r[2]) for r in rows}
-
-
-def live_runs_with_prefix(
-    conn: psycopg.Connection[Any], prefix: str, limit: int
-) -> list[tuple[str, str, Any, datetime | None]]:
-    """Up to ``limit`` runs whose id starts with ``prefix`` that have not ended: run id,
-    status, node states and next wakeup time (to show why they did not end)."""
-    rows = conn.execute(
-        "SELECT run_id, status, node_states, next_wakeup_at FROM eec_workflow_run"
-        " WHERE run_id LIKE %s AND status IN ('pending', 'running') ORDER BY run_id LIMIT %s",
-        (like_prefix(prefix), limit),
-    ).fetchall()
-    return [(r[0], r[1], r[2], r[3]) for r in rows]
-
-
-def count_outbox_with_prefix(conn: psycopg.Connection[Any], prefix: str) -> int:
-    """Outbox rows (effects not yet acknowledged) of the runs whose id starts with ``prefix``."""
-    row = conn.execute(
-        "SELECT count(*) FROM eec_outbox WHERE run_id LIKE %s", (like_prefix(prefix),)
-    ).fetchone()
-    return int(row[0]) if row else 0
-
-
-def delete_runs_with_prefix(conn: psycopg.Connection[Any], prefix: str) -> int:
-    """Delete the runs whose id starts with ``prefix`` (their signals go with them by
-    cascade, their results, outbox rows, step attempts, map items, kept signals and marks
-    explicitly); returns how many were deleted."""
-    pattern = like_prefix(prefix)
-    conn.execute("DELETE FROM eec_kept_signal WHERE run_id LIKE %s", (pattern,))
-    conn.execute("DELETE FROM eec_run_rewake WHERE run_id LIKE %s", (pattern,))
-    conn.execute("DELETE FROM eec_run_quarantine WHERE run_id LIKE %s", (pattern,))
-    conn.execute("DELETE FROM eec_step_result WHERE run_id LIKE %s", (pattern,))
-    conn.execute("DELETE FROM eec_outbox WHERE run_id LIKE %s", (pattern,))
-    conn.execute("DELETE FROM eec_step_attempt WHERE run_id LIKE %s", (pattern,))
-    conn.execute("DELETE FROM eec_map_item WHERE run_id LIKE %s", (pattern,))
-    cur = conn.execute("DELETE FROM eec_workflow_run WHERE run_id LIKE %s", (pattern,))
-    return cur.rowcount
-
-
-def vacuum_runs(conn: psycopg.Connection[Any]) -> None:
-    """VACUUM (ANALYZE) the run table and the tables the workers read with it: dead rows gone
-    and statistics fresh (the benchmark starts from there: a statement planned on the
-    statistics of a table just emptied reads it the wrong way once it has grown). Needs an
-    autocommit connection."""
-    conn.execute("VACUUM (ANALYZE) eec_workflow_run, eec_step_result, eec_step_attempt")
