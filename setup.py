@@ -52,7 +52,7 @@ COMPILED_MODULES = (
     *("worker/claiming", "worker/runs", "worker/watch", "worker/results", "worker/turns"),
     *("io/postgres/store", "io/postgres/outbox", "io/postgres/step_data"),
     *("io/postgres/step_attempts",),
-    *("io/kafka/clients", "io/kafka/delivery"),
+    *("io/kafka/clients", "io/kafka/offsets", "io/kafka/delivery"),
     *("io/telemetry/otlp_proto", "io/telemetry/light_spans"),
 )
 COMPILED = [

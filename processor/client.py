@@ -44,7 +44,8 @@ from processor.core.run_search import Cursor, RunFilter, parse_tags, tags_proble
 from processor.core.tick import resume_failed
 from processor.core.workflow import SIGNAL_NAME, ValidationError
 from processor.io.config.settings import Settings
-from processor.io.kafka.clients import choose_partition, produce, producer_config, topic_partitions
+from processor.io.kafka.clients import choose_partition, produce, topic_partitions
+from processor.io.kafka.configs import producer_config
 from processor.io.kafka.logs import with_logger
 from processor.io.postgres.outbox import delete_outbox
 from processor.io.postgres.run_document import inspect_document, read_run

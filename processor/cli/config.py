@@ -21,7 +21,7 @@ from processor.io.config.otel import otel_settings, otlp_header_names
 from processor.io.config.settings import Settings, setting_sources, settings_env
 from processor.io.config.values import HIDDEN, redact_dsn
 from processor.io.config.variables import SECRET_VARIABLES, SETTING_VARIABLES
-from processor.io.kafka.clients import consumer_config, producer_config
+from processor.io.kafka.configs import consumer_config, producer_config
 
 # The client properties another setting gives.
 _FROM_SETTING = {

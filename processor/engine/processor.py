@@ -49,22 +49,17 @@ from processor.engine.request_desk import RequestDesk
 from processor.engine.trigger_follow import TriggerFollower
 from processor.engine.watchdog import Shards, SweepResult, SweepSettings, Watchdog
 from processor.io.config.settings import Settings
-from processor.io.kafka.clients import (
-    ClientErrors,
-    Outbox,
-    broker_unreachable,
-    commit_positions,
-    consumer_config,
-    leave_group,
-    positions_to_commit,
-    producer_config,
-    producer_max_bytes,
-    read_finished,
-    store_offsets,
-    topic_partitions,
-)
+from processor.io.kafka.clients import ClientErrors, Outbox, broker_unreachable, topic_partitions
+from processor.io.kafka.configs import consumer_config, producer_config, producer_max_bytes
 from processor.io.kafka.group_watch import GroupWatch, holding, let_go_by_fault
 from processor.io.kafka.logs import with_logger
+from processor.io.kafka.offsets import (
+    commit_positions,
+    leave_group,
+    positions_to_commit,
+    read_finished,
+    store_offsets,
+)
 from processor.io.kafka.topics import topic_max_message_bytes
 from processor.io.postgres import connections
 from processor.io.postgres.db_clock import DatabaseClock

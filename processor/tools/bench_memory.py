@@ -24,7 +24,8 @@ from confluent_kafka.admin import AdminClient
 from processor.core.envelope import Wakeup
 from processor.core.routing import TopicNames, partition_for
 from processor.io.config.settings import child_env, load_settings
-from processor.io.kafka.clients import admin_config, produce, producer_config
+from processor.io.kafka.clients import produce
+from processor.io.kafka.configs import admin_config, producer_config
 from processor.io.kafka.logs import with_logger
 from processor.io.kafka.topics import create_topics, desired_topics
 from processor.io.telemetry.logs import read_stats

@@ -26,7 +26,8 @@ from processor.core.envelope import Wakeup
 from processor.core.routing import DEFAULT_QUEUE, TopicNames
 from processor.core.workflow import WorkflowDef, parse_workflow
 from processor.io.config.settings import Settings, child_env
-from processor.io.kafka.clients import admin_config, choose_partition, produce, producer_config
+from processor.io.kafka.clients import choose_partition, produce
+from processor.io.kafka.configs import admin_config, producer_config
 from processor.io.kafka.logs import with_logger
 from processor.io.kafka.topics import create_topics, desired_topics
 from processor.io.postgres.migrate import migrate

@@ -62,7 +62,7 @@ from confluent_kafka.admin import AdminClient, ConfigResource  # type: ignore[at
 from processor.core.workflow import WorkflowDef, parse_workflow
 from processor.io.config.settings import Settings, load_settings
 from processor.io.config.values import ConfigError
-from processor.io.kafka.clients import admin_config
+from processor.io.kafka.configs import admin_config
 from processor.io.kafka.dlq import DlqError, read_dead_letters
 from processor.io.kafka.logs import with_logger
 from processor.io.kafka.topics import busiest_broker, create_topics, delete_topics

@@ -42,7 +42,8 @@ from processor.core.requests import SignalRequest, StartRequest
 from processor.core.routing import TopicNames, partition_for
 from processor.core.workflow import MAP_ITEMS_LIMIT, WorkflowDef, parse_workflow
 from processor.io.config.settings import Settings
-from processor.io.kafka.clients import produce, producer_config, topic_partitions
+from processor.io.kafka.clients import produce, topic_partitions
+from processor.io.kafka.configs import producer_config
 from processor.io.kafka.dlq import DeadLetter
 from processor.io.kafka.logs import with_logger
 from processor.tools import audit, chaos_steps

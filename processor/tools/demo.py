@@ -30,7 +30,8 @@ from processor.core.model import SignalKind
 from processor.core.routing import TopicNames, partition_for
 from processor.core.workflow import WorkflowDef, parse_workflow
 from processor.io.config.settings import Settings, child_env
-from processor.io.kafka.clients import admin_config, produce, producer_config, topic_partitions
+from processor.io.kafka.clients import produce, topic_partitions
+from processor.io.kafka.configs import admin_config, producer_config
 from processor.io.kafka.logs import with_logger
 from processor.io.kafka.topics import create_topics
 from processor.io.postgres.migrate import migrate

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from confluent_kafka import Consumer, KafkaException, TopicPartition
 
 from processor.io.config.settings import Settings
-from processor.io.kafka.clients import reader_config
+from processor.io.kafka.configs import reader_config
 from processor.io.kafka.logs import with_logger
 from processor.io.runtime.threads import ThreadWatch
 

@@ -40,17 +40,17 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Topic
 from processor.core.membership import Holding, Stuck
 from processor.core.offsets import OffsetTracker
 from processor.io.config.settings import Settings
-from processor.io.kafka.clients import (
-    ClientErrors,
+from processor.io.kafka.clients import ClientErrors
+from processor.io.kafka.configs import worker_consumer_config
+from processor.io.kafka.group_watch import GroupWatch, holding, let_go_by_fault
+from processor.io.kafka.logs import ClientLog, with_logger
+from processor.io.kafka.offsets import (
     commit_offsets,
     leave_group,
     positions_to_commit,
     read_finished,
     store_offsets,
-    worker_consumer_config,
 )
-from processor.io.kafka.group_watch import GroupWatch, holding, let_go_by_fault
-from processor.io.kafka.logs import ClientLog, with_logger
 from processor.io.runtime.faults import NO_FAULTS, Faults
 
 log = logging.getLogger("ductor.worker")

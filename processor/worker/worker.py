@@ -31,10 +31,9 @@ from processor.io.kafka.clients import (
     ClientErrors,
     Outbox,
     broker_unreachable,
-    producer_config,
-    producer_max_bytes,
     topic_partitions,
 )
+from processor.io.kafka.configs import producer_config, producer_max_bytes
 from processor.io.kafka.delivery import Delivery
 from processor.io.kafka.errors import MissingTopic
 from processor.io.kafka.logs import with_logger

@@ -35,7 +35,8 @@ from processor.core.workflow import WorkflowDef, parse_workflow
 from processor.engine.processor import Processor
 from processor.io.config.settings import Settings, load_settings
 from processor.io.config.settings import child_env as config_child_env
-from processor.io.kafka.clients import produce, producer_config
+from processor.io.kafka.clients import produce
+from processor.io.kafka.configs import producer_config
 from processor.io.kafka.topics import create_topics, delete_topics
 from processor.io.postgres import run_counts
 from processor.io.postgres.migrate import migrate

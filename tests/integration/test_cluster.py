@@ -25,7 +25,7 @@ from infra.local import KafkaCluster, StopMode
 from processor.client import start_runs
 from processor.core.routing import TopicNames
 from processor.io.config.settings import Settings
-from processor.io.kafka.clients import admin_config
+from processor.io.kafka.configs import admin_config
 from processor.io.kafka.topics import busiest_broker, create_topics
 from processor.io.postgres.workflows import register_workflow
 from processor.tools.local_infra import three_brokers

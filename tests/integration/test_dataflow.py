@@ -17,7 +17,7 @@ from processor.core.routing import TopicNames
 from processor.core.step_task import MAX_INLINE_DATA_BYTES, StepTask
 from processor.core.workflow import WorkflowDef, parse_workflow
 from processor.io.config.settings import Settings
-from processor.io.kafka.clients import producer_config
+from processor.io.kafka.configs import producer_config
 from processor.io.kafka.topics import create_topics
 from processor.io.postgres.workflows import register_workflow
 

@@ -30,7 +30,8 @@ from processor.core.envelope import Wakeup
 from processor.core.routing import TopicNames
 from processor.core.workflow import parse_workflow
 from processor.io.config.settings import Settings
-from processor.io.kafka.clients import produce, producer_config
+from processor.io.kafka.clients import produce
+from processor.io.kafka.configs import producer_config
 from processor.io.kafka.delivery import PARK_AFTER
 from processor.io.kafka.dlq import read_dead_letters
 from processor.io.postgres.outbox import unpark_outbox

@@ -46,7 +46,7 @@ from infra.local import Kafka
 from processor.core.requests import SignalRequest, StartRequest
 from processor.core.routing import TopicNames
 from processor.io.config.settings import Settings
-from processor.io.kafka.clients import admin_config, producer_config
+from processor.io.kafka.configs import admin_config, producer_config
 
 from .conftest import Spawned, run_ductor, run_statuses, wait_for
 from .test_sasl import _local_kafka

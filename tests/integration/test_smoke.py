@@ -13,7 +13,7 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, OffsetSpec  # type: ignore[attr-defined]
 
 from processor.io.config.settings import Settings
-from processor.io.kafka.clients import producer_config
+from processor.io.kafka.configs import producer_config
 from processor.io.kafka.topics import create_topics, delete_topics, desired_topics
 from processor.io.postgres.migrate import migrate
 

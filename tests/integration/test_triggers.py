@@ -19,7 +19,8 @@ from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-def
 
 from processor.core.workflow import parse_workflow
 from processor.io.config.settings import Settings
-from processor.io.kafka.clients import admin_config, topic_partitions
+from processor.io.kafka.clients import topic_partitions
+from processor.io.kafka.configs import admin_config
 from processor.io.kafka.dlq import read_dead_letters
 from processor.io.postgres.workflows import register_workflow
 

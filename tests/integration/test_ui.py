@@ -34,7 +34,8 @@ from processor.core.model import RunStatus
 from processor.core.routing import TopicNames
 from processor.core.workflow import parse_workflow
 from processor.io.config.settings import Settings
-from processor.io.kafka.clients import produce, producer_config
+from processor.io.kafka.clients import produce
+from processor.io.kafka.configs import producer_config
 from processor.io.kafka.dlq import read_dead_letters
 from processor.io.postgres.workflows import register_workflow
 

@@ -28,7 +28,7 @@ from processor import client
 from processor.core.dead_letters import REASON
 from processor.core.routing import TopicNames
 from processor.io.config.settings import Settings
-from processor.io.kafka.clients import producer_config
+from processor.io.kafka.configs import producer_config
 from processor.ui import auth
 
 from .conftest import REPO, Spawned, child_env, wait_for

@@ -21,7 +21,7 @@ from processor.io.config.variables import (
     SETTING_VARIABLES,
     is_known_variable,
 )
-from processor.io.kafka.clients import (
+from processor.io.kafka.configs import (
     consumer_config,
     producer_config,
     reader_config,

@@ -47,7 +47,7 @@ from processor.core.routing import TopicNames
 from processor.io.config.kafka_properties import PASSTHROUGH_PREFIX as KAFKA_PASSTHROUGH_PREFIX
 from processor.io.config.settings import Settings, load_settings, settings_env
 from processor.io.config.values import ConfigError
-from processor.io.kafka.clients import consumer_config
+from processor.io.kafka.configs import consumer_config
 from processor.io.runtime.health_http import HealthServer
 from processor.ui.server import UiServer
 from tests import dockerfile

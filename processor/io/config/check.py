@@ -23,7 +23,8 @@ from processor.io.config.otel import otel_settings
 from processor.io.config.settings import Settings
 from processor.io.config.values import ConfigError
 from processor.io.config.variables import secret_file_warnings
-from processor.io.kafka.clients import consumer_config, producer_config, refusal_message
+from processor.io.kafka.clients import refusal_message
+from processor.io.kafka.configs import consumer_config, producer_config
 from processor.io.kafka.topics import desired_topics
 from processor.io.postgres.migrate import MIGRATIONS_TABLE
 from processor.io.postgres.workflows import registered_queues

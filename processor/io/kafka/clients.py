@@ -1,6 +1,8 @@
-"""Kafka plumbing: client configuration, partition choice, the one way to produce a record
-(``produce``, which waits while the local queue is full), and a producer wrapper that reports
-each record's delivery to a callback.
+"""Kafka plumbing: partition choice, the one way to produce a record (``produce``, which waits
+while the local queue is full), a producer wrapper that reports each record's delivery to a
+callback, the clients' error callback, a topic's partitions, and the broker's refusals told
+apart from its absence. The clients' configuration is in ``configs.py``, the consumers'
+offsets in ``offsets.py``.
 """
 
 from __future__ import annotations
@@ -8,15 +10,13 @@ from __future__ import annotations
 import logging
 import random
 import re
-import threading
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence, Set
+from collections.abc import Callable, Sequence
 from typing import Any
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
+from confluent_kafka import KafkaError, KafkaException, Producer
 from confluent_kafka.admin import AdminClient
 
-from processor.core.offsets import OffsetTracker, decode_finished
 from processor.core.records import Headers
 from processor.core.routing import partition_for
 from processor.io.config.settings import Settings
@@ -28,8 +28,6 @@ log = logging.getLogger("ductor.kafka")
 DeliveryReport = Callable[[KafkaError | None, Any], None]
 
 _QUEUE_FULL_POLL_S = 0.05
-# How long a newly assigned partition's committed offset (and metadata) is waited for.
-_COMMITTED_S = 5.0
 
 
 def produce(
@@ -62,21 +60,6 @@ def choose_partition(run_id: str, partitions: int, by_run: bool) -> int:
     """``partition_for`` when co-partitioning by run is on; otherwise any partition, as a
     producer that does not co-partition would do (the benchmark measures the difference)."""
     return partition_for(run_id, partitions) if by_run else random.randrange(partitions)
-
-
-def producer_max_bytes(settings: Settings) -> int:
-    """The largest record this project's producers send (``message.max.bytes``)."""
-    return max(1_000_000, settings.max_record_bytes * 2)
-
-
-# How long the producer retries a record before reporting it undelivered (librdkafka's
-# message.timeout.ms, 300 s by default), set here so that it is known rather than inherited:
-# a record the broker has not taken after two minutes is reported failed, counted and logged
-# as an outage, and sent again by its own instance after a backoff (io/kafka/delivery.py). Nobody
-# else re-sends it meanwhile (the outbox relay takes only the rows of instances that are
-# gone), so the timeout bounds how long a delivery stays silent, not how many copies exist.
-# DUCTOR_KAFKA_MESSAGE_TIMEOUT_MS overrides it.
-DELIVERY_TIMEOUT_MS = 120_000
 
 
 # The exit code of a service whose Kafka client reported a fatal error: the client cannot go on,
@@ -114,260 +97,6 @@ class ClientErrors:
                 EXIT_KAFKA_FATAL,
             )
             self._on_fatal()
-
-
-def client_config(
-    settings: Settings, defaults: Mapping[str, Any], owned: Mapping[str, Any]
-) -> dict[str, Any]:
-    """A client's librdkafka configuration: its ``defaults``, replaced by whatever the
-    ``DUCTOR_KAFKA_*`` variables give (``settings.kafka_extra``), then what the project
-    ``owned`` (io/config/kafka_properties.py: a variable giving one of those is refused at
-    start)."""
-    return {**defaults, **settings.kafka_common(), **owned}
-
-
-def producer_config(settings: Settings, client_id: str) -> dict[str, Any]:
-    return client_config(
-        settings,
-        {
-            "client.id": client_id,
-            "message.timeout.ms": DELIVERY_TIMEOUT_MS,
-            "linger.ms": 2,
-            "compression.type": "lz4",
-        },
-        {
-            "enable.idempotence": True,  # acks=all, in order, no duplicates from internal retries
-            "message.max.bytes": producer_max_bytes(settings),
-        },
-    )
-
-
-def consumer_config(settings: Settings, client_id: str) -> dict[str, Any]:
-    """The processor's consumer."""
-    return group_consumer_config(
-        settings,
-        settings.group_id,
-        {
-            "client.id": client_id,
-            "auto.commit.interval.ms": 1000,
-            "max.poll.interval.ms": 300_000,
-            # A fetch waits for 64 KiB of records or 10 ms, whichever comes first. Answering
-            # every fetch with whatever single record had arrived cost the broker, and the loop
-            # that served it, far more than the records did: at a steady 4,500 wakeups/s the
-            # instance, the broker and Postgres (fewer, larger batches) spent a third less CPU
-            # per tick and the tail shortened (docs/performance.md). A backlog fills 64 KiB at
-            # once; an idle partition's record waits 10 ms at most.
-            "fetch.min.bytes": 64 * 1024,
-            "fetch.wait.max.ms": 10,
-            # What the client prefetches is the processor's memory when a backlog waits (the
-            # records themselves stay in Kafka): a few MiB keep the pipeline full (one fetch is
-            # thousands of wakeups) without the defaults' 50 MiB responses (bench_memory.py).
-            "fetch.max.bytes": 4 * 1024 * 1024,
-            "queued.max.messages.kbytes": 8192,
-        },
-    )
-
-
-def worker_consumer_config(settings: Settings, client_id: str) -> dict[str, Any]:
-    """A step worker's consumer of its queues' steps topics: a static member of its group
-    when the worker has a name (``DUCTOR_WORKER_NAME``), with the workers' session timeout
-    under the classic protocol (under the consumer protocol it is the group's: io/
-    worker_group.py sets it)."""
-    defaults: dict[str, Any] = {
-        "client.id": client_id,
-        "auto.commit.interval.ms": 1000,
-        # What librdkafka prefetches beside the worker's own backlog.
-        "queued.max.messages.kbytes": 4096,
-    }
-    session_ms = settings.worker_session_timeout_ms
-    if settings.group_protocol == "classic" and session_ms:
-        defaults["session.timeout.ms"] = session_ms
-        defaults["heartbeat.interval.ms"] = worker_heartbeat_interval_ms(session_ms)
-    owned = {"group.instance.id": settings.worker_name} if settings.worker_name else {}
-    return group_consumer_config(settings, settings.worker_group_id, defaults, owned)
-
-
-def worker_heartbeat_interval_ms(session_timeout_ms: int) -> int:
-    """How often a worker's consumer says it is alive: every second, or a third of its
-    session timeout if that is shorter (three beats may be lost before it is taken for
-    dead). A survivor learns its new assignment at its next beat, so this adds to the time
-    a dead worker's tasks wait."""
-    return min(1000, session_timeout_ms // 3)
-
-
-def group_consumer_config(
-    settings: Settings,
-    group_id: str,
-    defaults: Mapping[str, Any],
-    owned: Mapping[str, Any] | None = None,
-) -> dict[str, Any]:
-    """A member of a consumer group whose offsets are stored by hand, only once a record's
-    work is committed and its effects acknowledged; the auto-commit then only ships what was
-    stored (at-least-once)."""
-    protocol_defaults, protocol_owned = group_protocol_config(settings)
-    return client_config(
-        settings,
-        {**protocol_defaults, **defaults},
-        {
-            "group.id": group_id,
-            "auto.offset.reset": "earliest",
-            "enable.auto.offset.store": False,
-            "enable.auto.commit": True,
-            "enable.partition.eof": False,
-            **protocol_owned,
-            **(owned or {}),
-        },
-    )
-
-
-def group_protocol_config(settings: Settings) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Rebalancing without stopping the world, by either group protocol (see config.py): the
-    defaults a variable may replace, and what the rebalance callbacks depend on."""
-    if settings.group_protocol == "consumer":
-        return {"group.remote.assignor": "range"}, {"group.protocol": "consumer"}
-    return (
-        {"session.timeout.ms": 10_000, "heartbeat.interval.ms": 1000},
-        {"partition.assignment.strategy": "cooperative-sticky"},
-    )
-
-
-def reader_config(settings: Settings, client_id: str, group_id: str) -> dict[str, Any]:
-    """A consumer that joins no group and commits nothing (assign(), or metadata and offsets
-    only): the group id only satisfies the client."""
-    return client_config(
-        settings,
-        {"client.id": client_id},
-        {
-            "group.id": group_id,
-            "enable.auto.commit": False,
-            "enable.auto.offset.store": False,
-            "enable.partition.eof": True,
-            "auto.offset.reset": "earliest",
-        },
-    )
-
-
-def admin_config(settings: Settings, client_id: str) -> dict[str, Any]:
-    """An admin client (topics, configs, groups)."""
-    return client_config(settings, {"client.id": client_id}, {})
-
-
-def store_offsets(
-    consumer: Consumer, moved: dict[tuple[str, int], int], assigned: Set[tuple[str, int]]
-) -> None:
-    """Store the positions the offset tracker moved (``committable()``), for the partitions
-    still ``assigned`` (auto-commit then ships them). A partition revoked meanwhile is its
-    next owner's: it redoes what was not committed."""
-    offsets = [TopicPartition(t, p, o) for (t, p), o in moved.items() if (t, p) in assigned]
-    if offsets:
-        try:
-            consumer.store_offsets(offsets=offsets)
-        except KafkaException as exc:
-            log.warning("could not store offsets: %s", exc)
-
-
-def commit_positions(
-    consumer: Consumer,
-    tracker: OffsetTracker,
-    tps: Iterable[tuple[str, int]],
-    failure: str,
-    wait: bool = True,
-) -> None:
-    """Commit now, for the partitions ``tps`` (given up, or at the end), the tracker's safe
-    position (``positions_to_commit``). ``failure`` is logged with the error if the broker
-    refuses; ``wait=False`` sends the commit without waiting for it (a member leaving a client
-    that may not answer)."""
-    commit_offsets(consumer, positions_to_commit(tracker, tps), failure, wait)
-
-
-def positions_to_commit(
-    tracker: OffsetTracker, tps: Iterable[tuple[str, int]]
-) -> list[TopicPartition]:
-    """The tracker's safe position of each of ``tps`` where it has one, with what is done past
-    it in the commit's metadata (core/offsets.py): the partitions' next owner does not do those
-    records again."""
-    offsets = []
-    for topic, partition in tps:
-        position = tracker.position((topic, partition))
-        if position is None:
-            continue  # nothing done here: what was committed before stands
-        metadata = tracker.commit_metadata((topic, partition), position)
-        offsets.append(TopicPartition(topic, partition, position, metadata=metadata))
-    return offsets
-
-
-def commit_offsets(
-    consumer: Consumer, offsets: list[TopicPartition], failure: str, wait: bool = True
-) -> None:
-    """Commit ``offsets`` now (``positions_to_commit``); see ``commit_positions``."""
-    if not offsets:
-        return
-    try:
-        # Stored too: librdkafka's own commits (auto-commit, and the one it makes on a
-        # revocation) ship the stored offsets, and must not drop the metadata.
-        consumer.store_offsets(offsets=offsets)
-        if wait:
-            consumer.commit(offsets=offsets, asynchronous=False)
-        else:
-            consumer.commit(offsets=offsets, asynchronous=True)
-    except KafkaException as exc:
-        log.warning(failure, exc)
-
-
-def leave_group(
-    consumer: Consumer, offsets: list[TopicPartition], failure: str, bound_s: float
-) -> bool:
-    """A member's last commit of ``offsets`` and its consumer's close, on a thread of their
-    own, waited for at most ``bound_s``. With the broker away both wait for its group
-    coordinator: a commit behind an auto-commit that cannot reach it, and a close behind any
-    commit outstanding, each until its request times out (a worker stopped in a broker outage
-    waited past its supervisor's patience; a close alone waited 45 s). A shutdown must not.
-    False: the process leaves without them; the partitions' next owner redoes what was done
-    since the last commit the broker took (a step task finds its attempt claimed or ended, a
-    wakeup a row that moved on). The caller has released what it held and ignores the
-    rebalance callbacks the close may still make."""
-
-    def leave() -> None:
-        commit_offsets(consumer, offsets, failure)
-        try:
-            consumer.close()
-        except (KafkaException, RuntimeError) as exc:
-            log.warning("closing the consumer failed: %s", exc)
-
-    leaving = threading.Thread(target=leave, name="ductor-leave-group", daemon=True)
-    leaving.start()
-    leaving.join(bound_s)
-    if leaving.is_alive():
-        log.warning(
-            "the broker did not take the last offset commit and the leave within %.1f s:"
-            " leaving without them (what was done since the last commit it took is redone by"
-            " the partitions' next owner)",
-            bound_s,
-        )
-        return False
-    return True
-
-
-def read_finished(
-    consumer: Consumer, partitions: list[TopicPartition], tracker: OffsetTracker
-) -> set[tuple[str, int]] | None:
-    """What the previous owners of ``partitions`` committed as done past their offsets, for
-    ``tracker`` (bounded: without an answer those records are done again, as before). Returns
-    the partitions the group has no offset for (None: not known)."""
-    try:
-        committed = consumer.committed(
-            [TopicPartition(p.topic, p.partition) for p in partitions], timeout=_COMMITTED_S
-        )
-    except KafkaException as exc:
-        log.warning("could not read the committed offsets of assigned partitions: %s", exc)
-        return None
-    uncommitted = set()
-    for c in committed:
-        if c.offset >= 0:
-            tracker.learn((c.topic, c.partition), decode_finished(c.offset, c.metadata))
-        else:
-            uncommitted.add((c.topic, c.partition))
-    return uncommitted
 
 
 class Outbox:

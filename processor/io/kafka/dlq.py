@@ -40,7 +40,8 @@ from processor.core.records import Headers, normalise_headers
 from processor.core.requests import decode_request
 from processor.core.routing import TopicNames, partition_for
 from processor.io.config.settings import Settings
-from processor.io.kafka.clients import produce, producer_config, reader_config
+from processor.io.kafka.clients import produce
+from processor.io.kafka.configs import producer_config, reader_config
 from processor.io.kafka.logs import with_logger
 
 _READ_TIMEOUT_S = 30.0

@@ -17,7 +17,7 @@ from confluent_kafka.admin import AdminClient, OffsetSpec  # type: ignore[attr-d
 
 from processor.core.membership import TP, GroupView, Holding, IdleWatch, Stuck, judge
 from processor.io.config.settings import Settings
-from processor.io.kafka.clients import admin_config, reader_config
+from processor.io.kafka.configs import admin_config, reader_config
 from processor.io.kafka.logs import with_logger
 from processor.io.runtime.faults import Faults, Point
 

@@ -17,7 +17,8 @@ from confluent_kafka.admin import (  # type: ignore[attr-defined]
 
 from processor.core.routing import DEFAULT_QUEUE, TopicNames
 from processor.io.config.settings import Settings
-from processor.io.kafka.clients import admin_config, reader_config, topic_partitions
+from processor.io.kafka.clients import topic_partitions
+from processor.io.kafka.configs import admin_config, reader_config
 from processor.io.kafka.errors import MissingTopic
 from processor.io.kafka.logs import with_logger
 

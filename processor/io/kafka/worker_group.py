@@ -30,7 +30,7 @@ from confluent_kafka.admin import (  # type: ignore[attr-defined]
 )
 
 from processor.io.config.settings import Settings
-from processor.io.kafka.clients import admin_config, worker_heartbeat_interval_ms
+from processor.io.kafka.configs import admin_config, worker_heartbeat_interval_ms
 from processor.io.kafka.logs import with_logger
 
 log = logging.getLogger("ductor.worker")
