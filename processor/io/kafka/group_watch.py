@@ -239,26 +239,34 @@ class GroupWatch:
         if self._admin is not None and not took:
             self._admin.poll(0)  # its log lines (io/kafka/logs.py), on the quiet turns only
         if self._look is None:
-            if took:
-                self._suspect_since = None
-            suspect = self._suspect_since
-            due = (
-                now - suspect >= self._confirm_s
-                if suspect is not None
-                else self._idle.turn(now, took)
-            )
-            if due:
-                self._idle.looked(now)
-                self._look = self._start(now)
-                self._stale = False
-                if self._look is None:
-                    self._suspect_since = None  # the broker did not answer: not confirmed
+            self._maybe_look(now, took)
             return None
         if took:
             self._idle.turn(now, took)
             self._stale = True  # records came: what the look says is out of date
         if not self._look.done():
             return None  # it waits for the broker (see _LOOK_TIMEOUT_S); no other starts
+        return self._judge(now, holding)
+
+    def _maybe_look(self, now: float, took: bool) -> None:
+        """Start a look when one is due: the idle time passed, or a suspicion is to confirm."""
+        assert self._idle is not None
+        if took:
+            self._suspect_since = None
+        suspect = self._suspect_since
+        due = (
+            now - suspect >= self._confirm_s if suspect is not None else self._idle.turn(now, took)
+        )
+        if due:
+            self._idle.looked(now)
+            self._look = self._start(now)
+            self._stale = False
+            if self._look is None:
+                self._suspect_since = None  # the broker did not answer: not confirmed
+
+    def _judge(self, now: float, holding: Callable[[], Holding]) -> Stuck | None:
+        """What the finished look says: stuck once confirmed by a second look."""
+        assert self._look is not None and self._idle is not None
         look, self._look = self._look, None
         confirming, self._suspect_since = self._suspect_since, None
         if self._stale:

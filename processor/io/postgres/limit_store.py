@@ -5,7 +5,7 @@ to wake once slots were freed. Batches without limited steps run none of it."""
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping, Sequence, Set
 from typing import Any
 
 import orjson
@@ -94,6 +94,22 @@ def load_limits(conn: psycopg.Connection[Any], loaded: Mapping[str, Loaded]) -> 
     ]
     if not runs:
         return LimitInputs({}, {})
+    values = _input_values(conn, runs)
+    limits: dict[str, int] = {}
+    rated: set[str] = set()
+    for run in runs:
+        for step in run.wf.steps:
+            for need in needs_of(step, values.get(run.run_id, {})):
+                limits[need.key] = max(limits.get(need.key, 0), need.limit)
+                if need.per_ms:
+                    rated.add(need.key)
+    return LimitInputs(values, _views(conn, limits, rated))
+
+
+def _input_values(
+    conn: psycopg.Connection[Any], runs: Sequence[LoadedRun]
+) -> dict[str, dict[tuple[str, ...], str]]:
+    """Each run's input values at its limits' paths (the first statement)."""
     wanted: list[dict[str, str]] = []
     by_literal: dict[str, tuple[str, ...]] = {}  # the paths as the statement names them
     for run in runs:
@@ -107,14 +123,14 @@ def load_limits(conn: psycopg.Connection[Any], loaded: Mapping[str, Loaded]) -> 
             _VALUES_SQL, (orjson.dumps(wanted).decode(),)
         ).fetchall():
             values.setdefault(run_id, {})[by_literal[literal]] = value
-    limits: dict[str, int] = {}
-    rated: set[str] = set()
-    for run in runs:
-        for step in run.wf.steps:
-            for need in needs_of(step, values.get(run.run_id, {})):
-                limits[need.key] = max(limits.get(need.key, 0), need.limit)
-                if need.per_ms:
-                    rated.add(need.key)
+    return values
+
+
+def _views(
+    conn: psycopg.Connection[Any], limits: Mapping[str, int], rated: Set[str]
+) -> dict[str, LimitView]:
+    """The counters of ``limits`` (key -> its limit; ``rated``: the rate limits' keys) as
+    they stand (the second statement)."""
     keys = []
     for key, limit in sorted(limits.items()):
         # A rate counter lets a batch in RATE_LOOKAHEAD times at most: its waiters beyond
@@ -138,7 +154,7 @@ def load_limits(conn: psycopg.Connection[Any], loaded: Mapping[str, Loaded]) -> 
             dispatched,
             span,
         )
-    return LimitInputs(values, views)
+    return views
 
 
 def _array_literal(path: tuple[str, ...]) -> str:

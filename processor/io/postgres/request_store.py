@@ -14,7 +14,7 @@ crash answers as before: a created run is then found started before, a signal re
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from itertools import groupby
 from typing import Any
 
@@ -221,12 +221,27 @@ def _signals(
                 answers[i] = refusal
     if landing:
         faults.hit(Point.SIGNALS_READ, [signals[i].run_id for i in landing])
-    recorded = record_live_signals(conn, [signals[i] for i in landing])
-    missed = [i for i in landing if signals[i].key not in recorded]
-    again = signal_targets(conn, [signals[i].key for i in missed]) if missed else {}
+    _land(conn, definitions, [(i, signals[i]) for i in landing], targets, answers)
+    if kept:
+        _keep(conn, items, kept, answers)
+
+
+def _land(
+    conn: psycopg.Connection[Any],
+    definitions: Definitions,
+    landing: Sequence[tuple[int, Signal]],
+    targets: Mapping[SignalKey, SignalTarget],
+    answers: list[RequestAnswer | None],
+) -> None:
+    """Record the signals that can land (their index in the batch, the signal) for their
+    live runs, and answer each: recorded, recorded before, or refused by a run that ended
+    since it was read."""
+    recorded = record_live_signals(conn, [signal for _, signal in landing])
+    missed = [signal.key for _, signal in landing if signal.key not in recorded]
+    again = signal_targets(conn, missed) if missed else {}
     answered: set[SignalKey] = set()  # a signal given twice in the batch is new once
-    for i in landing:
-        key = signals[i].key
+    for i, signal in landing:
+        key = signal.key
         if key in recorded:
             answers[i] = Signalled(_tier(targets[key]), key not in answered)
             answered.add(key)
@@ -236,12 +251,10 @@ def _signals(
         if now.recorded:
             answers[i] = Signalled(_tier(now), False)
             continue
-        refusal = _refusal(conn, definitions, signals[i], now)
+        refusal = _refusal(conn, definitions, signal, now)
         if refusal is None:  # neither: tried again alone by the desk (unexpected_error)
             raise RuntimeError(f"signal {key[1]!r} of run {key[0]!r}: neither refused nor recorded")
         answers[i] = refusal
-    if kept:
-        _keep(conn, items, kept, answers)
 
 
 def _refusal(

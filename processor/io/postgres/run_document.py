@@ -147,6 +147,22 @@ def inspect_document(record: RunRecord) -> dict[str, Any]:
         {"name": s.name, "kind": s.kind, "type": s.step_type, "after": list(s.depends_on)}
         for s in run.wf.steps
     ]
+    nodes, in_flight = _nodes_json(record, run)
+    document["nodes"] = nodes
+    document["attempts"] = [
+        _attempt_json(
+            a, in_flight.get((a.node, a.attempt)), record.executions.get((a.node, a.attempt))
+        )
+        for a in record.attempts
+    ]
+    return document
+
+
+def _nodes_json(
+    record: RunRecord, run: LoadedRun
+) -> tuple[list[dict[str, Any]], dict[tuple[str, int], int]]:
+    """The run's nodes as the document shows them, and when each attempt in flight was
+    dispatched, where that is known (see ``inspect_document``)."""
     in_flight: dict[tuple[str, int], int] = {}
     claimed = {(a.node, a.attempt): a.started_at for a in record.attempts}
     nodes = []
@@ -167,20 +183,13 @@ def inspect_document(record: RunRecord) -> dict[str, Any]:
                 "error": node.error,
                 "due": None if node.due_ms is None else _iso_ms(node.due_ms),
                 "child_run": (
-                    child_run_id(run_id, name, node.attempt)
+                    child_run_id(record.run_id, name, node.attempt)
                     if step.starts_child and node.attempt
                     else None
                 ),
             }
         )
-    document["nodes"] = nodes
-    document["attempts"] = [
-        _attempt_json(
-            a, in_flight.get((a.node, a.attempt)), record.executions.get((a.node, a.attempt))
-        )
-        for a in record.attempts
-    ]
-    return document
+    return nodes, in_flight
 
 
 def _attempt_json(

@@ -110,6 +110,14 @@ def _span(span: ReadableSpan) -> bytes:
     parts.append(_attributes(b"\x4a", span.attributes))
     if span.dropped_attributes:
         parts += (b"\x50", _varint(span.dropped_attributes))
+    _events_and_links(span, parts)
+    parts.append(_delimited(b"\x7a", _status(span.status)))
+    parts += (b"\x85\x01", _flags(parent))
+    return b"".join(parts)
+
+
+def _events_and_links(span: ReadableSpan, parts: list[bytes]) -> None:
+    """A span's events and links (fields 11 to 14), appended to ``parts``."""
     for event in span.events:
         parts.append(_delimited(b"\x5a", _event(event)))
     if span.dropped_events:
@@ -118,9 +126,6 @@ def _span(span: ReadableSpan) -> bytes:
         parts.append(_delimited(b"\x6a", _link(link)))
     if span.dropped_links:
         parts += (b"\x70", _varint(span.dropped_links))
-    parts.append(_delimited(b"\x7a", _status(span.status)))
-    parts += (b"\x85\x01", _flags(parent))
-    return b"".join(parts)
 
 
 def _event(event: Any) -> bytes:

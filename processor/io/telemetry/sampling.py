@@ -82,13 +82,21 @@ class RatioSampling:
             elif key == "tracestate":
                 return None
         if traceparent is None:
-            trace_id = random.getrandbits(128)
-            if trace_id == INVALID_TRACE_ID:
-                return None
-            if self.samples(trace_id):
-                self.ids.prime(trace_id)  # sampled: the SDK's root span gets this very id
-                return None
-            return CarriedSpan(b"00-%032x-%016x-%02x" % (trace_id, _span_id(), _ROOT_FLAGS))
+            return self._unsampled_root()
+        return self._unsampled_child(traceparent)
+
+    def _unsampled_root(self) -> CarriedSpan | None:
+        """A new trace's root, unless its id is sampled (then primed for the SDK's span)."""
+        trace_id = random.getrandbits(128)
+        if trace_id == INVALID_TRACE_ID:
+            return None
+        if self.samples(trace_id):
+            self.ids.prime(trace_id)  # sampled: the SDK's root span gets this very id
+            return None
+        return CarriedSpan(b"00-%032x-%016x-%02x" % (trace_id, _span_id(), _ROOT_FLAGS))
+
+    def _unsampled_child(self, traceparent: bytes) -> CarriedSpan | None:
+        """The child of the producer's context, unless it is sampled or not canonical."""
         flags = canonical_flags(traceparent)
         if flags is None:
             return None
