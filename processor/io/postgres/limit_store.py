@@ -323,7 +323,7 @@ def waiters_to_wake(conn: psycopg.Connection[Any], freed: Counter[str]) -> list[
 
 # The run force-failed (io/postgres/store.py's force-fail statement): its slots and waits go with
 # it, but the slots of executions still running, which linger until they end.
-FORCE_FAIL_CTES = """, freed_holds AS (
+FORCE_FAIL_CTES: str = """, freed_holds AS (
     DELETE FROM eec_limit_hold h USING failed f WHERE h.run_id = f.run_id AND NOT {running}
     RETURNING h.key
 ), lingering_holds AS (
