@@ -136,7 +136,7 @@ test: venv tools ## everything CI runs: infra up, lint, typecheck, compile, the 
 wheel: venv ## build the sdist and the wheel into dist/
 	$(PY) -m build --outdir dist .
 
-# The compiled build (setup.py: the core, the engine and io/store.py by mypyc) of the checkout:
+# The compiled build (setup.py's COMPILED, by mypyc) of the checkout:
 # the sdist and the wheel built from it into dist/ (`make wheel`'s recipe, rebuilt when a file
 # of the package changed), and the wheel's compiled modules unpacked beside their sources, so
 # that the tests and `python -m processor` run them. A source edited afterwards is imported

@@ -35,35 +35,32 @@ def _modules(folder: str) -> list[str]:
     return sorted(str(p.relative_to(HERE)) for p in paths if p.name != "__init__.py")
 
 
-# The pure core, the engine (the loop thread's per-record path, the database stage) and the
-# load and commit codecs: what a tick runs (processor.tools.bench_hot measures them); and the
-# spans' protobuf encoder (12.2 -> 10.1 µs per span) and the light spans (one instance with
-# every trace sampled: 87 -> 79 µs per tick, medians of three alternating rounds; no compiled
-# class derived from an ABC may be named in an isinstance check: test_compiled_pitfalls.py).
+# The one list of what is compiled, as two literals (processor/build.py reads them from this
+# file in a checkout, to import an edited source over its stale compiled module).
+# Every module of the pure core and the engine (the loop thread's per-record path, the
+# database stage): what a tick runs (processor.tools.bench_hot measures them).
+COMPILED_FOLDERS = ("core", "engine")
 # The worker's per-task path (its loop, its book of tasks, its database lanes, its intake and
 # wakeups) but what runs the users' code or crosses a process boundary (steps.py,
-# isolation.py: a child process unpickles what they define) and what runs once.
-WORKER = [
-    f"processor/worker/{name}.py"
-    for name in (
-        *("flow", "tasks", "source", "permits", "database", "runners", "stats"),
-        *("messages", "lanes", "intake", "claiming", "runs", "watch", "results", "turns"),
-        *("backlog", "static_join", "lane_batches"),
-    )
+# isolation.py: a child process unpickles what they define) and what runs once. The load and
+# commit codecs; the spans' protobuf encoder (12.2 -> 10.1 µs per span) and the light spans
+# (one instance with every trace sampled: 87 -> 79 µs per tick, medians of three alternating
+# rounds; no compiled class derived from an ABC may be named in an isinstance check:
+# test_compiled_pitfalls.py). Paths under processor/, without ".py".
+COMPILED_MODULES = (
+    *("worker/flow", "worker/tasks", "worker/source", "worker/permits", "worker/database"),
+    *("worker/runners", "worker/stats", "worker/messages", "worker/lanes", "worker/intake"),
+    *("worker/claiming", "worker/runs", "worker/watch", "worker/results", "worker/turns"),
+    *("worker/backlog", "worker/static_join", "worker/lane_batches"),
+    *("io/postgres/store", "io/postgres/outbox", "io/postgres/step_data"),
+    *("io/postgres/step_attempts",),
+    *("io/kafka/clients", "io/kafka/offsets", "io/kafka/delivery"),
+    *("io/telemetry/otlp_proto", "io/telemetry/light_spans"),
+)
+COMPILED = [
+    *(module for folder in COMPILED_FOLDERS for module in _modules(folder)),
+    *(f"processor/{module}.py" for module in COMPILED_MODULES),
 ]
-IO = [
-    f"processor/io/{name}.py"
-    for name in (
-        "store",
-        "kafka",
-        "delivery",
-        "step_data",
-        "step_attempts",
-        "otlp_proto",
-        "light_spans",
-    )
-]
-COMPILED = [*_modules("core"), *_modules("engine"), *WORKER, *IO]
 # The shared library of the compiled modules, inside the package (not a top-level module).
 GROUP = "processor.native"
 # Where mypyc writes the C files (relative to the build's folder).

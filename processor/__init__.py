@@ -28,14 +28,16 @@ and may change between versions.
 from __future__ import annotations
 
 import importlib
-import importlib.abc
-import importlib.machinery
-import importlib.util
-import os
-import sys
-from collections.abc import Sequence
-from types import ModuleType
 from typing import TYPE_CHECKING, Any
+
+# The build this process runs (compiled modules or sources), chosen before any module of the
+# package is imported; its three questions are the package's too.
+from processor.build import choose_build
+from processor.build import compiled_modules as compiled_modules
+from processor.build import pure_python_selected as pure_python_selected
+from processor.build import sources_first as sources_first
+
+choose_build()
 
 __all__ = [
     "Concurrency",
@@ -57,16 +59,16 @@ __all__ = [
 ]
 
 # Where each name is defined. They are imported on first use, not here: `python -m processor`
-# must run processor/early_stop.py before the modules load (a SIGTERM meanwhile is a clean
+# must run processor/cli/early_stop.py before the modules load (a SIGTERM meanwhile is a clean
 # stop), and a worker's child processes import this package again.
 _HOMES = {
     "Concurrency": "processor.authoring",
-    "ConfigError": "processor.io.config",
+    "ConfigError": "processor.io.config.values",
     "NonRetryable": "processor.worker.steps",
     "RateLimit": "processor.authoring",
     "Retry": "processor.authoring",
     "RunStatus": "processor.core.model",
-    "Settings": "processor.io.config",
+    "Settings": "processor.io.config.settings",
     "SignalKind": "processor.core.model",
     "StepContext": "processor.worker.steps",
     "StepFailed": "processor.worker.steps",
@@ -75,7 +77,7 @@ _HOMES = {
     "WorkerOptions": "processor.worker.options",
     "Workflow": "processor.authoring",
     "client": "processor.client",
-    "load_settings": "processor.io.config",
+    "load_settings": "processor.io.config.settings",
 }
 
 if TYPE_CHECKING:
@@ -86,9 +88,9 @@ if TYPE_CHECKING:
     from processor.authoring import Workflow as Workflow
     from processor.core.model import RunStatus as RunStatus
     from processor.core.model import SignalKind as SignalKind
-    from processor.io.config import ConfigError as ConfigError
-    from processor.io.config import Settings as Settings
-    from processor.io.config import load_settings as load_settings
+    from processor.io.config.settings import Settings as Settings
+    from processor.io.config.settings import load_settings as load_settings
+    from processor.io.config.values import ConfigError as ConfigError
     from processor.worker.options import WorkerOptions as WorkerOptions
     from processor.worker.steps import NonRetryable as NonRetryable
     from processor.worker.steps import StepContext as StepContext
@@ -109,93 +111,3 @@ else:
 
 def __dir__() -> list[str]:
     return sorted({*globals(), *__all__})
-
-
-# -- the compiled build and the pure-Python one ------------------------------------------------
-#
-# A wheel built with compilation on (setup.py) carries, next to some modules' .py files, the
-# same modules compiled by mypyc (extension modules: .so files), which the import system
-# prefers. DUCTOR_PURE_PYTHON=1 (or true, yes, on) at import time makes this package import
-# every module of its own from its .py source instead: the finder below comes before the
-# standard ones for this package's modules only. A build without compiled modules (an
-# editable install, a pure wheel) is the same either way.
-_TRUE = {"1", "true", "yes", "on"}
-
-
-class _SourcesFirst(importlib.abc.MetaPathFinder):
-    """Finds the package's modules as .py sources where a compiled one sits beside them."""
-
-    def find_spec(
-        self, fullname: str, path: Sequence[str] | None, target: ModuleType | None = None
-    ) -> importlib.machinery.ModuleSpec | None:
-        if path is None or not fullname.startswith(__name__ + "."):
-            return None
-        leaf = fullname.rpartition(".")[2]
-        for folder in path:
-            source = os.path.join(folder, leaf + ".py")
-            if os.path.isfile(source):
-                return importlib.util.spec_from_file_location(fullname, source)
-        return None  # a package (its __init__.py is never compiled), or not here
-
-
-def pure_python_selected() -> bool:
-    """Whether DUCTOR_PURE_PYTHON asks for the pure-Python modules."""
-    return os.environ.get("DUCTOR_PURE_PYTHON", "").strip().lower() in _TRUE
-
-
-def compiled_modules() -> list[str]:
-    """The modules of this package imported so far from compiled code, sorted (not the
-    library they share, ``processor.native__mypyc``)."""
-    suffixes = tuple(importlib.machinery.EXTENSION_SUFFIXES)
-    return sorted(
-        name
-        for name, module in list(sys.modules.items())
-        if name.startswith(__name__ + ".")
-        and not name.endswith("__mypyc")
-        and (getattr(module, "__file__", None) or "").endswith(suffixes)
-    )
-
-
-def _stale_in_checkout() -> str | None:
-    """In a checkout compiled in place (`make compile`), a source edited since: the compiled
-    modules would shadow the edit, so the sources are imported instead (one warning line).
-    Nothing is checked in an installed package (no setup.py beside it)."""
-    here = os.path.dirname(os.path.abspath(__file__))
-    if not os.path.isfile(os.path.join(os.path.dirname(here), "setup.py")):
-        return None
-    suffixes = tuple(importlib.machinery.EXTENSION_SUFFIXES)
-    for folder in ("core", "engine", "io"):
-        path = os.path.join(here, folder)
-        for name in os.listdir(path):
-            if not name.endswith(suffixes):
-                continue
-            source = os.path.join(path, name.partition(".")[0] + ".py")
-            if os.path.isfile(source) and os.path.getmtime(source) > os.path.getmtime(
-                os.path.join(path, name)
-            ):
-                return source
-    return None
-
-
-def sources_first() -> bool:
-    """Whether this process imports the package's .py sources over compiled modules
-    (DUCTOR_PURE_PYTHON, or a stale build in a checkout)."""
-    return any(isinstance(f, _SourcesFirst) for f in sys.meta_path)
-
-
-def _choose_build() -> None:
-    if sources_first():
-        return
-    if pure_python_selected():
-        sys.meta_path.insert(0, _SourcesFirst())
-        return
-    stale = _stale_in_checkout()
-    if stale is not None:
-        sys.stderr.write(
-            f"ductor: {stale} changed after the checkout was compiled: importing the sources"
-            " (run `make compile` again, or `make clean-compiled`)\n"
-        )
-        sys.meta_path.insert(0, _SourcesFirst())
-
-
-_choose_build()

@@ -20,7 +20,7 @@ import pytest
 from hypothesis import settings
 
 import processor
-from processor.io.logs import HANDLER_NAME
+from processor.io.telemetry.logs import HANDLER_NAME
 
 # No deadline per example: a shared machine under load (CI's phases overlap) made a 20 ms
 # example take 253 ms and fail a property that holds; speed is the benchmark's business.
@@ -37,7 +37,7 @@ pytest_plugins = [
 
 
 def pytest_report_header(config: pytest.Config) -> str:
-    for name in ("processor.core.tick", "processor.engine.executor", "processor.io.store"):
+    for name in ("processor.core.tick", "processor.engine.executor", "processor.io.postgres.store"):
         importlib.import_module(name)
     compiled = processor.compiled_modules()
     if compiled:
@@ -48,7 +48,7 @@ def pytest_report_header(config: pytest.Config) -> str:
 
 @pytest.fixture(autouse=True)
 def _command_logging_removed() -> Iterator[None]:
-    """A test that runs a command in process gets the command's logging (io/logs.py: a
+    """A test that runs a command in process gets the command's logging (io/telemetry/logs.py: a
     handler on the stderr of that moment, pytest's capture, closed after the test). Left on
     the root logger, it made a later test's threads write "--- Logging error ---" tracebacks
     into the output; it is removed, and the root's level restored, after each test."""

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from processor import early_stop
+from processor.cli import early_stop
 
 __all__ = ["main"]
 

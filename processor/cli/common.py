@@ -11,7 +11,7 @@ from typing import Any
 
 import orjson
 
-from processor import early_stop
+from processor.cli import early_stop
 from processor.core.bounds import literal_problem
 
 # The exit codes of every command (grammar.EXIT_TABLE says what each means; docs/usage.md).
@@ -75,7 +75,7 @@ def print_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> None:
 
 def stop_on_signals(stop: Callable[[], None]) -> None:
     """Call ``stop`` on SIGTERM and SIGINT (a graceful shutdown); at once if one came while
-    the modules loaded (processor/early_stop.py). SIGUSR1 writes every thread's stack to
+    the modules loaded (processor/cli/early_stop.py). SIGUSR1 writes every thread's stack to
     stderr, and the service goes on: what a process that does not stop is doing, without a
     debugger (docs/operations/running.md#logs)."""
 

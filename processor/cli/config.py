@@ -14,19 +14,13 @@ from typing import Any
 
 from processor.cli.common import EXIT_FAILED, EXIT_OK
 from processor.cli.grammar import print_json, print_json_lines
-from processor.io import kafka_properties
-from processor.io.config import (
-    HIDDEN,
-    SECRET_VARIABLES,
-    SETTING_VARIABLES,
-    Settings,
-    redact_dsn,
-    setting_sources,
-    settings_env,
-)
-from processor.io.config_check import run_checks
-from processor.io.kafka import consumer_config, producer_config
-from processor.io.otel_config import otel_settings, otlp_header_names
+from processor.io.config import kafka_properties
+from processor.io.config.check import run_checks
+from processor.io.config.otel import otel_settings, otlp_header_names
+from processor.io.config.settings import Settings, setting_sources, settings_env
+from processor.io.config.values import HIDDEN, redact_dsn
+from processor.io.config.variables import SECRET_VARIABLES, SETTING_VARIABLES
+from processor.io.kafka.configs import consumer_config, producer_config
 
 # The client properties another setting gives.
 _FROM_SETTING = {

@@ -11,8 +11,14 @@ from processor.cli.common import EXIT_OK, EXIT_USAGE, CliError
 from processor.cli.grammar import emit, print_json_lines
 from processor.core.outcomes import DLQ_REASONS
 from processor.core.routing import TopicNames
-from processor.io.config import Settings
-from processor.io.dlq import DeadLetter, DlqError, fetch_dead_letter, read_dead_letters, replay
+from processor.io.config.settings import Settings
+from processor.io.kafka.dlq import (
+    DeadLetter,
+    DlqError,
+    fetch_dead_letter,
+    read_dead_letters,
+    replay,
+)
 
 
 def register(sub: Any) -> None:

@@ -22,10 +22,10 @@ from confluent_kafka import KafkaError, KafkaException
 from processor.cli.common import EXIT_FAILED, EXIT_USAGE, CliError
 from processor.client import InvalidInput, OutOfBounds, ReservedRunId, SignalRefused
 from processor.core.model import UnknownWorkflow
-from processor.io.config import ConfigError
-from processor.io.kafka_errors import MissingTopic
-from processor.io.listen import ListenError
-from processor.io.logs import first_line
+from processor.io.config.values import ConfigError
+from processor.io.kafka.errors import MissingTopic
+from processor.io.runtime.listen import ListenError
+from processor.io.telemetry.logs import first_line
 
 log = logging.getLogger("ductor.cli")
 

@@ -1,5 +1,5 @@
-"""`ductor gc`: delete finished runs older than a duration (processor/io/retention.py), and
-the cancels kept as long for runs that never started (processor/io/kept_signals.py)."""
+"""`ductor gc`: delete finished runs older than a duration (processor/io/postgres/retention.py), and
+the cancels kept as long for runs that never started (processor/io/postgres/kept_signals.py)."""
 
 from __future__ import annotations
 
@@ -12,9 +12,9 @@ from typing import Any
 from processor.cli.common import EXIT_OK, EXIT_USAGE, CliError
 from processor.cli.grammar import emit
 from processor.client import connect
-from processor.io.config import Settings
-from processor.io.kept_signals import count_old_kept_cancels, delete_old_kept_cancels
-from processor.io.retention import Removed, count_finished, cutoff, delete_finished
+from processor.io.config.settings import Settings
+from processor.io.postgres.kept_signals import count_old_kept_cancels, delete_old_kept_cancels
+from processor.io.postgres.retention import Removed, count_finished, cutoff, delete_finished
 
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 _DURATION = re.compile(r"(\d{1,9})([smhd])")

@@ -14,11 +14,11 @@ from collections.abc import Callable, Sequence
 from importlib import metadata
 from typing import Any
 
-from processor import early_stop
 from processor.cli import (
     completion,
     config,
     dlq,
+    early_stop,
     gc,
     outbox,
     runs,
@@ -35,8 +35,9 @@ from processor.cli.common import EXIT_OK, EXIT_USAGE
 from processor.cli.errors import explain
 from processor.cli.grammar import EXIT_TABLE, add_output, add_output_everywhere, resolve_output
 from processor.cli.tool_commands import parse_bench_arguments
-from processor.io.config import load_settings, secret_file_warnings
-from processor.io.logs import setup_logging
+from processor.io.config.settings import load_settings
+from processor.io.config.variables import secret_file_warnings
+from processor.io.telemetry.logs import setup_logging
 
 DISTRIBUTION = "ductor-processor"
 

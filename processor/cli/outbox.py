@@ -10,10 +10,10 @@ import psycopg
 
 from processor.cli.common import EXIT_OK, EXIT_USAGE, CliError
 from processor.cli.grammar import emit, print_json_lines
-from processor.io.config import Settings
-from processor.io.connections import connect
-from processor.io.logs import first_line
-from processor.io.store import parked_outbox, unpark_outbox
+from processor.io.config.settings import Settings
+from processor.io.postgres.connections import connect
+from processor.io.postgres.outbox import parked_outbox, unpark_outbox
+from processor.io.telemetry.logs import first_line
 
 
 def register(sub: Any) -> None:

@@ -35,9 +35,9 @@ from processor.core.children import child_run_id
 from processor.core.model import RunStatus, state_checksum
 from processor.core.routing import TopicNames
 from processor.core.workflow import SIGNAL_NAME
-from processor.io.config import Settings
-from processor.io.run_document import RunRecord, inspect_document, read_run
-from processor.io.store import Definitions
+from processor.io.config.settings import Settings
+from processor.io.postgres.run_document import RunRecord, inspect_document, read_run
+from processor.io.postgres.store import Definitions
 
 
 def register(sub: Any) -> None:

@@ -1,5 +1,5 @@
 """Commands about schedules (docs/usage.md#delayed-starts-and-schedules): schedules create,
-list, pause, resume, trigger, delete. The processors fire them (io/schedules.py)."""
+list, pause, resume, trigger, delete. The processors fire them (io/postgres/schedules.py)."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ from processor.cli.common import EXIT_OK, EXIT_USAGE, CliError, json_argument, p
 from processor.cli.grammar import add_legacy_output, emit, print_json, print_json_lines
 from processor.client import connect, wake
 from processor.core.routing import TIERS
-from processor.io.config import Settings
-from processor.io.schedules import (
+from processor.io.config.settings import Settings
+from processor.io.postgres.schedules import (
     Schedule,
     ScheduleError,
     create_schedule,
@@ -24,7 +24,7 @@ from processor.io.schedules import (
     resume_schedule,
     trigger_schedule,
 )
-from processor.io.store import Definitions
+from processor.io.postgres.store import Definitions
 
 
 def register(sub: Any) -> None:

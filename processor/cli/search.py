@@ -1,6 +1,6 @@
 """Finding runs and acting on many: `ductor runs list`, `runs count`, `runs cancel` and
 `runs retry` with the filters of core/run_search.RunFilter (every filter is index-backed:
-io/run_search.py)."""
+io/postgres/run_search.py)."""
 
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ from processor.client import (
     summary_document,
 )
 from processor.core.model import RunStatus
-from processor.io.config import Settings
+from processor.io.config.settings import Settings
 
 # How many matched run ids a bulk action prints before "... and N more".
 _SHOWN = 20

@@ -14,14 +14,15 @@ from processor.cli.common import EXIT_OK, EXIT_USAGE, CliError, stop_on_signals
 from processor.cli.grammar import emit, print_json_lines
 from processor.client import ClientError, connect
 from processor.engine.processor import Processor
-from processor.io.config import ConfigError, Settings
-from processor.io.faults import Faults, Point, skew_wall_clock
-from processor.io.kafka import EXIT_KAFKA_FATAL, check_authentication
-from processor.io.kafka_errors import KafkaAuthError
-from processor.io.migrate import migrate
-from processor.io.otel_config import otel_settings
-from processor.io.runs_admin import registered_queues
-from processor.io.topics import create_topics
+from processor.io.config.otel import otel_settings
+from processor.io.config.settings import Settings
+from processor.io.config.values import ConfigError
+from processor.io.kafka.clients import EXIT_KAFKA_FATAL, check_authentication
+from processor.io.kafka.errors import KafkaAuthError
+from processor.io.kafka.topics import create_topics
+from processor.io.postgres.migrate import migrate
+from processor.io.postgres.workflows import registered_queues
+from processor.io.runtime.faults import Faults, Point, skew_wall_clock
 from processor.worker.app import AppError, registry_for
 from processor.worker.environment import scrub_secrets
 from processor.worker.options import WorkerOptions
@@ -149,7 +150,7 @@ def cmd_topics_create(settings: Settings, args: argparse.Namespace) -> int:
 
 
 def _test_faults(settings: Settings) -> Faults:
-    """The fault points DUCTOR_TEST_FAULTS arms (tests only: io/faults.py)."""
+    """The fault points DUCTOR_TEST_FAULTS arms (tests only: io/runtime/faults.py)."""
     try:
         return Faults.from_spec(settings.test_faults)
     except ValueError as exc:

@@ -20,7 +20,7 @@ from processor.client import IfExists, RunExists, StartNotAnnounced, request_sta
 from processor.core.routing import TIERS, TopicNames
 from processor.core.run_search import parse_tags
 from processor.core.workflow import ValidationError
-from processor.io.config import Settings
+from processor.io.config.settings import Settings
 
 
 def register(sub: Any) -> None:

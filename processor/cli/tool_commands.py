@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from processor.cli.common import CliError
-from processor.io.config import Settings
+from processor.io.config.settings import Settings
 
 
 def register(sub: Any) -> None:

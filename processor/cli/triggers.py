@@ -14,10 +14,10 @@ from processor.client import connect
 from processor.core.model import UnknownWorkflow
 from processor.core.routing import TopicNames
 from processor.core.triggers import Trigger, parse_trigger
-from processor.io.config import Settings
-from processor.io.store import Definitions
-from processor.io.topics import topic_end_offsets
-from processor.io.trigger_store import (
+from processor.io.config.settings import Settings
+from processor.io.kafka.topics import topic_end_offsets
+from processor.io.postgres.store import Definitions
+from processor.io.postgres.trigger_store import (
     TriggerConflict,
     create_trigger,
     delete_trigger,

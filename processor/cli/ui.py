@@ -9,7 +9,7 @@ import argparse
 from typing import Any
 
 from processor.cli.common import EXIT_OK, EXIT_USAGE, CliError, stop_on_signals
-from processor.io.config import Settings
+from processor.io.config.settings import Settings
 
 INSTALL_HINT = "pip install 'ductor-processor[ui]'"
 

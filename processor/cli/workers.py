@@ -18,9 +18,9 @@ from processor.cli.grammar import add_legacy_output, print_json_lines
 from processor.client import ClientError, connect
 from processor.core.model import UnknownWorkflow
 from processor.core.workflow import WorkflowDef
-from processor.io.config import Settings
-from processor.io.store import Definitions
-from processor.io.worker_registry import LiveWorker, live_workers, unserved
+from processor.io.config.settings import Settings
+from processor.io.postgres.store import Definitions
+from processor.io.postgres.worker_registry import LiveWorker, live_workers, unserved
 
 
 def register(sub: Any) -> None:

@@ -20,11 +20,11 @@ from processor.core.child_graph import ChildCycle
 from processor.core.model import UnknownWorkflow
 from processor.core.routing import DEFAULT_QUEUE, TopicNames
 from processor.core.workflow import ValidationError, WorkflowDef, parse_workflow, workflow_to_json
-from processor.io.config import Settings
-from processor.io.runs_admin import WorkflowVersion, register_workflow, workflow_versions
-from processor.io.store import Definitions
-from processor.io.topics import create_topics
-from processor.io.workflow_schema import WorkflowSchemaError, check_workflow_document
+from processor.io.config.settings import Settings
+from processor.io.kafka.topics import create_topics
+from processor.io.postgres.store import Definitions
+from processor.io.postgres.workflows import WorkflowVersion, register_workflow, workflow_versions
+from processor.io.shipped.workflow_schema import WorkflowSchemaError, check_workflow_document
 from processor.worker.app import AppError, load_attribute
 
 

@@ -53,8 +53,8 @@ from processor.client.reads import (
 from processor.client.records import BulkAction, RetriedRun, SignalSent, StartedRun
 from processor.client.starts import IfExists, request_signal, request_starts, start_run, start_runs
 from processor.core.run_search import Cursor, RunFilter
-from processor.io.run_search import RunPage
-from processor.io.runs_admin import RunResult, RunSummary
+from processor.io.postgres.run_search import RunPage
+from processor.io.postgres.runs_admin import RunResult, RunSummary
 
 __all__ = [
     "MAX_BULK_RUNS",

@@ -28,17 +28,18 @@ from processor.core.routing import TopicNames
 from processor.core.run_search import Cursor, RunFilter
 from processor.core.tick import resume_failed
 from processor.core.workflow import SIGNAL_NAME
-from processor.io.config import Settings
-from processor.io.run_search import count_runs as _count_runs
-from processor.io.run_search import search_runs as _search_runs
-from processor.io.run_signals import Signal, record_live_signals, signal_targets
-from processor.io.runs_admin import (
+from processor.io.config.settings import Settings
+from processor.io.postgres.outbox import delete_outbox
+from processor.io.postgres.run_search import count_runs as _count_runs
+from processor.io.postgres.run_search import search_runs as _search_runs
+from processor.io.postgres.run_signals import Signal, record_live_signals, signal_targets
+from processor.io.postgres.runs_admin import (
     insert_cancels,
     release_quarantine,
     run_columns,
     run_tier,
 )
-from processor.io.store import Definitions, commit_batch, delete_outbox, load_runs
+from processor.io.postgres.store import Definitions, commit_batch, load_runs
 
 # The most runs a bulk cancel or retry acts on at once, unless told more (`--max`): a filter
 # that matches more than expected is refused, not carried out.

@@ -21,10 +21,11 @@ from processor.core.requests import (
     request_key,
 )
 from processor.core.routing import TIERS, TopicNames
-from processor.io.config import Settings
-from processor.io.kafka import choose_partition, produce, producer_config, topic_partitions
-from processor.io.kafka_logs import with_logger
-from processor.io.logs import first_line
+from processor.io.config.settings import Settings
+from processor.io.kafka.clients import choose_partition, produce, topic_partitions
+from processor.io.kafka.configs import producer_config
+from processor.io.kafka.logs import with_logger
+from processor.io.telemetry.logs import first_line
 
 
 def connect(settings: Settings) -> psycopg.Connection[Any]:

@@ -4,10 +4,7 @@ refusal a caller may tell apart, each with a one-sentence message."""
 from __future__ import annotations
 
 from processor.core.outcomes import DeadLetterReason
-from processor.io.runs_admin import (
-    ExistingRun,
-    RunResult,
-)
+from processor.io.postgres.runs_admin import ExistingRun, RunResult
 
 
 class ClientError(RuntimeError):

@@ -16,17 +16,13 @@ from processor.client.errors import InvalidArgument, RunNotFinished, RunNotFound
 from processor.core.model import RunStatus
 from processor.core.run_search import Cursor, RunFilter, parse_tags
 from processor.core.workflow import ValidationError
-from processor.io.config import Settings
-from processor.io.run_document import inspect_document, read_run
-from processor.io.run_search import RunPage
-from processor.io.run_search import count_runs as _count_runs
-from processor.io.run_search import search_runs as _search_runs
-from processor.io.runs_admin import (
-    RunResult,
-    RunSummary,
-    run_result,
-)
-from processor.io.store import Definitions
+from processor.io.config.settings import Settings
+from processor.io.postgres.run_document import inspect_document, read_run
+from processor.io.postgres.run_search import RunPage
+from processor.io.postgres.run_search import count_runs as _count_runs
+from processor.io.postgres.run_search import search_runs as _search_runs
+from processor.io.postgres.runs_admin import RunResult, RunSummary, run_result
+from processor.io.postgres.store import Definitions
 
 # How long `wait_for_run` waits between two reads of the run: from the first to the last,
 # doubling (a run of fast steps ends in tens of milliseconds; a long one is not read 20 times
@@ -46,7 +42,7 @@ def get_run(settings: Settings, run_id: str) -> RunResult:
 
 def inspect_run(settings: Settings, run_id: str) -> dict[str, Any]:
     """What `ductor inspect RUN_ID -o json` prints: the run, its workflow's steps and
-    their dependencies, its nodes and every attempt's timeline (io/run_document.py).
+    their dependencies, its nodes and every attempt's timeline (io/postgres/run_document.py).
     RunNotFound if there is no such run."""
     with connect(settings) as conn:
         record = read_run(conn, Definitions(), run_id, settings.instance_timeout_s)

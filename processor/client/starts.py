@@ -37,12 +37,9 @@ from processor.core.requests import (
 from processor.core.run_ids import reserved_problem
 from processor.core.run_input import input_problem
 from processor.core.run_search import tags_problem
-from processor.io.config import Settings
-from processor.io.runs_admin import (
-    ExistingRun,
-    insert_runs,
-)
-from processor.io.store import Definitions
+from processor.io.config.settings import Settings
+from processor.io.postgres.runs_admin import ExistingRun, insert_runs
+from processor.io.postgres.store import Definitions
 
 
 class IfExists(StrEnum):

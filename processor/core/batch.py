@@ -216,7 +216,7 @@ def _steps(
     gathered: _Gathered,
 ) -> Generator[Request, object, None]:
     run_ids = tuple(item.run_id for item in items)
-    # 1. Load, at Postgres's time: the batch is judged by it (io/db_clock.py).
+    # 1. Load, at Postgres's time: the batch is judged by it (io/postgres/db_clock.py).
     answer = yield LoadRuns(run_ids)
     if isinstance(answer, Failed):
         raise RequestFailed(answer)

@@ -4,8 +4,8 @@ the requests it yields, the answer a failed request gets, and the outcome it ret
 Each request names one thing the database stage does today, with what it needs; the driver
 answers it with the value its statement returned (written beside each request), or with
 ``Failed`` when the statement raised. Only the driver can tell what an error means (the one
-classifier, io/db_errors.py): it says so in ``Failed.failure``, so the protocol decides what
-to do without knowing any database library.
+classifier, io/postgres/db_errors.py): it says so in ``Failed.failure``, so the protocol decides
+what to do without knowing any database library.
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ Rules:
 1. The graph's nodes are registered versions, ``(name, version)``. A workflow step of
    ``(A, a)`` naming ``B`` at version ``b`` leads to ``(B, b)``; one naming ``B`` without a
    version leads to B's latest version, since its child starts at the version that is latest
-   when it starts (io/store.py). Every registered version counts, an old one too: its runs
+   when it starts (io/postgres/store.py). Every registered version counts, an old one too: its runs
    may still be live and start children.
 2. A new version ``(N, n)`` changes no other version's steps; it changes only where steps
    naming ``N`` without a version lead, once it is N's latest. So a cycle it closes passes

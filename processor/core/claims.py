@@ -1,8 +1,9 @@
 """Whether a worker may run a step task it was handed: the claim's verdict.
 
-Before a step function runs, the worker claims its attempt in Postgres (io/step_attempts.py):
-one row per attempt, written before the function starts, counting the executions begun. The
-claim statement takes the attempt only when running it is right; for every task it did not
+Before a step function runs, the worker claims its attempt in Postgres
+(io/postgres/step_attempts.py): one row per attempt, written before the function starts, counting
+the executions begun. The claim statement takes the attempt only when running it is right; for every
+task it did not
 take, what it read says why, and this module turns that into a verdict. The rules, in order:
 
 1. Claimed: run it. ``starts`` says which execution this is: more than 1 means an earlier one

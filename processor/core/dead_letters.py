@@ -1,6 +1,6 @@
 """The dead-letter record format: the original record plus ``ductor.dlq.*`` headers.
 
-Written by the executor, read back by `ductor dlq list` and `replay` (io/dlq.py).
+Written by the executor, read back by `ductor dlq list` and `replay` (io/kafka/dlq.py).
 """
 
 from __future__ import annotations

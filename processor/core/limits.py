@@ -23,14 +23,14 @@ lease across ticks:
    take the last slot, whatever the batch; the loser is a conflict, retried from fresh state.
 4. A slot is held by an execution, not an attempt: it is freed by the commit that ends its
    attempt (a result, a timeout, a cancel, the run's end) only if the attempt's execution is
-   over by then, as its worker reported it (io/step_attempts.py), or never began. One that
+   over by then, as its worker reported it (io/postgres/step_attempts.py), or never began. One that
    still runs (a step in a thread cannot be stopped: a timeout, a heartbeat timeout or a
    cancel ends its attempt, not its code) keeps the slot, lingering, until its worker reports
-   its end or is gone (io/instances.py), when the watchdog frees it (io/limit_store.py). A
-   commit or a sweep that frees a slot moves the counter's version too (so a waiter added
-   from a count read before the slot was freed is a conflict, not a wait nobody ends); the
-   shell then wakes the oldest waiters, one per freed slot. Should that wakeup be lost (the
-   process died between), the waiter's own ``due_ms`` (BACKSTOP_MS ahead) has the overdue
+   its end or is gone (io/postgres/instances.py), when the watchdog frees it
+   (io/postgres/limit_store.py). A commit or a sweep that frees a slot moves the counter's version
+   too (so a waiter added from a count read before the slot was freed is a conflict, not a wait
+   nobody ends); the shell then wakes the oldest waiters, one per freed slot. Should that wakeup be
+   lost (the process died between), the waiter's own ``due_ms`` (BACKSTOP_MS ahead) has the overdue
    sweep wake it: never a loop that polls. A rate-limited waiter is due when its window has
    room again, with a timer.
 5. A rate limit of ``limit`` per window has room for its next dispatch when the dispatch

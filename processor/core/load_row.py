@@ -1,5 +1,5 @@
-"""A run's row as the batched load returns it (io/store.py, ``_LOAD_SQL``), read by name, and
-the loaded run built from it: what its tick may read, or why it cannot be ticked. Pure: the
+"""A run's row as the batched load returns it (io/postgres/store.py, ``_LOAD_SQL``), read by name,
+and the loaded run built from it: what its tick may read, or why it cannot be ticked. Pure: the
 shell reads the row and finds the run's definition, this decodes the rest.
 """
 
@@ -25,7 +25,7 @@ from processor.core.workflow import WorkflowDef
 
 class LoadRow(NamedTuple):
     """One run as the load selects it, each field in the order of the statement's
-    ``json_build_array`` (io/store.py), which builds this row and nothing else."""
+    ``json_build_array`` (io/postgres/store.py), which builds this row and nothing else."""
 
     run_id: str
     workflow_name: str

@@ -94,7 +94,7 @@ class Commit:
     items: tuple[tuple[str, int, int], ...] = ()
     # Attempts the transition fails that no worker started, (node, attempt): the statement
     # marks each never to be started, and writes the run only if it could, that is, only if
-    # no worker claimed one meanwhile (io/store.py); else the run lost a race, a conflict.
+    # no worker claimed one meanwhile (io/postgres/store.py); else the run lost a race, a conflict.
     unstarted: tuple[tuple[str, int], ...] = ()
 
     def __init__(

@@ -1,6 +1,6 @@
 """What becomes of each request from ``ductor.requests`` (core/requests.py) once the database
-has answered it: the answers the request statement gives (io/request_store.py), and the plan
-each answer makes, carried out by the one executor like any other.
+has answered it: the answers the request statement gives (io/postgres/request_store.py), and the
+plan each answer makes, carried out by the one executor like any other.
 
 A start that created its run, or found the same start done before (a duplicate, or a
 redelivery after a crash), sends the run's start wakeup: the run's first tick is a wakeup like

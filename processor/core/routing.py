@@ -1,6 +1,6 @@
 """Where records go: topic names, the priority tiers, the delay ladder, and a run's partition.
 
-All of it is naming and arithmetic. Creating the topics is the shell's job (io/topics.py).
+All of it is naming and arithmetic. Creating the topics is the shell's job (io/kafka/topics.py).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """What a search for runs asks (pure): tags a run carries, the filter of `ductor runs list`,
 `runs count` and the bulk actions, and the cursor that pages through a listing.
 
-The SQL that answers a filter is in io/run_search.py; here are the rules a filter and its
+The SQL that answers a filter is in io/postgres/run_search.py; here are the rules a filter and its
 parts must follow, checked before any statement runs, so a bad one is refused with what to fix.
 """
 

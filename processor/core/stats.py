@@ -65,7 +65,7 @@ class Stats:
     commit_attempts: int = 0  # runs sent to a batched commit
     relayed: int = 0  # records sent again from the outbox (an instance died after its commit)
     parked: Counter[str] = field(default_factory=Counter)  # outbox rows parked, by error
-    rejoins: int = 0  # times the consumer joined its group again, stuck (io/group_watch.py)
+    rejoins: int = 0  # times the consumer joined its group again, stuck (io/kafka/group_watch.py)
     # Records of triggers' source topics by (trigger, what became of them: requested, skipped
     # by the filter, rejected).
     trigger_records: Counter[tuple[str, str]] = field(default_factory=Counter)

@@ -34,7 +34,7 @@ Rules, in the order they are applied:
      the same queue); schedule-to-close (``schedule_to_close_ms``): a step not done that long
      after its first dispatch (``first_ms``, kept through retries) fails, final, whatever its
      attempt is doing. An attempt in its queue with no such bound ahead stays as it is, its
-     due time passed: the watchdog wakes it again, further apart each time (io/sweeps.py),
+     due time passed: the watchdog wakes it again, further apart each time (io/postgres/sweeps.py),
      and nothing is written until a worker starts it.
 5. A failed attempt is retried by the step's policy (retry_wait until its backoff is due),
    or fails the node when attempts are exhausted (counted since the run was last resumed, see

@@ -35,7 +35,7 @@ class Decision(NamedTuple):
     items_done: tuple[tuple[str, int, int], ...] = ()
     # Attempts this tick failed that no worker had started (a schedule-to bound passed in the
     # queue): (node, attempt). The commit holds only if none was started meanwhile: it marks
-    # each one never to be started (io/store.py), as a claim would mark it started.
+    # each one never to be started (io/postgres/store.py), as a claim would mark it started.
     unstarted: tuple[tuple[str, int], ...] = ()
 
     @property

@@ -68,7 +68,7 @@ class StepDef:
     depends_on: tuple[str, ...] = ()
     retry: RetryPolicy = field(default_factory=RetryPolicy)
     # Start-to-close: how long an attempt may run, counted from the moment a worker starts it
-    # (its claim, io/step_attempts.py), never from its dispatch: time in a queue does not
+    # (its claim, io/postgres/step_attempts.py), never from its dispatch: time in a queue does not
     # count (core/tick.py, rule 4). A wait step's: how long it waits; a workflow step's: how
     # long its child run may take.
     timeout_ms: int = 30_000

@@ -1,5 +1,5 @@
 """How a processor instance is put together: its collaborators built in one place, around one
-injected clock (io/clock.py) and Postgres's clock derived from it (io/db_clock.py).
+injected clock (io/runtime/clock.py) and Postgres's clock derived from it (io/postgres/db_clock.py).
 processor.py is the composition root that calls ``build_processor``; a unit test builds any
 one collaborator alone (``build_executor``, ``Pace``, ``Sweeps`` ...) with a ManualClock.
 
@@ -44,19 +44,20 @@ from processor.engine.stage_failures import StageFailures
 from processor.engine.sweeps import Sweeps
 from processor.engine.trigger_follow import TriggerFollower
 from processor.engine.watchdog import Shards, SweepSettings, Watchdog
-from processor.io.clock import SYSTEM_CLOCK, Clock
-from processor.io.config import Settings
-from processor.io.db_clock import DatabaseClock
-from processor.io.delivery import Delivery
-from processor.io.faults import NO_FAULTS, Faults
-from processor.io.instances import Presence, heartbeat_interval_s
-from processor.io.kafka import ClientErrors, Outbox, producer_config, producer_max_bytes
-from processor.io.kafka_logs import with_logger
-from processor.io.outage import Outage
-from processor.io.store import OutboxRelay
-from processor.io.telemetry import Telemetry
-from processor.io.threads import ThreadWatch
-from processor.io.trigger_store import TriggerSet
+from processor.io.config.settings import Settings
+from processor.io.kafka.clients import ClientErrors, Outbox
+from processor.io.kafka.configs import producer_config, producer_max_bytes
+from processor.io.kafka.delivery import Delivery
+from processor.io.kafka.logs import with_logger
+from processor.io.postgres.db_clock import DatabaseClock
+from processor.io.postgres.instances import Presence, heartbeat_interval_s
+from processor.io.postgres.outbox import OutboxRelay
+from processor.io.postgres.trigger_store import TriggerSet
+from processor.io.runtime.clock import SYSTEM_CLOCK, Clock
+from processor.io.runtime.faults import NO_FAULTS, Faults
+from processor.io.runtime.outage import Outage
+from processor.io.runtime.threads import ThreadWatch
+from processor.io.telemetry.setup import Telemetry
 
 
 @dataclass(frozen=True)
@@ -96,7 +97,7 @@ def commons(
     partition_by_run: bool = True,
 ) -> Commons:
     """What the commit path's collaborators share (``partition_by_run``: how records that
-    follow a run choose their partition, io/kafka.py)."""
+    follow a run choose their partition, io/kafka/clients.py)."""
     db_clock = db_clock or DatabaseClock(clock.wall_ms)
     # Counted and logged by Postgres's clock, like everything a run is judged by.
     ledger = Ledger(stats, telemetry, db_clock.now_ms)
@@ -193,7 +194,7 @@ def build_processor(
     config = {**producer_config(settings, instance_id), "error_cb": client_errors}
     producer = Producer(with_logger(config))
     partitions: dict[str, int] = {}  # partition counts, read from the broker at start
-    # Every time-based decision reads Postgres's clock (io/db_clock.py): each load and each
+    # Every time-based decision reads Postgres's clock (io/postgres/db_clock.py): each load and each
     # heartbeat measure this process's offset from it. One outage of Postgres as this
     # instance sees it: batches and sweeps both report to it, so an outage gives one line
     # when it starts and one when it ends.

@@ -18,16 +18,17 @@ from processor.core.limits import LimitInputs
 from processor.core.model import Loaded
 from processor.core.routing import TopicNames
 from processor.core.stuck import Fail, Leave, StuckVerdict, judge_stuck
-from processor.io import (
+from processor.io.postgres import (
     connections,
     kept_signals,
     limit_store,
+    outbox,
     schedules,
     store,
     sweeps,
     trigger_store,
 )
-from processor.io.faults import NO_FAULTS, Faults
+from processor.io.runtime.faults import NO_FAULTS, Faults
 
 
 class Database:
@@ -95,15 +96,15 @@ class Database:
         return store.commits_landed(self.conn, commits)
 
     def delete_outbox(self, acknowledged: Sequence[tuple[str, int]]) -> None:
-        store.delete_outbox(self.conn, acknowledged)
+        outbox.delete_outbox(self.conn, acknowledged)
 
     def claim_outbox(
-        self, older_than_s: float, limit: int, relay: store.OutboxRelay
+        self, older_than_s: float, limit: int, relay: outbox.OutboxRelay
     ) -> list[tuple[str, int, tuple[Send, ...]]]:
-        return store.claim_outbox(self.conn, older_than_s, limit, relay)
+        return outbox.claim_outbox(self.conn, older_than_s, limit, relay)
 
     def park_outbox(self, rows: Sequence[tuple[str, int, str]]) -> None:
-        store.park_outbox(self.conn, rows)
+        outbox.park_outbox(self.conn, rows)
 
     def force_fail(self, write: ForceFailWrite) -> bool:
         """The terminal path shared by the livelock guard and the watchdog: write the failed
@@ -173,7 +174,7 @@ class Database:
         modulus: int,
         shards: Sequence[int],
         ttl_s: float,
-        claimer: store.OutboxRelay,
+        claimer: outbox.OutboxRelay,
         limit: int,
     ) -> list[kept_signals.KeptDeadLetter]:
         return kept_signals.claim_kept_dead_letters(

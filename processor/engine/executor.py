@@ -50,9 +50,9 @@ from processor.engine.settling import Settler
 from processor.engine.stage import DatabaseStage, Staged
 from processor.engine.stage_failures import StageFailures
 from processor.engine.stage_thread import InFlight
-from processor.io.clock import SYSTEM_CLOCK, Clock
-from processor.io.faults import NO_FAULTS, Faults, Point
-from processor.io.logs import describe
+from processor.io.runtime.clock import SYSTEM_CLOCK, Clock
+from processor.io.runtime.faults import NO_FAULTS, Faults, Point
+from processor.io.telemetry.logs import describe
 
 log = logging.getLogger("ductor.executor")
 
@@ -76,7 +76,7 @@ class Executor:
         stats: Stats,
         book: RunBook[Span] | None = None,
         clock: Clock = SYSTEM_CLOCK,
-        wall_ms: Callable[[], int] | None = None,  # Postgres's clock (io/db_clock.py)
+        wall_ms: Callable[[], int] | None = None,  # Postgres's clock (io/postgres/db_clock.py)
         faults: Faults = NO_FAULTS,
         sleep: Callable[[float], object] = time.sleep,
     ) -> None:

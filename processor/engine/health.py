@@ -1,10 +1,10 @@
 """Health of one processor instance, for an orchestrator's probes: what its poll loop reports,
-served by io/health_http.py's server.
+served by io/runtime/health_http.py's server.
 
 ``GET /healthz`` (liveness): 200 while the poll loop keeps turning, 503 once it has not turned
 for ``DUCTOR_HEALTH_STALL_S``, or once one of its threads died (the database stage's, the
-request statement's, a sweep's, the presence heartbeat's: io/threads.py). Neither will recover
-by itself; restarting the instance is safe (its uncommitted records are redelivered).
+request statement's, a sweep's, the presence heartbeat's: io/runtime/threads.py). Neither will
+recover by itself; restarting the instance is safe (its uncommitted records are redelivered).
 
 ``GET /readyz`` (readiness): 200 when the instance owns partitions, the database answers and it
 is neither starting (waiting for the broker or the database) nor shutting down; otherwise 503.
@@ -16,8 +16,8 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from processor.io.health_http import HealthServer
-from processor.io.threads import ThreadWatch
+from processor.io.runtime.health_http import HealthServer
+from processor.io.runtime.threads import ThreadWatch
 
 __all__ = ["HealthServer", "Probe", "is_ready", "probe_problems"]
 

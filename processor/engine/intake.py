@@ -35,10 +35,10 @@ from processor.engine.executor import Executor
 from processor.engine.flow_control import FlowControl
 from processor.engine.request_desk import RequestDesk
 from processor.engine.trigger_follow import TriggerFollower
-from processor.io.clock import Clock
-from processor.io.faults import Faults, Point
-from processor.io.kafka import ClientErrors
-from processor.io.logs import describe
+from processor.io.kafka.clients import ClientErrors
+from processor.io.runtime.clock import Clock
+from processor.io.runtime.faults import Faults, Point
+from processor.io.telemetry.logs import describe
 
 log = logging.getLogger("ductor.processor")
 
@@ -52,7 +52,7 @@ class Intake:
         scope: Scope,
         rules: Rules,
         clock: Clock,
-        db_now_ms: Callable[[], int],  # Postgres's clock (io/db_clock.py)
+        db_now_ms: Callable[[], int],  # Postgres's clock (io/postgres/db_clock.py)
         tracker: OffsetTracker,
         queues: TierQueues[Inbound],
         executor: Executor,

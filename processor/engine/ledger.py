@@ -1,7 +1,7 @@
 """Every plan the executor carries out is counted, traced and logged here, once.
 
 The counters are ``Stats`` (read by the metrics, the stats log line, tests, demo and bench);
-the spans are the work's CONSUMER span and its attempt children (io/telemetry.py). A conflict
+the spans are the work's CONSUMER span and its attempt children (io/telemetry/setup.py). A conflict
 is counted and traced apart from errors: an event on the span, never an error status.
 """
 
@@ -17,8 +17,9 @@ from processor.core.outcomes import DeadLetterReason, ForceFailReason, Outcome
 from processor.core.pending import RunWork
 from processor.core.plans import DeadLettered, ForceFailed, Plan, Requeue, payload_of
 from processor.core.stats import Stats
-from processor.io.logs import describe, first_line
-from processor.io.telemetry import Telemetry, end_error, end_ok, log_ids
+from processor.io.telemetry.logs import describe, first_line
+from processor.io.telemetry.setup import Telemetry
+from processor.io.telemetry.spans import end_error, end_ok, log_ids
 
 log = logging.getLogger("ductor.executor")
 

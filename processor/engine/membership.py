@@ -1,6 +1,6 @@
 """The processor's membership of its consumer group: the consumer, what reads and steers it
 (engine/lag.py, engine/flow_control.py), the rebalance callbacks, the release of partitions
-given back, a stuck member's rejoin (io/group_watch.py) and the leave at shutdown.
+given back, a stuck member's rejoin (io/kafka/group_watch.py) and the leave at shutdown.
 
 Partitions given back (revoked, lost, or held at shutdown) first let the batch in flight and
 the request statement finish, bounded, so their outcome is known; their waiting records are
@@ -27,20 +27,19 @@ from processor.engine.health import Probe
 from processor.engine.lag import LagMeter
 from processor.engine.request_desk import RequestDesk
 from processor.engine.trigger_follow import TriggerFollower
-from processor.io.clock import Clock
-from processor.io.config import Settings
-from processor.io.faults import Faults
-from processor.io.group_watch import GroupWatch, holding, let_go_by_fault
-from processor.io.kafka import (
-    ClientErrors,
-    Outbox,
+from processor.io.config.settings import Settings
+from processor.io.kafka.clients import ClientErrors, Outbox
+from processor.io.kafka.configs import consumer_config
+from processor.io.kafka.group_watch import GroupWatch, holding, let_go_by_fault
+from processor.io.kafka.logs import with_logger
+from processor.io.kafka.offsets import (
     commit_positions,
-    consumer_config,
     leave_group,
     positions_to_commit,
     read_finished,
 )
-from processor.io.kafka_logs import with_logger
+from processor.io.runtime.clock import Clock
+from processor.io.runtime.faults import Faults
 
 log = logging.getLogger("ductor.processor")
 
@@ -137,7 +136,7 @@ class Membership:
         return holding(self.consumer, held, held - self.flow.paused())
 
     def _join_again(self, stuck: Stuck, now: float) -> None:
-        """The member is stuck (io/group_watch.py): give back what it holds, as on a
+        """The member is stuck (io/kafka/group_watch.py): give back what it holds, as on a
         revocation, leave the group, and join it again with a new consumer."""
         log.warning(
             "joining the group again",
@@ -222,7 +221,7 @@ class Membership:
 
     def leave(self) -> None:
         """At shutdown (its work finished or dropped): what is held goes as on a revocation,
-        then the last commit and the close, bounded (io/kafka.py's leave_group): the close's
+        then the last commit and the close, bounded (io/kafka/clients.py's leave_group): the close's
         callbacks have nothing left to do."""
         assert self.deadline is not None
         held = set(self.flow.assigned)

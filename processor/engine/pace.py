@@ -1,4 +1,4 @@
-"""When the processor's loop does what, on the injected clock (io/clock.py): how long a turn
+"""When the processor's loop does what, on the injected clock (io/runtime/clock.py): how long a turn
 blocks in poll, how many ready records go to the executor, when consumption pauses for
 back-pressure, and when the stats line is due. A unit test drives it with a ManualClock.
 
@@ -20,8 +20,8 @@ from processor.engine.executor import Executor
 from processor.engine.flow_control import FlowControl
 from processor.engine.request_desk import RequestDesk
 from processor.engine.sweeps import Sweeps
-from processor.io.clock import Clock
-from processor.io.delivery import Delivery
+from processor.io.kafka.delivery import Delivery
+from processor.io.runtime.clock import Clock
 
 # While a batch is in flight and nothing is left to take, the loop waits this long for it at
 # most before its next turn (delivery reports, sweeps, new records): a short wait that ends

@@ -22,17 +22,18 @@ from processor.engine.executor import Executor
 from processor.engine.flow_control import FlowControl
 from processor.engine.health import HealthServer, is_ready
 from processor.engine.watchdog import Watchdog
-from processor.io import connections
-from processor.io.clock import SYSTEM_CLOCK, Clock
-from processor.io.collector import settle_collector
-from processor.io.config import Settings
-from processor.io.db_errors import database_unreachable
-from processor.io.faults import NO_FAULTS, Faults
-from processor.io.kafka import broker_unreachable, store_offsets, topic_partitions
-from processor.io.outage import Outage, until_available
-from processor.io.telemetry import Telemetry
-from processor.io.topics import topic_max_message_bytes
-from processor.io.trigger_store import load_triggers
+from processor.io.config.settings import Settings
+from processor.io.kafka.clients import broker_unreachable, topic_partitions
+from processor.io.kafka.offsets import store_offsets
+from processor.io.kafka.topics import topic_max_message_bytes
+from processor.io.postgres import connections
+from processor.io.postgres.db_errors import database_unreachable
+from processor.io.postgres.trigger_store import load_triggers
+from processor.io.runtime.clock import SYSTEM_CLOCK, Clock
+from processor.io.runtime.collector import settle_collector
+from processor.io.runtime.faults import NO_FAULTS, Faults
+from processor.io.runtime.outage import Outage, until_available
+from processor.io.telemetry.setup import Telemetry
 
 log = logging.getLogger("ductor.processor")
 
@@ -50,7 +51,7 @@ class Processor:
         stats: Stats | None = None,
         instance_id: str | None = None,
         telemetry: Telemetry | None = None,
-        faults: Faults = NO_FAULTS,  # tests only: see io/faults.py
+        faults: Faults = NO_FAULTS,  # tests only: see io/runtime/faults.py
         clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         self.settings = settings
@@ -176,7 +177,7 @@ class Processor:
 
     def _turn_while_starting(self) -> None:
         """The loop is alive (``/healthz``), and the clients' queues are served (their log
-        lines: io/kafka_logs.py)."""
+        lines: io/kafka/logs.py)."""
         self.probe.last_loop_at = self._pace.now()
         self._outbox.poll(0)
         self._membership.consumer.poll(0)  # (not subscribed yet: returns nothing)

@@ -1,6 +1,6 @@
 """Where the requests read from ``ductor.requests`` (core/requests.py) wait for the request
-statement (io/request_store.py), run on a database thread and connection of its own, so that a
-batch of ticks never waits behind it nor it behind one; one statement in flight at a time.
+statement (io/postgres/request_store.py), run on a database thread and connection of its own, so
+that a batch of ticks never waits behind it nor it behind one; one statement in flight at a time.
 The core answers each request with a plan (core/request_plans.py: a start wakeup, a dead
 letter) that the one executor carries out; a record is done, and its offset may pass, once
 the broker has what its plan sends. A record whose statement failed is tried again after a
@@ -28,14 +28,14 @@ from processor.core.request_plans import Refused, RequestAnswer, request_plan
 from processor.core.requests import Request
 from processor.engine.executor import Executor
 from processor.engine.stage_thread import InFlight, StageThread
-from processor.io import connections
-from processor.io.db_errors import item_fault
-from processor.io.faults import NO_FAULTS, Faults, Point
-from processor.io.logs import describe, first_line
-from processor.io.outage import Outage
-from processor.io.request_store import Item, apply_requests
-from processor.io.store import Definitions
-from processor.io.threads import ThreadWatch
+from processor.io.postgres import connections
+from processor.io.postgres.db_errors import item_fault
+from processor.io.postgres.request_store import Item, apply_requests
+from processor.io.postgres.store import Definitions
+from processor.io.runtime.faults import NO_FAULTS, Faults, Point
+from processor.io.runtime.outage import Outage
+from processor.io.runtime.threads import ThreadWatch
+from processor.io.telemetry.logs import describe, first_line
 
 log = logging.getLogger("ductor.requests")
 

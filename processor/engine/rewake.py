@@ -16,7 +16,7 @@ from processor.core.routing import TopicNames, partition_for
 from processor.core.stats import Stats
 from processor.engine.ledger import Ledger
 from processor.engine.recent_commits import RECENT_COMMITS_S
-from processor.io.kafka import Outbox
+from processor.io.kafka.clients import Outbox
 
 log = logging.getLogger("ductor.executor")
 

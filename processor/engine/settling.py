@@ -3,7 +3,7 @@ producer, each on its partition and with its trace context, and the work settled
 broker acknowledged every one of them (``Settler``).
 
 ``Settling`` is one plan's count of records still on their way; ``Producing`` sends one record
-of it. An outbox row's record the broker refuses for good parks the row (io/delivery.py): the
+of it. An outbox row's record the broker refuses for good parks the row (io/kafka/delivery.py): the
 row is kept, relayed by no one until unparked, and the record counts as settled.
 """
 
@@ -21,10 +21,11 @@ from processor.core.plans import Send
 from processor.core.stats import Stats
 from processor.engine.acknowledged import Acknowledged
 from processor.engine.ledger import Ledger
-from processor.io.delivery import Delivery, Refusal
-from processor.io.faults import Faults, Point
-from processor.io.kafka import choose_partition
-from processor.io.telemetry import Telemetry, context_headers
+from processor.io.kafka.clients import choose_partition
+from processor.io.kafka.delivery import Delivery, Refusal
+from processor.io.runtime.faults import Faults, Point
+from processor.io.telemetry.setup import Telemetry
+from processor.io.telemetry.spans import context_headers
 
 log = logging.getLogger("ductor.executor")
 
@@ -154,7 +155,7 @@ class Producing:
                 trace_headers = context_headers(work.span)
             headers = [h for h in headers if h[0] not in ("traceparent", "tracestate")]
             headers += trace_headers
-        # An outbox row's record the broker refuses for good is parked (io/delivery.py).
+        # An outbox row's record the broker refuses for good is parked (io/kafka/delivery.py).
         refused = settling.refused if settling.outboxed_seq is not None else None
         self._delivery.send(
             send.topic, send.value, send.key, partition, headers, on_delivered, refused

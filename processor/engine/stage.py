@@ -5,8 +5,8 @@ consuming, delivering and storing offsets while Postgres works.
 What the stage does, and in what order, is decided by the batch protocol (core/batch.py): a
 generator that yields requests and is sent their answers. This is its driver: it carries out
 each request on the database (or at a fault point), sends back the answer, or ``Failed`` with
-what the one classifier (io/db_errors.py) says the error means, and times the phases with the
-one injected clock. A request whose failure fails nothing (waking waiters, a force-fail, the
+what the one classifier (io/postgres/db_errors.py) says the error means, and times the phases with
+the one injected clock. A request whose failure fails nothing (waking waiters, a force-fail, the
 quarantine flags) drops the connection, so the next statement opens a new one.
 """
 
@@ -38,11 +38,11 @@ from processor.core.decide import BatchItem, Rules
 from processor.engine.database import Database
 from processor.engine.recent_commits import RecentCommits
 from processor.engine.stage_thread import InFlight, StageThread
-from processor.io.clock import SYSTEM_CLOCK, Clock
-from processor.io.db_clock import DatabaseClock
-from processor.io.db_errors import Fault, classify
-from processor.io.faults import NO_FAULTS, Faults, Point
-from processor.io.threads import ThreadWatch
+from processor.io.postgres.db_clock import DatabaseClock
+from processor.io.postgres.db_errors import Fault, classify
+from processor.io.runtime.clock import SYSTEM_CLOCK, Clock
+from processor.io.runtime.faults import NO_FAULTS, Faults, Point
+from processor.io.runtime.threads import ThreadWatch
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,7 +106,7 @@ _DROPS_CONNECTION = (WakeWaiters, WriteForceFail, FlagQuarantine)
 
 
 def failure_of(exc: Exception) -> Failure:
-    """What an error met carrying out a request means for the batch (io/db_errors.py)."""
+    """What an error met carrying out a request means for the batch (io/postgres/db_errors.py)."""
     if not isinstance(exc, psycopg.Error):
         return Failure.UNFORESEEN
     fault = classify(exc)

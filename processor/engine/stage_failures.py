@@ -16,9 +16,9 @@ from processor.core.decide import retry_after
 from processor.core.plans import Plan
 from processor.core.stats import Stats
 from processor.engine.ledger import Ledger
-from processor.io.db_errors import TRANSIENT, classify
-from processor.io.logs import first_line
-from processor.io.outage import Outage
+from processor.io.postgres.db_errors import TRANSIENT, classify
+from processor.io.runtime.outage import Outage
+from processor.io.telemetry.logs import first_line
 
 log = logging.getLogger("ductor.executor")
 

@@ -9,7 +9,7 @@ import threading
 from collections.abc import Callable
 from typing import Generic, TypeVar
 
-from processor.io.threads import ThreadWatch
+from processor.io.runtime.threads import ThreadWatch
 
 R = TypeVar("R")
 

@@ -20,11 +20,11 @@ from processor.engine.ledger import Ledger
 from processor.engine.rewake import Rewake
 from processor.engine.settling import Settler
 from processor.engine.watchdog import SweepResult, Watchdog
-from processor.io.delivery import Delivery
-from processor.io.kept_signals import KeptDeadLetter
-from processor.io.logs import first_line
-from processor.io.outage import Outage
-from processor.io.trigger_store import TriggerSet
+from processor.io.kafka.delivery import Delivery
+from processor.io.postgres.kept_signals import KeptDeadLetter
+from processor.io.postgres.trigger_store import TriggerSet
+from processor.io.runtime.outage import Outage
+from processor.io.telemetry.logs import first_line
 
 log = logging.getLogger("ductor.processor")
 

@@ -17,9 +17,9 @@ from processor.core.records import Inbound, KafkaMessage
 from processor.core.routing import TopicNames
 from processor.core.stats import Stats
 from processor.core.triggers import Trigger
-from processor.io.faults import NO_FAULTS, Faults, Point
-from processor.io.logs import describe
-from processor.io.trigger_store import TriggerSet
+from processor.io.postgres.trigger_store import TriggerSet
+from processor.io.runtime.faults import NO_FAULTS, Faults, Point
+from processor.io.telemetry.logs import describe
 
 log = logging.getLogger("ductor.triggers")
 

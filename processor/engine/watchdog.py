@@ -1,6 +1,6 @@
 """The watchdog: re-wakes runs whose next wakeup is overdue, force-fails stuck runs, relays
 the outbox rows a dead instance left behind, and marks parked the rows whose record the
-broker refuses for good (the executor finds them: io/delivery.py).
+broker refuses for good (the executor finds them: io/kafka/delivery.py).
 
 Sweeps are split across the live instances without a lock or a lease: a run belongs to the
 wakeup partition its id hashes to (the same partition its wakeups go to), and an instance only
@@ -8,7 +8,7 @@ sweeps the runs of the bulk-tier (t2) partitions the consumer group assigned to 
 protocol already guarantees one owner per partition; a brief overlap during a rebalance only
 produces a duplicate wakeup, which a no-op tick absorbs.
 
-Schedules (io/schedules.py) are fired by shard too: the runs of their due fires are started
+Schedules (io/postgres/schedules.py) are fired by shard too: the runs of their due fires are started
 and woken.
 
 The concurrency slots of executions that outlived their attempts (a step in a thread after a
@@ -16,14 +16,14 @@ timeout or a cancel: core/limits.py, rule 4) are freed once their executions are
 their waiters woken, by any instance that sweeps and may judge who is gone (a slot another
 instance's sweep is freeing is passed over).
 
-Signals kept for runs that did not exist yet (io/kept_signals.py) are swept by shard too: those
-whose run now exists are applied and their runs woken, those whose run never came (a cancel
+Signals kept for runs that did not exist yet (io/postgres/kept_signals.py) are swept by shard too:
+those whose run now exists are applied and their runs woken, those whose run never came (a cancel
 excepted: it waits for its start however long) are claimed for their dead letters, deleted
 once the broker has them.
 
 The relay is not split: every live instance claims rows left behind, whether it owns
 partitions or not; it takes only rows whose owner is gone from the instance registry
-(io/instances.py), never those a live instance's producer still holds. After a crash the
+(io/postgres/instances.py), never those a live instance's producer still holds. After a crash the
 dead instance's partitions stay with it until the group's session timeout (10 s on the local
 broker, 45 s by Kafka's default); when every instance crashed, the new ones own nothing for
 that long, and a relay that waited for partitions would let the dead instances' step tasks
@@ -53,13 +53,13 @@ from processor.core.routing import TopicNames
 from processor.core.stuck import Fail, Leave, StuckVerdict, Wake
 from processor.engine.database import Database
 from processor.engine.recent_commits import RecentCommits
-from processor.io.db_errors import TRANSIENT, classify
-from processor.io.faults import NO_FAULTS, Faults, Point
-from processor.io.kept_signals import KeptDeadLetter, KeptKey
-from processor.io.logs import describe
-from processor.io.store import OutboxRelay
-from processor.io.threads import ThreadWatch
-from processor.io.trigger_store import TriggerSet
+from processor.io.postgres.db_errors import TRANSIENT, classify
+from processor.io.postgres.kept_signals import KeptDeadLetter, KeptKey
+from processor.io.postgres.outbox import OutboxRelay
+from processor.io.postgres.trigger_store import TriggerSet
+from processor.io.runtime.faults import NO_FAULTS, Faults, Point
+from processor.io.runtime.threads import ThreadWatch
+from processor.io.telemetry.logs import describe
 
 log = logging.getLogger("ductor.watchdog")
 

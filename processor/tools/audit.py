@@ -23,7 +23,7 @@ from typing import Any
 
 import psycopg
 
-from processor.io.runs_admin import like_prefix
+from processor.io.postgres.run_counts import like_prefix
 
 _INSTALL_SQL = """
 CREATE TABLE IF NOT EXISTS test_run_audit (

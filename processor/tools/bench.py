@@ -35,7 +35,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
-from processor.io.config import load_settings
+from processor.io.config.settings import load_settings
 from processor.tools.bench_harness import fresh_database
 from processor.tools.bench_phases import SCALING_PARTITIONS, Bench
 from processor.tools.bench_report import report, report_cluster

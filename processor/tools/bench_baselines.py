@@ -17,10 +17,11 @@ from processor.core.envelope import Wakeup, decode_wakeup
 from processor.core.model import LoadedRun
 from processor.core.routing import TopicNames
 from processor.core.tick import tick
-from processor.io.config import Settings
-from processor.io.kafka import admin_config, produce, producer_config
-from processor.io.kafka_logs import with_logger
-from processor.io.store import Definitions, commit_batch, load_runs
+from processor.io.config.settings import Settings
+from processor.io.kafka.clients import produce
+from processor.io.kafka.configs import admin_config, producer_config
+from processor.io.kafka.logs import with_logger
+from processor.io.postgres.store import Definitions, commit_batch, load_runs
 from processor.tools.bench_cpu import CpuMeter, CpuUse
 
 

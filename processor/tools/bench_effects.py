@@ -31,7 +31,7 @@ from processor.core.model import initial_state, state_checksum
 from processor.core.routing import run_shard
 from processor.core.tick import tick
 from processor.core.workflow import parse_workflow
-from processor.io.config import load_settings
+from processor.io.config.settings import load_settings
 
 _WF = parse_workflow({"name": "effects", "version": 1, "steps": [{"name": "only", "type": "fast"}]})
 

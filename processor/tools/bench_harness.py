@@ -22,21 +22,22 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from processor.core.envelope import Wakeup
 from processor.core.routing import DEFAULT_QUEUE, TopicNames
 from processor.core.workflow import WorkflowDef, parse_workflow
-from processor.io.config import Settings, child_env
-from processor.io.kafka import admin_config, choose_partition, produce, producer_config
-from processor.io.kafka_logs import with_logger
-from processor.io.migrate import migrate
-from processor.io.runs_admin import (
+from processor.io.config.settings import Settings, child_env
+from processor.io.kafka.clients import choose_partition, produce
+from processor.io.kafka.configs import admin_config, producer_config
+from processor.io.kafka.logs import with_logger
+from processor.io.kafka.topics import create_topics, desired_topics
+from processor.io.postgres.migrate import migrate
+from processor.io.postgres.run_counts import (
     count_ended,
     count_ticked,
     count_ticked_with_prefix,
     delete_runs_with_prefix,
-    insert_runs,
     like_prefix,
-    register_workflow,
     vacuum_runs,
 )
-from processor.io.topics import create_topics, desired_topics
+from processor.io.postgres.runs_admin import insert_runs
+from processor.io.postgres.workflows import register_workflow
 from processor.tools.bench_cpu import (
     CpuMeter,
     CpuUse,

@@ -28,7 +28,7 @@ import orjson
 from confluent_kafka import Producer
 from opentelemetry.trace import Span
 
-from processor import compiled_modules
+from processor.build import compiled_modules
 from processor.core.decide import BatchItem, Plan, Rules, decide, tick_batch
 from processor.core.envelope import Wakeup
 from processor.core.intake import Accepted, admit
@@ -42,11 +42,11 @@ from processor.core.stats import Stats
 from processor.core.workflow import WorkflowDef, parse_workflow
 from processor.engine.assembly import build_executor, commons
 from processor.engine.database import Database
-from processor.io import store
-from processor.io.clock import Clock
-from processor.io.kafka import Outbox
-from processor.io.kafka_logs import with_logger
-from processor.io.telemetry import Telemetry
+from processor.io.kafka.clients import Outbox
+from processor.io.kafka.logs import with_logger
+from processor.io.postgres import store
+from processor.io.runtime.clock import Clock
+from processor.io.telemetry.setup import Telemetry
 
 NAMES = TopicNames("ductor")
 NOW_MS = 1_700_000_000_000
@@ -66,8 +66,8 @@ PHASES = ("tick_first", "tick_result", "decode", "encode", "intake", "carry_out"
 
 
 def _row(run_id: str, first: bool) -> list[Any]:
-    """A run's row as the load statement returns it (io/store.py ``_LOAD_SQL``): pending with
-    its input (``first``), or running with s0's result in."""
+    """A run's row as the load statement returns it (io/postgres/store.py ``_LOAD_SQL``): pending
+    with its input (``first``), or running with s0's result in."""
     if first:
         status, nodes, seq = "pending", {}, 0
         results, raw_input, not_before = None, [{"order": run_id, "amount": 12}], NOW_MS - 5

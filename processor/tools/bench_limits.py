@@ -30,10 +30,11 @@ from processor.core.decide import tick_batch
 from processor.core.model import LoadedRun, NodeStatus
 from processor.core.routing import TopicNames
 from processor.core.workflow import WorkflowDef, parse_workflow
-from processor.io import limit_store, store
-from processor.io.config import load_settings
-from processor.io.migrate import migrate
-from processor.io.runs_admin import insert_runs, register_workflow
+from processor.io.config.settings import load_settings
+from processor.io.postgres import limit_store, store
+from processor.io.postgres.migrate import migrate
+from processor.io.postgres.runs_admin import insert_runs
+from processor.io.postgres.workflows import register_workflow
 from processor.tools.bench_harness import fresh_database
 
 WEEK_S = 604_800

@@ -34,8 +34,9 @@ import orjson
 
 from processor.client import wake
 from processor.core.workflow import parse_workflow
-from processor.io.config import load_settings
-from processor.io.runs_admin import insert_runs, register_workflow
+from processor.io.config.settings import load_settings
+from processor.io.postgres.runs_admin import insert_runs
+from processor.io.postgres.workflows import register_workflow
 from processor.tools.bench_cpu import CpuUse, read_stat
 from processor.tools.bench_harness import fresh_database
 from processor.tools.bench_phases import Bench

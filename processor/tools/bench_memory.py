@@ -22,11 +22,12 @@ from confluent_kafka.admin import AdminClient
 
 from processor.core.envelope import Wakeup
 from processor.core.routing import TopicNames, partition_for
-from processor.io.config import child_env, load_settings
-from processor.io.kafka import admin_config, produce, producer_config
-from processor.io.kafka_logs import with_logger
-from processor.io.logs import read_stats
-from processor.io.topics import create_topics, desired_topics
+from processor.io.config.settings import child_env, load_settings
+from processor.io.kafka.clients import produce
+from processor.io.kafka.configs import admin_config, producer_config
+from processor.io.kafka.logs import with_logger
+from processor.io.kafka.topics import create_topics, desired_topics
+from processor.io.telemetry.logs import read_stats
 from processor.tools.bench_support import stop
 from processor.tools.child import popen_ductor
 

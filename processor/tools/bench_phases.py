@@ -12,8 +12,8 @@ from typing import Any
 from confluent_kafka import Producer
 
 from processor.client import wake
-from processor.io.kafka import producer_config
-from processor.io.kafka_logs import with_logger
+from processor.io.kafka.configs import producer_config
+from processor.io.kafka.logs import with_logger
 from processor.tools.bench_baselines import ceiling_rate, naive_rate
 from processor.tools.bench_cpu import CpuUse
 from processor.tools.bench_harness import Harness

@@ -14,7 +14,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-from processor.io.logs import read_stats
+from processor.io.telemetry.logs import read_stats
 from processor.tools.bench_cpu import CpuUse
 from processor.tools.bench_rounds import Round
 

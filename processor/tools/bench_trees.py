@@ -26,7 +26,7 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
-from processor.io.config import load_settings
+from processor.io.config.settings import load_settings
 from processor.tools.bench_harness import fresh_database
 from processor.tools.bench_rounds import Round, compare, turns
 
@@ -36,7 +36,7 @@ CHECKOUT = Path(__file__).resolve().parents[2]
 # database the parent made for it (DUCTOR_PG_DSN), its figures as one line of JSON.
 _CHILD = """
 import json, sys
-from processor.io.config import load_settings
+from processor.io.config.settings import load_settings
 from processor.tools.bench_phases import Bench
 processes, runs = int(sys.argv[1]), int(sys.argv[2])
 bench = Bench(load_settings(), 1.0)

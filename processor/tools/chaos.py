@@ -54,11 +54,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from processor.io.config import ConfigError, Settings, load_settings
-from processor.io.connections import connect_durable
-from processor.io.migrate import migrate
-from processor.io.runs_admin import delete_runs_with_prefix
-from processor.io.topics import busiest_broker, create_topics, delete_topics
+from processor.io.config.settings import Settings, load_settings
+from processor.io.config.values import ConfigError
+from processor.io.kafka.topics import busiest_broker, create_topics, delete_topics
+from processor.io.postgres.connections import connect_durable
+from processor.io.postgres.migrate import migrate
+from processor.io.postgres.run_counts import delete_runs_with_prefix
 from processor.tools import audit, chaos_backlog
 from processor.tools.chaos_hostile import map_run_id
 from processor.tools.chaos_plan import ChaosPlan

@@ -8,7 +8,7 @@ one's partitions wait for the group to give them to another. A step's timeout co
 start (core/tick.py, rule 4), so no run may fail for its time in a queue. A run may fail only
 for an attempt its worker's kill cut short: its attempt started (claimed within its worker's
 start permit, which runs about a slot's worth of claims ahead of the steps running:
-io/step_attempts.py) and a kill came before its start plus its timeout; or its worker was
+io/postgres/step_attempts.py) and a kill came before its start plus its timeout; or its worker was
 killed and the rerun, in a child process of its own, did not end in time either; or its
 worker was killed each time it started it (core/claims.py). The report says how many had not
 begun their step yet.
@@ -35,10 +35,11 @@ import psycopg
 
 from processor.client import start_runs
 from processor.core.workflow import WorkflowDef, parse_workflow
-from processor.io.config import Settings
-from processor.io.connections import connect_durable
-from processor.io.runs_admin import count_ended, register_workflow
-from processor.io.step_attempts import UNSTARTED
+from processor.io.config.settings import Settings
+from processor.io.postgres.connections import connect_durable
+from processor.io.postgres.run_counts import count_ended
+from processor.io.postgres.step_attempts import UNSTARTED
+from processor.io.postgres.workflows import register_workflow
 from processor.tools import chaos_steps
 from processor.tools.chaos_fleet import WORKER, Arming, Fleet
 
@@ -77,8 +78,8 @@ class RunFacts:
     started: float | None  # its attempt's start (None: no worker started it)
     ended_at: float  # the run's last transition (its end)
     waited: float | None  # from the run's creation to its attempt's start
-    # Executions its attempt began (io/step_attempts.py): more than 1, a worker that started
-    # it was killed and another ran it again, and ``started`` is that rerun's start (the row
+    # Executions its attempt began (io/postgres/step_attempts.py): more than 1, a worker that
+    # started it was killed and another ran it again, and ``started`` is that rerun's start (the row
     # keeps the last start; the coordinator's deadline counted from the first).
     starts: int = 1
 
@@ -123,8 +124,8 @@ class BacklogReport:
     longest_wait_s: float
     kills: int
     # Of the runs a kill failed, those whose step had not begun: claims the killed worker held
-    # within its start permit (a slot's worth ahead of what runs: io/step_attempts.py), which
-    # count as started, waiting for a slot of that worker.
+    # within its start permit (a slot's worth ahead of what runs: io/postgres/step_attempts.py),
+    # which count as started, waiting for a slot of that worker.
     killed_unrun: int
     restarts: int
     rerun: int  # attempts whose step ran more than once (a kill mid-execution)

@@ -12,9 +12,9 @@ from typing import Any
 import psycopg
 
 from processor.core.workflow import WorkflowDef
-from processor.io.connections import connect_durable
-from processor.io.dlq import DeadLetter
-from processor.io.runs_admin import (
+from processor.io.kafka.dlq import DeadLetter
+from processor.io.postgres.connections import connect_durable
+from processor.io.postgres.run_counts import (
     count_outbox_with_prefix,
     like_prefix,
     live_runs_with_prefix,

@@ -21,8 +21,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from processor.io.config import Settings, child_env
-from processor.io.logs import read_stats
+from processor.io.config.settings import Settings, child_env
+from processor.io.telemetry.logs import read_stats
 from processor.tools.chaos_steps import execution_log_env
 from processor.tools.child import popen_ductor
 
@@ -173,7 +173,7 @@ class Fleet:
 
     def _wait_started(self, timeout_s: float) -> None:
         """Until every member still up has logged its start (bounded). A process SIGTERMed
-        before its interpreter reached the handler (processor/early_stop.py) dies of the
+        before its interpreter reached the handler (processor/cli/early_stop.py) dies of the
         signal, which says nothing about a clean stop: a member restarted by a kill a few ms
         before the end (faults that ran late come close together) would be."""
         deadline = time.monotonic() + timeout_s

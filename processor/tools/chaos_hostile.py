@@ -17,7 +17,7 @@ and other JSON no door may store, starts of run ids only Ductor gives (a schedul
 run outside the scope's prefixes, and an approval the scope lets through to a run that waits
 for none (core/landing.py). Each carries a header (``chaos.hostile``) naming it, which its
 dead letter keeps, so the check reads the dead letters by source position (copies sent again
-after a kill folded: io/dlq.py) and finds each record refused once, with its reason.
+after a kill folded: io/kafka/dlq.py) and finds each record refused once, with its reason.
 
 A record whose delivery failed is written again as a new one (the failed one may still have
 reached the topic: it may then have one dead letter, or none).
@@ -38,9 +38,10 @@ from confluent_kafka import KafkaError, Producer
 from processor.core.requests import SignalRequest, StartRequest
 from processor.core.routing import TopicNames, partition_for
 from processor.core.workflow import MAP_ITEMS_LIMIT, WorkflowDef, parse_workflow
-from processor.io.config import Settings
-from processor.io.kafka import produce, producer_config, topic_partitions
-from processor.io.kafka_logs import with_logger
+from processor.io.config.settings import Settings
+from processor.io.kafka.clients import produce, topic_partitions
+from processor.io.kafka.configs import producer_config
+from processor.io.kafka.logs import with_logger
 from processor.tools.chaos_hostile_kinds import APPROVAL, KINDS, MAP_WORKFLOW, Kind, Target
 
 log = logging.getLogger("ductor.chaos")

@@ -11,7 +11,7 @@ from typing import Any
 
 import psycopg
 
-from processor.io.dlq import DeadLetter
+from processor.io.kafka.dlq import DeadLetter
 from processor.tools import audit, chaos_steps
 from processor.tools.chaos_hostile import HEADER, HostileProducer
 

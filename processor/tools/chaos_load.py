@@ -23,11 +23,12 @@ from confluent_kafka import KafkaError, Producer
 from processor.core.envelope import Wakeup
 from processor.core.routing import TopicNames
 from processor.core.workflow import WorkflowDef
-from processor.io.config import Settings
-from processor.io.connections import connect_durable
-from processor.io.kafka import produce, producer_config, topic_partitions
-from processor.io.kafka_logs import with_logger
-from processor.io.runs_admin import insert_runs
+from processor.io.config.settings import Settings
+from processor.io.kafka.clients import produce, topic_partitions
+from processor.io.kafka.configs import producer_config
+from processor.io.kafka.logs import with_logger
+from processor.io.postgres.connections import connect_durable
+from processor.io.postgres.runs_admin import insert_runs
 
 log = logging.getLogger("ductor.chaos")
 

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from processor.io.dlq import DeadLetter
+from processor.io.kafka.dlq import DeadLetter
 from processor.tools.audit import TimedOut
 from processor.tools.chaos_fleet import (
     KILL_AFTER_COMMIT,
@@ -87,7 +87,7 @@ class ChaosReport:
     ended_while_locked: int = 0  # runs that ended while a row was held from outside
     # Writes to run rows that left the version where it was, by the columns they changed.
     unversioned: Counter[str] = field(default_factory=Counter)
-    # The dead-letter topic as its readers see it: one per bad record (io/dlq.py).
+    # The dead-letter topic as its readers see it: one per bad record (io/kafka/dlq.py).
     dead_letters: list[DeadLetter] = field(default_factory=list)
     # The hostile producer's records and the map run (processor/tools/chaos_hostile_check.py).
     hostile: HostileVerdict | None = None

@@ -14,13 +14,14 @@ import psycopg
 from confluent_kafka.admin import AdminClient, ConfigResource  # type: ignore[attr-defined]
 
 from processor.core.workflow import WorkflowDef, parse_workflow
-from processor.io.config import Settings
-from processor.io.connections import connect_durable
-from processor.io.dlq import DlqError, read_dead_letters
-from processor.io.kafka import admin_config
-from processor.io.kafka_logs import with_logger
-from processor.io.package_files import sample_workflow
-from processor.io.runs_admin import count_ended, like_prefix, register_workflow
+from processor.io.config.settings import Settings
+from processor.io.kafka.configs import admin_config
+from processor.io.kafka.dlq import DlqError, read_dead_letters
+from processor.io.kafka.logs import with_logger
+from processor.io.postgres.connections import connect_durable
+from processor.io.postgres.run_counts import count_ended, like_prefix
+from processor.io.postgres.workflows import register_workflow
+from processor.io.shipped.files import sample_workflow
 from processor.tools import audit, chaos_steps
 from processor.tools.chaos_checks import check
 from processor.tools.chaos_fleet import PROCESSOR, WORKER, Fleet

@@ -13,7 +13,7 @@ from typing import Any
 
 import psycopg
 
-from processor.io.config import Settings, load_settings
+from processor.io.config.settings import Settings, load_settings
 from processor.worker import StepContext, StepRegistry, sample_registry
 
 # Where the steps write their executions: a DSN the chaos run and the tests give the workers

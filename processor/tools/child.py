@@ -18,7 +18,7 @@ from typing import Any, NoReturn
 
 import orjson
 
-from processor.io.logs import read_stats
+from processor.io.telemetry.logs import read_stats
 
 
 class ChildFailed(RuntimeError):

@@ -29,19 +29,17 @@ from processor.core.envelope import Wakeup
 from processor.core.model import SignalKind
 from processor.core.routing import TopicNames, partition_for
 from processor.core.workflow import WorkflowDef, parse_workflow
-from processor.io.config import Settings, child_env
-from processor.io.kafka import admin_config, produce, producer_config, topic_partitions
-from processor.io.kafka_logs import with_logger
-from processor.io.logs import read_stats
-from processor.io.migrate import migrate
-from processor.io.package_files import sample_workflow
-from processor.io.runs_admin import (
-    insert_runs,
-    insert_signal,
-    register_workflow,
-    statuses_with_prefix,
-)
-from processor.io.topics import create_topics
+from processor.io.config.settings import Settings, child_env
+from processor.io.kafka.clients import produce, topic_partitions
+from processor.io.kafka.configs import admin_config, producer_config
+from processor.io.kafka.logs import with_logger
+from processor.io.kafka.topics import create_topics
+from processor.io.postgres.migrate import migrate
+from processor.io.postgres.run_counts import statuses_with_prefix
+from processor.io.postgres.runs_admin import insert_runs, insert_signal
+from processor.io.postgres.workflows import register_workflow
+from processor.io.shipped.files import sample_workflow
+from processor.io.telemetry.logs import read_stats
 from processor.tools.checkout import NEEDS_CHECKOUT, checkout_root
 from processor.tools.child import popen_ductor
 

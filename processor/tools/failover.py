@@ -35,10 +35,10 @@ import psycopg
 from processor.client import start_runs
 from processor.core.routing import TIERS
 from processor.core.workflow import WorkflowDef, parse_workflow
-from processor.io import runs_admin
-from processor.io.config import Settings, child_env, load_settings
-from processor.io.runs_admin import register_workflow
-from processor.io.topics import create_topics, delete_topics
+from processor.io.config.settings import Settings, child_env, load_settings
+from processor.io.kafka.topics import create_topics, delete_topics
+from processor.io.postgres import run_counts
+from processor.io.postgres.workflows import register_workflow
 from processor.tools.chaos_steps import execution_log_env
 from processor.tools.child import DuctorChild
 from processor.tools.failover_steps import HOLD_VARIABLE, LOG, STEP_TYPE
@@ -200,12 +200,12 @@ def _measure(
     assigned_before = b.assignments()
     a2 = members.worker("1", "worker-a-again", "a", hold=False) if restart else None
     _wait(
-        lambda: members.alive() and runs_admin.count_ended(conn, ids) == runs,
+        lambda: members.alive() and run_counts.count_ended(conn, ids) == runs,
         _WAIT_S,
         "every run to end",
     )
     first_s, last_s = _moved(conn, prefix, killed_at, a.proc.pid)
-    statuses = runs_admin.statuses(conn, ids)
+    statuses = run_counts.statuses(conn, ids)
     return Failover(
         group=s.worker_group_id,
         protocol=s.group_protocol,

@@ -21,7 +21,7 @@ import psycopg
 
 from infra.local import Kafka, KafkaCluster, Postgres, State, StopMode
 from infra.local import Settings as InfraSettings
-from processor.io.config import Settings
+from processor.io.config.settings import Settings
 
 
 class NotLocalServices(Exception):

@@ -45,7 +45,7 @@ from processor.core.model import SignalKind, UnknownWorkflow
 from processor.core.requests import Request as IntakeRequest
 from processor.core.requests import SignalRequest, StartRequest
 from processor.core.scopes import scope_refusal
-from processor.io.config import Settings
+from processor.io.config.settings import Settings
 from processor.ui import auth
 from processor.ui.api_answers import (
     Body,

@@ -30,7 +30,7 @@ from processor.client import (
 from processor.core.bounds import literal_problem
 from processor.core.model import UnknownWorkflow
 from processor.core.outcomes import DeadLetterReason
-from processor.io.logs import first_line
+from processor.io.telemetry.logs import first_line
 
 log = logging.getLogger("ductor.ui")
 

@@ -37,10 +37,10 @@ from processor import client
 from processor.client import ClientError, Cursor, RunFilter, RunNotFound, RunPage
 from processor.core.model import RunStatus
 from processor.core.outcomes import DLQ_REASONS
-from processor.io.config import Settings
-from processor.io.dlq import DeadLetter, DlqError, read_dead_letters
-from processor.io.logs import first_line
-from processor.io.schedules import Schedule, list_schedules
+from processor.io.config.settings import Settings
+from processor.io.kafka.dlq import DeadLetter, DlqError, read_dead_letters
+from processor.io.postgres.schedules import Schedule, list_schedules
+from processor.io.telemetry.logs import first_line
 from processor.ui import auth
 from processor.ui.api import Api
 from processor.ui.dag import layout, step_states

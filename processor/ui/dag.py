@@ -110,7 +110,7 @@ def _edge(source: Box, target: Box) -> Edge:
 
 def step_states(document: Mapping[str, Any]) -> list[StepState]:
     """The run's steps with their state, from the document `inspect -o json` prints
-    (io/run_document.py); none for a run whose row cannot be loaded (it has no steps)."""
+    (io/postgres/run_document.py); none for a run whose row cannot be loaded (it has no steps)."""
     nodes = {n["node"]: n for n in document.get("nodes", [])}
     states = []
     for step in document.get("steps", []):

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import ipaddress
 
-from processor.io.config import ConfigError
+from processor.io.config.values import ConfigError
 
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
 ANY_HOST = "*"

@@ -10,8 +10,8 @@ import socket
 
 import uvicorn
 
-from processor.io.config import Settings
-from processor.io.listen import ListenError
+from processor.io.config.settings import Settings
+from processor.io.runtime.listen import ListenError
 from processor.ui.app import create_app
 from processor.ui.hosts import ANY_HOST, served_hosts
 
@@ -44,7 +44,7 @@ class UiServer:
         self.read_token_required = settings.ui_read_token_required
         config = uvicorn.Config(
             create_app(settings, self.hosts),
-            log_config=None,  # the process's own logging (io/logs.py), JSON or text
+            log_config=None,  # the process's own logging (io/telemetry/logs.py), JSON or text
             access_log=False,  # the actions are logged by the page itself, with the run
             lifespan="off",
             server_header=False,

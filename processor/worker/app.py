@@ -12,8 +12,7 @@ import re
 import sys
 from dataclasses import replace
 
-from processor.authoring import Workflow
-from processor.io.logs import first_line
+from processor.io.telemetry.logs import first_line
 from processor.worker.options import WorkerOptions
 from processor.worker.samples import sample_registry
 from processor.worker.steps import StepRegistry
@@ -32,8 +31,12 @@ def load_registry(spec: str) -> StepRegistry:
     AppError saying what is wrong: a malformed spec, a module that cannot be imported (and
     why), a missing attribute, something that is neither or one with no step function."""
     target = load_attribute(spec, "--app", "my_package.steps:registry")
-    if isinstance(target, Workflow):
-        target = target.registry
+    # A code-first Workflow (processor/authoring.py, a layer above the worker) carries its
+    # registry: asked for by that attribute, not by its class, so the worker imports nothing
+    # above its layer.
+    carried = getattr(target, "registry", None)
+    if isinstance(carried, StepRegistry) and not isinstance(target, StepRegistry):
+        target = carried
     if not isinstance(target, StepRegistry):
         raise AppError(
             f"--app: {spec} is a {type(target).__name__}, not a StepRegistry (processor.worker)"

@@ -15,16 +15,16 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from processor.core.routing import TopicNames
-from processor.io.clock import Clock
-from processor.io.config import Settings
-from processor.io.db_clock import DatabaseClock
-from processor.io.delivery import Delivery
-from processor.io.faults import Faults
-from processor.io.instances import Presence, heartbeat_interval_s
-from processor.io.outage import Outage
-from processor.io.telemetry import Telemetry
-from processor.io.threads import ThreadWatch
-from processor.io.worker_registry import Directory, WorkerAbout, ductor_version
+from processor.io.config.settings import Settings
+from processor.io.kafka.delivery import Delivery
+from processor.io.postgres.db_clock import DatabaseClock
+from processor.io.postgres.instances import Presence, heartbeat_interval_s
+from processor.io.postgres.worker_registry import Directory, WorkerAbout, ductor_version
+from processor.io.runtime.clock import Clock
+from processor.io.runtime.faults import Faults
+from processor.io.runtime.outage import Outage
+from processor.io.runtime.threads import ThreadWatch
+from processor.io.telemetry.setup import Telemetry
 from processor.worker.claiming import Claims
 from processor.worker.flow import TaskFlow
 from processor.worker.handback import Handback
@@ -195,7 +195,7 @@ def presence_of(
     threads: ThreadWatch,
     directory: Directory,
 ) -> Presence:
-    """A worker's heartbeat and row in the instance registry (io/instances.py): what it
+    """A worker's heartbeat and row in the instance registry (io/postgres/instances.py): what it
     serves (`ductor workers`); each heartbeat reads the other workers into ``directory``."""
     about = WorkerAbout(
         settings.worker_group_id,

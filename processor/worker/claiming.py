@@ -9,7 +9,7 @@ from collections import deque
 from collections.abc import Callable
 
 from processor.core.claim_pace import ClaimPace
-from processor.io.clock import Clock
+from processor.io.runtime.clock import Clock
 from processor.worker.messages import ClaimReruns, ClaimTasks, Request, StorePermit, Unclaim
 from processor.worker.permits import StartPermits
 from processor.worker.runs import Runs

@@ -30,12 +30,9 @@ import psycopg
 from processor.core.claims import ClaimFacts, verdict
 from processor.core.model import StepOutcome
 from processor.core.step_task import StepData, StepTask
-from processor.io.connections import connect, connect_durable, ping
-from processor.io.faults import NO_FAULTS, Faults, Point
-from processor.io.instances import Presence
-from processor.io.logs import describe, first_line
-from processor.io.outage import Outage, SharedOutage
-from processor.io.step_attempts import (
+from processor.io.postgres.connections import connect, connect_durable, ping
+from processor.io.postgres.instances import Presence
+from processor.io.postgres.step_attempts import (
     Report,
     claim_attempts,
     not_current,
@@ -43,8 +40,11 @@ from processor.io.step_attempts import (
     report_executions,
     unclaim_attempts,
 )
-from processor.io.step_data import MissingData, insert_step_results
-from processor.io.threads import ThreadWatch
+from processor.io.postgres.step_data import MissingData, insert_step_results
+from processor.io.runtime.faults import NO_FAULTS, Faults, Point
+from processor.io.runtime.outage import Outage, SharedOutage
+from processor.io.runtime.threads import ThreadWatch
+from processor.io.telemetry.logs import describe, first_line
 from processor.worker.lane_batches import claim_ids, gather_claims, result_row
 from processor.worker.lanes import STOPPED, Lane, Stopped
 from processor.worker.messages import (

@@ -1,6 +1,7 @@
 """What step code finds in the worker's environment: none of the engine's keys.
 
-``ductor worker`` reads its settings at start (processor/io/config.py: the values are in the
+``ductor worker`` reads its settings at start (processor/io/config/settings.py: the values are in
+the
 ``Settings`` it was given from then on), then removes every secret variable from its own
 environment before it imports the steps module (``--app``): the DSNs (``DUCTOR_PG_DSN``,
 ``DUCTOR_WORKER_PG_DSN``), the UI token, the Kafka SASL and SSL key properties, and the
@@ -23,7 +24,7 @@ import os
 import re
 from collections.abc import MutableMapping
 
-from processor.io.config import FILE_SUFFIX, SECRET_VARIABLES
+from processor.io.config.variables import FILE_SUFFIX, SECRET_VARIABLES
 
 # Besides the secrets the settings name (and their _FILE forms), any DUCTOR_* variable whose
 # name says it holds credentials: a password, a secret, a token, a DSN, a SASL property, an SSL

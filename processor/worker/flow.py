@@ -38,11 +38,11 @@ from collections.abc import Callable
 from confluent_kafka import Message
 
 from processor.core.claims import SKIPPED, Verdict, died_reason
-from processor.io.clock import Clock
-from processor.io.faults import Faults, Point
-from processor.io.logs import describe
-from processor.io.step_attempts import Report
-from processor.io.step_data import MissingData
+from processor.io.postgres.step_attempts import Report
+from processor.io.postgres.step_data import MissingData
+from processor.io.runtime.clock import Clock
+from processor.io.runtime.faults import Faults, Point
+from processor.io.telemetry.logs import describe
 from processor.worker.claiming import Claims
 from processor.worker.handback import Handback
 from processor.worker.intake import Intake, isolated, too_late

@@ -5,8 +5,8 @@ A queue's workers share its partitions whatever functions each has, so a worker 
 another app on the same queue is handed tasks it cannot run. Such a task is produced again, as
 it came (key, value, headers, plus a ``ductor-handback`` header counting its hand-backs), to a
 partition of its topic held by a live worker that serves its queue and has its type (the
-instance registry: io/worker_registry.py, read on the presence thread while hand-backs wait on
-it). Its offset passes once the broker has the copy: a worker that dies between the two leaves
+instance registry: io/postgres/worker_registry.py, read on the presence thread while hand-backs wait
+on it). Its offset passes once the broker has the copy: a worker that dies between the two leaves
 both, and the second delivery of the attempt finds it claimed or recorded, as any redelivery.
 A task waits here (its offset held) while a worker with its type is starting or restarting,
 for at most core/handback.py's grace; with no such worker it runs here and fails as before.
@@ -38,8 +38,8 @@ from processor.core.handback import (
 from processor.core.records import Headers, normalise_headers
 from processor.core.routing import TopicNames
 from processor.core.step_task import StepTask
-from processor.io.delivery import Delivery
-from processor.io.worker_registry import Directory
+from processor.io.kafka.delivery import Delivery
+from processor.io.postgres.worker_registry import Directory
 from processor.worker.stats import WorkerStats
 
 log = logging.getLogger("ductor.worker")

@@ -1,9 +1,10 @@
-"""Health of one worker, for an orchestrator's probes (served by io/health_http.py's server on
+"""Health of one worker, for an orchestrator's probes (served by io/runtime/health_http.py's server
+on
 ``DUCTOR_HEALTH_PORT``).
 
 ``GET /healthz``: 200 while the worker's loop keeps turning and none of its threads died (its
-database lanes, its step slots, its presence heartbeat: io/threads.py). A step that hangs does
-not stall it (the loop never runs users' code), so a stall or a dead thread is the worker's
+database lanes, its step slots, its presence heartbeat: io/runtime/threads.py). A step that hangs
+does not stall it (the loop never runs users' code), so a stall or a dead thread is the worker's
 own and a restart is the cure.
 
 ``GET /readyz``: 200 unless the worker is starting (waiting for the broker or the database) or
@@ -22,10 +23,10 @@ from dataclasses import dataclass, field
 
 from confluent_kafka import Consumer, KafkaException, TopicPartition
 
-from processor.io.config import Settings
-from processor.io.kafka import reader_config
-from processor.io.kafka_logs import with_logger
-from processor.io.threads import ThreadWatch
+from processor.io.config.settings import Settings
+from processor.io.kafka.configs import reader_config
+from processor.io.kafka.logs import with_logger
+from processor.io.runtime.threads import ThreadWatch
 
 _LAG_CHECK_EVERY_S = 5.0
 _LAG_TIMEOUT_S = 2.0
@@ -115,7 +116,7 @@ class QueueLag:
             return {}  # the broker does not answer: the worker's own outage says so
 
     def serve(self) -> None:
-        """Serve the client's queue (its log lines: io/kafka_logs.py) unless a read holds
+        """Serve the client's queue (its log lines: io/kafka/logs.py) unless a read holds
         it; the worker's loop calls this every turn, and never waits for it."""
         if self._lock.acquire(blocking=False):
             try:

@@ -17,11 +17,11 @@ from processor.core.dead_letters import dead_letter_headers, truncate_dead_lette
 from processor.core.outcomes import DeadLetterReason
 from processor.core.records import TRACE_HEADERS, normalise_headers
 from processor.core.step_task import StepTask, decode_step_task
-from processor.io.clock import Clock
-from processor.io.db_clock import DatabaseClock
-from processor.io.delivery import Delivery
-from processor.io.faults import Faults, Point
-from processor.io.logs import describe
+from processor.io.kafka.delivery import Delivery
+from processor.io.postgres.db_clock import DatabaseClock
+from processor.io.runtime.clock import Clock
+from processor.io.runtime.faults import Faults, Point
+from processor.io.telemetry.logs import describe
 from processor.worker.claiming import Claims
 from processor.worker.handback import Foreign, Handback
 from processor.worker.stats import WorkerStats

@@ -33,7 +33,7 @@ from multiprocessing.process import BaseProcess
 from typing import Any
 
 from processor.core.step_task import decode_step_task, step_data
-from processor.io.threads import ThreadWatch
+from processor.io.runtime.threads import ThreadWatch
 from processor.worker.app import registry_for
 from processor.worker.options import WorkerOptions
 from processor.worker.runners import Ended, Over, begin, unforeseen

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from processor.io.step_data import StepResultRow
+from processor.io.postgres.step_data import StepResultRow
 from processor.worker.messages import (
     CheckCurrent,
     ClaimReruns,

@@ -15,10 +15,10 @@ from typing import Any, Literal, TypeVar
 
 import psycopg
 
-from processor.io.db_errors import Fault, classify
-from processor.io.logs import first_line
-from processor.io.outage import SharedOutage
-from processor.io.threads import ThreadWatch
+from processor.io.postgres.db_errors import Fault, classify
+from processor.io.runtime.outage import SharedOutage
+from processor.io.runtime.threads import ThreadWatch
+from processor.io.telemetry.logs import first_line
 from processor.worker.messages import Request
 
 T = TypeVar("T")

@@ -14,8 +14,8 @@ from typing import Any, NamedTuple
 
 from processor.core.claims import Verdict
 from processor.core.step_task import StepData
-from processor.io.step_attempts import Report
-from processor.io.step_data import MissingData
+from processor.io.postgres.step_attempts import Report
+from processor.io.postgres.step_data import MissingData
 from processor.worker.steps import Outcome
 from processor.worker.tasks import Task
 
@@ -44,7 +44,7 @@ class ClaimTasks:
 
 @dataclass(frozen=True)
 class StorePermit:
-    """Store the start permit (io/step_attempts.py): with the next claim, or alone."""
+    """Store the start permit (io/postgres/step_attempts.py): with the next claim, or alone."""
 
     through: int
 
@@ -58,7 +58,7 @@ class ClaimReruns:
 
 @dataclass(frozen=True)
 class Unclaim:
-    """Give back claims whose step never started (io/step_attempts.py)."""
+    """Give back claims whose step never started (io/postgres/step_attempts.py)."""
 
     tasks: list[Task]
 
@@ -73,7 +73,7 @@ class CheckCurrent:
 @dataclass(frozen=True)
 class ReportExecutions:
     """What the worker reports of its executions: late starts, heartbeats (with their
-    details), ends (io/step_attempts.py)."""
+    details), ends (io/postgres/step_attempts.py)."""
 
     reports: list[Report]
 

@@ -1,7 +1,7 @@
 """A worker's start permit: which of its claimed tasks may start.
 
 Claims are numbered in the order they go out, and a task starts only once its number is within
-the permit stored in the worker's instance row (io/step_attempts.py). A worker that dies
+the permit stored in the worker's instance row (io/postgres/step_attempts.py). A worker that dies
 therefore leaves its claims past the permit as never started: the next worker takes them as
 new tasks, and only those within it come back as reruns. The permit is kept as far ahead of
 what runs as the claim pace's start window (core/claim_pace.py): enough that a freed slot

@@ -12,12 +12,12 @@ from typing import Any
 from processor.core.backoff import MAX_RETRY_S
 from processor.core.envelope import Wakeup
 from processor.core.routing import TopicNames
-from processor.io.clock import Clock
-from processor.io.delivery import Delivery
-from processor.io.kafka import choose_partition
-from processor.io.outage import Outage
-from processor.io.step_attempts import Report
-from processor.io.telemetry import link_headers
+from processor.io.kafka.clients import choose_partition
+from processor.io.kafka.delivery import Delivery
+from processor.io.postgres.step_attempts import Report
+from processor.io.runtime.clock import Clock
+from processor.io.runtime.outage import Outage
+from processor.io.telemetry.spans import link_headers
 from processor.worker.messages import Recorded, RecordResults, ReportExecutions, Request, ToRecord
 from processor.worker.steps import Outcome
 from processor.worker.tasks import State, Task, TaskBook
@@ -52,7 +52,9 @@ class Results:
         self._done_offset = done_offset
         self._tracing = tracing
         self._to_record: list[ToRecord] = []
-        self._reports: list[Report] = []  # what to report of executions (io/step_attempts.py)
+        self._reports: list[
+            Report
+        ] = []  # what to report of executions (io/postgres/step_attempts.py)
         self._sent_at: dict[Task, float] = {}  # wakeups on their way, since when
         self.wakeup_partitions: dict[str, int] = {}
 
@@ -130,7 +132,7 @@ class Results:
         """A broker that does not acknowledge wakeups is an outage."""
         waiting = min(self._sent_at.values(), default=None)
         # Once an outage ended, the records that failed during it are sent again after their
-        # own backoff (io/delivery.py, at most MAX_RETRY_S): they are not a new outage.
+        # own backoff (io/kafka/delivery.py, at most MAX_RETRY_S): they are not a new outage.
         settled = self._kafka_outage.ended_at + MAX_RETRY_S
         if waiting is not None and now - max(waiting, settled) > _ACK_PATIENCE_S:
             self._kafka_outage.failed(

@@ -7,8 +7,8 @@ A step that outlives its deadline is *abandoned* by the worker: its slot is give
 later is dropped. Python cannot kill a thread, so a hung one lives on: ``abandoned_alive``
 counts them, and past its bound the worker stops (worker.py) for its supervisor to start a
 fresh process. Every thread here is a daemon: a hung step never holds the process at exit,
-and watched (io/threads.py): one that dies turns the worker unhealthy. A step's own exception
-is its attempt's failure (steps.py); one the runner meets around it, which nobody foresaw,
+and watched (io/runtime/threads.py): one that dies turns the worker unhealthy. A step's own
+exception is its attempt's failure (steps.py); one the runner meets around it, which nobody foresaw,
 fails that attempt too, never its slot.
 """
 
@@ -23,8 +23,8 @@ from collections.abc import Callable, Coroutine
 from concurrent.futures import Future
 from typing import Any, Protocol
 
-from processor.io.logs import describe
-from processor.io.threads import ThreadWatch
+from processor.io.runtime.threads import ThreadWatch
+from processor.io.telemetry.logs import describe
 from processor.worker.steps import Outcome
 from processor.worker.tasks import Task
 

@@ -12,8 +12,9 @@ from typing import Any
 from opentelemetry import context as otel_context
 from opentelemetry import trace
 
-from processor.io.telemetry import Telemetry, context_headers, end_error, end_ok
-from processor.io.threads import ThreadWatch
+from processor.io.runtime.threads import ThreadWatch
+from processor.io.telemetry.setup import Telemetry
+from processor.io.telemetry.spans import context_headers, end_error, end_ok
 from processor.worker.isolation import ProcessRunner
 from processor.worker.messages import Ended, News, Over
 from processor.worker.options import WorkerOptions

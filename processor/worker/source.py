@@ -17,7 +17,7 @@ flood of bulk runs never holds an interactive run's task behind it (its own line
 bound). A task already running holds its slot: a tier is served first, never preempted.
 
 A worker that has read nothing for ``DUCTOR_GROUP_STALL_S`` looks at its group as the broker
-sees it (io/group_watch.py) and joins again with a new consumer if tasks wait that it holds or
+sees it (io/kafka/group_watch.py) and joins again with a new consumer if tasks wait that it holds or
 was given but does not read.
 
 A worker with a name (``DUCTOR_WORKER_NAME``) is a static member of its group, which the
@@ -35,19 +35,19 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Topic
 
 from processor.core.membership import Holding, Stuck
 from processor.core.offsets import OffsetTracker
-from processor.io.config import Settings
-from processor.io.faults import NO_FAULTS, Faults
-from processor.io.group_watch import GroupWatch, holding, let_go_by_fault
-from processor.io.kafka import (
-    ClientErrors,
+from processor.io.config.settings import Settings
+from processor.io.kafka.clients import ClientErrors
+from processor.io.kafka.configs import worker_consumer_config
+from processor.io.kafka.group_watch import GroupWatch, holding, let_go_by_fault
+from processor.io.kafka.logs import with_logger
+from processor.io.kafka.offsets import (
     commit_offsets,
     leave_group,
     positions_to_commit,
     read_finished,
     store_offsets,
-    worker_consumer_config,
 )
-from processor.io.kafka_logs import with_logger
+from processor.io.runtime.faults import NO_FAULTS, Faults
 from processor.worker.backlog import Backlog
 from processor.worker.static_join import StaticJoin
 
@@ -136,7 +136,7 @@ class TaskSource:
 
     def keep_in_group(self, now: float) -> Stuck | None:
         """Once a turn: if the worker has read nothing for a while and the group shows it
-        stuck (io/group_watch.py), join again with a new consumer; returns what was wrong."""
+        stuck (io/kafka/group_watch.py), join again with a new consumer; returns what was wrong."""
         if self._static is not None and self._static.due(now):
             self._join_with_name()
         if self._watch is None:
@@ -187,7 +187,7 @@ class TaskSource:
 
     def serve(self) -> None:
         """Serve the consumer's queue before it joins the group (its log lines:
-        io/kafka_logs.py); once it has, ``take`` does."""
+        io/kafka/logs.py); once it has, ``take`` does."""
         self._consumer.poll(0)
 
     @property
@@ -235,7 +235,7 @@ class TaskSource:
 
     def close(self, bound_s: float) -> bool:
         """Leave the group: what is held goes as on a revocation, then the last commit and
-        the consumer's close, waited for at most ``bound_s`` (io/kafka.py's leave_group).
+        the consumer's close, waited for at most ``bound_s`` (io/kafka/clients.py's leave_group).
         False: left without them (the broker did not answer)."""
         offsets = self._let_go(set(self.assigned), commit=True)
         self._leaving = True

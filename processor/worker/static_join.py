@@ -14,7 +14,7 @@ import logging
 
 from confluent_kafka import KafkaError
 
-from processor.io.kafka_logs import ClientLog
+from processor.io.kafka.logs import ClientLog
 
 log = logging.getLogger("ductor.worker")
 

@@ -21,7 +21,7 @@ class WorkerStats:
     reruns: int = 0  # executions begun again after the worker running them died
     rerun_crashes: int = 0  # reruns whose step killed the child process running it again
     dead_letters: int = 0  # tasks that could not be decoded
-    rejoins: int = 0  # times the consumer joined its group again, stuck (io/group_watch.py)
+    rejoins: int = 0  # times the consumer joined its group again, stuck (io/kafka/group_watch.py)
     # Tasks of a step type this worker has no function for, handed to a worker that has, by
     # step type (handback.py).
     handed_back: Counter[str] = field(default_factory=Counter)

@@ -92,7 +92,7 @@ class Task:
         self.starts = 0  # which execution of the attempt this worker begins (from its claim)
         self.claim_at = 0.0  # HELD: when to claim it again (monotonic)
         # Its claim's number: it may start once the worker's start permit reaches it
-        # (io/step_attempts.py). 0: it may start at once (a rerun starts at its claim).
+        # (io/postgres/step_attempts.py). 0: it may start at once (a rerun starts at its claim).
         self.claim_seq = 0
         self.asked_at = 0.0  # when its claim was asked (monotonic)
         self.started_ns = 0

@@ -1,10 +1,10 @@
-"""When the worker's loop does what, on the injected clock (io/clock.py): how long a turn
+"""When the worker's loop does what, on the injected clock (io/runtime/clock.py): how long a turn
 waits for records and for answers, when the running steps are watched and the stats logged,
 and how long a stopping worker has left. A unit test drives it with a ManualClock."""
 
 from __future__ import annotations
 
-from processor.io.clock import Clock
+from processor.io.runtime.clock import Clock
 
 # How long an idle loop blocks in poll, and how long a busy one waits for its slots and its
 # database lanes between two polls.

@@ -8,8 +8,8 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
-from processor.io.clock import Clock
-from processor.io.step_attempts import Report
+from processor.io.postgres.step_attempts import Report
+from processor.io.runtime.clock import Clock
 from processor.worker.messages import CheckCurrent, Request
 from processor.worker.options import WorkerOptions
 from processor.worker.results import Results, new_details
@@ -106,8 +106,8 @@ class DeadlineWatch:
         return False
 
     def _report_progress(self, task: Task, now: float) -> None:
-        """What a running step reports of its execution (io/step_attempts.py): its start, when
-        it came well after its claim (a task claimed ahead of the slots waited for one: its
+        """What a running step reports of its execution (io/postgres/step_attempts.py): its start,
+        when it came well after its claim (a task claimed ahead of the slots waited for one: its
         timeout counts from its start, not its claim); its heartbeats, with the details of the
         last one, a few times per heartbeat timeout at most (the coordinator judges that
         timeout from them: core/tick.py, rule 4)."""

@@ -1,7 +1,7 @@
 """A step worker: a task queue on Kafka that runs the users' step functions. This module is
 the process around it (its loop, start and stop, health, presence) and its composition root:
 it builds its parts (assembly.py puts the task flow together) around one injected clock
-(io/clock.py). The life of each task is flow.py's, where the tasks come from source.py's.
+(io/runtime/clock.py). The life of each task is flow.py's, where the tasks come from source.py's.
 
 So a step runs once per attempt unless a process died or a deadline passed, and one step never
 holds back another: no batch barrier, at most ``concurrency`` steps at once; when its backlog
@@ -25,28 +25,22 @@ import uuid
 from confluent_kafka import Producer
 
 from processor.core.routing import TopicNames
-from processor.io.clock import SYSTEM_CLOCK, Clock
-from processor.io.collector import settle_collector
-from processor.io.config import Settings
-from processor.io.db_clock import DatabaseClock
-from processor.io.db_errors import database_unreachable
-from processor.io.delivery import Delivery
-from processor.io.faults import NO_FAULTS, Faults
-from processor.io.health_http import HealthServer
-from processor.io.kafka import (
-    EXIT_KAFKA_FATAL,
-    ClientErrors,
-    Outbox,
-    broker_unreachable,
-    producer_config,
-    producer_max_bytes,
-)
-from processor.io.kafka_logs import with_logger
-from processor.io.outage import Outage, until_available
-from processor.io.telemetry import Telemetry
-from processor.io.threads import ThreadWatch
-from processor.io.worker_group import configure_worker_group, membership_note
-from processor.io.worker_registry import Directory, partitions_doc
+from processor.io.config.settings import Settings
+from processor.io.kafka.clients import EXIT_KAFKA_FATAL, ClientErrors, Outbox, broker_unreachable
+from processor.io.kafka.configs import producer_config, producer_max_bytes
+from processor.io.kafka.delivery import Delivery
+from processor.io.kafka.logs import with_logger
+from processor.io.kafka.worker_group import configure_worker_group, membership_note
+from processor.io.postgres.db_clock import DatabaseClock
+from processor.io.postgres.db_errors import database_unreachable
+from processor.io.postgres.worker_registry import Directory, partitions_doc
+from processor.io.runtime.clock import SYSTEM_CLOCK, Clock
+from processor.io.runtime.collector import settle_collector
+from processor.io.runtime.faults import NO_FAULTS, Faults
+from processor.io.runtime.health_http import HealthServer
+from processor.io.runtime.outage import Outage, until_available
+from processor.io.runtime.threads import ThreadWatch
+from processor.io.telemetry.setup import Telemetry
 from processor.worker import worker_parts as parts
 from processor.worker.app import for_children
 from processor.worker.assembly import FlowParts, build_flow, presence_of
@@ -73,7 +67,7 @@ class Worker:
         registry: StepRegistry,
         options: WorkerOptions | None = None,
         telemetry: Telemetry | None = None,
-        faults: Faults = NO_FAULTS,  # tests only: see io/faults.py
+        faults: Faults = NO_FAULTS,  # tests only: see io/runtime/faults.py
         clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         # Its own DSN (DUCTOR_WORKER_PG_DSN, else DUCTOR_PG_DSN) for every connection it
@@ -102,7 +96,7 @@ class Worker:
         )
         self.clock = clock
         # Deadlines are Postgres's time: each heartbeat measures this process's offset from
-        # it, and a task's deadline is taken in on this process's clock (io/db_clock.py).
+        # it, and a task's deadline is taken in on this process's clock (io/postgres/db_clock.py).
         self.db_clock = DatabaseClock()
         # What it serves, in its registry row (`ductor workers`), and the other workers as the
         # registry shows them, read after its heartbeats while tasks of types it has no
@@ -289,7 +283,7 @@ class Worker:
 
     def _turn_while_starting(self) -> None:
         """The loop is alive (``/healthz``), and the clients' queues are served (their log
-        lines: io/kafka_logs.py)."""
+        lines: io/kafka/logs.py)."""
         self.probe.last_loop_at = self.clock.monotonic()
         self._outbox.poll(0)
         self.source.serve()

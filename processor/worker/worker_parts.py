@@ -10,12 +10,12 @@ from collections.abc import Callable, Sequence
 from confluent_kafka import Producer
 
 from processor.core.routing import TopicNames
-from processor.io.config import Settings
-from processor.io.faults import Faults
-from processor.io.kafka import ClientErrors, topic_partitions
-from processor.io.kafka_errors import MissingTopic
-from processor.io.telemetry import Telemetry
-from processor.io.threads import ThreadWatch
+from processor.io.config.settings import Settings
+from processor.io.kafka.clients import ClientErrors, topic_partitions
+from processor.io.kafka.errors import MissingTopic
+from processor.io.runtime.faults import Faults
+from processor.io.runtime.threads import ThreadWatch
+from processor.io.telemetry.setup import Telemetry
 from processor.worker.health import QueueLag, WorkerProbe
 from processor.worker.source import TaskSource
 from processor.worker.stats import WorkerStats

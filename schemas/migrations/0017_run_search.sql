@@ -6,7 +6,7 @@
 -- one index entry per commit. So every index here is partial, on ended runs: a run enters each
 -- once, when it ends, and the ticks of live runs pay nothing for them. The live runs, few
 -- beside the ended ones, are found through the watchdog's index of them (eec_workflow_run_stuck_
--- idx, on every pending or running run not quarantined) and filtered (io/run_search.py), and
+-- idx, on every pending or running run not quarantined) and filtered (io/postgres/run_search.py), and
 -- the quarantined ones, rare, through an index of their own. The failed steps are
 -- found in the step results (written once, never updated) by a partial index of failures.
 -- Like 0003, built without CONCURRENTLY: on a large existing table, build these beforehand

@@ -3,14 +3,14 @@
 -- moving its version, up to a third of all its writes through an outage. They move to tables
 -- of their own, keyed by run id, and their columns go.
 --
--- When the overdue sweep last re-woke a run (io/sweeps.py): upserted by the sweep, read by both
+-- When the overdue sweep last re-woke a run (io/postgres/sweeps.py): upserted by the sweep, read by both
 -- sweeps through the primary key for each run their index scans reach.
 CREATE TABLE IF NOT EXISTS eec_run_rewake (
     run_id     text PRIMARY KEY,
     rewoken_at timestamptz NOT NULL
 );
 
--- A run whose row the processors cannot use (io/run_marks.py): the flag holds for the row's
+-- A run whose row the processors cannot use (io/postgres/run_marks.py): the flag holds for the row's
 -- version it was decided on (run_version) and for no other. A run that commits a transition
 -- again (repaired, then woken) moves its version and so leaves the flag behind without writing
 -- it; `ductor runs release` deletes the flag and moves the version, so that a flag decided

@@ -18,7 +18,7 @@ ALTER TABLE eec_step_attempt
 -- A concurrency slot is held by an execution, not an attempt (core/limits.py, rule 4): when the
 -- commit that ends an attempt finds its execution still running (a step in a thread, which
 -- cannot be stopped, after a timeout or a cancel), the slot stays, marked with when that was,
--- until the execution ends or its worker is gone (the watchdog frees it: io/limit_store.py).
+-- until the execution ends or its worker is gone (the watchdog frees it: io/postgres/limit_store.py).
 ALTER TABLE eec_limit_hold ADD COLUMN IF NOT EXISTS lingering_since timestamptz;
 CREATE INDEX IF NOT EXISTS eec_limit_hold_lingering ON eec_limit_hold (lingering_since)
     WHERE lingering_since IS NOT NULL;
@@ -43,8 +43,8 @@ BEGIN
     END IF;
     EXECUTE format('GRANT USAGE ON SCHEMA %I TO ductor_worker', current_schema());
     EXECUTE format('REVOKE ALL ON ALL TABLES IN SCHEMA %I FROM ductor_worker', current_schema());
-    -- Claims and the check that an attempt still matters (io/step_attempts.py), the data a
-    -- task does not carry and the test that a result's run exists (io/step_data.py).
+    -- Claims and the check that an attempt still matters (io/postgres/step_attempts.py), the data a
+    -- task does not carry and the test that a result's run exists (io/postgres/step_data.py).
     GRANT SELECT (run_id, workflow_name, workflow_version, status, node_states, input)
         ON eec_workflow_run TO ductor_worker;
     GRANT SELECT (name, version, definition) ON eec_workflow_definition TO ductor_worker;
@@ -57,7 +57,7 @@ BEGIN
           UPDATE (worker_id, starts, claim_seq, started_at, reports, beat_at, beat_details,
                   ended_at)
         ON eec_step_attempt TO ductor_worker;
-    -- Its own registration, heartbeat, start permit and clean stop (io/instances.py); whether
+    -- Its own registration, heartbeat, start permit and clean stop (io/postgres/instances.py); whether
     -- another instance is alive. It forgets no one (only processors delete old rows).
     GRANT SELECT (instance_id, kind, heartbeat_at, stopped_at, started_through),
           INSERT (instance_id, kind, host, pid),

@@ -41,8 +41,8 @@ BEGIN
     END IF;
     EXECUTE format('GRANT USAGE ON SCHEMA %I TO ductor_worker', current_schema());
     EXECUTE format('REVOKE ALL ON ALL TABLES IN SCHEMA %I FROM ductor_worker', current_schema());
-    -- Claims and the check that an attempt still matters (io/step_attempts.py), the data a
-    -- task does not carry and the test that a result's run exists (io/step_data.py).
+    -- Claims and the check that an attempt still matters (io/postgres/step_attempts.py), the data a
+    -- task does not carry and the test that a result's run exists (io/postgres/step_data.py).
     GRANT SELECT (run_id, workflow_name, workflow_version, status, node_states, input)
         ON eec_workflow_run TO ductor_worker;
     GRANT SELECT (name, version, definition) ON eec_workflow_definition TO ductor_worker;
@@ -60,7 +60,7 @@ BEGIN
     EXECUTE format('GRANT SELECT, INSERT, DELETE, UPDATE (%s) ON eec_step_attempt TO ductor_worker',
                    attempt_columns);
     -- Its own registration (with what it serves), heartbeat, partitions, start permit and clean
-    -- stop (io/instances.py); whether another instance is alive, and what the other workers
+    -- stop (io/postgres/instances.py); whether another instance is alive, and what the other workers
     -- serve and hold. It forgets no one (only processors delete old rows).
     GRANT SELECT (instance_id, kind, heartbeat_at, stopped_at, started_through, group_id,
                   queues, step_types, partitions),

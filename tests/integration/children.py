@@ -11,8 +11,8 @@ from typing import NoReturn
 
 import pytest
 
-from processor.io.config import Settings
-from processor.io.config import child_env as config_child_env
+from processor.io.config.settings import Settings
+from processor.io.config.settings import child_env as config_child_env
 from processor.tools.chaos_steps import execution_log_env
 from processor.tools.child import DuctorChild, ductor_command
 

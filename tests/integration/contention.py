@@ -11,9 +11,9 @@ import psycopg
 
 from processor.core.envelope import Wakeup
 from processor.core.routing import TopicNames
-from processor.io.config import Settings
-from processor.io.runs_admin import insert_runs
-from processor.io.telemetry import Telemetry
+from processor.io.config.settings import Settings
+from processor.io.postgres.runs_admin import insert_runs
+from processor.io.telemetry.setup import Telemetry
 
 from .instances import ProcessorThread
 from .runs import run_statuses

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from processor.io.config import Settings
+from processor.io.config.settings import Settings
 
 from .children import Spawned, child_env
 

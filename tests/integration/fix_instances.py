@@ -7,9 +7,9 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from processor.io.config import Settings
-from processor.io.faults import NO_FAULTS, Faults
-from processor.io.telemetry import Telemetry
+from processor.io.config.settings import Settings
+from processor.io.runtime.faults import NO_FAULTS, Faults
+from processor.io.telemetry.setup import Telemetry
 
 from .instances import ProcessorThread
 

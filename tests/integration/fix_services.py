@@ -19,10 +19,10 @@ import pytest
 from confluent_kafka.admin import AdminClient
 from psycopg.conninfo import make_conninfo
 
-from processor.io.config import Settings, load_settings
-from processor.io.migrate import migrate
-from processor.io.runs_admin import register_workflow
-from processor.io.topics import create_topics, delete_topics
+from processor.io.config.settings import Settings, load_settings
+from processor.io.kafka.topics import create_topics, delete_topics
+from processor.io.postgres.migrate import migrate
+from processor.io.postgres.workflows import register_workflow
 from processor.tools import audit as audit_trail
 from processor.tools.chaos_steps import execution_log_env
 from processor.tools.databases import drop_database

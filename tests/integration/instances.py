@@ -8,9 +8,9 @@ import time
 
 from processor.core.stats import Stats
 from processor.engine.processor import Processor
-from processor.io.config import Settings
-from processor.io.faults import NO_FAULTS, Faults
-from processor.io.telemetry import Telemetry
+from processor.io.config.settings import Settings
+from processor.io.runtime.faults import NO_FAULTS, Faults
+from processor.io.telemetry.setup import Telemetry
 from processor.worker import StepRegistry, sample_registry
 from processor.worker.options import WorkerOptions
 from processor.worker.worker import Worker

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from processor.io.config import Settings
+from processor.io.config.settings import Settings
 from processor.tools.local_infra import LocalInfra, NotLocalServices, local_services
 
 __all__ = ["LocalInfra", "local_infra_for"]

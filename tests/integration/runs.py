@@ -6,15 +6,15 @@ from typing import Any
 
 import psycopg
 
-from processor.io import runs_admin
+from processor.io.postgres import run_counts
 
 
 def run_statuses(pg: psycopg.Connection[Any], run_ids: list[str]) -> dict[str, str]:
-    return runs_admin.statuses(pg, run_ids)
+    return run_counts.statuses(pg, run_ids)
 
 
 def count_terminal(pg: psycopg.Connection[Any], run_ids: list[str]) -> int:
-    return runs_admin.count_ended(pg, run_ids)
+    return run_counts.count_ended(pg, run_ids)
 
 
 def step_attempts(pg: psycopg.Connection[Any], run_id: str) -> dict[str, list[tuple[int, str]]]:

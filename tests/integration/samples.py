@@ -12,8 +12,9 @@ from confluent_kafka import Producer
 
 from processor.core.envelope import Wakeup
 from processor.core.workflow import WorkflowDef, parse_workflow
-from processor.io.config import Settings
-from processor.io.kafka import produce, producer_config
+from processor.io.config.settings import Settings
+from processor.io.kafka.clients import produce
+from processor.io.kafka.configs import producer_config
 
 REPO = Path(__file__).resolve().parents[2]
 SAMPLE = REPO / "schemas" / "workflows" / "sample.json"

@@ -12,7 +12,7 @@ import psycopg
 import pytest
 from psycopg.conninfo import conninfo_to_dict
 
-from processor.io.config import Settings
+from processor.io.config.settings import Settings
 from processor.tools.bench_harness import fresh_database
 from processor.tools.databases import drop_database
 

@@ -9,7 +9,7 @@ import subprocess
 
 import pytest
 
-from processor.io.config import Settings
+from processor.io.config.settings import Settings
 from processor.tools import bench_trees
 
 pytestmark = pytest.mark.integration

@@ -21,9 +21,10 @@ from processor.core.decide import tick_batch
 from processor.core.model import LoadedRun, NodeStatus
 from processor.core.routing import TopicNames
 from processor.core.workflow import WorkflowDef, parse_workflow
-from processor.io import limit_store, store
-from processor.io.config import Settings
-from processor.io.runs_admin import insert_runs, insert_signal, register_workflow
+from processor.io.config.settings import Settings
+from processor.io.postgres import limit_store, load_sql, store
+from processor.io.postgres.runs_admin import insert_runs, insert_signal
+from processor.io.postgres.workflows import register_workflow
 
 from .audit import assert_transitions_applied_once
 from .children import run_ductor
@@ -152,8 +153,8 @@ def test_a_load_reads_what_the_tick_can_use_not_every_signal_and_result_of_the_r
     pg: psycopg.Connection[Any],
 ) -> None:
     wf, run_id = _waiting(pg)
-    params = (store._INPUT_LOAD_BYTES, orjson.dumps([run_id]).decode())
-    few = _rows_read(pg, store._LOAD_SQL, params)
+    params = (load_sql.INPUT_LOAD_BYTES, orjson.dumps([run_id]).decode())
+    few = _rows_read(pg, load_sql.LOAD_SQL, params)
     # What a run may accumulate: signals of names nothing waits for, and the results of its
     # map's items that left the state (and late ones of an item's attempts gone by).
     pg.execute(
@@ -171,7 +172,7 @@ def test_a_load_reads_what_the_tick_can_use_not_every_signal_and_result_of_the_r
         " SELECT %s, 'm[0]', i, 'failed', 'late' FROM generate_series(2, 1001) i",
         (run_id,),
     )
-    many = _rows_read(pg, store._LOAD_SQL, params)
+    many = _rows_read(pg, load_sql.LOAD_SQL, params)
     # The cancel check, and the first signal of the one name the run waits for: none yet.
     assert many.get("eec_run_signal", 0) <= 3, many
     assert many.get("eec_step_result", 0) <= few.get("eec_step_result", 0) + 2, (few, many)
@@ -182,7 +183,7 @@ def test_a_load_reads_what_the_tick_can_use_not_every_signal_and_result_of_the_r
         " SELECT %s, 'go-late-' || i, 'go' FROM generate_series(1, 3000) i",
         (run_id,),
     )
-    assert _rows_read(pg, store._LOAD_SQL, params).get("eec_run_signal", 0) <= 4
+    assert _rows_read(pg, load_sql.LOAD_SQL, params).get("eec_run_signal", 0) <= 4
     _commit_ticks(pg, [run_id])
     loaded = store.load_runs(pg, store.Definitions(), [run_id])[run_id]
     assert isinstance(loaded, LoadedRun)

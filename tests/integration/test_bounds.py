@@ -30,9 +30,9 @@ from processor.core.requests import SignalRequest, StartRequest, decode_request
 from processor.core.routing import TopicNames, partition_for
 from processor.core.triggers import RunIdFrom, Trigger, map_record, parse_path
 from processor.core.workflow import parse_workflow
-from processor.io.config import Settings
-from processor.io.dlq import read_dead_letters
-from processor.io.runs_admin import register_workflow
+from processor.io.config.settings import Settings
+from processor.io.kafka.dlq import read_dead_letters
+from processor.io.postgres.workflows import register_workflow
 from tests.unit.strategies import hostile_json_bytes, hostile_request, hostile_values, json_values
 
 from .children import Spawned, run_ductor, still_running

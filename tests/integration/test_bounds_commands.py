@@ -28,8 +28,8 @@ from processor.client import (
 from processor.core.routing import TopicNames
 from processor.core.schedules import fire_run_id
 from processor.core.workflow import parse_workflow
-from processor.io.config import Settings
-from processor.io.runs_admin import register_workflow
+from processor.io.config.settings import Settings
+from processor.io.postgres.workflows import register_workflow
 
 from .children import run_ductor
 from .instances import WorkerThread

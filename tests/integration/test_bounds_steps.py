@@ -18,8 +18,8 @@ from processor import NonRetryable, StepContext, StepRegistry
 from processor.client import start_run
 from processor.core.bounds import MAX_DEPTH
 from processor.core.workflow import parse_workflow
-from processor.io.config import Settings
-from processor.io.runs_admin import register_workflow
+from processor.io.config.settings import Settings
+from processor.io.postgres.workflows import register_workflow
 
 from .instances import WorkerThread
 from .runs import count_terminal, run_statuses, step_attempts

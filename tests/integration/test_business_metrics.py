@@ -19,8 +19,9 @@ from processor.client import send_signal
 from processor.core.envelope import Wakeup
 from processor.core.routing import TopicNames
 from processor.core.workflow import WorkflowDef, parse_workflow
-from processor.io.config import Settings
-from processor.io.runs_admin import insert_runs, register_workflow
+from processor.io.config.settings import Settings
+from processor.io.postgres.runs_admin import insert_runs
+from processor.io.postgres.workflows import register_workflow
 
 from .children import Spawned, still_running
 from .contention import OutsideWriter

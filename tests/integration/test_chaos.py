@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from processor.io.config import Settings
+from processor.io.config.settings import Settings
 from processor.tools.chaos_fleet import KILL_AFTER_COMMIT
 from processor.tools.chaos_plan import SHORT
 from processor.tools.chaos_run import run_chaos

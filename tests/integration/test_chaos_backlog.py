@@ -12,7 +12,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from processor.io.config import Settings
+from processor.io.config.settings import Settings
 from processor.tools.chaos_backlog import KILLED, QUEUE, BacklogPlan, run_backlog
 
 pytestmark = pytest.mark.integration

@@ -25,10 +25,10 @@ from processor.core.model import LoadedRun, NodeStatus, state_checksum
 from processor.core.outcomes import ForceFailReason
 from processor.core.routing import TopicNames
 from processor.core.workflow import parse_workflow
-from processor.io.config import Settings
-from processor.io.runs_admin import register_workflow
-from processor.io.store import Definitions, load_runs
-from processor.io.store import force_fail_write as store_force_fail
+from processor.io.config.settings import Settings
+from processor.io.postgres.store import Definitions, load_runs
+from processor.io.postgres.store import force_fail_write as store_force_fail
+from processor.io.postgres.workflows import register_workflow
 
 from .children import run_ductor
 from .contention import OutsideWriter

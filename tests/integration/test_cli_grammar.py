@@ -20,8 +20,8 @@ import pytest
 
 from processor.cli.main import main
 from processor.core.workflow import parse_workflow
-from processor.io.config import Settings
-from processor.io.runs_admin import register_workflow
+from processor.io.config.settings import Settings
+from processor.io.postgres.workflows import register_workflow
 from processor.tools.child import ductor_command
 
 from .children import child_env

@@ -19,9 +19,10 @@ from processor import client
 from processor.core.model import LoadedRun, RunStatus, SignalKind
 from processor.core.tick import force_fail
 from processor.core.workflow import parse_workflow
-from processor.io.config import Settings
-from processor.io.runs_admin import insert_runs, register_workflow
-from processor.io.store import Definitions, force_fail_write, load_runs
+from processor.io.config.settings import Settings
+from processor.io.postgres.runs_admin import insert_runs
+from processor.io.postgres.store import Definitions, force_fail_write, load_runs
+from processor.io.postgres.workflows import register_workflow
 
 from .audit import assert_results_applied, assert_transitions_applied_once
 from .children import Spawned, child_env, run_ductor

@@ -1,7 +1,7 @@
 """A processor whose clock runs 8 s ahead takes over runs another processor dispatched: it
 judges their deadlines and holds their retry timers by Postgres's clock, not its own, so no
-attempt times out early and no retry comes early (io/db_clock.py). The clock is moved in the
-process (``DUCTOR_TEST_CLOCK_AHEAD_MS``, io/faults.py says why not with libfaketime)."""
+attempt times out early and no retry comes early (io/postgres/db_clock.py). The clock is moved in
+the process (``DUCTOR_TEST_CLOCK_AHEAD_MS``, io/runtime/faults.py says why not with libfaketime)."""
 
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ import pytest
 
 from processor.client import start_runs
 from processor.core.workflow import parse_workflow
-from processor.io.config import Settings
-from processor.io.runs_admin import register_workflow
+from processor.io.config.settings import Settings
+from processor.io.postgres.workflows import register_workflow
 
 from . import counted_steps
 from .children import Spawned

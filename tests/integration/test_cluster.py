@@ -24,10 +24,10 @@ from confluent_kafka.admin import AdminClient, ConfigResource  # type: ignore[at
 from infra.local import KafkaCluster, StopMode
 from processor.client import start_runs
 from processor.core.routing import TopicNames
-from processor.io.config import Settings
-from processor.io.kafka import admin_config
-from processor.io.runs_admin import register_workflow
-from processor.io.topics import busiest_broker, create_topics
+from processor.io.config.settings import Settings
+from processor.io.kafka.configs import admin_config
+from processor.io.kafka.topics import busiest_broker, create_topics
+from processor.io.postgres.workflows import register_workflow
 from processor.tools.local_infra import three_brokers
 
 from . import counted_steps

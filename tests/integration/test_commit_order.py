@@ -15,9 +15,9 @@ import pytest
 
 from processor.core.decide import Commit
 from processor.core.model import LoadedRun
-from processor.io import connections, store
-from processor.io.config import Settings
-from processor.io.runs_admin import insert_runs
+from processor.io.config.settings import Settings
+from processor.io.postgres import commit_sql, connections, store
+from processor.io.postgres.runs_admin import insert_runs
 
 from .samples import sample_workflow
 
@@ -59,7 +59,7 @@ def test_overlapping_batches_in_opposite_orders_never_deadlock(
                 try:
                     start.wait(30)
                     # The raw statement: any error at all must surface here.
-                    rows = conn.execute(store._COMMIT_SQL, params).fetchall()
+                    rows = conn.execute(commit_sql.COMMIT_SQL, params).fetchall()
                 except BaseException as exc:
                     errors.append(exc)
                     start.abort()
@@ -125,7 +125,7 @@ def test_commits_and_result_inserts_on_the_same_runs_never_wait_on_each_other(
         with connections.connect(settings.pg_dsn) as conn:
             for _ in range(3):
                 params = _batch(conn, run_ids)
-                rows = conn.execute(store._COMMIT_SQL, params).fetchall()
+                rows = conn.execute(commit_sql.COMMIT_SQL, params).fetchall()
                 held += [run_id for run_id, updated in rows if not updated]
                 assert {run_id for run_id, updated in rows if updated} == set(run_ids)
     finally:

@@ -13,10 +13,10 @@ import psycopg
 import pytest
 
 from processor.core.routing import DEFAULT_QUEUE, TopicNames
-from processor.io import config_check
-from processor.io.config import Settings
-from processor.io.config_check import run_checks
-from processor.io.package_files import Migration, migrations
+from processor.io.config import check as config_check
+from processor.io.config.check import run_checks
+from processor.io.config.settings import Settings
+from processor.io.shipped.files import Migration, migrations
 
 from .children import run_ductor
 

@@ -18,8 +18,9 @@ from processor.core.envelope import Wakeup, decode_wakeup
 from processor.core.records import normalise_headers
 from processor.core.routing import TopicNames
 from processor.core.workflow import WorkflowDef, parse_workflow
-from processor.io.config import Settings
-from processor.io.runs_admin import insert_runs, register_workflow
+from processor.io.config.settings import Settings
+from processor.io.postgres.runs_admin import insert_runs
+from processor.io.postgres.workflows import register_workflow
 
 from .audit import assert_results_applied, assert_transitions_applied_once
 from .contention import drive_into_livelock

@@ -20,9 +20,11 @@ from processor.core.envelope import Wakeup
 from processor.core.routing import TIERS, TopicNames
 from processor.core.step_task import StepTask
 from processor.core.workflow import parse_workflow
-from processor.io.config import Settings
-from processor.io.kafka import produce, producer_config
-from processor.io.runs_admin import insert_runs, register_workflow
+from processor.io.config.settings import Settings
+from processor.io.kafka.clients import produce
+from processor.io.kafka.configs import producer_config
+from processor.io.postgres.runs_admin import insert_runs
+from processor.io.postgres.workflows import register_workflow
 from tests.promql import all_queries, problems
 
 from .contention import OutsideWriter

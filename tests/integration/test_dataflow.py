@@ -16,10 +16,10 @@ from processor.client import start_runs
 from processor.core.routing import TopicNames
 from processor.core.step_task import MAX_INLINE_DATA_BYTES, StepTask
 from processor.core.workflow import WorkflowDef, parse_workflow
-from processor.io.config import Settings
-from processor.io.kafka import producer_config
-from processor.io.runs_admin import register_workflow
-from processor.io.topics import create_topics
+from processor.io.config.settings import Settings
+from processor.io.kafka.configs import producer_config
+from processor.io.kafka.topics import create_topics
+from processor.io.postgres.workflows import register_workflow
 
 from .instances import WorkerThread
 from .runs import count_terminal, run_statuses

@@ -18,8 +18,8 @@ import pytest
 from confluent_kafka import KafkaError, Message, Producer
 
 from processor.core.routing import TopicNames
-from processor.io.config import Settings
-from processor.io.dlq import read_dead_letters
+from processor.io.config.settings import Settings
+from processor.io.kafka.dlq import read_dead_letters
 
 from .children import Spawned, run_ductor
 from .scrape import free_port

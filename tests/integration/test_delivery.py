@@ -29,12 +29,15 @@ from processor.client import start_runs
 from processor.core.envelope import Wakeup
 from processor.core.routing import TopicNames
 from processor.core.workflow import parse_workflow
-from processor.io.config import Settings
-from processor.io.delivery import PARK_AFTER
-from processor.io.dlq import read_dead_letters
-from processor.io.kafka import produce, producer_config
-from processor.io.runs_admin import count_ticked, insert_runs, register_workflow
-from processor.io.store import unpark_outbox
+from processor.io.config.settings import Settings
+from processor.io.kafka.clients import produce
+from processor.io.kafka.configs import producer_config
+from processor.io.kafka.delivery import PARK_AFTER
+from processor.io.kafka.dlq import read_dead_letters
+from processor.io.postgres.outbox import unpark_outbox
+from processor.io.postgres.run_counts import count_ticked
+from processor.io.postgres.runs_admin import insert_runs
+from processor.io.postgres.workflows import register_workflow
 
 from .audit import assert_results_applied, assert_transitions_applied_once, timed_out_attempts
 from .instances import ProcessorThread, WorkerThread
@@ -251,7 +254,7 @@ def test_a_backlog_the_database_cannot_drain_pauses_consumption(
     )
     run_ids = [f"backlog-{i}" for i in range(runs)]
     insert_runs(pg, sample_workflow(), [(r, {}) for r in run_ids], "t1")
-    # The instance starts with its database there (a start waits for it, io/outage.py), then
+    # The instance starts with its database there (a start waits for it, io/runtime/outage.py), then
     # loses it; the wakeups come after.
     instance: ProcessorThread = processor_thread(through_proxy)
     processor = instance.processor

@@ -20,9 +20,9 @@ from confluent_kafka import Consumer, TopicPartition
 from processor.core.records import normalise_headers
 from processor.core.routing import TopicNames
 from processor.core.workflow import parse_workflow
-from processor.io.config import Settings
-from processor.io.dlq import DeadLetter, read_dead_letters
-from processor.io.runs_admin import insert_runs
+from processor.io.config.settings import Settings
+from processor.io.kafka.dlq import DeadLetter, read_dead_letters
+from processor.io.postgres.runs_admin import insert_runs
 
 from .children import run_ductor
 from .instances import ProcessorThread, WorkerThread

@@ -19,9 +19,9 @@ import pytest
 
 from processor.client import request_signal, request_starts
 from processor.core.workflow import parse_workflow
-from processor.io.config import Settings
-from processor.io.dlq import read_dead_letters
-from processor.io.runs_admin import register_workflow
+from processor.io.config.settings import Settings
+from processor.io.kafka.dlq import read_dead_letters
+from processor.io.postgres.workflows import register_workflow
 
 from . import counted_steps
 from .children import run_ductor

@@ -16,7 +16,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from processor.io.config import Settings
+from processor.io.config.settings import Settings
 from tests.readme_script import commands
 
 from .samples import REPO

@@ -17,7 +17,7 @@ import psycopg
 import pytest
 
 from processor.core.workflow import parse_workflow
-from processor.io.config import Settings
+from processor.io.config.settings import Settings
 
 from .children import Spawned, child_env, run_ductor
 from .runs import step_attempts

@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from processor.io.config import Settings
-from processor.io.kafka import EXIT_KAFKA_FATAL
+from processor.io.config.settings import Settings
+from processor.io.kafka.clients import EXIT_KAFKA_FATAL
 
 from .waiting import wait_for
 

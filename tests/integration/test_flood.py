@@ -34,9 +34,9 @@ from processor.core.envelope import MAX_ATTEMPT, MAX_EPOCH_MS, MAX_REQUEUE_COUNT
 from processor.core.records import Headers
 from processor.core.routing import TopicNames
 from processor.core.workflow import MAX_BACKOFF_MS
-from processor.io.config import Settings
-from processor.io.dlq import DeadLetter, read_dead_letters
-from processor.io.runs_admin import insert_runs
+from processor.io.config.settings import Settings
+from processor.io.kafka.dlq import DeadLetter, read_dead_letters
+from processor.io.postgres.runs_admin import insert_runs
 
 from .instances import ProcessorThread, WorkerThread
 from .kcat import (

@@ -13,8 +13,8 @@ import psycopg
 import pytest
 
 from processor.client import start_runs
-from processor.io.config import Settings
-from processor.io.runs_admin import insert_runs
+from processor.io.config.settings import Settings
+from processor.io.postgres.runs_admin import insert_runs
 
 from .audit import assert_results_applied
 from .children import run_ductor

@@ -24,11 +24,12 @@ from processor.core.stats import Stats
 from processor.core.step_task import StepTask
 from processor.engine.health import HealthServer
 from processor.engine.processor import Processor
-from processor.io.config import Settings
-from processor.io.kafka import produce, producer_config
-from processor.io.listen import ListenError
-from processor.io.telemetry import Telemetry
-from processor.io.topics import create_topics
+from processor.io.config.settings import Settings
+from processor.io.kafka.clients import produce
+from processor.io.kafka.configs import producer_config
+from processor.io.kafka.topics import create_topics
+from processor.io.runtime.listen import ListenError
+from processor.io.telemetry.setup import Telemetry
 from processor.worker.health import QueueLag, WorkerProbe
 
 from .instances import ProcessorThread, WorkerThread

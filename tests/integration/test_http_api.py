@@ -33,8 +33,8 @@ from werkzeug.datastructures import Headers, ImmutableMultiDict
 
 from processor import client
 from processor.core.workflow import parse_workflow
-from processor.io.config import Settings
-from processor.io.runs_admin import register_workflow
+from processor.io.config.settings import Settings
+from processor.io.postgres.workflows import register_workflow
 from processor.ui import api
 from processor.ui.api_spec import openapi_document
 from processor.ui.server import UiServer

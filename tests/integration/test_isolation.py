@@ -1,7 +1,7 @@
 """Every exception is isolated where it happens, never at a loop, on the real broker and
 database (docs/guarantees.md#isolation).
 
-A fault point raises a plain ``Exception`` for one chosen run (io/faults.py, ``raise:``) in
+A fault point raises a plain ``Exception`` for one chosen run (io/runtime/faults.py, ``raise:``) in
 each stage: the request statement and each request's plan, the processor's intake of a record,
 a run's tick and its plan, the carrying out of a plan, a trigger's record, a sweep's item, and
 a worker's task (taken in, claimed, recorded). The chosen item is isolated (its dead letter,
@@ -32,11 +32,11 @@ from processor.core.envelope import Wakeup
 from processor.core.requests import SignalRequest, StartRequest
 from processor.core.routing import TopicNames, partition_for
 from processor.core.triggers import parse_trigger
-from processor.io.config import Settings
-from processor.io.dlq import DeadLetter, read_dead_letters
-from processor.io.faults import Faults
-from processor.io.runs_admin import insert_runs, run_columns
-from processor.io.trigger_store import create_trigger
+from processor.io.config.settings import Settings
+from processor.io.kafka.dlq import DeadLetter, read_dead_letters
+from processor.io.postgres.runs_admin import insert_runs, run_columns
+from processor.io.postgres.trigger_store import create_trigger
+from processor.io.runtime.faults import Faults
 
 from .children import Spawned, still_running
 from .instances import ProcessorThread

@@ -45,8 +45,8 @@ from confluent_kafka.admin import (  # type: ignore[attr-defined]
 from infra.local import Kafka
 from processor.core.requests import SignalRequest, StartRequest
 from processor.core.routing import TopicNames
-from processor.io.config import Settings
-from processor.io.kafka import admin_config, producer_config
+from processor.io.config.settings import Settings
+from processor.io.kafka.configs import admin_config, producer_config
 
 from .children import Spawned, run_ductor
 from .runs import run_statuses

@@ -15,8 +15,9 @@ import psycopg
 import pytest
 
 from processor.core.workflow import parse_workflow
-from processor.io.config import Settings
-from processor.io.runs_admin import insert_runs, register_workflow
+from processor.io.config.settings import Settings
+from processor.io.postgres.runs_admin import insert_runs
+from processor.io.postgres.workflows import register_workflow
 from processor.worker import StepContext, StepRegistry
 
 from .instances import WorkerThread

@@ -1,5 +1,5 @@
 """One log stream: with the broker unreachable, `ductor process` writes JSON lines only, its
-Kafka clients' own lines among them (io/kafka_logs.py), and the refused connections that
+Kafka clients' own lines among them (io/kafka/logs.py), and the refused connections that
 librdkafka reports many times a second are a few lines that count what they left out."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from typing import Any
 import orjson
 import pytest
 
-from processor.io.config import Settings
+from processor.io.config.settings import Settings
 
 from .children import Spawned, still_running
 from .waiting import wait_for

@@ -20,9 +20,9 @@ import pytest
 
 from processor.client import start_runs
 from processor.core.workflow import parse_workflow
-from processor.io.config import Settings
-from processor.io.runs_admin import register_workflow
-from processor.io.topics import create_topics
+from processor.io.config.settings import Settings
+from processor.io.kafka.topics import create_topics
+from processor.io.postgres.workflows import register_workflow
 from processor.tools.audit import assert_transitions_applied_once
 from processor.worker import StepContext, StepRegistry
 from processor.worker.options import WorkerOptions

@@ -19,9 +19,10 @@ from processor.core.decide import tick_batch
 from processor.core.routing import TopicNames
 from processor.core.step_task import StepTask
 from processor.core.workflow import parse_workflow
-from processor.io import step_attempts, store
-from processor.io.config import Settings
-from processor.io.runs_admin import insert_runs, register_workflow
+from processor.io.config.settings import Settings
+from processor.io.postgres import step_attempts, store
+from processor.io.postgres.runs_admin import insert_runs
+from processor.io.postgres.workflows import register_workflow
 
 from .audit import assert_transitions_applied_once
 from .children import run_ductor

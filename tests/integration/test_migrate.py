@@ -11,9 +11,9 @@ from typing import Any
 import psycopg
 import pytest
 
-from processor.io.config import Settings
-from processor.io.migrate import MIGRATION_LOCK_KEY, MIGRATIONS_TABLE
-from processor.io.package_files import migrations
+from processor.io.config.settings import Settings
+from processor.io.postgres.migrate import MIGRATION_LOCK_KEY, MIGRATIONS_TABLE
+from processor.io.shipped.files import migrations
 
 from .children import child_env
 from .samples import REPO

@@ -17,10 +17,11 @@ import pytest
 
 from processor.core.model import initial_state, state_checksum
 from processor.core.routing import run_shard
-from processor.io.config import Settings
-from processor.io.migrate import MIGRATIONS_TABLE, migrate
-from processor.io.package_files import migrations
-from processor.io.runs_admin import insert_runs, register_workflow, run_columns
+from processor.io.config.settings import Settings
+from processor.io.postgres.migrate import MIGRATIONS_TABLE, migrate
+from processor.io.postgres.runs_admin import insert_runs, run_columns
+from processor.io.postgres.workflows import register_workflow
+from processor.io.shipped.files import migrations
 from processor.tools import audit as audit_trail
 
 from .audit import assert_every_write_versioned, assert_transitions_applied_once

@@ -18,8 +18,8 @@ import pytest
 from infra.local import PostgresPair, StopMode
 from infra.local import Settings as InfraSettings
 from processor.client import start_runs
-from processor.io.config import Settings
-from processor.io.runs_admin import register_workflow
+from processor.io.config.settings import Settings
+from processor.io.postgres.workflows import register_workflow
 from processor.tools import audit as audit_trail
 
 from . import counted_steps

@@ -16,9 +16,9 @@ from processor.client import start_runs
 from processor.core.dead_letters import TRUNCATED
 from processor.core.envelope import Wakeup
 from processor.core.routing import TopicNames
-from processor.io.config import Settings
-from processor.io.dlq import DeadLetter, read_dead_letters
-from processor.io.runs_admin import insert_runs
+from processor.io.config.settings import Settings
+from processor.io.kafka.dlq import DeadLetter, read_dead_letters
+from processor.io.postgres.runs_admin import insert_runs
 
 from .instances import ProcessorThread
 from .runs import count_terminal, run_statuses

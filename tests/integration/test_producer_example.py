@@ -16,9 +16,9 @@ import psycopg
 import pytest
 
 from processor.core.workflow import parse_workflow
-from processor.io.config import Settings
-from processor.io.dlq import read_dead_letters
-from processor.io.runs_admin import register_workflow
+from processor.io.config.settings import Settings
+from processor.io.kafka.dlq import read_dead_letters
+from processor.io.postgres.workflows import register_workflow
 
 from .background_builds import PRODUCER
 from .runs import run_statuses

@@ -16,10 +16,11 @@ import pytest
 from processor.client import wake
 from processor.core.model import LoadedRun
 from processor.core.workflow import parse_workflow
-from processor.io.config import Settings
-from processor.io.dlq import DeadLetter, read_dead_letters
-from processor.io.runs_admin import insert_runs, register_workflow, release_quarantine
-from processor.io.store import Definitions, QuarantineFlag, load_runs, quarantine_runs
+from processor.io.config.settings import Settings
+from processor.io.kafka.dlq import DeadLetter, read_dead_letters
+from processor.io.postgres.runs_admin import insert_runs, release_quarantine
+from processor.io.postgres.store import Definitions, QuarantineFlag, load_runs, quarantine_runs
+from processor.io.postgres.workflows import register_workflow
 
 from .children import run_ductor
 from .instances import ProcessorThread, WorkerThread
@@ -34,7 +35,7 @@ CLOCK_SLACK_MS = 50  # Postgres's now() is taken when its statement started
 
 
 def _quarantined(pg: psycopg.Connection[Any], run_ids: list[str]) -> dict[str, str]:
-    """The runs' quarantine flags in force (io/run_marks.py), by run: their reasons."""
+    """The runs' quarantine flags in force (io/postgres/run_marks.py), by run: their reasons."""
     rows = pg.execute(
         "SELECT r.run_id, f.reason FROM eec_workflow_run r"
         " JOIN eec_run_quarantine f ON f.run_id = r.run_id AND f.run_version = r.db_record_version"

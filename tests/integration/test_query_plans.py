@@ -18,9 +18,19 @@ import pytest
 from processor.core.decide import Commit
 from processor.core.model import StepOutcome, initial_state
 from processor.core.step_task import StepData, StepTask
-from processor.io import connections, step_attempts, step_data, store, sweeps
-from processor.io.config import Settings
-from processor.io.runs_admin import insert_runs, register_workflow
+from processor.io.config.settings import Settings
+from processor.io.postgres import (
+    commit_sql,
+    connections,
+    load_sql,
+    outbox,
+    step_attempts,
+    step_data,
+    store,
+    sweeps,
+)
+from processor.io.postgres.runs_admin import insert_runs
+from processor.io.postgres.workflows import register_workflow
 
 from .samples import sample_workflow
 
@@ -104,9 +114,9 @@ def test_load_and_commit_reach_their_runs_by_key(
     commits = [Commit(r, 1, state) for r in some]
     params = store.commit_params(commits, [(r, 1) for r in some], "test")
     statements = (
-        (store._LOAD_SQL, (store._INPUT_LOAD_BYTES, ids)),
-        (store._COMMIT_SQL, params),
-        (store._DELETE_OUTBOX_SQL, {"acked": params["acked"]}),
+        (load_sql.LOAD_SQL, (load_sql.INPUT_LOAD_BYTES, ids)),
+        (commit_sql.COMMIT_SQL, params),
+        (outbox.DELETE_OUTBOX_SQL, {"acked": params["acked"]}),
     )
     with connections.connect(base_settings.pg_dsn) as coordinator:  # as the processor's own
         for sql, args in statements:

@@ -16,10 +16,12 @@ from confluent_kafka import Producer
 
 from processor.core.envelope import Wakeup
 from processor.core.routing import TopicNames
-from processor.io.config import Settings
-from processor.io.dlq import read_dead_letters
-from processor.io.kafka import produce, producer_config
-from processor.io.runs_admin import count_ticked, insert_runs
+from processor.io.config.settings import Settings
+from processor.io.kafka.clients import produce
+from processor.io.kafka.configs import producer_config
+from processor.io.kafka.dlq import read_dead_letters
+from processor.io.postgres.run_counts import count_ticked
+from processor.io.postgres.runs_admin import insert_runs
 
 from .samples import now_ms, sample_workflow
 from .waiting import wait_for

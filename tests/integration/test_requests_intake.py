@@ -21,9 +21,9 @@ from processor.client import request_signal, request_starts, start_run
 from processor.core.requests import SignalRequest, StartRequest
 from processor.core.routing import TopicNames, partition_for, run_shard
 from processor.core.workflow import parse_workflow
-from processor.io.config import Settings
-from processor.io.dlq import read_dead_letters
-from processor.io.runs_admin import register_workflow
+from processor.io.config.settings import Settings
+from processor.io.kafka.dlq import read_dead_letters
+from processor.io.postgres.workflows import register_workflow
 
 from .audit import assert_results_applied, assert_transitions_applied_once
 from .children import run_ductor

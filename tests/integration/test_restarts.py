@@ -11,7 +11,7 @@ import pytest
 from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 
 from infra.local import StopMode
-from processor.io.config import Settings
+from processor.io.config.settings import Settings
 
 from .restarts import LocalInfra
 from .waiting import wait_for

@@ -20,9 +20,10 @@ from processor.client import RunFilter
 from processor.core.model import RunStatus
 from processor.core.run_search import Cursor
 from processor.core.workflow import parse_workflow
-from processor.io import run_search
-from processor.io.config import Settings
-from processor.io.runs_admin import insert_runs, register_workflow
+from processor.io.config.settings import Settings
+from processor.io.postgres import run_search
+from processor.io.postgres.runs_admin import insert_runs
+from processor.io.postgres.workflows import register_workflow
 
 from .children import run_ductor
 from .instances import WorkerThread

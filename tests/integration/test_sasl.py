@@ -20,7 +20,7 @@ import pytest
 from infra.local import KAFKA_SASL_PASSWORD, Kafka
 from infra.local import Settings as InfraSettings
 from processor.client import start_runs
-from processor.io.config import Settings
+from processor.io.config.settings import Settings
 
 from .children import Spawned, child_env
 from .runs import run_statuses

@@ -17,12 +17,12 @@ import psycopg
 import pytest
 
 from processor.core.workflow import parse_workflow
-from processor.io.config import Settings
-from processor.io.migrate import MIGRATIONS_TABLE, migrate
-from processor.io.package_files import migrations
-from processor.io.runs_admin import register_workflow
-from processor.io.schedules import fire_due, list_schedules
-from processor.io.store import Definitions
+from processor.io.config.settings import Settings
+from processor.io.postgres.migrate import MIGRATIONS_TABLE, migrate
+from processor.io.postgres.schedules import fire_due, list_schedules
+from processor.io.postgres.store import Definitions
+from processor.io.postgres.workflows import register_workflow
+from processor.io.shipped.files import migrations
 
 from .children import run_ductor
 

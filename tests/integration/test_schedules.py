@@ -19,8 +19,8 @@ from processor import client
 from processor.client import RunFilter, start_run, wake
 from processor.core.schedules import fire_run_id
 from processor.core.workflow import parse_workflow
-from processor.io.config import Settings
-from processor.io.runs_admin import register_workflow
+from processor.io.config.settings import Settings
+from processor.io.postgres.workflows import register_workflow
 
 from .audit import assert_transitions_applied_once
 from .children import run_ductor

@@ -13,7 +13,7 @@ import psycopg
 import pytest
 
 from processor.client import start_runs
-from processor.io.config import Settings
+from processor.io.config.settings import Settings
 
 from .audit import assert_results_applied, assert_transitions_applied_once
 from .instances import WorkerThread

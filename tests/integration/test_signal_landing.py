@@ -23,10 +23,10 @@ from processor.core.outcomes import DeadLetterReason
 from processor.core.requests import SignalRequest, StartRequest
 from processor.core.routing import TopicNames, run_shard
 from processor.core.workflow import parse_workflow
-from processor.io.config import Settings
-from processor.io.dlq import DeadLetter, read_dead_letters
-from processor.io.faults import Faults, Point
-from processor.io.runs_admin import register_workflow
+from processor.io.config.settings import Settings
+from processor.io.kafka.dlq import DeadLetter, read_dead_letters
+from processor.io.postgres.workflows import register_workflow
+from processor.io.runtime.faults import Faults, Point
 
 from .children import run_ductor
 from .runs import run_statuses

@@ -12,10 +12,10 @@ import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, OffsetSpec  # type: ignore[attr-defined]
 
-from processor.io.config import Settings
-from processor.io.kafka import producer_config
-from processor.io.migrate import migrate
-from processor.io.topics import create_topics, delete_topics, desired_topics
+from processor.io.config.settings import Settings
+from processor.io.kafka.configs import producer_config
+from processor.io.kafka.topics import create_topics, delete_topics, desired_topics
+from processor.io.postgres.migrate import migrate
 
 from .waiting import wait_for
 

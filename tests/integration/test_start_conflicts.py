@@ -13,8 +13,9 @@ import pytest
 
 from processor import client
 from processor.core.workflow import parse_workflow
-from processor.io.config import Settings
-from processor.io.runs_admin import ExistingRun, insert_runs, register_workflow
+from processor.io.config.settings import Settings
+from processor.io.postgres.runs_admin import ExistingRun, insert_runs
+from processor.io.postgres.workflows import register_workflow
 
 from .children import run_ductor
 from .samples import sample_workflow

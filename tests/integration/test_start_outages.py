@@ -20,7 +20,7 @@ import psycopg
 import pytest
 
 from processor.client import start_runs
-from processor.io.config import Settings
+from processor.io.config.settings import Settings
 
 from .children import Spawned, run_ductor, still_running
 from .proxy import TcpProxy

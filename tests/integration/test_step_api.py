@@ -18,9 +18,9 @@ import pytest
 
 from processor.client import send_signal, start_runs
 from processor.core.workflow import parse_workflow
-from processor.io.config import Settings
-from processor.io.runs_admin import register_workflow
-from processor.io.topics import create_topics
+from processor.io.config.settings import Settings
+from processor.io.kafka.topics import create_topics
+from processor.io.postgres.workflows import register_workflow
 from processor.worker import NonRetryable, StepContext, StepRegistry
 from processor.worker.options import WorkerOptions
 

@@ -11,10 +11,10 @@ import psycopg
 import pytest
 
 from processor.core.model import StepOutcome
-from processor.io import connections
-from processor.io.config import Settings
-from processor.io.runs_admin import insert_runs
-from processor.io.step_data import StepResultRow, insert_step_results
+from processor.io.config.settings import Settings
+from processor.io.postgres import connections
+from processor.io.postgres.runs_admin import insert_runs
+from processor.io.postgres.step_data import StepResultRow, insert_step_results
 
 from .samples import sample_workflow
 

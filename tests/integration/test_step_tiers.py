@@ -14,8 +14,8 @@ import pytest
 from processor import client
 from processor.core.routing import TopicNames
 from processor.core.workflow import parse_workflow
-from processor.io.config import Settings
-from processor.io.runs_admin import register_workflow
+from processor.io.config.settings import Settings
+from processor.io.postgres.workflows import register_workflow
 from processor.worker import StepContext, StepRegistry
 
 from .instances import WorkerThread

@@ -19,8 +19,8 @@ import pytest
 from processor.client import start_runs
 from processor.core.routing import TIERS
 from processor.core.workflow import WorkflowDef, parse_workflow
-from processor.io.config import Settings
-from processor.io.runs_admin import register_workflow
+from processor.io.config.settings import Settings
+from processor.io.postgres.workflows import register_workflow
 
 from . import counted_steps
 from .children import Spawned

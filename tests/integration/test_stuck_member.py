@@ -3,7 +3,7 @@
 Forced with the ``assigned=ignore@1`` fault point: the member's client lets its first
 assignment go at once, unknown to the group, so the broker counts the partitions as the
 member's while the member reads none of them (what was seen after a broker restart). Without
-the group watch (io/group_watch.py) the runs below never end; with it, the member joins again
+the group watch (io/kafka/group_watch.py) the runs below never end; with it, the member joins again
 after ``DUCTOR_GROUP_STALL_S`` of reading nothing and they all do. A spare member, idle while
 the others' records wait on them, is not taken for stuck.
 """
@@ -25,9 +25,9 @@ import pytest
 from processor.client import start_runs
 from processor.core.routing import TIERS
 from processor.core.workflow import parse_workflow
-from processor.io.config import Settings
-from processor.io.group_watch import RETIRING_HANG_S
-from processor.io.runs_admin import register_workflow
+from processor.io.config.settings import Settings
+from processor.io.kafka.group_watch import RETIRING_HANG_S
+from processor.io.postgres.workflows import register_workflow
 from processor.worker import StepContext, StepRegistry
 
 from .audit import assert_transitions_applied_once

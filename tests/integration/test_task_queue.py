@@ -21,8 +21,8 @@ from processor.client import start_runs
 from processor.core.envelope import Wakeup, decode_wakeup
 from processor.core.routing import TIERS, TopicNames
 from processor.core.workflow import WorkflowDef, parse_workflow
-from processor.io.config import Settings
-from processor.io.runs_admin import register_workflow
+from processor.io.config.settings import Settings
+from processor.io.postgres.workflows import register_workflow
 
 from . import counted_steps
 from .children import Spawned

@@ -19,9 +19,9 @@ from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
 from processor.client import start_runs
 from processor.core.workflow import parse_workflow
-from processor.io.config import Settings
-from processor.io.runs_admin import register_workflow
-from processor.io.telemetry import Telemetry
+from processor.io.config.settings import Settings
+from processor.io.postgres.workflows import register_workflow
+from processor.io.telemetry.setup import Telemetry
 from processor.worker import StepContext, StepRegistry
 
 from .children import run_ductor

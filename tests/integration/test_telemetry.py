@@ -18,9 +18,9 @@ from opentelemetry.trace import SpanKind, StatusCode
 from processor.core.envelope import Wakeup
 from processor.core.routing import TopicNames
 from processor.core.workflow import parse_workflow
-from processor.io.config import Settings
-from processor.io.runs_admin import insert_runs
-from processor.io.telemetry import Telemetry
+from processor.io.config.settings import Settings
+from processor.io.postgres.runs_admin import insert_runs
+from processor.io.telemetry.setup import Telemetry
 
 from .contention import drive_into_livelock
 from .instances import ProcessorThread, WorkerThread

@@ -18,10 +18,11 @@ import pytest
 from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 
 from processor.core.workflow import parse_workflow
-from processor.io.config import Settings
-from processor.io.dlq import read_dead_letters
-from processor.io.kafka import admin_config, topic_partitions
-from processor.io.runs_admin import register_workflow
+from processor.io.config.settings import Settings
+from processor.io.kafka.clients import topic_partitions
+from processor.io.kafka.configs import admin_config
+from processor.io.kafka.dlq import read_dead_letters
+from processor.io.postgres.workflows import register_workflow
 
 from .audit import assert_transitions_applied_once
 from .children import run_ductor

@@ -17,9 +17,9 @@ from processor import StepContext, StepRegistry
 from processor.client import InvalidInput, start_run
 from processor.core.routing import TopicNames
 from processor.core.workflow import parse_workflow
-from processor.io.config import Settings
-from processor.io.dlq import read_dead_letters
-from processor.io.runs_admin import register_workflow
+from processor.io.config.settings import Settings
+from processor.io.kafka.dlq import read_dead_letters
+from processor.io.postgres.workflows import register_workflow
 
 from .children import run_ductor
 from .instances import WorkerThread

@@ -33,10 +33,11 @@ from processor.client import RunFilter
 from processor.core.model import RunStatus
 from processor.core.routing import TopicNames
 from processor.core.workflow import parse_workflow
-from processor.io.config import Settings
-from processor.io.dlq import read_dead_letters
-from processor.io.kafka import produce, producer_config
-from processor.io.runs_admin import register_workflow
+from processor.io.config.settings import Settings
+from processor.io.kafka.clients import produce
+from processor.io.kafka.configs import producer_config
+from processor.io.kafka.dlq import read_dead_letters
+from processor.io.postgres.workflows import register_workflow
 
 from .children import Spawned, run_ductor
 from .instances import WorkerThread

@@ -27,8 +27,8 @@ from confluent_kafka import Producer
 from processor import client
 from processor.core.dead_letters import REASON
 from processor.core.routing import TopicNames
-from processor.io.config import Settings
-from processor.io.kafka import producer_config
+from processor.io.config.settings import Settings
+from processor.io.kafka.configs import producer_config
 from processor.ui import auth
 
 from .children import Spawned, child_env

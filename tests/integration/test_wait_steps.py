@@ -16,8 +16,8 @@ import pytest
 
 from processor import StepContext, StepRegistry
 from processor.core.workflow import parse_workflow
-from processor.io.config import Settings
-from processor.io.runs_admin import register_workflow
+from processor.io.config.settings import Settings
+from processor.io.postgres.workflows import register_workflow
 
 from .audit import assert_transitions_applied_once
 from .children import run_ductor

@@ -21,10 +21,11 @@ from processor.core.model import (
     state_checksum,
 )
 from processor.core.routing import TopicNames, partition_for
-from processor.io.config import Settings
-from processor.io.faults import Faults, Point
-from processor.io.runs_admin import insert_runs, register_workflow
-from processor.io.store import Definitions, commit_batch, load_runs
+from processor.io.config.settings import Settings
+from processor.io.postgres.runs_admin import insert_runs
+from processor.io.postgres.store import Definitions, commit_batch, load_runs
+from processor.io.postgres.workflows import register_workflow
+from processor.io.runtime.faults import Faults, Point
 
 from .children import run_ductor
 from .instances import ProcessorThread, WorkerThread

@@ -45,9 +45,9 @@ from pathlib import Path
 
 import pytest
 
-from processor.io.config import Settings, settings_env
-from processor.io.package_files import migrations
-from processor.io.topics import delete_topics
+from processor.io.config.settings import Settings, settings_env
+from processor.io.kafka.topics import delete_topics
+from processor.io.shipped.files import migrations
 from tests import dockerfile
 from tests.quickstart import Command, quickstart
 

@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 from confluent_kafka.admin import AdminClient, ConfigResource, ResourceType  # type: ignore[attr-defined]
 
-from processor.io.config import Settings
-from processor.io.kafka import admin_config
-from processor.io.worker_group import SESSION_TIMEOUT
+from processor.io.config.settings import Settings
+from processor.io.kafka.configs import admin_config
+from processor.io.kafka.worker_group import SESSION_TIMEOUT
 from processor.tools.failover import Failover, measure
 
 pytestmark = pytest.mark.integration

@@ -18,8 +18,8 @@ import pytest
 from infra.local import StopMode
 from processor.client import start_runs
 from processor.core.workflow import WorkflowDef, parse_workflow
-from processor.io.config import Settings
-from processor.io.runs_admin import register_workflow
+from processor.io.config.settings import Settings
+from processor.io.postgres.workflows import register_workflow
 
 from . import counted_steps
 from .audit import assert_results_applied, assert_transitions_applied_once, timed_out_attempts

@@ -17,10 +17,10 @@ from processor.core.dead_letters import SOURCE_TOPIC
 from processor.core.routing import TopicNames
 from processor.core.step_task import StepTask
 from processor.core.workflow import parse_workflow
-from processor.io.config import Settings
-from processor.io.dlq import read_dead_letters
-from processor.io.kafka import producer_config
-from processor.io.runs_admin import register_workflow
+from processor.io.config.settings import Settings
+from processor.io.kafka.configs import producer_config
+from processor.io.kafka.dlq import read_dead_letters
+from processor.io.postgres.workflows import register_workflow
 from processor.worker import StepContext, sample_registry
 
 from .instances import ProcessorThread, WorkerThread

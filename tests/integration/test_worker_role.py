@@ -25,10 +25,10 @@ from infra.local import Postgres
 from infra.local import Settings as InfraSettings
 from processor.client import get_run
 from processor.core.workflow import parse_workflow
-from processor.io.config import Settings
-from processor.io.package_files import migrations
-from processor.io.runs_admin import register_workflow
-from processor.io.worker_registry import servers
+from processor.io.config.settings import Settings
+from processor.io.postgres.worker_registry import servers
+from processor.io.postgres.workflows import register_workflow
+from processor.io.shipped.files import migrations
 
 from .children import Spawned, child_env, run_ductor
 from .instances import ProcessorThread, WorkerThread

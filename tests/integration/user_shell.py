@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from processor.io.config import Settings
+from processor.io.config.settings import Settings
 from tests.readme_script import Command, matches
 
 from .children import child_env

@@ -16,7 +16,7 @@ from starlette.routing import Route
 
 from processor.core.envelope import MAX_RUN_ID_LENGTH
 from processor.core.workflow import SIGNAL_NAME
-from processor.io.config import Settings
+from processor.io.config.settings import Settings
 from processor.ui.api import Api
 from processor.ui.api_answers import shortened
 from processor.ui.api_schemas import SCHEMAS

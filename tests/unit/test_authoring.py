@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from processor import Retry, StepContext, StepRegistry, Workflow
 from processor.authoring import duration_ms
 from processor.core.workflow import RetryPolicy, StepDef, ValidationError, parse_workflow
-from processor.io.workflow_schema import workflow_validator
+from processor.io.shipped.workflow_schema import workflow_validator
 from processor.worker.steps import RegistrationError
 
 SCHEMA = workflow_validator()  # the schema the package ships, as `workflows register` checks it

@@ -11,7 +11,7 @@ import pytest
 from processor.core.outcomes import DeadLetterReason
 from processor.core.requests import SignalRequest, StartRequest, decode_request
 from processor.core.scopes import scope_refusal
-from processor.io.config import Settings
+from processor.io.config.settings import Settings
 from processor.tools.chaos_hostile import map_run_id, map_workflow, scoped
 from processor.tools.chaos_hostile_kinds import APPROVAL, KINDS, MAP_WORKFLOW, Kind, Target
 

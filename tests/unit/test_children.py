@@ -29,7 +29,7 @@ from processor.core.model import (
 )
 from processor.core.tick import tick
 from processor.core.workflow import CHILD_TIMEOUT_MS, ValidationError, parse_workflow
-from processor.io.workflow_schema import workflow_validator
+from processor.io.shipped.workflow_schema import workflow_validator
 
 SCHEMA = workflow_validator()  # the schema the package ships, as `workflows register` checks it
 PARENT: dict[str, Any] = {

@@ -15,11 +15,11 @@ from processor.cli.common import CliError
 from processor.cli.errors import explain
 from processor.cli.main import main
 from processor.engine.health import Probe
-from processor.io.config import ConfigError
-from processor.io.health_http import HealthServer
-from processor.io.kafka_errors import MissingTopic
-from processor.io.listen import ListenError
-from processor.io.telemetry import Telemetry
+from processor.io.config.values import ConfigError
+from processor.io.kafka.errors import MissingTopic
+from processor.io.runtime.health_http import HealthServer
+from processor.io.runtime.listen import ListenError
+from processor.io.telemetry.setup import Telemetry
 
 # Nothing answers on port 1: the services' clients are made, none of them reaches anything.
 _NOWHERE = {
@@ -73,7 +73,7 @@ def test_a_service_whose_port_is_in_use_exits_2_with_one_sentence(
     assert "Traceback" not in done.stderr
     what = "metrics" if setting == "DUCTOR_METRICS_PORT" else "health"
     # The sentence is all there is: librdkafka's lines about the unreachable broker go
-    # through the logger (io/kafka_logs.py), and none is served before the command stops.
+    # through the logger (io/kafka/logs.py), and none is served before the command stops.
     assert done.stderr.splitlines() == [
         f"ductor: the {what} endpoint cannot listen on 127.0.0.1:{taken_port}; something else"
         f" listens there: stop it or set {setting} to a free port"

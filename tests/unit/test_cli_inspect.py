@@ -6,7 +6,7 @@ import orjson
 
 from processor.cli.runs import INSPECT_OUTPUT_CHARS, output_text
 from processor.core.model import RunStatus
-from processor.io.runs_admin import RunResult
+from processor.io.postgres.runs_admin import RunResult
 
 
 def test_a_succeeded_runs_output_is_shown_as_compact_json() -> None:

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import time
 
-from processor.io.clock import SYSTEM_CLOCK, ManualClock
+from processor.io.runtime.clock import SYSTEM_CLOCK, ManualClock
 
 
 def test_the_system_clock_reads_the_process_clocks() -> None:

@@ -1,4 +1,4 @@
-"""The collector as the services set it once started (io/collector.py), in a process of its
+"""The collector as the services set it once started (io/runtime/collector.py), in a process of its
 own: the settings take, and a reference cycle made afterwards is still collected on its own,
 by allocation, without a gc.collect()."""
 
@@ -9,7 +9,7 @@ import sys
 
 _CHILD = """
 import gc, weakref
-from processor.io.collector import YOUNG_THRESHOLD, settle_collector
+from processor.io.runtime.collector import YOUNG_THRESHOLD, settle_collector
 
 settle_collector()
 assert gc.get_threshold()[0] == YOUNG_THRESHOLD, gc.get_threshold()

@@ -1,4 +1,4 @@
-"""Settings from an environment mapping and back (processor/io/config.py)."""
+"""Settings from an environment mapping and back (processor/io/config/settings.py)."""
 
 from __future__ import annotations
 
@@ -8,15 +8,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from processor.io.config import (
-    ConfigError,
-    Settings,
-    TierWeights,
-    load_settings,
-    redact_dsn,
-    settings_env,
-)
-from processor.io.kafka_properties import property_of, refusal
+from processor.io.config.kafka_properties import property_of, refusal
+from processor.io.config.settings import Settings, load_settings, settings_env
+from processor.io.config.values import ConfigError, TierWeights, redact_dsn
 
 from .strategies import FAST
 

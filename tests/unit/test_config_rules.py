@@ -1,7 +1,7 @@
-"""Configuration that says what it does (processor/io/config.py, io/kafka_properties.py,
-io/kafka.py): a Kafka property given overrides the project's default or is refused with the
-reason, an unknown DUCTOR_* name is refused with the nearest known one, enum values in any
-case, related settings checked together, secrets from files."""
+"""Configuration that says what it does (processor/io/config/settings.py,
+io/config/kafka_properties.py, io/kafka/clients.py): a Kafka property given overrides the project's
+default or is refused with the reason, an unknown DUCTOR_* name is refused with the nearest known
+one, enum values in any case, related settings checked together, secrets from files."""
 
 from __future__ import annotations
 
@@ -11,25 +11,22 @@ from typing import Any
 
 import pytest
 
-from processor.io.config import (
+from processor.io.config.kafka_properties import OWNED, variable_for
+from processor.io.config.settings import Settings, child_env, load_settings, setting_sources
+from processor.io.config.values import ConfigError
+from processor.io.config.variables import (
     KNOWN_PREFIXES,
     READ_ELSEWHERE,
     SECRET_VARIABLES,
     SETTING_VARIABLES,
-    ConfigError,
-    Settings,
-    child_env,
     is_known_variable,
-    load_settings,
-    setting_sources,
 )
-from processor.io.kafka import (
+from processor.io.kafka.configs import (
     consumer_config,
     producer_config,
     reader_config,
     worker_consumer_config,
 )
-from processor.io.kafka_properties import OWNED, variable_for
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -8,7 +8,8 @@ import pytest
 
 from processor.cli.config import show_lines
 from processor.cli.main import main, parse_args
-from processor.io.config import SETTING_VARIABLES, load_settings
+from processor.io.config.settings import load_settings
+from processor.io.config.variables import SETTING_VARIABLES
 
 
 def test_every_setting_is_shown_with_its_source_and_no_secret(

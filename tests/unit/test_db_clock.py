@@ -1,9 +1,9 @@
-"""The one clock (io/db_clock.py): this process's clock corrected by its offset from
+"""The one clock (io/postgres/db_clock.py): this process's clock corrected by its offset from
 Postgres's, measured on round trips short enough to say something."""
 
 from __future__ import annotations
 
-from processor.io.db_clock import DatabaseClock
+from processor.io.postgres.db_clock import DatabaseClock
 
 
 class Wall:

@@ -6,7 +6,7 @@ import psycopg
 import pytest
 from psycopg import errors
 
-from processor.io.db_errors import TRANSIENT, Fault, classify, outcome_unknown
+from processor.io.postgres.db_errors import TRANSIENT, Fault, classify, outcome_unknown
 
 
 @pytest.mark.parametrize(

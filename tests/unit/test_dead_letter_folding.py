@@ -1,11 +1,11 @@
 """A bad record is one dead letter: copies sent again after a crash (the same source topic,
 partition and offset) are folded into the first read, whatever dead-letter partition they
-landed on (io/dlq.py)."""
+landed on (io/kafka/dlq.py)."""
 
 from __future__ import annotations
 
 from processor.core.dead_letters import dead_letter_headers
-from processor.io.dlq import DeadLetter, Folded
+from processor.io.kafka.dlq import DeadLetter, Folded
 
 
 def _letter(dlq_partition: int, dlq_offset: int, source_offset: int, reason: str) -> DeadLetter:

@@ -1,4 +1,4 @@
-"""Delivery (io/delivery.py): a record the broker refuses is sent again after a backoff of its
+"""Delivery (io/kafka/delivery.py): a record the broker refuses is sent again after a backoff of its
 own; one refused for good PARK_AFTER times in a row is handed to its ``on_refused`` (the
 executor parks its outbox row) and not sent again; a record without one keeps trying."""
 
@@ -10,8 +10,8 @@ from typing import Any
 
 from confluent_kafka import KafkaError
 
-from processor.io.delivery import PARK_AFTER, Delivery, Refusal
-from processor.io.kafka import ClientErrors
+from processor.io.kafka.clients import ClientErrors
+from processor.io.kafka.delivery import PARK_AFTER, Delivery, Refusal
 
 Report = Callable[[KafkaError | None], None]
 

@@ -32,10 +32,10 @@ from processor.engine.executor import Executor, Work
 from processor.engine.stage import Staged, Timings
 from processor.engine.stage_failures import StageFailures
 from processor.engine.stage_thread import InFlight
-from processor.io.clock import Clock, ManualClock
-from processor.io.faults import NO_FAULTS, Faults
-from processor.io.kafka import Outbox
-from processor.io.telemetry import Telemetry
+from processor.io.kafka.clients import Outbox
+from processor.io.runtime.clock import Clock, ManualClock
+from processor.io.runtime.faults import NO_FAULTS, Faults
+from processor.io.telemetry.setup import Telemetry
 
 from .fakes import MAX_BYTES, NAMES, NOW_MS, FakeMessage, accepted, item, loaded, wakeup_message
 

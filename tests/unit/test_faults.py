@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from processor.io.faults import Faults, Point
+from processor.io.runtime.faults import Faults, Point
 
 
 def test_kill_and_term_are_armed_at_named_points() -> None:

@@ -27,10 +27,10 @@ from processor.core.handback import (
 from processor.core.routing import TopicNames
 from processor.core.step_task import decode_step_task, encode_task
 from processor.core.workflow import parse_workflow
-from processor.io.config import Settings
-from processor.io.delivery import Delivery
-from processor.io.kafka import worker_consumer_config
-from processor.io.worker_registry import Directory, LiveWorker
+from processor.io.config.settings import Settings
+from processor.io.kafka.configs import worker_consumer_config
+from processor.io.kafka.delivery import Delivery
+from processor.io.postgres.worker_registry import Directory, LiveWorker
 from processor.worker.handback import Foreign, Handback
 from processor.worker.static_join import StaticJoin
 from processor.worker.stats import WorkerStats

@@ -17,8 +17,8 @@ from typing import Any
 import pytest
 
 from processor.engine.health import HealthServer, Probe, is_ready, probe_problems
-from processor.io.faults import Faults
-from processor.io.threads import ThreadWatch
+from processor.io.runtime.faults import Faults
+from processor.io.runtime.threads import ThreadWatch
 
 # Nothing listens on port 1: the database check fails at once with "connection refused".
 REFUSING_DSN = "postgresql://ductor:hunter2-secret@127.0.0.1:1/ductor"

@@ -44,15 +44,11 @@ from processor.cli.services import (
 )
 from processor.cli.ui import cmd_ui
 from processor.core.routing import TopicNames
-from processor.io.config import (
-    ConfigError,
-    Settings,
-    load_settings,
-    settings_env,
-)
-from processor.io.health_http import HealthServer
-from processor.io.kafka import consumer_config
-from processor.io.kafka_properties import PASSTHROUGH_PREFIX as KAFKA_PASSTHROUGH_PREFIX
+from processor.io.config.kafka_properties import PASSTHROUGH_PREFIX as KAFKA_PASSTHROUGH_PREFIX
+from processor.io.config.settings import Settings, load_settings, settings_env
+from processor.io.config.values import ConfigError
+from processor.io.kafka.configs import consumer_config
+from processor.io.runtime.health_http import HealthServer
 from processor.ui.server import UiServer
 from tests import dockerfile
 from tests.markdown import fences, section
@@ -507,7 +503,7 @@ def test_every_variable_is_one_the_config_reads(workload: Workload) -> None:
         assert name.startswith("DUCTOR_"), f"{name}: not a variable ductor reads"
         assert not name.startswith("DUCTOR_TEST_"), f"{name}: a setting for tests only"
         if not name.startswith(KAFKA_PASSTHROUGH_PREFIX):
-            assert name in known, f"{name} is not a setting of processor/io/config.py"
+            assert name in known, f"{name} is not a setting of processor/io/config/settings.py"
     settings = _settings(workload.container)  # every value is one the loader accepts
     # DUCTOR_KAFKA_* go to librdkafka as properties: a client takes them (without
     # bootstrap servers it connects to nothing), and each reads back as its variable.

@@ -1,4 +1,4 @@
-"""librdkafka's lines go through the project's logger (io/kafka_logs.py): at the levels
+"""librdkafka's lines go through the project's logger (io/kafka/logs.py): at the levels
 confluent-kafka maps librdkafka's syslog levels to, with the client and the facility as
 fields, a kind of line repeated during an outage logged ever less often with a count of what
 was left out; and every Kafka client of the package is made so."""
@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from confluent_kafka import Producer
 
-from processor.io.kafka_logs import MAX_REPEAT_S, ClientLog, with_logger
+from processor.io.kafka.logs import MAX_REPEAT_S, ClientLog, with_logger
 
 PACKAGE = Path(__file__).resolve().parents[2] / "processor"
 _CLIENT = "ductor-1#producer-1"
@@ -151,7 +151,10 @@ def test_a_real_client_logs_through_the_logger_at_the_mapped_levels(
 
 # Clients made with a logger of their own that drops every line: their callers say in one
 # sentence what they found (refused credentials, a failed check).
-_SILENT = {("io/kafka.py", "check_authentication"), ("io/config_check.py", "_kafka_clients")}
+_SILENT = {
+    ("io/kafka/clients.py", "check_authentication"),
+    ("io/config/check.py", "_kafka_clients"),
+}
 
 
 def test_every_kafka_client_of_the_package_logs_through_the_logger() -> None:

@@ -1,5 +1,5 @@
-"""Light spans (io/light_spans.py) export what the SDK's spans export: the same operations on
-a light span and on an SDK span, under the same limits, encode to the same OTLP message but
+"""Light spans (io/telemetry/light_spans.py) export what the SDK's spans export: the same operations
+on a light span and on an SDK span, under the same limits, encode to the same OTLP message but
 for the ids and clocks each draws."""
 
 from __future__ import annotations
@@ -18,9 +18,10 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import Link, SpanContext, SpanKind, StatusCode, TraceFlags
 
-from processor.io.light_spans import LightEvent, LightSpan, LightTracer
-from processor.io.sampling import RatioSampling
-from processor.io.telemetry import Telemetry, end_error, end_ok
+from processor.io.telemetry.light_spans import LightEvent, LightSpan, LightTracer
+from processor.io.telemetry.sampling import RatioSampling
+from processor.io.telemetry.setup import Telemetry
+from processor.io.telemetry.spans import end_error, end_ok
 
 RESOURCE = Resource.create({"service.name": "ductor-test"})
 SCOPE = "ductor.processor"

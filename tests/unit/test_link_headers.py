@@ -1,12 +1,13 @@
 """A worker's wakeup for several step executions recorded together carries the first one's
 context as its parent and the others' in ``ductor-link`` headers: the tick it wakes is the
-child of the first and links to every other (io/telemetry.py)."""
+child of the first and links to every other (io/telemetry/setup.py)."""
 
 from __future__ import annotations
 
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from processor.io.telemetry import Telemetry, context_headers, link_headers
+from processor.io.telemetry.setup import Telemetry
+from processor.io.telemetry.spans import context_headers, link_headers
 
 
 def test_the_tick_of_a_wakeup_for_three_executions_follows_all_three() -> None:

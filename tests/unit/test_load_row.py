@@ -21,7 +21,7 @@ from processor.core.model import (
     state_checksum,
 )
 from processor.core.workflow import parse_workflow
-from processor.io.store import _LOAD_SQL
+from processor.io.postgres.load_sql import LOAD_SQL as _LOAD_SQL
 
 WF = parse_workflow(
     {

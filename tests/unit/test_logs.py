@@ -9,8 +9,8 @@ import orjson
 import pytest
 from opentelemetry.sdk.trace import TracerProvider
 
-from processor.io.logs import JsonFormatter, TextFormatter, escape_control
-from processor.io.telemetry import log_ids
+from processor.io.telemetry.logs import JsonFormatter, TextFormatter, escape_control
+from processor.io.telemetry.spans import log_ids
 
 
 def _record(**extra: object) -> logging.LogRecord:

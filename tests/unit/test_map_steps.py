@@ -30,7 +30,7 @@ from processor.core.model import (
 from processor.core.step_task import MapItem, StepData, StepTask, decode_step_task
 from processor.core.tick import NOOP, tick
 from processor.core.workflow import ValidationError, parse_workflow
-from processor.io.workflow_schema import workflow_validator
+from processor.io.shipped.workflow_schema import workflow_validator
 from processor.worker.steps import context_of
 
 SCHEMA = workflow_validator()  # the schema the package ships, as `workflows register` checks it

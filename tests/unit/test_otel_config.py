@@ -1,4 +1,4 @@
-"""Every OTEL_* value the SDK would accept works or is refused (processor/io/otel_config.py):
+"""Every OTEL_* value the SDK would accept works or is refused (processor/io/config/otel.py):
 gRPC is spoken when asked for, an unknown protocol, exporter, propagator or sampler is one
 sentence at start instead of a silent substitute."""
 
@@ -18,9 +18,9 @@ from opentelemetry.proto.collector.trace.v1 import (
 )
 
 from processor.cli.main import main
-from processor.io.config import ConfigError
-from processor.io.otel_config import GRPC_MODULE, OtelSettings, Protocol, otel_settings
-from processor.io.telemetry import Telemetry
+from processor.io.config.otel import GRPC_MODULE, OtelSettings, Protocol, otel_settings
+from processor.io.config.values import ConfigError
+from processor.io.telemetry.setup import Telemetry
 
 
 @pytest.fixture(autouse=True)

@@ -1,5 +1,5 @@
-"""The OTLP/HTTP transport both span encodings share (io/otlp_http.py): the protobuf body is
-the SDK's message, transient refusals are tried again within the timeout, others are not."""
+"""The OTLP/HTTP transport both span encodings share (io/telemetry/otlp_http.py): the protobuf body
+is the SDK's message, transient refusals are tried again within the timeout, others are not."""
 
 from __future__ import annotations
 
@@ -16,9 +16,9 @@ from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExportResult
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from processor.io.otel_config import Protocol
-from processor.io.otlp_proto import OtlpProtobufSpanExporter
-from processor.io.telemetry import span_exporter
+from processor.io.config.otel import Protocol
+from processor.io.telemetry.exporters import span_exporter
+from processor.io.telemetry.otlp_proto import OtlpProtobufSpanExporter
 
 Collector = tuple[str, list[tuple[dict[str, str], bytes]], list[int]]
 

@@ -21,7 +21,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExportResult
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import Link, SpanKind, Status, StatusCode
 
-from processor.io.otlp_json import OtlpJsonSpanExporter, encode
+from processor.io.telemetry.otlp_json import OtlpJsonSpanExporter, encode
 
 
 def _spans() -> list[ReadableSpan]:

@@ -1,4 +1,5 @@
-"""The protobuf span encoder (io/otlp_proto.py) writes the bytes the SDK's encoder writes."""
+"""The protobuf span encoder (io/telemetry/otlp_proto.py) writes the bytes the SDK's encoder
+writes."""
 
 from __future__ import annotations
 
@@ -16,9 +17,9 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import Link, SpanContext, SpanKind, StatusCode, TraceFlags, TraceState
 
-from processor.io.light_spans import LightTracer
-from processor.io.otlp_proto import encode_spans
-from processor.io.sampling import RatioSampling
+from processor.io.telemetry.light_spans import LightTracer
+from processor.io.telemetry.otlp_proto import encode_spans
+from processor.io.telemetry.sampling import RatioSampling
 
 scalars = st.one_of(
     st.text(max_size=6),

@@ -8,7 +8,7 @@ import logging
 import pytest
 
 from processor.core.backoff import retry_delay_s
-from processor.io.outage import Outage
+from processor.io.runtime.outage import Outage
 
 
 def test_one_line_per_start_and_end_and_the_backoff_between_tries(

@@ -1,4 +1,4 @@
-"""The files the package ships (processor/io/package_files.py) are the top-level schemas/
+"""The files the package ships (processor/io/shipped/files.py) are the top-level schemas/
 folder's: every one of them is read from inside the package, and every one is in the
 package data that goes into the wheel."""
 
@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from processor.io import package_files
-from processor.io.migrate import pending_migrations
-from processor.io.package_files import Migration
+from processor.io.postgres.migrate import pending_migrations
+from processor.io.shipped import files as package_files
+from processor.io.shipped.files import Migration
 
 REPO = Path(__file__).resolve().parents[2]
 SCHEMAS = REPO / "schemas"

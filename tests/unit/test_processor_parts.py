@@ -21,9 +21,9 @@ from processor.core.stats import Stats
 from processor.engine.assembly import ProcessorParts, build_processor
 from processor.engine.pace import DELIVERY_WAIT_S, IDLE_POLL_S, Pace
 from processor.engine.watchdog import SweepResult
-from processor.io.clock import ManualClock
-from processor.io.config import Settings
-from processor.io.telemetry import Telemetry
+from processor.io.config.settings import Settings
+from processor.io.runtime.clock import ManualClock
+from processor.io.telemetry.setup import Telemetry
 
 from .fakes import FakeMessage, item
 

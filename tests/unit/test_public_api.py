@@ -1,6 +1,6 @@
 """What users import from the package root (processor/__init__.py): the names are pinned here,
 each is the object of the module that defines it, and importing the root loads none of them
-until they are used (`python -m processor` must run processor/early_stop.py first)."""
+until they are used (`python -m processor` must run processor/cli/early_stop.py first)."""
 
 from __future__ import annotations
 
@@ -16,12 +16,12 @@ import processor
 REPO = Path(__file__).resolve().parents[2]
 EXPORTS = {
     "Concurrency": "processor.authoring",
-    "ConfigError": "processor.io.config",
+    "ConfigError": "processor.io.config.settings",
     "NonRetryable": "processor.worker.steps",
     "RateLimit": "processor.authoring",
     "Retry": "processor.authoring",
     "RunStatus": "processor.core.model",
-    "Settings": "processor.io.config",
+    "Settings": "processor.io.config.settings",
     "SignalKind": "processor.core.model",
     "StepContext": "processor.worker.steps",
     "StepFailed": "processor.worker.steps",
@@ -30,7 +30,7 @@ EXPORTS = {
     "WorkerOptions": "processor.worker.options",
     "Workflow": "processor.authoring",
     "client": "processor.client",
-    "load_settings": "processor.io.config",
+    "load_settings": "processor.io.config.settings",
 }
 
 
@@ -68,4 +68,4 @@ def test_importing_the_root_loads_nothing_else() -> None:
     shown = subprocess.run(
         [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True
     )
-    assert shown.stdout.strip() == "['processor']"
+    assert shown.stdout.strip() == "['processor', 'processor.build']"  # the build's finder

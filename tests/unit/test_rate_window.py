@@ -1,6 +1,6 @@
 """A rate limit counted as numbered dispatches (core/limits.py, rule 5), against a model of its
-tables as io/limit_store.py writes them: batches of runs, some loaded before the previous batch
-committed, at times moving on by less or more than a window. At most ``limit`` dispatches in
+tables as io/postgres/limit_store.py writes them: batches of runs, some loaded before the previous
+batch committed, at times moving on by less or more than a window. At most ``limit`` dispatches in
 any window; never fewer let in than the window has room for (a run waits only when the window
 is full or an older waiter is still in line); a waiter looks again no sooner than it can be let
 in; every run is let in once time moves on; the same inputs decide the same."""

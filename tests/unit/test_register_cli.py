@@ -19,8 +19,8 @@ import pytest
 
 from processor.cli.common import EXIT_USAGE, CliError
 from processor.cli.workflows import cmd_workflows_register
-from processor.io.config import Settings
-from processor.io.workflow_schema import (
+from processor.io.config.settings import Settings
+from processor.io.shipped.workflow_schema import (
     WorkflowSchemaError,
     check_workflow_document,
     workflow_validator,

@@ -1,5 +1,6 @@
 """The pure parts of searching runs: tags, filters, cursors (core/run_search.py), the SQL a
-filter becomes (io/run_search.py, built without a database) and the command line's filters."""
+filter becomes (io/postgres/run_search.py, built without a database) and the command line's
+filters."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from processor.cli.common import CliError
 from processor.cli.search import add_filter_arguments, filter_from_args
 from processor.core.model import RunStatus
 from processor.core.run_search import MAX_TAGS, Cursor, RunFilter, parse_tags, tags_problem
-from processor.io.run_search import conditions, count_sql, merge_attempts, search_sql
+from processor.io.postgres.run_search import conditions, count_sql, merge_attempts, search_sql
 
 
 def test_tags_are_a_small_flat_object_of_strings() -> None:

@@ -11,8 +11,8 @@ from typing import Any
 
 from processor.core.model import StepOutcome
 from processor.core.step_task import StepTask
-from processor.io.faults import Faults
-from processor.io.threads import ThreadWatch
+from processor.io.runtime.faults import Faults
+from processor.io.runtime.threads import ThreadWatch
 from processor.worker.runners import ThreadRunner, begin
 from processor.worker.steps import Outcome
 from processor.worker.tasks import Task

@@ -13,8 +13,9 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ParentBased, TraceIdRatioBased
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
-from processor.io.sampling import RatioSampling, parse_traceparent
-from processor.io.telemetry import Telemetry, context_headers
+from processor.io.telemetry.sampling import RatioSampling, parse_traceparent
+from processor.io.telemetry.setup import Telemetry
+from processor.io.telemetry.spans import context_headers
 
 _PROPAGATOR = TraceContextTextMapPropagator()
 TRACE = "0af7651916cd43dd8448eb211c80319c"

@@ -22,7 +22,8 @@ from processor.core.scopes import (
     scope_refusal,
 )
 from processor.core.triggers import parse_trigger, trigger_scope
-from processor.io.config import ConfigError, Settings, load_settings
+from processor.io.config.settings import Settings, load_settings
+from processor.io.config.values import ConfigError
 
 from .fakes import MAX_BYTES, NAMES, NOW_MS, FakeMessage
 from .strategies import FAST

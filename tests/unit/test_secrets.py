@@ -1,6 +1,6 @@
 """No secret is ever printed: not by ``repr``/``str`` of the settings, not by `ductor config
 show` (text or JSON), not by the lines a command logs at its start; and a secret file others
-than its owner may read is warned about (processor/io/config.py, processor/cli/config.py).
+than its owner may read is warned about (processor/io/config/settings.py, processor/cli/config.py).
 
 Each case gives one secret the way an operator would (a variable, or a file) and looks for its
 text everywhere the settings are shown."""
@@ -15,8 +15,9 @@ import pytest
 
 from processor.cli.config import show_lines
 from processor.cli.main import main
-from processor.io.config import SECRET_VARIABLES, load_settings, secret_file_warnings
-from processor.io.kafka_properties import SECRET_PROPERTIES, is_secret, variable_for
+from processor.io.config.kafka_properties import SECRET_PROPERTIES, is_secret, variable_for
+from processor.io.config.settings import load_settings
+from processor.io.config.variables import SECRET_VARIABLES, secret_file_warnings
 
 SECRET = "S3cr3t-Wh1ch-Must-N0t-Show"
 

@@ -23,9 +23,9 @@ from processor.core.plans import DeadLettered, payload_of
 from processor.engine import database as database_module
 from processor.engine.database import Database
 from processor.engine.stage import DatabaseStage
-from processor.io.db_clock import DatabaseClock
-from processor.io.faults import NO_FAULTS, Faults
-from processor.io.store import CommitAnswer, QuarantineFlag, commit_params
+from processor.io.postgres.db_clock import DatabaseClock
+from processor.io.postgres.store import CommitAnswer, QuarantineFlag, commit_params
+from processor.io.runtime.faults import NO_FAULTS, Faults
 
 from .fakes import NAMES, NOW_MS, accepted, item, loaded, wakeup_message
 

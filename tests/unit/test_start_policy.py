@@ -8,7 +8,7 @@ from processor import client
 from processor.cli.main import parse_args
 from processor.client import IfExists
 from processor.client.starts import _refused
-from processor.io.runs_admin import ExistingRun
+from processor.io.postgres.runs_admin import ExistingRun
 
 SAME = ExistingRun("r", ("orders", 1), same_input=True)
 OTHER_INPUT = ExistingRun("r", ("orders", 1), same_input=False)

@@ -1,4 +1,4 @@
-"""A service's start waits out a dependency that does not answer (io/outage.py's
+"""A service's start waits out a dependency that does not answer (io/runtime/outage.py's
 ``until_available``): tried again after the outage's backoff, one line when the outage starts
 and one when it ends, the caller's turn kept going meanwhile, a stop honoured, and any failure
 that is not an outage raised. What an outage is, the classifiers of each dependency say."""
@@ -13,10 +13,10 @@ import pytest
 from confluent_kafka import KafkaError, KafkaException
 from psycopg import errors
 
-from processor.io.db_errors import database_unreachable
-from processor.io.kafka import broker_unreachable
-from processor.io.kafka_errors import MissingTopic
-from processor.io.outage import Outage, until_available
+from processor.io.kafka.clients import broker_unreachable
+from processor.io.kafka.errors import MissingTopic
+from processor.io.postgres.db_errors import database_unreachable
+from processor.io.runtime.outage import Outage, until_available
 
 _LOG = logging.getLogger("test.start")
 

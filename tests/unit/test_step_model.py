@@ -26,7 +26,7 @@ from processor.core.workflow import (
     parse_workflow,
     workflow_to_json,
 )
-from processor.io.workflow_schema import workflow_validator
+from processor.io.shipped.workflow_schema import workflow_validator
 
 SCHEMA = workflow_validator()
 STEP_SCHEMA: Any = cast(Any, SCHEMA.schema)["properties"]["steps"]["items"]

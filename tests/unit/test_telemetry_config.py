@@ -10,14 +10,10 @@ from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ALWAYS_ON
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from processor.core.stats import Stats
-from processor.io.light_spans import LightTracer
-from processor.io.otel_config import SAMPLERS
-from processor.io.telemetry import (
-    END_TO_END,
-    END_TO_END_STRIDE,
-    Telemetry,
-    context_headers,
-)
+from processor.io.config.otel import SAMPLERS
+from processor.io.telemetry.light_spans import LightTracer
+from processor.io.telemetry.setup import END_TO_END, END_TO_END_STRIDE, Telemetry
+from processor.io.telemetry.spans import context_headers
 
 
 def test_without_otel_variables_or_a_metrics_port_telemetry_is_a_no_op(

@@ -215,7 +215,7 @@ def test_a_retry_that_would_come_after_schedule_to_close_is_not_made() -> None:
 
 
 def test_an_attempt_failed_unstarted_is_named_for_the_commit_to_mark_it() -> None:
-    """The commit holds only if no worker claimed it meanwhile (io/store.py): the decision
+    """The commit holds only if no worker claimed it meanwhile (io/postgres/store.py): the decision
     names the attempts it fails that no worker had started, and no other."""
     wf = _wf(schedule_to_start_ms=500)
     s = _dispatched(wf)

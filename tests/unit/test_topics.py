@@ -13,8 +13,8 @@ from processor.core.routing import (
     requeue_delay_ms,
     rung_for_delay,
 )
-from processor.io.config import Settings
-from processor.io.topics import desired_topics, replication
+from processor.io.config.settings import Settings
+from processor.io.kafka.topics import desired_topics, replication
 
 from .strategies import FAST
 

@@ -19,7 +19,7 @@ from processor.core.routing import TopicNames
 from processor.core.stats import Stats
 from processor.core.triggers import Filtered, map_record, parse_path, parse_trigger
 from processor.engine.trigger_follow import TriggerFollower
-from processor.io.trigger_store import TriggerSet
+from processor.io.postgres.trigger_store import TriggerSet
 
 START = {
     "trigger_version": 1,

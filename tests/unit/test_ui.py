@@ -16,8 +16,9 @@ from hypothesis import strategies as st
 
 from processor.client import parse_filter
 from processor.core.model import RunStatus
-from processor.io.config import ConfigError, Settings, load_settings
-from processor.io.listen import ListenError
+from processor.io.config.settings import Settings, load_settings
+from processor.io.config.values import ConfigError
+from processor.io.runtime.listen import ListenError
 from processor.ui import auth
 from processor.ui.dag import BOX_H, BOX_W, GAP_X, StepState, layout, levels, step_states
 from processor.ui.hosts import LOOPBACK_HOSTS, host_allowed, host_of, served_hosts

@@ -3,7 +3,8 @@ the worker's own DSN setting (DUCTOR_WORKER_PG_DSN, falling back to DUCTOR_PG_DS
 
 from __future__ import annotations
 
-from processor.io.config import FILE_SUFFIX, SECRET_VARIABLES, Settings, load_settings
+from processor.io.config.settings import Settings, load_settings
+from processor.io.config.variables import FILE_SUFFIX, SECRET_VARIABLES
 from processor.worker.environment import is_secret_variable, scrub_secrets
 
 KEPT = {

@@ -18,14 +18,14 @@ from processor.core.claims import Verdict
 from processor.core.model import StepOutcome
 from processor.core.routing import TopicNames
 from processor.core.step_task import StepData, encode_task
-from processor.io.clock import ManualClock
-from processor.io.db_clock import DatabaseClock
-from processor.io.delivery import Delivery
-from processor.io.faults import NO_FAULTS
-from processor.io.outage import Outage
-from processor.io.step_attempts import Report
-from processor.io.telemetry import Telemetry
-from processor.io.threads import ThreadWatch
+from processor.io.kafka.delivery import Delivery
+from processor.io.postgres.db_clock import DatabaseClock
+from processor.io.postgres.step_attempts import Report
+from processor.io.runtime.clock import ManualClock
+from processor.io.runtime.faults import NO_FAULTS
+from processor.io.runtime.outage import Outage
+from processor.io.runtime.threads import ThreadWatch
+from processor.io.telemetry.setup import Telemetry
 from processor.worker.assembly import FlowParts, build_flow
 from processor.worker.claiming import RECLAIM_AFTER_S
 from processor.worker.flow import HELD_PER_SLOT

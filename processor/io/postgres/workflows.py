@@ -1,0 +1,133 @@
+"""Registering workflow definitions (``eec_workflow_definition``; a registered version is
+immutable, and no registration may close a cycle of child workflows), and what is
+registered: the versions and the queues their steps run on.
+
+Like ``store.py``, every statement is one round trip on an autocommit connection (a
+registration that starts children takes one transaction, for its lock).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+import orjson
+import psycopg
+
+from processor.core.child_graph import ChildCycle, ChildRef, child_cycle
+from processor.core.routing import DEFAULT_QUEUE
+from processor.core.workflow import WorkflowDef, parse_workflow, workflow_to_json
+
+# Registrations of definitions that start children take turns (a transaction-scoped advisory
+# lock, this key): two registered at once could each close half of a cycle unseen.
+_CHILD_GRAPH_LOCK = 0x64756374  # "duct"
+
+
+def register_workflow(conn: psycopg.Connection[Any], wf: WorkflowDef) -> bool:
+    """Register a definition; True if new. Re-registering the same content is a no-op, a
+    different content under an existing (name, version) is refused (versions are immutable),
+    and so is one whose step starts a child run of a workflow (version) not registered, or
+    whose registration would close a cycle of child workflows (ChildCycle: core/child_graph.py).
+    """
+    if not wf.has_children:
+        return _register(conn, wf)
+    with conn.transaction():
+        conn.execute("SELECT pg_advisory_xact_lock(%s)", (_CHILD_GRAPH_LOCK,))
+        _check_children_registered(conn, wf)
+        new = _register(conn, wf)
+        if new:  # read with the new row, in this transaction: raising takes it back
+            cycle = child_cycle(wf.key, _child_graph(conn))
+            if cycle is not None:
+                raise ChildCycle(wf.key, cycle)
+        return new
+
+
+def _check_children_registered(conn: psycopg.Connection[Any], wf: WorkflowDef) -> None:
+    for step in wf.steps:
+        if step.starts_child:
+            row = conn.execute(
+                "SELECT 1 FROM eec_workflow_definition WHERE name = %s"
+                " AND (%s::integer IS NULL OR version = %s::integer) LIMIT 1",
+                (step.child_workflow, step.child_version, step.child_version),
+            ).fetchone()
+            if row is None:
+                which = "" if step.child_version is None else f" version {step.child_version}"
+                raise ValueError(
+                    f"step {step.name!r} starts workflow {step.child_workflow!r}{which}, which"
+                    " is not registered: register it first"
+                )
+
+
+def _child_graph(conn: psycopg.Connection[Any]) -> dict[tuple[str, int], list[ChildRef]]:
+    """Every registered version with the children its steps start (core/child_graph.py)."""
+    rows = conn.execute(
+        "SELECT w.name, w.version, st ->> 'workflow', st ->> 'version'"
+        " FROM eec_workflow_definition w"
+        f" LEFT JOIN LATERAL {_STEPS.format(d='w.definition')} AS st"
+        "   ON st ->> 'kind' = 'workflow' AND jsonb_typeof(st -> 'workflow') = 'string'"
+    ).fetchall()
+    graph: dict[tuple[str, int], list[ChildRef]] = {}
+    for name, version, child, child_version in rows:
+        refs = graph.setdefault((name, version), [])
+        if child is not None:
+            pinned = int(child_version) if child_version and child_version.isdigit() else None
+            refs.append((child, pinned))
+    return graph
+
+
+def _register(conn: psycopg.Connection[Any], wf: WorkflowDef) -> bool:
+    body = orjson.dumps(workflow_to_json(wf)).decode()
+    row = conn.execute(
+        "INSERT INTO eec_workflow_definition (name, version, definition) VALUES (%s, %s, %s)"
+        " ON CONFLICT (name, version) DO NOTHING RETURNING 1",
+        (wf.name, wf.version, body),
+    ).fetchone()
+    if row is not None:
+        return True
+    existing = conn.execute(
+        "SELECT definition FROM eec_workflow_definition WHERE name = %s AND version = %s",
+        (wf.name, wf.version),
+    ).fetchone()
+    if existing is not None and parse_workflow(existing[0]) != wf:
+        raise ValueError(
+            f"workflow {wf.name!r} version {wf.version} is already registered with a different"
+            " definition; register it under a new version"
+        )
+    return False
+
+
+# The steps of definition {d}, as rows: none for a definition written by hand whose ``steps``
+# is not a list (it cannot be run; a listing or a topic creation must not fail on it).
+_STEPS = """jsonb_array_elements(CASE WHEN jsonb_typeof({d} -> 'steps') = 'array'
+                                   THEN {d} -> 'steps' ELSE '[]'::jsonb END)"""
+
+
+@dataclass(frozen=True)
+class WorkflowVersion:
+    """One registered version of a workflow, as ``ductor workflows list`` shows it."""
+
+    name: str
+    version: int
+    registered_at: datetime
+    steps: tuple[str, ...]
+
+
+def workflow_versions(conn: psycopg.Connection[Any]) -> list[WorkflowVersion]:
+    """Every registered version, by name, then version."""
+    rows = conn.execute(
+        "SELECT name, version, registered_at,"
+        f" ARRAY(SELECT st ->> 'name' FROM {_STEPS.format(d='definition')} AS st)"
+        " FROM eec_workflow_definition ORDER BY name, version"
+    ).fetchall()
+    return [WorkflowVersion(n, v, at, tuple(steps)) for n, v, at, steps in rows]
+
+
+def registered_queues(conn: psycopg.Connection[Any]) -> list[str]:
+    """The queues the steps of the registered workflows name (each its steps topic)."""
+    rows = conn.execute(
+        "SELECT DISTINCT coalesce(st ->> 'queue', %s) FROM eec_workflow_definition w,"
+        f" {_STEPS.format(d='w.definition')} AS st ORDER BY 1",
+        (DEFAULT_QUEUE,),
+    ).fetchall()
+    return [r[0] for r in rows]

@@ -1,0 +1,3 @@
+"""The process's own machinery, shared by the processor and the worker: the injected clock,
+the garbage collector's setting, the watched long-lived threads, the fault-injection points,
+outages as logged once, the health endpoints' server and the error of a port it cannot take."""
