@@ -1309,12 +1309,19 @@ def run_local(
     node: int | None = None,
 ) -> int:
     if node is not None:
-        [cluster] = [svc for svc in services if isinstance(svc, KafkaCluster)]
-        if command == "restart":
-            cluster.restart_node(node, mode, down_for_s)
-        else:
-            cluster.kill_node(node)
-    elif command == "up":
+        _run_on_node(command, services, node, mode, down_for_s)
+    else:
+        _run_on_services(command, services, mode, down_for_s)
+    all_running = print_summary(services)
+    if command == "status" and not all_running:
+        return EXIT_NOT_RUNNING
+    return 0
+
+
+def _run_on_services(
+    command: str, services: Sequence[Service], mode: StopMode, down_for_s: float
+) -> None:
+    if command == "up":
         for svc in services:
             svc.up()
     elif command == "down":
@@ -1326,10 +1333,17 @@ def run_local(
     elif command == "kill":
         for svc in services:
             svc.down(StopMode.KILL)
-    all_running = print_summary(services)
-    if command == "status" and not all_running:
-        return EXIT_NOT_RUNNING
-    return 0
+
+
+def _run_on_node(
+    command: str, services: Sequence[Service], node: int, mode: StopMode, down_for_s: float
+) -> None:
+    """`restart` or `kill` of one broker of the local cluster."""
+    [cluster] = [svc for svc in services if isinstance(svc, KafkaCluster)]
+    if command == "restart":
+        cluster.restart_node(node, mode, down_for_s)
+    else:
+        cluster.kill_node(node)
 
 
 def run_docker(command: str, names: Sequence[str], services: Sequence[Service]) -> int:

@@ -6,10 +6,8 @@ step's options beside its function.
 
     checkout = Workflow("checkout", version=2, output="confirm")
 
-
     @checkout.step(timeout="15s", retry=Retry(3, backoff="500ms"))
     def charge(ctx: StepContext) -> dict[str, str]: ...
-
 
     @checkout.step(after=[charge])
     def confirm(ctx: StepContext) -> dict[str, str]: ...
