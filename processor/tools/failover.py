@@ -91,12 +91,19 @@ class Failover:
 
 
 def _wait(predicate: Callable[[], bool], timeout_s: float, what: str) -> None:
+    if not _eventually(predicate, timeout_s):
+        raise TimeoutError(f"timed out after {timeout_s:.0f} s waiting for {what}")
+
+
+def _eventually(predicate: Callable[[], bool], timeout_s: float) -> bool:
+    """Whether ``predicate`` came true within ``timeout_s``."""
     deadline = time.monotonic() + timeout_s
     pause = threading.Event()
     while not predicate():
         if time.monotonic() > deadline:
-            raise TimeoutError(f"timed out after {timeout_s:.0f} s waiting for {what}")
+            return False
         pause.wait(0.05)
+    return True
 
 
 def workflow() -> WorkflowDef:
@@ -204,6 +211,10 @@ def _measure(
         _WAIT_S,
         "every run to end",
     )
+    # The runs may all end on the survivor before the restarted worker's name is free again
+    # (its old session's timeout) and it joins: it is given the time to.
+    if a2 is not None:
+        _eventually(lambda: a2.owned_partitions() > 0 or not members.alive(), _WAIT_S)
     first_s, last_s = _moved(conn, prefix, killed_at, a.proc.pid)
     statuses = run_counts.statuses(conn, ids)
     return Failover(

@@ -253,7 +253,7 @@ def test_the_workflow_in_python_registers_as_the_same_definition_and_is_listed_a
     assert parse_workflow(orjson.loads(shown.stdout)) == parse_workflow(written)
     missing = run_ductor(settings, "workflows", "show", "orders", "--version", "9", cwd=orders_dir)
     assert (missing.returncode, missing.stderr) == (
-        1,
+        2,  # an unknown workflow is bad input, for every command (docs/usage.md#exit-codes)
         "ductor: workflow 'orders' version 9 is not registered\n",
     )
 
