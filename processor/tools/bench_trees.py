@@ -33,10 +33,11 @@ from processor.tools.bench_rounds import Round, compare, turns
 CHECKOUT = Path(__file__).resolve().parents[2]
 
 # What the child runs, with the other tree's modules: its own end-to-end phase, on the
-# database the parent made for it (DUCTOR_PG_DSN), its figures as one line of JSON.
+# database the parent made for it (DUCTOR_PG_DSN), its figures as one line of JSON. Only names
+# every tree has: the package's public load_settings (modules move between revisions).
 _CHILD = """
 import json, sys
-from processor.io.config.settings import load_settings
+from processor import load_settings
 from processor.tools.bench_phases import Bench
 processes, runs = int(sys.argv[1]), int(sys.argv[2])
 bench = Bench(load_settings(), 1.0)
