@@ -26,6 +26,23 @@ from processor.io.postgres.schedules import (
 )
 from processor.io.postgres.store import Definitions
 
+# The columns of `schedules list`, and what each says: the table's header and its --help.
+COLUMNS = (
+    ("NAME", "the schedule; its runs are NAME@<fire time in UTC>"),
+    ("CRON", "its expression (with --seconds when it has them), and its zone when not UTC"),
+    ("WORKFLOW", "what it starts: the latest version, or vN when it names one"),
+    ("NEXT FIRE", "when it fires next (ISO 8601 with its offset), or paused"),
+    ("LAST RUN", "the run its latest fire started (- before its first)"),
+    ("FIRES", "the runs its fires started"),
+    ("MISSED", "fires more than a minute late (no processor ran) that were skipped"),
+)
+
+
+def _columns_help() -> str:
+    width = max(len(name) for name, _ in COLUMNS)
+    lines = [f"  {name.ljust(width)}  {text}" for name, text in COLUMNS]
+    return "columns:\n" + "\n".join(lines) + "\n\n-o json gives every field, one schedule a line."
+
 
 def register(sub: Any) -> None:
     schedules = sub.add_parser("schedules", help="start a workflow on a cron schedule")
@@ -61,7 +78,12 @@ def register(sub: Any) -> None:
         " still start a run, the latest first (default 0: skipped)",
     )
     p.set_defaults(func=cmd_schedules_create)
-    p = s_sub.add_parser("list", help="the schedules: next fire, last run, fires and misses")
+    p = s_sub.add_parser(
+        "list",
+        help="the schedules: next fire, last run, fires and misses",
+        epilog=_columns_help(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     add_legacy_output(p)
     p.set_defaults(func=cmd_schedules_list)
     for action, text in (
@@ -134,7 +156,7 @@ def cmd_schedules_list(settings: Settings, args: argparse.Namespace) -> int:
         )
         for s in schedules
     ]
-    print_table(("NAME", "CRON", "WORKFLOW", "NEXT FIRE", "LAST RUN", "FIRES", "MISSED"), rows)
+    print_table(tuple(name for name, _ in COLUMNS), rows)
     return EXIT_OK
 
 

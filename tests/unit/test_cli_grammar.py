@@ -15,6 +15,7 @@ import pytest
 from processor.cli.common import EXIT_USAGE, CliError, json_argument
 from processor.cli.grammar import leaf_parsers, resolve_output
 from processor.cli.main import build_parser, main, parse_args
+from processor.cli.schedules import COLUMNS
 
 
 def _resolved(argv: list[str]) -> argparse.Namespace:
@@ -185,3 +186,17 @@ def test_a_json_argument_that_cannot_be_read_is_refused_with_exit_2(
     with pytest.raises(CliError, match=message) as info:
         json_argument("--input", given.format(dir=tmp_path), {})
     assert info.value.code == EXIT_USAGE
+
+
+def test_schedules_list_explains_each_of_its_columns(capsys: pytest.CaptureFixture[str]) -> None:
+    """The table's header and its --help come from one list: every column shown is explained."""
+    with pytest.raises(SystemExit) as done:
+        main(["schedules", "list", "--help"])
+    assert done.value.code == 0
+    shown = capsys.readouterr().out
+    explained = shown[shown.index("columns:") :].splitlines()[1:]
+    names = [name for name, _ in COLUMNS]
+    assert names[:3] == ["NAME", "CRON", "WORKFLOW"] and "MISSED" in names
+    for name in names:
+        (line,) = [line for line in explained if line.strip().startswith(name + "  ")]
+        assert len(line.split(name, 1)[1].strip()) > 10, line
