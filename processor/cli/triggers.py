@@ -31,7 +31,14 @@ def cmd_triggers_create(settings: Settings, args: argparse.Namespace) -> int:
         raise CliError(f"{trigger.topic} is one of Ductor's own topics, not a source topic")
     try:
         ends = topic_end_offsets(settings, trigger.topic)
-    except (ValueError, KafkaException) as exc:
+    except ValueError as exc:  # no such topic: the team's to create, with its own settings
+        raise CliError(
+            f"{exc}: create it first, with the partitions and retention your producers need"
+            f" (e.g. kafka-topics.sh --bootstrap-server {settings.bootstrap_servers}"
+            f" --create --topic {trigger.topic} --partitions 3), then create the trigger"
+            " again; with --from-beginning it also reads what was written before"
+        ) from None
+    except KafkaException as exc:
         raise CliError(f"cannot read topic {trigger.topic}: {exc}") from None
     start = {} if args.from_beginning else ends
     with connect(settings) as conn:

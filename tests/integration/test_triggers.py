@@ -237,3 +237,16 @@ def test_an_instance_killed_after_a_request_statement_loses_no_triggered_run(
     assert_transitions_applied_once(pg)
     assert read_dead_letters(settings) == []
     assert heir.final_stats()["ticks"].get("duplicate", 0) > 0, "nothing was redone"
+
+
+def test_a_trigger_on_a_topic_not_created_yet_says_how_to_create_it(
+    settings: Settings, pg: psycopg.Connection[Any]
+) -> None:
+    missing = f"team-missing-{uuid.uuid4().hex[:6]}"
+    done = run_ductor(
+        settings, "triggers", "create", "early", "--topic", missing, "--workflow", "sample"
+    )
+    assert done.returncode == 1, done.stderr
+    assert f"topic '{missing}' does not exist" in done.stderr
+    assert f"--create --topic {missing}" in done.stderr and "create it first" in done.stderr
+    assert run_ductor(settings, "triggers", "list", "-o", "json").stdout == ""
