@@ -171,17 +171,9 @@ class _Members:
         return all(child.running() for child in self.watched)
 
 
-def _measure(
-    s: Settings,
-    conn: psycopg.Connection[Any],
-    log_dir: Path,
-    tag: str,
-    runs: int,
-    named: bool,
-    restart: bool,
-    children: list[DuctorChild],
-) -> Failover:
-    members = _Members(s, log_dir, tag, named, children)
+def _start_members(members: _Members, s: Settings) -> tuple[DuctorChild, DuctorChild]:
+    """A processor and two workers, A (one slot, its steps held) and B, once both hold
+    partitions of the queue."""
     members.start(["process"], "processor")
     a = members.worker("1", "worker-a", "a", hold=True)
     b = members.worker("4", "worker-b", "b", hold=False)
@@ -196,6 +188,21 @@ def _measure(
         60,
         "both workers to hold partitions",
     )
+    return a, b
+
+
+def _measure(
+    s: Settings,
+    conn: psycopg.Connection[Any],
+    log_dir: Path,
+    tag: str,
+    runs: int,
+    named: bool,
+    restart: bool,
+    children: list[DuctorChild],
+) -> Failover:
+    members = _Members(s, log_dir, tag, named, children)
+    a, b = _start_members(members, s)
     prefix = f"failover-{tag}-"
     ids = _start_on_every_tier(s, [f"{prefix}{i}" for i in range(runs)])
     executed = _quiet(conn, prefix, a, members.alive)
