@@ -3,9 +3,10 @@ batch (a run's first tick, and a tick on a step result), decoding a loaded batch
 JSON document into ``LoadedRun`` objects, checksums verified), encoding a batch's commit
 parameters, the intake verdict of a consumed wakeup, and the loop thread's share of a run's
 tick (its record taken in, its committed plan carried out: two step tasks handed to a real
-producer client with no broker behind it, so no delivery report). Figures are µs per run (or
-record), the minimum of ``--repeat`` timings of ``--number`` calls on a batch of ``--batch``
-runs of the 4-step workflow the end-to-end bench runs (s0; s1 and s2 after it; s3 after both).
+producer client with no broker behind it, so no delivery report). Figures are µs of the
+thread's CPU per run (or record), the minimum of ``--repeat`` timings of ``--number`` calls on
+a batch of ``--batch`` runs of the 4-step workflow the end-to-end bench runs (s0; s1 and s2
+after it; s3 after both).
 
 ``--compare`` runs the measurement in child processes, alternating the pure-Python build
 (``DUCTOR_PURE_PYTHON=1``) and the compiled one, and prints both side by side (the compiled
