@@ -44,6 +44,7 @@ from processor.io.config.settings import load_settings
 from processor.io.kafka.logs import with_logger
 from processor.tools.bench_harness import Harness, fresh_database
 from processor.tools.bench_support import stop
+from processor.tools.waiting import polls
 
 # The hops, in the order a run passes them; the per-step ones are summed over a run's steps
 # where a run passes them more than once (claims, executions), as a user waits for each.
@@ -178,8 +179,9 @@ def _dispatch_times(bench: Harness, run_ids: set[str]) -> dict[tuple[str, str], 
         consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in partitions])
         found: dict[tuple[str, str], float] = {}
         at_end: set[int] = set()
-        deadline = time.monotonic() + 60
-        while len(at_end) < len(partitions) and time.monotonic() < deadline:
+        for _ in polls(60, 0.0):  # no pause between polls: each waits up to 1 s for a record
+            if len(at_end) >= len(partitions):
+                break
             message = consumer.poll(1.0)
             if message is None:
                 continue

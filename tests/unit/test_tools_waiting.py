@@ -8,7 +8,12 @@ from processor.tools.waiting import eventually, polls
 
 def test_a_deadline_already_past_still_asks_once() -> None:
     asked: list[int] = []
-    assert not eventually(lambda: bool(asked.append(1)), timeout_s=-1.0)
+
+    def never() -> bool:
+        asked.append(1)
+        return False
+
+    assert not eventually(never, timeout_s=-1.0)
     assert asked == [1]
     assert len(list(polls(-1.0, 0.0))) == 1
 
