@@ -160,8 +160,9 @@ def test_a_chained_exception_keeps_both_tracebacks() -> None:
 
     @registry.step("wraps")
     def wraps(ctx: StepContext) -> Any:
+        order: dict[str, Any] = {}
         try:
-            return {}["by"]
+            return order["by"]
         except KeyError as exc:
             raise RuntimeError("no payer") from exc
 
