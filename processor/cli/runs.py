@@ -112,7 +112,7 @@ def cmd_inspect(settings: Settings, args: argparse.Namespace) -> int:
         return EXIT_FAILED
     print(
         f"status     {run.state.status.value}"
-        + (f" ({run.state.reason})" if run.state.reason else "")
+        + (f" ({printable(run.state.reason)})" if run.state.reason else "")
     )
     print(f"version    {columns.version}   seq {run.state.seq}   tier {run.tier}")
     if run.parent is not None:
