@@ -1,7 +1,7 @@
--- What a failed attempt keeps besides its message (docs/usage.md#inspecting-a-run): the type of
--- the exception its step raised (`error` stays "Type: message", as the run's state and its
--- failure reason quote it) and its traceback, from the first frame of the user's code on,
--- bounded in lines and bytes (core/failures.py); or, when the step's process died under it,
+-- What a failed attempt keeps besides its message (docs/usage.md#results-listing-and-retrying):
+-- the type of the exception its step raised (`error` stays "Type: message", as the run's state
+-- and its failure reason quote it) and its traceback, from the first frame of the user's code
+-- on, bounded in lines and bytes (core/failures.py); or, when the step's process died under it,
 -- a sentence saying there is none and why. NULL for results from before this migration, for
 -- successes and for failures the worker decided (a deadline, an unknown step type).
 ALTER TABLE eec_step_result
