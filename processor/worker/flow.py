@@ -38,6 +38,7 @@ from collections.abc import Callable
 from confluent_kafka import Message
 
 from processor.core.claims import SKIPPED, Verdict, died_reason
+from processor.core.failures import no_traceback
 from processor.io.postgres.step_attempts import Report
 from processor.io.postgres.step_data import MissingData
 from processor.io.runtime.clock import Clock
@@ -288,7 +289,8 @@ class TaskFlow:
                 claim.starts,
                 extra=ids(task),
             )
-            self._results.record(task, Outcome.failed(died_reason(claim.starts)))
+            why = died_reason(claim.starts)
+            self._results.record(task, Outcome.failed(why, traceback=no_traceback(why)))
         elif verdict is Verdict.HELD:
             self._claims.hold(task)
         else:
