@@ -11,8 +11,9 @@ outcome's colour, and between the bars what the step waited for:
   all ended (when the coordinator could start them; the run's creation for a first step) and
   ends at their result, or runs to ``now`` while they wait;
 - the time from one attempt's end to the next one's start (the retry's backoff and the time in
-  the queue) is a dashed line, and so is a node waiting now: for its retry (to its due time),
-  for a limit's slot, or in the queue for a worker.
+  the queue) is a dashed line, and so is the time from when a step could start to its first
+  attempt's start (the queue), and a node waiting now: for its retry (to its due time), for a
+  limit's slot, or in the queue for a worker.
 
 The axis runs from the run's creation to its last change (or ``now``, or the due time of a
 retry, while it is live). Times are the ISO strings of `inspect -o json`'s document
@@ -224,6 +225,9 @@ def _lane(
         if previous_end is not None and started > previous_end:
             wait = f"{_duration(started - previous_end)} before attempt {a['attempt']}"
             gaps.append(Gap(node, x(previous_end), x(started), "retry", wait))
+        elif previous_end is None and ready is not None and started > ready:
+            wait = f"{_duration(started - ready)} from ready to its first start (the queue)"
+            gaps.append(Gap(node, x(ready), x(started), "queued", wait))
         if ended is not None:
             outcome = str(a["outcome"] or "succeeded")
         elif a["attempt"] == current and status == "dispatched":

@@ -95,12 +95,14 @@ def test_a_step_retried_twice_has_three_bars_two_red_and_the_waits_between() -> 
     assert fetch.bars[0].x == LABEL_W
     assert transform.bars[2].x + transform.bars[2].width == pytest.approx(LABEL_W + PLOT_W)
     assert transform.bars[1].x == pytest.approx(LABEL_W + 0.3 * PLOT_W)
-    # The waits between the attempts, each from one's end to the next one's start.
+    # Its time in the queue (from fetch's end), then the waits between the attempts, each
+    # from one's end to the next one's start.
     assert [(g.kind, round(g.x1), round(g.x2)) for g in transform.gaps] == [
+        ("queued", round(LABEL_W + 0.1 * PLOT_W), round(LABEL_W + 0.15 * PLOT_W)),
         ("retry", round(LABEL_W + 0.2 * PLOT_W), round(LABEL_W + 0.3 * PLOT_W)),
         ("retry", round(LABEL_W + 0.4 * PLOT_W), round(LABEL_W + 0.6 * PLOT_W)),
     ]
-    assert transform.gaps[1].title == "2.0 s before attempt 3"
+    assert transform.gaps[2].title == "2.0 s before attempt 3"
     assert transform.bars[0].title == "transform attempt 1 on w-1: failed, 500 ms (boom)"
     assert shown.ticks[0].label == "+0 ms" and shown.ticks[-1].label == "+10.0 s"
 
