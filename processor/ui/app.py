@@ -1,6 +1,6 @@
 """The web page of `ductor ui` (docs/operations/web-ui.md), a Starlette application: the runs
 with the filters of `ductor runs list`, a run with its DAG, timeline and attempts (what
-`inspect -o json` prints), the workflows and the workers (processor/ui/catalog.py), the dead
+`inspect -o json` prints), the workflows and the workers (processor/ui/listings.py), the dead
 letters and the schedules, and retry and cancel buttons for who gave the token
 (processor/ui/auth.py); with DUCTOR_UI_READ_TOKEN_REQUIRED, reading needs it too.
 Beside them, under /api/, the JSON API (processor/ui/api.py) with the same token and checks.
@@ -39,14 +39,11 @@ from starlette.routing import Route
 from processor import client
 from processor.client import ClientError, Cursor, RunFilter, RunNotFound, RunPage
 from processor.core.model import RunStatus
-from processor.core.outcomes import DLQ_REASONS
 from processor.io.config.settings import Settings
-from processor.io.kafka.dlq import DeadLetter, DlqError, read_dead_letters
 from processor.io.postgres.schedules import Schedule, list_schedules
 from processor.io.telemetry.logs import first_line
 from processor.ui import auth
 from processor.ui.api import Api
-from processor.ui.catalog import Catalog
 from processor.ui.dag import layout, step_states
 from processor.ui.http import (
     HostCheck,
@@ -59,6 +56,7 @@ from processor.ui.http import (
     run_filter,
     secured,
 )
+from processor.ui.listings import Listings
 from processor.ui.login_limit import LoginLimiter, LoginLimits
 from processor.ui.pages import environment, run_url, script, stylesheet
 from processor.ui.timeline import timeline
@@ -66,9 +64,6 @@ from processor.ui.window import Window, as_duration, span, window
 
 log = logging.getLogger("ductor.ui")
 
-# The dead letters of the window, from its start: the page shows the first ones and says how
-# to list them all.
-DEAD_LETTERS_SHOWN = 200
 _LIVE = (RunStatus.PENDING.value, RunStatus.RUNNING.value)
 _DONE = {"retry": "Retried: the failed steps run again.", "cancel": "Cancel sent."}
 # How often a page reads itself again (static/ui.js), milliseconds: a live run's page often,
@@ -161,11 +156,11 @@ class Site:
             page=page,
             total=total,
             error=None,
-            **self._shown(look),
+            **self.shown(look),
             **context,
         )
 
-    def _shown(self, look: Window) -> dict[str, Any]:
+    def shown(self, look: Window) -> dict[str, Any]:
         """What the pages say of the window they read."""
         return {
             "window_since": at(look.since_ms),
@@ -207,43 +202,6 @@ class Site:
             can_retry=document["status"] == RunStatus.FAILED.value,
             can_cancel=document["status"] in _LIVE,
             done=_DONE.get(request.query_params.get("did", "")),
-        )
-
-    async def dead_letters(self, request: Request) -> Response:
-        params = request.query_params
-        reason = params.get("reason") or None
-        if reason is not None and reason not in DLQ_REASONS:
-            return self.problem(request, 400, f"no dead-letter reason is called {reason!r}")
-        since, until = params.get("since", "").strip(), params.get("until", "").strip()
-        try:
-            times = client.parse_filter(now_ms=now_ms(), since=since or None, until=until or None)
-            look = self.window(times.since_ms, times.until_ms, "`ductor dlq list`")
-        except ValueError as exc:
-            return self.problem(request, 400, str(exc))
-        try:
-            letters = await run_in_threadpool(self._dead_letters, reason, look)
-        except DlqError as exc:
-            return self.problem(request, 503, str(exc))
-        return self.page(
-            request,
-            "dead_letters.html",
-            letters=letters,
-            reason=reason,
-            reasons=DLQ_REASONS,
-            shown=DEAD_LETTERS_SHOWN,
-            since=since,
-            until=until,
-            default_since=as_duration(self.settings.ui_window_s),
-            **self._shown(look),
-        )
-
-    def _dead_letters(self, reason: str | None, look: Window) -> list[DeadLetter]:
-        return read_dead_letters(
-            self.settings,
-            reason=reason,
-            limit=DEAD_LETTERS_SHOWN,
-            since_ms=look.since_ms,
-            until_ms=look.until_ms,
         )
 
     async def schedules(self, request: Request) -> Response:
@@ -368,15 +326,15 @@ def create_app(
     """The application, answering to the names ``hosts`` (hosts.served_hosts); ``clock``
     times the login limit."""
     site = Site(settings, clock)
-    catalog = Catalog(site)
+    listings = Listings(site)
     routes = [
         Route("/", site.reader(site.runs)),
         Route("/runs/{run_id:path}", site.reader(site.run)),
-        Route("/dead-letters", site.reader(site.dead_letters)),
+        Route("/dead-letters", site.reader(listings.dead_letters)),
         Route("/schedules", site.reader(site.schedules)),
-        Route("/workflows", site.reader(catalog.workflows)),
-        Route("/workflows/{name:path}/{version:int}", site.reader(catalog.workflow)),
-        Route("/workers", site.reader(catalog.workers)),
+        Route("/workflows", site.reader(listings.workflows)),
+        Route("/workflows/{name:path}/{version:int}", site.reader(listings.workflow)),
+        Route("/workers", site.reader(listings.workers)),
         Route("/login", site.login_form, methods=["GET"]),
         Route("/login", site.login, methods=["POST"]),
         Route("/logout", site.logout, methods=["POST"]),
