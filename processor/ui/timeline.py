@@ -140,6 +140,10 @@ def timeline(document: Mapping[str, Any], now: float) -> Timeline | None:
     created = _at(document["created_at"]) or now
     live = document["status"] in _LIVE
     ends = _last_ends(attempts, nodes)
+    for name, step in steps.items():  # a map step ended with its last item
+        items = [t for n, t in ends.items() if n.startswith(f"{name}[")]
+        if step["kind"] == "map" and items and nodes.get(name, {}).get("status") == "succeeded":
+            ends[name] = max(items)
     x = _axis(document, nodes, attempts, ends, created, now)
     until = now if live else x.end
     lanes = []

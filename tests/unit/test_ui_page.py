@@ -305,3 +305,23 @@ def test_the_pages_load_only_their_own_script_and_read_only_their_own_site() -> 
     )
     assert '<script src="/static/ui.js" defer></script>' in html
     assert '<body data-refresh-ms="0">' in html and 'id="live"' not in html
+
+
+def test_a_step_after_a_map_waits_from_the_map_s_last_item() -> None:
+    run = _run(
+        "running",
+        [_step("m", kind="map"), _step("after", "m")],
+        [
+            _node("m", "succeeded", 1),
+            _node("m[0]", "succeeded", 1),
+            _node("m[1]", "succeeded", 1),
+            _node("after", "dispatched", 1),
+        ],
+        [_attempt("m[0]", 1, 0.0, 2.0), _attempt("m[1]", 1, 1.0, 4.0)],
+    )
+    shown = timeline(run, now=T0 + 10)
+    assert shown is not None
+    lanes = {lane.node: lane for lane in shown.lanes}
+    (bar,) = lanes["m"].bars
+    assert (bar.state, bar.x, bar.x + bar.width) == ("succeeded", LABEL_W, LABEL_W + 0.4 * PLOT_W)
+    assert [(g.kind, g.x1) for g in lanes["after"].gaps] == [("queued", LABEL_W + 0.4 * PLOT_W)]
