@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
 .DEFAULT_GOAL := help
-.PHONY: help venv tools up down status restart migrate topics setup lint format typecheck unit unit-pure pytest test wheel compile clean-compiled bench bench-trees chaos demo clean k8s-rules
+.PHONY: help venv tools up down status restart migrate topics setup lint format typecheck unit unit-pure pytest test wheel compile clean-compiled bench bench-latency bench-trees chaos demo clean k8s-rules
 
 help: ## list the targets
 	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -132,9 +132,23 @@ test: venv tools ## everything CI runs: infra up, lint, typecheck, compile, the 
 	exit $$status
 
 # The sdist, and the wheel built from it (so the sdist is known to be complete): what users
-# install. tests/integration/test_wheel.py builds its own, the same way.
-wheel: venv ## build the sdist and the wheel into dist/
-	$(PY) -m build --outdir dist .
+# install. tests/integration/test_wheel.py builds its own, the same way. It needs neither .venv
+# nor the dev tools: `build` alone, in a virtualenv of its own ($(BUILD_VENV)), which builds in
+# an isolated environment holding only pyproject.toml's [build-system] requirements. Its output
+# (pip, setuptools, mypyc and the C compiler: thousands of lines) goes to $(BUILD_LOG), shown
+# whole if the build fails; otherwise its last line and setup.py's own (`ductor build: ...`).
+BUILD_VENV := .venv-build
+BUILD_LOG := dist/build.log
+$(BUILD_VENV)/.installed:
+	$(PYTHON) -m venv $(BUILD_VENV)
+	$(BUILD_VENV)/bin/python -m pip install --quiet --disable-pip-version-check 'build>=1.2,<2'
+	touch $@
+
+wheel: $(BUILD_VENV)/.installed ## build the sdist and the wheel into dist/ (quiet: its log is dist/build.log)
+	@mkdir -p dist
+	@$(BUILD_VENV)/bin/python -m build --outdir dist . >$(BUILD_LOG) 2>&1 \
+	  || { cat $(BUILD_LOG); echo "make wheel: the build failed; its output: $(BUILD_LOG)" >&2; exit 1; }
+	@grep '^ductor build: ' $(BUILD_LOG); tail -n 1 $(BUILD_LOG); echo "(its output: $(BUILD_LOG))"
 
 # The compiled build (setup.py's COMPILED, by mypyc) of the checkout:
 # the sdist and the wheel built from it into dist/ (`make wheel`'s recipe, rebuilt when a file
@@ -160,6 +174,10 @@ clean-compiled: ## remove the compiled modules from the checkout (dist/ stays)
 bench: setup ## the benchmark: prints throughput, ratios, latency and memory figures
 	$(PY) -m processor.tools.bench $(if $(CLUSTER),--cluster)
 
+# RUNS=30: how many runs one at a time.
+bench-latency: setup ## idle latency alone: the 4-step workflow one run at a time, per hop
+	$(PY) -m processor.tools.bench_latency $(RUNS)
+
 # REV=a941da2 (any git revision); BENCH_TREES_ARGS="--processes 1 2 --rounds 6".
 bench-trees: setup ## end to end, this checkout against REV, alternating rounds on fresh databases
 	$(PY) -m processor.tools.bench_trees $(or $(REV),$(error set REV, e.g. make bench-trees REV=a941da2)) $(BENCH_TREES_ARGS)
@@ -172,5 +190,5 @@ demo: venv ## the live demo: infra, two processors, a worker, thousands of runs
 	$(VENV)/bin/ductor demo
 
 clean: ## remove the virtualenv and caches (keeps .infra)
-	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis *.egg-info build dist
+	rm -rf $(VENV) $(BUILD_VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis *.egg-info build dist
 	find processor -name '*.so' -delete
