@@ -330,6 +330,7 @@ def _turns(
         requests=core.requests,
         sweeps=sweeps,
         in_flight=lambda: c.outbox.in_flight,
+        send_now=c.outbox.flush,
         delivery=c.delivery,
         flow=lambda: membership.flow,
     )

@@ -46,6 +46,7 @@ class Pace:
         requests: RequestDesk,
         sweeps: Sweeps,
         in_flight: Callable[[], int],  # records and client events waiting for the loop's poll
+        send_now: Callable[[float], object],  # the producer's flush, for at most that long
         delivery: Delivery,
         flow: Callable[[], FlowControl],  # the current member's (a new member has its own)
     ) -> None:
@@ -59,6 +60,7 @@ class Pace:
         self._requests = requests
         self._sweeps = sweeps
         self._in_flight = in_flight
+        self._send_now = send_now
         self._delivery = delivery
         self._flow = flow
         self._next_stats = clock.monotonic() + stats_every_s
@@ -80,6 +82,14 @@ class Pace:
             return []
         timeout = self.idle_timeout()
         if timeout <= 0:
+            return []
+        if self._in_flight():
+            # Nothing to take, records on their way: the producer's linger would hold them a
+            # while for more to join their batch, and none will come while the loop waits.
+            # Send them now (flush ignores the linger) and wait for their acknowledgements
+            # here, as the loop would have waited for them in poll. Under load the loop never
+            # gets here and the linger batches as before: a cork, not a timer.
+            self._send_now(timeout)
             return []
         first = consumer.poll(timeout)
         if first is None:
