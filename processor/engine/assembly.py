@@ -329,8 +329,7 @@ def _turns(
         executor=core.executor,
         requests=core.requests,
         sweeps=sweeps,
-        in_flight=lambda: c.outbox.in_flight,
-        send_now=c.outbox.flush,
+        outbox=c.outbox,
         delivery=c.delivery,
         flow=lambda: membership.flow,
     )

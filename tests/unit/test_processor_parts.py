@@ -54,13 +54,23 @@ def parts(clock: ManualClock) -> Iterator[ProcessorParts]:
     built.membership.consumer.close()
 
 
+class _Sending:
+    """A producer holding ``in_flight`` records; each flush is noted in ``flushed``."""
+
+    def __init__(self, in_flight: int, flushed: list[float]) -> None:
+        self.in_flight, self.flushed = in_flight, flushed
+
+    def flush(self, timeout: float) -> int:
+        self.flushed.append(timeout)
+        return self.in_flight
+
+
 def _quiet_pace(
     parts: ProcessorParts, in_flight: int = 0, sent_now: list[float] | None = None
 ) -> Pace:
     """The loop's pace over ``parts``, its producer's queue taken as holding ``in_flight``
     (a client that reaches no broker queues events of its own at any moment); what it asks
     to send at once goes to ``sent_now`` (each the longest it may wait)."""
-    sent: list[float] = [] if sent_now is None else sent_now
     return Pace(
         clock=parts.commons.clock,
         batch_size=NOWHERE.batch_size,
@@ -71,8 +81,7 @@ def _quiet_pace(
         executor=parts.executor,
         requests=parts.requests,
         sweeps=parts.sweeps,
-        in_flight=lambda: in_flight,
-        send_now=sent.append,
+        outbox=_Sending(in_flight, [] if sent_now is None else sent_now),
         delivery=parts.commons.delivery,
         flow=lambda: parts.membership.flow,
     )
