@@ -1,13 +1,13 @@
 """The web page's listings of what the services hold, beside the runs (app.py serves them):
 the registered workflow versions with how many of their runs are in each status (the runs
 created within the runs page's window: processor/ui/window.py), a version's definition as
-stored and drawn as its DAG; every live worker with its queues, the partitions it holds, its
-step types and how many tasks it holds of its slots; the dead letters of a window of time."""
+stored and drawn as its DAG, with the Python it was registered from if it came from code;
+every live worker with its queues, the partitions it holds, its step types and how many tasks
+it holds of its slots; the dead letters of a window of time."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from datetime import datetime
 from typing import Any, Protocol
 
 from starlette.concurrency import run_in_threadpool
@@ -22,7 +22,12 @@ from processor.io.config.settings import Settings
 from processor.io.kafka.dlq import DeadLetter, DlqError, read_dead_letters
 from processor.io.postgres.run_search import counts_by_workflow
 from processor.io.postgres.worker_registry import WorkerLoad, worker_loads
-from processor.io.postgres.workflows import WorkflowVersion, stored_definition, workflow_versions
+from processor.io.postgres.workflows import (
+    StoredVersion,
+    WorkflowVersion,
+    stored_version,
+    workflow_versions,
+)
 from processor.ui.dag import layout, step_states
 from processor.ui.http import at, now_ms
 from processor.ui.window import Window, as_duration
@@ -81,13 +86,12 @@ class Listings:
 
     async def workflow(self, request: Request) -> Response:
         name, version = request.path_params["name"], int(request.path_params["version"])
-        found = await run_in_threadpool(self._definition, name, version)
+        found = await run_in_threadpool(self._version, name, version)
         if found is None:
             return self.site.problem(
                 request, 404, f"no workflow {name!r} version {version} is registered"
             )
-        definition, registered_at = found
-        steps = step_states({"steps": _steps(definition), "nodes": []})
+        steps = step_states({"steps": _steps(found.definition), "nodes": []})
         try:
             dag = layout(steps) if steps else None
         except ValueError:  # a definition written by hand that no run could take
@@ -97,14 +101,15 @@ class Listings:
             "workflow.html",
             wf_name=name,
             version=version,
-            definition=definition,
-            registered_at=registered_at,
+            definition=found.definition,
+            registered_at=found.registered_at,
+            source=found.source,
             dag=dag,
         )
 
-    def _definition(self, name: str, version: int) -> tuple[Any, datetime] | None:
+    def _version(self, name: str, version: int) -> StoredVersion | None:
         with client.connect(self.site.settings) as conn:
-            return stored_definition(conn, name, version)
+            return stored_version(conn, name, version)
 
     async def workers(self, request: Request) -> Response:
         loads = await run_in_threadpool(self._workers)

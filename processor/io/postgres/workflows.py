@@ -2,6 +2,11 @@
 immutable, and no registration may close a cycle of child workflows), and what is
 registered: the versions and the queues their steps run on.
 
+A registration from Python also keeps the text of the module that wrote the workflow
+(core/workflow_source.py), for people to read: the latest such registration's text replaces the
+kept one (the steps' code changes without a new version; the page shows what was last
+registered, and when), one from JSON leaves it. Versions are still compared by their JSON only.
+
 Like ``store.py``, every statement is one round trip on an autocommit connection (a
 registration that starts children takes one transaction, for its lock).
 """
@@ -18,24 +23,29 @@ import psycopg
 from processor.core.child_graph import ChildCycle, ChildRef, child_cycle
 from processor.core.routing import DEFAULT_QUEUE
 from processor.core.workflow import WorkflowDef, parse_workflow, workflow_to_json
+from processor.core.workflow_source import WorkflowSource
 
 # Registrations of definitions that start children take turns (a transaction-scoped advisory
 # lock, this key): two registered at once could each close half of a cycle unseen.
 _CHILD_GRAPH_LOCK = 0x64756374  # "duct"
 
 
-def register_workflow(conn: psycopg.Connection[Any], wf: WorkflowDef) -> bool:
-    """Register a definition; True if new. Re-registering the same content is a no-op, a
-    different content under an existing (name, version) is refused (versions are immutable),
-    and so is one whose step starts a child run of a workflow (version) not registered, or
-    whose registration would close a cycle of child workflows (ChildCycle: core/child_graph.py).
+def register_workflow(
+    conn: psycopg.Connection[Any], wf: WorkflowDef, source: WorkflowSource | None = None
+) -> bool:
+    """Register a definition, with the Python ``source`` it was written in if any; True if
+    new. Re-registering the same content is a no-op but for the source it brings, which
+    replaces the kept one; a different content under an existing (name, version) is refused
+    (versions are immutable), and so is one whose step starts a child run of a workflow
+    (version) not registered, or whose registration would close a cycle of child workflows
+    (ChildCycle: core/child_graph.py).
     """
     if not wf.has_children:
-        return _register(conn, wf)
+        return _register(conn, wf, source)
     with conn.transaction():
         conn.execute("SELECT pg_advisory_xact_lock(%s)", (_CHILD_GRAPH_LOCK,))
         _check_children_registered(conn, wf)
-        new = _register(conn, wf)
+        new = _register(conn, wf, source)
         if new:  # read with the new row, in this transaction: raising takes it back
             cycle = child_cycle(wf.key, _child_graph(conn))
             if cycle is not None:
@@ -76,12 +86,17 @@ def _child_graph(conn: psycopg.Connection[Any]) -> dict[tuple[str, int], list[Ch
     return graph
 
 
-def _register(conn: psycopg.Connection[Any], wf: WorkflowDef) -> bool:
+def _register(
+    conn: psycopg.Connection[Any], wf: WorkflowDef, source: WorkflowSource | None
+) -> bool:
     body = orjson.dumps(workflow_to_json(wf)).decode()
+    text, module = (None, None) if source is None else (source.text, source.module)
     row = conn.execute(
-        "INSERT INTO eec_workflow_definition (name, version, definition) VALUES (%s, %s, %s)"
+        "INSERT INTO eec_workflow_definition"
+        " (name, version, definition, source, source_module, source_at)"
+        " VALUES (%s, %s, %s, %s, %s, CASE WHEN %s::text IS NULL THEN NULL ELSE now() END)"
         " ON CONFLICT (name, version) DO NOTHING RETURNING 1",
-        (wf.name, wf.version, body),
+        (wf.name, wf.version, body, text, module, text),
     ).fetchone()
     if row is not None:
         return True
@@ -93,6 +108,13 @@ def _register(conn: psycopg.Connection[Any], wf: WorkflowDef) -> bool:
         raise ValueError(
             f"workflow {wf.name!r} version {wf.version} is already registered with a different"
             " definition; register it under a new version"
+        )
+    if source is not None:  # the same definition, from code: its text is the one to show
+        conn.execute(
+            "UPDATE eec_workflow_definition SET source = %s, source_module = %s,"
+            " source_at = now() WHERE name = %s AND version = %s"
+            " AND (source, source_module) IS DISTINCT FROM (%s, %s)",
+            (text, module, wf.name, wf.version, text, module),
         )
     return False
 
@@ -133,14 +155,35 @@ def registered_queues(conn: psycopg.Connection[Any]) -> list[str]:
     return [r[0] for r in rows]
 
 
-def stored_definition(
-    conn: psycopg.Connection[Any], name: str, version: int
-) -> tuple[Any, datetime] | None:
-    """A registered version's definition as stored (its JSON) and when it was registered;
-    None if there is no such version."""
+@dataclass(frozen=True)
+class KeptSource:
+    """The Python a version was last registered from: its module's name and text (bounded),
+    and when that registration kept them."""
+
+    module: str
+    text: str
+    kept_at: datetime
+
+
+@dataclass(frozen=True)
+class StoredVersion:
+    """A registered version as stored: its definition (its JSON, as written: one written by
+    hand may not parse), when it was registered, and its source if it came from code."""
+
+    definition: Any
+    registered_at: datetime
+    source: KeptSource | None
+
+
+def stored_version(conn: psycopg.Connection[Any], name: str, version: int) -> StoredVersion | None:
+    """A registered version as stored; None if there is no such version."""
     row = conn.execute(
-        "SELECT definition, registered_at FROM eec_workflow_definition"
-        " WHERE name = %s AND version = %s",
+        "SELECT definition, registered_at, source, source_module, source_at"
+        " FROM eec_workflow_definition WHERE name = %s AND version = %s",
         (name, version),
     ).fetchone()
-    return None if row is None else (row[0], row[1])
+    if row is None:
+        return None
+    definition, registered_at, text, module, kept_at = row
+    source = None if text is None else KeptSource(module or "", text, kept_at or registered_at)
+    return StoredVersion(definition, registered_at, source)
