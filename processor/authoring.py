@@ -16,9 +16,7 @@ step's options beside its function.
 my_app.flows:checkout`` runs its steps (a workflow carries the registry of its step functions;
 several workflows may share one, ``Workflow(..., registry=...)``). ``definition()`` is the
 validated ``WorkflowDef``, equal to the one parsed from the same JSON; ``to_json()`` that JSON.
-A step's type is its function's name unless ``type=`` says otherwise. A workflow remembers the
-module that created it (``defined_in``): registered, the module's text is kept beside the JSON
-for people to read (``source()``; core/workflow_source.py bounds it).
+A step's type is its function's name unless ``type=`` says otherwise.
 
 Durations are milliseconds (an int), a ``timedelta``, or text: ``"500ms"``, ``"15s"``,
 ``"10m"``, ``"2h"``, ``"1d"``. Nothing here touches a service.
@@ -26,11 +24,8 @@ Durations are milliseconds (an int), a ``timedelta``, or text: ``"500ms"``, ``"1
 
 from __future__ import annotations
 
-import inspect
-import sys
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
-from types import FrameType
 from typing import Any, overload
 
 from processor.core.durations import Duration, duration_ms, optional_ms
@@ -51,7 +46,7 @@ from processor.core.workflow import (
     parse_workflow,
     step_to_json,
 )
-from processor.core.workflow_source import WorkflowSource, bounded_source
+from processor.module_source import creating_module
 from processor.worker.steps import StepFunction, StepRegistry
 
 
@@ -154,18 +149,6 @@ def _json_schema(source: Mapping[str, Any] | type) -> dict[str, Any]:
     return schema
 
 
-def _creating_module() -> str | None:
-    """The name of the module whose code called ``Workflow(...)``: that of the first frame
-    outside this module (the caller's globals, as ``warnings.warn`` finds its caller)."""
-    frame: FrameType | None = sys._getframe(1)
-    while frame is not None and frame.f_globals.get("__name__") == __name__:
-        frame = frame.f_back
-    if frame is None:
-        return None
-    name = frame.f_globals.get("__name__")
-    return name if isinstance(name, str) else None
-
-
 class Workflow:
     """A workflow definition built in code, and the registry of its step functions."""
 
@@ -191,7 +174,7 @@ class Workflow:
         self.registry = registry if registry is not None else StepRegistry()
         self._steps: list[_Declared] = []
         self._names: dict[int, str] = {}  # id(function) -> its step's name
-        self.defined_in = _creating_module()
+        self.defined_in = creating_module(__name__)  # its text is kept: module_source.py
 
     @overload
     def step(self, fn: StepFunction, /) -> StepFunction: ...
@@ -410,19 +393,6 @@ class Workflow:
     def definition(self) -> WorkflowDef:
         """The validated definition (ValidationError says what is wrong and where)."""
         return parse_workflow(self.to_json())
-
-    def source(self) -> WorkflowSource | None:
-        """The text of the module that created this workflow (``defined_in``), bounded, as a
-        registration keeps it; None when it cannot be read (a module with no source file: made
-        by ``exec``, typed in a REPL, shipped as bytecode only)."""
-        module = sys.modules.get(self.defined_in or "")
-        if module is None:
-            return None
-        try:
-            text = inspect.getsource(module)
-        except (OSError, TypeError):  # no file, or a built-in module
-            return None
-        return WorkflowSource(module.__name__, bounded_source(text))
 
     def __repr__(self) -> str:
         steps = ", ".join(s.step.name for s in self._steps)

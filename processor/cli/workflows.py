@@ -33,6 +33,7 @@ from processor.io.postgres.workflows import (
     workflow_versions,
 )
 from processor.io.shipped.workflow_schema import WorkflowSchemaError, check_workflow_document
+from processor.module_source import module_source
 from processor.worker.app import AppError, load_attribute
 
 
@@ -107,7 +108,7 @@ def _definitions_from(source: str) -> list[tuple[WorkflowDef, WorkflowSource | N
     for item in items:
         if isinstance(item, Workflow):
             try:
-                found.append((item.definition(), item.source()))
+                found.append((item.definition(), module_source(item.defined_in)))
             except ValidationError as exc:
                 raise CliError(f"{source}: {exc}", EXIT_USAGE) from None
         elif isinstance(item, WorkflowDef):

@@ -1,8 +1,9 @@
 """What a registration from Python keeps of the code (processor/authoring.py,
-core/workflow_source.py): the module that created the ``Workflow`` (not the one that imports
-it or lists it), its text whole while it fits 64 KiB, else its first whole lines and a last one
-saying it was cut, never more than the bound (a property over any text), and nothing a
-Postgres text column refuses. A workflow whose module has no file has no source."""
+processor/module_source.py, core/workflow_source.py): the module that created the
+``Workflow`` (not the one that imports it or lists it), its text whole while it fits 64 KiB,
+else its first whole lines and a last one saying it was cut, never more than the bound (a
+property over any text), and nothing a Postgres text column refuses. A workflow whose module
+has no file has no source."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from hypothesis import strategies as st
 
 from processor import Workflow
 from processor.core.workflow_source import MAX_SOURCE_BYTES, bounded_source, cut_mark
+from processor.module_source import module_source
 
 FLOWS = '''"""Orders, written in Python."""
 from processor import StepContext, Workflow
@@ -52,7 +54,7 @@ def test_the_source_is_the_text_of_the_module_that_created_the_workflow(modules:
     listing = importlib.import_module("wfsrc_listing")
     (orders,) = listing.every
     assert orders.defined_in == "wfsrc_flows"
-    source = orders.source()
+    source = module_source(orders.defined_in)
     assert source is not None
     assert (source.module, source.text) == ("wfsrc_flows", FLOWS)
 
@@ -60,7 +62,7 @@ def test_the_source_is_the_text_of_the_module_that_created_the_workflow(modules:
 def test_a_workflow_created_here_names_this_module() -> None:
     wf = Workflow("local")
     assert wf.defined_in == __name__
-    source = wf.source()
+    source = module_source(wf.defined_in)
     assert source is not None and source.text == Path(__file__).read_text()
 
 
@@ -69,7 +71,7 @@ def test_a_workflow_whose_module_has_no_file_has_no_source() -> None:
     exec("wf = Workflow('typed-in')", scope)
     wf = scope["wf"]
     assert isinstance(wf, Workflow) and wf.defined_in == "wfsrc_nowhere"
-    assert wf.source() is None
+    assert module_source(wf.defined_in) is None
 
 
 def test_a_module_over_the_bound_keeps_its_first_whole_lines_and_says_it_was_cut() -> None:
