@@ -38,6 +38,7 @@ from dataclasses import replace
 from typing import Any
 
 from processor.io.config.settings import load_settings
+from processor.tools.bench_floor import floor_lines
 from processor.tools.bench_harness import fresh_database
 from processor.tools.bench_latency import measure_idle
 from processor.tools.bench_phases import SCALING_PARTITIONS, Bench
@@ -170,6 +171,7 @@ def _one_instance(bench: Bench, figures: Figures, sink: OtlpSink) -> None:
     print("idle latency: runs of the 4-step workflow one at a time ...", flush=True)
     bench.phase("idle-latency")
     figures.idle_latency = measure_idle(bench, runs=30)
+    figures.floor = floor_lines(bench.settings, tries=200)
     target = figures.instance / 2
     print(f"latency of one instance at ~{target:.0f} ticks/s (half its peak) ...", flush=True)
     bench.phase("latency")

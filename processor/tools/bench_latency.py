@@ -40,6 +40,7 @@ from processor.client import start_run, wait_for_run
 from processor.core.step_task import decode_step_task
 from processor.io.config.settings import load_settings
 from processor.io.kafka.logs import with_logger
+from processor.tools.bench_floor import floor_lines
 from processor.tools.bench_harness import Harness, fresh_database
 from processor.tools.bench_support import stop
 from processor.tools.latency_figures import STEPS, IdleLatency, RunTimes, report_idle, summarise
@@ -159,9 +160,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         bench.phase("idle")
         figures = measure_idle(bench, runs)
+        floor = floor_lines(bench.settings, tries=200)
     finally:
         bench.teardown()
-    print("\n".join(report_idle(figures)))
+    print("\n".join([*report_idle(figures), *floor]))
     return 0
 
 
