@@ -33,7 +33,8 @@ from processor.core.limit_defs import ConcurrencyLimit
 from processor.core.limit_defs import RateLimit as StepRateLimit
 from processor.core.routing import DEFAULT_QUEUE
 from processor.core.step_parse import concurrency_key
-from processor.core.workflow import (
+from processor.core.workflow import parse_workflow, step_to_json
+from processor.core.workflow_def import (
     MAP,
     MAP_ITEMS,
     MAP_PARALLELISM,
@@ -43,8 +44,6 @@ from processor.core.workflow import (
     StepDef,
     ValidationError,
     WorkflowDef,
-    parse_workflow,
-    step_to_json,
 )
 from processor.worker.steps import StepFunction, StepRegistry
 

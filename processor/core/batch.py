@@ -53,10 +53,6 @@ from processor.core.batch_values import (
     WriteForceFail,
 )
 from processor.core.decide import (
-    BatchItem,
-    Commit,
-    Plan,
-    Rules,
     database_failed,
     decide,
     failed_unexpectedly,
@@ -64,10 +60,18 @@ from processor.core.decide import (
     poisoned,
     tick_batch,
 )
-from processor.core.limits import LimitInputs
+from processor.core.limit_values import LimitInputs
 from processor.core.model import Loaded, LoadedRun
 from processor.core.outcomes import Outcome
-from processor.core.plans import DeadLettered, ForceFailed, payload_of
+from processor.core.plans import (
+    BatchItem,
+    Commit,
+    DeadLettered,
+    ForceFailed,
+    Plan,
+    Rules,
+    payload_of,
+)
 from processor.core.run_tally import RunTally
 
 Protocol = Generator[Request, object, BatchOutcome]

@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import NamedTuple
 
-from processor.core.decide import Commit, ForceFailWrite, Plan
 from processor.core.model import Loaded
+from processor.core.plans import Commit, ForceFailWrite, Plan
 from processor.core.run_tally import RunTally
 
 Acknowledged = tuple[tuple[str, int], ...]  # outbox rows (run id, seq) to delete

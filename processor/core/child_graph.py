@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
 
-from processor.core.workflow import WorkflowDef
+from processor.core.workflow_def import WorkflowDef
 
 WorkflowKey = tuple[str, int]
 # A workflow step's child: its workflow's name, and its version (None: the latest).

@@ -51,7 +51,8 @@ from processor.core.effects import (
     wakeup_send,
 )
 from processor.core.envelope import Wakeup
-from processor.core.limits import NO_LIMITS, LimitInputs, RunLimits, admit
+from processor.core.limit_values import NO_LIMITS, LimitInputs, RunLimits
+from processor.core.limits import admit
 from processor.core.model import Loaded, LoadedRun, UnknownWorkflow, UnreadableRun
 from processor.core.outcomes import DeadLetterReason, ForceFailReason, Outcome
 from processor.core.plans import (
@@ -66,12 +67,13 @@ from processor.core.plans import (
     Requeue,
     Retry,
     Rules,
-    Send,
 )
 from processor.core.policy import ForceFail, after_exhausted_conflicts, retry_wait_ms
 from processor.core.records import Inbound
 from processor.core.routing import TopicNames
-from processor.core.tick import Decision, force_fail, tick_run
+from processor.core.run_ends import force_fail
+from processor.core.tick import tick_run
+from processor.core.tick_decision import Decision
 
 # -- step 2: tick ---------------------------------------------------------------------------
 
@@ -331,12 +333,6 @@ def _dead_letter(
 
 
 __all__ = [
-    "BatchItem",
-    "Commit",
-    "ForceFailWrite",
-    "Plan",
-    "Rules",
-    "Send",
     "database_failed",
     "dead_letter",
     "decide",

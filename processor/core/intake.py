@@ -37,7 +37,7 @@ from processor.core.requests import Request, decode_request
 from processor.core.routing import DELAY_RUNGS_MS, TopicNames
 from processor.core.scopes import ANY_DOOR, Scope, scope_refusal
 from processor.core.triggers import Filtered, Trigger, map_record, trigger_scope
-from processor.core.workflow import MAX_BACKOFF_MS
+from processor.core.workflow_def import MAX_BACKOFF_MS
 
 CLOCK_TOLERANCE_MS = 60_000  # producers' clocks may be this far ahead of ours
 

@@ -17,10 +17,9 @@ from processor.core.model import (
     StepOutcome,
     StepResult,
     UnreadableRun,
-    row_checksum,
-    state_from_row,
 )
-from processor.core.workflow import WorkflowDef
+from processor.core.run_state import row_checksum, state_from_row
+from processor.core.workflow_def import WorkflowDef
 
 
 class LoadRow(NamedTuple):

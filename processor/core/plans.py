@@ -24,11 +24,11 @@ from typing import TypeVar
 from processor.core.children import ChildStart
 from processor.core.dataflow import OutputRefs
 from processor.core.envelope import Wakeup
-from processor.core.limits import RunLimits
-from processor.core.model import RunState
+from processor.core.limit_values import RunLimits
 from processor.core.outcomes import DeadLetterReason, ForceFailReason, Outcome
 from processor.core.records import Inbound
 from processor.core.routing import TopicNames
+from processor.core.run_state import RunState
 
 Attributes = tuple[tuple[str, str | int], ...]
 

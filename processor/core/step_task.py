@@ -50,7 +50,7 @@ import orjson
 
 from processor.core.envelope import MAX_ATTEMPT, MAX_EPOCH_MS
 from processor.core.routing import TIERS
-from processor.core.workflow import ValidationError
+from processor.core.workflow_def import ValidationError
 
 STEP_TASK_VERSION = 1
 MAP_ITEM_TASK_VERSION = 2  # a task with ``item``

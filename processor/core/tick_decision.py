@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from processor.core.model import RunState
+from processor.core.run_state import RunState
 
 
 # Dispatch and Decision are NamedTuples (immutable, compared and hashed in C): a tick makes

@@ -20,10 +20,10 @@ from dataclasses import dataclass
 from confluent_kafka import Producer
 from opentelemetry.trace import Span
 
-from processor.core.decide import Rules
 from processor.core.flow import TierQueues
 from processor.core.offsets import OffsetTracker
 from processor.core.pending import RunBook
+from processor.core.plans import Rules
 from processor.core.records import Inbound
 from processor.core.routing import TopicNames
 from processor.core.stats import Stats

@@ -13,9 +13,10 @@ from typing import Any
 
 import psycopg
 
-from processor.core.decide import Commit, ForceFailWrite, Send
-from processor.core.limits import LimitInputs
+from processor.core.batch_values import QuarantineFlag
+from processor.core.limit_values import LimitInputs
 from processor.core.model import Loaded
+from processor.core.plans import Commit, ForceFailWrite, Send
 from processor.core.routing import TopicNames
 from processor.core.stuck import Fail, Leave, StuckVerdict, judge_stuck
 from processor.io.postgres import (
@@ -120,7 +121,7 @@ class Database:
             write.effects,
         )
 
-    def quarantine(self, runs: Sequence[store.QuarantineFlag]) -> set[str]:
+    def quarantine(self, runs: Sequence[QuarantineFlag]) -> set[str]:
         """Flag runs whose rows cannot be used; returns the newly flagged."""
         return store.quarantine_runs(self.conn, runs)
 

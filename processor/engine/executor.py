@@ -37,10 +37,19 @@ from collections.abc import Callable, Mapping
 from opentelemetry.trace import Span
 
 from processor.core.batch_values import Decided, Undecided
-from processor.core.decide import BatchItem, Rules, database_failed, dead_letter, retry_after
+from processor.core.decide import database_failed, dead_letter, retry_after
 from processor.core.outcomes import DeadLetterReason, Outcome
 from processor.core.pending import RunBook, RunWork
-from processor.core.plans import DeadLettered, ForceFailed, Plan, Produce, Requeue, Retry
+from processor.core.plans import (
+    BatchItem,
+    DeadLettered,
+    ForceFailed,
+    Plan,
+    Produce,
+    Requeue,
+    Retry,
+    Rules,
+)
 from processor.core.records import Inbound
 from processor.core.stats import Stats
 from processor.engine.acknowledged import Acknowledged

@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 from confluent_kafka import KafkaError
 
-from processor.core.decide import Rules, hop, reject
+from processor.core.decide import hop, reject
 from processor.core.flow import TierQueues
 from processor.core.intake import (
     Accepted,
@@ -27,6 +27,7 @@ from processor.core.intake import (
 )
 from processor.core.offsets import OffsetTracker
 from processor.core.outcomes import DeadLetterReason
+from processor.core.plans import Rules
 from processor.core.records import ClientError, Inbound, KafkaMessage, normalise_headers
 from processor.core.routing import TopicNames
 from processor.core.scopes import Scope

@@ -20,7 +20,7 @@ from processor.core.stats import Stats
 from processor.engine.assembly import build_processor
 from processor.engine.executor import Executor
 from processor.engine.flow_control import FlowControl
-from processor.engine.health import HealthServer, is_ready
+from processor.engine.health import is_ready
 from processor.engine.watchdog import Watchdog
 from processor.io.config.settings import Settings
 from processor.io.kafka.clients import broker_unreachable, topic_partitions
@@ -32,6 +32,7 @@ from processor.io.postgres.trigger_store import load_triggers
 from processor.io.runtime.clock import SYSTEM_CLOCK, Clock
 from processor.io.runtime.collector import settle_collector
 from processor.io.runtime.faults import NO_FAULTS, Faults
+from processor.io.runtime.health_http import HealthServer
 from processor.io.runtime.outage import Outage, until_available
 from processor.io.telemetry.setup import Telemetry
 

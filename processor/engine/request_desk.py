@@ -21,8 +21,9 @@ from typing import Any
 
 import psycopg
 
-from processor.core.decide import Rules, reject
+from processor.core.decide import reject
 from processor.core.outcomes import DeadLetterReason
+from processor.core.plans import Rules
 from processor.core.records import Inbound
 from processor.core.request_plans import Refused, RequestAnswer, request_plan
 from processor.core.requests import Request

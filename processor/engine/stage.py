@@ -34,7 +34,7 @@ from processor.core.batch_values import (
     WakeWaiters,
     WriteForceFail,
 )
-from processor.core.decide import BatchItem, Rules
+from processor.core.plans import BatchItem, Rules
 from processor.engine.database import Database
 from processor.engine.recent_commits import RecentCommits
 from processor.engine.stage_thread import InFlight, StageThread

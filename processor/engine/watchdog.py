@@ -48,7 +48,7 @@ from typing import TypeVar
 
 import psycopg
 
-from processor.core.decide import Send
+from processor.core.plans import Send
 from processor.core.routing import TopicNames
 from processor.core.stuck import Fail, Leave, StuckVerdict, Wake
 from processor.engine.database import Database

@@ -12,9 +12,10 @@ import psycopg
 from confluent_kafka import Consumer, Producer
 from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 
-from processor.core.decide import Commit, tick_batch
+from processor.core.decide import tick_batch
 from processor.core.envelope import Wakeup, decode_wakeup
 from processor.core.model import LoadedRun
+from processor.core.plans import Commit
 from processor.core.routing import TopicNames
 from processor.core.tick import tick
 from processor.io.config.settings import Settings

@@ -34,7 +34,8 @@ from typing import Any
 import psycopg
 
 from processor.client import start_runs
-from processor.core.workflow import WorkflowDef, parse_workflow
+from processor.core.workflow import parse_workflow
+from processor.core.workflow_def import WorkflowDef
 from processor.io.config.settings import Settings
 from processor.io.postgres.connections import connect_durable
 from processor.io.postgres.run_counts import count_ended

@@ -11,7 +11,7 @@ from typing import Any
 
 import psycopg
 
-from processor.core.workflow import WorkflowDef
+from processor.core.workflow_def import WorkflowDef
 from processor.io.kafka.dlq import DeadLetter
 from processor.io.postgres.connections import connect_durable
 from processor.io.postgres.run_counts import (

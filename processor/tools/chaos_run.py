@@ -13,7 +13,8 @@ from typing import TYPE_CHECKING
 import psycopg
 from confluent_kafka.admin import AdminClient, ConfigResource  # type: ignore[attr-defined]
 
-from processor.core.workflow import WorkflowDef, parse_workflow
+from processor.core.workflow import parse_workflow
+from processor.core.workflow_def import WorkflowDef
 from processor.io.config.settings import Settings
 from processor.io.kafka.configs import admin_config
 from processor.io.kafka.dlq import DlqError, read_dead_letters

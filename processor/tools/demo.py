@@ -28,7 +28,8 @@ from confluent_kafka.admin import AdminClient
 from processor.core.envelope import Wakeup
 from processor.core.model import SignalKind
 from processor.core.routing import TopicNames, partition_for
-from processor.core.workflow import WorkflowDef, parse_workflow
+from processor.core.workflow import parse_workflow
+from processor.core.workflow_def import WorkflowDef
 from processor.io.config.settings import Settings, child_env
 from processor.io.kafka.clients import produce, topic_partitions
 from processor.io.kafka.configs import admin_config, producer_config

@@ -35,8 +35,8 @@ from starlette.routing import Route
 
 from processor import client
 from processor.client import ClientError, Cursor, RunFilter, RunNotFound, RunPage
-from processor.core.model import RunStatus
 from processor.core.outcomes import DLQ_REASONS
+from processor.core.run_state import RunStatus
 from processor.io.config.settings import Settings
 from processor.io.kafka.dlq import DeadLetter, DlqError, read_dead_letters
 from processor.io.postgres.schedules import Schedule, list_schedules

@@ -5,13 +5,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from processor.core.decide import BatchItem
 from processor.core.envelope import Wakeup
 from processor.core.intake import Accepted, Verdict, admit
-from processor.core.model import LoadedRun, RunState, initial_state, state_checksum
+from processor.core.model import LoadedRun
+from processor.core.plans import BatchItem
 from processor.core.records import ClientError, Inbound
 from processor.core.routing import TopicNames
-from processor.core.workflow import WorkflowDef, parse_workflow
+from processor.core.run_state import RunState, initial_state, state_checksum
+from processor.core.workflow import parse_workflow
+from processor.core.workflow_def import WorkflowDef
 
 NAMES = TopicNames("t")
 MAX_BYTES = 65536

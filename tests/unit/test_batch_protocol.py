@@ -31,23 +31,15 @@ from processor.core.batch_values import (
     WakeWaiters,
     WriteForceFail,
 )
-from processor.core.decide import BatchItem, Rules, decide, tick_batch
+from processor.core.decide import decide, tick_batch
 from processor.core.envelope import Wakeup, decode_wakeup
-from processor.core.limits import NO_LIMITS, LimitInputs
-from processor.core.model import (
-    Loaded,
-    LoadedRun,
-    RunInput,
-    RunStatus,
-    StepOutcome,
-    StepResult,
-    initial_state,
-    state_checksum,
-)
+from processor.core.limit_values import NO_LIMITS, LimitInputs
+from processor.core.model import Loaded, LoadedRun, RunInput, StepOutcome, StepResult
 from processor.core.outcomes import DeadLetterReason, ForceFailReason, Outcome
-from processor.core.plans import DeadLettered, ForceFailed, Retry, payload_of
+from processor.core.plans import BatchItem, DeadLettered, ForceFailed, Retry, Rules, payload_of
 from processor.core.policy import MAX_IN_PROCESS_ATTEMPTS
 from processor.core.records import Inbound
+from processor.core.run_state import RunStatus, initial_state, state_checksum
 from processor.core.workflow import parse_workflow
 
 from .fakes import MAX_BYTES, NAMES, NOW_MS, FakeMessage, accepted, item, loaded, wakeup_message

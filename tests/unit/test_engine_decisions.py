@@ -23,8 +23,6 @@ from processor.core.dead_letters import (
     truncate_dead_letter,
 )
 from processor.core.decide import (
-    Plan,
-    Rules,
     database_failed,
     decide,
     failed_unexpectedly,
@@ -36,15 +34,16 @@ from processor.core.decide import (
 )
 from processor.core.envelope import Wakeup, decode_wakeup
 from processor.core.intake import Accepted, Hop, NotDue, Reject, admit
-from processor.core.model import Loaded, RunStatus, UnknownWorkflow, UnreadableRun, initial_state
+from processor.core.model import Loaded, UnknownWorkflow, UnreadableRun
 from processor.core.offsets import OffsetTracker
 from processor.core.outcomes import DLQ_REASONS, DeadLetterReason, ForceFailReason, Outcome
 from processor.core.pending import RunBook
-from processor.core.plans import DeadLettered, ForceFailed, Produce, Retry, payload_of
+from processor.core.plans import DeadLettered, ForceFailed, Plan, Produce, Retry, Rules, payload_of
 from processor.core.policy import IN_PROCESS_BACKOFF_MS, MAX_IN_PROCESS_ATTEMPTS
 from processor.core.records import Inbound
 from processor.core.request_plans import Refused, request_plan
 from processor.core.routing import DELAY_RUNGS_MS, requeue_delay_ms
+from processor.core.run_state import RunStatus, initial_state
 
 from .fakes import (
     MAX_BYTES,

@@ -13,16 +13,16 @@ from confluent_kafka import Producer
 from opentelemetry.trace import Span
 
 from processor.core.batch_values import ReadBackResult, Undecided
-from processor.core.decide import BatchItem, Rules, database_failed, decide, reject, tick_batch
+from processor.core.decide import database_failed, decide, reject, tick_batch
 from processor.core.envelope import Wakeup
 from processor.core.intake import Reject, admit
-from processor.core.model import RunStatus
 from processor.core.offsets import OffsetTracker
 from processor.core.outcomes import DeadLetterReason, ForceFailReason, Outcome
 from processor.core.pending import RunBook, RunWork
-from processor.core.plans import Retry, payload_of
+from processor.core.plans import BatchItem, Retry, Rules, payload_of
 from processor.core.policy import IN_PROCESS_BACKOFF_MS, MAX_IN_PROCESS_ATTEMPTS
 from processor.core.routing import DELAY_RUNGS_MS
+from processor.core.run_state import RunStatus
 from processor.core.run_tally import RunTally
 from processor.core.stats import Stats
 from processor.engine.acknowledged import ACKS_WAIT_S, Acknowledged

@@ -11,7 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from processor.core.dead_letters import REASON
-from processor.core.decide import Rules, hop, reject
+from processor.core.decide import hop, reject
 from processor.core.envelope import (
     FIELDS,
     MAX_ATTEMPT,
@@ -22,6 +22,7 @@ from processor.core.envelope import (
 )
 from processor.core.intake import Accepted, Hop, NotDue, Reject, admit
 from processor.core.outcomes import DeadLetterReason
+from processor.core.plans import Rules
 
 from .fakes import MAX_BYTES, NAMES, NOW_MS, FakeMessage
 from .strategies import FAST

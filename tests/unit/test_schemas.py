@@ -14,7 +14,8 @@ from hypothesis import strategies as st
 from jsonschema import Draft202012Validator
 
 from processor.core.envelope import FIELDS, REASONS, Rejected, Wakeup, decode_wakeup
-from processor.core.workflow import ValidationError, parse_workflow, workflow_to_json
+from processor.core.workflow import parse_workflow, workflow_to_json
+from processor.core.workflow_def import ValidationError
 
 from .strategies import QUICK, workflow_json
 

@@ -11,16 +11,10 @@ from typing import Any
 import orjson
 import psycopg
 
-from processor.core.decide import Commit
-from processor.core.limits import (
-    RATE_LOOKAHEAD,
-    Guard,
-    LimitInputs,
-    LimitView,
-    needs_of,
-    paths_of,
-)
+from processor.core.limit_values import Guard, LimitInputs, LimitView
+from processor.core.limits import RATE_LOOKAHEAD, needs_of, paths_of
 from processor.core.model import Loaded, LoadedRun
+from processor.core.plans import Commit
 from processor.io.postgres.instances import alive
 from processor.io.postgres.run_marks import quarantined
 

@@ -12,7 +12,7 @@ from typing import Any, NamedTuple
 import orjson
 import psycopg
 
-from processor.core.decide import Send
+from processor.core.plans import Send
 from processor.io.postgres.instances import alive
 
 DELETE_OUTBOX_SQL = """

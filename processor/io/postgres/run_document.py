@@ -14,7 +14,8 @@ from typing import Any
 import psycopg
 
 from processor.core.children import child_run_id
-from processor.core.model import LoadedRun, NodeState, NodeStatus, RunStatus, shown_nodes
+from processor.core.model import LoadedRun
+from processor.core.run_state import NodeState, NodeStatus, RunStatus, shown_nodes
 from processor.io.postgres.instances import alive
 from processor.io.postgres.run_search import AttemptRow, attempt_rows
 from processor.io.postgres.runs_admin import RunColumns, RunResult, run_columns, run_result

@@ -18,7 +18,7 @@ from typing import Any
 import orjson
 import psycopg
 
-from processor.core.model import TERMINAL_STATUSES, RunStatus
+from processor.core.run_state import TERMINAL_STATUSES, RunStatus
 
 # (run id, signal id): one signal of one run.
 SignalKey = tuple[str, str]

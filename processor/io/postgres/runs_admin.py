@@ -15,9 +15,10 @@ from typing import Any
 import orjson
 import psycopg
 
-from processor.core.model import RunStatus, SignalKind, initial_state, state_checksum
+from processor.core.model import SignalKind
 from processor.core.routing import run_shard
-from processor.core.workflow import WorkflowDef
+from processor.core.run_state import RunStatus, initial_state, state_checksum
+from processor.core.workflow_def import WorkflowDef
 from processor.io.postgres.kept_signals import take_kept_signals
 from processor.io.postgres.run_marks import flag_column
 

@@ -33,7 +33,7 @@ from processor.core.schedules import (
     manual_run_id,
     plan_fires,
 )
-from processor.core.workflow import ValidationError, WorkflowDef
+from processor.core.workflow_def import ValidationError, WorkflowDef
 from processor.io.postgres.runs_admin import insert_runs
 from processor.io.postgres.store import Definitions
 from processor.io.runtime.faults import NO_FAULTS, Faults, Point

@@ -16,18 +16,14 @@ from typing import Any, NamedTuple
 import orjson
 import psycopg
 
-from processor.core.batch_values import QuarantineFlag as QuarantineFlag  # noqa: PLC0414 (re-exported)
-from processor.core.decide import Commit, Send
+from processor.core.batch_values import QuarantineFlag
 from processor.core.load_row import LoadRow, loaded_run
-from processor.core.model import (
-    Loaded,
-    RunState,
-    UnknownWorkflow,
-    row_checksum,
-    state_checksum,
-)
+from processor.core.model import Loaded, UnknownWorkflow
+from processor.core.plans import Commit, Send
 from processor.core.routing import run_shard
-from processor.core.workflow import ValidationError, WorkflowDef, parse_workflow
+from processor.core.run_state import RunState, row_checksum, state_checksum
+from processor.core.workflow import parse_workflow
+from processor.core.workflow_def import ValidationError, WorkflowDef
 from processor.io.postgres import limit_store
 from processor.io.postgres.commit_sql import (
     COMMIT_SQLS,

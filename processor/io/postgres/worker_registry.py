@@ -19,7 +19,7 @@ import orjson
 import psycopg
 
 from processor.core.handback import GRACE_S, Server
-from processor.core.workflow import WorkflowDef
+from processor.core.workflow_def import WorkflowDef
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,8 @@ import psycopg
 
 from processor.core.child_graph import ChildCycle, ChildRef, child_cycle
 from processor.core.routing import DEFAULT_QUEUE
-from processor.core.workflow import WorkflowDef, parse_workflow, workflow_to_json
+from processor.core.workflow import parse_workflow, workflow_to_json
+from processor.core.workflow_def import WorkflowDef
 
 # Registrations of definitions that start children take turns (a transaction-scoped advisory
 # lock, this key): two registered at once could each close half of a cycle unseen.
