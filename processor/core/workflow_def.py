@@ -11,7 +11,7 @@ import re
 from dataclasses import dataclass, field
 from functools import cached_property
 
-from processor.core.limit_defs import ConcurrencyLimit, RateLimit
+from processor.core.limit_defs import ConcurrencyLimit, StepRateLimit
 from processor.core.routing import DEFAULT_QUEUE
 
 
@@ -102,7 +102,7 @@ class StepDef:
     parallelism: int = MAP_PARALLELISM
     # Bounds on its dispatches, counted across runs (core/limits.py); for task and map steps.
     concurrency: ConcurrencyLimit | None = None
-    rate_limit: RateLimit | None = None
+    rate_limit: StepRateLimit | None = None
 
     @property
     def limited(self) -> bool:

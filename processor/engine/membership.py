@@ -28,7 +28,7 @@ from processor.engine.lag import LagMeter
 from processor.engine.request_desk import RequestDesk
 from processor.engine.trigger_follow import TriggerFollower
 from processor.io.config.settings import Settings
-from processor.io.kafka.clients import ClientErrors, Outbox
+from processor.io.kafka.clients import ClientErrors, Publisher
 from processor.io.kafka.configs import consumer_config
 from processor.io.kafka.group_watch import GroupWatch, holding, let_go_by_fault
 from processor.io.kafka.logs import with_logger
@@ -64,7 +64,7 @@ class Membership:
         executor: Executor,
         requests: RequestDesk,
         triggers: TriggerFollower,
-        outbox: Outbox,
+        publisher: Publisher,
         probe: Probe,
         stats: Stats,
         faults: Faults,
@@ -80,7 +80,7 @@ class Membership:
         self._executor = executor
         self._requests = requests
         self._triggers = triggers
-        self._outbox = outbox
+        self._publisher = publisher
         self._probe = probe
         self._stats = stats
         self._faults = faults
@@ -208,7 +208,7 @@ class Membership:
         self._queues.drop(lambda r: r.tp in tps)
         self._executor.drop_partitions(tps)
         if commit:
-            self._outbox.flush(min(5.0, self.wait_bound()))
+            self._publisher.flush(min(5.0, self.wait_bound()))
             failure = "offset commit on revoke failed: %s"
             commit_positions(consumer, self._tracker, tps, failure, wait)
             # Acknowledged outbox rows go now, before the partitions' next owner meets them.

@@ -78,7 +78,7 @@ class Processor:
         self.requests = parts.requests
         self.triggers = parts.triggers
         self.presence = parts.presence
-        self._outbox = parts.commons.outbox
+        self._publisher = parts.commons.publisher
         self._delivery = parts.commons.delivery
         self._tracker = parts.commons.tracker
         self._postgres = parts.commons.postgres
@@ -180,7 +180,7 @@ class Processor:
         """The loop is alive (``/healthz``), and the clients' queues are served (their log
         lines: io/kafka/logs.py)."""
         self.probe.last_loop_at = self._pace.now()
-        self._outbox.poll(0)
+        self._publisher.poll(0)
         self._membership.consumer.poll(0)  # (not subscribed yet: returns nothing)
 
     def step(self) -> None:
@@ -199,7 +199,7 @@ class Processor:
         self._sweeps.park_refused()
         self.executor.advance(self.settings.batch_size)
         self.probe.database_ok = self.executor.database_ok
-        self._outbox.poll(0)
+        self._publisher.poll(0)
         store_offsets(self._membership.consumer, self._tracker.committable(), flow.assigned)
         self._sweeps.turn()
         if self._pace.stats_due(now):
@@ -235,7 +235,7 @@ class Processor:
             log.error("the request statement in flight did not finish before the shutdown bound")
         self.requests.drop_waiting()
         self.executor.drop_waiting()
-        remaining = self._outbox.flush(left(0.1))
+        remaining = self._publisher.flush(left(0.1))
         if remaining:
             log.error(
                 "%d effects still undelivered at shutdown; their records will be redone", remaining

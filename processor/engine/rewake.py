@@ -16,7 +16,7 @@ from processor.core.routing import TopicNames, partition_for
 from processor.core.stats import Stats
 from processor.engine.ledger import Ledger
 from processor.engine.recent_commits import RECENT_COMMITS_S
-from processor.io.kafka.clients import Outbox
+from processor.io.kafka.clients import Publisher
 
 log = logging.getLogger("ductor.executor")
 
@@ -24,14 +24,14 @@ log = logging.getLogger("ductor.executor")
 class Rewake:
     def __init__(
         self,
-        outbox: Outbox,
+        publisher: Publisher,
         partitions: Mapping[str, int],  # filled by the processor once the topics are known
         names: TopicNames,
         ledger: Ledger,
         stats: Stats,
         wall_ms: Callable[[], int],
     ) -> None:
-        self._outbox = outbox
+        self._publisher = publisher
         self._partitions = partitions
         self._names = names
         self._ledger = ledger
@@ -47,7 +47,7 @@ class Rewake:
                 topic = self._names.wakeup(tier)
                 wakeup = Wakeup(run_id=run_id, reason=reason, produced_at=now_ms)
                 partition = partition_for(run_id, self._partitions[topic])
-                self._outbox.send(topic, wakeup.encode(), wakeup.key(), self._sent, partition)
+                self._publisher.send(topic, wakeup.encode(), wakeup.key(), self._sent, partition)
             except Exception as exc:  # the run stays overdue: the next sweep wakes it again
                 self._ledger.isolated("sweep", run_id, exc)
 

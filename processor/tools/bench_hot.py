@@ -46,7 +46,7 @@ from processor.core.workflow import parse_workflow
 from processor.core.workflow_def import WorkflowDef
 from processor.engine.assembly import build_executor, commons
 from processor.engine.database import Database
-from processor.io.kafka.clients import Outbox
+from processor.io.kafka.clients import Publisher
 from processor.io.kafka.logs import with_logger
 from processor.io.postgres import store
 from processor.io.runtime.clock import Clock
@@ -191,7 +191,9 @@ def _carry_out(running: dict[str, Loaded], messages: list[_Message]) -> Callable
     rules = Rules(NAMES, livelock_requeues=3)
     book: RunBook[Span] = RunBook()
     clock = Clock(lambda: 100.0, lambda: NOW_MS)
-    shared = commons(Outbox(producer), partitions, NAMES, stats, Telemetry(), clock, None, tracker)
+    shared = commons(
+        Publisher(producer), partitions, NAMES, stats, Telemetry(), clock, None, tracker
+    )
     database = Database("postgresql://nobody@127.0.0.1:1/none")  # never opened
     executor = build_executor(shared, database, rules, book)
     commits = tick_batch(running, NOW_MS, NAMES)

@@ -218,7 +218,7 @@ class HotPoker:
         self._thread.join(15)
 
 
-class Fleet:
+class DemoFleet:
     """The demo's child processes: two processors and a worker, each logging to a file of
     its own in ``log_dir``."""
 
@@ -283,7 +283,7 @@ def run_demo(
         f" {len(plan.to_cancel)} to cancel, some meant to fail)"
     )
     logs = demo_log_dir()
-    fleet = Fleet(settings, logs)
+    fleet = DemoFleet(settings, logs)
     started = time.monotonic()
     wake(settings, plan, hot_copies)
     poker = HotPoker(settings, plan.hot)

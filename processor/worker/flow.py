@@ -37,7 +37,7 @@ from collections.abc import Callable
 
 from confluent_kafka import Message
 
-from processor.core.claims import SKIPPED, Verdict, died_reason
+from processor.core.claims import SKIPPED, ClaimVerdict, died_reason
 from processor.io.postgres.step_attempts import Report
 from processor.io.postgres.step_data import MissingData
 from processor.io.runtime.clock import Clock
@@ -49,20 +49,20 @@ from processor.worker.intake import Intake, isolated, too_late
 from processor.worker.isolation import PROCESS_DIED
 from processor.worker.messages import (
     Claimed,
-    ClaimVerdict,
     Ended,
     News,
     NotCurrent,
     Over,
     Permitted,
     Recorded,
+    TaskClaim,
 )
 from processor.worker.metrics import WorkerMetrics
 from processor.worker.options import WorkerOptions
 from processor.worker.results import Results, ids
 from processor.worker.runs import Runs, end_span
 from processor.worker.stats import WorkerStats
-from processor.worker.steps import Outcome
+from processor.worker.steps import AttemptResult
 from processor.worker.tasks import State, Task, TaskBook
 from processor.worker.watch import DeadlineWatch
 
@@ -268,39 +268,39 @@ class TaskFlow:
             except Exception as exc:
                 self._task_failed(claim.task, "claimed", exc)
 
-    def _claimed(self, claim: ClaimVerdict) -> None:
+    def _claimed(self, claim: TaskClaim) -> None:
         task, verdict = claim.task, claim.verdict
         if not self._book.has(task):  # let go meanwhile (its partition went, the worker stops)
-            if verdict is Verdict.RUN:
+            if verdict is ClaimVerdict.RUN:
                 self._claims.give_back([task])  # the next worker takes it as never started
             return
-        if (task.revoked or self.stopping) and verdict is not Verdict.RUN:
+        if (task.revoked or self.stopping) and verdict is not ClaimVerdict.RUN:
             self._book.remove(task)  # its partition's (next) owner claims it again
             return
-        if verdict is Verdict.RUN:
+        if verdict is ClaimVerdict.RUN:
             self._claimed_to_run(claim)
-        elif verdict is Verdict.RERUN:
+        elif verdict is ClaimVerdict.RERUN:
             self._claims.suspect(task)
-        elif verdict is Verdict.DIED:
+        elif verdict is ClaimVerdict.DIED:
             self._stats.skipped["died"] += 1
             log.error(
                 "a step attempt is not run again: the worker running it died %d time(s)",
                 claim.starts,
                 extra=ids(task),
             )
-            self._results.record(task, Outcome.failed(died_reason(claim.starts)))
-        elif verdict is Verdict.HELD:
+            self._results.record(task, AttemptResult.failed(died_reason(claim.starts)))
+        elif verdict is ClaimVerdict.HELD:
             self._claims.hold(task)
         else:
             self._skipped(task, verdict)
 
-    def _claimed_to_run(self, claim: ClaimVerdict) -> None:
+    def _claimed_to_run(self, claim: TaskClaim) -> None:
         task, data = claim.task, claim.data
         task.starts = claim.starts
         task.claimed_ns = int(self._clock.monotonic() * 1e9)
         task.attempt.last_details = claim.details
         if isinstance(data, MissingData):  # the attempt fails; a deleted run's is dropped
-            self._results.record(task, Outcome.failed(f"the step's data: {data}"), ended=True)
+            self._results.record(task, AttemptResult.failed(f"the step's data: {data}"), ended=True)
             return
         task.data = data
         if task.revoked or self.stopping:
@@ -309,12 +309,12 @@ class TaskFlow:
         else:
             self._claims.ready(task)
 
-    def _skipped(self, task: Task, verdict: Verdict) -> None:
+    def _skipped(self, task: Task, verdict: ClaimVerdict) -> None:
         assert verdict in SKIPPED
         self._stats.skipped[verdict.value] += 1
-        if verdict is Verdict.RESEND:
+        if verdict is ClaimVerdict.RESEND:
             self._results.wake([task])  # its worker died before the run heard of the result
-        elif verdict is Verdict.AHEAD:
+        elif verdict is ClaimVerdict.AHEAD:
             log.info(  # (counted: skipped{reason=ahead})
                 "a step task its run's row never dispatched: the commit that dispatched it"
                 " was lost (a database crash or failover); waking the run to dispatch it"
@@ -373,7 +373,7 @@ class TaskFlow:
             end_span(task, None, f"unexpected error: {describe(exc)}")
             why = f"the worker failed handling it: {describe(exc)}"
             # Its execution, if any, is reported over by its runner.
-            self._results.record(task, Outcome.failed(why), ended=not running)
+            self._results.record(task, AttemptResult.failed(why), ended=not running)
         except Exception as again:
             isolated(self._stats, stage, task.key.run_id, again)
             self._results.done(task)

@@ -37,7 +37,7 @@ from processor.io.runtime.threads import ThreadWatch
 from processor.worker.app import registry_for
 from processor.worker.options import WorkerOptions
 from processor.worker.runners import Ended, Over, begin, unforeseen
-from processor.worker.steps import Attempt, Outcome, execute_async_step, execute_step
+from processor.worker.steps import Attempt, AttemptResult, execute_async_step, execute_step
 from processor.worker.tasks import Task
 
 log = logging.getLogger("ductor.worker")
@@ -144,7 +144,7 @@ class _Slot:
         finally:
             self._kill()
 
-    def _run(self, task: Task) -> Outcome | None:
+    def _run(self, task: Task) -> AttemptResult | None:
         """The task's outcome from its child; None when it was abandoned (the child killed)."""
         conn = self._ensure_child()
         assert task.data is not None
@@ -185,9 +185,9 @@ class _Slot:
             if message[0] == "beat":
                 task.attempt.heartbeat(message[1])
             elif message[0] == "done":
-                return Outcome(*message[1])
+                return AttemptResult(*message[1])
 
-    def _died(self, detail: str) -> Outcome:
+    def _died(self, detail: str) -> AttemptResult:
         child = self._child
         code = None
         if child is not None:
@@ -202,7 +202,7 @@ class _Slot:
             how = "lost"
         why = f"{PROCESS_DIED} ({how}) while running it" + (f": {detail}" if detail else "")
         log.warning("a step's child process died: %s", how)
-        return Outcome.failed(why)
+        return AttemptResult.failed(why)
 
     def _ensure_child(self) -> Connection:
         if self._child is not None and self._child.is_alive() and self._conn is not None:

@@ -19,7 +19,7 @@ from processor.io.runtime.clock import Clock
 from processor.io.runtime.outage import Outage
 from processor.io.telemetry.spans import link_headers
 from processor.worker.messages import Recorded, RecordResults, ReportExecutions, Request, ToRecord
-from processor.worker.steps import Outcome
+from processor.worker.steps import AttemptResult
 from processor.worker.tasks import State, Task, TaskBook
 
 TP = tuple[str, int]
@@ -58,7 +58,7 @@ class Results:
         self._sent_at: dict[Task, float] = {}  # wakeups on their way, since when
         self.wakeup_partitions: dict[str, int] = {}
 
-    def record(self, task: Task, outcome: Outcome, ended: bool = False) -> None:
+    def record(self, task: Task, outcome: AttemptResult, ended: bool = False) -> None:
         """Record ``outcome`` as the task's attempt's result; ``ended``: the task's execution
         ended with it (else it still runs, given up, or none ran; its runner reports its end
         when it comes)."""

@@ -191,7 +191,7 @@ def _name(fn: Any) -> str:
     return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', repr(fn))}"
 
 
-class Outcome(NamedTuple):
+class AttemptResult(NamedTuple):
     """An attempt's result as the worker records it."""
 
     outcome: StepOutcome
@@ -200,8 +200,8 @@ class Outcome(NamedTuple):
     retryable: bool = True
 
     @staticmethod
-    def failed(error: str, retryable: bool = True) -> Outcome:
-        return Outcome(StepOutcome.FAILED, None, storable_text(error), retryable)
+    def failed(error: str, retryable: bool = True) -> AttemptResult:
+        return AttemptResult(StepOutcome.FAILED, None, storable_text(error), retryable)
 
 
 def context_of(task: StepTask, data: StepData, attempt: Attempt | None = None) -> StepContext:
@@ -239,7 +239,7 @@ def context_of(task: StepTask, data: StepData, attempt: Attempt | None = None) -
 
 def execute_step(
     registry: StepRegistry, task: StepTask, data: StepData, attempt: Attempt | None = None
-) -> Outcome:
+) -> AttemptResult:
     """Run one attempt of a plain step function with its ``data`` (the task's own, or
     fetched): its output, or its failure as the attempt's result (never the worker's)."""
     fn = registry.get(task.step_type)
@@ -256,7 +256,7 @@ def execute_step(
 
 async def execute_async_step(
     registry: StepRegistry, task: StepTask, data: StepData, attempt: Attempt | None = None
-) -> Outcome:
+) -> AttemptResult:
     """``execute_step`` for an ``async def`` step function, on the caller's event loop."""
     fn = registry.get(task.step_type)
     if fn is None:
@@ -270,26 +270,28 @@ async def execute_async_step(
         return failure(exc)
 
 
-def unknown_type(task: StepTask) -> Outcome:
-    return Outcome.failed(f"no step function registered for type {task.step_type!r}")
+def unknown_type(task: StepTask) -> AttemptResult:
+    return AttemptResult.failed(f"no step function registered for type {task.step_type!r}")
 
 
-def failure(exc: BaseException) -> Outcome:
-    return Outcome.failed(f"{type(exc).__name__}: {exc}", not isinstance(exc, NonRetryable))
+def failure(exc: BaseException) -> AttemptResult:
+    return AttemptResult.failed(f"{type(exc).__name__}: {exc}", not isinstance(exc, NonRetryable))
 
 
-def checked_output(output: Any) -> Outcome:
+def checked_output(output: Any) -> AttemptResult:
     """A step's return value as its result, or the failure that says why it cannot be
     stored: the result is stored as JSON, within the bounds of every stored value
     (core/bounds.py), so it is checked here, in the attempt. Such a failure is final: the
     same code would return the same value again."""
     problem = json_problem(output, MAX_STEP_OUTPUT_BYTES)
     if problem is not None:
-        return Outcome.failed(f"OutOfBounds: {problem.describe('the output')}", retryable=False)
-    return Outcome(StepOutcome.SUCCEEDED, output)
+        return AttemptResult.failed(
+            f"OutOfBounds: {problem.describe('the output')}", retryable=False
+        )
+    return AttemptResult(StepOutcome.SUCCEEDED, output)
 
 
-def checked_input(data: StepData) -> Outcome | None:
+def checked_input(data: StepData) -> AttemptResult | None:
     """The failure of an attempt whose run's input is beyond the bounds, or None. Every door
     bounds an input before it is written; a child run's input is copied by Postgres from its
     parent's input or a step's output, and an aggregate (a map step's list of outputs, a
@@ -298,7 +300,9 @@ def checked_input(data: StepData) -> Outcome | None:
     problem = json_problem(data.input)
     if problem is None:
         return None
-    return Outcome.failed(f"OutOfBounds: {problem.describe('the run input')}", retryable=False)
+    return AttemptResult.failed(
+        f"OutOfBounds: {problem.describe('the run input')}", retryable=False
+    )
 
 
 def storable_text(text: str) -> str:

@@ -14,7 +14,7 @@ from processor.worker.messages import CheckCurrent, Request
 from processor.worker.options import WorkerOptions
 from processor.worker.results import Results, new_details
 from processor.worker.runs import Runs
-from processor.worker.steps import Outcome
+from processor.worker.steps import AttemptResult
 from processor.worker.tasks import State, Task, TaskBook
 
 log = logging.getLogger("ductor.worker")
@@ -93,7 +93,7 @@ class DeadlineWatch:
                 self._results.done(task)  # its attempt timed out at the coordinator
             else:  # (which may learn late that it started, if it waited in its queue)
                 error = f"attempt {task.key.attempt} timed out after {step.timeout_ms} ms"
-                self._results.record(task, Outcome.failed(error))
+                self._results.record(task, AttemptResult.failed(error))
             return True
         if step.heartbeat_timeout_ms is not None and silent_ms > step.heartbeat_timeout_ms:
             why = (
@@ -101,7 +101,7 @@ class DeadlineWatch:
                 f" (heartbeat_timeout_ms {step.heartbeat_timeout_ms})"
             )
             self._runs.abandon(task, why)
-            self._results.record(task, Outcome.failed(f"abandoned: {why}"))
+            self._results.record(task, AttemptResult.failed(f"abandoned: {why}"))
             return True
         return False
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from processor.core.envelope import Wakeup
-from processor.core.intake import Accepted, Verdict, admit
+from processor.core.intake import Accepted, RecordVerdict, admit
 from processor.core.model import LoadedRun
 from processor.core.plans import BatchItem
 from processor.core.records import ClientError, Inbound
@@ -73,7 +73,7 @@ def wakeup_message(
 
 
 def accepted(message: FakeMessage, now_ms: int = NOW_MS) -> Inbound:
-    verdict: Verdict = admit(message, NAMES, MAX_BYTES, now_ms)
+    verdict: RecordVerdict = admit(message, NAMES, MAX_BYTES, now_ms)
     assert isinstance(verdict, Accepted), verdict
     return verdict.record
 

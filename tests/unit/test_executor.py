@@ -32,7 +32,7 @@ from processor.engine.executor import Executor, Work
 from processor.engine.stage import Staged, Timings
 from processor.engine.stage_failures import StageFailures
 from processor.engine.stage_thread import InFlight
-from processor.io.kafka.clients import Outbox
+from processor.io.kafka.clients import Publisher
 from processor.io.runtime.clock import Clock, ManualClock
 from processor.io.runtime.faults import NO_FAULTS, Faults
 from processor.io.telemetry.setup import Telemetry
@@ -68,8 +68,8 @@ class Harness:
         return self.shared.stats
 
     @property
-    def outbox(self) -> Outbox:
-        return self.shared.outbox
+    def publisher(self) -> Publisher:
+        return self.shared.publisher
 
     def now(self) -> float:
         return self.clock.clock.monotonic()
@@ -88,7 +88,9 @@ def _harness(producer: Producer, faults: Faults = NO_FAULTS) -> Harness:
     clock = ManualClock(monotonic_s=100.0)
     wall = Clock(clock.clock.monotonic, lambda: NOW_MS)
     partitions = dict.fromkeys([*NAMES.coordinator_topics(), NAMES.steps, NAMES.dlq], 3)
-    shared = commons(Outbox(producer), partitions, NAMES, Stats(), Telemetry(), wall, faults=faults)
+    shared = commons(
+        Publisher(producer), partitions, NAMES, Stats(), Telemetry(), wall, faults=faults
+    )
     book: RunBook[Span] = RunBook()
     database = Database("postgresql://nobody@127.0.0.1:1/none")  # never opened here
     return Harness(build_executor(shared, database, RULES, book), book, shared, clock)
@@ -140,7 +142,7 @@ def test_a_requeue_settles_only_once_the_broker_acknowledged_it(h: Harness) -> N
     plan = decide(exhausted, run, commits["r"], False, NOW_MS, RULES)
     h.executor.carry_out(work, plan)
     assert (
-        plan.outcome is Outcome.REQUEUED and h.outbox.in_flight >= 1
+        plan.outcome is Outcome.REQUEUED and h.publisher.in_flight >= 1
     )  # (the count includes client events)
     assert h.stats.ticks == {Outcome.CONFLICT: 1, Outcome.REQUEUED: 1}
     assert h.stats.requeues == {DELAY_RUNGS_MS[0]: 1} and h.stats.error_count == 0
@@ -164,7 +166,7 @@ def test_a_rejected_record_is_dead_lettered_and_counted_by_reason(h: Harness) ->
     h.executor.carry_out_now(verdict.record, plan)
     assert h.stats.dead_letters == {DeadLetterReason.NOT_JSON: 1}
     assert (
-        h.stats.ticks == {Outcome.DEAD_LETTERED: 1} and h.outbox.in_flight >= 1
+        h.stats.ticks == {Outcome.DEAD_LETTERED: 1} and h.publisher.in_flight >= 1
     )  # (the count includes client events)
     assert h.tracker.committable() == {}
 

@@ -194,7 +194,7 @@ def test_a_sweeps_results_are_carried_out_and_its_failure_is_an_outage(
     parts.sweeps.hand_on(
         SweepResult(overdue=[("a", "t1"), ("b", "t2")], force_failed=[("c", "wf")])
     )
-    assert parts.commons.outbox.in_flight >= 2
+    assert parts.commons.publisher.in_flight >= 2
     assert stats.force_fails == {ForceFailReason.STUCK: 1} and not stats.errors
     send = Send(parts.names.wakeup("t1"), b"d", b"{}", by_run="d")
     parts.sweeps.hand_on(SweepResult(relay=[("d", 4, (send,))]))

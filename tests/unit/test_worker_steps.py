@@ -16,8 +16,8 @@ from processor.worker.samples import sample_registry
 from processor.worker.steps import (
     MAX_STEP_OUTPUT_BYTES,
     Attempt,
+    AttemptResult,
     NonRetryable,
-    Outcome,
     RegistrationError,
     StepContext,
     StepFailed,
@@ -34,7 +34,7 @@ def _task(step_type: str, attempt: int = 1) -> StepTask:
 
 
 def test_a_step_output_is_the_attempts_result() -> None:
-    assert execute_step(sample_registry(), _task("fast"), NO_DATA) == Outcome(
+    assert execute_step(sample_registry(), _task("fast"), NO_DATA) == AttemptResult(
         StepOutcome.SUCCEEDED, {"node": "node", "attempt": 1}
     )
 
@@ -63,7 +63,7 @@ def test_an_output_that_cannot_be_stored_fails_the_attempt_instead_of_the_worker
 
     outcome, output, error, _ = execute_step(registry, _task("sets"), NO_DATA)
     assert outcome is StepOutcome.FAILED and output is None and error is not None
-    assert execute_step(registry, _task("raises"), NO_DATA) == Outcome(
+    assert execute_step(registry, _task("raises"), NO_DATA) == AttemptResult(
         StepOutcome.FAILED, None, "StepFailed: boom", retryable=True
     )
 
@@ -101,7 +101,7 @@ def test_an_output_beyond_the_bounds_fails_the_attempt_for_good_naming_the_path(
         assert error is not None and error.startswith("OutOfBounds: ") and says in error
 
 
-async def _async(registry: StepRegistry, output: Any) -> Outcome:
+async def _async(registry: StepRegistry, output: Any) -> AttemptResult:
     @registry.step("hostile_async")
     async def hostile_async(ctx: StepContext) -> Any:
         return output
@@ -198,7 +198,7 @@ def test_a_non_retryable_failure_says_so_and_any_other_exception_does_not() -> N
         raise KeyError("x")
 
     final = execute_step(registry, _task("declined"), NO_DATA)
-    assert final == Outcome(StepOutcome.FAILED, None, "NonRetryable: card declined", False)
+    assert final == AttemptResult(StepOutcome.FAILED, None, "NonRetryable: card declined", False)
     assert execute_step(registry, _task("broken"), NO_DATA).retryable is True
 
 
@@ -229,7 +229,7 @@ def test_an_async_step_runs_on_an_event_loop_and_is_known_as_async() -> None:
 
     assert registry.is_async("wait") and not sample_registry().is_async("fast")
     outcome = asyncio.run(execute_async_step(registry, _task("wait", 2), NO_DATA))
-    assert outcome == Outcome(StepOutcome.SUCCEEDED, {"attempt": 2})
+    assert outcome == AttemptResult(StepOutcome.SUCCEEDED, {"attempt": 2})
 
 
 def test_a_step_sees_its_heartbeats_counted_and_its_cancellation() -> None:
