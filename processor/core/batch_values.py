@@ -19,9 +19,10 @@ from typing import NamedTuple
 from processor.core.model import Loaded
 from processor.core.plans import Commit, ForceFailWrite, Plan
 from processor.core.run_tally import RunTally
+from processor.core.shapes import OutboxKey, RunRef
 
-Acknowledged = tuple[tuple[str, int], ...]  # outbox rows (run id, seq) to delete
-RunTiers = tuple[tuple[str, str], ...]  # (run id, tier) of runs to wake
+Acknowledged = tuple[OutboxKey, ...]  # outbox rows to delete
+RunTiers = tuple[RunRef, ...]  # runs to wake
 # The compiled build looks a dataclass field's bare type name up in this module's globals, where
 # a builtin is not (``error: Exception`` raised KeyError at import): fields name this alias.
 Error = Exception

@@ -23,9 +23,9 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
 
+from processor.core.shapes import WorkflowKey
 from processor.core.workflow_def import WorkflowDef
 
-WorkflowKey = tuple[str, int]
 # A workflow step's child: its workflow's name, and its version (None: the latest).
 ChildRef = tuple[str, int | None]
 

@@ -56,6 +56,7 @@ from processor.core.limit_values import (
 )
 from processor.core.model import LoadedRun
 from processor.core.run_state import NodeStatus, RunState, node_state
+from processor.core.shapes import AttemptRef
 from processor.core.tick_decision import Decision, Dispatch
 from processor.core.workflow_def import StepDef
 
@@ -230,7 +231,7 @@ class _Ended:
     def __init__(self) -> None:
         self.freed: dict[str, Counter[str]] = {}  # slots the run's attempts that ended held
         self.reusable: dict[str, Counter[str]] = {}  # of those, of attempts that succeeded
-        self.releases: dict[str, list[tuple[str, int]]] = {}
+        self.releases: dict[str, list[AttemptRef]] = {}
 
     def add(
         self, run: LoadedRun, decision: Decision, values: Mapping[tuple[str, ...], str]

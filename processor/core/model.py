@@ -16,6 +16,7 @@ from processor.core.run_state import (
     RunState,
     state_checksum,
 )
+from processor.core.shapes import WorkflowKey
 from processor.core.workflow_def import WorkflowDef
 
 __all__ = [
@@ -171,7 +172,7 @@ class LoadedRun:
         object.__setattr__(self, "checksum_ok", verified)
 
     @property
-    def workflow(self) -> tuple[str, int]:
+    def workflow(self) -> WorkflowKey:
         return self.wf.key
 
 

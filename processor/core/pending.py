@@ -20,7 +20,8 @@ from collections.abc import Iterable
 from typing import Generic, TypeVar
 
 from processor.core.envelope import Wakeup
-from processor.core.records import Inbound, TopicPartition
+from processor.core.records import Inbound
+from processor.core.shapes import TopicPartition
 
 S = TypeVar("S")  # the shell's handle on the work's trace span (opaque here)
 

@@ -29,6 +29,7 @@ from processor.core.outcomes import DeadLetterReason, ForceFailReason, Outcome
 from processor.core.records import Inbound
 from processor.core.routing import TopicNames
 from processor.core.run_state import RunState
+from processor.core.shapes import AttemptRef
 
 Attributes = tuple[tuple[str, str | int], ...]
 
@@ -95,7 +96,7 @@ class Commit:
     # Attempts the transition fails that no worker started, (node, attempt): the statement
     # marks each never to be started, and writes the run only if it could, that is, only if
     # no worker claimed one meanwhile (io/postgres/store.py); else the run lost a race, a conflict.
-    unstarted: tuple[tuple[str, int], ...] = ()
+    unstarted: tuple[AttemptRef, ...] = ()
 
     def __init__(
         self,
@@ -110,7 +111,7 @@ class Commit:
         mapped: tuple[tuple[str, int, int], ...] = (),
         limits: RunLimits | None = None,
         items: tuple[tuple[str, int, int], ...] = (),
-        unstarted: tuple[tuple[str, int], ...] = (),
+        unstarted: tuple[AttemptRef, ...] = (),
     ) -> None:
         object.__setattr__(self, "run_id", run_id)
         object.__setattr__(self, "expected_version", expected_version)

@@ -90,6 +90,7 @@ from processor.core.run_ends import (
     ordered_nodes,
 )
 from processor.core.run_state import NodeState, NodeStatus, RunState, RunStatus, node_state
+from processor.core.shapes import AttemptRef
 from processor.core.tick_decision import NOOP, Decision, Dispatch
 from processor.core.workflow_def import StepDef, WorkflowDef
 
@@ -167,10 +168,10 @@ def _apply_timeouts(
     step_of: Callable[[str], StepDef],
     started: Mapping[str, Started] | None,
     now_ms: int,
-) -> list[tuple[str, int]]:
+) -> list[AttemptRef]:
     """Rule 4 for every node whose due time passed, and the schedule-to-close bound of those
     waiting for their next attempt; the attempts failed that no worker had started."""
-    unstarted: list[tuple[str, int]] = []
+    unstarted: list[AttemptRef] = []
     for name, node in list(nodes.items()):
         if node.status is _DISPATCHED and node.due_ms is not None and now_ms >= node.due_ms:
             step = step_of(name)

@@ -13,6 +13,7 @@ from functools import cached_property
 
 from processor.core.limit_defs import ConcurrencyLimit, StepRateLimit
 from processor.core.routing import DEFAULT_QUEUE
+from processor.core.shapes import WorkflowKey
 
 
 class ValidationError(ValueError):
@@ -151,7 +152,7 @@ class WorkflowDef:
     input_schema: str | None = None
 
     @property
-    def key(self) -> tuple[str, int]:
+    def key(self) -> WorkflowKey:
         return (self.name, self.version)
 
     @cached_property

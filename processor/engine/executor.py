@@ -51,6 +51,7 @@ from processor.core.plans import (
     Rules,
 )
 from processor.core.records import Inbound
+from processor.core.shapes import TopicPartition
 from processor.core.stats import Stats
 from processor.engine.acknowledged import Acknowledged
 from processor.engine.ledger import Ledger
@@ -343,7 +344,7 @@ class Executor:
 
     # -- rebalance and shutdown --------------------------------------------------------------
 
-    def drop_partitions(self, revoked: set[tuple[str, int]]) -> None:
+    def drop_partitions(self, revoked: set[TopicPartition]) -> None:
         """Forget waiting records of revoked partitions: their next owner redoes them."""
         for work in self._book.drop_partitions(revoked):
             self._ledger.end_span(work)

@@ -16,6 +16,7 @@ from collections.abc import Callable, Set
 from dataclasses import replace
 
 from processor.core.routing import DEFAULT_QUEUE
+from processor.core.shapes import TopicPartition
 from processor.core.stats import Stats
 from processor.engine.assembly import build_processor
 from processor.engine.executor import Executor
@@ -102,7 +103,7 @@ class Processor:
         return self._membership.flow
 
     @property
-    def assigned(self) -> Set[tuple[str, int]]:
+    def assigned(self) -> Set[TopicPartition]:
         return self._membership.assigned
 
     # -- lifecycle ---------------------------------------------------------------------------

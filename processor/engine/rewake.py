@@ -13,6 +13,7 @@ from confluent_kafka import KafkaError
 
 from processor.core.envelope import Wakeup
 from processor.core.routing import TopicNames, partition_for
+from processor.core.shapes import RunRef
 from processor.core.stats import Stats
 from processor.engine.ledger import Ledger
 from processor.engine.recent_commits import RECENT_COMMITS_S
@@ -38,7 +39,7 @@ class Rewake:
         self._stats = stats
         self._wall_ms = wall_ms
 
-    def rewake(self, runs: list[tuple[str, str]], reason: str = "sweep") -> None:
+    def rewake(self, runs: list[RunRef], reason: str = "sweep") -> None:
         """Wake overdue runs again, each on its own tier (their wakeups were lost, a deadline
         passed, or a recorded result waits for a tick)."""
         now_ms = self._wall_ms()
@@ -51,7 +52,7 @@ class Rewake:
             except Exception as exc:  # the run stays overdue: the next sweep wakes it again
                 self._ledger.isolated("sweep", run_id, exc)
 
-    def replay_after_restart(self, runs: list[tuple[str, str]]) -> None:
+    def replay_after_restart(self, runs: list[RunRef]) -> None:
         """The database restarted, or another server took its place: the runs this instance
         committed just before are woken again, in case the server lost their commits
         (engine/recent_commits.py)."""

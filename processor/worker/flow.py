@@ -38,6 +38,7 @@ from collections.abc import Callable
 from confluent_kafka import Message
 
 from processor.core.claims import SKIPPED, ClaimVerdict, died_reason
+from processor.core.shapes import TopicPartition
 from processor.io.postgres.step_attempts import Report
 from processor.io.postgres.step_data import MissingData
 from processor.io.runtime.clock import Clock
@@ -68,7 +69,6 @@ from processor.worker.watch import DeadlineWatch
 
 log = logging.getLogger("ductor.worker")
 
-TP = tuple[str, int]
 
 # Tasks held (waiting for another worker) past this many per slot stop the intake too.
 HELD_PER_SLOT = 8
@@ -194,7 +194,7 @@ class TaskFlow:
         self._results.send()
         self._claims.ask(now)
 
-    def releasing(self, tps: set[TP], commit: bool) -> None:
+    def releasing(self, tps: set[TopicPartition], commit: bool) -> None:
         """Partitions go. Tasks not claimed yet are the next owner's; claimed ones not started
         are given back; running ones run to their end here (the next owner finds them held,
         then recorded), their offsets no longer ours."""

@@ -12,6 +12,7 @@ from typing import Any
 from processor.core.backoff import MAX_RETRY_S
 from processor.core.envelope import Wakeup
 from processor.core.routing import TopicNames
+from processor.core.shapes import TopicPartition
 from processor.io.kafka.clients import choose_partition
 from processor.io.kafka.delivery import Delivery
 from processor.io.postgres.step_attempts import Report
@@ -21,8 +22,6 @@ from processor.io.telemetry.spans import link_headers
 from processor.worker.messages import Recorded, RecordResults, ReportExecutions, Request, ToRecord
 from processor.worker.steps import AttemptResult
 from processor.worker.tasks import State, Task, TaskBook
-
-TP = tuple[str, int]
 
 # Wakeups unacknowledged this long mean the broker is away (an outage, logged once).
 _ACK_PATIENCE_S = 5.0
@@ -39,7 +38,7 @@ class Results:
         delivery: Delivery,
         kafka_outage: Outage,
         ask: Callable[[Request], None],
-        done_offset: Callable[[TP, int], None],
+        done_offset: Callable[[TopicPartition, int], None],
         tracing: bool = False,
     ) -> None:
         self._book = book

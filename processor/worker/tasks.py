@@ -23,10 +23,9 @@ from typing import Any
 from processor.core.envelope import MAX_EPOCH_MS
 from processor.core.records import Headers
 from processor.core.routing import TIERS
+from processor.core.shapes import TopicPartition
 from processor.core.step_task import AttemptKey, StepData, StepTask
 from processor.worker.steps import Attempt
-
-TP = tuple[str, int]
 
 
 class State(IntEnum):
@@ -76,7 +75,12 @@ class Task:
     )
 
     def __init__(
-        self, step: StepTask, tp: TP, offset: int, headers: Headers, produced_ms: int | None
+        self,
+        step: StepTask,
+        tp: TopicPartition,
+        offset: int,
+        headers: Headers,
+        produced_ms: int | None,
     ) -> None:
         self.step = step
         self.key: AttemptKey = step.key
@@ -160,7 +164,7 @@ class TaskBook:
     def in_state(self, state: State) -> list[Task]:
         return [t for t in self._tasks.values() if t.state is state]
 
-    def of_partitions(self, tps: set[TP]) -> list[Task]:
+    def of_partitions(self, tps: set[TopicPartition]) -> list[Task]:
         return [t for t in self._tasks.values() if t.tp in tps]
 
 

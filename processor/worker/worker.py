@@ -25,6 +25,7 @@ import uuid
 from confluent_kafka import Producer
 
 from processor.core.routing import TopicNames
+from processor.core.shapes import TopicPartition
 from processor.io.config.settings import Settings
 from processor.io.kafka.clients import EXIT_KAFKA_FATAL, ClientErrors, Publisher, broker_unreachable
 from processor.io.kafka.configs import producer_config, producer_max_bytes
@@ -333,7 +334,7 @@ class Worker:
             self.flow.intake(message)  # (never raises: a task's exception is its own)
         return len(taken)
 
-    def _releasing(self, tps: set[tuple[str, int]], commit: bool) -> None:
+    def _releasing(self, tps: set[TopicPartition], commit: bool) -> None:
         self.flow.releasing(tps, commit)
 
     def _log_stats(self) -> None:

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 
 import psycopg
 import pytest
-from confluent_kafka import TopicPartition
+from confluent_kafka import TopicPartition as KafkaTopicPartition
 from opentelemetry.trace import Span
 
 from processor.core.decide import database_failed
@@ -75,7 +75,7 @@ def _quiet_pace(parts: ProcessorParts, in_flight: int = 0) -> Pace:
 
 def _assign(parts: ProcessorParts, topic: str) -> tuple[str, int]:
     """Partition 0 of ``topic``, assigned as the group's callback would."""
-    parts.membership.consumer.incremental_assign([TopicPartition(topic, 0, 0)])
+    parts.membership.consumer.incremental_assign([KafkaTopicPartition(topic, 0, 0)])
     parts.membership.flow.assigned_now({(topic, 0)})
     return (topic, 0)
 

@@ -16,6 +16,7 @@ import psycopg
 from processor.core.children import child_run_id
 from processor.core.model import LoadedRun
 from processor.core.run_state import NodeState, NodeStatus, RunStatus, shown_nodes
+from processor.core.shapes import AttemptRef
 from processor.io.postgres.instances import alive
 from processor.io.postgres.run_search import AttemptRow, attempt_rows
 from processor.io.postgres.runs_admin import RunColumns, RunResult, run_columns, run_result
@@ -49,7 +50,7 @@ SELECT a.node_id, a.attempt, a.beat_at, a.beat_details, a.ended_at,
 
 def executions(
     conn: psycopg.Connection[Any], run_id: str, gone_after_s: float
-) -> dict[tuple[str, int], Execution]:
+) -> dict[AttemptRef, Execution]:
     """What the workers report of the executions of the run's attempts, by (node, attempt)
     (``gone_after_s``: the heartbeat age after which a worker is gone)."""
     rows = conn.execute(_EXECUTIONS_SQL, {"run_id": run_id, "gone_after_s": gone_after_s})
@@ -70,7 +71,7 @@ class RunRecord:
     result: RunResult
     attempts: list[AttemptRow]
     nodes: tuple[tuple[str, NodeState], ...] = ()
-    executions: dict[tuple[str, int], Execution] = field(default_factory=dict)
+    executions: dict[AttemptRef, Execution] = field(default_factory=dict)
 
     @property
     def healthy(self) -> bool:
@@ -161,10 +162,10 @@ def inspect_document(record: RunRecord) -> dict[str, Any]:
 
 def _nodes_json(
     record: RunRecord, run: LoadedRun
-) -> tuple[list[dict[str, Any]], dict[tuple[str, int], int]]:
+) -> tuple[list[dict[str, Any]], dict[AttemptRef, int]]:
     """The run's nodes as the document shows them, and when each attempt in flight was
     dispatched, where that is known (see ``inspect_document``)."""
-    in_flight: dict[tuple[str, int], int] = {}
+    in_flight: dict[AttemptRef, int] = {}
     claimed = {(a.node, a.attempt): a.started_at for a in record.attempts}
     nodes = []
     for name, node in record.nodes:

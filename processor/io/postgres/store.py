@@ -22,6 +22,7 @@ from processor.core.model import Loaded, UnknownWorkflow
 from processor.core.plans import Commit, Send
 from processor.core.routing import run_shard
 from processor.core.run_state import RunState, row_checksum, state_checksum
+from processor.core.shapes import OutboxKey, WorkflowKey
 from processor.core.workflow import parse_workflow
 from processor.core.workflow_def import ValidationError, WorkflowDef
 from processor.io.postgres import limit_store
@@ -39,9 +40,9 @@ class Definitions:
     """Workflow definitions by (name, version). Registered versions are immutable, so cache."""
 
     def __init__(self) -> None:
-        self._cache: dict[tuple[str, int], WorkflowDef] = {}
+        self._cache: dict[WorkflowKey, WorkflowDef] = {}
 
-    def get(self, conn: psycopg.Connection[Any], key: tuple[str, int]) -> WorkflowDef:
+    def get(self, conn: psycopg.Connection[Any], key: WorkflowKey) -> WorkflowDef:
         cached = self._cache.get(key)
         if cached is not None:
             return cached
@@ -114,7 +115,7 @@ class CommitAnswer(NamedTuple):
 def commit_batch(
     conn: psycopg.Connection[Any],
     commits: Sequence[Commit],
-    acknowledged: Sequence[tuple[str, int]] = (),
+    acknowledged: Sequence[OutboxKey] = (),
     owner: str | None = None,
 ) -> CommitAnswer:
     """The batched conditional UPDATE, with each transition's records into the outbox (owned
@@ -133,7 +134,7 @@ def commit_batch(
 
 
 def commit_params(
-    commits: Sequence[Commit], acknowledged: Sequence[tuple[str, int]], owner: str | None
+    commits: Sequence[Commit], acknowledged: Sequence[OutboxKey], owner: str | None
 ) -> dict[str, Any]:
     """The parameters of the batched commit statement (commit_sql.py)."""
     # The whole batch travels as one JSON document: one orjson call instead of adapting
