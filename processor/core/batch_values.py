@@ -185,7 +185,7 @@ class Decided:
     isolated: tuple[tuple[str, Exception], ...]
     runs: RunTally
     unacknowledged: Acknowledged
-    commit_attempts: int  # commits sent (a lost race counts)
+    commits_sent: int  # commits sent (a lost race counts)
     read_back: ReadBackResult | None
     force_fail_errors: Mapping[str, Exception]  # by run id: its force-fail could not be written
     quarantined: tuple[Plan, ...]  # plans whose run this stage flagged

@@ -130,7 +130,7 @@ def wakeup_send(topic: str, wakeup: Wakeup) -> Send:
     key = wakeup.key()
     attributes: Attributes = (
         ("ductor.requeue_count", wakeup.requeue_count),
-        ("ductor.attempt", wakeup.attempt),
+        ("ductor.attempt", wakeup.requeue_seq),
         ("messaging.kafka.message.key", key.decode()),
     )
     return Send(topic, key, wakeup.encode(), by_run=wakeup.run_id, attributes=attributes)

@@ -253,8 +253,8 @@ class TaskFlow:
             )
         elif isinstance(answer, NotCurrent):
             for task in answer.tasks:
-                if task.state is State.RUNNING and not task.attempt.cancelled:
-                    task.attempt.cancel()
+                if task.state is State.RUNNING and not task.handle.cancelled:
+                    task.handle.cancel()
         elif isinstance(answer, Permitted):
             self._claims.permitted(answer.through)
 
@@ -298,7 +298,7 @@ class TaskFlow:
         task, data = claim.task, claim.data
         task.starts = claim.starts
         task.claimed_ns = int(self._clock.monotonic() * 1e9)
-        task.attempt.last_details = claim.details
+        task.handle.last_details = claim.details
         if isinstance(data, MissingData):  # the attempt fails; a deleted run's is dropped
             self._results.record(task, AttemptResult.failed(f"the step's data: {data}"), ended=True)
             return
@@ -351,7 +351,7 @@ class TaskFlow:
                 task.starts,
                 extra=ids(task),
             )
-        self._stats.heartbeats += task.attempt.beats
+        self._stats.heartbeats += task.handle.beats
         end_span(task, outcome)
         self._results.record(task, outcome, ended=True)
 

@@ -143,7 +143,7 @@ class Results:
 def new_details(task: Task) -> str | None:
     """The details of the task's last heartbeat, if they were not recorded yet (they are
     taken as recorded now)."""
-    details = task.attempt.details
+    details = task.handle.details
     if details is None or details == task.details_reported:
         return None
     task.details_reported = details

@@ -57,8 +57,8 @@ def begin(task: Task) -> bool:
     elif step.close_by_ms is not None and now_ms >= step.close_by_ms:
         return False
     else:
-        task.attempt.deadline_ms = step.deadline_from(now_ms)
-    task.attempt.beat_at = time.monotonic()
+        task.handle.deadline_ms = step.deadline_from(now_ms)
+    task.handle.beat_at = time.monotonic()
     task.started_ns = time.monotonic_ns()
     return True
 

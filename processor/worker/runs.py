@@ -144,7 +144,7 @@ class Runs:
         self._rerunning.discard(task)
         self._runner_of(task).abandon(task)
         self._stats.abandoned += 1
-        self._stats.heartbeats += task.attempt.beats
+        self._stats.heartbeats += task.handle.beats
         log.warning("abandoned a step: %s", why, extra={**ids(task), "reason": why})
         end_span(task, None, f"abandoned: {why}")
 
@@ -158,13 +158,13 @@ class Runs:
         assert task.data is not None
         token = _attach(task.span)
         try:
-            return execute_step(self._registry, task.step, task.data, task.attempt)
+            return execute_step(self._registry, task.step, task.data, task.handle)
         finally:
             _detach(token)
 
     async def _execute_async(self, task: Task) -> AttemptResult:
         assert task.data is not None
-        return await execute_async_step(self._registry, task.step, task.data, task.attempt)
+        return await execute_async_step(self._registry, task.step, task.data, task.handle)
 
     def _ended(
         self, task: Task, outcome: AttemptResult | None, started_ns: int, ended_ns: int

@@ -48,7 +48,7 @@ class RegistrationError(ValueError):
     """A step registry refused a registration (the message says why)."""
 
 
-class Attempt:
+class StepHandle:
     """The live side of one attempt, shared by its step function and the worker: heartbeats
     go one way (with the details of the last one, JSON text), cancellation the other. Plain
     attribute writes (atomic under the GIL): a heartbeat costs a clock read, ``cancelled`` a
@@ -93,7 +93,7 @@ class StepContext:
     deadline_ms: int
     input: Any = None
     deps: Mapping[str, Any] = field(default_factory=lambda: NO_DEPS)
-    _attempt: Attempt | None = field(default=None, repr=False, compare=False)
+    _handle: StepHandle | None = field(default=None, repr=False, compare=False)
     # A map step's item: the element of its list this attempt runs, and its position there
     # (None for any other step).
     item: Any = None
@@ -117,8 +117,8 @@ class StepContext:
             if problem is not None:
                 raise ValueError(problem.describe("the heartbeat's progress"))
             encoded = orjson.dumps(details).decode()
-        if self._attempt is not None:
-            self._attempt.heartbeat(encoded)
+        if self._handle is not None:
+            self._handle.heartbeat(encoded)
 
     def input_as(self, kind: type[InputT]) -> InputT:
         """The run's input as ``kind``: a pydantic model (its ``model_validate``), a dataclass
@@ -137,8 +137,8 @@ class StepContext:
         """True once the attempt no longer matters: its deadline passed, or the run was
         cancelled or ended, or the coordinator moved on from this attempt. A long step may
         check it between units of work and stop early (its result would be ignored)."""
-        if self._attempt is not None:
-            return self._attempt.cancelled
+        if self._handle is not None:
+            return self._handle.cancelled
         return time.time() * 1000 >= self.deadline_ms
 
 
@@ -204,11 +204,11 @@ class AttemptResult(NamedTuple):
         return AttemptResult(StepOutcome.FAILED, None, storable_text(error), retryable)
 
 
-def context_of(task: StepTask, data: StepData, attempt: Attempt | None = None) -> StepContext:
+def context_of(task: StepTask, data: StepData, handle: StepHandle | None = None) -> StepContext:
     """What the step function of ``task`` is given; its deadline is the attempt's (set when
     it started: its start plus its timeout)."""
-    deadline = task.deadline_ms if attempt is None else attempt.deadline_ms
-    last = None if attempt is None else attempt.last_details
+    deadline = task.deadline_ms if handle is None else handle.deadline_ms
+    last = None if handle is None else handle.last_details
     if task.item is None:
         return StepContext(
             task.run_id,
@@ -217,7 +217,7 @@ def context_of(task: StepTask, data: StepData, attempt: Attempt | None = None) -
             deadline,
             data.input,
             data.deps,
-            attempt,
+            handle,
             last_heartbeat=last,
         )
     source = data.input if task.item.source is None else data.deps.get(task.item.source)
@@ -230,7 +230,7 @@ def context_of(task: StepTask, data: StepData, attempt: Attempt | None = None) -
         deadline,
         data.input,
         data.deps,
-        attempt,
+        handle,
         item,
         position,
         last,
@@ -238,7 +238,7 @@ def context_of(task: StepTask, data: StepData, attempt: Attempt | None = None) -
 
 
 def execute_step(
-    registry: StepRegistry, task: StepTask, data: StepData, attempt: Attempt | None = None
+    registry: StepRegistry, task: StepTask, data: StepData, handle: StepHandle | None = None
 ) -> AttemptResult:
     """Run one attempt of a plain step function with its ``data`` (the task's own, or
     fetched): its output, or its failure as the attempt's result (never the worker's)."""
@@ -249,13 +249,13 @@ def execute_step(
     if refused is not None:
         return refused
     try:
-        return checked_output(fn(context_of(task, data, attempt)))
+        return checked_output(fn(context_of(task, data, handle)))
     except Exception as exc:  # a step's failure is the attempt's result, not the worker's
         return failure(exc)
 
 
 async def execute_async_step(
-    registry: StepRegistry, task: StepTask, data: StepData, attempt: Attempt | None = None
+    registry: StepRegistry, task: StepTask, data: StepData, handle: StepHandle | None = None
 ) -> AttemptResult:
     """``execute_step`` for an ``async def`` step function, on the caller's event loop."""
     fn = registry.get(task.step_type)
@@ -265,7 +265,7 @@ async def execute_async_step(
     if refused is not None:
         return refused
     try:
-        return checked_output(await fn(context_of(task, data, attempt)))
+        return checked_output(await fn(context_of(task, data, handle)))
     except Exception as exc:
         return failure(exc)
 

@@ -84,8 +84,8 @@ class DeadlineWatch:
         """Abandon ``task`` if it is past its deadline and grace, or silent past its heartbeat
         timeout (True), recording what its attempt became."""
         step = task.step
-        deadline_ms = task.attempt.deadline_ms  # (its start plus its timeout)
-        silent_ms = (now - task.attempt.beat_at) * 1000
+        deadline_ms = task.handle.deadline_ms  # (its start plus its timeout)
+        silent_ms = (now - task.handle.beat_at) * 1000
         if wall_ms > deadline_ms + self._options.abandon_after_s * 1000:
             late_s = (wall_ms - deadline_ms) / 1000
             self._runs.abandon(task, f"still running {late_s:.1f} s after its deadline")
@@ -118,13 +118,13 @@ class DeadlineWatch:
                 waited_s = (task.started_ns - task.claimed_ns) / 1e9
                 if waited_s > min(_LATE_START_S, step.timeout_ms / 4000):
                     self._results.report(Report(task.key, started=True))
-        attempt = task.attempt
-        if attempt.beats == task.beats_reported:
+        handle = task.handle
+        if handle.beats == task.beats_reported:
             return
         every = _BEAT_RECORD_EVERY_S
         if step.heartbeat_timeout_ms is not None:
             every = min(every, step.heartbeat_timeout_ms / 1000 / _BEATS_PER_TIMEOUT)
         if now - task.beat_reported_at >= every:
             self._results.report(Report(task.key, beat=True, details=new_details(task)))
-            task.beats_reported = attempt.beats
+            task.beats_reported = handle.beats
             task.beat_reported_at = now

@@ -87,5 +87,5 @@ def loaded(
     return LoadedRun(run_id, WF, state, version, "t1", stored_checksum=checksum)
 
 
-def item(run_id: str, records: list[Inbound], attempts: int = 0) -> BatchItem:
-    return BatchItem(run_id, attempts, tuple(records))
+def item(run_id: str, records: list[Inbound], tries: int = 0) -> BatchItem:
+    return BatchItem(run_id, tries, tuple(records))

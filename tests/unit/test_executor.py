@@ -20,7 +20,7 @@ from processor.core.offsets import OffsetTracker
 from processor.core.outcomes import DeadLetterReason, ForceFailReason, Outcome
 from processor.core.pending import RunBook, RunWork
 from processor.core.plans import BatchItem, Retry, Rules, payload_of
-from processor.core.policy import IN_PROCESS_BACKOFF_MS, MAX_IN_PROCESS_ATTEMPTS
+from processor.core.policy import IN_PROCESS_BACKOFF_MS, MAX_IN_PROCESS_TRIES
 from processor.core.routing import DELAY_RUNGS_MS
 from processor.core.run_state import RunStatus
 from processor.core.run_tally import RunTally
@@ -131,14 +131,14 @@ def test_a_conflict_is_parked_for_its_backoff_and_never_counted_as_an_error(h: H
     h.clock.advance(1)
     assert h.executor.ready_count(h.now()) == 1
     (again,) = h.book.take_ready(h.now(), 10)
-    assert again is work and again.attempts == 1
+    assert again is work and again.tries == 1
 
 
 def test_a_requeue_settles_only_once_the_broker_acknowledged_it(h: Harness) -> None:
     work = _work(h, 4)
     run = loaded("r")
     commits = tick_batch({"r": run}, NOW_MS, NAMES)
-    exhausted = item("r", work.records, attempts=MAX_IN_PROCESS_ATTEMPTS - 1)
+    exhausted = item("r", work.records, tries=MAX_IN_PROCESS_TRIES - 1)
     plan = decide(exhausted, run, commits["r"], False, NOW_MS, RULES)
     h.executor.carry_out(work, plan)
     assert (
@@ -236,12 +236,12 @@ def test_a_run_whose_row_is_held_waits_apart_with_a_growing_backoff_never_a_conf
     h.executor.carry_out(work, plan)
     assert (plan.outcome, payload_of(plan, Retry).retry_in_ms) == (Outcome.LOCKED, 10)
     assert (h.stats.conflicts, h.stats.error_count, h.stats.ticks[Outcome.LOCKED]) == (0, 0, 1)
-    assert (work.locked, work.prior_version, work.attempts) == (1, 7, 0)
-    again = BatchItem("r", work.attempts, tuple(work.records), work.locked, work.prior_version)
+    assert (work.locked, work.prior_version, work.tries) == (1, 7, 0)
+    again = BatchItem("r", work.tries, tuple(work.records), work.locked, work.prior_version)
     second = decide(again, run, commits["r"], False, NOW_MS, RULES, held=True)
     assert (second.outcome, payload_of(second, Retry).retry_in_ms) == (Outcome.LOCKED, 20)
     moved = decide(again, loaded("r", version=8), commits["r"], False, NOW_MS, RULES, held=True)
-    assert moved.outcome is Outcome.CONFLICT and payload_of(moved, Retry).attempts == 1
+    assert moved.outcome is Outcome.CONFLICT and payload_of(moved, Retry).tries == 1
     assert h.tracker.committable() == {}  # the record waits: its offset is held
 
 

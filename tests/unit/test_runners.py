@@ -98,7 +98,7 @@ def test_a_step_starts_its_timeout_when_it_begins() -> None:
         StepTask("r", "s", 1, "fast", now - 60_000, timeout_ms=2_000), ("steps", 0), 0, [], None
     )
     assert begin(task)
-    assert now + 2_000 <= task.attempt.deadline_ms <= int(time.time() * 1000) + 2_000
+    assert now + 2_000 <= task.handle.deadline_ms <= int(time.time() * 1000) + 2_000
     closing = Task(
         StepTask("r", "s", 1, "fast", now, timeout_ms=2_000, close_by_ms=now + 500),
         ("steps", 0),
@@ -106,7 +106,7 @@ def test_a_step_starts_its_timeout_when_it_begins() -> None:
         [],
         None,
     )
-    assert begin(closing) and closing.attempt.deadline_ms == now + 500
+    assert begin(closing) and closing.handle.deadline_ms == now + 500
     closed = Task(
         StepTask("r", "s", 1, "fast", now, timeout_ms=2_000, close_by_ms=now - 1),
         ("steps", 0),

@@ -217,7 +217,7 @@ wakeups = st.builds(
     ),
     reason=st.sampled_from(sorted(REASONS)),
     requeue_count=st.integers(0, 10_000),
-    attempt=st.integers(0, 2**31 - 1),
+    requeue_seq=st.integers(0, 2**31 - 1),
     due_at=optional_ms,
     target_at=optional_ms,
     observed_seq=optional_ms,

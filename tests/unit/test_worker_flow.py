@@ -203,9 +203,9 @@ class Harness:
         started = self.slots.submitted[-n:]
         for t in started:  # what a slot does as it begins (runners.begin)
             t.started_ns = int(self.now * 1e9)
-            t.attempt.beat_at = self.now
+            t.handle.beat_at = self.now
             if t.step.timeout_ms is not None:
-                t.attempt.deadline_ms = self.manual.clock.wall_ms() + t.step.timeout_ms
+                t.handle.deadline_ms = self.manual.clock.wall_ms() + t.step.timeout_ms
         return started
 
 
@@ -235,8 +235,8 @@ def test_a_silent_step_is_abandoned_past_its_heartbeat_timeout() -> None:
     h = Harness()
     (task,) = h.running(1, heartbeat_timeout_ms=3_000)
     h.manual.advance(2.0)
-    task.attempt.heartbeat()
-    task.attempt.beat_at = h.now  # (a step beats on the real monotonic clock)
+    task.handle.heartbeat()
+    task.handle.beat_at = h.now  # (a step beats on the real monotonic clock)
     h.manual.advance(2.9)
     h.flow.watch(h.now)
     assert h.slots.abandoned == []
@@ -265,7 +265,7 @@ def test_long_running_steps_are_asked_about_once_a_second() -> None:
     h.flow.watch(h.now)
     assert len(h.asked(CheckCurrent)) == 1
     h.answer(NotCurrent([tasks[0]]))
-    assert tasks[0].attempt.cancelled and not tasks[1].attempt.cancelled
+    assert tasks[0].handle.cancelled and not tasks[1].handle.cancelled
 
 
 def test_too_many_abandoned_steps_still_running_stop_the_worker_once() -> None:

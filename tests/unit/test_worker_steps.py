@@ -15,12 +15,12 @@ from processor.core.step_task import StepData, StepTask
 from processor.worker.samples import sample_registry
 from processor.worker.steps import (
     MAX_STEP_OUTPUT_BYTES,
-    Attempt,
     AttemptResult,
     NonRetryable,
     RegistrationError,
     StepContext,
     StepFailed,
+    StepHandle,
     StepRegistry,
     execute_async_step,
     execute_step,
@@ -243,13 +243,13 @@ def test_a_step_sees_its_heartbeats_counted_and_its_cancellation() -> None:
         seen.append(ctx.cancelled)
         return None
 
-    attempt = Attempt(deadline_ms=2**42)
-    execute_step(registry, _task("long"), NO_DATA, attempt)
-    attempt.cancel()
-    execute_step(registry, _task("long"), NO_DATA, attempt)
-    assert attempt.beats == 4 and seen == [False, True]
+    handle = StepHandle(deadline_ms=2**42)
+    execute_step(registry, _task("long"), NO_DATA, handle)
+    handle.cancel()
+    execute_step(registry, _task("long"), NO_DATA, handle)
+    assert handle.beats == 4 and seen == [False, True]
     # A deadline in the past is a cancellation too, without anyone saying so.
-    assert Attempt(deadline_ms=1).cancelled
+    assert StepHandle(deadline_ms=1).cancelled
     assert StepContext("r", "n", 1, deadline_ms=1).cancelled
 
 
@@ -272,7 +272,7 @@ def test_heartbeat_details_are_kept_for_the_worker_and_bounded() -> None:
             ctx.heartbeat({"bad": "\x00"})
         return None
 
-    attempt = Attempt(deadline_ms=2**42, last_details={"done": 0})
-    assert execute_step(registry, _task("long"), NO_DATA, attempt).error is None
-    assert attempt.details == '{"done":1}' and attempt.beats == 2
+    handle = StepHandle(deadline_ms=2**42, last_details={"done": 0})
+    assert execute_step(registry, _task("long"), NO_DATA, handle).error is None
+    assert handle.details == '{"done":1}' and handle.beats == 2
     assert seen == [{"done": 0}]
