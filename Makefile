@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
 .DEFAULT_GOAL := help
-.PHONY: help venv tools up down status restart migrate topics setup lint format typecheck unit unit-pure pytest test wheel compile clean-compiled bench bench-trees chaos demo clean k8s-rules
+.PHONY: help venv tools up down status restart migrate topics setup lint format typecheck unit unit-pure pytest test wheel compile clean-compiled bench bench-latency bench-trees chaos demo clean k8s-rules
 
 help: ## list the targets
 	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -159,6 +159,10 @@ clean-compiled: ## remove the compiled modules from the checkout (dist/ stays)
 # CLUSTER=1 also runs the end-to-end and scaling phases on a local three-broker cluster.
 bench: setup ## the benchmark: prints throughput, ratios, latency and memory figures
 	$(PY) -m processor.tools.bench $(if $(CLUSTER),--cluster)
+
+# RUNS=30: how many runs one at a time.
+bench-latency: setup ## idle latency alone: the 4-step workflow one run at a time, per hop
+	$(PY) -m processor.tools.bench_latency $(RUNS)
 
 # REV=a941da2 (any git revision); BENCH_TREES_ARGS="--processes 1 2 --rounds 6".
 bench-trees: setup ## end to end, this checkout against REV, alternating rounds on fresh databases

@@ -11,7 +11,7 @@ from typing import Any
 import psycopg
 from confluent_kafka import KafkaException
 
-from processor.client.common import check_signal, connect, wake
+from processor.client.common import check_signal, connection, wake
 from processor.client.errors import (
     ClientError,
     InvalidArgument,
@@ -69,7 +69,7 @@ def cancel_runs(
     if dry_run or not matched:
         return BulkAction(tuple(id for id, _ in matched), ())
     signal_id = f"cancel-bulk-{uuid.uuid4().hex[:12]}"
-    with connect(settings) as conn:
+    with connection(settings) as conn:
         for start in range(0, len(matched), _BULK_PAGE):
             insert_cancels(conn, [id for id, _ in matched[start : start + _BULK_PAGE]], signal_id)
     _wake_by_tier(settings, matched, "signal")
@@ -89,7 +89,7 @@ def retry_runs(
     topics = TopicNames(settings.topic_prefix)
     retried: list[RetriedRun] = []
     refused: list[tuple[str, str]] = []
-    with connect(settings) as conn:
+    with connection(settings) as conn:
         definitions = Definitions()
         for run_id, _tier in matched:
             try:
@@ -114,7 +114,7 @@ def _bulk_matches(
     if wanted.matches_nothing(statuses):
         return []
     narrowed = wanted.within(statuses)
-    with connect(settings) as conn:
+    with connection(settings) as conn:
         count = _count_runs(conn, narrowed)
         if count > max_runs:
             raise ClientError(
@@ -169,7 +169,7 @@ def send_signal(
         )
     signal_id = signal_id or f"{name}-{uuid.uuid4().hex[:12]}"
     check_signal(run_id, signal_id, payload)
-    with connect(settings) as conn:
+    with connection(settings) as conn:
         tier, new = _record_signal(conn, Signal(run_id, signal_id, name, payload))
     wake(settings, [run_id], tier, "signal")
     return SignalSent(signal_id, new)
@@ -208,7 +208,7 @@ def release_run(settings: Settings, run_id: str) -> None:
     """Clear a quarantined run's flag (once its row is repaired) and wake it: a repaired run
     goes on, one still broken is dead-lettered and quarantined again. RunNotFound if there is
     no such run, ClientError if it is not quarantined."""
-    with connect(settings) as conn:
+    with connection(settings) as conn:
         tier = _tier_of(conn, run_id)
         if not release_quarantine(conn, run_id):
             raise ClientError(f"run {run_id!r} is not quarantined")
@@ -226,7 +226,7 @@ def retry_run(settings: Settings, run_id: str) -> RetriedRun:
     is read again and retried a few times. RetryRefused for a run that is not failed, is
     quarantined or cannot be loaded; RunNotFound if there is no such run."""
     topics = TopicNames(settings.topic_prefix)
-    with connect(settings) as conn:
+    with connection(settings) as conn:
         retried, tier = _resume(conn, Definitions(), topics, run_id)
         try:
             wake(settings, [run_id], tier, "replay")

@@ -4,13 +4,15 @@ enters (each bound as a processor checks it), and producing wakeups and requests
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 import psycopg
 from confluent_kafka import KafkaError, KafkaException, Producer
 
 from processor.client.errors import ClientError, InvalidArgument, OutOfBounds, ReservedRunId
+from processor.client.kept import kept_connection, kept_producer, partition_count
 from processor.core.bounds import json_problem, text_problem
 from processor.core.envelope import MAX_RUN_ID_LENGTH, Rejected, Wakeup
 from processor.core.outcomes import DeadLetterReason
@@ -38,6 +40,14 @@ def connect(settings: Settings) -> psycopg.Connection[Any]:
             f"cannot connect to Postgres at {settings.pg_dsn_redacted} ({first_line(exc)});"
             " is it running (make up) and is DUCTOR_PG_DSN right?"
         ) from None
+
+
+@contextmanager
+def connection(settings: Settings) -> Iterator[psycopg.Connection[Any]]:
+    """A connection for one operation of the client: kept from an earlier one when there is
+    one (client/kept.py), else new (``connect``); kept for the next afterwards."""
+    with kept_connection(settings.pg_dsn, lambda: connect(settings)) as conn:
+        yield conn
 
 
 def check_json(name: str, value: Any) -> None:
@@ -98,9 +108,11 @@ def _produce_keyed(
 ) -> None:
     """Produce (run id, key, value) records, each on its run's partition, and wait for the
     broker's acknowledgement of every one (ClientError after 30 s)."""
-    producer = Producer(with_logger(producer_config(settings, "ductor-cli")))
+    producer = kept_producer(
+        producer_config(settings, "ductor-cli"), lambda config: Producer(with_logger(config))
+    )
     try:
-        partitions = topic_partitions(producer, [topic])[topic]
+        partitions = partition_count(producer, topic, _ask_partitions, time.monotonic())
     except KafkaException as exc:
         raise ClientError(f"the broker cannot be reached: {exc.args[0]}") from None
     failed: list[KafkaError] = []
@@ -116,6 +128,10 @@ def _produce_keyed(
         raise ClientError(f"the broker did not acknowledge every {what} within 30 s")
     if failed:
         raise ClientError(f"{len(failed)} {what}(s) not delivered: {failed[0].str()}")
+
+
+def _ask_partitions(producer: Producer, topic: str) -> int:
+    return topic_partitions(producer, [topic])[topic]
 
 
 def check_run_id(run_id: str) -> None:

@@ -3,6 +3,7 @@ the runs a filter finds, a page at a time, or how many."""
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Mapping, Sequence
 from datetime import datetime
@@ -11,7 +12,7 @@ from typing import Any
 import psycopg
 
 from processor.authoring import duration_ms
-from processor.client.common import connect
+from processor.client.common import connection
 from processor.client.errors import InvalidArgument, RunNotFinished, RunNotFound
 from processor.core.run_search import Cursor, RunFilter, parse_tags
 from processor.core.run_state import RunStatus
@@ -27,7 +28,10 @@ from processor.io.postgres.store import Definitions
 # How long `wait_for_run` waits between two reads of the run: from the first to the last,
 # doubling (a run of fast steps ends in tens of milliseconds; a long one is not read 20 times
 # a second for minutes).
-_FIRST_POLL_S, _LAST_POLL_S = 0.05, 1.0
+# The channel a run's end is told on (schemas/migrations/0040_run_ended_notify.sql), and how
+# often a wait reads the row all the same.
+ENDED_CHANNEL = "ductor_run_ended"
+RECHECK_S = 1.0
 
 
 # The most runs `list_runs` gives at once (`ductor runs list --limit`).
@@ -36,7 +40,7 @@ MAX_LIST_LIMIT = 10_000
 
 def get_run(settings: Settings, run_id: str) -> RunResult:
     """The run's status, output and failure reason now (RunNotFound if there is no such run)."""
-    with connect(settings) as conn:
+    with connection(settings) as conn:
         return _read_result(conn, run_id)
 
 
@@ -44,7 +48,7 @@ def inspect_run(settings: Settings, run_id: str) -> dict[str, Any]:
     """What `ductor inspect RUN_ID -o json` prints: the run, its workflow's steps and
     their dependencies, its nodes and every attempt's timeline (io/postgres/run_document.py).
     RunNotFound if there is no such run."""
-    with connect(settings) as conn:
+    with connection(settings) as conn:
         record = read_run(conn, Definitions(), run_id, settings.instance_timeout_s)
     if record is None:
         raise RunNotFound(f"no run with id {run_id!r}")
@@ -52,24 +56,39 @@ def inspect_run(settings: Settings, run_id: str) -> dict[str, Any]:
 
 
 def wait_for_run(settings: Settings, run_id: str, timeout_s: float) -> RunResult:
-    """The run's result once it has ended (succeeded, failed or cancelled), read from Postgres
-    every 50 ms at first, then less and less often (at most 1 s apart). RunNotFinished when it
-    has not ended after ``timeout_s`` seconds (0: look once), RunNotFound if there is no such
-    run."""
+    """The run's result once it has ended (succeeded, failed or cancelled). RunNotFinished when
+    it has not ended after ``timeout_s`` seconds (0: look once), RunNotFound if there is no such
+    run. Told, not polling: the wait listens on ``ductor_run_ended`` (the row's change to a
+    terminal status notifies it: schemas/migrations/0040_run_ended_notify.sql) and reads the
+    row once listening, then when told and every RECHECK_S besides (a database migrated
+    before that trigger existed is still waited for)."""
     deadline = time.monotonic() + max(0.0, timeout_s)
-    pause = _FIRST_POLL_S
-    with connect(settings) as conn:
-        while True:
-            result = _read_result(conn, run_id)
-            left = deadline - time.monotonic()
-            if result.finished:
-                return result
-            if left <= 0:
-                raise RunNotFinished(
-                    f"run {run_id!r} is still {result.status} after {timeout_s:g} s", result
-                )
-            time.sleep(min(pause, left))
-            pause = min(pause * 2, _LAST_POLL_S)
+    with connection(settings) as conn:
+        conn.execute(f"LISTEN {ENDED_CHANNEL}")
+        try:
+            return _wait_told(conn, run_id, timeout_s, deadline)
+        finally:
+            with contextlib.suppress(psycopg.Error):  # a broken connection is not kept anyway
+                conn.execute(f"UNLISTEN {ENDED_CHANNEL}")
+
+
+def _wait_told(
+    conn: psycopg.Connection[Any], run_id: str, timeout_s: float, deadline: float
+) -> RunResult:
+    while True:
+        result = _read_result(conn, run_id)
+        left = deadline - time.monotonic()
+        if result.finished:
+            return result
+        if left <= 0:
+            raise RunNotFinished(
+                f"run {run_id!r} is still {result.status} after {timeout_s:g} s", result
+            )
+        recheck_at = time.monotonic() + min(RECHECK_S, left)
+        while (wait := recheck_at - time.monotonic()) > 0:
+            told = next(iter(conn.notifies(timeout=wait, stop_after=1)), None)
+            if told is not None and told.payload == run_id:
+                break
 
 
 def list_runs(
@@ -93,7 +112,7 @@ def search_runs(
     index, so a search costs what it finds, not the size of the run table."""
     if not 1 <= limit <= MAX_LIST_LIMIT:
         raise InvalidArgument(f"the limit must be between 1 and {MAX_LIST_LIMIT}, not {limit}")
-    with connect(settings) as conn:
+    with connection(settings) as conn:
         return _search_runs(conn, wanted, limit, after)
 
 
@@ -151,7 +170,7 @@ def _time_bound(text: str | None, name: str, now_ms: int) -> int | None:
 
 def count_runs(settings: Settings, wanted: RunFilter) -> int:
     """How many runs ``wanted`` matches."""
-    with connect(settings) as conn:
+    with connection(settings) as conn:
         return _count_runs(conn, wanted)
 
 

@@ -15,7 +15,7 @@ from processor.client.common import (
     check_run_id,
     check_text,
     check_tier,
-    connect,
+    connection,
     produce_requests,
     wake,
 )
@@ -76,7 +76,7 @@ def start_runs(
     check_start(workflow, run_ids, run_input)
     policy = _policy(if_exists)
     start_ms = _start_ms(start_at)
-    with connect(settings) as conn:
+    with connection(settings) as conn:
         definitions = Definitions()
         wf = (
             definitions.get(conn, (workflow, version))

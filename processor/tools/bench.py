@@ -6,6 +6,8 @@ It measures, in the same run so that the ratios hold on a noisy shared machine:
 - instance: committed ticks per second of one `ductor process` on uncontended runs;
 - naive: a one-record-at-a-time consumer loop (poll, load, tick, conditional UPDATE, commit
   the offset synchronously), written here as the baseline;
+- idle latency: runs of the 4-step workflow started one at a time through the client, start
+  to end as the client sees it, and per hop (bench_latency.py);
 - hot mix: two instances, workers, duplicated wakeups and a few hot runs at about half of the
   instance's peak rate, with co-partitioning by run on and off: wasted attempts (conflicts per
   commit attempt) and wakeup-to-commit latency;
@@ -37,6 +39,7 @@ from typing import Any
 
 from processor.io.config.settings import load_settings
 from processor.tools.bench_harness import fresh_database
+from processor.tools.bench_latency import measure_idle
 from processor.tools.bench_phases import SCALING_PARTITIONS, Bench
 from processor.tools.bench_report import report, report_cluster
 from processor.tools.bench_rounds import Round, turns
@@ -164,6 +167,9 @@ def _one_instance(bench: Bench, figures: Figures, sink: OtlpSink) -> None:
     bench.phase("naive")
     cost = figures.costs["naive loop *"] = bench.naive()
     figures.naive = cost.rate
+    print("idle latency: runs of the 4-step workflow one at a time ...", flush=True)
+    bench.phase("idle-latency")
+    figures.idle_latency = measure_idle(bench, runs=30)
     target = figures.instance / 2
     print(f"latency of one instance at ~{target:.0f} ticks/s (half its peak) ...", flush=True)
     bench.phase("latency")

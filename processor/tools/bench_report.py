@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from processor.tools.bench_latency import report_idle
 from processor.tools.bench_rounds import compare
 from processor.tools.bench_support import COMPILED, GROUPS, PURE, PURE_PYTHON_ENV, Cost, Figures
 
@@ -35,6 +36,8 @@ def report(f: Figures) -> None:
             f"  wakeup-to-commit at {lat['rate']:.0f} ticks/s (half peak), one instance:"
             f" p50 {lat['p50']:.1f} ms, p99 {lat['p99']:.1f} ms (target p99 <= 50)"
         )
+    if f.idle_latency is not None:
+        print("\n".join(f"  {line}" for line in report_idle(f.idle_latency)))
     for name, hot in (("co-partitioned by run", f.hot_on), ("spread over partitions", f.hot_off)):
         if hot is None:
             continue

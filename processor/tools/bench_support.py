@@ -12,11 +12,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from processor.io.telemetry.logs import read_stats
 from processor.tools.bench_cpu import CpuUse
 from processor.tools.bench_rounds import Round
+
+if TYPE_CHECKING:  # bench_latency imports this module
+    from processor.tools.bench_latency import IdleLatency
 
 # The process groups of the CPU figures, in the order of the report's columns.
 GROUPS = ("instance", "worker", "broker", "postgres")
@@ -136,6 +139,7 @@ class Figures:
     naive: float = 0.0
     rss: int = 0
     latency: dict[str, Any] | None = None
+    idle_latency: IdleLatency | None = None  # one run at a time (bench_latency.py)
     hot_on: dict[str, Any] | None = None
     hot_off: dict[str, Any] | None = None
     costs: dict[str, Cost] = field(default_factory=dict)  # by phase, in the order measured

@@ -136,14 +136,19 @@ def test_every_name_in_the_dashboard_and_the_alerts_is_exported(
     assert values(exposition, "ductor_conflicts_total")[()] > 0
     assert values(exposition, "ductor_requeues_total") == {(("ductor_delay_rung_ms", "100"),): 1}
     assert values(exposition, "ductor_force_fails_total") == {(("ductor_reason", "livelock"),): 1}
-    assert values(exposition, "ductor_dead_letters_total") == {
-        (("ductor_reason", "checksum_mismatch"),): 1,
-        (("ductor_reason", "not_json"),): 1,
-    }
+    # The tampered run's every wakeup record is dead-lettered: its start, and a re-wake should
+    # the due sweep find it before its quarantine landed (a slow start under load). It is
+    # quarantined once.
+    letters = values(exposition, "ductor_dead_letters_total")
+    mismatches = letters.pop((("ductor_reason", "checksum_mismatch"),), 0)
+    assert letters == {(("ductor_reason", "not_json"),): 1}
+    assert mismatches >= 1
     assert values(exposition, "ductor_quarantined_total") == {
         (("ductor_reason", "checksum_mismatch"),): 1
     }
-    assert values(exposition, "ductor_errors_total") == {(("error_type", "checksum_mismatch"),): 1}
+    assert values(exposition, "ductor_errors_total") == {
+        (("error_type", "checksum_mismatch"),): mismatches
+    }
     workflow = ("ductor_workflow", sample_workflow().name)
     # The fought run never started (its commits all lost) and ended force-failed; the
     # tampered one was never ticked.
