@@ -95,4 +95,10 @@ def describe_cycle(cycle: Sequence[WorkflowKey]) -> str:
     return " -> ".join(f"{name} v{version}" for name, version in cycle)
 
 
-__all__ = ["ChildCycle", "ChildRef", "WorkflowKey", "child_cycle", "child_refs", "describe_cycle"]
+__all__ = [
+    "ChildCycle",
+    "ChildRef",
+    "child_cycle",
+    "child_refs",
+    "describe_cycle",
+]
