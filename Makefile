@@ -132,9 +132,23 @@ test: venv tools ## everything CI runs: infra up, lint, typecheck, compile, the 
 	exit $$status
 
 # The sdist, and the wheel built from it (so the sdist is known to be complete): what users
-# install. tests/integration/test_wheel.py builds its own, the same way.
-wheel: venv ## build the sdist and the wheel into dist/
-	$(PY) -m build --outdir dist .
+# install. tests/integration/test_wheel.py builds its own, the same way. It needs neither .venv
+# nor the dev tools: `build` alone, in a virtualenv of its own ($(BUILD_VENV)), which builds in
+# an isolated environment holding only pyproject.toml's [build-system] requirements. Its output
+# (pip, setuptools, mypyc and the C compiler: thousands of lines) goes to $(BUILD_LOG), shown
+# whole if the build fails; otherwise its last line and setup.py's own (`ductor build: ...`).
+BUILD_VENV := .venv-build
+BUILD_LOG := dist/build.log
+$(BUILD_VENV)/.installed:
+	$(PYTHON) -m venv $(BUILD_VENV)
+	$(BUILD_VENV)/bin/python -m pip install --quiet --disable-pip-version-check 'build>=1.2,<2'
+	touch $@
+
+wheel: $(BUILD_VENV)/.installed ## build the sdist and the wheel into dist/ (quiet: its log is dist/build.log)
+	@mkdir -p dist
+	@$(BUILD_VENV)/bin/python -m build --outdir dist . >$(BUILD_LOG) 2>&1 \
+	  || { cat $(BUILD_LOG); echo "make wheel: the build failed; its output: $(BUILD_LOG)" >&2; exit 1; }
+	@grep '^ductor build: ' $(BUILD_LOG); tail -n 1 $(BUILD_LOG); echo "(its output: $(BUILD_LOG))"
 
 # The compiled build (setup.py's COMPILED, by mypyc) of the checkout:
 # the sdist and the wheel built from it into dist/ (`make wheel`'s recipe, rebuilt when a file
@@ -176,5 +190,5 @@ demo: venv ## the live demo: infra, two processors, a worker, thousands of runs
 	$(VENV)/bin/ductor demo
 
 clean: ## remove the virtualenv and caches (keeps .infra)
-	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis *.egg-info build dist
+	rm -rf $(VENV) $(BUILD_VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis *.egg-info build dist
 	find processor -name '*.so' -delete

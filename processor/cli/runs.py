@@ -18,6 +18,7 @@ from processor.cli.common import (
     json_argument,
 )
 from processor.cli.grammar import emit, print_json
+from processor.cli.run_text import input_line, output_lines, print_attempts_and_signals, printable
 from processor.cli.search import add_search_commands
 from processor.client import (
     RunNotFinished,
@@ -111,7 +112,7 @@ def cmd_inspect(settings: Settings, args: argparse.Namespace) -> int:
         return EXIT_FAILED
     print(
         f"status     {run.state.status.value}"
-        + (f" ({run.state.reason})" if run.state.reason else "")
+        + (f" ({printable(run.state.reason)})" if run.state.reason else "")
     )
     print(f"version    {columns.version}   seq {run.state.seq}   tier {run.tier}")
     if run.parent is not None:
@@ -122,6 +123,7 @@ def cmd_inspect(settings: Settings, args: argparse.Namespace) -> int:
     if columns.start_at is not None:
         print(f"starts at  {columns.start_at}")
     print(f"next wake  {columns.next_wakeup_at or '-'}")
+    print(input_line(record))
     print(f"output     {output_text(result)}")
     print("nodes:")
     for name, node in record.nodes:
@@ -129,7 +131,10 @@ def cmd_inspect(settings: Settings, args: argparse.Namespace) -> int:
         extra += f"  error: {node.error}" if node.error else ""
         if run.wf.step_for(name).starts_child and node.attempt:
             extra += f"  child: {child_run_id(args.run_id, name, node.attempt)}"
-        print(f"  {name:20} {node.status.value:11} attempt {node.attempt}{extra}")
+        print(f"  {name:20} {node.status.value:11} attempt {node.attempt}{printable(extra)}")
+        for line in output_lines(record, name, node):
+            print(line)
+    print_attempts_and_signals(record)
     _print_executions(record)
     return EXIT_OK if record.healthy else EXIT_FAILED
 

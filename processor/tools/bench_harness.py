@@ -52,6 +52,7 @@ from processor.tools.bench_support import (
 )
 from processor.tools.child import popen_ductor
 from processor.tools.databases import drop_database
+from processor.tools.waiting import polls
 
 
 def _workflow(name: str, steps: int, chain: bool = False) -> WorkflowDef:
@@ -189,8 +190,7 @@ class Harness:
         prefix = ids[0].rsplit("-", 1)[0] + "-"
         marks: dict[float, tuple[float, int]] = {}
         cpu: CpuUse | None = None
-        deadline = time.monotonic() + timeout
-        while len(marks) < 2:
+        for _ in polls(timeout, 0.05):
             done = count_ticked_with_prefix(self.conn, prefix)
             now = time.monotonic()
             if low not in marks and done >= low * len(ids):
@@ -199,9 +199,9 @@ class Harness:
             elif low in marks and high not in marks and done >= high * len(ids):
                 marks[high] = (now, done)
                 cpu = meter.stop()
-            if now > deadline:
-                raise RuntimeError(f"only {done} of {len(ids)} runs ticked within {timeout} s")
-            time.sleep(0.05)  # the benchmark samples progress; this is not a test
+                break
+        else:
+            raise RuntimeError(f"only {done} of {len(ids)} runs ticked within {timeout} s")
         (t0, c0), (t1, c1) = marks[low], marks[high]
         assert cpu is not None
         return Cost(c1 - c0, max(1e-6, t1 - t0), cpu)
@@ -264,14 +264,11 @@ class Harness:
         what: str,
     ) -> None:
         """Until ``count`` says every run of ``ids`` is there."""
-        deadline = time.monotonic() + timeout
-        while True:
+        for _ in polls(timeout, 0.1):
             done = count(self.conn, ids)
             if done == len(ids):
                 return
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"only {done} of {len(ids)} runs {what} within {timeout} s")
-            time.sleep(0.1)  # the benchmark samples progress; this is not a test
+        raise RuntimeError(f"only {done} of {len(ids)} runs {what} within {timeout} s")
 
     def count_succeeded_with_prefix(self, prefix: str) -> int:
         row = self.conn.execute(
@@ -289,9 +286,8 @@ class Harness:
             self.settings.wakeup_partitions if coordinator else self.settings.step_partitions
         )
         wanted = len(topics) * per_topic
-        deadline = time.monotonic() + timeout
         seen = "no answer"
-        while True:
+        for _ in polls(timeout, 0.2):
             try:
                 description = self.admin.describe_consumer_groups([group])[group].result(30)
             except (TimeoutError, KafkaException) as exc:
@@ -303,12 +299,9 @@ class Harness:
                 if stable and len(held) == members and all(held) and sum(held) == wanted:
                     return
                 seen = f"{description.state}, partitions held {held}"
-            if time.monotonic() > deadline:
-                raise RuntimeError(
-                    f"group {group}: {seen}, not {members} members holding {wanted}"
-                    f" within {timeout} s"
-                )
-            time.sleep(0.2)  # the benchmark waits for the group; this is not a test
+        raise RuntimeError(
+            f"group {group}: {seen}, not {members} members holding {wanted} within {timeout} s"
+        )
 
     # -- plumbing ------------------------------------------------------------------------------
 

@@ -41,6 +41,7 @@ from processor.tools.bench_cpu import CpuUse, read_stat
 from processor.tools.bench_harness import fresh_database
 from processor.tools.bench_phases import Bench
 from processor.tools.bench_support import stop
+from processor.tools.waiting import polls
 
 MAP_WORKFLOW = "bench-map"
 
@@ -258,16 +259,13 @@ class MapBench:
         return Latency(statistics.median(took), p99, len(took))
 
     def _wait_results(self, run_id: str, count: int, timeout: float) -> None:
-        deadline = time.monotonic() + timeout
-        while True:
+        for _ in polls(timeout, 0.2):
             row = self.conn.execute(
                 "SELECT count(*) FROM eec_step_result WHERE run_id = %s", (run_id,)
             ).fetchone()
             if row is not None and row[0] >= count:
                 return
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"{run_id}: fewer than {count} item results in {timeout} s")
-            time.sleep(0.2)  # the benchmark samples progress; this is not a test
+        raise RuntimeError(f"{run_id}: fewer than {count} item results in {timeout} s")
 
     def _sessions(self, pid: int) -> dict[int, int]:
         """The Postgres backends serving process ``pid`` (matched by its sockets' ports), with

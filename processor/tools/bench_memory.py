@@ -30,6 +30,7 @@ from processor.io.kafka.topics import create_topics, desired_topics
 from processor.io.telemetry.logs import read_stats
 from processor.tools.bench_support import stop
 from processor.tools.child import popen_ductor
+from processor.tools.waiting import polls
 
 UNREACHABLE_DSN = "postgresql://ductor:ductor@127.0.0.1:1/ductor"
 
@@ -72,10 +73,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"one instance, Postgres unreachable, for {args.seconds:.0f} s ...", flush=True)
         child = popen_ductor(["process"], env, log)
         peak = 0
-        deadline = time.monotonic() + args.seconds
-        while time.monotonic() < deadline and child.poll() is None:
+        for _ in polls(args.seconds, 1.0):  # the sampling period of a measurement
+            if child.poll() is not None:
+                break
             peak = max(peak, _rss_bytes(child.pid, "VmRSS"))
-            time.sleep(1.0)  # the sampling period of a measurement, not a test
         high_water = _rss_bytes(child.pid, "VmHWM") if child.poll() is None else peak
         stop(child)
         stats = read_stats(log) or {}

@@ -18,6 +18,7 @@ from processor.tools.bench_baselines import ceiling_rate, naive_rate
 from processor.tools.bench_cpu import CpuUse
 from processor.tools.bench_harness import Harness
 from processor.tools.bench_support import Cost, final_stats, paced, peak_rss, stop
+from processor.tools.waiting import polls
 
 # Partitions per wakeup and delay topic in the scaling phases: 1, 2 and 4 instances each get
 # the same share (the range assignor gives the first members one more when it does not divide).
@@ -207,11 +208,11 @@ class Bench(Harness):
             meter.start()
             started = time.monotonic()
             wake(self.settings, ids, "t1", "start")  # what `ductor start` does after inserting
-            deadline = started + 600
-            while (done := self.count_ended_with_prefix(prefix)) < runs:
-                if time.monotonic() > deadline:
-                    raise RuntimeError(f"end to end: only {done} of {runs} runs ended in 600 s")
-                time.sleep(0.05)  # the benchmark samples progress; this is not a test
+            for _ in polls(600, 0.05):
+                if (done := self.count_ended_with_prefix(prefix)) >= runs:
+                    break
+            else:
+                raise RuntimeError(f"end to end: only {done} of {runs} runs ended in 600 s")
             cpu = meter.stop()
             wall = time.monotonic() - started
             ticks = self.committed(prefix)

@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from processor.tools.bench_latency import report_idle
 from processor.tools.bench_rounds import compare
 from processor.tools.bench_support import COMPILED, GROUPS, PURE, PURE_PYTHON_ENV, Cost, Figures
+from processor.tools.latency_figures import report_idle
 
 
 def report(f: Figures) -> None:

@@ -3,7 +3,7 @@ the ratio of their medians.
 
 A single end-to-end phase lasts 3-5 s on two cores shared with the broker and Postgres, and one
 such phase moves by ±30 % from the next: two contenders measured once each gave ratios from 1.05
-to 1.73 for the same pair of builds (docs/performance.md, runs I1-I3). Taken in turns, each going
+to 1.73 for the same pair of builds (docs/performance.md). Taken in turns, each going
 first every other round (``turns``), and compared by their medians, they give a figure that
 holds from one run to the next.
 """

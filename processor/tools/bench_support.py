@@ -12,14 +12,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from processor.io.telemetry.logs import read_stats
 from processor.tools.bench_cpu import CpuUse
 from processor.tools.bench_rounds import Round
-
-if TYPE_CHECKING:  # bench_latency imports this module
-    from processor.tools.bench_latency import IdleLatency
+from processor.tools.latency_figures import IdleLatency
 
 # The process groups of the CPU figures, in the order of the report's columns.
 GROUPS = ("instance", "worker", "broker", "postgres")

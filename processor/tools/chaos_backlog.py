@@ -43,6 +43,7 @@ from processor.io.postgres.step_attempts import UNSTARTED
 from processor.io.postgres.workflows import register_workflow
 from processor.tools import chaos_steps
 from processor.tools.chaos_fleet import WORKER, Arming, ChaosFleet
+from processor.tools.waiting import polls
 
 WORKFLOW = "chaos-backlog"
 NODE = "only"
@@ -270,12 +271,11 @@ def _kill_and_wait(
     done = 0
     next_kill = 0.0
     next_progress = 0.0
-    deadline = began + plan.finish_timeout_s
     with connect_durable(dsn) as conn:
-        while (ended := count_ended(conn, run_ids)) < len(run_ids):
-            now = time.monotonic()
-            if now > deadline:
-                return False
+        # Polling the database for the end; bounded by the phase's deadline.
+        for now in polls(began + plan.finish_timeout_s - time.monotonic(), 0.2):
+            if (ended := count_ended(conn, run_ids)) >= len(run_ids):
+                return True
             due = done < plan.kills and now >= next_kill
             if due and kill_at(done, plan) <= claimed(conn, prefix) < plan.runs:
                 fleet.sigkill(WORKER)
@@ -284,8 +284,7 @@ def _kill_and_wait(
             if now >= next_progress:
                 out(f"{now - began:6.1f} s  runs ended {ended}/{len(run_ids)}")
                 next_progress = now + _PROGRESS_EVERY_S
-            time.sleep(0.2)  # polling the database for the end; bounded by the deadline
-    return True
+    return False
 
 
 def kill_at(done: int, plan: BacklogPlan) -> int:

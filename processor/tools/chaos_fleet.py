@@ -25,6 +25,7 @@ from processor.io.config.settings import Settings, child_env
 from processor.io.telemetry.logs import read_stats
 from processor.tools.chaos_steps import execution_log_env
 from processor.tools.child import popen_ductor
+from processor.tools.waiting import eventually
 
 PROCESSOR, WORKER = "process", "worker"
 # The workers run the sample steps, counting their executions (chaos_steps.py).
@@ -157,14 +158,10 @@ class ChaosFleet:
         outage is over. A process still connecting when a service goes down fails its start
         by design (a first connection is not retried), which says nothing about riding
         through an outage. Yields the members not running at the deadline."""
-        deadline = time.monotonic() + start_timeout_s
-        while True:
-            with self._lock:
-                starting = [m.name for m in self.members if not self._running(m)]
-                if not starting or time.monotonic() > deadline:
-                    self._held += 1
-                    break
-            time.sleep(_WATCH_S)  # polling the logs; bounded by the deadline
+        eventually(lambda: not self._not_running(), start_timeout_s, _WATCH_S)  # the logs
+        with self._lock:
+            starting = self._not_running()
+            self._held += 1
         try:
             yield starting
         finally:
@@ -176,12 +173,18 @@ class ChaosFleet:
         before its interpreter reached the handler (processor/cli/early_stop.py) dies of the
         signal, which says nothing about a clean stop: a member restarted by a kill a few ms
         before the end (faults that ran late come close together) would be."""
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
+
+        def started() -> bool:
             with self._lock:
-                if all(m.current.proc.poll() is not None or self._running(m) for m in self.members):
-                    return
-            time.sleep(_WATCH_S)  # polling the logs; bounded by the deadline
+                up = [m for m in self.members if m.current.proc.poll() is None]
+                return all(self._running(m) for m in up)
+
+        eventually(started, timeout_s, _WATCH_S)  # polling the logs
+
+    def _not_running(self) -> list[str]:
+        """The members ended or not started yet (their start not logged)."""
+        with self._lock:
+            return [m.name for m in self.members if not self._running(m)]
 
     def _running(self, member: Member) -> bool:
         incarnation = member.current

@@ -32,6 +32,7 @@ from processor.tools.chaos_load import Feeder
 from processor.tools.chaos_plan import ChaosPlan, Fault, expected_s, schedule
 from processor.tools.chaos_report import BROKER, LOCK, POSTGRES, ChaosReport, Window
 from processor.tools.proxy import TcpProxy
+from processor.tools.waiting import polls
 
 if TYPE_CHECKING:
     # Imported by chaos.main() only: local_infra is built on the checkout's infra/local.py.
@@ -230,22 +231,20 @@ class _Chaos:
     def _wait_for_the_end(self, feeder: Feeder) -> float | None:
         """Wall clock when every run had ended, or None if they did not within the bound."""
         last_fault = max((w.end for w in self.windows), default=time.time())
-        deadline = last_fault + self.plan.finish_timeout_s
         next_progress = 0.0
         mapped = [self.map_id] if self.plan.hostile.map_items else []
         with connect_durable(self.settings.pg_dsn) as conn:
-            while True:
+            # Polling the database for the end; bounded by the deadline after the last fault.
+            for _ in polls(last_fault + self.plan.finish_timeout_s - time.time(), 0.2):
                 ended = count_ended(conn, self.run_ids)
                 now = time.time()
                 everything = ended == len(self.run_ids) and feeder.started == len(self.run_ids)
                 if everything and count_ended(conn, mapped) == len(mapped):
                     return now
-                if now > deadline:
-                    return None
                 if self._t() >= next_progress:
                     self.out(f"{self._t():6.1f} s  runs ended {ended}/{len(self.run_ids)}")
                     next_progress = self._t() + _PROGRESS_EVERY_S
-                time.sleep(0.2)  # polling the database for the end; bounded by the deadline
+        return None
 
 
 def group_session_timeout_s(settings: Settings) -> float:

@@ -3,11 +3,12 @@
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 import psycopg
 from psycopg import sql
+
+from processor.tools.waiting import polls
 
 
 def drop_database(conn: psycopg.Connection[Any], name: str, wait_s: float = 120.0) -> None:
@@ -17,25 +18,23 @@ def drop_database(conn: psycopg.Connection[Any], name: str, wait_s: float = 120.
     test's scratch database once in CI), or another role's session. Tried again until those
     sessions end, for ``wait_s`` at most; then an error naming them."""
     drop = sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
-    deadline = time.monotonic() + wait_s
-    while True:
+    refused: psycopg.errors.InsufficientPrivilege | None = None
+    for _ in polls(wait_s, 0.5):  # until the sessions it may not end are gone
         try:
             conn.execute(drop)
             return
-        except psycopg.errors.InsufficientPrivilege as refused:
-            if time.monotonic() > deadline:
-                # Another role's session shows its role; an autovacuum worker its kind.
-                holders = ", ".join(
-                    f"pid {pid} ({who or kind or 'not shown to this role'})"
-                    for pid, who, kind in conn.execute(
-                        "SELECT pid, usename, backend_type FROM pg_stat_activity"
-                        " WHERE datname = %s",
-                        (name,),
-                    ).fetchall()
-                )
-                raise RuntimeError(
-                    f"cannot drop the database {name!r}: sessions this role may not end have"
-                    f" used it for {wait_s:.0f} s ({holders}); end them (pg_terminate_backend"
-                    f" as a superuser) and try again"
-                ) from refused
-            time.sleep(0.5)  # until the sessions it may not end are gone
+        except psycopg.errors.InsufficientPrivilege as exc:
+            refused = exc
+    # Another role's session shows its role; an autovacuum worker its kind.
+    holders = ", ".join(
+        f"pid {pid} ({who or kind or 'not shown to this role'})"
+        for pid, who, kind in conn.execute(
+            "SELECT pid, usename, backend_type FROM pg_stat_activity WHERE datname = %s",
+            (name,),
+        ).fetchall()
+    )
+    raise RuntimeError(
+        f"cannot drop the database {name!r}: sessions this role may not end have used it for"
+        f" {wait_s:.0f} s ({holders}); end them (pg_terminate_backend as a superuser) and try"
+        f" again"
+    ) from refused

@@ -43,6 +43,7 @@ from processor.io.shipped.files import sample_workflow
 from processor.io.telemetry.logs import read_stats
 from processor.tools.checkout import NEEDS_CHECKOUT, checkout_root
 from processor.tools.child import popen_ductor
+from processor.tools.waiting import polls
 
 FAILING = parse_workflow(
     {
@@ -292,10 +293,9 @@ def run_demo(
     last_committed, last_at = 0, started
     rate = 0.0
     try:
-        while True:
+        for now in polls(timeout_s, 0.25):  # the refresh period of the progress display
             current = statuses(conn, tag)
             ended = sum(1 for s in current.values() if s in {"succeeded", "failed", "cancelled"})
-            now = time.monotonic()
             t = totals(fleet.processor_stats())
             if now - last_at >= 1.0:
                 rate = (t["committed"] - last_committed) / (now - last_at)
@@ -315,10 +315,8 @@ def run_demo(
             if fleet.dead():
                 print(f"\nA demo process exited early: {', '.join(fleet.dead())} (see {logs})")
                 break
-            if now - started > timeout_s:
-                print(f"\nGave up after {timeout_s:.0f} s.")
-                break
-            time.sleep(0.25)  # the refresh period of the progress display
+        else:
+            print(f"\nGave up after {timeout_s:.0f} s.")
     finally:
         poker.stop()
         fleet.stop()

@@ -21,8 +21,6 @@ import os
 import signal
 import sys
 import tempfile
-import threading
-import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -43,6 +41,7 @@ from processor.io.postgres.workflows import register_workflow
 from processor.tools.chaos_steps import execution_log_env
 from processor.tools.child import DuctorChild
 from processor.tools.failover_steps import HOLD_VARIABLE, LOG, STEP_TYPE
+from processor.tools.waiting import eventually, polls
 
 APP = "processor.tools.failover_steps:registry"
 WORKFLOW: dict[str, Any] = {
@@ -92,19 +91,8 @@ class Failover:
 
 
 def _wait(predicate: Callable[[], bool], timeout_s: float, what: str) -> None:
-    if not _eventually(predicate, timeout_s):
+    if not eventually(predicate, timeout_s):
         raise TimeoutError(f"timed out after {timeout_s:.0f} s waiting for {what}")
-
-
-def _eventually(predicate: Callable[[], bool], timeout_s: float) -> bool:
-    """Whether ``predicate`` came true within ``timeout_s``."""
-    deadline = time.monotonic() + timeout_s
-    pause = threading.Event()
-    while not predicate():
-        if time.monotonic() > deadline:
-            return False
-        pause.wait(0.05)
-    return True
 
 
 def workflow() -> WorkflowDef:
@@ -222,7 +210,7 @@ def _measure(
     # The runs may all end on the survivor before the restarted worker's name is free again
     # (its old session's timeout) and it joins: it is given the time to.
     if a2 is not None:
-        _eventually(lambda: a2.owned_partitions() > 0 or not members.alive(), _WAIT_S)
+        eventually(lambda: a2.owned_partitions() > 0 or not members.alive(), _WAIT_S)
     first_s, last_s = _moved(conn, prefix, killed_at, a.proc.pid)
     statuses = run_counts.statuses(conn, ids)
     return Failover(
@@ -278,17 +266,14 @@ def _quiet(
 ) -> int:
     """Wait until worker A runs its one step and B has run every task of its own (no
     execution for ``_QUIET_S``); the runs executed by then."""
-    deadline = time.monotonic() + _WAIT_S
-    pause = threading.Event()
-    seen, since = -1, time.monotonic()
-    while time.monotonic() < deadline:
+    seen, since = -1, 0.0
+    for now in polls(_WAIT_S, 0.1):
         alive()
         count = _executed(conn, prefix)
         if count != seen:
-            seen, since = count, time.monotonic()
-        elif count > 0 and time.monotonic() - since >= _QUIET_S and _by(conn, prefix, a) > 0:
+            seen, since = count, now
+        elif count > 0 and now - since >= _QUIET_S and _by(conn, prefix, a) > 0:
             return count
-        pause.wait(0.1)
     raise TimeoutError("the workers did not settle: B still runs tasks, or A runs none")
 
 

@@ -57,6 +57,7 @@ from processor.ui.http import (
 )
 from processor.ui.login_limit import LoginLimiter, LoginLimits
 from processor.ui.pages import environment, run_url, stylesheet
+from processor.ui.run_view import run_sections
 from processor.ui.window import Window, as_duration, span, window
 
 log = logging.getLogger("ductor.ui")
@@ -173,6 +174,7 @@ class Site:
             can_retry=document["status"] == RunStatus.FAILED.value,
             can_cancel=document["status"] in _LIVE,
             done=_DONE.get(request.query_params.get("did", "")),
+            **run_sections(document),
         )
 
     async def dead_letters(self, request: Request) -> Response:

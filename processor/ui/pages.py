@@ -28,6 +28,7 @@ def environment() -> Environment:
     env.filters["run_url"] = run_url
     env.filters["pretty_json"] = pretty_json
     env.filters["seconds"] = seconds
+    env.filters["shown_json"] = shown_json
     env.globals["query"] = query
     return env
 
@@ -62,6 +63,16 @@ def pretty_json(value: Any) -> str:
     if len(text) <= OUTPUT_CHARS:
         return text
     return f"{text[:OUTPUT_CHARS]}\n... ({len(text)} characters; `ductor result` prints it whole)"
+
+
+def shown_json(shown: dict[str, Any] | None) -> str:
+    """A value as `inspect -o json` gives it (core/shown.py): indented JSON when it is whole,
+    else the start of its JSON text (the page says it was cut)."""
+    if shown is None:
+        return "-"
+    if shown["truncated"]:
+        return str(shown["preview"])
+    return pretty_json(shown["value"])
 
 
 def query(pairs: list[tuple[str, str]], **changes: str) -> str:

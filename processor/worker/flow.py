@@ -38,6 +38,7 @@ from collections.abc import Callable
 from confluent_kafka import Message
 
 from processor.core.claims import SKIPPED, ClaimVerdict, died_reason
+from processor.core.failures import no_traceback
 from processor.core.shapes import TopicPartition
 from processor.io.postgres.step_attempts import Report
 from processor.io.postgres.step_data import MissingData
@@ -288,7 +289,8 @@ class TaskFlow:
                 claim.starts,
                 extra=ids(task),
             )
-            self._results.record(task, AttemptResult.failed(died_reason(claim.starts)))
+            why = died_reason(claim.starts)
+            self._results.record(task, AttemptResult.failed(why, traceback=no_traceback(why)))
         elif verdict is ClaimVerdict.HELD:
             self._claims.hold(task)
         else:

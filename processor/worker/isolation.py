@@ -32,6 +32,7 @@ from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
 from typing import Any
 
+from processor.core.failures import no_traceback
 from processor.core.step_task import decode_step_task, step_data
 from processor.io.runtime.threads import ThreadWatch
 from processor.worker.app import registry_for
@@ -202,7 +203,7 @@ class _Slot:
             how = "lost"
         why = f"{PROCESS_DIED} ({how}) while running it" + (f": {detail}" if detail else "")
         log.warning("a step's child process died: %s", how)
-        return AttemptResult.failed(why)
+        return AttemptResult.failed(why, traceback=no_traceback(f"{PROCESS_DIED} ({how})"))
 
     def _ensure_child(self) -> Connection:
         if self._child is not None and self._child.is_alive() and self._conn is not None:

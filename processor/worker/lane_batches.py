@@ -61,4 +61,6 @@ def result_row(result: ToRecord) -> StepResultRow:
         outcome.retryable,
         result.ended,
         result.details,
+        outcome.error_type,
+        outcome.traceback,
     )

@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import time
+import traceback
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, TypeVar, cast
@@ -21,6 +22,7 @@ from typing import Any, NamedTuple, TypeVar, cast
 import orjson
 
 from processor.core.bounds import MAX_HEARTBEAT_BYTES, MAX_JSON_BYTES, json_problem
+from processor.core.failures import bounded_error, bounded_traceback, first_user_frame
 from processor.core.model import StepOutcome
 from processor.core.step_task import NO_DEPS, StepData, StepTask
 
@@ -192,16 +194,31 @@ def _name(fn: Any) -> str:
 
 
 class AttemptResult(NamedTuple):
-    """An attempt's result as the worker records it."""
+    """An attempt's result as the worker records it. A failure raised by the step keeps the
+    exception's type (``error_type``; ``error`` is ``"Type: message"``) and its traceback;
+    a failure the worker decided (a deadline, a dead process) has neither, or a traceback
+    that says why there is none."""
 
     outcome: StepOutcome
     output: Any = None
     error: str | None = None
     retryable: bool = True
+    error_type: str | None = None
+    traceback: str | None = None
 
     @staticmethod
-    def failed(error: str, retryable: bool = True) -> AttemptResult:
-        return AttemptResult(StepOutcome.FAILED, None, storable_text(error), retryable)
+    def failed(
+        error: str,
+        retryable: bool = True,
+        error_type: str | None = None,
+        traceback: str | None = None,
+    ) -> AttemptResult:
+        """The failure, its message and traceback storable and bounded (core/failures.py)."""
+        kept = None if traceback is None else bounded_traceback(storable_text(traceback))
+        kind = None if error_type is None else bounded_error(storable_text(error_type), 200)
+        return AttemptResult(
+            StepOutcome.FAILED, None, bounded_error(storable_text(error)), retryable, kind, kept
+        )
 
 
 def context_of(task: StepTask, data: StepData, handle: StepHandle | None = None) -> StepContext:
@@ -275,7 +292,34 @@ def unknown_type(task: StepTask) -> AttemptResult:
 
 
 def failure(exc: BaseException) -> AttemptResult:
-    return AttemptResult.failed(f"{type(exc).__name__}: {exc}", not isinstance(exc, NonRetryable))
+    """The failure of an attempt whose step raised ``exc``: ``"Type: message"``, the type,
+    and the traceback from the step's own code on."""
+    kind = type(exc).__name__
+    try:
+        message = str(exc)
+    except Exception:  # (its __str__ raised: the type says what it was)
+        message = "<its message could not be read>"
+    retryable = not isinstance(exc, NonRetryable)
+    return AttemptResult.failed(f"{kind}: {message}", retryable, kind, step_traceback(exc))
+
+
+# The frames of the worker's own file: a step's exception is caught here, so its traceback
+# begins with this module's frame, which the user did not write and does not need to read.
+_OWN_FILES = frozenset({__file__})
+
+
+def step_traceback(exc: BaseException) -> str | None:
+    """``exc``'s traceback as Python prints it (with the exceptions it was raised from or
+    while handling), from the first frame of the user's code on; None if it cannot be
+    formatted (the caller bounds it)."""
+    try:
+        shown = traceback.TracebackException.from_exception(exc)
+        frames = list(shown.stack)
+        start = first_user_frame([f.filename for f in frames], _OWN_FILES)
+        shown.stack = traceback.StackSummary.from_list(frames[start:])
+        return "".join(shown.format())
+    except Exception:  # a traceback nobody can format is no reason to lose the failure
+        return None
 
 
 def checked_output(output: Any) -> AttemptResult:

@@ -94,7 +94,7 @@ PRODUCER = BackgroundBuild(
     REPO / "examples" / "producer-go",
     {"GOFLAGS": "-buildvcs=false", "GOTOOLCHAIN": "local"},
 )
-# `make wheel`: $(PY) -m build --outdir dist . (`make test` builds it once, before the tests,
+# `make wheel`: python -m build --outdir dist . (`make test` builds it once, before the tests,
 # for the checkout's compiled modules too, and names its folder in DUCTOR_TEST_DIST).
 _DIST = os.environ.get("DUCTOR_TEST_DIST")
 WHEEL = BackgroundBuild(

@@ -10,8 +10,9 @@ from psycopg.conninfo import conninfo_to_dict
 
 from processor.io.config.settings import Settings
 from processor.tools.bench_harness import Harness, fresh_database
-from processor.tools.bench_latency import HOPS, measure_idle, report_idle
+from processor.tools.bench_latency import measure_idle
 from processor.tools.databases import drop_database
+from processor.tools.latency_figures import HOPS, report_idle
 
 pytestmark = pytest.mark.integration
 

@@ -215,6 +215,7 @@ def test_runs_are_found_by_every_filter_and_acted_on_in_bulk(
             "status": "failed",
             "attempt": 2,
             "error": document["nodes"][0]["error"],
+            "output": None,
             "due": None,
             "child_run": None,
         }

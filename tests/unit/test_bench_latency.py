@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from processor.tools.bench_latency import HOPS, Percentiles, RunTimes, hops_of, summarise
+from processor.tools.latency_figures import HOPS, Percentiles, RunTimes, hops_of, summarise
 
 
 def _run(offset: float = 0.0) -> RunTimes:

@@ -14,7 +14,13 @@ from processor.cli.common import CliError
 from processor.cli.search import add_filter_arguments, filter_from_args
 from processor.core.run_search import MAX_TAGS, Cursor, RunFilter, parse_tags, tags_problem
 from processor.core.run_state import RunStatus
-from processor.io.postgres.run_search import conditions, count_sql, merge_attempts, search_sql
+from processor.io.postgres.run_search import (
+    ResultFacts,
+    conditions,
+    count_sql,
+    merge_attempts,
+    search_sql,
+)
 
 
 def test_tags_are_a_small_flat_object_of_strings() -> None:
@@ -101,7 +107,10 @@ def test_each_filter_is_one_condition_and_statuses_pick_the_parts_read() -> None
 def test_the_timeline_merges_claims_and_results_in_order() -> None:
     rows = merge_attempts(
         {("b", 1): ("w1", "t1", 1), ("a", 2): ("w2", "t2", 2)},  # type: ignore[dict-item]
-        {("a", 2): ("failed", "t3", "boom"), ("c", 1): ("succeeded", "t4", None)},  # type: ignore[dict-item]
+        {
+            ("a", 2): ResultFacts("failed", "t3", "boom"),  # type: ignore[arg-type]
+            ("c", 1): ResultFacts("succeeded", "t4", None),  # type: ignore[arg-type]
+        },
     )
     assert [(r.node, r.attempt, r.worker_id, r.outcome, r.starts) for r in rows] == [
         ("a", 2, "w2", "failed", 2),

@@ -24,6 +24,7 @@ from processor.ui.dag import BOX_H, BOX_W, GAP_X, StepState, layout, levels, ste
 from processor.ui.hosts import LOOPBACK_HOSTS, host_allowed, host_of, served_hosts
 from processor.ui.login_limit import LoginLimiter, LoginLimits
 from processor.ui.pages import environment, query, run_url, when
+from processor.ui.run_view import run_sections
 from processor.ui.window import Window, as_duration, span, window
 
 
@@ -347,6 +348,7 @@ def test_the_run_page_shows_each_attempts_last_heartbeat_and_a_slot_kept() -> No
             here="/runs/r-1",
             can_retry=False,
             can_cancel=True,
+            **run_sections(run),
         )
     )
     assert '2026-05-01 12:00:03 <code class="details">{"rows": 4200}</code>' in html

@@ -1,9 +1,10 @@
 """Everything `ductor inspect` knows of one run, read in one place, and the document
 `inspect --output json` prints (the web page of `ductor ui` shows the same document): the
-run's columns, its state as loaded, its result, every attempt's timeline, and what the workers
-report of each attempt's execution: its last heartbeat and what the step said with it, whether
-it still runs, and the concurrency slots it keeps after its attempt ended (core/limits.py,
-rule 4)."""
+run's columns, its state as loaded, its result, its input and the signals it received, every
+attempt's timeline with its output or its error and traceback, and what the workers report of
+each attempt's execution: its last heartbeat and what the step said with it, whether it still
+runs, and the concurrency slots it keeps after its attempt ended (core/limits.py, rule 4).
+Every value a step or a caller gave is cut to a bound (core/shown.py)."""
 
 from __future__ import annotations
 
@@ -17,7 +18,9 @@ from processor.core.children import child_run_id
 from processor.core.model import LoadedRun
 from processor.core.run_state import NodeState, NodeStatus, RunStatus, shown_nodes
 from processor.core.shapes import AttemptRef
+from processor.core.shown import Shown
 from processor.io.postgres.instances import alive
+from processor.io.postgres.run_data import NO_SIGNALS, Signals, run_input, run_signals
 from processor.io.postgres.run_search import AttemptRow, attempt_rows
 from processor.io.postgres.runs_admin import RunColumns, RunResult, run_columns, run_result
 from processor.io.postgres.store import Definitions, load_runs
@@ -72,6 +75,8 @@ class RunRecord:
     attempts: list[AttemptRow]
     nodes: tuple[tuple[str, NodeState], ...] = ()
     executions: dict[AttemptRef, Execution] = field(default_factory=dict)
+    input: Shown | None = None
+    signals: Signals = NO_SIGNALS
 
     @property
     def healthy(self) -> bool:
@@ -107,7 +112,15 @@ def read_run(
     # (But the marks of attempts that failed never started: io/postgres/store.py, of no worker.)
     attempts = [a for a in attempt_rows(conn, run_id) if a.worker_id != ""]
     return RunRecord(
-        run_id, columns, run, result, attempts, nodes, executions(conn, run_id, gone_after_s)
+        run_id,
+        columns,
+        run,
+        result,
+        attempts,
+        nodes,
+        executions(conn, run_id, gone_after_s),
+        run_input(conn, run_id),
+        run_signals(conn, run_id),
     )
 
 
@@ -133,6 +146,17 @@ def inspect_document(record: RunRecord) -> dict[str, Any]:
         "next_wakeup_at": _iso(columns.next_wakeup_at),
         "quarantine_reason": columns.quarantine_reason,
         "output": result.output if result.status is RunStatus.SUCCEEDED else None,
+        "input": None if record.input is None else record.input.document(),
+        "signals": [
+            {
+                "signal_id": s.signal_id,
+                "name": s.name,
+                "received_at": s.received_at.isoformat(),
+                "payload": s.payload.document(),
+            }
+            for s in record.signals.shown
+        ],
+        "signal_count": record.signals.total,
     }
     if isinstance(run, Exception):
         document["load_error"] = str(run)
@@ -167,6 +191,7 @@ def _nodes_json(
     dispatched, where that is known (see ``inspect_document``)."""
     in_flight: dict[AttemptRef, int] = {}
     claimed = {(a.node, a.attempt): a.started_at for a in record.attempts}
+    outputs = {(a.node, a.attempt): a.output for a in record.attempts}
     nodes = []
     for name, node in record.nodes:
         step = run.wf.step_for(name)
@@ -183,6 +208,8 @@ def _nodes_json(
                 "status": node.status.value,
                 "attempt": node.attempt,
                 "error": node.error,
+                # The output of its current attempt, once it succeeded (cut).
+                "output": _shown(outputs.get((name, node.attempt))),
                 "due": None if node.due_ms is None else _iso_ms(node.due_ms),
                 "child_run": (
                     child_run_id(record.run_id, name, node.attempt)
@@ -212,7 +239,14 @@ def _attempt_json(
         "executions": attempt.starts,
         "duration_s": duration,
         "outcome": attempt.outcome,
+        "output": _shown(attempt.output),
+        # A failure: "Type: message" as the run's state quotes it; the exception's type and
+        # message apart when its step raised one, with its traceback (from the user's code
+        # on, bounded), or the sentence that says why there is none (its process died).
         "error": attempt.error,
+        "error_type": attempt.error_type,
+        "error_message": error_message(attempt.error, attempt.error_type),
+        "traceback": attempt.traceback,
         # What its worker reports: its last heartbeat and the details with it; whether its
         # execution still runs (None: its worker reports no such thing); the concurrency
         # slots it keeps after its attempt ended (a step in a thread cannot be stopped).
@@ -221,6 +255,18 @@ def _attempt_json(
         "execution_ended": None if execution is None else _iso(execution.ended_at),
         "holds_slots": [] if execution is None else list(execution.lingering),
     }
+
+
+def error_message(error: str | None, error_type: str | None) -> str | None:
+    """The message of an attempt's error without its exception's type, which it starts
+    with when the step raised it (worker/steps.py: ``"Type: message"``)."""
+    if error is None or error_type is None or not error.startswith(f"{error_type}: "):
+        return error
+    return error[len(error_type) + 2 :]
+
+
+def _shown(value: Shown | None) -> dict[str, Any] | None:
+    return None if value is None else value.document()
 
 
 def _dispatched_ms(node: NodeState, timeout_ms: int, heartbeat_ms: int | None) -> int | None:

@@ -6,15 +6,16 @@ tests/integration/test_run_search.py reads the plans. Not a hot path: no prepare
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, NamedTuple
 
 import orjson
 import psycopg
 
 from processor.core.run_search import Cursor, RunFilter
 from processor.core.run_state import RunStatus
+from processor.core.shown import SHOWN_CHARS, Shown, shown
 from processor.io.postgres.run_counts import like_prefix
 from processor.io.postgres.run_marks import flag_column
 from processor.io.postgres.runs_admin import RunSummary
@@ -147,7 +148,9 @@ def _summary(row: Sequence[Any]) -> RunSummary:
 @dataclass(frozen=True)
 class AttemptRow:
     """What the tables know of one attempt of one node: its claim by a worker (None for steps
-    no worker runs: waits, child workflows) and its result (None while it has none)."""
+    no worker runs: waits, child workflows) and its result (None while it has none): how it
+    ended, its output (a success's, cut: core/shown.py) or its error, with the type and the
+    traceback of the exception its step raised."""
 
     node: str
     attempt: int
@@ -157,6 +160,30 @@ class AttemptRow:
     outcome: str | None = None
     ended_at: datetime | None = None
     error: str | None = None
+    error_type: str | None = None
+    traceback: str | None = None
+    output: Shown | None = None
+
+
+class ResultFacts(NamedTuple):
+    """An attempt's result as the timeline reads it."""
+
+    outcome: str
+    recorded_at: datetime
+    error: str | None = None
+    error_type: str | None = None
+    traceback: str | None = None
+    output: Shown | None = None
+
+
+# Each output cut in the statement (core/shown.py): a look at a run reads a few kilobytes of
+# each, whatever its steps returned.
+_RESULTS_SQL = """
+SELECT node_id, attempt, outcome, recorded_at, error, error_type, traceback,
+       CASE WHEN outcome = 'succeeded' THEN left(output::text, %(chars)s + 1) END,
+       CASE WHEN outcome = 'succeeded' THEN length(output::text) END
+  FROM eec_step_result WHERE run_id = %(run_id)s
+"""
 
 
 def attempt_rows(conn: psycopg.Connection[Any], run_id: str) -> list[AttemptRow]:
@@ -167,34 +194,46 @@ def attempt_rows(conn: psycopg.Connection[Any], run_id: str) -> list[AttemptRow]
         " WHERE run_id = %s",
         (run_id,),
     ).fetchall()
-    results = conn.execute(
-        "SELECT node_id, attempt, outcome, recorded_at, error FROM eec_step_result"
-        " WHERE run_id = %s",
-        (run_id,),
-    ).fetchall()
+    results = conn.execute(_RESULTS_SQL, {"run_id": run_id, "chars": SHOWN_CHARS}).fetchall()
     return merge_attempts(
         {(c[0], c[1]): (c[2], c[3], c[4]) for c in claims},
-        {(r[0], r[1]): (r[2], r[3], r[4]) for r in results},
+        {
+            (node, attempt): ResultFacts(
+                outcome,
+                at,
+                error,
+                kind,
+                trace,
+                None if chars is None else shown(text, chars),
+            )
+            for node, attempt, outcome, at, error, kind, trace, text, chars in results
+        },
     )
 
 
 def merge_attempts(
     claims: Mapping[tuple[str, int], tuple[str, datetime, int]],
-    results: Mapping[tuple[str, int], tuple[str, datetime, str | None]],
+    results: Mapping[tuple[str, int], ResultFacts],
 ) -> list[AttemptRow]:
     rows = []
     for key in sorted({*claims, *results}):
         claim, result = claims.get(key), results.get(key)
-        rows.append(
-            AttemptRow(
-                key[0],
-                key[1],
-                worker_id=claim[0] if claim else None,
-                started_at=claim[1] if claim else None,
-                starts=claim[2] if claim else 0,
-                outcome=result[0] if result else None,
-                ended_at=result[1] if result else None,
-                error=result[2] if result else None,
-            )
+        row = AttemptRow(
+            key[0],
+            key[1],
+            worker_id=claim[0] if claim else None,
+            started_at=claim[1] if claim else None,
+            starts=claim[2] if claim else 0,
         )
+        if result is not None:
+            row = replace(
+                row,
+                outcome=result.outcome,
+                ended_at=result.recorded_at,
+                error=result.error,
+                error_type=result.error_type,
+                traceback=result.traceback,
+                output=result.output,
+            )
+        rows.append(row)
     return rows

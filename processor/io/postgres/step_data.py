@@ -113,6 +113,10 @@ class StepResultRow(NamedTuple):
     # heartbeat not recorded yet (JSON text; None: none).
     ended: bool = False
     details: str | None = None
+    # A failure the step raised: its exception's type, and its traceback (bounded:
+    # core/failures.py); None for the other results.
+    error_type: str | None = None
+    traceback: str | None = None
 
 
 # A result is recorded only while its run exists, read without a lock: the results table has
@@ -125,11 +129,13 @@ WITH r AS MATERIALIZED (
     SELECT r.*, EXISTS (SELECT 1 FROM eec_workflow_run w WHERE w.run_id = r.run_id) AS known
       FROM jsonb_to_recordset(%(results)s::jsonb)
         AS r(i int, run_id text, node_id text, attempt int, outcome text, output jsonb,
-             error text, retryable boolean, ended boolean, details jsonb)
+             error text, retryable boolean, ended boolean, details jsonb, error_type text,
+             traceback text)
 ), inserted AS (
-    INSERT INTO eec_step_result (run_id, node_id, attempt, outcome, output, error, retryable)
+    INSERT INTO eec_step_result (run_id, node_id, attempt, outcome, output, error, retryable,
+                                 error_type, traceback)
     SELECT r.run_id, r.node_id, r.attempt, r.outcome, coalesce(r.output, 'null'::jsonb), r.error,
-           coalesce(r.retryable, true)
+           coalesce(r.retryable, true), r.error_type, r.traceback
       FROM r
      WHERE r.known
      ORDER BY r.run_id, r.node_id, r.attempt
@@ -179,6 +185,8 @@ def results_param(results: Sequence[StepResultRow]) -> str:
         | ({} if retryable else {"retryable": False})
         | ({"ended": True} if ended else {})
         | ({} if details is None else {"details": orjson.Fragment(details)})
-        for i, (r, n, a, o, out, e, retryable, ended, details) in enumerate(results)
+        | ({} if kind is None else {"error_type": kind})
+        | ({} if trace is None else {"traceback": trace})
+        for i, (r, n, a, o, out, e, retryable, ended, details, kind, trace) in enumerate(results)
     ]
     return orjson.dumps(rows).decode()

@@ -1,0 +1,79 @@
+"""What `ductor inspect` prints of what a run was given and gave, after its status and nodes
+(cli/runs.py): its input, each step's output, every attempt (its start, end, duration and
+worker; a failed one's error and traceback) and the signals it received.
+
+Values are compact JSON cut to a bound (core/shown.py); an error and a traceback are a step's
+own text, printed with their control characters escaped (a message holding a terminal's
+escape sequences cannot move the cursor or recolour the terminal), their line breaks kept.
+"""
+
+from __future__ import annotations
+
+import unicodedata
+from datetime import datetime
+
+from processor.core.run_state import NodeState
+from processor.io.postgres.run_document import RunRecord, error_message
+from processor.io.postgres.run_search import AttemptRow
+
+
+def printable(text: str) -> str:
+    """``text`` with its control characters (but line breaks and tabs) written as escapes."""
+    if text.isprintable():
+        return text
+    return "".join(
+        c if c in "\n\t" or unicodedata.category(c)[0] != "C" else repr(c)[1:-1] for c in text
+    )
+
+
+def _when(at: datetime | None) -> str:
+    return "-" if at is None else at.isoformat(timespec="milliseconds")
+
+
+def input_line(record: RunRecord) -> str:
+    return f"input      {'-' if record.input is None else record.input.text()}"
+
+
+def output_lines(record: RunRecord, name: str, node: NodeState) -> list[str]:
+    """The line under a node that shows its output, once its current attempt succeeded."""
+    for attempt in record.attempts:
+        if attempt.node == name and attempt.attempt == node.attempt and attempt.output:
+            return [f"  {'':20} output {attempt.output.text()}"]
+    return []
+
+
+def attempt_lines(attempt: AttemptRow) -> list[str]:
+    """An attempt on one line (when it started and ended, how long it took, on which worker),
+    then, failed, its error and its traceback, indented."""
+    started, ended = attempt.started_at, attempt.ended_at
+    took = "-" if started is None or ended is None else f"{(ended - started).total_seconds():.3f} s"
+    outcome = attempt.outcome or "in flight"
+    lines = [
+        f"  {attempt.node} #{attempt.attempt}  {outcome}  started {_when(started)}"
+        f"  ended {_when(ended)}  took {took}  worker {attempt.worker_id or '-'}"
+    ]
+    if attempt.error is not None:
+        if attempt.error_type is not None:
+            message = error_message(attempt.error, attempt.error_type) or ""
+            lines.append(f"    error: {printable(attempt.error_type)}: {printable(message)}")
+        else:
+            lines.append(f"    error: {printable(attempt.error)}")
+    if attempt.traceback is not None:
+        lines += ["    " + line for line in printable(attempt.traceback).split("\n")]
+    return lines
+
+
+def print_attempts_and_signals(record: RunRecord) -> None:
+    """The run's attempts in node and attempt order, then the signals it received."""
+    if record.attempts:
+        print("attempts:")
+        for attempt in record.attempts:
+            for line in attempt_lines(attempt):
+                print(line)
+    signals = record.signals
+    if signals.total:
+        more = "" if signals.total == len(signals.shown) else f", the first {len(signals.shown)}"
+        print(f"signals ({signals.total}{more}):")
+        for s in signals.shown:
+            what = f"{s.name}  {printable(s.signal_id)}"
+            print(f"  {_when(s.received_at)}  {what}  {s.payload.text()}")
