@@ -4,8 +4,8 @@ DUCTOR_PURE_PYTHON=1 makes the package import its .py sources instead (processor
 
 The integration tests' fixtures and hooks are plugins by concern, registered here (pytest takes
 ``pytest_plugins`` only from the top conftest): the services and a test's share of them, child
-processes, in-process instances, the session's serial marks and builds, a user's shell. The
-functions tests call live in plain modules beside them (tests/integration/waiting.py,
+processes, in-process instances, the browser, the session's serial marks and builds, a user's
+shell. The functions tests call live in plain modules beside them (tests/integration/waiting.py,
 samples.py, runs.py, children.py, instances.py, contention.py, telemetry_capture.py); no test
 imports from a conftest (tests/unit/test_no_conftest_imports.py).
 """
@@ -32,6 +32,7 @@ pytest_plugins = [
     "tests.integration.fix_services",
     "tests.integration.fix_children",
     "tests.integration.fix_instances",
+    "tests.integration.fix_browser",
     "tests.integration.user_shell",
 ]
 

@@ -329,7 +329,7 @@ def _turns(
         executor=core.executor,
         requests=core.requests,
         sweeps=sweeps,
-        in_flight=lambda: c.publisher.in_flight,
+        publisher=c.publisher,
         delivery=c.delivery,
         flow=lambda: membership.flow,
     )

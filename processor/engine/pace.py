@@ -10,6 +10,7 @@ ready time, and the consume timeout is the time to the next of those events.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Protocol
 
 from confluent_kafka import Consumer, Message
 
@@ -32,6 +33,19 @@ IDLE_POLL_S = 0.1
 DELIVERY_WAIT_S = 0.005
 
 
+class Sending(Protocol):
+    """The producer as the loop's pace sees it (io/kafka/clients.Publisher)."""
+
+    @property
+    def in_flight(self) -> int:
+        """Records and client events waiting for the loop's poll."""
+        ...
+
+    def flush(self, timeout: float) -> int:
+        """Send what is queued now and wait for its reports, ``timeout`` at most."""
+        ...
+
+
 class Pace:
     def __init__(
         self,
@@ -45,7 +59,7 @@ class Pace:
         executor: Executor,
         requests: RequestDesk,
         sweeps: Sweeps,
-        in_flight: Callable[[], int],  # records and client events waiting for the loop's poll
+        publisher: Sending,
         delivery: Delivery,
         flow: Callable[[], FlowControl],  # the current member's (a new member has its own)
     ) -> None:
@@ -58,7 +72,7 @@ class Pace:
         self._executor = executor
         self._requests = requests
         self._sweeps = sweeps
-        self._in_flight = in_flight
+        self._publisher = publisher
         self._delivery = delivery
         self._flow = flow
         self._next_stats = clock.monotonic() + stats_every_s
@@ -81,6 +95,14 @@ class Pace:
         timeout = self.idle_timeout()
         if timeout <= 0:
             return []
+        if self._publisher.in_flight:
+            # Nothing to take, records on their way: the producer's linger would hold them a
+            # while for more to join their batch, and none will come while the loop waits.
+            # Send them now (flush ignores the linger) and wait for their acknowledgements
+            # here, as the loop would have waited for them in poll. Under load the loop never
+            # gets here and the linger batches as before: a cork, not a timer.
+            self._publisher.flush(timeout)
+            return []
         first = consumer.poll(timeout)
         if first is None:
             return []
@@ -90,7 +112,7 @@ class Pace:
     def idle_timeout(self) -> float:
         """How long the loop may block in poll: until the next due event, at most 100 ms."""
         now = self._clock.monotonic()
-        if self._in_flight():
+        if self._publisher.in_flight:
             return DELIVERY_WAIT_S  # delivery reports wait for this loop
         if len(self._queues) or self._executor.ready_count(now):
             return 0.0

@@ -1,7 +1,8 @@
 """The web page of `ductor ui` (docs/operations/web-ui.md), a Starlette application: the runs
-with the filters of `ductor runs list`, a run with its DAG and attempts (what `inspect -o
-json` prints), the dead letters and the schedules, and retry and cancel buttons for who gave
-the token (processor/ui/auth.py); with DUCTOR_UI_READ_TOKEN_REQUIRED, reading needs it too.
+with the filters of `ductor runs list`, a run with its DAG, timeline and attempts (what
+`inspect -o json` prints), the workflows and the workers (processor/ui/listings.py), the dead
+letters and the schedules, and retry and cancel buttons for who gave the token
+(processor/ui/auth.py); with DUCTOR_UI_READ_TOKEN_REQUIRED, reading needs it too.
 Beside them, under /api/, the JSON API (processor/ui/api.py) with the same token and checks.
 
 Before any page: a request addressed to a name the page is not served as is refused
@@ -11,8 +12,10 @@ Before any page: a request addressed to a name the page is not served as is refu
 
 The pages call the client and io functions the commands call, on the server's thread pool (each
 opens its own connection, as a command does: a page is a person's click, not a hot path, so no
-pool is kept). Every answer carries a Content-Security-Policy that allows no script at all, no
-framing (the buttons cannot be overlaid by another site) and forms posted to this site only.
+pool is kept). Every answer carries a Content-Security-Policy that allows no script but the
+page's own file (static/ui.js: it reads the page again every few seconds and swaps in what
+changed; every page is whole without it), no framing (the buttons cannot be overlaid by another
+site) and forms posted to this site only.
 """
 
 from __future__ import annotations
@@ -35,10 +38,8 @@ from starlette.routing import Route
 
 from processor import client
 from processor.client import ClientError, Cursor, RunFilter, RunNotFound, RunPage
-from processor.core.outcomes import DLQ_REASONS
 from processor.core.run_state import RunStatus
 from processor.io.config.settings import Settings
-from processor.io.kafka.dlq import DeadLetter, DlqError, read_dead_letters
 from processor.io.postgres.schedules import Schedule, list_schedules
 from processor.io.telemetry.logs import first_line
 from processor.ui import auth
@@ -55,18 +56,23 @@ from processor.ui.http import (
     run_filter,
     secured,
 )
+from processor.ui.listings import Listings
 from processor.ui.login_limit import LoginLimiter, LoginLimits
-from processor.ui.pages import environment, run_url, stylesheet
+from processor.ui.pages import environment, run_url, script, stylesheet
 from processor.ui.run_view import run_sections
+from processor.ui.timeline import timeline
 from processor.ui.window import Window, as_duration, span, window
 
 log = logging.getLogger("ductor.ui")
 
-# The dead letters of the window, from its start: the page shows the first ones and says how
-# to list them all.
-DEAD_LETTERS_SHOWN = 200
 _LIVE = (RunStatus.PENDING.value, RunStatus.RUNNING.value)
 _DONE = {"retry": "Retried: the failed steps run again.", "cancel": "Cancel sent."}
+# How often a page reads itself again (static/ui.js), milliseconds: a live run's page often,
+# an ended one seldom (it may be retried from elsewhere), the lists in between. Each read is
+# the queries of one look at the page, as a reload would be.
+REFRESH_LIVE_RUN_MS = 2000
+REFRESH_ENDED_RUN_MS = 10_000
+REFRESH_LIST_MS = 5000
 
 Handler = Callable[[Request], Awaitable[Response]]
 
@@ -79,13 +85,23 @@ class Site:
         self.token = settings.ui_token
         self.templates = environment()
         self.css = stylesheet()
+        self.js = script()
         self.logins = LoginLimiter(LoginLimits(), clock)
 
     # -- answers --------------------------------------------------------------------------
 
-    def page(self, request: Request, name: str, status: int = 200, **context: Any) -> Response:
+    def page(
+        self,
+        request: Request,
+        name: str,
+        status: int = 200,
+        refresh_ms: int = 0,
+        **context: Any,
+    ) -> Response:
+        """The page ``name``; ``refresh_ms``: how often its script reads it again (0: never)."""
         logged_in = auth.session_valid(self.token, request.cookies.get(auth.COOKIE), now_s())
         html = self.templates.get_template(name).render(
+            refresh_ms=refresh_ms,
             token_configured=bool(self.token),
             read_token_required=self.settings.ui_read_token_required,
             logged_in=logged_in,
@@ -99,6 +115,9 @@ class Site:
 
     async def stylesheet(self, _request: Request) -> Response:
         return secured(Response(self.css, media_type="text/css"))
+
+    async def script(self, _request: Request) -> Response:
+        return secured(Response(self.js, media_type="text/javascript"))
 
     # -- read-only pages ------------------------------------------------------------------
 
@@ -123,7 +142,7 @@ class Site:
         context["default_since"] = as_duration(self.settings.ui_window_s)
         try:
             wanted = run_filter(form)
-            look = self._window(wanted.since_ms, wanted.until_ms, "`ductor runs list`")
+            look = self.window(wanted.since_ms, wanted.until_ms, "`ductor runs list`")
             limit = page_size(form["limit"])
             cursor = params.get("cursor")
             after = Cursor.decode(cursor) if cursor else None
@@ -132,10 +151,17 @@ class Site:
         bounded = replace(wanted, since_ms=look.since_ms)
         page, total = await run_in_threadpool(self._search, bounded, limit, after)
         return self.page(
-            request, "runs.html", page=page, total=total, error=None, **self._shown(look), **context
+            request,
+            "runs.html",
+            refresh_ms=REFRESH_LIST_MS,
+            page=page,
+            total=total,
+            error=None,
+            **self.shown(look),
+            **context,
         )
 
-    def _shown(self, look: Window) -> dict[str, Any]:
+    def shown(self, look: Window) -> dict[str, Any]:
         """What the pages say of the window they read."""
         return {
             "window_since": at(look.since_ms),
@@ -143,7 +169,7 @@ class Site:
             "max_window": span(self.settings.ui_max_window_s),
         }
 
-    def _window(self, since_ms: int | None, until_ms: int | None, instead: str) -> Window:
+    def window(self, since_ms: int | None, until_ms: int | None, instead: str) -> Window:
         return window(
             since_ms,
             until_ms,
@@ -166,57 +192,23 @@ class Site:
         except RunNotFound as exc:
             return self.problem(request, 404, str(exc))
         states = step_states(document)
+        live = document["status"] in _LIVE
         return self.page(
             request,
             "run.html",
+            refresh_ms=REFRESH_LIVE_RUN_MS if live else REFRESH_ENDED_RUN_MS,
             run=document,
             dag=layout(states) if states else None,
+            timeline=timeline(document, time.time()),
             can_retry=document["status"] == RunStatus.FAILED.value,
             can_cancel=document["status"] in _LIVE,
             done=_DONE.get(request.query_params.get("did", "")),
             **run_sections(document),
         )
 
-    async def dead_letters(self, request: Request) -> Response:
-        params = request.query_params
-        reason = params.get("reason") or None
-        if reason is not None and reason not in DLQ_REASONS:
-            return self.problem(request, 400, f"no dead-letter reason is called {reason!r}")
-        since, until = params.get("since", "").strip(), params.get("until", "").strip()
-        try:
-            times = client.parse_filter(now_ms=now_ms(), since=since or None, until=until or None)
-            look = self._window(times.since_ms, times.until_ms, "`ductor dlq list`")
-        except ValueError as exc:
-            return self.problem(request, 400, str(exc))
-        try:
-            letters = await run_in_threadpool(self._dead_letters, reason, look)
-        except DlqError as exc:
-            return self.problem(request, 503, str(exc))
-        return self.page(
-            request,
-            "dead_letters.html",
-            letters=letters,
-            reason=reason,
-            reasons=DLQ_REASONS,
-            shown=DEAD_LETTERS_SHOWN,
-            since=since,
-            until=until,
-            default_since=as_duration(self.settings.ui_window_s),
-            **self._shown(look),
-        )
-
-    def _dead_letters(self, reason: str | None, look: Window) -> list[DeadLetter]:
-        return read_dead_letters(
-            self.settings,
-            reason=reason,
-            limit=DEAD_LETTERS_SHOWN,
-            since_ms=look.since_ms,
-            until_ms=look.until_ms,
-        )
-
     async def schedules(self, request: Request) -> Response:
         schedules = await run_in_threadpool(self._schedules)
-        return self.page(request, "schedules.html", schedules=schedules)
+        return self.page(request, "schedules.html", refresh_ms=REFRESH_LIST_MS, schedules=schedules)
 
     def _schedules(self) -> list[Schedule]:
         with client.connect(self.settings) as conn:
@@ -336,17 +328,22 @@ def create_app(
     """The application, answering to the names ``hosts`` (hosts.served_hosts); ``clock``
     times the login limit."""
     site = Site(settings, clock)
+    listings = Listings(site)
     routes = [
         Route("/", site.reader(site.runs)),
         Route("/runs/{run_id:path}", site.reader(site.run)),
-        Route("/dead-letters", site.reader(site.dead_letters)),
+        Route("/dead-letters", site.reader(listings.dead_letters)),
         Route("/schedules", site.reader(site.schedules)),
+        Route("/workflows", site.reader(listings.workflows)),
+        Route("/workflows/{name:path}/{version:int}", site.reader(listings.workflow)),
+        Route("/workers", site.reader(listings.workers)),
         Route("/login", site.login_form, methods=["GET"]),
         Route("/login", site.login, methods=["POST"]),
         Route("/logout", site.logout, methods=["POST"]),
         Route("/actions/retry", site.retry, methods=["POST"]),
         Route("/actions/cancel", site.cancel, methods=["POST"]),
         Route("/static/ui.css", site.stylesheet),
+        Route("/static/ui.js", site.script),
         *Api(settings, site.logins).routes(),
     ]
     middleware = [Middleware(HostCheck, hosts=hosts)]

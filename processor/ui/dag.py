@@ -7,7 +7,10 @@ centred, so a fan-out and its join line up. The page draws the boxes and edges a
 
 A step's state is read from the run's nodes as `inspect -o json` gives them: the node of
 the step's own name, and for a map step also its items' nodes (``step[0]``, ``step[1]`` ...),
-counted by status.
+counted by status. What a box is drawn as (``shown``) says what happened, which the node's
+status alone does not always: when an item fails for good the run fails and its map node, still
+in flight, is cancelled with the rest, but the step failed (its item did); a node cancelled
+before its first attempt never ran ("not_run"), which is not one stopped half-way.
 """
 
 from __future__ import annotations
@@ -35,6 +38,28 @@ class StepState:
     error: str | None = None
     child_run: str | None = None
     items: tuple[tuple[str, int], ...] = ()  # a map step's items: (status, how many)
+
+    @property
+    def shown(self) -> str:
+        """The state its box is drawn in (a class of the stylesheet): the node's status but
+        for a map step with a failed item (failed), and a step cancelled before it ever
+        started (not_run)."""
+        if any(status == "failed" for status, _ in self.items):
+            return "failed"
+        if self.status == "cancelled" and self.attempt == 0:
+            return "not_run"
+        return self.status
+
+    @property
+    def label(self) -> str:
+        """The state in words, as the box says it."""
+        if self.status == "dispatched":
+            return _IN_FLIGHT.get(self.kind, "dispatched")
+        return self.shown.replace("_", " ")
+
+
+# What a step in flight is doing, by its kind (a task or a map is dispatched to the workers).
+_IN_FLIGHT = {"wait": "waiting for its signal", "workflow": "child run going"}
 
 
 @dataclass(frozen=True)

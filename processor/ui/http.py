@@ -1,5 +1,6 @@
 """What the pages of the web page (app.py) share that is not a page: the headers every answer
-carries (a Content-Security-Policy that allows no script and no framing), the Host check run
+carries (a Content-Security-Policy that allows no script but the page's own file, and no
+framing), the Host check run
 before any route (hosts.py), a posted form read within its bound, and the runs' filter form
 read as `ductor runs list` reads its flags."""
 
@@ -27,8 +28,8 @@ MAX_PAGE_SIZE = 500  # a page is one table: `ductor runs list --limit` goes furt
 _FORM_BYTES = 8192
 HEADERS = {
     "Content-Security-Policy": (
-        "default-src 'none'; style-src 'self'; img-src 'self'; form-action 'self';"
-        " frame-ancestors 'none'; base-uri 'none'"
+        "default-src 'none'; script-src 'self'; connect-src 'self'; style-src 'self';"
+        " img-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'"
     ),
     "X-Content-Type-Options": "nosniff",
     # The filters and cursors are in the addresses: no other site is told them. (Not

@@ -14,6 +14,10 @@ from jinja2 import Environment, PackageLoader, StrictUndefined
 
 # Shown whole on the run page up to this many characters; `ductor result` prints any output.
 OUTPUT_CHARS = 20_000
+# A dead letter's key or value in its table cell: its first bytes (`ductor dlq list -o json`
+# gives them all). Not UTF-8, they are shown in hex: a cell holds this many of them.
+BYTES_SHOWN = 80
+HEX_SHOWN = 24
 
 
 def environment() -> Environment:
@@ -26,15 +30,21 @@ def environment() -> Environment:
     )
     env.filters["when"] = when
     env.filters["run_url"] = run_url
+    env.filters["workflow_url"] = workflow_url
     env.filters["pretty_json"] = pretty_json
     env.filters["seconds"] = seconds
     env.filters["shown_json"] = shown_json
+    env.filters["raw_bytes"] = raw_bytes
     env.globals["query"] = query
     return env
 
 
 def stylesheet() -> bytes:
     return resources.files("processor.ui").joinpath("static/ui.css").read_bytes()
+
+
+def script() -> bytes:
+    return resources.files("processor.ui").joinpath("static/ui.js").read_bytes()
 
 
 def when(value: datetime | str | None) -> str:
@@ -58,6 +68,11 @@ def run_url(run_id: str) -> str:
     return "/runs/" + quote(run_id, safe="")
 
 
+def workflow_url(name: str, version: int) -> str:
+    """A registered version's page: the name quoted whole."""
+    return f"/workflows/{quote(name, safe='')}/{version}"
+
+
 def pretty_json(value: Any) -> str:
     text = orjson.dumps(value, option=orjson.OPT_INDENT_2).decode()
     if len(text) <= OUTPUT_CHARS:
@@ -79,3 +94,20 @@ def query(pairs: list[tuple[str, str]], **changes: str) -> str:
     """``?a=1&b=2``: the pairs with each name in ``changes`` set to its value alone."""
     kept = [(k, v) for k, v in pairs if k not in changes]
     return "?" + urlencode([*kept, *changes.items()])
+
+
+def raw_bytes(raw: bytes | None) -> str:
+    """A record's key or value as a table cell shows it: UTF-8 text as text, its control
+    characters escaped (``\\n``, ``\\x00``), at most BYTES_SHOWN characters; anything else
+    as ``hex 8f 00 ff ...``, at most HEX_SHOWN bytes; either way with its length when cut.
+    (The stylesheet wraps it anywhere: a long unbroken string cannot widen the table.)"""
+    if raw is None:
+        return "(null)"
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        shown = " ".join(f"{b:02x}" for b in raw[:HEX_SHOWN])
+        more = f" … ({len(raw)} bytes)" if len(raw) > HEX_SHOWN else ""
+        return f"hex {shown}{more} (not UTF-8)"
+    escaped = "".join(c if c.isprintable() else repr(c)[1:-1] for c in text[:BYTES_SHOWN])
+    return escaped + (f" … ({len(raw)} bytes)" if len(text) > BYTES_SHOWN else "")

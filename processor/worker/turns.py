@@ -33,6 +33,14 @@ class Turns:
         return IDLE_POLL_S if not holding and not backlog and not in_flight else 0.0
 
     @staticmethod
+    def send_now(holding: int, backlog: int, in_flight: int) -> bool:
+        """Whether a loop with records on their way and nothing else to do sends them at
+        once (the producer's flush skips its linger, which would hold them for more to join
+        a batch while none will come) and waits for their reports there. A loop with work
+        goes on with it, and the linger batches as before: a cork, not a timer."""
+        return bool(in_flight) and not holding and not backlog
+
+    @staticmethod
     def answers_wait(polled: int, holding: int) -> float:
         """A turn that polled nothing while tasks are held waits a moment for the slots' and
         the lanes' answers (instead of spinning); else it takes what is there."""

@@ -50,7 +50,7 @@ from processor.worker.messages import News
 from processor.worker.options import WorkerOptions
 from processor.worker.stats import WorkerStats
 from processor.worker.steps import StepRegistry
-from processor.worker.turns import Turns
+from processor.worker.turns import BUSY_WAIT_S, Turns
 
 log = logging.getLogger("ductor.worker")
 
@@ -324,9 +324,12 @@ class Worker:
     def _poll(self) -> int:
         """Take new tasks while there is room (waiting a little for them when idle); how many
         were taken."""
-        wait_s = Turns.poll_wait(
-            self.flow.holding(), self.source.backlog, self._publisher.in_flight
-        )
+        holding, backlog = self.flow.holding(), self.source.backlog
+        in_flight = self._publisher.in_flight
+        if Turns.send_now(holding, backlog, in_flight):
+            self._publisher.flush(BUSY_WAIT_S)
+            in_flight = self._publisher.in_flight
+        wait_s = Turns.poll_wait(holding, backlog, in_flight)
         taken = self.source.take(
             max(0, self.flow.room()), wait_s, self.turns.stopping_since is None
         )

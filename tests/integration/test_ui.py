@@ -1,32 +1,26 @@
 """`ductor ui` in a real browser, against the real services: headless Chromium (Debian's
-chromium and chromedriver, `make tools`) driven by selenium loads each page of a `ductor ui`
-subprocess: the runs with their filters and pages, a failed run's DAG and attempts, the dead
+chromium and chromedriver, `make tools`: tests/integration/fix_browser.py) driven by selenium
+loads each page of a `ductor ui` subprocess: the runs with their filters and pages, a run's DAG,
+timeline (the flaky step's two failed attempts red, then its third green) and attempts, the
+workflows with their runs by status and a version's definition, the live workers, the dead
 letters and the schedules (each look at the runs and the letters reads a window of time). It
 logs in with the token (a wrong one is refused with 403), clicks retry on the failed run and
-waits for its second attempt in the database; a page served
-without a token shows no button and refuses every action. The screenshots it takes are the
-ones docs/operations/web-ui.md shows (docs/images/ui-*.png)."""
+waits for its second attempt in the database; a page served without a token shows no button
+and refuses every action. The screenshots it takes are the ones docs/operations/web-ui.md and
+docs/usage.md show (docs/images/ui-*.png): it writes them there on purpose."""
 
 from __future__ import annotations
 
-import base64
-import shutil
-import urllib.error
-import urllib.parse
-import urllib.request
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import psycopg
 import pytest
 from confluent_kafka import Producer
-from selenium import webdriver
-from selenium.webdriver.chrome.options import Options
-from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webdriver import WebDriver
-from selenium.webdriver.support.ui import Select, WebDriverWait
+from selenium.webdriver.support.ui import Select
 
 from processor import client
 from processor.client import RunFilter
@@ -39,18 +33,17 @@ from processor.io.kafka.configs import producer_config
 from processor.io.kafka.dlq import read_dead_letters
 from processor.io.postgres.workflows import register_workflow
 
+from .browser import Page, post, start_ui
 from .children import Spawned, run_ductor
 from .instances import WorkerThread
 from .runs import step_attempts
 from .samples import REPO
-from .scrape import free_port
 from .waiting import wait_for
 
 pytestmark = pytest.mark.integration
 
 IMAGES = REPO / "docs" / "images"
 TOKEN = f"ui-test-token-{uuid.uuid4().hex}"
-WIDTH = 1360
 # validate, then charge and notify side by side, then a receipt: charge always fails, once.
 CHARGES = {
     "name": "charges",
@@ -67,98 +60,6 @@ CHARGES = {
         {"name": "receipt", "type": "fast", "depends_on": ["charge", "notify"]},
     ],
 }
-
-
-@pytest.fixture
-def browser() -> Iterator[WebDriver]:
-    """Headless Chromium. Missing, it fails the test (CI installs it with `make tools`)."""
-    chromium, driver = shutil.which("chromium"), shutil.which("chromedriver")
-    if chromium is None or driver is None:
-        pytest.fail(
-            "chromium and chromedriver are needed: `make tools` installs Debian's chromium"
-            " and chromium-driver"
-        )
-    options = Options()
-    options.binary_location = chromium
-    # As root (CI, containers) Chromium runs only without its sandbox; /dev/shm may be small.
-    for argument in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage"):
-        options.add_argument(argument)
-    options.add_argument(f"--window-size={WIDTH},900")
-    chrome = webdriver.Chrome(options=options, service=Service(executable_path=driver))
-    chrome.set_page_load_timeout(60)
-    try:
-        yield chrome
-    finally:
-        chrome.quit()
-
-
-class Page:
-    """The browser on one `ductor ui`, with the waits the pages need (deadlines, no sleeps)."""
-
-    def __init__(self, driver: WebDriver, port: int) -> None:
-        self.driver, self.base = driver, f"http://127.0.0.1:{port}"
-
-    def open(self, path: str) -> None:
-        self.driver.get(self.base + path)
-
-    def text(self, css: str) -> str:
-        return str(self.driver.find_element(By.CSS_SELECTOR, css).text)
-
-    def has(self, css: str) -> bool:
-        return bool(self.driver.find_elements(By.CSS_SELECTOR, css))
-
-    def until(self, predicate: Callable[[], bool], what: str) -> None:
-        WebDriverWait(self.driver, 30, poll_frequency=0.1).until(
-            lambda _d: predicate(), f"timed out waiting for {what}"
-        )
-
-    def column(self, table: str, index: int) -> list[str]:
-        cells = self.driver.find_elements(By.CSS_SELECTOR, f"{table} tbody td:nth-child({index})")
-        return [str(c.text) for c in cells]
-
-    def screenshot(self, name: str) -> None:
-        """The whole page, as tall as its content, into docs/images (Chromium's own
-        screenshot beyond the window: a window is no taller than the headless screen)."""
-        assert isinstance(self.driver, webdriver.Chrome)
-        size = self.driver.execute_cdp_cmd("Page.getLayoutMetrics", {})["cssContentSize"]
-        clip = {"x": 0, "y": 0, "width": WIDTH, "height": size["height"], "scale": 1}
-        shot = self.driver.execute_cdp_cmd(
-            "Page.captureScreenshot", {"format": "png", "captureBeyondViewport": True, "clip": clip}
-        )
-        IMAGES.mkdir(exist_ok=True)
-        (IMAGES / name).write_bytes(base64.b64decode(shot["data"]))
-
-
-def _start_ui(spawn: Callable[..., Spawned], settings: Settings, token: str, name: str) -> int:
-    port = free_port()
-    ui = spawn(["ui", "--port", str(port)], settings, name, env={"DUCTOR_UI_TOKEN": token})
-    wait_for(lambda: ui.running() and _status(port, "/") == 200, 60, f"{name} to answer")
-    return port
-
-
-def _status(port: int, path: str) -> int:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=10) as reply:
-            return int(reply.status)
-    except urllib.error.HTTPError as exc:
-        return exc.code
-    except OSError:
-        return 0
-
-
-def _post(port: int, path: str, fields: dict[str, str], headers: dict[str, str]) -> int:
-    """A form POSTed outside the browser: the status it is answered with."""
-    request = urllib.request.Request(
-        f"http://127.0.0.1:{port}{path}",
-        data=urllib.parse.urlencode(fields).encode(),
-        headers=headers,
-        method="POST",
-    )
-    try:
-        with urllib.request.urlopen(request, timeout=30) as reply:
-            return int(reply.status)
-    except urllib.error.HTTPError as exc:
-        return exc.code
 
 
 def test_the_pages_in_a_browser_and_a_retry_behind_the_token(
@@ -202,19 +103,27 @@ def test_the_pages_in_a_browser_and_a_retry_behind_the_token(
             "the runs to end",
         )
         wait_for(lambda: len(read_dead_letters(settings)) == 2, 60, "the dead letters")
+        # One more, started with the processor and the worker up: its timeline is the steps'
+        # own times, not the wait for them to start (the picture docs/usage.md shows).
+        late = f"order-{t}-9"
+        client.start_run(settings, "sample", late, {"n": 1}, tags={"customer": "ada"})
+        wait_for(lambda: client.get_run(settings, late).status is RunStatus.SUCCEEDED, 60, "late")
+        everything.append(late)
 
-        port = _start_ui(spawn, settings, TOKEN, "ui")
-        page = Page(browser, port)
+        port = start_ui(spawn, settings, TOKEN, "ui")
+        page = Page(browser, port, IMAGES)
         _check_runs(page, [*everything, failed], failed)
-        _check_run_and_retry(page, settings, pg, port, failed, orders[0])
+        _check_run_and_retry(page, settings, pg, port, failed, late)
         _check_dead_letters(page, t)
         page.open("/schedules")
         assert page.column("#schedules", 1) == [schedule]
         assert page.column("#schedules", 2) == ["0 3 * * *"]
         assert page.column("#schedules", 3) == ["sample"]
 
-        bare = _start_ui(spawn, settings, "", "ui-read-only")
-        _check_read_only(Page(browser, bare), bare, failed, browser)
+        _check_workflows_and_workers(page, worker)
+
+        bare = start_ui(spawn, settings, "", "ui-read-only")
+        _check_read_only(Page(browser, bare, IMAGES), bare, failed, browser)
     finally:
         worker.stop()
         pg.execute("DELETE FROM eec_schedule WHERE name = %s", (schedule,))
@@ -281,6 +190,8 @@ def _check_run_and_retry(
         ("transform", "failed"),
         ("transform", "succeeded"),
     ]
+    _check_timeline(page)
+    page.screenshot("ui-run-timeline.png")
 
     page.open(f"/runs/{failed}")
     assert page.text("#run-status") == "failed"
@@ -301,7 +212,7 @@ def _check_run_and_retry(
     page.driver.find_element(By.ID, "login-submit").click()
     page.until(lambda: page.has("#login-error"), "the refusal")
     assert page.text("#login-error") == "Wrong token."
-    assert _post(port, "/login", {"token": "not-the-token-at-all"}, {}) == 403
+    assert post(port, "/login", {"token": "not-the-token-at-all"}, {}) == 403
     page.driver.find_element(By.ID, "token").send_keys(TOKEN)
     page.driver.find_element(By.ID, "login-submit").click()
     page.until(lambda: page.has("#retry"), "the run page with its retry button")
@@ -315,7 +226,7 @@ def _check_run_and_retry(
     elsewhere = cookie | {"Origin": "http://evil.example"}
     forged = {"Cookie": "ductor_ui_session=v1.1.x"}
     for headers in (elsewhere, {}, forged):
-        assert _post(port, "/actions/retry", {"run_id": failed}, headers) == 403, headers
+        assert post(port, "/actions/retry", {"run_id": failed}, headers) == 403, headers
     assert [a for a, _ in step_attempts(pg, failed)["charge"]] == [1]
 
     page.driver.find_element(By.ID, "retry").click()
@@ -331,6 +242,80 @@ def _check_run_and_retry(
         60,
         "the retried run to fail again",
     )
+
+
+def _check_timeline(page: Page) -> None:
+    """The sample run's timeline: a lane per step, the flaky step's two failed attempts red
+    and its third green, left to right, with the two waits between them."""
+    lanes = [
+        g.get_attribute("data-step")
+        for g in page.driver.find_elements(By.CSS_SELECTOR, "#timeline g.lane")
+    ]
+    assert lanes == ["fetch", "transform", "enrich", "publish"]
+    bars = page.driver.find_elements(
+        By.CSS_SELECTOR, '#timeline rect.attempt[data-step="transform"]'
+    )
+    assert [(b.get_attribute("data-attempt"), b.get_attribute("data-state")) for b in bars] == [
+        ("1", "failed"),
+        ("2", "failed"),
+        ("3", "succeeded"),
+    ]
+    xs = [float(b.get_attribute("x") or "nan") for b in bars]
+    assert xs == sorted(xs) and len(set(xs)) == 3
+    red, green = "rgb(200, 50, 45)", "rgb(31, 138, 76)"
+    fills = [str(page.script("return getComputedStyle(arguments[0]).fill", b)) for b in bars]
+    assert fills == [red, red, green]
+    gaps = page.driver.find_elements(
+        By.CSS_SELECTOR, '#timeline line.gap.retry[data-step="transform"]'
+    )
+    assert len(gaps) == 2
+    # The publish step starts after both of its dependencies ended.
+    (publish,) = page.driver.find_elements(By.CSS_SELECTOR, '#timeline rect[data-step="publish"]')
+    assert float(publish.get_attribute("x") or "0") >= xs[2]
+
+
+def _check_workflows_and_workers(page: Page, worker: WorkerThread) -> None:
+    """The registered versions with their runs by status (each count a link to those runs),
+    a version's definition, and the live worker with its queue, step types and slots."""
+    page.open("/workflows")
+    rows = {
+        r.get_attribute("data-workflow"): r
+        for r in page.driver.find_elements(By.CSS_SELECTOR, "#workflows tbody tr")
+    }
+    assert {"sample", "charges"} <= set(rows)
+    counts = {
+        a.get_attribute("data-status"): a.text
+        for a in rows["charges"].find_elements(By.CSS_SELECTOR, "a.status")
+    }
+    assert counts == {"failed": "1 failed"}
+    sample = [a.text for a in rows["sample"].find_elements(By.CSS_SELECTOR, "a.status")]
+    assert sample == ["5 succeeded"]
+    page.screenshot("ui-workflows.png")
+    rows["charges"].find_element(By.CSS_SELECTOR, "a.status").click()
+    page.until(lambda: "workflow=charges" in page.driver.current_url, "the runs of one status")
+    assert page.column("#runs", 3) == ["failed"]
+
+    page.open("/workflows")
+    page.driver.find_element(By.CSS_SELECTOR, 'tr[data-workflow="charges"] a.version').click()
+    page.until(lambda: page.has("#definition"), "a version's page")
+    assert '"name": "charges"' in page.text("#definition")
+    drawn = page.driver.find_elements(By.CSS_SELECTOR, "#dag g.node")
+    assert [n.get_attribute("data-step") for n in drawn] == [
+        "validate",
+        "charge",
+        "notify",
+        "receipt",
+    ]
+
+    page.open("/workers")
+    (row,) = page.driver.find_elements(
+        By.CSS_SELECTOR, f'#workers tr[data-worker="{worker.worker.instance_id}"]'
+    )
+    cells = row.find_elements(By.CSS_SELECTOR, "td")
+    assert cells[3].text.split()[0] == "default"
+    assert {"fast", "flaky", "fail"} <= set(cells[4].text.split())
+    assert cells[5].text == "0 of 4"
+    page.screenshot("ui-workers.png")
 
 
 def _check_dead_letters(page: Page, t: str) -> None:
@@ -360,6 +345,6 @@ def _check_read_only(page: Page, port: int, failed: str, browser: WebDriver) -> 
     other = browser.get_cookie("ductor_ui_session")  # the cookie is the host's, any port
     assert other is not None
     cookie = {"Cookie": f"ductor_ui_session={other['value']}"}
-    assert _post(port, "/actions/retry", {"run_id": failed}, cookie) == 403
-    assert _post(port, "/actions/cancel", {"run_id": failed}, cookie) == 403
-    assert _post(port, "/login", {"token": ""}, {}) == 403
+    assert post(port, "/actions/retry", {"run_id": failed}, cookie) == 403
+    assert post(port, "/actions/cancel", {"run_id": failed}, cookie) == 403
+    assert post(port, "/login", {"token": ""}, {}) == 403

@@ -27,14 +27,17 @@ from processor.core.workflow import parse_workflow
 from processor.io.config.settings import Settings
 from processor.io.postgres.workflows import register_workflow
 
+from .browser import Page, start_ui
 from .children import Spawned, run_ductor
 from .failing_steps import HOSTILE
-from .test_ui import Page, _start_ui, browser  # noqa: F401 (browser: the fixture)
+from .samples import REPO
 from .waiting import wait_for
 
 pytestmark = pytest.mark.integration
 
 STEPS_FILE = "tests/integration/failing_steps.py"
+# The page's screenshot is one of docs/usage.md's pictures, taken here as test_ui takes its own.
+IMAGES = REPO / "docs" / "images"
 
 
 def _workflows(t: str) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -70,7 +73,7 @@ def test_a_failed_step_is_shown_with_its_traceback_input_outputs_and_signals(
     pg: psycopg.Connection[Any],
     processor_thread: Any,
     spawn: Callable[..., Spawned],
-    browser: WebDriver,  # noqa: F811
+    browser: WebDriver,
 ) -> None:
     t = uuid.uuid4().hex[:6]
     order, broken = _workflows(t)
@@ -155,8 +158,8 @@ def test_a_failed_step_is_shown_with_its_traceback_input_outputs_and_signals(
     assert "approved" in signal_line and "by_hand" in signal_line
 
     # -- the page --------------------------------------------------------------------------------
-    port = _start_ui(spawn, settings, "", "ui")
-    page = Page(browser, port)
+    port = start_ui(spawn, settings, "", "ui")
+    page = Page(browser, port, IMAGES)
     page.open(f"/runs/{run_id}")
     failure = browser.find_element(By.CSS_SELECTOR, "#failures .failure[data-step=charge]")
     assert failure.find_element(By.CSS_SELECTOR, ".error-type").text == "KeyError"

@@ -54,9 +54,23 @@ def parts(clock: ManualClock) -> Iterator[ProcessorParts]:
     built.membership.consumer.close()
 
 
-def _quiet_pace(parts: ProcessorParts, in_flight: int = 0) -> Pace:
+class _Sending:
+    """A producer holding ``in_flight`` records; each flush is noted in ``flushed``."""
+
+    def __init__(self, in_flight: int, flushed: list[float]) -> None:
+        self.in_flight, self.flushed = in_flight, flushed
+
+    def flush(self, timeout: float) -> int:
+        self.flushed.append(timeout)
+        return self.in_flight
+
+
+def _quiet_pace(
+    parts: ProcessorParts, in_flight: int = 0, sent_now: list[float] | None = None
+) -> Pace:
     """The loop's pace over ``parts``, its producer's queue taken as holding ``in_flight``
-    (a client that reaches no broker queues events of its own at any moment)."""
+    (a client that reaches no broker queues events of its own at any moment); what it asks
+    to send at once goes to ``sent_now`` (each the longest it may wait)."""
     return Pace(
         clock=parts.commons.clock,
         batch_size=NOWHERE.batch_size,
@@ -67,7 +81,7 @@ def _quiet_pace(parts: ProcessorParts, in_flight: int = 0) -> Pace:
         executor=parts.executor,
         requests=parts.requests,
         sweeps=parts.sweeps,
-        in_flight=lambda: in_flight,
+        publisher=_Sending(in_flight, [] if sent_now is None else sent_now),
         delivery=parts.commons.delivery,
         flow=lambda: parts.membership.flow,
     )
@@ -106,6 +120,16 @@ def test_an_idle_loop_blocks_in_poll_until_the_next_due_event(
 def test_records_on_their_way_to_the_broker_keep_the_poll_short(parts: ProcessorParts) -> None:
     """Their delivery reports wait for the loop's poll: it blocks a few ms at most."""
     assert _quiet_pace(parts, in_flight=1).idle_timeout() == DELIVERY_WAIT_S
+
+
+def test_records_on_their_way_go_at_once_when_nothing_else_comes(parts: ProcessorParts) -> None:
+    """Nothing to take and records on their way: the loop sends them now (the producer's
+    flush, which skips its linger) and waits there for their reports, not in the consumer's
+    poll while the linger holds them back."""
+    sent_now: list[float] = []
+    pace = _quiet_pace(parts, in_flight=1, sent_now=sent_now)
+    assert pace.consume(parts.membership.consumer) == []
+    assert sent_now == [DELIVERY_WAIT_S]
 
 
 def test_a_not_due_delay_head_pauses_its_partition_until_due(

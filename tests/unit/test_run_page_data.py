@@ -67,6 +67,8 @@ def _page(run: dict[str, Any]) -> str:
         .render(
             run=run,
             dag=None,
+            timeline=None,
+            refresh_ms=0,
             done=None,
             token_configured=False,
             read_token_required=False,
@@ -104,7 +106,8 @@ def test_markup_a_step_returned_or_raised_is_shown_as_text() -> None:
         signal_count=1,
     )
     html = _page(run)
-    assert "<script" not in html
+    # The one script is the page's own refresher (static/ui.js); none came from the run.
+    assert html.count("<script") == 1 and '<script src="/static/ui.js" defer>' in html
     escaped = "&lt;script&gt;alert(&#39;owned&#39;)&lt;/script&gt;"
     assert html.count(escaped) >= 6  # input, output, message, traceback, signal id, payload
     assert '<code class="error-type">ValueError</code>' in html

@@ -341,6 +341,8 @@ def test_the_run_page_shows_each_attempts_last_heartbeat_and_a_slot_kept() -> No
         .render(
             run=run,
             dag=None,
+            timeline=None,
+            refresh_ms=0,
             done=None,
             token_configured=False,
             read_token_required=False,

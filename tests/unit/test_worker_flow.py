@@ -377,6 +377,15 @@ def test_an_idle_loop_blocks_in_poll_and_a_busy_one_does_not() -> None:
     assert Turns.answers_wait(polled=0, holding=0) == 0.0
 
 
+def test_records_on_their_way_go_at_once_only_when_nothing_else_is_to_do() -> None:
+    """The cork: a loop with results on their way and nothing held or waiting sends them now;
+    one with work goes on with it and leaves them to the linger's batch."""
+    assert Turns.send_now(holding=0, backlog=0, in_flight=2)
+    assert not Turns.send_now(holding=0, backlog=0, in_flight=0)
+    assert not Turns.send_now(holding=1, backlog=0, in_flight=2)
+    assert not Turns.send_now(holding=0, backlog=5, in_flight=2)
+
+
 def test_the_watch_and_the_stats_line_come_at_their_intervals() -> None:
     manual = ManualClock()
     turns = Turns(manual.clock, stats_every_s=30.0)

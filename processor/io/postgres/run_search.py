@@ -237,3 +237,20 @@ def merge_attempts(
             )
         rows.append(row)
     return rows
+
+
+def counts_by_workflow(
+    conn: psycopg.Connection[Any], wanted: RunFilter
+) -> dict[tuple[str, int], dict[str, int]]:
+    """How many runs ``wanted`` matches, by workflow version and status (the web page's
+    workflows: its window of time), read through the same indexes as ``count_runs``."""
+    wheres, params = _branches(wanted, None)
+    parts = [
+        "(SELECT r.workflow_name, r.workflow_version, r.status, count(*) FROM eec_workflow_run r"
+        f"{where} GROUP BY 1, 2, 3)"
+        for where in wheres
+    ]
+    counts: dict[tuple[str, int], dict[str, int]] = {}
+    for name, version, status, count in conn.execute(" UNION ALL ".join(parts), params):
+        counts.setdefault((name, version), {})[status] = int(count)
+    return counts

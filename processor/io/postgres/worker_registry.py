@@ -228,3 +228,60 @@ class Directory:
         with self._lock:
             self._servers = found
             self.version += 1
+
+
+@dataclass(frozen=True)
+class WorkerLoad:
+    """A live worker of any group, and how many executions it runs now (None: a worker from
+    before the registry reports its executions' ends, whose count would mean nothing)."""
+
+    worker: LiveWorker
+    group_id: str | None
+    busy: int | None
+
+
+# Every live worker, and the executions it reports running for live runs: read from the
+# live runs (the watchdog's index of them, as io/postgres/run_search.py reads it) into their
+# attempts by primary key, never the whole attempts table; an execution that outlives its run
+# (a step in a thread after a cancel) is not counted.
+_LOADS = """
+WITH busy AS (
+  SELECT a.worker_id, count(*) AS running
+    FROM eec_workflow_run r
+    JOIN eec_step_attempt a ON a.run_id = r.run_id
+   WHERE r.status IN ('pending', 'running') AND r.last_transition_at < 'infinity'::timestamptz
+     AND a.reports AND a.ended_at IS NULL
+   GROUP BY a.worker_id
+)
+SELECT i.instance_id, i.name, i.host, i.pid, i.queues, i.step_types, i.concurrency, i.version,
+       i.app, i.partitions, i.started_at, i.heartbeat_at, i.group_id,
+       CASE WHEN i.group_id IS NULL THEN NULL ELSE coalesce(b.running, 0) END
+  FROM eec_instance i LEFT JOIN busy b ON b.worker_id = i.instance_id
+ WHERE i.kind = 'worker' AND i.stopped_at IS NULL
+   AND i.heartbeat_at > now() - make_interval(secs => %s)
+ ORDER BY i.group_id NULLS LAST, i.started_at, i.instance_id
+"""
+
+
+def worker_loads(conn: psycopg.Connection[Any], gone_after_s: float) -> list[WorkerLoad]:
+    """Every worker alive now, of every group (the web page's workers), with what it runs."""
+    loads = []
+    for row in conn.execute(_LOADS, (gone_after_s,)).fetchall():
+        (instance_id, name, host, pid, queues, types, concurrency, version, app) = row[:9]
+        partitions, started_at, heartbeat_at, group_id, busy = row[9:]
+        worker = LiveWorker(
+            instance_id,
+            name,
+            host,
+            pid,
+            tuple(queues or ()),
+            tuple(types or ()),
+            concurrency,
+            version,
+            app,
+            {t: tuple(p) for t, p in (partitions or {}).items()},
+            started_at,
+            heartbeat_at,
+        )
+        loads.append(WorkerLoad(worker, group_id, busy))
+    return loads

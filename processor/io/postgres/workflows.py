@@ -133,3 +133,16 @@ def registered_queues(conn: psycopg.Connection[Any]) -> list[str]:
         (DEFAULT_QUEUE,),
     ).fetchall()
     return [r[0] for r in rows]
+
+
+def stored_definition(
+    conn: psycopg.Connection[Any], name: str, version: int
+) -> tuple[Any, datetime] | None:
+    """A registered version's definition as stored (its JSON) and when it was registered;
+    None if there is no such version."""
+    row = conn.execute(
+        "SELECT definition, registered_at FROM eec_workflow_definition"
+        " WHERE name = %s AND version = %s",
+        (name, version),
+    ).fetchone()
+    return None if row is None else (row[0], row[1])
