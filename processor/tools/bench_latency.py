@@ -34,7 +34,8 @@ import sys
 import time
 from collections.abc import Iterable, Mapping, Sequence
 
-from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, Consumer
+from confluent_kafka import TopicPartition as KafkaTopicPartition
 
 from processor.client import start_run, wait_for_run
 from processor.core.step_task import decode_step_task
@@ -87,7 +88,7 @@ def _dispatch_times(bench: Harness, run_ids: set[str]) -> dict[tuple[str, str], 
     )
     try:
         partitions = consumer.list_topics(topic, timeout=10).topics[topic].partitions
-        consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in partitions])
+        consumer.assign([KafkaTopicPartition(topic, p, OFFSET_BEGINNING) for p in partitions])
         found: dict[tuple[str, str], float] = {}
         at_end: set[int] = set()
         for _ in polls(60, 0.0):  # no pause between polls: each waits up to 1 s for a record
