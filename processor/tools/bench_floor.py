@@ -21,7 +21,8 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import psycopg
-from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka import Consumer, Producer
+from confluent_kafka import TopicPartition as KafkaTopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 
 from processor.io.config.settings import Settings, load_settings
@@ -49,7 +50,7 @@ def kafka_round_trip(settings: Settings, tries: int, processor_fetch: bool) -> P
     )
     producer = Producer(with_logger({**settings.kafka_common(), "linger.ms": 0}))
     try:
-        consumer.assign([TopicPartition(topic, 0, 0)])
+        consumer.assign([KafkaTopicPartition(topic, 0, 0)])
         took = []
         for i in range(tries + 5):  # the first few connect and fetch metadata
             started = time.perf_counter()
