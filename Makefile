@@ -174,9 +174,9 @@ clean-compiled: ## remove the compiled modules from the checkout (dist/ stays)
 bench: setup ## the benchmark: prints throughput, ratios, latency and memory figures
 	$(PY) -m processor.tools.bench $(if $(CLUSTER),--cluster)
 
-# RUNS=30: how many runs one at a time.
+# RUNS=30: how many runs one at a time; PER_S=100: other runs started per second meanwhile.
 bench-latency: setup ## idle latency alone: the 4-step workflow one run at a time, per hop
-	$(PY) -m processor.tools.bench_latency $(RUNS)
+	$(PY) -m processor.tools.bench_latency $(or $(RUNS),30) $(PER_S)
 
 # REV=a941da2 (any git revision); BENCH_TREES_ARGS="--processes 1 2 --rounds 6".
 bench-trees: setup ## end to end, this checkout against REV, alternating rounds on fresh databases

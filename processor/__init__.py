@@ -67,7 +67,7 @@ _HOMES = {
     "NonRetryable": "processor.worker.steps",
     "RateLimit": "processor.authoring",
     "Retry": "processor.authoring",
-    "RunStatus": "processor.core.model",
+    "RunStatus": "processor.core.run_state",
     "Settings": "processor.io.config.settings",
     "SignalKind": "processor.core.model",
     "StepContext": "processor.worker.steps",
@@ -86,8 +86,8 @@ if TYPE_CHECKING:
     from processor.authoring import RateLimit as RateLimit
     from processor.authoring import Retry as Retry
     from processor.authoring import Workflow as Workflow
-    from processor.core.model import RunStatus as RunStatus
     from processor.core.model import SignalKind as SignalKind
+    from processor.core.run_state import RunStatus as RunStatus
     from processor.io.config.settings import Settings as Settings
     from processor.io.config.settings import load_settings as load_settings
     from processor.io.config.values import ConfigError as ConfigError

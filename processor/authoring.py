@@ -29,11 +29,11 @@ from dataclasses import dataclass, replace
 from typing import Any, overload
 
 from processor.core.durations import Duration, duration_ms, optional_ms
-from processor.core.limit_defs import ConcurrencyLimit
-from processor.core.limit_defs import RateLimit as StepRateLimit
+from processor.core.limit_defs import ConcurrencyLimit, StepRateLimit
 from processor.core.routing import DEFAULT_QUEUE
 from processor.core.step_parse import concurrency_key
-from processor.core.workflow import (
+from processor.core.workflow import parse_workflow, step_to_json
+from processor.core.workflow_def import (
     MAP,
     MAP_ITEMS,
     MAP_PARALLELISM,
@@ -43,8 +43,6 @@ from processor.core.workflow import (
     StepDef,
     ValidationError,
     WorkflowDef,
-    parse_workflow,
-    step_to_json,
 )
 from processor.module_source import creating_module
 from processor.worker.steps import StepFunction, StepRegistry

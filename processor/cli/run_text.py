@@ -12,7 +12,7 @@ from __future__ import annotations
 import unicodedata
 from datetime import datetime
 
-from processor.core.model import NodeState
+from processor.core.run_state import NodeState
 from processor.io.postgres.run_document import RunRecord, error_message
 from processor.io.postgres.run_search import AttemptRow
 

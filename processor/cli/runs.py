@@ -33,9 +33,9 @@ from processor.client import (
     wait_for_run,
 )
 from processor.core.children import child_run_id
-from processor.core.model import RunStatus, state_checksum
 from processor.core.routing import TopicNames
-from processor.core.workflow import SIGNAL_NAME
+from processor.core.run_state import RunStatus, state_checksum
+from processor.core.workflow_def import SIGNAL_NAME
 from processor.io.config.settings import Settings
 from processor.io.postgres.run_document import RunRecord, inspect_document, read_run
 from processor.io.postgres.store import Definitions

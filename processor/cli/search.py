@@ -29,7 +29,7 @@ from processor.client import (
     send_signal,
     summary_document,
 )
-from processor.core.model import RunStatus
+from processor.core.run_state import RunStatus
 from processor.io.config.settings import Settings
 
 # How many matched run ids a bulk action prints before "... and N more".

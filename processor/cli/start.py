@@ -19,7 +19,7 @@ from processor.cli.workers import warn_unserved_workflow
 from processor.client import IfExists, RunExists, StartNotAnnounced, request_starts, start_runs
 from processor.core.routing import TIERS, TopicNames
 from processor.core.run_search import parse_tags
-from processor.core.workflow import ValidationError
+from processor.core.workflow_def import ValidationError
 from processor.io.config.settings import Settings
 
 

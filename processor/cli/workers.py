@@ -17,7 +17,7 @@ from processor.cli.common import EXIT_OK, print_table
 from processor.cli.grammar import add_legacy_output, print_json_lines
 from processor.client import ClientError, connect
 from processor.core.model import UnknownWorkflow
-from processor.core.workflow import WorkflowDef
+from processor.core.workflow_def import WorkflowDef
 from processor.io.config.settings import Settings
 from processor.io.postgres.store import Definitions
 from processor.io.postgres.worker_registry import LiveWorker, live_workers, unserved

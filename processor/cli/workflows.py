@@ -21,7 +21,8 @@ from processor.client import connect
 from processor.core.child_graph import ChildCycle
 from processor.core.model import UnknownWorkflow
 from processor.core.routing import DEFAULT_QUEUE, TopicNames
-from processor.core.workflow import ValidationError, WorkflowDef, parse_workflow, workflow_to_json
+from processor.core.workflow import parse_workflow, workflow_to_json
+from processor.core.workflow_def import ValidationError, WorkflowDef
 from processor.core.workflow_source import WorkflowSource
 from processor.io.config.settings import Settings
 from processor.io.kafka.topics import create_topics

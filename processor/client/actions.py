@@ -20,14 +20,15 @@ from processor.client.errors import (
     SignalRefused,
 )
 from processor.client.records import BulkAction, RetriedRun, SignalSent
-from processor.core.decide import Commit, Send
 from processor.core.envelope import Wakeup
 from processor.core.landing import landing_problem
-from processor.core.model import LoadedRun, NodeStatus, RunStatus, SignalKind, UnknownWorkflow
+from processor.core.model import LoadedRun, SignalKind, UnknownWorkflow
+from processor.core.plans import Commit, Send
 from processor.core.routing import TopicNames
+from processor.core.run_ends import resume_failed
 from processor.core.run_search import Cursor, RunFilter
-from processor.core.tick import resume_failed
-from processor.core.workflow import SIGNAL_NAME
+from processor.core.run_state import NodeStatus, RunStatus
+from processor.core.workflow_def import SIGNAL_NAME
 from processor.io.config.settings import Settings
 from processor.io.postgres.outbox import delete_outbox
 from processor.io.postgres.run_search import count_runs as _count_runs

@@ -14,9 +14,9 @@ import psycopg
 from processor.authoring import duration_ms
 from processor.client.common import connection
 from processor.client.errors import InvalidArgument, RunNotFinished, RunNotFound
-from processor.core.model import RunStatus
 from processor.core.run_search import Cursor, RunFilter, parse_tags
-from processor.core.workflow import ValidationError
+from processor.core.run_state import RunStatus
+from processor.core.workflow_def import ValidationError
 from processor.io.config.settings import Settings
 from processor.io.postgres.run_document import inspect_document, read_run
 from processor.io.postgres.run_search import RunPage

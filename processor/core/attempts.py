@@ -7,8 +7,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from processor.core.model import NodeState, NodeStatus, Started, node_state
-from processor.core.workflow import StepDef
+from processor.core.model import Started
+from processor.core.run_state import NodeState, NodeStatus, node_state
+from processor.core.workflow_def import StepDef
 
 # As module globals: reading `NodeStatus.DISPATCHED` goes through the enum's metaclass.
 _DISPATCHED, _RETRY_WAIT = NodeStatus.DISPATCHED, NodeStatus.RETRY_WAIT

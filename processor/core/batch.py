@@ -53,10 +53,6 @@ from processor.core.batch_values import (
     WriteForceFail,
 )
 from processor.core.decide import (
-    BatchItem,
-    Commit,
-    Plan,
-    Rules,
     database_failed,
     decide,
     failed_unexpectedly,
@@ -64,10 +60,18 @@ from processor.core.decide import (
     poisoned,
     tick_batch,
 )
-from processor.core.limits import LimitInputs
+from processor.core.limit_values import LimitInputs
 from processor.core.model import Loaded, LoadedRun
 from processor.core.outcomes import Outcome
-from processor.core.plans import DeadLettered, ForceFailed, payload_of
+from processor.core.plans import (
+    BatchItem,
+    Commit,
+    DeadLettered,
+    ForceFailed,
+    Plan,
+    Rules,
+    payload_of,
+)
 from processor.core.run_tally import RunTally
 
 Protocol = Generator[Request, object, BatchOutcome]
@@ -93,7 +97,7 @@ class _Gathered:
     """What the rounds of one batch found, frozen into its outcome at the end."""
 
     __slots__ = (
-        "commit_attempts",
+        "commits_sent",
         "force_fail_errors",
         "isolated",
         "limit_refused",
@@ -109,7 +113,7 @@ class _Gathered:
         self.plans: list[Plan] = []
         self.isolated: list[tuple[str, Exception]] = []
         self.runs = RunTally()
-        self.commit_attempts = 0
+        self.commits_sent = 0
         self.read_back_error: Exception | None = None
         self.not_landed: set[str] = set()
         self.force_fail_errors: dict[str, Exception] = {}
@@ -168,7 +172,7 @@ def batch(
         isolated=tuple(gathered.isolated),
         runs=gathered.runs,
         unacknowledged=acknowledged if gathered.not_landed else (),
-        commit_attempts=gathered.commit_attempts,
+        commits_sent=gathered.commits_sent,
         read_back=read_back,
         force_fail_errors=gathered.force_fail_errors,
         quarantined=quarantined,
@@ -249,7 +253,7 @@ def _steps(
     noted = yield NoteCommitted(frozenset(committed), tuple(tiers))
     if isinstance(noted, Failed):
         raise RequestFailed(noted)
-    gathered.commit_attempts += len(commits)
+    gathered.commits_sent += len(commits)
     yield from _after_limits(commits, committed, gathered)
     yield from _plans(
         items, loaded, commits, (committed, held, not_landed), now_ms, rules, probe, gathered

@@ -16,12 +16,13 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import NamedTuple
 
-from processor.core.decide import Commit, ForceFailWrite, Plan
 from processor.core.model import Loaded
+from processor.core.plans import Commit, ForceFailWrite, Plan
 from processor.core.run_tally import RunTally
+from processor.core.shapes import OutboxKey, RunRef
 
-Acknowledged = tuple[tuple[str, int], ...]  # outbox rows (run id, seq) to delete
-RunTiers = tuple[tuple[str, str], ...]  # (run id, tier) of runs to wake
+Acknowledged = tuple[OutboxKey, ...]  # outbox rows to delete
+RunTiers = tuple[RunRef, ...]  # runs to wake
 # The compiled build looks a dataclass field's bare type name up in this module's globals, where
 # a builtin is not (``error: Exception`` raised KeyError at import): fields name this alias.
 Error = Exception
@@ -184,7 +185,7 @@ class Decided:
     isolated: tuple[tuple[str, Exception], ...]
     runs: RunTally
     unacknowledged: Acknowledged
-    commit_attempts: int  # commits sent (a lost race counts)
+    commits_sent: int  # commits sent (a lost race counts)
     read_back: ReadBackResult | None
     force_fail_errors: Mapping[str, Exception]  # by run id: its force-fail could not be written
     quarantined: tuple[Plan, ...]  # plans whose run this stage flagged

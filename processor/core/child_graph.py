@@ -23,9 +23,9 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
 
-from processor.core.workflow import WorkflowDef
+from processor.core.shapes import WorkflowKey
+from processor.core.workflow_def import WorkflowDef
 
-WorkflowKey = tuple[str, int]
 # A workflow step's child: its workflow's name, and its version (None: the latest).
 ChildRef = tuple[str, int | None]
 
@@ -95,4 +95,10 @@ def describe_cycle(cycle: Sequence[WorkflowKey]) -> str:
     return " -> ".join(f"{name} v{version}" for name, version in cycle)
 
 
-__all__ = ["ChildCycle", "ChildRef", "WorkflowKey", "child_cycle", "child_refs", "describe_cycle"]
+__all__ = [
+    "ChildCycle",
+    "ChildRef",
+    "child_cycle",
+    "child_refs",
+    "describe_cycle",
+]

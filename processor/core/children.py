@@ -26,8 +26,8 @@ import hashlib
 from typing import NamedTuple
 
 from processor.core.envelope import MAX_RUN_ID_LENGTH
-from processor.core.model import NodeState, NodeStatus, ParentLink, RunState
-from processor.core.workflow import WorkflowDef
+from processor.core.run_state import NodeState, NodeStatus, RunState
+from processor.core.workflow_def import WorkflowDef
 
 _DISPATCHED, _SUCCEEDED = NodeStatus.DISPATCHED, NodeStatus.SUCCEEDED
 
@@ -107,4 +107,9 @@ def _in_flight(node: NodeState, attempt: int) -> bool:
     return node.status is _DISPATCHED and node.attempt == attempt
 
 
-__all__ = ["ChildStart", "ParentLink", "child_run_id", "children_started", "children_to_cancel"]
+__all__ = [
+    "ChildStart",
+    "child_run_id",
+    "children_started",
+    "children_to_cancel",
+]

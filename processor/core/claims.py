@@ -43,7 +43,7 @@ from enum import StrEnum
 from typing import NamedTuple
 
 
-class Verdict(StrEnum):
+class ClaimVerdict(StrEnum):
     RUN = "run"
     RUN_GONE = "run_gone"  # skipped: the run no longer exists
     SUPERSEDED = "superseded"  # skipped: not the node's dispatched attempt any more
@@ -57,7 +57,13 @@ class Verdict(StrEnum):
 
 # The verdicts that end the task without running it (and without a result of its own).
 SKIPPED = frozenset(
-    {Verdict.RUN_GONE, Verdict.SUPERSEDED, Verdict.AHEAD, Verdict.RECORDED, Verdict.RESEND}
+    {
+        ClaimVerdict.RUN_GONE,
+        ClaimVerdict.SUPERSEDED,
+        ClaimVerdict.AHEAD,
+        ClaimVerdict.RECORDED,
+        ClaimVerdict.RESEND,
+    }
 )
 
 
@@ -74,25 +80,25 @@ class ClaimFacts(NamedTuple):
     claimed_starts: int | None  # this claim took it: the execution it begins (None: not taken)
 
 
-def verdict(facts: ClaimFacts, max_starts: int, may_judge: bool) -> Verdict:
+def verdict(facts: ClaimFacts, max_starts: int, may_judge: bool) -> ClaimVerdict:
     """The verdict for one task (see the module's rules). ``max_starts``: how many
     executions an attempt may begin in all; ``may_judge``: whether this worker may take a
     silent worker for gone (it has had no outage of its own lately)."""
     if facts.claimed_starts is not None:
-        return Verdict.RUN
+        return ClaimVerdict.RUN
     if not facts.run_exists:
-        return Verdict.RUN_GONE
+        return ClaimVerdict.RUN_GONE
     if not facts.current:
-        return Verdict.AHEAD if facts.ahead else Verdict.SUPERSEDED
+        return ClaimVerdict.AHEAD if facts.ahead else ClaimVerdict.SUPERSEDED
     if facts.mine and not facts.recorded:
-        return Verdict.RUN
+        return ClaimVerdict.RUN
     if facts.recorded:
         if facts.starter_alive or not may_judge:
-            return Verdict.RECORDED
-        return Verdict.RESEND
+            return ClaimVerdict.RECORDED
+        return ClaimVerdict.RESEND
     if facts.starts is not None and not facts.starter_alive and may_judge:
-        return Verdict.DIED if facts.starts >= max_starts else Verdict.RERUN
-    return Verdict.HELD
+        return ClaimVerdict.DIED if facts.starts >= max_starts else ClaimVerdict.RERUN
+    return ClaimVerdict.HELD
 
 
 def died_reason(starts: int) -> str:

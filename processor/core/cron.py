@@ -23,7 +23,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from croniter import CroniterError, croniter
 
-from processor.core.workflow import ValidationError
+from processor.core.workflow_def import ValidationError
 
 FIELDS = "minute hour day-of-month month day-of-week"
 # A seconds field: numbers 0-59, `*`, ranges, lists and steps; nothing croniter would read

@@ -19,9 +19,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, NamedTuple
 
-from processor.core.model import LoadedRun, NodeState, RunState, RunStatus
+from processor.core.model import LoadedRun
+from processor.core.run_state import NodeState, RunState, RunStatus
 from processor.core.step_task import DepAttempts, StepData
-from processor.core.workflow import StepDef, WorkflowDef
+from processor.core.workflow_def import StepDef, WorkflowDef
 
 _RUN_SUCCEEDED = RunStatus.SUCCEEDED
 

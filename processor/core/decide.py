@@ -24,7 +24,7 @@ Rules, in the order ``decide`` applies them:
 2. A tick that changes nothing is a no-op: nothing is written, nothing produced.
 3. A committed tick produces its step dispatches and retry timers.
 4. A conflict (the commit matched no row) is retried in process after the policy's backoff,
-   each attempt from freshly loaded state; when those attempts are used up, the run is
+   each try from freshly loaded state; when those tries are used up, the run is
    requeued to the delay ladder or, after too many non-progressing requeues, force-failed
    (policy.py). A conflict is never an error.
 5. A run whose row another transaction held (an operator's lock, a repair script) was skipped
@@ -51,7 +51,8 @@ from processor.core.effects import (
     wakeup_send,
 )
 from processor.core.envelope import Wakeup
-from processor.core.limits import NO_LIMITS, LimitInputs, RunLimits, admit
+from processor.core.limit_values import NO_LIMITS, LimitInputs, RunLimits
+from processor.core.limits import admit
 from processor.core.model import Loaded, LoadedRun, UnknownWorkflow, UnreadableRun
 from processor.core.outcomes import DeadLetterReason, ForceFailReason, Outcome
 from processor.core.plans import (
@@ -66,12 +67,13 @@ from processor.core.plans import (
     Requeue,
     Retry,
     Rules,
-    Send,
 )
 from processor.core.policy import ForceFail, after_exhausted_conflicts, retry_wait_ms
 from processor.core.records import Inbound
 from processor.core.routing import TopicNames
-from processor.core.tick import Decision, force_fail, tick_run
+from processor.core.run_ends import force_fail
+from processor.core.tick import tick_run
+from processor.core.tick_decision import Decision
 
 # -- step 2: tick ---------------------------------------------------------------------------
 
@@ -179,30 +181,30 @@ _LOCKED_FIRST_RETRY_S = 0.01
 
 def _after_lock(item: BatchItem, run: LoadedRun, now_ms: int, rules: Rules) -> Plan:
     """Another transaction held the run's row, so the commit skipped it. If the work already
-    lost a race, or the run's version moved since its previous attempt loaded it, whoever
+    lost a race, or the run's version moved since its previous try loaded it, whoever
     holds the row is writing it: a lost race like any other (a conflict, which the livelock
     guard counts). Otherwise the row is only held (an operator's lock, a repair script): try
     again after a backoff that doubles while it is (10 ms, 20 ms ... 5 s: another instance's
     commit holds a row for milliseconds, an operator's lock for minutes), from fresh state,
-    its conflict attempts untouched; never a force-fail, never a quarantine."""
+    its conflict tries untouched; never a force-fail, never a quarantine."""
     moved = item.prior_version is not None and item.prior_version != run.version
-    if item.attempts or moved:
+    if item.tries or moved:
         return _after_conflict(item, run, now_ms, rules)
     retry_in_ms = int(retry_delay_s(item.locked, first_s=_LOCKED_FIRST_RETRY_S) * 1000)
-    retry = Retry(retry_in_ms, item.attempts)
+    retry = Retry(retry_in_ms, item.tries)
     return Plan(item.run_id, Outcome.LOCKED, retry, Outcome.LOCKED, run.version)
 
 
 def _after_conflict(item: BatchItem, run: LoadedRun, now_ms: int, rules: Rules) -> Plan:
-    attempts = item.attempts + 1
+    tries = item.tries + 1
     run_id, version = item.run_id, run.version
-    wait_ms = retry_wait_ms(attempts)
+    wait_ms = retry_wait_ms(tries)
     if wait_ms is not None:
-        return Plan(run_id, Outcome.CONFLICT, Retry(wait_ms, attempts), Outcome.CONFLICT, version)
+        return Plan(run_id, Outcome.CONFLICT, Retry(wait_ms, tries), Outcome.CONFLICT, version)
     lineage = item.lineage()
     verdict = after_exhausted_conflicts(
         requeue_count=lineage.requeue_count,
-        attempt=lineage.attempt,
+        requeue_seq=lineage.requeue_seq,
         observed_seq=lineage.observed_seq,
         current_seq=run.state.seq,
         livelock_requeues=rules.livelock_requeues,
@@ -217,7 +219,7 @@ def _after_conflict(item: BatchItem, run: LoadedRun, now_ms: int, rules: Rules) 
         run_id=run_id,
         reason="requeue",
         requeue_count=verdict.requeue_count,
-        attempt=verdict.attempt,
+        requeue_seq=verdict.requeue_seq,
         due_at=now_ms + verdict.delay_ms,
         observed_seq=verdict.observed_seq,
         produced_at=now_ms,
@@ -229,7 +231,7 @@ def _after_conflict(item: BatchItem, run: LoadedRun, now_ms: int, rules: Rules) 
 
 def force_fail_refused(plan: Plan) -> Plan:
     """The force-fail write matched nothing: the run moved since it was loaded (progress, or
-    it ended), so it is not a livelock. The attempts start again at once from fresh state; the
+    it ended), so it is not a livelock. The tries start again at once from fresh state; the
     next exhaustion sees the new seq."""
     return _started_again(plan.run_id, plan.expected_version)
 
@@ -284,7 +286,7 @@ def dead_letter(
 def database_failed(item: BatchItem, retry_in_ms: int) -> Plan:
     """Nothing was decided for the run (a genuine error): try it again after ``retry_in_ms``
     (the shell's backoff through a database outage; 0 when the database answers again)."""
-    return Plan(item.run_id, Outcome.ERROR, Retry(retry_in_ms, item.attempts))
+    return Plan(item.run_id, Outcome.ERROR, Retry(retry_in_ms, item.tries))
 
 
 def retry_after(plan: Plan, retry_in_ms: int) -> Plan:
@@ -294,7 +296,7 @@ def retry_after(plan: Plan, retry_in_ms: int) -> Plan:
     payload = plan.payload
     if not isinstance(payload, Retry):
         return plan
-    return replace(plan, payload=Retry(retry_in_ms, payload.attempts))
+    return replace(plan, payload=Retry(retry_in_ms, payload.tries))
 
 
 # -- records that never reach a tick --------------------------------------------------------
@@ -331,12 +333,6 @@ def _dead_letter(
 
 
 __all__ = [
-    "BatchItem",
-    "Commit",
-    "ForceFailWrite",
-    "Plan",
-    "Rules",
-    "Send",
     "database_failed",
     "dead_letter",
     "decide",

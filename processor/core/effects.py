@@ -10,14 +10,15 @@ from processor.core.children import ChildStart
 from processor.core.dataflow import data_at_hand, dependency_attempts
 from processor.core.dead_letters import dead_letter_headers, truncate_dead_letter
 from processor.core.envelope import Wakeup
-from processor.core.model import LoadedRun, NodeState
+from processor.core.model import LoadedRun
 from processor.core.outcomes import DeadLetterReason
 from processor.core.plans import Attributes, Send
 from processor.core.records import Inbound
 from processor.core.routing import TopicNames, rung_for_delay
+from processor.core.run_state import NodeState
 from processor.core.step_task import MapItem, encode_task
-from processor.core.tick import Decision
-from processor.core.workflow import StepDef
+from processor.core.tick_decision import Decision
+from processor.core.workflow_def import StepDef
 
 
 def transition_sends(
@@ -129,7 +130,7 @@ def wakeup_send(topic: str, wakeup: Wakeup) -> Send:
     key = wakeup.key()
     attributes: Attributes = (
         ("ductor.requeue_count", wakeup.requeue_count),
-        ("ductor.attempt", wakeup.attempt),
+        ("ductor.attempt", wakeup.requeue_seq),
         ("messaging.kafka.message.key", key.decode()),
     )
     return Send(topic, key, wakeup.encode(), by_run=wakeup.run_id, attributes=attributes)

@@ -32,14 +32,14 @@ class Wakeup(NamedTuple):
     run_id: str
     reason: str
     requeue_count: int = 0  # non-progressing requeues so far; rides here, never on the row
-    attempt: int = 0  # which requeue this is; the Kafka key is run_id:attempt
+    requeue_seq: int = 0  # which requeue this is (key run_id:requeue_seq; JSON "attempt")
     due_at: int | None = None  # epoch ms before which the record must not be processed
     target_at: int | None = None  # a timer's real due time when it hops over several rungs
     observed_seq: int | None = None  # the run's seq when requeued: a later seq means progress
     produced_at: int | None = None  # epoch ms, for end-to-end latency
 
     def key(self) -> bytes:
-        return f"{self.run_id}:{self.attempt}".encode()
+        return f"{self.run_id}:{self.requeue_seq}".encode()
 
     def encode(self) -> bytes:
         body: dict[str, Any] = {
@@ -47,7 +47,7 @@ class Wakeup(NamedTuple):
             "run_id": self.run_id,
             "reason": self.reason,
             "requeue_count": self.requeue_count,
-            "attempt": self.attempt,
+            "attempt": self.requeue_seq,
         }
         for name in OPTIONAL_FIELDS:
             value = getattr(self, name)
@@ -57,8 +57,10 @@ class Wakeup(NamedTuple):
 
 
 # The envelope's fields, owned by the class above: what decoding accepts, and the ones
-# written only when set (those that default to None).
-FIELDS = frozenset({"envelope_version", *Wakeup._fields})
+# written only when set (those that default to None). A field's JSON name is its own but
+# where the wire kept an older one.
+WIRE_NAMES = {"requeue_seq": "attempt"}
+FIELDS = frozenset({"envelope_version", *(WIRE_NAMES.get(name, name) for name in Wakeup._fields)})
 OPTIONAL_FIELDS = tuple(
     name
     for name in Wakeup._fields

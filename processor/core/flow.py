@@ -15,7 +15,8 @@ from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 from typing import Generic, TypeVar
 
-TopicPartition = tuple[str, int]
+from processor.core.shapes import TopicPartition
+
 T = TypeVar("T")
 
 

@@ -37,7 +37,7 @@ from processor.core.requests import Request, decode_request
 from processor.core.routing import DELAY_RUNGS_MS, TopicNames
 from processor.core.scopes import ANY_DOOR, Scope, scope_refusal
 from processor.core.triggers import Filtered, Trigger, map_record, trigger_scope
-from processor.core.workflow import MAX_BACKOFF_MS
+from processor.core.workflow_def import MAX_BACKOFF_MS
 
 CLOCK_TOLERANCE_MS = 60_000  # producers' clocks may be this far ahead of ours
 
@@ -84,7 +84,7 @@ class Skipped:
     record: Inbound
 
 
-Verdict = Accepted | NotDue | Hop | Requested | Reject
+RecordVerdict = Accepted | NotDue | Hop | Requested | Reject
 
 
 def admit_trigger(
@@ -116,7 +116,7 @@ def admit(
     max_bytes: int,
     now_ms: int,
     scope: Scope = ANY_DOOR,
-) -> Verdict:
+) -> RecordVerdict:
     """The verdict on a record the consumer returned without an error; a request outside
     ``scope`` (the requests topic's: core/scopes.py) is refused. Never raises on what the
     record holds: a poison record must never stop the consumer."""
@@ -144,7 +144,7 @@ def admit(
     return _timed(record, decoded, names, topic, now_ms)
 
 
-def _request(record: Inbound, max_bytes: int, scope: Scope) -> Verdict:
+def _request(record: Inbound, max_bytes: int, scope: Scope) -> RecordVerdict:
     """The verdict on a record of the requests topic, if it is within ``scope``."""
     request = decode_request(record.value, max_bytes)
     if isinstance(request, Rejected):
@@ -155,7 +155,9 @@ def _request(record: Inbound, max_bytes: int, scope: Scope) -> Verdict:
     return Requested(record, request)
 
 
-def _timed(record: Inbound, decoded: Wakeup, names: TopicNames, topic: str, now_ms: int) -> Verdict:
+def _timed(
+    record: Inbound, decoded: Wakeup, names: TopicNames, topic: str, now_ms: int
+) -> RecordVerdict:
     """The verdict on a wakeup by its times: out of bounds, not due yet, to hop to a delay
     topic, or accepted."""
     due_at, target_at = decoded.due_at, decoded.target_at

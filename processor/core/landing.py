@@ -21,9 +21,10 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from processor.core.model import RunStatus, SignalKind
+from processor.core.model import SignalKind
 from processor.core.outcomes import DeadLetterReason
-from processor.core.workflow import WorkflowDef
+from processor.core.run_state import RunStatus
+from processor.core.workflow_def import WorkflowDef
 
 
 class Refusal(NamedTuple):

@@ -38,7 +38,7 @@ class ConcurrencyLimit:
 
 
 @dataclass(frozen=True)
-class RateLimit:
+class StepRateLimit:
     """At most ``limit`` attempts of the steps sharing ``name`` dispatched in any window of
     ``per_ms`` milliseconds."""
 

@@ -9,6 +9,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import NamedTuple
 
+from processor.core.shapes import AttemptRef
+
 
 class Need(NamedTuple):
     """One counter a dispatch must find room in."""
@@ -65,7 +67,7 @@ class RunLimits(NamedTuple):
 
     guards: tuple[Guard, ...] = ()
     holds: tuple[tuple[str, str, int], ...] = ()  # (key, node, attempt) taking a slot
-    releases: tuple[tuple[str, int], ...] = ()  # (node, attempt) whose slots are freed
+    releases: tuple[AttemptRef, ...] = ()  # attempts whose slots are freed
     waits: tuple[tuple[str, str, int], ...] = ()  # (key, node, since_ms) now waiting
     unwaits: tuple[str, ...] = ()  # nodes no longer waiting (let in)
     released: tuple[str, ...] = ()  # a key per slot freed for others: the waiters to wake

@@ -48,16 +48,17 @@ from collections.abc import Mapping, Sequence
 from typing import NamedTuple
 
 from processor.core.limit_values import (
-    NO_LIMITS,
     Guard,
     LimitInputs,
     LimitView,
     Need,
     RunLimits,
 )
-from processor.core.model import LoadedRun, NodeStatus, RunState, node_state
+from processor.core.model import LoadedRun
+from processor.core.run_state import NodeStatus, RunState, node_state
+from processor.core.shapes import AttemptRef
 from processor.core.tick_decision import Decision, Dispatch
-from processor.core.workflow import StepDef
+from processor.core.workflow_def import StepDef
 
 # How long a node waiting for a concurrency slot waits before it looks again by itself, should
 # the wakeup of the slot freed for it be lost (a process died between commit and produce).
@@ -69,16 +70,9 @@ BACKSTOP_MS = 120_000
 # the shell loads for it): more than a batch's runs dispatch at once in all but a burst.
 RATE_LOOKAHEAD = 256
 
-# The shapes are limit_values.py's, imported from here by the shell.
 __all__ = [
     "BACKSTOP_MS",
-    "NO_LIMITS",
     "RATE_LOOKAHEAD",
-    "Guard",
-    "LimitInputs",
-    "LimitView",
-    "Need",
-    "RunLimits",
     "admit",
     "needs_of",
     "paths_of",
@@ -237,7 +231,7 @@ class _Ended:
     def __init__(self) -> None:
         self.freed: dict[str, Counter[str]] = {}  # slots the run's attempts that ended held
         self.reusable: dict[str, Counter[str]] = {}  # of those, of attempts that succeeded
-        self.releases: dict[str, list[tuple[str, int]]] = {}
+        self.releases: dict[str, list[AttemptRef]] = {}
 
     def add(
         self, run: LoadedRun, decision: Decision, values: Mapping[tuple[str, ...], str]

@@ -17,10 +17,10 @@ from processor.core.model import (
     StepOutcome,
     StepResult,
     UnreadableRun,
-    row_checksum,
-    state_from_row,
 )
-from processor.core.workflow import WorkflowDef
+from processor.core.run_state import row_checksum, state_from_row
+from processor.core.shapes import WorkflowKey
+from processor.core.workflow_def import WorkflowDef
 
 
 class LoadRow(NamedTuple):
@@ -54,7 +54,7 @@ class LoadRow(NamedTuple):
     starts: list[list[Any]] | None
 
     @property
-    def workflow(self) -> tuple[str, int]:
+    def workflow(self) -> WorkflowKey:
         return (self.workflow_name, self.workflow_version)
 
 

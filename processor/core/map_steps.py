@@ -8,18 +8,17 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 
 from processor.core.attempts import dispatched
-from processor.core.model import (
+from processor.core.model import StepOutcome, StepResult
+from processor.core.run_state import (
     MapProgress,
     NodeState,
     NodeStatus,
     RunState,
-    StepOutcome,
-    StepResult,
     items_in,
     node_state,
 )
 from processor.core.tick_decision import Dispatch
-from processor.core.workflow import StepDef, WorkflowDef, item_node
+from processor.core.workflow_def import StepDef, WorkflowDef, item_node
 
 _PENDING, _DISPATCHED = NodeStatus.PENDING, NodeStatus.DISPATCHED
 _RETRY_WAIT, _LIMIT_WAIT = NodeStatus.RETRY_WAIT, NodeStatus.LIMIT_WAIT

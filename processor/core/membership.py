@@ -23,7 +23,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Set
 from dataclasses import dataclass, field
 
-TP = tuple[str, int]
+from processor.core.shapes import TopicPartition
 
 
 @dataclass(frozen=True)
@@ -33,12 +33,12 @@ class GroupView:
     it (``owners``) and which member the coordinator means it for (``targets``: its target
     assignment, which the member reconciles to; the consumer protocol only)."""
 
-    committed: Mapping[TP, int]
-    ends: Mapping[TP, int]
-    owners: Mapping[TP, str]
-    targets: Mapping[TP, str] = field(default_factory=dict)
+    committed: Mapping[TopicPartition, int]
+    ends: Mapping[TopicPartition, int]
+    owners: Mapping[TopicPartition, str]
+    targets: Mapping[TopicPartition, str] = field(default_factory=dict)
 
-    def waiting(self) -> dict[TP, int]:
+    def waiting(self) -> dict[TopicPartition, int]:
         """Partitions with records past the committed offset, and how many."""
         return {
             tp: end - self.committed.get(tp, end)
@@ -53,9 +53,9 @@ class Holding:
     holds, those it reads (held and not paused), and its fetch position in each it reads."""
 
     member_id: str
-    held: Set[TP]
-    reading: Set[TP]
-    positions: Mapping[TP, int]
+    held: Set[TopicPartition]
+    reading: Set[TopicPartition]
+    positions: Mapping[TopicPartition, int]
 
 
 @dataclass(frozen=True)
@@ -70,8 +70,8 @@ def judge(view: GroupView, holding: Holding) -> Stuck | None:
     """Whether ``holding`` shows a stuck member, given the group's ``view`` (None: it is not,
     as far as its own partitions go)."""
     me = holding.member_id
-    mine: list[TP] = []  # the broker's for this member, not held here
-    unread: list[TP] = []  # held and read here, nothing fetched
+    mine: list[TopicPartition] = []  # the broker's for this member, not held here
+    unread: list[TopicPartition] = []  # held and read here, nothing fetched
     waiting = view.waiting()
     for tp in sorted(waiting):
         if tp in holding.held:
@@ -91,7 +91,7 @@ def judge(view: GroupView, holding: Holding) -> Stuck | None:
     return Stuck("; ".join(reasons), count)
 
 
-def _tps(tps: list[TP]) -> str:
+def _tps(tps: list[TopicPartition]) -> str:
     shown = ", ".join(f"{t}[{p}]" for t, p in tps[:4])
     return shown + (f" and {len(tps) - 4} more" if len(tps) > 4 else "")
 

@@ -1,6 +1,6 @@
 """What the pure core knows of a run as loaded: its step results, signals, what the workers
 recorded of its attempts, its parent, and the run itself (``LoadedRun``, everything its tick
-may read), or why it cannot be ticked. Its state is core/run_state.py's (re-exported here);
+may read), or why it cannot be ticked. Its state is core/run_state.py's;
 workflow definitions are core/workflow.py's.
 
 Everything here is a frozen value with no I/O.
@@ -13,33 +13,17 @@ from enum import StrEnum
 from typing import Any, NamedTuple
 
 from processor.core.run_state import (
-    TERMINAL_STATUSES,
-    MapProgress,
-    NodeState,
-    NodeStatus,
     RunState,
-    RunStatus,
-    initial_state,
-    items_in,
-    node_state,
-    row_checksum,
-    shown_nodes,
     state_checksum,
-    state_from_row,
 )
-from processor.core.workflow import WorkflowDef
+from processor.core.shapes import WorkflowKey
+from processor.core.workflow_def import WorkflowDef
 
 __all__ = [
-    "TERMINAL_STATUSES",
     "Loaded",
     "LoadedRun",
-    "MapProgress",
-    "NodeState",
-    "NodeStatus",
     "ParentLink",
     "RunInput",
-    "RunState",
-    "RunStatus",
     "SignalKind",
     "Started",
     "Starts",
@@ -47,13 +31,6 @@ __all__ = [
     "StepResult",
     "UnknownWorkflow",
     "UnreadableRun",
-    "initial_state",
-    "items_in",
-    "node_state",
-    "row_checksum",
-    "shown_nodes",
-    "state_checksum",
-    "state_from_row",
 ]
 
 
@@ -195,7 +172,7 @@ class LoadedRun:
         object.__setattr__(self, "checksum_ok", verified)
 
     @property
-    def workflow(self) -> tuple[str, int]:
+    def workflow(self) -> WorkflowKey:
         return self.wf.key
 
 

@@ -18,7 +18,7 @@ import heapq
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-TopicPartition = tuple[str, int]
+from processor.core.shapes import TopicPartition
 
 # The broker refuses commit metadata over offset.metadata.max.bytes (4,096 by default): what
 # does not fit is left out (those records are redone, as without it).

@@ -3,7 +3,7 @@
 Every accepted wakeup of a run joins the run's ``RunWork``, so however many wakeups arrive
 (duplicates, a step result and a signal at once), an instance ticks the run once per batch.
 A run that lost a version race (or whose batch the database failed) waits here for its next
-attempt with a ready time, and never holds back another run: the book only hands out work
+try with a ready time, and never holds back another run: the book only hands out work
 whose time has come.
 
 The book's bookkeeping does not grow with its size per loop turn: ready runs wait in a FIFO,
@@ -20,7 +20,8 @@ from collections.abc import Iterable
 from typing import Generic, TypeVar
 
 from processor.core.envelope import Wakeup
-from processor.core.records import Inbound, TopicPartition
+from processor.core.records import Inbound
+from processor.core.shapes import TopicPartition
 
 S = TypeVar("S")  # the shell's handle on the work's trace span (opaque here)
 
@@ -29,13 +30,13 @@ S = TypeVar("S")  # the shell's handle on the work's trace span (opaque here)
 # dataclass support cannot rebuild a class that has Generic among its bases: mypyc issue 827).
 # Compared by identity, like the dataclass(eq=False) it was.
 class RunWork(Generic[S]):
-    """Everything waiting for one run: its coalesced records and its in-process attempts."""
+    """Everything waiting for one run: its coalesced records and its in-process tries."""
 
     def __init__(
         self,
         run_id: str,
         records: list[Inbound] | None = None,
-        attempts: int = 0,
+        tries: int = 0,
         locked: int = 0,
         prior_version: int | None = None,
         ready_at: float = 0.0,
@@ -43,18 +44,16 @@ class RunWork(Generic[S]):
     ) -> None:
         self.run_id = run_id
         self.records: list[Inbound] = [] if records is None else records
-        self.attempts = attempts  # in-process attempts that lost a version race
-        self.locked = (
-            locked  # attempts in a row that found the run's row held by another transaction
-        )
-        self.prior_version = prior_version  # the run's version its previous attempt loaded
-        self.ready_at = ready_at  # when the next attempt may start
+        self.tries = tries  # in-process tries that lost a version race
+        self.locked = locked  # tries in a row that found the run's row held by another transaction
+        self.prior_version = prior_version  # the run's version its previous try loaded
+        self.ready_at = ready_at  # when the next try may start
         self.span = span
 
     def __repr__(self) -> str:  # the dataclass's
         return (
             f"RunWork(run_id={self.run_id!r}, records={self.records!r},"
-            f" attempts={self.attempts!r}, locked={self.locked!r},"
+            f" tries={self.tries!r}, locked={self.locked!r},"
             f" prior_version={self.prior_version!r}, ready_at={self.ready_at!r},"
             f" span={self.span!r})"
         )
@@ -62,7 +61,7 @@ class RunWork(Generic[S]):
     def lineage(self) -> Wakeup:
         """The envelope whose requeue history this work continues: the most requeued one."""
         wakeups = [r.wakeup for r in self.records if r.wakeup is not None]
-        return max(wakeups, key=lambda w: (w.requeue_count, w.attempt))
+        return max(wakeups, key=lambda w: (w.requeue_count, w.requeue_seq))
 
 
 class RunBook(Generic[S]):

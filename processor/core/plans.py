@@ -1,14 +1,14 @@
 """The shapes of the commit path's decisions (core/decide.py makes them, the shell carries
 them out): the records to produce (``Send``), a run's share of a batched commit (``Commit``),
 a force-fail's terminal write, a run's work as the batch sees it, and the ``Plan`` of each
-run: a record (which run, what became of it, what its tick attempt was) carrying one payload
+run: a record (which run, what became of it, what its tick's try came to) carrying one payload
 per kind of outcome, each with exactly what that outcome needs:
 
 - ``Produce``: the work settles once its records (maybe none) are acknowledged (committed,
   noop, hopped; a request accepted or a duplicate);
-- ``Retry``: nothing settles; the work waits ``retry_in_ms`` for another attempt (conflict,
+- ``Retry``: nothing settles; the work waits ``retry_in_ms`` for another try (conflict,
   locked, error);
-- ``Requeue``: its conflict attempts used up, the work goes to the delay ladder;
+- ``Requeue``: its conflict tries used up, the work goes to the delay ladder;
 - ``ForceFailed``: a livelocked run's terminal write, then its records;
 - ``DeadLettered``: every record to the dead-letter topic, with why (and the run quarantined
   when its row cannot be used).
@@ -24,11 +24,12 @@ from typing import TypeVar
 from processor.core.children import ChildStart
 from processor.core.dataflow import OutputRefs
 from processor.core.envelope import Wakeup
-from processor.core.limits import RunLimits
-from processor.core.model import RunState
+from processor.core.limit_values import RunLimits
 from processor.core.outcomes import DeadLetterReason, ForceFailReason, Outcome
 from processor.core.records import Inbound
 from processor.core.routing import TopicNames
+from processor.core.run_state import RunState
+from processor.core.shapes import AttemptRef
 
 Attributes = tuple[tuple[str, str | int], ...]
 
@@ -95,7 +96,7 @@ class Commit:
     # Attempts the transition fails that no worker started, (node, attempt): the statement
     # marks each never to be started, and writes the run only if it could, that is, only if
     # no worker claimed one meanwhile (io/postgres/store.py); else the run lost a race, a conflict.
-    unstarted: tuple[tuple[str, int], ...] = ()
+    unstarted: tuple[AttemptRef, ...] = ()
 
     def __init__(
         self,
@@ -110,7 +111,7 @@ class Commit:
         mapped: tuple[tuple[str, int, int], ...] = (),
         limits: RunLimits | None = None,
         items: tuple[tuple[str, int, int], ...] = (),
-        unstarted: tuple[tuple[str, int], ...] = (),
+        unstarted: tuple[AttemptRef, ...] = (),
     ) -> None:
         object.__setattr__(self, "run_id", run_id)
         object.__setattr__(self, "expected_version", expected_version)
@@ -157,20 +158,20 @@ class Produce:
 
 @dataclass(frozen=True, slots=True)
 class Retry:
-    """Nothing settles: the work is tried again after ``retry_in_ms``, with ``attempts``
-    in-process attempts from now on."""
+    """Nothing settles: the work is tried again after ``retry_in_ms``, with ``tries``
+    in-process tries from now on."""
 
     retry_in_ms: int
-    attempts: int = 0
+    tries: int = 0
 
-    def __init__(self, retry_in_ms: int, attempts: int = 0) -> None:
+    def __init__(self, retry_in_ms: int, tries: int = 0) -> None:
         object.__setattr__(self, "retry_in_ms", retry_in_ms)
-        object.__setattr__(self, "attempts", attempts)
+        object.__setattr__(self, "tries", tries)
 
 
 @dataclass(frozen=True, slots=True)
 class Requeue:
-    """Its in-process attempts used up: the work's wakeup goes to the delay ladder, the new
+    """Its in-process tries used up: the work's wakeup goes to the delay ladder, the new
     envelope counting ``requeue_count``, on the ``rung_ms`` rung."""
 
     send: Send
@@ -223,14 +224,14 @@ NOTHING = Produce()  # a plan that settles at once, producing nothing (a no-op)
 @dataclass(frozen=True, slots=True)
 class Plan:
     """What the shell does with one run's work: ``outcome`` is what becomes of it,
-    ``payload`` what that takes (one type per kind of outcome, above). ``attempt`` is the
-    outcome of the tick attempt itself (committed, noop, conflict or locked; None when
-    nothing was ticked); ``expected_version`` the version the attempt loaded."""
+    ``payload`` what that takes (one type per kind of outcome, above). ``tick_outcome`` is the
+    outcome of the tick's try itself (committed, noop, conflict or locked; None when
+    nothing was ticked); ``expected_version`` the version the try loaded."""
 
     run_id: str
     outcome: Outcome
     payload: Payload = NOTHING
-    attempt: Outcome | None = None
+    tick_outcome: Outcome | None = None
     expected_version: int | None = None
 
     def __init__(
@@ -238,13 +239,13 @@ class Plan:
         run_id: str,
         outcome: Outcome,
         payload: Payload = NOTHING,
-        attempt: Outcome | None = None,
+        tick_outcome: Outcome | None = None,
         expected_version: int | None = None,
     ) -> None:
         object.__setattr__(self, "run_id", run_id)
         object.__setattr__(self, "outcome", outcome)
         object.__setattr__(self, "payload", payload)
-        object.__setattr__(self, "attempt", attempt)
+        object.__setattr__(self, "tick_outcome", tick_outcome)
         object.__setattr__(self, "expected_version", expected_version)
 
     @property
@@ -284,21 +285,21 @@ class BatchItem:
     """A run's work as the commit path sees it (a snapshot: the database thread reads it)."""
 
     run_id: str
-    attempts: int
+    tries: int
     records: tuple[Inbound, ...]
     locked: int = 0  # commits in a row that found its row held by another transaction
-    prior_version: int | None = None  # the version its previous attempt loaded
+    prior_version: int | None = None  # the version its previous try loaded
 
     def __init__(
         self,
         run_id: str,
-        attempts: int,
+        tries: int,
         records: tuple[Inbound, ...],
         locked: int = 0,
         prior_version: int | None = None,
     ) -> None:
         object.__setattr__(self, "run_id", run_id)
-        object.__setattr__(self, "attempts", attempts)
+        object.__setattr__(self, "tries", tries)
         object.__setattr__(self, "records", records)
         object.__setattr__(self, "locked", locked)
         object.__setattr__(self, "prior_version", prior_version)
@@ -306,7 +307,7 @@ class BatchItem:
     def lineage(self) -> Wakeup:
         """The envelope whose requeue history this work continues: the most requeued one."""
         wakeups = [r.wakeup for r in self.records if r.wakeup is not None]
-        return max(wakeups, key=lambda w: (w.requeue_count, w.attempt))
+        return max(wakeups, key=lambda w: (w.requeue_count, w.requeue_seq))
 
 
 @dataclass(frozen=True, slots=True)

@@ -8,9 +8,9 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from processor.core.envelope import Wakeup
+from processor.core.shapes import TopicPartition
 
 Headers = list[tuple[str, bytes]]
-TopicPartition = tuple[str, int]
 
 
 class ClientError(Protocol):

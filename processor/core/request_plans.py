@@ -14,10 +14,10 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from processor.core.decide import Plan, Rules, Send, reject
+from processor.core.decide import reject
 from processor.core.envelope import Wakeup
 from processor.core.outcomes import DeadLetterReason, Outcome
-from processor.core.plans import Produce
+from processor.core.plans import Plan, Produce, Rules, Send
 from processor.core.records import Inbound
 
 

@@ -18,7 +18,7 @@ from processor.core.envelope import MAX_RUN_ID_LENGTH, Rejected, decode_versione
 from processor.core.outcomes import DeadLetterReason
 from processor.core.routing import TIERS
 from processor.core.run_ids import reserved_problem
-from processor.core.workflow import SIGNAL_NAME
+from processor.core.workflow_def import SIGNAL_NAME
 
 REQUEST_VERSION = 1
 MAX_NAME_LENGTH = 200  # workflow names and signal ids: text columns, bounded like run ids

@@ -46,7 +46,7 @@ def partition_for(run_id: str, partitions: int) -> int:
 
     Every producer of wakeups (start, workers, requeues, sweeps) uses this, so a run's wakeups
     meet on one partition and coalesce in one instance's batch, while the Kafka key stays
-    ``run_id:attempt``.
+    ``run_id:requeue_seq``.
     """
     return run_shard(run_id) % partitions
 

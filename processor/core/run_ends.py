@@ -8,9 +8,16 @@ of a state's nodes. The rules are core/tick.py's. Pure.
 from __future__ import annotations
 
 from processor.core.map_steps import Maps
-from processor.core.model import NodeState, NodeStatus, RunState, RunStatus, items_in, node_state
+from processor.core.run_state import (
+    NodeState,
+    NodeStatus,
+    RunState,
+    RunStatus,
+    items_in,
+    node_state,
+)
 from processor.core.tick_decision import Decision
-from processor.core.workflow import WorkflowDef
+from processor.core.workflow_def import WorkflowDef
 
 _PENDING, _DISPATCHED = NodeStatus.PENDING, NodeStatus.DISPATCHED
 _RETRY_WAIT, _LIMIT_WAIT = NodeStatus.RETRY_WAIT, NodeStatus.LIMIT_WAIT

@@ -13,7 +13,7 @@ import orjson
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import best_match
 
-from processor.core.workflow import WorkflowDef
+from processor.core.workflow_def import WorkflowDef
 
 # A problem quoted whole could be as large as the input; this is enough to see it.
 _MESSAGE_LIMIT = 300

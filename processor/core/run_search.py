@@ -16,7 +16,7 @@ from typing import Any
 
 import orjson
 
-from processor.core.model import RunStatus
+from processor.core.run_state import RunStatus
 
 MAX_TAGS = 20
 MAX_TAG_VALUE = 200

@@ -16,7 +16,7 @@ from typing import Any, NamedTuple
 
 import orjson
 
-from processor.core.workflow import WorkflowDef
+from processor.core.workflow_def import WorkflowDef
 
 
 class RunStatus(StrEnum):

@@ -25,7 +25,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 
-from processor.core.model import RunStatus
+from processor.core.run_state import RunStatus
 
 _PENDING, _CANCELLED = RunStatus.PENDING, RunStatus.CANCELLED
 

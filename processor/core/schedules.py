@@ -22,7 +22,7 @@ from typing import NamedTuple
 
 from processor.core.cron import Cron, iso_utc
 from processor.core.envelope import MAX_RUN_ID_LENGTH
-from processor.core.workflow import ValidationError
+from processor.core.workflow_def import ValidationError
 
 # A fire this late (or less) is on time; an older one was missed (rule 3).
 ON_TIME_MS = 60_000

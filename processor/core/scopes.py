@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from processor.core.envelope import MAX_RUN_ID_LENGTH, Rejected
 from processor.core.outcomes import DeadLetterReason
 from processor.core.requests import MAX_NAME_LENGTH, Request, StartRequest
-from processor.core.workflow import SIGNAL_NAME
+from processor.core.workflow_def import SIGNAL_NAME
 
 ANY_TEXT = "*"  # a scope's list written as text: any
 

@@ -62,7 +62,7 @@ class Stats:
     isolated: Counter[str] = field(default_factory=Counter)
     records: int = 0  # wakeup records accepted
     done_before: int = 0  # records a partition's previous owner had done: not done again
-    commit_attempts: int = 0  # runs sent to a batched commit
+    commits_sent: int = 0  # runs sent to a batched commit (a try each)
     relayed: int = 0  # records sent again from the outbox (an instance died after its commit)
     parked: Counter[str] = field(default_factory=Counter)  # outbox rows parked, by error
     rejoins: int = 0  # times the consumer joined its group again, stuck (io/kafka/group_watch.py)
@@ -100,9 +100,9 @@ class Stats:
     def error_count(self) -> int:
         return sum(self.errors.values())
 
-    def wasted_attempt_rate(self) -> float:
-        """Share of commit attempts that lost a version race."""
-        return self.conflicts / self.commit_attempts if self.commit_attempts else 0.0
+    def conflict_rate(self) -> float:
+        """Share of the commits sent that lost a version race."""
+        return self.conflicts / self.commits_sent if self.commits_sent else 0.0
 
     def summary(self) -> dict[str, object]:
         """Totals for logs and reports (no run ids: those stay in the hot-runs log line)."""
@@ -117,7 +117,7 @@ class Stats:
             "dead_letters": _plain(self.dead_letters),
             "quarantined": _plain(self.quarantined),
             "isolated": _plain(self.isolated),
-            "commit_attempts": self.commit_attempts,
+            "commit_attempts": self.commits_sent,
             "relayed": self.relayed,
             "parked": _plain(self.parked),
             "rejoins": self.rejoins,

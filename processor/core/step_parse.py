@@ -14,7 +14,7 @@ from processor.core.limit_defs import (
     LIMIT_NAME,
     MAX_LIMIT,
     ConcurrencyLimit,
-    RateLimit,
+    StepRateLimit,
 )
 from processor.core.routing import DEFAULT_QUEUE
 from processor.core.workflow_def import (
@@ -200,7 +200,7 @@ def concurrency_key(path: str, where: str) -> tuple[str, ...]:
     return key
 
 
-def _parse_rate_limit(raw_step: Mapping[str, Any], where: str) -> RateLimit | None:
+def _parse_rate_limit(raw_step: Mapping[str, Any], where: str) -> StepRateLimit | None:
     raw = raw_step.get("rate_limit")
     if raw is None:
         return None
@@ -213,7 +213,7 @@ def _parse_rate_limit(raw_step: Mapping[str, Any], where: str) -> RateLimit | No
     if not 1 <= per_ms <= MAX_BACKOFF_MS:
         raise ValidationError(f"{where}.per_s: must be between 0.001 and a week (604800)")
     name = _limit_name(raw, where, str(raw_step.get("type", "")))
-    return RateLimit(name, _limit_count(raw, where), per_ms)
+    return StepRateLimit(name, _limit_count(raw, where), per_ms)
 
 
 def _dependencies(raw_step: Mapping[str, Any], where: str) -> tuple[str, ...]:

@@ -50,7 +50,8 @@ import orjson
 
 from processor.core.envelope import MAX_ATTEMPT, MAX_EPOCH_MS
 from processor.core.routing import TIERS
-from processor.core.workflow import ValidationError
+from processor.core.shapes import AttemptRef
+from processor.core.workflow_def import ValidationError
 
 STEP_TASK_VERSION = 1
 MAP_ITEM_TASK_VERSION = 2  # a task with ``item``
@@ -65,7 +66,7 @@ MAX_INLINE_DATA_BYTES = 2 * 1024
 NO_DEPS: Mapping[str, Any] = MappingProxyType({})
 
 # (dependency, its attempt that succeeded), in the step's depends_on order.
-DepAttempts = tuple[tuple[str, int], ...]
+DepAttempts = tuple[AttemptRef, ...]
 
 
 class AttemptKey(NamedTuple):

@@ -20,9 +20,10 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from processor.core.decide import ForceFailWrite, force_fail_write
+from processor.core.decide import force_fail_write
 from processor.core.model import Loaded, LoadedRun
 from processor.core.outcomes import ForceFailReason
+from processor.core.plans import ForceFailWrite
 from processor.core.routing import TopicNames
 from processor.core.tick import tick_run
 

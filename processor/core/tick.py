@@ -61,7 +61,7 @@ Rules, in the order they are applied:
 8. A tick that changes nothing is a no-op and writes nothing; one that changes anything bumps
    ``seq`` by exactly one (so ``last_transition_seq`` is monotone).
 
-Two transitions come from outside a tick (core/run_ends.py, re-exported here):
+Two transitions come from outside a tick (core/run_ends.py):
 ``force_fail`` (the livelock guard and the stuck-run watchdog end a live run) and
 ``resume_failed`` (an operator's ``ductor runs retry`` takes a failed run back to running: its
 succeeded nodes are kept, every other node is pending again, its attempt numbers going on and
@@ -83,38 +83,18 @@ from processor.core.attempts import (
     unstarted_attempt,
 )
 from processor.core.map_steps import Maps, dispatch_items, end_maps, expand
-from processor.core.model import (
-    LoadedRun,
-    NodeState,
-    NodeStatus,
-    RunState,
-    RunStatus,
-    SignalKind,
-    Started,
-    StepOutcome,
-    StepResult,
-    node_state,
-)
+from processor.core.model import LoadedRun, SignalKind, Started, StepOutcome, StepResult
 from processor.core.run_ends import (
-    NotResumable,
     end_run,
     failure,
-    force_fail,
     ordered_nodes,
-    resume_failed,
 )
+from processor.core.run_state import NodeState, NodeStatus, RunState, RunStatus, node_state
+from processor.core.shapes import AttemptRef
 from processor.core.tick_decision import NOOP, Decision, Dispatch
-from processor.core.workflow import StepDef, WorkflowDef
+from processor.core.workflow_def import StepDef, WorkflowDef
 
-# The tick's decision and the transitions from outside a tick (core/run_ends.py) are imported
-# from here by their callers.
 __all__ = [
-    "NOOP",
-    "Decision",
-    "Dispatch",
-    "NotResumable",
-    "force_fail",
-    "resume_failed",
     "tick",
     "tick_run",
 ]
@@ -188,10 +168,10 @@ def _apply_timeouts(
     step_of: Callable[[str], StepDef],
     started: Mapping[str, Started] | None,
     now_ms: int,
-) -> list[tuple[str, int]]:
+) -> list[AttemptRef]:
     """Rule 4 for every node whose due time passed, and the schedule-to-close bound of those
     waiting for their next attempt; the attempts failed that no worker had started."""
-    unstarted: list[tuple[str, int]] = []
+    unstarted: list[AttemptRef] = []
     for name, node in list(nodes.items()):
         if node.status is _DISPATCHED and node.due_ms is not None and now_ms >= node.due_ms:
             step = step_of(name)

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from processor.core.model import RunState
+from processor.core.run_state import RunState
+from processor.core.shapes import AttemptRef
 
 
 # Dispatch and Decision are NamedTuples (immutable, compared and hashed in C): a tick makes
@@ -36,7 +37,7 @@ class Decision(NamedTuple):
     # Attempts this tick failed that no worker had started (a schedule-to bound passed in the
     # queue): (node, attempt). The commit holds only if none was started meanwhile: it marks
     # each one never to be started (io/postgres/store.py), as a claim would mark it started.
-    unstarted: tuple[tuple[str, int], ...] = ()
+    unstarted: tuple[AttemptRef, ...] = ()
 
     @property
     def progressed(self) -> bool:

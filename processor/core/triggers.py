@@ -39,7 +39,7 @@ from processor.core.requests import (
 from processor.core.routing import TIERS
 from processor.core.run_ids import reserved_problem
 from processor.core.scopes import Scope
-from processor.core.workflow import SIGNAL_NAME
+from processor.core.workflow_def import SIGNAL_NAME
 
 TRIGGER_VERSION = 1
 ACTIONS = ("start", "signal")

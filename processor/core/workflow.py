@@ -3,7 +3,7 @@ values (``parse_workflow`` raises ``ValidationError`` naming the offending field
 parser is core/step_parse.py) and written back canonically by the one writer
 (``workflow_to_json``), which the authoring API (processor/authoring.py) writes through too: a
 step's option lives in the schema, the parser and this writer. The values themselves are
-core/workflow_def.py's, re-exported here. Pure, no I/O.
+core/workflow_def.py's. Pure, no I/O.
 """
 
 from __future__ import annotations
@@ -16,50 +16,19 @@ from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError
 
 from processor.core.routing import DEFAULT_QUEUE
-from processor.core.step_parse import check_keys, parse_retry, parse_step, require
+from processor.core.step_parse import check_keys, parse_step, require
 from processor.core.workflow_def import (
-    CHILD_TIMEOUT_MS,
     MAP,
-    MAP_ITEMS,
-    MAP_ITEMS_LIMIT,
-    MAP_PARALLELISM,
-    MAP_PARALLELISM_LIMIT,
-    MAX_BACKOFF_MS,
-    MAX_TIMEOUT_MS,
-    SIGNAL_NAME,
-    TASK,
     WAIT,
-    WAIT_TIMEOUT_MS,
     WORKFLOW,
     RetryPolicy,
     StepDef,
     ValidationError,
     WorkflowDef,
     WorkflowOutput,
-    item_node,
 )
 
 __all__ = [
-    "CHILD_TIMEOUT_MS",
-    "MAP",
-    "MAP_ITEMS",
-    "MAP_ITEMS_LIMIT",
-    "MAP_PARALLELISM",
-    "MAP_PARALLELISM_LIMIT",
-    "MAX_BACKOFF_MS",
-    "MAX_TIMEOUT_MS",
-    "SIGNAL_NAME",
-    "TASK",
-    "WAIT",
-    "WAIT_TIMEOUT_MS",
-    "WORKFLOW",
-    "RetryPolicy",
-    "StepDef",
-    "ValidationError",
-    "WorkflowDef",
-    "WorkflowOutput",
-    "item_node",
-    "parse_retry",
     "parse_workflow",
     "step_to_json",
     "workflow_to_json",

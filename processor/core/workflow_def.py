@@ -11,8 +11,9 @@ import re
 from dataclasses import dataclass, field
 from functools import cached_property
 
-from processor.core.limit_defs import ConcurrencyLimit, RateLimit
+from processor.core.limit_defs import ConcurrencyLimit, StepRateLimit
 from processor.core.routing import DEFAULT_QUEUE
+from processor.core.shapes import WorkflowKey
 
 
 class ValidationError(ValueError):
@@ -102,7 +103,7 @@ class StepDef:
     parallelism: int = MAP_PARALLELISM
     # Bounds on its dispatches, counted across runs (core/limits.py); for task and map steps.
     concurrency: ConcurrencyLimit | None = None
-    rate_limit: RateLimit | None = None
+    rate_limit: StepRateLimit | None = None
 
     @property
     def limited(self) -> bool:
@@ -151,7 +152,7 @@ class WorkflowDef:
     input_schema: str | None = None
 
     @property
-    def key(self) -> tuple[str, int]:
+    def key(self) -> WorkflowKey:
         return (self.name, self.version)
 
     @cached_property

@@ -9,24 +9,24 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from processor.core.shapes import OutboxKey
+
 # Outbox deletions wait for the next commit statement, or go on their own once this many
 # have gathered or the oldest has waited this long.
 ACKS_PER_DELETE = 500
 ACKS_WAIT_S = 0.2
 
-Row = tuple[str, int]  # (run id, transition seq)
-
 
 class Acknowledged:
     def __init__(self, monotonic: Callable[[], float]) -> None:
         self._monotonic = monotonic
-        self._rows: dict[Row, None] = {}
+        self._rows: dict[OutboxKey, None] = {}
         self._since = 0.0  # when the oldest row waiting was acknowledged
 
     def __bool__(self) -> bool:
         return bool(self._rows)
 
-    def add(self, rows: list[Row]) -> None:
+    def add(self, rows: list[OutboxKey]) -> None:
         """Outbox rows whose records the broker has: deleted by the next database stage."""
         if rows and not self._rows:
             self._since = self._monotonic()
@@ -38,7 +38,7 @@ class Acknowledged:
             bool(self._rows) and now - self._since >= ACKS_WAIT_S
         )
 
-    def take(self) -> list[Row]:
+    def take(self) -> list[OutboxKey]:
         """At most ``ACKS_PER_DELETE`` rows for the next statement, in key order (two
         statements deleting overlapping rows lock them in the same order); the rest wait for
         the next one."""
@@ -50,4 +50,4 @@ class Acknowledged:
         return taken
 
 
-__all__ = ["ACKS_PER_DELETE", "ACKS_WAIT_S", "Acknowledged", "Row"]
+__all__ = ["ACKS_PER_DELETE", "ACKS_WAIT_S", "Acknowledged"]

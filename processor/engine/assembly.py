@@ -20,10 +20,10 @@ from dataclasses import dataclass
 from confluent_kafka import Producer
 from opentelemetry.trace import Span
 
-from processor.core.decide import Rules
 from processor.core.flow import TierQueues
 from processor.core.offsets import OffsetTracker
 from processor.core.pending import RunBook
+from processor.core.plans import Rules
 from processor.core.records import Inbound
 from processor.core.routing import TopicNames
 from processor.core.stats import Stats
@@ -45,7 +45,7 @@ from processor.engine.sweeps import Sweeps
 from processor.engine.trigger_follow import TriggerFollower
 from processor.engine.watchdog import Shards, SweepSettings, Watchdog
 from processor.io.config.settings import Settings
-from processor.io.kafka.clients import ClientErrors, Outbox
+from processor.io.kafka.clients import ClientErrors, Publisher
 from processor.io.kafka.configs import producer_config, producer_max_bytes
 from processor.io.kafka.delivery import Delivery
 from processor.io.kafka.logs import with_logger
@@ -67,7 +67,7 @@ class Commons:
 
     stats: Stats
     telemetry: Telemetry
-    outbox: Outbox
+    publisher: Publisher
     delivery: Delivery
     partitions: Mapping[str, int]  # filled by the processor once the topics are known
     tracker: OffsetTracker
@@ -83,7 +83,7 @@ class Commons:
 
 
 def commons(
-    outbox: Outbox,
+    publisher: Publisher,
     partitions: Mapping[str, int],
     names: TopicNames,
     stats: Stats,
@@ -101,14 +101,14 @@ def commons(
     db_clock = db_clock or DatabaseClock(clock.wall_ms)
     # Counted and logged by Postgres's clock, like everything a run is judged by.
     ledger = Ledger(stats, telemetry, db_clock.now_ms)
-    delivery = Delivery(outbox, stats.errors, clock.monotonic)
+    delivery = Delivery(publisher, stats.errors, clock.monotonic)
     tracker = tracker or OffsetTracker()
     acknowledged = Acknowledged(clock.monotonic)
     producing = Producing(delivery, partitions, partition_by_run, telemetry)
     return Commons(
         stats=stats,
         telemetry=telemetry,
-        outbox=outbox,
+        publisher=publisher,
         delivery=delivery,
         partitions=partitions,
         tracker=tracker,
@@ -118,7 +118,7 @@ def commons(
         faults=faults,
         threads=threads or ThreadWatch(),
         ledger=ledger,
-        rewake=Rewake(outbox, partitions, names, ledger, stats, db_clock.now_ms),
+        rewake=Rewake(publisher, partitions, names, ledger, stats, db_clock.now_ms),
         acknowledged=acknowledged,
         settler=Settler(producing, acknowledged, tracker, ledger, stats, faults),
     )
@@ -199,9 +199,9 @@ def build_processor(
     # instance sees it: batches and sweeps both report to it, so an outage gives one line
     # when it starts and one when it ends.
     postgres = Outage("postgres", logging.getLogger("ductor.processor"))
-    outbox = Outbox(producer)
+    publisher = Publisher(producer)
     c = commons(
-        outbox,
+        publisher,
         partitions,
         names,
         stats,
@@ -269,7 +269,7 @@ def _loop_parts(
         executor=core.executor,
         requests=core.requests,
         triggers=triggers,
-        outbox=c.outbox,
+        publisher=c.publisher,
         probe=probe,
         stats=c.stats,
         faults=c.faults,
@@ -329,7 +329,7 @@ def _turns(
         executor=core.executor,
         requests=core.requests,
         sweeps=sweeps,
-        outbox=c.outbox,
+        publisher=c.publisher,
         delivery=c.delivery,
         flow=lambda: membership.flow,
     )

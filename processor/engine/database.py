@@ -13,10 +13,12 @@ from typing import Any
 
 import psycopg
 
-from processor.core.decide import Commit, ForceFailWrite, Send
-from processor.core.limits import LimitInputs
+from processor.core.batch_values import QuarantineFlag
+from processor.core.limit_values import LimitInputs
 from processor.core.model import Loaded
+from processor.core.plans import Commit, ForceFailWrite, Send
 from processor.core.routing import TopicNames
+from processor.core.shapes import OutboxKey, RunRef
 from processor.core.stuck import Fail, Leave, StuckVerdict, judge_stuck
 from processor.io.postgres import (
     connections,
@@ -78,24 +80,24 @@ class Database:
         """What the batch's limited dispatches are decided on (no statement without any)."""
         return limit_store.load_limits(self.conn, loaded)
 
-    def waiters_to_wake(self, freed: Counter[str]) -> list[tuple[str, str]]:
+    def waiters_to_wake(self, freed: Counter[str]) -> list[RunRef]:
         return limit_store.waiters_to_wake(self.conn, freed)
 
-    def free_lingering(self, gone_after_s: float, limit: int) -> list[tuple[str, str]]:
+    def free_lingering(self, gone_after_s: float, limit: int) -> list[RunRef]:
         """Free the concurrency slots of executions that outlived their attempts and are over
         now (core/limits.py, rule 4); the waiters to wake for them, with their tiers."""
         freed = limit_store.free_lingering(self.conn, gone_after_s, limit)
         return limit_store.waiters_to_wake(self.conn, freed)
 
     def commit(
-        self, commits: Sequence[Commit], acknowledged: Sequence[tuple[str, int]]
+        self, commits: Sequence[Commit], acknowledged: Sequence[OutboxKey]
     ) -> store.CommitAnswer:
         return store.commit_batch(self.conn, commits, acknowledged, self._instance_id)
 
     def landed(self, commits: Sequence[Commit]) -> set[str]:
         return store.commits_landed(self.conn, commits)
 
-    def delete_outbox(self, acknowledged: Sequence[tuple[str, int]]) -> None:
+    def delete_outbox(self, acknowledged: Sequence[OutboxKey]) -> None:
         outbox.delete_outbox(self.conn, acknowledged)
 
     def claim_outbox(
@@ -120,7 +122,7 @@ class Database:
             write.effects,
         )
 
-    def quarantine(self, runs: Sequence[store.QuarantineFlag]) -> set[str]:
+    def quarantine(self, runs: Sequence[QuarantineFlag]) -> set[str]:
         """Flag runs whose rows cannot be used; returns the newly flagged."""
         return store.quarantine_runs(self.conn, runs)
 
@@ -147,7 +149,7 @@ class Database:
 
     def overdue(
         self, modulus: int, shards: Sequence[int], grace_s: float, limit: int
-    ) -> list[tuple[str, str]]:
+    ) -> list[RunRef]:
         return sweeps.rewake_due(self.conn, modulus, shards, grace_s, limit)
 
     def fire_schedules(
@@ -157,16 +159,14 @@ class Database:
         limit: int,
         faults: Faults = NO_FAULTS,
         unexpected: Callable[[str, Exception], None] | None = None,
-    ) -> list[tuple[str, str]]:
+    ) -> list[RunRef]:
         """The runs the due schedules of these shards start, with their tiers, to wake (a
         schedule whose fire raised what nobody foresaw is handed to ``unexpected``)."""
         return schedules.fire_due(
             self.conn, self._definitions, modulus, shards, limit, faults, unexpected
         )
 
-    def adopt_kept_signals(
-        self, modulus: int, shards: Sequence[int], limit: int
-    ) -> list[tuple[str, str]]:
+    def adopt_kept_signals(self, modulus: int, shards: Sequence[int], limit: int) -> list[RunRef]:
         return kept_signals.adopt_kept_signals(self.conn, self._definitions, modulus, shards, limit)
 
     def claim_kept_dead_letters(

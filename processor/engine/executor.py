@@ -37,11 +37,21 @@ from collections.abc import Callable, Mapping
 from opentelemetry.trace import Span
 
 from processor.core.batch_values import Decided, Undecided
-from processor.core.decide import BatchItem, Rules, database_failed, dead_letter, retry_after
+from processor.core.decide import database_failed, dead_letter, retry_after
 from processor.core.outcomes import DeadLetterReason, Outcome
 from processor.core.pending import RunBook, RunWork
-from processor.core.plans import DeadLettered, ForceFailed, Plan, Produce, Requeue, Retry
+from processor.core.plans import (
+    BatchItem,
+    DeadLettered,
+    ForceFailed,
+    Plan,
+    Produce,
+    Requeue,
+    Retry,
+    Rules,
+)
 from processor.core.records import Inbound
+from processor.core.shapes import TopicPartition
 from processor.core.stats import Stats
 from processor.engine.acknowledged import Acknowledged
 from processor.engine.ledger import Ledger
@@ -167,8 +177,7 @@ class Executor:
         for work in batch:
             self._ledger.start_span(work)
         items = [
-            BatchItem(w.run_id, w.attempts, tuple(w.records), w.locked, w.prior_version)
-            for w in batch
+            BatchItem(w.run_id, w.tries, tuple(w.records), w.locked, w.prior_version) for w in batch
         ]
         self._stage = (batch, self._stage_runner.start(items, self._acknowledged.take()))
 
@@ -233,7 +242,7 @@ class Executor:
         tick = (timings.started_ns, timings.tick_ended_ns)
         commit = (timings.tick_ended_ns, timings.commit_ended_ns)
         for work, plan in zip(batch, plans, strict=True):
-            self._ledger.trace_attempt(work, plan, tick, commit)
+            self._ledger.trace_try(work, plan, tick, commit)
             self.carry_out(work, plan, errors.get(work.run_id) or error)
 
     def _undecided(self, error: Exception, batch: list[Work]) -> list[Plan]:
@@ -241,14 +250,14 @@ class Executor:
         retry_ms = self._failures.failed(error, len(batch))
         self._next_stage_at = self._monotonic() + retry_ms / 1000
         self._failures.undecided()
-        return [database_failed(BatchItem(w.run_id, w.attempts, ()), retry_ms) for w in batch]
+        return [database_failed(BatchItem(w.run_id, w.tries, ()), retry_ms) for w in batch]
 
     def _decided(self, outcome: Decided) -> list[Plan]:
         """The batch's plans, delayed where a force-fail could not be written or a commit
         lost with its connection keeps being lost; what its commits freed is woken."""
-        self._stats.commit_attempts += outcome.commit_attempts
+        self._stats.commits_sent += outcome.commits_sent
         plans = list(outcome.plans)
-        self._failures.commit_answered(outcome.read_back, outcome.commit_attempts)
+        self._failures.commit_answered(outcome.read_back, outcome.commits_sent)
         if outcome.read_back is not None:
             plans = self._failures.not_landed(outcome.read_back, plans)
         for run_id, exc in outcome.force_fail_errors.items():
@@ -292,10 +301,10 @@ class Executor:
         self._settler.carry_out(work, plan.outcome, sends, seq)
 
     def _retry(self, work: Work, plan: Plan, retry: Retry, error: BaseException | None) -> None:
-        """The work waits in the book for another attempt."""
+        """The work waits in the book for another try."""
         if plan.outcome is Outcome.ERROR and error is not None:
             self._ledger.end_span_with_error(work, error)
-        work.attempts = retry.attempts
+        work.tries = retry.tries
         # What the next commit that finds the row held compares with (core/decide.py).
         work.locked = work.locked + 1 if plan.outcome is Outcome.LOCKED else 0
         work.prior_version = plan.expected_version
@@ -334,7 +343,7 @@ class Executor:
 
     # -- rebalance and shutdown --------------------------------------------------------------
 
-    def drop_partitions(self, revoked: set[tuple[str, int]]) -> None:
+    def drop_partitions(self, revoked: set[TopicPartition]) -> None:
         """Forget waiting records of revoked partitions: their next owner redoes them."""
         for work in self._book.drop_partitions(revoked):
             self._ledger.end_span(work)

@@ -11,13 +11,14 @@ from __future__ import annotations
 
 from collections.abc import Set
 
-from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka import Consumer
+from confluent_kafka import TopicPartition as KafkaTopicPartition
 
 from processor.core.flow import PauseBook
 from processor.core.routing import TIERS, TopicNames
+from processor.core.shapes import TopicPartition
 from processor.engine.lag import LagMeter
 
-TP = tuple[str, int]
 SOURCES = (*TIERS, "delay", "requests", "trigger")
 
 
@@ -27,20 +28,20 @@ class FlowControl:
         self._names = names
         self._lag = lag
         self._pauses = PauseBook()
-        self._assigned: set[TP] = set()
-        self._by_source: dict[str, list[TP]] = {source: [] for source in SOURCES}
+        self._assigned: set[TopicPartition] = set()
+        self._by_source: dict[str, list[TopicPartition]] = {source: [] for source in SOURCES}
 
     @property
-    def assigned(self) -> Set[TP]:
+    def assigned(self) -> Set[TopicPartition]:
         return self._assigned
 
-    def paused(self) -> set[TP]:
+    def paused(self) -> set[TopicPartition]:
         return self._pauses.paused()
 
     def next_resume_at(self) -> float | None:
         return self._pauses.next_resume_at()
 
-    def waits_for_due_head(self, tp: TP) -> bool:
+    def waits_for_due_head(self, tp: TopicPartition) -> bool:
         """A delay partition paused at a head that is not due: what was fetched behind that
         head before the pause is read again after the resume, not now."""
         return tp in self._pauses.delayed()
@@ -50,9 +51,9 @@ class FlowControl:
 
     # -- the two reasons -------------------------------------------------------------------
 
-    def hold_until_due(self, tp: TP, offset: int, now: float, wait_ms: int) -> None:
+    def hold_until_due(self, tp: TopicPartition, offset: int, now: float, wait_ms: int) -> None:
         """Pause a delay partition at its not-due head and read the head again when due."""
-        kafka_tp = TopicPartition(tp[0], tp[1], offset)
+        kafka_tp = KafkaTopicPartition(tp[0], tp[1], offset)
         self._consumer.pause([kafka_tp])
         self._consumer.seek(kafka_tp)
         self._lag.held_at(tp, offset)  # where the partition stands while paused
@@ -63,7 +64,7 @@ class FlowControl:
         for tp in due:
             self._lag.released(tp)
         if due:
-            self._consumer.resume([TopicPartition(t, p) for t, p in due])
+            self._consumer.resume([KafkaTopicPartition(t, p) for t, p in due])
 
     def apply_backpressure(self, backlog: dict[str, int], waiting: int, limit: int) -> None:
         """Bounded memory: a source whose local queue (``backlog``) passes ``limit`` records
@@ -76,24 +77,24 @@ class FlowControl:
             if size > limit or waiting > limit:
                 newly = self._pauses.hold(tps)
                 if newly:
-                    self._consumer.pause([TopicPartition(t, p) for t, p in newly])
+                    self._consumer.pause([KafkaTopicPartition(t, p) for t, p in newly])
             elif size < limit // 2 and waiting < limit // 2:
                 lifted = self._pauses.release(tps)
                 if lifted:
-                    self._consumer.resume([TopicPartition(t, p) for t, p in lifted])
+                    self._consumer.resume([KafkaTopicPartition(t, p) for t, p in lifted])
 
     # -- the assignment --------------------------------------------------------------------
 
-    def assigned_now(self, tps: set[TP]) -> None:
+    def assigned_now(self, tps: set[TopicPartition]) -> None:
         """Partitions the group gave this instance; a delay partition paused before a
         rebalance stays paused until its due time."""
         self._assigned |= tps
         self._regroup()
-        delayed = [TopicPartition(t, p) for (t, p) in self._pauses.delayed() if (t, p) in tps]
+        delayed = [KafkaTopicPartition(t, p) for (t, p) in self._pauses.delayed() if (t, p) in tps]
         if delayed:
             self._consumer.pause(delayed)
 
-    def released(self, tps: set[TP]) -> None:
+    def released(self, tps: set[TopicPartition]) -> None:
         for tp in tps:
             self._pauses.on_revoked(tp)
             self._lag.released(tp)
@@ -101,7 +102,7 @@ class FlowControl:
         self._regroup()
 
     def _regroup(self) -> None:
-        by_source: dict[str, list[TP]] = {source: [] for source in SOURCES}
+        by_source: dict[str, list[TopicPartition]] = {source: [] for source in SOURCES}
         for tp in sorted(self._assigned):
             by_source[self._names.source_of(tp[0])].append(tp)
         self._by_source = by_source

@@ -19,7 +19,11 @@ from dataclasses import dataclass, field
 from processor.io.runtime.health_http import HealthServer
 from processor.io.runtime.threads import ThreadWatch
 
-__all__ = ["HealthServer", "Probe", "is_ready", "probe_problems"]
+__all__ = [
+    "Probe",
+    "is_ready",
+    "probe_problems",
+]
 
 
 @dataclass

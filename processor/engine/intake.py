@@ -13,20 +13,21 @@ from collections.abc import Callable
 
 from confluent_kafka import KafkaError
 
-from processor.core.decide import Rules, hop, reject
+from processor.core.decide import hop, reject
 from processor.core.flow import TierQueues
 from processor.core.intake import (
     Accepted,
     Hop,
     NotDue,
+    RecordVerdict,
     Reject,
     Requested,
     Skipped,
-    Verdict,
     admit,
 )
 from processor.core.offsets import OffsetTracker
 from processor.core.outcomes import DeadLetterReason
+from processor.core.plans import Rules
 from processor.core.records import ClientError, Inbound, KafkaMessage, normalise_headers
 from processor.core.routing import TopicNames
 from processor.core.scopes import Scope
@@ -125,7 +126,7 @@ class Intake:
             self._stats.errors["consume"] += 1
             log.error("consumer error: %s", error)
 
-    def _taken(self, verdict: Verdict, now_ms: int) -> None:
+    def _taken(self, verdict: RecordVerdict, now_ms: int) -> None:
         """From here the record is taken: its offset is held back until it is done."""
         record = verdict.record
         self._tracker.started(record.tp, record.offset)
@@ -175,7 +176,7 @@ class Intake:
             self._executor.carry_out_now(record, plan)
 
 
-def _run_id_of(verdict: Verdict) -> str:
+def _run_id_of(verdict: RecordVerdict) -> str:
     """The run a record taken in names, for the intake's fault point ("": none known)."""
     if isinstance(verdict, Requested):
         return verdict.request.run_id

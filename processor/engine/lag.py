@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from confluent_kafka import Consumer, KafkaException, TopicPartition
+from confluent_kafka import Consumer, KafkaException
+from confluent_kafka import TopicPartition as KafkaTopicPartition
+
+from processor.core.shapes import TopicPartition
 
 _INTERVAL_S = 5.0
-
-TP = tuple[str, int]
 
 
 class LagMeter:
@@ -21,24 +22,26 @@ class LagMeter:
         self._consumer = consumer
         self._enabled = enabled
         self._next_at = 0.0
-        self._held_at: dict[TP, int] = {}  # where a paused delay partition stands
-        self._lag: dict[TP, int] = {}
+        self._held_at: dict[TopicPartition, int] = {}  # where a paused delay partition stands
+        self._lag: dict[TopicPartition, int] = {}
 
-    def read(self) -> Mapping[TP, int]:
+    def read(self) -> Mapping[TopicPartition, int]:
         return self._lag
 
-    def held_at(self, tp: TP, offset: int) -> None:
+    def held_at(self, tp: TopicPartition, offset: int) -> None:
         self._held_at[tp] = offset
 
-    def released(self, tp: TP) -> None:
+    def released(self, tp: TopicPartition) -> None:
         self._held_at.pop(tp, None)
 
-    def maybe_update(self, now: float, assigned: set[TP], paused: set[TP]) -> None:
+    def maybe_update(
+        self, now: float, assigned: set[TopicPartition], paused: set[TopicPartition]
+    ) -> None:
         if not self._enabled or now < self._next_at:
             return
         self._next_at = now + _INTERVAL_S
-        positions = self._consumer.position([TopicPartition(t, p) for t, p in assigned])
-        lag: dict[TP, int] = {}
+        positions = self._consumer.position([KafkaTopicPartition(t, p) for t, p in assigned])
+        lag: dict[TopicPartition, int] = {}
         for tp in positions:
             key = (tp.topic, tp.partition)
             try:

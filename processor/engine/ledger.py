@@ -1,7 +1,7 @@
 """Every plan the executor carries out is counted, traced and logged here, once.
 
 The counters are ``Stats`` (read by the metrics, the stats log line, tests, demo and bench);
-the spans are the work's CONSUMER span and its attempt children (io/telemetry/setup.py). A conflict
+the spans are the work's CONSUMER span and its tries' events (io/telemetry/setup.py). A conflict
 is counted and traced apart from errors: an event on the span, never an error status.
 """
 
@@ -46,16 +46,16 @@ class Ledger:
     # -- counting ----------------------------------------------------------------------------
 
     def record(self, work: Work, plan: Plan) -> None:
-        """Count the plan: the tick attempt's outcome, then the work's when it differs."""
+        """Count the plan: the outcome of the tick's try, then the work's when it differs."""
         stats = self._stats
-        if plan.attempt is not None:
-            stats.ticks[plan.attempt] += 1
-        if plan.outcome is not plan.attempt:
+        if plan.tick_outcome is not None:
+            stats.ticks[plan.tick_outcome] += 1
+        if plan.outcome is not plan.tick_outcome:
             stats.ticks[plan.outcome] += 1
-        if plan.attempt is Outcome.CONFLICT:
+        if plan.tick_outcome is Outcome.CONFLICT:
             stats.conflicts += 1
             stats.hot_runs[work.run_id] += 1
-        elif plan.attempt is Outcome.COMMITTED:
+        elif plan.tick_outcome is Outcome.COMMITTED:
             self._sample_end_to_end(work)
         payload = plan.payload
         if isinstance(payload, Requeue):
@@ -175,24 +175,24 @@ class Ledger:
         records = [(r.tp[0], r.tp[1], r.offset, r.key, r.headers) for r in work.records]
         work.span = self._telemetry.start_consumer_span(work.records[0].tp[0], records, work.run_id)
 
-    def trace_attempt(self, work: Work, plan: Plan, tick: Interval, commit: Interval) -> None:
-        """The attempt as a ``tick`` event on the work's CONSUMER span (an event, not a child
+    def trace_try(self, work: Work, plan: Plan, tick: Interval, commit: Interval) -> None:
+        """The try as a ``tick`` event on the work's CONSUMER span (an event, not a child
         span: a sampled tick then costs one span, not three), with the batch's timings; a
         conflict adds a ``conflict`` event and never an error status."""
-        if work.span is None or plan.attempt is None or not work.span.is_recording():
+        if work.span is None or plan.tick_outcome is None or not work.span.is_recording():
             return  # nothing to build for a trace that is not sampled
         attributes: dict[str, str | int | float] = {
-            "ductor.attempt": work.attempts + 1,
+            "ductor.attempt": work.tries + 1,
             "ductor.expected_version": plan.expected_version or 0,
-            "ductor.outcome": plan.attempt,
+            "ductor.outcome": plan.tick_outcome,
             "ductor.tick_ms": (tick[1] - tick[0]) / 1e6,
         }
-        if plan.attempt is not Outcome.NOOP:  # a no-op took no part in the commit
+        if plan.tick_outcome is not Outcome.NOOP:  # a no-op took no part in the commit
             attributes["ductor.commit_ms"] = (commit[1] - commit[0]) / 1e6
         work.span.add_event("tick", attributes, timestamp=tick[1])
-        if plan.attempt is Outcome.CONFLICT or plan.attempt is Outcome.LOCKED:
+        if plan.tick_outcome is Outcome.CONFLICT or plan.tick_outcome is Outcome.LOCKED:
             # An expected outcome of concurrency: an event, never an error status.
-            work.span.add_event(plan.attempt.value, attributes, timestamp=commit[1])
+            work.span.add_event(plan.tick_outcome.value, attributes, timestamp=commit[1])
 
     def end_span(self, work: Work, outcome: Outcome | None = None) -> None:
         """End the work's span: with its outcome when it settled, bare when it was dropped."""
@@ -201,7 +201,7 @@ class Ledger:
         if outcome is None:
             work.span.end()
         else:
-            end_ok(work.span, outcome, attempts=work.attempts)
+            end_ok(work.span, outcome, attempts=work.tries)
         work.span = None
 
     def end_span_with_error(self, work: Work, exc: BaseException) -> None:

@@ -13,13 +13,15 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping, Set
 
-from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka import Consumer
+from confluent_kafka import TopicPartition as KafkaTopicPartition
 
 from processor.core.flow import TierQueues
 from processor.core.membership import Holding, Stuck
 from processor.core.offsets import OffsetTracker
 from processor.core.records import Inbound
 from processor.core.routing import TopicNames
+from processor.core.shapes import TopicPartition
 from processor.core.stats import Stats
 from processor.engine.executor import Executor
 from processor.engine.flow_control import FlowControl
@@ -28,7 +30,7 @@ from processor.engine.lag import LagMeter
 from processor.engine.request_desk import RequestDesk
 from processor.engine.trigger_follow import TriggerFollower
 from processor.io.config.settings import Settings
-from processor.io.kafka.clients import ClientErrors, Outbox
+from processor.io.kafka.clients import ClientErrors, Publisher
 from processor.io.kafka.configs import consumer_config
 from processor.io.kafka.group_watch import GroupWatch, holding, let_go_by_fault
 from processor.io.kafka.logs import with_logger
@@ -43,7 +45,6 @@ from processor.io.runtime.faults import Faults
 
 log = logging.getLogger("ductor.processor")
 
-TP = tuple[str, int]
 # The last offset commit and the group's leave wait at least this long, whatever is left of
 # the shutdown bound: a broker that answers takes them in milliseconds.
 _LEAVE_AT_LEAST_S = 2.0
@@ -64,7 +65,7 @@ class Membership:
         executor: Executor,
         requests: RequestDesk,
         triggers: TriggerFollower,
-        outbox: Outbox,
+        publisher: Publisher,
         probe: Probe,
         stats: Stats,
         faults: Faults,
@@ -80,7 +81,7 @@ class Membership:
         self._executor = executor
         self._requests = requests
         self._triggers = triggers
-        self._outbox = outbox
+        self._publisher = publisher
         self._probe = probe
         self._stats = stats
         self._faults = faults
@@ -92,10 +93,10 @@ class Membership:
         self._leaving = False  # it left its group: the close's callbacks find nothing to do
 
     @property
-    def assigned(self) -> Set[TP]:
+    def assigned(self) -> Set[TopicPartition]:
         return self.flow.assigned
 
-    def lag_now(self) -> Mapping[TP, int]:
+    def lag_now(self) -> Mapping[TopicPartition, int]:
         return self.lag.read()  # (the current member's meter: a new member has its own)
 
     def watch(self, partitions: Mapping[str, int]) -> None:
@@ -151,13 +152,13 @@ class Membership:
         left = self.flow.assigned - held  # (the client had let these go: none of its own)
         for tps, commit in ((held, True), (left, False)):
             if tps:
-                self._release(old, [TopicPartition(t, p) for t, p in tps], commit, wait=False)
+                self._release(old, [KafkaTopicPartition(t, p) for t, p in tps], commit, wait=False)
         self.consumer, self.lag, self.flow = self._new_member()
         self.subscribe()
         assert self._group_watch is not None
         self._group_watch.joined_again(now, old)
 
-    def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+    def _on_assign(self, consumer: Consumer, partitions: list[KafkaTopicPartition]) -> None:
         if let_go_by_fault(self._faults, consumer, partitions):
             return
         uncommitted = read_finished(consumer, partitions, self._tracker)
@@ -167,11 +168,11 @@ class Membership:
         self._probe.assigned_partitions = len(self.flow.assigned)
         log.info("partitions assigned", extra={"count": len(tps), "instance": self._instance_id})
 
-    def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+    def _on_revoke(self, consumer: Consumer, partitions: list[KafkaTopicPartition]) -> None:
         if self._ours(consumer):
             self._release(consumer, partitions, commit=True)
 
-    def _on_lost(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+    def _on_lost(self, consumer: Consumer, partitions: list[KafkaTopicPartition]) -> None:
         if self._ours(consumer):
             self._release(consumer, partitions, commit=False)
 
@@ -189,7 +190,7 @@ class Membership:
     def _release(
         self,
         consumer: Consumer,
-        partitions: list[TopicPartition],
+        partitions: list[KafkaTopicPartition],
         commit: bool,
         wait: bool = True,
     ) -> None:
@@ -208,7 +209,7 @@ class Membership:
         self._queues.drop(lambda r: r.tp in tps)
         self._executor.drop_partitions(tps)
         if commit:
-            self._outbox.flush(min(5.0, self.wait_bound()))
+            self._publisher.flush(min(5.0, self.wait_bound()))
             failure = "offset commit on revoke failed: %s"
             commit_positions(consumer, self._tracker, tps, failure, wait)
             # Acknowledged outbox rows go now, before the partitions' next owner meets them.

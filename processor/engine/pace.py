@@ -34,7 +34,7 @@ DELIVERY_WAIT_S = 0.005
 
 
 class Sending(Protocol):
-    """The producer as the loop's pace sees it (io/kafka/clients.Outbox)."""
+    """The producer as the loop's pace sees it (io/kafka/clients.Publisher)."""
 
     @property
     def in_flight(self) -> int:
@@ -59,7 +59,7 @@ class Pace:
         executor: Executor,
         requests: RequestDesk,
         sweeps: Sweeps,
-        outbox: Sending,
+        publisher: Sending,
         delivery: Delivery,
         flow: Callable[[], FlowControl],  # the current member's (a new member has its own)
     ) -> None:
@@ -72,7 +72,7 @@ class Pace:
         self._executor = executor
         self._requests = requests
         self._sweeps = sweeps
-        self._outbox = outbox
+        self._publisher = publisher
         self._delivery = delivery
         self._flow = flow
         self._next_stats = clock.monotonic() + stats_every_s
@@ -95,13 +95,13 @@ class Pace:
         timeout = self.idle_timeout()
         if timeout <= 0:
             return []
-        if self._outbox.in_flight:
+        if self._publisher.in_flight:
             # Nothing to take, records on their way: the producer's linger would hold them a
             # while for more to join their batch, and none will come while the loop waits.
             # Send them now (flush ignores the linger) and wait for their acknowledgements
             # here, as the loop would have waited for them in poll. Under load the loop never
             # gets here and the linger batches as before: a cork, not a timer.
-            self._outbox.flush(timeout)
+            self._publisher.flush(timeout)
             return []
         first = consumer.poll(timeout)
         if first is None:
@@ -112,7 +112,7 @@ class Pace:
     def idle_timeout(self) -> float:
         """How long the loop may block in poll: until the next due event, at most 100 ms."""
         now = self._clock.monotonic()
-        if self._outbox.in_flight:
+        if self._publisher.in_flight:
             return DELIVERY_WAIT_S  # delivery reports wait for this loop
         if len(self._queues) or self._executor.ready_count(now):
             return 0.0

@@ -16,11 +16,12 @@ from collections.abc import Callable, Set
 from dataclasses import replace
 
 from processor.core.routing import DEFAULT_QUEUE
+from processor.core.shapes import TopicPartition
 from processor.core.stats import Stats
 from processor.engine.assembly import build_processor
 from processor.engine.executor import Executor
 from processor.engine.flow_control import FlowControl
-from processor.engine.health import HealthServer, is_ready
+from processor.engine.health import is_ready
 from processor.engine.watchdog import Watchdog
 from processor.io.config.settings import Settings
 from processor.io.kafka.clients import broker_unreachable, topic_partitions
@@ -32,6 +33,7 @@ from processor.io.postgres.trigger_store import load_triggers
 from processor.io.runtime.clock import SYSTEM_CLOCK, Clock
 from processor.io.runtime.collector import settle_collector
 from processor.io.runtime.faults import NO_FAULTS, Faults
+from processor.io.runtime.health_http import HealthServer
 from processor.io.runtime.outage import Outage, until_available
 from processor.io.telemetry.setup import Telemetry
 
@@ -77,7 +79,7 @@ class Processor:
         self.requests = parts.requests
         self.triggers = parts.triggers
         self.presence = parts.presence
-        self._outbox = parts.commons.outbox
+        self._publisher = parts.commons.publisher
         self._delivery = parts.commons.delivery
         self._tracker = parts.commons.tracker
         self._postgres = parts.commons.postgres
@@ -101,7 +103,7 @@ class Processor:
         return self._membership.flow
 
     @property
-    def assigned(self) -> Set[tuple[str, int]]:
+    def assigned(self) -> Set[TopicPartition]:
         return self._membership.assigned
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -179,7 +181,7 @@ class Processor:
         """The loop is alive (``/healthz``), and the clients' queues are served (their log
         lines: io/kafka/logs.py)."""
         self.probe.last_loop_at = self._pace.now()
-        self._outbox.poll(0)
+        self._publisher.poll(0)
         self._membership.consumer.poll(0)  # (not subscribed yet: returns nothing)
 
     def step(self) -> None:
@@ -198,7 +200,7 @@ class Processor:
         self._sweeps.park_refused()
         self.executor.advance(self.settings.batch_size)
         self.probe.database_ok = self.executor.database_ok
-        self._outbox.poll(0)
+        self._publisher.poll(0)
         store_offsets(self._membership.consumer, self._tracker.committable(), flow.assigned)
         self._sweeps.turn()
         if self._pace.stats_due(now):
@@ -234,7 +236,7 @@ class Processor:
             log.error("the request statement in flight did not finish before the shutdown bound")
         self.requests.drop_waiting()
         self.executor.drop_waiting()
-        remaining = self._outbox.flush(left(0.1))
+        remaining = self._publisher.flush(left(0.1))
         if remaining:
             log.error(
                 "%d effects still undelivered at shutdown; their records will be redone", remaining

@@ -18,6 +18,8 @@ import threading
 from collections import deque
 from collections.abc import Iterable
 
+from processor.core.shapes import RunRef
+
 RECENT_COMMITS_S = 5.0
 
 
@@ -31,7 +33,7 @@ class RecentCommits:
         self._runs: deque[tuple[float, str, str]] = deque()  # (monotonic s, run id, tier)
         self._server_started: object = None  # the server's start time, as last met
 
-    def add(self, now: float, runs: Iterable[tuple[str, str]]) -> None:
+    def add(self, now: float, runs: Iterable[RunRef]) -> None:
         """Runs committed at ``now`` (a monotonic time); older ones than the window go."""
         horizon = now - self.window_s
         with self._lock:
@@ -40,7 +42,7 @@ class RecentCommits:
             while kept and kept[0][0] < horizon:
                 kept.popleft()
 
-    def met(self, server_started: object) -> list[tuple[str, str]]:
+    def met(self, server_started: object) -> list[RunRef]:
         """A connection met a server that started at ``server_started``: the runs to wake
         again, once each, when that is another start than the one met before (none on the
         first meeting, nor when another connection met this start first)."""

@@ -21,11 +21,13 @@ from typing import Any
 
 import psycopg
 
-from processor.core.decide import Rules, reject
+from processor.core.decide import reject
 from processor.core.outcomes import DeadLetterReason
+from processor.core.plans import Rules
 from processor.core.records import Inbound
 from processor.core.request_plans import Refused, RequestAnswer, request_plan
 from processor.core.requests import Request
+from processor.core.shapes import TopicPartition
 from processor.engine.executor import Executor
 from processor.engine.stage_thread import InFlight, StageThread
 from processor.io.postgres import connections
@@ -39,7 +41,6 @@ from processor.io.telemetry.logs import describe, first_line
 
 log = logging.getLogger("ductor.requests")
 
-TP = tuple[str, int]
 # Requests per statement: a backlog drains in statements of this many.
 _PER_STATEMENT = 1000
 
@@ -118,7 +119,7 @@ class RequestDesk:
         self._carry_out()
         return True
 
-    def drop_partitions(self, tps: set[TP]) -> None:
+    def drop_partitions(self, tps: set[TopicPartition]) -> None:
         """Forget the waiting requests of partitions given up: their next owner redoes them."""
         self._waiting = [item for item in self._waiting if item[1].tp not in tps]
 

@@ -13,10 +13,11 @@ from confluent_kafka import KafkaError
 
 from processor.core.envelope import Wakeup
 from processor.core.routing import TopicNames, partition_for
+from processor.core.shapes import RunRef
 from processor.core.stats import Stats
 from processor.engine.ledger import Ledger
 from processor.engine.recent_commits import RECENT_COMMITS_S
-from processor.io.kafka.clients import Outbox
+from processor.io.kafka.clients import Publisher
 
 log = logging.getLogger("ductor.executor")
 
@@ -24,21 +25,21 @@ log = logging.getLogger("ductor.executor")
 class Rewake:
     def __init__(
         self,
-        outbox: Outbox,
+        publisher: Publisher,
         partitions: Mapping[str, int],  # filled by the processor once the topics are known
         names: TopicNames,
         ledger: Ledger,
         stats: Stats,
         wall_ms: Callable[[], int],
     ) -> None:
-        self._outbox = outbox
+        self._publisher = publisher
         self._partitions = partitions
         self._names = names
         self._ledger = ledger
         self._stats = stats
         self._wall_ms = wall_ms
 
-    def rewake(self, runs: list[tuple[str, str]], reason: str = "sweep") -> None:
+    def rewake(self, runs: list[RunRef], reason: str = "sweep") -> None:
         """Wake overdue runs again, each on its own tier (their wakeups were lost, a deadline
         passed, or a recorded result waits for a tick)."""
         now_ms = self._wall_ms()
@@ -47,11 +48,11 @@ class Rewake:
                 topic = self._names.wakeup(tier)
                 wakeup = Wakeup(run_id=run_id, reason=reason, produced_at=now_ms)
                 partition = partition_for(run_id, self._partitions[topic])
-                self._outbox.send(topic, wakeup.encode(), wakeup.key(), self._sent, partition)
+                self._publisher.send(topic, wakeup.encode(), wakeup.key(), self._sent, partition)
             except Exception as exc:  # the run stays overdue: the next sweep wakes it again
                 self._ledger.isolated("sweep", run_id, exc)
 
-    def replay_after_restart(self, runs: list[tuple[str, str]]) -> None:
+    def replay_after_restart(self, runs: list[RunRef]) -> None:
         """The database restarted, or another server took its place: the runs this instance
         committed just before are woken again, in case the server lost their commits
         (engine/recent_commits.py)."""

@@ -34,7 +34,8 @@ from processor.core.batch_values import (
     WakeWaiters,
     WriteForceFail,
 )
-from processor.core.decide import BatchItem, Rules
+from processor.core.plans import BatchItem, Rules
+from processor.core.shapes import OutboxKey
 from processor.engine.database import Database
 from processor.engine.recent_commits import RecentCommits
 from processor.engine.stage_thread import InFlight, StageThread
@@ -135,9 +136,7 @@ class DatabaseStage:
         self._runner = StageThread(threads=threads)
         self._recent = recent or RecentCommits()
 
-    def start(
-        self, items: list[BatchItem], acknowledged: list[tuple[str, int]]
-    ) -> InFlight[Staged]:
+    def start(self, items: list[BatchItem], acknowledged: list[OutboxKey]) -> InFlight[Staged]:
         """Run the stage on the database thread (the executor starts one only once the
         previous one ended)."""
         return self._runner.submit(lambda: self.run(items, acknowledged))
@@ -149,7 +148,7 @@ class DatabaseStage:
         """Forget the connection (after a failure, or at the end); the next batch reopens it."""
         self._db.close()
 
-    def run(self, items: list[BatchItem], acknowledged: list[tuple[str, int]]) -> Staged:
+    def run(self, items: list[BatchItem], acknowledged: list[OutboxKey]) -> Staged:
         """Drive the batch protocol to its outcome: each request carried out, its answer sent
         back. Touches nothing but its Database, the recent commits and its result."""
         timer = _Timer(self._clock)

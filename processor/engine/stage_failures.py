@@ -76,7 +76,7 @@ class StageFailures:
         self.database_ok = True
         self._outage.ok()
 
-    def commit_answered(self, read_back: ReadBackResult | None, attempts: int) -> None:
+    def commit_answered(self, read_back: ReadBackResult | None, sent: int) -> None:
         """The commit answered (``read_back`` None), or its answer was lost with its
         connection and reading the rows back told which runs it moved (counted apart:
         neither a conflict nor a lost transition)."""
@@ -85,7 +85,7 @@ class StageFailures:
             return
         self._unknown_streak += 1
         not_landed = read_back.not_landed
-        landed = attempts - len(not_landed)
+        landed = sent - len(not_landed)
         self._stats.unknown_commits["landed"] += landed
         self._stats.unknown_commits["not_landed"] += len(not_landed)
         self._stats.errors[type(read_back.error).__name__] += 1

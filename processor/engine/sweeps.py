@@ -11,9 +11,9 @@ import logging
 from collections.abc import Callable
 from functools import partial
 
-from processor.core.decide import Rules, reject
+from processor.core.decide import reject
 from processor.core.pending import RunWork
-from processor.core.plans import Send
+from processor.core.plans import Rules, Send
 from processor.core.stats import Stats
 from processor.engine.executor import Executor
 from processor.engine.ledger import Ledger

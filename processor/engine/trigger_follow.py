@@ -9,12 +9,14 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping
 
-from confluent_kafka import OFFSET_BEGINNING, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING
+from confluent_kafka import TopicPartition as KafkaTopicPartition
 
 from processor.core.intake import Reject, Requested, Skipped, admit_trigger
 from processor.core.outcomes import DeadLetterReason
 from processor.core.records import Inbound, KafkaMessage
 from processor.core.routing import TopicNames
+from processor.core.shapes import TopicPartition
 from processor.core.stats import Stats
 from processor.core.triggers import Trigger
 from processor.io.postgres.trigger_store import TriggerSet
@@ -76,8 +78,8 @@ class TriggerFollower:
         return known
 
     def start_at(
-        self, partition: TopicPartition, uncommitted: set[tuple[str, int]] | None
-    ) -> TopicPartition:
+        self, partition: KafkaTopicPartition, uncommitted: set[TopicPartition] | None
+    ) -> KafkaTopicPartition:
         """A trigger's partition the group never read starts where the trigger was created;
         every other partition where the group's offset says."""
         trigger = self._set.by_topic.get(partition.topic)
@@ -85,7 +87,7 @@ class TriggerFollower:
         if trigger is None or uncommitted is None or tp not in uncommitted:
             return partition
         start = trigger.start_offset(partition.partition)
-        return TopicPartition(*tp, OFFSET_BEGINNING if start is None else start)
+        return KafkaTopicPartition(*tp, OFFSET_BEGINNING if start is None else start)
 
     def admit(self, message: KafkaMessage) -> Requested | Skipped | Reject | None:
         """The verdict on a record of a source topic, counted; None when its trigger is gone

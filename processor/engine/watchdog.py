@@ -48,8 +48,9 @@ from typing import TypeVar
 
 import psycopg
 
-from processor.core.decide import Send
+from processor.core.plans import Send
 from processor.core.routing import TopicNames
+from processor.core.shapes import RunRef
 from processor.core.stuck import Fail, Leave, StuckVerdict, Wake
 from processor.engine.database import Database
 from processor.engine.recent_commits import RecentCommits
@@ -84,7 +85,7 @@ class SweepResult:
     """What one sweep found and did, handed from the sweep thread to the poll loop."""
 
     # Runs to wake, with their tiers (overdue, given a kept signal, or started by a schedule).
-    overdue: list[tuple[str, str]] = field(default_factory=list)
+    overdue: list[RunRef] = field(default_factory=list)
     force_failed: list[tuple[str, str]] = field(default_factory=list)  # stuck: (run, workflow)
     # The records of those ends (their children's wakeups, their parents'), written to the
     # outbox with each: (run id, transition seq, records), to send now.
@@ -96,7 +97,7 @@ class SweepResult:
     triggers: TriggerSet | None = None  # read again by this sweep
     # The database restarted (or failed over) since the last sweep: the runs committed just
     # before, to wake again (engine/recent_commits.py).
-    replay: list[tuple[str, str]] = field(default_factory=list)
+    replay: list[RunRef] = field(default_factory=list)
     error: psycopg.Error | None = None
     isolated: int = 0  # exceptions nobody foresaw, each left with its item (logged here)
 
@@ -213,8 +214,8 @@ class Watchdog:
         self._write_marks()
         failed: list[tuple[str, str]] = []
         ended: list[tuple[str, int, tuple[Send, ...]]] = []
-        woken: list[tuple[str, str]] = []
-        overdue: list[tuple[str, str]] = []
+        woken: list[RunRef] = []
+        overdue: list[RunRef] = []
         expired: list[KeptDeadLetter] = []
         if owned:
             failed, ended, woken = self._stuck(modulus, owned)
@@ -259,15 +260,13 @@ class Watchdog:
 
     def _stuck(
         self, modulus: int, owned: list[int]
-    ) -> tuple[
-        list[tuple[str, str]], list[tuple[str, int, tuple[Send, ...]]], list[tuple[str, str]]
-    ]:
+    ) -> tuple[list[tuple[str, str]], list[tuple[str, int, tuple[Send, ...]]], list[RunRef]]:
         """The stuck runs of the owned shards, settled one by one: those force-failed (with
         the records their ends wrote to the outbox) and those to wake."""
         s = self._settings
         failed: list[tuple[str, str]] = []
         ended: list[tuple[str, int, tuple[Send, ...]]] = []
-        woken: list[tuple[str, str]] = []
+        woken: list[RunRef] = []
         stuck = self._db.stuck(modulus, owned, s.stuck_after_s, s.grace_s, s.limit)
         self._faults.hit(Point.STUCK_SELECTED, [run_id for run_id, _seq in stuck])
         now_ms = self._wall_ms()
@@ -284,12 +283,12 @@ class Watchdog:
 
     def _owned_parts(
         self, modulus: int, owned: list[int]
-    ) -> tuple[list[tuple[str, str]], list[KeptDeadLetter]]:
+    ) -> tuple[list[RunRef], list[KeptDeadLetter]]:
         """The runs to wake of the owned shards (overdue, freed lingering slots, adopted kept
         signals, fired schedules) and the kept signals claimed for their dead letters; each
         part isolated from the others."""
         s = self._settings
-        none_woken: list[tuple[str, str]] = []
+        none_woken: list[RunRef] = []
         overdue = self._part(
             "the overdue runs",
             lambda: self._db.overdue(modulus, owned, s.grace_s, s.limit),

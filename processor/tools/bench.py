@@ -38,6 +38,7 @@ from dataclasses import replace
 from typing import Any
 
 from processor.io.config.settings import load_settings
+from processor.tools.bench_floor import floor_lines
 from processor.tools.bench_harness import fresh_database
 from processor.tools.bench_latency import measure_idle
 from processor.tools.bench_phases import SCALING_PARTITIONS, Bench
@@ -114,6 +115,7 @@ def run(args: argparse.Namespace) -> int:
         _hot_mixes(bench, figures, args)
         runs = bench.n(args.e2e_runs)
         _end_to_end_and_scaling(bench, runs, "", figures.e2e, figures.scaling)
+        _latency_beside_a_load(bench, figures)
         if args.builds:
             _pure_python(bench, figures, runs, args.build_rounds)
         if args.cluster:
@@ -170,6 +172,7 @@ def _one_instance(bench: Bench, figures: Figures, sink: OtlpSink) -> None:
     print("idle latency: runs of the 4-step workflow one at a time ...", flush=True)
     bench.phase("idle-latency")
     figures.idle_latency = measure_idle(bench, runs=30)
+    figures.floor = floor_lines(bench.settings, tries=200)
     target = figures.instance / 2
     print(f"latency of one instance at ~{target:.0f} ticks/s (half its peak) ...", flush=True)
     bench.phase("latency")
@@ -214,6 +217,16 @@ def _end_to_end_and_scaling(
         print(f"scaling{where}: {instances} instance(s) in one group ...", flush=True)
         bench.phase(f"{label}scale{instances}", partitions=SCALING_PARTITIONS)
         scaling.append(bench.scaling(instances))
+
+
+def _latency_beside_a_load(bench: Bench, figures: Figures) -> None:
+    """One run at a time again, beside other runs started at a tenth of the end-to-end peak
+    of 1 processor + 1 worker."""
+    one = figures.e2e[0]
+    per_s = 0.1 * one["runs"] / one["cost"].seconds
+    print(f"latency beside a load: runs one at a time, {per_s:.0f} others/s ...", flush=True)
+    bench.phase("loaded-latency")
+    figures.loaded_latency = measure_idle(bench, runs=30, background_per_s=per_s)
 
 
 def _pure_python(bench: Bench, figures: Figures, runs: int, rounds: int) -> None:

@@ -12,10 +12,12 @@ import psycopg
 from confluent_kafka import Consumer, Producer
 from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 
-from processor.core.decide import Commit, tick_batch
+from processor.core.decide import tick_batch
 from processor.core.envelope import Wakeup, decode_wakeup
 from processor.core.model import LoadedRun
+from processor.core.plans import Commit
 from processor.core.routing import TopicNames
+from processor.core.shapes import OutboxKey
 from processor.core.tick import tick
 from processor.io.config.settings import Settings
 from processor.io.kafka.clients import produce
@@ -44,7 +46,7 @@ def ceiling_rate(
     meter.start()
     started = time.perf_counter()
     committed = 0
-    acknowledged: list[tuple[str, int]] = []
+    acknowledged: list[OutboxKey] = []
     for batch in batches:  # each commit deletes the previous batch's outbox rows, as live
         committed += len(commit_batch(conn, batch, acknowledged).committed)
         acknowledged = [(c.run_id, c.state.seq) for c in batch]

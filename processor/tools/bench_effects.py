@@ -27,8 +27,8 @@ from typing import Any
 import orjson
 import psycopg
 
-from processor.core.model import initial_state, state_checksum
 from processor.core.routing import run_shard
+from processor.core.run_state import initial_state, state_checksum
 from processor.core.tick import tick
 from processor.core.workflow import parse_workflow
 from processor.io.config.settings import load_settings

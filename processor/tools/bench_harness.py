@@ -21,7 +21,8 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from processor.core.envelope import Wakeup
 from processor.core.routing import DEFAULT_QUEUE, TopicNames
-from processor.core.workflow import WorkflowDef, parse_workflow
+from processor.core.workflow import parse_workflow
+from processor.core.workflow_def import WorkflowDef
 from processor.io.config.settings import Settings, child_env
 from processor.io.kafka.clients import choose_partition, produce
 from processor.io.kafka.configs import admin_config, producer_config

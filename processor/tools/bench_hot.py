@@ -30,20 +30,23 @@ from confluent_kafka import Producer
 from opentelemetry.trace import Span
 
 from processor.build import compiled_modules
-from processor.core.decide import BatchItem, Plan, Rules, decide, tick_batch
+from processor.core.decide import decide, tick_batch
 from processor.core.envelope import Wakeup
 from processor.core.intake import Accepted, admit
-from processor.core.model import Loaded, LoadedRun, NodeStatus, row_checksum
+from processor.core.model import Loaded, LoadedRun
 from processor.core.offsets import OffsetTracker
 from processor.core.outcomes import Outcome
 from processor.core.pending import RunBook
+from processor.core.plans import BatchItem, Plan, Rules
 from processor.core.records import ClientError
 from processor.core.routing import TopicNames
+from processor.core.run_state import NodeStatus, row_checksum
 from processor.core.stats import Stats
-from processor.core.workflow import WorkflowDef, parse_workflow
+from processor.core.workflow import parse_workflow
+from processor.core.workflow_def import WorkflowDef
 from processor.engine.assembly import build_executor, commons
 from processor.engine.database import Database
-from processor.io.kafka.clients import Outbox
+from processor.io.kafka.clients import Publisher
 from processor.io.kafka.logs import with_logger
 from processor.io.postgres import store
 from processor.io.runtime.clock import Clock
@@ -188,7 +191,9 @@ def _carry_out(running: dict[str, Loaded], messages: list[_Message]) -> Callable
     rules = Rules(NAMES, livelock_requeues=3)
     book: RunBook[Span] = RunBook()
     clock = Clock(lambda: 100.0, lambda: NOW_MS)
-    shared = commons(Outbox(producer), partitions, NAMES, stats, Telemetry(), clock, None, tracker)
+    shared = commons(
+        Publisher(producer), partitions, NAMES, stats, Telemetry(), clock, None, tracker
+    )
     database = Database("postgresql://nobody@127.0.0.1:1/none")  # never opened
     executor = build_executor(shared, database, rules, book)
     commits = tick_batch(running, NOW_MS, NAMES)

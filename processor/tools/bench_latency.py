@@ -31,24 +31,33 @@ host clock here; on separate hosts the hops would carry their clocks' offsets.
 from __future__ import annotations
 
 import sys
+import threading
 import time
 from collections.abc import Iterable, Mapping, Sequence
 
-from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer
+from confluent_kafka import TopicPartition as KafkaTopicPartition
 
 from processor.client import start_run, wait_for_run
 from processor.core.step_task import decode_step_task
 from processor.io.config.settings import load_settings
+from processor.io.kafka.configs import producer_config
 from processor.io.kafka.logs import with_logger
+from processor.tools.bench_floor import floor_lines
 from processor.tools.bench_harness import Harness, fresh_database
 from processor.tools.bench_support import stop
 from processor.tools.latency_figures import STEPS, IdleLatency, RunTimes, report_idle, summarise
 from processor.tools.waiting import polls
 
 
-def measure_idle(bench: Harness, runs: int, warmup: int = 5) -> IdleLatency:
-    """Start ``runs`` runs one at a time with a processor and a worker up; their times."""
+def measure_idle(
+    bench: Harness, runs: int, warmup: int = 5, background_per_s: float = 0.0
+) -> IdleLatency:
+    """Start ``runs`` runs one at a time with a processor and a worker up; their times. With
+    ``background_per_s``, other runs of the same workflow are started at that steady rate
+    meanwhile (the latency of one run beside a light load)."""
     settings = bench.settings
+    background = Background(bench, background_per_s) if background_per_s > 0 else None
     children = [
         bench.spawn(["process"], {}, "idle-process"),
         bench.spawn(["worker", "--concurrency", "8"], {}, "idle-worker"),
@@ -58,6 +67,8 @@ def measure_idle(bench: Harness, runs: int, warmup: int = 5) -> IdleLatency:
     try:
         bench.wait_group(settings.group_id, 1, coordinator=True)
         bench.wait_group(settings.worker_group_id, 1, coordinator=False)
+        if background is not None:
+            background.start()
         for i, run_id in enumerate(bench.ids("idle", warmup + runs)):
             started = time.time() * 1000
             start_run(settings, workflow, run_id)
@@ -65,10 +76,42 @@ def measure_idle(bench: Harness, runs: int, warmup: int = 5) -> IdleLatency:
             if i >= warmup:
                 timed[run_id] = (started, time.time() * 1000)
     finally:
+        if background is not None:
+            background.stop()
         for child in children:
             stop(child)
     dispatched = _dispatch_times(bench, set(timed))
-    return summarise(list(_run_times(bench, timed, dispatched)))
+    return summarise(list(_run_times(bench, timed, dispatched)), background_per_s)
+
+
+class Background:
+    """Runs of the 4-step workflow started at a steady rate on a thread of their own, from
+    ``start`` to ``stop`` (inserted beforehand, as the end-to-end phase inserts its runs)."""
+
+    SECONDS = 120  # runs inserted for this long at the rate; the phase takes far less
+
+    def __init__(self, bench: Harness, per_s: float) -> None:
+        self._bench, self._per_s = bench, per_s
+        self._ids = bench.ids("load", int(per_s * self.SECONDS))
+        bench.insert(bench.quad, self._ids)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="bench-load", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(30)
+
+    def _run(self) -> None:
+        producer = Producer(with_logger(producer_config(self._bench.settings, "bench-load")))
+        started = time.monotonic()
+        for i, run_id in enumerate(self._ids):
+            if self._stop.wait(max(0.0, started + i / self._per_s - time.monotonic())):
+                break
+            self._bench.produce_start(producer, run_id, duplicates=1, by_run=True)
+        producer.flush(30)
 
 
 def _dispatch_times(bench: Harness, run_ids: set[str]) -> dict[tuple[str, str], float]:
@@ -86,7 +129,7 @@ def _dispatch_times(bench: Harness, run_ids: set[str]) -> dict[tuple[str, str], 
     )
     try:
         partitions = consumer.list_topics(topic, timeout=10).topics[topic].partitions
-        consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in partitions])
+        consumer.assign([KafkaTopicPartition(topic, p, OFFSET_BEGINNING) for p in partitions])
         found: dict[tuple[str, str], float] = {}
         at_end: set[int] = set()
         for _ in polls(60, 0.0):  # no pause between polls: each waits up to 1 s for a record
@@ -150,18 +193,21 @@ def _per_step(
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Only this phase (`python -m processor.tools.bench_latency [RUNS]`), on the bench's
-    own fresh database: quicker than the whole benchmark while working on latency."""
+    """Only this phase (`python -m processor.tools.bench_latency [RUNS [RUNS_PER_S]]`: beside
+    other runs started at that rate), on the bench's own fresh database: quicker than the
+    whole benchmark while working on latency."""
     args = list(sys.argv[1:] if argv is None else argv)
     runs = int(args[0]) if args else 30
+    per_s = float(args[1]) if len(args) > 1 else 0.0
     bench = Harness(fresh_database(load_settings()), 1.0)
     bench.setup()
     try:
         bench.phase("idle")
-        figures = measure_idle(bench, runs)
+        figures = measure_idle(bench, runs, background_per_s=per_s)
+        floor = floor_lines(bench.settings, tries=200)
     finally:
         bench.teardown()
-    print("\n".join(report_idle(figures)))
+    print("\n".join([*report_idle(figures), *floor]))
     return 0
 
 

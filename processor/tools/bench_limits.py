@@ -27,9 +27,11 @@ from typing import Any
 import psycopg
 
 from processor.core.decide import tick_batch
-from processor.core.model import LoadedRun, NodeStatus
+from processor.core.model import LoadedRun
 from processor.core.routing import TopicNames
-from processor.core.workflow import WorkflowDef, parse_workflow
+from processor.core.run_state import NodeStatus
+from processor.core.workflow import parse_workflow
+from processor.core.workflow_def import WorkflowDef
 from processor.io.config.settings import load_settings
 from processor.io.postgres import limit_store, store
 from processor.io.postgres.migrate import migrate

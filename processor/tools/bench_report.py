@@ -37,7 +37,9 @@ def report(f: Figures) -> None:
             f" p50 {lat['p50']:.1f} ms, p99 {lat['p99']:.1f} ms (target p99 <= 50)"
         )
     if f.idle_latency is not None:
-        print("\n".join(f"  {line}" for line in report_idle(f.idle_latency)))
+        print("\n".join(f"  {line}" for line in [*report_idle(f.idle_latency), *f.floor]))
+    if f.loaded_latency is not None:
+        print("\n".join(f"  {line}" for line in report_idle(f.loaded_latency)))
     for name, hot in (("co-partitioned by run", f.hot_on), ("spread over partitions", f.hot_off)):
         if hot is None:
             continue

@@ -138,6 +138,8 @@ class Figures:
     rss: int = 0
     latency: dict[str, Any] | None = None
     idle_latency: IdleLatency | None = None  # one run at a time (bench_latency.py)
+    loaded_latency: IdleLatency | None = None  # the same beside a tenth of the peak
+    floor: list[str] = field(default_factory=list)  # one hop's floor (bench_floor.py), printed
     hot_on: dict[str, Any] | None = None
     hot_off: dict[str, Any] | None = None
     costs: dict[str, Cost] = field(default_factory=dict)  # by phase, in the order measured

@@ -34,14 +34,15 @@ from typing import Any
 import psycopg
 
 from processor.client import start_runs
-from processor.core.workflow import WorkflowDef, parse_workflow
+from processor.core.workflow import parse_workflow
+from processor.core.workflow_def import WorkflowDef
 from processor.io.config.settings import Settings
 from processor.io.postgres.connections import connect_durable
 from processor.io.postgres.run_counts import count_ended
 from processor.io.postgres.step_attempts import UNSTARTED
 from processor.io.postgres.workflows import register_workflow
 from processor.tools import chaos_steps
-from processor.tools.chaos_fleet import WORKER, Arming, Fleet
+from processor.tools.chaos_fleet import WORKER, Arming, ChaosFleet
 from processor.tools.waiting import polls
 
 WORKFLOW = "chaos-backlog"
@@ -228,7 +229,9 @@ def run_backlog(
         kills.append(time.time())
         out(f"{time.monotonic() - began:6.1f} s  {kind}: {name}")
 
-    fleet = Fleet(children, log_dir, plan.processors, plan.workers, rng, Arming(budget=0), killed)
+    fleet = ChaosFleet(
+        children, log_dir, plan.processors, plan.workers, rng, Arming(budget=0), killed
+    )
     out(f"chaos backlog: {plan.runs} runs, {plan.kills} worker kills; logs in {log_dir}")
     began = time.monotonic()
     fleet.start()
@@ -255,7 +258,7 @@ def run_backlog(
 
 
 def _kill_and_wait(
-    fleet: Fleet,
+    fleet: ChaosFleet,
     plan: BacklogPlan,
     run_ids: list[str],
     prefix: str,

@@ -11,7 +11,7 @@ from typing import Any
 
 import psycopg
 
-from processor.core.workflow import WorkflowDef
+from processor.core.workflow_def import WorkflowDef
 from processor.io.kafka.dlq import DeadLetter
 from processor.io.postgres.connections import connect_durable
 from processor.io.postgres.run_counts import (
@@ -22,7 +22,7 @@ from processor.io.postgres.run_counts import (
 )
 from processor.tools import audit, chaos_steps
 from processor.tools.audit import TimedOut
-from processor.tools.chaos_fleet import KILL_WORKER, PROCESSOR, WORKER, Fleet
+from processor.tools.chaos_fleet import KILL_WORKER, PROCESSOR, WORKER, ChaosFleet
 from processor.tools.chaos_hostile_check import HostileVerdict
 from processor.tools.chaos_report import FREEZE, LOCK, ChaosReport, Totals, Window
 
@@ -141,7 +141,9 @@ def _run_problems(found: _Found, run_ids: Sequence[str]) -> list[str]:
     return problems
 
 
-def _process_problems(found: _Found, fleet: Fleet, stop_codes: dict[str, int | None]) -> list[str]:
+def _process_problems(
+    found: _Found, fleet: ChaosFleet, stop_codes: dict[str, int | None]
+) -> list[str]:
     """Rows written without their version, effects left over, processes that ended badly."""
     problems = []
     if found.unversioned:
@@ -185,7 +187,7 @@ def check(
     prefix: str,
     run_ids: Sequence[str],
     wf: WorkflowDef,
-    fleet: Fleet,
+    fleet: ChaosFleet,
     windows: list[Window],
     session_timeout_s: float,
     stop_codes: dict[str, int | None],

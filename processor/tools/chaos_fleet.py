@@ -81,7 +81,7 @@ class Arming:
     commits: tuple[int, int] = (3, 40)
 
 
-class Fleet:
+class ChaosFleet:
     """Processors and workers started from ``settings``; thread-safe (the fault schedule and
     the watch thread both act on it)."""
 

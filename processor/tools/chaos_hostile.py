@@ -37,7 +37,8 @@ from confluent_kafka import KafkaError, Producer
 
 from processor.core.requests import SignalRequest, StartRequest
 from processor.core.routing import TopicNames, partition_for
-from processor.core.workflow import MAP_ITEMS_LIMIT, WorkflowDef, parse_workflow
+from processor.core.workflow import parse_workflow
+from processor.core.workflow_def import MAP_ITEMS_LIMIT, WorkflowDef
 from processor.io.config.settings import Settings
 from processor.io.kafka.clients import produce, topic_partitions
 from processor.io.kafka.configs import producer_config

@@ -22,7 +22,7 @@ from confluent_kafka import KafkaError, Producer
 
 from processor.core.envelope import Wakeup
 from processor.core.routing import TopicNames
-from processor.core.workflow import WorkflowDef
+from processor.core.workflow_def import WorkflowDef
 from processor.io.config.settings import Settings
 from processor.io.kafka.clients import produce, topic_partitions
 from processor.io.kafka.configs import producer_config

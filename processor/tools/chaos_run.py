@@ -13,7 +13,8 @@ from typing import TYPE_CHECKING
 import psycopg
 from confluent_kafka.admin import AdminClient, ConfigResource  # type: ignore[attr-defined]
 
-from processor.core.workflow import WorkflowDef, parse_workflow
+from processor.core.workflow import parse_workflow
+from processor.core.workflow_def import WorkflowDef
 from processor.io.config.settings import Settings
 from processor.io.kafka.configs import admin_config
 from processor.io.kafka.dlq import DlqError, read_dead_letters
@@ -24,7 +25,7 @@ from processor.io.postgres.workflows import register_workflow
 from processor.io.shipped.files import sample_workflow
 from processor.tools import audit, chaos_steps
 from processor.tools.chaos_checks import check
-from processor.tools.chaos_fleet import PROCESSOR, WORKER, Fleet
+from processor.tools.chaos_fleet import PROCESSOR, WORKER, ChaosFleet
 from processor.tools.chaos_hostile import HostileProducer, map_run_id, map_workflow, scoped
 from processor.tools.chaos_hostile_check import check_hostile
 from processor.tools.chaos_load import Feeder
@@ -69,7 +70,7 @@ class _Chaos:
             shutdown_timeout_s=10.0,
         )
         self.map_id = map_run_id(settings.topic_prefix)
-        self.fleet = Fleet(
+        self.fleet = ChaosFleet(
             children, log_dir, plan.processors, plan.workers, rng, plan.arming, self._fault
         )
         self.began = time.monotonic()

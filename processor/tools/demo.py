@@ -28,7 +28,8 @@ from confluent_kafka.admin import AdminClient
 from processor.core.envelope import Wakeup
 from processor.core.model import SignalKind
 from processor.core.routing import TopicNames, partition_for
-from processor.core.workflow import WorkflowDef, parse_workflow
+from processor.core.workflow import parse_workflow
+from processor.core.workflow_def import WorkflowDef
 from processor.io.config.settings import Settings, child_env
 from processor.io.kafka.clients import produce, topic_partitions
 from processor.io.kafka.configs import admin_config, producer_config
@@ -218,7 +219,7 @@ class HotPoker:
         self._thread.join(15)
 
 
-class Fleet:
+class DemoFleet:
     """The demo's child processes: two processors and a worker, each logging to a file of
     its own in ``log_dir``."""
 
@@ -283,7 +284,7 @@ def run_demo(
         f" {len(plan.to_cancel)} to cancel, some meant to fail)"
     )
     logs = demo_log_dir()
-    fleet = Fleet(settings, logs)
+    fleet = DemoFleet(settings, logs)
     started = time.monotonic()
     wake(settings, plan, hot_copies)
     poker = HotPoker(settings, plan.hot)

@@ -32,7 +32,8 @@ import psycopg
 
 from processor.client import start_runs
 from processor.core.routing import TIERS
-from processor.core.workflow import WorkflowDef, parse_workflow
+from processor.core.workflow import parse_workflow
+from processor.core.workflow_def import WorkflowDef
 from processor.io.config.settings import Settings, child_env, load_settings
 from processor.io.kafka.topics import create_topics, delete_topics
 from processor.io.postgres import run_counts

@@ -57,6 +57,7 @@ class IdleLatency:
     client: Percentiles  # start_run called -> wait_for_run returned
     engine: Percentiles  # the row's creation -> its last transition
     hops: dict[str, Percentiles] = field(default_factory=dict)
+    background_per_s: float = 0.0  # other runs started meanwhile, per second
 
 
 def hops_of(run: RunTimes) -> dict[str, float]:
@@ -74,21 +75,24 @@ def hops_of(run: RunTimes) -> dict[str, float]:
     }
 
 
-def summarise(runs: Sequence[RunTimes]) -> IdleLatency:
+def summarise(runs: Sequence[RunTimes], background_per_s: float = 0.0) -> IdleLatency:
     per_run = [hops_of(run) for run in runs]
     return IdleLatency(
         runs=len(runs),
         client=Percentiles.of([run.seen - run.started for run in runs]),
         engine=Percentiles.of([run.ended - run.created for run in runs]),
         hops={hop: Percentiles.of([h[hop] for h in per_run]) for hop in HOPS},
+        background_per_s=background_per_s,
     )
 
 
 def report_idle(figures: IdleLatency) -> list[str]:
     """The phase's lines of the report."""
     c, e = figures.client, figures.engine
+    load = figures.background_per_s
+    where = f"latency beside {load:.0f} runs/s" if load else "idle latency"
     lines = [
-        f"idle latency, 4-step workflow, {figures.runs} runs one at a time (1 + 1):",
+        f"{where}, 4-step workflow, {figures.runs} runs one at a time (1 + 1):",
         f"  client start -> end seen  p50 {c.p50:.1f} ms, p90 {c.p90:.1f} ms, p99 {c.p99:.1f} ms",
         f"  engine created -> ended   p50 {e.p50:.1f} ms, p90 {e.p90:.1f} ms, p99 {e.p99:.1f} ms",
         "  per hop (ms, summed over a run's steps)      p50      p90      p99",

@@ -8,11 +8,11 @@ from __future__ import annotations
 from typing import Any
 
 from processor.core.envelope import MAX_RUN_ID_LENGTH
-from processor.core.model import RunStatus
 from processor.core.requests import MAX_NAME_LENGTH
 from processor.core.routing import TIERS
 from processor.core.run_search import MAX_TAG_VALUE, MAX_TAGS, TAG_KEY
-from processor.core.workflow import SIGNAL_NAME
+from processor.core.run_state import RunStatus
+from processor.core.workflow_def import SIGNAL_NAME
 
 _NAME = {"type": "string", "minLength": 1, "maxLength": MAX_NAME_LENGTH}
 _TAGS = {

@@ -17,7 +17,7 @@ from typing import Any, Literal
 from jsonschema import Draft202012Validator
 
 from processor.core.envelope import MAX_RUN_ID_LENGTH
-from processor.core.model import RunStatus
+from processor.core.run_state import RunStatus
 from processor.ui.api_schemas import SCHEMAS
 
 API_VERSION = "1"

@@ -38,7 +38,7 @@ from starlette.routing import Route
 
 from processor import client
 from processor.client import ClientError, Cursor, RunFilter, RunNotFound, RunPage
-from processor.core.model import RunStatus
+from processor.core.run_state import RunStatus
 from processor.io.config.settings import Settings
 from processor.io.postgres.schedules import Schedule, list_schedules
 from processor.io.telemetry.logs import first_line

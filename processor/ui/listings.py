@@ -16,8 +16,8 @@ from starlette.responses import Response
 
 from processor import client
 from processor.client import RunFilter
-from processor.core.model import RunStatus
 from processor.core.outcomes import DLQ_REASONS
+from processor.core.run_state import RunStatus
 from processor.io.config.settings import Settings
 from processor.io.kafka.dlq import DeadLetter, DlqError, read_dead_letters
 from processor.io.postgres.run_search import counts_by_workflow

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from processor.core.routing import TopicNames
+from processor.core.shapes import TopicPartition
 from processor.io.config.settings import Settings
 from processor.io.kafka.delivery import Delivery
 from processor.io.postgres.db_clock import DatabaseClock
@@ -40,8 +41,6 @@ from processor.worker.steps import StepRegistry
 from processor.worker.tasks import State, TaskBook
 from processor.worker.watch import DeadlineWatch
 
-TP = tuple[str, int]
-
 
 @dataclass(frozen=True)
 class FlowParts:
@@ -60,7 +59,7 @@ class FlowParts:
     delivery: Delivery
     flush: Callable[[float], object]  # wait so long for the records on their way
     kafka_outage: Outage
-    done_offset: Callable[[TP, int], None]
+    done_offset: Callable[[TopicPartition, int], None]
     too_many_abandoned: Callable[[], None]
     partition_by_run: bool
     shutdown_timeout_s: float

@@ -8,6 +8,8 @@ from collections.abc import Callable
 
 from confluent_kafka import Message
 
+from processor.core.shapes import TopicPartition
+
 
 class Backlog:
     """The records read ahead of the tasks in hand, one line per tier (the steps topics of a
@@ -62,7 +64,7 @@ class Backlog:
     def low(self) -> bool:
         return self._count <= self.LIMIT // 2 and self._bytes <= self.LIMIT_BYTES // 2
 
-    def drop(self, tps: set[tuple[str, int]]) -> None:
+    def drop(self, tps: set[TopicPartition]) -> None:
         """Forget the records of these partitions (they went)."""
         kept = [m for line in self._lines for m in line if (m.topic(), m.partition()) not in tps]
         self.clear()

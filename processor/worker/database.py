@@ -50,15 +50,15 @@ from processor.worker.lanes import STOPPED, Lane, Stopped
 from processor.worker.messages import (
     Answer,
     Claimed,
-    ClaimVerdict,
     NotCurrent,
     Permitted,
     Recorded,
     RecordResults,
     Request,
+    TaskClaim,
     ToRecord,
 )
-from processor.worker.steps import Outcome
+from processor.worker.steps import AttemptResult
 from processor.worker.tasks import Task
 
 log = logging.getLogger("ductor.worker")
@@ -238,14 +238,14 @@ class WorkerDatabase:
             return STOPPED
         if permit:
             self._answer(Permitted(permit))
-        claimed: list[ClaimVerdict] = []
+        claimed: list[TaskClaim] = []
         for task, (facts, read, details) in zip(tasks, answers, strict=True):
             decided = verdict(facts, self._rules.max_starts, may_judge)
             if read is not None:
                 self.fetched += 1
             data = read if read is not None else task.data
             starts = facts.claimed_starts or facts.starts or 0
-            claimed.append(ClaimVerdict(task, decided, starts, data, details))
+            claimed.append(TaskClaim(task, decided, starts, data, details))
         self._answer(Claimed(claimed))
         return None
 
@@ -307,7 +307,9 @@ class WorkerDatabase:
                 return False
             # The attempt fails, saying why (a bare failure: this recursion ends here).
             why = f"the step's result could not be stored: {describe(exc)}"
-            return self._record_one(result._replace(outcome=Outcome.failed(why), details=None))
+            return self._record_one(
+                result._replace(outcome=AttemptResult.failed(why), details=None)
+            )
         if gone is STOPPED:
             return STOPPED
         if gone:

@@ -37,8 +37,9 @@ from collections.abc import Callable
 
 from confluent_kafka import Message
 
-from processor.core.claims import SKIPPED, Verdict, died_reason
+from processor.core.claims import SKIPPED, ClaimVerdict, died_reason
 from processor.core.failures import no_traceback
+from processor.core.shapes import TopicPartition
 from processor.io.postgres.step_attempts import Report
 from processor.io.postgres.step_data import MissingData
 from processor.io.runtime.clock import Clock
@@ -50,26 +51,25 @@ from processor.worker.intake import Intake, isolated, too_late
 from processor.worker.isolation import PROCESS_DIED
 from processor.worker.messages import (
     Claimed,
-    ClaimVerdict,
     Ended,
     News,
     NotCurrent,
     Over,
     Permitted,
     Recorded,
+    TaskClaim,
 )
 from processor.worker.metrics import WorkerMetrics
 from processor.worker.options import WorkerOptions
 from processor.worker.results import Results, ids
 from processor.worker.runs import Runs, end_span
 from processor.worker.stats import WorkerStats
-from processor.worker.steps import Outcome
+from processor.worker.steps import AttemptResult
 from processor.worker.tasks import State, Task, TaskBook
 from processor.worker.watch import DeadlineWatch
 
 log = logging.getLogger("ductor.worker")
 
-TP = tuple[str, int]
 
 # Tasks held (waiting for another worker) past this many per slot stop the intake too.
 HELD_PER_SLOT = 8
@@ -195,7 +195,7 @@ class TaskFlow:
         self._results.send()
         self._claims.ask(now)
 
-    def releasing(self, tps: set[TP], commit: bool) -> None:
+    def releasing(self, tps: set[TopicPartition], commit: bool) -> None:
         """Partitions go. Tasks not claimed yet are the next owner's; claimed ones not started
         are given back; running ones run to their end here (the next owner finds them held,
         then recorded), their offsets no longer ours."""
@@ -254,8 +254,8 @@ class TaskFlow:
             )
         elif isinstance(answer, NotCurrent):
             for task in answer.tasks:
-                if task.state is State.RUNNING and not task.attempt.cancelled:
-                    task.attempt.cancel()
+                if task.state is State.RUNNING and not task.handle.cancelled:
+                    task.handle.cancel()
         elif isinstance(answer, Permitted):
             self._claims.permitted(answer.through)
 
@@ -269,20 +269,20 @@ class TaskFlow:
             except Exception as exc:
                 self._task_failed(claim.task, "claimed", exc)
 
-    def _claimed(self, claim: ClaimVerdict) -> None:
+    def _claimed(self, claim: TaskClaim) -> None:
         task, verdict = claim.task, claim.verdict
         if not self._book.has(task):  # let go meanwhile (its partition went, the worker stops)
-            if verdict is Verdict.RUN:
+            if verdict is ClaimVerdict.RUN:
                 self._claims.give_back([task])  # the next worker takes it as never started
             return
-        if (task.revoked or self.stopping) and verdict is not Verdict.RUN:
+        if (task.revoked or self.stopping) and verdict is not ClaimVerdict.RUN:
             self._book.remove(task)  # its partition's (next) owner claims it again
             return
-        if verdict is Verdict.RUN:
+        if verdict is ClaimVerdict.RUN:
             self._claimed_to_run(claim)
-        elif verdict is Verdict.RERUN:
+        elif verdict is ClaimVerdict.RERUN:
             self._claims.suspect(task)
-        elif verdict is Verdict.DIED:
+        elif verdict is ClaimVerdict.DIED:
             self._stats.skipped["died"] += 1
             log.error(
                 "a step attempt is not run again: the worker running it died %d time(s)",
@@ -290,19 +290,19 @@ class TaskFlow:
                 extra=ids(task),
             )
             why = died_reason(claim.starts)
-            self._results.record(task, Outcome.failed(why, traceback=no_traceback(why)))
-        elif verdict is Verdict.HELD:
+            self._results.record(task, AttemptResult.failed(why, traceback=no_traceback(why)))
+        elif verdict is ClaimVerdict.HELD:
             self._claims.hold(task)
         else:
             self._skipped(task, verdict)
 
-    def _claimed_to_run(self, claim: ClaimVerdict) -> None:
+    def _claimed_to_run(self, claim: TaskClaim) -> None:
         task, data = claim.task, claim.data
         task.starts = claim.starts
         task.claimed_ns = int(self._clock.monotonic() * 1e9)
-        task.attempt.last_details = claim.details
+        task.handle.last_details = claim.details
         if isinstance(data, MissingData):  # the attempt fails; a deleted run's is dropped
-            self._results.record(task, Outcome.failed(f"the step's data: {data}"), ended=True)
+            self._results.record(task, AttemptResult.failed(f"the step's data: {data}"), ended=True)
             return
         task.data = data
         if task.revoked or self.stopping:
@@ -311,12 +311,12 @@ class TaskFlow:
         else:
             self._claims.ready(task)
 
-    def _skipped(self, task: Task, verdict: Verdict) -> None:
+    def _skipped(self, task: Task, verdict: ClaimVerdict) -> None:
         assert verdict in SKIPPED
         self._stats.skipped[verdict.value] += 1
-        if verdict is Verdict.RESEND:
+        if verdict is ClaimVerdict.RESEND:
             self._results.wake([task])  # its worker died before the run heard of the result
-        elif verdict is Verdict.AHEAD:
+        elif verdict is ClaimVerdict.AHEAD:
             log.info(  # (counted: skipped{reason=ahead})
                 "a step task its run's row never dispatched: the commit that dispatched it"
                 " was lost (a database crash or failover); waking the run to dispatch it"
@@ -353,7 +353,7 @@ class TaskFlow:
                 task.starts,
                 extra=ids(task),
             )
-        self._stats.heartbeats += task.attempt.beats
+        self._stats.heartbeats += task.handle.beats
         end_span(task, outcome)
         self._results.record(task, outcome, ended=True)
 
@@ -375,7 +375,7 @@ class TaskFlow:
             end_span(task, None, f"unexpected error: {describe(exc)}")
             why = f"the worker failed handling it: {describe(exc)}"
             # Its execution, if any, is reported over by its runner.
-            self._results.record(task, Outcome.failed(why), ended=not running)
+            self._results.record(task, AttemptResult.failed(why), ended=not running)
         except Exception as again:
             isolated(self._stats, stage, task.key.run_id, again)
             self._results.done(task)

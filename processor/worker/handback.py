@@ -37,6 +37,7 @@ from processor.core.handback import (
 )
 from processor.core.records import Headers, normalise_headers
 from processor.core.routing import TopicNames
+from processor.core.shapes import TopicPartition
 from processor.core.step_task import StepTask
 from processor.io.kafka.delivery import Delivery
 from processor.io.postgres.worker_registry import Directory
@@ -44,7 +45,6 @@ from processor.worker.stats import WorkerStats
 
 log = logging.getLogger("ductor.worker")
 
-TP = tuple[str, int]
 
 # A line about a step type is said at most this often (with the count since the last one).
 _SAY_EVERY_S = 60.0
@@ -54,7 +54,7 @@ class Foreign(NamedTuple):
     """A task this worker has no function for, as it came."""
 
     step: StepTask
-    tp: TP
+    tp: TopicPartition
     offset: int
     key: bytes | None
     value: bytes | None
@@ -74,7 +74,7 @@ class Handback:
         me: str,
         directory: Directory,
         delivery: Delivery,
-        done_offset: Callable[[TP, int], None],
+        done_offset: Callable[[TopicPartition, int], None],
         run_here: Callable[[Foreign], None],
         stats: WorkerStats,
     ) -> None:
@@ -85,7 +85,7 @@ class Handback:
         self._done_offset = done_offset
         self._run_here = run_here
         self._stats = stats  # (handed_back by step type, skipped, isolated)
-        self._waiting: dict[TP, dict[int, Foreign]] = {}
+        self._waiting: dict[TopicPartition, dict[int, Foreign]] = {}
         self._seen_version = -1  # the directory's version at the last look at the waiting
         self._said: dict[tuple[str, str], tuple[float, int]] = {}
 
@@ -96,7 +96,7 @@ class Handback:
     def take(
         self,
         message: Message,
-        tp: TP,
+        tp: TopicPartition,
         offset: int,
         step: StepTask,
         context: Headers,
@@ -152,7 +152,7 @@ class Handback:
                     )
                     self._run_here(foreign)
 
-    def releasing(self, tps: set[TP]) -> None:
+    def releasing(self, tps: set[TopicPartition]) -> None:
         """Partitions go: their waiting tasks are the next owner's."""
         for tp in tps:
             self._waiting.pop(tp, None)

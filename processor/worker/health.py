@@ -21,7 +21,8 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from confluent_kafka import Consumer, KafkaException, TopicPartition
+from confluent_kafka import Consumer, KafkaException
+from confluent_kafka import TopicPartition as KafkaTopicPartition
 
 from processor.io.config.settings import Settings
 from processor.io.kafka.configs import reader_config
@@ -96,7 +97,7 @@ class QueueLag:
         try:
             metadata = self._consumer.list_topics(timeout=_LAG_TIMEOUT_S).topics
             tps = [
-                TopicPartition(topic, p)
+                KafkaTopicPartition(topic, p)
                 for topic in self._queues
                 if topic in metadata
                 for p in metadata[topic].partitions
@@ -105,7 +106,9 @@ class QueueLag:
             waiting: dict[str, int] = {}
             for tp in committed:
                 low, high = self._consumer.get_watermark_offsets(
-                    TopicPartition(tp.topic, tp.partition), timeout=_LAG_TIMEOUT_S, cached=False
+                    KafkaTopicPartition(tp.topic, tp.partition),
+                    timeout=_LAG_TIMEOUT_S,
+                    cached=False,
                 )
                 position = tp.offset if tp.offset >= 0 else low
                 if high > position:

@@ -16,6 +16,7 @@ from confluent_kafka import TIMESTAMP_NOT_AVAILABLE, Message
 from processor.core.dead_letters import dead_letter_headers, truncate_dead_letter
 from processor.core.outcomes import DeadLetterReason
 from processor.core.records import TRACE_HEADERS, normalise_headers
+from processor.core.shapes import TopicPartition
 from processor.core.step_task import StepTask, decode_step_task
 from processor.io.kafka.delivery import Delivery
 from processor.io.postgres.db_clock import DatabaseClock
@@ -29,8 +30,6 @@ from processor.worker.steps import StepRegistry
 from processor.worker.tasks import Task, TaskBook
 
 log = logging.getLogger("ductor.worker")
-
-TP = tuple[str, int]
 
 
 class Intake:
@@ -46,7 +45,7 @@ class Intake:
         delivery: Delivery,
         dlq_topic: str,
         dlq_max_bytes: int,
-        done_offset: Callable[[TP, int], None],
+        done_offset: Callable[[TopicPartition, int], None],
         faults: Faults,
     ) -> None:
         self._book = book
@@ -89,7 +88,7 @@ class Intake:
     def _take(
         self,
         message: Message,
-        tp: TP,
+        tp: TopicPartition,
         offset: int,
         context: list[tuple[str, bytes]],
         step: StepTask,
@@ -118,14 +117,14 @@ class Intake:
             Task(foreign.step, foreign.tp, foreign.offset, foreign.context, foreign.produced_ms)
         )
 
-    def _skipped(self, tp: TP, offset: int, reason: str) -> None:
+    def _skipped(self, tp: TopicPartition, offset: int, reason: str) -> None:
         self._stats.skipped[reason] += 1
         self._done_offset(tp, offset)
 
     def _dead_letter(
         self,
         message: Message,
-        tp: TP,
+        tp: TopicPartition,
         offset: int,
         exc: Exception,
         reason: DeadLetterReason = DeadLetterReason.WRONG_SCHEMA,

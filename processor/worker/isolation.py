@@ -38,7 +38,7 @@ from processor.io.runtime.threads import ThreadWatch
 from processor.worker.app import registry_for
 from processor.worker.options import WorkerOptions
 from processor.worker.runners import Ended, Over, begin, unforeseen
-from processor.worker.steps import Attempt, Outcome, execute_async_step, execute_step
+from processor.worker.steps import AttemptResult, StepHandle, execute_async_step, execute_step
 from processor.worker.tasks import Task
 
 log = logging.getLogger("ductor.worker")
@@ -145,7 +145,7 @@ class _Slot:
         finally:
             self._kill()
 
-    def _run(self, task: Task) -> Outcome | None:
+    def _run(self, task: Task) -> AttemptResult | None:
         """The task's outcome from its child; None when it was abandoned (the child killed)."""
         conn = self._ensure_child()
         assert task.data is not None
@@ -155,15 +155,15 @@ class _Slot:
             # not unpickle), without its inline data (a read-only mapping does not pickle: the
             # data is sent as a dict).
             wire = replace(step, data=None).encode()
-            attempt = task.attempt
+            handle = task.handle
             conn.send(
                 (
                     "run",
                     wire,
                     task.data.input,
                     dict(task.data.deps),
-                    attempt.deadline_ms,
-                    attempt.last_details,
+                    handle.deadline_ms,
+                    handle.last_details,
                 )
             )
         except (OSError, ValueError) as exc:  # the child died before it took the task
@@ -173,7 +173,7 @@ class _Slot:
             if task.abandoned:
                 self._kill()
                 return None
-            if task.attempt.cancelled and not cancel_sent:
+            if task.handle.cancelled and not cancel_sent:
                 cancel_sent = True
                 with contextlib.suppress(OSError, ValueError):
                     conn.send(("cancel",))
@@ -184,11 +184,11 @@ class _Slot:
             except (EOFError, OSError):
                 return self._died("")
             if message[0] == "beat":
-                task.attempt.heartbeat(message[1])
+                task.handle.heartbeat(message[1])
             elif message[0] == "done":
-                return Outcome(*message[1])
+                return AttemptResult(*message[1])
 
-    def _died(self, detail: str) -> Outcome:
+    def _died(self, detail: str) -> AttemptResult:
         child = self._child
         code = None
         if child is not None:
@@ -203,7 +203,7 @@ class _Slot:
             how = "lost"
         why = f"{PROCESS_DIED} ({how}) while running it" + (f": {detail}" if detail else "")
         log.warning("a step's child process died: %s", how)
-        return Outcome.failed(why, traceback=no_traceback(f"{PROCESS_DIED} ({how})"))
+        return AttemptResult.failed(why, traceback=no_traceback(f"{PROCESS_DIED} ({how})"))
 
     def _ensure_child(self) -> Connection:
         if self._child is not None and self._child.is_alive() and self._conn is not None:
@@ -247,7 +247,7 @@ def _await_ready(child: BaseProcess, conn: Connection) -> None:
 # -- the child --------------------------------------------------------------------------------
 
 
-class _ChildAttempt(Attempt):
+class _ChildHandle(StepHandle):
     """The step's side in the child: heartbeats go to the worker through the pipe."""
 
     __slots__ = ("_conn", "_lock")
@@ -277,7 +277,7 @@ def child_main(conn: Connection, app: str | None) -> None:
     lock = threading.Lock()
     jobs: queue.SimpleQueue[tuple[bytes, Any, dict[str, Any], int, Any] | None]
     jobs = queue.SimpleQueue()
-    current: list[Attempt] = []
+    current: list[StepHandle] = []
 
     def read() -> None:
         try:
@@ -294,13 +294,13 @@ def child_main(conn: Connection, app: str | None) -> None:
     while (job := jobs.get()) is not None:
         wire, run_input, deps, deadline_ms, last_details = job
         step = decode_step_task(wire)
-        attempt = _ChildAttempt(deadline_ms, last_details, conn, lock)
-        current[:] = [attempt]
+        handle = _ChildHandle(deadline_ms, last_details, conn, lock)
+        current[:] = [handle]
         data = step_data(run_input, deps)
         if registry.is_async(step.step_type):
-            outcome = asyncio.run(execute_async_step(registry, step, data, attempt))
+            outcome = asyncio.run(execute_async_step(registry, step, data, handle))
         else:
-            outcome = execute_step(registry, step, data, attempt)
+            outcome = execute_step(registry, step, data, handle)
         with lock:
             conn.send(("done", tuple(outcome)))
 

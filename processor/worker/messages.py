@@ -12,11 +12,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-from processor.core.claims import Verdict
+from processor.core.claims import ClaimVerdict
 from processor.core.step_task import StepData
 from processor.io.postgres.step_attempts import Report
 from processor.io.postgres.step_data import MissingData
-from processor.worker.steps import Outcome
+from processor.worker.steps import AttemptResult
 from processor.worker.tasks import Task
 
 # -- the requests, for the database lanes -------------------------------------------------------
@@ -28,7 +28,7 @@ class ToRecord(NamedTuple):
     last heartbeat not recorded yet (JSON text)."""
 
     task: Task
-    outcome: Outcome
+    outcome: AttemptResult
     ended: bool = False
     details: str | None = None
 
@@ -93,12 +93,12 @@ Request = ClaimsRequest | RecordResults
 # -- the answers, read by the loop --------------------------------------------------------------
 
 
-class ClaimVerdict(NamedTuple):
+class TaskClaim(NamedTuple):
     """One task's claim: its verdict, which execution of its attempt it begins, its data (or
     why it has none) and the details of the last heartbeat an earlier execution recorded."""
 
     task: Task
-    verdict: Verdict
+    verdict: ClaimVerdict
     starts: int
     data: StepData | MissingData | None
     details: Any = None
@@ -108,7 +108,7 @@ class ClaimVerdict(NamedTuple):
 class Claimed:
     """Each task's verdict, in the order they were claimed."""
 
-    tasks: list[ClaimVerdict]
+    tasks: list[TaskClaim]
 
 
 @dataclass(frozen=True)
@@ -137,7 +137,7 @@ class Ended(NamedTuple):
     passed while it waited."""
 
     task: Task
-    outcome: Outcome | None
+    outcome: AttemptResult | None
     started_ns: int
     ended_ns: int
 

@@ -12,6 +12,7 @@ from typing import Any
 from processor.core.backoff import MAX_RETRY_S
 from processor.core.envelope import Wakeup
 from processor.core.routing import TopicNames
+from processor.core.shapes import TopicPartition
 from processor.io.kafka.clients import choose_partition
 from processor.io.kafka.delivery import Delivery
 from processor.io.postgres.step_attempts import Report
@@ -19,10 +20,8 @@ from processor.io.runtime.clock import Clock
 from processor.io.runtime.outage import Outage
 from processor.io.telemetry.spans import link_headers
 from processor.worker.messages import Recorded, RecordResults, ReportExecutions, Request, ToRecord
-from processor.worker.steps import Outcome
+from processor.worker.steps import AttemptResult
 from processor.worker.tasks import State, Task, TaskBook
-
-TP = tuple[str, int]
 
 # Wakeups unacknowledged this long mean the broker is away (an outage, logged once).
 _ACK_PATIENCE_S = 5.0
@@ -39,7 +38,7 @@ class Results:
         delivery: Delivery,
         kafka_outage: Outage,
         ask: Callable[[Request], None],
-        done_offset: Callable[[TP, int], None],
+        done_offset: Callable[[TopicPartition, int], None],
         tracing: bool = False,
     ) -> None:
         self._book = book
@@ -58,7 +57,7 @@ class Results:
         self._sent_at: dict[Task, float] = {}  # wakeups on their way, since when
         self.wakeup_partitions: dict[str, int] = {}
 
-    def record(self, task: Task, outcome: Outcome, ended: bool = False) -> None:
+    def record(self, task: Task, outcome: AttemptResult, ended: bool = False) -> None:
         """Record ``outcome`` as the task's attempt's result; ``ended``: the task's execution
         ended with it (else it still runs, given up, or none ran; its runner reports its end
         when it comes)."""
@@ -144,7 +143,7 @@ class Results:
 def new_details(task: Task) -> str | None:
     """The details of the task's last heartbeat, if they were not recorded yet (they are
     taken as recorded now)."""
-    details = task.attempt.details
+    details = task.handle.details
     if details is None or details == task.details_reported:
         return None
     task.details_reported = details

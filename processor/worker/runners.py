@@ -25,7 +25,7 @@ from typing import Any, Protocol
 
 from processor.io.runtime.threads import ThreadWatch
 from processor.io.telemetry.logs import describe
-from processor.worker.steps import Outcome
+from processor.worker.steps import AttemptResult
 from processor.worker.tasks import Task
 
 log = logging.getLogger("ductor.worker")
@@ -33,7 +33,7 @@ log = logging.getLogger("ductor.worker")
 # What a runner calls when a task's step ended (from the runner's thread): the task, its
 # outcome (None: not started, its deadline passed while it waited for a slot), and when it
 # started and ended (time.time_ns).
-Ended = Callable[[Task, Outcome | None, int, int], None]
+Ended = Callable[[Task, AttemptResult | None, int, int], None]
 # What a runner calls (from its thread) once the execution of a task it was told to abandon
 # is over: its function returned at last, its child process was killed, or it never started.
 # Until then the execution runs, and holds its concurrency slot (core/limits.py, rule 4).
@@ -57,8 +57,8 @@ def begin(task: Task) -> bool:
     elif step.close_by_ms is not None and now_ms >= step.close_by_ms:
         return False
     else:
-        task.attempt.deadline_ms = step.deadline_from(now_ms)
-    task.attempt.beat_at = time.monotonic()
+        task.handle.deadline_ms = step.deadline_from(now_ms)
+    task.handle.beat_at = time.monotonic()
     task.started_ns = time.monotonic_ns()
     return True
 
@@ -82,7 +82,7 @@ class ThreadRunner:
     def __init__(
         self,
         size: int,
-        execute: Callable[[Task], Outcome],
+        execute: Callable[[Task], AttemptResult],
         ended: Ended,
         threads: ThreadWatch | None = None,
         over: Over = _nothing,
@@ -169,14 +169,14 @@ class ThreadRunner:
             self._ended(task, outcome, started, ended)
 
 
-def _executed(execute: Callable[[Task], Outcome], task: Task) -> Outcome:
+def _executed(execute: Callable[[Task], AttemptResult], task: Task) -> AttemptResult:
     try:
         return execute(task)
     except Exception as exc:  # around the step, not its own (steps.py catches those)
         return unforeseen(task, exc)
 
 
-def unforeseen(task: Task, exc: Exception) -> Outcome:
+def unforeseen(task: Task, exc: Exception) -> AttemptResult:
     """The attempt's failure when running it raised what nobody foresaw outside the step."""
     log.error(
         "running a step raised an unexpected exception; its attempt fails: %s",
@@ -184,7 +184,7 @@ def unforeseen(task: Task, exc: Exception) -> Outcome:
         exc_info=exc,
         extra={"run_id": task.key.run_id, "node": task.key.node, "stage": "run"},
     )
-    return Outcome.failed(f"the worker failed running it: {describe(exc)}")
+    return AttemptResult.failed(f"the worker failed running it: {describe(exc)}")
 
 
 class _Slot:
@@ -201,7 +201,7 @@ class AsyncRunner:
 
     def __init__(
         self,
-        execute: Callable[[Task], Coroutine[Any, Any, Outcome]],
+        execute: Callable[[Task], Coroutine[Any, Any, AttemptResult]],
         ended: Ended,
         threads: ThreadWatch | None = None,
         over: Over = _nothing,

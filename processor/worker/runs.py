@@ -21,7 +21,7 @@ from processor.worker.options import WorkerOptions
 from processor.worker.results import ids
 from processor.worker.runners import AsyncRunner, Runner, ThreadRunner
 from processor.worker.stats import WorkerStats
-from processor.worker.steps import Outcome, StepRegistry, execute_async_step, execute_step
+from processor.worker.steps import AttemptResult, StepRegistry, execute_async_step, execute_step
 from processor.worker.tasks import State, Task, TaskBook
 
 log = logging.getLogger("ductor.worker")
@@ -144,7 +144,7 @@ class Runs:
         self._rerunning.discard(task)
         self._runner_of(task).abandon(task)
         self._stats.abandoned += 1
-        self._stats.heartbeats += task.attempt.beats
+        self._stats.heartbeats += task.handle.beats
         log.warning("abandoned a step: %s", why, extra={**ids(task), "reason": why})
         end_span(task, None, f"abandoned: {why}")
 
@@ -153,27 +153,29 @@ class Runs:
         self._rerunning.discard(task)
         self._runner_of(task).abandon(task)
 
-    def _execute(self, task: Task) -> Outcome:
+    def _execute(self, task: Task) -> AttemptResult:
         """On a slot's thread: the step function, inside its span's context."""
         assert task.data is not None
         token = _attach(task.span)
         try:
-            return execute_step(self._registry, task.step, task.data, task.attempt)
+            return execute_step(self._registry, task.step, task.data, task.handle)
         finally:
             _detach(token)
 
-    async def _execute_async(self, task: Task) -> Outcome:
+    async def _execute_async(self, task: Task) -> AttemptResult:
         assert task.data is not None
-        return await execute_async_step(self._registry, task.step, task.data, task.attempt)
+        return await execute_async_step(self._registry, task.step, task.data, task.handle)
 
-    def _ended(self, task: Task, outcome: Outcome | None, started_ns: int, ended_ns: int) -> None:
+    def _ended(
+        self, task: Task, outcome: AttemptResult | None, started_ns: int, ended_ns: int
+    ) -> None:
         self._post(Ended(task, outcome, started_ns, ended_ns))
 
     def _over(self, task: Task) -> None:
         self._post(Over(task))
 
 
-def end_span(task: Task, outcome: Outcome | None, why: str | None = None) -> None:
+def end_span(task: Task, outcome: AttemptResult | None, why: str | None = None) -> None:
     span, task.span = task.span, None
     if span is None:
         return

@@ -31,10 +31,12 @@ import time
 from collections import Counter
 from collections.abc import Callable, Mapping
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, Message
+from confluent_kafka import TopicPartition as KafkaTopicPartition
 
 from processor.core.membership import Holding, Stuck
 from processor.core.offsets import OffsetTracker
+from processor.core.shapes import TopicPartition
 from processor.io.config.settings import Settings
 from processor.io.kafka.clients import ClientErrors
 from processor.io.kafka.configs import worker_consumer_config
@@ -53,7 +55,6 @@ from processor.worker.static_join import StaticJoin
 
 log = logging.getLogger("ductor.worker")
 
-TP = tuple[str, int]
 
 _MOST_PER_CONSUME = 500
 
@@ -64,7 +65,7 @@ class TaskSource:
         settings: Settings,
         client_id: str,
         errors: Counter[str],
-        releasing: Callable[[set[TP], bool], None],
+        releasing: Callable[[set[TopicPartition], bool], None],
         skipped: Counter[str],
         client_errors: ClientErrors,
         faults: Faults = NO_FAULTS,
@@ -85,10 +86,10 @@ class TaskSource:
         self._static = StaticJoin(settings.worker_name) if settings.worker_name else None
         self._consumer = self._new_consumer()
         self.tracker = OffsetTracker()
-        self.assigned: set[TP] = set()
+        self.assigned: set[TopicPartition] = set()
         self.assignments = 0  # changes of ``assigned`` so far
         self.paused = False  # every partition is paused (the worker stops, or all is full)
-        self._paused: set[TP] = set()  # the partitions paused now
+        self._paused: set[TopicPartition] = set()  # the partitions paused now
         self._rank = rank
         self._backlog = Backlog(rank)
         self._topics: list[str] = []
@@ -166,7 +167,7 @@ class TaskSource:
         left = self.assigned - held  # (the client had let these go: none of its own)
         for tps, commit in ((held, True), (left, False)):
             if tps:
-                self._release([TopicPartition(t, p) for t, p in tps], commit, wait=False)
+                self._release([KafkaTopicPartition(t, p) for t, p in tps], commit, wait=False)
         old, self._consumer = self._consumer, self._new_consumer()
         self.paused = False
         self._paused = set()
@@ -221,7 +222,7 @@ class TaskSource:
             self._pause(False)
         return taken
 
-    def done(self, tp: TP, offset: int) -> None:
+    def done(self, tp: TopicPartition, offset: int) -> None:
         """A task is finished: its offset may be passed (ignored once the partition went)."""
         self.tracker.done(tp, offset)
 
@@ -285,15 +286,15 @@ class TaskSource:
             return
         pausing, resuming = wanted - self._paused, self._paused - wanted
         if pausing:
-            self._consumer.pause([TopicPartition(t, p) for t, p in pausing])
+            self._consumer.pause([KafkaTopicPartition(t, p) for t, p in pausing])
         if resuming:
-            self._consumer.resume([TopicPartition(t, p) for t, p in resuming])
+            self._consumer.resume([KafkaTopicPartition(t, p) for t, p in resuming])
         self._paused = wanted
         self.paused = pause and not keep_top
 
     # -- rebalance --------------------------------------------------------------------------
 
-    def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+    def _on_assign(self, consumer: Consumer, partitions: list[KafkaTopicPartition]) -> None:
         if let_go_by_fault(self._faults, consumer, partitions):
             return
         if self._static is not None and partitions:
@@ -312,11 +313,11 @@ class TaskSource:
             "partitions assigned", extra={"count": len(partitions), "instance": self._client_id}
         )
 
-    def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+    def _on_revoke(self, consumer: Consumer, partitions: list[KafkaTopicPartition]) -> None:
         if self._ours(consumer):
             self._release(partitions, commit=True)
 
-    def _on_lost(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+    def _on_lost(self, consumer: Consumer, partitions: list[KafkaTopicPartition]) -> None:
         if self._ours(consumer):
             self._release(partitions, commit=False)
 
@@ -325,14 +326,16 @@ class TaskSource:
         consumer closing (see RetiredConsumers), nor of the close after the worker left."""
         return consumer is self._consumer and not self._leaving
 
-    def _release(self, partitions: list[TopicPartition], commit: bool, wait: bool = True) -> None:
+    def _release(
+        self, partitions: list[KafkaTopicPartition], commit: bool, wait: bool = True
+    ) -> None:
         """Give partitions back (``_let_go``) and commit what is done (``wait``: for the
         broker's answer)."""
         tps = {(p.topic, p.partition) for p in partitions}
         offsets = self._let_go(tps, commit)
         commit_offsets(self._consumer, offsets, "worker offset commit on revoke failed: %s", wait)
 
-    def _let_go(self, tps: set[TP], commit: bool) -> list[TopicPartition]:
+    def _let_go(self, tps: set[TopicPartition], commit: bool) -> list[KafkaTopicPartition]:
         """Partitions go: what was read of them and not taken is the next owner's; the worker
         lets their tasks go. Returns the offsets to commit (``commit``: a revocation; none
         when they were lost)."""

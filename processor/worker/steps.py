@@ -50,7 +50,7 @@ class RegistrationError(ValueError):
     """A step registry refused a registration (the message says why)."""
 
 
-class Attempt:
+class StepHandle:
     """The live side of one attempt, shared by its step function and the worker: heartbeats
     go one way (with the details of the last one, JSON text), cancellation the other. Plain
     attribute writes (atomic under the GIL): a heartbeat costs a clock read, ``cancelled`` a
@@ -95,7 +95,7 @@ class StepContext:
     deadline_ms: int
     input: Any = None
     deps: Mapping[str, Any] = field(default_factory=lambda: NO_DEPS)
-    _attempt: Attempt | None = field(default=None, repr=False, compare=False)
+    _handle: StepHandle | None = field(default=None, repr=False, compare=False)
     # A map step's item: the element of its list this attempt runs, and its position there
     # (None for any other step).
     item: Any = None
@@ -119,8 +119,8 @@ class StepContext:
             if problem is not None:
                 raise ValueError(problem.describe("the heartbeat's progress"))
             encoded = orjson.dumps(details).decode()
-        if self._attempt is not None:
-            self._attempt.heartbeat(encoded)
+        if self._handle is not None:
+            self._handle.heartbeat(encoded)
 
     def input_as(self, kind: type[InputT]) -> InputT:
         """The run's input as ``kind``: a pydantic model (its ``model_validate``), a dataclass
@@ -139,8 +139,8 @@ class StepContext:
         """True once the attempt no longer matters: its deadline passed, or the run was
         cancelled or ended, or the coordinator moved on from this attempt. A long step may
         check it between units of work and stop early (its result would be ignored)."""
-        if self._attempt is not None:
-            return self._attempt.cancelled
+        if self._handle is not None:
+            return self._handle.cancelled
         return time.time() * 1000 >= self.deadline_ms
 
 
@@ -193,7 +193,7 @@ def _name(fn: Any) -> str:
     return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', repr(fn))}"
 
 
-class Outcome(NamedTuple):
+class AttemptResult(NamedTuple):
     """An attempt's result as the worker records it. A failure raised by the step keeps the
     exception's type (``error_type``; ``error`` is ``"Type: message"``) and its traceback;
     a failure the worker decided (a deadline, a dead process) has neither, or a traceback
@@ -212,20 +212,20 @@ class Outcome(NamedTuple):
         retryable: bool = True,
         error_type: str | None = None,
         traceback: str | None = None,
-    ) -> Outcome:
+    ) -> AttemptResult:
         """The failure, its message and traceback storable and bounded (core/failures.py)."""
         kept = None if traceback is None else bounded_traceback(storable_text(traceback))
         kind = None if error_type is None else bounded_error(storable_text(error_type), 200)
-        return Outcome(
+        return AttemptResult(
             StepOutcome.FAILED, None, bounded_error(storable_text(error)), retryable, kind, kept
         )
 
 
-def context_of(task: StepTask, data: StepData, attempt: Attempt | None = None) -> StepContext:
+def context_of(task: StepTask, data: StepData, handle: StepHandle | None = None) -> StepContext:
     """What the step function of ``task`` is given; its deadline is the attempt's (set when
     it started: its start plus its timeout)."""
-    deadline = task.deadline_ms if attempt is None else attempt.deadline_ms
-    last = None if attempt is None else attempt.last_details
+    deadline = task.deadline_ms if handle is None else handle.deadline_ms
+    last = None if handle is None else handle.last_details
     if task.item is None:
         return StepContext(
             task.run_id,
@@ -234,7 +234,7 @@ def context_of(task: StepTask, data: StepData, attempt: Attempt | None = None) -
             deadline,
             data.input,
             data.deps,
-            attempt,
+            handle,
             last_heartbeat=last,
         )
     source = data.input if task.item.source is None else data.deps.get(task.item.source)
@@ -247,7 +247,7 @@ def context_of(task: StepTask, data: StepData, attempt: Attempt | None = None) -
         deadline,
         data.input,
         data.deps,
-        attempt,
+        handle,
         item,
         position,
         last,
@@ -255,8 +255,8 @@ def context_of(task: StepTask, data: StepData, attempt: Attempt | None = None) -
 
 
 def execute_step(
-    registry: StepRegistry, task: StepTask, data: StepData, attempt: Attempt | None = None
-) -> Outcome:
+    registry: StepRegistry, task: StepTask, data: StepData, handle: StepHandle | None = None
+) -> AttemptResult:
     """Run one attempt of a plain step function with its ``data`` (the task's own, or
     fetched): its output, or its failure as the attempt's result (never the worker's)."""
     fn = registry.get(task.step_type)
@@ -266,14 +266,14 @@ def execute_step(
     if refused is not None:
         return refused
     try:
-        return checked_output(fn(context_of(task, data, attempt)))
+        return checked_output(fn(context_of(task, data, handle)))
     except Exception as exc:  # a step's failure is the attempt's result, not the worker's
         return failure(exc)
 
 
 async def execute_async_step(
-    registry: StepRegistry, task: StepTask, data: StepData, attempt: Attempt | None = None
-) -> Outcome:
+    registry: StepRegistry, task: StepTask, data: StepData, handle: StepHandle | None = None
+) -> AttemptResult:
     """``execute_step`` for an ``async def`` step function, on the caller's event loop."""
     fn = registry.get(task.step_type)
     if fn is None:
@@ -282,16 +282,16 @@ async def execute_async_step(
     if refused is not None:
         return refused
     try:
-        return checked_output(await fn(context_of(task, data, attempt)))
+        return checked_output(await fn(context_of(task, data, handle)))
     except Exception as exc:
         return failure(exc)
 
 
-def unknown_type(task: StepTask) -> Outcome:
-    return Outcome.failed(f"no step function registered for type {task.step_type!r}")
+def unknown_type(task: StepTask) -> AttemptResult:
+    return AttemptResult.failed(f"no step function registered for type {task.step_type!r}")
 
 
-def failure(exc: BaseException) -> Outcome:
+def failure(exc: BaseException) -> AttemptResult:
     """The failure of an attempt whose step raised ``exc``: ``"Type: message"``, the type,
     and the traceback from the step's own code on."""
     kind = type(exc).__name__
@@ -300,7 +300,7 @@ def failure(exc: BaseException) -> Outcome:
     except Exception:  # (its __str__ raised: the type says what it was)
         message = "<its message could not be read>"
     retryable = not isinstance(exc, NonRetryable)
-    return Outcome.failed(f"{kind}: {message}", retryable, kind, step_traceback(exc))
+    return AttemptResult.failed(f"{kind}: {message}", retryable, kind, step_traceback(exc))
 
 
 # The frames of the worker's own file: a step's exception is caught here, so its traceback
@@ -322,18 +322,20 @@ def step_traceback(exc: BaseException) -> str | None:
         return None
 
 
-def checked_output(output: Any) -> Outcome:
+def checked_output(output: Any) -> AttemptResult:
     """A step's return value as its result, or the failure that says why it cannot be
     stored: the result is stored as JSON, within the bounds of every stored value
     (core/bounds.py), so it is checked here, in the attempt. Such a failure is final: the
     same code would return the same value again."""
     problem = json_problem(output, MAX_STEP_OUTPUT_BYTES)
     if problem is not None:
-        return Outcome.failed(f"OutOfBounds: {problem.describe('the output')}", retryable=False)
-    return Outcome(StepOutcome.SUCCEEDED, output)
+        return AttemptResult.failed(
+            f"OutOfBounds: {problem.describe('the output')}", retryable=False
+        )
+    return AttemptResult(StepOutcome.SUCCEEDED, output)
 
 
-def checked_input(data: StepData) -> Outcome | None:
+def checked_input(data: StepData) -> AttemptResult | None:
     """The failure of an attempt whose run's input is beyond the bounds, or None. Every door
     bounds an input before it is written; a child run's input is copied by Postgres from its
     parent's input or a step's output, and an aggregate (a map step's list of outputs, a
@@ -342,7 +344,9 @@ def checked_input(data: StepData) -> Outcome | None:
     problem = json_problem(data.input)
     if problem is None:
         return None
-    return Outcome.failed(f"OutOfBounds: {problem.describe('the run input')}", retryable=False)
+    return AttemptResult.failed(
+        f"OutOfBounds: {problem.describe('the run input')}", retryable=False
+    )
 
 
 def storable_text(text: str) -> str:

@@ -23,10 +23,9 @@ from typing import Any
 from processor.core.envelope import MAX_EPOCH_MS
 from processor.core.records import Headers
 from processor.core.routing import TIERS
+from processor.core.shapes import TopicPartition
 from processor.core.step_task import AttemptKey, StepData, StepTask
-from processor.worker.steps import Attempt
-
-TP = tuple[str, int]
+from processor.worker.steps import StepHandle
 
 
 class State(IntEnum):
@@ -48,12 +47,11 @@ _IN_HAND = (State.RECEIVED, State.CLAIMING, State.READY)
 
 class Task:
     """One polled step task and everything the worker knows about it (loop thread only,
-    but for ``attempt``, which its step function shares)."""
+    but for ``handle``, which its step function shares)."""
 
     __slots__ = (
         "abandoned",
         "asked_at",
-        "attempt",
         "beat_reported_at",
         "beats_reported",
         "claim_at",
@@ -61,6 +59,7 @@ class Task:
         "claimed_ns",
         "data",
         "details_reported",
+        "handle",
         "headers",
         "key",
         "offset",
@@ -76,7 +75,12 @@ class Task:
     )
 
     def __init__(
-        self, step: StepTask, tp: TP, offset: int, headers: Headers, produced_ms: int | None
+        self,
+        step: StepTask,
+        tp: TopicPartition,
+        offset: int,
+        headers: Headers,
+        produced_ms: int | None,
     ) -> None:
         self.step = step
         self.key: AttemptKey = step.key
@@ -88,7 +92,7 @@ class Task:
         self.data: StepData | None = step.data
         # Its deadline is set when it starts (runners.begin: its start plus its timeout); a
         # task from before start-to-close has its own.
-        self.attempt = Attempt(step.deadline_ms if step.timeout_ms is None else MAX_EPOCH_MS)
+        self.handle = StepHandle(step.deadline_ms if step.timeout_ms is None else MAX_EPOCH_MS)
         self.starts = 0  # which execution of the attempt this worker begins (from its claim)
         self.claim_at = 0.0  # HELD: when to claim it again (monotonic)
         # Its claim's number: it may start once the worker's start permit reaches it
@@ -160,7 +164,7 @@ class TaskBook:
     def in_state(self, state: State) -> list[Task]:
         return [t for t in self._tasks.values() if t.state is state]
 
-    def of_partitions(self, tps: set[TP]) -> list[Task]:
+    def of_partitions(self, tps: set[TopicPartition]) -> list[Task]:
         return [t for t in self._tasks.values() if t.tp in tps]
 
 

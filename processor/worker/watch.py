@@ -14,7 +14,7 @@ from processor.worker.messages import CheckCurrent, Request
 from processor.worker.options import WorkerOptions
 from processor.worker.results import Results, new_details
 from processor.worker.runs import Runs
-from processor.worker.steps import Outcome
+from processor.worker.steps import AttemptResult
 from processor.worker.tasks import State, Task, TaskBook
 
 log = logging.getLogger("ductor.worker")
@@ -84,8 +84,8 @@ class DeadlineWatch:
         """Abandon ``task`` if it is past its deadline and grace, or silent past its heartbeat
         timeout (True), recording what its attempt became."""
         step = task.step
-        deadline_ms = task.attempt.deadline_ms  # (its start plus its timeout)
-        silent_ms = (now - task.attempt.beat_at) * 1000
+        deadline_ms = task.handle.deadline_ms  # (its start plus its timeout)
+        silent_ms = (now - task.handle.beat_at) * 1000
         if wall_ms > deadline_ms + self._options.abandon_after_s * 1000:
             late_s = (wall_ms - deadline_ms) / 1000
             self._runs.abandon(task, f"still running {late_s:.1f} s after its deadline")
@@ -93,7 +93,7 @@ class DeadlineWatch:
                 self._results.done(task)  # its attempt timed out at the coordinator
             else:  # (which may learn late that it started, if it waited in its queue)
                 error = f"attempt {task.key.attempt} timed out after {step.timeout_ms} ms"
-                self._results.record(task, Outcome.failed(error))
+                self._results.record(task, AttemptResult.failed(error))
             return True
         if step.heartbeat_timeout_ms is not None and silent_ms > step.heartbeat_timeout_ms:
             why = (
@@ -101,7 +101,7 @@ class DeadlineWatch:
                 f" (heartbeat_timeout_ms {step.heartbeat_timeout_ms})"
             )
             self._runs.abandon(task, why)
-            self._results.record(task, Outcome.failed(f"abandoned: {why}"))
+            self._results.record(task, AttemptResult.failed(f"abandoned: {why}"))
             return True
         return False
 
@@ -118,13 +118,13 @@ class DeadlineWatch:
                 waited_s = (task.started_ns - task.claimed_ns) / 1e9
                 if waited_s > min(_LATE_START_S, step.timeout_ms / 4000):
                     self._results.report(Report(task.key, started=True))
-        attempt = task.attempt
-        if attempt.beats == task.beats_reported:
+        handle = task.handle
+        if handle.beats == task.beats_reported:
             return
         every = _BEAT_RECORD_EVERY_S
         if step.heartbeat_timeout_ms is not None:
             every = min(every, step.heartbeat_timeout_ms / 1000 / _BEATS_PER_TIMEOUT)
         if now - task.beat_reported_at >= every:
             self._results.report(Report(task.key, beat=True, details=new_details(task)))
-            task.beats_reported = attempt.beats
+            task.beats_reported = handle.beats
             task.beat_reported_at = now

@@ -25,8 +25,9 @@ import uuid
 from confluent_kafka import Producer
 
 from processor.core.routing import TopicNames
+from processor.core.shapes import TopicPartition
 from processor.io.config.settings import Settings
-from processor.io.kafka.clients import EXIT_KAFKA_FATAL, ClientErrors, Outbox, broker_unreachable
+from processor.io.kafka.clients import EXIT_KAFKA_FATAL, ClientErrors, Publisher, broker_unreachable
 from processor.io.kafka.configs import producer_config, producer_max_bytes
 from processor.io.kafka.delivery import Delivery
 from processor.io.kafka.logs import with_logger
@@ -89,8 +90,8 @@ class Worker:
         self._producer = Producer(
             with_logger({**producer_config(settings, client_id), "error_cb": self.client_errors})
         )
-        self._outbox = Outbox(self._producer)
-        self._delivery = Delivery(self._outbox, self.stats.errors, outage=self.outages["kafka"])
+        self._publisher = Publisher(self._producer)
+        self._delivery = Delivery(self._publisher, self.stats.errors, outage=self.outages["kafka"])
         self.source = parts.task_source(
             settings, client_id, self.stats, self._releasing, self.client_errors, faults, self.names
         )
@@ -146,7 +147,7 @@ class Worker:
             answers=answers,
             ask=self.db.ask,
             delivery=self._delivery,
-            flush=self._outbox.flush,
+            flush=self._publisher.flush,
             kafka_outage=self.outages["kafka"],
             done_offset=self.source.done,
             too_many_abandoned=self._too_many_abandoned,
@@ -285,7 +286,7 @@ class Worker:
         """The loop is alive (``/healthz``), and the clients' queues are served (their log
         lines: io/kafka/logs.py)."""
         self.probe.last_loop_at = self.clock.monotonic()
-        self._outbox.poll(0)
+        self._publisher.poll(0)
         self.source.serve()
         if self.probe.lag is not None:
             self.probe.lag.serve()
@@ -310,7 +311,7 @@ class Worker:
             self.flow.watch(now)
         self.flow.ask()
         self._delivery.send_due(now)
-        self._outbox.poll(0)
+        self._publisher.poll(0)
         if self.probe.lag is not None:
             self.probe.lag.serve()
         self.source.store_offsets()
@@ -324,10 +325,10 @@ class Worker:
         """Take new tasks while there is room (waiting a little for them when idle); how many
         were taken."""
         holding, backlog = self.flow.holding(), self.source.backlog
-        in_flight = self._outbox.in_flight
+        in_flight = self._publisher.in_flight
         if Turns.send_now(holding, backlog, in_flight):
-            self._outbox.flush(BUSY_WAIT_S)
-            in_flight = self._outbox.in_flight
+            self._publisher.flush(BUSY_WAIT_S)
+            in_flight = self._publisher.in_flight
         wait_s = Turns.poll_wait(holding, backlog, in_flight)
         taken = self.source.take(
             max(0, self.flow.room()), wait_s, self.turns.stopping_since is None
@@ -336,7 +337,7 @@ class Worker:
             self.flow.intake(message)  # (never raises: a task's exception is its own)
         return len(taken)
 
-    def _releasing(self, tps: set[tuple[str, int]], commit: bool) -> None:
+    def _releasing(self, tps: set[TopicPartition], commit: bool) -> None:
         self.flow.releasing(tps, commit)
 
     def _log_stats(self) -> None:

@@ -10,6 +10,7 @@ from collections.abc import Callable, Sequence
 from confluent_kafka import Producer
 
 from processor.core.routing import TopicNames
+from processor.core.shapes import TopicPartition
 from processor.io.config.settings import Settings
 from processor.io.kafka.clients import ClientErrors, topic_partitions
 from processor.io.kafka.errors import MissingTopic
@@ -36,7 +37,7 @@ def task_source(
     settings: Settings,
     instance_id: str,
     stats: WorkerStats,
-    releasing: Callable[[set[tuple[str, int]], bool], None],
+    releasing: Callable[[set[TopicPartition], bool], None],
     client_errors: ClientErrors,
     faults: Faults,
     names: TopicNames,

@@ -16,7 +16,8 @@ from typing import Any
 import orjson
 import psycopg
 import pytest
-from confluent_kafka import Consumer, KafkaException, TopicPartition
+from confluent_kafka import Consumer, KafkaException
+from confluent_kafka import TopicPartition as KafkaTopicPartition
 
 from processor.core.records import Headers, normalise_headers
 from processor.core.workflow import parse_workflow
@@ -132,7 +133,7 @@ def end_offset(settings: Settings, topic: str, partition: int) -> int:
     def ask() -> bool:
         try:
             _, high = consumer.get_watermark_offsets(
-                TopicPartition(topic, partition), timeout=5, cached=False
+                KafkaTopicPartition(topic, partition), timeout=5, cached=False
             )
         except KafkaException:  # no leader yet: a topic just created
             return False
@@ -150,7 +151,7 @@ def committed_offset(settings: Settings, topic: str, partition: int, group: str)
     """The offset ``group`` has committed on one partition (asked without joining it)."""
     consumer = Consumer({**settings.kafka_common(), "group.id": group})
     try:
-        (tp,) = consumer.committed([TopicPartition(topic, partition)], timeout=10)
+        (tp,) = consumer.committed([KafkaTopicPartition(topic, partition)], timeout=10)
     finally:
         consumer.close()
     return int(tp.offset) if tp.offset >= 0 else None
@@ -182,7 +183,7 @@ def read_partition(
 
     try:
         if end > start:
-            consumer.assign([TopicPartition(topic, partition, start)])
+            consumer.assign([KafkaTopicPartition(topic, partition, start)])
             wait_for(read, 30, f"the records of {topic}[{partition}] up to offset {end}")
     finally:
         consumer.close()

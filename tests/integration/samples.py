@@ -11,7 +11,8 @@ import orjson
 from confluent_kafka import Producer
 
 from processor.core.envelope import Wakeup
-from processor.core.workflow import WorkflowDef, parse_workflow
+from processor.core.workflow import parse_workflow
+from processor.core.workflow_def import WorkflowDef
 from processor.io.config.settings import Settings
 from processor.io.kafka.clients import produce
 from processor.io.kafka.configs import producer_config

@@ -18,9 +18,11 @@ import pytest
 
 from processor import StepContext, StepRegistry
 from processor.core.decide import tick_batch
-from processor.core.model import LoadedRun, NodeStatus
+from processor.core.model import LoadedRun
 from processor.core.routing import TopicNames
-from processor.core.workflow import WorkflowDef, parse_workflow
+from processor.core.run_state import NodeStatus
+from processor.core.workflow import parse_workflow
+from processor.core.workflow_def import WorkflowDef
 from processor.io.config.settings import Settings
 from processor.io.postgres import limit_store, load_sql, store
 from processor.io.postgres.runs_admin import insert_runs, insert_signal

@@ -18,7 +18,8 @@ from processor import NonRetryable, StepContext, StepRegistry
 from processor.client import send_signal
 from processor.core.envelope import Wakeup
 from processor.core.routing import TopicNames
-from processor.core.workflow import WorkflowDef, parse_workflow
+from processor.core.workflow import parse_workflow
+from processor.core.workflow_def import WorkflowDef
 from processor.io.config.settings import Settings
 from processor.io.postgres.runs_admin import insert_runs
 from processor.io.postgres.workflows import register_workflow

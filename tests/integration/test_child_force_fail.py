@@ -21,9 +21,10 @@ from processor import StepContext, StepRegistry
 from processor.client import SignalRefused, send_signal
 from processor.core.child_graph import ChildCycle
 from processor.core.decide import force_fail_write
-from processor.core.model import LoadedRun, NodeStatus, state_checksum
+from processor.core.model import LoadedRun
 from processor.core.outcomes import ForceFailReason
 from processor.core.routing import TopicNames
+from processor.core.run_state import NodeStatus, state_checksum
 from processor.core.workflow import parse_workflow
 from processor.io.config.settings import Settings
 from processor.io.postgres.store import Definitions, load_runs

@@ -16,8 +16,9 @@ import psycopg
 import pytest
 
 from processor import client
-from processor.core.model import LoadedRun, RunStatus, SignalKind
-from processor.core.tick import force_fail
+from processor.core.model import LoadedRun, SignalKind
+from processor.core.run_ends import force_fail
+from processor.core.run_state import RunStatus
 from processor.core.workflow import parse_workflow
 from processor.io.config.settings import Settings
 from processor.io.postgres.runs_admin import insert_runs

@@ -13,8 +13,8 @@ from typing import Any
 import psycopg
 import pytest
 
-from processor.core.decide import Commit
 from processor.core.model import LoadedRun
+from processor.core.plans import Commit
 from processor.io.config.settings import Settings
 from processor.io.postgres import commit_sql, connections, store
 from processor.io.postgres.runs_admin import insert_runs

@@ -17,7 +17,8 @@ from processor.client import start_runs
 from processor.core.envelope import Wakeup, decode_wakeup
 from processor.core.records import normalise_headers
 from processor.core.routing import TopicNames
-from processor.core.workflow import WorkflowDef, parse_workflow
+from processor.core.workflow import parse_workflow
+from processor.core.workflow_def import WorkflowDef
 from processor.io.config.settings import Settings
 from processor.io.postgres.runs_admin import insert_runs
 from processor.io.postgres.workflows import register_workflow
@@ -122,11 +123,11 @@ def test_a_run_kept_conflicting_is_force_failed_for_livelock(
     stats = instance.stats
     assert stats.force_fails == {"livelock": 1}
     assert dict(stats.requeues) == {100: 1, 200: 1}
-    assert stats.conflicts == 15  # five in-process attempts in each of three rounds
+    assert stats.conflicts == 15  # five in-process tries in each of three rounds
     assert stats.error_count == 0
     assert stats.lateness_ms.samples and min(stats.lateness_ms.samples) >= 0
 
-    # The requeues themselves: one per rung, keyed run_id:attempt, count on the envelope.
+    # The requeues themselves: one per rung, keyed run_id:requeue_seq, count on the envelope.
     seen = _read_all(settings, [names.delay(100), names.delay(200)], expected=2)
     assert {(t, k) for t, k, _ in seen} == {
         (names.delay(100), f"{run_id}:1"),

@@ -15,7 +15,8 @@ from confluent_kafka import Consumer, Producer
 from processor.client import start_runs
 from processor.core.routing import TopicNames
 from processor.core.step_task import MAX_INLINE_DATA_BYTES, StepTask
-from processor.core.workflow import WorkflowDef, parse_workflow
+from processor.core.workflow import parse_workflow
+from processor.core.workflow_def import WorkflowDef
 from processor.io.config.settings import Settings
 from processor.io.kafka.configs import producer_config
 from processor.io.kafka.topics import create_topics

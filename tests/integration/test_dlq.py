@@ -15,7 +15,8 @@ from typing import Any
 import orjson
 import psycopg
 import pytest
-from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka import Consumer
+from confluent_kafka import TopicPartition as KafkaTopicPartition
 
 from processor.core.records import normalise_headers
 from processor.core.routing import TopicNames
@@ -98,7 +99,7 @@ def _read_at(settings: Settings, topic: str, partition: int, offset: int) -> Any
             "enable.auto.commit": False,
         }
     )
-    consumer.assign([TopicPartition(topic, partition, offset)])
+    consumer.assign([KafkaTopicPartition(topic, partition, offset)])
     found: list[Any] = []
 
     def read() -> bool:

@@ -18,7 +18,8 @@ import pytest
 
 from processor.client import inspect_run, send_signal, start_runs
 from processor.core.routing import TIERS
-from processor.core.workflow import WorkflowDef, parse_workflow
+from processor.core.workflow import parse_workflow
+from processor.core.workflow_def import WorkflowDef
 from processor.io.config.settings import Settings
 from processor.io.postgres.workflows import register_workflow
 

@@ -33,7 +33,7 @@ from processor.core.dead_letters import (
 from processor.core.envelope import MAX_ATTEMPT, MAX_EPOCH_MS, MAX_REQUEUE_COUNT, MAX_SEQ
 from processor.core.records import Headers
 from processor.core.routing import TopicNames
-from processor.core.workflow import MAX_BACKOFF_MS
+from processor.core.workflow_def import MAX_BACKOFF_MS
 from processor.io.config.settings import Settings
 from processor.io.kafka.dlq import DeadLetter, read_dead_letters
 from processor.io.postgres.runs_admin import insert_runs

@@ -22,12 +22,12 @@ from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from processor.core.routing import TIERS, TopicNames
 from processor.core.stats import Stats
 from processor.core.step_task import StepTask
-from processor.engine.health import HealthServer
 from processor.engine.processor import Processor
 from processor.io.config.settings import Settings
 from processor.io.kafka.clients import produce
 from processor.io.kafka.configs import producer_config
 from processor.io.kafka.topics import create_topics
+from processor.io.runtime.health_http import HealthServer
 from processor.io.runtime.listen import ListenError
 from processor.io.telemetry.setup import Telemetry
 from processor.worker.health import QueueLag, WorkerProbe

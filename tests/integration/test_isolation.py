@@ -69,7 +69,7 @@ def _start(run_id: str) -> tuple[str, bytes]:
 
 
 def _letters(settings: Settings) -> dict[str, list[DeadLetter]]:
-    """The dead letters by the run id of their key (a wakeup's key is ``run_id:attempt``)."""
+    """The dead letters by the run id of their key (a wakeup's key is ``run_id:requeue_seq``)."""
     found: dict[str, list[DeadLetter]] = defaultdict(list)
     for letter in read_dead_letters(settings):
         found[(letter.key or b"").decode().split(":")[0]].append(letter)

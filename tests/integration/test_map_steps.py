@@ -14,7 +14,7 @@ import psycopg
 import pytest
 
 from processor import NonRetryable, StepContext, StepRegistry
-from processor.core.claims import Verdict, verdict
+from processor.core.claims import ClaimVerdict, verdict
 from processor.core.decide import tick_batch
 from processor.core.routing import TopicNames
 from processor.core.step_task import StepTask
@@ -267,4 +267,4 @@ def test_a_task_of_an_item_that_left_the_state_is_superseded_not_ahead(
         pg, tasks, "me", max_starts=2, may_judge=True, gone_after_s=10.0
     )
     verdicts = [verdict(facts, 2, True) for facts, _, _ in claimed]
-    assert verdicts == [Verdict.SUPERSEDED, Verdict.RUN, Verdict.AHEAD]
+    assert verdicts == [ClaimVerdict.SUPERSEDED, ClaimVerdict.RUN, ClaimVerdict.AHEAD]

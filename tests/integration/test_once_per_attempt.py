@@ -17,7 +17,8 @@ import psycopg
 import pytest
 
 from processor.client import start_runs
-from processor.core.workflow import WorkflowDef, parse_workflow
+from processor.core.workflow import parse_workflow
+from processor.core.workflow_def import WorkflowDef
 from processor.io.config.settings import Settings
 from processor.io.postgres.run_counts import count_outbox_with_prefix
 from processor.io.postgres.workflows import register_workflow
@@ -53,7 +54,7 @@ def _quad(name: str = "counted-quad", retry: dict[str, int] | None = None) -> Wo
     )
 
 
-class Fleet:
+class SubprocessFleet:
     """Two processors and two workers, each one a `ductor` subprocess."""
 
     def __init__(self, spawn: Callable[..., Spawned], settings: Settings) -> None:
@@ -115,7 +116,7 @@ def test_a_broker_down_35_s_under_load_costs_at_most_half_a_percent_extra_execut
     the shutdown bound (a last commit waited for a group coordinator that was gone): their
     partitions go to the others, which go on once the broker is back. Each worker logs the
     outage once when it starts and once when it ends."""
-    fleet = Fleet(spawn, settings)
+    fleet = SubprocessFleet(spawn, settings)
     # Steps of 40 ms: the workers, not the processors, are the bottleneck (two workers of 8
     # slots take about 10 s over the 4,000 steps), so each holds tasks it fetched when the
     # broker goes and reports the outage when their wakeups go unacknowledged. (With 5 ms
@@ -168,7 +169,7 @@ def test_a_broker_down_35_s_under_load_costs_at_most_half_a_percent_extra_execut
 def test_a_rolling_sigterm_restart_of_every_process_runs_no_step_twice(
     settings: Settings, audit: psycopg.Connection[Any], spawn: Any
 ) -> None:
-    fleet = Fleet(spawn, settings)
+    fleet = SubprocessFleet(spawn, settings)
     # Steps of 40 ms: two workers of 8 slots take about 25 s over the 8,000 steps, longer
     # than the four restarts.
     run_ids = _start(settings, audit, sleep_ms=40)

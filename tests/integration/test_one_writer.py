@@ -15,8 +15,8 @@ import orjson
 import psycopg
 import pytest
 
-from processor.core.model import initial_state, state_checksum
 from processor.core.routing import run_shard
+from processor.core.run_state import initial_state, state_checksum
 from processor.io.config.settings import Settings
 from processor.io.postgres.migrate import MIGRATIONS_TABLE, migrate
 from processor.io.postgres.runs_admin import insert_runs, run_columns

@@ -14,12 +14,13 @@ import psycopg
 import pytest
 
 from processor.client import wake
+from processor.core.batch_values import QuarantineFlag
 from processor.core.model import LoadedRun
 from processor.core.workflow import parse_workflow
 from processor.io.config.settings import Settings
 from processor.io.kafka.dlq import DeadLetter, read_dead_letters
 from processor.io.postgres.runs_admin import insert_runs, release_quarantine
-from processor.io.postgres.store import Definitions, QuarantineFlag, load_runs, quarantine_runs
+from processor.io.postgres.store import Definitions, load_runs, quarantine_runs
 from processor.io.postgres.workflows import register_workflow
 
 from .children import run_ductor

@@ -15,8 +15,9 @@ import orjson
 import psycopg
 import pytest
 
-from processor.core.decide import Commit
-from processor.core.model import StepOutcome, initial_state
+from processor.core.model import StepOutcome
+from processor.core.plans import Commit
+from processor.core.run_state import initial_state
 from processor.core.step_task import StepData, StepTask
 from processor.io.config.settings import Settings
 from processor.io.postgres import (

@@ -8,7 +8,8 @@ from typing import Any
 
 import psycopg
 import pytest
-from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaException, Producer
+from confluent_kafka import TopicPartition as KafkaTopicPartition
 
 from infra.local import StopMode
 from processor.io.config.settings import Settings
@@ -29,7 +30,7 @@ def test_a_record_an_offset_and_a_row_survive_restarts_on_the_same_data(
     assert producer.flush(30) == 0
     group = f"restart-{uuid.uuid4().hex[:6]}"
     consumer = Consumer({**settings.kafka_common(), "group.id": group})
-    consumer.commit(offsets=[TopicPartition(topic, 0, 1)], asynchronous=False)
+    consumer.commit(offsets=[KafkaTopicPartition(topic, 0, 1)], asynchronous=False)
     consumer.close()
 
     pg.execute("CREATE TABLE IF NOT EXISTS test_restart_probe (value text PRIMARY KEY)")
@@ -52,20 +53,20 @@ def test_a_record_an_offset_and_a_row_survive_restarts_on_the_same_data(
 
     reader = Consumer({**settings.kafka_common(), "group.id": group})
     try:
-        committed: list[TopicPartition] = []
+        committed: list[KafkaTopicPartition] = []
 
         def read_committed() -> bool:
             # A broker started a moment ago may not coordinate the group yet: it says so
             # (NOT_COORDINATOR, COORDINATOR_LOAD_IN_PROGRESS) until it has loaded its offsets.
             try:
-                committed[:] = reader.committed([TopicPartition(topic, 0)], timeout=10)
+                committed[:] = reader.committed([KafkaTopicPartition(topic, 0)], timeout=10)
             except KafkaException:
                 return False
             return True
 
         wait_for(read_committed, 60, "the group's coordinator to answer")
         assert committed[0].offset == 1, "the group's committed offset was lost"
-        reader.assign([TopicPartition(topic, 0, 0)])  # from the start: the record itself
+        reader.assign([KafkaTopicPartition(topic, 0, 0)])  # from the start: the record itself
         seen: list[bytes] = []
 
         def read() -> bool:

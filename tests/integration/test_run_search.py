@@ -17,8 +17,8 @@ import pytest
 
 from processor import client
 from processor.client import RunFilter
-from processor.core.model import RunStatus
 from processor.core.run_search import Cursor
+from processor.core.run_state import RunStatus
 from processor.core.workflow import parse_workflow
 from processor.io.config.settings import Settings
 from processor.io.postgres import run_search

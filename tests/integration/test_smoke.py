@@ -9,7 +9,8 @@ from typing import Any
 
 import psycopg
 import pytest
-from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka import Consumer, Producer
+from confluent_kafka import TopicPartition as KafkaTopicPartition
 from confluent_kafka.admin import AdminClient, OffsetSpec  # type: ignore[attr-defined]
 
 from processor.io.config.settings import Settings
@@ -62,7 +63,7 @@ def test_group_member_reads_what_a_producer_wrote_and_commits_offsets(settings: 
 
     # A new member of the same group resumes after the committed offset: nothing is re-read.
     again = _consumer(settings, group)
-    committed = again.committed([TopicPartition(topic, 0)], timeout=10)
+    committed = again.committed([KafkaTopicPartition(topic, 0)], timeout=10)
     again.close()
     assert committed[0].offset == len(values)
 
@@ -115,7 +116,7 @@ def test_created_topics_take_records_at_once(base_settings: Settings) -> None:
     try:
         admin = AdminClient({"bootstrap.servers": settings.bootstrap_servers})
         topics = desired_topics(settings)
-        everything = [TopicPartition(t, p) for t, n in topics.items() for p in range(n)]
+        everything = [KafkaTopicPartition(t, p) for t, n in topics.items() for p in range(n)]
         latest = OffsetSpec.latest()  # type: ignore[no-untyped-call]
         asked = admin.list_offsets(dict.fromkeys(everything, latest), request_timeout=30)
         unserved = [tp for tp, f in asked.items() if f.exception(timeout=30) is not None]

@@ -20,7 +20,8 @@ import pytest
 from processor.client import start_runs
 from processor.core.envelope import Wakeup, decode_wakeup
 from processor.core.routing import TIERS, TopicNames
-from processor.core.workflow import WorkflowDef, parse_workflow
+from processor.core.workflow import parse_workflow
+from processor.core.workflow_def import WorkflowDef
 from processor.io.config.settings import Settings
 from processor.io.postgres.workflows import register_workflow
 

@@ -66,7 +66,7 @@ def test_a_conflict_is_an_event_with_unset_status_and_a_requeue_stays_in_one_tra
     later = next(s for s in consumers if s.name == f"process {names.delay(100)}")
     ticks = [e for s in spans for e in s.events if e.name == "tick"]
     conflicts = [e for e in ticks if (e.attributes or {}).get("ductor.outcome") == "conflict"]
-    assert len(conflicts) == 10  # five in-process attempts, twice
+    assert len(conflicts) == 10  # five in-process tries, twice
     assert [e.name for e in first.events].count("conflict") == 5
     # (Before its first lost race, a try may find the writer holding the row: `locked`.)
     assert [

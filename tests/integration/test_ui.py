@@ -24,8 +24,8 @@ from selenium.webdriver.support.ui import Select
 
 from processor import client
 from processor.client import RunFilter
-from processor.core.model import RunStatus
 from processor.core.routing import TopicNames
+from processor.core.run_state import RunStatus
 from processor.core.workflow import parse_workflow
 from processor.io.config.settings import Settings
 from processor.io.kafka.clients import produce

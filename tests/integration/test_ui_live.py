@@ -21,8 +21,8 @@ from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webdriver import WebDriver
 
 from processor import client
-from processor.core.model import RunStatus
 from processor.core.routing import TopicNames
+from processor.core.run_state import RunStatus
 from processor.core.workflow import parse_workflow
 from processor.io.config.settings import Settings
 from processor.io.kafka.clients import produce

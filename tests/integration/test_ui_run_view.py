@@ -21,7 +21,7 @@ from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webdriver import WebDriver
 
 from processor import client
-from processor.core.model import RunStatus
+from processor.core.run_state import RunStatus
 from processor.core.shown import SHOWN_CHARS
 from processor.core.workflow import parse_workflow
 from processor.io.config.settings import Settings

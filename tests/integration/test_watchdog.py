@@ -11,16 +11,10 @@ import orjson
 import psycopg
 import pytest
 
-from processor.core.decide import Commit
-from processor.core.model import (
-    LoadedRun,
-    NodeState,
-    NodeStatus,
-    RunStatus,
-    initial_state,
-    state_checksum,
-)
+from processor.core.model import LoadedRun
+from processor.core.plans import Commit
 from processor.core.routing import TopicNames, partition_for
+from processor.core.run_state import NodeState, NodeStatus, RunStatus, initial_state, state_checksum
 from processor.io.config.settings import Settings
 from processor.io.postgres.runs_admin import insert_runs
 from processor.io.postgres.store import Definitions, commit_batch, load_runs

@@ -17,7 +17,8 @@ import pytest
 
 from infra.local import StopMode
 from processor.client import start_runs
-from processor.core.workflow import WorkflowDef, parse_workflow
+from processor.core.workflow import parse_workflow
+from processor.core.workflow_def import WorkflowDef
 from processor.io.config.settings import Settings
 from processor.io.postgres.workflows import register_workflow
 

@@ -5,13 +5,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from processor.core.decide import BatchItem
 from processor.core.envelope import Wakeup
-from processor.core.intake import Accepted, Verdict, admit
-from processor.core.model import LoadedRun, RunState, initial_state, state_checksum
+from processor.core.intake import Accepted, RecordVerdict, admit
+from processor.core.model import LoadedRun
+from processor.core.plans import BatchItem
 from processor.core.records import ClientError, Inbound
 from processor.core.routing import TopicNames
-from processor.core.workflow import WorkflowDef, parse_workflow
+from processor.core.run_state import RunState, initial_state, state_checksum
+from processor.core.workflow import parse_workflow
+from processor.core.workflow_def import WorkflowDef
 
 NAMES = TopicNames("t")
 MAX_BYTES = 65536
@@ -71,7 +73,7 @@ def wakeup_message(
 
 
 def accepted(message: FakeMessage, now_ms: int = NOW_MS) -> Inbound:
-    verdict: Verdict = admit(message, NAMES, MAX_BYTES, now_ms)
+    verdict: RecordVerdict = admit(message, NAMES, MAX_BYTES, now_ms)
     assert isinstance(verdict, Accepted), verdict
     return verdict.record
 
@@ -85,5 +87,5 @@ def loaded(
     return LoadedRun(run_id, WF, state, version, "t1", stored_checksum=checksum)
 
 
-def item(run_id: str, records: list[Inbound], attempts: int = 0) -> BatchItem:
-    return BatchItem(run_id, attempts, tuple(records))
+def item(run_id: str, records: list[Inbound], tries: int = 0) -> BatchItem:
+    return BatchItem(run_id, tries, tuple(records))

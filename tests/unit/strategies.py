@@ -17,18 +17,13 @@ from typing import Any
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 
-from processor.core.model import (
-    NodeStatus,
-    RunState,
-    RunStatus,
-    SignalKind,
-    Started,
-    StepOutcome,
-    StepResult,
-    initial_state,
-)
-from processor.core.tick import Decision, force_fail, tick
-from processor.core.workflow import WorkflowDef, parse_workflow
+from processor.core.model import SignalKind, Started, StepOutcome, StepResult
+from processor.core.run_ends import force_fail
+from processor.core.run_state import NodeStatus, RunState, RunStatus, initial_state
+from processor.core.tick import tick
+from processor.core.tick_decision import Decision
+from processor.core.workflow import parse_workflow
+from processor.core.workflow_def import WorkflowDef
 
 # Fast enough for the whole tests/unit suite to stay well under 30 s.
 FAST = settings(

@@ -15,7 +15,7 @@ from openapi_spec_validator import validate
 from starlette.routing import Route
 
 from processor.core.envelope import MAX_RUN_ID_LENGTH
-from processor.core.workflow import SIGNAL_NAME
+from processor.core.workflow_def import SIGNAL_NAME
 from processor.io.config.settings import Settings
 from processor.ui.api import Api
 from processor.ui.api_answers import shortened

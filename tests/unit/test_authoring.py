@@ -14,7 +14,8 @@ from hypothesis import strategies as st
 
 from processor import Retry, StepContext, StepRegistry, Workflow
 from processor.authoring import duration_ms
-from processor.core.workflow import RetryPolicy, StepDef, ValidationError, parse_workflow
+from processor.core.workflow import parse_workflow
+from processor.core.workflow_def import RetryPolicy, StepDef, ValidationError
 from processor.io.shipped.workflow_schema import workflow_validator
 from processor.worker.steps import RegistrationError
 

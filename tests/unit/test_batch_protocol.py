@@ -31,23 +31,15 @@ from processor.core.batch_values import (
     WakeWaiters,
     WriteForceFail,
 )
-from processor.core.decide import BatchItem, Rules, decide, tick_batch
+from processor.core.decide import decide, tick_batch
 from processor.core.envelope import Wakeup, decode_wakeup
-from processor.core.limits import NO_LIMITS, LimitInputs
-from processor.core.model import (
-    Loaded,
-    LoadedRun,
-    RunInput,
-    RunStatus,
-    StepOutcome,
-    StepResult,
-    initial_state,
-    state_checksum,
-)
+from processor.core.limit_values import NO_LIMITS, LimitInputs
+from processor.core.model import Loaded, LoadedRun, RunInput, StepOutcome, StepResult
 from processor.core.outcomes import DeadLetterReason, ForceFailReason, Outcome
-from processor.core.plans import DeadLettered, ForceFailed, Retry, payload_of
-from processor.core.policy import MAX_IN_PROCESS_ATTEMPTS
+from processor.core.plans import BatchItem, DeadLettered, ForceFailed, Retry, Rules, payload_of
+from processor.core.policy import MAX_IN_PROCESS_TRIES
 from processor.core.records import Inbound
+from processor.core.run_state import RunStatus, initial_state, state_checksum
 from processor.core.workflow import parse_workflow
 
 from .fakes import MAX_BYTES, NAMES, NOW_MS, FakeMessage, accepted, item, loaded, wakeup_message
@@ -158,7 +150,7 @@ def test_a_batch_loads_ticks_commits_and_notes_its_commit_in_that_order() -> Non
     assert isinstance(noted, NoteCommitted) and sorted(noted.runs) == [("a", "t1"), ("b", "t1")]
     assert [p.run_id for p in outcome.plans] == ["a", "b"]
     assert {p.outcome for p in outcome.plans} == {Outcome.COMMITTED}
-    assert outcome.commit_attempts == 2 and outcome.unacknowledged == ()
+    assert outcome.commits_sent == 2 and outcome.unacknowledged == ()
     assert outcome.runs.started == {"pair": 2}
     assert (outcome.read_back, outcome.quarantined, outcome.isolated) == (None, (), ())
 
@@ -194,7 +186,7 @@ def test_a_noop_commits_nothing_and_a_missing_run_is_dead_lettered() -> None:
     assert plans["a"].outcome is Outcome.NOOP
     gone = payload_of(plans["gone"], DeadLettered)
     assert gone.reason is DeadLetterReason.UNKNOWN_RUN and not gone.quarantine
-    assert outcome.commit_attempts == 0 and not script.of(FlagQuarantine)
+    assert outcome.commits_sent == 0 and not script.of(FlagQuarantine)
 
 
 # -- failures of the batch, failures of one run ---------------------------------------------
@@ -319,10 +311,10 @@ def _livelocked() -> BatchItem:
     for _ in range(RULES.livelock_requeues):
         records = [_due(message)]
         commit = tick_batch({"r": run_}, NOW_MS, NAMES)["r"]
-        work = item("r", records, MAX_IN_PROCESS_ATTEMPTS - 1)
+        work = item("r", records, MAX_IN_PROCESS_TRIES - 1)
         (send,) = decide(work, run_, commit, False, NOW_MS, RULES).sends
         message = FakeMessage(send.topic, 1, send.value, key_=send.key)
-    return item("r", [_due(message)], MAX_IN_PROCESS_ATTEMPTS - 1)
+    return item("r", [_due(message)], MAX_IN_PROCESS_TRIES - 1)
 
 
 def _due(message: FakeMessage) -> Inbound:

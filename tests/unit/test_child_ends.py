@@ -11,24 +11,16 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from processor.core.children import child_run_id, children_started, children_to_cancel
-from processor.core.decide import Plan, force_fail_refused, force_fail_write
+from processor.core.decide import force_fail_refused, force_fail_write
 from processor.core.envelope import Wakeup, decode_wakeup
-from processor.core.model import (
-    LoadedRun,
-    NodeStatus,
-    ParentLink,
-    RunState,
-    RunStatus,
-    StepOutcome,
-    StepResult,
-    initial_state,
-    state_checksum,
-)
+from processor.core.model import LoadedRun, ParentLink, StepOutcome, StepResult
 from processor.core.outcomes import ForceFailReason, Outcome
-from processor.core.plans import ForceFailed, Retry
+from processor.core.plans import ForceFailed, Plan, Retry
 from processor.core.routing import TopicNames
+from processor.core.run_ends import resume_failed
+from processor.core.run_state import NodeStatus, RunState, RunStatus, initial_state, state_checksum
 from processor.core.stuck import Fail, judge_stuck
-from processor.core.tick import resume_failed, tick
+from processor.core.tick import tick
 from processor.core.workflow import parse_workflow
 
 NAMES = TopicNames("ductor")

@@ -12,14 +12,8 @@ from itertools import pairwise
 from hypothesis import given
 from hypothesis import strategies as st
 
-from processor.core.child_graph import (
-    ChildCycle,
-    ChildRef,
-    WorkflowKey,
-    child_cycle,
-    child_refs,
-    describe_cycle,
-)
+from processor.core.child_graph import ChildCycle, ChildRef, child_cycle, child_refs, describe_cycle
+from processor.core.shapes import WorkflowKey
 from processor.core.workflow import parse_workflow
 
 Graph = dict[WorkflowKey, list[ChildRef]]

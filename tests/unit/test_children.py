@@ -18,17 +18,11 @@ from processor.core.children import (
     children_to_cancel,
 )
 from processor.core.envelope import MAX_RUN_ID_LENGTH
-from processor.core.model import (
-    NodeStatus,
-    RunState,
-    RunStatus,
-    SignalKind,
-    StepOutcome,
-    StepResult,
-    initial_state,
-)
+from processor.core.model import SignalKind, StepOutcome, StepResult
+from processor.core.run_state import NodeStatus, RunState, RunStatus, initial_state
 from processor.core.tick import tick
-from processor.core.workflow import CHILD_TIMEOUT_MS, ValidationError, parse_workflow
+from processor.core.workflow import parse_workflow
+from processor.core.workflow_def import CHILD_TIMEOUT_MS, ValidationError
 from processor.io.shipped.workflow_schema import workflow_validator
 
 SCHEMA = workflow_validator()  # the schema the package ships, as `workflows register` checks it

@@ -7,7 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from processor.core.claim_pace import ClaimPace
-from processor.core.claims import SKIPPED, ClaimFacts, Verdict, died_reason, verdict
+from processor.core.claims import SKIPPED, ClaimFacts, ClaimVerdict, died_reason, verdict
 
 MAX_STARTS = 2
 
@@ -27,52 +27,52 @@ def _facts(**changes: object) -> ClaimFacts:
 
 
 def test_a_claimed_attempt_runs() -> None:
-    assert verdict(_facts(claimed_starts=1), MAX_STARTS, True) is Verdict.RUN
+    assert verdict(_facts(claimed_starts=1), MAX_STARTS, True) is ClaimVerdict.RUN
 
 
 def test_stale_tasks_are_skipped() -> None:
-    assert verdict(_facts(run_exists=False, current=False), 2, True) is Verdict.RUN_GONE
-    assert verdict(_facts(current=False), MAX_STARTS, True) is Verdict.SUPERSEDED
+    assert verdict(_facts(run_exists=False, current=False), 2, True) is ClaimVerdict.RUN_GONE
+    assert verdict(_facts(current=False), MAX_STARTS, True) is ClaimVerdict.SUPERSEDED
     # Even one this worker started, or one whose result is in: the run moved on.
-    assert verdict(_facts(current=False, mine=True, starts=1), 2, True) is Verdict.SUPERSEDED
+    assert verdict(_facts(current=False, mine=True, starts=1), 2, True) is ClaimVerdict.SUPERSEDED
 
 
 def test_a_task_its_row_never_dispatched_wakes_its_run_and_is_not_run() -> None:
     # The commit that dispatched it was lost after its task went out: the run is woken to
     # dispatch it again from the row it has; this delivery never runs.
     ahead = _facts(current=False, ahead=True)
-    assert verdict(ahead, MAX_STARTS, True) is Verdict.AHEAD
-    assert verdict(ahead, MAX_STARTS, False) is Verdict.AHEAD  # waking costs one tick at most
-    assert Verdict.AHEAD in SKIPPED
-    assert verdict(_facts(run_exists=False, current=False), 2, True) is Verdict.RUN_GONE
+    assert verdict(ahead, MAX_STARTS, True) is ClaimVerdict.AHEAD
+    assert verdict(ahead, MAX_STARTS, False) is ClaimVerdict.AHEAD  # waking costs one tick at most
+    assert ClaimVerdict.AHEAD in SKIPPED
+    assert verdict(_facts(run_exists=False, current=False), 2, True) is ClaimVerdict.RUN_GONE
 
 
 def test_a_recorded_attempt_is_not_run_again_and_its_wakeup_is_resent_only_for_the_dead() -> None:
     alive = _facts(recorded=True, starts=1, starter_alive=True)
     dead = _facts(recorded=True, starts=1, starter_alive=False)
-    assert verdict(alive, MAX_STARTS, True) is Verdict.RECORDED
-    assert verdict(dead, MAX_STARTS, True) is Verdict.RESEND
+    assert verdict(alive, MAX_STARTS, True) is ClaimVerdict.RECORDED
+    assert verdict(dead, MAX_STARTS, True) is ClaimVerdict.RESEND
     # Not sure yet who is gone (an outage of its own just ended): nothing sent twice.
-    assert verdict(dead, MAX_STARTS, False) is Verdict.RECORDED
+    assert verdict(dead, MAX_STARTS, False) is ClaimVerdict.RECORDED
 
 
 def test_an_attempt_this_worker_started_is_its_own_claim() -> None:
     # The answer to its claim was lost with the connection; the claim was asked again.
-    assert verdict(_facts(starts=1, mine=True, starter_alive=True), 2, True) is Verdict.RUN
+    assert verdict(_facts(starts=1, mine=True, starter_alive=True), 2, True) is ClaimVerdict.RUN
 
 
 def test_an_attempt_a_live_worker_holds_waits() -> None:
-    assert verdict(_facts(starts=1, starter_alive=True), MAX_STARTS, True) is Verdict.HELD
+    assert verdict(_facts(starts=1, starter_alive=True), MAX_STARTS, True) is ClaimVerdict.HELD
     # A claim that raced another one and lost (nothing read, nothing taken).
-    assert verdict(_facts(), MAX_STARTS, True) is Verdict.HELD
+    assert verdict(_facts(), MAX_STARTS, True) is ClaimVerdict.HELD
 
 
 def test_the_attempts_of_a_worker_that_died_run_again_once_then_fail() -> None:
-    assert verdict(_facts(starts=1), MAX_STARTS, True) is Verdict.RERUN
-    assert verdict(_facts(starts=2), MAX_STARTS, True) is Verdict.DIED
-    assert verdict(_facts(starts=1), 1, True) is Verdict.DIED  # no reruns allowed
+    assert verdict(_facts(starts=1), MAX_STARTS, True) is ClaimVerdict.RERUN
+    assert verdict(_facts(starts=2), MAX_STARTS, True) is ClaimVerdict.DIED
+    assert verdict(_facts(starts=1), 1, True) is ClaimVerdict.DIED  # no reruns allowed
     # Without the right to judge, a silent worker is not taken for dead.
-    assert verdict(_facts(starts=2), MAX_STARTS, False) is Verdict.HELD
+    assert verdict(_facts(starts=2), MAX_STARTS, False) is ClaimVerdict.HELD
     assert "died" in died_reason(2) and "2 times" in died_reason(2)
 
 
@@ -105,17 +105,17 @@ def test_a_step_never_runs_on_a_stale_attempt_nor_beside_a_live_holder(
     if claimed is None:
         # Without a claim, only its own start runs: never another live worker's, never a
         # stale or recorded attempt, never one past its starts.
-        if decided is Verdict.RUN:
+        if decided is ClaimVerdict.RUN:
             assert mine and current and run_exists and not recorded
-        if decided is Verdict.DIED:
+        if decided is ClaimVerdict.DIED:
             assert not starter_alive and may_judge and starts is not None
             assert starts >= max_starts
-        if decided is Verdict.RESEND:
+        if decided is ClaimVerdict.RESEND:
             assert recorded and not starter_alive and may_judge
-        if decided is Verdict.AHEAD:
+        if decided is ClaimVerdict.AHEAD:
             assert ahead and not current and run_exists
     if current and run_exists and not recorded and starter_alive and not mine and not claimed:
-        assert decided is Verdict.HELD
+        assert decided is ClaimVerdict.HELD
 
 
 def test_claims_go_ahead_of_the_slots_by_what_they_finish_in_four_round_trips() -> None:

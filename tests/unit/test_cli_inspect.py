@@ -5,7 +5,7 @@ from __future__ import annotations
 import orjson
 
 from processor.cli.runs import INSPECT_OUTPUT_CHARS, output_text
-from processor.core.model import RunStatus
+from processor.core.run_state import RunStatus
 from processor.io.postgres.runs_admin import RunResult
 
 

@@ -13,9 +13,10 @@ from typing import Any
 
 import pytest
 
-from processor.core.model import LoadedRun, RunState, RunStatus, StepOutcome, StepResult
+from processor.core.model import LoadedRun, StepOutcome, StepResult
+from processor.core.run_state import RunState, RunStatus
 from processor.core.step_task import StepTask
-from processor.core.workflow import StepDef, WorkflowDef
+from processor.core.workflow_def import StepDef, WorkflowDef
 from tests.compiled import compiled_module_names
 
 

@@ -10,21 +10,19 @@ from hypothesis import given
 
 from processor.core.dataflow import OutputRefs, data_at_hand, dependency_attempts, output_refs
 from processor.core.decide import tick_batch
-from processor.core.model import (
-    LoadedRun,
+from processor.core.model import LoadedRun, RunInput, StepOutcome, StepResult
+from processor.core.run_state import (
     NodeState,
     NodeStatus,
-    RunInput,
     RunState,
     RunStatus,
-    StepOutcome,
-    StepResult,
     initial_state,
     state_checksum,
 )
 from processor.core.step_task import StepData, decode_step_task
 from processor.core.tick import tick
-from processor.core.workflow import WorkflowDef, WorkflowOutput, parse_workflow
+from processor.core.workflow import parse_workflow
+from processor.core.workflow_def import WorkflowDef, WorkflowOutput
 
 from .fakes import NAMES, NOW_MS
 from .strategies import FAST, Run, TickInputs, runs, tick_inputs

@@ -16,7 +16,7 @@ from processor.io.kafka.delivery import PARK_AFTER, Delivery, Refusal
 Report = Callable[[KafkaError | None], None]
 
 
-class FakeOutbox:
+class FakePublisher:
     """Takes records; the test answers each send's delivery report."""
 
     def __init__(self) -> None:
@@ -38,40 +38,40 @@ class Clock:
 
 def _deliver_and_refuse(
     refusal: KafkaError, on_refused: Callable[[Refusal], None] | None, rounds: int
-) -> tuple[FakeOutbox, list[str]]:
-    outbox, clock, errors = FakeOutbox(), Clock(), Counter[str]()
-    delivery = Delivery(outbox, errors, clock)  # type: ignore[arg-type]
+) -> tuple[FakePublisher, list[str]]:
+    publisher, clock, errors = FakePublisher(), Clock(), Counter[str]()
+    delivery = Delivery(publisher, errors, clock)  # type: ignore[arg-type]
     delivered: list[str] = []
     delivery.send("steps", b"v", b"k", None, [], lambda: delivered.append("ok"), on_refused)
     for _ in range(rounds):
-        if not outbox.sent:
+        if not publisher.sent:
             clock.now += 10.0
             delivery.send_due(clock.now)
-            if not outbox.sent:
+            if not publisher.sent:
                 break
-        outbox.sent.pop()(refusal)
-    return outbox, delivered
+        publisher.sent.pop()(refusal)
+    return publisher, delivered
 
 
 def test_a_record_refused_for_good_is_handed_over_after_park_after_refusals() -> None:
     why: list[Refusal] = []
-    outbox, delivered = _deliver_and_refuse(
+    publisher, delivered = _deliver_and_refuse(
         KafkaError(KafkaError.MSG_SIZE_TOO_LARGE), why.append, rounds=PARK_AFTER + 3
     )
     assert len(why) == 1 and why[0].error == "MSG_SIZE_TOO_LARGE"
     assert why[0].reason.startswith("MSG_SIZE_TOO_LARGE: the broker refuses it for steps")
-    assert outbox.sends == PARK_AFTER and not delivered  # not sent again, nor delivered
+    assert publisher.sends == PARK_AFTER and not delivered  # not sent again, nor delivered
 
 
 def test_without_a_keeper_it_keeps_trying() -> None:
-    outbox, _ = _deliver_and_refuse(KafkaError(KafkaError.MSG_SIZE_TOO_LARGE), None, 10)
-    assert outbox.sends == 10
+    publisher, _ = _deliver_and_refuse(KafkaError(KafkaError.MSG_SIZE_TOO_LARGE), None, 10)
+    assert publisher.sends == 10
 
 
 def test_a_broker_away_never_parks() -> None:
     why: list[Refusal] = []
-    outbox, _ = _deliver_and_refuse(KafkaError(KafkaError._MSG_TIMED_OUT), why.append, 10)
-    assert why == [] and outbox.sends == 10
+    publisher, _ = _deliver_and_refuse(KafkaError(KafkaError._MSG_TIMED_OUT), why.append, 10)
+    assert why == [] and publisher.sends == 10
 
 
 def test_a_fatal_client_error_stops_the_service_once_and_others_do_not() -> None:
@@ -84,7 +84,7 @@ def test_a_fatal_client_error_stops_the_service_once_and_others_do_not() -> None
     assert errors.fatal is not None and "fenced" in errors.fatal and stops == ["stop"]
 
 
-class RaisingOutbox(FakeOutbox):
+class RaisingPublisher(FakePublisher):
     """A client that raises what nobody foresaw on every send (a ValueError for one record)."""
 
     def send(self, topic: str, value: Any, key: Any, report: Report, *rest: Any) -> None:
@@ -93,17 +93,17 @@ class RaisingOutbox(FakeOutbox):
 
 
 def test_a_send_that_raises_what_nobody_foresaw_is_a_refusal_never_the_loops() -> None:
-    """It is counted and retried after its backoff like a refusal for good, and an outbox
+    """It is counted and retried after its backoff like a refusal for good, and an publisher
     row's record is handed to its on_refused (parked) after PARK_AFTER of them: the caller
     (the loop) never sees the exception."""
-    outbox, clock, errors = RaisingOutbox(), Clock(), Counter[str]()
-    delivery = Delivery(outbox, errors, clock)  # type: ignore[arg-type]
+    publisher, clock, errors = RaisingPublisher(), Clock(), Counter[str]()
+    delivery = Delivery(publisher, errors, clock)  # type: ignore[arg-type]
     why: list[Refusal] = []
     delivered: list[str] = []
     delivery.send("steps", b"v", b"k", None, [], lambda: delivered.append("ok"), why.append)
     for _ in range(PARK_AFTER + 2):
         clock.now += 10.0
         delivery.send_due(clock.now)
-    assert outbox.sends == PARK_AFTER and errors["produce_permanent"] == PARK_AFTER
+    assert publisher.sends == PARK_AFTER and errors["produce_permanent"] == PARK_AFTER
     assert len(why) == 1 and "ValueError: a record the client cannot take" in why[0].reason
     assert delivered == []  # (its on_refused settles its work: the executor's parking)

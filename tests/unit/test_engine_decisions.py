@@ -23,8 +23,6 @@ from processor.core.dead_letters import (
     truncate_dead_letter,
 )
 from processor.core.decide import (
-    Plan,
-    Rules,
     database_failed,
     decide,
     failed_unexpectedly,
@@ -36,15 +34,16 @@ from processor.core.decide import (
 )
 from processor.core.envelope import Wakeup, decode_wakeup
 from processor.core.intake import Accepted, Hop, NotDue, Reject, admit
-from processor.core.model import Loaded, RunStatus, UnknownWorkflow, UnreadableRun, initial_state
+from processor.core.model import Loaded, UnknownWorkflow, UnreadableRun
 from processor.core.offsets import OffsetTracker
 from processor.core.outcomes import DLQ_REASONS, DeadLetterReason, ForceFailReason, Outcome
 from processor.core.pending import RunBook
-from processor.core.plans import DeadLettered, ForceFailed, Produce, Retry, payload_of
-from processor.core.policy import IN_PROCESS_BACKOFF_MS, MAX_IN_PROCESS_ATTEMPTS
+from processor.core.plans import DeadLettered, ForceFailed, Plan, Produce, Retry, Rules, payload_of
+from processor.core.policy import IN_PROCESS_BACKOFF_MS, MAX_IN_PROCESS_TRIES
 from processor.core.records import Inbound
 from processor.core.request_plans import Refused, request_plan
 from processor.core.routing import DELAY_RUNGS_MS, requeue_delay_ms
+from processor.core.run_state import RunStatus, initial_state
 
 from .fakes import (
     MAX_BYTES,
@@ -391,35 +390,38 @@ def _due(message: FakeMessage) -> Inbound:
 
 def test_conflicts_are_retried_in_process_with_the_seeds_backoff_then_requeued() -> None:
     records = [accepted(_start("r", 1))]
-    for attempts in range(MAX_IN_PROCESS_ATTEMPTS - 1):
-        plan = _conflict(records, attempts)
-        assert (plan.outcome, plan.attempt) == (Outcome.CONFLICT, Outcome.CONFLICT)
+    for tries in range(MAX_IN_PROCESS_TRIES - 1):
+        plan = _conflict(records, tries)
+        assert (plan.outcome, plan.tick_outcome) == (Outcome.CONFLICT, Outcome.CONFLICT)
         retry = payload_of(plan, Retry)
-        assert retry.retry_in_ms == IN_PROCESS_BACKOFF_MS[attempts + 1]
-        assert retry.attempts == attempts + 1 and not plan.sends
-    plan = _conflict(records, MAX_IN_PROCESS_ATTEMPTS - 1)
-    assert (plan.outcome, plan.attempt) == (Outcome.REQUEUED, Outcome.CONFLICT) and plan.settles
+        assert retry.retry_in_ms == IN_PROCESS_BACKOFF_MS[tries + 1]
+        assert retry.tries == tries + 1 and not plan.sends
+    plan = _conflict(records, MAX_IN_PROCESS_TRIES - 1)
+    assert (plan.outcome, plan.tick_outcome) == (
+        Outcome.REQUEUED,
+        Outcome.CONFLICT,
+    ) and plan.settles
     (send,) = plan.sends
     assert send.topic == NAMES.delay(requeue_delay_ms(0)) and send.key == b"r:1"
     requeued = decode_wakeup(send.value, MAX_BYTES)
     assert isinstance(requeued, Wakeup)
-    assert (requeued.requeue_count, requeued.attempt, requeued.observed_seq) == (1, 1, 0)
+    assert (requeued.requeue_count, requeued.requeue_seq, requeued.observed_seq) == (1, 1, 0)
     assert requeued.due_at == NOW_MS + requeue_delay_ms(0)
 
 
 def test_a_run_that_keeps_conflicting_without_progress_is_force_failed() -> None:
-    """Requeue after requeue with the same seq: the key changes every time (run_id:attempt),
+    """Requeue after requeue with the same seq: the key changes every time (run_id:requeue_seq),
     the rung climbs, and after ``livelock_requeues`` rounds the run is force-failed."""
     message = wakeup_message(1, Wakeup("r", "start"))
     keys = []
     for _round in range(RULES.livelock_requeues):
-        plan = _conflict([_due(message)], MAX_IN_PROCESS_ATTEMPTS - 1)
+        plan = _conflict([_due(message)], MAX_IN_PROCESS_TRIES - 1)
         assert plan.outcome is Outcome.REQUEUED
         (send,) = plan.sends
         keys.append(send.key)
         message = FakeMessage(send.topic, 1, send.value, key_=send.key)
     assert len(set(keys)) == len(keys), "requeues must never share a key"
-    plan = _conflict([_due(message)], MAX_IN_PROCESS_ATTEMPTS - 1)
+    plan = _conflict([_due(message)], MAX_IN_PROCESS_TRIES - 1)
     failed = payload_of(plan, ForceFailed)
     assert (plan.outcome, failed.reason) == (Outcome.FORCE_FAILED, ForceFailReason.LIVELOCK)
     assert not plan.sends
@@ -431,19 +433,19 @@ def test_a_run_that_keeps_conflicting_without_progress_is_force_failed() -> None
 
 
 def test_progress_since_the_last_requeue_restarts_the_count() -> None:
-    requeued = Wakeup("r", "requeue", requeue_count=2, attempt=2, observed_seq=0)
+    requeued = Wakeup("r", "requeue", requeue_count=2, requeue_seq=2, observed_seq=0)
     record = accepted(wakeup_message(1, requeued))
-    plan = _conflict([record], MAX_IN_PROCESS_ATTEMPTS - 1, seq=5)
+    plan = _conflict([record], MAX_IN_PROCESS_TRIES - 1, seq=5)
     assert plan.outcome is Outcome.REQUEUED
     again = decode_wakeup(plan.sends[0].value, MAX_BYTES)
     assert isinstance(again, Wakeup)
-    assert (again.requeue_count, again.attempt, again.observed_seq) == (1, 3, 5)
+    assert (again.requeue_count, again.requeue_seq, again.observed_seq) == (1, 3, 5)
 
 
 def test_a_database_error_decides_nothing_and_retries_later() -> None:
-    plan = database_failed(item("r", [accepted(_start("r", 1))], attempts=2), 1000)
+    plan = database_failed(item("r", [accepted(_start("r", 1))], tries=2), 1000)
     retry = payload_of(plan, Retry)
-    assert (plan.outcome, plan.attempt, retry.attempts) == (Outcome.ERROR, None, 2)
+    assert (plan.outcome, plan.tick_outcome, retry.tries) == (Outcome.ERROR, None, 2)
     assert retry.retry_in_ms and not plan.sends
 
 

@@ -42,7 +42,7 @@ def test_round_trip_with_every_field() -> None:
         run_id="run-7",
         reason="requeue",
         requeue_count=3,
-        attempt=9,
+        requeue_seq=9,
         due_at=1_700_000_000_100,
         target_at=1_700_000_005_000,
         observed_seq=12,
@@ -77,7 +77,7 @@ def test_minimal_envelope_gets_defaults_and_encodes_only_set_fields() -> None:
         ),
         reason=st.sampled_from(sorted(REASONS)),
         requeue_count=st.integers(0, MAX_REQUEUE_COUNT),
-        attempt=st.integers(0, MAX_ATTEMPT),
+        requeue_seq=st.integers(0, MAX_ATTEMPT),
         due_at=st.one_of(st.none(), st.integers(0, MAX_EPOCH_MS)),
         target_at=st.one_of(st.none(), st.integers(0, MAX_EPOCH_MS)),
         observed_seq=st.one_of(st.none(), st.integers(0, MAX_SEQ)),
@@ -86,7 +86,7 @@ def test_minimal_envelope_gets_defaults_and_encodes_only_set_fields() -> None:
 )
 def test_round_trip(wakeup: Wakeup) -> None:
     assert decode_wakeup(wakeup.encode(), LIMIT) == wakeup
-    assert wakeup.key() == f"{wakeup.run_id}:{wakeup.attempt}".encode()
+    assert wakeup.key() == f"{wakeup.run_id}:{wakeup.requeue_seq}".encode()
 
 
 @pytest.mark.parametrize(

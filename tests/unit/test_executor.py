@@ -13,16 +13,16 @@ from confluent_kafka import Producer
 from opentelemetry.trace import Span
 
 from processor.core.batch_values import ReadBackResult, Undecided
-from processor.core.decide import BatchItem, Rules, database_failed, decide, reject, tick_batch
+from processor.core.decide import database_failed, decide, reject, tick_batch
 from processor.core.envelope import Wakeup
 from processor.core.intake import Reject, admit
-from processor.core.model import RunStatus
 from processor.core.offsets import OffsetTracker
 from processor.core.outcomes import DeadLetterReason, ForceFailReason, Outcome
 from processor.core.pending import RunBook, RunWork
-from processor.core.plans import Retry, payload_of
-from processor.core.policy import IN_PROCESS_BACKOFF_MS, MAX_IN_PROCESS_ATTEMPTS
+from processor.core.plans import BatchItem, Retry, Rules, payload_of
+from processor.core.policy import IN_PROCESS_BACKOFF_MS, MAX_IN_PROCESS_TRIES
 from processor.core.routing import DELAY_RUNGS_MS
+from processor.core.run_state import RunStatus
 from processor.core.run_tally import RunTally
 from processor.core.stats import Stats
 from processor.engine.acknowledged import ACKS_WAIT_S, Acknowledged
@@ -32,7 +32,7 @@ from processor.engine.executor import Executor, Work
 from processor.engine.stage import Staged, Timings
 from processor.engine.stage_failures import StageFailures
 from processor.engine.stage_thread import InFlight
-from processor.io.kafka.clients import Outbox
+from processor.io.kafka.clients import Publisher
 from processor.io.runtime.clock import Clock, ManualClock
 from processor.io.runtime.faults import NO_FAULTS, Faults
 from processor.io.telemetry.setup import Telemetry
@@ -68,8 +68,8 @@ class Harness:
         return self.shared.stats
 
     @property
-    def outbox(self) -> Outbox:
-        return self.shared.outbox
+    def publisher(self) -> Publisher:
+        return self.shared.publisher
 
     def now(self) -> float:
         return self.clock.clock.monotonic()
@@ -88,7 +88,9 @@ def _harness(producer: Producer, faults: Faults = NO_FAULTS) -> Harness:
     clock = ManualClock(monotonic_s=100.0)
     wall = Clock(clock.clock.monotonic, lambda: NOW_MS)
     partitions = dict.fromkeys([*NAMES.coordinator_topics(), NAMES.steps, NAMES.dlq], 3)
-    shared = commons(Outbox(producer), partitions, NAMES, Stats(), Telemetry(), wall, faults=faults)
+    shared = commons(
+        Publisher(producer), partitions, NAMES, Stats(), Telemetry(), wall, faults=faults
+    )
     book: RunBook[Span] = RunBook()
     database = Database("postgresql://nobody@127.0.0.1:1/none")  # never opened here
     return Harness(build_executor(shared, database, RULES, book), book, shared, clock)
@@ -129,18 +131,18 @@ def test_a_conflict_is_parked_for_its_backoff_and_never_counted_as_an_error(h: H
     h.clock.advance(1)
     assert h.executor.ready_count(h.now()) == 1
     (again,) = h.book.take_ready(h.now(), 10)
-    assert again is work and again.attempts == 1
+    assert again is work and again.tries == 1
 
 
 def test_a_requeue_settles_only_once_the_broker_acknowledged_it(h: Harness) -> None:
     work = _work(h, 4)
     run = loaded("r")
     commits = tick_batch({"r": run}, NOW_MS, NAMES)
-    exhausted = item("r", work.records, attempts=MAX_IN_PROCESS_ATTEMPTS - 1)
+    exhausted = item("r", work.records, tries=MAX_IN_PROCESS_TRIES - 1)
     plan = decide(exhausted, run, commits["r"], False, NOW_MS, RULES)
     h.executor.carry_out(work, plan)
     assert (
-        plan.outcome is Outcome.REQUEUED and h.outbox.in_flight >= 1
+        plan.outcome is Outcome.REQUEUED and h.publisher.in_flight >= 1
     )  # (the count includes client events)
     assert h.stats.ticks == {Outcome.CONFLICT: 1, Outcome.REQUEUED: 1}
     assert h.stats.requeues == {DELAY_RUNGS_MS[0]: 1} and h.stats.error_count == 0
@@ -164,7 +166,7 @@ def test_a_rejected_record_is_dead_lettered_and_counted_by_reason(h: Harness) ->
     h.executor.carry_out_now(verdict.record, plan)
     assert h.stats.dead_letters == {DeadLetterReason.NOT_JSON: 1}
     assert (
-        h.stats.ticks == {Outcome.DEAD_LETTERED: 1} and h.outbox.in_flight >= 1
+        h.stats.ticks == {Outcome.DEAD_LETTERED: 1} and h.publisher.in_flight >= 1
     )  # (the count includes client events)
     assert h.tracker.committable() == {}
 
@@ -234,12 +236,12 @@ def test_a_run_whose_row_is_held_waits_apart_with_a_growing_backoff_never_a_conf
     h.executor.carry_out(work, plan)
     assert (plan.outcome, payload_of(plan, Retry).retry_in_ms) == (Outcome.LOCKED, 10)
     assert (h.stats.conflicts, h.stats.error_count, h.stats.ticks[Outcome.LOCKED]) == (0, 0, 1)
-    assert (work.locked, work.prior_version, work.attempts) == (1, 7, 0)
-    again = BatchItem("r", work.attempts, tuple(work.records), work.locked, work.prior_version)
+    assert (work.locked, work.prior_version, work.tries) == (1, 7, 0)
+    again = BatchItem("r", work.tries, tuple(work.records), work.locked, work.prior_version)
     second = decide(again, run, commits["r"], False, NOW_MS, RULES, held=True)
     assert (second.outcome, payload_of(second, Retry).retry_in_ms) == (Outcome.LOCKED, 20)
     moved = decide(again, loaded("r", version=8), commits["r"], False, NOW_MS, RULES, held=True)
-    assert moved.outcome is Outcome.CONFLICT and payload_of(moved, Retry).attempts == 1
+    assert moved.outcome is Outcome.CONFLICT and payload_of(moved, Retry).tries == 1
     assert h.tracker.committable() == {}  # the record waits: its offset is held
 
 

@@ -9,7 +9,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from processor.core.flow import PauseBook, TierQueues, TopicPartition
+from processor.core.flow import PauseBook, TierQueues
+from processor.core.shapes import TopicPartition
 
 from .strategies import FAST
 

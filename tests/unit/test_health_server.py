@@ -16,8 +16,9 @@ from typing import Any
 
 import pytest
 
-from processor.engine.health import HealthServer, Probe, is_ready, probe_problems
+from processor.engine.health import Probe, is_ready, probe_problems
 from processor.io.runtime.faults import Faults
+from processor.io.runtime.health_http import HealthServer
 from processor.io.runtime.threads import ThreadWatch
 
 # Nothing listens on port 1: the database check fails at once with "connection refused".

@@ -11,7 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from processor.core.dead_letters import REASON
-from processor.core.decide import Rules, hop, reject
+from processor.core.decide import hop, reject
 from processor.core.envelope import (
     FIELDS,
     MAX_ATTEMPT,
@@ -22,6 +22,7 @@ from processor.core.envelope import (
 )
 from processor.core.intake import Accepted, Hop, NotDue, Reject, admit
 from processor.core.outcomes import DeadLetterReason
+from processor.core.plans import Rules
 
 from .fakes import MAX_BYTES, NAMES, NOW_MS, FakeMessage
 from .strategies import FAST
@@ -80,7 +81,7 @@ def test_no_record_escapes_a_verdict(
     wakeup = verdict.record.wakeup
     assert wakeup is not None
     assert "\x00" not in wakeup.run_id and 1 <= len(wakeup.run_id) <= 200
-    assert 0 <= wakeup.requeue_count <= MAX_REQUEUE_COUNT and 0 <= wakeup.attempt <= MAX_ATTEMPT
+    assert 0 <= wakeup.requeue_count <= MAX_REQUEUE_COUNT and 0 <= wakeup.requeue_seq <= MAX_ATTEMPT
     assert wakeup.observed_seq is None or 0 <= wakeup.observed_seq <= MAX_SEQ
     for at in (wakeup.due_at, wakeup.target_at, wakeup.produced_at):
         assert at is None or 0 <= at <= MAX_EPOCH_MS

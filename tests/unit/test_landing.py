@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from processor.core.landing import landing_problem
-from processor.core.model import RunStatus
 from processor.core.outcomes import DeadLetterReason
+from processor.core.run_state import RunStatus
 from processor.core.workflow import parse_workflow
 
 APPROVAL = parse_workflow(

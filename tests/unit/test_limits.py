@@ -16,28 +16,20 @@ from hypothesis import strategies as st
 
 from processor import Concurrency, RateLimit, Workflow
 from processor.core.decide import tick_batch
-from processor.core.limits import (
-    BACKSTOP_MS,
-    Guard,
-    LimitInputs,
-    LimitView,
-    RunLimits,
-    needs_of,
-)
-from processor.core.model import (
-    LoadedRun,
+from processor.core.limit_values import Guard, LimitInputs, LimitView, RunLimits
+from processor.core.limits import BACKSTOP_MS, needs_of
+from processor.core.model import LoadedRun, SignalKind, StepOutcome, StepResult
+from processor.core.routing import TopicNames
+from processor.core.run_state import (
     MapProgress,
     NodeStatus,
     RunState,
     RunStatus,
-    SignalKind,
-    StepOutcome,
-    StepResult,
     initial_state,
     state_checksum,
 )
-from processor.core.routing import TopicNames
-from processor.core.workflow import ValidationError, WorkflowDef, parse_workflow, workflow_to_json
+from processor.core.workflow import parse_workflow, workflow_to_json
+from processor.core.workflow_def import ValidationError, WorkflowDef
 
 NAMES = TopicNames("t")
 NOW = 1_000_000

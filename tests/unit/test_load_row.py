@@ -8,7 +8,6 @@ from typing import Any
 from processor.core.load_row import LoadRow, loaded_run
 from processor.core.model import (
     LoadedRun,
-    NodeStatus,
     ParentLink,
     RunInput,
     SignalKind,
@@ -16,10 +15,8 @@ from processor.core.model import (
     StepOutcome,
     StepResult,
     UnreadableRun,
-    initial_state,
-    node_state,
-    state_checksum,
 )
+from processor.core.run_state import NodeStatus, initial_state, node_state, state_checksum
 from processor.core.workflow import parse_workflow
 from processor.io.postgres.load_sql import LOAD_SQL as _LOAD_SQL
 

@@ -14,22 +14,23 @@ import random
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from processor.core.model import (
+from processor.core.model import SignalKind, StepOutcome, StepResult
+from processor.core.run_ends import force_fail, resume_failed
+from processor.core.run_state import (
     MapProgress,
     NodeStatus,
     RunState,
     RunStatus,
-    SignalKind,
-    StepOutcome,
-    StepResult,
     initial_state,
     row_checksum,
     shown_nodes,
     state_checksum,
     state_from_row,
 )
-from processor.core.tick import NOOP, Decision, force_fail, resume_failed, tick
-from processor.core.workflow import WorkflowDef, parse_workflow
+from processor.core.tick import tick
+from processor.core.tick_decision import NOOP, Decision
+from processor.core.workflow import parse_workflow
+from processor.core.workflow_def import WorkflowDef
 
 
 def _workflow(parallelism: int, attempts: int) -> WorkflowDef:

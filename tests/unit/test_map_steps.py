@@ -17,19 +17,20 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from processor import Retry, StepContext, Workflow
-from processor.core.model import (
+from processor.core.model import StepOutcome, StepResult
+from processor.core.run_state import (
     MapProgress,
     NodeStatus,
     RunState,
     RunStatus,
-    StepOutcome,
-    StepResult,
     initial_state,
     state_from_row,
 )
 from processor.core.step_task import MapItem, StepData, StepTask, decode_step_task
-from processor.core.tick import NOOP, tick
-from processor.core.workflow import ValidationError, parse_workflow
+from processor.core.tick import tick
+from processor.core.tick_decision import NOOP
+from processor.core.workflow import parse_workflow
+from processor.core.workflow_def import ValidationError
 from processor.io.shipped.workflow_schema import workflow_validator
 from processor.worker.steps import context_of
 

@@ -10,8 +10,8 @@ import orjson
 import pytest
 from hypothesis import given
 
-from processor.core.model import (
-    LoadedRun,
+from processor.core.model import LoadedRun
+from processor.core.run_state import (
     NodeState,
     NodeStatus,
     RunState,
@@ -22,13 +22,8 @@ from processor.core.model import (
     state_checksum,
     state_from_row,
 )
-from processor.core.workflow import (
-    RetryPolicy,
-    ValidationError,
-    WorkflowOutput,
-    parse_workflow,
-    workflow_to_json,
-)
+from processor.core.workflow import parse_workflow, workflow_to_json
+from processor.core.workflow_def import RetryPolicy, ValidationError, WorkflowOutput
 
 from .strategies import FAST, Run, runs, workflow_json
 

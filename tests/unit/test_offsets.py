@@ -14,13 +14,8 @@ from hypothesis.stateful import (
     rule,
 )
 
-from processor.core.offsets import (
-    Finished,
-    OffsetTracker,
-    TopicPartition,
-    decode_finished,
-    encode_finished,
-)
+from processor.core.offsets import Finished, OffsetTracker, decode_finished, encode_finished
+from processor.core.shapes import TopicPartition
 
 from .strategies import FAST
 

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from processor.core.outcomes import ForceFailReason
 from processor.core.policy import (
     IN_PROCESS_BACKOFF_MS,
-    MAX_IN_PROCESS_ATTEMPTS,
+    MAX_IN_PROCESS_TRIES,
     ForceFail,
     Requeue,
     after_exhausted_conflicts,
@@ -23,36 +23,40 @@ from .strategies import FAST
 def test_in_process_waits_are_0_10_20_40_1000_then_none() -> None:
     assert [retry_wait_ms(n) for n in range(8)] == [0, 10, 20, 40, 1000, None, None, None]
     assert IN_PROCESS_BACKOFF_MS == (0, 10, 20, 40, 1000)
-    assert MAX_IN_PROCESS_ATTEMPTS == 5
+    assert MAX_IN_PROCESS_TRIES == 5
     assert retry_wait_ms(10**9) is None
 
 
 def test_first_exhaustion_requeues_on_the_first_rung() -> None:
     decision = after_exhausted_conflicts(
-        requeue_count=0, attempt=0, observed_seq=None, current_seq=7, livelock_requeues=8
+        requeue_count=0, requeue_seq=0, observed_seq=None, current_seq=7, livelock_requeues=8
     )
-    assert decision == Requeue(requeue_count=1, attempt=1, delay_ms=100, observed_seq=7)
+    assert decision == Requeue(requeue_count=1, requeue_seq=1, delay_ms=100, observed_seq=7)
 
 
 def test_a_run_that_never_progresses_is_force_failed_after_the_limit() -> None:
     limit = 8
-    count, attempt, observed = 0, 0, None
+    count, requeue_seq, observed = 0, 0, None
     delays: list[int] = []
     for _ in range(limit):
         decision = after_exhausted_conflicts(
             requeue_count=count,
-            attempt=attempt,
+            requeue_seq=requeue_seq,
             observed_seq=observed,
             current_seq=42,
             livelock_requeues=limit,
         )
         assert isinstance(decision, Requeue)
         delays.append(decision.delay_ms)
-        count, attempt, observed = decision.requeue_count, decision.attempt, decision.observed_seq
+        count, requeue_seq, observed = (
+            decision.requeue_count,
+            decision.requeue_seq,
+            decision.observed_seq,
+        )
     assert delays == [100, 200, 400, 800, 1600, 3200, 6400, 10000]
     final = after_exhausted_conflicts(
         requeue_count=count,
-        attempt=attempt,
+        requeue_seq=requeue_seq,
         observed_seq=observed,
         current_seq=42,
         livelock_requeues=limit,
@@ -62,18 +66,18 @@ def test_a_run_that_never_progresses_is_force_failed_after_the_limit() -> None:
 
 def test_progress_restarts_the_count_even_past_the_limit() -> None:
     decision = after_exhausted_conflicts(
-        requeue_count=50, attempt=60, observed_seq=3, current_seq=4, livelock_requeues=8
+        requeue_count=50, requeue_seq=60, observed_seq=3, current_seq=4, livelock_requeues=8
     )
-    assert decision == Requeue(requeue_count=1, attempt=61, delay_ms=100, observed_seq=4)
+    assert decision == Requeue(requeue_count=1, requeue_seq=61, delay_ms=100, observed_seq=4)
 
 
 def test_limit_of_one_fails_at_the_first_non_progressing_round() -> None:
     first = after_exhausted_conflicts(
-        requeue_count=0, attempt=0, observed_seq=None, current_seq=1, livelock_requeues=1
+        requeue_count=0, requeue_seq=0, observed_seq=None, current_seq=1, livelock_requeues=1
     )
     assert first == Requeue(1, 1, 100, 1)
     second = after_exhausted_conflicts(
-        requeue_count=1, attempt=1, observed_seq=1, current_seq=1, livelock_requeues=1
+        requeue_count=1, requeue_seq=1, observed_seq=1, current_seq=1, livelock_requeues=1
     )
     assert second == ForceFail(ForceFailReason.LIVELOCK, 1)
 
@@ -81,7 +85,7 @@ def test_limit_of_one_fails_at_the_first_non_progressing_round() -> None:
 @pytest.mark.parametrize("n", range(12))
 def test_delay_of_the_nth_non_progressing_requeue(n: int) -> None:
     decision = after_exhausted_conflicts(
-        requeue_count=n, attempt=n, observed_seq=5, current_seq=5, livelock_requeues=1000
+        requeue_count=n, requeue_seq=n, observed_seq=5, current_seq=5, livelock_requeues=1000
     )
     assert isinstance(decision, Requeue)
     assert decision.delay_ms == min(100 * 2**n, 10_000)
@@ -98,7 +102,7 @@ def test_delay_of_the_nth_non_progressing_requeue(n: int) -> None:
 def test_requeue_lineage(limit: int, start_seq: int, progress: list[bool]) -> None:
     """Follow one run's lineage of requeues: each round the run either progressed (its seq
     moved since the envelope's observed_seq) or not; model the expected count alongside."""
-    count, attempt, observed = 0, 0, None
+    count, requeue_seq, observed = 0, 0, None
     seq = start_seq
     expected_non_progressing = 0
     keys: list[int] = []
@@ -108,7 +112,7 @@ def test_requeue_lineage(limit: int, start_seq: int, progress: list[bool]) -> No
         non_progressing = expected_non_progressing if (observed is not None and not moved) else 0
         decision = after_exhausted_conflicts(
             requeue_count=count,
-            attempt=attempt,
+            requeue_seq=requeue_seq,
             observed_seq=observed,
             current_seq=seq,
             livelock_requeues=limit,
@@ -119,12 +123,16 @@ def test_requeue_lineage(limit: int, start_seq: int, progress: list[bool]) -> No
             return
         assert isinstance(decision, Requeue)
         assert decision.requeue_count == non_progressing + 1
-        assert decision.attempt == attempt + 1  # strictly increasing: distinct Kafka keys
+        assert decision.requeue_seq == requeue_seq + 1  # strictly increasing: distinct Kafka keys
         assert decision.delay_ms == min(100 * 2**non_progressing, 10_000)
         assert decision.delay_ms in DELAY_RUNGS_MS
         assert decision.observed_seq == seq
-        keys.append(decision.attempt)
-        count, attempt, observed = decision.requeue_count, decision.attempt, decision.observed_seq
+        keys.append(decision.requeue_seq)
+        count, requeue_seq, observed = (
+            decision.requeue_count,
+            decision.requeue_seq,
+            decision.observed_seq,
+        )
         expected_non_progressing = decision.requeue_count
         assert count <= limit
     assert keys == sorted(set(keys))
@@ -133,17 +141,17 @@ def test_requeue_lineage(limit: int, start_seq: int, progress: list[bool]) -> No
 @FAST
 @given(
     count=st.integers(0, 10_000),
-    attempt=st.integers(0, 10**6),
+    requeue_seq=st.integers(0, 10**6),
     observed=st.one_of(st.none(), st.integers(0, 10**6)),
     current=st.integers(0, 10**6),
     limit=st.integers(1, 1000),
 )
 def test_decision_shape(
-    count: int, attempt: int, observed: int | None, current: int, limit: int
+    count: int, requeue_seq: int, observed: int | None, current: int, limit: int
 ) -> None:
     decision = after_exhausted_conflicts(
         requeue_count=count,
-        attempt=attempt,
+        requeue_seq=requeue_seq,
         observed_seq=observed,
         current_seq=current,
         livelock_requeues=limit,
@@ -155,6 +163,6 @@ def test_decision_shape(
         assert decision.requeues == count >= limit
     else:
         assert decision.requeue_count == (1 if progressed else count + 1)
-        assert decision.attempt == attempt + 1
+        assert decision.requeue_seq == requeue_seq + 1
         assert decision.delay_ms in DELAY_RUNGS_MS
         assert decision.observed_seq == current

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 
 import psycopg
 import pytest
-from confluent_kafka import TopicPartition
+from confluent_kafka import TopicPartition as KafkaTopicPartition
 from opentelemetry.trace import Span
 
 from processor.core.decide import database_failed
@@ -81,7 +81,7 @@ def _quiet_pace(
         executor=parts.executor,
         requests=parts.requests,
         sweeps=parts.sweeps,
-        outbox=_Sending(in_flight, [] if sent_now is None else sent_now),
+        publisher=_Sending(in_flight, [] if sent_now is None else sent_now),
         delivery=parts.commons.delivery,
         flow=lambda: parts.membership.flow,
     )
@@ -89,7 +89,7 @@ def _quiet_pace(
 
 def _assign(parts: ProcessorParts, topic: str) -> tuple[str, int]:
     """Partition 0 of ``topic``, assigned as the group's callback would."""
-    parts.membership.consumer.incremental_assign([TopicPartition(topic, 0, 0)])
+    parts.membership.consumer.incremental_assign([KafkaTopicPartition(topic, 0, 0)])
     parts.membership.flow.assigned_now({(topic, 0)})
     return (topic, 0)
 
@@ -218,7 +218,7 @@ def test_a_sweeps_results_are_carried_out_and_its_failure_is_an_outage(
     parts.sweeps.hand_on(
         SweepResult(overdue=[("a", "t1"), ("b", "t2")], force_failed=[("c", "wf")])
     )
-    assert parts.commons.outbox.in_flight >= 2
+    assert parts.commons.publisher.in_flight >= 2
     assert stats.force_fails == {ForceFailReason.STUCK: 1} and not stats.errors
     send = Send(parts.names.wakeup("t1"), b"d", b"{}", by_run="d")
     parts.sweeps.hand_on(SweepResult(relay=[("d", 4, (send,))]))

@@ -20,7 +20,7 @@ EXPORTS = {
     "NonRetryable": "processor.worker.steps",
     "RateLimit": "processor.authoring",
     "Retry": "processor.authoring",
-    "RunStatus": "processor.core.model",
+    "RunStatus": "processor.core.run_state",
     "Settings": "processor.io.config.settings",
     "SignalKind": "processor.core.model",
     "StepContext": "processor.worker.steps",

@@ -13,10 +13,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from processor.core.decide import tick_batch
-from processor.core.limits import RATE_LOOKAHEAD, LimitInputs, LimitView, RunLimits
-from processor.core.model import LoadedRun, NodeStatus, RunState, initial_state, state_checksum
+from processor.core.limit_values import LimitInputs, LimitView, RunLimits
+from processor.core.limits import RATE_LOOKAHEAD
+from processor.core.model import LoadedRun
 from processor.core.routing import TopicNames
-from processor.core.workflow import WorkflowDef, parse_workflow
+from processor.core.run_state import NodeStatus, RunState, initial_state, state_checksum
+from processor.core.workflow import parse_workflow
+from processor.core.workflow_def import WorkflowDef
 
 NAMES = TopicNames("t")
 KEY = "r/api"

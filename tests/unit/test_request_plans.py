@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 
 from processor.core.dead_letters import REASON, SOURCE_OFFSET, SOURCE_TOPIC
-from processor.core.decide import Rules
 from processor.core.envelope import Wakeup, decode_wakeup
 from processor.core.intake import Reject, Requested, admit
 from processor.core.outcomes import DeadLetterReason, Outcome
+from processor.core.plans import Rules
 from processor.core.records import Inbound
 from processor.core.request_plans import (
     Created,

@@ -11,20 +11,19 @@ import pytest
 from hypothesis import event, given
 from hypothesis import strategies as st
 
-from processor.core.model import (
-    LoadedRun,
+from processor.core.model import LoadedRun, StepOutcome, StepResult
+from processor.core.run_ends import NotResumable, force_fail, resume_failed
+from processor.core.run_state import (
     NodeState,
     NodeStatus,
     RunState,
     RunStatus,
-    StepOutcome,
-    StepResult,
     row_checksum,
     state_checksum,
     state_from_row,
 )
-from processor.core.tick import NotResumable, force_fail, resume_failed, tick
-from processor.core.workflow import WorkflowDef
+from processor.core.tick import tick
+from processor.core.workflow_def import WorkflowDef
 
 from .strategies import (
     FAST,

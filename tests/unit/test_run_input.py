@@ -15,7 +15,8 @@ from pydantic import BaseModel, Field
 
 from processor import StepContext, Workflow
 from processor.core.run_input import input_problem
-from processor.core.workflow import ValidationError, parse_workflow, workflow_to_json
+from processor.core.workflow import parse_workflow, workflow_to_json
+from processor.core.workflow_def import ValidationError
 
 ORDER_SCHEMA: dict[str, Any] = {
     "type": "object",

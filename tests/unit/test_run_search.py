@@ -12,8 +12,8 @@ from hypothesis import strategies as st
 
 from processor.cli.common import CliError
 from processor.cli.search import add_filter_arguments, filter_from_args
-from processor.core.model import RunStatus
 from processor.core.run_search import MAX_TAGS, Cursor, RunFilter, parse_tags, tags_problem
+from processor.core.run_state import RunStatus
 from processor.io.postgres.run_search import (
     ResultFacts,
     conditions,

@@ -10,7 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from processor.core.decide import tick_batch
-from processor.core.model import RunStatus
+from processor.core.run_state import RunStatus
 from processor.core.run_tally import RunTally
 
 from .fakes import NAMES, NOW_MS, loaded

@@ -14,7 +14,7 @@ from processor.core.step_task import StepTask
 from processor.io.runtime.faults import Faults
 from processor.io.runtime.threads import ThreadWatch
 from processor.worker.runners import ThreadRunner, begin
-from processor.worker.steps import Outcome
+from processor.worker.steps import AttemptResult
 from processor.worker.tasks import Task
 
 
@@ -23,14 +23,14 @@ def _task(run_id: str) -> Task:
 
 
 def test_an_exception_around_a_step_fails_its_attempt_and_the_slot_goes_on() -> None:
-    ended: queue.SimpleQueue[tuple[str, Outcome | None]] = queue.SimpleQueue()
+    ended: queue.SimpleQueue[tuple[str, AttemptResult | None]] = queue.SimpleQueue()
 
-    def execute(task: Task) -> Outcome:
+    def execute(task: Task) -> AttemptResult:
         if task.key.run_id == "bad":
             raise RuntimeError("the worker's own bug")
-        return Outcome(StepOutcome.SUCCEEDED, {"ok": True})
+        return AttemptResult(StepOutcome.SUCCEEDED, {"ok": True})
 
-    def on_ended(task: Task, outcome: Outcome | None, *_times: Any) -> None:
+    def on_ended(task: Task, outcome: AttemptResult | None, *_times: Any) -> None:
         ended.put((task.key.run_id, outcome))
 
     threads = ThreadWatch()
@@ -41,13 +41,13 @@ def test_an_exception_around_a_step_fails_its_attempt_and_the_slot_goes_on() -> 
     runner.close()
     assert first[0] == "bad" and first[1] is not None
     assert first[1].error == "the worker failed running it: RuntimeError: the worker's own bug"
-    assert second == ("good", Outcome(StepOutcome.SUCCEEDED, {"ok": True}))
+    assert second == ("good", AttemptResult(StepOutcome.SUCCEEDED, {"ok": True}))
     assert threads.problems() == []
 
 
 def test_a_slot_thread_that_dies_is_reported() -> None:
     threads = ThreadWatch(Faults.from_spec("thread=raise:step-1"))
-    runner = ThreadRunner(1, lambda task: Outcome.failed("unused"), lambda *_: None, threads)
+    runner = ThreadRunner(1, lambda task: AttemptResult.failed("unused"), lambda *_: None, threads)
     runner.submit(_task("any"))
     runner.close()
     deadline, pause = time.monotonic() + 10, threading.Event()
@@ -67,10 +67,10 @@ def test_an_abandoned_step_reports_its_execution_over_only_once_it_ends() -> Non
     started = threading.Event()
     over: queue.SimpleQueue[str] = queue.SimpleQueue()
 
-    def execute(task: Task) -> Outcome:
+    def execute(task: Task) -> AttemptResult:
         started.set()
         release.wait(10)
-        return Outcome(StepOutcome.SUCCEEDED, None)
+        return AttemptResult(StepOutcome.SUCCEEDED, None)
 
     runner = ThreadRunner(
         1, execute, lambda *_: None, ThreadWatch(), lambda task: over.put(task.key.run_id)
@@ -98,7 +98,7 @@ def test_a_step_starts_its_timeout_when_it_begins() -> None:
         StepTask("r", "s", 1, "fast", now - 60_000, timeout_ms=2_000), ("steps", 0), 0, [], None
     )
     assert begin(task)
-    assert now + 2_000 <= task.attempt.deadline_ms <= int(time.time() * 1000) + 2_000
+    assert now + 2_000 <= task.handle.deadline_ms <= int(time.time() * 1000) + 2_000
     closing = Task(
         StepTask("r", "s", 1, "fast", now, timeout_ms=2_000, close_by_ms=now + 500),
         ("steps", 0),
@@ -106,7 +106,7 @@ def test_a_step_starts_its_timeout_when_it_begins() -> None:
         [],
         None,
     )
-    assert begin(closing) and closing.attempt.deadline_ms == now + 500
+    assert begin(closing) and closing.handle.deadline_ms == now + 500
     closed = Task(
         StepTask("r", "s", 1, "fast", now, timeout_ms=2_000, close_by_ms=now - 1),
         ("steps", 0),

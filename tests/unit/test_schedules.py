@@ -21,7 +21,7 @@ from processor.core.schedules import (
     manual_run_id,
     plan_fires,
 )
-from processor.core.workflow import ValidationError
+from processor.core.workflow_def import ValidationError
 
 
 def ms(text: str) -> int:

@@ -14,7 +14,8 @@ from hypothesis import strategies as st
 from jsonschema import Draft202012Validator
 
 from processor.core.envelope import FIELDS, REASONS, Rejected, Wakeup, decode_wakeup
-from processor.core.workflow import ValidationError, parse_workflow, workflow_to_json
+from processor.core.workflow import parse_workflow, workflow_to_json
+from processor.core.workflow_def import ValidationError
 
 from .strategies import QUICK, workflow_json
 
@@ -216,7 +217,7 @@ wakeups = st.builds(
     ),
     reason=st.sampled_from(sorted(REASONS)),
     requeue_count=st.integers(0, 10_000),
-    attempt=st.integers(0, 2**31 - 1),
+    requeue_seq=st.integers(0, 2**31 - 1),
     due_at=optional_ms,
     target_at=optional_ms,
     observed_seq=optional_ms,

@@ -13,18 +13,18 @@ from dataclasses import replace
 import psycopg
 import pytest
 
-from processor.core.batch_values import Decided, Undecided
-from processor.core.decide import BatchItem, Commit, Rules
+from processor.core.batch_values import Decided, QuarantineFlag, Undecided
 from processor.core.envelope import Wakeup
-from processor.core.limits import NO_LIMITS, LimitInputs
+from processor.core.limit_values import NO_LIMITS, LimitInputs
 from processor.core.model import Loaded, RunInput
 from processor.core.outcomes import DeadLetterReason, Outcome
-from processor.core.plans import DeadLettered, payload_of
+from processor.core.plans import BatchItem, Commit, DeadLettered, Rules, payload_of
+from processor.core.shapes import OutboxKey
 from processor.engine import database as database_module
 from processor.engine.database import Database
 from processor.engine.stage import DatabaseStage
 from processor.io.postgres.db_clock import DatabaseClock
-from processor.io.postgres.store import CommitAnswer, QuarantineFlag, commit_params
+from processor.io.postgres.store import CommitAnswer, commit_params
 from processor.io.runtime.faults import NO_FAULTS, Faults
 
 from .fakes import NAMES, NOW_MS, accepted, item, loaded, wakeup_message
@@ -68,16 +68,14 @@ class MemoryDatabase(Database):
     def load_limits(self, loaded: object) -> LimitInputs:
         return NO_LIMITS
 
-    def commit(
-        self, commits: Sequence[Commit], acknowledged: Sequence[tuple[str, int]]
-    ) -> CommitAnswer:
+    def commit(self, commits: Sequence[Commit], acknowledged: Sequence[OutboxKey]) -> CommitAnswer:
         commit_params(commits, acknowledged, None)  # raises on what cannot be encoded
         if any(c.run_id == self.poison_commit for c in commits):
             raise TypeError("Recursion limit reached")  # as orjson does, encoding it
         self.committed += [c.run_id for c in commits]
         return CommitAnswer({c.run_id for c in commits}, set())
 
-    def delete_outbox(self, acknowledged: Sequence[tuple[str, int]]) -> None:
+    def delete_outbox(self, acknowledged: Sequence[OutboxKey]) -> None:
         pass
 
     def quarantine(self, runs: Sequence[QuarantineFlag]) -> set[str]:

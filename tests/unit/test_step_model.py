@@ -17,14 +17,13 @@ from hypothesis import strategies as st
 
 from processor import Concurrency, RateLimit, Retry, StepContext, Workflow
 from processor.core.limit_defs import MAX_LIMIT
-from processor.core.workflow import (
+from processor.core.workflow import parse_workflow, workflow_to_json
+from processor.core.workflow_def import (
     MAX_BACKOFF_MS,
     MAX_TIMEOUT_MS,
     StepDef,
     ValidationError,
     WorkflowDef,
-    parse_workflow,
-    workflow_to_json,
 )
 from processor.io.shipped.workflow_schema import workflow_validator
 

@@ -19,7 +19,7 @@ from processor.core.step_task import (
     decode_step_task,
     step_data,
 )
-from processor.core.workflow import ValidationError
+from processor.core.workflow_def import ValidationError
 
 from .strategies import FAST
 

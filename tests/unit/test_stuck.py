@@ -5,20 +5,9 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from processor.core.model import (
-    LoadedRun,
-    NodeState,
-    NodeStatus,
-    RunStatus,
-    Started,
-    Starts,
-    StepOutcome,
-    StepResult,
-    UnreadableRun,
-    initial_state,
-    state_checksum,
-)
+from processor.core.model import LoadedRun, Started, Starts, StepOutcome, StepResult, UnreadableRun
 from processor.core.routing import TopicNames
+from processor.core.run_state import NodeState, NodeStatus, RunStatus, initial_state, state_checksum
 from processor.core.stuck import Fail, Leave, Wake, judge_stuck
 
 from .fakes import NOW_MS, WF

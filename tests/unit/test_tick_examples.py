@@ -6,19 +6,13 @@ from typing import Any
 
 import pytest
 
-from processor.core.model import (
-    NodeState,
-    NodeStatus,
-    RunState,
-    RunStatus,
-    SignalKind,
-    Started,
-    StepOutcome,
-    StepResult,
-    initial_state,
-)
-from processor.core.tick import NOOP, Decision, Dispatch, force_fail, tick
-from processor.core.workflow import WorkflowDef, parse_workflow
+from processor.core.model import SignalKind, Started, StepOutcome, StepResult
+from processor.core.run_ends import force_fail
+from processor.core.run_state import NodeState, NodeStatus, RunState, RunStatus, initial_state
+from processor.core.tick import tick
+from processor.core.tick_decision import NOOP, Decision, Dispatch
+from processor.core.workflow import parse_workflow
+from processor.core.workflow_def import WorkflowDef
 
 OK = StepOutcome.SUCCEEDED
 FAIL = StepOutcome.FAILED

@@ -11,20 +11,19 @@ import orjson
 from hypothesis import event, given
 from hypothesis import strategies as st
 
-from processor.core.model import (
+from processor.core.model import SignalKind, Started, StepOutcome, StepResult
+from processor.core.run_state import (
     NodeStatus,
     RunState,
     RunStatus,
-    SignalKind,
-    Started,
-    StepOutcome,
-    StepResult,
     initial_state,
     state_checksum,
     state_from_row,
 )
-from processor.core.tick import NOOP, Decision, tick
-from processor.core.workflow import WorkflowDef, parse_workflow
+from processor.core.tick import tick
+from processor.core.tick_decision import NOOP, Decision
+from processor.core.workflow import parse_workflow
+from processor.core.workflow_def import WorkflowDef
 
 from .strategies import (
     FAST,

@@ -12,18 +12,12 @@ from hypothesis import event, given
 from hypothesis import strategies as st
 
 from processor.authoring import Workflow
-from processor.core.model import (
-    NodeStatus,
-    RunState,
-    RunStatus,
-    Started,
-    StepOutcome,
-    StepResult,
-    initial_state,
-    node_state,
-)
-from processor.core.tick import NOOP, Decision, tick
-from processor.core.workflow import ValidationError, WorkflowDef, parse_workflow, workflow_to_json
+from processor.core.model import Started, StepOutcome, StepResult
+from processor.core.run_state import NodeStatus, RunState, RunStatus, initial_state, node_state
+from processor.core.tick import tick
+from processor.core.tick_decision import NOOP, Decision
+from processor.core.workflow import parse_workflow, workflow_to_json
+from processor.core.workflow_def import ValidationError, WorkflowDef
 from processor.worker import StepContext
 
 from .strategies import FAST, check_decision, runs, tick_inputs

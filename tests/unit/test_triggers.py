@@ -7,7 +7,8 @@ from typing import Any
 
 import orjson
 import pytest
-from confluent_kafka import OFFSET_BEGINNING, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING
+from confluent_kafka import TopicPartition as KafkaTopicPartition
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -211,8 +212,8 @@ def test_the_follower_subscribes_again_only_when_the_topics_change_and_leaves_ou
     assert follower.is_source("orders") and not follower.is_source("ductor.wakeup.t1")
     # Where a partition the group never read starts: where the trigger was created.
     fresh = {("orders", 0), ("orders", 1)}
-    assert follower.start_at(TopicPartition("orders", 0), fresh).offset == 40
-    assert follower.start_at(TopicPartition("orders", 1), fresh).offset == OFFSET_BEGINNING
-    kept = TopicPartition("orders", 0)
+    assert follower.start_at(KafkaTopicPartition("orders", 0), fresh).offset == 40
+    assert follower.start_at(KafkaTopicPartition("orders", 1), fresh).offset == OFFSET_BEGINNING
+    kept = KafkaTopicPartition("orders", 0)
     assert follower.start_at(kept, set()) is kept  # the group's offset decides
     assert follower.start_at(kept, None) is kept  # not known: the group's reset decides

@@ -15,7 +15,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from processor.client import parse_filter
-from processor.core.model import RunStatus
+from processor.core.run_state import RunStatus
 from processor.io.config.settings import Settings, load_settings
 from processor.io.config.values import ConfigError
 from processor.io.runtime.listen import ListenError

@@ -13,17 +13,12 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from processor import Workflow
-from processor.core.model import (
-    NodeStatus,
-    RunState,
-    RunStatus,
-    SignalKind,
-    StepOutcome,
-    StepResult,
-    initial_state,
-)
-from processor.core.tick import NOOP, tick
-from processor.core.workflow import WAIT_TIMEOUT_MS, ValidationError, parse_workflow
+from processor.core.model import SignalKind, StepOutcome, StepResult
+from processor.core.run_state import NodeStatus, RunState, RunStatus, initial_state
+from processor.core.tick import tick
+from processor.core.tick_decision import NOOP
+from processor.core.workflow import parse_workflow
+from processor.core.workflow_def import WAIT_TIMEOUT_MS, ValidationError
 from processor.io.shipped.workflow_schema import workflow_validator
 
 SCHEMA = workflow_validator()  # the schema the package ships, as `workflows register` checks it

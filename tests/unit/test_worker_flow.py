@@ -14,7 +14,7 @@ from typing import Any
 
 from confluent_kafka import TIMESTAMP_NOT_AVAILABLE
 
-from processor.core.claims import Verdict
+from processor.core.claims import ClaimVerdict
 from processor.core.model import StepOutcome
 from processor.core.routing import TopicNames
 from processor.core.step_task import StepData, encode_task
@@ -35,7 +35,6 @@ from processor.worker.messages import (
     Claimed,
     ClaimReruns,
     ClaimTasks,
-    ClaimVerdict,
     Ended,
     News,
     NotCurrent,
@@ -46,11 +45,12 @@ from processor.worker.messages import (
     ReportExecutions,
     Request,
     StorePermit,
+    TaskClaim,
     Unclaim,
 )
 from processor.worker.options import WorkerOptions
 from processor.worker.stats import WorkerStats
-from processor.worker.steps import Outcome, StepRegistry
+from processor.worker.steps import AttemptResult, StepRegistry
 from processor.worker.tasks import State, Task
 from processor.worker.turns import BUSY_WAIT_S, IDLE_POLL_S, WATCH_EVERY_S, Turns
 from processor.worker.watch import CURRENT_CHECK_EVERY_S
@@ -196,20 +196,20 @@ class Harness:
         self.flow.ask()
         (claim,) = self.asked(ClaimTasks)
         self.answer(
-            Claimed([ClaimVerdict(t, Verdict.RUN, 1, StepData(None)) for t in claim.tasks]),
+            Claimed([TaskClaim(t, ClaimVerdict.RUN, 1, StepData(None)) for t in claim.tasks]),
             Permitted(max(t.claim_seq for t in claim.tasks)),
         )
         self.flow.ask()
         started = self.slots.submitted[-n:]
         for t in started:  # what a slot does as it begins (runners.begin)
             t.started_ns = int(self.now * 1e9)
-            t.attempt.beat_at = self.now
+            t.handle.beat_at = self.now
             if t.step.timeout_ms is not None:
-                t.attempt.deadline_ms = self.manual.clock.wall_ms() + t.step.timeout_ms
+                t.handle.deadline_ms = self.manual.clock.wall_ms() + t.step.timeout_ms
         return started
 
 
-def _recorded(h: Harness) -> list[tuple[Task, Outcome]]:
+def _recorded(h: Harness) -> list[tuple[Task, AttemptResult]]:
     h.flow.ask()
     return [(r.task, r.outcome) for req in h.asked(RecordResults) for r in req.results]
 
@@ -235,8 +235,8 @@ def test_a_silent_step_is_abandoned_past_its_heartbeat_timeout() -> None:
     h = Harness()
     (task,) = h.running(1, heartbeat_timeout_ms=3_000)
     h.manual.advance(2.0)
-    task.attempt.heartbeat()
-    task.attempt.beat_at = h.now  # (a step beats on the real monotonic clock)
+    task.handle.heartbeat()
+    task.handle.beat_at = h.now  # (a step beats on the real monotonic clock)
     h.manual.advance(2.9)
     h.flow.watch(h.now)
     assert h.slots.abandoned == []
@@ -265,7 +265,7 @@ def test_long_running_steps_are_asked_about_once_a_second() -> None:
     h.flow.watch(h.now)
     assert len(h.asked(CheckCurrent)) == 1
     h.answer(NotCurrent([tasks[0]]))
-    assert tasks[0].attempt.cancelled and not tasks[1].attempt.cancelled
+    assert tasks[0].handle.cancelled and not tasks[1].handle.cancelled
 
 
 def test_too_many_abandoned_steps_still_running_stop_the_worker_once() -> None:
@@ -283,7 +283,7 @@ def test_too_many_abandoned_steps_still_running_stop_the_worker_once() -> None:
 def test_a_result_is_recorded_then_its_run_woken_and_the_task_done_once_acknowledged() -> None:
     h = Harness()
     (task,) = h.running(1)
-    h.answer(Ended(task, Outcome(StepOutcome.SUCCEEDED, {"x": 1}), 0, 1_000_000))
+    h.answer(Ended(task, AttemptResult(StepOutcome.SUCCEEDED, {"x": 1}), 0, 1_000_000))
     [(recorded, outcome)] = _recorded(h)
     assert recorded is task and outcome.outcome is StepOutcome.SUCCEEDED
     h.answer(Recorded([(task, True)]))
@@ -297,7 +297,7 @@ def test_a_result_is_recorded_then_its_run_woken_and_the_task_done_once_acknowle
 def test_wakeups_unacknowledged_for_long_are_a_broker_outage() -> None:
     h = Harness()
     (task,) = h.running(1)
-    h.answer(Ended(task, Outcome(StepOutcome.SUCCEEDED), 0, 1))
+    h.answer(Ended(task, AttemptResult(StepOutcome.SUCCEEDED), 0, 1))
     _recorded(h)
     h.answer(Recorded([(task, True)]))
     h.manual.advance(5.0)
@@ -313,7 +313,9 @@ def test_an_execution_over_after_it_was_abandoned_is_reported_ended() -> None:
     (task,) = h.running(1, timeout_ms=1_000)
     h.manual.advance(10.0)
     h.flow.watch(h.now)
-    h.answer(Ended(task, Outcome(StepOutcome.SUCCEEDED), 0, 1))  # its function returned at last
+    h.answer(
+        Ended(task, AttemptResult(StepOutcome.SUCCEEDED), 0, 1)
+    )  # its function returned at last
     h.answer(Over(task))
     h.flow.ask()
     reports = [r for req in h.asked(ReportExecutions) for r in req.reports]
@@ -341,7 +343,7 @@ def test_tasks_held_for_other_workers_stop_the_intake_and_are_claimed_again_late
     while len(held) < HELD_PER_SLOT:  # (claimed two at a time: the pace of one slot)
         h.flow.ask()
         (claim,) = h.asked(ClaimTasks)
-        h.answer(Claimed([ClaimVerdict(t, Verdict.HELD, 1, None) for t in claim.tasks]))
+        h.answer(Claimed([TaskClaim(t, ClaimVerdict.HELD, 1, None) for t in claim.tasks]))
         held += claim.tasks
     assert h.flow.held_by_state() == {"held": HELD_PER_SLOT}
     assert h.flow.room() == 0  # however much prefetch is left

@@ -15,12 +15,12 @@ from processor.core.step_task import StepData, StepTask
 from processor.worker.samples import sample_registry
 from processor.worker.steps import (
     MAX_STEP_OUTPUT_BYTES,
-    Attempt,
+    AttemptResult,
     NonRetryable,
-    Outcome,
     RegistrationError,
     StepContext,
     StepFailed,
+    StepHandle,
     StepRegistry,
     execute_async_step,
     execute_step,
@@ -34,7 +34,7 @@ def _task(step_type: str, attempt: int = 1) -> StepTask:
 
 
 def test_a_step_output_is_the_attempts_result() -> None:
-    assert execute_step(sample_registry(), _task("fast"), NO_DATA) == Outcome(
+    assert execute_step(sample_registry(), _task("fast"), NO_DATA) == AttemptResult(
         StepOutcome.SUCCEEDED, {"node": "node", "attempt": 1}
     )
 
@@ -64,7 +64,7 @@ def test_an_output_that_cannot_be_stored_fails_the_attempt_instead_of_the_worker
     outcome, output, error, *_ = execute_step(registry, _task("sets"), NO_DATA)
     assert outcome is StepOutcome.FAILED and output is None and error is not None
     raised = execute_step(registry, _task("raises"), NO_DATA)
-    assert raised._replace(traceback=None) == Outcome(
+    assert raised._replace(traceback=None) == AttemptResult(
         StepOutcome.FAILED, None, "StepFailed: boom", retryable=True, error_type="StepFailed"
     )
 
@@ -102,7 +102,7 @@ def test_an_output_beyond_the_bounds_fails_the_attempt_for_good_naming_the_path(
         assert error is not None and error.startswith("OutOfBounds: ") and says in error
 
 
-async def _async(registry: StepRegistry, output: Any) -> Outcome:
+async def _async(registry: StepRegistry, output: Any) -> AttemptResult:
     @registry.step("hostile_async")
     async def hostile_async(ctx: StepContext) -> Any:
         return output
@@ -199,7 +199,7 @@ def test_a_non_retryable_failure_says_so_and_any_other_exception_does_not() -> N
         raise KeyError("x")
 
     final = execute_step(registry, _task("declined"), NO_DATA)
-    assert final._replace(traceback=None) == Outcome(
+    assert final._replace(traceback=None) == AttemptResult(
         StepOutcome.FAILED, None, "NonRetryable: card declined", False, "NonRetryable"
     )
     assert execute_step(registry, _task("broken"), NO_DATA).retryable is True
@@ -232,7 +232,7 @@ def test_an_async_step_runs_on_an_event_loop_and_is_known_as_async() -> None:
 
     assert registry.is_async("wait") and not sample_registry().is_async("fast")
     outcome = asyncio.run(execute_async_step(registry, _task("wait", 2), NO_DATA))
-    assert outcome == Outcome(StepOutcome.SUCCEEDED, {"attempt": 2})
+    assert outcome == AttemptResult(StepOutcome.SUCCEEDED, {"attempt": 2})
 
 
 def test_a_step_sees_its_heartbeats_counted_and_its_cancellation() -> None:
@@ -246,13 +246,13 @@ def test_a_step_sees_its_heartbeats_counted_and_its_cancellation() -> None:
         seen.append(ctx.cancelled)
         return None
 
-    attempt = Attempt(deadline_ms=2**42)
-    execute_step(registry, _task("long"), NO_DATA, attempt)
-    attempt.cancel()
-    execute_step(registry, _task("long"), NO_DATA, attempt)
-    assert attempt.beats == 4 and seen == [False, True]
+    handle = StepHandle(deadline_ms=2**42)
+    execute_step(registry, _task("long"), NO_DATA, handle)
+    handle.cancel()
+    execute_step(registry, _task("long"), NO_DATA, handle)
+    assert handle.beats == 4 and seen == [False, True]
     # A deadline in the past is a cancellation too, without anyone saying so.
-    assert Attempt(deadline_ms=1).cancelled
+    assert StepHandle(deadline_ms=1).cancelled
     assert StepContext("r", "n", 1, deadline_ms=1).cancelled
 
 
@@ -275,7 +275,7 @@ def test_heartbeat_details_are_kept_for_the_worker_and_bounded() -> None:
             ctx.heartbeat({"bad": "\x00"})
         return None
 
-    attempt = Attempt(deadline_ms=2**42, last_details={"done": 0})
-    assert execute_step(registry, _task("long"), NO_DATA, attempt).error is None
-    assert attempt.details == '{"done":1}' and attempt.beats == 2
+    handle = StepHandle(deadline_ms=2**42, last_details={"done": 0})
+    assert execute_step(registry, _task("long"), NO_DATA, handle).error is None
+    assert handle.details == '{"done":1}' and handle.beats == 2
     assert seen == [{"done": 0}]

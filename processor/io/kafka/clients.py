@@ -99,7 +99,7 @@ class ClientErrors:
             self._on_fatal()
 
 
-class Outbox:
+class Publisher:
     """Produces records; the broker's acknowledgement (or final refusal) of each comes back
     through its delivery report, served by ``poll``."""
 

@@ -36,7 +36,7 @@ PARK_AFTER = 3
 
 
 class Sender(Protocol):
-    """Where records go: the producer's outbox (io/kafka/clients.py ``Outbox``), or a test's."""
+    """Where records go: the producer (io/kafka/clients.py ``Publisher``), or a test's."""
 
     def send(
         self,
@@ -108,12 +108,12 @@ class _Record:
 class Delivery:
     def __init__(
         self,
-        outbox: Sender,
+        publisher: Sender,
         errors: Counter[str],
         monotonic: Callable[[], float] = time.monotonic,
         outage: Outage | None = None,
     ) -> None:
-        self._outbox = outbox
+        self._publisher = publisher
         self._errors = errors  # genuine failures by kind (the process's stats)
         self._monotonic = monotonic
         self.outage = outage or Outage("kafka", log)
@@ -138,7 +138,7 @@ class Delivery:
 
     def _send(self, r: _Record) -> None:
         try:
-            self._outbox.send(r.topic, r.value, r.key, r.report, r.partition, r.headers)
+            self._publisher.send(r.topic, r.value, r.key, r.report, r.partition, r.headers)
         except KafkaException as exc:  # refused by the client itself (too large, say)
             r.report(exc.args[0])
         except Exception as unforeseen:  # (a ValueError, a TypeError): never the loop's

@@ -25,7 +25,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
-from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaError, Producer
+from confluent_kafka import TopicPartition as KafkaTopicPartition
 
 from processor.core.dead_letters import (
     DETAIL,
@@ -296,7 +297,7 @@ def _partitions(consumer: Consumer, topic: str) -> dict[int, tuple[int, int]]:
     spans: dict[int, tuple[int, int]] = {}
     for partition in range(_partition_count(consumer, topic)):
         spans[partition] = consumer.get_watermark_offsets(
-            TopicPartition(topic, partition), timeout=10, cached=False
+            KafkaTopicPartition(topic, partition), timeout=10, cached=False
         )
     return spans
 
@@ -315,7 +316,7 @@ def _between(
     def offsets_at(at_ms: int | None) -> dict[int, int]:
         if at_ms is None:
             return {p: high for p, (_low, high) in spans.items()}
-        asked = [TopicPartition(topic, p, at_ms) for p in spans]
+        asked = [KafkaTopicPartition(topic, p, at_ms) for p in spans]
         found = consumer.offsets_for_times(asked, timeout=10) if asked else []
         return {
             tp.partition: (tp.offset if tp.offset >= 0 else spans[tp.partition][1]) for tp in found
@@ -340,7 +341,7 @@ def _read_to_end(
     remaining = {p: high for p, (start, high) in spans.items() if high > start}
     if not remaining:
         return
-    consumer.assign([TopicPartition(topic, p, spans[p][0]) for p in remaining])
+    consumer.assign([KafkaTopicPartition(topic, p, spans[p][0]) for p in remaining])
     deadline = time.monotonic() + _READ_TIMEOUT_S
     ends = dict(remaining)
     while remaining:

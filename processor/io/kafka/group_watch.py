@@ -12,10 +12,12 @@ from collections.abc import Callable, Mapping, Set
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
-from confluent_kafka import Consumer, KafkaException, TopicPartition
+from confluent_kafka import Consumer, KafkaException
+from confluent_kafka import TopicPartition as KafkaTopicPartition
 from confluent_kafka.admin import AdminClient, OffsetSpec  # type: ignore[attr-defined]
 
-from processor.core.membership import TP, GroupView, Holding, IdleWatch, Stuck, judge
+from processor.core.membership import GroupView, Holding, IdleWatch, Stuck, judge
+from processor.core.shapes import TopicPartition
 from processor.io.config.settings import Settings
 from processor.io.kafka.configs import admin_config, reader_config
 from processor.io.kafka.logs import with_logger
@@ -50,10 +52,10 @@ _EARLIEST: Any = OffsetSpec.earliest()  # type: ignore[no-untyped-call]
 _LATEST: Any = OffsetSpec.latest()  # type: ignore[no-untyped-call]
 
 
-def holding(consumer: Consumer, held: Set[TP], reading: Set[TP]) -> Holding:
+def holding(consumer: Consumer, held: Set[TopicPartition], reading: Set[TopicPartition]) -> Holding:
     """What a member holds, as its client says: ``held``, of which it reads ``reading``, with
     its fetch position in each it reads (read only when a look is in)."""
-    positions = consumer.position([TopicPartition(t, p) for t, p in reading])
+    positions = consumer.position([KafkaTopicPartition(t, p) for t, p in reading])
     return Holding(
         consumer.memberid() or "",
         held,
@@ -62,7 +64,9 @@ def holding(consumer: Consumer, held: Set[TP], reading: Set[TP]) -> Holding:
     )
 
 
-def let_go_by_fault(faults: Faults, consumer: Consumer, partitions: list[TopicPartition]) -> bool:
+def let_go_by_fault(
+    faults: Faults, consumer: Consumer, partitions: list[KafkaTopicPartition]
+) -> bool:
     """Tests only (``assigned=ignore``, io/runtime/faults.py): the member takes its assignment and
     lets it go at once, unknown to the group, as the stuck member was seen to. True: it did."""
     if not faults.forces(Point.ASSIGNED, partitions):
@@ -137,9 +141,9 @@ class CommittedReader:
             with_logger(reader_config(settings, f"{group}-watch-offsets", group))
         )
         self._thread = ThreadPoolExecutor(1, thread_name_prefix="ductor-group-offsets")
-        self._reading: Future[list[TopicPartition]] | None = None
+        self._reading: Future[list[KafkaTopicPartition]] | None = None
 
-    def read(self, tps: list[TopicPartition]) -> Future[list[TopicPartition]]:
+    def read(self, tps: list[KafkaTopicPartition]) -> Future[list[KafkaTopicPartition]]:
         self._reading = self._thread.submit(
             self._reader.committed, tps, timeout=_COMMITTED_TIMEOUT_S
         )
@@ -167,7 +171,7 @@ class GroupLook:
         now: float,
     ) -> None:
         self.started_at = now
-        tps = [TopicPartition(t, p) for t, count in partitions.items() for p in range(count)]
+        tps = [KafkaTopicPartition(t, p) for t, count in partitions.items() for p in range(count)]
         timeout = {"request_timeout": _LOOK_TIMEOUT_S}
         self._topics = set(partitions)
         self._committed = committed.read(tps)
@@ -188,8 +192,8 @@ class GroupLook:
         for tp in self._committed.result():
             if tp.offset >= 0:  # else never committed: from the start, as the consumer reads
                 committed[(tp.topic, tp.partition)] = tp.offset
-        owners: dict[TP, str] = {}
-        targets: dict[TP, str] = {}
+        owners: dict[TopicPartition, str] = {}
+        targets: dict[TopicPartition, str] = {}
         for member in self._members.result().members:
             for given, assignment in (
                 (owners, member.assignment),

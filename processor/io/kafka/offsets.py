@@ -8,9 +8,11 @@ import logging
 import threading
 from collections.abc import Iterable, Set
 
-from confluent_kafka import Consumer, KafkaException, TopicPartition
+from confluent_kafka import Consumer, KafkaException
+from confluent_kafka import TopicPartition as KafkaTopicPartition
 
 from processor.core.offsets import OffsetTracker, decode_finished
+from processor.core.shapes import TopicPartition
 
 log = logging.getLogger("ductor.kafka")
 
@@ -19,12 +21,12 @@ _COMMITTED_S = 5.0
 
 
 def store_offsets(
-    consumer: Consumer, moved: dict[tuple[str, int], int], assigned: Set[tuple[str, int]]
+    consumer: Consumer, moved: dict[TopicPartition, int], assigned: Set[TopicPartition]
 ) -> None:
     """Store the positions the offset tracker moved (``committable()``), for the partitions
     still ``assigned`` (auto-commit then ships them). A partition revoked meanwhile is its
     next owner's: it redoes what was not committed."""
-    offsets = [TopicPartition(t, p, o) for (t, p), o in moved.items() if (t, p) in assigned]
+    offsets = [KafkaTopicPartition(t, p, o) for (t, p), o in moved.items() if (t, p) in assigned]
     if offsets:
         try:
             consumer.store_offsets(offsets=offsets)
@@ -35,7 +37,7 @@ def store_offsets(
 def commit_positions(
     consumer: Consumer,
     tracker: OffsetTracker,
-    tps: Iterable[tuple[str, int]],
+    tps: Iterable[TopicPartition],
     failure: str,
     wait: bool = True,
 ) -> None:
@@ -47,8 +49,8 @@ def commit_positions(
 
 
 def positions_to_commit(
-    tracker: OffsetTracker, tps: Iterable[tuple[str, int]]
-) -> list[TopicPartition]:
+    tracker: OffsetTracker, tps: Iterable[TopicPartition]
+) -> list[KafkaTopicPartition]:
     """The tracker's safe position of each of ``tps`` where it has one, with what is done past
     it in the commit's metadata (core/offsets.py): the partitions' next owner does not do those
     records again."""
@@ -58,12 +60,12 @@ def positions_to_commit(
         if position is None:
             continue  # nothing done here: what was committed before stands
         metadata = tracker.commit_metadata((topic, partition), position)
-        offsets.append(TopicPartition(topic, partition, position, metadata=metadata))
+        offsets.append(KafkaTopicPartition(topic, partition, position, metadata=metadata))
     return offsets
 
 
 def commit_offsets(
-    consumer: Consumer, offsets: list[TopicPartition], failure: str, wait: bool = True
+    consumer: Consumer, offsets: list[KafkaTopicPartition], failure: str, wait: bool = True
 ) -> None:
     """Commit ``offsets`` now (``positions_to_commit``); see ``commit_positions``."""
     if not offsets:
@@ -81,7 +83,7 @@ def commit_offsets(
 
 
 def leave_group(
-    consumer: Consumer, offsets: list[TopicPartition], failure: str, bound_s: float
+    consumer: Consumer, offsets: list[KafkaTopicPartition], failure: str, bound_s: float
 ) -> bool:
     """A member's last commit of ``offsets`` and its consumer's close, on a thread of their
     own, waited for at most ``bound_s``. With the broker away both wait for its group
@@ -115,14 +117,14 @@ def leave_group(
 
 
 def read_finished(
-    consumer: Consumer, partitions: list[TopicPartition], tracker: OffsetTracker
-) -> set[tuple[str, int]] | None:
+    consumer: Consumer, partitions: list[KafkaTopicPartition], tracker: OffsetTracker
+) -> set[TopicPartition] | None:
     """What the previous owners of ``partitions`` committed as done past their offsets, for
     ``tracker`` (bounded: without an answer those records are done again, as before). Returns
     the partitions the group has no offset for (None: not known)."""
     try:
         committed = consumer.committed(
-            [TopicPartition(p.topic, p.partition) for p in partitions], timeout=_COMMITTED_S
+            [KafkaTopicPartition(p.topic, p.partition) for p in partitions], timeout=_COMMITTED_S
         )
     except KafkaException as exc:
         log.warning("could not read the committed offsets of assigned partitions: %s", exc)

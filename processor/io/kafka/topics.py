@@ -7,7 +7,8 @@ import uuid
 from collections import Counter
 from collections.abc import Iterable
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException
+from confluent_kafka import TopicPartition as KafkaTopicPartition
 from confluent_kafka.admin import (  # type: ignore[attr-defined]
     AdminClient,
     ConfigResource,
@@ -113,7 +114,7 @@ def wait_served(admin: AdminClient, partitions: dict[str, int], timeout_s: float
     log: the chaos run's first record to a partition, sent 0.6 s before the broker created
     it; the partition's next record, sent 0.5 s later, took offset 0."""
     deadline = time.monotonic() + timeout_s
-    waiting = [TopicPartition(t, p) for t, n in partitions.items() for p in range(n)]
+    waiting = [KafkaTopicPartition(t, p) for t, n in partitions.items() for p in range(n)]
     while waiting:
         latest = OffsetSpec.latest()  # type: ignore[no-untyped-call]
         futures = admin.list_offsets(dict.fromkeys(waiting, latest), request_timeout=timeout_s)
@@ -179,7 +180,7 @@ def topic_end_offsets(settings: Settings, topic: str, timeout_s: float = 10.0) -
         if meta is None or meta.error is not None or not meta.partitions:
             raise ValueError(f"topic {topic!r} does not exist on {settings.bootstrap_servers}")
         return {
-            p: reader.get_watermark_offsets(TopicPartition(topic, p), timeout=timeout_s)[1]
+            p: reader.get_watermark_offsets(KafkaTopicPartition(topic, p), timeout=timeout_s)[1]
             for p in sorted(meta.partitions)
         }
     finally:

@@ -32,10 +32,12 @@ from typing import Any
 import psycopg
 
 from processor.core.landing import Refusal, landing_problem
-from processor.core.model import RunStatus, SignalKind, UnknownWorkflow
+from processor.core.model import SignalKind, UnknownWorkflow
 from processor.core.outcomes import DeadLetterReason
 from processor.core.records import Headers, Inbound
-from processor.core.workflow import WorkflowDef
+from processor.core.run_state import RunStatus
+from processor.core.shapes import RunRef
+from processor.core.workflow_def import WorkflowDef
 from processor.io.postgres.instances import alive
 from processor.io.postgres.outbox import OutboxRelay
 from processor.io.postgres.store import Definitions
@@ -170,7 +172,7 @@ def adopt_kept_signals(
     modulus: int,
     shards: Sequence[int],
     limit: int,
-) -> list[tuple[str, str]]:
+) -> list[RunRef]:
     """Apply the kept signals of the given shards whose run exists, those that can land there
     (the others are marked refused, for their dead letters); the runs given one, with their
     tiers, to wake."""

@@ -11,16 +11,11 @@ from typing import Any
 import orjson
 import psycopg
 
-from processor.core.decide import Commit
-from processor.core.limits import (
-    RATE_LOOKAHEAD,
-    Guard,
-    LimitInputs,
-    LimitView,
-    needs_of,
-    paths_of,
-)
+from processor.core.limit_values import Guard, LimitInputs, LimitView
+from processor.core.limits import RATE_LOOKAHEAD, needs_of, paths_of
 from processor.core.model import Loaded, LoadedRun
+from processor.core.plans import Commit
+from processor.core.shapes import RunRef
 from processor.io.postgres.instances import alive
 from processor.io.postgres.run_marks import quarantined
 
@@ -312,7 +307,7 @@ SELECT DISTINCT w.run_id, w.tier
 """.replace("{live}", _LIVE_WAITER)
 
 
-def waiters_to_wake(conn: psycopg.Connection[Any], freed: Counter[str]) -> list[tuple[str, str]]:
+def waiters_to_wake(conn: psycopg.Connection[Any], freed: Counter[str]) -> list[RunRef]:
     """(run id, tier) of the oldest waiters of each counter, one per slot ``freed``."""
     if not freed:
         return []

@@ -12,7 +12,8 @@ from typing import Any, NamedTuple
 import orjson
 import psycopg
 
-from processor.core.decide import Send
+from processor.core.plans import Send
+from processor.core.shapes import OutboxKey
 from processor.io.postgres.instances import alive
 
 DELETE_OUTBOX_SQL = """
@@ -41,7 +42,7 @@ RETURNING run_id, seq, records
 """
 
 
-def delete_outbox(conn: psycopg.Connection[Any], acknowledged: Sequence[tuple[str, int]]) -> None:
+def delete_outbox(conn: psycopg.Connection[Any], acknowledged: Sequence[OutboxKey]) -> None:
     """Delete the outbox rows whose records the broker acknowledged."""
     if acknowledged:
         conn.execute(DELETE_OUTBOX_SQL, {"acked": pairs(acknowledged)})
@@ -153,5 +154,5 @@ def send_of(record: list[str | None]) -> Send:
     )
 
 
-def pairs(acknowledged: Sequence[tuple[str, int]]) -> str:
+def pairs(acknowledged: Sequence[OutboxKey]) -> str:
     return orjson.dumps([{"run_id": r, "seq": s} for r, s in acknowledged]).decode()

@@ -36,7 +36,7 @@ from processor.core.request_plans import (
 from processor.core.requests import Request, SignalRequest, StartRequest
 from processor.core.routing import run_shard
 from processor.core.run_input import input_problem
-from processor.core.workflow import WorkflowDef
+from processor.core.workflow_def import WorkflowDef
 from processor.io.postgres.kept_signals import encode_headers
 from processor.io.postgres.run_signals import (
     Signal,

@@ -19,7 +19,7 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from processor.core.model import TERMINAL_STATUSES
+from processor.core.run_state import TERMINAL_STATUSES
 
 # Literal statuses (not a parameter), so the planner matches the partial index
 # eec_workflow_run_finished_idx (schemas/migrations/0003_finished_runs_index.sql).

@@ -15,7 +15,9 @@ from typing import Any
 import psycopg
 
 from processor.core.children import child_run_id
-from processor.core.model import LoadedRun, NodeState, NodeStatus, RunStatus, shown_nodes
+from processor.core.model import LoadedRun
+from processor.core.run_state import NodeState, NodeStatus, RunStatus, shown_nodes
+from processor.core.shapes import AttemptRef
 from processor.core.shown import Shown
 from processor.io.postgres.instances import alive
 from processor.io.postgres.run_data import NO_SIGNALS, Signals, run_input, run_signals
@@ -51,7 +53,7 @@ SELECT a.node_id, a.attempt, a.beat_at, a.beat_details, a.ended_at,
 
 def executions(
     conn: psycopg.Connection[Any], run_id: str, gone_after_s: float
-) -> dict[tuple[str, int], Execution]:
+) -> dict[AttemptRef, Execution]:
     """What the workers report of the executions of the run's attempts, by (node, attempt)
     (``gone_after_s``: the heartbeat age after which a worker is gone)."""
     rows = conn.execute(_EXECUTIONS_SQL, {"run_id": run_id, "gone_after_s": gone_after_s})
@@ -72,7 +74,7 @@ class RunRecord:
     result: RunResult
     attempts: list[AttemptRow]
     nodes: tuple[tuple[str, NodeState], ...] = ()
-    executions: dict[tuple[str, int], Execution] = field(default_factory=dict)
+    executions: dict[AttemptRef, Execution] = field(default_factory=dict)
     input: Shown | None = None
     signals: Signals = NO_SIGNALS
 
@@ -184,10 +186,10 @@ def inspect_document(record: RunRecord) -> dict[str, Any]:
 
 def _nodes_json(
     record: RunRecord, run: LoadedRun
-) -> tuple[list[dict[str, Any]], dict[tuple[str, int], int]]:
+) -> tuple[list[dict[str, Any]], dict[AttemptRef, int]]:
     """The run's nodes as the document shows them, and when each attempt in flight was
     dispatched, where that is known (see ``inspect_document``)."""
-    in_flight: dict[tuple[str, int], int] = {}
+    in_flight: dict[AttemptRef, int] = {}
     claimed = {(a.node, a.attempt): a.started_at for a in record.attempts}
     outputs = {(a.node, a.attempt): a.output for a in record.attempts}
     nodes = []

@@ -13,8 +13,8 @@ from typing import Any, NamedTuple
 import orjson
 import psycopg
 
-from processor.core.model import RunStatus
 from processor.core.run_search import Cursor, RunFilter
+from processor.core.run_state import RunStatus
 from processor.core.shown import SHOWN_CHARS, Shown, shown
 from processor.io.postgres.run_counts import like_prefix
 from processor.io.postgres.run_marks import flag_column

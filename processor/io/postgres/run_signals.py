@@ -18,7 +18,8 @@ from typing import Any
 import orjson
 import psycopg
 
-from processor.core.model import TERMINAL_STATUSES, RunStatus
+from processor.core.run_state import TERMINAL_STATUSES, RunStatus
+from processor.core.shapes import WorkflowKey
 
 # (run id, signal id): one signal of one run.
 SignalKey = tuple[str, str]
@@ -54,7 +55,7 @@ RETURNING run_id, signal_id
 class SignalTarget:
     """The run a signal names, as it stands: None fields when there is no such run."""
 
-    workflow: tuple[str, int] | None
+    workflow: WorkflowKey | None
     status: RunStatus | None
     tier: str | None
     recorded: bool  # a signal with this id is recorded for the run already

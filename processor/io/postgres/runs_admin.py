@@ -15,9 +15,11 @@ from typing import Any
 import orjson
 import psycopg
 
-from processor.core.model import RunStatus, SignalKind, initial_state, state_checksum
+from processor.core.model import SignalKind
 from processor.core.routing import run_shard
-from processor.core.workflow import WorkflowDef
+from processor.core.run_state import RunStatus, initial_state, state_checksum
+from processor.core.shapes import WorkflowKey
+from processor.core.workflow_def import WorkflowDef
 from processor.io.postgres.kept_signals import take_kept_signals
 from processor.io.postgres.run_marks import flag_column
 
@@ -31,7 +33,7 @@ class RunColumns:
     created_at: datetime
     updated_at: datetime
     failure_reason: str | None
-    workflow: tuple[str, int]
+    workflow: WorkflowKey
     status: str  # as stored (a row that cannot be loaded still has one)
     tier: str
     quarantined_at: datetime | None
@@ -60,7 +62,7 @@ class RunSummary:
     """A run as ``ductor runs list`` shows it."""
 
     run_id: str
-    workflow: tuple[str, int]
+    workflow: WorkflowKey
     status: RunStatus
     last_transition_at: datetime
     failure_reason: str | None
@@ -75,7 +77,7 @@ class ExistingRun:
     was started with the same input (jsonb equality: key order and spacing do not count)."""
 
     run_id: str
-    workflow: tuple[str, int]
+    workflow: WorkflowKey
     same_input: bool
     tier: str = "t1"  # the wakeup tier it was started on
 

@@ -33,7 +33,8 @@ from processor.core.schedules import (
     manual_run_id,
     plan_fires,
 )
-from processor.core.workflow import ValidationError, WorkflowDef
+from processor.core.shapes import RunRef
+from processor.core.workflow_def import ValidationError, WorkflowDef
 from processor.io.postgres.runs_admin import insert_runs
 from processor.io.postgres.store import Definitions
 from processor.io.runtime.faults import NO_FAULTS, Faults, Point
@@ -218,7 +219,7 @@ def fire_due(
     limit: int,
     faults: Faults = NO_FAULTS,
     unexpected: Callable[[str, Exception], None] | None = None,
-) -> list[tuple[str, str]]:
+) -> list[RunRef]:
     """Fire the due schedules of the given shards, in one transaction: the runs started
     (created now, or by an instance that fired the same fire first), each with its tier,
     for the caller to wake. A schedule that cannot fire (its workflow is gone, its input no
@@ -227,7 +228,7 @@ def fire_due(
     others. So is one whose fire raised what nobody foresaw (an input that cannot be encoded,
     a bug), handed to ``unexpected`` (the sweep's log and count) rather than only logged."""
     params = {"modulus": modulus, "shards": list(shards), "limit": limit}
-    to_wake: list[tuple[str, str]] = []
+    to_wake: list[RunRef] = []
     with conn.transaction():
         for row in conn.execute(_DUE, params).fetchall():
             name = row[0]
@@ -254,7 +255,7 @@ _RETRY_MS = 60_000
 
 def _fire(
     conn: psycopg.Connection[Any], definitions: Definitions, row: Sequence[Any]
-) -> list[tuple[str, str]]:
+) -> list[RunRef]:
     name, cron, seconds, tz, workflow, version, run_input, tier, catch_up, next_ms, now_ms = row
     plan = plan_fires(Cron(cron, tz, seconds), next_ms, now_ms, catch_up)
     if plan.missed:

@@ -16,18 +16,15 @@ from typing import Any, NamedTuple
 import orjson
 import psycopg
 
-from processor.core.batch_values import QuarantineFlag as QuarantineFlag  # noqa: PLC0414 (re-exported)
-from processor.core.decide import Commit, Send
+from processor.core.batch_values import QuarantineFlag
 from processor.core.load_row import LoadRow, loaded_run
-from processor.core.model import (
-    Loaded,
-    RunState,
-    UnknownWorkflow,
-    row_checksum,
-    state_checksum,
-)
+from processor.core.model import Loaded, UnknownWorkflow
+from processor.core.plans import Commit, Send
 from processor.core.routing import run_shard
-from processor.core.workflow import ValidationError, WorkflowDef, parse_workflow
+from processor.core.run_state import RunState, row_checksum, state_checksum
+from processor.core.shapes import OutboxKey, WorkflowKey
+from processor.core.workflow import parse_workflow
+from processor.core.workflow_def import ValidationError, WorkflowDef
 from processor.io.postgres import limit_store
 from processor.io.postgres.commit_sql import (
     COMMIT_SQLS,
@@ -43,9 +40,9 @@ class Definitions:
     """Workflow definitions by (name, version). Registered versions are immutable, so cache."""
 
     def __init__(self) -> None:
-        self._cache: dict[tuple[str, int], WorkflowDef] = {}
+        self._cache: dict[WorkflowKey, WorkflowDef] = {}
 
-    def get(self, conn: psycopg.Connection[Any], key: tuple[str, int]) -> WorkflowDef:
+    def get(self, conn: psycopg.Connection[Any], key: WorkflowKey) -> WorkflowDef:
         cached = self._cache.get(key)
         if cached is not None:
             return cached
@@ -118,7 +115,7 @@ class CommitAnswer(NamedTuple):
 def commit_batch(
     conn: psycopg.Connection[Any],
     commits: Sequence[Commit],
-    acknowledged: Sequence[tuple[str, int]] = (),
+    acknowledged: Sequence[OutboxKey] = (),
     owner: str | None = None,
 ) -> CommitAnswer:
     """The batched conditional UPDATE, with each transition's records into the outbox (owned
@@ -137,7 +134,7 @@ def commit_batch(
 
 
 def commit_params(
-    commits: Sequence[Commit], acknowledged: Sequence[tuple[str, int]], owner: str | None
+    commits: Sequence[Commit], acknowledged: Sequence[OutboxKey], owner: str | None
 ) -> dict[str, Any]:
     """The parameters of the batched commit statement (commit_sql.py)."""
     # The whole batch travels as one JSON document: one orjson call instead of adapting

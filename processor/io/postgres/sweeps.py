@@ -19,6 +19,7 @@ from typing import Any
 import orjson
 import psycopg
 
+from processor.core.shapes import RunRef
 from processor.io.postgres.run_marks import quarantined
 
 # A run is re-woken once it is overdue by more than the grace, and again only once it has
@@ -72,7 +73,7 @@ SELECT r.run_id, r.last_transition_seq FROM eec_workflow_run r
 
 def rewake_due(
     conn: psycopg.Connection[Any], modulus: int, shards: Sequence[int], grace_s: float, limit: int
-) -> list[tuple[str, str]]:
+) -> list[RunRef]:
     """Live runs of the given shards whose next wakeup is overdue by more than the grace and
     that were not re-woken lately, marked re-woken now; each with its tier (quarantined runs
     are left out: re-waking them would only dead-letter the wakeup). Nothing here writes a

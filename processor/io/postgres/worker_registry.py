@@ -19,7 +19,8 @@ import orjson
 import psycopg
 
 from processor.core.handback import GRACE_S, Server
-from processor.core.workflow import WorkflowDef
+from processor.core.shapes import TopicPartition
+from processor.core.workflow_def import WorkflowDef
 
 
 @dataclass(frozen=True)
@@ -59,7 +60,7 @@ def about_params(about: WorkerAbout | None) -> tuple[Any, ...]:
     )
 
 
-def partitions_doc(held: Iterable[tuple[str, int]]) -> str:
+def partitions_doc(held: Iterable[TopicPartition]) -> str:
     """The ``partitions`` column of what a worker holds: {"topic": [partition, ...]}."""
     by_topic: dict[str, list[int]] = {}
     for topic, partition in sorted(held):

@@ -22,7 +22,9 @@ import psycopg
 
 from processor.core.child_graph import ChildCycle, ChildRef, child_cycle
 from processor.core.routing import DEFAULT_QUEUE
-from processor.core.workflow import WorkflowDef, parse_workflow, workflow_to_json
+from processor.core.shapes import WorkflowKey
+from processor.core.workflow import parse_workflow, workflow_to_json
+from processor.core.workflow_def import WorkflowDef
 from processor.core.workflow_source import WorkflowSource
 
 # Registrations of definitions that start children take turns (a transaction-scoped advisory
@@ -69,7 +71,7 @@ def _check_children_registered(conn: psycopg.Connection[Any], wf: WorkflowDef) -
                 )
 
 
-def _child_graph(conn: psycopg.Connection[Any]) -> dict[tuple[str, int], list[ChildRef]]:
+def _child_graph(conn: psycopg.Connection[Any]) -> dict[WorkflowKey, list[ChildRef]]:
     """Every registered version with the children its steps start (core/child_graph.py)."""
     rows = conn.execute(
         "SELECT w.name, w.version, st ->> 'workflow', st ->> 'version'"
@@ -77,7 +79,7 @@ def _child_graph(conn: psycopg.Connection[Any]) -> dict[tuple[str, int], list[Ch
         f" LEFT JOIN LATERAL {_STEPS.format(d='w.definition')} AS st"
         "   ON st ->> 'kind' = 'workflow' AND jsonb_typeof(st -> 'workflow') = 'string'"
     ).fetchall()
-    graph: dict[tuple[str, int], list[ChildRef]] = {}
+    graph: dict[WorkflowKey, list[ChildRef]] = {}
     for name, version, child, child_version in rows:
         refs = graph.setdefault((name, version), [])
         if child is not None:

@@ -73,7 +73,7 @@ class HealthProbe(Protocol):
 
 
 @dataclass(frozen=True)
-class Verdict:
+class HealthReport:
     ok: bool
     body: dict[str, Any]
 
@@ -144,7 +144,7 @@ class HealthServer:
 
     # -- verdicts ----------------------------------------------------------------------------
 
-    def liveness(self) -> Verdict:
+    def liveness(self) -> HealthReport:
         age = time.monotonic() - self._probe.last_loop_at
         problems = self._probe.broken()
         if age > self._stall_s:
@@ -153,9 +153,9 @@ class HealthServer:
         body: dict[str, Any] = {"status": status, "last_loop_age_s": age}
         if problems:
             body["problems"] = problems
-        return Verdict(not problems, body)
+        return HealthReport(not problems, body)
 
-    def readiness(self) -> Verdict:
+    def readiness(self) -> HealthReport:
         probe = self._probe
         problems = probe.problems(self._stall_s) + self._db_problems()
         body: dict[str, Any] = {
@@ -165,7 +165,7 @@ class HealthServer:
         }
         if problems:
             body["problems"] = problems
-        return Verdict(not problems, body)
+        return HealthReport(not problems, body)
 
     def _db_problems(self) -> list[str]:
         checked_at, problem = self._db_checked_at, self._db_problem

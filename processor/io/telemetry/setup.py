@@ -48,6 +48,7 @@ from opentelemetry.trace import (
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 from prometheus_client import start_http_server
 
+from processor.core.shapes import TopicPartition
 from processor.core.stats import Stats
 from processor.io.config.otel import otel_settings
 from processor.io.runtime.listen import ListenError
@@ -180,7 +181,7 @@ class Telemetry:
 
     # -- metrics -------------------------------------------------------------------------------
 
-    def instrument(self, stats: Stats, lag: Callable[[], Mapping[tuple[str, int], int]]) -> None:
+    def instrument(self, stats: Stats, lag: Callable[[], Mapping[TopicPartition, int]]) -> None:
         """Expose ``stats`` as OpenTelemetry instruments (io/telemetry/metrics.py names them; no
         run id is ever a label)."""
         if self.meter_provider is None:
@@ -314,7 +315,7 @@ def _by(
 
 
 def _processor_reads(
-    stats: Stats, lag: Callable[[], Mapping[tuple[str, int], int]]
+    stats: Stats, lag: Callable[[], Mapping[TopicPartition, int]]
 ) -> dict[str, Read]:
     """How each of the processor's observable metrics is read from its stats."""
 
