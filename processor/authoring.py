@@ -44,7 +44,7 @@ from processor.core.workflow_def import (
     ValidationError,
     WorkflowDef,
 )
-from processor.module_source import creating_module
+from processor.io.runtime.module_source import creating_module
 from processor.worker.steps import StepFunction, StepRegistry
 
 

@@ -33,8 +33,8 @@ from processor.io.postgres.workflows import (
     stored_version,
     workflow_versions,
 )
+from processor.io.runtime.module_source import module_source
 from processor.io.shipped.workflow_schema import WorkflowSchemaError, check_workflow_document
-from processor.module_source import module_source
 from processor.worker.app import AppError, load_attribute
 
 

@@ -1,5 +1,5 @@
 """What a registration from Python keeps of the code (processor/authoring.py,
-processor/module_source.py, core/workflow_source.py): the module that created the
+processor/io/runtime/module_source.py, core/workflow_source.py): the module that created the
 ``Workflow`` (not the one that imports it or lists it), its text whole while it fits 64 KiB,
 else its first whole lines and a last one saying it was cut, never more than the bound (a
 property over any text), and nothing a Postgres text column refuses. A workflow whose module
@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 from processor import Workflow
 from processor.core.workflow_source import MAX_SOURCE_BYTES, bounded_source, cut_mark
-from processor.module_source import module_source
+from processor.io.runtime.module_source import module_source
 
 FLOWS = '''"""Orders, written in Python."""
 from processor import StepContext, Workflow
