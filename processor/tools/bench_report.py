@@ -36,6 +36,13 @@ def report(f: Figures) -> None:
             f"  wakeup-to-commit at {lat['rate']:.0f} ticks/s (half peak), one instance:"
             f" p50 {lat['p50']:.1f} ms, p99 {lat['p99']:.1f} ms (target p99 <= 50)"
         )
+        parts = lat.get("parts", {})
+        within = ", ".join(
+            f"{name} p50 {p['p50'] or 0:.1f} / p99 {p['p99'] or 0:.1f} ms"
+            for name, p in parts.items()
+        )
+        if within:
+            print(f"    within it: {within}; the rest is the record's wait")
     if f.idle_latency is not None:
         print("\n".join(f"  {line}" for line in [*report_idle(f.idle_latency), *f.floor]))
     if f.loaded_latency is not None:
