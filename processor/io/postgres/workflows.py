@@ -88,18 +88,30 @@ def _child_graph(conn: psycopg.Connection[Any]) -> dict[WorkflowKey, list[ChildR
     return graph
 
 
+_INSERT = (
+    "INSERT INTO eec_workflow_definition (name, version, definition) VALUES (%s, %s, %s)"
+    " ON CONFLICT (name, version) DO NOTHING RETURNING 1"
+)
+_INSERT_WITH_SOURCE = (
+    "INSERT INTO eec_workflow_definition"
+    " (name, version, definition, source, source_module, source_at)"
+    " VALUES (%s, %s, %s, %s, %s, now()) ON CONFLICT (name, version) DO NOTHING RETURNING 1"
+)
+
+
 def _register(
     conn: psycopg.Connection[Any], wf: WorkflowDef, source: WorkflowSource | None
 ) -> bool:
     body = orjson.dumps(workflow_to_json(wf)).decode()
     text, module = (None, None) if source is None else (source.text, source.module)
-    row = conn.execute(
-        "INSERT INTO eec_workflow_definition"
-        " (name, version, definition, source, source_module, source_at)"
-        " VALUES (%s, %s, %s, %s, %s, CASE WHEN %s::text IS NULL THEN NULL ELSE now() END)"
-        " ON CONFLICT (name, version) DO NOTHING RETURNING 1",
-        (wf.name, wf.version, body, text, module, text),
-    ).fetchone()
+    # A definition without source names only the columns every schema since 0001 has: a
+    # database not yet migrated to 0042 still takes it.
+    if source is None:
+        row = conn.execute(_INSERT, (wf.name, wf.version, body)).fetchone()
+    else:
+        row = conn.execute(
+            _INSERT_WITH_SOURCE, (wf.name, wf.version, body, text, module)
+        ).fetchone()
     if row is not None:
         return True
     existing = conn.execute(
