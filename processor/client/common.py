@@ -26,7 +26,7 @@ from processor.core.routing import TIERS, TopicNames
 from processor.io.config.settings import Settings
 from processor.io.kafka.clients import choose_partition, produce, topic_partitions
 from processor.io.kafka.configs import producer_config
-from processor.io.kafka.logs import with_logger
+from processor.io.kafka.logs import ClientLog, pid_retry, with_logger
 from processor.io.telemetry.logs import first_line
 
 
@@ -109,7 +109,8 @@ def _produce_keyed(
     """Produce (run id, key, value) records, each on its run's partition, and wait for the
     broker's acknowledgement of every one (ClientError after 30 s)."""
     producer = kept_producer(
-        producer_config(settings, "ductor-cli"), lambda config: Producer(with_logger(config))
+        producer_config(settings, "ductor-cli"),
+        lambda config: Producer(with_logger(config, ClientLog(expected=pid_retry))),
     )
     try:
         partitions = partition_count(producer, topic, _ask_partitions, time.monotonic())

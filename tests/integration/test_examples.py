@@ -162,7 +162,11 @@ def test_an_order_runs_through_the_example_and_gives_its_declared_output(
     output_lines = [line for line in lines if line.startswith("output ")]
     assert len(output_lines) == 1, inspected.stdout
     assert orjson.loads(output_lines[0].removeprefix("output")) == ADA_OUTPUT
-    nodes = [line.split()[:2] for line in lines[lines.index("nodes:") + 1 :]]
+    section = lines[lines.index("nodes:") + 1 : lines.index("attempts:")]
+    # Each node's line, then (succeeded) its output's line under it.
+    nodes = [line.split()[:2] for line in section if line.split()[0] != "output"]
+    node_outputs = [line.split(maxsplit=1)[1] for line in section if line.split()[0] == "output"]
+    assert len(node_outputs) == 4 and orjson.loads(node_outputs[-1]) == ADA_OUTPUT["confirmation"]
     assert nodes == [
         ["validate", "succeeded"],
         ["price", "succeeded"],

@@ -461,7 +461,9 @@ def test_the_readme_quickstart_runs_from_the_installed_wheel(
     # no live worker serves the steps (they wait for one; it comes).
     *warnings, said = shown.stderr.splitlines()
     assert said == "run order-1001 started; waiting for its end", shown.stderr
-    assert all(w.startswith("warning: workflow orders v1: no live worker") for w in warnings)
+    assert all(w.startswith("warning: workflow orders v1: no live worker") for w in warnings), (
+        shown.stderr
+    )
 
 
 def test_the_demo_runs_from_the_installed_wheel(

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from confluent_kafka import Producer
 
-from processor.io.kafka.logs import MAX_REPEAT_S, ClientLog, with_logger
+from processor.io.kafka.logs import MAX_REPEAT_S, ClientLog, pid_retry, with_logger
 
 PACKAGE = Path(__file__).resolve().parents[2] / "processor"
 _CLIENT = "ductor-1#producer-1"
@@ -199,3 +199,19 @@ def test_a_line_its_client_expects_is_logged_at_info(
     log.log(logging.CRITICAL, "%s [%s] %s", "FATAL", _CLIENT, "an expected refusal")
     log.log(logging.CRITICAL, "%s [%s] %s", "FATAL", _CLIENT, "anything else")
     assert [r.levelno for r in caplog.records] == [logging.INFO, logging.CRITICAL]
+
+
+def test_a_pid_retry_of_a_fresh_broker_is_no_warning(caplog: pytest.LogCaptureFixture) -> None:
+    """The idempotent producer's retry while a broker that just started loads its
+    coordinator: librdkafka asks again by itself; the client says it at INFO, not WARNING."""
+    line = (
+        "[thrd:main]: Failed to acquire idempotence PID from broker 127.0.0.1:19092/1:"
+        " Broker: Coordinator load in progress: retrying"
+    )
+    assert pid_retry(line)
+    assert not pid_retry("[thrd:main]: Failed to acquire idempotence PID: Broker: fatal")
+    assert not pid_retry("127.0.0.1:19092/1: Connect to ipv4#127.0.0.1:19092 failed: retrying")
+    log = logging.getLogger("test.pid-retry")
+    with caplog.at_level(logging.INFO, logger=log.name):
+        ClientLog(log, expected=pid_retry).log(logging.WARNING, "%s", "GETPID", "c", line)
+    assert [r.levelno for r in caplog.records] == [logging.INFO]

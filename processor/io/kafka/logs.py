@@ -52,6 +52,14 @@ class _Kind:
     suppressed: int = 0  # left out since the last one logged
 
 
+def pid_retry(text: str) -> bool:
+    """An idempotent producer's "Failed to acquire idempotence PID ...: retrying": a broker
+    that has just started answers "coordinator load in progress" for a moment, and librdkafka
+    asks again by itself. A short-lived client (a `ductor` command) said it as a warning that
+    its user could do nothing about."""
+    return "Failed to acquire idempotence PID" in text and text.endswith("retrying")
+
+
 class ClientLog:
     """One client's ``logger``: its lines to ``log``, as many as the rate limit lets through.
     Locked: whichever thread polls the client logs its lines."""
