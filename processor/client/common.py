@@ -3,6 +3,7 @@ enters (each bound as a processor checks it), and producing wakeups and requests
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -103,6 +104,13 @@ _REFUSALS: dict[DeadLetterReason, type[ClientError]] = {
 }
 
 
+# The client's producer's own lines: warnings and errors only. A command's user can do nothing
+# with librdkafka's notes (a fresh broker's "coordinator load in progress: retrying", which
+# the producer retries by itself, is said at INFO), and its stderr is the command's own.
+_CLIENT_LOG = logging.getLogger("ductor.librdkafka.client")
+_CLIENT_LOG.setLevel(logging.WARNING)
+
+
 def _produce_keyed(
     settings: Settings, topic: str, records: Sequence[tuple[str, bytes, bytes]], what: str
 ) -> None:
@@ -110,7 +118,7 @@ def _produce_keyed(
     broker's acknowledgement of every one (ClientError after 30 s)."""
     producer = kept_producer(
         producer_config(settings, "ductor-cli"),
-        lambda config: Producer(with_logger(config, ClientLog(expected=pid_retry))),
+        lambda config: Producer(with_logger(config, ClientLog(_CLIENT_LOG, expected=pid_retry))),
     )
     try:
         partitions = partition_count(producer, topic, _ask_partitions, time.monotonic())

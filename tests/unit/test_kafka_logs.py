@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 from confluent_kafka import Producer
 
+from processor.client import common
 from processor.io.kafka.logs import MAX_REPEAT_S, ClientLog, pid_retry, with_logger
 
 PACKAGE = Path(__file__).resolve().parents[2] / "processor"
@@ -215,3 +216,19 @@ def test_a_pid_retry_of_a_fresh_broker_is_no_warning(caplog: pytest.LogCaptureFi
     with caplog.at_level(logging.INFO, logger=log.name):
         ClientLog(log, expected=pid_retry).log(logging.WARNING, "%s", "GETPID", "c", line)
     assert [r.levelno for r in caplog.records] == [logging.INFO]
+
+
+def test_the_clients_producer_keeps_a_pid_retry_off_the_commands_stderr(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The client's producer logs through a logger that lets warnings through and drops its
+    INFO lines: a fresh broker's PID retry never reaches a command's stderr."""
+    line = "[thrd:main]: Failed to acquire idempotence PID from broker b: Broker: x: retrying"
+    with caplog.at_level(logging.DEBUG):
+        common._CLIENT_LOG.setLevel(logging.WARNING)  # as the module sets it (caplog may not)
+        client_log = ClientLog(common._CLIENT_LOG, expected=pid_retry)
+        client_log.log(logging.WARNING, "%s", "GETPID", "c", line)
+        client_log.log(logging.WARNING, "%s", "FAIL", "c", "broker down")
+    assert [r.getMessage() for r in caplog.records if r.name == common._CLIENT_LOG.name] == [
+        "broker down"
+    ]
