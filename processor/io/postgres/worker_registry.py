@@ -153,36 +153,32 @@ def live_workers(
         " ORDER BY started_at, instance_id",
         (gone_after_s, group_id),
     ).fetchall()
-    return [
-        LiveWorker(
-            instance_id,
-            name,
-            host,
-            pid,
-            tuple(queues or ()),
-            tuple(types or ()),
-            concurrency,
-            version,
-            app,
-            {t: tuple(p) for t, p in (partitions or {}).items()},
-            started_at,
-            heartbeat_at,
-        )
-        for (
-            instance_id,
-            name,
-            host,
-            pid,
-            queues,
-            types,
-            concurrency,
-            version,
-            app,
-            partitions,
-            started_at,
-            heartbeat_at,
-        ) in rows
-    ]
+    return [_live_worker(row) for row in rows]
+
+
+# The columns both reads of live workers select first, in this order (``_live_worker``).
+_WORKER_COLUMNS = 12
+
+
+def _live_worker(row: Sequence[Any]) -> LiveWorker:
+    """A worker from the first ``_WORKER_COLUMNS`` of a row: instance_id, name, host, pid,
+    queues, step_types, concurrency, version, app, partitions, started_at, heartbeat_at."""
+    (instance_id, name, host, pid, queues, types, concurrency, version, app) = row[:9]
+    partitions, started_at, heartbeat_at = row[9:_WORKER_COLUMNS]
+    return LiveWorker(
+        instance_id,
+        name,
+        host,
+        pid,
+        tuple(queues or ()),
+        tuple(types or ()),
+        concurrency,
+        version,
+        app,
+        {t: tuple(p) for t, p in (partitions or {}).items()},
+        started_at,
+        heartbeat_at,
+    )
 
 
 def unserved(wf: WorkflowDef, workers: Sequence[LiveWorker]) -> list[tuple[str, str]]:
@@ -265,23 +261,7 @@ SELECT i.instance_id, i.name, i.host, i.pid, i.queues, i.step_types, i.concurren
 
 def worker_loads(conn: psycopg.Connection[Any], gone_after_s: float) -> list[WorkerLoad]:
     """Every worker alive now, of every group (the web page's workers), with what it runs."""
-    loads = []
-    for row in conn.execute(_LOADS, (gone_after_s,)).fetchall():
-        (instance_id, name, host, pid, queues, types, concurrency, version, app) = row[:9]
-        partitions, started_at, heartbeat_at, group_id, busy = row[9:]
-        worker = LiveWorker(
-            instance_id,
-            name,
-            host,
-            pid,
-            tuple(queues or ()),
-            tuple(types or ()),
-            concurrency,
-            version,
-            app,
-            {t: tuple(p) for t, p in (partitions or {}).items()},
-            started_at,
-            heartbeat_at,
-        )
-        loads.append(WorkerLoad(worker, group_id, busy))
-    return loads
+    return [
+        WorkerLoad(_live_worker(row), *row[_WORKER_COLUMNS:])
+        for row in conn.execute(_LOADS, (gone_after_s,)).fetchall()
+    ]
