@@ -85,7 +85,14 @@ def test_the_worker_and_the_processor_ride_through_an_immediate_postgres_restart
     lines = worker.log_lines()
     started = _outage_lines(lines, "postgres", "started")
     ended = _outage_lines(lines, "postgres", "ended")
-    assert len(started) == 1 and len(ended) == 1, (started, ended)
+    # (Said in full should it fail: once in CI the worker logged neither line.)
+    assert len(started) == 1 and len(ended) == 1, (
+        started,
+        ended,
+        f"{len(lines)} lines, the processor's outages: "
+        f"{_outage_lines(processor.log_lines(), 'postgres', 'started')}",
+        worker.tail(40),
+    )
     stopped = next(line for line in lines if line.get("msg") == "worker stopped")
     assert stopped["outages"] == {"postgres": 1, "kafka": 0}
     # The processor too: one line when it saw the outage start, one when it ended (never
