@@ -12,6 +12,13 @@ bounded by ``cap`` (the prefetch). Fast steps then keep the claims flowing (the 
 until round trips overlap the work; with two, a claim's own wait behind the other statements
 kept the pipeline short), while slow steps keep it near two tasks per slot. Both
 rates are smoothed (exponentially weighted), from times the caller passes in: no clock here.
+
+A claimed task's start-to-close timeout counts from its claim until the worker reports a
+later start, which it does once the task is on a slot. A task claimed so far ahead that it
+waits longer than its timeout could be timed out by the coordinator while it waits here
+(met under load, when claims take hundreds of milliseconds and the four round trips of work
+are seconds of it): ``within_horizon`` keeps a task's expected wait under a quarter of its
+timeout.
 """
 
 from __future__ import annotations
@@ -19,6 +26,7 @@ from __future__ import annotations
 _WINDOW_S = 0.25  # steps ended are counted over windows this long
 _WEIGHT = 0.5  # weight of the newest window or round trip in the averages
 _TRIPS = 4  # round trips of work claimed ahead
+_HORIZON = 0.25  # the longest expected wait of a claimed task, as a share of its timeout
 
 
 class ClaimPace:
@@ -46,6 +54,15 @@ class ClaimPace:
         """How many tasks may be claimed and not yet started at ``now``."""
         self._roll(now)
         return min(self.cap, 2 * self.slots + round(_TRIPS * self.rate * self.round_trip_s))
+
+    def within_horizon(self, position: int, timeout_ms: int | None) -> bool:
+        """Whether a task claimed now with ``position`` claimed tasks ahead of it (not yet
+        started) is expected to start within a quarter of its ``timeout_ms``, at the rate
+        steps ended lately. One whose position has a free slot waiting for it always is,
+        as is any while no rate is known (the limit is then two tasks per slot)."""
+        if timeout_ms is None or position < self.slots or self.rate <= 0.0:
+            return True
+        return position / self.rate <= _HORIZON * timeout_ms / 1000
 
     def start_window(self, now: float) -> int:
         """How many claimed tasks beyond the busy slots may have leave to start (the worker's

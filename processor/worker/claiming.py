@@ -95,8 +95,8 @@ class Claims:
                 self._ask(StorePermit(permit))
 
     def _claims_to_ask(self, now: float) -> list[Task]:
-        """The received tasks to claim now, numbered: as far ahead of the free slots as the
-        pace says (core/claim_pace.py)."""
+        """The received tasks to claim now, numbered, in the order they came: as far ahead
+        of the free slots as the pace says, each within its horizon (core/claim_pace.py)."""
         book = self._book
         ahead = (
             book.count(State.CLAIMING) + book.count(State.READY) + self._runs.waiting_for_a_slot()
@@ -104,6 +104,9 @@ class Claims:
         room = self.pace.limit(now) - ahead
         claims: list[Task] = []
         while self._to_claim and len(claims) < room:
+            head = self._to_claim.peek()
+            if not self.pace.within_horizon(ahead + len(claims), head.step.timeout_ms):
+                break
             task = self._to_claim.popleft()
             if task.state is State.RECEIVED and book.has(task):
                 book.move(task, State.CLAIMING)

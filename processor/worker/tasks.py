@@ -188,6 +188,10 @@ class ByTier:
     def popleft(self) -> Task:
         return next(line for line in self._lines if line).popleft()
 
+    def peek(self) -> Task:
+        """The task ``popleft`` would take."""
+        return next(line for line in self._lines if line)[0]
+
     def clear(self) -> None:
         for line in self._lines:
             line.clear()

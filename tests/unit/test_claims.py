@@ -155,3 +155,18 @@ def test_the_start_window_is_the_slots_and_what_they_finish_in_two_round_trips()
         capped.ended(i * 0.25, 100_000)
         capped.claimed(0.1)
     assert capped.start_window(10.0) == 64
+
+
+def test_a_task_is_claimed_ahead_only_as_far_as_a_quarter_of_its_timeout() -> None:
+    pace = ClaimPace(slots=4, cap=5000, now=0.0)
+    # Nothing known yet, or a free slot waiting: claimed whatever the timeout.
+    assert pace.within_horizon(1000, 1000)
+    for i in range(1, 40):  # 1,000 steps a second, claims taking 300 ms (a loaded database)
+        pace.ended(i * 0.25, 250)
+        pace.claimed(0.3)
+    assert pace.limit(10.0) > 1000  # four round trips of work: more than a second of it
+    assert pace.within_horizon(3, 1000)  # a slot's worth: always
+    assert pace.within_horizon(250, 1000)  # a quarter of a second ahead of its start
+    assert not pace.within_horizon(260, 1000)
+    assert pace.within_horizon(2500, 10_000)  # a longer timeout, a longer horizon
+    assert pace.within_horizon(100_000, None)  # no timeout: the limit alone
