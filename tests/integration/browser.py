@@ -6,6 +6,9 @@ docs/images for the pictures the docs show), and ask the server outside the brow
 from __future__ import annotations
 
 import base64
+import os
+import re
+import tempfile
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -14,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from selenium import webdriver
+from selenium.common.exceptions import TimeoutException
 from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webdriver import WebDriver
 from selenium.webdriver.support.ui import WebDriverWait
@@ -42,9 +46,22 @@ class Page:
         return bool(self.driver.find_elements(By.CSS_SELECTOR, css))
 
     def until(self, predicate: Callable[[], bool], what: str, timeout: float = 30) -> None:
-        WebDriverWait(self.driver, timeout, poll_frequency=0.1).until(
-            lambda _d: predicate(), f"timed out waiting for {what}"
-        )
+        """Wait for ``predicate``; past ``timeout``, the page as it stood is kept (a
+        screenshot named after the wait, its text in the failure) to say why."""
+        try:
+            WebDriverWait(self.driver, timeout, poll_frequency=0.1).until(
+                lambda _d: predicate(), f"timed out waiting for {what}"
+            )
+        except TimeoutException:
+            # Beside the test artefacts, never among the docs' pictures some tests take.
+            folder = Path(os.environ.get("UI_TEST_SCREENSHOTS") or tempfile.gettempdir())
+            name = "timeout-" + re.sub(r"[^A-Za-z0-9]+", "-", what).strip("-") + ".png"
+            shot = self.screenshot(name, folder / "failures")
+            body = self.driver.find_element(By.TAG_NAME, "body").text
+            raise AssertionError(
+                f"timed out after {timeout:.0f} s waiting for {what} on "
+                f"{self.driver.current_url} (screenshot: {shot}); the page said:\n{body[:3000]}"
+            ) from None
 
     def column(self, table: str, index: int) -> list[str]:
         cells = self.driver.find_elements(By.CSS_SELECTOR, f"{table} tbody td:nth-child({index})")
@@ -63,7 +80,7 @@ class Page:
             )
         )
 
-    def screenshot(self, name: str) -> Path:
+    def screenshot(self, name: str, folder: Path | None = None) -> Path:
         """The whole page, as tall as its content (Chromium's own screenshot beyond the
         window: a window is no taller than the headless screen), into ``shots``."""
         assert isinstance(self.driver, webdriver.Chrome)
@@ -72,8 +89,9 @@ class Page:
         shot = self.driver.execute_cdp_cmd(
             "Page.captureScreenshot", {"format": "png", "captureBeyondViewport": True, "clip": clip}
         )
-        self.shots.mkdir(parents=True, exist_ok=True)
-        path = self.shots / name
+        folder = self.shots if folder is None else folder
+        folder.mkdir(parents=True, exist_ok=True)
+        path = folder / name
         path.write_bytes(base64.b64decode(shot["data"]))
         return path
 
