@@ -17,6 +17,7 @@ _HISTOGRAMS = {
     "tick": "ductor.tick.duration",
     "commit": "ductor.commit.duration",
     "end_to_end": "ductor.end_to_end.latency",
+    "arrival": "ductor.wakeup.arrival",
     "lateness": "ductor.delay.lateness",
 }
 
@@ -82,6 +83,9 @@ class Stats:
     tick_ms: Reservoir = field(default_factory=Reservoir)
     commit_ms: Reservoir = field(default_factory=Reservoir)
     end_to_end_ms: Reservoir = field(default_factory=Reservoir)
+    # A wakeup's way to the instance (produced to taken in): the part of end_to_end spent
+    # outside it, in the producer, the broker and the fetch.
+    arrival_ms: Reservoir = field(default_factory=Reservoir)
     lateness_ms: Reservoir = field(default_factory=Reservoir)
     observe: Callable[[str, float], None] | None = None  # set by telemetry: histogram hook
     # Set by telemetry: the time a waiter waited for its limit, by limit name.
@@ -132,6 +136,7 @@ class Stats:
                     ("tick", self.tick_ms),
                     ("commit", self.commit_ms),
                     ("end_to_end", self.end_to_end_ms),
+                    ("arrival", self.arrival_ms),
                     ("lateness", self.lateness_ms),
                 )
             },
@@ -149,6 +154,7 @@ class Stats:
             "tick": self.tick_ms,
             "commit": self.commit_ms,
             "end_to_end": self.end_to_end_ms,
+            "arrival": self.arrival_ms,
             "lateness": self.lateness_ms,
         }
 

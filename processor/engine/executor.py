@@ -146,10 +146,14 @@ class Executor:
     def add(self, record: Inbound) -> None:
         """An accepted wakeup joins its run's work, waiting for the next batch."""
         self._book.add(record)
-        due_at = record.wakeup.due_at if record.wakeup is not None else None
-        if due_at is not None:
+        wakeup = record.wakeup
+        if wakeup is None:
+            return
+        if wakeup.due_at is not None:
             # Processed minus due: never negative if the delay gate holds (a test checks it).
-            self._stats.sample("lateness", self._wall_ms() - due_at)
+            self._stats.sample("lateness", self._wall_ms() - wakeup.due_at)
+        elif wakeup.produced_at is not None:
+            self._stats.sample("arrival", max(0, self._wall_ms() - wakeup.produced_at))
 
     def carry_out_now(self, record: Inbound, plan: Plan, traced: bool = True) -> None:
         """A plan for a record that never reaches a tick (a reject, a hop)."""

@@ -106,9 +106,10 @@ class Bench(Harness):
             "rate": ticks_per_s,
             "p50": e2e["p50"] or 0.0,
             "p99": e2e["p99"] or 0.0,
-            # Within it: the tick's own computation and its batch's commit statement; the rest
-            # is the record's wait (the broker's fetch, the batch before it).
-            "parts": {k: stats["latency_ms"][k] for k in ("tick", "commit")},
+            # Within it: the record's way to the instance (the producer, the broker, the
+            # fetch), the tick's own computation and its batch's commit statement; the rest is
+            # the record's wait in the instance for its batch.
+            "parts": {k: stats["latency_ms"][k] for k in ("arrival", "tick", "commit")},
             "cost": cost,
         }
 

@@ -42,7 +42,7 @@ def report(f: Figures) -> None:
             for name, p in parts.items()
         )
         if within:
-            print(f"    within it: {within}; the rest is the record's wait")
+            print(f"    within it: {within}; the rest is the wait for a batch")
     if f.idle_latency is not None:
         print("\n".join(f"  {line}" for line in [*report_idle(f.idle_latency), *f.floor]))
     if f.loaded_latency is not None:

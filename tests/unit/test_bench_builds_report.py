@@ -64,13 +64,19 @@ def test_no_comparison_is_printed_without_the_pure_phases(
 
 
 def test_the_half_peak_latency_says_what_is_within_it(capsys: pytest.CaptureFixture[str]) -> None:
-    """Wakeup to commit at half the peak, and within it the tick's and the commit's share."""
+    """Wakeup to commit at half the peak, and within it the record's way to the instance,
+    the tick's and the commit's share."""
     f = Figures(ceiling=30_000, instance=15_000, traced=9_000, sampled=13_000, naive=150)
-    parts = {"tick": {"p50": 0.1, "p99": 0.4}, "commit": {"p50": 2.0, "p99": 9.5}}
+    parts = {
+        "arrival": {"p50": 4.0, "p99": 30.0},
+        "tick": {"p50": 0.1, "p99": 0.4},
+        "commit": {"p50": 2.0, "p99": 9.5},
+    }
     f.latency = {"rate": 7_500, "p50": 15.0, "p99": 40.0, "parts": parts}
     report(f)
     lines = capsys.readouterr().out.splitlines()
     at = next(i for i, line in enumerate(lines) if "wakeup-to-commit at 7500 ticks/s" in line)
     assert lines[at + 1].split(": ", 1)[1] == (
-        "tick p50 0.1 / p99 0.4 ms, commit p50 2.0 / p99 9.5 ms; the rest is the record's wait"
+        "arrival p50 4.0 / p99 30.0 ms, tick p50 0.1 / p99 0.4 ms, commit p50 2.0 / p99 9.5 ms;"
+        " the rest is the wait for a batch"
     )

@@ -152,6 +152,13 @@ METRICS: tuple[Metric, ...] = (
         "wakeup produced (or due) to tick committed",
     ),
     Metric(
+        _P,
+        "ductor.wakeup.arrival",
+        _HISTOGRAM,
+        "ms",
+        "wakeup produced to taken in by the instance (the producer, the broker, the fetch)",
+    ),
+    Metric(
         _P, "ductor.delay.lateness", _HISTOGRAM, "ms", "delay record processed minus its due time"
     ),
     Metric(

@@ -68,6 +68,7 @@ _PROPAGATOR = TraceContextTextMapPropagator()
 _NOOP_TRACER: Tracer = trace.NoOpTracer()
 END_TO_END = "ductor.end_to_end.latency"
 END_TO_END_STRIDE = 8  # the end-to-end histogram records one committed tick in this many
+ARRIVAL = "ductor.wakeup.arrival"  # one sample per wakeup taken in: recorded in the same stride
 _SCOPE = "ductor.processor"
 
 
@@ -81,6 +82,7 @@ class Telemetry:
     histograms: dict[str, Histogram] = field(default_factory=dict)
     sampling: RatioSampling | None = None  # the ratio sampler's shortcut, when it is the one
     _end_to_end_seen: int = 0
+    _arrival_seen: int = 0
     _shutdown: list[Callable[[], Any]] = field(default_factory=list)
 
     @property
@@ -215,6 +217,10 @@ class Telemetry:
             self._end_to_end_seen += 1
             if self._end_to_end_seen % END_TO_END_STRIDE:
                 return
+        elif name == ARRIVAL:
+            self._arrival_seen += 1
+            if self._arrival_seen % END_TO_END_STRIDE:
+                return
         histogram.record(value_ms)
 
     # -- traces --------------------------------------------------------------------------------
@@ -298,6 +304,7 @@ _RECORDED = (
     "ductor.tick.duration",
     "ductor.commit.duration",
     "ductor.end_to_end.latency",
+    "ductor.wakeup.arrival",
     "ductor.delay.lateness",
 )
 
