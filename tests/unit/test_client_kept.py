@@ -12,12 +12,19 @@ from processor.client import kept
 class _FakeProducer:
     def __init__(self, config: dict[str, Any]) -> None:
         self.config = config
+        self.left = int(config.get("left", 0))  # records not yet delivered
+        self.flushed = 0
+
+    def __len__(self) -> int:
+        return self.left
 
     def flush(self, _timeout: float) -> int:
+        self.flushed += 1
         return 0
 
 
-# Stand-ins typed as what the module takes (it only keeps them and calls flush at the end).
+# Stand-ins typed as what the module takes (it keeps them, asks their length and flushes
+# those with records left at the end).
 _Producer: Any = _FakeProducer
 _ANY_PRODUCER: Any = object()
 
@@ -57,3 +64,13 @@ def test_a_forked_child_keeps_nothing_of_its_parent(monkeypatch: Any) -> None:
     finally:
         monkeypatch.undo()
         kept.forget_all()
+
+
+def test_at_exit_only_a_producer_with_records_left_is_flushed() -> None:
+    """A flush polls, and a poll at exit reports every broker that went away since on
+    stderr: a producer with nothing left is not polled."""
+    kept.forget_all()
+    idle: Any = kept.kept_producer({"client.id": "idle"}, _Producer)
+    busy: Any = kept.kept_producer({"client.id": "busy", "left": 2}, _Producer)
+    kept.forget_all()
+    assert (idle.flushed, busy.flushed) == (0, 1)
