@@ -29,6 +29,7 @@ from pathlib import Path
 from processor.io.config.settings import load_settings
 from processor.tools.bench_harness import fresh_database
 from processor.tools.bench_rounds import Round, compare, turns
+from processor.tools.bench_support import GROUPS
 
 CHECKOUT = Path(__file__).resolve().parents[2]
 
@@ -114,10 +115,15 @@ def main(argv: Sequence[str] | None = None) -> int:
                 for round_, label in turns(args.rounds, other, this):
                     run = run_tree(label, trees[label], processes, args.runs)
                     results.append(run)
+                    groups = ", ".join(
+                        f"{group} {run.cpu_per_run_us(group):,.0f}"
+                        for group in GROUPS
+                        if run.cpu.get(group) is not None
+                    )
                     print(
                         f"{processes} + {processes}, round {round_ + 1}, {label}:"
                         f" {run.runs_per_s:,.0f} runs/s,"
-                        f" {run.cpu_per_run_us():,.0f} µs of CPU per run",
+                        f" {run.cpu_per_run_us():,.0f} µs of CPU per run ({groups})",
                         flush=True,
                     )
                 found = compare(results, this, other)
