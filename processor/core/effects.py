@@ -130,7 +130,8 @@ def wakeup_send(topic: str, wakeup: Wakeup) -> Send:
     key = wakeup.key()
     attributes: Attributes = (
         ("ductor.requeue_count", wakeup.requeue_count),
-        ("ductor.attempt", wakeup.requeue_seq),
+        ("ductor.requeue_seq", wakeup.requeue_seq),
+        ("ductor.attempt", wakeup.requeue_seq),  # deprecated here: ductor.requeue_seq
         ("messaging.kafka.message.key", key.decode()),
     )
     return Send(topic, key, wakeup.encode(), by_run=wakeup.run_id, attributes=attributes)

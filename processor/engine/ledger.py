@@ -182,7 +182,8 @@ class Ledger:
         if work.span is None or plan.tick_outcome is None or not work.span.is_recording():
             return  # nothing to build for a trace that is not sampled
         attributes: dict[str, str | int | float] = {
-            "ductor.attempt": work.tries + 1,
+            "ductor.tick.try": work.tries + 1,
+            "ductor.attempt": work.tries + 1,  # deprecated here: ductor.tick.try
             "ductor.expected_version": plan.expected_version or 0,
             "ductor.outcome": plan.tick_outcome,
             "ductor.tick_ms": (tick[1] - tick[0]) / 1e6,

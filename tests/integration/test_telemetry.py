@@ -74,6 +74,11 @@ def test_a_conflict_is_an_event_with_unset_status_and_a_requeue_stays_in_one_tra
         for e in first.events
         if e.name == "tick" and (e.attributes or {}).get("ductor.outcome") == "conflict"
     ] == [1, 2, 3, 4, 5]
+    # ductor.attempt on a tick is the deprecated name of ductor.tick.try (docs/telemetry.md).
+    assert all(
+        (e.attributes or {}).get("ductor.tick.try") == (e.attributes or {}).get("ductor.attempt")
+        for e in ticks
+    )
     assert all("ductor.commit_ms" in (e.attributes or {}) for e in conflicts)
     assert _attr(first, "ductor.outcome") == "requeued"
     assert _attr(later, "ductor.outcome") == "force_failed"

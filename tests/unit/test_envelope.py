@@ -9,6 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from processor.core.effects import wakeup_send
 from processor.core.envelope import (
     ENVELOPE_VERSION,
     MAX_ATTEMPT,
@@ -243,3 +244,13 @@ def test_the_one_pass_check_agrees_with_the_checks_that_name_the_problem(
     raw = _valid(**fields)
     slow_ok = _schema_problem(raw) is None and _bounds_problem(raw) is None
     assert plainly_valid(raw) == slow_ok, raw
+
+
+def test_a_requeue_s_send_names_its_sequence_and_keeps_the_deprecated_attempt() -> None:
+    """docs/telemetry.md: on a requeue, ``ductor.requeue_seq``; ``ductor.attempt`` still
+    carries it (deprecated there: it will mean only the step attempt)."""
+    send = wakeup_send("ductor.delay.100", Wakeup("r", "conflict", 2, 3))
+    attributes = dict(send.attributes)
+    assert attributes["ductor.requeue_seq"] == 3 and attributes["ductor.attempt"] == 3
+    assert attributes["ductor.requeue_count"] == 2
+    assert attributes["messaging.kafka.message.key"] == "r:3"
