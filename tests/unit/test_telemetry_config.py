@@ -12,7 +12,7 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 from processor.core.stats import Stats
 from processor.io.config.otel import SAMPLERS
 from processor.io.telemetry.light_spans import LightTracer
-from processor.io.telemetry.setup import END_TO_END, END_TO_END_STRIDE, Telemetry
+from processor.io.telemetry.setup import ARRIVAL, END_TO_END, END_TO_END_STRIDE, Telemetry
 from processor.io.telemetry.spans import context_headers
 
 
@@ -105,13 +105,16 @@ def test_one_trace_in_ten_is_sampled_unless_the_environment_says_otherwise(
 
 def test_the_end_to_end_histogram_records_one_committed_tick_in_its_stride() -> None:
     """Every sample still reaches the stats' reservoir (the stats line, the benchmark); the
-    OpenTelemetry histogram takes one in END_TO_END_STRIDE, the others every sample."""
+    end-to-end and arrival histograms take one in END_TO_END_STRIDE each, the others every
+    sample."""
     reader = InMemoryMetricReader()
     telemetry = Telemetry.build(None, [], [reader])
     stats = Stats()
     telemetry.instrument(stats, lambda: {})
     for value in range(3 * END_TO_END_STRIDE):
         stats.sample("end_to_end", float(value))
+        stats.sample("arrival", float(value))
+        stats.sample("arrival", float(value))
         stats.sample("commit", 1.0)
     counts: dict[str, int] = {}
     data = reader.get_metrics_data()
@@ -119,9 +122,10 @@ def test_the_end_to_end_histogram_records_one_committed_tick_in_its_stride() -> 
     for resource in data.resource_metrics:
         for scope in resource.scope_metrics:
             for metric in scope.metrics:
-                if metric.name in (END_TO_END, "ductor.commit.duration"):
+                if metric.name in (END_TO_END, ARRIVAL, "ductor.commit.duration"):
                     points = metric.data.data_points
                     counts[metric.name] = sum(getattr(p, "count", 0) for p in points)
-    assert counts == {END_TO_END: 3, "ductor.commit.duration": 3 * END_TO_END_STRIDE}
+    assert counts == {END_TO_END: 3, ARRIVAL: 6, "ductor.commit.duration": 3 * END_TO_END_STRIDE}
     assert len(stats.end_to_end_ms.samples) == 3 * END_TO_END_STRIDE
+    assert len(stats.arrival_ms.samples) == 6 * END_TO_END_STRIDE
     telemetry.shutdown()

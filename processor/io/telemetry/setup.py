@@ -20,6 +20,7 @@ is set.
 from __future__ import annotations
 
 import os
+from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -68,7 +69,11 @@ _PROPAGATOR = TraceContextTextMapPropagator()
 _NOOP_TRACER: Tracer = trace.NoOpTracer()
 END_TO_END = "ductor.end_to_end.latency"
 END_TO_END_STRIDE = 8  # the end-to-end histogram records one committed tick in this many
-ARRIVAL = "ductor.wakeup.arrival"  # one sample per wakeup taken in: recorded in the same stride
+ARRIVAL = "ductor.wakeup.arrival"
+# The histograms fed a sample per committed tick or per wakeup taken in: each records one
+# sample in END_TO_END_STRIDE, since a histogram record goes through the SDK's whole
+# measurement pipeline (~5 µs).
+_STRIDED = frozenset({END_TO_END, ARRIVAL})
 _SCOPE = "ductor.processor"
 
 
@@ -81,8 +86,7 @@ class Telemetry:
     group_id: str = ""
     histograms: dict[str, Histogram] = field(default_factory=dict)
     sampling: RatioSampling | None = None  # the ratio sampler's shortcut, when it is the one
-    _end_to_end_seen: int = 0
-    _arrival_seen: int = 0
+    _seen: Counter[str] = field(default_factory=Counter)  # samples of the _STRIDED, by name
     _shutdown: list[Callable[[], Any]] = field(default_factory=list)
 
     @property
@@ -211,15 +215,9 @@ class Telemetry:
         histogram = self.histograms.get(name)
         if histogram is None:
             return
-        if name == END_TO_END:
-            # One committed tick in END_TO_END_STRIDE: a histogram record goes through the
-            # SDK's whole measurement pipeline (~5 µs), and this one comes with every tick.
-            self._end_to_end_seen += 1
-            if self._end_to_end_seen % END_TO_END_STRIDE:
-                return
-        elif name == ARRIVAL:
-            self._arrival_seen += 1
-            if self._arrival_seen % END_TO_END_STRIDE:
+        if name in _STRIDED:
+            self._seen[name] += 1
+            if self._seen[name] % END_TO_END_STRIDE:
                 return
         histogram.record(value_ms)
 
