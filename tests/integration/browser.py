@@ -6,7 +6,6 @@ docs/images for the pictures the docs show), and ask the server outside the brow
 from __future__ import annotations
 
 import base64
-import os
 import re
 import tempfile
 import urllib.error
@@ -25,7 +24,7 @@ from selenium.webdriver.support.ui import WebDriverWait
 from processor.io.config.settings import Settings
 
 from .children import Spawned
-from .fix_browser import WIDTH
+from .fix_browser import WIDTH, artefacts
 from .scrape import free_port
 from .waiting import wait_for
 
@@ -54,7 +53,7 @@ class Page:
             )
         except TimeoutException:
             # Beside the test artefacts, never among the docs' pictures some tests take.
-            folder = Path(os.environ.get("UI_TEST_SCREENSHOTS") or tempfile.gettempdir())
+            folder = artefacts() or Path(tempfile.gettempdir())
             name = "timeout-" + re.sub(r"[^A-Za-z0-9]+", "-", what).strip("-") + ".png"
             shot = self.screenshot(name, folder / "failures")
             body = self.driver.find_element(By.TAG_NAME, "body").text

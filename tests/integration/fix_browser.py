@@ -49,10 +49,16 @@ def browser() -> Iterator[WebDriver]:
         chrome.quit()
 
 
+def artefacts() -> Path | None:
+    """Where the screenshots kept as test artefacts go (``$UI_TEST_SCREENSHOTS``), if set."""
+    root = os.environ.get("UI_TEST_SCREENSHOTS")
+    return Path(root) if root else None
+
+
 @pytest.fixture
 def shots(request: pytest.FixtureRequest, tmp_path: Path) -> Path:
     """The folder this test's screenshots go to (the module's docstring says which)."""
-    root = os.environ.get("UI_TEST_SCREENSHOTS")
-    if not root:
+    root = artefacts()
+    if root is None:
         return tmp_path / "screenshots"
-    return Path(root) / re.sub(r"[^A-Za-z0-9_.-]+", "_", request.node.name)
+    return root / re.sub(r"[^A-Za-z0-9_.-]+", "_", request.node.name)
