@@ -81,6 +81,11 @@ KAFKA_VERSION = "4.1.1"
 MIN_JAVA = 17
 KAFKA_READY_SECONDS = 90.0
 KAFKA_STOP_GRACE_SECONDS = 20.0
+# What `logs` shows of the broker's server.log: warnings and worse, starts and stops.
+KAFKA_NOTABLE_LINE = re.compile(
+    r"\] (WARN|ERROR|FATAL) |Kafka Server started|BrokerServer id=\d+\] shutting down"
+)
+KAFKA_RESTART_LAUNCHES = 2  # launches of a broker on its data before `restart` gives up
 PG_READY_SECONDS = 60.0
 PG_USER = PG_PASSWORD = PG_DATABASE = "ductor"
 # The SASL listener's one SCRAM user (development credentials, like the Postgres ones).
@@ -293,12 +298,16 @@ def port_note(port: int) -> str:
     return "" if port_free(port) else f"but {HOST}:{port} is taken by another process"
 
 
-def tail(path: Path, lines: int = 25) -> str:
+def tail(path: Path, lines: int = 25, only: re.Pattern[str] | None = None) -> str:
+    """The last ``lines`` lines of ``path`` (of those ``only`` matches: a log's warnings,
+    errors, starts and stops), headed by its name."""
     try:
-        text = path.read_text(errors="replace").splitlines()[-lines:]
+        text = path.read_text(errors="replace").splitlines()
     except OSError:
         return ""
-    return f"--- last lines of {path} ---\n" + "\n".join(text) if text else ""
+    picked = [line for line in text if only is None or only.search(line)][-lines:]
+    what = "last lines" if only is None else "last warnings, errors, starts and stops"
+    return f"--- {what} of {path} ---\n" + "\n".join(picked) if picked else ""
 
 
 def run_checked(cmd: Sequence[str | Path], what: str, cwd: Path | None = None) -> str:
@@ -504,9 +513,38 @@ class Kafka:
         wait_down(self.name, down_for_s)
         started = time.monotonic()
         self.check_restartable()
-        java = self.prepare(grace_s=PORT_RELEASE_GRACE_S)
-        self.launch_and_wait(java)
+        failures: list[str] = []
+        # A second launch, as a supervisor's restart-on-failure would: a broker that dies or
+        # hangs while starting on its data is killed, and the next launch finds its ports and
+        # its log dir's lock free. Both failures are in the error if that one fails too.
+        for launch in range(1, KAFKA_RESTART_LAUNCHES + 1):
+            try:
+                self.launch_and_wait(self.prepare(grace_s=PORT_RELEASE_GRACE_S))
+                break
+            except InfraError as exc:
+                failures.append(f"launch {launch}: {exc}")
+                kill_leftovers(self.run_dir, "java")
+                if launch == KAFKA_RESTART_LAUNCHES:
+                    raise InfraError(
+                        f"{self.label} did not start on its data in {launch} launches\n"
+                        + "\n".join(failures)
+                    ) from exc
+                note(f"{self.label}: {str(exc).splitlines()[0]}; launching it again")
         note(f"{self.label}: started on its data in {time.monotonic() - started:.1f} s")
+
+    def start_afresh(self) -> Path:
+        """A new empty broker (`up`) in place of one that will not start on its data: the old
+        log dir and logs are moved to ``failed/`` (the previous ones there replaced), for
+        whoever finds out why. Returns that directory."""
+        self.down(StopMode.KILL)
+        kept = self.run_dir / "failed"
+        shutil.rmtree(kept, ignore_errors=True)
+        kept.mkdir(parents=True)
+        for path in (self.data_dir, self.log_dir, self.out_file):
+            if path.exists():
+                path.rename(kept / path.name)
+        self.up()
+        return kept
 
     def check_restartable(self) -> None:
         """A formatted log dir whose properties are the ones this script writes now."""
@@ -663,8 +701,19 @@ class Kafka:
         waited = f"{KAFKA_READY_SECONDS:.0f} s"
         raise InfraError(f"{self.label} not ready after {waited}: {problem}\n{self.log_tail()}")
 
-    def log_tail(self) -> str:
-        parts = (tail(self.log_dir / "server.log"), tail(self.out_file))
+    def log_tail(self, lines: int = 25) -> str:
+        parts = [tail(self.log_dir / "server.log", lines), tail(self.out_file, lines)]
+        return "\n".join(p for p in parts if p)
+
+    def log_summary(self, lines: int = 25) -> str:
+        """The broker's warnings, errors, starts and stops (its INFO lines drown them), its
+        standard output, and where a log dir that would not start was kept."""
+        parts = [
+            tail(self.log_dir / "server.log", lines, KAFKA_NOTABLE_LINE),
+            tail(self.out_file, lines),
+        ]
+        if (self.run_dir / "failed").is_dir():
+            parts.append(f"(a log dir that would not start is kept in {self.run_dir / 'failed'})")
         return "\n".join(p for p in parts if p)
 
     def down(self, mode: StopMode = StopMode.FAST) -> None:
@@ -757,6 +806,9 @@ class KafkaCluster:
     def down(self, mode: StopMode = StopMode.FAST) -> None:
         for node in reversed(self.nodes):
             node.down(mode)
+
+    def log_summary(self, lines: int = 25) -> str:
+        return "\n".join(node.log_summary(lines) for node in self.nodes)
 
     def restart(self, mode: StopMode = StopMode.FAST, down_for_s: float = 0.0) -> None:
         """Every node stopped by ``mode``, then started again on its data."""
@@ -959,6 +1011,9 @@ class Postgres:
             return Status(State.DEAD, pid)
         problem = self.probe(connect_timeout=3)
         return Status(State.NOT_ANSWERING, pid, problem) if problem else Status(State.RUNNING, pid)
+
+    def log_summary(self, lines: int = 25) -> str:
+        return tail(self.log_file, lines)
 
     def probe(self, connect_timeout: int) -> str | None:
         """None if the ductor user can log in over TCP and run a query, else the error."""
@@ -1270,6 +1325,7 @@ class Service(Protocol):
     def up(self) -> None: ...
     def down(self, mode: StopMode = StopMode.FAST) -> None: ...
     def restart(self, mode: StopMode = StopMode.FAST, down_for_s: float = 0.0) -> None: ...
+    def log_summary(self, lines: int = 25) -> str: ...
 
 
 def wait_down(name: str, seconds: float) -> None:
@@ -1318,6 +1374,13 @@ def run_local(
     return 0
 
 
+def print_logs(services: Sequence[Service], lines: int) -> int:
+    """The last lines of each service's logs (what CI prints when the tests fail)."""
+    for svc in services:
+        print(svc.log_summary(lines) or f"{svc.name}: no logs yet")
+    return 0
+
+
 def _run_on_services(
     command: str, services: Sequence[Service], mode: StopMode, down_for_s: float
 ) -> None:
@@ -1356,7 +1419,7 @@ def run_docker(command: str, names: Sequence[str], services: Sequence[Service]) 
             "DUCTOR_INFRA=docker but no Docker engine answers `docker info`; "
             "start Docker, or unset DUCTOR_INFRA to run Kafka and Postgres locally"
         )
-    if command in ("restart", "kill"):
+    if command in ("restart", "kill", "logs"):
         raise InfraError(
             f"`{command}` works on the local services; with Docker use "
             f"`docker compose -f {COMPOSE_FILE} {command} SERVICE`"
@@ -1386,7 +1449,7 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         prog="infra/local.py",
         description=__doc__.split("\n\n", 1)[0] if __doc__ else None,
     )
-    parser.add_argument("command", choices=("up", "down", "status", "restart", "kill"))
+    parser.add_argument("command", choices=("up", "down", "status", "restart", "kill", "logs"))
     parser.add_argument("service", nargs="?", choices=SERVICES, help="default: both")
     parser.add_argument(
         "--mode",
@@ -1401,6 +1464,9 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         default=0.0,
         metavar="SECONDS",
         help="restart: stay stopped this long before starting again",
+    )
+    parser.add_argument(
+        "--lines", type=int, default=25, metavar="N", help="logs: the last N lines of each log"
     )
     parser.add_argument(
         "--node",
@@ -1435,6 +1501,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return run_docker(args.command, names, services)
         if mode != "local":
             raise InfraError(f"DUCTOR_INFRA={mode!r}: expected 'local' (default) or 'docker'")
+        if args.command == "logs":
+            return print_logs(services, args.lines)
         return run_local(args.command, services, StopMode(args.mode), args.down_for, args.node)
     except InfraError as exc:
         print(f"error: {exc}", file=sys.stderr)

@@ -19,7 +19,7 @@ from dataclasses import replace
 
 import psycopg
 
-from infra.local import Kafka, KafkaCluster, Postgres, State, StopMode
+from infra.local import InfraError, Kafka, KafkaCluster, Postgres, State, StopMode
 from infra.local import Settings as InfraSettings
 from processor.io.config.settings import Settings
 
@@ -77,11 +77,21 @@ class LocalInfra:
         return LocalInfra(node, self.postgres)
 
     def ensure_running(self) -> None:
-        """Bring back whatever was left down, on its data."""
-        if self.kafka.status().state is not State.RUNNING:
-            self.kafka.restart()
+        """Bring back whatever was left down, on its data. A broker that will not start on
+        its data is replaced by a new empty one (its log dir kept aside), so the tests after
+        this one have a broker; the InfraError then says so, for the test that left it."""
         if self.postgres.status().state is not State.RUNNING:
             self.postgres.restart()
+        if self.kafka.status().state is State.RUNNING:
+            return
+        try:
+            self.kafka.restart()
+        except InfraError as exc:
+            kept = self.kafka.start_afresh()
+            raise InfraError(
+                f"the broker would not start on its data, so a new empty one runs in its "
+                f"place (the old log dir and logs are in {kept}):\n{exc}"
+            ) from exc
 
 
 def local_services(settings: Settings) -> LocalInfra:
