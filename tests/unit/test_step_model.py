@@ -89,7 +89,7 @@ def _step(draw: st.DrawFn, name: str, before: list[str], kind: str) -> dict[str,
         raw.pop("retry", None)  # (a sleep has neither)
         raw.pop("timeout_ms", None)
         raw["kind"] = "sleep"
-        if deps and draw(st.booleans()):
+        if draw(st.booleans()) and deps:
             raw["until"] = f"$.steps.{draw(st.sampled_from(deps))}.output.at"
         elif draw(st.booleans()):
             raw["until"] = draw(st.sampled_from(["$.input", "$.input.wake_at", "$.input.a.0"]))
