@@ -18,9 +18,11 @@ import psycopg
 import pytest
 
 from processor import StepContext, StepRegistry
+from processor.client import start_runs
 from processor.core.workflow import parse_workflow
 from processor.io.config.settings import Settings
 from processor.io.postgres.workflows import register_workflow
+from processor.tools.waiting import eventually
 
 from .audit import assert_transitions_applied_once
 from .children import run_ductor
@@ -31,6 +33,7 @@ from .waiting import wait_for
 pytestmark = pytest.mark.integration
 
 SLEEP_MS = 1_500
+KILLED_SLEEP_MS = 6_000  # long enough that the kill lands while every run sleeps
 
 
 def _counting_registry(calls: Counter[str]) -> StepRegistry:
@@ -179,25 +182,27 @@ def test_a_processor_killed_during_a_sleep_is_replaced_and_the_run_ends_at_its_t
         {
             "name": f"nap-kill-{tag}",
             "version": 1,
-            "steps": [{"name": "pause", "kind": "sleep", "duration_ms": 3_000}],
+            "steps": [{"name": "pause", "kind": "sleep", "duration_ms": KILLED_SLEEP_MS}],
             "output": "pause",
         },
     )
     victim = spawn(["process"], settings, "victim")
     wait_for(lambda: victim.owned_partitions() > 0, 60, "the victim to own partitions")
     run_ids = [f"kill-nap-{i}-{tag}" for i in range(3)]
-    for run_id in run_ids:
-        _start(settings, workflow, run_id)
+    # Started together (one producer, not a `ductor start` each): one at a time, under a
+    # busy machine the first could sleep its time out before the last had started.
+    start_runs(settings, workflow, run_ids)
 
-    def sleeping() -> bool:
+    def pauses() -> dict[str, str | None]:
         rows = pg.execute(
-            "SELECT count(*) FROM eec_workflow_run WHERE run_id = ANY(%s)"
-            " AND node_states -> 'pause' ->> 'status' = 'dispatched'",
+            "SELECT run_id, node_states -> 'pause' ->> 'status' FROM eec_workflow_run"
+            " WHERE run_id = ANY(%s)",
             (run_ids,),
-        ).fetchone()
-        return rows is not None and rows[0] == len(run_ids)
+        ).fetchall()
+        return dict(rows)
 
-    wait_for(sleeping, 60, "every run to be asleep")
+    if not eventually(lambda: pauses() == dict.fromkeys(run_ids, "dispatched"), 60, 0.05):
+        pytest.fail(f"timed out after 60 s waiting for every run to be asleep: {pauses()}")
     victim.kill()  # SIGKILL: its timers and offsets are where it left them
     replacement = spawn(["process"], settings, "replacement")
     wait_for(lambda: count_terminal(pg, run_ids) == len(run_ids), 90, "every run to end")
