@@ -31,12 +31,14 @@ from typing import Any, overload
 from processor.core.durations import Duration, duration_ms, optional_ms
 from processor.core.limit_defs import ConcurrencyLimit, StepRateLimit
 from processor.core.routing import DEFAULT_QUEUE
-from processor.core.step_parse import concurrency_key
+from processor.core.run_input import schema_of
+from processor.core.step_parse import concurrency_key, parse_step
 from processor.core.workflow import parse_workflow, step_to_json
 from processor.core.workflow_def import (
     MAP,
     MAP_ITEMS,
     MAP_PARALLELISM,
+    ON_TIMEOUT_FAIL,
     WAIT,
     WORKFLOW,
     RetryPolicy,
@@ -131,22 +133,6 @@ def _names(dependencies: Iterable[Dependency], wf: Workflow) -> set[str]:
     return {d if isinstance(d, str) else wf._names.get(id(d), "") for d in dependencies}
 
 
-def _json_schema(source: Mapping[str, Any] | type) -> dict[str, Any]:
-    """The JSON Schema ``source`` is or gives (a model class's ``model_json_schema()``)."""
-    if isinstance(source, Mapping):
-        return dict(source)
-    produce = getattr(source, "model_json_schema", None)
-    if not callable(produce):
-        raise ValidationError(
-            f"input_schema: expected a JSON Schema (a dict) or a model class with"
-            f" model_json_schema() (a pydantic model), got {source!r}"
-        )
-    schema = produce()
-    if not isinstance(schema, dict):
-        raise ValidationError(f"input_schema: {source!r}.model_json_schema() gave {schema!r}")
-    return schema
-
-
 class Workflow:
     """A workflow definition built in code, and the registry of its step functions."""
 
@@ -168,7 +154,7 @@ class Workflow:
         self.version = version
         self.description = description
         self.output = output
-        self.input_schema = _json_schema(input_schema) if input_schema is not None else None
+        self.input_schema = schema_of(input_schema) if input_schema is not None else None
         self.registry = registry if registry is not None else StepRegistry()
         self._steps: list[_Declared] = []
         self._names: dict[int, str] = {}  # id(function) -> its step's name
@@ -306,23 +292,44 @@ class Workflow:
         after: Iterable[Dependency] = (),
         timeout: Duration = "7d",
         retry: Retry | None = None,
+        on_timeout: str = ON_TIMEOUT_FAIL,
+        default: Any = None,
     ) -> str:
         """Add a step that waits for the first signal named ``signal`` sent to the run
-        (`ductor signal RUN NAME --payload JSON`, ``client.send_signal``): an approval, a
-        person's answer. Its output is the signal's payload; after ``timeout`` (default a
-        week) the attempt times out, and ``retry`` says whether it waits again (once by
-        default). Returns the step's name, for ``after=`` of the steps that follow."""
-        where = self._new_step(name)
-        step = StepDef(
-            name=name,
-            step_type="",
-            depends_on=tuple(self._dependency(d, where) for d in after),
-            timeout_ms=duration_ms(timeout, f"{where}: timeout"),
-            kind=WAIT,
-            signal=signal,
-        )
+        (`ductor signal RUN NAME --payload JSON`): its output is the signal's payload. After
+        ``timeout`` (a week) the attempt times out, ``retry`` says whether it waits again (no);
+        then the step fails, or (``on_timeout="continue"``) succeeds with ``default`` as its
+        output. Returns its name, for ``after=`` of the steps after it."""
+        raw = {"kind": WAIT, "signal": signal, "on_timeout": on_timeout, "default": default}
+        step = self._parsed(name, after, raw, timeout_ms=duration_ms(timeout, "timeout"))
         self._steps.append(_Declared(step, retry or Retry(max_attempts=1)))
         return name
+
+    def sleep(
+        self,
+        name: str,
+        *,
+        duration: Duration | None = None,
+        until: str | None = None,
+        after: Iterable[Dependency] = (),
+    ) -> str:
+        """Add a step that sleeps, durably and on no worker: for ``duration`` from its start,
+        or until the time ``until`` finds in the run (``"$.input.remind_at"``, or
+        ``"$.steps.<step>.output.<field>"`` of one of ``after``): an ISO-8601 time with a
+        zone, or epoch milliseconds. Its output: ``{"slept_until_ms": <that time>}``."""
+        ms = None if duration is None else duration_ms(duration, f"{name}: duration")
+        raw = {"kind": "sleep", "duration_ms": ms, "until": until}
+        self._steps.append(_Declared(self._parsed(name, after, raw)))
+        return name
+
+    def _parsed(
+        self, name: str, after: Iterable[Dependency], raw: dict[str, Any], **fields: Any
+    ) -> StepDef:
+        where = self._new_step(name)
+        deps = [self._dependency(d, where) for d in after]
+        given = {k: v for k, v in raw.items() if v is not None}
+        step = parse_step({"name": name, "depends_on": deps, **given}, where)
+        return replace(step, **fields)
 
     def child(
         self,
@@ -335,24 +342,15 @@ class Workflow:
         timeout: Duration = "1d",
         retry: Retry | None = None,
     ) -> str:
-        """Add a step that starts a child run of ``workflow`` (its ``version``, or the latest
-        when the child starts) and ends as it does: with the child's output, or failed with
-        its failure. The child's input is this run's input, or the output of ``input_from``
-        (one of ``after``). ``timeout`` (default a day) bounds the wait for the child (which
-        is cancelled then, as it is when this run is cancelled or fails); ``retry`` (once by
-        default) says whether another child run is started after a failure. Returns the
-        step's name, for ``after=`` of the steps that follow."""
-        where = self._new_step(name)
-        step = StepDef(
-            name=name,
-            step_type="",
-            depends_on=tuple(self._dependency(d, where) for d in after),
-            timeout_ms=duration_ms(timeout, f"{where}: timeout"),
-            kind=WORKFLOW,
-            child_workflow=workflow.name if isinstance(workflow, Workflow) else workflow,
-            child_version=version,
-            input_from=None if input_from is None else self._dependency(input_from, where),
-        )
+        """Add a step that starts a child run of ``workflow`` (its ``version``, or the latest)
+        and ends as it does (its output, or its failure); the child's input is this run's, or
+        the output of ``input_from`` (one of ``after``). ``timeout`` (a day) bounds the wait
+        for the child (then cancelled, as when this run is cancelled or fails); ``retry``
+        (once) says whether another child run starts after a failure. Returns its name."""
+        source = None if input_from is None else self._dependency(input_from, name)
+        child = workflow.name if isinstance(workflow, Workflow) else workflow
+        raw = {"kind": WORKFLOW, "workflow": child, "version": version, "input_from": source}
+        step = self._parsed(name, after, raw, timeout_ms=duration_ms(timeout, "timeout"))
         self._steps.append(_Declared(step, retry or Retry(max_attempts=1)))
         return name
 

@@ -129,6 +129,7 @@ def tick_batch(
             run_limits.get(run_id),
             decision.items_done,
             decision.unstarted,
+            decision.settled,
         )
     return commits
 

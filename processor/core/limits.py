@@ -380,7 +380,8 @@ def _undo(
         and new_state.nodes == old_state.nodes
         and new_state.maps == old_state.maps
     )
-    if unchanged and not (decision.signalled or decision.mapped or decision.items_done):
+    ended = decision.signalled or decision.mapped or decision.items_done or decision.settled
+    if unchanged and not ended:
         return Decision(None)
     return decision._replace(
         new_state=new_state, dispatches=dispatches, timers=tuple(sorted(set(timers)))

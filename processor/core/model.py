@@ -17,6 +17,7 @@ from processor.core.run_state import (
     state_checksum,
 )
 from processor.core.shapes import WorkflowKey
+from processor.core.sleeps import Selected
 from processor.core.workflow_def import WorkflowDef
 
 __all__ = [
@@ -128,6 +129,9 @@ class LoadedRun:
     # What the workers recorded of the executions of its dispatched nodes whose deadline had
     # passed when it was loaded (core/tick.py, rule 4); None: none had passed (not loaded).
     starts: Starts | None = None
+    # What the ``until`` selectors of its sleep steps not yet started found, (step, value);
+    # a step absent: its source output is not recorded; None: none was read.
+    selected: tuple[tuple[str, Selected], ...] | None = None
     # Whether the loader found the stored checksum right for the row as stored (row_checksum);
     # when not given, it is checked against the state here.
     verified: InitVar[bool | None] = None
@@ -151,6 +155,7 @@ class LoadedRun:
         parent: ParentLink | None = None,
         input_length: int | None = None,
         starts: Starts | None = None,
+        selected: tuple[tuple[str, Selected], ...] | None = None,
         verified: bool | None = None,
     ) -> None:
         object.__setattr__(self, "run_id", run_id)
@@ -167,6 +172,7 @@ class LoadedRun:
         object.__setattr__(self, "parent", parent)
         object.__setattr__(self, "input_length", input_length)
         object.__setattr__(self, "starts", starts)
+        object.__setattr__(self, "selected", selected)
         if verified is None:
             verified = stored_checksum == state_checksum(state)
         object.__setattr__(self, "checksum_ok", verified)
@@ -174,6 +180,27 @@ class LoadedRun:
     @property
     def workflow(self) -> WorkflowKey:
         return self.wf.key
+
+    def with_selected(self, selected: tuple[tuple[str, Selected], ...]) -> LoadedRun:
+        """This run, with what its sleep steps' selectors found (a second read of the load)."""
+        return LoadedRun(
+            self.run_id,
+            self.wf,
+            self.state,
+            self.version,
+            self.tier,
+            self.results,
+            self.signals,
+            self.stored_checksum,
+            self.input,
+            self.not_before_ms,
+            self.named,
+            self.parent,
+            self.input_length,
+            self.starts,
+            selected,
+            self.checksum_ok,
+        )
 
 
 class RunInput(NamedTuple):

@@ -97,6 +97,9 @@ class Commit:
     # marks each never to be started, and writes the run only if it could, that is, only if
     # no worker claimed one meanwhile (io/postgres/store.py); else the run lost a race, a conflict.
     unstarted: tuple[AttemptRef, ...] = ()
+    # Steps the transition ended with an output the tick made, (node, attempt, output as
+    # JSON text): a sleep's, a wait's default (core/tick.py); the statement records each.
+    settled: tuple[tuple[str, int, str], ...] = ()
 
     def __init__(
         self,
@@ -112,6 +115,7 @@ class Commit:
         limits: RunLimits | None = None,
         items: tuple[tuple[str, int, int], ...] = (),
         unstarted: tuple[AttemptRef, ...] = (),
+        settled: tuple[tuple[str, int, str], ...] = (),
     ) -> None:
         object.__setattr__(self, "run_id", run_id)
         object.__setattr__(self, "expected_version", expected_version)
@@ -125,6 +129,7 @@ class Commit:
         object.__setattr__(self, "limits", limits)
         object.__setattr__(self, "items", items)
         object.__setattr__(self, "unstarted", unstarted)
+        object.__setattr__(self, "settled", settled)
 
 
 @dataclass(frozen=True, slots=True)

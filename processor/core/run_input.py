@@ -6,6 +6,7 @@ before a start from Kafka is applied), never in a tick: a run that exists has a 
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from functools import lru_cache
 from typing import Any
 
@@ -13,7 +14,7 @@ import orjson
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import best_match
 
-from processor.core.workflow_def import WorkflowDef
+from processor.core.workflow_def import ValidationError, WorkflowDef
 
 # A problem quoted whole could be as large as the input; this is enough to see it.
 _MESSAGE_LIMIT = 300
@@ -42,3 +43,19 @@ def input_problem(wf: WorkflowDef, value: Any) -> str | None:
 def _validator(schema: str) -> Draft202012Validator:
     """One validator per schema text (a registered definition's never changes)."""
     return Draft202012Validator(orjson.loads(schema))
+
+
+def schema_of(source: Mapping[str, Any] | type) -> dict[str, Any]:
+    """The JSON Schema ``source`` is or gives (a model class's ``model_json_schema()``)."""
+    if isinstance(source, Mapping):
+        return dict(source)
+    produce = getattr(source, "model_json_schema", None)
+    if not callable(produce):
+        raise ValidationError(
+            f"input_schema: expected a JSON Schema (a dict) or a model class with"
+            f" model_json_schema() (a pydantic model), got {source!r}"
+        )
+    schema = produce()
+    if not isinstance(schema, dict):
+        raise ValidationError(f"input_schema: {source!r}.model_json_schema() gave {schema!r}")
+    return schema

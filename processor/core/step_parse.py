@@ -10,6 +10,8 @@ from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
+import orjson
+
 from processor.core.limit_defs import (
     LIMIT_NAME,
     MAX_LIMIT,
@@ -17,6 +19,7 @@ from processor.core.limit_defs import (
     StepRateLimit,
 )
 from processor.core.routing import DEFAULT_QUEUE
+from processor.core.selectors import BadSelector, parse_selector
 from processor.core.workflow_def import (
     CHILD_TIMEOUT_MS,
     MAP,
@@ -26,8 +29,11 @@ from processor.core.workflow_def import (
     MAP_PARALLELISM_LIMIT,
     MAX_BACKOFF_MS,
     MAX_TIMEOUT_MS,
+    ON_TIMEOUT_CONTINUE,
+    ON_TIMEOUT_FAIL,
     QUEUE_NAME,
     SIGNAL_NAME,
+    SLEEP,
     TASK,
     WAIT,
     WAIT_TIMEOUT_MS,
@@ -36,6 +42,9 @@ from processor.core.workflow_def import (
     StepDef,
     ValidationError,
 )
+
+# A wait step's default output is part of its definition: kept small.
+MAX_DEFAULT_BYTES = 64 * 1024
 
 # The fields of each kind of step (a map step's are a task step's and its own).
 _TASK_KEYS = frozenset(
@@ -57,9 +66,11 @@ def parse_step(raw_step: Any, where: str) -> StepDef:
         return _parse_wait(raw_step, where)
     if kind == WORKFLOW:
         return _parse_child(raw_step, where)
+    if kind == SLEEP:
+        return _parse_sleep(raw_step, where)
     if kind not in (TASK, MAP):
         raise ValidationError(
-            f"{where}.kind: must be 'task', 'wait', 'workflow' or 'map', not {kind!r}"
+            f"{where}.kind: must be 'task', 'wait', 'workflow', 'map' or 'sleep', not {kind!r}"
         )
     check_keys(raw_step, set(_MAP_KEYS if kind == MAP else _TASK_KEYS), where)
     step = _parse_task(raw_step, where)
@@ -229,7 +240,11 @@ def _parse_wait(raw_step: Mapping[str, Any], where: str) -> StepDef:
     """A step that waits for a signal: no worker runs it, so it has no type, queue or
     heartbeat; its timeout is how long it waits (an attempt), its retry policy whether it
     waits again after one timed out (one attempt unless it says so)."""
-    check_keys(raw_step, {"name", "kind", "signal", "depends_on", "retry", "timeout_ms"}, where)
+    check_keys(
+        raw_step,
+        {"name", "kind", "signal", "depends_on", "retry", "timeout_ms", "on_timeout", "default"},
+        where,
+    )
     signal = require(raw_step, "signal", str, where)
     if not SIGNAL_NAME.fullmatch(signal):
         raise ValidationError(
@@ -249,6 +264,64 @@ def _parse_wait(raw_step: Mapping[str, Any], where: str) -> StepDef:
         timeout_ms=timeout_ms,
         kind=WAIT,
         signal=signal,
+        **_on_timeout(raw_step, where),
+    )
+
+
+def _on_timeout(raw_step: Mapping[str, Any], where: str) -> dict[str, Any]:
+    """A wait step's ``on_timeout`` ("fail", the default, or "continue") and ``default`` (its
+    output when it continues; null when absent), as StepDef's fields."""
+    on_timeout = optional(raw_step, "on_timeout", str, where, ON_TIMEOUT_FAIL)
+    if on_timeout not in (ON_TIMEOUT_FAIL, ON_TIMEOUT_CONTINUE):
+        raise ValidationError(
+            f"{where}.on_timeout: must be 'fail' or 'continue', not {on_timeout!r}"
+        )
+    if "default" not in raw_step:
+        return {"on_timeout": on_timeout}
+    if on_timeout != ON_TIMEOUT_CONTINUE:
+        raise ValidationError(f"{where}.default: only a step with on_timeout 'continue' has one")
+    default = raw_step["default"]
+    if default is None:
+        return {"on_timeout": on_timeout}
+    try:
+        text = orjson.dumps(default, option=orjson.OPT_SORT_KEYS).decode()
+    except TypeError as not_json:  # (only from code: JSON documents hold JSON values)
+        raise ValidationError(f"{where}.default: not JSON: {not_json}") from None
+    if len(text) > MAX_DEFAULT_BYTES:
+        raise ValidationError(f"{where}.default: at most {MAX_DEFAULT_BYTES} bytes of JSON")
+    return {"on_timeout": on_timeout, "default_output": text}
+
+
+def _parse_sleep(raw_step: Mapping[str, Any], where: str) -> StepDef:
+    """A step that sleeps, costing no worker: for ``duration_ms``, or until the time its
+    ``until`` selector finds in the run (one of the two); core/sleeps.py."""
+    check_keys(raw_step, {"name", "kind", "depends_on", "duration_ms", "until"}, where)
+    deps = _dependencies(raw_step, where)
+    if ("duration_ms" in raw_step) == ("until" in raw_step):
+        raise ValidationError(f"{where}: a sleep step has either duration_ms or until")
+    duration = optional(raw_step, "duration_ms", int, where, None)
+    if duration is not None and not 0 <= duration <= MAX_TIMEOUT_MS:
+        raise ValidationError(
+            f"{where}.duration_ms: must be between 0 and {MAX_TIMEOUT_MS} (ten years)"
+        )
+    until = None
+    if "until" in raw_step:
+        try:
+            until = parse_selector(raw_step["until"])
+        except BadSelector as bad:
+            raise ValidationError(f"{where}.until: {bad}") from None
+        if until.step is not None and until.step not in deps:
+            raise ValidationError(
+                f"{where}.until: {until.step!r} must be one of the steps it depends on"
+            )
+    return StepDef(
+        name=require(raw_step, "name", str, where),
+        step_type="",
+        depends_on=deps,
+        retry=RetryPolicy(max_attempts=1),
+        kind=SLEEP,
+        sleep_ms=duration,
+        until=until,
     )
 
 

@@ -14,11 +14,14 @@ Rules, in the order they are applied:
    order they were received, before it started waiting or after): the decision names the
    signal, whose payload the commit records as the step's result. One that starts waiting
    when its signal is there already succeeds in the same tick, and so may what follows it.
+   A sleep step in flight (core/sleeps.py) ends succeeded once its due time came (rule 4b).
    A workflow step in flight waits for its child run's end, which comes as its result like a
    worker's (core/children.py). A map step's items are nodes of their own (``step[i]``): each
    attempt of an item is a step attempt like any other.
 4. A dispatched node is due (``due_ms``) when the coordinator must look at it again. A wait
-   or workflow step whose due time passed has timed out. A step a worker runs has Temporal's
+   or workflow step whose due time passed has timed out; a wait step whose last attempt timed
+   out with ``on_timeout: continue`` succeeds instead, its output its ``default`` (null when
+   it has none), and the run goes on. A step a worker runs has Temporal's
    three timeouts, judged from what the workers recorded of its attempt (``started``: the
    load reads it for the nodes whose due time passed, and only then; None, not loaded, leaves
    the node as it is for the wakeup that loads it):
@@ -36,6 +39,10 @@ Rules, in the order they are applied:
      attempt is doing. An attempt in its queue with no such bound ahead stays as it is, its
      due time passed: the watchdog wakes it again, further apart each time (io/postgres/sweeps.py),
      and nothing is written until a worker starts it.
+4b. A sleep step's due time is when it ends: past it (by ``now``), it succeeded, its output
+   ``{"slept_until_ms": due}``; before it, whatever woke the run, it sleeps on. Like a wait
+   step's or a map's, its output is made by the tick, and the commit records it
+   (``settled``).
 5. A failed attempt is retried by the step's policy (retry_wait until its backoff is due),
    or fails the node when attempts are exhausted (counted since the run was last resumed, see
    below), when the step declared the failure final (a result that is not ``retryable``: the
@@ -57,6 +64,11 @@ Rules, in the order they are applied:
    its items in flight, never its whole list. When every item succeeded the map step
    succeeded; the decision names it with its count, and the commit records the items'
    outputs, in order, as its output.
+   A sleep step that becomes ready starts (core/sleeps.py): due ``duration_ms`` from now, or
+   at the time its ``until`` selector finds (read by the load: ``selected``); a value that
+   is no time fails it; one whose source step ended in this very tick (its output not yet
+   recorded) leaves it pending, with a timer for now, until the next tick reads it. A sleep
+   whose time had passed ends in the tick that starts it (rule 4b), and what follows starts.
 7. When every node succeeded the run succeeded.
 8. A tick that changes nothing is a no-op and writes nothing; one that changes anything bumps
    ``seq`` by exactly one (so ``last_transition_seq`` is monotone).
@@ -82,8 +94,9 @@ from processor.core.attempts import (
     judge_timeouts,
     unstarted_attempt,
 )
-from processor.core.map_steps import Maps, dispatch_items, end_maps, expand
+from processor.core.map_steps import Maps, end_maps
 from processor.core.model import LoadedRun, SignalKind, Started, StepOutcome, StepResult
+from processor.core.ready import Ended, cascade, dispatch_ready
 from processor.core.run_ends import (
     end_run,
     failure,
@@ -91,7 +104,9 @@ from processor.core.run_ends import (
 )
 from processor.core.run_state import NodeState, NodeStatus, RunState, RunStatus, node_state
 from processor.core.shapes import AttemptRef
+from processor.core.sleeps import Selected, Settled, sleep_timers, wake_sleeps
 from processor.core.tick_decision import NOOP, Decision, Dispatch
+from processor.core.wait_steps import signal_waits, timed_out
 from processor.core.workflow_def import StepDef, WorkflowDef
 
 __all__ = [
@@ -117,11 +132,13 @@ def tick(
     named: Sequence[tuple[str, str]] = (),
     input_length: int | None = None,
     started: Mapping[str, Started] | None = None,
+    selected: Mapping[str, Selected] | None = None,
 ) -> Decision:
     """``named``: the run's named signals, (name, signal id), in the order received;
     ``input_length``: the length of the run's input when it is a list (a map's items);
     ``started``: what the workers recorded of the attempts in flight whose due time passed,
-    by node (rule 4; None: not loaded)."""
+    by node (rule 4; None: not loaded); ``selected``: what the selectors of its sleep steps
+    not yet started found, by step (rule 6; a step absent: its source not recorded)."""
     if state.status.terminal:
         return NOOP
     if SignalKind.CANCEL in set(signals):
@@ -132,16 +149,19 @@ def tick(
     step_of = wf.step_for if wf.has_maps else wf.step_map.__getitem__
     nodes = state.node_map()
     _apply_results(nodes, results, step_of, now_ms)
-    signalled = _signal_waits(nodes, wf, named) if named else []
-    unstarted = _apply_timeouts(nodes, step_of, started, now_ms)
+    signalled = signal_waits(nodes, wf, named) if named else []
+    settled: list[Settled] = []
+    unstarted = _apply_timeouts(nodes, step_of, started, now_ms, settled)
     failed = failure(state, nodes)
     if failed is not None:
         run_failed = end_run(state, nodes, RunStatus.FAILED, failed, wf)
-        return run_failed._replace(signalled=tuple(signalled), unstarted=tuple(unstarted))
+        return run_failed._replace(
+            signalled=tuple(signalled), unstarted=tuple(unstarted), settled=tuple(settled)
+        )
     if wf.only_tasks:  # the fast path: every step a task, started as it is ready
         return _tasks_only(state, wf, nodes, now_ms)
     maps = Maps(state, results, input_length) if wf.has_maps else None
-    return _advance(state, wf, nodes, now_ms, maps, named, signalled)
+    return _advance(state, wf, nodes, now_ms, maps, named, signalled, settled, selected)
 
 
 def _apply_results(
@@ -168,9 +188,11 @@ def _apply_timeouts(
     step_of: Callable[[str], StepDef],
     started: Mapping[str, Started] | None,
     now_ms: int,
+    settled: list[Settled],
 ) -> list[AttemptRef]:
     """Rule 4 for every node whose due time passed, and the schedule-to-close bound of those
-    waiting for their next attempt; the attempts failed that no worker had started."""
+    waiting for their next attempt; the attempts failed that no worker had started (the wait
+    steps that continued on their timeout go to ``settled``, with their default output)."""
     unstarted: list[AttemptRef] = []
     for name, node in list(nodes.items()):
         if node.status is _DISPATCHED and node.due_ms is not None and now_ms >= node.due_ms:
@@ -181,9 +203,8 @@ def _apply_timeouts(
                     nodes[name] = judged
                     if judged.status is _FAILED and unstarted_attempt(started, name, node.attempt):
                         unstarted.append((name, node.attempt))
-            else:
-                error = f"attempt {node.attempt} timed out after {step.timeout_ms} ms"
-                nodes[name] = finish_attempt(node, step, False, error, now_ms)
+            elif not step.sleeps:  # (a sleep's due time ends it: rule 4b, in _advance)
+                nodes[name] = timed_out(name, node, step, now_ms, settled)
         elif node.first_ms is not None and (
             node.status is _RETRY_WAIT or node.status is _LIMIT_WAIT
         ):
@@ -204,30 +225,33 @@ def _advance(
     maps: Maps | None,
     named: Sequence[tuple[str, str]],
     signalled: list[tuple[str, int, str]],
+    settled: list[Settled],
+    selected: Mapping[str, Selected] | None,
 ) -> Decision:
-    """Rules 6 to 8 for a workflow with wait, map or workflow steps."""
+    """Rules 6 to 8 for a workflow with wait, map, workflow or sleep steps."""
     mapped = end_maps(nodes, wf, maps) if maps is not None else []
-    dispatches, waiting = _dispatch_ready(nodes, wf, now_ms, maps)
-    while waiting:
-        # A step just started may end at once (a wait whose signal came first, a map of no
-        # items), and what follows it starts now.
-        ended = _signal_waits(nodes, wf, named)
-        ended_maps = end_maps(nodes, wf, maps) if maps is not None else []
-        if not (ended or ended_maps):
-            break
-        signalled += ended
-        mapped += ended_maps
-        more, waiting = _dispatch_ready(nodes, wf, now_ms, maps)
+    if wf.sleeps:
+        settled += wake_sleeps(nodes, wf, now_ms)
+    ended = Ended(signalled, mapped, settled)
+    dispatches, waiting, deferred = dispatch_ready(nodes, wf, now_ms, maps, selected)
+    if waiting:
+        more, waited, later = cascade(nodes, wf, now_ms, maps, named, selected, ended)
         dispatches += more
-    # What this tick ended (wait steps, maps, items) is recorded whatever becomes of the run.
-    if maps is not None and (failed := failure(state, nodes)) is not None:
-        ended_run = end_run(
-            state, nodes, RunStatus.FAILED, failed, wf, maps
-        )  # a map without its list
-        return ended_run._replace(signalled=tuple(signalled), mapped=tuple(mapped))
+        waiting += waited
+        deferred = deferred or later
+    # What this tick ended (wait steps, maps, items, sleeps) is recorded whatever becomes of
+    # the run.
+    if (maps is not None or wf.sleeps) and (failed := failure(state, nodes)) is not None:
+        # a map without its list, a sleep until no time
+        ended_run = end_run(state, nodes, RunStatus.FAILED, failed, wf, maps)
+        return ended_run._replace(
+            signalled=tuple(signalled), mapped=tuple(mapped), settled=tuple(settled)
+        )
     if all(s.status is _SUCCEEDED for s in nodes.values()):
         ended_run = end_run(state, nodes, RunStatus.SUCCEEDED, None, wf, maps)
-        return ended_run._replace(signalled=tuple(signalled), mapped=tuple(mapped))
+        return ended_run._replace(
+            signalled=tuple(signalled), mapped=tuple(mapped), settled=tuple(settled)
+        )
 
     began = dispatches or waiting or signalled
     status = _RUN_RUNNING if state.status is _RUN_PENDING and began else state.status
@@ -237,8 +261,21 @@ def _advance(
         return NOOP
     new_state = RunState(status, new_nodes, state.seq + 1, state.reason, new_maps)
     timers = _new_timers(state, new_state)
+    if wf.sleeps:
+        due = sleep_timers(state, nodes, wf, now_ms)
+        if deferred:
+            due.add(now_ms)
+        timers = tuple(sorted(due.union(timers)))
     done = () if maps is None else tuple(maps.done)
-    return Decision(new_state, tuple(dispatches), timers, tuple(signalled), tuple(mapped), done)
+    return Decision(
+        new_state,
+        tuple(dispatches),
+        timers,
+        tuple(signalled),
+        tuple(mapped),
+        done,
+        settled=tuple(settled),
+    )
 
 
 def tick_run(run: LoadedRun, now_ms: int) -> Decision:
@@ -253,6 +290,7 @@ def tick_run(run: LoadedRun, now_ms: int) -> Decision:
         run.named,
         run.input_length,
         None if run.starts is None else dict(run.starts),
+        None if run.selected is None else dict(run.selected),
     )
 
 
@@ -286,60 +324,6 @@ def _tasks_only(
 
 def _result_order(result: StepResult) -> tuple[str, int, str, str]:
     return (result.node, result.attempt, result.outcome, result.error or "")
-
-
-def _dispatch_ready(
-    nodes: dict[str, NodeState], wf: WorkflowDef, now_ms: int, maps: Maps | None = None
-) -> tuple[list[Dispatch], int]:
-    """Start what is ready: the step attempts to send to the workers, and how many steps
-    began that no worker runs (a wait step, which a signal ends; a workflow step, whose child
-    run the commit starts; a map step, whose items are dispatched)."""
-    dispatches = []
-    waiting = 0
-    for step in wf.steps:  # definition order keeps the decision deterministic
-        node = nodes[step.name]
-        retry_due = node.status is _RETRY_WAIT and node.due_ms is not None and now_ms >= node.due_ms
-        first_run = node.status is _PENDING and all(
-            nodes[d].status is _SUCCEEDED for d in step.depends_on
-        )
-        if step.maps:
-            assert maps is not None
-            if first_run:
-                waiting += expand(nodes, step, maps)
-            if nodes[step.name].status is _DISPATCHED:
-                dispatches += dispatch_items(nodes, step, now_ms, maps)
-            continue
-        if retry_due or first_run or node.status is _LIMIT_WAIT:
-            attempt = node.attempt + 1
-            deadline = now_ms + step.timeout_ms
-            nodes[step.name] = dispatched(node, step, attempt, now_ms)
-            if step.runs_on_a_worker:
-                dispatches.append(Dispatch(step.name, attempt, step.step_type, deadline))
-            else:
-                waiting += 1
-    return dispatches, waiting
-
-
-def _signal_waits(
-    nodes: dict[str, NodeState], wf: WorkflowDef, named: Sequence[tuple[str, str]]
-) -> list[tuple[str, int, str]]:
-    """End each wait step in flight whose signal was received (the first of its name)."""
-    ended: list[tuple[str, int, str]] = []
-    if not named:
-        return ended
-    for step in wf.steps:
-        if not step.waits:
-            continue
-        node = nodes[step.name]
-        if node.status is not _DISPATCHED:
-            continue
-        first = next((sid for name, sid in named if name == step.signal), None)
-        if first is not None:
-            nodes[step.name] = node_state(
-                _SUCCEEDED, node.attempt, None, None, node.attempts_before
-            )
-            ended.append((step.name, node.attempt, first))
-    return ended
 
 
 def _new_timers(old: RunState, new: RunState) -> tuple[int, ...]:

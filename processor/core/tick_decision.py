@@ -38,6 +38,10 @@ class Decision(NamedTuple):
     # queue): (node, attempt). The commit holds only if none was started meanwhile: it marks
     # each one never to be started (io/postgres/store.py), as a claim would mark it started.
     unstarted: tuple[AttemptRef, ...] = ()
+    # Steps this tick ended succeeded with an output it made itself, (node, attempt, output
+    # as JSON text): a sleep's (core/sleeps.py), a wait's default when it continued on its
+    # timeout. The commit records each as the step's result.
+    settled: tuple[tuple[str, int, str], ...] = ()
 
     @property
     def progressed(self) -> bool:

@@ -19,6 +19,8 @@ from processor.core.routing import DEFAULT_QUEUE
 from processor.core.step_parse import check_keys, parse_step, require
 from processor.core.workflow_def import (
     MAP,
+    ON_TIMEOUT_FAIL,
+    SLEEP,
     WAIT,
     WORKFLOW,
     RetryPolicy,
@@ -166,7 +168,7 @@ def step_to_json(s: StepDef) -> dict[str, Any]:
     if s.starts_child:
         return _child_to_json(s)
     if s.waits:
-        return {
+        wait = {
             "name": s.name,
             "kind": WAIT,
             "signal": s.signal,
@@ -174,6 +176,18 @@ def step_to_json(s: StepDef) -> dict[str, Any]:
             "retry": _retry_to_json(s.retry),
             "timeout_ms": s.timeout_ms,
         }
+        if s.on_timeout != ON_TIMEOUT_FAIL:  # written only when set: older ones unchanged
+            wait["on_timeout"] = s.on_timeout
+        if s.default_output is not None:
+            wait["default"] = orjson.loads(s.default_output)
+        return wait
+    if s.sleeps:
+        sleep: dict[str, Any] = {"name": s.name, "kind": SLEEP, "depends_on": list(s.depends_on)}
+        if s.until is not None:
+            sleep["until"] = s.until.text
+        else:
+            sleep["duration_ms"] = s.sleep_ms
+        return sleep
     raw: dict[str, Any] = {
         "name": s.name,
         "type": s.step_type,

@@ -13,6 +13,7 @@ from functools import cached_property
 
 from processor.core.limit_defs import ConcurrencyLimit, StepRateLimit
 from processor.core.routing import DEFAULT_QUEUE
+from processor.core.selectors import Selector
 from processor.core.shapes import WorkflowKey
 
 
@@ -45,6 +46,10 @@ class RetryPolicy:
 
 
 TASK, WAIT, WORKFLOW, MAP = "task", "wait", "workflow", "map"  # the kinds of step
+SLEEP = "sleep"
+# What a wait step does when its last attempt times out: fail (the default) or succeed with
+# its default output and let the run go on.
+ON_TIMEOUT_FAIL, ON_TIMEOUT_CONTINUE = "fail", "continue"
 # A signal's name: what ``ductor signal RUN NAME`` sends and a wait step waits for.
 SIGNAL_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,99}")
 # A wait step waits a week unless it says otherwise (a person may be away).
@@ -104,6 +109,14 @@ class StepDef:
     # Bounds on its dispatches, counted across runs (core/limits.py); for task and map steps.
     concurrency: ConcurrencyLimit | None = None
     rate_limit: StepRateLimit | None = None
+    # "sleep": no worker runs it; it ends ``sleep_ms`` after it starts, or at the time its
+    # ``until`` selector finds in the run (core/sleeps.py). Its output: {"slept_until_ms": t}.
+    sleep_ms: int | None = None
+    until: Selector | None = None
+    # A wait step's: what its last attempt's timeout does (ON_TIMEOUT_FAIL or _CONTINUE),
+    # and, when it continues, its output as canonical JSON text (None: null).
+    on_timeout: str = ON_TIMEOUT_FAIL
+    default_output: str | None = None
 
     @property
     def limited(self) -> bool:
@@ -112,6 +125,14 @@ class StepDef:
     @property
     def waits(self) -> bool:
         return self.kind == WAIT
+
+    @property
+    def sleeps(self) -> bool:
+        return self.kind == SLEEP
+
+    @property
+    def continues_on_timeout(self) -> bool:
+        return self.on_timeout == ON_TIMEOUT_CONTINUE
 
     @property
     def starts_child(self) -> bool:
@@ -191,6 +212,17 @@ class WorkflowDef:
         """The names its wait steps wait for (a signal of another name, but ``cancel``,
         would change nothing: core/landing.py refuses it)."""
         return frozenset(s.signal for s in self.steps if s.waits and s.signal is not None)
+
+    @cached_property
+    def sleeps(self) -> tuple[StepDef, ...]:
+        """Its sleep steps (core/sleeps.py), in definition order."""
+        return tuple(s for s in self.steps if s.sleeps)
+
+    @cached_property
+    def selects(self) -> tuple[StepDef, ...]:
+        """Its sleep steps whose time is read from the run (``until``): the load reads what
+        their selectors find while they have not started (io/postgres/selected.py)."""
+        return tuple(s for s in self.sleeps if s.until is not None)
 
     @cached_property
     def has_children(self) -> bool:

@@ -59,7 +59,11 @@ class StepState:
 
 
 # What a step in flight is doing, by its kind (a task or a map is dispatched to the workers).
-_IN_FLIGHT = {"wait": "waiting for its signal", "workflow": "child run going"}
+_IN_FLIGHT = {
+    "wait": "waiting for its signal",
+    "workflow": "child run going",
+    "sleep": "asleep until its time",
+}
 
 
 @dataclass(frozen=True)

@@ -73,13 +73,29 @@ def _rate_limit() -> st.SearchStrategy[dict[str, Any]]:
 def _step(draw: st.DrawFn, name: str, before: list[str], kind: str) -> dict[str, Any]:
     deps = draw(st.lists(st.sampled_from(before), unique=True)) if before else []
     raw: dict[str, Any] = {"name": name, "depends_on": deps}
-    if draw(st.booleans()):
-        raw["retry"] = draw(_retry())
-    timeout = draw(_MS)
-    if draw(st.booleans()):
-        raw["timeout_ms"] = timeout
+    raw["retry"] = draw(_retry())
+    raw["timeout_ms"] = draw(_MS)
+    for key in ("retry", "timeout_ms"):
+        if draw(st.booleans()):
+            del raw[key]
     if kind == "wait":
-        return raw | {"kind": "wait", "signal": draw(st.sampled_from(["go", "ok.1", "a:b"]))}
+        raw |= {"kind": "wait", "signal": draw(st.sampled_from(["go", "ok.1", "a:b"]))}
+        if draw(st.booleans()):
+            raw["on_timeout"] = draw(st.sampled_from(["fail", "continue"]))
+            if raw["on_timeout"] == "continue" and draw(st.booleans()):
+                raw["default"] = draw(st.sampled_from([None, 0, "late", {"ok": False}, [1]]))
+        return raw
+    if kind == "sleep":
+        raw.pop("retry", None)  # (a sleep has neither)
+        raw.pop("timeout_ms", None)
+        raw["kind"] = "sleep"
+        if draw(st.booleans()) and deps:
+            raw["until"] = f"$.steps.{draw(st.sampled_from(deps))}.output.at"
+        elif draw(st.booleans()):
+            raw["until"] = draw(st.sampled_from(["$.input", "$.input.wake_at", "$.input.a.0"]))
+        else:
+            raw["duration_ms"] = draw(st.integers(0, MAX_TIMEOUT_MS))
+        return raw
     if kind == "workflow":
         raw |= {"kind": "workflow", "workflow": draw(st.sampled_from(["child", "other"]))}
         if draw(st.booleans()):
@@ -117,7 +133,7 @@ def _step(draw: st.DrawFn, name: str, before: list[str], kind: str) -> dict[str,
 def definitions(draw: st.DrawFn) -> dict[str, Any]:
     """Valid workflow documents, any step option set or not."""
     names = draw(st.lists(_NAMES, min_size=1, max_size=6, unique=True))
-    kinds = st.sampled_from(["task", "task", "map", "wait", "workflow"])
+    kinds = st.sampled_from(["task", "task", "map", "wait", "workflow", "sleep"])
     steps = [draw(_step(name, names[:i], draw(kinds))) for i, name in enumerate(names)]
     raw: dict[str, Any] = {"name": "flow", "version": draw(st.integers(1, 50)), "steps": steps}
     if draw(st.booleans()):
@@ -168,7 +184,21 @@ FULL: dict[str, Any] = {
             "concurrency": {"limit": 2},
             "rate_limit": {"limit": 10, "per_s": 60},
         },
-        {"name": "approve", "kind": "wait", "signal": "approved", "depends_on": ["items"]},
+        {
+            "name": "approve",
+            "kind": "wait",
+            "signal": "approved",
+            "depends_on": ["items"],
+            "on_timeout": "continue",
+            "default": {"approved": False},
+        },
+        {"name": "pause", "kind": "sleep", "depends_on": ["approve"], "duration_ms": 5_000},
+        {
+            "name": "remind",
+            "kind": "sleep",
+            "depends_on": ["task"],
+            "until": "$.steps.task.output.at",
+        },
         {
             "name": "child",
             "kind": "workflow",
@@ -227,7 +257,11 @@ _IN_CODE = {
     "heartbeat_timeout_ms": "heartbeat_timeout",
     "schedule_to_start_ms": "schedule_to_start",
     "schedule_to_close_ms": "schedule_to_close",
-    "kind": "step, map, wait or child",
+    "kind": "step, map, wait, child or sleep",
+    "sleep_ms": "duration",
+    "until": "until",
+    "on_timeout": "on_timeout",
+    "default_output": "default",
     "signal": "signal",
     "child_workflow": "workflow",
     "child_version": "version",
@@ -264,7 +298,19 @@ def _in_code(wf: WorkflowDef, raw: dict[str, Any]) -> Workflow:
         common: dict[str, Any] = {"after": step.depends_on, "timeout": step.timeout_ms}
         if step.waits:
             assert step.signal is not None
-            code.wait(step.name, signal=step.signal, retry=retry, **common)
+            default = None if step.default_output is None else json.loads(step.default_output)
+            code.wait(
+                step.name,
+                signal=step.signal,
+                retry=retry,
+                on_timeout=step.on_timeout,
+                default=default,
+                **common,
+            )
+            continue
+        if step.sleeps:
+            until = None if step.until is None else step.until.text
+            code.sleep(step.name, duration=step.sleep_ms, until=until, after=step.depends_on)
             continue
         if step.starts_child:
             assert step.child_workflow is not None

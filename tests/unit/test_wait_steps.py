@@ -68,8 +68,8 @@ def test_a_wait_step_is_defined_with_its_signal_and_matches_the_schema() -> None
         ({"name": "w", "kind": "wait", "signal": "cancel"}, "'cancel' cancels the run"),
         ({"name": "w", "kind": "wait", "signal": "no way"}, "must be 1 to 100 letters"),
         (
-            {"name": "w", "kind": "sleep", "type": "t"},
-            "must be 'task', 'wait', 'workflow' or 'map'",
+            {"name": "w", "kind": "nap", "type": "t"},
+            "must be 'task', 'wait', 'workflow', 'map' or 'sleep'",
         ),
     ],
 )

@@ -66,7 +66,8 @@ UPDATE eec_workflow_run AS r
        output = CASE WHEN c.output IS NULL THEN r.output ELSE (
            SELECT CASE WHEN (c.output ->> 'single')::boolean THEN (array_agg(v.output))[1]
                        ELSE jsonb_object_agg(v.key, v.output) END
-             FROM (SELECT o.key, coalesce(s.output, g.payload, mm.output) AS output
+             FROM (SELECT o.key, coalesce(s.output, g.payload, mm.output, so.output::jsonb)
+                          AS output
                      FROM jsonb_to_recordset(c.output -> 'refs')
                           AS o(key text, node text, attempt int)
                      LEFT JOIN eec_step_result s
@@ -86,19 +87,24 @@ UPDATE eec_workflow_run AS r
                            FROM jsonb_to_recordset(c.mapped) AS m(node text, attempt int)
                           WHERE s.run_id IS NULL AND m.node = o.node AND m.attempt = o.attempt
                      ) AS mm ON true
+                     -- A step this very commit ends with an output the tick made (a
+                     -- sleep's, a wait's default).
+                     LEFT JOIN jsonb_to_recordset(c.settled)
+                          AS so(node text, attempt int, output text)
+                       ON s.run_id IS NULL AND so.node = o.node AND so.attempt = o.attempt
                     WHERE s.run_id IS NOT NULL OR g.run_id IS NOT NULL
-                       OR mm.output IS NOT NULL) AS v)
+                       OR mm.output IS NOT NULL OR so.node IS NOT NULL) AS v)
        END
   FROM jsonb_to_recordset(%(batch)s::jsonb)
        AS c(run_id text, expected_version bigint, status text, node_states jsonb, seq bigint,
             checksum text, reason text, next_wakeup_ms bigint, effects jsonb, output jsonb,
             signalled jsonb, children jsonb, cancel_children jsonb, mapped jsonb, limits jsonb,
-            items jsonb, unstarted jsonb)
+            items jsonb, unstarted jsonb, settled jsonb)
  WHERE r.run_id = c.run_id
    AND r.run_id = ANY(ARRAY(SELECT run_id FROM ordered))
    AND r.db_record_version = c.expected_version{{guard_check}}{{unstarted_check}}
 RETURNING r.run_id, c.seq, c.effects, c.signalled, c.children, c.cancel_children, c.mapped,
-          c.limits, c.items, r.status,
+          c.limits, c.items, c.settled, r.status,
           r.output, r.failure_reason, r.tier, r.parent_run_id, r.parent_node, r.parent_attempt
 ), started_children AS (
     -- core/children.py, rule 1: a child exists exactly when its parent's attempt does.
@@ -122,6 +128,9 @@ RETURNING r.run_id, c.seq, c.effects, c.signalled, c.children, c.cancel_children
                (SELECT {_MAPPED_OUTPUT.format(run="u.run_id", items="u.items")}
                   FROM jsonb_to_recordset(u.mapped) AS m(node text, attempt int)
                  WHERE m.node = k.input_from AND m.attempt = k.input_attempt),
+               (SELECT x.output::jsonb
+                  FROM jsonb_to_recordset(u.settled) AS x(node text, attempt int, output text)
+                 WHERE x.node = k.input_from AND x.attempt = k.input_attempt),
                'null'::jsonb) END,
            now(), u.run_id, k.node, k.attempt
       FROM updated u
@@ -184,6 +193,14 @@ RETURNING r.run_id, c.seq, c.effects, c.signalled, c.children, c.cancel_children
             WHERE g.run_id = u.run_id AND g.signal_id = w.signal_id
             LIMIT 1) AS g
      WHERE u.signalled IS NOT NULL
+    ON CONFLICT DO NOTHING
+), settled_results AS (
+    -- Steps that ended with an output the tick made: a sleep's, a wait's default.
+    INSERT INTO eec_step_result (run_id, node_id, attempt, outcome, output)
+    SELECT u.run_id, x.node, x.attempt, 'succeeded', x.output::jsonb
+      FROM updated u
+     CROSS JOIN LATERAL jsonb_to_recordset(u.settled) AS x(node text, attempt int, output text)
+     WHERE u.settled IS NOT NULL
     ON CONFLICT DO NOTHING
 ), {{limit_ctes}}outboxed AS (
     INSERT INTO eec_outbox (run_id, seq, records, owner)

@@ -18,7 +18,7 @@ import psycopg
 
 from processor.core.batch_values import QuarantineFlag
 from processor.core.load_row import LoadRow, loaded_run
-from processor.core.model import Loaded, UnknownWorkflow
+from processor.core.model import Loaded, LoadedRun, UnknownWorkflow
 from processor.core.plans import Commit, Send
 from processor.core.routing import run_shard
 from processor.core.run_state import RunState, row_checksum, state_checksum
@@ -34,6 +34,7 @@ from processor.io.postgres.commit_sql import (
 )
 from processor.io.postgres.load_sql import INPUT_LOAD_BYTES, LOAD_SQL
 from processor.io.postgres.outbox import delete_outbox, outbox_record, pairs
+from processor.io.postgres.selected import read_selected, wanted
 
 
 class Definitions:
@@ -101,6 +102,14 @@ def load_runs_at(
             loaded[row.run_id] = UnknownWorkflow(str(exc), row.version)
             continue
         loaded[row.run_id] = loaded_run(row, wf)
+    # Sleep steps that read their time from the run: what their selectors find, in one more
+    # statement, only when a run of the batch has one not yet started (io/postgres/selected.py).
+    queries = [q for run in loaded.values() if isinstance(run, LoadedRun) for q in wanted(run)]
+    if queries:
+        for run_id, selected in read_selected(conn, queries).items():
+            run = loaded[run_id]
+            assert isinstance(run, LoadedRun)
+            loaded[run_id] = run.with_selected(selected)
     return loaded, int(found[1])
 
 
@@ -193,6 +202,8 @@ def _commit_row(c: Commit) -> dict[str, Any]:
         row["items"] = [{"node": n, "item": i, "attempt": a} for n, i, a in c.items]
     if c.unstarted:
         row["unstarted"] = [{"node": n, "attempt": a} for n, a in c.unstarted]
+    if c.settled:
+        row["settled"] = [{"node": n, "attempt": a, "output": o} for n, a, o in c.settled]
     return row
 
 
