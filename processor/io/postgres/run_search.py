@@ -18,6 +18,7 @@ from processor.core.run_state import RunStatus
 from processor.core.shown import SHOWN_CHARS, Shown, shown
 from processor.io.postgres.run_counts import like_prefix
 from processor.io.postgres.run_marks import flag_column
+from processor.io.postgres.run_tags import merged_tags, tags_condition
 from processor.io.postgres.runs_admin import RunSummary
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
@@ -25,7 +26,8 @@ _MICROSECOND = timedelta(microseconds=1)
 
 _COLUMNS = (
     "r.run_id, r.workflow_name, r.workflow_version, r.status, r.last_transition_at,"
-    f" r.failure_reason, {flag_column('r', 'reason')} AS quarantine_reason, r.created_at, r.tags"
+    f" r.failure_reason, {flag_column('r', 'reason')} AS quarantine_reason, r.created_at,"
+    f" {merged_tags('r')} AS tags"
 )
 
 
@@ -68,8 +70,8 @@ def conditions(wanted: RunFilter, after: Cursor | None = None) -> tuple[list[str
         found.append("r.run_id LIKE %(id_prefix)s")
         params["id_prefix"] = like_prefix(wanted.id_prefix)
     if wanted.tags:
-        # The second condition lets the planner use the tags' partial index.
-        found.append("r.tags @> %(tags)s::jsonb AND r.tags <> '{}'::jsonb")
+        # Those given at start or set by steps (io/postgres/run_tags.py).
+        found.append(tags_condition("r", "%(tags)s"))
         params["tags"] = orjson.dumps(dict(wanted.tags)).decode()
     if wanted.step_failed is not None:
         # The step itself, or the items of a map step (named step[0], step[1], ...).
