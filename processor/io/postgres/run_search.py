@@ -10,7 +10,6 @@ from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any, NamedTuple
 
-import orjson
 import psycopg
 
 from processor.core.run_search import Cursor, RunFilter
@@ -71,8 +70,9 @@ def conditions(wanted: RunFilter, after: Cursor | None = None) -> tuple[list[str
         params["id_prefix"] = like_prefix(wanted.id_prefix)
     if wanted.tags:
         # Those given at start or set by steps (io/postgres/run_tags.py).
-        found.append(tags_condition("r", "%(tags)s"))
-        params["tags"] = orjson.dumps(dict(wanted.tags)).decode()
+        condition, tag_params = tags_condition("r", wanted.tags)
+        found.append(condition)
+        params.update(tag_params)
     if wanted.step_failed is not None:
         # The step itself, or the items of a map step (named step[0], step[1], ...).
         found.append(
