@@ -1,5 +1,5 @@
 """What `ductor inspect` prints of what a run was given and gave, after its status and nodes
-(cli/runs.py): its input, each step's output, every attempt (its start, end, duration and
+(cli/runs.py): its tags, its input, each step's output, every attempt (its start, end, duration and
 worker; a failed one's error and traceback) and the signals it received.
 
 Values are compact JSON cut to a bound (core/shown.py); an error and a traceback are a step's
@@ -28,6 +28,13 @@ def printable(text: str) -> str:
 
 def _when(at: datetime | None) -> str:
     return "-" if at is None else at.isoformat(timespec="milliseconds")
+
+
+def tags_line(record: RunRecord) -> str:
+    """The run's tags (given at its start, and set by its steps), ``key=value`` by key."""
+    tags = record.columns.tags
+    shown = "  ".join(f"{key}={value}" for key, value in sorted(tags.items()))
+    return f"tags       {printable(shown) if tags else '-'}"
 
 
 def input_line(record: RunRecord) -> str:

@@ -18,7 +18,13 @@ from processor.cli.common import (
     json_argument,
 )
 from processor.cli.grammar import emit, print_json
-from processor.cli.run_text import input_line, output_lines, print_attempts_and_signals, printable
+from processor.cli.run_text import (
+    input_line,
+    output_lines,
+    print_attempts_and_signals,
+    printable,
+    tags_line,
+)
 from processor.cli.search import add_search_commands
 from processor.client import (
     RunNotFinished,
@@ -123,6 +129,7 @@ def cmd_inspect(settings: Settings, args: argparse.Namespace) -> int:
     if columns.start_at is not None:
         print(f"starts at  {columns.start_at}")
     print(f"next wake  {columns.next_wakeup_at or '-'}")
+    print(tags_line(record))
     print(input_line(record))
     print(f"output     {output_text(result)}")
     print("nodes:")

@@ -57,7 +57,7 @@ def add_filter_arguments(p: argparse.ArgumentParser) -> None:
         "--tag",
         action="append",
         metavar="KEY=VALUE",
-        help="only runs started with this tag (repeat: all of them)",
+        help="only runs with this tag, given at their start or set by a step (repeat: all of them)",
     )
     p.add_argument(
         "--step-failed",

@@ -14,7 +14,7 @@ import psycopg
 from processor.authoring import duration_ms
 from processor.client.common import connection
 from processor.client.errors import InvalidArgument, RunNotFinished, RunNotFound
-from processor.core.run_search import Cursor, RunFilter, parse_tags
+from processor.core.run_search import Cursor, RunFilter, parse_tags, tags_problem
 from processor.core.run_state import RunStatus
 from processor.core.workflow_def import ValidationError
 from processor.io.config.settings import Settings
@@ -96,11 +96,21 @@ def list_runs(
     workflow: str | None = None,
     status: RunStatus | None = None,
     limit: int = 50,
+    tags: Mapping[str, str] | None = None,
 ) -> list[RunSummary]:
-    """Up to ``limit`` runs, newest first, of ``workflow`` and in ``status`` when given."""
+    """Up to ``limit`` runs, newest first, of ``workflow`` and in ``status`` when given, and
+    with every tag of ``tags`` (``{"customer": "c-42"}``: given at the run's start or set by
+    its steps with ``ctx.tag``)."""
     if not 1 <= limit <= MAX_LIST_LIMIT:
         raise InvalidArgument(f"the limit must be between 1 and {MAX_LIST_LIMIT}, not {limit}")
-    wanted = RunFilter(workflow=workflow, statuses=() if status is None else (status,))
+    problem = None if tags is None else tags_problem(tags)
+    if problem is not None:
+        raise InvalidArgument(problem)
+    wanted = RunFilter(
+        workflow=workflow,
+        statuses=() if status is None else (status,),
+        tags=tuple(sorted((tags or {}).items())),
+    )
     return search_runs(settings, wanted, limit).runs
 
 

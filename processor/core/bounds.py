@@ -47,6 +47,16 @@ MAX_JSON_BYTES = 1024 * 1024
 # recorded beat, so kept far smaller than a stored value: progress, a cursor, not data.
 MAX_HEARTBEAT_BYTES = 64 * 1024
 MIN_INTEGER, MAX_INTEGER = -(2**63), 2**64 - 1
+# Tags, what runs are found by (`ductor runs list --tag KEY=VALUE`), so small and flat: a run
+# is given at most MAX_TAGS at its start, and its steps set at most MAX_STEP_TAGS keys more
+# (``ctx.tag``: a key set again keeps its place; the database holds the count too, in
+# schemas/migrations/0045_run_tags.sql). A key is 1 to 64 letters, digits, '_', '.', ':', '/'
+# or '-', starting with a letter or digit; a value a string of at most MAX_TAG_VALUE
+# characters (core/run_search.tags_problem says which tags are refused, and why).
+MAX_TAGS = 20
+MAX_STEP_TAGS = 16
+MAX_TAG_VALUE = 200
+TAG_KEY = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:/-]{0,63}")
 
 # A path longer than this many steps is shown by its first and last steps.
 _PATH_HEAD, _PATH_TAIL = 8, 4

@@ -9,18 +9,27 @@ from __future__ import annotations
 
 import base64
 import binascii
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
 import orjson
 
+from processor.core.bounds import MAX_STEP_TAGS, MAX_TAG_VALUE, MAX_TAGS, TAG_KEY
 from processor.core.run_state import RunStatus
 
-MAX_TAGS = 20
-MAX_TAG_VALUE = 200
-TAG_KEY = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:/-]{0,63}")
+__all__ = [
+    "MAX_STEP_TAGS",
+    "MAX_TAGS",
+    "MAX_TAG_VALUE",
+    "TAG_KEY",
+    "Cursor",
+    "RunFilter",
+    "parse_tag",
+    "parse_tags",
+    "step_tag_problem",
+    "tags_problem",
+]
 
 
 def tags_problem(tags: Any) -> str | None:
@@ -39,7 +48,34 @@ def tags_problem(tags: Any) -> str | None:
             )
         if not isinstance(value, str) or len(value) > MAX_TAG_VALUE or "\x00" in value:
             return f"tag {key!r}: its value is a string of at most {MAX_TAG_VALUE} characters"
+        if not value.isascii() and not _is_unicode(value):
+            return f"tag {key!r}: its value holds a lone surrogate: it is not Unicode text"
     return None
+
+
+def step_tag_problem(key: Any, value: Any, kept: Mapping[str, str]) -> str | None:
+    """Why a step may not set tag ``key`` = ``value`` on its run (``ctx.tag``), having set
+    ``kept`` already in this attempt, or None: a tag as ``tags_problem`` takes it, and at
+    most MAX_STEP_TAGS keys (setting a key again replaces its value and takes no room)."""
+    if not isinstance(key, str):
+        return f"a tag's name is a string, not {type(key).__name__}"
+    problem = tags_problem({key: value})
+    if problem is not None:
+        return problem
+    if key not in kept and len(kept) >= MAX_STEP_TAGS:
+        return (
+            f"a run keeps at most {MAX_STEP_TAGS} tags set by its steps: this attempt set"
+            f" {len(kept)} already ({', '.join(sorted(kept))}), so not {key!r} too"
+        )
+    return None
+
+
+def _is_unicode(text: str) -> bool:
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def parse_tag(text: str) -> tuple[str, str]:

@@ -163,7 +163,8 @@ OPERATIONS: tuple[Operation, ...] = (
                 "tag",
                 "query",
                 {"type": "array", "items": {"type": "string"}},
-                "KEY=VALUE: only runs started with this tag (repeat: all of them)",
+                "KEY=VALUE: only runs with this tag, given at start or set by a step (repeat:"
+                " all of them)",
             ),
             Param("step_failed", "query", {"type": "string"}, "only runs where this step failed"),
             Param(

@@ -305,10 +305,15 @@ class WorkerDatabase:
                 )
                 self.dropped += 1
                 return False
-            # The attempt fails, saying why (a bare failure: this recursion ends here).
+            # The attempt fails, saying why (a bare failure: this recursion ends here). A
+            # check the database made is final: the same result would be refused again (the
+            # run's tags set by steps are at their bound: schemas/migrations/0045_run_tags.sql).
             why = f"the step's result could not be stored: {describe(exc)}"
+            final = isinstance(exc, psycopg.errors.CheckViolation)
             return self._record_one(
-                result._replace(outcome=AttemptResult.failed(why), details=None)
+                result._replace(
+                    outcome=AttemptResult.failed(why, retryable=not final), details=None, tags=()
+                )
             )
         if gone is STOPPED:
             return STOPPED

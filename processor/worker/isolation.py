@@ -4,11 +4,11 @@ own, so a step can be killed and a crash takes down only its child.
 A child is started (spawn: a fresh interpreter that imports the steps module, never a fork of
 the worker's threads and connections) the first time its slot needs it and serves one step at
 a time through a pipe. The slot's thread in the worker waits for the answer, passing heartbeats
-on to the worker and a cancellation on to the child. A step that outlives its deadline (and
-grace) is abandoned and its child killed at once, so nothing is left running; a child that
-dies under its step (a native crash, ``os._exit``, the OOM killer) fails the attempt with how
-it died, and the slot starts a fresh child for the next task. The worker's own process never
-runs users' code.
+and the tags the step sets on to the worker and a cancellation on to the child. A step that
+outlives its deadline (and grace) is abandoned and its child killed at once, so nothing is left
+running; a child that dies under its step (a native crash, ``os._exit``, the OOM killer) fails
+the attempt with how it died, and the slot starts a fresh child for the next task. The worker's
+own process never runs users' code.
 
 What it costs: a task's data and result cross the pipe (pickled) and two threads on each side,
 a millisecond or two per task on the 2-core dev machine (no-op steps: 0.56 times the runs per
@@ -185,6 +185,8 @@ class _Slot:
                 return self._died("")
             if message[0] == "beat":
                 task.handle.heartbeat(message[1])
+            elif message[0] == "tag":  # (sent before its step's "done")
+                task.handle.tag(message[1], message[2])
             elif message[0] == "done":
                 return AttemptResult(*message[1])
 
@@ -248,7 +250,7 @@ def _await_ready(child: BaseProcess, conn: Connection) -> None:
 
 
 class _ChildHandle(StepHandle):
-    """The step's side in the child: heartbeats go to the worker through the pipe."""
+    """The step's side in the child: heartbeats and tags go to the worker through the pipe."""
 
     __slots__ = ("_conn", "_lock")
 
@@ -263,6 +265,11 @@ class _ChildHandle(StepHandle):
         super().heartbeat(details)
         with self._lock, contextlib.suppress(OSError, ValueError):
             self._conn.send(("beat", details))
+
+    def tag(self, key: str, value: str) -> None:
+        super().tag(key, value)
+        with self._lock, contextlib.suppress(OSError, ValueError):
+            self._conn.send(("tag", key, value))
 
 
 def child_main(conn: Connection, app: str | None) -> None:

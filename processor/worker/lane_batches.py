@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from processor.core.model import StepOutcome
 from processor.io.postgres.step_data import StepResultRow
 from processor.worker.messages import (
     CheckCurrent,
@@ -63,4 +64,5 @@ def result_row(result: ToRecord) -> StepResultRow:
         result.details,
         outcome.error_type,
         outcome.traceback,
+        dict(result.tags) if result.tags and outcome.outcome is StepOutcome.SUCCEEDED else None,
     )

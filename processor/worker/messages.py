@@ -24,13 +24,15 @@ from processor.worker.tasks import Task
 
 class ToRecord(NamedTuple):
     """A result to record: the task, its outcome, whether the execution that gave it ended
-    with it (False: it was given up while it still runs, or none ran), and the details of its
-    last heartbeat not recorded yet (JSON text)."""
+    with it (False: it was given up while it still runs, or none ran), the details of its
+    last heartbeat not recorded yet (JSON text), and the tags its step set on its run (a
+    success's only: written with the result, in its statement)."""
 
     task: Task
     outcome: AttemptResult
     ended: bool = False
     details: str | None = None
+    tags: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(frozen=True)

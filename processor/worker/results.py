@@ -11,6 +11,7 @@ from typing import Any
 
 from processor.core.backoff import MAX_RETRY_S
 from processor.core.envelope import Wakeup
+from processor.core.model import StepOutcome
 from processor.core.routing import TopicNames
 from processor.core.shapes import TopicPartition
 from processor.io.kafka.clients import choose_partition
@@ -62,7 +63,9 @@ class Results:
         ended with it (else it still runs, given up, or none ran; its runner reports its end
         when it comes)."""
         self._book.move(task, State.RECORDING)
-        self._to_record.append(ToRecord(task, outcome, ended, new_details(task)))
+        self._to_record.append(
+            ToRecord(task, outcome, ended, new_details(task), kept_tags(task, outcome))
+        )
 
     def report(self, report: Report) -> None:
         self._reports.append(report)
@@ -148,6 +151,15 @@ def new_details(task: Task) -> str | None:
         return None
     task.details_reported = details
     return details
+
+
+def kept_tags(task: Task, outcome: AttemptResult) -> tuple[tuple[str, str], ...]:
+    """The tags the task's step set on its run, recorded with its result if it succeeded
+    (then its function has returned: no step writes them any more); a failed attempt's are
+    dropped, so a run's tags come from the attempts that count, as its outputs do."""
+    if outcome.outcome is not StepOutcome.SUCCEEDED or not task.handle.tags:
+        return ()
+    return tuple(task.handle.tags.items())
 
 
 def ids(task: Task) -> dict[str, Any]:

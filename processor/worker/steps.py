@@ -3,10 +3,10 @@ attempt.
 
 Register your own with ``@registry.step("my_type")``: a plain function or an ``async def``
 one. It receives a ``StepContext`` (which attempt of which step, by when, the run's input and
-the outputs of the step's dependencies, ``heartbeat()`` and ``cancelled``) and returns a
-JSON-serialisable output. Raising fails the attempt: ``StepFailed`` (or any exception) leaves
-the next attempt to the step's retry policy, ``NonRetryable`` fails the step at once. See
-docs/operations/steps.md#writing-step-functions.
+the outputs of the step's dependencies, ``heartbeat()``, ``tag()`` and ``cancelled``) and
+returns a JSON-serialisable output. Raising fails the attempt: ``StepFailed`` (or any
+exception) leaves the next attempt to the step's retry policy, ``NonRetryable`` fails the step
+at once. See docs/operations/steps.md#writing-step-functions.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ import orjson
 from processor.core.bounds import MAX_HEARTBEAT_BYTES, MAX_JSON_BYTES, json_problem
 from processor.core.failures import bounded_error, bounded_traceback, first_user_frame
 from processor.core.model import StepOutcome
+from processor.core.run_search import step_tag_problem
 from processor.core.step_task import NO_DEPS, StepData, StepTask
 
 # The largest output a step may return (its encoded JSON): the bound of every stored value
@@ -52,12 +53,21 @@ class RegistrationError(ValueError):
 
 class StepHandle:
     """The live side of one attempt, shared by its step function and the worker: heartbeats
-    go one way (with the details of the last one, JSON text), cancellation the other. Plain
-    attribute writes (atomic under the GIL): a heartbeat costs a clock read, ``cancelled`` a
+    go one way (with the details of the last one, JSON text), and the tags the step set on its
+    run (recorded with its result if it succeeds), cancellation the other. Plain attribute
+    writes (atomic under the GIL): a heartbeat costs a clock read, ``cancelled`` a
     comparison. ``deadline_ms`` is set when the step starts (its start plus its timeout);
     ``last_details``: what an earlier execution of the step said with its last heartbeat."""
 
-    __slots__ = ("_cancelled", "beat_at", "beats", "deadline_ms", "details", "last_details")
+    __slots__ = (
+        "_cancelled",
+        "beat_at",
+        "beats",
+        "deadline_ms",
+        "details",
+        "last_details",
+        "tags",
+    )
 
     def __init__(self, deadline_ms: int, last_details: Any = None) -> None:
         self.deadline_ms = deadline_ms
@@ -66,12 +76,18 @@ class StepHandle:
         self.details: str | None = None
         self.last_details = last_details
         self._cancelled = False
+        self.tags: dict[str, str] = {}
 
     def heartbeat(self, details: str | None = None) -> None:
         if details is not None:
             self.details = details
         self.beat_at = time.monotonic()
         self.beats += 1
+
+    def tag(self, key: str, value: str) -> None:
+        """Keep tag ``key`` = ``value`` for the attempt's result (checked by the caller:
+        StepContext.tag); a key set again takes its latest value."""
+        self.tags[key] = value
 
     def cancel(self) -> None:
         self._cancelled = True
@@ -121,6 +137,26 @@ class StepContext:
             encoded = orjson.dumps(details).decode()
         if self._handle is not None:
             self._handle.heartbeat(encoded)
+
+    def tag(self, key: str, value: str) -> None:
+        """Tag the run with ``key`` = ``value``: `ductor runs list --tag key=value`, the
+        client's ``list_runs(tags=...)`` and the web page find it by its tags, and `ductor
+        inspect` shows them. The tags are recorded with this attempt's result, in the same
+        statement, if it succeeds; a failed, timed-out or given-up attempt records none
+        (its retry sets them again). A key set again, by this step or a later one (or given
+        at the run's start), takes the latest value recorded. Bounded (core/bounds.py): a key
+        is 1 to 64 letters, digits, '_', '.', ':', '/' or '-', starting with a letter or
+        digit; a value a string of at most 200 characters; a run keeps at most 16 keys set
+        by its steps. Raises ValueError beyond the bounds (the attempt fails, as for any
+        exception); a result whose tags would take the run past 16 keys set by its steps
+        (other steps set the others) is refused when it is recorded, and the step fails,
+        finally, saying so."""
+        kept = self._handle.tags if self._handle is not None else {}
+        problem = step_tag_problem(key, value, kept)
+        if problem is not None:
+            raise ValueError(problem)
+        if self._handle is not None:
+            self._handle.tag(key, value)
 
     def input_as(self, kind: type[InputT]) -> InputT:
         """The run's input as ``kind``: a pydantic model (its ``model_validate``), a dataclass

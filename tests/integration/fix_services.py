@@ -85,7 +85,8 @@ def pg(base_settings: Settings) -> Iterator[psycopg.Connection[Any]]:
         conn.execute(
             "TRUNCATE eec_workflow_run, eec_step_result, eec_outbox, eec_step_attempt,"
             " eec_kept_signal, eec_trigger, eec_limit, eec_limit_hold, eec_limit_wait,"
-            " eec_limit_rate, eec_map_item, eec_schedule, eec_run_rewake, eec_run_quarantine"
+            " eec_limit_rate, eec_map_item, eec_schedule, eec_run_rewake, eec_run_quarantine,"
+            " eec_run_tag"
             " CASCADE"
         )
         # The sample is every test's workflow: registered here, not by whichever test ran

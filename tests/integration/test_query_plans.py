@@ -159,10 +159,15 @@ def test_the_workers_statements_reach_their_rows_by_key(
     rows = [
         step_data.StepResultRow(r, "s1", 1, StepOutcome.SUCCEEDED, {}, None, True) for r in some
     ]
+    tagged = [row._replace(tags={"customer": "c-42"}) for row in rows]
     statements = (
         (step_attempts._CLAIM_SQL, claim),
         (step_attempts._CLAIM_SQL, {**claim, "reruns": True}),
         (step_data._INSERT_RESULTS_SQL, {"results": step_data.results_param(rows), "me": "w"}),
+        (
+            step_data._INSERT_TAGGED_RESULTS_SQL,
+            {"results": step_data.results_param(tagged), "me": "w"},
+        ),
         (step_attempts._NOT_CURRENT_SQL, (step_attempts.attempts_param([t.key for t in tasks]),)),
     )
     with connections.connect_durable(base_settings.pg_dsn) as worker:  # as the worker's own

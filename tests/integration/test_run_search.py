@@ -257,13 +257,15 @@ FILTERS: dict[str, tuple[RunFilter, str]] = {
     "window": (RunFilter(since_ms=0, until_ms=1), "eec_workflow_run_ended_created_idx"),
     "id prefix": (RunFilter(id_prefix="plan-rare"), "eec_workflow_run_pkey"),
     "tags": (RunFilter(tags=(("customer", "c-7"),)), "eec_workflow_run_ended_tags_idx"),
+    "tags set by steps": (RunFilter(tags=(("order", "o-7"),)), "eec_run_tag_lookup_idx"),
     "failed step": (RunFilter(step_failed="b"), "eec_step_result_failed_idx"),
 }
 
 
 def _fill(pg: psycopg.Connection[Any]) -> None:
-    """RUNS ended runs spread over a month (a few failed, a few tagged), one live run, a
-    step result per run (and a failed one per failed run); statistics up to date."""
+    """RUNS ended runs spread over a month (a few failed, a few tagged at start, a few by
+    their steps), one live run, a step result per run (and a failed one per failed run);
+    statistics up to date."""
     wf = sample_workflow()
     ids = [f"plan-{i}" for i in range(RUNS)]
     for start in range(0, RUNS, 2000):
@@ -282,7 +284,12 @@ def _fill(pg: psycopg.Connection[Any]) -> None:
         "INSERT INTO eec_step_result (run_id, node_id, attempt, outcome, output)"
         " SELECT run_id, 'a', 1, 'succeeded', '{}' FROM eec_workflow_run"
     )
-    for table in ("eec_workflow_run", "eec_step_result"):
+    pg.execute(
+        "INSERT INTO eec_run_tag (run_id, key, value)"
+        " SELECT run_id, 'order', CASE WHEN random() < 0.02 THEN 'o-7' ELSE 'o-' || run_id END"
+        " FROM eec_workflow_run"
+    )
+    for table in ("eec_workflow_run", "eec_step_result", "eec_run_tag"):
         pg.execute(f"VACUUM ANALYZE {table}")
 
 

@@ -24,8 +24,11 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from infra.local import Postgres
 from infra.local import Settings as InfraSettings
 from processor.client import get_run
+from processor.core.model import StepOutcome
 from processor.core.workflow import parse_workflow
 from processor.io.config.settings import Settings
+from processor.io.postgres.runs_admin import insert_runs
+from processor.io.postgres.step_data import StepResultRow, insert_step_results
 from processor.io.postgres.worker_registry import servers
 from processor.io.postgres.workflows import register_workflow
 from processor.io.shipped.files import migrations
@@ -33,6 +36,7 @@ from processor.io.shipped.files import migrations
 from .children import Spawned, child_env, run_ductor
 from .instances import ProcessorThread, WorkerThread
 from .runs import count_terminal, run_statuses
+from .samples import sample_workflow
 from .waiting import wait_for
 
 pytestmark = pytest.mark.integration
@@ -189,6 +193,27 @@ def test_the_worker_role_may_not_touch_what_is_not_a_workers(worker_login: str) 
             except psycopg.errors.InsufficientPrivilege:
                 pass
     assert allowed == []
+
+
+def test_the_worker_role_records_the_tags_steps_set_within_their_bound(
+    pg: psycopg.Connection[Any], worker_login: str
+) -> None:
+    """As the worker role: a success's tags are written with it, a later value replaces one,
+    and the bound's trigger (which counts a run's tags) refuses a run's 17th key."""
+    run_id = f"role-tags-{uuid.uuid4().hex[:6]}"
+    insert_runs(pg, sample_workflow(), [(run_id, {})], "t1")
+
+    def result(node: str, tags: dict[str, str]) -> StepResultRow:
+        return StepResultRow(run_id, node, 1, StepOutcome.SUCCEEDED, {}, None, tags=tags)
+
+    sixteen = {f"k{i:02}": "v" for i in range(16)}
+    with psycopg.connect(worker_login, autocommit=True) as conn:
+        insert_step_results(conn, [result("a", sixteen)], "w")
+        insert_step_results(conn, [result("b", {"k00": "again"})], "w")
+        with pytest.raises(psycopg.errors.CheckViolation, match="at most 16 tags"):
+            insert_step_results(conn, [result("c", {"k16": "x"})], "w")
+    kept = dict(pg.execute("SELECT key, value FROM eec_run_tag WHERE run_id = %s", (run_id,)))
+    assert kept == {**sixteen, "k00": "again"}
 
 
 def test_without_createrole_the_migration_applies_and_says_what_to_run(

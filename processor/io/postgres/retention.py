@@ -1,5 +1,6 @@
 """Retention: deleting finished runs, with their step results, signals, step attempts, map
-items, outbox rows and the marks kept beside them (re-wakes, quarantine flags).
+items, the tags their steps set, outbox rows and the marks kept beside them (re-wakes,
+quarantine flags).
 
 A run is finished when its status is terminal (succeeded, failed, cancelled); terminal statuses
 are absorbing, so a run chosen here can never come back to life, and a live run is never
@@ -46,6 +47,8 @@ _DELETE_BATCH = sql.SQL(
         DELETE FROM eec_run_quarantine c USING doomed d WHERE c.run_id = d.run_id
     ), map_items AS (
         DELETE FROM eec_map_item c USING doomed d WHERE c.run_id = d.run_id
+    ), tags AS (
+        DELETE FROM eec_run_tag c USING doomed d WHERE c.run_id = d.run_id
     ), runs AS (
         DELETE FROM eec_workflow_run r USING doomed d WHERE r.run_id = d.run_id RETURNING 1
     )

@@ -96,7 +96,8 @@ def count_outbox_with_prefix(conn: psycopg.Connection[Any], prefix: str) -> int:
 
 def delete_runs_with_prefix(conn: psycopg.Connection[Any], prefix: str) -> int:
     """Delete the runs whose id starts with ``prefix`` (their signals go with them by
-    cascade, their results, outbox rows, step attempts, map items, kept signals and marks
+    cascade, their results, outbox rows, step attempts, map items, tags set by steps, kept
+    signals and marks
     explicitly); returns how many were deleted."""
     pattern = like_prefix(prefix)
     conn.execute("DELETE FROM eec_kept_signal WHERE run_id LIKE %s", (pattern,))
@@ -106,6 +107,7 @@ def delete_runs_with_prefix(conn: psycopg.Connection[Any], prefix: str) -> int:
     conn.execute("DELETE FROM eec_outbox WHERE run_id LIKE %s", (pattern,))
     conn.execute("DELETE FROM eec_step_attempt WHERE run_id LIKE %s", (pattern,))
     conn.execute("DELETE FROM eec_map_item WHERE run_id LIKE %s", (pattern,))
+    conn.execute("DELETE FROM eec_run_tag WHERE run_id LIKE %s", (pattern,))
     cur = conn.execute("DELETE FROM eec_workflow_run WHERE run_id LIKE %s", (pattern,))
     return cur.rowcount
 

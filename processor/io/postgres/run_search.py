@@ -10,7 +10,6 @@ from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any, NamedTuple
 
-import orjson
 import psycopg
 
 from processor.core.run_search import Cursor, RunFilter
@@ -18,6 +17,7 @@ from processor.core.run_state import RunStatus
 from processor.core.shown import SHOWN_CHARS, Shown, shown
 from processor.io.postgres.run_counts import like_prefix
 from processor.io.postgres.run_marks import flag_column
+from processor.io.postgres.run_tags import merged_tags, tags_condition
 from processor.io.postgres.runs_admin import RunSummary
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
@@ -25,7 +25,8 @@ _MICROSECOND = timedelta(microseconds=1)
 
 _COLUMNS = (
     "r.run_id, r.workflow_name, r.workflow_version, r.status, r.last_transition_at,"
-    f" r.failure_reason, {flag_column('r', 'reason')} AS quarantine_reason, r.created_at, r.tags"
+    f" r.failure_reason, {flag_column('r', 'reason')} AS quarantine_reason, r.created_at,"
+    f" {merged_tags('r')} AS tags"
 )
 
 
@@ -68,9 +69,10 @@ def conditions(wanted: RunFilter, after: Cursor | None = None) -> tuple[list[str
         found.append("r.run_id LIKE %(id_prefix)s")
         params["id_prefix"] = like_prefix(wanted.id_prefix)
     if wanted.tags:
-        # The second condition lets the planner use the tags' partial index.
-        found.append("r.tags @> %(tags)s::jsonb AND r.tags <> '{}'::jsonb")
-        params["tags"] = orjson.dumps(dict(wanted.tags)).decode()
+        # Those given at start or set by steps (io/postgres/run_tags.py).
+        condition, tag_params = tags_condition("r", wanted.tags)
+        found.append(condition)
+        params.update(tag_params)
     if wanted.step_failed is not None:
         # The step itself, or the items of a map step (named step[0], step[1], ...).
         found.append(

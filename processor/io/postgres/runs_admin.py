@@ -22,6 +22,7 @@ from processor.core.shapes import WorkflowKey
 from processor.core.workflow_def import WorkflowDef
 from processor.io.postgres.kept_signals import take_kept_signals
 from processor.io.postgres.run_marks import flag_column
+from processor.io.postgres.run_tags import merged_tags
 
 
 @dataclass(frozen=True)
@@ -39,6 +40,7 @@ class RunColumns:
     quarantined_at: datetime | None
     quarantine_reason: str | None
     start_at: datetime | None = None  # started for later: not before then
+    # Given at its start, with those its steps set (io/postgres/run_tags.py).
     tags: Mapping[str, str] = field(default_factory=dict)
 
 
@@ -68,7 +70,7 @@ class RunSummary:
     failure_reason: str | None
     quarantine_reason: str | None  # None unless the run is quarantined
     created_at: datetime | None = None
-    tags: Mapping[str, str] = field(default_factory=dict)
+    tags: Mapping[str, str] = field(default_factory=dict)  # with those set by its steps
 
 
 @dataclass(frozen=True)
@@ -213,7 +215,7 @@ def run_columns(conn: psycopg.Connection[Any], run_id: str) -> RunColumns | None
         "SELECT r.db_record_version, r.next_wakeup_at, r.created_at, r.updated_at,"
         "       r.failure_reason, r.workflow_name, r.workflow_version, r.status, r.tier,"
         f"      {flag_column('r', 'quarantined_at')}, {flag_column('r', 'reason')},"
-        "       r.start_at, r.tags"
+        f"       r.start_at, {merged_tags('r')}"
         " FROM eec_workflow_run r WHERE r.run_id = %s",
         (run_id,),
     ).fetchone()

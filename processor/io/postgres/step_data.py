@@ -11,7 +11,7 @@ stays succeeded, so the attempt read is the one the coordinator applied).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
 import orjson
@@ -117,6 +117,8 @@ class StepResultRow(NamedTuple):
     # core/failures.py); None for the other results.
     error_type: str | None = None
     traceback: str | None = None
+    # The tags a success's step set on its run (``ctx.tag``), written with it (None: none).
+    tags: Mapping[str, str] | None = None
 
 
 # A result is recorded only while its run exists, read without a lock: the results table has
@@ -124,13 +126,13 @@ class StepResultRow(NamedTuple):
 # so an insert never locks, or waits for, the run's row, whoever holds it (a commit, an
 # operator's `SELECT ... FOR UPDATE`). The statement returns the results it left out because
 # their run no longer exists. A redelivered result conflicts on the key and changes nothing.
-_INSERT_RESULTS_SQL = """
+_INSERT_RESULTS_SQL_TEMPLATE = """
 WITH r AS MATERIALIZED (
     SELECT r.*, EXISTS (SELECT 1 FROM eec_workflow_run w WHERE w.run_id = r.run_id) AS known
       FROM jsonb_to_recordset(%(results)s::jsonb)
         AS r(i int, run_id text, node_id text, attempt int, outcome text, output jsonb,
              error text, retryable boolean, ended boolean, details jsonb, error_type text,
-             traceback text)
+             traceback text, tags jsonb)
 ), inserted AS (
     INSERT INTO eec_step_result (run_id, node_id, attempt, outcome, output, error, retryable,
                                  error_type, traceback)
@@ -139,7 +141,7 @@ WITH r AS MATERIALIZED (
       FROM r
      WHERE r.known
      ORDER BY r.run_id, r.node_id, r.attempt
-        ON CONFLICT DO NOTHING
+        ON CONFLICT DO NOTHING{returning}
 ), ends AS (
     -- The end of the execution that gave each result, on its worker's claim, with the last
     -- details it beat with: a lookup per result (LIMIT 1: joined, a plan read the whole
@@ -158,9 +160,33 @@ WITH r AS MATERIALIZED (
            beat_details = coalesce(e.details, a.beat_details)
       FROM ends e
      WHERE a.ctid = e.row_id
-)
+){tagged}
 SELECT r.i FROM r WHERE NOT r.known
 """
+
+# The tags the steps of successes set on their runs (``ctx.tag``), written by the statement
+# that records the results, for the results it inserted only: a redelivered result, already
+# recorded, writes none again. A later value of a key replaces the earlier one (within the
+# statement, the result given last); the rows are written in key order, as every writer of the
+# table does, and the database refuses a run's 17th key (schemas/migrations/0045_run_tags.sql),
+# which fails the statement: the results are then recorded one by one (worker/database.py).
+_TAGGED = """, tagged AS (
+    INSERT INTO eec_run_tag (run_id, key, value, node_id)
+    SELECT DISTINCT ON (r.run_id, t.key) r.run_id, t.key, t.value, r.node_id
+      FROM r
+      JOIN inserted USING (run_id, node_id, attempt)
+     CROSS JOIN jsonb_each_text(r.tags) AS t(key, value)
+     WHERE r.tags IS NOT NULL
+     ORDER BY r.run_id, t.key, r.i DESC
+        ON CONFLICT (run_id, key) DO UPDATE
+       SET value = EXCLUDED.value, node_id = EXCLUDED.node_id, set_at = now()
+     WHERE eec_run_tag.value IS DISTINCT FROM EXCLUDED.value
+)"""
+# Without tags, results are recorded by the statement they always were (the hot path).
+_INSERT_RESULTS_SQL = _INSERT_RESULTS_SQL_TEMPLATE.format(returning="", tagged="")
+_INSERT_TAGGED_RESULTS_SQL = _INSERT_RESULTS_SQL_TEMPLATE.format(
+    returning=" RETURNING run_id, node_id, attempt", tagged=_TAGGED
+)
 
 
 def insert_step_results(
@@ -175,7 +201,9 @@ def insert_step_results(
     statement, and nothing of it is written: the caller then records the results one by
     one, to learn which."""
     params = {"results": results_param(results), "me": worker_id}
-    return [row[0] for row in conn.execute(_INSERT_RESULTS_SQL, params)]
+    tagged = any(r.tags for r in results)
+    sql = _INSERT_TAGGED_RESULTS_SQL if tagged else _INSERT_RESULTS_SQL
+    return [row[0] for row in conn.execute(sql, params)]
 
 
 def results_param(results: Sequence[StepResultRow]) -> str:
@@ -187,6 +215,9 @@ def results_param(results: Sequence[StepResultRow]) -> str:
         | ({} if details is None else {"details": orjson.Fragment(details)})
         | ({} if kind is None else {"error_type": kind})
         | ({} if trace is None else {"traceback": trace})
-        for i, (r, n, a, o, out, e, retryable, ended, details, kind, trace) in enumerate(results)
+        | ({"tags": dict(tags)} if tags else {})
+        for i, (r, n, a, o, out, e, retryable, ended, details, kind, trace, tags) in enumerate(
+            results
+        )
     ]
     return orjson.dumps(rows).decode()
