@@ -103,8 +103,9 @@ BEGIN
           UPDATE (heartbeat_at, stopped_at, started_through, partitions)
         ON eec_instance TO ductor_worker;
     -- The tags the steps of successes set on their runs, written with the results
-    -- (io/postgres/step_data.py); the bound's trigger counts a run's keys.
-    GRANT SELECT (run_id, key, value),
+    -- (io/postgres/step_data.py); the bound's trigger counts a run's keys. (node_id is read
+    -- too: an upsert's SET reads EXCLUDED.node_id, which takes SELECT on the column.)
+    GRANT SELECT (run_id, key, value, node_id),
           INSERT (run_id, key, value, node_id),
           UPDATE (value, node_id, set_at)
         ON eec_run_tag TO ductor_worker;
