@@ -32,7 +32,7 @@ from processor.core.durations import Duration, duration_ms, optional_ms
 from processor.core.limit_defs import ConcurrencyLimit, StepRateLimit
 from processor.core.routing import DEFAULT_QUEUE
 from processor.core.run_input import schema_of
-from processor.core.step_parse import concurrency_key, parse_step
+from processor.core.step_parse import concurrency_key, decides, parse_step
 from processor.core.workflow import parse_workflow, step_to_json
 from processor.core.workflow_def import (
     MAP,
@@ -180,6 +180,8 @@ class Workflow:
         rate_limit: RateLimit | None = None,
         schedule_to_start: Duration | None = None,
         schedule_to_close: Duration | None = None,
+        when: str | None = None,
+        run_if: str | None = None,
     ) -> Callable[[StepFunction], StepFunction]: ...
 
     def step(
@@ -198,12 +200,16 @@ class Workflow:
         rate_limit: RateLimit | None = None,
         schedule_to_start: Duration | None = None,
         schedule_to_close: Duration | None = None,
+        when: str | None = None,
+        run_if: str | None = None,
     ) -> StepFunction | Callable[[StepFunction], StepFunction]:
         """Add a step run by the decorated function (plain or ``async def``): named after
         the function unless ``name`` says otherwise, of type ``type`` (the function's name by
         default), after the steps in ``after`` (their functions or names), with its deadline
         (``timeout``), retry policy, queue, heartbeat timeout and limits (``concurrency``,
-        ``rate_limit``: docs/usage.md#limits). Usable bare (``@wf.step``)
+        ``rate_limit``: docs/usage.md#limits). ``when``: the condition it runs on (false:
+        skipped), ``run_if="all_done"``: it runs even when the steps it follows were all
+        skipped (docs/usage.md#conditions-and-skips). Usable bare (``@wf.step``)
         or with options. The function is returned unchanged."""
         after = tuple(after)
 
@@ -221,6 +227,8 @@ class Workflow:
                 schedule_to_start_ms=optional_ms(schedule_to_start, f"{where}: schedule_to_start"),
                 schedule_to_close_ms=optional_ms(schedule_to_close, f"{where}: schedule_to_close"),
             )
+            if when is not None or run_if is not None:
+                step = decides(step, when, run_if, where)
             registered = self.registry.step(step.step_type)(function)
             self._steps.append(_Declared(step, retry, concurrency, rate_limit))
             self._names[id(function)] = step.name
@@ -245,6 +253,8 @@ class Workflow:
         rate_limit: RateLimit | None = None,
         schedule_to_start: Duration | None = None,
         schedule_to_close: Duration | None = None,
+        when: str | None = None,
+        run_if: str | None = None,
     ) -> Callable[[StepFunction], StepFunction]:
         """Add a map step run by the decorated function once per item of a list: the run's
         input, or the output of ``items_from`` (a dependency: its function or name, which is
@@ -267,6 +277,8 @@ class Workflow:
             rate_limit=rate_limit,
             schedule_to_start=schedule_to_start,
             schedule_to_close=schedule_to_close,
+            when=when,
+            run_if=run_if,
         )
 
         def add(function: StepFunction) -> StepFunction:
@@ -294,6 +306,8 @@ class Workflow:
         retry: Retry | None = None,
         on_timeout: str = ON_TIMEOUT_FAIL,
         default: Any = None,
+        when: str | None = None,
+        run_if: str | None = None,
     ) -> str:
         """Add a step that waits for the first signal named ``signal`` sent to the run
         (`ductor signal RUN NAME --payload JSON`): its output is the signal's payload. After
@@ -301,6 +315,7 @@ class Workflow:
         then the step fails, or (``on_timeout="continue"``) succeeds with ``default`` as its
         output. Returns its name, for ``after=`` of the steps after it."""
         raw = {"kind": WAIT, "signal": signal, "on_timeout": on_timeout, "default": default}
+        raw |= {"when": when, "run_if": run_if}
         step = self._parsed(name, after, raw, timeout_ms=duration_ms(timeout, "timeout"))
         self._steps.append(_Declared(step, retry or Retry(max_attempts=1)))
         return name
@@ -312,13 +327,15 @@ class Workflow:
         duration: Duration | None = None,
         until: str | None = None,
         after: Iterable[Dependency] = (),
+        when: str | None = None,
+        run_if: str | None = None,
     ) -> str:
         """Add a step that sleeps, durably and on no worker: for ``duration`` from its start,
         or until the time ``until`` finds in the run (``"$.input.remind_at"``, or
         ``"$.steps.<step>.output.<field>"`` of one of ``after``): an ISO-8601 time with a
         zone, or epoch milliseconds. Its output: ``{"slept_until_ms": <that time>}``."""
         ms = None if duration is None else duration_ms(duration, f"{name}: duration")
-        raw = {"kind": "sleep", "duration_ms": ms, "until": until}
+        raw = {"kind": "sleep", "duration_ms": ms, "until": until, "when": when, "run_if": run_if}
         self._steps.append(_Declared(self._parsed(name, after, raw)))
         return name
 
@@ -341,6 +358,8 @@ class Workflow:
         after: Iterable[Dependency] = (),
         timeout: Duration = "1d",
         retry: Retry | None = None,
+        when: str | None = None,
+        run_if: str | None = None,
     ) -> str:
         """Add a step that starts a child run of ``workflow`` (its ``version``, or the latest)
         and ends as it does (its output, or its failure); the child's input is this run's, or
@@ -350,6 +369,7 @@ class Workflow:
         source = None if input_from is None else self._dependency(input_from, name)
         child = workflow.name if isinstance(workflow, Workflow) else workflow
         raw = {"kind": WORKFLOW, "workflow": child, "version": version, "input_from": source}
+        raw |= {"when": when, "run_if": run_if}
         step = self._parsed(name, after, raw, timeout_ms=duration_ms(timeout, "timeout"))
         self._steps.append(_Declared(step, retry or Retry(max_attempts=1)))
         return name

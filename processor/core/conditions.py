@@ -6,8 +6,9 @@ language has selectors, literals, comparisons and boolean operators, nothing els
     not ($.input.country in ["FR", "DE"]) or $.steps.score.output.value >= 0.5
 
 - A selector starts at ``$.input`` or ``$.steps.<step>.output`` and goes down by ``.name``
-  and ``[index]``. One that finds nothing is *missing*: every comparison with it is false,
-  and alone it is false.
+  and ``[index]`` (core/selectors.py, the grammar a sleep's ``until`` is written in too). One
+  that finds nothing is *missing*: every comparison with it is false, and alone it is false.
+  The output of a step that was skipped is missing.
 - Literals are JSON's: numbers, strings in double quotes, ``true``, ``false``, ``null``, and
   lists of them (for ``in``).
 - ``==`` and ``!=`` compare as JSON does (``1 == 1.0``; ``true`` is not ``1``); ``<``, ``<=``,
@@ -16,8 +17,11 @@ language has selectors, literals, comparisons and boolean operators, nothing els
 - ``and``, ``or``, ``not`` and parentheses; a value alone is true unless it is missing,
   ``null``, ``false``, ``0``, ``""``, ``[]`` or ``{}``.
 
+The tick never reads a run's input or outputs to evaluate one: the load reads what each of
+its selectors finds (io/postgres/selected.py, in Postgres), and ``holds`` decides from those
+values alone (``None`` when one was not read yet: the tick then waits for the next load).
 Evaluation never raises: a condition decides, it cannot fail a run. Parsing raises
-``ValidationError`` with the position of what it could not read, and bounds the text (1,000
+``BadCondition`` with the position of what it could not read, and bounds the text (1,000
 characters) and its nesting (32 levels), since definitions come from any sender.
 """
 
@@ -30,14 +34,14 @@ from typing import Any, NoReturn
 
 import orjson
 
-from processor.core.workflow_def import ValidationError
+from processor.core.selectors import BadSelector, Selected, Selector, parse_selector
 
 MAX_LENGTH = 1000
 MAX_DEPTH = 32
 
 _TOKEN = re.compile(
     r"""\s*(?:
-      (?P<path>\$(?:\.[A-Za-z_][A-Za-z0-9_-]*|\[\d{1,9}\])+)
+      (?P<path>\$(?:\.[A-Za-z0-9_-]+|\[\d{1,9}\])+)
     | (?P<number>-?(?:0|[1-9]\d*)(?:\.\d+)?(?:[eE][+-]?\d+)?)
     | (?P<string>"(?:[^"\\]|\\.)*")
     | (?P<op>==|!=|<=|>=|<|>|\(|\)|\[|\]|,)
@@ -50,6 +54,10 @@ _COMPARISONS = {"==", "!=", "<", "<=", ">", ">=", "in"}
 _CONSTANTS: dict[str, Any] = {"true": True, "false": False, "null": None}
 
 
+class BadCondition(ValueError):
+    """Text that is no condition; the message names where and the position."""
+
+
 class _Missing:
     """What a selector that finds nothing gives."""
 
@@ -59,7 +67,7 @@ MISSING = _Missing()
 
 @dataclass(frozen=True)
 class Path:
-    steps: tuple[str | int, ...]  # from the root: ("input", "a", 0) or ("steps", "x", "output")
+    selector: Selector
 
 
 @dataclass(frozen=True)
@@ -90,28 +98,39 @@ Node = Path | Literal | Compare | Not | BoolOp
 
 @dataclass(frozen=True)
 class Condition:
-    """A parsed condition, and the steps whose outputs it reads."""
+    """A parsed condition: its text as written, and the selectors it reads (each once, in
+    the order written)."""
 
     text: str
     root: Node
-    steps_read: frozenset[str]
+    selectors: tuple[Selector, ...]
 
-    def holds(self, run_input: Any, outputs: Mapping[str, Any]) -> bool:
-        """Whether it holds for the run's input and the outputs of the steps it reads (a step
-        absent from ``outputs`` has none: its selectors are missing)."""
-        return _truthy(_value(self.root, {"input": run_input, "steps": _as_steps(outputs)}))
+    @property
+    def steps_read(self) -> frozenset[str]:
+        """The steps whose outputs it reads."""
+        return frozenset(s.step for s in self.selectors if s.step is not None)
+
+    def holds(self, found: Mapping[str, Selected]) -> bool | None:
+        """Whether it holds, given what each of its selectors found (by its text); None when
+        one of them was not read (not in ``found``). Never raises."""
+        for selector in self.selectors:
+            if selector.text not in found:
+                return None
+        return _truthy(_value(self.root, found))
 
 
 def parse_condition(text: str, where: str) -> Condition:
-    """``text`` parsed, or ValidationError naming ``where`` and the position."""
+    """``text`` parsed, or BadCondition naming ``where`` and the position."""
     if not isinstance(text, str):
-        raise ValidationError(f"{where}: a condition is a string")
+        raise BadCondition(f"{where}: a condition is a string")
     if len(text) > MAX_LENGTH:
-        raise ValidationError(f"{where}: a condition is at most {MAX_LENGTH} characters")
+        raise BadCondition(f"{where}: a condition is at most {MAX_LENGTH} characters")
     parser = _Parser(text, where)
     root = parser.expression(0)
     parser.end()
-    return Condition(text, root, frozenset(_steps_read(root)))
+    selectors: dict[str, Selector] = {}
+    _collect(root, selectors)
+    return Condition(text, root, tuple(selectors.values()))
 
 
 # -- parsing ---------------------------------------------------------------------------------
@@ -172,7 +191,10 @@ class _Parser:
         token = self._next("a value, a selector or '('")
         kind, value, pos = token
         if kind == "path":
-            return Path(self._path(value, pos))
+            try:
+                return Path(parse_selector(value))
+            except BadSelector as bad:
+                self._fail(pos, str(bad))
         if kind in {"number", "string"} or value in _CONSTANTS:
             return Literal(self._literal(kind, value, pos))
         if value == "(":
@@ -234,73 +256,40 @@ class _Parser:
             at = len(self._text) if token is None else token[2]
             self._fail(at, f"expected {value!r}, found {found}")
 
-    def _path(self, text: str, pos: int) -> tuple[str | int, ...]:
-        steps: tuple[str | int, ...] = tuple(
-            name if name else int(index) for name, index in _STEP.findall(text[1:])
-        )
-        if steps[:1] == ("input",):
-            return steps
-        if (
-            len(steps) >= 3
-            and steps[0] == "steps"
-            and isinstance(steps[1], str)
-            and steps[2] == "output"
-        ):
-            return steps
-        self._fail(pos, "a selector starts at $.input or $.steps.<step>.output")
-
     def _fail(self, pos: int, why: str) -> NoReturn:
-        raise ValidationError(f"{self._where}: {why} at character {pos + 1} of the condition")
+        raise BadCondition(f"{self._where}: {why} at character {pos + 1} of the condition")
 
 
-_STEP = re.compile(r"\.([A-Za-z_][A-Za-z0-9_-]*)|\[(\d+)\]")
-
-
-def _steps_read(node: Node) -> set[str]:
+def _collect(node: Node, into: dict[str, Selector]) -> None:
+    """The selectors under ``node``, each once by its text, in the order written."""
     if isinstance(node, Path):
-        return {str(node.steps[1])} if node.steps[0] == "steps" else set()
-    if isinstance(node, Literal):
-        return set()
-    if isinstance(node, Compare):
-        return _steps_read(node.left) | _steps_read(node.right)
-    if isinstance(node, Not):
-        return _steps_read(node.operand)
-    return set().union(*(_steps_read(n) for n in node.operands))
+        into.setdefault(node.selector.text, node.selector)
+    elif isinstance(node, Compare):
+        _collect(node.left, into)
+        _collect(node.right, into)
+    elif isinstance(node, Not):
+        _collect(node.operand, into)
+    elif isinstance(node, BoolOp):
+        for operand in node.operands:
+            _collect(operand, into)
 
 
 # -- evaluation ------------------------------------------------------------------------------
 
 
-def _as_steps(outputs: Mapping[str, Any]) -> dict[str, Any]:
-    return {name: {"output": output} for name, output in outputs.items()}
-
-
-def _value(node: Node, root: Mapping[str, Any]) -> Any:
+def _value(node: Node, found: Mapping[str, Selected]) -> Any:
     if isinstance(node, Literal):
         return node.value
     if isinstance(node, Path):
-        return _select(root, node.steps)
+        selected = found[node.selector.text]
+        return selected.value if selected.found else MISSING
     if isinstance(node, Compare):
-        return _compare(node.op, _value(node.left, root), _value(node.right, root))
+        return _compare(node.op, _value(node.left, found), _value(node.right, found))
     if isinstance(node, Not):
-        return not _truthy(_value(node.operand, root))
+        return not _truthy(_value(node.operand, found))
     if node.op == "and":
-        return all(_truthy(_value(n, root)) for n in node.operands)
-    return any(_truthy(_value(n, root)) for n in node.operands)
-
-
-def _select(root: Any, steps: tuple[str | int, ...]) -> Any:
-    here = root
-    for step in steps:
-        if isinstance(step, int):
-            if not isinstance(here, list) or step >= len(here):
-                return MISSING
-            here = here[step]
-        else:
-            if not isinstance(here, dict) or step not in here:
-                return MISSING
-            here = here[step]
-    return here
+        return all(_truthy(_value(n, found)) for n in node.operands)
+    return any(_truthy(_value(n, found)) for n in node.operands)
 
 
 def _is_number(value: Any) -> bool:

@@ -12,7 +12,9 @@ from typing import NamedTuple
 from processor.core.attempts import dispatched
 from processor.core.map_steps import Maps, dispatch_items, end_maps, expand
 from processor.core.run_state import NodeState, NodeStatus
-from processor.core.sleeps import Selected, Settled, start_sleep, wake_sleeps
+from processor.core.selectors import Selected
+from processor.core.skips import ended, judge
+from processor.core.sleeps import Settled, start_sleep, wake_sleeps
 from processor.core.tick_decision import Dispatch
 from processor.core.wait_steps import signal_waits
 from processor.core.workflow_def import StepDef, WorkflowDef
@@ -72,17 +74,20 @@ def dispatch_ready(
 ) -> tuple[list[Dispatch], int, bool]:
     """Start what is ready: the step attempts to send to the workers, how many steps began
     that no worker runs (a wait step, which a signal ends; a workflow step, whose child run
-    the commit starts; a map step, whose items are dispatched; a sleep step), and whether a
-    sleep step ready could not start yet (its ``until`` value not recorded: rule 6)."""
+    the commit starts; a map step, whose items are dispatched; a sleep step) or were skipped
+    (rule 6a, core/skips.py), and whether a step ready could not start yet (a sleep's
+    ``until`` value not recorded, a condition's values not read: rule 6)."""
     dispatches = []
     waiting = 0
     deferred = False
+    held: frozenset[str] = frozenset()
+    if wf.decides:
+        waiting, held = judge(nodes, wf, selected)
+        deferred = bool(held)
     for step in wf.steps:  # definition order keeps the decision deterministic
         node = nodes[step.name]
         retry_due = node.status is _RETRY_WAIT and node.due_ms is not None and now_ms >= node.due_ms
-        first_run = node.status is _PENDING and all(
-            nodes[d].status is _SUCCEEDED for d in step.depends_on
-        )
+        first_run = node.status is _PENDING and _ready(nodes, step, wf.decides, held)
         if step.maps:
             assert maps is not None
             if first_run:
@@ -120,3 +125,11 @@ def _start_sleep(
         return -1
     nodes[step.name] = slept
     return 1 if slept.status is _DISPATCHED else 0
+
+
+def _ready(nodes: dict[str, NodeState], step: StepDef, decides: bool, held: frozenset[str]) -> bool:
+    """Whether pending ``step`` starts now: its dependencies all succeeded; in a workflow
+    that may skip, all ended (a skipped one too), and it is not held (core/skips.py)."""
+    if not decides:
+        return all(nodes[d].status is _SUCCEEDED for d in step.depends_on)
+    return step.name not in held and all(ended(nodes[d]) for d in step.depends_on)

@@ -1,6 +1,7 @@
 """The parser of one step of a workflow definition (schemas/workflow.schema.json, ``steps``):
-each kind of step (task, map, wait, workflow) from its JSON object to a ``StepDef``, every
-option checked where it is read (``ValidationError`` naming the field). The workflow around
+each kind of step (task, map, wait, workflow, sleep) from its JSON object to a ``StepDef``,
+with the condition any kind may have (``when``, ``run_if``), every option checked where it is
+read (``ValidationError`` naming the field). The workflow around
 the steps, and the one writer of the JSON form, are core/workflow.py's.
 """
 
@@ -12,6 +13,7 @@ from typing import Any
 
 import orjson
 
+from processor.core.conditions import BadCondition, parse_condition
 from processor.core.limit_defs import (
     LIMIT_NAME,
     MAX_LIMIT,
@@ -32,6 +34,7 @@ from processor.core.workflow_def import (
     ON_TIMEOUT_CONTINUE,
     ON_TIMEOUT_FAIL,
     QUEUE_NAME,
+    RUN_IF_ALL_DONE,
     SIGNAL_NAME,
     SLEEP,
     TASK,
@@ -47,7 +50,10 @@ from processor.core.workflow_def import (
 MAX_DEFAULT_BYTES = 64 * 1024
 
 # The fields of each kind of step (a map step's are a task step's and its own).
-_TASK_KEYS = frozenset(
+# What any kind of step may say: its condition and whether it runs after skipped steps
+# (core/skips.py).
+_DECIDE_KEYS = frozenset({"when", "run_if"})
+_TASK_KEYS = _DECIDE_KEYS | frozenset(
     {
         *("name", "kind", "type", "depends_on", "retry", "timeout_ms", "queue"),
         *("heartbeat_timeout_ms", "schedule_to_start_ms", "schedule_to_close_ms"),
@@ -63,18 +69,47 @@ def parse_step(raw_step: Any, where: str) -> StepDef:
         raise ValidationError(f"{where}: expected an object")
     kind = optional(raw_step, "kind", str, where, TASK)
     if kind == WAIT:
-        return _parse_wait(raw_step, where)
-    if kind == WORKFLOW:
-        return _parse_child(raw_step, where)
-    if kind == SLEEP:
-        return _parse_sleep(raw_step, where)
-    if kind not in (TASK, MAP):
+        step = _parse_wait(raw_step, where)
+    elif kind == WORKFLOW:
+        step = _parse_child(raw_step, where)
+    elif kind == SLEEP:
+        step = _parse_sleep(raw_step, where)
+    elif kind in (TASK, MAP):
+        check_keys(raw_step, set(_MAP_KEYS if kind == MAP else _TASK_KEYS), where)
+        step = _parse_task(raw_step, where)
+        step = _parse_map(raw_step, where, step) if kind == MAP else step
+    else:
         raise ValidationError(
             f"{where}.kind: must be 'task', 'wait', 'workflow', 'map' or 'sleep', not {kind!r}"
         )
-    check_keys(raw_step, set(_MAP_KEYS if kind == MAP else _TASK_KEYS), where)
-    step = _parse_task(raw_step, where)
-    return _parse_map(raw_step, where, step) if kind == MAP else step
+    if "when" not in raw_step and "run_if" not in raw_step:
+        return step
+    return decides(step, raw_step.get("when"), raw_step.get("run_if"), where)
+
+
+def decides(step: StepDef, when: Any, run_if: Any, where: str) -> StepDef:
+    """``step`` with its condition (``when``: text parsed once, here, or None) and its
+    ``run_if`` (None, or "all_done"); ValidationError naming the step and the position."""
+    condition = None
+    if when is not None:
+        if not isinstance(when, str):
+            raise ValidationError(f"{where}.when: expected a condition (str), got {when!r}")
+        try:
+            condition = parse_condition(when, f"{where}.when (step {step.name!r})")
+        except BadCondition as bad:
+            raise ValidationError(str(bad)) from None
+        outside = sorted(condition.steps_read - set(step.depends_on))
+        if outside:
+            raise ValidationError(
+                f"{where}.when (step {step.name!r}): reads the output of {outside[0]!r}, which"
+                " is not one of the steps it depends on"
+            )
+    if run_if is not None and run_if != RUN_IF_ALL_DONE:
+        raise ValidationError(
+            f"{where}.run_if (step {step.name!r}): must be {RUN_IF_ALL_DONE!r} (or absent:"
+            f" skipped when its dependencies all were), not {run_if!r}"
+        )
+    return replace(step, when=condition, run_if=run_if)
 
 
 def _parse_task(raw_step: Mapping[str, Any], where: str) -> StepDef:
@@ -242,7 +277,8 @@ def _parse_wait(raw_step: Mapping[str, Any], where: str) -> StepDef:
     waits again after one timed out (one attempt unless it says so)."""
     check_keys(
         raw_step,
-        {"name", "kind", "signal", "depends_on", "retry", "timeout_ms", "on_timeout", "default"},
+        {"name", "kind", "signal", "depends_on", "retry", "timeout_ms", "on_timeout", "default"}
+        | _DECIDE_KEYS,
         where,
     )
     signal = require(raw_step, "signal", str, where)
@@ -295,7 +331,9 @@ def _on_timeout(raw_step: Mapping[str, Any], where: str) -> dict[str, Any]:
 def _parse_sleep(raw_step: Mapping[str, Any], where: str) -> StepDef:
     """A step that sleeps, costing no worker: for ``duration_ms``, or until the time its
     ``until`` selector finds in the run (one of the two); core/sleeps.py."""
-    check_keys(raw_step, {"name", "kind", "depends_on", "duration_ms", "until"}, where)
+    check_keys(
+        raw_step, {"name", "kind", "depends_on", "duration_ms", "until"} | _DECIDE_KEYS, where
+    )
     deps = _dependencies(raw_step, where)
     if ("duration_ms" in raw_step) == ("until" in raw_step):
         raise ValidationError(f"{where}: a sleep step has either duration_ms or until")
@@ -347,7 +385,8 @@ def _parse_child(raw_step: Mapping[str, Any], where: str) -> StepDef:
     """A step that starts a child run of another workflow and ends as it does."""
     check_keys(
         raw_step,
-        {"name", "kind", "workflow", "version", "input_from", "depends_on", "retry", "timeout_ms"},
+        {"name", "kind", "workflow", "version", "input_from", "depends_on", "retry", "timeout_ms"}
+        | _DECIDE_KEYS,
         where,
     )
     child = require(raw_step, "workflow", str, where)

@@ -1,5 +1,5 @@
 """A step's condition (core/conditions.py): what it reads, what it decides, and that no text or
-value a sender can send makes it raise anything but a ValidationError at registration, or
+value a sender can send makes it raise anything but a BadCondition at registration, or
 anything at all when the tick evaluates it."""
 
 from __future__ import annotations
@@ -11,15 +11,18 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from processor.core.conditions import MAX_DEPTH, MAX_LENGTH, parse_condition
-from processor.core.workflow_def import ValidationError
+from processor.core.conditions import MAX_DEPTH, MAX_LENGTH, BadCondition, parse_condition
+from processor.core.selectors import resolve
 
 INPUT = {"amount": 250, "country": "FR", "tags": ["vip", "eu"], "flag": False, "none": None}
 OUTPUTS = {"check": {"status": "ok", "score": 0.75}, "empty": {}}
 
 
-def holds(text: str, run_input: Any = INPUT, outputs: Any = OUTPUTS) -> bool:
-    return parse_condition(text, "steps[0].if").holds(run_input, outputs)
+def holds(text: str, run_input: Any = INPUT, outputs: Any = OUTPUTS) -> bool | None:
+    """What the tick decides when the load found what each selector finds in such a run."""
+    condition = parse_condition(text, "steps[0].when")
+    found = {s.text: resolve(s, run_input, outputs) for s in condition.selectors}
+    return condition.holds(found)
 
 
 @pytest.mark.parametrize(
@@ -57,13 +60,26 @@ def test_it_names_the_steps_it_reads() -> None:
     assert parse_condition("$.input.x", "c").steps_read == frozenset()
 
 
+def test_it_reads_each_selector_once_by_its_canonical_text() -> None:
+    found = parse_condition("$.input.a[0] == 1 or $.input.a.0 == 2 or $.input.b", "c")
+    assert [s.text for s in found.selectors] == ["$.input.a.0", "$.input.b"]
+
+
+def test_what_was_not_read_leaves_it_undecided_and_what_was_decides() -> None:
+    condition = parse_condition("$.input.a == 1 or $.steps.s.output.b", "c")
+    assert condition.holds({}) is None
+    assert condition.holds({"$.input.a": resolve(condition.selectors[0], {"a": 1}, {})}) is None
+    found = {s.text: resolve(s, {"a": 2}, {"s": {"b": [1]}}) for s in condition.selectors}
+    assert condition.holds(found) is True
+
+
 @pytest.mark.parametrize(
     ("text", "said"),
     [
         ("$.input.x >", "expected a value, a selector or '(', found the end at character 12"),
         ("$.input.x ~ 1", "cannot read this at character 11"),
-        ("$.output.x", "a selector starts at $.input or $.steps.<step>.output at character 1"),
-        ("$.steps[0].output", "a selector starts at $.input or"),
+        ("$.output.x", "'$.output.x' is not a selector: write $.input.<field>"),
+        ("$.steps[0].output", "is not a selector"),
         ("__import__", "unknown word '__import__'"),
         ("($.input.x", "expected ')', found the end"),
         ("$.input.x 1", "unexpected text at character 11"),
@@ -76,9 +92,9 @@ def test_it_names_the_steps_it_reads() -> None:
     ],
 )
 def test_a_condition_it_cannot_read_is_refused_saying_where(text: str, said: str) -> None:
-    with pytest.raises(ValidationError) as refused:
-        parse_condition(text, "steps[0].if")
-    assert str(refused.value).startswith("steps[0].if: ")
+    with pytest.raises(BadCondition) as refused:
+        parse_condition(text, "steps[0].when")
+    assert str(refused.value).startswith("steps[0].when: ")
     assert said in str(refused.value)
 
 
@@ -119,24 +135,23 @@ def _conditions(draw: st.DrawFn, depth: int = 3) -> str:
 @settings(max_examples=300)
 @given(st.text(max_size=60))
 def test_any_text_is_parsed_or_refused_with_a_validation_error(text: str) -> None:
-    with contextlib.suppress(ValidationError):
+    with contextlib.suppress(BadCondition):
         parse_condition(text, "c")
 
 
 @settings(max_examples=300)
 @given(_conditions(), _JSON, _JSON)
 def test_evaluation_never_raises_and_is_deterministic(text: str, a: Any, s: Any) -> None:
-    condition = parse_condition(text, "c")
     run_input, outputs = {"a": a}, {"s": s}
-    first = condition.holds(run_input, outputs)
+    first = holds(text, run_input, outputs)
     assert isinstance(first, bool)
-    assert condition.holds(run_input, outputs) is first
+    assert holds(text, run_input, outputs) is first
 
 
 @settings(max_examples=200)
 @given(_conditions(2), _conditions(2), _JSON, _JSON)
 def test_not_and_is_or_of_nots(left: str, right: str, a: Any, s: Any) -> None:
     run_input, outputs = {"a": a}, {"s": s}
-    one = parse_condition(f"not (({left}) and ({right}))", "c").holds(run_input, outputs)
-    two = parse_condition(f"(not ({left})) or (not ({right}))", "c").holds(run_input, outputs)
+    one = holds(f"not (({left}) and ({right}))", run_input, outputs)
+    two = holds(f"(not ({left})) or (not ({right}))", run_input, outputs)
     assert one is two
