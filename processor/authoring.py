@@ -28,11 +28,12 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any, overload
 
+from processor.authoring_options import Concurrency, RateLimit, Retry
 from processor.core.durations import Duration, duration_ms, optional_ms
-from processor.core.limit_defs import ConcurrencyLimit, StepRateLimit
 from processor.core.routing import DEFAULT_QUEUE
 from processor.core.run_input import schema_of
-from processor.core.step_parse import concurrency_key, decides, parse_step
+from processor.core.skips import decides
+from processor.core.step_parse import parse_step
 from processor.core.workflow import parse_workflow, step_to_json
 from processor.core.workflow_def import (
     MAP,
@@ -41,66 +42,12 @@ from processor.core.workflow_def import (
     ON_TIMEOUT_FAIL,
     WAIT,
     WORKFLOW,
-    RetryPolicy,
     StepDef,
     ValidationError,
     WorkflowDef,
 )
 from processor.io.runtime.module_source import creating_module
 from processor.worker.steps import StepFunction, StepRegistry
-
-
-@dataclass(frozen=True)
-class Retry:
-    """A step's retry policy: at most ``max_attempts`` attempts, the n-th retry waiting
-    ``backoff * multiplier ** (n - 1)``, never more than ``max_backoff``."""
-
-    max_attempts: int = 3
-    backoff: Duration = 100
-    multiplier: float = 2.0
-    max_backoff: Duration = "60s"
-
-    def policy(self) -> RetryPolicy:
-        """The policy as the definition holds it."""
-        return RetryPolicy(
-            max_attempts=self.max_attempts,
-            backoff_ms=duration_ms(self.backoff, "retry.backoff"),
-            backoff_multiplier=float(self.multiplier),
-            max_backoff_ms=duration_ms(self.max_backoff, "retry.max_backoff"),
-        )
-
-
-@dataclass(frozen=True)
-class Concurrency:
-    """At most ``limit`` attempts of the step in flight at once across runs, counted apart
-    per value of ``key`` (a dotted path in the run's input, e.g. ``"customer.id"``) when
-    given. Steps naming the same limit (``name``; the step's type by default) share it."""
-
-    limit: int
-    key: str | None = None
-    name: str | None = None
-
-    def limit_of(self, step_type: str, where: str) -> ConcurrencyLimit:
-        """The limit as the definition of a step of type ``step_type`` holds it (``where``:
-        the step's place in the definition, for a key that is not a path)."""
-        name = self.name if self.name is not None else step_type
-        key = concurrency_key(self.key or "", f"{where}.concurrency")
-        return ConcurrencyLimit(name, self.limit, key)
-
-
-@dataclass(frozen=True)
-class RateLimit:
-    """At most ``limit`` attempts of the step dispatched in any window of ``per`` (a
-    duration: ``"1m"``, ``"1s"``, milliseconds as a number), across runs; shared by name."""
-
-    limit: int
-    per: Duration = "1s"
-    name: str | None = None
-
-    def limit_of(self, step_type: str) -> StepRateLimit:
-        """The limit as the definition of a step of type ``step_type`` holds it."""
-        name = self.name if self.name is not None else step_type
-        return StepRateLimit(name, self.limit, duration_ms(self.per, "rate_limit.per"))
 
 
 @dataclass(frozen=True)

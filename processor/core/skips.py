@@ -1,5 +1,6 @@
 """Conditions and skips (core/tick.py, rule 6a): which pending steps of a run that may skip
-(a step has a condition: ``WorkflowDef.decides``) never start. Pure.
+(a step has a condition: ``WorkflowDef.decides``) never start; and a step's ``when`` and
+``run_if`` read at registration (``decides``, for the parser and the authoring API). Pure.
 
 A step is *ready to be judged* once each of its dependencies ended, succeeded or skipped.
 Then, in this order:
@@ -23,11 +24,14 @@ definition, so the judging goes on until nothing more is skipped.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 from enum import Enum
+from typing import Any
 
+from processor.core.conditions import BadCondition, parse_condition
 from processor.core.run_state import NodeState, NodeStatus, node_state
 from processor.core.selectors import NOTHING, Selected
-from processor.core.workflow_def import RUN_IF_ALL_DONE, StepDef, WorkflowDef
+from processor.core.workflow_def import RUN_IF_ALL_DONE, StepDef, ValidationError, WorkflowDef
 
 _PENDING, _SUCCEEDED, _SKIPPED = NodeStatus.PENDING, NodeStatus.SUCCEEDED, NodeStatus.SKIPPED
 
@@ -95,3 +99,41 @@ def verdict_of(
     if holds is None:
         return _HOLD
     return _RUN if holds else _SKIP
+
+
+def why_skipped(step: StepDef, nodes: Mapping[str, NodeState]) -> str:
+    """Why ``step``, skipped, was (what `ductor inspect` and the run's page say): its state
+    keeps no reason, but the rules above give it back from its dependencies' states."""
+    deps = step.depends_on
+    if deps and step.run_if != RUN_IF_ALL_DONE and all(nodes[d].status is _SKIPPED for d in deps):
+        return "its dependencies were all skipped"
+    until = None if step.until is None else step.until.step
+    for source in (step.items_from, step.input_from, until):
+        if source is not None and nodes[source].status is _SKIPPED:
+            return f"{source!r}, whose output it reads, was skipped"
+    return "its condition was false" if step.when is None else f"not ({step.when.text})"
+
+
+def decides(step: StepDef, when: Any, run_if: Any, where: str) -> StepDef:
+    """``step`` with its condition (``when``: text parsed once, here, or None) and its
+    ``run_if`` (None, or "all_done"); ValidationError naming the step and the position."""
+    condition = None
+    if when is not None:
+        if not isinstance(when, str):
+            raise ValidationError(f"{where}.when: expected a condition (str), got {when!r}")
+        try:
+            condition = parse_condition(when, f"{where}.when (step {step.name!r})")
+        except BadCondition as bad:
+            raise ValidationError(str(bad)) from None
+        outside = sorted(condition.steps_read - set(step.depends_on))
+        if outside:
+            raise ValidationError(
+                f"{where}.when (step {step.name!r}): reads the output of {outside[0]!r}, which"
+                " is not one of the steps it depends on"
+            )
+    if run_if is not None and run_if != RUN_IF_ALL_DONE:
+        raise ValidationError(
+            f"{where}.run_if (step {step.name!r}): must be {RUN_IF_ALL_DONE!r} (or absent:"
+            f" skipped when its dependencies all were), not {run_if!r}"
+        )
+    return replace(step, when=condition, run_if=run_if)

@@ -13,7 +13,6 @@ from typing import Any
 
 import orjson
 
-from processor.core.conditions import BadCondition, parse_condition
 from processor.core.limit_defs import (
     LIMIT_NAME,
     MAX_LIMIT,
@@ -22,6 +21,7 @@ from processor.core.limit_defs import (
 )
 from processor.core.routing import DEFAULT_QUEUE
 from processor.core.selectors import BadSelector, parse_selector
+from processor.core.skips import decides
 from processor.core.workflow_def import (
     CHILD_TIMEOUT_MS,
     MAP,
@@ -34,7 +34,6 @@ from processor.core.workflow_def import (
     ON_TIMEOUT_CONTINUE,
     ON_TIMEOUT_FAIL,
     QUEUE_NAME,
-    RUN_IF_ALL_DONE,
     SIGNAL_NAME,
     SLEEP,
     TASK,
@@ -85,31 +84,6 @@ def parse_step(raw_step: Any, where: str) -> StepDef:
     if "when" not in raw_step and "run_if" not in raw_step:
         return step
     return decides(step, raw_step.get("when"), raw_step.get("run_if"), where)
-
-
-def decides(step: StepDef, when: Any, run_if: Any, where: str) -> StepDef:
-    """``step`` with its condition (``when``: text parsed once, here, or None) and its
-    ``run_if`` (None, or "all_done"); ValidationError naming the step and the position."""
-    condition = None
-    if when is not None:
-        if not isinstance(when, str):
-            raise ValidationError(f"{where}.when: expected a condition (str), got {when!r}")
-        try:
-            condition = parse_condition(when, f"{where}.when (step {step.name!r})")
-        except BadCondition as bad:
-            raise ValidationError(str(bad)) from None
-        outside = sorted(condition.steps_read - set(step.depends_on))
-        if outside:
-            raise ValidationError(
-                f"{where}.when (step {step.name!r}): reads the output of {outside[0]!r}, which"
-                " is not one of the steps it depends on"
-            )
-    if run_if is not None and run_if != RUN_IF_ALL_DONE:
-        raise ValidationError(
-            f"{where}.run_if (step {step.name!r}): must be {RUN_IF_ALL_DONE!r} (or absent:"
-            f" skipped when its dependencies all were), not {run_if!r}"
-        )
-    return replace(step, when=condition, run_if=run_if)
 
 
 def _parse_task(raw_step: Mapping[str, Any], where: str) -> StepDef:
