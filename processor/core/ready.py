@@ -81,13 +81,18 @@ def dispatch_ready(
     waiting = 0
     deferred = False
     held: frozenset[str] = frozenset()
-    if wf.decides:
+    decides = wf.decides
+    if decides:
         waiting, held = judge(nodes, wf, selected)
         deferred = bool(held)
     for step in wf.steps:  # definition order keeps the decision deterministic
         node = nodes[step.name]
         retry_due = node.status is _RETRY_WAIT and node.due_ms is not None and now_ms >= node.due_ms
-        first_run = node.status is _PENDING and _ready(nodes, step, wf.decides, held)
+        first_run = node.status is _PENDING and (
+            all(nodes[d].status is _SUCCEEDED for d in step.depends_on)
+            if not decides
+            else _ready(nodes, step, held)
+        )
         if step.maps:
             assert maps is not None
             if first_run:
@@ -127,9 +132,7 @@ def _start_sleep(
     return 1 if slept.status is _DISPATCHED else 0
 
 
-def _ready(nodes: dict[str, NodeState], step: StepDef, decides: bool, held: frozenset[str]) -> bool:
-    """Whether pending ``step`` starts now: its dependencies all succeeded; in a workflow
-    that may skip, all ended (a skipped one too), and it is not held (core/skips.py)."""
-    if not decides:
-        return all(nodes[d].status is _SUCCEEDED for d in step.depends_on)
+def _ready(nodes: dict[str, NodeState], step: StepDef, held: frozenset[str]) -> bool:
+    """Whether pending ``step`` of a workflow that may skip starts now: its dependencies all
+    ended (a skipped one too), and it is not held (core/skips.py)."""
     return step.name not in held and all(ended(nodes[d]) for d in step.depends_on)
