@@ -28,11 +28,12 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any, overload
 
+from processor.authoring_options import Concurrency, RateLimit, Retry
 from processor.core.durations import Duration, duration_ms, optional_ms
-from processor.core.limit_defs import ConcurrencyLimit, StepRateLimit
 from processor.core.routing import DEFAULT_QUEUE
 from processor.core.run_input import schema_of
-from processor.core.step_parse import concurrency_key, parse_step
+from processor.core.skips import decides
+from processor.core.step_parse import parse_step
 from processor.core.workflow import parse_workflow, step_to_json
 from processor.core.workflow_def import (
     MAP,
@@ -41,66 +42,12 @@ from processor.core.workflow_def import (
     ON_TIMEOUT_FAIL,
     WAIT,
     WORKFLOW,
-    RetryPolicy,
     StepDef,
     ValidationError,
     WorkflowDef,
 )
 from processor.io.runtime.module_source import creating_module
 from processor.worker.steps import StepFunction, StepRegistry
-
-
-@dataclass(frozen=True)
-class Retry:
-    """A step's retry policy: at most ``max_attempts`` attempts, the n-th retry waiting
-    ``backoff * multiplier ** (n - 1)``, never more than ``max_backoff``."""
-
-    max_attempts: int = 3
-    backoff: Duration = 100
-    multiplier: float = 2.0
-    max_backoff: Duration = "60s"
-
-    def policy(self) -> RetryPolicy:
-        """The policy as the definition holds it."""
-        return RetryPolicy(
-            max_attempts=self.max_attempts,
-            backoff_ms=duration_ms(self.backoff, "retry.backoff"),
-            backoff_multiplier=float(self.multiplier),
-            max_backoff_ms=duration_ms(self.max_backoff, "retry.max_backoff"),
-        )
-
-
-@dataclass(frozen=True)
-class Concurrency:
-    """At most ``limit`` attempts of the step in flight at once across runs, counted apart
-    per value of ``key`` (a dotted path in the run's input, e.g. ``"customer.id"``) when
-    given. Steps naming the same limit (``name``; the step's type by default) share it."""
-
-    limit: int
-    key: str | None = None
-    name: str | None = None
-
-    def limit_of(self, step_type: str, where: str) -> ConcurrencyLimit:
-        """The limit as the definition of a step of type ``step_type`` holds it (``where``:
-        the step's place in the definition, for a key that is not a path)."""
-        name = self.name if self.name is not None else step_type
-        key = concurrency_key(self.key or "", f"{where}.concurrency")
-        return ConcurrencyLimit(name, self.limit, key)
-
-
-@dataclass(frozen=True)
-class RateLimit:
-    """At most ``limit`` attempts of the step dispatched in any window of ``per`` (a
-    duration: ``"1m"``, ``"1s"``, milliseconds as a number), across runs; shared by name."""
-
-    limit: int
-    per: Duration = "1s"
-    name: str | None = None
-
-    def limit_of(self, step_type: str) -> StepRateLimit:
-        """The limit as the definition of a step of type ``step_type`` holds it."""
-        name = self.name if self.name is not None else step_type
-        return StepRateLimit(name, self.limit, duration_ms(self.per, "rate_limit.per"))
 
 
 @dataclass(frozen=True)
@@ -180,6 +127,8 @@ class Workflow:
         rate_limit: RateLimit | None = None,
         schedule_to_start: Duration | None = None,
         schedule_to_close: Duration | None = None,
+        when: str | None = None,
+        run_if: str | None = None,
     ) -> Callable[[StepFunction], StepFunction]: ...
 
     def step(
@@ -198,12 +147,16 @@ class Workflow:
         rate_limit: RateLimit | None = None,
         schedule_to_start: Duration | None = None,
         schedule_to_close: Duration | None = None,
+        when: str | None = None,
+        run_if: str | None = None,
     ) -> StepFunction | Callable[[StepFunction], StepFunction]:
         """Add a step run by the decorated function (plain or ``async def``): named after
         the function unless ``name`` says otherwise, of type ``type`` (the function's name by
         default), after the steps in ``after`` (their functions or names), with its deadline
         (``timeout``), retry policy, queue, heartbeat timeout and limits (``concurrency``,
-        ``rate_limit``: docs/usage.md#limits). Usable bare (``@wf.step``)
+        ``rate_limit``: docs/usage.md#limits). ``when``: the condition it runs on (false:
+        skipped), ``run_if="all_done"``: it runs even when the steps it follows were all
+        skipped (docs/usage.md#conditions-and-skips). Usable bare (``@wf.step``)
         or with options. The function is returned unchanged."""
         after = tuple(after)
 
@@ -221,6 +174,8 @@ class Workflow:
                 schedule_to_start_ms=optional_ms(schedule_to_start, f"{where}: schedule_to_start"),
                 schedule_to_close_ms=optional_ms(schedule_to_close, f"{where}: schedule_to_close"),
             )
+            if when is not None or run_if is not None:
+                step = decides(step, when, run_if, where)
             registered = self.registry.step(step.step_type)(function)
             self._steps.append(_Declared(step, retry, concurrency, rate_limit))
             self._names[id(function)] = step.name
@@ -245,6 +200,8 @@ class Workflow:
         rate_limit: RateLimit | None = None,
         schedule_to_start: Duration | None = None,
         schedule_to_close: Duration | None = None,
+        when: str | None = None,
+        run_if: str | None = None,
     ) -> Callable[[StepFunction], StepFunction]:
         """Add a map step run by the decorated function once per item of a list: the run's
         input, or the output of ``items_from`` (a dependency: its function or name, which is
@@ -267,6 +224,8 @@ class Workflow:
             rate_limit=rate_limit,
             schedule_to_start=schedule_to_start,
             schedule_to_close=schedule_to_close,
+            when=when,
+            run_if=run_if,
         )
 
         def add(function: StepFunction) -> StepFunction:
@@ -294,6 +253,8 @@ class Workflow:
         retry: Retry | None = None,
         on_timeout: str = ON_TIMEOUT_FAIL,
         default: Any = None,
+        when: str | None = None,
+        run_if: str | None = None,
     ) -> str:
         """Add a step that waits for the first signal named ``signal`` sent to the run
         (`ductor signal RUN NAME --payload JSON`): its output is the signal's payload. After
@@ -301,6 +262,7 @@ class Workflow:
         then the step fails, or (``on_timeout="continue"``) succeeds with ``default`` as its
         output. Returns its name, for ``after=`` of the steps after it."""
         raw = {"kind": WAIT, "signal": signal, "on_timeout": on_timeout, "default": default}
+        raw |= {"when": when, "run_if": run_if}
         step = self._parsed(name, after, raw, timeout_ms=duration_ms(timeout, "timeout"))
         self._steps.append(_Declared(step, retry or Retry(max_attempts=1)))
         return name
@@ -312,13 +274,15 @@ class Workflow:
         duration: Duration | None = None,
         until: str | None = None,
         after: Iterable[Dependency] = (),
+        when: str | None = None,
+        run_if: str | None = None,
     ) -> str:
         """Add a step that sleeps, durably and on no worker: for ``duration`` from its start,
         or until the time ``until`` finds in the run (``"$.input.remind_at"``, or
         ``"$.steps.<step>.output.<field>"`` of one of ``after``): an ISO-8601 time with a
         zone, or epoch milliseconds. Its output: ``{"slept_until_ms": <that time>}``."""
         ms = None if duration is None else duration_ms(duration, f"{name}: duration")
-        raw = {"kind": "sleep", "duration_ms": ms, "until": until}
+        raw = {"kind": "sleep", "duration_ms": ms, "until": until, "when": when, "run_if": run_if}
         self._steps.append(_Declared(self._parsed(name, after, raw)))
         return name
 
@@ -341,6 +305,8 @@ class Workflow:
         after: Iterable[Dependency] = (),
         timeout: Duration = "1d",
         retry: Retry | None = None,
+        when: str | None = None,
+        run_if: str | None = None,
     ) -> str:
         """Add a step that starts a child run of ``workflow`` (its ``version``, or the latest)
         and ends as it does (its output, or its failure); the child's input is this run's, or
@@ -350,6 +316,7 @@ class Workflow:
         source = None if input_from is None else self._dependency(input_from, name)
         child = workflow.name if isinstance(workflow, Workflow) else workflow
         raw = {"kind": WORKFLOW, "workflow": child, "version": version, "input_from": source}
+        raw |= {"when": when, "run_if": run_if}
         step = self._parsed(name, after, raw, timeout_ms=duration_ms(timeout, "timeout"))
         self._steps.append(_Declared(step, retry or Retry(max_attempts=1)))
         return name

@@ -39,8 +39,10 @@ from processor.client import (
     wait_for_run,
 )
 from processor.core.children import child_run_id
+from processor.core.model import LoadedRun
 from processor.core.routing import TopicNames
-from processor.core.run_state import RunStatus, state_checksum
+from processor.core.run_state import NodeState, NodeStatus, RunStatus, state_checksum
+from processor.core.skips import why_skipped
 from processor.core.workflow_def import SIGNAL_NAME
 from processor.io.config.settings import Settings
 from processor.io.postgres.run_document import RunRecord, inspect_document, read_run
@@ -98,6 +100,17 @@ def via_argument(p: argparse.ArgumentParser) -> None:
     )
 
 
+def _node_line(run: LoadedRun, name: str, node: NodeState) -> str:
+    """A node as `ductor inspect` lists it: status, attempt, and what else it has to say."""
+    extra = f"  (retried after attempt {node.attempts_before})" if node.attempts_before else ""
+    extra += f"  error: {node.error}" if node.error else ""
+    if node.status is NodeStatus.SKIPPED:
+        extra += f"  skipped: {why_skipped(run.wf.step_for(name), run.state.node_map())}"
+    if run.wf.step_for(name).starts_child and node.attempt:
+        extra += f"  child: {child_run_id(run.run_id, name, node.attempt)}"
+    return f"  {name:20} {node.status.value:11} attempt {node.attempt}{printable(extra)}"
+
+
 def cmd_inspect(settings: Settings, args: argparse.Namespace) -> int:
     with connect(settings) as conn:
         record = read_run(conn, Definitions(), args.run_id, settings.instance_timeout_s)
@@ -134,11 +147,7 @@ def cmd_inspect(settings: Settings, args: argparse.Namespace) -> int:
     print(f"output     {output_text(result)}")
     print("nodes:")
     for name, node in record.nodes:
-        extra = f"  (retried after attempt {node.attempts_before})" if node.attempts_before else ""
-        extra += f"  error: {node.error}" if node.error else ""
-        if run.wf.step_for(name).starts_child and node.attempt:
-            extra += f"  child: {child_run_id(args.run_id, name, node.attempt)}"
-        print(f"  {name:20} {node.status.value:11} attempt {node.attempt}{printable(extra)}")
+        print(_node_line(run, name, node))
         for line in output_lines(record, name, node):
             print(line)
     print_attempts_and_signals(record)

@@ -16,8 +16,8 @@ from processor.core.run_state import (
     RunState,
     state_checksum,
 )
+from processor.core.selectors import Selected
 from processor.core.shapes import WorkflowKey
-from processor.core.sleeps import Selected
 from processor.core.workflow_def import WorkflowDef
 
 __all__ = [
@@ -129,8 +129,9 @@ class LoadedRun:
     # What the workers recorded of the executions of its dispatched nodes whose deadline had
     # passed when it was loaded (core/tick.py, rule 4); None: none had passed (not loaded).
     starts: Starts | None = None
-    # What the ``until`` selectors of its sleep steps not yet started found, (step, value);
-    # a step absent: its source output is not recorded; None: none was read.
+    # What the selectors of its steps not yet started found (a sleep's ``until``, a
+    # condition's), (selector's text, value); one absent: its source output is not recorded
+    # or it was not read; None: none was read (io/postgres/selected.py).
     selected: tuple[tuple[str, Selected], ...] | None = None
     # Whether the loader found the stored checksum right for the row as stored (row_checksum);
     # when not given, it is checked against the state here.
@@ -182,7 +183,7 @@ class LoadedRun:
         return self.wf.key
 
     def with_selected(self, selected: tuple[tuple[str, Selected], ...]) -> LoadedRun:
-        """This run, with what its sleep steps' selectors found (a second read of the load)."""
+        """This run, with what its steps' selectors found (a second read of the load)."""
         return LoadedRun(
             self.run_id,
             self.wf,

@@ -12,7 +12,9 @@ from typing import NamedTuple
 from processor.core.attempts import dispatched
 from processor.core.map_steps import Maps, dispatch_items, end_maps, expand
 from processor.core.run_state import NodeState, NodeStatus
-from processor.core.sleeps import Selected, Settled, start_sleep, wake_sleeps
+from processor.core.selectors import Selected
+from processor.core.skips import ended, judge
+from processor.core.sleeps import Settled, start_sleep, wake_sleeps
 from processor.core.tick_decision import Dispatch
 from processor.core.wait_steps import signal_waits
 from processor.core.workflow_def import StepDef, WorkflowDef
@@ -72,16 +74,24 @@ def dispatch_ready(
 ) -> tuple[list[Dispatch], int, bool]:
     """Start what is ready: the step attempts to send to the workers, how many steps began
     that no worker runs (a wait step, which a signal ends; a workflow step, whose child run
-    the commit starts; a map step, whose items are dispatched; a sleep step), and whether a
-    sleep step ready could not start yet (its ``until`` value not recorded: rule 6)."""
+    the commit starts; a map step, whose items are dispatched; a sleep step) or were skipped
+    (rule 6a, core/skips.py), and whether a step ready could not start yet (a sleep's
+    ``until`` value not recorded, a condition's values not read: rule 6)."""
     dispatches = []
     waiting = 0
     deferred = False
+    held: frozenset[str] = frozenset()
+    decides = wf.decides
+    if decides:
+        waiting, held = judge(nodes, wf, selected)
+        deferred = bool(held)
     for step in wf.steps:  # definition order keeps the decision deterministic
         node = nodes[step.name]
         retry_due = node.status is _RETRY_WAIT and node.due_ms is not None and now_ms >= node.due_ms
-        first_run = node.status is _PENDING and all(
-            nodes[d].status is _SUCCEEDED for d in step.depends_on
+        first_run = node.status is _PENDING and (
+            all(nodes[d].status is _SUCCEEDED for d in step.depends_on)
+            if not decides
+            else _ready(nodes, step, held)
         )
         if step.maps:
             assert maps is not None
@@ -120,3 +130,9 @@ def _start_sleep(
         return -1
     nodes[step.name] = slept
     return 1 if slept.status is _DISPATCHED else 0
+
+
+def _ready(nodes: dict[str, NodeState], step: StepDef, held: frozenset[str]) -> bool:
+    """Whether pending ``step`` of a workflow that may skip starts now: its dependencies all
+    ended (a skipped one too), and it is not held (core/skips.py)."""
+    return step.name not in held and all(ended(nodes[d]) for d in step.depends_on)

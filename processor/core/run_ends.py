@@ -22,6 +22,7 @@ from processor.core.workflow_def import WorkflowDef
 _PENDING, _DISPATCHED = NodeStatus.PENDING, NodeStatus.DISPATCHED
 _RETRY_WAIT, _LIMIT_WAIT = NodeStatus.RETRY_WAIT, NodeStatus.LIMIT_WAIT
 _SUCCEEDED, _FAILED, _CANCELLED = NodeStatus.SUCCEEDED, NodeStatus.FAILED, NodeStatus.CANCELLED
+_SKIPPED = NodeStatus.SKIPPED
 _RUN_RUNNING = RunStatus.RUNNING
 _IN_FLIGHT = (_PENDING, _DISPATCHED, _RETRY_WAIT, _LIMIT_WAIT)
 
@@ -93,9 +94,9 @@ class NotResumable(ValueError):
 
 def resume_failed(state: RunState) -> RunState:
     """A failed run resumed from its failed steps: running again, ``seq`` + 1, no failure
-    reason; succeeded nodes untouched; every other node (the failed ones, and those cancelled
-    when the run failed) pending, with no deadline and no error, at the attempt it reached.
-    The next dispatch of a node is therefore a new attempt number (a step result of an
+    reason; succeeded and skipped nodes untouched; every other node (the failed ones, and those
+    cancelled when the run failed) pending, with no deadline and no error, at the attempt it
+    reached. The next dispatch of a node is therefore a new attempt number (a step result of an
     earlier attempt can never be taken for one of the new ones), and ``attempts_before``
     gives each step its policy's whole budget of attempts again.
 
@@ -106,7 +107,7 @@ def resume_failed(state: RunState) -> RunState:
         (
             name,
             node
-            if node.status is _SUCCEEDED
+            if node.status is _SUCCEEDED or node.status is _SKIPPED
             else node_state(_PENDING, node.attempt, None, None, node.attempt),
         )
         for name, node in state.nodes

@@ -47,6 +47,9 @@ class NodeStatus(StrEnum):
     SUCCEEDED = "succeeded"
     FAILED = "failed"  # out of attempts
     CANCELLED = "cancelled"  # the run ended before this node finished
+    # Never started, and never will: its condition was false, or its dependencies were all
+    # skipped (core/skips.py). Ended, like succeeded, for the steps after it; it has no output.
+    SKIPPED = "skipped"
 
 
 _NODE_STATUSES = {s.value: s for s in NodeStatus}

@@ -24,11 +24,12 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from typing import Any, NamedTuple
+from typing import Any
 
 import orjson
 
 from processor.core.run_state import NodeState, NodeStatus, RunState, node_state
+from processor.core.selectors import Selected
 from processor.core.workflow_def import MAX_BACKOFF_MS, StepDef, WorkflowDef
 
 _DISPATCHED, _SUCCEEDED = NodeStatus.DISPATCHED, NodeStatus.SUCCEEDED
@@ -36,14 +37,6 @@ _FAILED = NodeStatus.FAILED
 
 # The largest time a sleep may end at: the end of the year 9999 (every door's epoch bound).
 MAX_UNTIL_MS = 253_402_300_799_999
-
-
-class Selected(NamedTuple):
-    """What a step's selector found in its run, as the load read it: ``found`` False when
-    nothing is there (a field missing); else ``value`` (JSON, maybe null)."""
-
-    found: bool
-    value: Any = None
 
 
 # (node, output as JSON text): a step the tick ended succeeded with an output it made itself
@@ -58,7 +51,7 @@ def sleep_due(
     (the step fails with it); None: its ``until`` value is not recorded yet (see above)."""
     if step.until is None:
         return now_ms + (step.sleep_ms or 0)
-    found = None if selected is None else selected.get(step.name)
+    found = None if selected is None else selected.get(step.until.text)
     if found is None:
         return None
     if not found.found:

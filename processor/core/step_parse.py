@@ -1,6 +1,7 @@
 """The parser of one step of a workflow definition (schemas/workflow.schema.json, ``steps``):
-each kind of step (task, map, wait, workflow) from its JSON object to a ``StepDef``, every
-option checked where it is read (``ValidationError`` naming the field). The workflow around
+each kind of step (task, map, wait, workflow, sleep) from its JSON object to a ``StepDef``,
+with the condition any kind may have (``when``, ``run_if``), every option checked where it is
+read (``ValidationError`` naming the field). The workflow around
 the steps, and the one writer of the JSON form, are core/workflow.py's.
 """
 
@@ -20,6 +21,7 @@ from processor.core.limit_defs import (
 )
 from processor.core.routing import DEFAULT_QUEUE
 from processor.core.selectors import BadSelector, parse_selector
+from processor.core.skips import decides
 from processor.core.workflow_def import (
     CHILD_TIMEOUT_MS,
     MAP,
@@ -47,7 +49,10 @@ from processor.core.workflow_def import (
 MAX_DEFAULT_BYTES = 64 * 1024
 
 # The fields of each kind of step (a map step's are a task step's and its own).
-_TASK_KEYS = frozenset(
+# What any kind of step may say: its condition and whether it runs after skipped steps
+# (core/skips.py).
+_DECIDE_KEYS = frozenset({"when", "run_if"})
+_TASK_KEYS = _DECIDE_KEYS | frozenset(
     {
         *("name", "kind", "type", "depends_on", "retry", "timeout_ms", "queue"),
         *("heartbeat_timeout_ms", "schedule_to_start_ms", "schedule_to_close_ms"),
@@ -63,18 +68,22 @@ def parse_step(raw_step: Any, where: str) -> StepDef:
         raise ValidationError(f"{where}: expected an object")
     kind = optional(raw_step, "kind", str, where, TASK)
     if kind == WAIT:
-        return _parse_wait(raw_step, where)
-    if kind == WORKFLOW:
-        return _parse_child(raw_step, where)
-    if kind == SLEEP:
-        return _parse_sleep(raw_step, where)
-    if kind not in (TASK, MAP):
+        step = _parse_wait(raw_step, where)
+    elif kind == WORKFLOW:
+        step = _parse_child(raw_step, where)
+    elif kind == SLEEP:
+        step = _parse_sleep(raw_step, where)
+    elif kind in (TASK, MAP):
+        check_keys(raw_step, set(_MAP_KEYS if kind == MAP else _TASK_KEYS), where)
+        step = _parse_task(raw_step, where)
+        step = _parse_map(raw_step, where, step) if kind == MAP else step
+    else:
         raise ValidationError(
             f"{where}.kind: must be 'task', 'wait', 'workflow', 'map' or 'sleep', not {kind!r}"
         )
-    check_keys(raw_step, set(_MAP_KEYS if kind == MAP else _TASK_KEYS), where)
-    step = _parse_task(raw_step, where)
-    return _parse_map(raw_step, where, step) if kind == MAP else step
+    if "when" not in raw_step and "run_if" not in raw_step:
+        return step
+    return decides(step, raw_step.get("when"), raw_step.get("run_if"), where)
 
 
 def _parse_task(raw_step: Mapping[str, Any], where: str) -> StepDef:
@@ -242,7 +251,8 @@ def _parse_wait(raw_step: Mapping[str, Any], where: str) -> StepDef:
     waits again after one timed out (one attempt unless it says so)."""
     check_keys(
         raw_step,
-        {"name", "kind", "signal", "depends_on", "retry", "timeout_ms", "on_timeout", "default"},
+        {"name", "kind", "signal", "depends_on", "retry", "timeout_ms", "on_timeout", "default"}
+        | _DECIDE_KEYS,
         where,
     )
     signal = require(raw_step, "signal", str, where)
@@ -295,7 +305,9 @@ def _on_timeout(raw_step: Mapping[str, Any], where: str) -> dict[str, Any]:
 def _parse_sleep(raw_step: Mapping[str, Any], where: str) -> StepDef:
     """A step that sleeps, costing no worker: for ``duration_ms``, or until the time its
     ``until`` selector finds in the run (one of the two); core/sleeps.py."""
-    check_keys(raw_step, {"name", "kind", "depends_on", "duration_ms", "until"}, where)
+    check_keys(
+        raw_step, {"name", "kind", "depends_on", "duration_ms", "until"} | _DECIDE_KEYS, where
+    )
     deps = _dependencies(raw_step, where)
     if ("duration_ms" in raw_step) == ("until" in raw_step):
         raise ValidationError(f"{where}: a sleep step has either duration_ms or until")
@@ -347,7 +359,8 @@ def _parse_child(raw_step: Mapping[str, Any], where: str) -> StepDef:
     """A step that starts a child run of another workflow and ends as it does."""
     check_keys(
         raw_step,
-        {"name", "kind", "workflow", "version", "input_from", "depends_on", "retry", "timeout_ms"},
+        {"name", "kind", "workflow", "version", "input_from", "depends_on", "retry", "timeout_ms"}
+        | _DECIDE_KEYS,
         where,
     )
     child = require(raw_step, "workflow", str, where)

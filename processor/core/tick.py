@@ -69,7 +69,13 @@ Rules, in the order they are applied:
    is no time fails it; one whose source step ended in this very tick (its output not yet
    recorded) leaves it pending, with a timer for now, until the next tick reads it. A sleep
    whose time had passed ends in the tick that starts it (rule 4b), and what follows starts.
-7. When every node succeeded the run succeeded.
+6a. In a workflow where a step has a condition (``when``), a skipped dependency has ended
+   too, and before anything starts each pending step whose dependencies all ended is judged
+   (core/skips.py): skipped when they were all skipped (unless ``run_if: all_done``), when a
+   source of its data was, or when its condition is false on what the load read of its
+   selectors (``selected``); held, with a timer for now, while those values were not read. A
+   skipped node is terminal and has no output.
+7. When every node succeeded or was skipped the run succeeded.
 8. A tick that changes nothing is a no-op and writes nothing; one that changes anything bumps
    ``seq`` by exactly one (so ``last_transition_seq`` is monotone).
 
@@ -103,8 +109,9 @@ from processor.core.run_ends import (
     ordered_nodes,
 )
 from processor.core.run_state import NodeState, NodeStatus, RunState, RunStatus, node_state
+from processor.core.selectors import Selected
 from processor.core.shapes import AttemptRef
-from processor.core.sleeps import Selected, Settled, sleep_timers, wake_sleeps
+from processor.core.sleeps import Settled, sleep_timers, wake_sleeps
 from processor.core.tick_decision import NOOP, Decision, Dispatch
 from processor.core.wait_steps import signal_waits, timed_out
 from processor.core.workflow_def import StepDef, WorkflowDef
@@ -119,6 +126,7 @@ __all__ = [
 _PENDING, _DISPATCHED = NodeStatus.PENDING, NodeStatus.DISPATCHED
 _RETRY_WAIT, _LIMIT_WAIT = NodeStatus.RETRY_WAIT, NodeStatus.LIMIT_WAIT
 _SUCCEEDED, _FAILED = NodeStatus.SUCCEEDED, NodeStatus.FAILED
+_SKIPPED = NodeStatus.SKIPPED
 _RUN_PENDING, _RUN_RUNNING = RunStatus.PENDING, RunStatus.RUNNING
 
 
@@ -137,8 +145,8 @@ def tick(
     """``named``: the run's named signals, (name, signal id), in the order received;
     ``input_length``: the length of the run's input when it is a list (a map's items);
     ``started``: what the workers recorded of the attempts in flight whose due time passed,
-    by node (rule 4; None: not loaded); ``selected``: what the selectors of its sleep steps
-    not yet started found, by step (rule 6; a step absent: its source not recorded)."""
+    by node (rule 4; None: not loaded); ``selected``: what the selectors of its steps not
+    yet started found, by the selector's text (rules 6 and 6a; one absent: not read)."""
     if state.status.terminal:
         return NOOP
     if SignalKind.CANCEL in set(signals):
@@ -247,7 +255,7 @@ def _advance(
         return ended_run._replace(
             signalled=tuple(signalled), mapped=tuple(mapped), settled=tuple(settled)
         )
-    if all(s.status is _SUCCEEDED for s in nodes.values()):
+    if all(s.status is _SUCCEEDED or s.status is _SKIPPED for s in nodes.values()):
         ended_run = end_run(state, nodes, RunStatus.SUCCEEDED, None, wf, maps)
         return ended_run._replace(
             signalled=tuple(signalled), mapped=tuple(mapped), settled=tuple(settled)
@@ -261,8 +269,8 @@ def _advance(
         return NOOP
     new_state = RunState(status, new_nodes, state.seq + 1, state.reason, new_maps)
     timers = _new_timers(state, new_state)
-    if wf.sleeps:
-        due = sleep_timers(state, nodes, wf, now_ms)
+    if wf.sleeps or deferred:
+        due = sleep_timers(state, nodes, wf, now_ms) if wf.sleeps else set()
         if deferred:
             due.add(now_ms)
         timers = tuple(sorted(due.union(timers)))

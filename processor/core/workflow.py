@@ -164,6 +164,16 @@ def workflow_to_json(wf: WorkflowDef) -> dict[str, Any]:
 
 
 def step_to_json(s: StepDef) -> dict[str, Any]:
+    """A step as JSON, its condition written only when it has one (older ones unchanged)."""
+    raw = _step_json(s)
+    if s.when is not None:
+        raw["when"] = s.when.text
+    if s.run_if is not None:
+        raw["run_if"] = s.run_if
+    return raw
+
+
+def _step_json(s: StepDef) -> dict[str, Any]:
     """One step as the definition's JSON holds it."""
     if s.starts_child:
         return _child_to_json(s)

@@ -11,6 +11,7 @@ import re
 from dataclasses import dataclass, field
 from functools import cached_property
 
+from processor.core.conditions import Condition
 from processor.core.limit_defs import ConcurrencyLimit, StepRateLimit
 from processor.core.routing import DEFAULT_QUEUE
 from processor.core.selectors import Selector
@@ -50,6 +51,9 @@ SLEEP = "sleep"
 # What a wait step does when its last attempt times out: fail (the default) or succeed with
 # its default output and let the run go on.
 ON_TIMEOUT_FAIL, ON_TIMEOUT_CONTINUE = "fail", "continue"
+# A step's ``run_if``: by default a step whose dependencies were all skipped is skipped too;
+# one with ``run_if: all_done`` runs once they all ended, skipped or not (core/skips.py).
+RUN_IF_ALL_DONE = "all_done"
 # A signal's name: what ``ductor signal RUN NAME`` sends and a wait step waits for.
 SIGNAL_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,99}")
 # A wait step waits a week unless it says otherwise (a person may be away).
@@ -117,6 +121,17 @@ class StepDef:
     # and, when it continues, its output as canonical JSON text (None: null).
     on_timeout: str = ON_TIMEOUT_FAIL
     default_output: str | None = None
+    # Any kind's: the condition it runs on (``when``; core/conditions.py), false: skipped;
+    # ``run_if`` None or RUN_IF_ALL_DONE (core/skips.py).
+    when: Condition | None = None
+    run_if: str | None = None
+
+    @property
+    def selectors(self) -> tuple[Selector, ...]:
+        """The selectors it reads of its run before it starts (its ``until``, its condition's):
+        the load reads what they find (io/postgres/selected.py)."""
+        read = () if self.when is None else self.when.selectors
+        return read if self.until is None else (self.until, *read)
 
     @property
     def limited(self) -> bool:
@@ -195,8 +210,14 @@ class WorkflowDef:
 
     @cached_property
     def only_tasks(self) -> bool:
-        """Whether every step is a task (the tick's fast path: no wait, map or child)."""
-        return all(s.kind == TASK for s in self.steps)
+        """Whether every step is a task that always runs (the tick's fast path: no wait, map,
+        child or sleep, no condition)."""
+        return all(s.kind == TASK for s in self.steps) and not self.decides
+
+    @cached_property
+    def decides(self) -> bool:
+        """Whether a step has a condition: only then may a step be skipped (core/skips.py)."""
+        return any(s.when is not None for s in self.steps)
 
     @cached_property
     def has_limits(self) -> bool:
@@ -220,9 +241,10 @@ class WorkflowDef:
 
     @cached_property
     def selects(self) -> tuple[StepDef, ...]:
-        """Its sleep steps whose time is read from the run (``until``): the load reads what
-        their selectors find while they have not started (io/postgres/selected.py)."""
-        return tuple(s for s in self.sleeps if s.until is not None)
+        """Its steps that read values of the run before they start (a sleep's ``until``, a
+        condition): the load reads what their selectors find while they have not started
+        (io/postgres/selected.py). Empty for most workflows, whose loads read nothing more."""
+        return tuple(s for s in self.steps if s.selectors)
 
     @cached_property
     def has_children(self) -> bool:

@@ -25,6 +25,7 @@ LAYERS = {
     "processor.engine": 2,
     "processor.worker": 2,
     "processor.authoring": 3,
+    "processor.authoring_options": 2,  # below authoring, which re-exports its options
     "processor.client": 4,
     "processor.cli": 5,
     "processor.tools": 5,

@@ -74,8 +74,15 @@ def _after_first(wf: WorkflowDef, now: int, **selected: Selected) -> Decision:
         [StepResult(wf.steps[0].name, 1, OK)],
         (),
         now,
-        selected=dict(selected),
+        selected={_until(wf, step): found for step, found in selected.items()},
     )
+
+
+def _until(wf: WorkflowDef, step: str) -> str:
+    """What the load's findings for sleep step ``step`` are keyed by: its selector's text."""
+    until = wf.step_map[step].until
+    assert until is not None
+    return until.text
 
 
 def test_a_sleep_starts_without_a_task_and_is_due_at_its_time() -> None:
@@ -145,7 +152,14 @@ def test_an_until_not_recorded_yet_waits_for_the_next_tick_with_a_timer_for_now(
     assert decision.new_state is not None
     assert decision.new_state.node("wait").status is NodeStatus.PENDING
     assert decision.timers == (1_000,)
-    again = tick(decision.new_state, UNTIL, (), (), 1_050, selected={"wait": Selected(True, 9)})
+    again = tick(
+        decision.new_state,
+        UNTIL,
+        (),
+        (),
+        1_050,
+        selected={"$.steps.plan.output.at": Selected(True, 9)},
+    )
     assert again.new_state is not None
     assert again.new_state.node("wait").status is NodeStatus.SUCCEEDED
 
@@ -181,7 +195,8 @@ def test_selectors_are_tiny_and_checked() -> None:
     assert parse_selector("$.input") == ("$.input", None, ())
     assert parse_selector("$.input.a.b") == ("$.input.a.b", None, ("a", "b"))
     assert parse_selector("$.steps.plan.output.at") == ("$.steps.plan.output.at", "plan", ("at",))
-    for bad in ("input.a", "$.input[0]", "$.steps.plan.at", "$.input..a", 5):
+    assert parse_selector("$.input.a[0].b") == ("$.input.a.0.b", None, ("a", "0", "b"))
+    for bad in ("input.a", "$.input[a]", "$.steps.plan.at", "$.input..a", "$.input[-1]", 5):
         with pytest.raises(BadSelector):
             parse_selector(bad)
 
@@ -330,7 +345,7 @@ clocks = st.lists(st.integers(0, 30_000), min_size=1, max_size=25).map(sorted)
 def test_a_sleep_completes_once_and_never_before_its_due_time(
     times: list[int], repeats: list[int], until: Any
 ) -> None:
-    for wf, selected in ((WF, {}), (UNTIL, {"wait": Selected(True, until)})):
+    for wf, selected in ((WF, {}), (UNTIL, {"$.steps.plan.output.at": Selected(True, until)})):
         state, history = _run(wf, times, repeats, selected)
         sleep = wf.sleeps[0].name
         started = [

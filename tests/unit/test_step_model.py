@@ -191,6 +191,8 @@ FULL: dict[str, Any] = {
             "depends_on": ["items"],
             "on_timeout": "continue",
             "default": {"approved": False},
+            "when": '$.input.region in ["eu", "us"] and $.steps.items.output[0] != null',
+            "run_if": "all_done",
         },
         {"name": "pause", "kind": "sleep", "depends_on": ["approve"], "duration_ms": 5_000},
         {
@@ -271,6 +273,8 @@ _IN_CODE = {
     "parallelism": "parallelism",
     "concurrency": "concurrency",
     "rate_limit": "rate_limit",
+    "when": "when",
+    "run_if": "run_if",
 }
 
 
@@ -296,6 +300,7 @@ def _in_code(wf: WorkflowDef, raw: dict[str, Any]) -> Workflow:
             step.retry.max_backoff_ms,
         )
         common: dict[str, Any] = {"after": step.depends_on, "timeout": step.timeout_ms}
+        common |= {"when": None if step.when is None else step.when.text, "run_if": step.run_if}
         if step.waits:
             assert step.signal is not None
             default = None if step.default_output is None else json.loads(step.default_output)
@@ -310,7 +315,14 @@ def _in_code(wf: WorkflowDef, raw: dict[str, Any]) -> Workflow:
             continue
         if step.sleeps:
             until = None if step.until is None else step.until.text
-            code.sleep(step.name, duration=step.sleep_ms, until=until, after=step.depends_on)
+            code.sleep(
+                step.name,
+                duration=step.sleep_ms,
+                until=until,
+                after=step.depends_on,
+                when=common["when"],
+                run_if=step.run_if,
+            )
             continue
         if step.starts_child:
             assert step.child_workflow is not None

@@ -221,6 +221,7 @@ def _state(
             "dispatched",
         ),
         (_state("cancelled", 0), "not_run", "not run"),
+        (_state("skipped", 0), "skipped", "skipped"),
         (_state("cancelled", 2), "cancelled", "cancelled"),
         (_state("failed", 3), "failed", "failed"),
         (_state("succeeded", 1), "succeeded", "succeeded"),
@@ -248,6 +249,7 @@ def test_every_state_drawn_has_a_colour_of_its_own_in_the_stylesheet() -> None:
         "limit_wait",
         "not_run",
         "pending",
+        "skipped",
     ):
         assert f".dag .node.{status} rect" in css, status
     for state in ("succeeded", "failed", "lost", "running", "waited", "waiting"):

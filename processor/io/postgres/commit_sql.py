@@ -65,7 +65,8 @@ UPDATE eec_workflow_run AS r
        last_transition_at = now(),
        output = CASE WHEN c.output IS NULL THEN r.output ELSE (
            SELECT CASE WHEN (c.output ->> 'single')::boolean THEN (array_agg(v.output))[1]
-                       ELSE jsonb_object_agg(v.key, v.output) END
+                       -- (every step of the mapping skipped: an empty one)
+                       ELSE coalesce(jsonb_object_agg(v.key, v.output), '{{}}') END
              FROM (SELECT o.key, coalesce(s.output, g.payload, mm.output, so.output::jsonb)
                           AS output
                      FROM jsonb_to_recordset(c.output -> 'refs')

@@ -19,6 +19,7 @@ from processor.core.model import LoadedRun
 from processor.core.run_state import NodeState, NodeStatus, RunStatus, shown_nodes
 from processor.core.shapes import AttemptRef
 from processor.core.shown import Shown
+from processor.core.skips import why_skipped
 from processor.io.postgres.instances import alive
 from processor.io.postgres.run_data import NO_SIGNALS, Signals, run_input, run_signals
 from processor.io.postgres.run_search import AttemptRow, attempt_rows
@@ -171,6 +172,8 @@ def inspect_document(record: RunRecord) -> dict[str, Any]:
     )
     document["steps"] = [
         {"name": s.name, "kind": s.kind, "type": s.step_type, "after": list(s.depends_on)}
+        | ({} if s.when is None else {"when": s.when.text})
+        | ({} if s.run_if is None else {"run_if": s.run_if})
         for s in run.wf.steps
     ]
     nodes, in_flight = _nodes_json(record, run)
@@ -193,6 +196,7 @@ def _nodes_json(
     claimed = {(a.node, a.attempt): a.started_at for a in record.attempts}
     outputs = {(a.node, a.attempt): a.output for a in record.attempts}
     nodes = []
+    state_nodes = run.state.node_map()
     for name, node in record.nodes:
         step = run.wf.step_for(name)
         if node.status is NodeStatus.DISPATCHED and node.due_ms is not None:
@@ -211,6 +215,10 @@ def _nodes_json(
                 # The output of its current attempt, once it succeeded (cut).
                 "output": _shown(outputs.get((name, node.attempt))),
                 "due": None if node.due_ms is None else _iso_ms(node.due_ms),
+                # A skipped step's why (core/skips.py); None for every other.
+                "skipped": (
+                    why_skipped(step, state_nodes) if node.status is NodeStatus.SKIPPED else None
+                ),
                 "child_run": (
                     child_run_id(record.run_id, name, node.attempt)
                     if step.starts_child and node.attempt

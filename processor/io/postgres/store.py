@@ -102,8 +102,9 @@ def load_runs_at(
             loaded[row.run_id] = UnknownWorkflow(str(exc), row.version)
             continue
         loaded[row.run_id] = loaded_run(row, wf)
-    # Sleep steps that read their time from the run: what their selectors find, in one more
-    # statement, only when a run of the batch has one not yet started (io/postgres/selected.py).
+    # Steps that read values of the run before they start (a sleep's until, a condition):
+    # what their selectors find, in one more statement, only when a run of the batch has one
+    # about to start (io/postgres/selected.py).
     queries = [q for run in loaded.values() if isinstance(run, LoadedRun) for q in wanted(run)]
     if queries:
         for run_id, selected in read_selected(conn, queries).items():

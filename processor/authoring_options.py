@@ -1,0 +1,68 @@
+"""The options of a step written in Python (processor/authoring.py), in that API's terms: a
+retry policy and limits with durations as text, resolved into the definition's values when
+the workflow's definition is asked for. Nothing here touches a service."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from processor.core.durations import Duration, duration_ms
+from processor.core.limit_defs import ConcurrencyLimit, StepRateLimit
+from processor.core.step_parse import concurrency_key
+from processor.core.workflow_def import RetryPolicy
+
+
+@dataclass(frozen=True)
+class Retry:
+    """A step's retry policy: at most ``max_attempts`` attempts, the n-th retry waiting
+    ``backoff * multiplier ** (n - 1)``, never more than ``max_backoff``."""
+
+    max_attempts: int = 3
+    backoff: Duration = 100
+    multiplier: float = 2.0
+    max_backoff: Duration = "60s"
+
+    def policy(self) -> RetryPolicy:
+        """The policy as the definition holds it."""
+        return RetryPolicy(
+            max_attempts=self.max_attempts,
+            backoff_ms=duration_ms(self.backoff, "retry.backoff"),
+            backoff_multiplier=float(self.multiplier),
+            max_backoff_ms=duration_ms(self.max_backoff, "retry.max_backoff"),
+        )
+
+
+@dataclass(frozen=True)
+class Concurrency:
+    """At most ``limit`` attempts of the step in flight at once across runs, counted apart
+    per value of ``key`` (a dotted path in the run's input, e.g. ``"customer.id"``) when
+    given. Steps naming the same limit (``name``; the step's type by default) share it."""
+
+    limit: int
+    key: str | None = None
+    name: str | None = None
+
+    def limit_of(self, step_type: str, where: str) -> ConcurrencyLimit:
+        """The limit as the definition of a step of type ``step_type`` holds it (``where``:
+        the step's place in the definition, for a key that is not a path)."""
+        name = self.name if self.name is not None else step_type
+        key = concurrency_key(self.key or "", f"{where}.concurrency")
+        return ConcurrencyLimit(name, self.limit, key)
+
+
+@dataclass(frozen=True)
+class RateLimit:
+    """At most ``limit`` attempts of the step dispatched in any window of ``per`` (a
+    duration: ``"1m"``, ``"1s"``, milliseconds as a number), across runs; shared by name."""
+
+    limit: int
+    per: Duration = "1s"
+    name: str | None = None
+
+    def limit_of(self, step_type: str) -> StepRateLimit:
+        """The limit as the definition of a step of type ``step_type`` holds it."""
+        name = self.name if self.name is not None else step_type
+        return StepRateLimit(name, self.limit, duration_ms(self.per, "rate_limit.per"))
+
+
+__all__ = ["Concurrency", "RateLimit", "Retry"]
