@@ -12,6 +12,7 @@ from dataclasses import InitVar, dataclass, field
 from enum import StrEnum
 from typing import Any, NamedTuple
 
+from processor.core.deadlines import RunDeadline
 from processor.core.run_state import (
     RunState,
     state_checksum,
@@ -132,6 +133,8 @@ class LoadedRun:
     # What the ``until`` selectors of its sleep steps not yet started found, (step, value);
     # a step absent: its source output is not recorded; None: none was read.
     selected: tuple[tuple[str, Selected], ...] | None = None
+    # When a live run must have ended (core/deadlines.py); None: it has no deadline.
+    deadline: RunDeadline | None = None
     # Whether the loader found the stored checksum right for the row as stored (row_checksum);
     # when not given, it is checked against the state here.
     verified: InitVar[bool | None] = None
@@ -156,6 +159,7 @@ class LoadedRun:
         input_length: int | None = None,
         starts: Starts | None = None,
         selected: tuple[tuple[str, Selected], ...] | None = None,
+        deadline: RunDeadline | None = None,
         verified: bool | None = None,
     ) -> None:
         object.__setattr__(self, "run_id", run_id)
@@ -173,6 +177,7 @@ class LoadedRun:
         object.__setattr__(self, "input_length", input_length)
         object.__setattr__(self, "starts", starts)
         object.__setattr__(self, "selected", selected)
+        object.__setattr__(self, "deadline", deadline)
         if verified is None:
             verified = stored_checksum == state_checksum(state)
         object.__setattr__(self, "checksum_ok", verified)
@@ -199,6 +204,7 @@ class LoadedRun:
             self.input_length,
             self.starts,
             selected,
+            self.deadline,
             self.checksum_ok,
         )
 
