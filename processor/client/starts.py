@@ -71,9 +71,8 @@ def start_runs(
     ``fail`` (the other ids of the call are started all the same). ``start_at`` (an aware
     datetime) starts them then, not before: a processor's sweep wakes them once it passed.
     ``tags`` (names to strings, core/run_search.tags_problem) are what `search_runs` finds
-    them by; a run that exists already keeps its own. ``timeout_ms``: how long each run may
-    take from its start (its creation, or ``start_at``), over the workflow's own
-    ``timeout_ms``; past it the run fails (None: the workflow's, if it declares one)."""
+    them by; a run that exists already keeps its own. ``timeout_ms``: each run's deadline
+    from its start (creation or ``start_at``), over the workflow's ``timeout_ms``."""
     _check_options(tags, timeout_ms)
     check_start(workflow, run_ids, run_input)
     policy = _policy(if_exists)

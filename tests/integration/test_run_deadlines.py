@@ -1,9 +1,9 @@
 """Run deadlines on the real services: a run whose step hangs (it would run a minute, its own
 timeout two) is failed at its workflow's deadline with the reason, never before; its running
 attempt is told to stop (the step sees ``ctx.cancelled``, and nothing it returns is applied)
-and its child run is cancelled with it. A start's own timeout, shorter than its workflow's,
-wins (given through ``ductor start --timeout``). A run that ends in time succeeds as if it had
-no deadline.
+and its child run (with a deadline of its own workflow's) is cancelled with it. A start's own
+timeout, shorter than its workflow's, wins (given through ``ductor start --timeout``). A run
+that ends in time succeeds as if it had no deadline.
 """
 
 from __future__ import annotations
@@ -73,7 +73,8 @@ def _register(pg: psycopg.Connection[Any], tag: str) -> dict[str, str]:
     hold = {"name": "hold", "kind": "wait", "signal": "never", "timeout_ms": 600_000}
     hang = {"name": "work", "type": "deadline_hang", "timeout_ms": 120_000}
     for raw in (
-        {"name": names["hold"], "version": 1, "steps": [hold]},
+        # (a deadline of its own, which its parent's end comes long before)
+        {"name": names["hold"], "version": 1, "timeout_ms": 900_000, "steps": [hold]},
         {
             "name": names["late"],
             "version": 1,
@@ -153,6 +154,8 @@ def test_a_run_past_its_deadline_fails_its_step_told_to_stop_its_child_cancelled
         assert row["nodes"]["work"]["status"] == "cancelled"
     assert _row(pg, late)["nodes"]["child"]["status"] == "cancelled"
     assert run_statuses(pg, [child]) == {child: "cancelled"}
+    held = _row(pg, child)  # its own workflow's deadline, from its creation
+    assert held["timeout_ms"] == 900_000 and held["deadline"] - held["created"] == 900_000
 
     quick = _row(pg, in_time)
     assert quick["status"] == "succeeded" and quick["reason"] is None

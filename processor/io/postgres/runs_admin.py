@@ -40,6 +40,8 @@ class RunColumns:
     quarantine_reason: str | None
     start_at: datetime | None = None  # started for later: not before then
     tags: Mapping[str, str] = field(default_factory=dict)
+    deadline_at: datetime | None = None  # when it must have ended (core/deadlines.py)
+    timeout_ms: int | None = None  # the timeout its deadline came from
 
 
 @dataclass(frozen=True)
@@ -232,14 +234,14 @@ def run_columns(conn: psycopg.Connection[Any], run_id: str) -> RunColumns | None
         "SELECT r.db_record_version, r.next_wakeup_at, r.created_at, r.updated_at,"
         "       r.failure_reason, r.workflow_name, r.workflow_version, r.status, r.tier,"
         f"      {flag_column('r', 'quarantined_at')}, {flag_column('r', 'reason')},"
-        "       r.start_at, r.tags"
+        "       r.start_at, r.tags, r.deadline_at, r.timeout_ms"
         " FROM eec_workflow_run r WHERE r.run_id = %s",
         (run_id,),
     ).fetchone()
     if row is None:
         return None
     version, next_wakeup_at, created, updated, failure, wf_name, wf_version, *rest = row
-    status, tier, quarantined_at, quarantine_reason, start_at, tags = rest
+    status, tier, quarantined_at, quarantine_reason, start_at, tags, deadline, timeout = rest
     return RunColumns(
         version,
         next_wakeup_at,
@@ -253,6 +255,8 @@ def run_columns(conn: psycopg.Connection[Any], run_id: str) -> RunColumns | None
         quarantine_reason,
         start_at,
         tags or {},
+        deadline,
+        timeout,
     )
 
 
