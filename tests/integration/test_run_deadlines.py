@@ -17,7 +17,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from processor.client import start_runs
+from processor.client import retry_run, start_runs
 from processor.core.workflow import parse_workflow
 from processor.io.config.settings import Settings
 from processor.io.postgres.workflows import register_workflow
@@ -60,6 +60,12 @@ class Hanging:
                 (self.saw_cancel if ctx.cancelled else self.returned).add(ctx.run_id)
             return {"done": True}
 
+        @registry.step("deadline_first_hangs")
+        def first_hangs(ctx: StepContext) -> Any:
+            while ctx.attempt == 1 and not ctx.cancelled:
+                work_for(0.05)
+            return {"attempt": ctx.attempt}
+
         @registry.step("deadline_quick")
         def quick(ctx: StepContext) -> Any:
             return {"quick": ctx.run_id}
@@ -68,7 +74,7 @@ class Hanging:
 
 
 def _register(pg: psycopg.Connection[Any], tag: str) -> dict[str, str]:
-    names = {k: f"{k}-{tag}" for k in ("hold", "late", "long", "quick")}
+    names = {k: f"{k}-{tag}" for k in ("hold", "late", "long", "quick", "again")}
     # The child: a wait nobody answers (a week), what only a cancel ends.
     hold = {"name": "hold", "kind": "wait", "signal": "never", "timeout_ms": 600_000}
     hang = {"name": "work", "type": "deadline_hang", "timeout_ms": 120_000}
@@ -83,6 +89,12 @@ def _register(pg: psycopg.Connection[Any], tag: str) -> dict[str, str]:
         },
         # A workflow's deadline of ten minutes, which a start shortens.
         {"name": names["long"], "version": 1, "timeout_ms": 600_000, "steps": [hang]},
+        {
+            "name": names["again"],
+            "version": 1,
+            "timeout_ms": OVERRIDE_MS,
+            "steps": [{"name": "work", "type": "deadline_first_hangs", "timeout_ms": 120_000}],
+        },
         {
             "name": names["quick"],
             "version": 1,
@@ -167,3 +179,26 @@ def test_a_run_past_its_deadline_fails_its_step_told_to_stop_its_child_cancelled
     assert_transitions_applied_once(pg)
     assert instance.alive and sum(instance.stats.errors.values()) == 0
     print(f"the runs failed {lateness} ms after their deadlines")
+
+
+def test_a_run_failed_at_its_deadline_and_retried_gets_its_whole_timeout_again(
+    settings: Settings, pg: psycopg.Connection[Any], processor_thread: Any
+) -> None:
+    tag = uuid.uuid4().hex[:6]
+    names = _register(pg, tag)
+    run_id = f"again-{tag}"
+    processor_thread(settings)
+    worker = WorkerThread(settings, Hanging().registry())
+    try:
+        start_runs(settings, names["again"], [run_id])
+        wait_for(lambda: count_terminal(pg, [run_id]) == 1, 60, "the run to fail")
+        failed = _row(pg, run_id)
+        assert failed["reason"] == f"run deadline of {OVERRIDE_MS} ms passed"
+        retry_run(settings, run_id)
+        # Its second attempt answers at once, well within the deadline the retry set again.
+        wait_for(lambda: count_terminal(pg, [run_id]) == 1, 60, "the retried run to end")
+    finally:
+        worker.stop()
+    retried = _row(pg, run_id)
+    assert retried["status"] == "succeeded", retried
+    assert retried["deadline"] > failed["deadline"] and retried["ended"] < retried["deadline"]
