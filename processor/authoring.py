@@ -92,16 +92,18 @@ class Workflow:
         output: str | Mapping[str, str] | None = None,
         input_schema: Mapping[str, Any] | type | None = None,
         registry: StepRegistry | None = None,
+        timeout: Duration | None = None,
     ) -> None:
         """``input_schema``: the JSON Schema a run's input must match (a start is refused
         otherwise, saying where), or a model class that gives one (a pydantic model: its
-        ``model_json_schema()``); steps read the input as the model with
-        ``ctx.input_as(Model)``."""
+        ``model_json_schema()``); steps read the input as ``ctx.input_as(Model)``.
+        ``timeout``: how long a run may take from its start (``timeout_ms``)."""
         self.name = name
         self.version = version
         self.description = description
         self.output = output
         self.input_schema = schema_of(input_schema) if input_schema is not None else None
+        self.timeout_ms = optional_ms(timeout, "workflow: timeout")
         self.registry = registry if registry is not None else StepRegistry()
         self._steps: list[_Declared] = []
         self._names: dict[int, str] = {}  # id(function) -> its step's name
@@ -351,7 +353,7 @@ class Workflow:
             raw["output"] = self.output if isinstance(self.output, str) else dict(self.output)
         if self.input_schema is not None:
             raw["input_schema"] = self.input_schema
-        return raw
+        return raw if self.timeout_ms is None else raw | {"timeout_ms": self.timeout_ms}
 
     def definition(self) -> WorkflowDef:
         """The validated definition (ValidationError says what is wrong and where)."""

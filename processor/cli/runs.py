@@ -46,6 +46,7 @@ from processor.core.skips import why_skipped
 from processor.core.workflow_def import SIGNAL_NAME
 from processor.io.config.settings import Settings
 from processor.io.postgres.run_document import RunRecord, inspect_document, read_run
+from processor.io.postgres.runs_admin import RunColumns
 from processor.io.postgres.store import Definitions
 
 
@@ -111,6 +112,15 @@ def _node_line(run: LoadedRun, name: str, node: NodeState) -> str:
     return f"  {name:20} {node.status.value:11} attempt {node.attempt}{printable(extra)}"
 
 
+def _print_times(columns: RunColumns) -> None:
+    """When the run starts (if later), must have ended (if it has a deadline), wakes next."""
+    if columns.start_at is not None:
+        print(f"starts at  {columns.start_at}")
+    if columns.deadline_at is not None:
+        print(f"deadline   {columns.deadline_at} ({columns.timeout_ms} ms from its start)")
+    print(f"next wake  {columns.next_wakeup_at or '-'}")
+
+
 def cmd_inspect(settings: Settings, args: argparse.Namespace) -> int:
     with connect(settings) as conn:
         record = read_run(conn, Definitions(), args.run_id, settings.instance_timeout_s)
@@ -139,9 +149,7 @@ def cmd_inspect(settings: Settings, args: argparse.Namespace) -> int:
         print(f"parent     {parent.run_id} (step {parent.node}, attempt {parent.attempt})")
     check = "ok" if run.checksum_ok else f"MISMATCH (row says {run.stored_checksum})"
     print(f"checksum   {state_checksum(run.state)} {check}")
-    if columns.start_at is not None:
-        print(f"starts at  {columns.start_at}")
-    print(f"next wake  {columns.next_wakeup_at or '-'}")
+    _print_times(columns)
     print(tags_line(record))
     print(input_line(record))
     print(f"output     {output_text(result)}")

@@ -17,6 +17,7 @@ from processor.cli.grammar import print_json
 from processor.cli.runs import print_result, via_argument, waited_result
 from processor.cli.workers import warn_unserved_workflow
 from processor.client import IfExists, RunExists, StartNotAnnounced, request_starts, start_runs
+from processor.core.deadlines import timeout_problem
 from processor.core.routing import TIERS, TopicNames
 from processor.core.run_search import parse_tags
 from processor.core.workflow_def import ValidationError
@@ -59,6 +60,12 @@ def register(sub: Any) -> None:
         "--delay", metavar="DURATION", help="start the runs this long from now (90s, 10m, 2h)"
     )
     p.add_argument(
+        "--timeout",
+        metavar="MS",
+        help="how long each run may take from its start, in ms (or 30s, 10m, 2h): past it the"
+        " run fails, its steps and child runs cancelled (default: the workflow's timeout_ms)",
+    )
+    p.add_argument(
         "--wait",
         nargs="?",
         type=float,
@@ -88,9 +95,10 @@ def cmd_start(settings: Settings, args: argparse.Namespace) -> int:
     else:
         ids = [f"{args.workflow}-{uuid.uuid4().hex[:12]}" for _ in range(args.count)]
     start_at = _start_at(args)
+    timeout_ms = _timeout_ms(args)
     if args.via == "kafka":
-        if start_at is not None or tags:
-            raise CliError("--at, --delay and --tag need --via database", EXIT_USAGE)
+        if start_at is not None or tags or timeout_ms is not None:
+            raise CliError("--at, --delay, --tag and --timeout need --via database", EXIT_USAGE)
         return _request_starts(settings, args, ids, run_input)
     try:
         inserted = start_runs(
@@ -102,6 +110,7 @@ def cmd_start(settings: Settings, args: argparse.Namespace) -> int:
             if_exists=args.if_exists,
             start_at=start_at,
             tags=tags or None,
+            timeout_ms=timeout_ms,
         )
     except StartNotAnnounced as exc:
         # The runs exist and will start: what the command promises holds, later than usual.
@@ -162,6 +171,21 @@ def _start_at(args: argparse.Namespace) -> datetime | None:
             raise CliError(str(exc), EXIT_USAGE) from None
         return datetime.now(UTC) + timedelta(milliseconds=delay_ms)
     return None
+
+
+def _timeout_ms(args: argparse.Namespace) -> int | None:
+    """The runs' own timeout ``--timeout`` gives (exit 2 if it is no duration in range)."""
+    if args.timeout is None:
+        return None
+    text = args.timeout.strip()
+    try:
+        ms = int(text) if text.isdigit() else duration_ms(text, "--timeout")
+    except ValidationError as exc:
+        raise CliError(str(exc), EXIT_USAGE) from None
+    problem = timeout_problem(ms, "--timeout")
+    if problem is not None:
+        raise CliError(problem, EXIT_USAGE)
+    return ms
 
 
 def _request_starts(

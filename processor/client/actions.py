@@ -37,6 +37,7 @@ from processor.io.postgres.run_signals import Signal, record_live_signals, signa
 from processor.io.postgres.runs_admin import (
     insert_cancels,
     release_quarantine,
+    restart_deadline,
     run_columns,
     run_tier,
 )
@@ -257,6 +258,8 @@ def _resume(
                 "SELECT 1 FROM eec_workflow_run WHERE run_id = %s FOR NO KEY UPDATE", (run_id,)
             )
             answer = commit_batch(conn, [Commit(run_id, run.version, resumed, (send,))])
+            if answer.committed:
+                restart_deadline(conn, run_id)
         if answer.committed:
             steps = tuple(n for n, node in resumed.nodes if node.status is NodeStatus.PENDING)
             return RetriedRun(run_id, steps, resumed.seq), run.tier

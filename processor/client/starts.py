@@ -28,6 +28,7 @@ from processor.client.errors import (
     StartNotAnnounced,
 )
 from processor.client.records import StartedRun
+from processor.core.deadlines import timeout_problem
 from processor.core.model import SignalKind
 from processor.core.requests import (
     MAX_NAME_LENGTH,
@@ -61,6 +62,7 @@ def start_runs(
     if_exists: IfExists | str | None = None,
     start_at: datetime | None = None,
     tags: dict[str, str] | None = None,
+    timeout_ms: int | None = None,
 ) -> list[str]:
     """Insert the runs and produce their first wakeups. Returns the ids created. A run id that
     exists already is kept as it is and woken again (its tick is then a no-op) when its start
@@ -69,10 +71,9 @@ def start_runs(
     ``fail`` (the other ids of the call are started all the same). ``start_at`` (an aware
     datetime) starts them then, not before: a processor's sweep wakes them once it passed.
     ``tags`` (names to strings, core/run_search.tags_problem) are what `search_runs` finds
-    them by; a run that exists already keeps its own."""
-    problem = None if tags is None else tags_problem(tags)
-    if problem is not None:
-        raise InvalidArgument(problem)
+    them by; a run that exists already keeps its own. ``timeout_ms``: each run's deadline
+    from its start (creation or ``start_at``), over the workflow's ``timeout_ms``."""
+    _check_options(tags, timeout_ms)
     check_start(workflow, run_ids, run_input)
     policy = _policy(if_exists)
     start_ms = _start_ms(start_at)
@@ -91,7 +92,7 @@ def start_runs(
         for start in range(0, len(run_ids), 5000):
             chunk = run_ids[start : start + 5000]
             runs = [(r, run_input or {}) for r in chunk]
-            done = insert_runs(conn, wf, runs, tier, start_ms, tags)
+            done = insert_runs(conn, wf, runs, tier, start_ms, tags, timeout_ms)
             inserted += done.created
             existing += done.existing
     refused = [e for e in existing if _refused(e, workflow, policy)]
@@ -111,6 +112,14 @@ def start_runs(
     if refused:
         raise RunExists(_refusal(refused, workflow, policy), refused, inserted)
     return inserted
+
+
+def _check_options(tags: dict[str, str] | None, timeout_ms: int | None) -> None:
+    problem = None if tags is None else tags_problem(tags)
+    if problem is None and timeout_ms is not None:
+        problem = timeout_problem(timeout_ms, "timeout_ms")
+    if problem is not None:
+        raise InvalidArgument(problem)
 
 
 def check_start(workflow: str, run_ids: Sequence[str], run_input: Any) -> None:
@@ -182,17 +191,28 @@ def start_run(
     if_exists: IfExists | str | None = None,
     start_at: datetime | None = None,
     tags: dict[str, str] | None = None,
+    timeout_ms: int | None = None,
 ) -> StartedRun:
     """Start one run of ``workflow`` (its latest version unless ``version``) with ``run_input``
     (JSON-serialisable; ``{}`` when None) on wakeup tier ``tier``. Idempotent by run id: the
     same start again leaves the run as it is (and wakes it, which changes nothing), and
     ``created`` says so. RunExists if that run belongs to another workflow or was started
     with another input (``if_exists``: see ``IfExists``). ``start_at``: not before then.
-    ``tags``: what ``search_runs`` finds it by (``{"customer": "c-42"}``)."""
+    ``tags``: what ``search_runs`` finds it by (``{"customer": "c-42"}``). ``timeout_ms``:
+    its own deadline, over the workflow's (see ``start_runs``)."""
     check_tier(tier)
     created = bool(
         start_runs(
-            settings, workflow, [run_id], run_input, tier, version, if_exists, start_at, tags
+            settings,
+            workflow,
+            [run_id],
+            run_input,
+            tier,
+            version,
+            if_exists,
+            start_at,
+            tags,
+            timeout_ms,
         )
     )
     return StartedRun(run_id, created)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
+from processor.core.deadlines import RunDeadline
 from processor.core.model import (
     LoadedRun,
     ParentLink,
@@ -52,6 +53,8 @@ class LoadRow(NamedTuple):
     # What the workers recorded of its attempts whose due time passed: [node, attempt,
     # started_ms, beat_ms, reports] each; None: not loaded (none had passed).
     starts: list[list[Any]] | None
+    # A live run's deadline, [epoch ms, timeout ms] (core/deadlines.py); None: it has none.
+    deadline: list[int] | None = None
 
     @property
     def workflow(self) -> WorkflowKey:
@@ -94,6 +97,7 @@ def loaded_run(row: LoadRow, wf: WorkflowDef) -> LoadedRun | UnreadableRun:
         parent=None if row.parent is None else ParentLink(*row.parent),
         input_length=row.input_length,
         starts=None if row.starts is None else starts_of(row.starts),
+        deadline=None if row.deadline is None else RunDeadline(*row.deadline),
     )
 
 

@@ -12,6 +12,7 @@ from dataclasses import InitVar, dataclass, field
 from enum import StrEnum
 from typing import Any, NamedTuple
 
+from processor.core.deadlines import RunDeadline
 from processor.core.run_state import (
     RunState,
     state_checksum,
@@ -133,6 +134,8 @@ class LoadedRun:
     # condition's), (selector's text, value); one absent: its source output is not recorded
     # or it was not read; None: none was read (io/postgres/selected.py).
     selected: tuple[tuple[str, Selected], ...] | None = None
+    # When a live run must have ended (core/deadlines.py); None: it has no deadline.
+    deadline: RunDeadline | None = None
     # Whether the loader found the stored checksum right for the row as stored (row_checksum);
     # when not given, it is checked against the state here.
     verified: InitVar[bool | None] = None
@@ -157,6 +160,7 @@ class LoadedRun:
         input_length: int | None = None,
         starts: Starts | None = None,
         selected: tuple[tuple[str, Selected], ...] | None = None,
+        deadline: RunDeadline | None = None,
         verified: bool | None = None,
     ) -> None:
         object.__setattr__(self, "run_id", run_id)
@@ -174,6 +178,7 @@ class LoadedRun:
         object.__setattr__(self, "input_length", input_length)
         object.__setattr__(self, "starts", starts)
         object.__setattr__(self, "selected", selected)
+        object.__setattr__(self, "deadline", deadline)
         if verified is None:
             verified = stored_checksum == state_checksum(state)
         object.__setattr__(self, "checksum_ok", verified)
@@ -200,6 +205,7 @@ class LoadedRun:
             self.input_length,
             self.starts,
             selected,
+            self.deadline,
             self.checksum_ok,
         )
 

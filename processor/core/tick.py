@@ -7,6 +7,10 @@ Rules, in the order they are applied:
 2. A ``cancel`` signal ends the run as cancelled; nodes still in flight become cancelled.
    A pending run whose start time is ahead (``not_before_ms``: a delayed start, a schedule's
    fire) does nothing else until then, whatever woke it.
+2b. A run past its deadline (core/deadlines.py: its creation or delayed start plus its
+   timeout, judged by ``now``) ends as failed, ``run deadline of N ms passed``; nodes still
+   in flight become cancelled, as for a cancel. The tick that starts a run with a deadline
+   sets a wakeup at it (within the delay ladder's horizon).
 3. Each step result is applied at most once: only a result whose attempt is the node's attempt
    in flight (status dispatched) applies. A duplicate, stale or unknown result changes nothing,
    and results are applied in a canonical order, so arrival order does not matter.
@@ -100,6 +104,7 @@ from processor.core.attempts import (
     judge_timeouts,
     unstarted_attempt,
 )
+from processor.core.deadlines import RunDeadline, deadline_reason, with_deadline_timer
 from processor.core.map_steps import Maps, end_maps
 from processor.core.model import LoadedRun, SignalKind, Started, StepOutcome, StepResult
 from processor.core.ready import Ended, cascade, dispatch_ready
@@ -141,6 +146,7 @@ def tick(
     input_length: int | None = None,
     started: Mapping[str, Started] | None = None,
     selected: Mapping[str, Selected] | None = None,
+    deadline: RunDeadline | None = None,
 ) -> Decision:
     """``named``: the run's named signals, (name, signal id), in the order received;
     ``input_length``: the length of the run's input when it is a list (a map's items);
@@ -153,6 +159,15 @@ def tick(
         return end_run(state, state.node_map(), RunStatus.CANCELLED, "cancelled by signal")
     if not_before_ms is not None and now_ms < not_before_ms and state.status is _RUN_PENDING:
         return NOOP
+    if deadline is not None:
+        if now_ms >= deadline.at_ms:
+            reason = deadline_reason(deadline.timeout_ms)
+            return end_run(state, state.node_map(), RunStatus.FAILED, reason)
+        if state.status is _RUN_PENDING:  # the tick that starts it: a wakeup at its deadline
+            decision = tick(
+                state, wf, results, signals, now_ms, None, named, input_length, started, selected
+            )
+            return with_deadline_timer(decision, deadline, now_ms)
 
     step_of = wf.step_for if wf.has_maps else wf.step_map.__getitem__
     nodes = state.node_map()
@@ -299,6 +314,7 @@ def tick_run(run: LoadedRun, now_ms: int) -> Decision:
         run.input_length,
         None if run.starts is None else dict(run.starts),
         None if run.selected is None else dict(run.selected),
+        run.deadline,
     )
 
 

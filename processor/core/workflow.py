@@ -15,6 +15,7 @@ import orjson
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError
 
+from processor.core.deadlines import timeout_problem
 from processor.core.routing import DEFAULT_QUEUE
 from processor.core.step_parse import check_keys, parse_step, require
 from processor.core.workflow_def import (
@@ -42,7 +43,9 @@ def parse_workflow(raw: Any) -> WorkflowDef:
     if not isinstance(raw, dict):
         raise ValidationError("workflow: expected a JSON object")
     check_keys(
-        raw, {"name", "version", "steps", "description", "output", "input_schema"}, "workflow"
+        raw,
+        {"name", "version", "steps", "description", "output", "input_schema", "timeout_ms"},
+        "workflow",
     )
     if not isinstance(raw.get("description", ""), str):
         raise ValidationError("workflow.description: expected str")
@@ -60,8 +63,16 @@ def parse_workflow(raw: Any) -> WorkflowDef:
     _check_names(steps, name)
     output = _parse_output(raw["output"], steps) if "output" in raw else None
     schema = _parse_input_schema(raw["input_schema"]) if "input_schema" in raw else None
+    timeout = raw.get("timeout_ms")
+    if "timeout_ms" in raw and (problem := timeout_problem(timeout, "workflow.timeout_ms")):
+        raise ValidationError(problem)
     return WorkflowDef(
-        name=name, version=version, steps=tuple(steps), output=output, input_schema=schema
+        name=name,
+        version=version,
+        steps=tuple(steps),
+        output=output,
+        input_schema=schema,
+        timeout_ms=timeout,
     )
 
 
@@ -160,6 +171,8 @@ def workflow_to_json(wf: WorkflowDef) -> dict[str, Any]:
         raw["output"] = wf.output.to_json()
     if wf.input_schema is not None:
         raw["input_schema"] = orjson.loads(wf.input_schema)
+    if wf.timeout_ms is not None:
+        raw["timeout_ms"] = wf.timeout_ms
     return raw
 
 

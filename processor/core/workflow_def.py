@@ -186,6 +186,9 @@ class WorkflowDef:
     # The JSON Schema (draft 2020-12) a run's input must match, as canonical JSON text (keys
     # sorted: a value, compared and hashed as one); None: any input (core/run_input.py).
     input_schema: str | None = None
+    # How long a run may take from its start (core/deadlines.py): past it, it fails; a start
+    # may give a run its own. None: no deadline.
+    timeout_ms: int | None = None
 
     @property
     def key(self) -> WorkflowKey:

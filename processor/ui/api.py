@@ -196,6 +196,7 @@ class Api:
                 body.get("if_exists"),
                 start_at,
                 body.get("tags"),
+                body.get("timeout_ms"),
             )
         except StartNotAnnounced as exc:
             return 202, {"run_id": run_id, "created": bool(exc.inserted), "announced": False}

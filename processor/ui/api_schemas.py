@@ -12,7 +12,7 @@ from processor.core.requests import MAX_NAME_LENGTH
 from processor.core.routing import TIERS
 from processor.core.run_search import MAX_TAG_VALUE, MAX_TAGS, TAG_KEY
 from processor.core.run_state import RunStatus
-from processor.core.workflow_def import SIGNAL_NAME
+from processor.core.workflow_def import MAX_TIMEOUT_MS, SIGNAL_NAME
 
 _NAME = {"type": "string", "minLength": 1, "maxLength": MAX_NAME_LENGTH}
 _TAGS = {
@@ -53,6 +53,13 @@ SCHEMAS: dict[str, dict[str, Any]] = {
             "start_at": {
                 "type": "string",
                 "description": "ISO 8601 with its offset: the run starts then, not before",
+            },
+            "timeout_ms": {
+                "type": "integer",
+                "minimum": 1,
+                "maximum": MAX_TIMEOUT_MS,
+                "description": "how long the run may take from its start: past it, it fails"
+                " (default: its workflow's timeout_ms, if it declares one)",
             },
         },
     },

@@ -365,6 +365,8 @@ def test_hostile_bodies_are_refused_with_400_and_nothing_is_written(
             "invalid_body",
             "start_at",
         ),
+        (_start(server, "gate", "to-1", timeout_ms=0), "invalid_body", "timeout_ms"),
+        (_start(server, "gate", "to-2", timeout_ms="5s"), "invalid_body", "timeout_ms"),
     ]
     for answer, error, said in refusals:
         assert answer.status == 400, answer.document
@@ -387,6 +389,18 @@ def test_hostile_bodies_are_refused_with_400_and_nothing_is_written(
         assert (answer.status, answer.document["error"]) == (400, "out_of_bounds")
         assert said in answer.document["reason"]
     assert _rows(pg) == (1, 0)
+
+
+def test_a_start_gives_its_run_its_own_deadline(
+    serve: Callable[..., Server], pg: psycopg.Connection[Any]
+) -> None:
+    server = serve()
+    assert _start(server, "gate", "api-deadline-1", timeout_ms=600_000).status == 201
+    row = pg.execute(
+        "SELECT timeout_ms, extract(epoch FROM deadline_at - created_at)"
+        "  FROM eec_workflow_run WHERE run_id = 'api-deadline-1'"
+    ).fetchone()
+    assert row is not None and row[0] == 600_000 and float(row[1]) == pytest.approx(600, abs=1)
 
 
 def test_without_the_token_nothing_is_written(

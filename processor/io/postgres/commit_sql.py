@@ -60,7 +60,11 @@ UPDATE eec_workflow_run AS r
        last_transition_seq = c.seq,
        state_checksum = c.checksum,
        failure_reason = c.reason,
-       next_wakeup_at = to_timestamp(c.next_wakeup_ms / 1000.0),
+       -- A live run is woken at its deadline at the latest (core/deadlines.py; least()
+       -- ignores a null: no due time, or no deadline).
+       next_wakeup_at = CASE WHEN c.status IN ('pending', 'running')
+                             THEN least(to_timestamp(c.next_wakeup_ms / 1000.0), r.deadline_at)
+                        END,
        updated_at = now(),
        last_transition_at = now(),
        output = CASE WHEN c.output IS NULL THEN r.output ELSE (
@@ -111,7 +115,8 @@ RETURNING r.run_id, c.seq, c.effects, c.signalled, c.children, c.cancel_children
     -- core/children.py, rule 1: a child exists exactly when its parent's attempt does.
     INSERT INTO eec_workflow_run (run_id, workflow_name, workflow_version, status, node_states,
                                   last_transition_seq, state_checksum, tier, shard, input,
-                                  next_wakeup_at, parent_run_id, parent_node, parent_attempt)
+                                  next_wakeup_at, parent_run_id, parent_node, parent_attempt,
+                                  timeout_ms, deadline_at)
     SELECT k.run_id, d.name, d.version, 'pending', '{{}}'::jsonb, 0, %(new_child)s, u.tier,
            k.shard,
            CASE WHEN k.input_from IS NULL THEN
@@ -133,12 +138,16 @@ RETURNING r.run_id, c.seq, c.effects, c.signalled, c.children, c.cancel_children
                   FROM jsonb_to_recordset(u.settled) AS x(node text, attempt int, output text)
                  WHERE x.node = k.input_from AND x.attempt = k.input_attempt),
                'null'::jsonb) END,
-           now(), u.run_id, k.node, k.attempt
+           now(), u.run_id, k.node, k.attempt,
+           -- The child's own workflow's deadline, if it declares one (core/deadlines.py).
+           d.timeout_ms, now() + d.timeout_ms * interval '1 millisecond'
       FROM updated u
      CROSS JOIN LATERAL jsonb_to_recordset(u.children)
            AS k(run_id text, node text, attempt int, workflow text, version int,
                 input_from text, input_attempt int, shard bigint)
-      JOIN LATERAL (SELECT w.name, w.version FROM eec_workflow_definition w
+      JOIN LATERAL (SELECT w.name, w.version, (w.definition ->> 'timeout_ms')::bigint
+                           AS timeout_ms
+                      FROM eec_workflow_definition w
                      WHERE w.name = k.workflow AND (k.version IS NULL OR w.version = k.version)
                      ORDER BY w.version DESC LIMIT 1) d ON true
      WHERE u.children IS NOT NULL

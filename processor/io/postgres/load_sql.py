@@ -22,6 +22,7 @@ from processor.io.postgres.step_attempts import UNSTARTED
 # signal of each name its wait steps wait for (core/tick.py, rule 3; the names from its
 # definition, an index lookup each), never every signal it got. Each LIMIT 1 keeps its lookup
 # per row whatever the planner thinks of the tables (joined, it may read every row of the run).
+# A live run's deadline (core/deadlines.py) comes last: a run without one costs a null.
 # Each row is read by name as core/load_row.py's LoadRow, whose fields follow this array.
 LOAD_SQL = """
 SELECT coalesce(json_agg(json_build_array(
@@ -67,7 +68,10 @@ SELECT coalesce(json_agg(json_build_array(
          END,
          CASE WHEN r.status IN ('pending', 'running') AND jsonb_typeof(r.input) = 'array'
               THEN jsonb_array_length(r.input) END,
-         {starts})), '[]')::text,
+         {starts},
+         CASE WHEN r.deadline_at IS NOT NULL AND r.status IN ('pending', 'running') THEN
+             json_build_array((extract(epoch FROM r.deadline_at) * 1000)::bigint, r.timeout_ms)
+         END)), '[]')::text,
        (extract(epoch FROM now()) * 1000)::bigint
   FROM eec_workflow_run r
  WHERE r.run_id = ANY(ARRAY(SELECT jsonb_array_elements_text(%s::jsonb)))

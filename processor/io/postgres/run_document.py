@@ -144,6 +144,8 @@ def inspect_document(record: RunRecord) -> dict[str, Any]:
         "created_at": columns.created_at.isoformat(),
         "updated_at": columns.updated_at.isoformat(),
         "start_at": _iso(columns.start_at),
+        "deadline_at": _iso(columns.deadline_at),
+        "timeout_ms": columns.timeout_ms,
         "next_wakeup_at": _iso(columns.next_wakeup_at),
         "quarantine_reason": columns.quarantine_reason,
         "output": result.output if result.status is RunStatus.SUCCEEDED else None,

@@ -42,6 +42,8 @@ class RunColumns:
     start_at: datetime | None = None  # started for later: not before then
     # Given at its start, with those its steps set (io/postgres/run_tags.py).
     tags: Mapping[str, str] = field(default_factory=dict)
+    deadline_at: datetime | None = None  # when it must have ended (core/deadlines.py)
+    timeout_ms: int | None = None  # the timeout its deadline came from
 
 
 @dataclass(frozen=True)
@@ -104,11 +106,13 @@ WITH given AS (
 ), created AS (
     INSERT INTO eec_workflow_run (run_id, workflow_name, workflow_version, status, node_states,
                                   last_transition_seq, state_checksum, tier, shard, input,
-                                  next_wakeup_at, start_at, tags)
+                                  next_wakeup_at, start_at, tags, timeout_ms, deadline_at)
     SELECT g.run_id, %(name)s, %(version)s, %(status)s, %(nodes)s::jsonb, 0, %(checksum)s,
            %(tier)s, g.shard, g.input,
            greatest(now(), to_timestamp(%(start_ms)s::bigint / 1000.0)),
-           to_timestamp(%(start_ms)s::bigint / 1000.0), %(tags)s::jsonb
+           to_timestamp(%(start_ms)s::bigint / 1000.0), %(tags)s::jsonb, %(timeout_ms)s,
+           greatest(now(), to_timestamp(%(start_ms)s::bigint / 1000.0))
+               + %(timeout_ms)s::bigint * interval '1 millisecond'
       FROM given g
     ON CONFLICT (run_id) DO NOTHING
     RETURNING run_id
@@ -132,6 +136,7 @@ def insert_runs(
     tier: str,
     start_ms: int | None = None,
     tags: Mapping[str, str] | None = None,
+    timeout_ms: int | None = None,
 ) -> InsertedRuns:
     """Insert new runs idempotently (an existing run id is left alone, and reported with its
     workflow and whether its input is the same), in one statement.
@@ -141,7 +146,9 @@ def insert_runs(
     processor (the broker was unreachable, the client died before producing it), the overdue
     sweep starts it. With ``start_ms`` (epoch ms) it is due then, and does not start before
     (``start_at``: its tick is a no-op until then, whatever wakes it). ``tags`` (checked by
-    the caller: core/run_search.tags_problem) are the same for every run of the batch."""
+    the caller: core/run_search.tags_problem) are the same for every run of the batch.
+    ``timeout_ms`` (checked by the caller: core/deadlines.timeout_problem; None: the
+    workflow's) gives each run its deadline, that long after it may start."""
     state = initial_state(wf)
     ids = [r[0] for r in runs]
     inputs = [orjson.dumps(r[1]).decode() for r in runs]
@@ -159,6 +166,7 @@ def insert_runs(
             "tier": tier,
             "start_ms": start_ms,
             "tags": orjson.dumps(tags or {}).decode(),
+            "timeout_ms": wf.timeout_ms if timeout_ms is None else timeout_ms,
         },
     ).fetchall()
     created = [r[0] for r in rows if r[1] is None]
@@ -171,6 +179,19 @@ def insert_runs(
         # starts of one id at once): rare, so read at the cost of a second statement.
         existing += _existing(conn, dict(unseen))
     return InsertedRuns(created, existing)
+
+
+def restart_deadline(conn: psycopg.Connection[Any], run_id: str) -> None:
+    """Give a run just resumed by ``ductor runs retry`` its whole timeout again, from now
+    (core/deadlines.py), in the transaction of the commit that resumed it: the deadline that
+    failed it would otherwise fail it again at its next tick. Its next wakeup is the new
+    deadline (a resumed state has no due time of its own)."""
+    conn.execute(
+        "UPDATE eec_workflow_run SET deadline_at = now() + timeout_ms * interval '1 millisecond',"
+        " next_wakeup_at = now() + timeout_ms * interval '1 millisecond'"
+        " WHERE run_id = %s AND timeout_ms IS NOT NULL",
+        (run_id,),
+    )
 
 
 def _existing(conn: psycopg.Connection[Any], inputs: dict[str, str]) -> list[ExistingRun]:
@@ -215,14 +236,14 @@ def run_columns(conn: psycopg.Connection[Any], run_id: str) -> RunColumns | None
         "SELECT r.db_record_version, r.next_wakeup_at, r.created_at, r.updated_at,"
         "       r.failure_reason, r.workflow_name, r.workflow_version, r.status, r.tier,"
         f"      {flag_column('r', 'quarantined_at')}, {flag_column('r', 'reason')},"
-        f"       r.start_at, {merged_tags('r')}"
+        f"       r.start_at, {merged_tags('r')}, r.deadline_at, r.timeout_ms"
         " FROM eec_workflow_run r WHERE r.run_id = %s",
         (run_id,),
     ).fetchone()
     if row is None:
         return None
     version, next_wakeup_at, created, updated, failure, wf_name, wf_version, *rest = row
-    status, tier, quarantined_at, quarantine_reason, start_at, tags = rest
+    status, tier, quarantined_at, quarantine_reason, start_at, tags, deadline, timeout = rest
     return RunColumns(
         version,
         next_wakeup_at,
@@ -236,6 +257,8 @@ def run_columns(conn: psycopg.Connection[Any], run_id: str) -> RunColumns | None
         quarantine_reason,
         start_at,
         tags or {},
+        deadline,
+        timeout,
     )
 
 
