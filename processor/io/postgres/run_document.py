@@ -150,15 +150,7 @@ def inspect_document(record: RunRecord) -> dict[str, Any]:
         "quarantine_reason": columns.quarantine_reason,
         "output": result.output if result.status is RunStatus.SUCCEEDED else None,
         "input": None if record.input is None else record.input.document(),
-        "signals": [
-            {
-                "signal_id": s.signal_id,
-                "name": s.name,
-                "received_at": s.received_at.isoformat(),
-                "payload": s.payload.document(),
-            }
-            for s in record.signals.shown
-        ],
+        "signals": _signals_json(record),
         "signal_count": record.signals.total,
     }
     if isinstance(run, Exception):
@@ -172,12 +164,7 @@ def inspect_document(record: RunRecord) -> dict[str, Any]:
         if run.parent is None
         else {"run_id": run.parent.run_id, "step": run.parent.node, "attempt": run.parent.attempt}
     )
-    document["steps"] = [
-        {"name": s.name, "kind": s.kind, "type": s.step_type, "after": list(s.depends_on)}
-        | ({} if s.when is None else {"when": s.when.text})
-        | ({} if s.run_if is None else {"run_if": s.run_if})
-        for s in run.wf.steps
-    ]
+    document["steps"] = _steps_json(run)
     nodes, in_flight = _nodes_json(record, run)
     document["nodes"] = nodes
     document["attempts"] = [
@@ -187,6 +174,28 @@ def inspect_document(record: RunRecord) -> dict[str, Any]:
         for a in record.attempts
     ]
     return document
+
+
+def _signals_json(record: RunRecord) -> list[dict[str, Any]]:
+    return [
+        {
+            "signal_id": s.signal_id,
+            "name": s.name,
+            "received_at": s.received_at.isoformat(),
+            "payload": s.payload.document(),
+        }
+        for s in record.signals.shown
+    ]
+
+
+def _steps_json(run: LoadedRun) -> list[dict[str, Any]]:
+    """The workflow's steps, its DAG: each with its dependencies and its condition."""
+    return [
+        {"name": s.name, "kind": s.kind, "type": s.step_type, "after": list(s.depends_on)}
+        | ({} if s.when is None else {"when": s.when.text})
+        | ({} if s.run_if is None else {"run_if": s.run_if})
+        for s in run.wf.steps
+    ]
 
 
 def _nodes_json(
