@@ -217,6 +217,7 @@ def test_runs_are_found_by_every_filter_and_acted_on_in_bulk(
             "error": document["nodes"][0]["error"],
             "output": None,
             "due": None,
+            "skipped": None,
             "child_run": None,
         }
     ]
