@@ -70,7 +70,12 @@ from typing import Any, Protocol
 
 import psycopg
 from confluent_kafka import KafkaException
-from confluent_kafka.admin import AdminClient
+from confluent_kafka.admin import (  # type: ignore[attr-defined]
+    AdminClient,
+    ScramCredentialInfo,
+    ScramMechanism,
+    UserScramCredentialUpsertion,
+)
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 KAFKA_POM = REPO_ROOT / "infra" / "kafka-pom.xml"
@@ -85,6 +90,9 @@ KAFKA_STOP_GRACE_SECONDS = 20.0
 KAFKA_NOTABLE_LINE = re.compile(
     r"\] (WARN|ERROR|FATAL) |Kafka Server started|BrokerServer id=\d+\] shutting down"
 )
+# How long the SASL listener may refuse the SCRAM user once the plaintext one answers, before
+# the user is written again (Kafka.write_scram_user).
+SCRAM_GRACE_S = 5.0
 KAFKA_RESTART_LAUNCHES = 2  # launches of a broker on its data before `restart` gives up
 PG_READY_SECONDS = 60.0
 PG_USER = PG_PASSWORD = PG_DATABASE = "ductor"
@@ -687,6 +695,8 @@ class Kafka:
         # is a real signal; the metadata round trip then proves the protocol works end to end.
         deadline = time.monotonic() + KAFKA_READY_SECONDS
         problem = "not started"
+        answering_since: float | None = None  # the plaintext listener's first answer
+        scram_written = False
         while time.monotonic() < deadline:
             if proc.poll() is not None:
                 code = proc.returncode
@@ -694,12 +704,43 @@ class Kafka:
                     f"{self.label} exited with code {code} while starting\n{self.log_tail()}"
                 )
             timeout = min(10.0, max(1.0, deadline - time.monotonic()))
-            problem = self.probe(timeout) or self.probe_sasl(timeout) or ""
+            problem = self.probe(timeout) or ""
+            if not problem:
+                answering_since = answering_since or time.monotonic()
+                problem = self.probe_sasl(timeout) or ""
             if not problem:
                 return
+            if (
+                answering_since is not None
+                and not scram_written
+                and time.monotonic() - answering_since > SCRAM_GRACE_S
+            ):
+                scram_written = self.write_scram_user(timeout)
             time.sleep(0.2)
         waited = f"{KAFKA_READY_SECONDS:.0f} s"
         raise InfraError(f"{self.label} not ready after {waited}: {problem}\n{self.log_tail()}")
+
+    def write_scram_user(self, timeout: float) -> bool:
+        """Write the SASL listener's SCRAM user again, through the plaintext listener: seen in
+        CI, a broker restarted on its data after a whole test run refused the user `format`
+        had added (its credential in the bootstrap checkpoint, none in the log), while the
+        plaintext listener served. The user is this script's own, so writing it is safe."""
+        upsert = UserScramCredentialUpsertion(
+            KAFKA_SASL_USER,
+            ScramCredentialInfo(ScramMechanism[KAFKA_SASL_MECHANISM.replace("-", "_")], 8192),
+            KAFKA_SASL_PASSWORD.encode(),
+        )
+        admin = AdminClient({"bootstrap.servers": self.endpoint})
+        try:
+            for future in admin.alter_user_scram_credentials([upsert]).values():
+                future.result(timeout)
+        except KafkaException as exc:
+            note(
+                f"{self.label}: the SCRAM user did not authenticate; writing it again failed: {exc}"
+            )
+            return False
+        note(f"{self.label}: the SCRAM user {KAFKA_SASL_USER} did not authenticate; written again")
+        return True
 
     def log_tail(self, lines: int = 25) -> str:
         parts = [tail(self.log_dir / "server.log", lines), tail(self.out_file, lines)]

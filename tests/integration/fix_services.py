@@ -19,6 +19,7 @@ import pytest
 from confluent_kafka.admin import AdminClient
 from psycopg.conninfo import make_conninfo
 
+from processor.client.kept import forget_all
 from processor.io.config.settings import Settings, load_settings
 from processor.io.kafka.topics import create_topics, delete_topics
 from processor.io.postgres.migrate import migrate
@@ -137,4 +138,9 @@ def local_infra(settings: Settings) -> Iterator[LocalInfra]:
     try:
         yield infra
     finally:
-        infra.ensure_running()
+        try:
+            infra.ensure_running()
+        finally:
+            # What this process's client keeps (processor/client/kept.py) knew the services
+            # before: a producer of a broker ensure_running replaced knows another cluster.
+            forget_all()

@@ -19,9 +19,14 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
+from confluent_kafka.admin import (  # type: ignore[attr-defined]
+    AdminClient,
+    NewTopic,
+    ScramMechanism,
+    UserScramCredentialDeletion,
+)
 
-from infra.local import KAFKA_VERSION, InfraError, Kafka, State, StopMode
+from infra.local import KAFKA_SASL_USER, KAFKA_VERSION, InfraError, Kafka, State, StopMode
 from infra.local import Settings as InfraSettings
 from processor.io.config.settings import Settings
 from processor.tools.local_infra import LocalInfra
@@ -140,3 +145,16 @@ def test_a_broker_no_launch_can_start_on_its_data_is_replaced_and_its_dir_kept(
     assert "kept" not in _topics(own_broker)  # a new empty broker
     assert any(p.name.startswith("kept-") for p in (kept / "data").iterdir())
     assert LOCK_REFUSED in (kept / "logs" / "server.log").read_text(errors="replace")
+
+
+def test_a_restart_whose_sasl_user_is_refused_writes_it_again(own_broker: Kafka) -> None:
+    """Seen in CI: restarted on its data after a whole test run, the broker refused the SCRAM
+    user while its plaintext listener served. Forced here by deleting the user: the restart
+    writes it again, and the SASL listener answers."""
+    admin = AdminClient({"bootstrap.servers": own_broker.endpoint})
+    gone = UserScramCredentialDeletion(KAFKA_SASL_USER, ScramMechanism.SCRAM_SHA_512)
+    for future in admin.alter_user_scram_credentials([gone]).values():
+        future.result(30)
+    assert own_broker.probe_sasl(5.0) is not None  # refused now
+    own_broker.restart()
+    assert own_broker.probe_sasl(10.0) is None
