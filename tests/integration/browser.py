@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from selenium import webdriver
-from selenium.common.exceptions import TimeoutException
+from selenium.common.exceptions import StaleElementReferenceException, TimeoutException
 from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webdriver import WebDriver
 from selenium.webdriver.support.ui import WebDriverWait
@@ -48,9 +48,14 @@ class Page:
         """Wait for ``predicate``; past ``timeout``, the page as it stood is kept (a
         screenshot named after the wait, its text in the failure) to say why."""
         try:
-            WebDriverWait(self.driver, timeout, poll_frequency=0.1).until(
-                lambda _d: predicate(), f"timed out waiting for {what}"
-            )
+            # The live page swaps its parts in place: an element found a moment ago may be
+            # gone when its text is read (stale). That is a "not yet": ask again.
+            WebDriverWait(
+                self.driver,
+                timeout,
+                poll_frequency=0.1,
+                ignored_exceptions=(StaleElementReferenceException,),
+            ).until(lambda _d: predicate(), f"timed out waiting for {what}")
         except TimeoutException:
             # Beside the test artefacts, never among the docs' pictures some tests take.
             folder = artefacts() or Path(tempfile.gettempdir())
