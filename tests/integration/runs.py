@@ -1,4 +1,5 @@
-"""What the run tables say about a test's runs."""
+"""What the run tables say about a test's runs, and a workflow registered from its JSON and
+its runs started as a user starts them (`ductor start`)."""
 
 from __future__ import annotations
 
@@ -6,7 +7,12 @@ from typing import Any
 
 import psycopg
 
+from processor.core.workflow import parse_workflow
+from processor.io.config.settings import Settings
 from processor.io.postgres import run_counts
+from processor.io.postgres.workflows import register_workflow
+
+from .children import run_ductor
 
 
 def run_statuses(pg: psycopg.Connection[Any], run_ids: list[str]) -> dict[str, str]:
@@ -28,3 +34,15 @@ def step_attempts(pg: psycopg.Connection[Any], run_id: str) -> dict[str, list[tu
     for node, attempt, outcome in rows:
         found.setdefault(node, []).append((attempt, outcome))
     return found
+
+
+def register_raw(pg: psycopg.Connection[Any], raw: dict[str, Any]) -> str:
+    """Register the workflow ``raw`` (its JSON form); its name."""
+    register_workflow(pg, parse_workflow(raw))
+    return str(raw["name"])
+
+
+def start_by_cli(settings: Settings, workflow: str, run_id: str, payload: str = "{}") -> None:
+    """`ductor start WORKFLOW --run-id RUN_ID --input PAYLOAD`, which must succeed."""
+    started = run_ductor(settings, "start", workflow, "--run-id", run_id, "--input", payload)
+    assert started.returncode == 0, started.stderr

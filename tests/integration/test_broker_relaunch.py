@@ -13,7 +13,6 @@ from __future__ import annotations
 import fcntl
 import socket
 import threading
-import time
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -30,6 +29,7 @@ from infra.local import KAFKA_SASL_USER, KAFKA_VERSION, InfraError, Kafka, State
 from infra.local import Settings as InfraSettings
 from processor.io.config.settings import Settings
 from processor.tools.local_infra import LocalInfra
+from processor.tools.waiting import eventually
 
 from .restarts import local_infra_for
 
@@ -109,9 +109,7 @@ def test_a_launch_refused_its_log_dir_is_followed_by_a_second_that_starts_on_the
     refused_before = _refusals(own_broker)
 
     def release_after_the_first_refusal() -> None:
-        deadline = time.monotonic() + 60
-        while _refusals(own_broker) == refused_before and time.monotonic() < deadline:
-            time.sleep(0.02)
+        eventually(lambda: _refusals(own_broker) > refused_before, 60, 0.02)
         lock.release()
 
     releaser = threading.Thread(target=release_after_the_first_refusal, daemon=True)

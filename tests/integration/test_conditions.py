@@ -16,14 +16,11 @@ import psycopg
 import pytest
 
 from processor import StepContext, StepRegistry
-from processor.core.workflow import parse_workflow
 from processor.io.config.settings import Settings
-from processor.io.postgres.workflows import register_workflow
 
 from .audit import assert_transitions_applied_once
-from .children import run_ductor
 from .instances import WorkerThread
-from .runs import count_terminal, run_statuses
+from .runs import count_terminal, register_raw, run_statuses, start_by_cli
 from .waiting import wait_for
 
 pytestmark = pytest.mark.integration
@@ -61,16 +58,6 @@ def _counting_registry(calls: Counter[tuple[str, str]]) -> StepRegistry:
     return registry
 
 
-def _register(pg: psycopg.Connection[Any], raw: dict[str, Any]) -> str:
-    register_workflow(pg, parse_workflow(raw))
-    return str(raw["name"])
-
-
-def _start(settings: Settings, workflow: str, run_id: str, payload: str) -> None:
-    started = run_ductor(settings, "start", workflow, "--run-id", run_id, "--input", payload)
-    assert started.returncode == 0, started.stderr
-
-
 def _row(pg: psycopg.Connection[Any], run_id: str) -> tuple[dict[str, str], Any]:
     """A run's node statuses and its output."""
     row = pg.execute(
@@ -92,7 +79,7 @@ def test_a_branch_on_the_input_runs_one_side_and_the_join_sees_only_it(
 ) -> None:
     pg = audit
     tag = uuid.uuid4().hex[:6]
-    workflow = _register(
+    workflow = register_raw(
         pg,
         {
             "name": f"branch-{tag}",
@@ -127,7 +114,7 @@ def test_a_branch_on_the_input_runs_one_side_and_the_join_sees_only_it(
     runs = {f"big-{i}-{tag}": 500 for i in range(3)} | {f"small-{i}-{tag}": 7 for i in range(3)}
     try:
         for run_id, n in runs.items():
-            _start(settings, workflow, run_id, f'{{"n": {n}}}')
+            start_by_cli(settings, workflow, run_id, f'{{"n": {n}}}')
         wait_for(lambda: count_terminal(pg, list(runs)) == len(runs), 90, "every run to end")
     finally:
         worker.stop()
@@ -155,7 +142,7 @@ def test_a_condition_on_a_dependency_s_output_decides_and_skips_propagate(
 ) -> None:
     pg = audit
     tag = uuid.uuid4().hex[:6]
-    workflow = _register(
+    workflow = register_raw(
         pg,
         {
             "name": f"review-{tag}",
@@ -187,7 +174,7 @@ def test_a_condition_on_a_dependency_s_output_decides_and_skips_propagate(
     }
     try:
         for run_id, payload in inputs.items():
-            _start(settings, workflow, run_id, payload)
+            start_by_cli(settings, workflow, run_id, payload)
         wait_for(lambda: count_terminal(pg, list(inputs)) == len(inputs), 90, "every run to end")
     finally:
         worker.stop()

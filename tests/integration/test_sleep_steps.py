@@ -19,15 +19,12 @@ import pytest
 
 from processor import StepContext, StepRegistry
 from processor.client import start_runs
-from processor.core.workflow import parse_workflow
 from processor.io.config.settings import Settings
-from processor.io.postgres.workflows import register_workflow
 from processor.tools.waiting import eventually
 
 from .audit import assert_transitions_applied_once
-from .children import run_ductor
 from .instances import WorkerThread
-from .runs import count_terminal, run_statuses
+from .runs import count_terminal, register_raw, run_statuses, start_by_cli
 from .waiting import wait_for
 
 pytestmark = pytest.mark.integration
@@ -51,16 +48,6 @@ def _counting_registry(calls: Counter[str]) -> StepRegistry:
         return {"deps": dict(ctx.deps)}
 
     return registry
-
-
-def _register(pg: psycopg.Connection[Any], raw: dict[str, Any]) -> str:
-    register_workflow(pg, parse_workflow(raw))
-    return str(raw["name"])
-
-
-def _start(settings: Settings, workflow: str, run_id: str, payload: str = "{}") -> None:
-    started = run_ductor(settings, "start", workflow, "--run-id", run_id, "--input", payload)
-    assert started.returncode == 0, started.stderr
 
 
 def _db_now_ms(pg: psycopg.Connection[Any]) -> int:
@@ -95,7 +82,7 @@ def test_a_sleep_holds_its_run_for_its_time_and_what_follows_runs_once(
 ) -> None:
     pg = audit
     tag = uuid.uuid4().hex[:6]
-    nap = _register(
+    nap = register_raw(
         pg,
         {
             "name": f"nap-{tag}",
@@ -113,7 +100,7 @@ def test_a_sleep_holds_its_run_for_its_time_and_what_follows_runs_once(
             "output": {"slept": "pause", "after": "after"},
         },
     )
-    until = _register(
+    until = register_raw(
         pg,
         {
             "name": f"until-{tag}",
@@ -130,11 +117,11 @@ def test_a_sleep_holds_its_run_for_its_time_and_what_follows_runs_once(
     try:
         naps = [f"nap-{i}-{tag}" for i in range(5)]
         for run_id in naps:
-            _start(settings, nap, run_id)
+            start_by_cli(settings, nap, run_id)
         wake_at = _db_now_ms(pg) + SLEEP_MS
-        _start(settings, until, f"at-ms-{tag}", f'{{"wake_at": {wake_at}}}')
-        _start(settings, until, f"at-past-{tag}", '{"wake_at": "2001-01-01T00:00:00Z"}')
-        _start(settings, until, f"at-bad-{tag}", '{"wake_at": "tomorrow"}')
+        start_by_cli(settings, until, f"at-ms-{tag}", f'{{"wake_at": {wake_at}}}')
+        start_by_cli(settings, until, f"at-past-{tag}", '{"wake_at": "2001-01-01T00:00:00Z"}')
+        start_by_cli(settings, until, f"at-bad-{tag}", '{"wake_at": "tomorrow"}')
         everyone = [*naps, f"at-ms-{tag}", f"at-past-{tag}", f"at-bad-{tag}"]
         wait_for(lambda: count_terminal(pg, everyone) == len(everyone), 90, "every run to end")
     finally:
@@ -177,7 +164,7 @@ def test_a_processor_killed_during_a_sleep_is_replaced_and_the_run_ends_at_its_t
     pg = audit
     settings = replace(settings, sweep_grace_s=0.5)
     tag = uuid.uuid4().hex[:6]
-    workflow = _register(
+    workflow = register_raw(
         pg,
         {
             "name": f"nap-kill-{tag}",
@@ -222,7 +209,7 @@ def test_a_wait_that_continues_on_its_timeout_ends_its_run_with_its_default(
 ) -> None:
     pg = audit
     tag = uuid.uuid4().hex[:6]
-    gate = _register(
+    gate = register_raw(
         pg,
         {
             "name": f"gate-{tag}",
@@ -253,7 +240,7 @@ def test_a_wait_that_continues_on_its_timeout_ends_its_run_with_its_default(
     worker = WorkerThread(settings, _counting_registry(calls))
     run_id = f"gate-{tag}"
     try:
-        _start(settings, gate, run_id)
+        start_by_cli(settings, gate, run_id)
         wait_for(lambda: count_terminal(pg, [run_id]) == 1, 60, "the run to end")
     finally:
         worker.stop()
