@@ -45,6 +45,7 @@ from processor.core.workflow_def import (
     StepDef,
     ValidationError,
     WorkflowDef,
+    undo_node,
 )
 from processor.io.runtime.module_source import creating_module
 from processor.worker.steps import StepFunction, StepRegistry
@@ -131,6 +132,7 @@ class Workflow:
         schedule_to_close: Duration | None = None,
         when: str | None = None,
         run_if: str | None = None,
+        compensate: str | Callable[..., object] | None = None,
     ) -> Callable[[StepFunction], StepFunction]: ...
 
     def step(
@@ -151,6 +153,7 @@ class Workflow:
         schedule_to_close: Duration | None = None,
         when: str | None = None,
         run_if: str | None = None,
+        compensate: str | Callable[..., object] | None = None,
     ) -> StepFunction | Callable[[StepFunction], StepFunction]:
         """Add a step run by the decorated function (plain or ``async def``): named after
         the function unless ``name`` says otherwise, of type ``type`` (the function's name by
@@ -158,8 +161,10 @@ class Workflow:
         (``timeout``), retry policy, queue, heartbeat timeout and limits (``concurrency``,
         ``rate_limit``: docs/usage.md#limits). ``when``: the condition it runs on (false:
         skipped), ``run_if="all_done"``: it runs even when the steps it follows were all
-        skipped (docs/usage.md#conditions-and-skips). Usable bare (``@wf.step``)
-        or with options. The function is returned unchanged."""
+        skipped (docs/usage.md#conditions-and-skips). ``compensate``: what undoes it when
+        the run fails or is cancelled after it succeeded, a step type or a function (added
+        to the registry under its name; docs/usage.md#compensation-sagas). Usable bare
+        (``@wf.step``) or with options. The function is returned unchanged."""
         after = tuple(after)
 
         def add(function: StepFunction) -> StepFunction:
@@ -178,6 +183,8 @@ class Workflow:
             )
             if when is not None or run_if is not None:
                 step = decides(step, when, run_if, where)
+            if compensate is not None:
+                step = replace(step, compensate=self._compensation(compensate, step.name))
             registered = self.registry.step(step.step_type)(function)
             self._steps.append(_Declared(step, retry, concurrency, rate_limit))
             self._names[id(function)] = step.name
@@ -328,6 +335,17 @@ class Workflow:
         if any(s.step.name == name for s in self._steps):
             raise ValidationError(f"workflow {self.name!r}: step {name!r} is added twice")
         return f"workflow {self.name!r}, step {name!r}"
+
+    def _compensation(self, compensate: str | Callable[..., object], step: str) -> StepDef:
+        """The compensation of ``step``: a task of type ``compensate``, or of a function's
+        name, the function added to the registry (once, however many steps it undoes)."""
+        if isinstance(compensate, str):
+            step_type = compensate
+        else:
+            step_type = str(getattr(compensate, "__name__", ""))
+            if step_type not in self.registry.types():
+                self.registry.step(step_type)(compensate)
+        return StepDef(name=undo_node(step), step_type=step_type, depends_on=(step,))
 
     def _dependency(self, dependency: Dependency, where: str) -> str:
         if isinstance(dependency, str):

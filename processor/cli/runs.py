@@ -42,6 +42,7 @@ from processor.core.children import child_run_id
 from processor.core.model import LoadedRun
 from processor.core.routing import TopicNames
 from processor.core.run_state import NodeState, NodeStatus, RunStatus, state_checksum
+from processor.core.sagas import compensation_of
 from processor.core.skips import why_skipped
 from processor.core.workflow_def import SIGNAL_NAME
 from processor.io.config.settings import Settings
@@ -143,6 +144,8 @@ def cmd_inspect(settings: Settings, args: argparse.Namespace) -> int:
         f"status     {run.state.status.value}"
         + (f" ({printable(run.state.reason)})" if run.state.reason else "")
     )
+    if run.wf.compensates:
+        print(f"compensation {printable(str(compensation_of(run.state, run.wf)))}")
     print(f"version    {columns.version}   seq {run.state.seq}   tier {run.tier}")
     if run.parent is not None:
         parent = run.parent

@@ -28,6 +28,7 @@ from processor.core.routing import TopicNames
 from processor.core.run_ends import resume_failed
 from processor.core.run_search import Cursor, RunFilter
 from processor.core.run_state import NodeStatus, RunStatus
+from processor.core.sagas import compensation_of
 from processor.core.workflow_def import SIGNAL_NAME
 from processor.io.config.settings import Settings
 from processor.io.postgres.outbox import delete_outbox
@@ -290,6 +291,11 @@ def _retryable(conn: psycopg.Connection[Any], definitions: Definitions, run_id: 
     if run.state.status is not RunStatus.FAILED:
         raise RetryRefused(
             f"run {run_id!r} is {run.state.status}, not failed; only a failed run can be retried"
+        )
+    if compensation_of(run.state, run.wf).outcome != "none":
+        raise RetryRefused(
+            f"run {run_id!r} was compensated (what its steps did was undone:"
+            f" {compensation_of(run.state, run.wf)}); start a new run instead"
         )
     return run
 

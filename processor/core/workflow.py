@@ -8,6 +8,7 @@ core/workflow_def.py's. Pure, no I/O.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from graphlib import CycleError, TopologicalSorter
 from typing import Any
 
@@ -22,6 +23,7 @@ from processor.core.workflow_def import (
     MAP,
     ON_TIMEOUT_FAIL,
     SLEEP,
+    TASK,
     WAIT,
     WORKFLOW,
     RetryPolicy,
@@ -29,6 +31,7 @@ from processor.core.workflow_def import (
     ValidationError,
     WorkflowDef,
     WorkflowOutput,
+    undo_node,
 )
 
 __all__ = [
@@ -58,7 +61,7 @@ def parse_workflow(raw: Any) -> WorkflowDef:
     raw_steps = require(raw, "steps", list, "workflow")
     if not raw_steps:
         raise ValidationError("workflow.steps: a workflow needs at least one step")
-    steps = [parse_step(raw_step, f"workflow.steps[{i}]") for i, raw_step in enumerate(raw_steps)]
+    steps = [_parsed_step(raw_step, f"workflow.steps[{i}]") for i, raw_step in enumerate(raw_steps)]
     _check_graph(steps)
     _check_names(steps, name)
     output = _parse_output(raw["output"], steps) if "output" in raw else None
@@ -76,6 +79,31 @@ def parse_workflow(raw: Any) -> WorkflowDef:
     )
 
 
+def _parsed_step(raw_step: Any, where: str) -> StepDef:
+    step = parse_step(raw_step, where)
+    if "compensate" in raw_step:
+        return _with_compensation(raw_step, where, step)
+    return step
+
+
+# What a compensation may say (core/sagas.py): the task options of the step that undoes.
+_COMPENSATE_KEYS = frozenset({"type", "retry", "timeout_ms", "queue", "heartbeat_timeout_ms"})
+
+
+def _with_compensation(raw_step: Any, where: str, step: StepDef) -> StepDef:
+    """``step`` with its compensation (``compensate``: a task step's only), a task step named
+    ``undo(step)`` that depends on the step (it reads its output and the run's input)."""
+    at = f"{where}.compensate"
+    if step.kind != TASK:
+        raise ValidationError(f"{at}: only a task step has a compensation (this is a {step.kind})")
+    raw = raw_step["compensate"]
+    if not isinstance(raw, dict):
+        raise ValidationError(f"{at}: expected an object with the undoing task's type, got {raw!r}")
+    check_keys(raw, set(_COMPENSATE_KEYS), at)
+    undo = {**raw, "kind": TASK, "name": undo_node(step.name), "depends_on": [step.name]}
+    return replace(step, compensate=parse_step(undo, at))
+
+
 def _check_names(steps: list[StepDef], workflow: str) -> None:
     """What the steps' names and children may not be in this workflow: a map's item names
     taken, or a child run of the workflow itself."""
@@ -85,6 +113,13 @@ def _check_names(steps: list[StepDef], workflow: str) -> None:
                 raise ValidationError(
                     f"workflow.steps: {step.name!r}: a workflow with a map step names no step"
                     " with '[' or ']' (its items are named so: step[0], step[1] ...)"
+                )
+    if any(s.compensate is not None for s in steps):
+        for step in steps:
+            if step.name.startswith("undo(") and step.name.endswith(")"):
+                raise ValidationError(
+                    f"workflow.steps: {step.name!r}: a workflow with compensations names no"
+                    " step undo(...) (a step's compensation is named so: undo(charge))"
                 )
     for step in steps:
         if step.starts_child and step.child_workflow == workflow:
@@ -183,6 +218,23 @@ def step_to_json(s: StepDef) -> dict[str, Any]:
         raw["when"] = s.when.text
     if s.run_if is not None:
         raw["run_if"] = s.run_if
+    if s.compensate is not None:
+        raw["compensate"] = _compensation_to_json(s.compensate)
+    return raw
+
+
+def _compensation_to_json(c: StepDef) -> dict[str, Any]:
+    """A step's compensation as its ``compensate`` holds it (its name and dependency are the
+    step's: not written)."""
+    raw: dict[str, Any] = {
+        "type": c.step_type,
+        "retry": _retry_to_json(c.retry),
+        "timeout_ms": c.timeout_ms,
+    }
+    if c.queue != DEFAULT_QUEUE:
+        raw["queue"] = c.queue
+    if c.heartbeat_timeout_ms is not None:
+        raw["heartbeat_timeout_ms"] = c.heartbeat_timeout_ms
     return raw
 
 

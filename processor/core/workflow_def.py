@@ -66,6 +66,11 @@ MAP_ITEMS, MAP_ITEMS_LIMIT = 1_000, 10_000
 MAP_PARALLELISM, MAP_PARALLELISM_LIMIT = 10, 1_000
 
 
+def undo_node(step: str) -> str:
+    """The node of the compensation of step ``step`` in a run's state (core/sagas.py)."""
+    return f"undo({step})"
+
+
 def item_node(step: str, index: int) -> str:
     """The node of item ``index`` of map step ``step`` in a run's state."""
     return f"{step}[{index}]"
@@ -125,6 +130,10 @@ class StepDef:
     # ``run_if`` None or RUN_IF_ALL_DONE (core/skips.py).
     when: Condition | None = None
     run_if: str | None = None
+    # A task step's compensation (core/sagas.py): the task that undoes it, run when the run
+    # fails or is cancelled after it succeeded; a task step of its own named ``undo(step)``,
+    # depending on the step (it reads the step's output and the run's input). None: none.
+    compensate: StepDef | None = None
 
     @property
     def selectors(self) -> tuple[Selector, ...]:
@@ -196,8 +205,21 @@ class WorkflowDef:
 
     @cached_property
     def step_map(self) -> dict[str, StepDef]:
-        """Steps by name (computed once per definition; definitions are immutable)."""
-        return {s.name: s for s in self.steps}
+        """Steps by name, with their compensations' (``undo(step)``: core/sagas.py), computed
+        once per definition (definitions are immutable)."""
+        steps = {s.name: s for s in self.steps}
+        steps.update((c.name, c) for c in self.compensations)
+        return steps
+
+    @cached_property
+    def compensations(self) -> tuple[StepDef, ...]:
+        """Its steps' compensations (core/sagas.py), in definition order; empty for most."""
+        return tuple(s.compensate for s in self.steps if s.compensate is not None)
+
+    @cached_property
+    def compensates(self) -> bool:
+        """Whether a step has a compensation: only then may a run be undone (a saga)."""
+        return bool(self.compensations)
 
     def step_for(self, node: str) -> StepDef:
         """The step a node of a run's state is of: a step, or an item of a map step
@@ -257,7 +279,7 @@ class WorkflowDef:
     @property
     def queues(self) -> list[str]:
         """The queues its steps run on, sorted."""
-        return sorted({s.queue for s in self.steps})
+        return sorted({s.queue for s in (*self.steps, *self.compensations)})
 
     def step(self, name: str) -> StepDef:
         for step in self.steps:

@@ -183,9 +183,11 @@ def _live_worker(row: Sequence[Any]) -> LiveWorker:
 
 def unserved(wf: WorkflowDef, workers: Sequence[LiveWorker]) -> list[tuple[str, str]]:
     """The (queue, step type) pairs of ``wf``'s steps that run on workers (a map's items
-    too) and that no worker of ``workers`` serves, sorted. A worker from before the registry
-    said what it serves counts for nothing here (the caller says how many there are)."""
+    and the steps' compensations too) and that no worker of ``workers`` serves, sorted. A
+    worker from before the registry said what it serves counts for nothing here (the caller
+    says how many there are)."""
     needed = {(s.queue, s.step_type) for s in wf.steps if s.runs_on_a_worker or s.maps}
+    needed.update((c.queue, c.step_type) for c in wf.compensations)
     served = {(q, t) for w in workers for q in w.queues for t in w.step_types}
     return sorted(needed - served)
 
