@@ -28,7 +28,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any, overload
 
-from processor.authoring_options import Concurrency, RateLimit, Retry
+from processor.authoring_options import Compensate, Concurrency, RateLimit, Retry
 from processor.core.durations import Duration, duration_ms, optional_ms
 from processor.core.routing import DEFAULT_QUEUE
 from processor.core.run_input import schema_of
@@ -42,6 +42,7 @@ from processor.core.workflow_def import (
     ON_TIMEOUT_FAIL,
     WAIT,
     WORKFLOW,
+    RetryPolicy,
     StepDef,
     ValidationError,
     WorkflowDef,
@@ -132,7 +133,7 @@ class Workflow:
         schedule_to_close: Duration | None = None,
         when: str | None = None,
         run_if: str | None = None,
-        compensate: str | Callable[..., object] | None = None,
+        compensate: str | Callable[..., object] | Compensate | None = None,
     ) -> Callable[[StepFunction], StepFunction]: ...
 
     def step(
@@ -153,7 +154,7 @@ class Workflow:
         schedule_to_close: Duration | None = None,
         when: str | None = None,
         run_if: str | None = None,
-        compensate: str | Callable[..., object] | None = None,
+        compensate: str | Callable[..., object] | Compensate | None = None,
     ) -> StepFunction | Callable[[StepFunction], StepFunction]:
         """Add a step run by the decorated function (plain or ``async def``): named after
         the function unless ``name`` says otherwise, of type ``type`` (the function's name by
@@ -336,16 +337,27 @@ class Workflow:
             raise ValidationError(f"workflow {self.name!r}: step {name!r} is added twice")
         return f"workflow {self.name!r}, step {name!r}"
 
-    def _compensation(self, compensate: str | Callable[..., object], step: str) -> StepDef:
+    def _compensation(
+        self, compensate: str | Callable[..., object] | Compensate, step: str
+    ) -> StepDef:
         """The compensation of ``step``: a task of type ``compensate``, or of a function's
         name, the function added to the registry (once, however many steps it undoes)."""
-        if isinstance(compensate, str):
-            step_type = compensate
+        given = compensate if isinstance(compensate, Compensate) else Compensate(compensate)
+        where = f"workflow {self.name!r}, compensation of {step!r}"
+        if isinstance(given.step, str):
+            step_type = given.step
         else:
-            step_type = str(getattr(compensate, "__name__", ""))
-            if step_type not in self.registry.types():
-                self.registry.step(step_type)(compensate)
-        return StepDef(name=undo_node(step), step_type=step_type, depends_on=(step,))
+            step_type = str(getattr(given.step, "__name__", ""))
+            self.registry.step(step_type)(given.step)
+        return StepDef(
+            name=undo_node(step),
+            step_type=step_type,
+            depends_on=(step,),
+            retry=RetryPolicy() if given.retry is None else given.retry.policy(),
+            timeout_ms=duration_ms(given.timeout, f"{where}: timeout"),
+            queue=given.queue,
+            heartbeat_timeout_ms=optional_ms(given.heartbeat_timeout, f"{where}: heartbeat"),
+        )
 
     def _dependency(self, dependency: Dependency, where: str) -> str:
         if isinstance(dependency, str):
@@ -382,4 +394,12 @@ class Workflow:
         return f"Workflow({self.name!r}, version={self.version}, steps=[{steps}])"
 
 
-__all__ = ["Concurrency", "Duration", "RateLimit", "Retry", "Workflow", "duration_ms"]
+__all__ = [
+    "Compensate",
+    "Concurrency",
+    "Duration",
+    "RateLimit",
+    "Retry",
+    "Workflow",
+    "duration_ms",
+]

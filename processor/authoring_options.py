@@ -4,10 +4,12 @@ the workflow's definition is asked for. Nothing here touches a service."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from processor.core.durations import Duration, duration_ms
 from processor.core.limit_defs import ConcurrencyLimit, StepRateLimit
+from processor.core.routing import DEFAULT_QUEUE
 from processor.core.step_parse import concurrency_key
 from processor.core.workflow_def import RetryPolicy
 
@@ -66,3 +68,17 @@ class RateLimit:
 
 
 __all__ = ["Concurrency", "RateLimit", "Retry"]
+
+
+@dataclass(frozen=True)
+class Compensate:
+    """What undoes a step when its run fails or is cancelled after it succeeded (a saga:
+    docs/usage.md#compensation-sagas): a step type, or a function (added to the workflow's
+    registry under its name), with its own deadline, retry policy, queue and heartbeat
+    timeout. ``compensate="refund"`` is ``Compensate("refund")``."""
+
+    step: str | Callable[..., object]
+    timeout: Duration = "30s"
+    retry: Retry | None = None
+    queue: str = DEFAULT_QUEUE
+    heartbeat_timeout: Duration | None = None

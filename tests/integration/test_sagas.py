@@ -32,8 +32,9 @@ pytestmark = pytest.mark.integration
 
 APP = "tests.integration.counted_steps:registry"
 UNDO = {"type": "counted_undo", "retry": {"max_attempts": 2, "backoff_ms": 100}}
-TRIP = {
-    "name": "saga_trip",
+NAME = "saga_trip"
+TRIP: dict[str, Any] = {
+    "name": NAME,
     "version": 1,
     "steps": [
         {"name": "flight", "type": "counted", "compensate": UNDO},
@@ -51,8 +52,12 @@ def _services(settings: Settings, pg: psycopg.Connection[Any], spawn: Any) -> li
     processor = spawn(["process"], settings, "process")
     worker = spawn(["worker", "--app", APP, "--concurrency", "32"], settings, "worker")
     for child in (processor, worker):
-        wait_for(lambda c=child: c.owned_partitions() > 0, 60, f"{child.log_path.stem} to join")
+        _joined(child)
     return [processor, worker]
+
+
+def _joined(child: Spawned) -> None:
+    wait_for(lambda: child.owned_partitions() > 0, 60, f"{child.log_path.stem} to join")
 
 
 def _executed(pg: psycopg.Connection[Any], run_id: str) -> list[tuple[str, int]]:
@@ -85,7 +90,7 @@ def test_a_failed_run_undoes_its_steps_last_first_each_once_and_says_so(
     pg = audit
     _services(settings, pg, spawn)
     run_id = f"saga-{uuid.uuid4().hex[:6]}"
-    client.start_run(settings, TRIP["name"], run_id, CAR_FAILS)
+    client.start_run(settings, NAME, run_id, CAR_FAILS)
     result = _ended(settings, run_id)
     assert result.status.value == "failed"
     assert result.failure_reason is not None and "'car' failed" in result.failure_reason
@@ -117,7 +122,7 @@ def test_a_run_cancelled_mid_way_compensates_only_what_succeeded(
     pg = audit
     _services(settings, pg, spawn)
     run_id = f"saga-cancel-{uuid.uuid4().hex[:6]}"
-    client.start_run(settings, TRIP["name"], run_id, {"by_node": {"hotel": {"sleep_ms": 3000}}})
+    client.start_run(settings, NAME, run_id, {"by_node": {"hotel": {"sleep_ms": 3000}}})
     wait_for(lambda: ("hotel", 1) in _executed(pg, run_id), 30, "the hotel step to start")
     client.send_signal(settings, run_id)
     client.send_signal(settings, run_id)  # a second cancel changes nothing
@@ -151,7 +156,7 @@ def test_a_compensation_that_fails_for_good_leaves_the_run_saying_so(
     _services(settings, pg, spawn)
     run_id = f"saga-stuck-{uuid.uuid4().hex[:6]}"
     by_node = {"car": {"fail_on": [1]}, "undo(hotel)": {"fail_on": [1, 2]}}
-    client.start_run(settings, TRIP["name"], run_id, {"by_node": by_node})
+    client.start_run(settings, NAME, run_id, {"by_node": by_node})
     result = _ended(settings, run_id)
     assert result.status.value == "failed"
     assert result.compensation == "failed"
@@ -174,7 +179,7 @@ def test_a_processor_killed_mid_saga_is_replaced_and_every_saga_finishes_once(
     run_ids = [f"saga-kill-{uuid.uuid4().hex[:6]}-{i}" for i in range(12)]
     slow_undo = {"car": {"fail_on": [1]}, "undo(hotel)": {"sleep_ms": 1500}}
     for run_id in run_ids:
-        client.start_run(settings, TRIP["name"], run_id, {"by_node": slow_undo})
+        client.start_run(settings, NAME, run_id, {"by_node": slow_undo})
 
     def in_sagas() -> bool:
         rows = pg.execute(

@@ -169,7 +169,7 @@ def test_a_failed_run_undoes_its_succeeded_steps_last_first_then_ends_failed() -
     walk.tick(later=100)
     walk.tick(StepResult("undo(hotel)", 2, OK))
     walk.tick(StepResult("undo(flight)", 1, OK))
-    assert walk.state.status is RunStatus.FAILED
+    assert walk.state.status.terminal and walk.state.status.value == "failed"
     assert walk.state.reason == "step 'car' failed after 1 attempt(s): no cars"
     assert compensation_of(walk.state, WF) == Compensation("completed")
     assert walk.dispatched[-3:] == [("undo(hotel)", 1), ("undo(hotel)", 2), ("undo(flight)", 1)]

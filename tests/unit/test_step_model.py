@@ -15,7 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from processor import Concurrency, RateLimit, Retry, StepContext, Workflow
+from processor import Compensate, Concurrency, RateLimit, Retry, StepContext, Workflow
 from processor.core.limit_defs import MAX_LIMIT
 from processor.core.workflow import parse_workflow, workflow_to_json
 from processor.core.workflow_def import (
@@ -126,7 +126,21 @@ def _step(draw: st.DrawFn, name: str, before: list[str], kind: str) -> dict[str,
     for key, values in options.items():
         if draw(st.booleans()):
             raw[key] = draw(values)
+    if kind == "task" and draw(st.booleans()):  # its compensation (core/sagas.py)
+        raw["compensate"] = draw(_compensate(name))
     return raw
+
+
+def _compensate(name: str) -> st.SearchStrategy[dict[str, Any]]:
+    return st.fixed_dictionaries(
+        {"type": st.just(f"undo{name}")},
+        optional={
+            "retry": _retry(),
+            "timeout_ms": st.integers(2, 10_000_000),
+            "queue": st.sampled_from(["default", "refunds"]),
+            "heartbeat_timeout_ms": st.just(1),
+        },
+    )
 
 
 @st.composite
@@ -171,6 +185,13 @@ FULL: dict[str, Any] = {
             "schedule_to_close_ms": 600_000,
             "concurrency": {"limit": 4, "key": "customer.id", "name": "per-customer"},
             "rate_limit": {"limit": 100, "per_s": 1.5, "name": "charges"},
+            "compensate": {
+                "type": "refund",
+                "retry": {"max_attempts": 9, "backoff_ms": 500},
+                "timeout_ms": 5_000,
+                "queue": "refunds",
+                "heartbeat_timeout_ms": 1_000,
+            },
         },
         {
             "name": "items",
@@ -227,7 +248,7 @@ def test_the_writer_writes_back_every_option_the_schema_has() -> None:
     assert list(SCHEMA.iter_errors(written)) == []
     steps = written["steps"]
     assert _keys(steps) == set(STEP_SCHEMA["properties"])
-    for nested in ("retry", "concurrency", "rate_limit"):
+    for nested in ("retry", "concurrency", "rate_limit", "compensate"):
         assert _keys([s[nested] for s in steps if nested in s]) == set(
             STEP_SCHEMA["properties"][nested]["properties"]
         ), nested
@@ -252,6 +273,7 @@ def test_any_definition_round_trips_through_the_parser_and_the_writer(
 _IN_CODE = {
     "name": "name",
     "step_type": "type (its function, for a task or map step)",
+    "compensate": "compensate",
     "depends_on": "after",
     "retry": "retry",
     "timeout_ms": "timeout",
@@ -344,9 +366,26 @@ def _in_code(wf: WorkflowDef, raw: dict[str, Any]) -> Workflow:
                 **options,
             )
         else:
-            add = code.step(**options)
+            add = code.step(**options, compensate=_compensate_in_code(step))
         add(_function)
     return code
+
+
+def _compensate_in_code(step: StepDef) -> Compensate | None:
+    undo = step.compensate
+    if undo is None:
+        return None
+    policy = undo.retry
+    retry = Retry(
+        policy.max_attempts, policy.backoff_ms, policy.backoff_multiplier, policy.max_backoff_ms
+    )
+    return Compensate(
+        undo.step_type,
+        timeout=undo.timeout_ms,
+        retry=retry,
+        queue=undo.queue,
+        heartbeat_timeout=undo.heartbeat_timeout_ms,
+    )
 
 
 def _task_options(step: StepDef) -> dict[str, Any]:
