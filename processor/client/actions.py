@@ -292,10 +292,11 @@ def _retryable(conn: psycopg.Connection[Any], definitions: Definitions, run_id: 
         raise RetryRefused(
             f"run {run_id!r} is {run.state.status}, not failed; only a failed run can be retried"
         )
-    if compensation_of(run.state, run.wf).outcome != "none":
+    compensation = compensation_of(run.state, run.wf)
+    if compensation.outcome != "none":
         raise RetryRefused(
-            f"run {run_id!r} was compensated (what its steps did was undone:"
-            f" {compensation_of(run.state, run.wf)}); start a new run instead"
+            f"run {run_id!r} ran its compensations (compensation {compensation}): a retry"
+            " would go on from steps that were undone; start a new run instead"
         )
     return run
 

@@ -112,6 +112,11 @@ SCHEMAS: dict[str, dict[str, Any]] = {
             "finished": {"type": "boolean"},
             "output": {"description": "the run's output once it succeeded, else null"},
             "failure_reason": {"type": ["string", "null"]},
+            "compensation": {
+                "enum": ["none", "running", "completed", "failed"],
+                "description": "what became of the run's compensations (a saga): none ran,"
+                " they run, they all completed, or one failed for good",
+            },
         },
     },
     "RunSummary": {
