@@ -3,7 +3,8 @@
 the compensations of its second and first steps, in that order, each once, with what they
 undo, and ends failed with its compensation completed; a run cancelled mid-way compensates
 only what succeeded and ends cancelled; a compensation that fails for good leaves the run
-saying so, and the compensations after it never run; a processor SIGKILLed while sagas run
+saying so, and the compensations after it never run; a run past its deadline is
+compensated as a failed one is; a processor SIGKILLed while sagas run
 is replaced and every saga finishes, nothing executed twice for one attempt.
 """
 
@@ -112,7 +113,7 @@ def test_a_failed_run_undoes_its_steps_last_first_each_once_and_says_so(
     assert "compensation completed" in text
     assert "undo(flight)" in text and "undo(hotel)" in text
     refused = run_ductor(settings, "runs", "retry", run_id)
-    assert refused.returncode != 0 and "compensated" in refused.stderr
+    assert refused.returncode != 0 and "ran its compensations" in refused.stderr
     assert_transitions_applied_once(pg)
 
 
@@ -147,6 +148,22 @@ def test_a_run_cancelled_mid_way_compensates_only_what_succeeded(
         client.send_signal(settings, run_id)
     assert _executed(pg, run_id)[-1] == ("undo(flight)", 1)
     assert client.get_run(settings, run_id).status.value == "cancelled"
+
+
+def test_a_run_past_its_deadline_undoes_what_succeeded_then_ends_failed(
+    settings: Settings, audit: psycopg.Connection[Any], spawn: Any
+) -> None:
+    pg = audit
+    _services(settings, pg, spawn)
+    register_workflow(pg, parse_workflow(TRIP | {"name": "saga_late", "timeout_ms": 2_000}))
+    run_id = f"saga-late-{uuid.uuid4().hex[:6]}"
+    slow = {"by_node": {"hotel": {"sleep_ms": 4_000}, "undo(flight)": {"sleep_ms": 500}}}
+    client.start_run(settings, "saga_late", run_id, slow)
+    result = _ended(settings, run_id)
+    assert result.status.value == "failed"
+    assert result.failure_reason == "run deadline of 2000 ms passed"
+    assert result.compensation == "completed"
+    assert _executed(pg, run_id) == [("flight", 1), ("hotel", 1), ("undo(flight)", 1)]
 
 
 def test_a_compensation_that_fails_for_good_leaves_the_run_saying_so(
