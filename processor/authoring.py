@@ -34,15 +34,16 @@ from processor.core.routing import DEFAULT_QUEUE
 from processor.core.run_input import schema_of
 from processor.core.skips import decides
 from processor.core.step_parse import parse_step
-from processor.core.workflow import parse_workflow, step_to_json
+from processor.core.workflow import handler_to_json, parse_workflow, step_to_json
 from processor.core.workflow_def import (
+    FAILURE_NODE,
     MAP,
     MAP_ITEMS,
     MAP_PARALLELISM,
+    ON_FAILURE_NODE,
     ON_TIMEOUT_FAIL,
     WAIT,
     WORKFLOW,
-    RetryPolicy,
     StepDef,
     ValidationError,
     WorkflowDef,
@@ -76,6 +77,7 @@ class _Declared:
 
 
 Dependency = str | Callable[..., object]
+Undoing = str | Callable[..., object] | Compensate  # a compensation's or a handler's task
 
 
 def _names(dependencies: Iterable[Dependency], wf: Workflow) -> set[str]:
@@ -95,11 +97,13 @@ class Workflow:
         input_schema: Mapping[str, Any] | type | None = None,
         registry: StepRegistry | None = None,
         timeout: Duration | None = None,
+        on_failure: Undoing | None = None,
     ) -> None:
         """``input_schema``: the JSON Schema a run's input must match (a start is refused
         otherwise, saying where), or a model class that gives one (a pydantic model: its
         ``model_json_schema()``); steps read the input as ``ctx.input_as(Model)``.
-        ``timeout``: how long a run may take from its start (``timeout_ms``)."""
+        ``timeout``: how long a run may take from its start (``timeout_ms``). ``on_failure``:
+        the task run once a run failed, as ``compensate`` (docs/usage.md#failure-handlers)."""
         self.name = name
         self.version = version
         self.description = description
@@ -109,6 +113,9 @@ class Workflow:
         self.registry = registry if registry is not None else StepRegistry()
         self._steps: list[_Declared] = []
         self._names: dict[int, str] = {}  # id(function) -> its step's name
+        self.on_failure: StepDef | None = None  # its task, reading the failure (core/sagas.py)
+        if on_failure is not None:
+            self.on_failure = self._task(on_failure, ON_FAILURE_NODE, FAILURE_NODE, "")
         self.defined_in = creating_module(__name__)  # its text is kept: module_source.py
 
     @overload
@@ -133,7 +140,7 @@ class Workflow:
         schedule_to_close: Duration | None = None,
         when: str | None = None,
         run_if: str | None = None,
-        compensate: str | Callable[..., object] | Compensate | None = None,
+        compensate: Undoing | None = None,
     ) -> Callable[[StepFunction], StepFunction]: ...
 
     def step(
@@ -154,7 +161,7 @@ class Workflow:
         schedule_to_close: Duration | None = None,
         when: str | None = None,
         run_if: str | None = None,
-        compensate: str | Callable[..., object] | Compensate | None = None,
+        compensate: Undoing | None = None,
     ) -> StepFunction | Callable[[StepFunction], StepFunction]:
         """Add a step run by the decorated function (plain or ``async def``): named after
         the function unless ``name`` says otherwise, of type ``type`` (the function's name by
@@ -162,10 +169,8 @@ class Workflow:
         (``timeout``), retry policy, queue, heartbeat timeout and limits (``concurrency``,
         ``rate_limit``: docs/usage.md#limits). ``when``: the condition it runs on (false:
         skipped), ``run_if="all_done"``: it runs even when the steps it follows were all
-        skipped (docs/usage.md#conditions-and-skips). ``compensate``: what undoes it when
-        the run fails or is cancelled after it succeeded, a step type or a function (added
-        to the registry under its name; docs/usage.md#compensation-sagas). Usable bare
-        (``@wf.step``) or with options. The function is returned unchanged."""
+        skipped (docs/usage.md#conditions-and-skips). ``compensate``: what undoes it
+        (docs/usage.md#compensation-sagas). Usable bare (``@wf.step``) or with options."""
         after = tuple(after)
 
         def add(function: StepFunction) -> StepFunction:
@@ -185,7 +190,8 @@ class Workflow:
             if when is not None or run_if is not None:
                 step = decides(step, when, run_if, where)
             if compensate is not None:
-                step = replace(step, compensate=self._compensation(compensate, step.name))
+                undo = self._task(compensate, undo_node(step.name), step.name, step.name)
+                step = replace(step, compensate=undo)
             registered = self.registry.step(step.step_type)(function)
             self._steps.append(_Declared(step, retry, concurrency, rate_limit))
             self._names[id(function)] = step.name
@@ -337,27 +343,13 @@ class Workflow:
             raise ValidationError(f"workflow {self.name!r}: step {name!r} is added twice")
         return f"workflow {self.name!r}, step {name!r}"
 
-    def _compensation(
-        self, compensate: str | Callable[..., object] | Compensate, step: str
-    ) -> StepDef:
-        """The compensation of ``step``: a task of type ``compensate``, or of a function's
-        name, the function added to the registry (once, however many steps it undoes)."""
-        given = compensate if isinstance(compensate, Compensate) else Compensate(compensate)
-        where = f"workflow {self.name!r}, compensation of {step!r}"
-        if isinstance(given.step, str):
-            step_type = given.step
-        else:
-            step_type = str(getattr(given.step, "__name__", ""))
-            self.registry.step(step_type)(given.step)
-        return StepDef(
-            name=undo_node(step),
-            step_type=step_type,
-            depends_on=(step,),
-            retry=RetryPolicy() if given.retry is None else given.retry.policy(),
-            timeout_ms=duration_ms(given.timeout, f"{where}: timeout"),
-            queue=given.queue,
-            heartbeat_timeout_ms=optional_ms(given.heartbeat_timeout, f"{where}: heartbeat"),
-        )
+    def _task(self, task: Undoing, name: str, reads: str, of: str) -> StepDef:
+        """A compensation (of step ``of``) or the failure handler (``of`` empty); its function
+        added to the registry (once, however many steps it undoes)."""
+        given = task if isinstance(task, Compensate) else Compensate(task)
+        if not isinstance(given.step, str):
+            self.registry.step(given.type_name())(given.step)
+        return given.definition(name, reads, f"workflow {self.name!r}, the task of {of!r}")
 
     def _dependency(self, dependency: Dependency, where: str) -> str:
         if isinstance(dependency, str):
@@ -383,6 +375,8 @@ class Workflow:
             raw["output"] = self.output if isinstance(self.output, str) else dict(self.output)
         if self.input_schema is not None:
             raw["input_schema"] = self.input_schema
+        if self.on_failure is not None:
+            raw["on_failure"] = handler_to_json(self.on_failure)
         return raw if self.timeout_ms is None else raw | {"timeout_ms": self.timeout_ms}
 
     def definition(self) -> WorkflowDef:

@@ -7,11 +7,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from processor.core.durations import Duration, duration_ms
+from processor.core.durations import Duration, duration_ms, optional_ms
 from processor.core.limit_defs import ConcurrencyLimit, StepRateLimit
 from processor.core.routing import DEFAULT_QUEUE
 from processor.core.step_parse import concurrency_key
-from processor.core.workflow_def import RetryPolicy
+from processor.core.workflow_def import RetryPolicy, StepDef
 
 
 @dataclass(frozen=True)
@@ -82,3 +82,19 @@ class Compensate:
     retry: Retry | None = None
     queue: str = DEFAULT_QUEUE
     heartbeat_timeout: Duration | None = None
+
+    def type_name(self) -> str:
+        """Its step type: ``step``, or a function's name."""
+        return self.step if isinstance(self.step, str) else str(getattr(self.step, "__name__", ""))
+
+    def definition(self, name: str, reads: str, where: str) -> StepDef:
+        """The task as the definition holds it: node ``name``, reading ``reads``."""
+        return StepDef(
+            name=name,
+            step_type=self.type_name(),
+            depends_on=(reads,),
+            retry=RetryPolicy() if self.retry is None else self.retry.policy(),
+            timeout_ms=duration_ms(self.timeout, f"{where}: timeout"),
+            queue=self.queue,
+            heartbeat_timeout_ms=optional_ms(self.heartbeat_timeout, f"{where}: heartbeat"),
+        )

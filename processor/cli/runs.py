@@ -144,7 +144,7 @@ def cmd_inspect(settings: Settings, args: argparse.Namespace) -> int:
         f"status     {run.state.status.value}"
         + (f" ({printable(run.state.reason)})" if run.state.reason else "")
     )
-    if run.wf.compensates:
+    if run.wf.compensations:
         print(f"compensation {printable(str(compensation_of(run.state, run.wf)))}")
     print(f"version    {columns.version}   seq {run.state.seq}   tier {run.tier}")
     if run.parent is not None:

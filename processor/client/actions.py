@@ -28,7 +28,7 @@ from processor.core.routing import TopicNames
 from processor.core.run_ends import resume_failed
 from processor.core.run_search import Cursor, RunFilter
 from processor.core.run_state import NodeStatus, RunStatus
-from processor.core.sagas import compensation_of
+from processor.core.sagas import compensation_of, saga_ran
 from processor.core.workflow_def import SIGNAL_NAME
 from processor.io.config.settings import Settings
 from processor.io.postgres.outbox import delete_outbox
@@ -292,11 +292,11 @@ def _retryable(conn: psycopg.Connection[Any], definitions: Definitions, run_id: 
         raise RetryRefused(
             f"run {run_id!r} is {run.state.status}, not failed; only a failed run can be retried"
         )
-    compensation = compensation_of(run.state, run.wf)
-    if compensation.outcome != "none":
+    if saga_ran(run.state, run.wf):
         raise RetryRefused(
-            f"run {run_id!r} ran its compensations (compensation {compensation}): a retry"
-            " would go on from steps that were undone; start a new run instead"
+            f"run {run_id!r} ran its failure handler or compensations (compensation"
+            f" {compensation_of(run.state, run.wf)}): a retry would go on from steps that"
+            " were undone or a failure already handled; start a new run instead"
         )
     return run
 

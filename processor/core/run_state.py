@@ -16,7 +16,7 @@ from typing import Any, NamedTuple
 
 import orjson
 
-from processor.core.workflow_def import WorkflowDef, undo_node
+from processor.core.workflow_def import FAILURE_NODE, ON_FAILURE_NODE, WorkflowDef, undo_node
 
 
 class RunStatus(StrEnum):
@@ -244,8 +244,9 @@ def state_from_row(
                 # (one never started is pending in the state, and started as it comes).
                 maps.append((step.name, MapProgress(len(window), len(window))))
     if wf.compensates:  # a saga's nodes, in the order it runs them (core/sagas.py)
-        undo = [undo_node(s) for s in undo_order(wf, dict(nodes))]
-        nodes += [(n, NodeState.from_json(node_states[n])) for n in undo if n in node_states]
+        saga = [FAILURE_NODE, ON_FAILURE_NODE] if wf.on_failure is not None else []
+        saga += [undo_node(s) for s in undo_order(wf, dict(nodes))]
+        nodes += [(n, NodeState.from_json(node_states[n])) for n in saga if n in node_states]
     # A dict lookup, not RunStatus(...) (the enum's call runs Python code): once per loaded run.
     return RunState(_RUN_STATUSES[status], tuple(nodes), seq, reason, tuple(maps))
 

@@ -36,19 +36,30 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import NamedTuple
 
+import orjson
+
 from processor.core.applied import apply_results, apply_timeouts
 from processor.core.attempts import dispatched
 from processor.core.map_steps import Maps
 from processor.core.model import Started, StepResult
 from processor.core.run_ends import end_run
-from processor.core.run_state import NodeState, NodeStatus, RunState, RunStatus, undo_order
+from processor.core.run_state import (
+    NodeState,
+    NodeStatus,
+    RunState,
+    RunStatus,
+    node_state,
+    undo_order,
+)
 from processor.core.tick_decision import Decision, Dispatch
-from processor.core.workflow_def import WorkflowDef, undo_node
+from processor.core.workflow_def import FAILURE_NODE, ON_FAILURE_NODE, WorkflowDef, undo_node
 
 __all__ = [
     "CANCEL_REASON",
     "Compensation",
     "compensation_of",
+    "failure_document",
+    "saga_ran",
     "step_saga",
     "undo_or_end",
     "undo_tick",
@@ -65,9 +76,35 @@ _UNDO = "undo("
 
 
 def undoing(state: RunState) -> bool:
-    """Whether a run of a workflow that compensates is in its saga: live, its saga's nodes at
-    the end of its state (a step of such a workflow is never named ``undo(...)``)."""
-    return state.status is _RUNNING and bool(state.nodes) and state.nodes[-1][0].startswith(_UNDO)
+    """Whether a run of a workflow with a saga is in it: live with the reason it will end
+    with (every other live state has none: a resumed run's is cleared)."""
+    return state.status is _RUNNING and state.reason is not None
+
+
+def saga_ran(state: RunState, wf: WorkflowDef) -> bool:
+    """Whether the run's saga began (its handler or its compensations ran, or run)."""
+    return wf.compensates and any(_in_saga(name, wf) for name, _ in state.nodes)
+
+
+def _in_saga(name: str, wf: WorkflowDef) -> bool:
+    """Whether node ``name`` is one of a saga's (no step of a workflow with one is so named)."""
+    if name.startswith(_UNDO):
+        return True
+    return wf.on_failure is not None and name in (ON_FAILURE_NODE, FAILURE_NODE)
+
+
+def failure_document(nodes: Mapping[str, NodeState], reason: str) -> str:
+    """What the failure handler reads of the run's failure (``ctx.deps["failure"]``), as
+    canonical JSON text: the reason, and the step that failed for good with its last attempt
+    and error (null for a run past its deadline)."""
+    failed = next(((n, s) for n, s in nodes.items() if s.status is _FAILED), None)
+    document = {
+        "reason": reason,
+        "step": None if failed is None else failed[0],
+        "attempt": None if failed is None else failed[1].attempt,
+        "error": None if failed is None else failed[1].error,
+    }
+    return orjson.dumps(document, option=orjson.OPT_SORT_KEYS).decode()
 
 
 def undo_or_end(
@@ -80,19 +117,27 @@ def undo_or_end(
     maps: Maps | None = None,
 ) -> Decision:
     """The decision that ends the run with ``status`` (failed or cancelled) and ``reason``,
-    or, when steps with a compensation succeeded, begins its saga instead (the rules above)."""
+    or, when it has a failure handler to run or steps with a compensation succeeded, begins
+    its saga instead (the rules above)."""
     ended = end_run(state, nodes, status, reason, wf, maps)
     if not wf.compensates:
         return ended
     undo = undo_order(wf, nodes)
-    if not undo:
+    handles = wf.on_failure is not None and status is RunStatus.FAILED
+    if not undo and not handles:
         return ended
     assert ended.new_state is not None
-    begun = [*ended.new_state.nodes, *((undo_node(s), NodeState()) for s in undo)]
+    saga_nodes = [(undo_node(s), NodeState()) for s in undo]
+    settled: tuple[tuple[str, int, str], ...] = ()
+    if handles:  # the failure, recorded as its node's output, and the handler that reads it
+        settled = ((FAILURE_NODE, 1, failure_document(nodes, reason)),)
+        handler = [(FAILURE_NODE, node_state(_SUCCEEDED, 1)), (ON_FAILURE_NODE, NodeState())]
+        saga_nodes = handler + saga_nodes
+    begun = [*ended.new_state.nodes, *saga_nodes]
     # At the seq the tick started from: stepping it bumps it by one, as any transition does.
     saga = RunState(_RUNNING, tuple(begun), state.seq, reason, ended.new_state.maps)
     stepped = step_saga(saga, wf, dict(begun), now_ms)
-    return stepped._replace(items_done=ended.items_done)
+    return stepped._replace(items_done=ended.items_done, settled=settled)
 
 
 def undo_tick(
@@ -124,11 +169,11 @@ def step_saga(
     step_of = wf.step_map.__getitem__
     dispatches: list[Dispatch] = []
     for name, _ in state.nodes:
-        if not name.startswith(_UNDO):
+        if not _in_saga(name, wf):
             continue
         node = nodes[name]
-        if node.status is _SUCCEEDED:
-            continue
+        if node.status is _SUCCEEDED or (node.status is _FAILED and name == ON_FAILURE_NODE):
+            continue  # (the handler's failure stops nothing)
         if node.status is _FAILED:
             return end_run(state, nodes, _ends_as(state), state.reason)
         due = node.status is _RETRY_WAIT and node.due_ms is not None and now_ms >= node.due_ms

@@ -183,7 +183,9 @@ def tick(
     if failed is not None:
         run_failed = undo_or_end(state, nodes, _RUN_FAILED, failed, wf, now_ms)
         return run_failed._replace(
-            signalled=tuple(signalled), unstarted=tuple(unstarted), settled=tuple(settled)
+            signalled=tuple(signalled),
+            unstarted=tuple(unstarted),
+            settled=(*settled, *run_failed.settled),
         )
     if wf.only_tasks:  # the fast path: every step a task, started as it is ready
         return _tasks_only(state, wf, nodes, now_ms)
@@ -219,7 +221,9 @@ def _advance(
         # a map without its list, a sleep until no time
         ended_run = undo_or_end(state, nodes, _RUN_FAILED, failed, wf, now_ms, maps)
         return ended_run._replace(
-            signalled=tuple(signalled), mapped=tuple(mapped), settled=tuple(settled)
+            signalled=tuple(signalled),
+            mapped=tuple(mapped),
+            settled=(*settled, *ended_run.settled),
         )
     if all(s.status is _SUCCEEDED or s.status is _SKIPPED for s in nodes.values()):
         ended_run = end_run(state, nodes, RunStatus.SUCCEEDED, None, wf, maps)

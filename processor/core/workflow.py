@@ -20,7 +20,9 @@ from processor.core.deadlines import timeout_problem
 from processor.core.routing import DEFAULT_QUEUE
 from processor.core.step_parse import check_keys, parse_step, require
 from processor.core.workflow_def import (
+    FAILURE_NODE,
     MAP,
+    ON_FAILURE_NODE,
     ON_TIMEOUT_FAIL,
     SLEEP,
     TASK,
@@ -35,6 +37,7 @@ from processor.core.workflow_def import (
 )
 
 __all__ = [
+    "handler_to_json",
     "parse_workflow",
     "step_to_json",
     "workflow_to_json",
@@ -47,7 +50,8 @@ def parse_workflow(raw: Any) -> WorkflowDef:
         raise ValidationError("workflow: expected a JSON object")
     check_keys(
         raw,
-        {"name", "version", "steps", "description", "output", "input_schema", "timeout_ms"},
+        {"name", "version", "steps", "description", "output", "input_schema", "timeout_ms"}
+        | {"on_failure"},
         "workflow",
     )
     if not isinstance(raw.get("description", ""), str):
@@ -63,12 +67,13 @@ def parse_workflow(raw: Any) -> WorkflowDef:
         raise ValidationError("workflow.steps: a workflow needs at least one step")
     steps = [_parsed_step(raw_step, f"workflow.steps[{i}]") for i, raw_step in enumerate(raw_steps)]
     _check_graph(steps)
-    _check_names(steps, name)
+    _check_names(steps, name, "on_failure" in raw)
     output = _parse_output(raw["output"], steps) if "output" in raw else None
     schema = _parse_input_schema(raw["input_schema"]) if "input_schema" in raw else None
     timeout = raw.get("timeout_ms")
     if "timeout_ms" in raw and (problem := timeout_problem(timeout, "workflow.timeout_ms")):
         raise ValidationError(problem)
+    handler = _on_failure(raw["on_failure"], steps) if "on_failure" in raw else None
     return WorkflowDef(
         name=name,
         version=version,
@@ -76,7 +81,25 @@ def parse_workflow(raw: Any) -> WorkflowDef:
         output=output,
         input_schema=schema,
         timeout_ms=timeout,
+        on_failure=handler,
     )
+
+
+def _on_failure(raw: Any, steps: list[StepDef]) -> StepDef:
+    """The workflow's failure handler (core/sagas.py): a task named ``on_failure`` that reads
+    the run's failure (``failure``); no step may be named either."""
+    at = "workflow.on_failure"
+    if not isinstance(raw, dict):
+        raise ValidationError(f"{at}: expected an object with the handler's type, got {raw!r}")
+    check_keys(raw, set(_COMPENSATE_KEYS), at)
+    for step in steps:
+        if step.name in (FAILURE_NODE, ON_FAILURE_NODE):
+            raise ValidationError(
+                f"workflow.steps: {step.name!r}: a workflow with on_failure names no step"
+                f" {FAILURE_NODE!r} or {ON_FAILURE_NODE!r} (its handler's nodes)"
+            )
+    handler = {**raw, "kind": TASK, "name": ON_FAILURE_NODE, "depends_on": [FAILURE_NODE]}
+    return parse_step(handler, at)
 
 
 def _parsed_step(raw_step: Any, where: str) -> StepDef:
@@ -104,7 +127,7 @@ def _with_compensation(raw_step: Any, where: str, step: StepDef) -> StepDef:
     return replace(step, compensate=parse_step(undo, at))
 
 
-def _check_names(steps: list[StepDef], workflow: str) -> None:
+def _check_names(steps: list[StepDef], workflow: str, handled: bool) -> None:
     """What the steps' names and children may not be in this workflow: a map's item names
     taken, or a child run of the workflow itself."""
     if any(s.maps for s in steps):
@@ -114,12 +137,13 @@ def _check_names(steps: list[StepDef], workflow: str) -> None:
                     f"workflow.steps: {step.name!r}: a workflow with a map step names no step"
                     " with '[' or ']' (its items are named so: step[0], step[1] ...)"
                 )
-    if any(s.compensate is not None for s in steps):
+    if handled or any(s.compensate is not None for s in steps):
         for step in steps:
-            if step.name.startswith("undo(") and step.name.endswith(")"):
+            if step.name.startswith("undo("):
                 raise ValidationError(
-                    f"workflow.steps: {step.name!r}: a workflow with compensations names no"
-                    " step undo(...) (a step's compensation is named so: undo(charge))"
+                    f"workflow.steps: {step.name!r}: a workflow with compensations or"
+                    " on_failure names no step undo(... (a step's compensation is named so:"
+                    " undo(charge))"
                 )
     for step in steps:
         if step.starts_child and step.child_workflow == workflow:
@@ -208,6 +232,8 @@ def workflow_to_json(wf: WorkflowDef) -> dict[str, Any]:
         raw["input_schema"] = orjson.loads(wf.input_schema)
     if wf.timeout_ms is not None:
         raw["timeout_ms"] = wf.timeout_ms
+    if wf.on_failure is not None:
+        raw["on_failure"] = handler_to_json(wf.on_failure)
     return raw
 
 
@@ -219,13 +245,13 @@ def step_to_json(s: StepDef) -> dict[str, Any]:
     if s.run_if is not None:
         raw["run_if"] = s.run_if
     if s.compensate is not None:
-        raw["compensate"] = _compensation_to_json(s.compensate)
+        raw["compensate"] = handler_to_json(s.compensate)
     return raw
 
 
-def _compensation_to_json(c: StepDef) -> dict[str, Any]:
-    """A step's compensation as its ``compensate`` holds it (its name and dependency are the
-    step's: not written)."""
+def handler_to_json(c: StepDef) -> dict[str, Any]:
+    """A step's compensation as its ``compensate`` holds it, or the workflow's ``on_failure``
+    (their names and dependencies are fixed: not written)."""
     raw: dict[str, Any] = {
         "type": c.step_type,
         "retry": _retry_to_json(c.retry),

@@ -66,6 +66,11 @@ MAP_ITEMS, MAP_ITEMS_LIMIT = 1_000, 10_000
 MAP_PARALLELISM, MAP_PARALLELISM_LIMIT = 10, 1_000
 
 
+# The nodes of a failed run's handler (core/sagas.py): ``failure``, what the run's failure
+# was (an output the tick makes), and ``on_failure``, the handler's task, which reads it.
+FAILURE_NODE, ON_FAILURE_NODE = "failure", "on_failure"
+
+
 def undo_node(step: str) -> str:
     """The node of the compensation of step ``step`` in a run's state (core/sagas.py)."""
     return f"undo({step})"
@@ -198,6 +203,9 @@ class WorkflowDef:
     # How long a run may take from its start (core/deadlines.py): past it, it fails; a start
     # may give a run its own. None: no deadline.
     timeout_ms: int | None = None
+    # The task run once when a run fails (core/sagas.py), node ``on_failure``, reading the
+    # failure (``failure``); None: none.
+    on_failure: StepDef | None = None
 
     @property
     def key(self) -> WorkflowKey:
@@ -209,6 +217,9 @@ class WorkflowDef:
         once per definition (definitions are immutable)."""
         steps = {s.name: s for s in self.steps}
         steps.update((c.name, c) for c in self.compensations)
+        if self.on_failure is not None:
+            steps[ON_FAILURE_NODE] = self.on_failure
+            steps[FAILURE_NODE] = StepDef(FAILURE_NODE, "", kind=FAILURE_NODE)
         return steps
 
     @cached_property
@@ -218,8 +229,9 @@ class WorkflowDef:
 
     @cached_property
     def compensates(self) -> bool:
-        """Whether a step has a compensation: only then may a run be undone (a saga)."""
-        return bool(self.compensations)
+        """Whether a step has a compensation or the workflow a failure handler: only then
+        does a failed or cancelled run run a saga before it ends (core/sagas.py)."""
+        return bool(self.compensations) or self.on_failure is not None
 
     def step_for(self, node: str) -> StepDef:
         """The step a node of a run's state is of: a step, or an item of a map step
@@ -279,7 +291,8 @@ class WorkflowDef:
     @property
     def queues(self) -> list[str]:
         """The queues its steps run on, sorted."""
-        return sorted({s.queue for s in (*self.steps, *self.compensations)})
+        handler = () if self.on_failure is None else (self.on_failure,)
+        return sorted({s.queue for s in (*self.steps, *self.compensations, *handler)})
 
     def step(self, name: str) -> StepDef:
         for step in self.steps:

@@ -4,7 +4,8 @@ the compensations of its second and first steps, in that order, each once, with 
 undo, and ends failed with its compensation completed; a run cancelled mid-way compensates
 only what succeeded and ends cancelled; a compensation that fails for good leaves the run
 saying so, and the compensations after it never run; a run past its deadline is
-compensated as a failed one is; a processor SIGKILLed while sagas run
+compensated as a failed one is; a failure handler (``on_failure``) is given the failure
+before the compensations run; a processor SIGKILLed while sagas run
 is replaced and every saga finishes, nothing executed twice for one attempt.
 """
 
@@ -164,6 +165,38 @@ def test_a_run_past_its_deadline_undoes_what_succeeded_then_ends_failed(
     assert result.failure_reason == "run deadline of 2000 ms passed"
     assert result.compensation == "completed"
     assert _executed(pg, run_id) == [("flight", 1), ("hotel", 1), ("undo(flight)", 1)]
+
+
+def test_a_failure_handler_receives_the_failure_before_the_compensations_run(
+    settings: Settings, audit: psycopg.Connection[Any], spawn: Any
+) -> None:
+    pg = audit
+    _services(settings, pg, spawn)
+    handled = TRIP | {"name": "saga_handled", "on_failure": {"type": "counted_undo"}}
+    register_workflow(pg, parse_workflow(handled))
+    run_id = f"saga-handled-{uuid.uuid4().hex[:6]}"
+    client.start_run(settings, "saga_handled", run_id, CAR_FAILS)
+    result = _ended(settings, run_id)
+    assert (result.status.value, result.compensation) == ("failed", "completed")
+    assert _executed(pg, run_id)[2:] == [
+        ("car", 1),
+        ("on_failure", 1),
+        ("undo(hotel)", 1),
+        ("undo(flight)", 1),
+    ]
+    given = _output(pg, run_id, "on_failure")
+    error = "StepFailed: attempt 1 fails, as its input says"
+    assert given["undid"] == {
+        "failure": {
+            "reason": f"step 'car' failed after 1 attempt(s): {error}",
+            "step": "car",
+            "attempt": 1,
+            "error": error,
+        }
+    }
+    assert given["input"] == CAR_FAILS
+    text = run_ductor(settings, "inspect", run_id).stdout
+    assert "on_failure" in text and '"step":"car"' in text
 
 
 def test_a_compensation_that_fails_for_good_leaves_the_run_saying_so(

@@ -81,6 +81,8 @@ def workflow_json(draw: st.DrawFn, max_steps: int = 6, compensate: bool = False)
                 step["compensate"] |= {"timeout_ms": 1_000, "heartbeat_timeout_ms": 500}
         steps.append(step)
     raw = {"name": draw(st.sampled_from(["wf", "orders", "etl"])), "version": 1, "steps": steps}
+    if compensate and draw(st.booleans()):  # a failure handler (core/sagas.py)
+        raw["on_failure"] = {"type": draw(st.sampled_from(STEP_TYPES))}
     match draw(st.integers(0, 2)):  # the declared output: none, one step's, or a mapping
         case 1:
             raw["output"] = draw(st.sampled_from(names))

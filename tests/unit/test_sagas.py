@@ -19,7 +19,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from processor import Workflow
+from processor import Compensate, Retry, Workflow
 from processor.core.deadlines import RunDeadline
 from processor.core.model import SignalKind, StepOutcome, StepResult
 from processor.core.run_ends import force_fail
@@ -309,7 +309,7 @@ def test_any_walk_undoes_only_what_succeeded_last_first_once_per_attempt(
         sent += [(d.node, d.attempt) for d in decision.dispatches]
         new = decision.new_state or state
         saga = [n for n, _ in new.nodes if n.startswith("undo(")]
-        if saga and expected is None:  # it began: what succeeded, the last done first
+        if (saga or undoing(new)) and expected is None:  # it began: the last done first
             expected = undo_order(wf, new.node_map())
             assert saga == [f"undo({s})" for s in expected]
             assert all(new.node(s).status is NodeStatus.SUCCEEDED for s in expected)
@@ -317,7 +317,10 @@ def test_any_walk_undoes_only_what_succeeded_last_first_once_per_attempt(
             assert done == sorted(done, reverse=True)  # the last done, undone first
         elif expected is not None:  # it never begins again, nor changes what it undoes
             assert saga == [f"undo({s})" for s in expected]
-        in_flight = [n for n in saga if new.node(n).status is NodeStatus.DISPATCHED]
+        handled = [n for n, _ in new.nodes if n == "on_failure" and wf.on_failure is not None]
+        if handled:  # a failure's handler, never a cancel's; it begins with the saga
+            assert (new.reason != CANCEL_REASON and expected is not None) or not saga
+        in_flight = [n for n in [*handled, *saga] if new.node(n).status is NodeStatus.DISPATCHED]
         assert len(in_flight) <= 1  # one at a time
         state = new
         if state.status.terminal:
@@ -328,7 +331,7 @@ def test_any_walk_undoes_only_what_succeeded_last_first_once_per_attempt(
     if state.status.terminal:
         assert tick(state, wf, list(stored.values()), [SignalKind.CANCEL], now + 1) == NOOP
         compensation = compensation_of(state, wf)
-        assert (compensation.outcome == "none") == (expected is None)
+        assert (compensation.outcome == "none") == (not expected)
         assert compensation.outcome != "running"
         if compensation.outcome == "completed":
             assert state.status in (RunStatus.FAILED, RunStatus.CANCELLED)
@@ -343,3 +346,81 @@ def test_workflows_without_compensations_tick_as_before(data: st.DataObject) -> 
     assert state is not None
     assert all(s.done_seq is None for _, s in state.nodes)
     assert compensation_of(state, wf) == Compensation("none")
+
+
+# -- the failure handler ----------------------------------------------------------------------
+
+HANDLED = parse_workflow(TRIP | {"on_failure": {"type": "page", "retry": {"max_attempts": 2}}})
+
+
+def test_a_failure_handler_is_parsed_written_back_and_given_in_code() -> None:
+    assert HANDLED.on_failure is not None
+    assert HANDLED.on_failure.name == "on_failure"
+    assert HANDLED.on_failure.depends_on == ("failure",)
+    assert parse_workflow(workflow_to_json(HANDLED)) == HANDLED
+    SCHEMA.validate(workflow_to_json(HANDLED))
+    for name in ("failure", "on_failure", "undo(x)"):
+        raw = {"name": "w", "version": 1, "on_failure": {"type": "p"}}
+        with pytest.raises(ValidationError, match="names no step"):
+            parse_workflow(raw | {"steps": [{"name": name, "type": "t"}]})
+    with pytest.raises(ValidationError, match=r"workflow\.on_failure"):
+        parse_workflow(TRIP | {"on_failure": {"type": "p", "compensate": {}}})
+    assert not SCHEMA.is_valid(TRIP | {"on_failure": {"type": "p", "depends_on": []}})
+    wf = Workflow("trip", on_failure=Compensate(_page, retry=Retry(2)))
+    wf.step(name="flight", type="book_flight")(lambda ctx: None)
+    assert wf.registry.get("_page") is _page
+    assert wf.definition() == parse_workflow(wf.to_json())
+    assert wf.to_json()["on_failure"]["retry"]["max_attempts"] == 2
+
+
+def _page(ctx: Any) -> None:
+    return None
+
+
+def test_a_failed_run_runs_its_handler_with_the_failure_then_its_compensations() -> None:
+    walk = Walk(HANDLED)
+    walk.tick(StepResult("flight", 1, OK))
+    walk.tick(StepResult("hotel", 1, OK))
+    failing = walk.tick(StepResult("car", 1, FAILED, "no cars"))
+    assert [d.node for d in failing.dispatches] == ["on_failure"]
+    assert failing.settled == (
+        (
+            "failure",
+            1,
+            '{"attempt":1,"error":"no cars","reason":"step \'car\' failed after 1 attempt(s):'
+            ' no cars","step":"car"}',
+        ),
+    )
+    names = [n for n, _ in walk.state.nodes]
+    assert names[3:] == ["failure", "on_failure", "undo(hotel)", "undo(flight)"]
+    row = walk.state
+    assert state_from_row(row.status, row.nodes_json(), row.seq, row.reason, HANDLED) == row
+    # Its failure (its attempts spent) stops nothing: the compensations run after it.
+    walk.tick(StepResult("on_failure", 1, FAILED, "pager down"))
+    walk.tick(later=1_000)
+    walk.tick(StepResult("on_failure", 2, FAILED, "pager down"))
+    assert walk.status("on_failure") is NodeStatus.FAILED
+    assert walk.dispatched[-1] == ("undo(hotel)", 1)
+    walk.tick(StepResult("undo(hotel)", 1, OK))
+    walk.tick(StepResult("undo(flight)", 1, OK))
+    assert walk.state.status.terminal and walk.state.status.value == "failed"
+    assert compensation_of(walk.state, HANDLED) == Compensation("completed")
+
+
+def test_a_handler_runs_for_a_deadline_and_alone_but_never_for_a_cancel() -> None:
+    car = {"name": "car", "type": "book_car", "retry": {"max_attempts": 1}}
+    alone = parse_workflow(TRIP | {"steps": [car], "on_failure": {"type": "page"}})
+    walk = Walk(alone)
+    walk.tick(StepResult("car", 1, FAILED, "x"))
+    assert walk.dispatched[-1] == ("on_failure", 1) and undoing(walk.state)
+    walk.tick(StepResult("on_failure", 1, OK))
+    assert walk.state.status.terminal
+    assert compensation_of(walk.state, alone) == Compensation("none")
+    cancelled = Walk(HANDLED)
+    cancelled.tick(StepResult("flight", 1, OK), cancel=True)
+    assert "on_failure" not in [n for n, _ in cancelled.state.nodes]
+    late = Walk(HANDLED)
+    late.now += 10
+    began = tick(late.state, HANDLED, (), (), late.now, deadline=RunDeadline(late.now, 5))
+    assert [d.node for d in began.dispatches] == ["on_failure"]
+    assert '"step":null' in began.settled[0][2] and "run deadline of 5 ms" in began.settled[0][2]

@@ -160,6 +160,8 @@ def definitions(draw: st.DrawFn) -> dict[str, Any]:
     if draw(st.booleans()):
         required = draw(st.lists(_NAMES, max_size=2, unique=True))
         raw["input_schema"] = {"type": "object", "required": required}
+    if draw(st.booleans()):  # its failure handler (core/sagas.py)
+        raw["on_failure"] = draw(_compensate("handler"))
     return raw
 
 
@@ -235,6 +237,7 @@ FULL: dict[str, Any] = {
     ],
     "output": {"charged": "task", "shipped": "child"},
     "input_schema": {"type": "object", "required": ["customer"]},
+    "on_failure": {"type": "page_someone", "retry": {"max_attempts": 5}, "queue": "alerts"},
 }
 
 
@@ -313,6 +316,7 @@ def _in_code(wf: WorkflowDef, raw: dict[str, Any]) -> Workflow:
         description=raw.get("description"),
         output=output,
         input_schema=raw.get("input_schema"),
+        on_failure=None if wf.on_failure is None else _as_compensate(wf.on_failure),
     )
     for step in wf.steps:
         retry = Retry(
@@ -372,9 +376,10 @@ def _in_code(wf: WorkflowDef, raw: dict[str, Any]) -> Workflow:
 
 
 def _compensate_in_code(step: StepDef) -> Compensate | None:
-    undo = step.compensate
-    if undo is None:
-        return None
+    return None if step.compensate is None else _as_compensate(step.compensate)
+
+
+def _as_compensate(undo: StepDef) -> Compensate:
     policy = undo.retry
     retry = Retry(
         policy.max_attempts, policy.backoff_ms, policy.backoff_multiplier, policy.max_backoff_ms

@@ -182,12 +182,14 @@ def _live_worker(row: Sequence[Any]) -> LiveWorker:
 
 
 def unserved(wf: WorkflowDef, workers: Sequence[LiveWorker]) -> list[tuple[str, str]]:
-    """The (queue, step type) pairs of ``wf``'s steps that run on workers (a map's items
-    and the steps' compensations too) and that no worker of ``workers`` serves, sorted. A
-    worker from before the registry said what it serves counts for nothing here (the caller
-    says how many there are)."""
+    """The (queue, step type) pairs of ``wf``'s steps that run on workers (a map's items,
+    the steps' compensations and its failure handler too) and that no worker of ``workers``
+    serves, sorted. A worker from before the registry said what it serves counts for nothing
+    here (the caller says how many there are)."""
     needed = {(s.queue, s.step_type) for s in wf.steps if s.runs_on_a_worker or s.maps}
     needed.update((c.queue, c.step_type) for c in wf.compensations)
+    if wf.on_failure is not None:
+        needed.add((wf.on_failure.queue, wf.on_failure.step_type))
     served = {(q, t) for w in workers for q in w.queues for t in w.step_types}
     return sorted(needed - served)
 
