@@ -1,6 +1,7 @@
-"""Compensation (a saga): a run that fails or is cancelled undoes what it did before it ends.
-The rules are core/tick.py's (rule 2c); they apply only to a workflow where a task step
-declares a ``compensate`` (``WorkflowDef.compensates``): the tick of any other is unchanged.
+"""Compensation (a saga) and failure handlers: a run that fails or is cancelled undoes what
+it did before it ends, and a run that fails tells its handler. The rules are core/tick.py's
+(rule 2c); they apply only to a workflow where a task step declares a ``compensate`` or that
+declares an ``on_failure`` (``WorkflowDef.compensates``): the tick of any other is unchanged.
 
 - A step with a compensation that succeeds records when (``done_seq``: the ``seq`` of the
   transition that applied its success).
@@ -18,6 +19,13 @@ declares a ``compensate`` (``WorkflowDef.compensates``): the tick of any other i
   (``failed`` or ``cancelled``, with its reason): compensation completed. One that failed for
   good stops the saga: the run ends so too, the nodes after it cancelled (never run), and
   its compensation failed, at that step.
+- A run that fails (not one cancelled) of a workflow with a failure handler runs its saga
+  whatever succeeded: first in it, two nodes: ``failure``, succeeded at once, its output
+  the failure (``failure_document``: the reason, the step that failed for good, its attempt
+  and error; the commit records it as the tick's ``settled`` output), and ``on_failure``,
+  the handler's task, which reads it as a dependency. The handler's own failure for good
+  stops nothing: the compensations run after it.
+- A live run in its saga is the only live run with a reason (``undoing``).
 - While the saga runs, nothing else changes the run: a cancel signal (a second one, or the
   first during a saga its failure began) and the run's deadline change nothing; results of
   the steps cancelled apply to nothing (rule 3). Each compensation is so run once per
@@ -27,8 +35,8 @@ declares a ``compensate`` (``WorkflowDef.compensates``): the tick of any other i
 
 Two ends skip the saga: ``force_fail`` (the livelock guard and the stuck-run watchdog end a
 run whose ticks cannot commit; running more steps is what cannot be done there) and an
-operator's quarantine. A run whose compensations ran is not resumed by ``ductor runs retry``
-(what it did was undone; start a new run). Pure: no I/O, no clock.
+operator's quarantine. A run whose saga ran is not resumed by ``ductor runs retry`` (what it
+did was undone, its failure handled; start a new run). Pure: no I/O, no clock.
 """
 
 from __future__ import annotations

@@ -11,10 +11,11 @@ Rules, in the order they are applied:
    timeout, judged by ``now``) ends as failed, ``run deadline of N ms passed``; nodes still
    in flight become cancelled, as for a cancel. The tick that starts a run with a deadline
    sets a wakeup at it (within the delay ladder's horizon).
-2c. In a workflow where a step has a compensation (core/sagas.py), a run to end failed or
-   cancelled (rules 2, 2b, 5) whose steps with one succeeded runs its saga first, one
-   compensation at a time, and then ends; while its saga runs, rules 2 and 2b and every
-   step but its compensations are left alone.
+2c. In a workflow where a step has a compensation or that has a failure handler
+   (core/sagas.py), a run to end failed or cancelled (rules 2, 2b, 5) whose steps with one
+   succeeded, or to end failed with a handler, runs its saga first (the handler, then the
+   compensations, one at a time), and then ends; while its saga runs, rules 2 and 2b and
+   every node but its saga's are left alone.
 3. Each step result is applied at most once: only a result whose attempt is the node's attempt
    in flight (status dispatched) applies. A duplicate, stale or unknown result changes nothing,
    and results are applied in a canonical order, so arrival order does not matter.
