@@ -31,7 +31,8 @@ declares an ``on_failure`` (``WorkflowDef.compensates``): the tick of any other 
   the steps cancelled apply to nothing (rule 3). Each compensation is so run once per
   attempt, as any task is, and the saga never starts again.
 - What the outcome was is read from the ended state (``compensation_of``): ``none`` (nothing
-  to undo), ``running``, ``completed``, or ``failed`` at a step.
+  to undo), ``running``, ``completed``, ``failed`` at a step, or ``stopped`` (force-failed
+  during the saga).
 
 Two ends skip the saga: ``force_fail`` (the livelock guard and the stuck-run watchdog end a
 run whose ticks cannot commit; running more steps is what cannot be done there) and an
@@ -214,8 +215,9 @@ def _ends_as(state: RunState) -> RunStatus:
 
 class Compensation(NamedTuple):
     """What became of a run's compensation: ``none`` (nothing was undone, or there was
-    nothing to undo), ``running`` (its saga runs), ``completed``, or ``failed`` (``step``: the
-    step whose compensation failed for good; ``error``: its last error)."""
+    nothing to undo), ``running`` (its saga runs), ``completed``, ``failed`` (``step``: the
+    step whose compensation failed for good; ``error``: its last error), or ``stopped`` (the
+    run was force-failed during its saga: what had not run never will)."""
 
     outcome: str
     step: str | None = None
@@ -242,4 +244,5 @@ def compensation_of(state: RunState, wf: WorkflowDef) -> Compensation:
             return Compensation("failed", name[len(_UNDO) : -1], node.error)
     if all(node.status is _SUCCEEDED for _, node in saga):
         return Compensation("completed")
-    return Compensation("running")
+    # Ended before its saga did: force-failed by the watchdog or the livelock guard.
+    return Compensation("stopped" if state.status.terminal else "running")

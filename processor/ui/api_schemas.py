@@ -113,9 +113,10 @@ SCHEMAS: dict[str, dict[str, Any]] = {
             "output": {"description": "the run's output once it succeeded, else null"},
             "failure_reason": {"type": ["string", "null"]},
             "compensation": {
-                "enum": ["none", "running", "completed", "failed"],
+                "enum": ["none", "running", "completed", "failed", "stopped"],
                 "description": "what became of the run's compensations (a saga): none ran,"
-                " they run, they all completed, or one failed for good",
+                " they run, they all completed, one failed for good, or the run was"
+                " force-failed during them",
             },
         },
     },

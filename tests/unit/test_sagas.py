@@ -233,6 +233,7 @@ def test_a_deadline_passed_during_the_saga_changes_nothing_and_force_fail_skips_
     assert again == NOOP
     forced = force_fail(began.new_state, "stuck")
     assert forced is not None and forced.status is RunStatus.FAILED
+    assert compensation_of(forced, WF) == Compensation("stopped")
 
 
 def test_a_state_in_its_saga_reads_back_from_its_row() -> None:
@@ -332,7 +333,7 @@ def test_any_walk_undoes_only_what_succeeded_last_first_once_per_attempt(
         assert tick(state, wf, list(stored.values()), [SignalKind.CANCEL], now + 1) == NOOP
         compensation = compensation_of(state, wf)
         assert (compensation.outcome == "none") == (not expected)
-        assert compensation.outcome != "running"
+        assert compensation.outcome not in ("running", "stopped")
         if compensation.outcome == "completed":
             assert state.status in (RunStatus.FAILED, RunStatus.CANCELLED)
 

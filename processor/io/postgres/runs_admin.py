@@ -56,7 +56,7 @@ class RunResult:
     output: Any
     failure_reason: str | None
     # What became of its saga (core/sagas.py ``compensation_of``): "none", "running",
-    # "completed" or "failed".
+    # "completed", "failed" or "stopped".
     compensation: str = "none"
 
     @property
@@ -271,7 +271,8 @@ def run_columns(conn: psycopg.Connection[Any], run_id: str) -> RunColumns | None
 COMPENSATION_SQL = """(SELECT CASE WHEN count(*) = 0 THEN 'none'
             WHEN bool_or(v ->> 'status' = 'failed') THEN 'failed'
             WHEN bool_and(v ->> 'status' = 'succeeded') THEN 'completed'
-            ELSE 'running' END
+            WHEN status IN ('pending', 'running') THEN 'running'
+            ELSE 'stopped' END
        FROM jsonb_each(node_states) AS e(k, v) WHERE k LIKE 'undo(%%)')"""
 
 
