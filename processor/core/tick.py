@@ -221,10 +221,9 @@ def _advance(
     if (maps is not None or wf.sleeps) and (failed := failure(state, nodes)) is not None:
         # a map without its list, a sleep until no time
         ended_run = undo_or_end(state, nodes, _RUN_FAILED, failed, wf, now_ms, maps)
+        settled += ended_run.settled  # (a failure handler's failure, when it has one)
         return ended_run._replace(
-            signalled=tuple(signalled),
-            mapped=tuple(mapped),
-            settled=(*settled, *ended_run.settled),
+            signalled=tuple(signalled), mapped=tuple(mapped), settled=tuple(settled)
         )
     if all(s.status is _SUCCEEDED or s.status is _SKIPPED for s in nodes.values()):
         ended_run = end_run(state, nodes, RunStatus.SUCCEEDED, None, wf, maps)

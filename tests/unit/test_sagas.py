@@ -425,3 +425,25 @@ def test_a_handler_runs_for_a_deadline_and_alone_but_never_for_a_cancel() -> Non
     began = tick(late.state, HANDLED, (), (), late.now, deadline=RunDeadline(late.now, 5))
     assert [d.node for d in began.dispatches] == ["on_failure"]
     assert '"step":null' in began.settled[0][2] and "run deadline of 5 ms" in began.settled[0][2]
+
+
+def test_a_map_without_its_list_fails_its_run_into_the_handler_with_what_it_ended() -> None:
+    wf = parse_workflow(
+        {
+            "name": "maps",
+            "version": 1,
+            "on_failure": {"type": "page"},
+            "steps": [
+                {"name": "a", "type": "t", "compensate": {"type": "u"}},
+                {"name": "m", "kind": "map", "type": "t", "depends_on": ["a"]},
+            ],
+        }
+    )
+    state = tick(initial_state(wf), wf, (), (), 10).new_state
+    assert state is not None
+    decision = tick(state, wf, [StepResult("a", 1, OK)], (), 20, input_length=None)
+    assert decision.new_state is not None and undoing(decision.new_state)
+    assert [d.node for d in decision.dispatches] == ["on_failure"]
+    assert [n for n, _, _ in decision.settled] == ["failure"]
+    assert '"step":"m"' in decision.settled[0][2]
+    assert [n for n, _ in decision.new_state.nodes][-3:] == ["failure", "on_failure", "undo(a)"]
