@@ -179,10 +179,10 @@ class StepRegistry:
                 raise RegistrationError(f"step {step_type!r}: {fn!r} is not a function")
             known = self._steps.get(key)
             if known is not None and known is not fn:
+                which = repr(step_type) + ("" if version == 1 else f" version {version}")
                 raise RegistrationError(
-                    f"step type {step_type!r} version {version} is registered twice:"
-                    f" {_name(known)} and {_name(fn)}; a worker runs one function per type"
-                    " and version"
+                    f"step type {which} is registered twice: {_name(known)} and {_name(fn)};"
+                    " a worker runs one function per type and version"
                 )
             self._steps[key] = fn
             if inspect.iscoroutinefunction(fn):

@@ -118,7 +118,7 @@ def test_the_first_tick_pins_the_run_and_its_tasks_carry_their_versions() -> Non
     (send,) = commit.effects
     task = decode_step_task(send.value)
     assert (task.node, task.step_version) == ("charge", 2)
-    assert orjson.loads(send.value)["task_version"] == STEP_VERSION_TASK_VERSION
+    assert orjson.loads(send.value or b"")["task_version"] == STEP_VERSION_TASK_VERSION
     # The pins are stored in the steps' entries and read back with the state.
     nodes = commit.state.nodes_json()
     assert nodes["charge"]["version"] == 2 and "version" not in nodes["mail"]
