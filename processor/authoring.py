@@ -241,13 +241,8 @@ class Workflow:
         def add(function: StepFunction) -> StepFunction:
             registered = register(function)
             declared = self._steps[-1]
-            mapped = replace(
-                declared.step,
-                kind=MAP,
-                items_from=source,
-                max_items=max_items,
-                parallelism=parallelism,
-            )
+            mapped = replace(declared.step, kind=MAP, items_from=source, max_items=max_items)
+            mapped = replace(mapped, parallelism=parallelism)
             self._steps[-1] = replace(declared, step=mapped)
             return registered
 

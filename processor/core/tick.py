@@ -172,20 +172,8 @@ def tick(
             reason = deadline_reason(deadline.timeout_ms)
             return end_run(state, state.node_map(), RunStatus.FAILED, reason)
         if state.status is _RUN_PENDING:  # the tick that starts it: a wakeup at its deadline
-            decision = tick(
-                state,
-                wf,
-                results,
-                signals,
-                now_ms,
-                None,
-                named,
-                input_length,
-                started,
-                selected,
-                None,
-                served,
-            )
+            rest = (named, input_length, started, selected, None, served)
+            decision = tick(state, wf, results, signals, now_ms, None, *rest)
             return with_deadline_timer(decision, deadline, now_ms)
 
     step_of = wf.step_for if wf.has_maps else wf.step_map.__getitem__

@@ -42,6 +42,7 @@ from processor.core.versions import (
 )
 from processor.core.workflow import parse_workflow
 from processor.core.workflow_def import ValidationError
+from processor.ui.dag import step_states
 from processor.worker.steps import RegistrationError, StepRegistry, execute_step
 
 from .strategies import FAST, runs
@@ -133,9 +134,6 @@ def test_a_running_run_keeps_its_pins_whatever_is_served_now() -> None:
     # A worker with charge v2 started since: the run's next steps still run version 1.
     done = StepResult("charge", 1, StepOutcome.SUCCEEDED)
     later = _run(first, {("default", "charge"): 2}, results=(done,))
-    later = LoadedRun(
-        later.run_id, WF, first, 1, "t1", (done,), stored_checksum=state_checksum(first)
-    )
     commit = tick_batch({"r": later}, NOW_MS + 10, NAMES)["r"]
     tasks = {t.node: t for t in (decode_step_task(s.value) for s in commit.effects)}
     assert {n: t.step_version for n, t in tasks.items()} == {"refund": 1, "mail": 1, "fixed": 3}
@@ -267,3 +265,14 @@ def test_an_upgrade_moves_the_pins_of_a_type_or_of_every_type_to_the_newest() ->
     assert upgrade(WF, latest, served, None, None)[1] == ()  # nothing left to move
     back, _ = upgrade(WF, latest, {}, "charge", 1)
     assert back == (("fixed", 4),)
+
+
+def test_the_page_s_steps_carry_their_pinned_versions() -> None:
+    document = {
+        "steps": [
+            {"name": "hold", "kind": "wait", "type": "", "after": []},
+            {"name": "charge", "kind": "task", "type": "charge", "after": ["hold"], "version": 2},
+        ],
+        "nodes": [{"node": "charge", "status": "succeeded", "attempt": 1}],
+    }
+    assert [s.version for s in step_states(document)] == [None, 2]
