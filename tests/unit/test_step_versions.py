@@ -4,6 +4,7 @@ the hand-back by version and `runs upgrade`'s rule, without Kafka or Postgres.""
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from typing import Any
 
 import orjson
@@ -42,6 +43,7 @@ from processor.core.versions import (
 )
 from processor.core.workflow import parse_workflow
 from processor.core.workflow_def import ValidationError
+from processor.io.postgres.worker_registry import LiveWorker, unserved
 from processor.ui.dag import step_states
 from processor.worker.steps import RegistrationError, StepRegistry, execute_step
 
@@ -276,3 +278,23 @@ def test_the_page_s_steps_carry_their_pinned_versions() -> None:
         "nodes": [{"node": "charge", "status": "succeeded", "attempt": 1}],
     }
     assert [s.version for s in step_states(document)] == [None, 2]
+
+
+def _worker(*keys: str) -> LiveWorker:
+    at = datetime(2026, 1, 1, tzinfo=UTC)
+    return LiveWorker("w", None, "h", 1, ("default",), keys, 4, "0", None, {}, at, at)
+
+
+def test_a_step_with_its_own_version_needs_a_worker_with_that_version() -> None:
+    pinned = parse_workflow(
+        {
+            "name": "p",
+            "version": 1,
+            "steps": [
+                {"name": "a", "type": "charge", "version": 2},
+                {"name": "b", "type": "mail"},
+            ],
+        }
+    )
+    assert unserved(pinned, [_worker("charge", "mail@3")]) == [("default", "charge@2")]
+    assert unserved(pinned, [_worker("charge@2", "mail@3")]) == []

@@ -318,6 +318,7 @@ def test_the_run_page_shows_each_attempts_last_heartbeat_and_a_slot_kept() -> No
         "running": True,
         "execution_ended": None,
         "holds_slots": ["c/warehouse/"],
+        "version": 2,
     }
     run = {
         "run_id": "r-1",
@@ -355,3 +356,4 @@ def test_the_run_page_shows_each_attempts_last_heartbeat_and_a_slot_kept() -> No
     )
     assert '2026-05-01 12:00:03 <code class="details">{"rows": 4200}</code>' in html
     assert "it keeps its slot of c/warehouse/ until it ends" in html
+    assert '<td>w-1 <span class="muted version">v2</span></td>' in html  # its function's version
