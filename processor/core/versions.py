@@ -31,7 +31,7 @@ from typing import NamedTuple
 from processor.core.run_state import RunState
 from processor.core.workflow_def import MAX_STEP_VERSION, StepDef, WorkflowDef
 
-# (queue, step type) -> the newest version the live workers of that queue serve.
+# (queue, step type) -> the newest version the live workers of that queue serve, when past 1.
 ServedVersions = Mapping[tuple[str, str], int]
 
 # A run's pins as its state holds them: (step name, version), in definition order, only those
@@ -59,13 +59,14 @@ def newest_served(
     workers: Iterable[tuple[Iterable[str], Iterable[str]]],
 ) -> dict[tuple[str, str], int]:
     """The newest version of each (queue, step type) among live workers, each given as (its
-    queues, its served keys)."""
+    queues, its served keys), past 1 only (a type absent is served at 1, or not at all: a run
+    pins 1 either way)."""
     newest: dict[tuple[str, str], int] = {}
     for queues, keys in workers:
         served = [parse_served(key) for key in keys]
         for queue in queues:
             for step_type, version in served:
-                if version > newest.get((queue, step_type), 0):
+                if version > newest.get((queue, step_type), 1):
                     newest[(queue, step_type)] = version
     return newest
 
@@ -77,10 +78,10 @@ def runs_code(step: StepDef) -> bool:
 
 def pin_versions(wf: WorkflowDef, served: ServedVersions) -> Pins:
     """Rule 1: the pins of a run of ``wf`` starting now."""
+    if not served and not wf.declares_versions:
+        return NO_PINS  # (the common case: no worker serves a version past 1)
     pins = []
-    for step in wf.steps:
-        if not runs_code(step):
-            continue
+    for step in wf.code_steps:
         version = step.version
         if version is None:
             version = served.get((step.queue, step.step_type), 1)
@@ -93,7 +94,7 @@ def pinned(state: RunState, wf: WorkflowDef, served: ServedVersions | None) -> R
     """``state`` (a pending run's) with its pins as rule 1 sets them (``served`` None: the
     shell read none, so the steps' own versions and 1)."""
     pins = pin_versions(wf, {} if served is None else served)
-    if pins == state.versions:
+    if pins is state.versions or pins == state.versions:
         return state
     return RunState(state.status, state.nodes, state.seq, state.reason, state.maps, pins)
 

@@ -259,6 +259,17 @@ class WorkflowDef:
         return tuple(s for s in self.steps if s.selectors)
 
     @cached_property
+    def code_steps(self) -> tuple[StepDef, ...]:
+        """Its steps a worker runs a function for (task and map steps): those a run pins a
+        version of (core/versions.py)."""
+        return tuple(s for s in self.steps if s.kind == TASK or s.maps)
+
+    @cached_property
+    def declares_versions(self) -> bool:
+        """Whether a step says which version of its function every run runs."""
+        return any(s.version is not None for s in self.steps)
+
+    @cached_property
     def has_children(self) -> bool:
         """Whether a step starts child runs (what the commit path then looks for)."""
         return any(s.starts_child for s in self.steps)

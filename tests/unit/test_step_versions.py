@@ -95,8 +95,6 @@ def test_the_newest_served_version_is_per_queue_and_type() -> None:
     assert newest_served(workers) == {
         ("default", "charge"): 2,
         ("mails", "charge"): 2,
-        ("default", "mail"): 1,
-        ("mails", "mail"): 1,
         ("other", "charge"): 5,
     }
 
