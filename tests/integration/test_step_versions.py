@@ -151,9 +151,11 @@ def test_two_versions_live_at_once_each_run_keeps_its_own(
         before = [f"{prefix}before-{i}" for i in range(6)]
         start_runs(settings, "versioned_pay", before, run_input={"fail_on": [1]})
         moved, doomed = f"{prefix}moved", f"{prefix}doomed"
-        start_runs(settings, "versioned_pay", [moved, doomed])
-        wait_for(lambda: _started(pg, [*before, moved, doomed]), 30, "the runs to start")
-        assert set(_pins(pg, [*before, moved, doomed]).values()) == {None}
+        bulk = [f"{prefix}bulk-{i}" for i in range(3)]
+        start_runs(settings, "versioned_pay", [moved, doomed, *bulk])
+        held = [*before, moved, doomed, *bulk]
+        wait_for(lambda: _started(pg, held), 30, "the runs to start")
+        assert set(_pins(pg, held).values()) == {None}
 
         # A worker with versions 1 and 2 joins the queue: both serve it at once.
         new_worker = WorkerThread(settings, V1_AND_V2, threads=4)
@@ -164,7 +166,13 @@ def test_two_versions_live_at_once_each_run_keeps_its_own(
             "both workers to hold partitions of the queue",
         )
         probes = _start_pinned_at_2(settings, pg, prefix)
-        after = [f"{prefix}after-{i}" for i in range(6)]
+        listed = run_ductor(settings, "workers", "--output", "json")
+        served = {w["instance_id"]: w["step_types"] for w in orjson.loads(listed.stdout)}
+        assert served[old_worker.worker.instance_id] == ["charge"]
+        assert served[new_worker.worker.instance_id] == ["charge", "charge@2"]
+        # (24 runs: each run's tasks share a partition, and the chance that none of them
+        # lands on the version 1 worker's, a third of them or more, is (2/3)^24 at most.)
+        after = [f"{prefix}after-{i}" for i in range(24)]
         start_runs(settings, "versioned_pay", after, run_input={"fail_on": [1]})
         wait_for(lambda: _started(pg, after), 30, "the later runs to start")
         assert set(_pins(pg, after).values()) == {2}
@@ -212,6 +220,19 @@ def test_two_versions_live_at_once_each_run_keeps_its_own(
             ("charge", 2),
             ("settle", 2),
         }
+
+        # Every held run a filter matches, moved at once (--dry-run first: nothing moves).
+        filters = ("--id-prefix", f"{prefix}bulk-", "--status", "running", "--latest")
+        dry = run_ductor(settings, "runs", "upgrade", *filters, "--dry-run")
+        assert dry.returncode == 0, dry.stderr
+        assert sorted(dry.stdout.split()) == bulk and set(_pins(pg, bulk).values()) == {None}
+        done_bulk = run_ductor(settings, "runs", "upgrade", *filters)
+        assert done_bulk.returncode == 0, done_bulk.stderr
+        assert "upgrade: 3 of 3 matching running or failed run(s)" in done_bulk.stderr
+        assert set(_pins(pg, bulk).values()) == {2}
+        _go(settings, bulk)
+        wait_for(lambda: count_terminal(pg, bulk) == 3, 60, "the moved runs to end")
+        assert {k[3] for k in _executions(pg, f"{prefix}bulk-")} == {2}
 
         # Moved to a version no live worker serves: its attempts fail, naming it; no
         # function ran. A retry once a worker with it runs succeeds.

@@ -43,7 +43,7 @@ from processor.core.versions import (
 )
 from processor.core.workflow import parse_workflow
 from processor.core.workflow_def import ValidationError
-from processor.io.postgres.worker_registry import LiveWorker, unserved
+from processor.io.postgres.worker_registry import LiveWorker, ServedCache, unserved
 from processor.ui.dag import step_states
 from processor.worker.steps import RegistrationError, StepRegistry, execute_step
 
@@ -296,3 +296,28 @@ def test_a_step_with_its_own_version_needs_a_worker_with_that_version() -> None:
     )
     assert unserved(pinned, [_worker("charge", "mail@3")]) == [("default", "charge@2")]
     assert unserved(pinned, [_worker("charge@2", "mail@3")]) == []
+
+
+class _Rows:
+    def __init__(self, rows: list[tuple[Any, Any]]) -> None:
+        self.rows, self.reads = rows, 0
+
+    def execute(self, *_args: Any) -> _Rows:
+        self.reads += 1
+        return self
+
+    def fetchall(self) -> list[tuple[Any, Any]]:
+        return self.rows
+
+
+def test_the_processor_reads_what_is_served_at_most_once_a_second() -> None:
+    now = [100.0]
+    cache = ServedCache(5.0, monotonic=lambda: now[0])
+    conn = _Rows([(["default"], ["charge", "charge@2"]), (None, None)])
+    assert cache.get(conn) == {("default", "charge"): 2}  # type: ignore[arg-type]
+    conn.rows = [(["default"], ["charge", "charge@3"])]
+    now[0] += 0.5
+    assert cache.get(conn) == {("default", "charge"): 2}  # type: ignore[arg-type]
+    now[0] += 0.5
+    assert cache.get(conn) == {("default", "charge"): 3}  # type: ignore[arg-type]
+    assert conn.reads == 2
