@@ -321,3 +321,18 @@ def test_the_processor_reads_what_is_served_at_most_once_a_second() -> None:
     now[0] += 0.5
     assert cache.get(conn) == {("default", "charge"): 3}  # type: ignore[arg-type]
     assert conn.reads == 2
+
+
+def test_a_map_s_items_run_their_map_s_version() -> None:
+    wf = parse_workflow(
+        {"name": "m", "version": 1, "steps": [{"name": "each", "kind": "map", "type": "charge"}]}
+    )
+    state = initial_state(wf)
+    run = LoadedRun("r", wf, state, 1, "t1", stored_checksum=state_checksum(state), input_length=2)
+    commit = tick_batch({"r": run.with_served({("default", "charge"): 2})}, NOW_MS, NAMES)["r"]
+    tasks = [decode_step_task(s.value) for s in commit.effects]
+    assert [(t.node, t.item, t.step_version) for t in tasks] == [
+        ("each[0]", MapItem(None, 0), 2),
+        ("each[1]", MapItem(None, 1), 2),
+    ]
+    assert commit.state.versions == (("each", 2),)
