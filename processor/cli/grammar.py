@@ -20,11 +20,16 @@ from typing import Any
 import orjson
 
 from processor.cli.common import EXIT_USAGE, CliError
+from processor.io.kafka.clients import EXIT_KAFKA_FATAL
+from processor.worker.worker import EXIT_ABANDONED
 
 OUTPUTS = ("text", "json")
 _OUTPUT_HELP = "text (default) or json: one JSON document, or one JSON object a line for a list"
 
-EXIT_TABLE = """exit codes (every command):
+# What the codes mean, as `ductor --help` prints it. The services (process, worker, ui) exit
+# by it too (0 stopped cleanly, 2 refused configuration); the two ways a service stops
+# itself for its supervisor to start a fresh process have codes of their own, never 0-3.
+EXIT_TABLE = f"""exit codes (every command):
   0  done (a run: it succeeded)
   1  the operation failed: a run failed or was cancelled, a run, schedule or trigger was
      not found, a service is unreachable, a change was refused
@@ -32,8 +37,10 @@ EXIT_TABLE = """exit codes (every command):
      a workflow's schema refuses, an unknown workflow, a missing topic)
   3  not finished: the run has not ended (within --wait)
   130  interrupted (Ctrl-C); 128+N: stopped by signal N while it loaded
-the services (process, worker, ui) also exit 3 (worker: too many abandoned steps) and 4
-(process: a fatal Kafka client error); docs/usage.md#exit-codes"""
+a service stops itself for its supervisor to start a fresh one with
+  {EXIT_KAFKA_FATAL}  a fatal Kafka client error (process, worker)
+  {EXIT_ABANDONED}  too many abandoned steps still running (worker, --max-abandoned)
+docs/usage.md#exit-codes"""
 
 
 def add_output(p: argparse.ArgumentParser, *, root: bool = False) -> None:

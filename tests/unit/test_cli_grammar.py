@@ -16,6 +16,8 @@ from processor.cli.common import EXIT_USAGE, CliError, json_argument
 from processor.cli.grammar import leaf_parsers, resolve_output
 from processor.cli.main import build_parser, main, parse_args
 from processor.cli.schedules import COLUMNS
+from processor.io.kafka.clients import EXIT_KAFKA_FATAL
+from processor.worker.worker import EXIT_ABANDONED
 
 
 def _resolved(argv: list[str]) -> argparse.Namespace:
@@ -200,3 +202,26 @@ def test_schedules_list_explains_each_of_its_columns(capsys: pytest.CaptureFixtu
     for name in names:
         (line,) = [line for line in explained if line.strip().startswith(name + "  ")]
         assert len(line.split(name, 1)[1].strip()) > 10, line
+
+
+def test_a_service_stops_itself_with_codes_of_its_own_that_the_table_lists(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A service stopping itself for a fresh process never says 0-3, a command's codes (3 is
+    "not finished"), and the two reasons differ; `ductor --help` and docs/usage.md list both."""
+    service_codes = {EXIT_KAFKA_FATAL, EXIT_ABANDONED}
+    assert len(service_codes) == 2 and not service_codes & {0, 1, 2, 3}
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    shown = capsys.readouterr().out
+    usage = (Path(__file__).parents[2] / "docs" / "usage.md").read_text()
+    for code in service_codes:
+        assert f"\n  {code}  " in shown, code
+        assert f"\n| {code} | " in usage, code
+
+
+def test_bench_refuses_a_bad_count_as_usage(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as info:
+        parse_args(["bench", "--build-rounds", "0"])
+    assert info.value.code == EXIT_USAGE
+    assert "--build-rounds: must be at least 1" in capsys.readouterr().err

@@ -52,6 +52,11 @@ class DlqError(Exception):
     """A dead-letter operation that could not be done; the message says why."""
 
 
+class DlqTopicMissing(DlqError):
+    """The topic to read or replay to does not exist: the topics were not created (a
+    configuration error, exit 2 from `ductor dlq`, not a failure to retry)."""
+
+
 @dataclass(frozen=True)
 class DeadLetter:
     """One record of the dead-letter topic."""
@@ -288,7 +293,7 @@ def _reader(settings: Settings) -> Consumer:
 def _partition_count(client: Consumer | Producer, topic: str) -> int:
     meta = client.list_topics(topic, timeout=10).topics.get(topic)
     if meta is None or meta.error is not None or not meta.partitions:
-        raise DlqError(f"topic {topic} does not exist; run `ductor topics create` first")
+        raise DlqTopicMissing(f"topic {topic} does not exist; run `ductor topics create` first")
     return len(meta.partitions)
 
 
