@@ -286,13 +286,19 @@ def test_json_output_command_by_command(ductor: Ductor, pg: psycopg.Connection[A
     assert "settings" in config
 
 
-def test_the_former_output_flags_keep_their_documents_for_one_release(ductor: Ductor) -> None:
-    ductor("start", "sample", "--run-id", "old")
-    done = ductor("runs", "list", "--output", "json")
-    assert orjson.loads(done.out)["runs"][0]["run_id"] == "old"  # one document, as before
-    assert "is deprecated" in done.err
-    done = ductor("workflows", "list", "--output", "json")
-    assert "sample" in [w["name"] for w in orjson.loads(done.out)]  # one array, as before
-    assert "is deprecated" in done.err
-    done = ductor("workflows", "list", "--output", "table")
-    assert done.code == 0 and done.out.startswith("NAME") and "is deprecated" in done.err
+@pytest.mark.parametrize(
+    "command", [["runs", "list"], ["workflows", "list"], ["workers"], ["schedules", "list"]]
+)
+def test_output_after_a_list_command_is_the_one_option(ductor: Ductor, command: list[str]) -> None:
+    """`--output json` after a list command prints what `-o json` prints, anywhere: JSON
+    lines, not the former single document; the former `--output table` is gone."""
+    ductor("start", "sample", "--run-id", "one")
+    ductor("schedules", "create", "hourly", "--cron", "0 * * * *", "--workflow", "sample")
+    long = ductor(*command, "--output", "json")
+    assert long.code == 0, long.err
+    assert long.out == ductor(*command, "-o", "json").out == ductor("-o", "json", *command).out
+    assert long.json_lines() == [orjson.loads(line) for line in long.out.splitlines()]
+    if command != ["workers"]:  # no worker is live here: an empty list
+        assert all(isinstance(line, dict) for line in long.json_lines()) and long.json_lines()
+    assert "deprecated" not in long.err
+    assert ductor(*command, "--output", "text").out == ductor(*command).out
