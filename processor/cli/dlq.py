@@ -14,12 +14,11 @@ from processor.core.routing import TopicNames
 from processor.io.config.settings import Settings
 from processor.io.kafka.dlq import (
     DeadLetter,
-    DlqError,
-    DlqTopicMissing,
     fetch_dead_letter,
     read_dead_letters,
     replay,
 )
+from processor.io.kafka.errors import DlqError, DlqTopicMissing
 
 
 def register(sub: Any) -> None:

@@ -43,18 +43,10 @@ from processor.core.routing import TopicNames, partition_for
 from processor.io.config.settings import Settings
 from processor.io.kafka.clients import produce
 from processor.io.kafka.configs import producer_config, reader_config
+from processor.io.kafka.errors import DlqError, DlqTopicMissing
 from processor.io.kafka.logs import with_logger
 
 _READ_TIMEOUT_S = 30.0
-
-
-class DlqError(Exception):
-    """A dead-letter operation that could not be done; the message says why."""
-
-
-class DlqTopicMissing(DlqError):
-    """The topic to read or replay to does not exist: the topics were not created (a
-    configuration error, exit 2 from `ductor dlq`, not a failure to retry)."""
 
 
 @dataclass(frozen=True)
