@@ -167,7 +167,8 @@ def test_two_versions_live_at_once_each_run_keeps_its_own(
         )
         probes = _start_pinned_at_2(settings, pg, prefix)
         listed = run_ductor(settings, "workers", "--output", "json")
-        served = {w["instance_id"]: w["step_types"] for w in orjson.loads(listed.stdout)}
+        rows = [orjson.loads(line) for line in listed.stdout.splitlines()]  # one a line
+        served = {w["instance_id"]: w["step_types"] for w in rows}
         assert served[old_worker.worker.instance_id] == ["charge"]
         assert served[new_worker.worker.instance_id] == ["charge", "charge@2"]
         # (24 runs: each run's tasks share a partition, and the chance that none of them
