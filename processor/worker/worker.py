@@ -234,7 +234,7 @@ class Worker:
                     "worker started",
                     extra={
                         "instance": self.instance_id,
-                        "step_types": self.registry.types(),
+                        "step_types": self.registry.served(),
                         "queues": list(self.options.queues),
                         "concurrency": self.options.concurrency,
                         "isolation": self.options.isolation,

@@ -319,6 +319,7 @@ def test_the_run_page_shows_each_attempts_last_heartbeat_and_a_slot_kept() -> No
         "running": True,
         "execution_ended": None,
         "holds_slots": ["c/warehouse/"],
+        "version": 2,
     }
     run = {
         "run_id": "r-1",
@@ -356,6 +357,7 @@ def test_the_run_page_shows_each_attempts_last_heartbeat_and_a_slot_kept() -> No
     )
     assert '2026-05-01 12:00:03 <code class="details">{"rows": 4200}</code>' in html
     assert "it keeps its slot of c/warehouse/ until it ends" in html
+    assert '<td>w-1 <span class="muted version">v2</span></td>' in html  # its function's version
 
 
 def test_the_run_page_lists_attempts_by_their_start_then_step_then_attempt() -> None:
