@@ -113,9 +113,8 @@ class Workflow:
         self.registry = registry if registry is not None else StepRegistry()
         self._steps: list[_Declared] = []
         self._names: dict[int, str] = {}  # id(function) -> its step's name
-        self.on_failure: StepDef | None = None  # its task, reading the failure (core/sagas.py)
-        if on_failure is not None:
-            self.on_failure = self._task(on_failure, ON_FAILURE_NODE, FAILURE_NODE, "")
+        # Its failure handler's task, reading the failure (core/sagas.py).
+        self.on_failure = None if on_failure is None else self._task(on_failure)
         self.defined_in = creating_module(__name__)  # its text is kept: module_source.py
 
     @overload
@@ -140,6 +139,7 @@ class Workflow:
         schedule_to_close: Duration | None = None,
         when: str | None = None,
         run_if: str | None = None,
+        version: int | None = None,
         compensate: Undoing | None = None,
     ) -> Callable[[StepFunction], StepFunction]: ...
 
@@ -161,6 +161,7 @@ class Workflow:
         schedule_to_close: Duration | None = None,
         when: str | None = None,
         run_if: str | None = None,
+        version: int | None = None,
         compensate: Undoing | None = None,
     ) -> StepFunction | Callable[[StepFunction], StepFunction]:
         """Add a step run by the decorated function (plain or ``async def``): named after
@@ -169,8 +170,11 @@ class Workflow:
         (``timeout``), retry policy, queue, heartbeat timeout and limits (``concurrency``,
         ``rate_limit``: docs/usage.md#limits). ``when``: the condition it runs on (false:
         skipped), ``run_if="all_done"``: it runs even when the steps it follows were all
-        skipped (docs/usage.md#conditions-and-skips). ``compensate``: what undoes it
-        (docs/usage.md#compensation-sagas). Usable bare (``@wf.step``) or with options."""
+        skipped (docs/usage.md#conditions-and-skips). ``version``: the function is version N
+        of its type, and every run runs that version (docs/usage.md#versioned-step-code;
+        absent: version 1, and a run runs the newest version its workers serve when it
+        starts). ``compensate``: what undoes it (docs/usage.md#compensation-sagas). Bare
+        (``@wf.step``) or with options; the function is returned unchanged."""
         after = tuple(after)
 
         def add(function: StepFunction) -> StepFunction:
@@ -186,13 +190,14 @@ class Workflow:
                 heartbeat_timeout_ms=optional_ms(heartbeat_timeout, f"{where}: heartbeat_timeout"),
                 schedule_to_start_ms=optional_ms(schedule_to_start, f"{where}: schedule_to_start"),
                 schedule_to_close_ms=optional_ms(schedule_to_close, f"{where}: schedule_to_close"),
+                version=version,
             )
             if when is not None or run_if is not None:
                 step = decides(step, when, run_if, where)
             if compensate is not None:
                 undo = self._task(compensate, undo_node(step.name), step.name, step.name)
                 step = replace(step, compensate=undo)
-            registered = self.registry.step(step.step_type)(function)
+            registered = self.registry.step(step.step_type, version or 1)(function)
             self._steps.append(_Declared(step, retry, concurrency, rate_limit))
             self._names[id(function)] = step.name
             return registered
@@ -218,6 +223,7 @@ class Workflow:
         schedule_to_close: Duration | None = None,
         when: str | None = None,
         run_if: str | None = None,
+        version: int | None = None,
     ) -> Callable[[StepFunction], StepFunction]:
         """Add a map step run by the decorated function once per item of a list: the run's
         input, or the output of ``items_from`` (a dependency: its function or name, which is
@@ -242,18 +248,14 @@ class Workflow:
             schedule_to_close=schedule_to_close,
             when=when,
             run_if=run_if,
+            version=version,
         )
 
         def add(function: StepFunction) -> StepFunction:
             registered = register(function)
             declared = self._steps[-1]
-            mapped = replace(
-                declared.step,
-                kind=MAP,
-                items_from=source,
-                max_items=max_items,
-                parallelism=parallelism,
-            )
+            mapped = replace(declared.step, kind=MAP, items_from=source, max_items=max_items)
+            mapped = replace(mapped, parallelism=parallelism)
             self._steps[-1] = replace(declared, step=mapped)
             return registered
 
@@ -343,12 +345,14 @@ class Workflow:
             raise ValidationError(f"workflow {self.name!r}: step {name!r} is added twice")
         return f"workflow {self.name!r}, step {name!r}"
 
-    def _task(self, task: Undoing, name: str, reads: str, of: str) -> StepDef:
+    def _task(
+        self, task: Undoing, name: str = ON_FAILURE_NODE, reads: str = FAILURE_NODE, of: str = ""
+    ) -> StepDef:
         """A compensation (of step ``of``) or the failure handler (``of`` empty); its function
-        added to the registry (once, however many steps it undoes)."""
+        added to the registry (once, however many steps it undoes), at its version."""
         given = task if isinstance(task, Compensate) else Compensate(task)
         if not isinstance(given.step, str):
-            self.registry.step(given.type_name())(given.step)
+            self.registry.step(given.type_name(), given.version or 1)(given.step)
         return given.definition(name, reads, f"workflow {self.name!r}, the task of {of!r}")
 
     def _dependency(self, dependency: Dependency, where: str) -> str:
@@ -388,12 +392,5 @@ class Workflow:
         return f"Workflow({self.name!r}, version={self.version}, steps=[{steps}])"
 
 
-__all__ = [
-    "Compensate",
-    "Concurrency",
-    "Duration",
-    "RateLimit",
-    "Retry",
-    "Workflow",
-    "duration_ms",
-]
+__all__ = ["Compensate", "Concurrency", "Duration", "RateLimit", "Retry", "Workflow"]
+__all__ += ["duration_ms"]

@@ -82,6 +82,8 @@ class Compensate:
     retry: Retry | None = None
     queue: str = DEFAULT_QUEUE
     heartbeat_timeout: Duration | None = None
+    # The version of its function every run runs (absent: version 1; core/sagas.py).
+    version: int | None = None
 
     def type_name(self) -> str:
         """Its step type: ``step``, or a function's name."""
@@ -97,4 +99,5 @@ class Compensate:
             timeout_ms=duration_ms(self.timeout, f"{where}: timeout"),
             queue=self.queue,
             heartbeat_timeout_ms=optional_ms(self.heartbeat_timeout, f"{where}: heartbeat"),
+            version=self.version,
         )

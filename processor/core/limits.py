@@ -373,6 +373,7 @@ def _undo(
         state.seq,
         state.reason,
         state.maps,
+        state.versions,
     )
     old_state = run.state
     unchanged = (

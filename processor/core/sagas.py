@@ -144,7 +144,8 @@ def undo_or_end(
         saga_nodes = handler + saga_nodes
     begun = [*ended.new_state.nodes, *saga_nodes]
     # At the seq the tick started from: stepping it bumps it by one, as any transition does.
-    saga = RunState(_RUNNING, tuple(begun), state.seq, reason, ended.new_state.maps)
+    new = ended.new_state
+    saga = RunState(_RUNNING, tuple(begun), state.seq, reason, new.maps, new.versions)
     stepped = step_saga(saga, wf, dict(begun), now_ms)
     return stepped._replace(items_done=ended.items_done, settled=settled)
 
@@ -197,7 +198,9 @@ def step_saga(
     new_nodes = tuple((name, nodes[name]) for name, _ in state.nodes)
     if new_nodes == state.nodes:
         return Decision(None)
-    new_state = RunState(_RUNNING, new_nodes, state.seq + 1, state.reason, state.maps)
+    new_state = RunState(
+        _RUNNING, new_nodes, state.seq + 1, state.reason, state.maps, state.versions
+    )
     before = dict(state.nodes)
     # A compensation's retry wait this tick began: the shell wakes the run when it is due.
     timers = tuple(

@@ -110,7 +110,9 @@ def _parsed_step(raw_step: Any, where: str) -> StepDef:
 
 
 # What a compensation may say (core/sagas.py): the task options of the step that undoes.
-_COMPENSATE_KEYS = frozenset({"type", "retry", "timeout_ms", "queue", "heartbeat_timeout_ms"})
+_COMPENSATE_KEYS = frozenset(
+    {"type", "retry", "timeout_ms", "queue", "heartbeat_timeout_ms", "version"}
+)
 
 
 def _with_compensation(raw_step: Any, where: str, step: StepDef) -> StepDef:
@@ -261,6 +263,8 @@ def handler_to_json(c: StepDef) -> dict[str, Any]:
         raw["queue"] = c.queue
     if c.heartbeat_timeout_ms is not None:
         raw["heartbeat_timeout_ms"] = c.heartbeat_timeout_ms
+    if c.version is not None:
+        raw["version"] = c.version
     return raw
 
 
@@ -321,6 +325,8 @@ def _task_options(s: StepDef) -> dict[str, Any]:
         raw["concurrency"] = s.concurrency.to_json()
     if s.rate_limit is not None:
         raw["rate_limit"] = s.rate_limit.to_json()
+    if s.version is not None:
+        raw["version"] = s.version
     return raw
 
 

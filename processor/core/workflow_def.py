@@ -33,6 +33,11 @@ MAX_BACKOFF_MS = 7 * 24 * 3600 * 1000
 MAX_TIMEOUT_MS = 10 * 365 * 24 * 3600 * 1000
 
 
+# The highest version a step type's function may have (``@registry.step(t, version=N)``, a
+# step's ``"version"``): it travels in tasks and the registry as ``type@N``.
+MAX_STEP_VERSION = 9_999
+
+
 @dataclass(frozen=True)
 class RetryPolicy:
     max_attempts: int = 3
@@ -135,6 +140,10 @@ class StepDef:
     # ``run_if`` None or RUN_IF_ALL_DONE (core/skips.py).
     when: Condition | None = None
     run_if: str | None = None
+    # A task or map step's: the version of its step type's function every run runs
+    # (``"version": 2``); None: a run runs the newest version live workers serve when it
+    # starts (core/versions.py).
+    version: int | None = None
     # A task step's compensation (core/sagas.py): the task that undoes it, run when the run
     # fails or is cancelled after it succeeded; a task step of its own named ``undo(step)``,
     # depending on the step (it reads the step's output and the run's input). None: none.
@@ -284,6 +293,24 @@ class WorkflowDef:
         return tuple(s for s in self.steps if s.selectors)
 
     @cached_property
+    def code_steps(self) -> tuple[StepDef, ...]:
+        """Its steps a worker runs a function for (task and map steps): those a run pins a
+        version of (core/versions.py)."""
+        return tuple(s for s in self.steps if s.kind == TASK or s.maps)
+
+    @cached_property
+    def saga_steps(self) -> tuple[StepDef, ...]:
+        """Its steps' compensations and its failure handler (core/sagas.py): tasks no run
+        pins a version of; each runs the version it declares, else 1."""
+        handler = () if self.on_failure is None else (self.on_failure,)
+        return (*self.compensations, *handler)
+
+    @cached_property
+    def declares_versions(self) -> bool:
+        """Whether a step says which version of its function every run runs."""
+        return any(s.version is not None for s in self.steps)
+
+    @cached_property
     def has_children(self) -> bool:
         """Whether a step starts child runs (what the commit path then looks for)."""
         return any(s.starts_child for s in self.steps)
@@ -291,8 +318,7 @@ class WorkflowDef:
     @property
     def queues(self) -> list[str]:
         """The queues its steps run on, sorted."""
-        handler = () if self.on_failure is None else (self.on_failure,)
-        return sorted({s.queue for s in (*self.steps, *self.compensations, *handler)})
+        return sorted({s.queue for s in (*self.steps, *self.saga_steps)})
 
     def step(self, name: str) -> StepDef:
         for step in self.steps:

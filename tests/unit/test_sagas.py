@@ -15,13 +15,16 @@ from __future__ import annotations
 import random
 from typing import Any
 
+import orjson
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from processor import Compensate, Retry, Workflow
 from processor.core.deadlines import RunDeadline
-from processor.core.model import SignalKind, StepOutcome, StepResult
+from processor.core.effects import transition_sends
+from processor.core.model import LoadedRun, RunInput, SignalKind, StepOutcome, StepResult
+from processor.core.routing import TopicNames
 from processor.core.run_ends import force_fail
 from processor.core.run_state import (
     NodeStatus,
@@ -447,3 +450,37 @@ def test_a_map_without_its_list_fails_its_run_into_the_handler_with_what_it_ende
     assert [n for n, _, _ in decision.settled] == ["failure"]
     assert '"step":"m"' in decision.settled[0][2]
     assert [n for n, _ in decision.new_state.nodes][-3:] == ["failure", "on_failure", "undo(a)"]
+
+
+def test_a_compensation_runs_its_own_version_never_its_step_s_pin() -> None:
+    raw = {
+        "name": "pinned",
+        "version": 1,
+        "on_failure": {"type": "page", "version": 4},
+        "steps": [
+            {"name": "a", "type": "t", "compensate": {"type": "u", "version": 3}},
+            {"name": "b", "type": "t", "compensate": {"type": "v"}},
+            {"name": "c", "type": "t", "depends_on": ["a", "b"], "retry": {"max_attempts": 1}},
+        ],
+    }
+    wf = parse_workflow(raw)
+    assert workflow_to_json(wf)["on_failure"]["version"] == 4
+    state = tick(initial_state(wf), wf, (), (), 10, served={("default", "t"): 2}).new_state
+    assert state is not None and dict(state.versions) == {"a": 2, "b": 2, "c": 2}
+    walk = Walk(wf)
+    walk.state = state
+    run_input = RunInput({})
+    sent: dict[str, Any] = {}
+    for results in (
+        [StepResult("a", 1, OK), StepResult("b", 1, OK)],
+        [StepResult("c", 1, FAILED, "x")],
+        [StepResult("on_failure", 1, OK)],
+        [StepResult("undo(b)", 1, OK)],
+    ):
+        decision = walk.tick(*results)
+        run = LoadedRun("r", wf, walk.state, 1, "t1", input=run_input)
+        for send in transition_sends(run, decision, walk.now, TopicNames("d")):
+            if send.value is not None and b"step_type" in send.value:
+                task = orjson.loads(send.value)
+                sent[task["node"]] = task.get("step_version", 1)
+    assert sent == {"c": 2, "on_failure": 4, "undo(b)": 1, "undo(a)": 3}

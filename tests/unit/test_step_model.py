@@ -139,6 +139,7 @@ def _compensate(name: str) -> st.SearchStrategy[dict[str, Any]]:
             "timeout_ms": st.integers(2, 10_000_000),
             "queue": st.sampled_from(["default", "refunds"]),
             "heartbeat_timeout_ms": st.just(1),
+            "version": st.integers(1, 9999),
         },
     )
 
@@ -193,6 +194,7 @@ FULL: dict[str, Any] = {
                 "timeout_ms": 5_000,
                 "queue": "refunds",
                 "heartbeat_timeout_ms": 1_000,
+                "version": 3,
             },
         },
         {
@@ -300,6 +302,7 @@ _IN_CODE = {
     "rate_limit": "rate_limit",
     "when": "when",
     "run_if": "run_if",
+    "version": "version (a task or map step's)",
 }
 
 
@@ -361,7 +364,7 @@ def _in_code(wf: WorkflowDef, raw: dict[str, Any]) -> Workflow:
                 **common,
             )
             continue
-        options = common | _task_options(step) | {"retry": retry}
+        options = common | _task_options(step) | {"retry": retry, "version": step.version}
         if step.maps:
             add = code.map(
                 items_from=step.items_from,
@@ -390,6 +393,7 @@ def _as_compensate(undo: StepDef) -> Compensate:
         retry=retry,
         queue=undo.queue,
         heartbeat_timeout=undo.heartbeat_timeout_ms,
+        version=undo.version,
     )
 
 
