@@ -18,6 +18,7 @@ from processor import client
 from processor.client import RunFilter
 from processor.core.outcomes import DLQ_REASONS
 from processor.core.run_state import RunStatus
+from processor.core.shapes import WorkflowKey
 from processor.io.config.settings import Settings
 from processor.io.kafka.dlq import DeadLetter, DlqError, read_dead_letters
 from processor.io.postgres.run_search import counts_by_workflow
@@ -78,7 +79,7 @@ class Listings:
 
     def _workflows(
         self, since_ms: int
-    ) -> tuple[list[WorkflowVersion], dict[tuple[str, int], dict[str, int]]]:
+    ) -> tuple[list[WorkflowVersion], dict[WorkflowKey, dict[str, int]]]:
         with client.connect(self.site.settings) as conn:
             versions = workflow_versions(conn)
             counts = counts_by_workflow(conn, RunFilter(since_ms=since_ms))
