@@ -39,7 +39,7 @@ REFRESH_MS = 5000
 DEAD_LETTERS_SHOWN = 200
 
 
-class Site(Protocol):
+class ListingsSite(Protocol):
     """What the listings use of the site (processor/ui/app.py)."""
 
     @property
@@ -60,7 +60,7 @@ class Listings:
     """The workflows', workers' and dead letters' handlers, on the site's settings and
     templates."""
 
-    def __init__(self, site: Site) -> None:
+    def __init__(self, site: ListingsSite) -> None:
         self.site = site
 
     async def workflows(self, request: Request) -> Response:
