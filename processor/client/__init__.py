@@ -9,7 +9,8 @@ dataclasses; failures are ``ClientError`` (a RuntimeError) or one of its subclas
 one-sentence message.
 
 The package's modules: errors.py and records.py (what the operations raise and return),
-starts.py, reads.py and actions.py (the operations), common.py (what they share). Every public
+starts.py, reads.py and actions.py (the operations), common.py (what they share), kept.py (the
+connections and producers kept between calls). Every public
 name is importable from here, ``from processor import client`` then ``client.start_run``, as
 the docs show; import them from here, not from the modules, which may move.
 """
