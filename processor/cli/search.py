@@ -9,10 +9,8 @@ import sys
 import time
 from typing import Any
 
-import orjson
-
 from processor.cli.common import EXIT_FAILED, EXIT_OK, EXIT_USAGE, CliError, print_table
-from processor.cli.grammar import add_legacy_output, emit, print_json, print_json_lines
+from processor.cli.grammar import emit, print_json, print_json_lines
 from processor.client import (
     MAX_BULK_RUNS,
     MAX_LIST_LIMIT,
@@ -94,10 +92,6 @@ def cmd_runs_list(settings: Settings, args: argparse.Namespace) -> int:
         raise CliError(f"--cursor: {exc}", EXIT_USAGE) from None
     page = search_runs(settings, wanted, args.limit, after)
     following = None if page.next_cursor is None else page.next_cursor.encode()
-    if args.legacy_json:  # the former document, for one release (grammar.py)
-        document = {"runs": [summary_document(run) for run in page.runs], "next_cursor": following}
-        sys.stdout.write(orjson.dumps(document).decode() + "\n")
-        return EXIT_OK
     if args.output == "json":
         print_json_lines([summary_document(run) for run in page.runs])
     else:
@@ -215,7 +209,6 @@ def add_search_commands(runs_sub: Any) -> None:
     add_filter_arguments(p)
     p.add_argument("--limit", type=int, default=50, help="at most N runs (50)")
     p.add_argument("--cursor", help="the page after the one that printed this cursor")
-    add_legacy_output(p)
     p.set_defaults(func=cmd_runs_list)
     p = runs_sub.add_parser("count", help="how many runs the filters match")
     add_filter_arguments(p)
