@@ -15,6 +15,7 @@ from processor.core.limit_values import Guard, LimitInputs, LimitView
 from processor.core.limits import RATE_LOOKAHEAD, needs_of, paths_of
 from processor.core.model import Loaded, LoadedRun
 from processor.core.plans import Commit
+from processor.core.run_keys import run_need, run_paths
 from processor.core.shapes import RunRef
 from processor.io.postgres.instances import alive
 from processor.io.postgres.run_marks import quarantined
@@ -53,7 +54,7 @@ SELECT g.run_id, g.path, coalesce(r.input #>> g.path::text[], '')
 
 # A waiter whose run can no longer move (quarantined, ended, deleted) is passed over: one bad
 # row never holds the line behind it.
-_LIVE_WAITER = f"""EXISTS (SELECT 1 FROM eec_workflow_run r WHERE r.run_id = q.run_id
+LIVE_WAITER = f"""EXISTS (SELECT 1 FROM eec_workflow_run r WHERE r.run_id = q.run_id
                   AND r.status IN ('pending', 'running') AND NOT {quarantined("r")})"""
 
 # Each counter's version, holders, oldest waiters and, for a rate counter, the dispatches
@@ -75,7 +76,7 @@ SELECT k.key, coalesce(l.version, 0), coalesce(l.dispatched, 0),
                  ORDER BY since_ms, run_id, node LIMIT k.bound) w)
   FROM jsonb_to_recordset(%s::jsonb) AS k(key text, bound int, span bigint, ahead int)
   LEFT JOIN eec_limit l ON l.key = k.key
-""".replace("{live}", _LIVE_WAITER)
+""".replace("{live}", LIVE_WAITER)
 
 
 def load_limits(conn: psycopg.Connection[Any], loaded: Mapping[str, Loaded]) -> LimitInputs:
@@ -93,6 +94,8 @@ def load_limits(conn: psycopg.Connection[Any], loaded: Mapping[str, Loaded]) -> 
     limits: dict[str, int] = {}
     rated: set[str] = set()
     for run in runs:
+        if (need := run_need(run.wf, values.get(run.run_id, {}))) is not None:
+            limits[need.key] = max(limits.get(need.key, 0), need.limit)
         for step in run.wf.steps:
             for need in needs_of(step, values.get(run.run_id, {})):
                 limits[need.key] = max(limits.get(need.key, 0), need.limit)
@@ -108,7 +111,7 @@ def _input_values(
     wanted: list[dict[str, str]] = []
     by_literal: dict[str, tuple[str, ...]] = {}  # the paths as the statement names them
     for run in runs:
-        for path in sorted(paths_of(run.wf.steps)):
+        for path in sorted(paths_of(run.wf.steps) | run_paths(run.wf)):
             literal = _array_literal(path)
             by_literal[literal] = path
             wanted.append({"run_id": run.run_id, "path": literal})
@@ -304,7 +307,7 @@ SELECT DISTINCT w.run_id, w.tier
  CROSS JOIN LATERAL (
        SELECT run_id, tier FROM eec_limit_wait q
         WHERE key = k.key AND {live} ORDER BY since_ms, run_id, node LIMIT k.freed) w
-""".replace("{live}", _LIVE_WAITER)
+""".replace("{live}", LIVE_WAITER)
 
 
 def waiters_to_wake(conn: psycopg.Connection[Any], freed: Counter[str]) -> list[RunRef]:
