@@ -8,7 +8,7 @@ the others stay pending in line. The counting is core/limits.py's, with the step
    batch before its steps' limits (``admit``), under the same versioned guard: two processors
    counting from the same version cannot both take the last slot.
 2. A start that finds no room is undone as a whole: the run stays pending, its state as it
-   was but for the first of its root steps, which carries the time it looks again by itself
+   was but for its first pending node, which carries the time it looks again by itself
    (``due_ms``, BACKSTOP_MS ahead: ``next_wakeup_at``, so the overdue sweep wakes a run whose
    wakeup was lost), and it joins its counter's line of waiters (``since``: this first
    refusal). Its tick before that time, whatever woke it, changes nothing (a no-op), as a
@@ -20,11 +20,14 @@ the others stay pending in line. The counting is core/limits.py's, with the step
 4. The slot is given back by the commit that ends the run, however it ends (succeeded,
    failed, cancelled, past its deadline: the commit's ``ends`` frees every slot of the run),
    which moves the counter's version and names the key among the slots ``released``: the
-   shell wakes the oldest waiter. A run force-failed (the watchdog, the livelock guard) or
-   deleted gives its slot back by that statement (io/postgres/limit_store.py); its waiter
-   then goes on at its own due time, at the latest.
+   shell wakes the oldest waiter. A run force-failed (the watchdog, the livelock guard)
+   gives its slot back by that statement (io/postgres/limit_store.py), which wakes nobody:
+   its waiter goes on at its own due time, at the latest. A quarantined run keeps its slot
+   until it is released and ends (its row cannot be trusted to say it ended).
 5. A run that starts and ends in one tick, and a pending run that ends (cancelled before it
-   started, past its deadline), never hold a slot.
+   started, past its deadline), never hold a slot. A failed run an operator retries
+   (``ductor runs retry``) goes back to pending (core/run_ends.py ``resume_failed``): it
+   takes its key's slot again as a start does, in line behind the waiters.
 
 Pure: no I/O, no clock; ``now_ms`` is given.
 """
@@ -87,23 +90,30 @@ def starts(run: LoadedRun, decision: Decision) -> bool:
     )
 
 
-def _marked(wf: WorkflowDef) -> str:
-    """The node whose ``due_ms`` says a pending run waits for its key: its first root step."""
-    return next(s.name for s in wf.steps if not s.depends_on)
+def _marked(state: RunState) -> str | None:
+    """The node whose ``due_ms`` says a pending run waits for its key: its first pending
+    node (a pending run's nodes do not change while it waits)."""
+    return next((n for n, s in state.nodes if s.status is _PENDING), None)
 
 
 def still_waiting(run: LoadedRun, now_ms: int) -> bool:
     """Whether ``run`` is pending, waiting for its key, and its time to look again by itself
     has not come (rule 2)."""
-    if run.state.status is not _RUN_PENDING:
-        return False
-    due = run.state.node(_marked(run.wf)).due_ms
+    due = _mark(run.state)
     return due is not None and due > now_ms
 
 
 def waiting_since(run: LoadedRun) -> bool:
     """Whether ``run`` waited for its key before this tick (its mark is set)."""
-    return run.state.status is _RUN_PENDING and run.state.node(_marked(run.wf)).due_ms is not None
+    return _mark(run.state) is not None
+
+
+def _mark(state: RunState) -> int | None:
+    """A pending run's mark: when it looks for its key's slot again by itself (None: it
+    never waited)."""
+    if state.status is not _RUN_PENDING or (mark := _marked(state)) is None:
+        return None
+    return state.node(mark).due_ms
 
 
 def wait_for_key(run: LoadedRun, now_ms: int, backstop_ms: int) -> Decision:
@@ -112,7 +122,7 @@ def wait_for_key(run: LoadedRun, now_ms: int, backstop_ms: int) -> Decision:
     if still_waiting(run, now_ms):
         return NOOP
     state = run.state
-    mark = _marked(run.wf)
+    mark = _marked(state)
     due = now_ms + backstop_ms
     nodes = tuple(
         (n, node_state(_PENDING, s.attempt, due, s.error, s.attempts_before) if n == mark else s)
