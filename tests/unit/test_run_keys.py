@@ -34,6 +34,7 @@ from processor.core.run_state import (
 )
 from processor.core.workflow import parse_workflow, workflow_to_json
 from processor.core.workflow_def import ValidationError, WorkflowDef
+from processor.io.postgres.key_slots import KeySlot
 
 NAMES = TopicNames("t")
 NOW = 1_000_000
@@ -301,3 +302,14 @@ def test_never_more_than_the_limit_live_per_key_and_every_run_ends(
     assert not table.holds and not table.waits
     # Each slot given back once: once per run that ever started.
     assert table.given_back == Counter(dict.fromkeys(began, 1))
+
+
+def test_inspect_says_where_a_run_stands_with_its_key() -> None:
+    limit = RunKeyLimit("orders", 2, ("customer", "id"))
+    waiting = KeySlot(limit, "a", False, None, 3, 2)
+    assert waiting.line() == "customer.id=a: waits for a slot, place 3 in line, 2 of 2 live"
+    holding = KeySlot(limit, "a", True, None, None, 1)
+    assert holding.line() == "customer.id=a: holds a slot, 1 of 2 live"
+    assert holding.document()["limit"] == "run:orders" and holding.document()["of"] == 2
+    everyone = KeySlot(RunKeyLimit("orders", 1), "", True, None, None, 1)
+    assert everyone.line() == "(every run): holds a slot, 1 of 1 live"
