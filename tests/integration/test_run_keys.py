@@ -124,11 +124,13 @@ def test_one_run_per_customer_under_two_processors_and_nobody_waits_behind_anoth
     a_lives = _lives(pg, f"{tag}-a-")
     assert len(a_lives) == len(a_runs)
     assert _overlaps(a_lives) == [], "two runs of customer a were live at once"
-    # Customer b's runs did not wait behind customer a's line: both had ended before
-    # customer a's third run began.
+    # Customer b's runs did not wait behind customer a's line: b's first began before a's
+    # second had ended, and both of b's had ended before a's fifth began (a line shared by
+    # both customers would have put them after all of a's).
     b_lives = _lives(pg, f"{tag}-b-")
-    third_a = sorted(start for start, _ in a_lives.values())[2]
-    assert max(end for _, end in b_lives.values()) < third_a
+    a_order = sorted(a_lives.values())
+    assert min(start for start, _ in b_lives.values()) < a_order[1][1]
+    assert max(end for _, end in b_lives.values()) < a_order[4][0]
     assert _overlaps(b_lives) == []
     assert pg.execute("SELECT count(*) FROM eec_limit_hold WHERE node = ''").fetchone() == (0,)
     assert pg.execute("SELECT count(*) FROM eec_limit_wait WHERE node = ''").fetchone() == (0,)
