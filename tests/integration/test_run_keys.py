@@ -3,8 +3,9 @@ per customer, its runs started at once, two processors deciding. Counted where u
 (the steps module records each execution's start and end, counted_steps.py): no two runs of
 a customer ever live at once, another customer's runs are not held behind a long line,
 every run ends succeeded with each step executed once; a run that fails or is cancelled
-gives its key's slot to the next; a worker or a processor killed (SIGKILL) while runs hold
-slots loses none for good. Before, every run started at once."""
+gives its key's slot to the next; a failed run retried waits for its key again; a worker or
+a processor killed (SIGKILL) while runs hold slots loses none for good. Each fails with the
+start's admission bypassed (every run started at once)."""
 
 from __future__ import annotations
 
@@ -202,3 +203,31 @@ def test_a_killed_worker_and_processor_lose_no_key_slot(
     # (The attempt its worker died in may run again: a process died; docs/guarantees.md.)
     assert all(counts[(r, "s0", 1)] == 1 for r in others)
     assert pg.execute("SELECT count(*) FROM eec_limit_hold WHERE node = ''").fetchone() == (0,)
+
+
+def test_a_failed_run_retried_waits_for_its_key_again(
+    settings: Settings, pg: psycopg.Connection[Any], spawn: Callable[..., Spawned]
+) -> None:
+    """`ductor runs retry` of a failed run whose key another run holds now: the retried run
+    waits in line (pending), and runs once that one ended. Before, it ran beside it."""
+    tag = uuid.uuid4().hex[:6]
+    name = _keyed(pg, f"retried-{tag}", steps=1)
+    spawn(["process"], settings, "process")
+    _worker(spawn, settings)
+    failed, holder = f"{tag}-failed", f"{tag}-holder"
+    start_runs(settings, name, [failed], {"customer": "r", "fail_on": [1]})
+    wait_for(lambda: count_terminal(pg, [failed]) == 1, 30, "the first run to fail")
+    start_runs(settings, name, [holder], {"customer": "r", "sleep_ms": 3_000})
+    wait_for(lambda: bool(counted_steps.executions(pg, holder)), 30, "the holder to start")
+    retried = run_ductor(settings, "runs", "retry", failed)
+    assert retried.returncode == 0, retried.stderr
+    wait_for(
+        lambda: (_key(settings, failed) or {}).get("place") == 1,
+        30,
+        "the retried run to wait for its key",
+    )
+    assert run_statuses(pg, [failed]) == {failed: "pending"}
+    wait_for(lambda: count_terminal(pg, [failed, holder]) == 2, 60, "both runs to end")
+    assert run_statuses(pg, [failed, holder]) == {failed: "succeeded", holder: "succeeded"}
+    runs = {(r, a): (s, e) for r, a, s, e in counted_steps.intervals(pg, tag)}
+    assert runs[(failed, 2)][0] >= runs[(holder, 1)][1]  # only once the holder had ended
