@@ -13,12 +13,13 @@ lease across ticks:
    its limit (``limit_wait``), and joins the counter's queue of waiters. A workflow's runs
    per key are counted alike, a run's start taking a slot before its steps' dispatches are
    decided (core/run_keys.py).
-2. Room is given first come, first served: a waiter is let in only when fewer waiters older
-   than it are still waiting than there are free slots, and a new dispatch waits behind every
-   waiter, so no run starves while others keep arriving. A run whose own attempt succeeds in
-   this very tick may use its slot again at once (its next step under the same limit); a slot
-   freed otherwise (a failure, a timeout, a cancel) goes through the counter, as its execution
-   may go on (rule 4).
+2. Room is given in the line's order: a waiter is let in only when fewer waiters ahead of it
+   are still waiting than there are free slots, and a new dispatch waits behind every
+   waiter, so no run starves while others keep arriving. The line is first come, first
+   served within a run key, round-robin across them (core/limit_line.py). A run whose own
+   attempt succeeds in this very tick may use its slot again at once (its next step under
+   the same limit); a slot freed otherwise (a failure, a timeout, a cancel) goes through the
+   counter, as its execution may go on (rule 4).
 3. The commit that takes a slot (or adds a waiter) names each counter with the version it was
    loaded at (a ``Guard``); the statement moves that version, and writes the run only if
    every guard of the run held: two instances counting from the same version cannot both
@@ -61,6 +62,7 @@ from processor.core.model import LoadedRun
 from processor.core.run_keys import (
     RUN_NODE,
     START,
+    run_key,
     run_need,
     starts,
     unmarked,
@@ -245,6 +247,7 @@ def admit(
             ends=ends,
             waited=tuple(w.waited),
             refused=tuple(w.refused),
+            run_key=run_key(run.wf, inputs.values.get(run_id, {})),
         )
     return decisions, limits
 

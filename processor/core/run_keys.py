@@ -45,6 +45,7 @@ from processor.core.workflow_def import WorkflowDef
 __all__ = [
     "RUN_NODE",
     "START",
+    "run_key",
     "run_need",
     "run_paths",
     "starts",
@@ -71,6 +72,13 @@ def run_need(wf: WorkflowDef, values: Mapping[tuple[str, ...], str]) -> Need | N
         return None
     value = values.get(limit.key, "") if limit.key else ""
     return Need(limit.key_of(value), limit.name, limit.limit, 0)
+
+
+def run_key(wf: WorkflowDef, values: Mapping[tuple[str, ...], str]) -> str:
+    """The key a run of ``wf`` carries in the lines of waiters it joins (core/limit_line.py):
+    what its input holds at its workflow's key, '' without one."""
+    limit = wf.concurrency
+    return values.get(limit.key, "") if limit is not None and limit.key else ""
 
 
 def run_paths(wf: WorkflowDef) -> set[tuple[str, ...]]:

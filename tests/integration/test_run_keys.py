@@ -5,28 +5,38 @@ a customer ever live at once, another customer's runs are not held behind a long
 every run ends succeeded with each step executed once; a run that fails or is cancelled
 gives its key's slot to the next; a failed run retried waits for its key again; a worker or
 a processor killed (SIGKILL) while runs hold slots loses none for good. Each fails with the
-start's admission bypassed (every run started at once)."""
+start's admission bypassed (every run started at once). And a limit's line lets the runs of
+several keys in by turns (core/limit_line.py): the statements read it in that order, and a
+customer's two runs are not held behind another's six (both fail with the line read first
+come, first served)."""
 
 from __future__ import annotations
 
 import uuid
+from collections import Counter
 from collections.abc import Callable
 from datetime import datetime
 from itertools import pairwise
 from typing import Any
 
+import hypothesis
 import psycopg
 import pytest
+from hypothesis import HealthCheck, given
+from hypothesis import strategies as st
 
 from processor.client import inspect_run, send_signal, start_runs
+from processor.core.limit_line import Waiter, line_order
 from processor.core.routing import TIERS
 from processor.core.workflow import parse_workflow
 from processor.io.config.settings import Settings
+from processor.io.postgres import limit_store
+from processor.io.postgres.runs_admin import insert_runs
 from processor.io.postgres.workflows import register_workflow
 
 from . import counted_steps
 from .children import Spawned, run_ductor
-from .runs import count_terminal, run_statuses
+from .runs import count_terminal, run_statuses, step_attempts
 from .waiting import wait_for
 
 pytestmark = pytest.mark.integration
@@ -231,3 +241,86 @@ def test_a_failed_run_retried_waits_for_its_key_again(
     assert run_statuses(pg, [failed, holder]) == {failed: "succeeded", holder: "succeeded"}
     runs = {(r, a): (s, e) for r, a, s, e in counted_steps.intervals(pg, tag)}
     assert runs[(failed, 2)][0] >= runs[(holder, 1)][1]  # only once the holder had ended
+
+
+@hypothesis.settings(
+    max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    st.lists(
+        st.tuples(st.integers(0, 20), st.sampled_from(["", "a", "b"]), st.integers(0, 3)),
+        max_size=16,
+    ),
+    st.integers(1, 6),
+)
+def test_the_statements_read_a_line_in_its_order(
+    pg: psycopg.Connection[Any], waiters: list[tuple[int, str, int]], first: int
+) -> None:
+    """The load's view of a line and the waiters woken for freed slots follow
+    core/limit_line.py (by round, then by age); a waiter whose run ended is passed over."""
+    tag = uuid.uuid4().hex[:6]
+    key = f"c/line-{tag}/"
+    wf = parse_workflow(
+        {"name": f"line-{tag}", "version": 1, "steps": [{"name": "s", "type": "s"}]}
+    )
+    register_workflow(pg, wf)
+    line = [Waiter(s, f"{tag}-{i}", "s", k, r) for i, (s, k, r) in enumerate(waiters)]
+    ended = Waiter(-1, f"{tag}-ended", "s", "a", 0)
+    insert_runs(pg, wf, [(w.run_id, {}) for w in [*line, ended]], "t1")
+    pg.execute("UPDATE eec_workflow_run SET status = 'failed' WHERE run_id = %s", (ended.run_id,))
+    for w in [*line, ended]:
+        pg.execute(
+            "INSERT INTO eec_limit_wait (key, run_id, node, since_ms, tier, run_key, round)"
+            " VALUES (%s, %s, %s, %s, 't1', %s, %s)",
+            (key, w.run_id, w.node, w.since_ms, w.run_key, w.round),
+        )
+    expected = line_order(line)[:first]
+    view = limit_store._views(pg, {key: first}, set())[key]
+    assert [r for _, r, _ in view.queue] == [w.run_id for w in expected]
+    woken = limit_store.waiters_to_wake(pg, Counter({key: first}))
+    assert sorted(r for r, _ in woken) == sorted(w.run_id for w in expected)
+
+
+def test_a_step_limit_lets_customers_in_by_turns_not_in_one_long_line(
+    settings: Settings, pg: psycopg.Connection[Any], spawn: Callable[..., Spawned]
+) -> None:
+    """A step limit of 1 with no key of its own, on a workflow whose runs have a key (the
+    customer, 100 live runs each): customer a's six runs wait in the step's line before
+    customer b's two arrive; b's join in the rounds being served and run right after a's
+    first ones, not after all of a's. Before, the line was first come, first served: b's
+    ran seventh and eighth."""
+    tag = uuid.uuid4().hex[:6]
+    name = f"turns-{tag}"
+    counted_steps.install(pg)
+    step = {
+        "name": "s0",
+        "type": "counted",
+        "retry": {"max_attempts": 1},
+        "concurrency": {"limit": 1, "name": f"turns-{tag}"},
+    }
+    raw = {"name": name, "version": 1, "concurrency": {"limit": 100, "key": "customer"}}
+    register_workflow(pg, parse_workflow(raw | {"steps": [step]}))
+    spawn(["process"], settings, "process")
+    _worker(spawn, settings)
+    a_runs = [f"{tag}-a-{i}" for i in range(6)]
+    b_runs = [f"{tag}-b-{i}" for i in range(2)]
+    start_runs(settings, name, a_runs, {"customer": "a", "sleep_ms": 300})
+
+    def waiting() -> int:
+        row = pg.execute(
+            "SELECT count(*) FROM eec_limit_wait WHERE key = %s", (f"c/turns-{tag}/",)
+        ).fetchone()
+        return int(row[0]) if row else 0
+
+    wait_for(lambda: waiting() >= 4, 30, "customer a's runs to wait in the step's line")
+    start_runs(settings, name, b_runs, {"customer": "b", "sleep_ms": 300})
+    ids = a_runs + b_runs
+    wait_for(lambda: count_terminal(pg, ids) == len(ids), 120, "every run to end")
+    assert set(run_statuses(pg, ids).values()) == {"succeeded"}
+    assert all(step_attempts(pg, r) == {"s0": [(1, "succeeded")]} for r in ids)
+    order = [r for r, _a, _s, _e in counted_steps.intervals(pg, tag)]
+    assert len(order) == len(ids) and counted_steps.overlapping(pg, tag) == []
+    places = sorted(order.index(r) for r in b_runs)
+    # Before each of b's: a's running and a's first in line when b's joined, and one a
+    # round: b's ran by the sixth execution at the latest (first come, first served: 8th).
+    assert places[1] <= 5, order

@@ -4,7 +4,8 @@ end; and a Hypothesis property that plays the counters' table as Postgres keeps 
 per counter, the holders, the waiters) under batches of any runs of two keys, ticked from a
 fresh or a stale load (two processors), committed or lost to a conflict, some cancelled or
 failing: never more than the limit live per key, each slot given back once, first come first
-served within a key, and every run ends."""
+served within a key, and every run ends. And a limit's line (core/limit_line.py): by turns
+across keys, first come first served within one, nobody starving whatever keys join."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from hypothesis import strategies as st
 from processor import Concurrency, Workflow
 from processor.core.decide import tick_batch
 from processor.core.limit_defs import RunKeyLimit
+from processor.core.limit_line import Waiter, join_round, line_order
 from processor.core.limit_values import LimitInputs, LimitView, RunLimits
 from processor.core.limits import BACKSTOP_MS
 from processor.core.model import LoadedRun, SignalKind, StepOutcome, StepResult
@@ -313,3 +315,63 @@ def test_inspect_says_where_a_run_stands_with_its_key() -> None:
     assert holding.document()["limit"] == "run:orders" and holding.document()["of"] == 2
     everyone = KeySlot(RunKeyLimit("orders", 1), "", True, None, None, 1)
     assert everyone.line() == "(every run): holds a slot, 1 of 1 live"
+
+
+# -- a limit's line: round-robin across run keys (core/limit_line.py) ---------------------------
+
+
+def _joined(line: list[Waiter], key: str, clock: int) -> Waiter:
+    waiter = Waiter(clock, f"w{clock}", "n", key, join_round(line, key))
+    line.append(waiter)
+    return waiter
+
+
+@given(st.lists(st.sampled_from(["", "a", "b", "c"]), max_size=40))
+def test_waiters_joining_together_are_let_in_by_turns_across_keys(keys: list[str]) -> None:
+    """Waiters of any keys joining in any order while nobody is let in: the line takes each
+    key's oldest, then each key's next, and so on (first come, first served within a key)."""
+    line: list[Waiter] = []
+    for clock, key in enumerate(keys):
+        _joined(line, key, clock)
+    order = line_order(line)
+    for key in set(keys):
+        mine = [w for w in order if w.run_key == key]
+        assert mine == sorted(mine, key=lambda w: w.since_ms)  # first come, first served
+        assert [w.round for w in mine] == list(range(len(mine)))  # one a round
+    # By turns: in any prefix of the line, two keys that both still wait differ by one.
+    seen: Counter[str] = Counter()
+    left = Counter(keys)
+    for waiter in order:
+        seen[waiter.run_key] += 1
+        left[waiter.run_key] -= 1
+        waiting = [k for k in left if left[k] > 0]
+        assert all(seen[k] >= seen[waiter.run_key] - 1 for k in waiting), (order, waiter)
+    if len(set(keys)) == 1:
+        assert order == line  # one key: first come, first served
+
+
+@given(st.lists(st.tuples(st.booleans(), st.sampled_from(["", "a", "b", "c", "d"])), max_size=80))
+def test_nobody_starves_whatever_keys_keep_joining(events: list[tuple[bool, str]]) -> None:
+    """Joins of any keys and admissions (the line's first) in any order: a joiner never goes
+    ahead of the line's first, a key has one waiter a round (so a waiter has at most one
+    waiter of each other key ahead of it a round, from the first's round to its own), and
+    the first's round never goes back while anyone waits: everyone is let in once the joins
+    stop."""
+    line: list[Waiter] = []
+    first_round = 0
+    for clock, (joins, key) in enumerate(events):
+        if joins or not line:
+            head = line_order(line)[0] if line else None
+            _joined(line, key, clock)
+            if head is not None:
+                assert line_order(line)[0] == head
+        else:
+            line.remove(line_order(line)[0])
+        for k in {w.run_key for w in line}:
+            rounds = [w.round for w in line_order(line) if w.run_key == k]
+            assert rounds == sorted(set(rounds))  # FIFO, one a round
+        if line:
+            assert line_order(line)[0].round >= first_round
+            first_round = line_order(line)[0].round
+        else:
+            first_round = 0  # (an empty line starts again from round 0: nobody to pass)

@@ -56,7 +56,8 @@ SELECT k.key,
        w.since_ms,
        CASE WHEN w.since_ms IS NULL THEN NULL ELSE 1 + (
             SELECT count(*) FROM eec_limit_wait q
-             WHERE q.key = k.key AND (q.since_ms, q.run_id, q.node) < (w.since_ms, w.run_id, w.node)
+             WHERE q.key = k.key
+               AND (q.round, q.since_ms, q.run_id, q.node) < (w.round, w.since_ms, w.run_id, w.node)
                AND {live}) END,
        (SELECT count(*) FROM eec_limit_hold h WHERE h.key = k.key)
   FROM (SELECT coalesce(
