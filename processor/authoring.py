@@ -135,6 +135,7 @@ class Workflow:
         schedule_to_close: Duration | None = None,
         when: str | None = None,
         run_if: str | None = None,
+        version: int | None = None,
     ) -> Callable[[StepFunction], StepFunction]: ...
 
     def step(
@@ -155,6 +156,7 @@ class Workflow:
         schedule_to_close: Duration | None = None,
         when: str | None = None,
         run_if: str | None = None,
+        version: int | None = None,
     ) -> StepFunction | Callable[[StepFunction], StepFunction]:
         """Add a step run by the decorated function (plain or ``async def``): named after
         the function unless ``name`` says otherwise, of type ``type`` (the function's name by
@@ -162,7 +164,10 @@ class Workflow:
         (``timeout``), retry policy, queue, heartbeat timeout and limits (``concurrency``,
         ``rate_limit``: docs/usage.md#limits). ``when``: the condition it runs on (false:
         skipped), ``run_if="all_done"``: it runs even when the steps it follows were all
-        skipped (docs/usage.md#conditions-and-skips). Usable bare (``@wf.step``)
+        skipped (docs/usage.md#conditions-and-skips). ``version``: the function is version N
+        of its type, and every run runs that version (docs/usage.md#versioned-step-code;
+        absent: version 1, and a run runs the newest version its workers serve when it
+        starts). Usable bare (``@wf.step``)
         or with options. The function is returned unchanged."""
         after = tuple(after)
 
@@ -179,10 +184,11 @@ class Workflow:
                 heartbeat_timeout_ms=optional_ms(heartbeat_timeout, f"{where}: heartbeat_timeout"),
                 schedule_to_start_ms=optional_ms(schedule_to_start, f"{where}: schedule_to_start"),
                 schedule_to_close_ms=optional_ms(schedule_to_close, f"{where}: schedule_to_close"),
+                version=version,
             )
             if when is not None or run_if is not None:
                 step = decides(step, when, run_if, where)
-            registered = self.registry.step(step.step_type)(function)
+            registered = self.registry.step(step.step_type, version or 1)(function)
             self._steps.append(_Declared(step, retry, concurrency, rate_limit))
             self._names[id(function)] = step.name
             return registered
@@ -208,6 +214,7 @@ class Workflow:
         schedule_to_close: Duration | None = None,
         when: str | None = None,
         run_if: str | None = None,
+        version: int | None = None,
     ) -> Callable[[StepFunction], StepFunction]:
         """Add a map step run by the decorated function once per item of a list: the run's
         input, or the output of ``items_from`` (a dependency: its function or name, which is
@@ -232,18 +239,14 @@ class Workflow:
             schedule_to_close=schedule_to_close,
             when=when,
             run_if=run_if,
+            version=version,
         )
 
         def add(function: StepFunction) -> StepFunction:
             registered = register(function)
             declared = self._steps[-1]
-            mapped = replace(
-                declared.step,
-                kind=MAP,
-                items_from=source,
-                max_items=max_items,
-                parallelism=parallelism,
-            )
+            mapped = replace(declared.step, kind=MAP, items_from=source, max_items=max_items)
+            mapped = replace(mapped, parallelism=parallelism)
             self._steps[-1] = replace(declared, step=mapped)
             return registered
 

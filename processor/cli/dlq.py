@@ -7,18 +7,18 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from processor.cli.common import EXIT_OK, EXIT_USAGE, CliError
+from processor.cli.common import EXIT_FAILED, EXIT_OK, EXIT_USAGE, CliError
 from processor.cli.grammar import emit, print_json_lines
 from processor.core.outcomes import DLQ_REASONS
 from processor.core.routing import TopicNames
 from processor.io.config.settings import Settings
 from processor.io.kafka.dlq import (
     DeadLetter,
-    DlqError,
     fetch_dead_letter,
     read_dead_letters,
     replay,
 )
+from processor.io.kafka.errors import DlqError, DlqTopicMissing
 
 
 def register(sub: Any) -> None:
@@ -63,13 +63,18 @@ def _letter_json(letter: DeadLetter) -> dict[str, Any]:
     }
 
 
+def _code(exc: DlqError) -> int:
+    """A topic that does not exist is configuration (2); anything else failed (1)."""
+    return EXIT_USAGE if isinstance(exc, DlqTopicMissing) else EXIT_FAILED
+
+
 def cmd_dlq_list(settings: Settings, args: argparse.Namespace) -> int:
     if args.limit is not None and args.limit < 1:
         raise CliError("--limit must be at least 1", EXIT_USAGE)
     try:
         letters = read_dead_letters(settings, reason=args.reason, limit=args.limit)
     except DlqError as exc:
-        raise CliError(str(exc)) from None
+        raise CliError(str(exc), _code(exc)) from None
     if args.output == "json":
         print_json_lines([_letter_json(letter) for letter in letters])
     for letter in letters if args.output == "text" else ():
@@ -101,7 +106,7 @@ def cmd_dlq_replay(settings: Settings, args: argparse.Namespace) -> int:
         letter = fetch_dead_letter(settings, args.partition, args.dlq_offset)
         done = replay(settings, letter, value, force=args.force)
     except DlqError as exc:
-        raise CliError(str(exc)) from None
+        raise CliError(str(exc), _code(exc)) from None
     source = "a fixed value" if value is not None else "its original value"
     document = {
         "dlq_partition": letter.partition,

@@ -20,7 +20,13 @@ import psycopg
 from confluent_kafka import KafkaError, KafkaException
 
 from processor.cli.common import EXIT_FAILED, EXIT_USAGE, CliError
-from processor.client import InvalidInput, OutOfBounds, ReservedRunId, SignalRefused
+from processor.client import (
+    InvalidArgument,
+    InvalidInput,
+    OutOfBounds,
+    ReservedRunId,
+    SignalRefused,
+)
 from processor.core.model import UnknownWorkflow
 from processor.io.config.values import ConfigError
 from processor.io.kafka.errors import MissingTopic
@@ -39,7 +45,7 @@ class Failure:
 def explain(exc: Exception) -> Failure:
     if isinstance(exc, ConfigError):
         return Failure(f"configuration error: {exc}", EXIT_USAGE)
-    refused = InvalidInput | OutOfBounds | ReservedRunId | SignalRefused
+    refused = InvalidArgument | InvalidInput | OutOfBounds | ReservedRunId | SignalRefused
     # An unknown workflow is refused input wherever it is named (start, schedules, triggers,
     # workflows show): nothing was done.
     if isinstance(exc, ListenError | MissingTopic | UnknownWorkflow | refused):

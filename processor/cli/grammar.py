@@ -3,11 +3,10 @@ global ``-o/--output text|json`` (before the command or after it), how a command
 either, and the exit-code table ``ductor --help`` prints.
 
 The output option is added here to every command but the services (``json_refused``): a
-command cannot forget it, and ``-o`` before the command is not undone by the command's own
-(its default is SUPPRESS, so only a value given after the command replaces one given before).
-The list commands that had a ``--output`` of their own keep it for one release
-(``LEGACY_LISTS``): ``--output table`` and their former JSON document, each with a note on
-stderr; ``-o json`` prints JSON lines, one object per listed thing, for scripts.
+command cannot forget it, no command has one of its own, and ``-o`` before the command is not
+undone by the command's (its default is SUPPRESS, so only a value given after the command
+replaces one given before). ``-o json`` prints one JSON document, or for a list JSON lines,
+one object per listed thing, for scripts.
 """
 
 from __future__ import annotations
@@ -20,11 +19,16 @@ from typing import Any
 import orjson
 
 from processor.cli.common import EXIT_USAGE, CliError
+from processor.io.kafka.clients import EXIT_KAFKA_FATAL
+from processor.worker.worker import EXIT_ABANDONED
 
 OUTPUTS = ("text", "json")
 _OUTPUT_HELP = "text (default) or json: one JSON document, or one JSON object a line for a list"
 
-EXIT_TABLE = """exit codes (every command):
+# What the codes mean, as `ductor --help` prints it. The services (process, worker, ui) exit
+# by it too (0 stopped cleanly, 2 refused configuration); the two ways a service stops
+# itself for its supervisor to start a fresh process have codes of their own, never 0-3.
+EXIT_TABLE = f"""exit codes (every command):
   0  done (a run: it succeeded)
   1  the operation failed: a run failed or was cancelled, a run, schedule or trigger was
      not found, a service is unreachable, a change was refused
@@ -32,8 +36,10 @@ EXIT_TABLE = """exit codes (every command):
      a workflow's schema refuses, an unknown workflow, a missing topic)
   3  not finished: the run has not ended (within --wait)
   130  interrupted (Ctrl-C); 128+N: stopped by signal N while it loaded
-the services (process, worker, ui) also exit 3 (worker: too many abandoned steps) and 4
-(process: a fatal Kafka client error); docs/usage.md#exit-codes"""
+a service stops itself for its supervisor to start a fresh one with
+  {EXIT_KAFKA_FATAL}  a fatal Kafka client error (process, worker)
+  {EXIT_ABANDONED}  too many abandoned steps still running (worker, --max-abandoned)
+docs/usage.md#exit-codes"""
 
 
 def add_output(p: argparse.ArgumentParser, *, root: bool = False) -> None:
@@ -43,22 +49,6 @@ def add_output(p: argparse.ArgumentParser, *, root: bool = False) -> None:
         choices=OUTPUTS,
         default=None if root else argparse.SUPPRESS,
         help=_OUTPUT_HELP,
-    )
-
-
-def add_legacy_output(p: argparse.ArgumentParser) -> None:
-    """A list command's former ``--output table|text|json``, kept for one release beside the
-    new ``-o`` (``legacy_output`` says which was given)."""
-    p.add_argument(
-        "-o", dest="output", choices=OUTPUTS, default=argparse.SUPPRESS, help=_OUTPUT_HELP
-    )
-    p.add_argument(
-        "--output",
-        dest="legacy_output",
-        choices=("table", *OUTPUTS),
-        default=None,
-        help="deprecated (removed in the next release): --output json keeps the former JSON"
-        " document; -o json prints JSON lines",
     )
 
 
@@ -79,40 +69,20 @@ def leaf_parsers(parser: argparse.ArgumentParser) -> Iterator[argparse.ArgumentP
 
 
 def add_output_everywhere(parser: argparse.ArgumentParser) -> None:
-    """``-o/--output`` on every command that prints, unless it has its own (a legacy list)
-    or refuses JSON (a service: it logs, DUCTOR_LOG_FORMAT=json)."""
+    """``-o/--output`` on every command that prints, unless it refuses JSON (a service: it
+    logs, DUCTOR_LOG_FORMAT=json)."""
     for leaf in leaf_parsers(parser):
-        taken = {s for action in leaf._actions for s in action.option_strings}
-        if leaf.get_default("json_refused") is None and "-o" not in taken:
+        if leaf.get_default("json_refused") is None:
             add_output(leaf)
 
 
 def resolve_output(args: argparse.Namespace) -> None:
-    """Settle ``args.output`` to text or json, and ``args.legacy_json`` (a list command's
-    former JSON document); the deprecated spellings say so on stderr; JSON asked of a service
-    is refused (exit 2)."""
-    legacy = getattr(args, "legacy_output", None)
-    command = " ".join(_command_words(args))
-    args.legacy_json = False
-    if legacy == "table":
-        _deprecated(f"`ductor {command} --output table`", "-o text (the default)")
-        args.output = "text"
-    elif legacy == "json":
-        _deprecated(
-            f"`ductor {command} --output json` (one JSON document)",
-            "-o json (one JSON object a line)",
-        )
-        args.output, args.legacy_json = "json", True
-    elif legacy == "text":
-        args.output = "text"
+    """Settle ``args.output`` to text or json; JSON asked of a service is refused (exit 2)."""
     args.output = getattr(args, "output", None) or "text"
     refused = getattr(args, "json_refused", None)
     if args.output == "json" and refused is not None:
+        command = " ".join(_command_words(args))
         raise CliError(f"`ductor {command}` takes no -o json: {refused}", EXIT_USAGE)
-
-
-def _deprecated(old: str, new: str) -> None:
-    print(f"ductor: {old} is deprecated and goes in the next release; use {new}", file=sys.stderr)
 
 
 def _command_words(args: argparse.Namespace) -> list[str]:

@@ -49,15 +49,17 @@ def output_lines(record: RunRecord, name: str, node: NodeState) -> list[str]:
     return []
 
 
-def attempt_lines(attempt: AttemptRow) -> list[str]:
-    """An attempt on one line (when it started and ended, how long it took, on which worker),
-    then, failed, its error and its traceback, indented."""
+def attempt_lines(attempt: AttemptRow, version: int | None = None) -> list[str]:
+    """An attempt on one line (when it started and ended, how long it took, on which worker,
+    with which version of its function when ``version`` says), then, failed, its error and its
+    traceback, indented."""
     started, ended = attempt.started_at, attempt.ended_at
     took = "-" if started is None or ended is None else f"{(ended - started).total_seconds():.3f} s"
     outcome = attempt.outcome or "in flight"
     lines = [
         f"  {attempt.node} #{attempt.attempt}  {outcome}  started {_when(started)}"
         f"  ended {_when(ended)}  took {took}  worker {attempt.worker_id or '-'}"
+        + ("" if version is None else f"  version {version}")
     ]
     if attempt.error is not None:
         if attempt.error_type is not None:
@@ -74,8 +76,15 @@ def print_attempts_and_signals(record: RunRecord) -> None:
     """The run's attempts in node and attempt order, then the signals it received."""
     if record.attempts:
         print("attempts:")
+        # The versions its attempts ran with, once any is not 1 (core/versions.py).
+        run = record.run
+        pinned = not isinstance(run, Exception) and bool(run.state.versions)
+        ran = {key: e.version for key, e in record.executions.items()}
+        versioned = pinned or any(v not in (None, 1) for v in ran.values())
         for attempt in record.attempts:
-            for line in attempt_lines(attempt):
+            key = (attempt.node, attempt.attempt)
+            version = (ran.get(key) or 1) if versioned and attempt.worker_id else None
+            for line in attempt_lines(attempt, version):
                 print(line)
     signals = record.signals
     if signals.total:

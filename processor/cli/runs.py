@@ -43,6 +43,7 @@ from processor.core.model import LoadedRun
 from processor.core.routing import TopicNames
 from processor.core.run_state import NodeState, NodeStatus, RunStatus, state_checksum
 from processor.core.skips import why_skipped
+from processor.core.versions import step_versions
 from processor.core.workflow_def import SIGNAL_NAME
 from processor.io.config.settings import Settings
 from processor.io.postgres.run_document import RunRecord, inspect_document, read_run
@@ -155,6 +156,9 @@ def cmd_inspect(settings: Settings, args: argparse.Namespace) -> int:
     print(tags_line(record))
     print(input_line(record))
     print(f"output     {output_text(result)}")
+    if run.state.versions:  # its steps' versions, once any is not 1 (core/versions.py)
+        pins = step_versions(run.wf, run.state.versions)
+        print("versions   " + ", ".join(f"{step} v{v}" for step, v in pins.items()))
     print("nodes:")
     for name, node in record.nodes:
         print(_node_line(run, name, node))

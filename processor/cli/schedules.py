@@ -6,10 +6,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-import orjson
-
 from processor.cli.common import EXIT_OK, EXIT_USAGE, CliError, json_argument, print_table
-from processor.cli.grammar import add_legacy_output, emit, print_json, print_json_lines
+from processor.cli.grammar import emit, print_json, print_json_lines
 from processor.client import connect, wake
 from processor.core.routing import TIERS
 from processor.io.config.settings import Settings
@@ -84,7 +82,6 @@ def register(sub: Any) -> None:
         epilog=_columns_help(),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    add_legacy_output(p)
     p.set_defaults(func=cmd_schedules_list)
     for action, text in (
         ("pause", "stop firing it (its runs go on)"),
@@ -135,9 +132,6 @@ NEXT_FIRES = 3
 def cmd_schedules_list(settings: Settings, args: argparse.Namespace) -> int:
     with connect(settings) as conn:
         schedules = list_schedules(conn)
-    if args.legacy_json:  # the former document, for one release (grammar.py)
-        print(orjson.dumps([_json(s) for s in schedules]).decode())
-        return EXIT_OK
     if args.output == "json":
         print_json_lines([_json(s) for s in schedules])
         return EXIT_OK

@@ -1,5 +1,5 @@
-"""Finding runs and acting on many: `ductor runs list`, `runs count`, `runs cancel` and
-`runs retry` with the filters of core/run_search.RunFilter (every filter is index-backed:
+"""Finding runs and acting on many: `ductor runs list`, `runs count`, `runs cancel`, `runs retry`
+and `runs upgrade` with the filters of core/run_search.RunFilter (every filter is index-backed:
 io/postgres/run_search.py)."""
 
 from __future__ import annotations
@@ -9,10 +9,8 @@ import sys
 import time
 from typing import Any
 
-import orjson
-
 from processor.cli.common import EXIT_FAILED, EXIT_OK, EXIT_USAGE, CliError, print_table
-from processor.cli.grammar import add_legacy_output, emit, print_json, print_json_lines
+from processor.cli.grammar import emit, print_json, print_json_lines
 from processor.client import (
     MAX_BULK_RUNS,
     MAX_LIST_LIMIT,
@@ -28,6 +26,8 @@ from processor.client import (
     search_runs,
     send_signal,
     summary_document,
+    upgrade_run,
+    upgrade_runs,
 )
 from processor.core.run_state import RunStatus
 from processor.io.config.settings import Settings
@@ -94,10 +94,6 @@ def cmd_runs_list(settings: Settings, args: argparse.Namespace) -> int:
         raise CliError(f"--cursor: {exc}", EXIT_USAGE) from None
     page = search_runs(settings, wanted, args.limit, after)
     following = None if page.next_cursor is None else page.next_cursor.encode()
-    if args.legacy_json:  # the former document, for one release (grammar.py)
-        document = {"runs": [summary_document(run) for run in page.runs], "next_cursor": following}
-        sys.stdout.write(orjson.dumps(document).decode() + "\n")
-        return EXIT_OK
     if args.output == "json":
         print_json_lines([summary_document(run) for run in page.runs])
     else:
@@ -150,6 +146,35 @@ def cmd_runs_retry(settings: Settings, args: argparse.Namespace) -> int:
         return EXIT_OK
     done = retry_runs(settings, _bulk_filter(args), args.dry_run, args.max)
     return _report(args, done, "retry", "failed")
+
+
+def cmd_runs_upgrade(settings: Settings, args: argparse.Namespace) -> int:
+    """Move one run's (RUN_ID) or every matching run's pinned step versions."""
+    if args.latest == (args.to_version is not None):
+        raise CliError("give --to-version N (with --step TYPE) or --latest", EXIT_USAGE)
+    if args.to_version is not None and args.step is None:
+        raise CliError(
+            "--to-version needs --step TYPE: the step type it is a version of", EXIT_USAGE
+        )
+    if args.run_id is None:
+        done = upgrade_runs(
+            settings, _bulk_filter(args), args.step, args.to_version, args.dry_run, args.max
+        )
+        return _report(args, done, "upgrade", "running or failed")
+    given = [
+        f for f in ("workflow", "status", "since", "until", "id_prefix", "tag") if getattr(args, f)
+    ]
+    if given or args.step_failed:
+        raise CliError("give a RUN_ID or filters, not both", EXIT_USAGE)
+    moved = upgrade_run(settings, args.run_id, args.step, args.to_version, args.dry_run)
+    moves = [{"step": m.step, "type": m.step_type, "from": m.old, "to": m.new} for m in moved.moves]
+    document = {"run_id": moved.run_id, "moves": moves, "dry_run": args.dry_run}
+    lines = [f"  {m.step} ({m.step_type}): version {m.old} -> {m.new}" for m in moved.moves]
+    head = f"run {moved.run_id}: " + (
+        "nothing to move" if not moves else "would move" if args.dry_run else "moved"
+    )
+    emit(args, document, "\n".join([head, *lines]))
+    return EXIT_OK
 
 
 def _bulk_filter(args: argparse.Namespace) -> RunFilter:
@@ -215,7 +240,6 @@ def add_search_commands(runs_sub: Any) -> None:
     add_filter_arguments(p)
     p.add_argument("--limit", type=int, default=50, help="at most N runs (50)")
     p.add_argument("--cursor", help="the page after the one that printed this cursor")
-    add_legacy_output(p)
     p.set_defaults(func=cmd_runs_list)
     p = runs_sub.add_parser("count", help="how many runs the filters match")
     add_filter_arguments(p)
@@ -240,3 +264,25 @@ def add_search_commands(runs_sub: Any) -> None:
             help=f"refuse when more runs match ({MAX_BULK_RUNS})",
         )
         p.set_defaults(func=func)
+    p = runs_sub.add_parser(
+        "upgrade",
+        help="move a running or failed run's steps to another version of their function (from"
+        " their next attempt), or every such run the filters match",
+    )
+    p.add_argument("run_id", nargs="?", metavar="RUN_ID", help="one run (else: filters)")
+    p.add_argument("--step", metavar="TYPE", help="only the steps of this step type")
+    p.add_argument("--to-version", type=int, metavar="N", help="to version N (needs --step)")
+    p.add_argument(
+        "--latest",
+        action="store_true",
+        help="to the newest version the live workers of each step's queue serve",
+    )
+    add_filter_arguments(p)
+    p.add_argument("--dry-run", action="store_true", help="show what would move; do nothing")
+    p.add_argument(
+        "--max",
+        type=int,
+        default=MAX_BULK_RUNS,
+        help=f"refuse when more runs match ({MAX_BULK_RUNS})",
+    )
+    p.set_defaults(func=cmd_runs_upgrade)

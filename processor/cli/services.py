@@ -103,7 +103,7 @@ def _worker_arguments(p: argparse.ArgumentParser) -> None:
         type=int,
         default=None,
         metavar="N",
-        help="abandoned steps still running past which the worker stops with exit code 3"
+        help="abandoned steps still running past which the worker stops with exit code 5"
         " (default: the concurrency)",
     )
     p.add_argument(

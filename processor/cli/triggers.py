@@ -28,7 +28,9 @@ from processor.io.postgres.trigger_store import (
 def cmd_triggers_create(settings: Settings, args: argparse.Namespace) -> int:
     trigger = _trigger_from(args)
     if TopicNames(settings.topic_prefix).source_of(trigger.topic) != "trigger":
-        raise CliError(f"{trigger.topic} is one of Ductor's own topics, not a source topic")
+        raise CliError(
+            f"{trigger.topic} is one of Ductor's own topics, not a source topic", EXIT_USAGE
+        )
     try:
         ends = topic_end_offsets(settings, trigger.topic)
     except ValueError as exc:  # no such topic: the team's to create, with its own settings
@@ -36,7 +38,8 @@ def cmd_triggers_create(settings: Settings, args: argparse.Namespace) -> int:
             f"{exc}: create it first, with the partitions and retention your producers need"
             f" (e.g. kafka-topics.sh --bootstrap-server {settings.bootstrap_servers}"
             f" --create --topic {trigger.topic} --partitions 3), then create the trigger"
-            " again; with --from-beginning it also reads what was written before"
+            " again; with --from-beginning it also reads what was written before",
+            EXIT_USAGE,
         ) from None
     except KafkaException as exc:
         raise CliError(f"cannot read topic {trigger.topic}: {exc}") from None

@@ -10,11 +10,10 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
-import orjson
 import psycopg
 
 from processor.cli.common import EXIT_OK, print_table
-from processor.cli.grammar import add_legacy_output, print_json_lines
+from processor.cli.grammar import print_json_lines
 from processor.client import ClientError, connect
 from processor.core.model import UnknownWorkflow
 from processor.core.workflow_def import WorkflowDef
@@ -29,7 +28,6 @@ def register(sub: Any) -> None:
         help="the live step workers: their queues, step types, concurrency, version and the"
         " partitions they hold",
     )
-    add_legacy_output(p)
     p.set_defaults(func=cmd_workers)
 
 
@@ -37,9 +35,6 @@ def cmd_workers(settings: Settings, args: argparse.Namespace) -> int:
     with connect(settings) as conn:
         workers = live_workers(conn, settings.worker_group_id, settings.instance_timeout_s)
         now = _now(conn)
-    if args.legacy_json:  # the former document, for one release (grammar.py)
-        print(orjson.dumps([w.as_json() for w in workers]).decode())
-        return EXIT_OK
     if args.output == "json":
         print_json_lines([w.as_json() for w in workers])
         return EXIT_OK

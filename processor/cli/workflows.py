@@ -15,7 +15,7 @@ from confluent_kafka import KafkaException
 
 from processor.authoring import Workflow
 from processor.cli.common import EXIT_OK, EXIT_USAGE, CliError
-from processor.cli.grammar import add_legacy_output, emit, print_json, print_json_lines
+from processor.cli.grammar import emit, print_json, print_json_lines
 from processor.cli.workers import warn_unserved
 from processor.client import connect
 from processor.core.child_graph import ChildCycle
@@ -53,7 +53,6 @@ def register(sub: Any) -> None:
     )
     p.set_defaults(func=cmd_workflows_register)
     p = wf_sub.add_parser("list", help="the registered workflows: each version, its steps")
-    add_legacy_output(p)
     p.set_defaults(func=cmd_workflows_list)
     p = wf_sub.add_parser(
         "show", help="print a registered definition as JSON, or the Python it came from"
@@ -160,9 +159,6 @@ def _ensure_queue_topics(settings: Settings, wf: WorkflowDef) -> None:
 def cmd_workflows_list(settings: Settings, args: argparse.Namespace) -> int:
     with connect(settings) as conn:
         versions = workflow_versions(conn)
-    if args.legacy_json:  # the former document, for one release (grammar.py)
-        print(orjson.dumps([_version_json(v) for v in versions]).decode())
-        return EXIT_OK
     if args.output == "json":
         print_json_lines([_version_json(v) for v in versions])
         return EXIT_OK

@@ -1,6 +1,7 @@
 """A small Python client of Ductor: what a program (or the ``ductor`` command line) calls to
 drive workflow runs from outside the processors: start runs, read and wait for their result,
-list them, signal them, retry a failed one. ``request_starts`` and ``request_signal`` start and
+list them, signal them, retry a failed one, move runs to other versions of their steps'
+functions (``upgrade_run``). ``request_starts`` and ``request_signal`` start and
 signal through Kafka alone, as any producer may (docs/requests.md).
 
 Every function takes the typed ``Settings`` (``processor.io.config.load_settings()`` reads
@@ -9,9 +10,10 @@ dataclasses; failures are ``ClientError`` (a RuntimeError) or one of its subclas
 one-sentence message.
 
 The package's modules: errors.py and records.py (what the operations raise and return),
-starts.py, reads.py and actions.py (the operations), common.py (what they share). Every public
-name is importable from here, ``from processor import client`` then ``client.start_run``, as
-the docs show; import them from here, not from the modules, which may move.
+starts.py, reads.py, actions.py and upgrades.py (the operations), common.py (what they share).
+Every public name is importable from here, ``from processor import client`` then
+``client.start_run``, as the docs show; import them from here, not from the modules, which may
+move.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from processor.client.errors import (
     RunNotFound,
     SignalRefused,
     StartNotAnnounced,
+    UpgradeRefused,
 )
 from processor.client.reads import (
     MAX_LIST_LIMIT,
@@ -52,6 +55,7 @@ from processor.client.reads import (
 )
 from processor.client.records import BulkAction, RetriedRun, SignalSent, StartedRun
 from processor.client.starts import IfExists, request_signal, request_starts, start_run, start_runs
+from processor.client.upgrades import UpgradedRun, upgrade_run, upgrade_runs
 from processor.core.run_search import Cursor, RunFilter
 from processor.io.postgres.run_search import RunPage
 from processor.io.postgres.runs_admin import RunResult, RunSummary
@@ -80,6 +84,8 @@ __all__ = [
     "SignalSent",
     "StartNotAnnounced",
     "StartedRun",
+    "UpgradeRefused",
+    "UpgradedRun",
     "cancel_runs",
     "connect",
     "count_runs",
@@ -98,6 +104,8 @@ __all__ = [
     "start_run",
     "start_runs",
     "summary_document",
+    "upgrade_run",
+    "upgrade_runs",
     "wait_for_run",
     "wake",
 ]

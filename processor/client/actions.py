@@ -66,7 +66,7 @@ def cancel_runs(
     one signal id, and their wakeups): a run that ends meanwhile is left as it ended. ``dry_run``
     only finds them. ClientError for an empty filter (every run) or for more than
     ``max_runs`` matches (narrow the filter, or raise the bound)."""
-    matched = _bulk_matches(settings, wanted, _LIVE, max_runs)
+    matched = bulk_matches(settings, wanted, _LIVE, max_runs)
     if dry_run or not matched:
         return BulkAction(tuple(id for id, _ in matched), ())
     signal_id = f"cancel-bulk-{uuid.uuid4().hex[:12]}"
@@ -84,7 +84,7 @@ def retry_runs(
     """Resume every failed run ``wanted`` matches, as ``retry_run`` does one; a run that
     cannot be retried (quarantined, changed outside Ductor) is refused with why, and the
     others go on. ``dry_run`` only finds them; bounds as ``cancel_runs``."""
-    matched = _bulk_matches(settings, wanted, (RunStatus.FAILED,), max_runs)
+    matched = bulk_matches(settings, wanted, (RunStatus.FAILED,), max_runs)
     if dry_run or not matched:
         return BulkAction(tuple(id for id, _ in matched), ())
     topics = TopicNames(settings.topic_prefix)
@@ -103,7 +103,7 @@ def retry_runs(
     return BulkAction(tuple(id for id, _ in matched), tuple(sorted(done)), tuple(refused))
 
 
-def _bulk_matches(
+def bulk_matches(
     settings: Settings, wanted: RunFilter, statuses: tuple[RunStatus, ...], max_runs: int
 ) -> list[tuple[str, str]]:
     """(run id, tier) of the runs in ``statuses`` that ``wanted`` matches, newest first."""

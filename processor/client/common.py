@@ -77,18 +77,18 @@ def wake(settings: Settings, run_ids: Sequence[str], tier: str, reason: str) -> 
 
 
 def produce_requests(settings: Settings, requests: Sequence[Request], what: str) -> None:
-    """The requests, each checked as a processor decodes it (ClientError with what is wrong,
-    and nothing produced, if one would be dead-lettered: OutOfBounds or ReservedRunId for
-    those reasons), produced."""
+    """The requests, each checked as a processor decodes it (InvalidArgument with what is
+    wrong, and nothing produced, if one would be dead-lettered: OutOfBounds or ReservedRunId
+    for those reasons), produced."""
     records = []
     for request in requests:
         try:
             value = request.encode()
         except TypeError as exc:
-            raise ClientError(f"the {what} cannot be written as JSON: {exc}") from None
+            raise InvalidArgument(f"the {what} cannot be written as JSON: {exc}") from None
         decoded = decode_request(value, settings.max_record_bytes)
         if isinstance(decoded, Rejected):
-            refusal = _REFUSALS.get(decoded.reason, ClientError)
+            refusal = _REFUSALS.get(decoded.reason, InvalidArgument)
             raise refusal(
                 f"the {what} for run {request.run_id!r} would be dead-lettered by a processor"
                 f" ({decoded.reason.value}): {decoded.detail}"
@@ -97,7 +97,8 @@ def produce_requests(settings: Settings, requests: Sequence[Request], what: str)
     _produce_keyed(settings, TopicNames(settings.topic_prefix).requests, records, what)
 
 
-# The exception a request refused for these reasons raises (others: ClientError).
+# The exception a request refused for these reasons raises (others: InvalidArgument; all are
+# refused input, nothing was written: exit 2 from `ductor`, 400 from the HTTP API).
 _REFUSALS: dict[DeadLetterReason, type[ClientError]] = {
     DeadLetterReason.OUT_OF_BOUNDS: OutOfBounds,
     DeadLetterReason.RESERVED_RUN_ID: ReservedRunId,

@@ -86,3 +86,8 @@ class RunExists(ClientError):
 
 class RetryRefused(ClientError):
     """The run cannot be retried: it is not failed, or its row cannot be used."""
+
+
+class UpgradeRefused(ClientError):
+    """The run's versions cannot be moved: it is not running or failed, or its row cannot be
+    used, or it kept changing."""

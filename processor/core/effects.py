@@ -18,6 +18,7 @@ from processor.core.routing import TopicNames, rung_for_delay
 from processor.core.run_state import NodeState
 from processor.core.step_task import MapItem, encode_task
 from processor.core.tick_decision import Decision
+from processor.core.versions import pin_of
 from processor.core.workflow_def import StepDef
 
 
@@ -57,6 +58,9 @@ def transition_sends(
                 step.timeout_ms,
                 start_by,
                 close_by,
+                pin_of(decision.new_state.versions, step.name)
+                if decision.new_state.versions
+                else 1,
             )
             attributes = (("ductor.node", d.node), ("ductor.attempt", d.attempt))
             topic = names.steps_for(step.queue, run.tier)

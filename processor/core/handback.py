@@ -2,10 +2,12 @@
 worker/handback.py).
 
 A queue's workers share its steps topics' partitions, whatever functions each has: a worker
-deployed with another app on the same queue is handed tasks it cannot run. It does not fail
-them; it passes each to a partition held by a live worker that serves the task's queue and has
-its step type, as the instance registry says (each worker's row: what it serves, and what it
-holds). The rules:
+deployed with another app on the same queue is handed tasks it cannot run, and so is one
+without the version of a function a task's run pinned (core/versions.py). A step type here is
+what a worker serves of it, the served key: the type for version 1, ``type@N`` for version N.
+It does not fail them; it passes each to a partition held by a live worker that serves the
+task's queue and has its step type, as the instance registry says (each worker's row: what it
+serves, and what it holds). The rules:
 
 1. The candidates are the other workers that serve the task's queue and have its step type.
 2. A live candidate holding partitions of the task's topic takes it: one of those partitions,
@@ -26,6 +28,8 @@ from __future__ import annotations
 import zlib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+
+from processor.core.versions import parse_served
 
 # How long a task waits for a worker that has its function but holds no partition of its topic
 # (restarting, starting, a spare), and how long ago a worker may have been seen to count.
@@ -96,10 +100,10 @@ def route(
         partition, owner = targets[task_hash % len(targets)]
         return SendTo(partition, owner)
     if not candidates:
-        return RunHere(f"no live worker of queue {queue!r} has step type {step_type!r}")
+        return RunHere(f"no live worker of queue {queue!r} has step type {_named(step_type)}")
     if waited_s >= grace_s:
         return RunHere(
-            f"no worker with step type {step_type!r} held a partition of {topic} for"
+            f"no worker with step type {_named(step_type)} held a partition of {topic} for"
             f" {grace_s:.0f} s"
         )
     live = any(s.live for s in candidates)
@@ -108,6 +112,12 @@ def route(
         if live
         else "a worker with it was seen lately (restarting?)"
     )
+
+
+def _named(key: str) -> str:
+    """A served key as a line says it: 'charge', or 'charge' version 2."""
+    step_type, version = parse_served(key)
+    return repr(step_type) if version == 1 else f"{step_type!r} version {version}"
 
 
 def task_hash(run_id: str, node: str, attempt: int) -> int:

@@ -59,6 +59,7 @@ def undo(
         state.seq,
         state.reason,
         state.maps,
+        state.versions,
     )
     old_state = run.state
     unchanged = (

@@ -19,6 +19,7 @@ from processor.core.run_state import (
 )
 from processor.core.selectors import Selected
 from processor.core.shapes import WorkflowKey
+from processor.core.versions import ServedVersions
 from processor.core.workflow_def import WorkflowDef
 
 __all__ = [
@@ -139,6 +140,9 @@ class LoadedRun:
     # Whether the loader found the stored checksum right for the row as stored (row_checksum);
     # when not given, it is checked against the state here.
     verified: InitVar[bool | None] = None
+    # A pending run's: the newest version of each step type the live workers serve, what its
+    # start pins (core/versions.py); None: not read (a running run's pins are its own).
+    served: ServedVersions | None = None
     # False when the row was changed out of band: its checksum does not match its state.
     # Computed once here (it hashes the state), not at every use.
     checksum_ok: bool = field(init=False)
@@ -162,6 +166,7 @@ class LoadedRun:
         selected: tuple[tuple[str, Selected], ...] | None = None,
         deadline: RunDeadline | None = None,
         verified: bool | None = None,
+        served: ServedVersions | None = None,
     ) -> None:
         object.__setattr__(self, "run_id", run_id)
         object.__setattr__(self, "wf", wf)
@@ -179,6 +184,7 @@ class LoadedRun:
         object.__setattr__(self, "starts", starts)
         object.__setattr__(self, "selected", selected)
         object.__setattr__(self, "deadline", deadline)
+        object.__setattr__(self, "served", served)
         if verified is None:
             verified = stored_checksum == state_checksum(state)
         object.__setattr__(self, "checksum_ok", verified)
@@ -207,6 +213,30 @@ class LoadedRun:
             selected,
             self.deadline,
             self.checksum_ok,
+            self.served,
+        )
+
+    def with_served(self, served: ServedVersions) -> LoadedRun:
+        """This run, with the versions live workers serve (a pending run's start pins them)."""
+        return LoadedRun(
+            self.run_id,
+            self.wf,
+            self.state,
+            self.version,
+            self.tier,
+            self.results,
+            self.signals,
+            self.stored_checksum,
+            self.input,
+            self.not_before_ms,
+            self.named,
+            self.parent,
+            self.input_length,
+            self.starts,
+            self.selected,
+            self.deadline,
+            self.checksum_ok,
+            served,
         )
 
 

@@ -49,8 +49,8 @@ def end_run(
         for n, s in ((name, nodes[name]) for name, _ in order)
     )
     if maps is None or wf is None:
-        return Decision(RunState(status, ended, state.seq + 1, reason, state.maps))
-    new_state = RunState(status, ended, state.seq + 1, reason, maps.progress_of(wf))
+        return Decision(RunState(status, ended, state.seq + 1, reason, state.maps, state.versions))
+    new_state = RunState(status, ended, state.seq + 1, reason, maps.progress_of(wf), state.versions)
     return Decision(new_state, items_done=tuple(maps.done))
 
 
@@ -116,4 +116,4 @@ def resume_failed(state: RunState, pending: bool = False) -> RunState:
         for name, node in state.nodes
     )
     status = RunStatus.PENDING if pending else _RUN_RUNNING
-    return RunState(status, nodes, state.seq + 1, None, state.maps)
+    return RunState(status, nodes, state.seq + 1, None, state.maps, state.versions)

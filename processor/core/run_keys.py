@@ -136,7 +136,9 @@ def wait_for_key(run: LoadedRun, now_ms: int, backstop_ms: int) -> Decision:
         (n, node_state(_PENDING, s.attempt, due, s.error, s.attempts_before) if n == mark else s)
         for n, s in state.nodes
     )
-    return Decision(RunState(_RUN_PENDING, nodes, state.seq + 1, state.reason, state.maps))
+    return Decision(
+        RunState(_RUN_PENDING, nodes, state.seq + 1, state.reason, state.maps, state.versions)
+    )
 
 
 def unmarked(decision: Decision) -> Decision:
@@ -145,4 +147,6 @@ def unmarked(decision: Decision) -> Decision:
     if new is None or not any(s.status is _PENDING and s.due_ms is not None for _, s in new.nodes):
         return decision
     nodes = tuple((n, s._replace(due_ms=None) if s.status is _PENDING else s) for n, s in new.nodes)
-    return decision._replace(new_state=RunState(new.status, nodes, new.seq, new.reason, new.maps))
+    return decision._replace(
+        new_state=RunState(new.status, nodes, new.seq, new.reason, new.maps, new.versions)
+    )

@@ -151,6 +151,9 @@ class RunState:
     # Each map step that started, with its progress (in definition order); written into its
     # node's entry of ``node_states`` (``items``, ``started``).
     maps: tuple[tuple[str, MapProgress], ...] = ()
+    # The versions of its steps' functions it runs other than 1, (step, version) in
+    # definition order (core/versions.py); written into its steps' entries (``version``).
+    versions: tuple[tuple[str, int], ...] = ()
 
     # Written out (as below for StepResult and LoadedRun): the compiled build compiles it,
     # where the dataclass decorator's own is interpreted Python, ~20 x dearer; one of each is
@@ -162,12 +165,14 @@ class RunState:
         seq: int = 0,
         reason: str | None = None,
         maps: tuple[tuple[str, MapProgress], ...] = (),
+        versions: tuple[tuple[str, int], ...] = (),
     ) -> None:
         object.__setattr__(self, "status", status)
         object.__setattr__(self, "nodes", nodes)
         object.__setattr__(self, "seq", seq)
         object.__setattr__(self, "reason", reason)
         object.__setattr__(self, "maps", maps)
+        object.__setattr__(self, "versions", versions)
 
     def node(self, name: str) -> NodeState:
         for n, s in self.nodes:
@@ -185,6 +190,8 @@ class RunState:
         out = {n: s.to_json() for n, s in self.nodes}
         for name, progress in self.maps:
             out[name] |= {"items": progress.items, "started": progress.started}
+        for name, version in self.versions:
+            out[name]["version"] = version
         return out
 
     def next_due_ms(self) -> int | None:
@@ -222,10 +229,13 @@ def state_from_row(
     the state right after it, by index)."""
     nodes = []
     maps = []
+    versions = []
     items = items_in(node_states) if wf.has_maps else {}
     for step in wf.steps:
         raw = node_states.get(step.name)
         nodes.append((step.name, node_state() if raw is None else NodeState.from_json(raw)))
+        if raw is not None and "version" in raw:
+            versions.append((step.name, int(raw["version"])))
         if step.maps:
             window = items.get(step.name, [])
             nodes += [(name, NodeState.from_json(node_states[name])) for _, name in window]
@@ -236,7 +246,7 @@ def state_from_row(
                 # (one never started is pending in the state, and started as it comes).
                 maps.append((step.name, MapProgress(len(window), len(window))))
     # A dict lookup, not RunStatus(...) (the enum's call runs Python code): once per loaded run.
-    return RunState(_RUN_STATUSES[status], tuple(nodes), seq, reason, tuple(maps))
+    return RunState(_RUN_STATUSES[status], tuple(nodes), seq, reason, tuple(maps), tuple(versions))
 
 
 def shown_nodes(

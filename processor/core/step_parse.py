@@ -30,6 +30,7 @@ from processor.core.workflow_def import (
     MAP_PARALLELISM,
     MAP_PARALLELISM_LIMIT,
     MAX_BACKOFF_MS,
+    MAX_STEP_VERSION,
     MAX_TIMEOUT_MS,
     ON_TIMEOUT_CONTINUE,
     ON_TIMEOUT_FAIL,
@@ -56,7 +57,7 @@ _TASK_KEYS = _DECIDE_KEYS | frozenset(
     {
         *("name", "kind", "type", "depends_on", "retry", "timeout_ms", "queue"),
         *("heartbeat_timeout_ms", "schedule_to_start_ms", "schedule_to_close_ms"),
-        *("concurrency", "rate_limit"),
+        *("concurrency", "rate_limit", "version"),
     }
 )
 _MAP_KEYS = _TASK_KEYS | {"items_from", "max_items", "parallelism"}
@@ -116,7 +117,15 @@ def _parse_task(raw_step: Mapping[str, Any], where: str) -> StepDef:
         schedule_to_close_ms=_bound(raw_step, "schedule_to_close_ms", where),
         concurrency=_parse_concurrency(raw_step, where),
         rate_limit=_parse_rate_limit(raw_step, where),
+        version=_version(raw_step, where),
     )
+
+
+def _version(raw_step: Mapping[str, Any], where: str) -> int | None:  # (core/versions.py)
+    version: int | None = optional(raw_step, "version", int, where, None)
+    if version is not None and not 1 <= version <= MAX_STEP_VERSION:
+        raise ValidationError(f"{where}.version: must be 1 to {MAX_STEP_VERSION}")
+    return version
 
 
 def require(obj: Mapping[str, Any], key: str, kind: type | tuple[type, ...], where: str) -> Any:

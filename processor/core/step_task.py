@@ -11,7 +11,8 @@ run's input and those outputs). The format, one JSON object:
      "heartbeat_timeout_ms": 5000,                           # only when the step declares one
      "dep_attempts": {"fetch": 1},                           # dependency -> attempt that succeeded
      "data": {"input": {...}, "deps": {"fetch": {...}}},     # inline; null: the worker fetches
-     "item": {"from": "fetch", "index": 3}}                  # an item of a map step (version 2)
+     "item": {"from": "fetch", "index": 3},                  # an item of a map step (version 2)
+     "step_version": 2}                                      # its function's version (version 3)
 
 The data is inline only when its encoded JSON is at most ``MAX_INLINE_DATA_BYTES``; otherwise
 ``data`` is null and the worker reads the run's input and those outputs from Postgres in one
@@ -36,7 +37,12 @@ the dependencies in the run's definition and state. Coordinators and workers can
 upgraded in any order. The version is for changes an older worker must not run: a map step's
 item (``item``: which list, the run's input when ``from`` is null, and which element of it)
 is version 2, which a worker from before map steps dead-letters instead of running it without
-its item (upgrade the workers before the workflows that map).
+its item (upgrade the workers before the workflows that map). A task whose run pinned its
+step type's function at a version other than 1 (``step_version``: core/versions.py) is version
+3 (with or without an item): a worker from before versions has only version 1 of each
+function, and must not run it with that one (upgrade the workers before deploying a version
+2). A task at version 1 has no ``step_version`` and stays version 1 or 2, which every worker
+runs with its version 1 function, as before.
 """
 
 from __future__ import annotations
@@ -48,13 +54,15 @@ from typing import Any, NamedTuple
 
 import orjson
 
-from processor.core.envelope import MAX_ATTEMPT, MAX_EPOCH_MS
-from processor.core.routing import TIERS
+from processor.core.envelope import MAX_ATTEMPT
 from processor.core.shapes import AttemptRef
+from processor.core.task_fields import check_fields, check_timeouts, task_step_version
 from processor.core.workflow_def import ValidationError
 
 STEP_TASK_VERSION = 1
 MAP_ITEM_TASK_VERSION = 2  # a task with ``item``
+STEP_VERSION_TASK_VERSION = 3  # a task with ``step_version`` (and, maybe, ``item``)
+_TASK_VERSIONS = (STEP_TASK_VERSION, MAP_ITEM_TASK_VERSION, STEP_VERSION_TASK_VERSION)
 
 # The largest ``data`` a task carries inline: the encoded JSON of the run's input and the
 # dependencies' outputs. Inline data goes through the coordinator's commit (the outbox row)
@@ -128,6 +136,8 @@ class StepTask:
     timeout_ms: int | None = None
     start_by_ms: int | None = None
     close_by_ms: int | None = None
+    # The version of its step type's function it runs (its run's pin: core/versions.py).
+    step_version: int = 1
 
     # Written out: compiled in the compiled build (the decorator's is interpreted Python, ~20 x
     # dearer), and one is built per task dispatched and per task a worker reads.
@@ -147,6 +157,7 @@ class StepTask:
         timeout_ms: int | None = None,
         start_by_ms: int | None = None,
         close_by_ms: int | None = None,
+        step_version: int = 1,
     ) -> None:
         object.__setattr__(self, "run_id", run_id)
         object.__setattr__(self, "node", node)
@@ -161,6 +172,7 @@ class StepTask:
         object.__setattr__(self, "timeout_ms", timeout_ms)
         object.__setattr__(self, "start_by_ms", start_by_ms)
         object.__setattr__(self, "close_by_ms", close_by_ms)
+        object.__setattr__(self, "step_version", step_version)
 
     @property
     def key(self) -> AttemptKey:
@@ -182,6 +194,7 @@ class StepTask:
             self.timeout_ms,
             self.start_by_ms,
             self.close_by_ms,
+            self.step_version,
         )
 
     def taken_until_ms(self) -> int | None:
@@ -213,11 +226,16 @@ def encode_task(
     timeout_ms: int | None = None,
     start_by_ms: int | None = None,
     close_by_ms: int | None = None,
+    step_version: int = 1,
 ) -> bytes:
     """A task's record value, from its fields (what ``StepTask.encode`` writes; the tick calls
     it directly, one per dispatch, without building the object)."""
+    if step_version != 1:
+        task_version = STEP_VERSION_TASK_VERSION
+    else:
+        task_version = STEP_TASK_VERSION if item is None else MAP_ITEM_TASK_VERSION
     body: dict[str, Any] = {
-        "task_version": STEP_TASK_VERSION if item is None else MAP_ITEM_TASK_VERSION,
+        "task_version": task_version,
         "run_id": run_id,
         "node": node,
         "attempt": attempt,
@@ -238,6 +256,8 @@ def encode_task(
         body["data"] = inline_data(data)
     if item is not None:
         body["item"] = {"from": item.source, "index": item.position}
+    if step_version != 1:
+        body["step_version"] = step_version
     return orjson.dumps(body)
 
 
@@ -271,10 +291,12 @@ def decode_step_task(value: bytes | None, clock_offset_ms: int = 0) -> StepTask:
     data = _data(raw.get("data"))
     beat = raw.get("heartbeat_timeout_ms")
     item = _item(raw.get("item"), version)
+    versioned = version == STEP_VERSION_TASK_VERSION
+    step_version = task_step_version(raw.get("step_version"), versioned)
     timeout_ms = raw.get("timeout_ms")
     start_by, close_by = raw.get("start_by_ms"), raw.get("close_by_ms")
-    _check_fields(run_id, node, step_type, tier, attempt, deadline_ms, clock_offset_ms)
-    _check_timeouts(beat, timeout_ms, start_by, close_by)
+    check_fields(run_id, node, step_type, tier, attempt, deadline_ms, clock_offset_ms)
+    check_timeouts(beat, timeout_ms, start_by, close_by)
     if clock_offset_ms:  # in the reader's clock, as the deadline
         start_by = None if start_by is None else start_by - clock_offset_ms
         close_by = None if close_by is None else close_by - clock_offset_ms
@@ -292,6 +314,7 @@ def decode_step_task(value: bytes | None, clock_offset_ms: int = 0) -> StepTask:
         timeout_ms,
         start_by,
         close_by,
+        step_version,
     )
 
 
@@ -304,47 +327,12 @@ def _task_object(value: bytes | None) -> tuple[dict[str, Any], int]:
     except orjson.JSONDecodeError as exc:
         raise ValidationError(f"step task is not JSON: {exc}") from None
     version = raw.get("task_version") if isinstance(raw, dict) else None
-    if (
-        not isinstance(raw, dict)
-        or type(version) is not int
-        or version not in (STEP_TASK_VERSION, MAP_ITEM_TASK_VERSION)
-    ):
+    if not isinstance(raw, dict) or type(version) is not int or version not in _TASK_VERSIONS:
         raise ValidationError(
-            f"step task must be an object with task_version {STEP_TASK_VERSION} or"
-            f" {MAP_ITEM_TASK_VERSION}"
+            f"step task must be an object with task_version {STEP_TASK_VERSION},"
+            f" {MAP_ITEM_TASK_VERSION} or {STEP_VERSION_TASK_VERSION}"
         )
     return raw, version
-
-
-def _check_fields(
-    run_id: Any, node: Any, step_type: Any, tier: Any, attempt: Any, deadline_ms: Any, offset: int
-) -> None:
-    """The names strings that can be stored, the attempt and the deadline (moved by
-    ``offset`` into the reader's clock; checked as written) integers in range."""
-    if not all(isinstance(v, str) for v in (run_id, node, step_type, tier)):
-        raise ValidationError("step task: run_id, node, step_type and tier must be strings")
-    if not all(isinstance(v, int) and not isinstance(v, bool) for v in (attempt, deadline_ms)):
-        raise ValidationError("step task: attempt and deadline_ms must be integers")
-    # Bounded as wakeups are: every value here goes into a row or a topic name.
-    if any("\x00" in v for v in (run_id, node, step_type)):
-        raise ValidationError("step task: a NUL character, which Postgres cannot store")
-    if tier not in TIERS:
-        raise ValidationError(f"step task: tier must be one of {', '.join(TIERS)}")
-    written_deadline_ms = deadline_ms + offset
-    if not (1 <= attempt <= MAX_ATTEMPT and 0 <= written_deadline_ms <= MAX_EPOCH_MS):
-        raise ValidationError("step task: attempt or deadline_ms out of range")
-
-
-def _check_timeouts(beat: Any, timeout_ms: Any, start_by: Any, close_by: Any) -> None:
-    if beat is not None and (type(beat) is not int or not 1 <= beat <= MAX_EPOCH_MS):
-        raise ValidationError("step task: heartbeat_timeout_ms must be a positive integer")
-    if timeout_ms is not None and (
-        type(timeout_ms) is not int or not 1 <= timeout_ms <= MAX_EPOCH_MS
-    ):
-        raise ValidationError("step task: timeout_ms must be a positive integer")
-    for bound in (start_by, close_by):
-        if bound is not None and (type(bound) is not int or not 0 <= bound <= MAX_EPOCH_MS):
-            raise ValidationError("step task: start_by_ms and close_by_ms must be epoch ms")
 
 
 def _item(raw: Any, version: int) -> MapItem | None:

@@ -4,6 +4,9 @@ decision. Every state transition of a run is decided here and nowhere else.
 Rules, in the order they are applied:
 
 1. A terminal run (succeeded, failed, cancelled) absorbs everything: the tick is a no-op.
+1b. A pending run's steps are pinned to the versions of their functions it will run
+   (core/versions.py: the step's own, else the newest its queue's live workers serve,
+   ``served``, else 1); a running run's pins never change in a tick.
 2. A ``cancel`` signal ends the run as cancelled; nodes still in flight become cancelled.
    A pending run whose start time is ahead (``not_before_ms``: a delayed start, a schedule's
    fire) does nothing else until then, whatever woke it.
@@ -118,6 +121,7 @@ from processor.core.selectors import Selected
 from processor.core.shapes import AttemptRef
 from processor.core.sleeps import Settled, sleep_timers, wake_sleeps
 from processor.core.tick_decision import NOOP, Decision, Dispatch
+from processor.core.versions import ServedVersions, pinned
 from processor.core.wait_steps import signal_waits, timed_out
 from processor.core.workflow_def import StepDef, WorkflowDef
 
@@ -147,14 +151,18 @@ def tick(
     started: Mapping[str, Started] | None = None,
     selected: Mapping[str, Selected] | None = None,
     deadline: RunDeadline | None = None,
+    served: ServedVersions | None = None,
 ) -> Decision:
     """``named``: the run's named signals, (name, signal id), in the order received;
     ``input_length``: the length of the run's input when it is a list (a map's items);
     ``started``: what the workers recorded of the attempts in flight whose due time passed,
     by node (rule 4; None: not loaded); ``selected``: what the selectors of its steps not
-    yet started found, by the selector's text (rules 6 and 6a; one absent: not read)."""
+    yet started found, by the selector's text (rules 6 and 6a; one absent: not read);
+    ``served``: the newest version of each step type live workers serve (rule 1b)."""
     if state.status.terminal:
         return NOOP
+    if state.status is _RUN_PENDING:
+        state = pinned(state, wf, served)
     if SignalKind.CANCEL in set(signals):
         return end_run(state, state.node_map(), RunStatus.CANCELLED, "cancelled by signal")
     if not_before_ms is not None and now_ms < not_before_ms and state.status is _RUN_PENDING:
@@ -164,9 +172,8 @@ def tick(
             reason = deadline_reason(deadline.timeout_ms)
             return end_run(state, state.node_map(), RunStatus.FAILED, reason)
         if state.status is _RUN_PENDING:  # the tick that starts it: a wakeup at its deadline
-            decision = tick(
-                state, wf, results, signals, now_ms, None, named, input_length, started, selected
-            )
+            rest = (named, input_length, started, selected, None, served)
+            decision = tick(state, wf, results, signals, now_ms, None, *rest)
             return with_deadline_timer(decision, deadline, now_ms)
 
     step_of = wf.step_for if wf.has_maps else wf.step_map.__getitem__
@@ -282,7 +289,7 @@ def _advance(
     new_maps = state.maps if maps is None else maps.progress_of(wf)
     if status is state.status and new_nodes == state.nodes and new_maps == state.maps:
         return NOOP
-    new_state = RunState(status, new_nodes, state.seq + 1, state.reason, new_maps)
+    new_state = RunState(status, new_nodes, state.seq + 1, state.reason, new_maps, state.versions)
     timers = _new_timers(state, new_state)
     if wf.sleeps or deferred:
         due = sleep_timers(state, nodes, wf, now_ms) if wf.sleeps else set()
@@ -315,6 +322,7 @@ def tick_run(run: LoadedRun, now_ms: int) -> Decision:
         None if run.starts is None else dict(run.starts),
         None if run.selected is None else dict(run.selected),
         run.deadline,
+        run.served,
     )
 
 
@@ -342,7 +350,7 @@ def _tasks_only(
     new_nodes = tuple((name, nodes[name]) for name, _ in state.nodes)
     if status is state.status and new_nodes == state.nodes:
         return NOOP
-    new_state = RunState(status, new_nodes, state.seq + 1, state.reason, state.maps)
+    new_state = RunState(status, new_nodes, state.seq + 1, state.reason, state.maps, state.versions)
     return Decision(new_state, tuple(dispatches), _new_timers(state, new_state))
 
 

@@ -266,6 +266,8 @@ def _task_options(s: StepDef) -> dict[str, Any]:
         raw["concurrency"] = s.concurrency.to_json()
     if s.rate_limit is not None:
         raw["rate_limit"] = s.rate_limit.to_json()
+    if s.version is not None:
+        raw["version"] = s.version
     return raw
 
 

@@ -33,6 +33,11 @@ MAX_BACKOFF_MS = 7 * 24 * 3600 * 1000
 MAX_TIMEOUT_MS = 10 * 365 * 24 * 3600 * 1000
 
 
+# The highest version a step type's function may have (``@registry.step(t, version=N)``, a
+# step's ``"version"``): it travels in tasks and the registry as ``type@N``.
+MAX_STEP_VERSION = 9_999
+
+
 @dataclass(frozen=True)
 class RetryPolicy:
     max_attempts: int = 3
@@ -125,6 +130,10 @@ class StepDef:
     # ``run_if`` None or RUN_IF_ALL_DONE (core/skips.py).
     when: Condition | None = None
     run_if: str | None = None
+    # A task or map step's: the version of its step type's function every run runs
+    # (``"version": 2``); None: a run runs the newest version live workers serve when it
+    # starts (core/versions.py).
+    version: int | None = None
 
     @property
     def selectors(self) -> tuple[Selector, ...]:
@@ -252,6 +261,17 @@ class WorkflowDef:
         condition): the load reads what their selectors find while they have not started
         (io/postgres/selected.py). Empty for most workflows, whose loads read nothing more."""
         return tuple(s for s in self.steps if s.selectors)
+
+    @cached_property
+    def code_steps(self) -> tuple[StepDef, ...]:
+        """Its steps a worker runs a function for (task and map steps): those a run pins a
+        version of (core/versions.py)."""
+        return tuple(s for s in self.steps if s.kind == TASK or s.maps)
+
+    @cached_property
+    def declares_versions(self) -> bool:
+        """Whether a step says which version of its function every run runs."""
+        return any(s.version is not None for s in self.steps)
 
     @cached_property
     def has_children(self) -> bool:

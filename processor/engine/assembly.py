@@ -216,7 +216,7 @@ def build_processor(
     # What was committed just before a database restart: woken again after it, by the
     # commit path or the sweeps, whichever meets the new server first.
     recent = RecentCommits()
-    database = Database(settings.pg_dsn, instance_id)
+    database = Database(settings.pg_dsn, instance_id, settings.instance_timeout_s)
     executor = build_executor(c, database, rules, None, recent)
     requests = RequestDesk(
         settings.pg_dsn,

@@ -9,15 +9,16 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, cast
 
 import psycopg
 
 from processor.core.batch_values import QuarantineFlag
 from processor.core.limit_values import LimitInputs
-from processor.core.model import Loaded
+from processor.core.model import Loaded, LoadedRun
 from processor.core.plans import Commit, ForceFailWrite, Send
 from processor.core.routing import TopicNames
+from processor.core.run_state import RunStatus
 from processor.core.shapes import OutboxKey, RunRef
 from processor.core.stuck import Fail, Leave, StuckVerdict, judge_stuck
 from processor.io.postgres import (
@@ -29,14 +30,20 @@ from processor.io.postgres import (
     store,
     sweeps,
     trigger_store,
+    worker_registry,
 )
 from processor.io.runtime.faults import NO_FAULTS, Faults
 
 
 class Database:
-    def __init__(self, dsn: str, instance_id: str | None = None) -> None:
+    def __init__(
+        self, dsn: str, instance_id: str | None = None, gone_after_s: float = 30.0
+    ) -> None:
         self._dsn = dsn
         self._instance_id = instance_id  # the owner of the outbox rows its commits write
+        self._gone_after_s = gone_after_s
+        # What the live workers serve: the versions the runs it starts pin (core/versions.py).
+        self._served = worker_registry.ServedCache(gone_after_s)
         self._conn: psycopg.Connection[Any] | None = None
         self._definitions = store.Definitions()
         self._server_started: object = None  # when the server of the connection started
@@ -61,7 +68,7 @@ class Database:
 
     def sibling(self) -> Database:
         """Another access to the same database, with a connection of its own."""
-        return Database(self._dsn, self._instance_id)
+        return Database(self._dsn, self._instance_id, self._gone_after_s)
 
     def close(self) -> None:
         """Forget the connection (after a failure, or at the end); the next use reopens it."""
@@ -73,8 +80,19 @@ class Database:
         return store.load_runs(self.conn, self._definitions, run_ids)
 
     def load_at(self, run_ids: Sequence[str]) -> tuple[dict[str, Loaded], int]:
-        """The runs, and Postgres's time of the load (epoch ms)."""
-        return store.load_runs_at(self.conn, self._definitions, run_ids)
+        """The runs, and Postgres's time of the load (epoch ms); a pending run with what the
+        live workers serve, the versions its start pins (core/versions.py)."""
+        loaded, now_ms = store.load_runs_at(self.conn, self._definitions, run_ids)
+        starting = [
+            run_id
+            for run_id, run in loaded.items()
+            if isinstance(run, LoadedRun) and run.state.status is RunStatus.PENDING
+        ]
+        if starting:
+            served = self._served.get(self.conn)
+            for run_id in starting:
+                loaded[run_id] = cast(LoadedRun, loaded[run_id]).with_served(served)
+        return loaded, now_ms
 
     def load_limits(self, loaded: Mapping[str, Loaded]) -> LimitInputs:
         """What the batch's limited dispatches are decided on (no statement without any)."""

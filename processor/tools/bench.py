@@ -81,7 +81,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--build-rounds",
-        type=int,
+        type=_at_least_one,
         default=3,
         help="end-to-end rounds of each build in the comparison of the builds, taken in turns"
         " and compared by their medians (default 3)",
@@ -95,6 +95,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _at_least_one(text: str) -> int:
+    """A count of 1 or more; argparse refuses anything else with exit 2 (usage)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError("must be at least 1")
+    return value
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="ductor bench", description=__doc__)
     add_arguments(parser)
@@ -102,8 +113,6 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.build_rounds < 1:
-        raise SystemExit("ductor bench: --build-rounds must be at least 1")
     bench = Bench(fresh_database(load_settings()), args.scale)
     bench.setup()
     figures = Figures()

@@ -17,7 +17,8 @@ from processor.core.workflow import parse_workflow
 from processor.core.workflow_def import WorkflowDef
 from processor.io.config.settings import Settings
 from processor.io.kafka.configs import admin_config
-from processor.io.kafka.dlq import DlqError, read_dead_letters
+from processor.io.kafka.dlq import read_dead_letters
+from processor.io.kafka.errors import DlqError
 from processor.io.kafka.logs import with_logger
 from processor.io.postgres.connections import connect_durable
 from processor.io.postgres.run_counts import count_ended, like_prefix

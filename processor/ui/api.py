@@ -94,6 +94,7 @@ class Api:
             "signalRun": self.signal,
             "cancelRun": self.cancel,
             "retryRun": self.retry,
+            "upgradeRun": self.upgrade,
             "openapi": self.openapi,
         }
 
@@ -228,6 +229,22 @@ class Api:
             client.retry_run, self.settings, request.path_params["run_id"]
         )
         return 200, {"run_id": retried.run_id, "steps": list(retried.steps), "seq": retried.seq}
+
+    async def upgrade(self, request: Request, body: Body) -> tuple[int, Any]:
+        latest, to_version = bool(body.get("latest")), body.get("to_version")
+        if latest == (to_version is not None):
+            raise Refusal(400, "invalid_body", "give to_version (with step) or latest: true")
+        moved = await run_in_threadpool(
+            client.upgrade_run,
+            self.settings,
+            request.path_params["run_id"],
+            body.get("step"),
+            to_version,
+        )
+        moves = [
+            {"step": m.step, "type": m.step_type, "from": m.old, "to": m.new} for m in moved.moves
+        ]
+        return 200, {"run_id": moved.run_id, "moves": moves}
 
     async def result(self, request: Request, _body: Body) -> tuple[int, Any]:
         run_id = request.path_params["run_id"]

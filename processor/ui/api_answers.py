@@ -26,6 +26,7 @@ from processor.client import (
     RunExists,
     RunNotFound,
     SignalRefused,
+    UpgradeRefused,
 )
 from processor.core.bounds import literal_problem
 from processor.core.model import UnknownWorkflow
@@ -56,6 +57,7 @@ _STATUS: tuple[tuple[type[Exception], int, str], ...] = (
     (UnknownWorkflow, 404, "unknown_workflow"),
     (RunExists, 409, "run_exists"),
     (RetryRefused, 409, "retry_refused"),
+    (UpgradeRefused, 409, "upgrade_refused"),
     # Any other refusal of what was asked, before anything was written.
     (ValueError, 400, "refused"),
     # The services: the client's sentences hide secrets (a DSN's password).

@@ -102,6 +102,44 @@ SCHEMAS: dict[str, dict[str, Any]] = {
             "seq": {"type": "integer"},
         },
     },
+    "UpgradeRequest": {
+        "type": "object",
+        "additionalProperties": False,
+        "properties": {
+            "step": {"type": "string", "minLength": 1, "description": "only this step type"},
+            "to_version": {
+                "type": "integer",
+                "minimum": 1,
+                "maximum": 9999,
+                "description": "the version to move to (needs step)",
+            },
+            "latest": {
+                "type": "boolean",
+                "description": "to the newest version the live workers serve",
+            },
+        },
+    },
+    "UpgradedRun": {
+        "type": "object",
+        "required": ["run_id", "moves"],
+        "additionalProperties": False,
+        "properties": {
+            "run_id": {"type": "string"},
+            "moves": {
+                "type": "array",
+                "items": {
+                    "type": "object",
+                    "required": ["step", "type", "from", "to"],
+                    "properties": {
+                        "step": {"type": "string"},
+                        "type": {"type": "string"},
+                        "from": {"type": "integer"},
+                        "to": {"type": "integer"},
+                    },
+                },
+            },
+        },
+    },
     "RunResult": {
         "type": "object",
         "required": ["run_id", "status", "finished", "output", "failure_reason"],

@@ -272,6 +272,29 @@ OPERATIONS: tuple[Operation, ...] = (
         params=(_RUN_ID,),
     ),
     Operation(
+        "upgradeRun",
+        "POST",
+        "/api/runs/{run_id}/upgrade",
+        "Move a running or failed run's steps to another version of their function, from"
+        " their next attempt (`ductor runs upgrade`): `to_version` with `step`, or `latest`",
+        "write",
+        _answers(
+            {
+                200: ("what moved (nothing: the run had nothing to move)", "UpgradedRun"),
+                400: ("neither to_version with step nor latest", "Error"),
+                404: ("no run with this id", "Error"),
+                409: (
+                    "the run is not running or failed, is quarantined, or kept changing",
+                    "Error",
+                ),
+            },
+            "write",
+            body=True,
+        ),
+        body="UpgradeRequest",
+        params=(_RUN_ID,),
+    ),
+    Operation(
         "openapi",
         "GET",
         "/api/openapi.json",

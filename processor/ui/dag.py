@@ -38,6 +38,7 @@ class StepState:
     error: str | None = None
     child_run: str | None = None
     items: tuple[tuple[str, int], ...] = ()  # a map step's items: (status, how many)
+    version: int | None = None  # the version of its function the run pinned (a worker's step)
 
     @property
     def shown(self) -> str:
@@ -159,6 +160,7 @@ def step_states(document: Mapping[str, Any]) -> list[StepState]:
                 error=node.get("error"),
                 child_run=node.get("child_run"),
                 items=tuple(sorted(items.items())),
+                version=step.get("version"),
             )
         )
     return states

@@ -19,7 +19,8 @@ from processor.client import RunFilter
 from processor.core.outcomes import DLQ_REASONS
 from processor.core.run_state import RunStatus
 from processor.io.config.settings import Settings
-from processor.io.kafka.dlq import DeadLetter, DlqError, read_dead_letters
+from processor.io.kafka.dlq import DeadLetter, read_dead_letters
+from processor.io.kafka.errors import DlqError
 from processor.io.postgres.run_search import counts_by_workflow
 from processor.io.postgres.worker_registry import WorkerLoad, worker_loads
 from processor.io.postgres.workflows import (

@@ -200,7 +200,7 @@ def presence_of(
         settings.worker_group_id,
         settings.worker_name or None,
         options.queues,
-        tuple(registry.types()),
+        tuple(registry.served()),
         options.concurrency,
         ductor_version(),
         options.app,

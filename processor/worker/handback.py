@@ -2,14 +2,16 @@
 where), never failed while one is live.
 
 A queue's workers share its partitions whatever functions each has, so a worker deployed with
-another app on the same queue is handed tasks it cannot run. Such a task is produced again, as
-it came (key, value, headers, plus a ``ductor-handback`` header counting its hand-backs), to a
-partition of its topic held by a live worker that serves its queue and has its type (the
-instance registry: io/postgres/worker_registry.py, read on the presence thread while hand-backs wait
-on it). Its offset passes once the broker has the copy: a worker that dies between the two leaves
-both, and the second delivery of the attempt finds it claimed or recorded, as any redelivery.
-A task waits here (its offset held) while a worker with its type is starting or restarting,
-for at most core/handback.py's grace; with no such worker it runs here and fails as before.
+another app on the same queue (or with other versions of a function: a task runs only with the
+version its run pinned, core/versions.py) is handed tasks it cannot run. Such a task is
+produced again, as it came (key, value, headers, plus a ``ductor-handback`` header counting its
+hand-backs), to a partition of its topic held by a live worker that serves its queue and has
+its type (the instance registry: io/postgres/worker_registry.py, read on the presence thread
+while hand-backs wait on it). Its offset passes once the broker has the copy: a worker that
+dies between the two leaves both, and the second delivery of the attempt finds it claimed or
+recorded, as any redelivery. A task waits here (its offset held) while a worker with its type
+is starting or restarting, for at most core/handback.py's grace; with no such worker it runs
+here and fails as before.
 
 Each hand-back is counted by step type (``ductor_worker_handed_back_total``) and said in a
 warning naming the type, once a minute per type at most, and so is each task that runs here
@@ -39,6 +41,7 @@ from processor.core.records import Headers, normalise_headers
 from processor.core.routing import TopicNames
 from processor.core.shapes import TopicPartition
 from processor.core.step_task import StepTask
+from processor.core.versions import served_key
 from processor.io.kafka.delivery import Delivery
 from processor.io.postgres.worker_registry import Directory
 from processor.worker.stats import WorkerStats
@@ -178,7 +181,7 @@ class Handback:
             self._directory.servers(),
             self._me,
             queue,
-            step.step_type,
+            served_key(step.step_type, step.step_version),
             topic,
             task_hash(step.run_id, step.node, step.attempt),
             waited_s,
@@ -191,7 +194,7 @@ class Handback:
             assert isinstance(decision, RunHere)
             self._say(
                 "run_here",
-                step.step_type,
+                served_key(step.step_type, step.step_version),
                 "a task of step type %r runs here, where it fails: %s (`ductor workers` lists"
                 " what each worker serves)",
                 decision.why,
@@ -213,10 +216,11 @@ class Handback:
         self._delivery.send(
             foreign.tp[0], foreign.value, foreign.key, to.partition, headers, delivered
         )
-        self._stats.handed_back[step.step_type] += 1
+        key = served_key(step.step_type, step.step_version)
+        self._stats.handed_back[key] += 1
         self._say(
             "handed_back",
-            step.step_type,
+            key,
             "a task of step type %r came to this worker, which has no function for it: handed"
             " back to a worker that has (%s)",
             to.instance_id,

@@ -102,7 +102,10 @@ class Intake:
             return
         kind, stamp = message.timestamp()
         produced = None if kind == TIMESTAMP_NOT_AVAILABLE else stamp
-        if self.handback is not None and self._registry.get(step.step_type) is None:
+        if (
+            self.handback is not None
+            and self._registry.get(step.step_type, step.step_version) is None
+        ):
             self.handback.take(message, tp, offset, step, context, produced)
             return
         self._claims.add(Task(step, tp, offset, context, produced))

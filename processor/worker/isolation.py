@@ -36,9 +36,10 @@ from processor.core.failures import no_traceback
 from processor.core.step_task import decode_step_task, step_data
 from processor.io.runtime.threads import ThreadWatch
 from processor.worker.app import registry_for
+from processor.worker.handles import StepHandle
 from processor.worker.options import WorkerOptions
 from processor.worker.runners import Ended, Over, begin, unforeseen
-from processor.worker.steps import AttemptResult, StepHandle, execute_async_step, execute_step
+from processor.worker.steps import AttemptResult, execute_async_step, execute_step
 from processor.worker.tasks import Task
 
 log = logging.getLogger("ductor.worker")
@@ -304,7 +305,7 @@ def child_main(conn: Connection, app: str | None) -> None:
         handle = _ChildHandle(deadline_ms, last_details, conn, lock)
         current[:] = [handle]
         data = step_data(run_input, deps)
-        if registry.is_async(step.step_type):
+        if registry.is_async(step.step_type, step.step_version):
             outcome = asyncio.run(execute_async_step(registry, step, data, handle))
         else:
             outcome = execute_step(registry, step, data, handle)

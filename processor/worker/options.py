@@ -29,7 +29,8 @@ class WorkerOptions:
     # attempt has timed out at the coordinator, which retries it by its policy).
     abandon_after_s: float = 5.0
     # Abandoned steps still running (threads cannot be killed) past which the worker stops,
-    # with exit code 3, for its supervisor to start a fresh process. None: ``concurrency``.
+    # with exit code 5 (worker.EXIT_ABANDONED), for its supervisor to start a fresh process.
+    # None: ``concurrency``.
     max_abandoned: int | None = None
     # How many more times an attempt runs after the worker running it died (the step killed
     # its process, the OOM killer): past that the attempt fails ("the worker died running it")

@@ -87,7 +87,11 @@ class Runs:
     def _runner_of(self, task: Task) -> Runner:
         if task.starts > 1 and "rerun" in self._runners:
             return self._runners["rerun"]
-        return self._runners["async" if self._registry.is_async(task.step.step_type) else "sync"]
+        return self._runners[
+            "async"
+            if self._registry.is_async(task.step.step_type, task.step.step_version)
+            else "sync"
+        ]
 
     def abandoned_alive(self) -> int:
         return sum(r.abandoned_alive() for r in set(self._runners.values()))

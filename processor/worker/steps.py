@@ -2,11 +2,13 @@
 attempt.
 
 Register your own with ``@registry.step("my_type")``: a plain function or an ``async def``
-one. It receives a ``StepContext`` (which attempt of which step, by when, the run's input and
-the outputs of the step's dependencies, ``heartbeat()``, ``tag()`` and ``cancelled``) and
-returns a JSON-serialisable output. Raising fails the attempt: ``StepFailed`` (or any
-exception) leaves the next attempt to the step's retry policy, ``NonRetryable`` fails the step
-at once. See docs/operations/steps.md#writing-step-functions.
+one, version 1 of its type unless it says (``@registry.step("my_type", version=2)``: a run
+keeps the version it started with, docs/usage.md#versioned-step-code). It receives a
+``StepContext`` (which attempt of which step, by when, the run's input and the outputs of the
+step's dependencies, ``heartbeat()``, ``tag()`` and ``cancelled``) and returns a
+JSON-serialisable output. Raising fails the attempt: ``StepFailed`` (or any exception)
+leaves the next attempt to the step's retry policy, ``NonRetryable`` fails the step at once.
+See docs/operations/steps.md#writing-step-functions.
 """
 
 from __future__ import annotations
@@ -26,6 +28,9 @@ from processor.core.failures import bounded_error, bounded_traceback, first_user
 from processor.core.model import StepOutcome
 from processor.core.run_search import step_tag_problem
 from processor.core.step_task import NO_DEPS, StepData, StepTask
+from processor.core.versions import VERSION_MARK, parse_served, served_key
+from processor.core.workflow_def import MAX_STEP_VERSION
+from processor.worker.handles import StepHandle
 
 # The largest output a step may return (its encoded JSON): the bound of every stored value
 # (core/bounds.py). It is stored in Postgres, read by the steps that depend on it and may
@@ -49,52 +54,6 @@ class NonRetryable(StepFailed):
 
 class RegistrationError(ValueError):
     """A step registry refused a registration (the message says why)."""
-
-
-class StepHandle:
-    """The live side of one attempt, shared by its step function and the worker: heartbeats
-    go one way (with the details of the last one, JSON text), and the tags the step set on its
-    run (recorded with its result if it succeeds), cancellation the other. Plain attribute
-    writes (atomic under the GIL): a heartbeat costs a clock read, ``cancelled`` a
-    comparison. ``deadline_ms`` is set when the step starts (its start plus its timeout);
-    ``last_details``: what an earlier execution of the step said with its last heartbeat."""
-
-    __slots__ = (
-        "_cancelled",
-        "beat_at",
-        "beats",
-        "deadline_ms",
-        "details",
-        "last_details",
-        "tags",
-    )
-
-    def __init__(self, deadline_ms: int, last_details: Any = None) -> None:
-        self.deadline_ms = deadline_ms
-        self.beat_at = time.monotonic()
-        self.beats = 0
-        self.details: str | None = None
-        self.last_details = last_details
-        self._cancelled = False
-        self.tags: dict[str, str] = {}
-
-    def heartbeat(self, details: str | None = None) -> None:
-        if details is not None:
-            self.details = details
-        self.beat_at = time.monotonic()
-        self.beats += 1
-
-    def tag(self, key: str, value: str) -> None:
-        """Keep tag ``key`` = ``value`` for the attempt's result (checked by the caller:
-        StepContext.tag); a key set again takes its latest value."""
-        self.tags[key] = value
-
-    def cancel(self) -> None:
-        self._cancelled = True
-
-    @property
-    def cancelled(self) -> bool:
-        return self._cancelled or time.time() * 1000 >= self.deadline_ms
 
 
 @dataclass(frozen=True)
@@ -189,39 +148,62 @@ StepFunction = TypeVar("StepFunction", bound=Callable[[StepContext], object])
 
 
 class StepRegistry:
+    """The step functions a worker runs, each registered for a step type at a version (1
+    unless it says): a task runs only with the function of its version (core/versions.py)."""
+
     def __init__(self) -> None:
-        self._steps: dict[str, StepFn | AsyncStepFn] = {}
+        self._steps: dict[str, StepFn | AsyncStepFn] = {}  # by served key: type, type@N
         self._async: set[str] = set()  # asked once per task: inspect is too slow for that
 
-    def step(self, step_type: str) -> Callable[[StepFunction], StepFunction]:
-        """Register the decorated function (plain or ``async def``) for ``step_type``.
-        A second function for the same type is refused (RegistrationError)."""
+    def step(self, step_type: str, version: int = 1) -> Callable[[StepFunction], StepFunction]:
+        """Register the decorated function (plain or ``async def``) as version ``version``
+        of ``step_type`` (1 to 9999): several versions of a type may be registered, each its
+        own function. A second function for the same type and version is refused
+        (RegistrationError)."""
         if not isinstance(step_type, str) or not step_type:
             raise RegistrationError(f"a step type must be a non-empty string, not {step_type!r}")
+        if VERSION_MARK in step_type:
+            raise RegistrationError(
+                f"step type {step_type!r}: {VERSION_MARK!r} marks a version in the worker"
+                " registry; say the version with version=N"
+            )
+        if type(version) is not int or not 1 <= version <= MAX_STEP_VERSION:
+            raise RegistrationError(
+                f"step {step_type!r}: version must be an integer from 1 to {MAX_STEP_VERSION},"
+                f" not {version!r}"
+            )
+        key = served_key(step_type, version)
 
         def register(fn: StepFunction) -> StepFunction:
             if not callable(fn):
                 raise RegistrationError(f"step {step_type!r}: {fn!r} is not a function")
-            known = self._steps.get(step_type)
+            known = self._steps.get(key)
             if known is not None and known is not fn:
+                which = repr(step_type) + ("" if version == 1 else f" version {version}")
                 raise RegistrationError(
-                    f"step type {step_type!r} is registered twice: {_name(known)} and"
-                    f" {_name(fn)}; a worker runs one function per type"
+                    f"step type {which} is registered twice: {_name(known)} and {_name(fn)};"
+                    " a worker runs one function per type and version"
                 )
-            self._steps[step_type] = fn
+            self._steps[key] = fn
             if inspect.iscoroutinefunction(fn):
-                self._async.add(step_type)
+                self._async.add(key)
             return fn
 
         return register
 
-    def get(self, step_type: str) -> StepFn | AsyncStepFn | None:
-        return self._steps.get(step_type)
+    def get(self, step_type: str, version: int = 1) -> StepFn | AsyncStepFn | None:
+        return self._steps.get(step_type if version == 1 else served_key(step_type, version))
 
-    def is_async(self, step_type: str) -> bool:
-        return step_type in self._async
+    def is_async(self, step_type: str, version: int = 1) -> bool:
+        return (step_type if version == 1 else served_key(step_type, version)) in self._async
 
     def types(self) -> list[str]:
+        """The step types it has a function for, at any version."""
+        return sorted({parse_served(key)[0] for key in self._steps})
+
+    def served(self) -> list[str]:
+        """What it serves, as the instance registry says it: each type and version as its
+        key (the type alone for version 1, ``type@N`` for N)."""
         return sorted(self._steps)
 
 
@@ -295,7 +277,7 @@ def execute_step(
 ) -> AttemptResult:
     """Run one attempt of a plain step function with its ``data`` (the task's own, or
     fetched): its output, or its failure as the attempt's result (never the worker's)."""
-    fn = registry.get(task.step_type)
+    fn = registry.get(task.step_type, task.step_version)
     if fn is None:
         return unknown_type(task)
     refused = checked_input(data)
@@ -311,7 +293,7 @@ async def execute_async_step(
     registry: StepRegistry, task: StepTask, data: StepData, handle: StepHandle | None = None
 ) -> AttemptResult:
     """``execute_step`` for an ``async def`` step function, on the caller's event loop."""
-    fn = registry.get(task.step_type)
+    fn = registry.get(task.step_type, task.step_version)
     if fn is None:
         return unknown_type(task)
     refused = checked_input(data)
@@ -324,7 +306,15 @@ async def execute_async_step(
 
 
 def unknown_type(task: StepTask) -> AttemptResult:
-    return AttemptResult.failed(f"no step function registered for type {task.step_type!r}")
+    """The failure of a task this worker has no function for (no live worker of its queue
+    had: worker/handback.py), naming its type and the version its run pinned."""
+    if task.step_version == 1:
+        return AttemptResult.failed(f"no step function registered for type {task.step_type!r}")
+    return AttemptResult.failed(
+        f"no step function registered for type {task.step_type!r} version"
+        f" {task.step_version} (its run pinned it: a worker must serve it, or `ductor runs"
+        " upgrade` moves the run)"
+    )
 
 
 def failure(exc: BaseException) -> AttemptResult:

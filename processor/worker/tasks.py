@@ -25,7 +25,7 @@ from processor.core.records import Headers
 from processor.core.routing import TIERS
 from processor.core.shapes import TopicPartition
 from processor.core.step_task import AttemptKey, StepData, StepTask
-from processor.worker.steps import StepHandle
+from processor.worker.handles import StepHandle
 
 
 class State(IntEnum):

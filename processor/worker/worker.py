@@ -54,7 +54,10 @@ from processor.worker.turns import BUSY_WAIT_S, Turns
 
 log = logging.getLogger("ductor.worker")
 
-EXIT_ABANDONED = 3  # the worker stopped itself: too many abandoned steps still running
+# The worker stopped itself: too many abandoned steps still running. A service's own code,
+# beside EXIT_KAFKA_FATAL (4) and apart from the commands' 0-3 (grammar.EXIT_TABLE), where 3
+# means a run has not finished.
+EXIT_ABANDONED = 5
 
 # The last offset commit and the group's leave wait at least this long, whatever is left of
 # the shutdown bound (none in an outage): a broker that answers takes them in milliseconds.
@@ -231,7 +234,7 @@ class Worker:
                     "worker started",
                     extra={
                         "instance": self.instance_id,
-                        "step_types": self.registry.types(),
+                        "step_types": self.registry.served(),
                         "queues": list(self.options.queues),
                         "concurrency": self.options.concurrency,
                         "isolation": self.options.isolation,

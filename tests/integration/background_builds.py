@@ -84,9 +84,15 @@ class BackgroundBuild:
             shutil.rmtree(self._dir, ignore_errors=True)
 
 
-def _go_build(folder: Path) -> list[str] | None:
+def go_binary() -> Path | None:
+    """The machine's Go: on the PATH, or where its official archive installs it."""
     go = shutil.which("go") or shutil.which("go", path="/usr/local/go/bin")
-    return None if go is None else [go, "build", "-o", str(folder / "ductor-producer"), "."]
+    return None if go is None else Path(go)
+
+
+def _go_build(folder: Path) -> list[str] | None:
+    go = go_binary()
+    return None if go is None else [str(go), "build", "-o", str(folder / "ductor-producer"), "."]
 
 
 PRODUCER = BackgroundBuild(

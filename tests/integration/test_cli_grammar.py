@@ -9,6 +9,7 @@ the services real), but for stdin, which a child reads as a user pipes it."""
 from __future__ import annotations
 
 import subprocess
+import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,6 +20,7 @@ import psycopg
 import pytest
 
 from processor.cli.main import main
+from processor.core.routing import TopicNames
 from processor.core.workflow import parse_workflow
 from processor.io.config.settings import Settings
 from processor.io.postgres.workflows import register_workflow
@@ -153,6 +155,9 @@ EXIT_CODES: list[tuple[list[str], int]] = [
     (["start", "sample", "--input", "{not json"], 2),
     (["start", "sample", "--input", "@/nonexistent/input.json"], 2),
     (["start", "sample", "--tag", "nokey"], 2),
+    (["start", "sample", "--run-id", "r" * 201], 2),
+    (["start", "sample", "--run-id", "r" * 201, "--via", "kafka"], 2),
+    (["signal", "r" * 201, "go"], 2),
     (["schedules", "create", "s1", "--cron", "* * * * *", "--workflow", "nope"], 2),
     (
         [
@@ -192,10 +197,20 @@ EXIT_CODES: list[tuple[list[str], int]] = [
 ]
 
 
-def test_every_command_family_exits_by_the_one_table(ductor: Ductor) -> None:
+def _named_topics(settings: Settings) -> list[tuple[list[str], int]]:
+    """What names a topic: one that does not exist, and one of Ductor's own (refused input)."""
+    own = TopicNames(settings.topic_prefix).wakeup("t1")
+    missing = f"team-missing-{uuid.uuid4().hex[:6]}"
+    create = ["triggers", "create", "t1", "--workflow", "sample", "--topic"]
+    return [([*create, missing], 2), ([*create, own], 2)]
+
+
+def test_every_command_family_exits_by_the_one_table(
+    ductor: Ductor, settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
     assert ductor("start", "sample", "--run-id", "pending-run").code == 0
     wrong = []
-    for argv, code in EXIT_CODES:
+    for argv, code in [*EXIT_CODES, *_named_topics(settings)]:
         done = ductor(*argv)
         if done.code != code:
             wrong.append(f"ductor {' '.join(argv)}: exit {done.code}, not {code} ({done.err!r})")
@@ -204,6 +219,10 @@ def test_every_command_family_exits_by_the_one_table(ductor: Ductor) -> None:
             assert done.err.startswith(("ductor: ", "run ")), (argv, done.err)
             assert "Traceback" not in done.err, argv
     assert not wrong, "\n".join(wrong)
+    # Topics that were never created (a prefix of nobody's): configuration, exit 2.
+    monkeypatch.setenv("DUCTOR_TOPIC_PREFIX", f"nobody{uuid.uuid4().hex[:6]}")
+    done = ductor("dlq", "list")
+    assert done.code == 2 and "does not exist" in done.err, done
 
 
 def test_json_output_command_by_command(ductor: Ductor, pg: psycopg.Connection[Any]) -> None:
@@ -267,13 +286,19 @@ def test_json_output_command_by_command(ductor: Ductor, pg: psycopg.Connection[A
     assert "settings" in config
 
 
-def test_the_former_output_flags_keep_their_documents_for_one_release(ductor: Ductor) -> None:
-    ductor("start", "sample", "--run-id", "old")
-    done = ductor("runs", "list", "--output", "json")
-    assert orjson.loads(done.out)["runs"][0]["run_id"] == "old"  # one document, as before
-    assert "is deprecated" in done.err
-    done = ductor("workflows", "list", "--output", "json")
-    assert "sample" in [w["name"] for w in orjson.loads(done.out)]  # one array, as before
-    assert "is deprecated" in done.err
-    done = ductor("workflows", "list", "--output", "table")
-    assert done.code == 0 and done.out.startswith("NAME") and "is deprecated" in done.err
+@pytest.mark.parametrize(
+    "command", [["runs", "list"], ["workflows", "list"], ["workers"], ["schedules", "list"]]
+)
+def test_output_after_a_list_command_is_the_one_option(ductor: Ductor, command: list[str]) -> None:
+    """`--output json` after a list command prints what `-o json` prints, anywhere: JSON
+    lines, not the former single document; the former `--output table` is gone."""
+    ductor("start", "sample", "--run-id", "one")
+    ductor("schedules", "create", "hourly", "--cron", "0 * * * *", "--workflow", "sample")
+    long = ductor(*command, "--output", "json")
+    assert long.code == 0, long.err
+    assert long.out == ductor(*command, "-o", "json").out == ductor("-o", "json", *command).out
+    assert long.json_lines() == [orjson.loads(line) for line in long.out.splitlines()]
+    if command != ["workers"]:  # no worker is live here: an empty list
+        assert all(isinstance(line, dict) for line in long.json_lines()) and long.json_lines()
+    assert "deprecated" not in long.err
+    assert ductor(*command, "--output", "text").out == ductor(*command).out

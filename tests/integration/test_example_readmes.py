@@ -5,8 +5,9 @@ tests), on the real Kafka and Postgres. A typed command must succeed; a transcri
 must print what the README shows. A README that starts a run id twice, elides an input a
 user must type, or shows output the commands no longer print fails here.
 
-examples/producer-go is not among them: its README builds a Go program, which
-test_producer_example.py builds and runs against the services."""
+examples/producer-go is not among them: its README's block needs Go, and
+test_producer_example.py runs it as written, in the same kind of session, where Go is
+installed (skipped, saying so, where it is not)."""
 
 from __future__ import annotations
 

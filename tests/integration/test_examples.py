@@ -242,9 +242,10 @@ def test_the_workflow_in_python_registers_as_the_same_definition_and_is_listed_a
         "INSERT INTO eec_workflow_definition (name, version, definition)"
         """ VALUES ('hand-written', 1, '{"steps": "oops"}') ON CONFLICT DO NOTHING"""
     )
-    listed = run_ductor(settings, "workflows", "list", "--output", "json", cwd=orders_dir)
+    listed = run_ductor(settings, "workflows", "list", "-o", "json", cwd=orders_dir)
     assert listed.returncode == 0, listed.stderr
-    found = {(w["name"], w["version"]): w["steps"] for w in orjson.loads(listed.stdout)}
+    lines = [orjson.loads(line) for line in listed.stdout.splitlines()]
+    found = {(w["name"], w["version"]): w["steps"] for w in lines}
     assert found[("orders", 1)] == ["validate", "price", "reserve", "confirm"]
     assert found[("hand-written", 1)] == []
     table = run_ductor(settings, "workflows", "list", cwd=orders_dir).stdout.splitlines()

@@ -280,6 +280,11 @@ def test_a_failed_run_is_retried(serve: Callable[..., Server], running: None) ->
     assert failed.document["status"] == "failed", failed.document
     assert failed.document["failure_reason"]
 
+    # A failed run may be moved to other versions of its steps' functions (none to move here).
+    moved = server.call("POST", "/api/runs/api-once-1/upgrade", {"latest": True})
+    assert (moved.status, moved.document) == (200, {"run_id": "api-once-1", "moves": []})
+    both = server.call("POST", "/api/runs/api-once-1/upgrade", {"latest": True, "to_version": 2})
+    assert (both.status, both.document["error"]) == (400, "invalid_body")
     retried = server.call("POST", "/api/runs/api-once-1/retry")
     assert (retried.status, retried.document["steps"]) == (200, ["f"])
     done = server.call("GET", "/api/runs/api-once-1/result?wait=60")
@@ -290,6 +295,9 @@ def test_a_failed_run_is_retried(serve: Callable[..., Server], running: None) ->
     assert (refused.status, refused.document["error"]) == (409, "retry_refused")
     assert "not failed" in refused.document["reason"]
     assert server.call("POST", "/api/runs/api-nobody/retry").status == 404
+    ended = server.call("POST", "/api/runs/api-once-1/upgrade", {"latest": True})
+    assert (ended.status, ended.document["error"]) == (409, "upgrade_refused")
+    assert server.call("POST", "/api/runs/api-nobody/upgrade", {"latest": True}).status == 404
 
 
 def test_runs_are_found_by_their_filters_page_by_page(serve: Callable[..., Server]) -> None:
@@ -413,6 +421,7 @@ def test_without_the_token_nothing_is_written(
         ("/api/runs/mine-1/signals", {"name": "go"}),
         ("/api/runs/mine-1/cancel", None),
         ("/api/runs/mine-1/retry", None),
+        ("/api/runs/mine-1/upgrade", {"latest": True}),
     ]
     for path, body in writes:
         bare = server.call("POST", path, body, token=None)

@@ -86,9 +86,10 @@ def test_the_sweeps_and_the_quarantine_never_write_the_run_row(
         wait_for(lambda: watchdog.sweeps >= sweeps + 3, 30, "three more sweeps")
         assert_every_write_versioned(pg, prefix)
         # What users see of the flag, read beside the row: the listing and inspect.
-        listed = run_ductor(settings, "runs", "list", "--id-prefix", prefix, "--output", "json")
+        listed = run_ductor(settings, "runs", "list", "--id-prefix", prefix, "-o", "json")
         assert listed.returncode == 0, listed.stderr
-        flagged = {r["run_id"] for r in orjson.loads(listed.stdout)["runs"] if r["quarantined"]}
+        runs = map(orjson.loads, listed.stdout.splitlines())
+        flagged = {r["run_id"] for r in runs if r["quarantined"]}
         assert flagged == {tampered}
         shown = run_ductor(settings, "inspect", tampered)
         assert shown.returncode == 1 and "QUARANTINED since" in shown.stdout

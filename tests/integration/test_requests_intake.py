@@ -269,7 +269,7 @@ def test_ductor_start_and_signal_via_kafka_need_no_database(
     wait_for(lambda: run_statuses(pg, ["cli-1"])["cli-1"] == "cancelled", 60, "cli-1 cancelled")
     # Refused before anything is produced: what the processor would dead-letter.
     bad = run_ductor(offline, "start", name, "--run-id", "x" * 201, "--via", "kafka")
-    assert bad.returncode == 1 and "would be dead-lettered" in bad.stderr, bad.stderr
+    assert bad.returncode == 2 and "would be dead-lettered" in bad.stderr, bad.stderr
     policy = run_ductor(offline, "start", name, "--if-exists", "fail", "--via", "kafka")
     assert policy.returncode == 2 and "--via database" in policy.stderr, policy.stderr
     # The Python client alike.

@@ -133,20 +133,24 @@ def test_runs_are_found_by_every_filter_and_acted_on_in_bulk(
             r for r in listing if r in {*ok1, *ok2}
         ]
 
-        # The command line: JSON pages, a count, the filters refused with what to fix.
+        # The command line: pages of JSON lines (the next page's cursor said on stderr), a
+        # count, the filters refused with what to fix.
         done = run_ductor(
             settings, "runs", "list", "--tag", "customer=c1", "--output", "json", "--limit", "3"
         )
         assert done.returncode == 0, done.stderr
-        page = orjson.loads(done.stdout)
-        assert len(page["runs"]) == 3 and page["next_cursor"]
+        page = [orjson.loads(line) for line in done.stdout.splitlines()]
+        cursor = done.stderr.split("more with --cursor ")[1].split()[0]
+        assert len(page) == 3 and cursor
         rest = run_ductor(
-            settings, "runs", "list", "--tag", "customer=c1", "--output", "json",
-            "--cursor", page["next_cursor"],
-        )  # fmt: skip
-        ids = [r["run_id"] for r in page["runs"] + orjson.loads(rest.stdout)["runs"]]
+            settings, "runs", "list", "--tag", "customer=c1", "-o", "json", "--cursor", cursor
+        )
+        assert "more with --cursor" not in rest.stderr
+        ids = [
+            r["run_id"] for r in page + [orjson.loads(line) for line in rest.stdout.splitlines()]
+        ]
         assert sorted(ids) == sorted([*ok1, *bad])
-        first = page["runs"][0]
+        first = page[0]
         assert first["tags"] == c1 and first["workflow"] in {"sample", "failing"}
         count = run_ductor(settings, "runs", "count", "--since", "1h", "--status", "succeeded")
         assert count.returncode == 0 and count.stdout.strip() == "3", count.stderr

@@ -122,10 +122,10 @@ def test_steps_tag_their_runs_and_the_runs_are_found_by_them(
     assert _found(settings, region="eu") == {r1, r3}
     assert _found(settings, customer="c-1") == set()
     listed = run_ductor(
-        settings, "runs", "list", "--tag", "customer=c-42", "--tag", "region=eu", "--output", "json"
+        settings, "runs", "list", "--tag", "customer=c-42", "--tag", "region=eu", "-o", "json"
     )
     assert listed.returncode == 0, listed.stderr
-    (shown,) = orjson.loads(listed.stdout)["runs"]
+    (shown,) = map(orjson.loads, listed.stdout.splitlines())
     assert shown["run_id"] == r1 and shown["tags"] == {"customer": "c-42", "region": "eu"}
     counted = run_ductor(settings, "runs", "count", "--tag", "customer=c-42")
     assert counted.returncode == 0 and counted.stdout.split() == ["2"], counted

@@ -88,7 +88,10 @@ def test_six_fields_are_refused_and_seconds_given_apart_fire_as_written(
     assert "* * * * * --seconds */10 (Asia/Kolkata)" in line
     (shown,) = [
         s
-        for s in orjson.loads(run_ductor(settings, "schedules", "list", "--output", "json").stdout)
+        for s in map(
+            orjson.loads,
+            run_ductor(settings, "schedules", "list", "-o", "json").stdout.splitlines(),
+        )
         if s["name"] == name
     ]
     assert (shown["cron"], shown["seconds"]) == ("* * * * *", "*/10")

@@ -178,8 +178,8 @@ def test_fires_missed_while_nothing_ran_are_skipped_or_caught_up(
     back = row[0]
     processor_thread(settings)
     wait_for(lambda: bool(_fired(pg, "skipping") and _fired(pg, "catching")), 60, "the fires")
-    listed = run_ductor(settings, "schedules", "list", "--output", "json")
-    rows = {s["name"]: s for s in orjson.loads(listed.stdout)}
+    listed = run_ductor(settings, "schedules", "list", "-o", "json")
+    rows = {s["name"]: s for s in map(orjson.loads, listed.stdout.splitlines())}
     for schedule, caught in (("skipping", 0), ("catching", 3)):
         # The fires due when the sweep fired it (its time: last_fired_at): every minute from
         # ten minutes back; on time, the last (a fire at most a minute late).

@@ -24,6 +24,7 @@ from processor.core.workflow import parse_workflow
 from processor.core.workflow_def import WorkflowDef
 from processor.io.config.settings import Settings
 from processor.io.postgres.workflows import register_workflow
+from processor.worker.worker import EXIT_ABANDONED
 
 from . import counted_steps
 from .children import Spawned
@@ -153,7 +154,8 @@ def test_too_many_hung_steps_stop_the_worker_for_its_supervisor(
     settings: Settings, pg: psycopg.Connection[Any], spawn: Any
 ) -> None:
     """Past its bound of abandoned steps (none allowed here) a worker stops itself, with exit
-    code 3; the fresh process its supervisor starts runs the next attempt."""
+    code 5 (not 3, a command's "not finished"); the fresh process its supervisor starts
+    runs the next attempt."""
     counted_steps.install(pg)
     register_workflow(pg, _one_step("hangs-bounded", timeout_ms=1000, attempts=2))
     spawn(["process"], settings, "process")
@@ -161,7 +163,7 @@ def test_too_many_hung_steps_stop_the_worker_for_its_supervisor(
     (hung,) = _ids("hung", 1)
     start_runs(settings, "hangs-bounded", [hung], {"hang_on": [1]})
     wait_for(lambda: worker.proc.poll() is not None, 60, "the worker to stop itself")
-    assert worker.proc.returncode == 3
+    assert worker.proc.returncode == EXIT_ABANDONED == 5
     assert any(
         "abandoned steps are still running" in str(line.get("msg")) for line in worker.log_lines()
     )

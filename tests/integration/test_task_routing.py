@@ -176,9 +176,9 @@ def test_retry_reaches_a_worker_with_the_function_and_the_commands_warn_until_on
         )
 
         # `ductor workers`: both, with their queues, step types, concurrency and version.
-        listed = run_ductor(settings, "workers", "--output", "json")
+        listed = run_ductor(settings, "workers", "-o", "json")
         assert listed.returncode == 0, listed.stderr
-        by_id = {w["instance_id"]: w for w in orjson.loads(listed.stdout)}
+        by_id = {w["instance_id"]: w for w in map(orjson.loads, listed.stdout.splitlines())}
         mine = {orders.worker.instance_id, invoices.worker.instance_id}
         assert mine <= set(by_id)
         order_row = by_id[orders.worker.instance_id]

@@ -246,7 +246,7 @@ def test_a_trigger_on_a_topic_not_created_yet_says_how_to_create_it(
     done = run_ductor(
         settings, "triggers", "create", "early", "--topic", missing, "--workflow", "sample"
     )
-    assert done.returncode == 1, done.stderr
+    assert done.returncode == 2, done.stderr  # refused input: nothing was done
     assert f"topic '{missing}' does not exist" in done.stderr
     assert f"--create --topic {missing}" in done.stderr and "create it first" in done.stderr
     assert run_ductor(settings, "triggers", "list", "-o", "json").stdout == ""

@@ -183,8 +183,13 @@ def _check_run_and_retry(
     }
     edges = page.driver.find_elements(By.CSS_SELECTOR, "#dag path.edge")
     assert len(edges) == 4
+    # The attempts as the timeline reads them, by their start: fetch first, publish last (not
+    # by the steps' names, which would put enrich first).
+    steps, started = page.column("#attempts", 1), page.column("#attempts", 4)
+    assert steps[0] == "fetch" and steps[-1] == "publish", steps
+    assert "-" not in started and started == sorted(started), started
     # The flaky step's two failed attempts and its third, each with its worker.
-    attempts = list(zip(page.column("#attempts", 1), page.column("#attempts", 9), strict=True))
+    attempts = list(zip(steps, page.column("#attempts", 9), strict=True))
     assert [a for a in attempts if a[0] == "transform"] == [
         ("transform", "failed"),
         ("transform", "failed"),

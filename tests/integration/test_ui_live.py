@@ -1,9 +1,11 @@
 """The page a person keeps open, in headless Chromium against the real services: a run's page
 follows the run by itself (read-only, and after a Retry behind the token) without being
-reloaded; a map whose item failed is drawn red, not as a cancelled step; a dead letter whose
-value is binary or one long unbroken string keeps the table's width. The screenshots are kept
-as the test's artefacts: in ``$UI_TEST_SCREENSHOTS/<test>/`` when that is set, else in
-its tmp folder (tests/integration/fix_browser.py)."""
+reloaded, and so does the runs list (a new run, a status that changed); with script off the
+list and a run's page are whole, and the user's reload refreshes them; a map whose item
+failed is drawn red, not as a cancelled step; a dead letter whose value is binary or one long
+unbroken string keeps the table's width. The screenshots are kept as the test's artefacts: in
+``$UI_TEST_SCREENSHOTS/<test>/`` when that is set, else in its tmp folder
+(tests/integration/fix_browser.py)."""
 
 from __future__ import annotations
 
@@ -148,6 +150,99 @@ def test_a_run_s_page_shows_its_end_and_a_retry_s_end_by_itself(
         for gate in gates.values():
             gate.set()
         worker.stop()
+
+
+def test_the_runs_list_shows_a_new_run_and_a_status_change_by_itself(
+    settings: Settings,
+    pg: psycopg.Connection[Any],
+    processor_thread: Any,
+    spawn: Callable[..., Spawned],
+    browser: WebDriver,
+    shots: Path,
+) -> None:
+    """The runs list open (read-only) before anything runs: a run started after it loaded
+    appears in it, and its status moves from pending to succeeded, with no reload."""
+    register_workflow(pg, parse_workflow(GATED))
+    first = f"listed-{uuid.uuid4().hex[:6]}"
+    client.start_run(settings, "gated", first, {})  # no processor yet: it stays pending
+    page = Page(browser, start_ui(spawn, settings, "", "ui-read-only"), shots)
+    page.open("/")
+    assert page.column("#runs", 1) == [first] and page.column("#runs", 3) == ["pending"]
+    page.until(lambda: page.text("#live").startswith("live · updated"), "the live note")
+    page.script("window.testMark = 'still here'")
+
+    later = f"later-{uuid.uuid4().hex[:6]}"
+    client.start_run(settings, "gated", later, {})
+    page.until(lambda: later in page.column("#runs", 1), "the run started later in the list", 60)
+    assert page.text("#count") == "2 runs match, newest first"
+    assert _marked(page)
+    page.screenshot("list-new-run.png")
+
+    registry = StepRegistry()  # both steps end at once: the runs succeed
+    registry.step("quick")(lambda ctx: None)
+    registry.step("gated")(lambda ctx: None)
+    processor_thread(settings)
+    worker = WorkerThread(settings, registry)
+    try:
+        page.until(
+            lambda: page.column("#runs", 3) == ["succeeded", "succeeded"],
+            "both runs succeeded in the list",
+            90,
+        )
+        assert _marked(page)  # the same page: not reloaded
+        page.screenshot("list-succeeded.png")
+    finally:
+        worker.stop()
+
+
+def test_the_pages_are_whole_without_script(
+    settings: Settings,
+    pg: psycopg.Connection[Any],
+    processor_thread: Any,
+    spawn: Callable[..., Spawned],
+    browser: WebDriver,
+    shots: Path,
+) -> None:
+    """With JavaScript off in the browser, the runs list and a run's page are served whole
+    (the list, the DAG, the timeline, the attempts: HTML from the server, nothing built by a
+    script); nothing refreshes by itself and no live note shows; the user's reload is the
+    refresh, and shows what changed."""
+    register_workflow(pg, parse_workflow(GATED))
+    run_id = f"plain-{uuid.uuid4().hex[:6]}"
+    client.start_run(settings, "gated", run_id, {})
+    page = Page(browser, start_ui(spawn, settings, "", "ui-read-only"), shots)
+    browser.execute_cdp_cmd("Emulation.setScriptExecutionDisabled", {"value": True})
+
+    page.open("/")
+    assert page.column("#runs", 1) == [run_id] and page.column("#runs", 3) == ["pending"]
+    assert page.text("#count") == "1 run matches, newest first"
+    assert not page.driver.find_element(By.ID, "live").is_displayed()  # the script shows it
+    page.screenshot("no-script-list.png")
+    page.open(f"/runs/{run_id}")
+    assert page.text("#run-status") == "pending"
+    assert page.has('#dag g.node[data-step="charge"]')
+
+    registry = StepRegistry()
+    registry.step("quick")(lambda ctx: {"ok": ctx.node})
+    registry.step("gated")(lambda ctx: None)
+    processor_thread(settings)
+    worker = WorkerThread(settings, registry)
+    try:
+        wait_for(
+            lambda: client.get_run(settings, run_id).status is RunStatus.SUCCEEDED, 60, "the run"
+        )
+    finally:
+        worker.stop()
+    assert page.text("#run-status") == "pending"  # no script: as it was served
+    page.driver.refresh()  # the user's reload
+    assert page.text("#run-status") == "succeeded"
+    assert page.column("#attempts", 1) == ["prepare", "charge"]
+    assert page.has('#timeline rect.attempt.succeeded[data-step="charge"]')
+    assert not page.driver.find_element(By.ID, "live").is_displayed()
+    assert page.driver.find_element(By.TAG_NAME, "body").get_attribute("data-refreshed") is None
+    page.screenshot("no-script-run.png")
+    page.open("/")
+    assert page.column("#runs", 3) == ["succeeded"]
 
 
 def test_a_map_whose_item_failed_is_drawn_red(

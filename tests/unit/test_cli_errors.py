@@ -14,6 +14,7 @@ from confluent_kafka import KafkaError, KafkaException
 from processor.cli.common import CliError
 from processor.cli.errors import explain
 from processor.cli.main import main
+from processor.client import InvalidArgument
 from processor.engine.health import Probe
 from processor.io.config.values import ConfigError
 from processor.io.kafka.errors import MissingTopic
@@ -116,6 +117,11 @@ def test_bad_configuration_exits_2_saying_what_to_fix(
             MissingTopic("topic t does not exist; run `ductor topics create` first"),
             2,
             "topic t does not exist; run `ductor topics create` first",
+        ),
+        (
+            InvalidArgument("a run id is 1 to 200 characters, not 300"),
+            2,
+            "a run id is 1 to 200 characters, not 300",
         ),
         (
             ZeroDivisionError("division by zero"),

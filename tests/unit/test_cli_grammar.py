@@ -1,5 +1,5 @@
 """The command line's one grammar, without services: the global -o/--output before or after
-the command, the deprecated per-command spellings, --input @FILE and -, a bare `ductor` and
+the command (one option: no command has its own), --input @FILE and -, a bare `ductor` and
 `ductor help`, shell completion, and the exit-code table `ductor --help` prints."""
 
 from __future__ import annotations
@@ -16,6 +16,8 @@ from processor.cli.common import EXIT_USAGE, CliError, json_argument
 from processor.cli.grammar import leaf_parsers, resolve_output
 from processor.cli.main import build_parser, main, parse_args
 from processor.cli.schedules import COLUMNS
+from processor.io.kafka.clients import EXIT_KAFKA_FATAL
+from processor.worker.worker import EXIT_ABANDONED
 
 
 def _resolved(argv: list[str]) -> argparse.Namespace:
@@ -44,8 +46,8 @@ def test_the_output_is_one_option_before_or_after_the_command(
     argv: list[str], output: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     args = _resolved(argv)
-    assert (args.output, args.legacy_json) == (output, False)
-    assert capsys.readouterr().err == ""  # the new grammar: no deprecation note
+    assert args.output == output
+    assert capsys.readouterr().err == ""  # no note on stderr
 
 
 def test_every_command_but_the_services_takes_the_output_option() -> None:
@@ -66,31 +68,27 @@ def test_every_command_but_the_services_takes_the_output_option() -> None:
     }
 
 
-@pytest.mark.parametrize("command", [["workflows", "list"], ["workers"], ["schedules", "list"]])
-def test_the_former_output_flags_still_work_with_a_note(
+@pytest.mark.parametrize(
+    "command", [["runs", "list"], ["workflows", "list"], ["workers"], ["schedules", "list"]]
+)
+def test_the_list_commands_have_no_output_option_of_their_own(
     command: list[str], capsys: pytest.CaptureFixture[str]
 ) -> None:
-    args = _resolved([*command, "--output", "table"])
-    assert (args.output, args.legacy_json) == ("text", False)
-    assert "--output table` is deprecated" in capsys.readouterr().err
-    args = _resolved([*command, "--output", "json"])
-    assert (args.output, args.legacy_json) == ("json", True)
-    err = capsys.readouterr().err
-    assert f"`ductor {' '.join(command)} --output json` (one JSON document) is deprecated" in err
-    assert "-o json (one JSON object a line)" in err
-    args = _resolved([*command, "-o", "json"])
-    assert (args.output, args.legacy_json) == ("json", False)
+    """Their former `--output table|json` is gone: `--output` after them is the global option
+    (json prints JSON lines, as -o json does), and `table` is refused as a usage error."""
+    parser = build_parser()
+    (leaf,) = [leaf for leaf in leaf_parsers(parser) if leaf.prog == f"ductor {' '.join(command)}"]
+    (output,) = [a for a in leaf._actions if "--output" in a.option_strings]
+    assert output.option_strings == ["-o", "--output"] and output.dest == "output"
+    for spelling in ("-o", "--output"):
+        args = _resolved([*command, spelling, "json"])
+        assert args.output == "json" and not hasattr(args, "legacy_json")
+        assert _resolved(["--output", "json", *command, spelling, "text"]).output == "text"
     assert capsys.readouterr().err == ""
-
-
-def test_runs_list_keeps_its_former_document_for_one_release(
-    capsys: pytest.CaptureFixture[str],
-) -> None:
-    args = _resolved(["runs", "list", "--output", "json"])
-    assert (args.output, args.legacy_json) == ("json", True)
-    assert "deprecated" in capsys.readouterr().err
-    assert _resolved(["runs", "list", "--output", "text"]).output == "text"
-    assert capsys.readouterr().err == ""
+    with pytest.raises(SystemExit) as info:
+        parse_args([*command, "--output", "table"])
+    assert info.value.code == EXIT_USAGE
+    assert "invalid choice: 'table'" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("command", [["process"], ["worker"], ["ui"], ["demo"]])
@@ -200,3 +198,26 @@ def test_schedules_list_explains_each_of_its_columns(capsys: pytest.CaptureFixtu
     for name in names:
         (line,) = [line for line in explained if line.strip().startswith(name + "  ")]
         assert len(line.split(name, 1)[1].strip()) > 10, line
+
+
+def test_a_service_stops_itself_with_codes_of_its_own_that_the_table_lists(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A service stopping itself for a fresh process never says 0-3, a command's codes (3 is
+    "not finished"), and the two reasons differ; `ductor --help` and docs/usage.md list both."""
+    service_codes = {EXIT_KAFKA_FATAL, EXIT_ABANDONED}
+    assert len(service_codes) == 2 and not service_codes & {0, 1, 2, 3}
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    shown = capsys.readouterr().out
+    usage = (Path(__file__).parents[2] / "docs" / "usage.md").read_text()
+    for code in service_codes:
+        assert f"\n  {code}  " in shown, code
+        assert f"\n| {code} | " in usage, code
+
+
+def test_bench_refuses_a_bad_count_as_usage(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as info:
+        parse_args(["bench", "--build-rounds", "0"])
+    assert info.value.code == EXIT_USAGE
+    assert "--build-rounds: must be at least 1" in capsys.readouterr().err

@@ -32,7 +32,7 @@ def test_the_client_commands_take_what_the_docs_show() -> None:
     assert parse_args(["runs", "list"]).limit == 50
     assert parse_args(["runs", "retry", "r"]).run_id == "r"
     assert parse_args(["workflows", "register", "flows:checkout"]).source == "flows:checkout"
-    assert parse_args(["workflows", "list"]).legacy_output is None
+    assert parse_args(["workflows", "list"]).output is None
     args = parse_args(["workflows", "show", "checkout", "--version", "2"])
     assert (args.name, args.version) == ("checkout", 2)
     args = parse_args(["ui"])
@@ -52,6 +52,8 @@ def test_the_client_commands_take_what_the_docs_show() -> None:
         ["runs", "count", "--tag"],
         ["workflows", "show"],
         ["workflows", "list", "--output", "yaml"],
+        ["workflows", "list", "--output", "table"],
+        ["runs", "list", "--output", "table"],
         ["ui", "--port", "http"],
     ],
 )

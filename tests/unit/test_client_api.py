@@ -34,6 +34,8 @@ PUBLIC = [
     "SignalSent",
     "StartNotAnnounced",
     "StartedRun",
+    "UpgradeRefused",
+    "UpgradedRun",
     "cancel_runs",
     "connect",
     "count_runs",
@@ -52,6 +54,8 @@ PUBLIC = [
     "start_run",
     "start_runs",
     "summary_document",
+    "upgrade_run",
+    "upgrade_runs",
     "wait_for_run",
     "wake",
 ]

@@ -193,3 +193,19 @@ def test_a_block_s_commands_are_its_lines_split_at_and_and_ampersand() -> None:
         (("b", "2\n  3"), False, 10),
         (("c",), True, 12),
     ]
+
+
+def test_the_quickstart_shows_the_page_with_its_command_address_and_picture() -> None:
+    """The page is not in a block the wheel test runs (`ductor ui` serves until stopped): the
+    prose after the output names the extra's install, the command, the run's address at the
+    command's default host and port, and the picture of a run's page the docs show."""
+    text = README.read_text().splitlines()
+    body = "\n".join(text[QUICKSTART.line - 1 : QUICKSTART.line - 1 + QUICKSTART.length])
+    after = body[body.index(QUICKSTART.output) + len(QUICKSTART.output) :]
+    assert not any(c.argv[:2] == ("ductor", "ui") for c in SESSION)
+    ui = parse_args(["ui"])
+    run_id = next(c.argv for c in SESSION if c.argv[1:2] == ("start",))[4]
+    assert f"`http://{ui.host}:{ui.port}/runs/{run_id}`" in after
+    assert "`ductor ui &`" in after and "'ductor-processor[ui]==" in after
+    assert "(docs/images/ui-run-timeline.png)" in after
+    assert (REPO / "docs" / "images" / "ui-run-timeline.png").is_file()

@@ -14,8 +14,8 @@ from processor.cli.main import parse_args
 from tests.markdown import REPO
 from tests.readme_script import commands, matches, started_run_ids
 
-# The READMEs of examples/ that the integration test runs; producer-go builds a Go program,
-# which test_producer_example.py builds and runs instead.
+# The READMEs of examples/ that the integration test runs; producer-go's needs Go, and
+# test_producer_example.py runs its block as written where Go is installed.
 RUN = ["orders", "reports"]
 NOT_RUN = {"producer-go"}
 
@@ -29,6 +29,8 @@ def test_every_examples_readme_is_run_top_to_bottom() -> None:
     assert found - NOT_RUN == set(RUN)
     source = (REPO / "tests" / "integration" / "test_example_readmes.py").read_text()
     assert f'@pytest.mark.parametrize("example", {RUN!r}'.replace("'", '"') in source
+    go = (REPO / "tests" / "integration" / "test_producer_example.py").read_text()
+    assert 'commands((EXAMPLE / "README.md").read_text())' in go and "shell.follow(" in go
 
 
 @pytest.mark.parametrize("example", RUN)

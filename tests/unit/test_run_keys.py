@@ -375,3 +375,25 @@ def test_nobody_starves_whatever_keys_keep_joining(events: list[tuple[bool, str]
             first_round = line_order(line)[0].round
         else:
             first_round = 0  # (an empty line starts again from round 0: nobody to pass)
+
+
+def test_a_retried_run_back_in_line_keeps_the_versions_it_started_with() -> None:
+    """A failed run of a workflow with ``concurrency`` is retried pending (to wait for its
+    key): the tick that starts it again does not pin its steps anew, whatever is served
+    now (core/versions.py, rule 1)."""
+    wf = _workflow(retry={"max_attempts": 1})
+    started = tick_batch({"r": _run("r", wf)}, NOW, NAMES, _inputs({"r": "a"}, {}))["r"]
+    assert started.state.versions == ()  # version 1 everywhere
+    node = started.state.node("charge")
+    failed = StepResult("charge", node.attempt, StepOutcome.FAILED, "boom", retryable=False)
+    loaded = _run("r", wf, started.state, results=(failed,))
+    ended = tick_batch({"r": loaded}, NOW + 1, NAMES, _inputs({"r": "a"}, {}))["r"]
+    retried = resume_failed(ended.state, pending=True)
+    again = _run("r", wf, retried).with_served({("default", "charge"): 2})
+    restarted = tick_batch({"r": again}, NOW + 2, NAMES, _inputs({"r": "a"}, {}))["r"]
+    assert restarted.state.status is RunStatus.RUNNING
+    assert restarted.state.versions == ()  # not version 2, served since
+    fresh = _run("n", wf).with_served({("default", "charge"): 2})
+    assert tick_batch({"n": fresh}, NOW, NAMES, _inputs({"n": "a"}, {}))["n"].state.versions == (
+        ("charge", 2),
+    )

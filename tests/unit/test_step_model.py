@@ -275,6 +275,7 @@ _IN_CODE = {
     "rate_limit": "rate_limit",
     "when": "when",
     "run_if": "run_if",
+    "version": "version (a task or map step's)",
 }
 
 
@@ -335,7 +336,7 @@ def _in_code(wf: WorkflowDef, raw: dict[str, Any]) -> Workflow:
                 **common,
             )
             continue
-        options = common | _task_options(step) | {"retry": retry}
+        options = common | _task_options(step) | {"retry": retry, "version": step.version}
         if step.maps:
             add = code.map(
                 items_from=step.items_from,

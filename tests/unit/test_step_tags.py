@@ -23,6 +23,7 @@ from processor.core.step_task import StepData, StepTask
 from processor.io.config.settings import load_settings
 from processor.io.postgres.run_tags import tags_condition
 from processor.io.postgres.step_data import results_param
+from processor.worker.handles import StepHandle
 from processor.worker.isolation import _ChildHandle
 from processor.worker.lane_batches import result_row
 from processor.worker.messages import ToRecord
@@ -30,7 +31,6 @@ from processor.worker.results import kept_tags
 from processor.worker.steps import (
     AttemptResult,
     StepContext,
-    StepHandle,
     StepRegistry,
     execute_step,
 )

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from typing import Any
 
 import pytest
 from hypothesis import given
@@ -318,6 +319,7 @@ def test_the_run_page_shows_each_attempts_last_heartbeat_and_a_slot_kept() -> No
         "running": True,
         "execution_ended": None,
         "holds_slots": ["c/warehouse/"],
+        "version": 2,
     }
     run = {
         "run_id": "r-1",
@@ -355,6 +357,39 @@ def test_the_run_page_shows_each_attempts_last_heartbeat_and_a_slot_kept() -> No
     )
     assert '2026-05-01 12:00:03 <code class="details">{"rows": 4200}</code>' in html
     assert "it keeps its slot of c/warehouse/ until it ends" in html
+    assert '<td>w-1 <span class="muted version">v2</span></td>' in html  # its function's version
+
+
+def test_the_run_page_lists_attempts_by_their_start_then_step_then_attempt() -> None:
+    """As the timeline reads: by the claim, else the dispatch (in flight, unclaimed), else the
+    end (a wait step); ties by step then attempt; an attempt with no time yet last. Not by
+    the steps' names, as the document lists them."""
+
+    def attempt(node: str, n: int, **times: str) -> dict[str, Any]:
+        at = {key: f"2026-05-01T12:00:{value}+00:00" for key, value in times.items()}
+        return {"node": node, "attempt": n, "started": None, "dispatched": None, "ended": None} | at
+
+    document = {
+        "attempts": [
+            attempt("approve", 1, ended="07"),  # a wait step: no claim
+            attempt("charge", 1, started="02", ended="03"),
+            attempt("charge", 2, started="05", ended="06"),
+            attempt("charge", 3, dispatched="08"),  # in flight, not claimed yet
+            attempt("enrich", 1, started="02", ended="04"),
+            attempt("fetch", 1, started="00.5", ended="01"),
+            attempt("later", 1),
+        ]
+    }
+    shown = run_sections(document)["attempts"]
+    assert [(a["node"], a["attempt"]) for a in shown] == [
+        ("fetch", 1),
+        ("charge", 1),
+        ("enrich", 1),
+        ("charge", 2),
+        ("approve", 1),
+        ("charge", 3),
+        ("later", 1),
+    ]
 
 
 def test_the_run_page_says_where_a_run_stands_with_its_workflows_key() -> None:

@@ -12,6 +12,7 @@ import pytest
 from processor.core.bounds import MAX_DEPTH
 from processor.core.model import StepOutcome
 from processor.core.step_task import StepData, StepTask
+from processor.worker.handles import StepHandle
 from processor.worker.samples import sample_registry
 from processor.worker.steps import (
     MAX_STEP_OUTPUT_BYTES,
@@ -20,7 +21,6 @@ from processor.worker.steps import (
     RegistrationError,
     StepContext,
     StepFailed,
-    StepHandle,
     StepRegistry,
     execute_async_step,
     execute_step,

@@ -43,13 +43,10 @@ from processor.core.routing import TopicNames, partition_for
 from processor.io.config.settings import Settings
 from processor.io.kafka.clients import produce
 from processor.io.kafka.configs import producer_config, reader_config
+from processor.io.kafka.errors import DlqError, DlqTopicMissing
 from processor.io.kafka.logs import with_logger
 
 _READ_TIMEOUT_S = 30.0
-
-
-class DlqError(Exception):
-    """A dead-letter operation that could not be done; the message says why."""
 
 
 @dataclass(frozen=True)
@@ -288,7 +285,7 @@ def _reader(settings: Settings) -> Consumer:
 def _partition_count(client: Consumer | Producer, topic: str) -> int:
     meta = client.list_topics(topic, timeout=10).topics.get(topic)
     if meta is None or meta.error is not None or not meta.partitions:
-        raise DlqError(f"topic {topic} does not exist; run `ductor topics create` first")
+        raise DlqTopicMissing(f"topic {topic} does not exist; run `ductor topics create` first")
     return len(meta.partitions)
 
 

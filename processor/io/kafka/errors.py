@@ -12,3 +12,13 @@ class MissingTopic(RuntimeError):
 class KafkaAuthError(Exception):
     """The broker refused this client's credentials (a configuration error, not an outage:
     retrying with the same settings cannot help). The message names no secret."""
+
+
+class DlqError(Exception):
+    """A dead-letter operation that could not be done; the message says why
+    (io/kafka/dlq.py)."""
+
+
+class DlqTopicMissing(DlqError):
+    """The dead-letter topic to read, or the topic to replay to, does not exist: the topics
+    were not created (a configuration error, exit 2 from `ductor dlq`, not one to retry)."""

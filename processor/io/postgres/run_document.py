@@ -20,6 +20,7 @@ from processor.core.run_state import NodeState, NodeStatus, RunStatus, shown_nod
 from processor.core.shapes import AttemptRef
 from processor.core.shown import Shown
 from processor.core.skips import why_skipped
+from processor.core.versions import step_versions
 from processor.io.postgres.instances import alive
 from processor.io.postgres.key_slots import KeySlot, key_slot
 from processor.io.postgres.run_data import NO_SIGNALS, Signals, run_input, run_signals
@@ -41,6 +42,9 @@ class Execution:
     ended_at: datetime | None
     running: bool
     lingering: tuple[str, ...] = ()
+    # The version of its step's function it ran with (core/versions.py); None: a worker from
+    # before versions claimed it (version 1).
+    version: int | None = None
 
 
 _EXECUTIONS_SQL = f"""
@@ -48,7 +52,8 @@ SELECT a.node_id, a.attempt, a.beat_at, a.beat_details, a.ended_at,
        a.reports AND a.ended_at IS NULL AND {alive("a.worker_id")},
        ARRAY(SELECT h.key FROM eec_limit_hold h
               WHERE h.run_id = a.run_id AND h.node = a.node_id AND h.attempt = a.attempt
-                AND h.lingering_since IS NOT NULL ORDER BY h.key)
+                AND h.lingering_since IS NOT NULL ORDER BY h.key),
+       a.step_version
   FROM eec_step_attempt a WHERE a.run_id = %(run_id)s
 """
 
@@ -60,8 +65,10 @@ def executions(
     (``gone_after_s``: the heartbeat age after which a worker is gone)."""
     rows = conn.execute(_EXECUTIONS_SQL, {"run_id": run_id, "gone_after_s": gone_after_s})
     return {
-        (node, attempt): Execution(beat_at, details, ended_at, bool(running), tuple(lingering))
-        for node, attempt, beat_at, details, ended_at, running, lingering in rows.fetchall()
+        (node, attempt): Execution(
+            beat_at, details, ended_at, bool(running), tuple(lingering), version
+        )
+        for node, attempt, beat_at, details, ended_at, running, lingering, version in rows
     }
 
 
@@ -202,11 +209,14 @@ def _signals_json(record: RunRecord) -> list[dict[str, Any]]:
 
 
 def _steps_json(run: LoadedRun) -> list[dict[str, Any]]:
-    """The workflow's steps, its DAG: each with its dependencies and its condition."""
+    """The workflow's steps, its DAG: each with its dependencies and its condition, and a
+    step a worker runs with the version of its function the run pinned (core/versions.py)."""
+    pins = step_versions(run.wf, run.state.versions)
     return [
         {"name": s.name, "kind": s.kind, "type": s.step_type, "after": list(s.depends_on)}
         | ({} if s.when is None else {"when": s.when.text})
         | ({} if s.run_if is None else {"run_if": s.run_if})
+        | ({"version": pins[s.name]} if s.name in pins else {})
         for s in run.wf.steps
     ]
 
@@ -286,6 +296,9 @@ def _attempt_json(
         "running": None if execution is None else execution.running,
         "execution_ended": None if execution is None else _iso(execution.ended_at),
         "holds_slots": [] if execution is None else list(execution.lingering),
+        # The version of its step's function it ran with (None: not claimed by a worker
+        # that says: one from before versions ran version 1).
+        "version": None if execution is None else execution.version,
     }
 
 

@@ -40,12 +40,12 @@ _CLAIM_SQL = f"""
 WITH t AS MATERIALIZED (
     SELECT * FROM jsonb_to_recordset(%(tasks)s::jsonb)
         AS t(i int, run_id text, node text, attempt int, deps jsonb, wants_data boolean,
-             seq bigint)
+             seq bigint, v int)
 ), permit AS (
     UPDATE eec_instance SET started_through = %(permit)s
      WHERE instance_id = %(me)s AND started_through < %(permit)s
 ), raw AS MATERIALIZED (
-    SELECT t.i, t.run_id, t.node, t.attempt, t.deps, t.wants_data, t.seq,
+    SELECT t.i, t.run_id, t.node, t.attempt, t.deps, t.wants_data, t.seq, t.v,
            r.run_id IS NOT NULL AS run_exists,
            coalesce(r.status IN ('pending', 'running')
                     AND r.node_states -> t.node ->> 'status' = 'dispatched'
@@ -88,8 +88,9 @@ WITH t AS MATERIALIZED (
     SELECT raw.*, CASE WHEN unstarted THEN nullif(starts - 1, 0) ELSE starts END AS began
       FROM raw
 ), claimed AS (
-    INSERT INTO eec_step_attempt AS a (run_id, node_id, attempt, worker_id, claim_seq, reports)
-    SELECT run_id, node, attempt, %(me)s, seq, true FROM seen
+    INSERT INTO eec_step_attempt AS a
+           (run_id, node_id, attempt, worker_id, claim_seq, reports, step_version)
+    SELECT run_id, node, attempt, %(me)s, seq, true, v FROM seen
      WHERE current AND NOT recorded
        AND (began IS NULL
             OR (%(reruns)s AND NOT starter_alive AND %(judge)s AND began < %(max_starts)s))
@@ -169,6 +170,7 @@ def claim_params(
                 "deps": deps_json(t),
                 "wants_data": t.data is None,
                 "seq": seq,
+                "v": t.step_version,
             }
             for i, (t, seq) in enumerate(zip(tasks, numbers, strict=True))
         ]

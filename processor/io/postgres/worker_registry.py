@@ -20,6 +20,13 @@ import psycopg
 
 from processor.core.handback import GRACE_S, Server
 from processor.core.shapes import TopicPartition
+from processor.core.versions import (
+    ServedVersions,
+    newest_served,
+    parse_served,
+    runs_code,
+    served_key,
+)
 from processor.core.workflow_def import WorkflowDef
 
 
@@ -183,11 +190,55 @@ def _live_worker(row: Sequence[Any]) -> LiveWorker:
 
 def unserved(wf: WorkflowDef, workers: Sequence[LiveWorker]) -> list[tuple[str, str]]:
     """The (queue, step type) pairs of ``wf``'s steps that run on workers (a map's items
-    too) and that no worker of ``workers`` serves, sorted. A worker from before the registry
-    said what it serves counts for nothing here (the caller says how many there are)."""
-    needed = {(s.queue, s.step_type) for s in wf.steps if s.runs_on_a_worker or s.maps}
-    served = {(q, t) for w in workers for q in w.queues for t in w.step_types}
-    return sorted(needed - served)
+    too) and that no worker of ``workers`` serves, sorted: a step that declares its version
+    needs that version (named ``type@N``), any other a version of its type. A worker from
+    before the registry said what it serves counts for nothing here (the caller says how
+    many there are)."""
+    served = {(q, key) for w in workers for q in w.queues for key in w.step_types}
+    any_version = {(q, parse_served(key)[0]) for q, key in served}
+    missing = set()
+    for s in wf.steps:
+        if not runs_code(s):
+            continue
+        if s.version is None:
+            if (s.queue, s.step_type) not in any_version:
+                missing.add((s.queue, s.step_type))
+        elif (s.queue, served_key(s.step_type, s.version)) not in served:
+            missing.add((s.queue, served_key(s.step_type, s.version)))
+    return sorted(missing)
+
+
+# What every live worker serves (any group: a run pins the versions of its steps' functions
+# from it, core/versions.py).
+_SERVED_VERSIONS = """
+SELECT queues, step_types
+  FROM eec_instance
+ WHERE kind = 'worker' AND stopped_at IS NULL AND step_types IS NOT NULL
+   AND heartbeat_at > now() - make_interval(secs => %s)
+"""
+
+
+class ServedCache:
+    """The newest version of each (queue, step type) the live workers serve, as the commit
+    path's database stage reads it for the runs it starts (their pins: core/versions.py):
+    read again when older than ``REFRESH_S`` and asked for, so a worker that registered
+    within that long may not be seen by a run starting now."""
+
+    REFRESH_S = 1.0
+
+    def __init__(self, gone_after_s: float, monotonic: Any = time.monotonic) -> None:
+        self._gone_after_s = gone_after_s
+        self._monotonic = monotonic
+        self._read_at: float | None = None
+        self._served: ServedVersions = {}
+
+    def get(self, conn: psycopg.Connection[Any]) -> ServedVersions:
+        now = self._monotonic()
+        if self._read_at is None or now - self._read_at >= self.REFRESH_S:
+            rows = conn.execute(_SERVED_VERSIONS, (self._gone_after_s,)).fetchall()
+            self._served = newest_served((queues or (), keys or ()) for queues, keys in rows)
+            self._read_at = now
+        return self._served
 
 
 class Directory:
