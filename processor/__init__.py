@@ -22,7 +22,7 @@ A program driving runs: ``client`` (start, wait for, list, signal and retry runs
 ``Settings`` that ``load_settings()`` reads from the ``DUCTOR_*`` variables (``ConfigError``
 when one is wrong), ``RunStatus`` and ``SignalKind``. A worker run from your own program
 (``ductor worker`` is one): ``Worker`` with its ``WorkerOptions``. Everything else is internal
-and may change between versions.
+and may change between versions (its layers: docs/architecture.md).
 """
 
 from __future__ import annotations

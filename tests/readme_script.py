@@ -9,12 +9,14 @@ Two kinds of fenced blocks hold commands:
   stderr), to match;
 - any other ``sh`` block: commands to type, each line one (a line ending in ``\\`` or inside
   an unclosed quote goes on); they must succeed; a command ending in ``&`` is a service left
-  running in the background.
+  running in the background; a command with a here-document (``cat > f.json <<'EOF'``) goes
+  on to its end marker.
 
 Any other block (a diagram, output shown without its command) is prose. In what a transcript
 shows, a line ``...`` stands for any lines and ``...`` within a line for any text; a timestamp
 (and the weekday after it) or a hex id of eight characters or more stands for any other; a
-line of JSON matches the same JSON; runs of spaces match any run of spaces.
+line of JSON matches the same JSON (else it matches as text: JSON holding a time or an id);
+runs of spaces match any run of spaces.
 """
 
 from __future__ import annotations
@@ -77,9 +79,17 @@ def _typed(body: list[str], first: int) -> list[Command]:
         while not _complete(text) and i + 1 < len(body):
             i += 1
             text += "\n" + body[i]
+        if (here := _HEREDOC.search(text)) is not None:  # a file written on the page
+            while i + 1 < len(body) and body[i].strip() != here["word"]:
+                i += 1
+                text += "\n" + body[i]
         found.append(Command(_joined(text), first + start, None))
         i += 1
     return found
+
+
+# ``cat > remind.json <<'EOF'``: the lines up to ``EOF`` are the command's input.
+_HEREDOC = re.compile(r"<<-?\s*(['\"]?)(?P<word>\w+)\1\s*$")
 
 
 def _transcript(body: list[str], first: int) -> list[Command]:
@@ -162,9 +172,11 @@ def _line_pattern(shown: str) -> re.Pattern[str]:
 def _line_matches(shown: str, printed: str) -> bool:
     if shown.startswith("{") and _ANY not in shown:
         try:
-            return bool(orjson.loads(shown) == orjson.loads(printed))
+            if orjson.loads(shown) == orjson.loads(printed):
+                return True
         except orjson.JSONDecodeError:
             pass
+    # Else as text: JSON with a time or an id that differs from run to run.
     return _line_pattern(shown).fullmatch(printed.strip()) is not None
 
 

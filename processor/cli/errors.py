@@ -37,34 +37,34 @@ log = logging.getLogger("ductor.cli")
 
 
 @dataclass(frozen=True)
-class Failure:
+class CommandFailure:
     message: str  # one line, without the "ductor: " prefix
     code: int
 
 
-def explain(exc: Exception) -> Failure:
+def explain(exc: Exception) -> CommandFailure:
     if isinstance(exc, ConfigError):
-        return Failure(f"configuration error: {exc}", EXIT_USAGE)
+        return CommandFailure(f"configuration error: {exc}", EXIT_USAGE)
     refused = InvalidArgument | InvalidInput | OutOfBounds | ReservedRunId | SignalRefused
     # An unknown workflow is refused input wherever it is named (start, schedules, triggers,
     # workflows show): nothing was done.
     if isinstance(exc, ListenError | MissingTopic | UnknownWorkflow | refused):
-        return Failure(str(exc), EXIT_USAGE)
+        return CommandFailure(str(exc), EXIT_USAGE)
     if isinstance(exc, CliError):
-        return Failure(str(exc), exc.code)
+        return CommandFailure(str(exc), exc.code)
     if isinstance(exc, KafkaException):
         error = exc.args[0] if exc.args else exc
         if isinstance(error, KafkaError) and error.code() == KafkaError._INVALID_ARG:
-            return Failure(
+            return CommandFailure(
                 f"configuration error: {error.str()}; check the DUCTOR_KAFKA_* variables",
                 EXIT_USAGE,
             )
         text = error.str() if isinstance(error, KafkaError) else first_line(exc)
-        return Failure(f"Kafka error: {text}; is the broker up (make up)?", EXIT_FAILED)
+        return CommandFailure(f"Kafka error: {text}; is the broker up (make up)?", EXIT_FAILED)
     if isinstance(exc, psycopg.Error | LookupError | RuntimeError | OSError):
-        return Failure(first_line(exc), EXIT_FAILED)
+        return CommandFailure(first_line(exc), EXIT_FAILED)
     log.debug("unexpected error", exc_info=exc)
-    return Failure(
+    return CommandFailure(
         f"unexpected error ({type(exc).__name__}: {first_line(exc)}); this is a bug of Ductor,"
         " DUCTOR_LOG_LEVEL=DEBUG logs its traceback",
         EXIT_FAILED,

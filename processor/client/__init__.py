@@ -10,10 +10,10 @@ dataclasses; failures are ``ClientError`` (a RuntimeError) or one of its subclas
 one-sentence message.
 
 The package's modules: errors.py and records.py (what the operations raise and return),
-starts.py, reads.py, actions.py and upgrades.py (the operations), common.py (what they share).
-Every public name is importable from here, ``from processor import client`` then
-``client.start_run``, as the docs show; import them from here, not from the modules, which may
-move.
+starts.py, reads.py, actions.py and upgrades.py (the operations), common.py (what they share),
+kept.py (the connections and producers kept between calls). Every public name is importable
+from here, ``from processor import client`` then ``client.start_run``, as the docs show; import
+them from here, not from the modules, which may move.
 """
 
 from __future__ import annotations

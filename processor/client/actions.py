@@ -28,6 +28,7 @@ from processor.core.routing import TopicNames
 from processor.core.run_ends import resume_failed
 from processor.core.run_search import Cursor, RunFilter
 from processor.core.run_state import NodeStatus, RunStatus
+from processor.core.shapes import RunRef
 from processor.core.workflow_def import SIGNAL_NAME
 from processor.io.config.settings import Settings
 from processor.io.postgres.outbox import delete_outbox
@@ -105,7 +106,7 @@ def retry_runs(
 
 def bulk_matches(
     settings: Settings, wanted: RunFilter, statuses: tuple[RunStatus, ...], max_runs: int
-) -> list[tuple[str, str]]:
+) -> list[RunRef]:
     """(run id, tier) of the runs in ``statuses`` that ``wanted`` matches, newest first."""
     if wanted.empty:
         raise ClientError(
@@ -122,7 +123,7 @@ def bulk_matches(
                 f"the filter matches {count} runs, more than the bound of {max_runs}:"
                 " narrow it, or raise the bound (--max)"
             )
-        matched: list[tuple[str, str]] = []
+        matched: list[RunRef] = []
         after: Cursor | None = None
         while True:
             page = _search_runs(conn, narrowed, _BULK_PAGE, after)
@@ -140,7 +141,7 @@ def _tiers(conn: psycopg.Connection[Any], run_ids: list[str]) -> dict[str, str]:
     return {r[0]: r[1] for r in rows}
 
 
-def _wake_by_tier(settings: Settings, runs: Sequence[tuple[str, str]], reason: str) -> None:
+def _wake_by_tier(settings: Settings, runs: Sequence[RunRef], reason: str) -> None:
     by_tier: dict[str, list[str]] = {}
     for run_id, tier in runs:
         by_tier.setdefault(tier, []).append(run_id)

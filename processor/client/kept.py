@@ -53,7 +53,7 @@ _kept = _Kept()
 
 def _here() -> _Kept:
     """This process's keep (a fresh one after a fork: a parent's sockets are not ours)."""
-    global _kept
+    global _kept  # noqa: PLW0603 - one keep per process, replaced after a fork
     if _kept.pid != os.getpid():
         _kept = _Kept()
     return _kept

@@ -65,8 +65,8 @@ from processor.core.plans import (
     Plan,
     Produce,
     Requeue,
-    Retry,
     Rules,
+    TryAgain,
 )
 from processor.core.policy import ForceFail, after_exhausted_conflicts, retry_wait_ms
 from processor.core.records import Inbound
@@ -192,7 +192,7 @@ def _after_lock(item: BatchItem, run: LoadedRun, now_ms: int, rules: Rules) -> P
     if item.tries or moved:
         return _after_conflict(item, run, now_ms, rules)
     retry_in_ms = int(retry_delay_s(item.locked, first_s=_LOCKED_FIRST_RETRY_S) * 1000)
-    retry = Retry(retry_in_ms, item.tries)
+    retry = TryAgain(retry_in_ms, item.tries)
     return Plan(item.run_id, Outcome.LOCKED, retry, Outcome.LOCKED, run.version)
 
 
@@ -201,7 +201,7 @@ def _after_conflict(item: BatchItem, run: LoadedRun, now_ms: int, rules: Rules) 
     run_id, version = item.run_id, run.version
     wait_ms = retry_wait_ms(tries)
     if wait_ms is not None:
-        return Plan(run_id, Outcome.CONFLICT, Retry(wait_ms, tries), Outcome.CONFLICT, version)
+        return Plan(run_id, Outcome.CONFLICT, TryAgain(wait_ms, tries), Outcome.CONFLICT, version)
     lineage = item.lineage()
     verdict = after_exhausted_conflicts(
         requeue_count=lineage.requeue_count,
@@ -238,7 +238,7 @@ def force_fail_refused(plan: Plan) -> Plan:
 
 
 def _started_again(run_id: str, version: int | None) -> Plan:
-    return Plan(run_id, Outcome.CONFLICT, Retry(0, 0), Outcome.CONFLICT, version)
+    return Plan(run_id, Outcome.CONFLICT, TryAgain(0, 0), Outcome.CONFLICT, version)
 
 
 def force_fail_write(
@@ -287,7 +287,7 @@ def dead_letter(
 def database_failed(item: BatchItem, retry_in_ms: int) -> Plan:
     """Nothing was decided for the run (a genuine error): try it again after ``retry_in_ms``
     (the shell's backoff through a database outage; 0 when the database answers again)."""
-    return Plan(item.run_id, Outcome.ERROR, Retry(retry_in_ms, item.tries))
+    return Plan(item.run_id, Outcome.ERROR, TryAgain(retry_in_ms, item.tries))
 
 
 def retry_after(plan: Plan, retry_in_ms: int) -> Plan:
@@ -295,9 +295,9 @@ def retry_after(plan: Plan, retry_in_ms: int) -> Plan:
     state: an outage, commits that keep losing their connection); a plan that settles is
     left as it is (only a retry waits)."""
     payload = plan.payload
-    if not isinstance(payload, Retry):
+    if not isinstance(payload, TryAgain):
         return plan
-    return replace(plan, payload=Retry(retry_in_ms, payload.tries))
+    return replace(plan, payload=TryAgain(retry_in_ms, payload.tries))
 
 
 # -- records that never reach a tick --------------------------------------------------------

@@ -27,20 +27,22 @@ from processor.core.run_state import RunStatus
 from processor.core.workflow_def import WorkflowDef
 
 
-class Refusal(NamedTuple):
+class LandingRefusal(NamedTuple):
     """Why a signal cannot land: its dead-letter reason and a sentence."""
 
     reason: DeadLetterReason
     detail: str
 
 
-def landing_problem(run_id: str, wf: WorkflowDef, status: RunStatus, name: str) -> Refusal | None:
+def landing_problem(
+    run_id: str, wf: WorkflowDef, status: RunStatus, name: str
+) -> LandingRefusal | None:
     """Why signal ``name`` cannot be recorded for run ``run_id`` of ``wf`` in ``status``;
     None when it can."""
     if name != SignalKind.CANCEL.value and name not in wf.signals:
-        return Refusal(DeadLetterReason.UNKNOWN_SIGNAL, unknown_signal_detail(wf, name))
+        return LandingRefusal(DeadLetterReason.UNKNOWN_SIGNAL, unknown_signal_detail(wf, name))
     if status.terminal:
-        return Refusal(
+        return LandingRefusal(
             DeadLetterReason.RUN_ENDED,
             f"run {run_id!r} has ended ({status.value}): a signal can change it no more",
         )

@@ -6,7 +6,7 @@ per kind of outcome, each with exactly what that outcome needs:
 
 - ``Produce``: the work settles once its records (maybe none) are acknowledged (committed,
   noop, hopped; a request accepted or a duplicate);
-- ``Retry``: nothing settles; the work waits ``retry_in_ms`` for another try (conflict,
+- ``TryAgain``: nothing settles; the work waits ``retry_in_ms`` for another try (conflict,
   locked, error);
 - ``Requeue``: its conflict tries used up, the work goes to the delay ladder;
 - ``ForceFailed``: a livelocked run's terminal write, then its records;
@@ -162,7 +162,7 @@ class Produce:
 
 
 @dataclass(frozen=True, slots=True)
-class Retry:
+class TryAgain:
     """Nothing settles: the work is tried again after ``retry_in_ms``, with ``tries``
     in-process tries from now on."""
 
@@ -221,7 +221,7 @@ class DeadLettered:
         object.__setattr__(self, "quarantine", quarantine)
 
 
-Payload = Produce | Retry | Requeue | ForceFailed | DeadLettered
+Payload = Produce | TryAgain | Requeue | ForceFailed | DeadLettered
 
 NOTHING = Produce()  # a plan that settles at once, producing nothing (a no-op)
 
@@ -267,7 +267,7 @@ class Plan:
 
     @property
     def settles(self) -> bool:
-        return not isinstance(self.payload, Retry)
+        return not isinstance(self.payload, TryAgain)
 
     @property
     def quarantine(self) -> bool:
@@ -275,7 +275,7 @@ class Plan:
         return isinstance(self.payload, DeadLettered) and self.payload.quarantine
 
 
-P = TypeVar("P", Produce, Retry, Requeue, ForceFailed, DeadLettered)
+P = TypeVar("P", Produce, TryAgain, Requeue, ForceFailed, DeadLettered)
 
 
 def payload_of(plan: Plan, kind: type[P]) -> P:
@@ -338,8 +338,8 @@ __all__ = [
     "Plan",
     "Produce",
     "Requeue",
-    "Retry",
     "Rules",
     "Send",
+    "TryAgain",
     "payload_of",
 ]

@@ -33,7 +33,7 @@ def retry_wait_ms(tries_made: int) -> int | None:
 
 
 @dataclass(frozen=True)
-class Requeue:
+class NextRequeue:
     requeue_count: int  # goes on the new envelope
     requeue_seq: int  # the new envelope's: the key is run_id:requeue_seq
     delay_ms: int  # which rung of the delay ladder
@@ -53,13 +53,13 @@ def after_exhausted_conflicts(
     observed_seq: int | None,
     current_seq: int,
     livelock_requeues: int,
-) -> Requeue | ForceFail:
+) -> NextRequeue | ForceFail:
     """Decide what follows once the in-process tries are used up."""
     progressed = observed_seq is None or current_seq != observed_seq
     non_progressing = 0 if progressed else requeue_count
     if non_progressing >= livelock_requeues:
         return ForceFail(reason=ForceFailReason.LIVELOCK, requeues=non_progressing)
-    return Requeue(
+    return NextRequeue(
         requeue_count=non_progressing + 1,
         requeue_seq=requeue_seq + 1,
         delay_ms=requeue_delay_ms(non_progressing),

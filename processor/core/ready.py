@@ -25,7 +25,7 @@ _RETRY_WAIT, _LIMIT_WAIT = NodeStatus.RETRY_WAIT, NodeStatus.LIMIT_WAIT
 _SUCCEEDED = NodeStatus.SUCCEEDED
 
 
-class Ended(NamedTuple):
+class EndedByTick(NamedTuple):
     """What a tick ended that its commit records (lists it adds to)."""
 
     signalled: list[tuple[str, int, str]]
@@ -40,7 +40,7 @@ def cascade(
     maps: Maps | None,
     named: Sequence[tuple[str, str]],
     selected: Mapping[str, Selected] | None,
-    ended: Ended,
+    ended: EndedByTick,
 ) -> tuple[list[Dispatch], int, bool]:
     """A step just started may end at once (a wait whose signal came first, a map of no
     items, a sleep whose time had passed), and what follows it starts now: until nothing

@@ -13,7 +13,7 @@ from processor.core.shapes import TopicPartition
 Headers = list[tuple[str, bytes]]
 
 
-class ClientError(Protocol):
+class MessageError(Protocol):
     """The part of the client's error object the processor reads."""
 
     def code(self) -> int: ...
@@ -31,7 +31,7 @@ class KafkaMessage(Protocol):
     def headers(
         self,
     ) -> list[tuple[str, str | bytes | None]] | dict[str, str | bytes | None] | None: ...
-    def error(self) -> ClientError | None: ...
+    def error(self) -> MessageError | None: ...
 
 
 # The trace context headers: what rides on from a record to the records produced for it.

@@ -25,3 +25,7 @@ WorkflowKey = tuple[str, int]
 
 # (node, attempt): one attempt of a step of a run.
 AttemptRef = tuple[str, int]
+
+# (run id, transition seq): a run as it was read at that seq, e.g. a stuck run the sweep
+# selected, force-failed only if it has not moved since.
+RunAtSeq = tuple[str, int]

@@ -36,13 +36,13 @@ from processor.core.workflow_def import RUN_IF_ALL_DONE, StepDef, ValidationErro
 _PENDING, _SUCCEEDED, _SKIPPED = NodeStatus.PENDING, NodeStatus.SUCCEEDED, NodeStatus.SKIPPED
 
 
-class Verdict(Enum):
+class SkipVerdict(Enum):
     RUN = "run"
     SKIP = "skip"
     HOLD = "hold"
 
 
-_RUN, _SKIP, _HOLD = Verdict.RUN, Verdict.SKIP, Verdict.HOLD
+_RUN, _SKIP, _HOLD = SkipVerdict.RUN, SkipVerdict.SKIP, SkipVerdict.HOLD
 
 
 def ended(node: NodeState) -> bool:
@@ -78,7 +78,7 @@ def judge(
 
 def verdict_of(
     step: StepDef, nodes: Mapping[str, NodeState], selected: Mapping[str, Selected] | None
-) -> Verdict:
+) -> SkipVerdict:
     """What becomes of ``step``, each of its dependencies ended (the rules above)."""
     deps = step.depends_on
     if deps and step.run_if != RUN_IF_ALL_DONE and all(nodes[d].status is _SKIPPED for d in deps):

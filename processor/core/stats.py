@@ -121,7 +121,7 @@ class Stats:
             "dead_letters": _plain(self.dead_letters),
             "quarantined": _plain(self.quarantined),
             "isolated": _plain(self.isolated),
-            "commit_attempts": self.commits_sent,
+            "commits_sent": self.commits_sent,
             "relayed": self.relayed,
             "parked": _plain(self.parked),
             "rejoins": self.rejoins,

@@ -110,7 +110,7 @@ from processor.core.attempts import (
 from processor.core.deadlines import RunDeadline, deadline_reason, with_deadline_timer
 from processor.core.map_steps import Maps, end_maps
 from processor.core.model import LoadedRun, SignalKind, Started, StepOutcome, StepResult
-from processor.core.ready import Ended, cascade, dispatch_ready
+from processor.core.ready import EndedByTick, cascade, dispatch_ready
 from processor.core.run_ends import (
     end_run,
     failure,
@@ -262,7 +262,7 @@ def _advance(
     mapped = end_maps(nodes, wf, maps) if maps is not None else []
     if wf.sleeps:
         settled += wake_sleeps(nodes, wf, now_ms)
-    ended = Ended(signalled, mapped, settled)
+    ended = EndedByTick(signalled, mapped, settled)
     dispatches, waiting, deferred = dispatch_ready(nodes, wf, now_ms, maps, selected)
     if waiting:
         more, waited, later = cascade(nodes, wf, now_ms, maps, named, selected, ended)

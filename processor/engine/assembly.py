@@ -31,7 +31,7 @@ from processor.engine.acknowledged import Acknowledged
 from processor.engine.database import Database
 from processor.engine.executor import Executor
 from processor.engine.health import Probe
-from processor.engine.intake import Intake
+from processor.engine.intake import RecordIntake
 from processor.engine.ledger import Ledger
 from processor.engine.membership import Membership
 from processor.engine.pace import Pace
@@ -172,7 +172,7 @@ class ProcessorParts:
     triggers: TriggerFollower
     membership: Membership
     sweeps: Sweeps
-    intake: Intake
+    intake: RecordIntake
     pace: Pace
 
 
@@ -299,10 +299,10 @@ def _turns(
     triggers: TriggerFollower,
     membership: Membership,
     sweeps: Sweeps,
-) -> tuple[Intake, Pace]:
+) -> tuple[RecordIntake, Pace]:
     """What takes each record in, and what paces the loop's turns."""
     c = core.c
-    intake = Intake(
+    intake = RecordIntake(
         names=core.names,
         max_record_bytes=settings.max_record_bytes,
         scope=settings.requests_scope,

@@ -19,7 +19,7 @@ from processor.core.model import Loaded, LoadedRun
 from processor.core.plans import Commit, ForceFailWrite, Send
 from processor.core.routing import TopicNames
 from processor.core.run_state import RunStatus
-from processor.core.shapes import OutboxKey, RunRef
+from processor.core.shapes import OutboxKey, RunAtSeq, RunRef
 from processor.core.stuck import Fail, Leave, StuckVerdict, judge_stuck
 from processor.io.postgres import (
     connections,
@@ -162,7 +162,7 @@ class Database:
 
     def stuck(
         self, modulus: int, shards: Sequence[int], stuck_s: float, grace_s: float, limit: int
-    ) -> list[tuple[str, int]]:
+    ) -> list[RunAtSeq]:
         return sweeps.sweep_stuck(self.conn, modulus, shards, stuck_s, grace_s, limit)
 
     def overdue(

@@ -47,8 +47,8 @@ from processor.core.plans import (
     Plan,
     Produce,
     Requeue,
-    Retry,
     Rules,
+    TryAgain,
 )
 from processor.core.records import Inbound
 from processor.core.shapes import TopicPartition
@@ -290,7 +290,7 @@ class Executor:
     def _carry_out(self, work: Work, plan: Plan, error: BaseException | None = None) -> None:
         self._ledger.record(work, plan)
         payload = plan.payload
-        if isinstance(payload, Retry):
+        if isinstance(payload, TryAgain):
             self._retry(work, plan, payload, error)
             return
         if isinstance(payload, Produce):
@@ -304,7 +304,7 @@ class Executor:
             sends, seq = payload.write.effects, payload.outboxed_seq
         self._settler.carry_out(work, plan.outcome, sends, seq)
 
-    def _retry(self, work: Work, plan: Plan, retry: Retry, error: BaseException | None) -> None:
+    def _retry(self, work: Work, plan: Plan, retry: TryAgain, error: BaseException | None) -> None:
         """The work waits in the book for another try."""
         if plan.outcome is Outcome.ERROR and error is not None:
             self._ledger.end_span_with_error(work, error)

@@ -28,7 +28,7 @@ from processor.core.intake import (
 from processor.core.offsets import OffsetTracker
 from processor.core.outcomes import DeadLetterReason
 from processor.core.plans import Rules
-from processor.core.records import ClientError, Inbound, KafkaMessage, normalise_headers
+from processor.core.records import Inbound, KafkaMessage, MessageError, normalise_headers
 from processor.core.routing import TopicNames
 from processor.core.scopes import Scope
 from processor.core.stats import Stats
@@ -44,7 +44,7 @@ from processor.io.telemetry.logs import describe
 log = logging.getLogger("ductor.processor")
 
 
-class Intake:
+class RecordIntake:
     def __init__(
         self,
         *,
@@ -119,7 +119,7 @@ class Intake:
             return
         self._taken(verdict, now_ms)
 
-    def _client_error(self, error: ClientError) -> None:
+    def _client_error(self, error: MessageError) -> None:
         if error.code() == KafkaError._FATAL:  # the consumer's own, reported so
             self._client_errors.failed(str(error))
         elif error.code() != KafkaError._PARTITION_EOF:
@@ -184,4 +184,4 @@ def _run_id_of(verdict: RecordVerdict) -> str:
     return "" if wakeup is None else wakeup.run_id
 
 
-__all__ = ["Intake"]
+__all__ = ["RecordIntake"]

@@ -202,7 +202,10 @@ class Ledger:
         if outcome is None:
             work.span.end()
         else:
-            end_ok(work.span, outcome, attempts=work.tries)
+            # The try of the run's tick that settled it, as on its last `tick` event;
+            # ductor.attempts (the tries lost before it) is its deprecated wire name.
+            tried = {"tick.try": work.tries + 1, "attempts": work.tries}
+            end_ok(work.span, outcome, **tried)
         work.span = None
 
     def end_span_with_error(self, work: Work, exc: BaseException) -> None:

@@ -22,7 +22,7 @@ from processor.core.stats import Stats
 from processor.engine.acknowledged import Acknowledged
 from processor.engine.ledger import Ledger
 from processor.io.kafka.clients import choose_partition
-from processor.io.kafka.delivery import Delivery, Refusal
+from processor.io.kafka.delivery import BrokerRefusal, Delivery
 from processor.io.runtime.faults import Faults, Point
 from processor.io.telemetry.setup import Telemetry
 from processor.io.telemetry.spans import context_headers
@@ -63,14 +63,14 @@ class Settling:
         self._settled = settled
         self._park = park
         self.held = 0  # records of the work counted as waiting for the broker meanwhile
-        self.parked: Refusal | None = None  # why its outbox row is parked
+        self.parked: BrokerRefusal | None = None  # why its outbox row is parked
 
     def delivered(self) -> None:
         self.outstanding -= 1
         if self.outstanding == 0:
             self._settled(self)
 
-    def refused(self, why: Refusal) -> None:
+    def refused(self, why: BrokerRefusal) -> None:
         """The broker refuses one of its records for good: its outbox row is parked (kept,
         relayed by no one until unparked), and the record counts as settled."""
         if self.parked is None:

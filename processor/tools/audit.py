@@ -146,6 +146,8 @@ def assert_transitions_applied_once(conn: psycopg.Connection[Any], run_prefix: s
         " FROM test_run_audit WHERE run_id LIKE %s ORDER BY id",
         (like_prefix(run_prefix),),
     ).fetchall()
+    # (run id, db_record_version): the row version each write started from (not a workflow's
+    # version: no two writes may start from the same one).
     from_versions: Counter[tuple[str, int]] = Counter()
     dispatched: Counter[tuple[str, str, int]] = Counter()
     resolved: Counter[tuple[str, str, int]] = Counter()

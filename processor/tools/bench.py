@@ -9,8 +9,8 @@ It measures, in the same run so that the ratios hold on a noisy shared machine:
 - idle latency: runs of the 4-step workflow started one at a time through the client, start
   to end as the client sees it, and per hop (bench_latency.py);
 - hot mix: two instances, workers, duplicated wakeups and a few hot runs at about half of the
-  instance's peak rate, with co-partitioning by run on and off: wasted attempts (conflicts per
-  commit attempt) and wakeup-to-commit latency;
+  instance's peak rate, with co-partitioning by run on and off: wasted commits (conflicts per
+  commit sent) and wakeup-to-commit latency;
 - peak RSS of the instance;
 - CPU per committed tick of each process (the instances, the workers, the broker, Postgres
   with all its processes) in every phase, over the same window as the phase's rate

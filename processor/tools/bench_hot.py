@@ -38,7 +38,7 @@ from processor.core.offsets import OffsetTracker
 from processor.core.outcomes import Outcome
 from processor.core.pending import RunBook
 from processor.core.plans import BatchItem, Plan, Rules
-from processor.core.records import ClientError
+from processor.core.records import MessageError
 from processor.core.routing import TopicNames
 from processor.core.run_state import NodeStatus, row_checksum
 from processor.core.stats import Stats
@@ -131,7 +131,7 @@ class _Message:
     def headers(self) -> list[tuple[str, str | bytes | None]] | None:
         return [("traceparent", b"00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01")]
 
-    def error(self) -> ClientError | None:
+    def error(self) -> MessageError | None:
         return None
 
 

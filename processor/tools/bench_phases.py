@@ -256,12 +256,12 @@ class Bench(Harness):
 def _mix_figures(stats: list[dict[str, Any]]) -> dict[str, Any]:
     """The hot mix's conflicts, errors and latency, from its two instances' final stats."""
     conflicts = sum(s["conflicts"] for s in stats)
-    attempts = sum(s["commit_attempts"] for s in stats)
+    sent = sum(s["commits_sent"] for s in stats)
     e2e = [s["latency_ms"]["end_to_end"] for s in stats]
     return {
-        "wasted": conflicts / attempts if attempts else 0.0,
+        "wasted": conflicts / sent if sent else 0.0,
         "conflicts": conflicts,
-        "attempts": attempts,
+        "commits": sent,
         "errors": sum(sum(s["errors"].values()) for s in stats),
         "p50": max(x["p50"] or 0 for x in e2e),
         "p99": max(x["p99"] or 0 for x in e2e),

@@ -55,8 +55,8 @@ def report(f: Figures) -> None:
             f" ~{hot['rate']:.0f} ticks/s):"
         )
         print(
-            f"    wasted attempts {hot['wasted'] * 100:5.1f} %  ({hot['conflicts']} conflicts"
-            f" / {hot['attempts']} commit attempts; target <= 10 %), errors {hot['errors']}"
+            f"    wasted commits {hot['wasted'] * 100:5.1f} %  ({hot['conflicts']} conflicts"
+            f" / {hot['commits']} commits sent; target <= 10 %), errors {hot['errors']}"
         )
         latency = f"p50 {hot['p50']:.1f} ms, p99 {hot['p99']:.1f} ms"
         print(f"    wakeup-to-commit {latency} (target p99 <= 100)")

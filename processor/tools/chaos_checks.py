@@ -24,7 +24,7 @@ from processor.tools import audit, chaos_steps
 from processor.tools.audit import TimedOut
 from processor.tools.chaos_fleet import KILL_WORKER, PROCESSOR, WORKER, ChaosFleet
 from processor.tools.chaos_hostile_check import HostileVerdict
-from processor.tools.chaos_report import FREEZE, LOCK, ChaosReport, Totals, Window
+from processor.tools.chaos_report import FREEZE, LOCK, ChaosReport, FaultWindow, Totals
 
 # Faults that can make a step attempt time out for real. A step's timeout counts from the
 # moment a worker starts it (core/tick.py, rule 4), so only what holds a started execution's
@@ -40,7 +40,7 @@ from processor.tools.chaos_report import FREEZE, LOCK, ChaosReport, Totals, Wind
 _REAL_CAUSES = (FREEZE, KILL_WORKER)
 
 
-def _in_flight(timed_out: TimedOut, timeout_ms: int, window: Window) -> bool:
+def _in_flight(timed_out: TimedOut, timeout_ms: int, window: FaultWindow) -> bool:
     """Whether the attempt ran (started, deadline not passed) during the window: a deadline
     is its start plus its timeout (or, judged at once, its dispatch plus its timeout, when
     it started then)."""
@@ -64,7 +64,7 @@ class _Found:
 
 
 def _read(
-    dsn: str, prefix: str, run_ids: Sequence[str], windows: list[Window], problems: list[str]
+    dsn: str, prefix: str, run_ids: Sequence[str], windows: list[FaultWindow], problems: list[str]
 ) -> _Found:
     writes: int | None = None
     with connect_durable(dsn) as conn:
@@ -95,7 +95,7 @@ def _read(
 def _timeout_causes(
     found: _Found,
     wf: WorkflowDef,
-    windows: list[Window],
+    windows: list[FaultWindow],
     session_timeout_s: float,
     problems: list[str],
 ) -> tuple[Counter[str], int]:
@@ -188,7 +188,7 @@ def check(
     run_ids: Sequence[str],
     wf: WorkflowDef,
     fleet: ChaosFleet,
-    windows: list[Window],
+    windows: list[FaultWindow],
     session_timeout_s: float,
     stop_codes: dict[str, int | None],
     elapsed_s: float,

@@ -17,7 +17,7 @@ from processor.tools.chaos_hostile import HEADER, HostileProducer
 
 
 @dataclass
-class MapFigures:
+class HostileMapFigures:
     """The map run as it ended."""
 
     items: int
@@ -51,7 +51,7 @@ class HostileVerdict:
     failed_deliveries: int
     copies: int  # dead letters of hostile records sent again after a kill (folded)
     signals_on_chaos_runs: int
-    map_run: MapFigures
+    map_run: HostileMapFigures
     exits: int
     problems: list[str] = field(default_factory=list)
     # The dead letters accounted for, by their place in the dead-letter topic.
@@ -94,7 +94,7 @@ def check_hostile(
         failed_deliveries=len(producer.failed),
         copies=sum(letter.copies - 1 for found in by_id.values() for letter in found),
         signals_on_chaos_runs=0,
-        map_run=MapFigures(producer.plan.map_items),
+        map_run=HostileMapFigures(producer.plan.map_items),
         exits=exits,
     )
     _check_refusals(producer, by_id, verdict)
@@ -179,7 +179,7 @@ _TAKEN = (
 
 
 def _check_map(
-    conn: psycopg.Connection[Any], map_id: str, figures: MapFigures, problems: list[str]
+    conn: psycopg.Connection[Any], map_id: str, figures: HostileMapFigures, problems: list[str]
 ) -> None:
     row = conn.execute(
         "SELECT status, CASE WHEN jsonb_typeof(output) = 'array'"

@@ -62,7 +62,7 @@ SHORT = ChaosPlan(
 
 
 @dataclass(frozen=True)
-class Fault:
+class PlannedFault:
     at_s: float  # from the start of the run
     kind: str  # BROKER, POSTGRES, FREEZE, PROCESSOR or WORKER (a SIGKILL of one)
 
@@ -78,7 +78,7 @@ def expected_s(kind: str, plan: ChaosPlan) -> float:
     return plan.freeze_s if kind == FREEZE else 0.0
 
 
-def schedule(plan: ChaosPlan, rng: random.Random) -> list[Fault]:
+def schedule(plan: ChaosPlan, rng: random.Random) -> list[PlannedFault]:
     """The outages evenly spaced over the duration (interleaved: broker, postgres, freeze,
     broker...), and the kills at random times between them."""
     counts = {BROKER: plan.broker_restarts, POSTGRES: plan.postgres_restarts}
@@ -88,7 +88,9 @@ def schedule(plan: ChaosPlan, rng: random.Random) -> list[Fault]:
     for turn in range(max(counts.values())):
         kinds += [kind for kind, n in counts.items() if turn < n]
     span = plan.duration_s - _WARMUP_S
-    outages = [Fault(_WARMUP_S + span * (i + 1) / (len(kinds) + 1), k) for i, k in enumerate(kinds)]
+    outages = [
+        PlannedFault(_WARMUP_S + span * (i + 1) / (len(kinds) + 1), k) for i, k in enumerate(kinds)
+    ]
     busy = [(f.at_s, f.at_s + expected_s(f.kind, plan)) for f in outages]
     free: list[tuple[float, float]] = []
     cursor = _WARMUP_S
@@ -103,7 +105,7 @@ def schedule(plan: ChaosPlan, rng: random.Random) -> list[Fault]:
         for start, end in free:
             if offset <= end - start:
                 kind = WORKER if rng.random() < plan.worker_share else PROCESSOR
-                kills.append(Fault(start + offset, kind))
+                kills.append(PlannedFault(start + offset, kind))
                 break
             offset -= end - start
     return sorted([*outages, *kills], key=lambda f: f.at_s)

@@ -23,7 +23,7 @@ _KILL_KINDS = (KILL_PROCESSOR, KILL_WORKER, KILL_AFTER_COMMIT)
 
 
 @dataclass(frozen=True)
-class Window:
+class FaultWindow:
     """A fault as it happened: a kill (start == end) or an outage, in wall-clock seconds."""
 
     kind: str  # BROKER, POSTGRES, FREEZE, LOCK or one of the kill kinds of chaos_fleet
@@ -70,7 +70,7 @@ class ChaosReport:
     outcomes: dict[tuple[str, str | None], int]
     kills: Counter[str]
     restarts: int
-    windows: list[Window]
+    windows: list[FaultWindow]
     finished_after_s: float | None  # from the end of the last fault to every run ended
     totals: Totals
     writes: int | None  # audit rows checked (None: the check failed)
@@ -210,7 +210,7 @@ def _share(part: int, whole: int) -> str:
     return f"{100 * part / whole:.2f} %" if whole else "none"
 
 
-def _outage(windows: list[Window], what: str) -> str:
+def _outage(windows: list[FaultWindow], what: str) -> str:
     if not windows:
         return "none"
     downs = ", ".join(f"{w.end - w.start:.1f} s" for w in windows)

@@ -30,8 +30,8 @@ from processor.tools.chaos_fleet import PROCESSOR, WORKER, ChaosFleet
 from processor.tools.chaos_hostile import HostileProducer, map_run_id, map_workflow, scoped
 from processor.tools.chaos_hostile_check import check_hostile
 from processor.tools.chaos_load import Feeder
-from processor.tools.chaos_plan import ChaosPlan, Fault, expected_s, schedule
-from processor.tools.chaos_report import BROKER, LOCK, POSTGRES, ChaosReport, Window
+from processor.tools.chaos_plan import ChaosPlan, PlannedFault, expected_s, schedule
+from processor.tools.chaos_report import BROKER, LOCK, POSTGRES, ChaosReport, FaultWindow
 from processor.tools.proxy import TcpProxy
 from processor.tools.waiting import polls
 
@@ -60,7 +60,7 @@ class _Chaos:
         self.out = out
         self.prefix = f"{settings.topic_prefix}-"
         self.run_ids = [f"{self.prefix}{i}" for i in range(plan.runs)]
-        self.windows: list[Window] = []
+        self.windows: list[FaultWindow] = []
         self.proxy = TcpProxy.for_dsn(settings.pg_dsn)
         rng = random.Random(plan.seed)
         self.faults = schedule(plan, rng)
@@ -79,7 +79,7 @@ class _Chaos:
 
     def _fault(self, kind: str, name: str) -> None:
         now = time.time()
-        self.windows.append(Window(kind, name, now, now))
+        self.windows.append(FaultWindow(kind, name, now, now))
         self.out(f"{self._t():6.1f} s  {kind}: {name}")
 
     def _t(self) -> float:
@@ -181,7 +181,7 @@ class _Chaos:
                 self._next_progress = self._t() + _PROGRESS_EVERY_S
             time.sleep(min(left, 0.5))  # the schedule's own pace: faults come at set times
 
-    def _inflict(self, fault: Fault) -> float:
+    def _inflict(self, fault: PlannedFault) -> float:
         """Carry the fault out; returns how long it took."""
         if fault.kind in (PROCESSOR, WORKER):
             self.fleet.sigkill(fault.kind)
@@ -206,7 +206,7 @@ class _Chaos:
                 time.sleep(self.plan.freeze_s)  # the outage's chosen length
                 self.proxy.restore()
         end = time.time()
-        self.windows.append(Window(fault.kind, "", start, end))
+        self.windows.append(FaultWindow(fault.kind, "", start, end))
         self.out(f"{self._t():6.1f} s  {fault.kind} over after {end - start:.1f} s")
         return end - start
 
@@ -225,7 +225,7 @@ class _Chaos:
             time.sleep(self.plan.lock_s)  # the lock's chosen length
             conn.rollback()
         end = time.time()
-        self.windows.append(Window(LOCK, held, start, end))
+        self.windows.append(FaultWindow(LOCK, held, start, end))
         self.out(f"{self._t():6.1f} s  outside lock released after {end - start:.1f} s")
         return end - start
 

@@ -74,7 +74,7 @@ SLOW = parse_workflow(
 
 
 @dataclass
-class Plan:
+class DemoPlan:
     """Which runs the demo starts and how each one must end."""
 
     expected: dict[str, str] = field(default_factory=dict)
@@ -134,13 +134,13 @@ def demo_log_dir() -> Path:
     return root / ".infra" / "demo"
 
 
-def prepare(settings: Settings, conn: psycopg.Connection[Any], runs: int, tag: str) -> Plan:
+def prepare(settings: Settings, conn: psycopg.Connection[Any], runs: int, tag: str) -> DemoPlan:
     migrate(settings.pg_dsn)
     create_topics(settings)
     sample = parse_workflow(sample_workflow())
     for wf in (sample, FAILING, SLOW):
         register_workflow(conn, wf)
-    plan = Plan()
+    plan = DemoPlan()
     groups: list[tuple[WorkflowDef, str, int, str]] = [
         (sample, "sample", runs, "succeeded"),
         (sample, "hot", 20, "succeeded"),
@@ -166,7 +166,7 @@ def prepare(settings: Settings, conn: psycopg.Connection[Any], runs: int, tag: s
     return plan
 
 
-def wake(settings: Settings, plan: Plan, hot_copies: int) -> None:
+def wake(settings: Settings, plan: DemoPlan, hot_copies: int) -> None:
     """One start wakeup per run; the hot runs get `hot_copies` wakeups all at once, spread
     over every partition (as producers that do not co-partition would), so both processor
     instances tick them at the same time and lose version races: conflicts, not errors."""
@@ -328,7 +328,7 @@ def run_demo(
 
 
 def summary(
-    plan: Plan, final: dict[str, str], t: dict[str, int], elapsed: float, logs: Path
+    plan: DemoPlan, final: dict[str, str], t: dict[str, int], elapsed: float, logs: Path
 ) -> int:
     rows: Counter[tuple[str, str, str]] = Counter()
     for run_id, expected in plan.expected.items():

@@ -18,6 +18,7 @@ from processor import client
 from processor.client import RunFilter
 from processor.core.outcomes import DLQ_REASONS
 from processor.core.run_state import RunStatus
+from processor.core.shapes import WorkflowKey
 from processor.io.config.settings import Settings
 from processor.io.kafka.dlq import DeadLetter, read_dead_letters
 from processor.io.kafka.errors import DlqError
@@ -39,7 +40,7 @@ REFRESH_MS = 5000
 DEAD_LETTERS_SHOWN = 200
 
 
-class Site(Protocol):
+class ListingsSite(Protocol):
     """What the listings use of the site (processor/ui/app.py)."""
 
     @property
@@ -60,7 +61,7 @@ class Listings:
     """The workflows', workers' and dead letters' handlers, on the site's settings and
     templates."""
 
-    def __init__(self, site: Site) -> None:
+    def __init__(self, site: ListingsSite) -> None:
         self.site = site
 
     async def workflows(self, request: Request) -> Response:
@@ -79,7 +80,7 @@ class Listings:
 
     def _workflows(
         self, since_ms: int
-    ) -> tuple[list[WorkflowVersion], dict[tuple[str, int], dict[str, int]]]:
+    ) -> tuple[list[WorkflowVersion], dict[WorkflowKey, dict[str, int]]]:
         with client.connect(self.site.settings) as conn:
             versions = workflow_versions(conn)
             counts = counts_by_workflow(conn, RunFilter(since_ms=since_ms))

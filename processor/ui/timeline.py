@@ -64,7 +64,7 @@ class Gap:
 
 
 @dataclass(frozen=True)
-class Lane:
+class NodeLane:
     node: str
     y: int
     bars: tuple[Bar, ...]
@@ -81,7 +81,7 @@ class Tick:
 class Timeline:
     width: int
     height: int
-    lanes: tuple[Lane, ...]
+    lanes: tuple[NodeLane, ...]
     ticks: tuple[Tick, ...]
     more_lanes: int  # lanes not drawn (past MAX_LANES)
     span_s: float
@@ -162,7 +162,7 @@ def timeline(document: Mapping[str, Any], now: float) -> Timeline | None:
             since = ready if last_end is None else last_end
             gaps += _waiting(node, kind, rows, state, until, x, since)
         y = AXIS_H + PAD + index * LANE_H
-        lanes.append(Lane(node, y, tuple(bars), tuple(gaps)))
+        lanes.append(NodeLane(node, y, tuple(bars), tuple(gaps)))
     ticks = tuple(
         Tick(LABEL_W + i * PLOT_W / (TICKS - 1), "+" + _duration(x.span * i / (TICKS - 1)))
         for i in range(TICKS)

@@ -72,7 +72,7 @@ class ProcessRunner:
         self._idle_exit_s = idle_exit_s
         self._name = name
         self._jobs: queue.SimpleQueue[Task | None] = queue.SimpleQueue()
-        self._slots = [_Slot(self, i) for i in range(slots or options.concurrency)]
+        self._slots = [_ChildSlot(self, i) for i in range(slots or options.concurrency)]
         self._started = False
         self._lock = threading.Lock()
 
@@ -101,7 +101,7 @@ class ProcessRunner:
             self._jobs.put(None)
 
 
-class _Slot:
+class _ChildSlot:
     def __init__(self, runner: ProcessRunner, number: int) -> None:
         self._runner = runner
         self._number = number
@@ -237,7 +237,7 @@ class _Slot:
 
 def _await_ready(child: BaseProcess, conn: Connection) -> None:
     """Until a fresh child has loaded the steps module (its first message), or died doing so
-    (then the step it was to run fails saying how: _Slot._died)."""
+    (then the step it was to run fails saying how: _ChildSlot._died)."""
     try:
         while not conn.poll(_POLL_S):
             if not child.is_alive():

@@ -13,7 +13,7 @@ from processor.core.backoff import MAX_RETRY_S
 from processor.core.envelope import Wakeup
 from processor.core.model import StepOutcome
 from processor.core.routing import TopicNames
-from processor.core.shapes import TopicPartition
+from processor.core.shapes import RunRef, TopicPartition
 from processor.io.kafka.clients import choose_partition
 from processor.io.kafka.delivery import Delivery
 from processor.io.postgres.step_attempts import Report
@@ -82,7 +82,7 @@ class Results:
     def recorded(self, answer: Recorded, failed: Callable[[Task, Exception], None]) -> None:
         """One wakeup per run for the results recorded together (the branches of a fan-out
         often end in one group): the tick it causes reads every recorded result."""
-        woken: dict[tuple[str, str], list[Task]] = {}
+        woken: dict[RunRef, list[Task]] = {}
         for task, recorded in answer.tasks:
             if recorded:
                 woken.setdefault((task.step.run_id, task.step.tier), []).append(task)

@@ -8,12 +8,16 @@ that no test runs."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import psycopg
 import pytest
 
+from processor.io.config.settings import Settings
+from processor.io.kafka.topics import create_topics, delete_topics
 from tests.docs_shell import walks
 
 from .user_shell import Shell
@@ -22,7 +26,26 @@ pytestmark = pytest.mark.integration
 
 WALKS = walks()
 # The workflows the pages register: a database that has never seen them, as a new user's.
-REGISTERED = ("orders",)
+REGISTERED = (
+    "orders",
+    "orders-with-approval",
+    "remind",
+    "shipping",
+    "checkout-deadline",
+    "tagged",
+    "nightly-report",
+)
+
+
+@pytest.fixture
+def settings(settings: Settings) -> Iterator[Settings]:
+    """The tests' settings with as many steps partitions as a reader's (the default): usage.md
+    runs a worker for each of its modules, four in one group, and one holding no partition
+    would wait for its tasks to be handed back to it."""
+    own = replace(settings, topic_prefix=f"{settings.topic_prefix}-docs", step_partitions=12)
+    create_topics(own)
+    yield own
+    delete_topics(own)
 
 
 @pytest.mark.parametrize("page", sorted(WALKS))

@@ -81,6 +81,9 @@ def test_a_conflict_is_an_event_with_unset_status_and_a_requeue_stays_in_one_tra
     )
     assert all("ductor.commit_ms" in (e.attributes or {}) for e in conflicts)
     assert _attr(first, "ductor.outcome") == "requeued"
+    # The try that settled the span's outcome (the fifth lost race requeued it), and its
+    # deprecated name counting the tries lost before it.
+    assert (_attr(first, "ductor.tick.try"), _attr(first, "ductor.attempts")) == (5, 4)
     assert _attr(later, "ductor.outcome") == "force_failed"
     assert _attr(first, "messaging.system") == "kafka"
     assert _attr(first, "messaging.consumer.group.name") == settings.group_id

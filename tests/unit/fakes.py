@@ -9,7 +9,7 @@ from processor.core.envelope import Wakeup
 from processor.core.intake import Accepted, RecordVerdict, admit
 from processor.core.model import LoadedRun
 from processor.core.plans import BatchItem
-from processor.core.records import ClientError, Inbound
+from processor.core.records import Inbound, MessageError
 from processor.core.routing import TopicNames
 from processor.core.run_state import RunState, initial_state, state_checksum
 from processor.core.workflow import parse_workflow
@@ -60,7 +60,7 @@ class FakeMessage:
     def headers(self) -> list[tuple[str, str | bytes | None]] | None:
         return self.headers_
 
-    def error(self) -> ClientError | None:
+    def error(self) -> MessageError | None:
         return None
 
 

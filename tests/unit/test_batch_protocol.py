@@ -36,7 +36,7 @@ from processor.core.envelope import Wakeup, decode_wakeup
 from processor.core.limit_values import NO_LIMITS, LimitInputs
 from processor.core.model import Loaded, LoadedRun, RunInput, StepOutcome, StepResult
 from processor.core.outcomes import DeadLetterReason, ForceFailReason, Outcome
-from processor.core.plans import BatchItem, DeadLettered, ForceFailed, Retry, Rules, payload_of
+from processor.core.plans import BatchItem, DeadLettered, ForceFailed, Rules, TryAgain, payload_of
 from processor.core.policy import MAX_IN_PROCESS_TRIES
 from processor.core.records import Inbound
 from processor.core.run_state import RunStatus, initial_state, state_checksum
@@ -279,7 +279,10 @@ def test_a_lost_commit_is_read_back_and_what_did_not_land_is_tried_again_at_once
     assert script.kinds()[3:] == ["CommitRuns", "ReadBack", "NoteCommitted"]
     plans = {p.run_id: p for p in outcome.plans}
     assert plans["r0"].outcome is Outcome.COMMITTED
-    assert (plans["r1"].outcome, payload_of(plans["r1"], Retry).retry_in_ms) == (Outcome.ERROR, 0)
+    assert (plans["r1"].outcome, payload_of(plans["r1"], TryAgain).retry_in_ms) == (
+        Outcome.ERROR,
+        0,
+    )
     assert outcome.read_back is not None and outcome.read_back.not_landed == {"r1"}
     assert outcome.unacknowledged == ACKS  # the deletions went with the lost statement
     assert outcome.runs.started == {"pair": 1}
@@ -342,7 +345,7 @@ def test_a_livelocked_run_is_force_failed_and_counted_as_ended() -> None:
 def test_a_force_fail_that_finds_the_run_moved_is_refused() -> None:
     _script, outcome = _lost_race(lambda _: False)
     (plan,) = outcome.plans
-    assert (plan.outcome, plan.payload) == (Outcome.CONFLICT, Retry(0, 0))
+    assert (plan.outcome, plan.payload) == (Outcome.CONFLICT, TryAgain(0, 0))
     assert not outcome.runs
 
 

@@ -15,7 +15,7 @@ from processor.core.decide import force_fail_refused, force_fail_write
 from processor.core.envelope import Wakeup, decode_wakeup
 from processor.core.model import LoadedRun, ParentLink, StepOutcome, StepResult
 from processor.core.outcomes import ForceFailReason, Outcome
-from processor.core.plans import ForceFailed, Plan, Retry
+from processor.core.plans import ForceFailed, Plan, TryAgain
 from processor.core.routing import TopicNames
 from processor.core.run_ends import resume_failed
 from processor.core.run_state import NodeStatus, RunState, RunStatus, initial_state, state_checksum
@@ -114,7 +114,7 @@ def test_a_refused_force_fail_produces_nothing() -> None:
     failed = ForceFailed(ForceFailReason.LIVELOCK, write)
     plan = Plan("o-1", Outcome.FORCE_FAILED, failed, Outcome.CONFLICT)
     refused = force_fail_refused(plan)
-    assert (refused.sends, refused.payload) == ((), Retry(0, 0))
+    assert (refused.sends, refused.payload) == ((), TryAgain(0, 0))
 
 
 # One event of the property below: a result of ``ship``'s child (its attempt; the child

@@ -11,7 +11,7 @@ from typing import Any
 from confluent_kafka import KafkaError
 
 from processor.io.kafka.clients import ClientErrors
-from processor.io.kafka.delivery import PARK_AFTER, Delivery, Refusal
+from processor.io.kafka.delivery import PARK_AFTER, BrokerRefusal, Delivery
 
 Report = Callable[[KafkaError | None], None]
 
@@ -37,7 +37,7 @@ class Clock:
 
 
 def _deliver_and_refuse(
-    refusal: KafkaError, on_refused: Callable[[Refusal], None] | None, rounds: int
+    refusal: KafkaError, on_refused: Callable[[BrokerRefusal], None] | None, rounds: int
 ) -> tuple[FakePublisher, list[str]]:
     publisher, clock, errors = FakePublisher(), Clock(), Counter[str]()
     delivery = Delivery(publisher, errors, clock)  # type: ignore[arg-type]
@@ -54,7 +54,7 @@ def _deliver_and_refuse(
 
 
 def test_a_record_refused_for_good_is_handed_over_after_park_after_refusals() -> None:
-    why: list[Refusal] = []
+    why: list[BrokerRefusal] = []
     publisher, delivered = _deliver_and_refuse(
         KafkaError(KafkaError.MSG_SIZE_TOO_LARGE), why.append, rounds=PARK_AFTER + 3
     )
@@ -69,7 +69,7 @@ def test_without_a_keeper_it_keeps_trying() -> None:
 
 
 def test_a_broker_away_never_parks() -> None:
-    why: list[Refusal] = []
+    why: list[BrokerRefusal] = []
     publisher, _ = _deliver_and_refuse(KafkaError(KafkaError._MSG_TIMED_OUT), why.append, 10)
     assert why == [] and publisher.sends == 10
 
@@ -98,7 +98,7 @@ def test_a_send_that_raises_what_nobody_foresaw_is_a_refusal_never_the_loops() -
     (the loop) never sees the exception."""
     publisher, clock, errors = RaisingPublisher(), Clock(), Counter[str]()
     delivery = Delivery(publisher, errors, clock)  # type: ignore[arg-type]
-    why: list[Refusal] = []
+    why: list[BrokerRefusal] = []
     delivered: list[str] = []
     delivery.send("steps", b"v", b"k", None, [], lambda: delivered.append("ok"), why.append)
     for _ in range(PARK_AFTER + 2):

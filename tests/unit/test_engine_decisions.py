@@ -38,7 +38,15 @@ from processor.core.model import Loaded, UnknownWorkflow, UnreadableRun
 from processor.core.offsets import OffsetTracker
 from processor.core.outcomes import DLQ_REASONS, DeadLetterReason, ForceFailReason, Outcome
 from processor.core.pending import RunBook
-from processor.core.plans import DeadLettered, ForceFailed, Plan, Produce, Retry, Rules, payload_of
+from processor.core.plans import (
+    DeadLettered,
+    ForceFailed,
+    Plan,
+    Produce,
+    Rules,
+    TryAgain,
+    payload_of,
+)
 from processor.core.policy import IN_PROCESS_BACKOFF_MS, MAX_IN_PROCESS_TRIES
 from processor.core.records import Inbound
 from processor.core.request_plans import Refused, request_plan
@@ -393,7 +401,7 @@ def test_conflicts_are_retried_in_process_with_the_seeds_backoff_then_requeued()
     for tries in range(MAX_IN_PROCESS_TRIES - 1):
         plan = _conflict(records, tries)
         assert (plan.outcome, plan.tick_outcome) == (Outcome.CONFLICT, Outcome.CONFLICT)
-        retry = payload_of(plan, Retry)
+        retry = payload_of(plan, TryAgain)
         assert retry.retry_in_ms == IN_PROCESS_BACKOFF_MS[tries + 1]
         assert retry.tries == tries + 1 and not plan.sends
     plan = _conflict(records, MAX_IN_PROCESS_TRIES - 1)
@@ -429,7 +437,7 @@ def test_a_run_that_keeps_conflicting_without_progress_is_force_failed() -> None
     assert failed.write.loaded_checksum == loaded("r").stored_checksum
     # The write found the run moved: not a livelock. Attempts start again at once.
     refused = force_fail_refused(plan)
-    assert (refused.outcome, payload_of(refused, Retry)) == (Outcome.CONFLICT, Retry(0, 0))
+    assert (refused.outcome, payload_of(refused, TryAgain)) == (Outcome.CONFLICT, TryAgain(0, 0))
 
 
 def test_progress_since_the_last_requeue_restarts_the_count() -> None:
@@ -444,7 +452,7 @@ def test_progress_since_the_last_requeue_restarts_the_count() -> None:
 
 def test_a_database_error_decides_nothing_and_retries_later() -> None:
     plan = database_failed(item("r", [accepted(_start("r", 1))], tries=2), 1000)
-    retry = payload_of(plan, Retry)
+    retry = payload_of(plan, TryAgain)
     assert (plan.outcome, plan.tick_outcome, retry.tries) == (Outcome.ERROR, None, 2)
     assert retry.retry_in_ms and not plan.sends
 

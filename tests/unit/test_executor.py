@@ -19,7 +19,7 @@ from processor.core.intake import Reject, admit
 from processor.core.offsets import OffsetTracker
 from processor.core.outcomes import DeadLetterReason, ForceFailReason, Outcome
 from processor.core.pending import RunBook, RunWork
-from processor.core.plans import BatchItem, Retry, Rules, payload_of
+from processor.core.plans import BatchItem, Rules, TryAgain, payload_of
 from processor.core.policy import IN_PROCESS_BACKOFF_MS, MAX_IN_PROCESS_TRIES
 from processor.core.routing import DELAY_RUNGS_MS
 from processor.core.run_state import RunStatus
@@ -234,14 +234,14 @@ def test_a_run_whose_row_is_held_waits_apart_with_a_growing_backoff_never_a_conf
     commits = tick_batch({"r": run}, NOW_MS, NAMES)
     plan = decide(item("r", work.records), run, commits["r"], False, NOW_MS, RULES, held=True)
     h.executor.carry_out(work, plan)
-    assert (plan.outcome, payload_of(plan, Retry).retry_in_ms) == (Outcome.LOCKED, 10)
+    assert (plan.outcome, payload_of(plan, TryAgain).retry_in_ms) == (Outcome.LOCKED, 10)
     assert (h.stats.conflicts, h.stats.error_count, h.stats.ticks[Outcome.LOCKED]) == (0, 0, 1)
     assert (work.locked, work.prior_version, work.tries) == (1, 7, 0)
     again = BatchItem("r", work.tries, tuple(work.records), work.locked, work.prior_version)
     second = decide(again, run, commits["r"], False, NOW_MS, RULES, held=True)
-    assert (second.outcome, payload_of(second, Retry).retry_in_ms) == (Outcome.LOCKED, 20)
+    assert (second.outcome, payload_of(second, TryAgain).retry_in_ms) == (Outcome.LOCKED, 20)
     moved = decide(again, loaded("r", version=8), commits["r"], False, NOW_MS, RULES, held=True)
-    assert moved.outcome is Outcome.CONFLICT and payload_of(moved, Retry).tries == 1
+    assert moved.outcome is Outcome.CONFLICT and payload_of(moved, TryAgain).tries == 1
     assert h.tracker.committable() == {}  # the record waits: its offset is held
 
 
@@ -254,7 +254,7 @@ def test_commits_that_keep_losing_their_connection_back_off(h: Harness) -> None:
         read_back = ReadBackResult(lost, frozenset({"r"}))
         plans = [database_failed(item("r", []), 0)]
         h.failures.commit_answered(read_back, 1)
-        waits.append(payload_of(h.failures.not_landed(read_back, plans)[0], Retry).retry_in_ms)
+        waits.append(payload_of(h.failures.not_landed(read_back, plans)[0], TryAgain).retry_in_ms)
     assert waits == [0, 100, 200, 400]
     assert h.stats.unknown_commits == {"landed": 0, "not_landed": 4}
 

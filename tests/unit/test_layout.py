@@ -11,7 +11,9 @@ function do not (that is how the CLI loads the benchmark and the demo lazily).
 from __future__ import annotations
 
 import ast
+import re
 from collections.abc import Iterable
+from fnmatch import fnmatch
 from pathlib import Path
 
 import pytest
@@ -120,3 +122,37 @@ def test_each_layer_imports_only_the_layers_below_it() -> None:
             if theirs > own or (theirs == own and _package(module) != _package(target)):
                 wrong.append(f"{module} imports {target}")
     assert not wrong, wrong
+
+
+ARCHITECTURE = PACKAGE.parent / "docs" / "architecture.md"
+
+
+def _documented_layers() -> list[tuple[int, str, list[str]]]:
+    """docs/architecture.md's table of layers: each row's layer, the folder or module it
+    names, and the modules listed in its second cell (``bench_*`` matches a prefix)."""
+    rows = []
+    for line in ARCHITECTURE.read_text().splitlines():
+        match = re.match(r"\| (\d) · (.+?) \| (.*?) \|", line)
+        if match:
+            for path in re.findall(r"`(processor/[\w/.]*)`", match[2]):
+                rows.append((int(match[1]), path, re.findall(r"`([\w*]+)`", match[3])))
+    return rows
+
+
+def test_the_architecture_page_states_the_layers_of_this_test() -> None:
+    """Every folder and top-level module is a row of docs/architecture.md at the layer this
+    test gives it, and a folder's row names each of its modules, no more."""
+    rows = _documented_layers()
+    modules = sorted(_graph())
+    named = set()
+    for layer, path, listed in rows:
+        dotted = path.removesuffix("/").removesuffix(".py").replace("/", ".")
+        dotted = dotted.removesuffix(".__init__")
+        assert _layer(dotted) == layer, (path, layer, _layer(dotted))
+        inside = [m.removeprefix(dotted + ".") for m in modules if m.startswith(dotted + ".")]
+        if path.endswith("/") and dotted != "processor.io":
+            assert listed, path
+            assert sorted(m for m in inside if not any(fnmatch(m, p) for p in listed)) == []
+            assert [p for p in listed if not any(fnmatch(m, p) for m in inside)] == []
+        named.add(dotted if path.endswith(".py") else _package(dotted))
+    assert sorted(set(map(_package, modules)) - named) == []

@@ -9,7 +9,14 @@ from pathlib import Path
 from typing import Any
 
 from processor.core.stats import Stats
-from processor.io.telemetry.metrics import METRICS, PROCESSOR, WORKER, Kind, Service, metrics_of
+from processor.io.telemetry.metrics import (
+    METRICS,
+    PROCESSOR,
+    WORKER,
+    MetricKind,
+    Service,
+    metrics_of,
+)
 from processor.io.telemetry.setup import Telemetry
 from processor.worker.metrics import WorkerMetrics
 from processor.worker.stats import WorkerStats
@@ -90,7 +97,7 @@ def test_the_telemetry_page_lists_the_processors_metrics() -> None:
     section = page.split("## Metrics", 1)[1].split("\n## ", 1)[0]
     rows = re.findall(r"^\| `(ductor\.[a-z_.]+)` \| ([a-z]+(?: \(ms\))?) \|", section, re.M)
     expected = {
-        m.name: m.kind.value + (" (ms)" if m.kind is Kind.HISTOGRAM else "")
+        m.name: m.kind.value + (" (ms)" if m.kind is MetricKind.HISTOGRAM else "")
         for m in metrics_of(PROCESSOR).values()
     }
     assert dict(rows) == expected

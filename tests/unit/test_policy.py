@@ -11,7 +11,7 @@ from processor.core.policy import (
     IN_PROCESS_BACKOFF_MS,
     MAX_IN_PROCESS_TRIES,
     ForceFail,
-    Requeue,
+    NextRequeue,
     after_exhausted_conflicts,
     retry_wait_ms,
 )
@@ -31,7 +31,7 @@ def test_first_exhaustion_requeues_on_the_first_rung() -> None:
     decision = after_exhausted_conflicts(
         requeue_count=0, requeue_seq=0, observed_seq=None, current_seq=7, livelock_requeues=8
     )
-    assert decision == Requeue(requeue_count=1, requeue_seq=1, delay_ms=100, observed_seq=7)
+    assert decision == NextRequeue(requeue_count=1, requeue_seq=1, delay_ms=100, observed_seq=7)
 
 
 def test_a_run_that_never_progresses_is_force_failed_after_the_limit() -> None:
@@ -46,7 +46,7 @@ def test_a_run_that_never_progresses_is_force_failed_after_the_limit() -> None:
             current_seq=42,
             livelock_requeues=limit,
         )
-        assert isinstance(decision, Requeue)
+        assert isinstance(decision, NextRequeue)
         delays.append(decision.delay_ms)
         count, requeue_seq, observed = (
             decision.requeue_count,
@@ -68,14 +68,14 @@ def test_progress_restarts_the_count_even_past_the_limit() -> None:
     decision = after_exhausted_conflicts(
         requeue_count=50, requeue_seq=60, observed_seq=3, current_seq=4, livelock_requeues=8
     )
-    assert decision == Requeue(requeue_count=1, requeue_seq=61, delay_ms=100, observed_seq=4)
+    assert decision == NextRequeue(requeue_count=1, requeue_seq=61, delay_ms=100, observed_seq=4)
 
 
 def test_limit_of_one_fails_at_the_first_non_progressing_round() -> None:
     first = after_exhausted_conflicts(
         requeue_count=0, requeue_seq=0, observed_seq=None, current_seq=1, livelock_requeues=1
     )
-    assert first == Requeue(1, 1, 100, 1)
+    assert first == NextRequeue(1, 1, 100, 1)
     second = after_exhausted_conflicts(
         requeue_count=1, requeue_seq=1, observed_seq=1, current_seq=1, livelock_requeues=1
     )
@@ -87,7 +87,7 @@ def test_delay_of_the_nth_non_progressing_requeue(n: int) -> None:
     decision = after_exhausted_conflicts(
         requeue_count=n, requeue_seq=n, observed_seq=5, current_seq=5, livelock_requeues=1000
     )
-    assert isinstance(decision, Requeue)
+    assert isinstance(decision, NextRequeue)
     assert decision.delay_ms == min(100 * 2**n, 10_000)
     assert decision.delay_ms in DELAY_RUNGS_MS
     assert decision.requeue_count == n + 1
@@ -121,7 +121,7 @@ def test_requeue_lineage(limit: int, start_seq: int, progress: list[bool]) -> No
             assert decision == ForceFail(reason=ForceFailReason.LIVELOCK, requeues=non_progressing)
             assert not moved and observed == seq
             return
-        assert isinstance(decision, Requeue)
+        assert isinstance(decision, NextRequeue)
         assert decision.requeue_count == non_progressing + 1
         assert decision.requeue_seq == requeue_seq + 1  # strictly increasing: distinct Kafka keys
         assert decision.delay_ms == min(100 * 2**non_progressing, 10_000)

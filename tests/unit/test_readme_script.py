@@ -96,3 +96,23 @@ def test_what_a_transcript_shows_is_matched_against_what_was_printed(
     shown: list[str], printed: list[str], expected: bool
 ) -> None:
     assert matches(shown, printed) is expected
+
+
+def test_a_here_document_is_one_command_with_its_lines() -> None:
+    page = (
+        '```sh\ncat > remind.json <<\'EOF\'\n{"name": "remind",\n "version": 1}\nEOF\n'
+        "ductor workflows register remind.json\n```\n"
+    )
+    found = commands(page)
+    assert [(c.text, c.line) for c in found] == [
+        ('cat > remind.json <<\'EOF\'\n{"name": "remind",\n "version": 1}\nEOF', 2),
+        ("ductor workflows register remind.json", 6),
+    ]
+
+
+def test_a_json_line_with_a_time_matches_as_text() -> None:
+    shown = ['{"pause":{"slept_until_ms":1796583330018},"at":"2026-12-06T18:55:32Z"}']
+    assert matches(
+        shown, ['{"pause":{"slept_until_ms":1796583991234},"at":"2026-12-07T01:02:03Z"}']
+    )
+    assert not matches(shown, ['{"pause":{"slept_until_ms":1796583991234},"at":"later"}'])

@@ -1,3 +1,5 @@
 """Configuration: the one typed settings object read from the ``DUCTOR_*`` variables
-(``settings``), the ``OTEL_*`` variables, the librdkafka properties a variable may set, and
-``ductor config check``."""
+(``settings``; every variable and the secrets read from files in ``variables``, each kind of
+value's parser and ``ConfigError`` in ``values``), the ``OTEL_*`` variables, the librdkafka
+properties a variable may set, and ``ductor config check``.
+"""

@@ -49,7 +49,7 @@ class Sender(Protocol):
     ) -> None: ...
 
 
-class Refusal(NamedTuple):
+class BrokerRefusal(NamedTuple):
     """Why the broker refuses a record for good: its error's name (a metric label) and the
     sentence to log and keep."""
 
@@ -84,7 +84,7 @@ class _Record:
         partition: int | None,
         headers: Headers,
         on_delivered: Callable[[], None],
-        on_refused: Callable[[Refusal], None] | None = None,
+        on_refused: Callable[[BrokerRefusal], None] | None = None,
     ) -> None:
         self.delivery = delivery
         self.topic = topic
@@ -129,7 +129,7 @@ class Delivery:
         partition: int | None,
         headers: Headers,
         on_delivered: Callable[[], None],
-        on_refused: Callable[[Refusal], None] | None = None,
+        on_refused: Callable[[BrokerRefusal], None] | None = None,
     ) -> None:
         """Send a record until the broker has it; then call ``on_delivered`` (once). With
         ``on_refused``, a record the broker refuses for good ``PARK_AFTER`` times in a row is
@@ -164,7 +164,7 @@ class Delivery:
             record.refusals += 1
             if record.on_refused is not None and record.refusals >= PARK_AFTER:
                 why = f"{err.name()}: the broker refuses it for {topic}: {err.str()}"
-                record.on_refused(Refusal(err.name(), why))
+                record.on_refused(BrokerRefusal(err.name(), why))
                 return
             log.error(
                 "the broker refuses a record to %s: %s; trying again in %.1f s",

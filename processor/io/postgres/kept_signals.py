@@ -31,7 +31,7 @@ from typing import Any
 
 import psycopg
 
-from processor.core.landing import Refusal, landing_problem
+from processor.core.landing import LandingRefusal, landing_problem
 from processor.core.model import SignalKind, UnknownWorkflow
 from processor.core.outcomes import DeadLetterReason
 from processor.core.records import Headers, Inbound
@@ -179,13 +179,15 @@ def adopt_kept_signals(
     params = {"modulus": modulus, "shards": list(shards), "limit": limit}
     with conn.transaction():
         rows = conn.execute(_ADOPTABLE, params).fetchall()
-        verdicts: list[tuple[KeptKey, Refusal | None]] = []
+        verdicts: list[tuple[KeptKey, LandingRefusal | None]] = []
         woken: dict[str, str] = {}
         for run_id, signal_id, kind, name, version, status, tier in rows:
             try:
                 wf = definitions.get(conn, (name, version))
             except UnknownWorkflow as exc:
-                refusal: Refusal | None = Refusal(DeadLetterReason.UNKNOWN_WORKFLOW, str(exc))
+                refusal: LandingRefusal | None = LandingRefusal(
+                    DeadLetterReason.UNKNOWN_WORKFLOW, str(exc)
+                )
             else:
                 refusal = landing_problem(run_id, wf, RunStatus(status), kind)
             verdicts.append(((run_id, signal_id), refusal))
@@ -197,7 +199,7 @@ def adopt_kept_signals(
 
 
 def _settle(
-    conn: psycopg.Connection[Any], verdicts: Sequence[tuple[KeptKey, Refusal | None]]
+    conn: psycopg.Connection[Any], verdicts: Sequence[tuple[KeptKey, LandingRefusal | None]]
 ) -> None:
     taken = [key for key, refusal in verdicts if refusal is None]
     refused = [(key, refusal) for key, refusal in verdicts if refusal is not None]

@@ -14,6 +14,7 @@ import psycopg
 
 from processor.core.run_search import Cursor, RunFilter
 from processor.core.run_state import RunStatus
+from processor.core.shapes import AttemptRef, WorkflowKey
 from processor.core.shown import SHOWN_CHARS, Shown, shown
 from processor.io.postgres.run_counts import like_prefix
 from processor.io.postgres.run_marks import flag_column
@@ -214,8 +215,8 @@ def attempt_rows(conn: psycopg.Connection[Any], run_id: str) -> list[AttemptRow]
 
 
 def merge_attempts(
-    claims: Mapping[tuple[str, int], tuple[str, datetime, int]],
-    results: Mapping[tuple[str, int], ResultFacts],
+    claims: Mapping[AttemptRef, tuple[str, datetime, int]],
+    results: Mapping[AttemptRef, ResultFacts],
 ) -> list[AttemptRow]:
     rows = []
     for key in sorted({*claims, *results}):
@@ -243,7 +244,7 @@ def merge_attempts(
 
 def counts_by_workflow(
     conn: psycopg.Connection[Any], wanted: RunFilter
-) -> dict[tuple[str, int], dict[str, int]]:
+) -> dict[WorkflowKey, dict[str, int]]:
     """How many runs ``wanted`` matches, by workflow version and status (the web page's
     workflows: its window of time), read through the same indexes as ``count_runs``."""
     wheres, params = _branches(wanted, None)
@@ -252,7 +253,7 @@ def counts_by_workflow(
         f"{where} GROUP BY 1, 2, 3)"
         for where in wheres
     ]
-    counts: dict[tuple[str, int], dict[str, int]] = {}
+    counts: dict[WorkflowKey, dict[str, int]] = {}
     for name, version, status, count in conn.execute(" UNION ALL ".join(parts), params):
         counts.setdefault((name, version), {})[status] = int(count)
     return counts

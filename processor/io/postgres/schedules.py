@@ -172,9 +172,7 @@ def delete_schedule(conn: psycopg.Connection[Any], name: str) -> bool:
     return row.fetchone() is not None
 
 
-def trigger_schedule(
-    conn: psycopg.Connection[Any], definitions: Definitions, name: str
-) -> tuple[str, str]:
+def trigger_schedule(conn: psycopg.Connection[Any], definitions: Definitions, name: str) -> RunRef:
     """Start a run of the schedule now, by hand (paused or not; its own fires are not
     moved): the run id (``name@manual-<now>``) and its tier, for the caller to wake it."""
     schedule = get_schedule(conn, name)

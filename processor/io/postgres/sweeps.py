@@ -19,7 +19,7 @@ from typing import Any
 import orjson
 import psycopg
 
-from processor.core.shapes import RunRef
+from processor.core.shapes import RunAtSeq, RunRef
 from processor.io.postgres.run_marks import quarantined
 
 # A run is re-woken once it is overdue by more than the grace, and again only once it has
@@ -99,7 +99,7 @@ def sweep_stuck(
     stuck_s: float,
     grace_s: float,
     limit: int,
-) -> list[tuple[str, int]]:
+) -> list[RunAtSeq]:
     """Live runs of the given shards that made no transition for longer than ``stuck_s`` and
     are not legitimately waiting: no deadline or retry time is ahead of them, the last one
     passed more than ``stuck_s`` ago, and they were not woken lately. Each with the seq it was

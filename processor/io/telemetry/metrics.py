@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from opentelemetry.metrics import Histogram, Meter, Observation
 
 
-class Kind(enum.Enum):
+class MetricKind(enum.Enum):
     COUNTER = "counter"  # observable: read from the service's stats when collected
     GAUGE = "gauge"  # observable
     HISTOGRAM = "histogram"  # recorded where the time is measured
@@ -33,7 +33,7 @@ class Service(enum.Enum):
 class Metric:
     service: Service
     name: str
-    kind: Kind
+    kind: MetricKind
     unit: str
     description: str
 
@@ -42,11 +42,11 @@ class Metric:
         name = self.name.replace(".", "_")
         if self.unit == "ms":
             name += "_milliseconds"
-        return name + "_total" if self.kind is Kind.COUNTER else name
+        return name + "_total" if self.kind is MetricKind.COUNTER else name
 
 
 _P, _W = Service.PROCESSOR, Service.WORKER
-_COUNTER, _GAUGE, _HISTOGRAM = Kind.COUNTER, Kind.GAUGE, Kind.HISTOGRAM
+_COUNTER, _GAUGE, _HISTOGRAM = MetricKind.COUNTER, MetricKind.GAUGE, MetricKind.HISTOGRAM
 
 METRICS: tuple[Metric, ...] = (
     # -- the processor -------------------------------------------------------------------------
@@ -289,11 +289,11 @@ def observe(meter: Meter, service: Service, reads: Mapping[str, Read]) -> None:
         def callback(_options: object, read: Read = read) -> list[Observation]:
             return list(read())
 
-        if metric.kind is Kind.COUNTER:
+        if metric.kind is MetricKind.COUNTER:
             meter.create_observable_counter(
                 name, callbacks=[callback], unit=metric.unit, description=metric.description
             )
-        elif metric.kind is Kind.GAUGE:
+        elif metric.kind is MetricKind.GAUGE:
             meter.create_observable_gauge(
                 name, callbacks=[callback], unit=metric.unit, description=metric.description
             )
@@ -304,6 +304,6 @@ def observe(meter: Meter, service: Service, reads: Mapping[str, Read]) -> None:
 def histogram(meter: Meter, service: Service, name: str) -> Histogram:
     """The histogram ``name`` of ``service``'s table."""
     metric = metrics_of(service)[name]
-    if metric.kind is not Kind.HISTOGRAM:
+    if metric.kind is not MetricKind.HISTOGRAM:
         raise ValueError(f"{name} is a {metric.kind.value}, not a histogram")
     return meter.create_histogram(name, unit=metric.unit, description=metric.description)

@@ -4,10 +4,10 @@ Traces follow the messaging semantic conventions: a CONSUMER span ``process <top
 wakeup records of a run, with the producer's context (the ``traceparent`` header) as parent when
 it is one record and as links when several records were coalesced into one tick (and to the
 contexts a record carries in ``ductor-link`` headers: a worker's wakeup for several step
-executions, recorded together), with a
-``tick`` event for each attempt (its outcome and the batch's tick and commit times); a PRODUCER
-span ``send <topic>`` for every record the tick produced, ended when the broker
-acknowledged it, whose context travels in the record's headers. A conflict is a span event
+executions, recorded together), with a ``tick`` event for each try of the run's tick (its
+outcome and the batch's tick and commit times); a PRODUCER span ``send <topic>`` for every
+record the tick produced, ended when the broker acknowledged it, whose context travels in the
+record's headers. A conflict is a span event
 plus ``ductor.outcome=conflict`` with the status left unset; only a genuine failure sets the
 status to ERROR, ``error.type`` and the recorded exception.
 
