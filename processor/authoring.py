@@ -93,17 +93,21 @@ class Workflow:
         input_schema: Mapping[str, Any] | type | None = None,
         registry: StepRegistry | None = None,
         timeout: Duration | None = None,
+        concurrency: Concurrency | None = None,
     ) -> None:
         """``input_schema``: the JSON Schema a run's input must match (a start is refused
         otherwise, saying where), or a model class that gives one (a pydantic model: its
         ``model_json_schema()``); steps read the input as ``ctx.input_as(Model)``.
-        ``timeout``: how long a run may take from its start (``timeout_ms``)."""
+        ``timeout``: how long a run may take from its start (``timeout_ms``);
+        ``concurrency``: at most ``limit`` live runs per value of its ``key`` in the input
+        (``Concurrency(1, key="customer.id")``), the others pending in line."""
         self.name = name
         self.version = version
         self.description = description
         self.output = output
         self.input_schema = schema_of(input_schema) if input_schema is not None else None
         self.timeout_ms = optional_ms(timeout, "workflow: timeout")
+        self.concurrency = None if concurrency is None else concurrency.run_limit_of(name)
         self.registry = registry if registry is not None else StepRegistry()
         self._steps: list[_Declared] = []
         self._names: dict[int, str] = {}  # id(function) -> its step's name
@@ -356,6 +360,8 @@ class Workflow:
             raw["output"] = self.output if isinstance(self.output, str) else dict(self.output)
         if self.input_schema is not None:
             raw["input_schema"] = self.input_schema
+        if self.concurrency is not None:
+            raw["concurrency"] = self.concurrency.to_json()
         return raw if self.timeout_ms is None else raw | {"timeout_ms": self.timeout_ms}
 
     def definition(self) -> WorkflowDef:

@@ -151,6 +151,8 @@ def cmd_inspect(settings: Settings, args: argparse.Namespace) -> int:
     check = "ok" if run.checksum_ok else f"MISMATCH (row says {run.stored_checksum})"
     print(f"checksum   {state_checksum(run.state)} {check}")
     _print_times(columns)
+    if record.key is not None:
+        print(f"key        {printable(record.key.line())}")
     print(tags_line(record))
     print(input_line(record))
     print(f"output     {output_text(result)}")

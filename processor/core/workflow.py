@@ -16,8 +16,9 @@ from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError
 
 from processor.core.deadlines import timeout_problem
+from processor.core.limit_defs import MAX_LIMIT, RunKeyLimit
 from processor.core.routing import DEFAULT_QUEUE
-from processor.core.step_parse import check_keys, parse_step, require
+from processor.core.step_parse import check_keys, concurrency_key, optional, parse_step, require
 from processor.core.workflow_def import (
     MAP,
     ON_TIMEOUT_FAIL,
@@ -44,7 +45,8 @@ def parse_workflow(raw: Any) -> WorkflowDef:
         raise ValidationError("workflow: expected a JSON object")
     check_keys(
         raw,
-        {"name", "version", "steps", "description", "output", "input_schema", "timeout_ms"},
+        {"name", "version", "steps", "description", "output", "input_schema", "timeout_ms"}
+        | {"concurrency"},
         "workflow",
     )
     if not isinstance(raw.get("description", ""), str):
@@ -73,6 +75,25 @@ def parse_workflow(raw: Any) -> WorkflowDef:
         output=output,
         input_schema=schema,
         timeout_ms=timeout,
+        concurrency=_parse_run_key(raw.get("concurrency"), name),
+    )
+
+
+def _parse_run_key(raw: Any, workflow: str) -> RunKeyLimit | None:
+    """The workflow's ``concurrency``: at most ``limit`` live runs per value of ``key``."""
+    if raw is None:
+        return None
+    where = "workflow.concurrency"
+    if not isinstance(raw, dict):
+        raise ValidationError(
+            f"{where}: expected an object, e.g. {{'limit': 1, 'key': 'customer.id'}}"
+        )
+    check_keys(raw, {"limit", "key"}, where)
+    limit = require(raw, "limit", int, where)
+    if not 1 <= limit <= MAX_LIMIT:
+        raise ValidationError(f"{where}.limit: must be between 1 and {MAX_LIMIT}")
+    return RunKeyLimit(
+        workflow, int(limit), concurrency_key(optional(raw, "key", str, where, ""), where)
     )
 
 
@@ -173,6 +194,8 @@ def workflow_to_json(wf: WorkflowDef) -> dict[str, Any]:
         raw["input_schema"] = orjson.loads(wf.input_schema)
     if wf.timeout_ms is not None:
         raw["timeout_ms"] = wf.timeout_ms
+    if wf.concurrency is not None:
+        raw["concurrency"] = wf.concurrency.to_json()
     return raw
 
 
