@@ -97,12 +97,15 @@ class Workflow:
         input_schema: Mapping[str, Any] | type | None = None,
         registry: StepRegistry | None = None,
         timeout: Duration | None = None,
+        concurrency: Concurrency | None = None,
         on_failure: Undoing | None = None,
     ) -> None:
         """``input_schema``: the JSON Schema a run's input must match (a start is refused
         otherwise, saying where), or a model class that gives one (a pydantic model: its
         ``model_json_schema()``); steps read the input as ``ctx.input_as(Model)``.
-        ``timeout``: how long a run may take from its start (``timeout_ms``). ``on_failure``:
+        ``timeout``: how long a run may take from its start (``timeout_ms``);
+        ``concurrency``: at most ``limit`` live runs per value of its ``key`` in the input
+        (``Concurrency(1, key="customer.id")``), the others pending in line. ``on_failure``:
         the task run once a run failed, as ``compensate`` (docs/usage.md#failure-handlers)."""
         self.name = name
         self.version = version
@@ -110,11 +113,11 @@ class Workflow:
         self.output = output
         self.input_schema = schema_of(input_schema) if input_schema is not None else None
         self.timeout_ms = optional_ms(timeout, "workflow: timeout")
+        self.concurrency = None if concurrency is None else concurrency.run_limit_of(name)
         self.registry = registry if registry is not None else StepRegistry()
         self._steps: list[_Declared] = []
         self._names: dict[int, str] = {}  # id(function) -> its step's name
-        # Its failure handler's task, reading the failure (core/sagas.py).
-        self.on_failure = None if on_failure is None else self._task(on_failure)
+        self.on_failure = None if on_failure is None else self._task(on_failure)  # (sagas.py)
         self.defined_in = creating_module(__name__)  # its text is kept: module_source.py
 
     @overload
@@ -348,8 +351,7 @@ class Workflow:
     def _task(
         self, task: Undoing, name: str = ON_FAILURE_NODE, reads: str = FAILURE_NODE, of: str = ""
     ) -> StepDef:
-        """A compensation (of step ``of``) or the failure handler (``of`` empty); its function
-        added to the registry (once, however many steps it undoes), at its version."""
+        """A compensation (of step ``of``) or the failure handler; its function registered."""
         given = task if isinstance(task, Compensate) else Compensate(task)
         if not isinstance(given.step, str):
             self.registry.step(given.type_name(), given.version or 1)(given.step)
@@ -379,6 +381,8 @@ class Workflow:
             raw["output"] = self.output if isinstance(self.output, str) else dict(self.output)
         if self.input_schema is not None:
             raw["input_schema"] = self.input_schema
+        if self.concurrency is not None:
+            raw["concurrency"] = self.concurrency.to_json()
         if self.on_failure is not None:
             raw["on_failure"] = handler_to_json(self.on_failure)
         return raw if self.timeout_ms is None else raw | {"timeout_ms": self.timeout_ms}

@@ -8,10 +8,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from processor.core.durations import Duration, duration_ms, optional_ms
-from processor.core.limit_defs import ConcurrencyLimit, StepRateLimit
+from processor.core.limit_defs import ConcurrencyLimit, RunKeyLimit, StepRateLimit
 from processor.core.routing import DEFAULT_QUEUE
 from processor.core.step_parse import concurrency_key
-from processor.core.workflow_def import RetryPolicy, StepDef
+from processor.core.workflow_def import RetryPolicy, StepDef, ValidationError
 
 
 @dataclass(frozen=True)
@@ -50,6 +50,17 @@ class Concurrency:
         name = self.name if self.name is not None else step_type
         key = concurrency_key(self.key or "", f"{where}.concurrency")
         return ConcurrencyLimit(name, self.limit, key)
+
+    def run_limit_of(self, workflow: str) -> RunKeyLimit:
+        """The limit as a workflow's ``concurrency`` holds it: at most ``limit`` live runs of
+        ``workflow`` per value of ``key`` (a limit of runs takes no ``name``)."""
+        if self.name is not None:
+            raise ValidationError(
+                "workflow.concurrency: a workflow's limit takes no name (it is its workflow's)"
+            )
+        return RunKeyLimit(
+            workflow, self.limit, concurrency_key(self.key or "", "workflow.concurrency")
+        )
 
 
 @dataclass(frozen=True)

@@ -123,6 +123,14 @@ def _print_times(columns: RunColumns) -> None:
     print(f"next wake  {columns.next_wakeup_at or '-'}")
 
 
+def _print_status(run: LoadedRun) -> None:
+    """The run's status and reason, and what became of its compensations (core/sagas.py)."""
+    reason = f" ({printable(run.state.reason)})" if run.state.reason else ""
+    print(f"status     {run.state.status.value}{reason}")
+    if run.wf.compensations:
+        print(f"compensation {printable(str(compensation_of(run.state, run.wf)))}")
+
+
 def cmd_inspect(settings: Settings, args: argparse.Namespace) -> int:
     with connect(settings) as conn:
         record = read_run(conn, Definitions(), args.run_id, settings.instance_timeout_s)
@@ -141,12 +149,7 @@ def cmd_inspect(settings: Settings, args: argparse.Namespace) -> int:
         print(f"status     {columns.status} (as stored; the row cannot be loaded: {run})")
         print(f"version    {columns.version}   tier {columns.tier}")
         return EXIT_FAILED
-    print(
-        f"status     {run.state.status.value}"
-        + (f" ({printable(run.state.reason)})" if run.state.reason else "")
-    )
-    if run.wf.compensations:
-        print(f"compensation {printable(str(compensation_of(run.state, run.wf)))}")
+    _print_status(run)
     print(f"version    {columns.version}   seq {run.state.seq}   tier {run.tier}")
     if run.parent is not None:
         parent = run.parent
@@ -154,6 +157,8 @@ def cmd_inspect(settings: Settings, args: argparse.Namespace) -> int:
     check = "ok" if run.checksum_ok else f"MISMATCH (row says {run.stored_checksum})"
     print(f"checksum   {state_checksum(run.state)} {check}")
     _print_times(columns)
+    if record.key is not None:
+        print(f"key        {printable(record.key.line())}")
     print(tags_line(record))
     print(input_line(record))
     print(f"output     {output_text(result)}")

@@ -250,7 +250,7 @@ def _resume(
     for wait_s in _RETRY_RACE_WAITS_S:
         time.sleep(wait_s)
         run = _retryable(conn, definitions, run_id)
-        resumed = resume_failed(run.state)
+        resumed = resume_failed(run.state, pending=run.wf.concurrency is not None)
         wakeup = Wakeup(run_id=run_id, reason="replay", produced_at=int(time.time() * 1000))
         send = Send(topics.wakeup(run.tier), wakeup.key(), wakeup.encode(), by_run=run_id)
         # The commit skips a row another transaction holds; an operator's command waits

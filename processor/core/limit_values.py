@@ -23,9 +23,10 @@ class Need(NamedTuple):
 
 class LimitView(NamedTuple):
     """A counter as loaded: its version (0: no row yet), the attempts holding it
-    (concurrency), the times that bound its next dispatches (rate: ``bounds``) and its oldest
-    waiters, ``(since_ms, run_id, node)`` oldest first, at most as many as can be let in
-    (any waiter behind those cannot be let in before they are).
+    (concurrency), the times that bound its next dispatches (rate: ``bounds``) and the first
+    waiters of its line, ``(since_ms, run_id, node)`` in the line's order (round-robin across
+    their runs' keys, oldest first within one: core/limit_line.py), at most as many as can
+    be let in (any waiter behind those cannot be let in before they are).
 
     A rate counter has counted ``dispatched`` dispatches; ``bounds[j]`` is the time of its
     dispatch number ``dispatched - span + j`` (0 when there is none: no bound), the one
@@ -74,3 +75,4 @@ class RunLimits(NamedTuple):
     ends: bool = False  # the run ended: every slot it holds and every wait of it goes
     waited: tuple[tuple[str, int], ...] = ()  # (limit name, ms) of each waiter let in
     refused: tuple[str, ...] = ()  # a limit name per dispatch it held back (a metric)
+    run_key: str = ""  # the run's key, which its waits carry (core/limit_line.py)

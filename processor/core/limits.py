@@ -10,13 +10,16 @@ lease across ticks:
 1. The tick dispatches as if there were no limit (core/tick.py, rule 6). ``admit`` then
    decides, for each dispatch of a limited step in the batch, whether it holds: every one of
    its counters must have room for it. A dispatch that does not is undone: the node waits for
-   its limit (``limit_wait``), and joins the counter's queue of waiters.
-2. Room is given first come, first served: a waiter is let in only when fewer waiters older
-   than it are still waiting than there are free slots, and a new dispatch waits behind every
-   waiter, so no run starves while others keep arriving. A run whose own attempt succeeds in
-   this very tick may use its slot again at once (its next step under the same limit); a slot
-   freed otherwise (a failure, a timeout, a cancel) goes through the counter, as its execution
-   may go on (rule 4).
+   its limit (``limit_wait``), and joins the counter's queue of waiters. A workflow's runs
+   per key are counted alike, a run's start taking a slot before its steps' dispatches are
+   decided (core/run_keys.py).
+2. Room is given in the line's order: a waiter is let in only when fewer waiters ahead of it
+   are still waiting than there are free slots, and a new dispatch waits behind every
+   waiter, so no run starves while others keep arriving. The line is first come, first
+   served within a run key, round-robin across them (core/limit_line.py). A run whose own
+   attempt succeeds in this very tick may use its slot again at once (its next step under
+   the same limit); a slot freed otherwise (a failure, a timeout, a cancel) goes through the
+   counter, as its execution may go on (rule 4).
 3. The commit that takes a slot (or adds a waiter) names each counter with the version it was
    loaded at (a ``Guard``); the statement moves that version, and writes the run only if
    every guard of the run held: two instances counting from the same version cannot both
@@ -47,6 +50,7 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import NamedTuple
 
+from processor.core.limit_undo import undo
 from processor.core.limit_values import (
     Guard,
     LimitInputs,
@@ -55,7 +59,17 @@ from processor.core.limit_values import (
     RunLimits,
 )
 from processor.core.model import LoadedRun
-from processor.core.run_state import NodeStatus, RunState, node_state
+from processor.core.run_keys import (
+    RUN_NODE,
+    START,
+    run_key,
+    run_need,
+    starts,
+    unmarked,
+    wait_for_key,
+    waiting_since,
+)
+from processor.core.run_state import NodeStatus, RunStatus, node_state
 from processor.core.shapes import AttemptRef
 from processor.core.tick_decision import Decision, Dispatch
 from processor.core.workflow_def import StepDef
@@ -80,6 +94,7 @@ __all__ = [
 
 _DISPATCHED, _LIMIT_WAIT = NodeStatus.DISPATCHED, NodeStatus.LIMIT_WAIT
 _SUCCEEDED = NodeStatus.SUCCEEDED
+_RUNNING = RunStatus.RUNNING
 
 
 def needs_of(step: StepDef, values: Mapping[tuple[str, ...], str]) -> tuple[Need, ...]:
@@ -190,19 +205,30 @@ def admit(
     counters = _Counters(inputs.views, now_ms)
     ended = _Ended()
     candidates: list[_Candidate] = []
+    run_starts: list[_Candidate] = []
     for index, (run, decision) in enumerate(batch):
         if decision.new_state is None:
             continue
         values = inputs.values.get(run.run_id, {})
         ended.add(run, decision, values)
+        if run.wf.concurrency is not None:
+            run_starts += _run_slot(index, run, decision, values, counters, ended)
         candidates += _candidates(index, run, decision, values, counters)
-    refused, writes = _let_in(candidates, counters, ended, now_ms)
-    guards = {c.key: counters.guard(c) for cand in candidates for c in cand.needs}
+    # The runs' starts first (core/run_keys.py): a run refused its start dispatches nothing.
+    kept_out, writes = _let_in(run_starts, counters, ended, now_ms, {})
+    steps = [c for c in candidates if c.run_id not in kept_out]
+    refused, writes = _let_in(steps, counters, ended, now_ms, writes)
+    guards = {c.key: counters.guard(c) for cand in run_starts + steps for c in cand.needs}
     decisions: dict[str, Decision] = {}
     limits: dict[str, RunLimits] = {}
     for run, decision in batch:
         run_id = run.run_id
-        held = _undo(run, decision, refused.get(run_id, {}), now_ms)
+        if run_id in kept_out:
+            held = wait_for_key(run, now_ms, BACKSTOP_MS)
+        else:
+            held = undo(run, decision, refused.get(run_id, {}), now_ms, BACKSTOP_MS)
+            if run.wf.concurrency is not None and starts(run, decision):
+                held = unmarked(held)
         decisions[run_id] = held
         if held.new_state is None:
             continue
@@ -221,8 +247,36 @@ def admit(
             ends=ends,
             waited=tuple(w.waited),
             refused=tuple(w.refused),
+            run_key=run_key(run.wf, inputs.values.get(run_id, {})),
         )
     return decisions, limits
+
+
+def _run_slot(
+    index: int,
+    run: LoadedRun,
+    decision: Decision,
+    values: Mapping[tuple[str, ...], str],
+    counters: _Counters,
+    ended: _Ended,
+) -> list[_Candidate]:
+    """A run of a workflow with ``concurrency`` (core/run_keys.py): its start as a candidate
+    for its key's slot, in its place in line (rule 3 there); or, for a live run that ends,
+    its slot freed for others (rule 4)."""
+    need = run_need(run.wf, values)
+    assert need is not None and decision.new_state is not None
+    if starts(run, decision):
+        since = counters.since(need, run.run_id, RUN_NODE)
+        waited = waiting_since(run)
+        order = (
+            (0, since, run.run_id, RUN_NODE)
+            if since is not None
+            else (1 if waited else 2, index, "", RUN_NODE)
+        )
+        return [_Candidate(order, run.run_id, START, (need,), waited)]
+    if run.state.status is _RUNNING and decision.new_state.status.terminal:
+        ended.freed.setdefault(run.run_id, Counter())[need.key] += 1
+    return []
 
 
 class _Ended:
@@ -286,12 +340,15 @@ def _candidates(
 
 
 def _let_in(
-    candidates: list[_Candidate], counters: _Counters, ended: _Ended, now_ms: int
+    candidates: list[_Candidate],
+    counters: _Counters,
+    ended: _Ended,
+    now_ms: int,
+    writes: dict[str, _RunWrites],
 ) -> tuple[dict[str, dict[str, int | None]], dict[str, _RunWrites]]:
     """Each candidate in line let in or refused: the dispatches refused (run -> node -> a rate
-    limit's due, or None) and what each run writes of its counters."""
+    limit's due, or None) and what each run writes of its counters (added to ``writes``)."""
     refused: dict[str, dict[str, int | None]] = {}
-    writes: dict[str, _RunWrites] = {}
     for candidate in sorted(candidates):
         run_id, name = candidate.run_id, candidate.dispatch.node
         own = ended.reusable.get(run_id, Counter())
@@ -331,59 +388,3 @@ class _RunWrites:
         self.unwaits: list[str] = []
         self.waited: list[tuple[str, int]] = []
         self.refused: list[str] = []
-
-
-def _undo(
-    run: LoadedRun, decision: Decision, refused: Mapping[str, int | None], now_ms: int
-) -> Decision:
-    """The decision without the dispatches ``refused`` (node -> a rate limit's due, or None):
-    each such node waits for its limit, at the attempt it had; a no-op if nothing is left."""
-    if not refused or decision.new_state is None:
-        return decision
-    old = run.state.node_map()
-    nodes = decision.new_state.node_map()
-    timers = list(decision.timers)
-    for name, rate_due in refused.items():
-        before = old.get(name, node_state())
-        if before.status is _LIMIT_WAIT and before.due_ms is not None and before.due_ms > now_ms:
-            nodes[name] = before  # still waiting, and it will look again by itself
-            continue
-        due = rate_due if rate_due is not None else now_ms + BACKSTOP_MS
-        step = run.wf.step_for(name)
-        if step.schedule_to_close_ms is not None and before.first_ms is not None:
-            # (its wait counts towards its schedule-to-close bound: it fails by then)
-            due = min(due, before.first_ms + step.schedule_to_close_ms)
-        nodes[name] = node_state(
-            _LIMIT_WAIT,
-            before.attempt,
-            due,
-            before.error,
-            before.attempts_before,
-            None,
-            before.first_ms,  # a retry's schedule-to-close bound counts its wait too
-        )
-        if rate_due is not None:
-            timers.append(rate_due)
-    dispatches = tuple(d for d in decision.dispatches if d.node not in refused)
-    state = decision.new_state
-    # The nodes in the state's order (a map's new items included).
-    new_state = RunState(
-        state.status,
-        tuple((n, nodes[n]) for n, _ in state.nodes),
-        state.seq,
-        state.reason,
-        state.maps,
-        state.versions,
-    )
-    old_state = run.state
-    unchanged = (
-        new_state.status is old_state.status
-        and new_state.nodes == old_state.nodes
-        and new_state.maps == old_state.maps
-    )
-    ended = decision.signalled or decision.mapped or decision.items_done or decision.settled
-    if unchanged and not ended:
-        return Decision(None)
-    return decision._replace(
-        new_state=new_state, dispatches=dispatches, timers=tuple(sorted(set(timers)))
-    )

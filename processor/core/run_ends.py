@@ -92,13 +92,16 @@ class NotResumable(ValueError):
     """``resume_failed`` was given a run that is not failed."""
 
 
-def resume_failed(state: RunState) -> RunState:
+def resume_failed(state: RunState, pending: bool = False) -> RunState:
     """A failed run resumed from its failed steps: running again, ``seq`` + 1, no failure
     reason; succeeded and skipped nodes untouched; every other node (the failed ones, and those
     cancelled when the run failed) pending, with no deadline and no error, at the attempt it
     reached. The next dispatch of a node is therefore a new attempt number (a step result of an
     earlier attempt can never be taken for one of the new ones), and ``attempts_before``
     gives each step its policy's whole budget of attempts again.
+
+    ``pending``: a run of a workflow with ``concurrency`` goes back to pending instead, so that
+    its next tick starts it again once its key has room (core/run_keys.py).
 
     Raises NotResumable for a run that is not failed."""
     if state.status is not RunStatus.FAILED:
@@ -112,4 +115,5 @@ def resume_failed(state: RunState) -> RunState:
         )
         for name, node in state.nodes
     )
-    return RunState(_RUN_RUNNING, nodes, state.seq + 1, None, state.maps, state.versions)
+    status = RunStatus.PENDING if pending else _RUN_RUNNING
+    return RunState(status, nodes, state.seq + 1, None, state.maps, state.versions)

@@ -7,10 +7,12 @@ version N. A run keeps the versions it started with (its pins) until an operator
 (`ductor runs upgrade`), so a deploy never changes the code of a step under a running run.
 The rules:
 
-1. The tick that starts a run (core/tick.py; any tick of a pending run) pins each of its
-   steps a worker runs (task and map steps): the version the step declares (``"version"``),
-   else the newest version the live workers of the step's queue serve of its type (the shell
-   reads them from the registry: ``ServedVersions``), else 1.
+1. The tick that starts a run (core/tick.py; any tick of a pending run that never ran: a
+   failed run retried goes back to pending while it waits for its key, core/run_keys.py,
+   and keeps its pins) pins each of its steps a worker runs (task and map steps): the
+   version the step declares (``"version"``), else the newest version the live workers of
+   the step's queue serve of its type (the shell reads them from the registry:
+   ``ServedVersions``), else 1.
 2. A running run's pins never change in a tick; a pin absent from the state is version 1
    (a run from before versions ran every step at version 1). Only the pins other than 1 are
    stored, in their steps' entries of ``node_states`` (``"version"``), so older states keep
@@ -95,6 +97,10 @@ def pinned(state: RunState, wf: WorkflowDef, served: ServedVersions | None) -> R
     shell read none, so the steps' own versions and 1)."""
     pins = pin_versions(wf, {} if served is None else served)
     if pins is state.versions or pins == state.versions:
+        return state
+    if any(node.attempt for _, node in state.nodes):
+        # It ran before: a failed run retried, pending again until its key has room
+        # (core/run_keys.py). It keeps the versions it started with.
         return state
     return RunState(state.status, state.nodes, state.seq, state.reason, state.maps, pins)
 

@@ -17,8 +17,9 @@ from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError
 
 from processor.core.deadlines import timeout_problem
+from processor.core.limit_defs import MAX_LIMIT, RunKeyLimit
 from processor.core.routing import DEFAULT_QUEUE
-from processor.core.step_parse import check_keys, parse_step, require
+from processor.core.step_parse import check_keys, concurrency_key, optional, parse_step, require
 from processor.core.workflow_def import (
     FAILURE_NODE,
     MAP,
@@ -51,7 +52,7 @@ def parse_workflow(raw: Any) -> WorkflowDef:
     check_keys(
         raw,
         {"name", "version", "steps", "description", "output", "input_schema", "timeout_ms"}
-        | {"on_failure"},
+        | {"on_failure", "concurrency"},
         "workflow",
     )
     if not isinstance(raw.get("description", ""), str):
@@ -82,6 +83,25 @@ def parse_workflow(raw: Any) -> WorkflowDef:
         input_schema=schema,
         timeout_ms=timeout,
         on_failure=handler,
+        concurrency=_parse_run_key(raw.get("concurrency"), name),
+    )
+
+
+def _parse_run_key(raw: Any, workflow: str) -> RunKeyLimit | None:
+    """The workflow's ``concurrency``: at most ``limit`` live runs per value of ``key``."""
+    if raw is None:
+        return None
+    where = "workflow.concurrency"
+    if not isinstance(raw, dict):
+        raise ValidationError(
+            f"{where}: expected an object, e.g. {{'limit': 1, 'key': 'customer.id'}}"
+        )
+    check_keys(raw, {"limit", "key"}, where)
+    limit = require(raw, "limit", int, where)
+    if not 1 <= limit <= MAX_LIMIT:
+        raise ValidationError(f"{where}.limit: must be between 1 and {MAX_LIMIT}")
+    return RunKeyLimit(
+        workflow, int(limit), concurrency_key(optional(raw, "key", str, where, ""), where)
     )
 
 
@@ -234,6 +254,8 @@ def workflow_to_json(wf: WorkflowDef) -> dict[str, Any]:
         raw["input_schema"] = orjson.loads(wf.input_schema)
     if wf.timeout_ms is not None:
         raw["timeout_ms"] = wf.timeout_ms
+    if wf.concurrency is not None:
+        raw["concurrency"] = wf.concurrency.to_json()
     if wf.on_failure is not None:
         raw["on_failure"] = handler_to_json(wf.on_failure)
     return raw

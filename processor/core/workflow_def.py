@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 
 from processor.core.conditions import Condition
-from processor.core.limit_defs import ConcurrencyLimit, StepRateLimit
+from processor.core.limit_defs import ConcurrencyLimit, RunKeyLimit, StepRateLimit
 from processor.core.routing import DEFAULT_QUEUE
 from processor.core.selectors import Selector
 from processor.core.shapes import WorkflowKey
@@ -212,6 +212,9 @@ class WorkflowDef:
     # How long a run may take from its start (core/deadlines.py): past it, it fails; a start
     # may give a run its own. None: no deadline.
     timeout_ms: int | None = None
+    # At most so many live runs per value of a path in the input (core/run_keys.py); None:
+    # runs start as they come.
+    concurrency: RunKeyLimit | None = None
     # The task run once when a run fails (core/sagas.py), node ``on_failure``, reading the
     # failure (``failure``); None: none.
     on_failure: StepDef | None = None
@@ -267,8 +270,9 @@ class WorkflowDef:
 
     @cached_property
     def has_limits(self) -> bool:
-        """Whether a step bounds its dispatches (core/limits.py): the batch counts them."""
-        return any(s.limited for s in self.steps)
+        """Whether a step bounds its dispatches, or the workflow its live runs per key
+        (core/limits.py): the batch counts them."""
+        return self.concurrency is not None or any(s.limited for s in self.steps)
 
     @cached_property
     def has_maps(self) -> bool:

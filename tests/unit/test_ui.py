@@ -390,3 +390,53 @@ def test_the_run_page_lists_attempts_by_their_start_then_step_then_attempt() -> 
         ("charge", 3),
         ("later", 1),
     ]
+
+
+def test_the_run_page_says_where_a_run_stands_with_its_workflows_key() -> None:
+    """A run of a workflow with ``concurrency``: the key's value, its place in line, the
+    key's live runs, as `ductor inspect --output json` says them (``key``)."""
+    run = {
+        "run_id": "r-2",
+        "workflow": "orders",
+        "version": 1,
+        "status": "pending",
+        "failure_reason": None,
+        "tier": "t1",
+        "tags": {},
+        "created_at": "2026-05-01T12:00:00+00:00",
+        "updated_at": "2026-05-01T12:00:00+00:00",
+        "start_at": None,
+        "next_wakeup_at": None,
+        "quarantine_reason": None,
+        "output": None,
+        "key": {
+            "limit": "run:orders",
+            "key": "customer.id",
+            "value": "c-7",
+            "holds_slot": False,
+            "waiting_since": "2026-05-01T12:00:00+00:00",
+            "place": 3,
+            "live": 1,
+            "of": 1,
+        },
+        "attempts": [],
+    }
+    html = (
+        environment()
+        .get_template("run.html")
+        .render(
+            run=run,
+            dag=None,
+            timeline=None,
+            refresh_ms=0,
+            done=None,
+            token_configured=False,
+            read_token_required=False,
+            logged_in=False,
+            here="/runs/r-2",
+            can_retry=False,
+            can_cancel=True,
+            **run_sections(run),
+        )
+    )
+    assert "customer.id=c-7: waits for a slot, place 3 in line (1 of 1 live)" in html

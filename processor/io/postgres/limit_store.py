@@ -15,6 +15,7 @@ from processor.core.limit_values import Guard, LimitInputs, LimitView
 from processor.core.limits import RATE_LOOKAHEAD, needs_of, paths_of
 from processor.core.model import Loaded, LoadedRun
 from processor.core.plans import Commit
+from processor.core.run_keys import run_need, run_paths
 from processor.core.shapes import RunRef
 from processor.io.postgres.instances import alive
 from processor.io.postgres.run_marks import quarantined
@@ -53,7 +54,7 @@ SELECT g.run_id, g.path, coalesce(r.input #>> g.path::text[], '')
 
 # A waiter whose run can no longer move (quarantined, ended, deleted) is passed over: one bad
 # row never holds the line behind it.
-_LIVE_WAITER = f"""EXISTS (SELECT 1 FROM eec_workflow_run r WHERE r.run_id = q.run_id
+LIVE_WAITER = f"""EXISTS (SELECT 1 FROM eec_workflow_run r WHERE r.run_id = q.run_id
                   AND r.status IN ('pending', 'running') AND NOT {quarantined("r")})"""
 
 # Each counter's version, holders, oldest waiters and, for a rate counter, the dispatches
@@ -69,13 +70,20 @@ SELECT k.key, coalesce(l.version, 0), coalesce(l.dispatched, 0),
            AND d.seq < coalesce(l.dispatched, 0) - k.span + k.ahead),
        (SELECT count(*) FROM eec_limit_hold h WHERE h.key = k.key),
        (SELECT coalesce(jsonb_agg(jsonb_build_array(w.since_ms, w.run_id, w.node)
-                                  ORDER BY w.since_ms, w.run_id, w.node), '[]'::jsonb)
-          FROM (SELECT since_ms, run_id, node FROM eec_limit_wait q
-                 WHERE key = k.key AND {live}
-                 ORDER BY since_ms, run_id, node LIMIT k.bound) w)
+                                  ORDER BY w.turn, w.since_ms, w.run_id, w.node), '[]'::jsonb)
+          FROM ({line}) w)
   FROM jsonb_to_recordset(%s::jsonb) AS k(key text, bound int, span bigint, ahead int)
   LEFT JOIN eec_limit l ON l.key = k.key
-""".replace("{live}", _LIVE_WAITER)
+"""
+
+# The first ``{first}`` waiters of the counter ``k.key``, in the line's order
+# (core/limit_line.py: by round, then by age; the index eec_limit_wait_line).
+_LINE = """
+SELECT since_ms, run_id, node, tier, round AS turn FROM eec_limit_wait q
+ WHERE key = k.key AND {live}
+ ORDER BY round, since_ms, run_id, node LIMIT {first}
+""".replace("{live}", LIVE_WAITER)
+_VIEWS_SQL = _VIEWS_SQL.replace("{line}", _LINE.replace("{first}", "k.bound"))
 
 
 def load_limits(conn: psycopg.Connection[Any], loaded: Mapping[str, Loaded]) -> LimitInputs:
@@ -93,6 +101,8 @@ def load_limits(conn: psycopg.Connection[Any], loaded: Mapping[str, Loaded]) -> 
     limits: dict[str, int] = {}
     rated: set[str] = set()
     for run in runs:
+        if (need := run_need(run.wf, values.get(run.run_id, {}))) is not None:
+            limits[need.key] = max(limits.get(need.key, 0), need.limit)
         for step in run.wf.steps:
             for need in needs_of(step, values.get(run.run_id, {})):
                 limits[need.key] = max(limits.get(need.key, 0), need.limit)
@@ -108,7 +118,7 @@ def _input_values(
     wanted: list[dict[str, str]] = []
     by_literal: dict[str, tuple[str, ...]] = {}  # the paths as the statement names them
     for run in runs:
-        for path in sorted(paths_of(run.wf.steps)):
+        for path in sorted(paths_of(run.wf.steps) | run_paths(run.wf)):
             literal = _array_literal(path)
             by_literal[literal] = path
             wanted.append({"run_id": run.run_id, "path": literal})
@@ -239,12 +249,26 @@ LIMIT_CTES = """limit_holds AS (
                   FROM jsonb_to_recordset(u.limits -> 'releases') AS x(node text, attempt int)))
        AND {running}
 ), limit_waits AS (
-    INSERT INTO eec_limit_wait (key, run_id, node, since_ms, tier)
-    SELECT w.key, u.run_id, w.node, w.since, u.tier
-      FROM updated u
-     CROSS JOIN LATERAL jsonb_to_recordset(u.limits -> 'waits')
-           AS w(key text, node text, since bigint)
-     WHERE u.limits IS NOT NULL
+    -- A waiter joins the line in its round (core/limit_line.py): no earlier than the round
+    -- of the line's first, and after the last of its run key's own; those of one run key
+    -- joining in this statement one round after another.
+    INSERT INTO eec_limit_wait (key, run_id, node, since_ms, tier, run_key, round)
+    SELECT j.key, j.run_id, j.node, j.since, j.tier, j.run_key,
+           greatest(
+               coalesce((SELECT q.round FROM eec_limit_wait q WHERE q.key = j.key AND {live}
+                          ORDER BY q.round, q.since_ms, q.run_id, q.node LIMIT 1), 0),
+               coalesce((SELECT max(m.round) + 1 FROM eec_limit_wait m
+                          WHERE m.key = j.key AND m.run_key = j.run_key), 0))
+           + row_number() OVER (PARTITION BY j.key, j.run_key
+                                ORDER BY j.since, j.run_id, j.node) - 1
+      FROM (SELECT w.key, u.run_id, w.node, w.since, u.tier,
+                   coalesce(u.limits ->> 'run_key', '') AS run_key
+              FROM updated u
+             CROSS JOIN LATERAL jsonb_to_recordset(u.limits -> 'waits')
+                   AS w(key text, node text, since bigint)
+             WHERE u.limits IS NOT NULL
+               AND NOT EXISTS (SELECT 1 FROM eec_limit_wait x WHERE x.run_id = u.run_id
+                                  AND x.node = w.node AND x.key = w.key)) j
     ON CONFLICT DO NOTHING
 ), limit_unwaits AS (
     DELETE FROM eec_limit_wait w
@@ -256,7 +280,7 @@ LIMIT_CTES = """limit_holds AS (
     UPDATE eec_limit l SET version = l.version + 1
      WHERE l.key IN (SELECT key FROM limit_releases)
        AND l.key NOT IN (SELECT key FROM guarded)
-), """.replace("{running}", running("h"))
+), """.replace("{running}", running("h")).replace("{live}", LIVE_WAITER)
 
 
 def guards_param(commits: Sequence[Commit]) -> str:
@@ -293,6 +317,7 @@ def limits_row(commit: Commit) -> dict[str, Any] | None:
         "waits": [{"key": k, "node": n, "since": s} for k, n, s in limits.waits],
         "unwaits": list(limits.unwaits),
         "ends": limits.ends,
+        "run_key": limits.run_key,
     }
 
 
@@ -301,10 +326,8 @@ def limits_row(commit: Commit) -> dict[str, Any] | None:
 _WAITERS_SQL = """
 SELECT DISTINCT w.run_id, w.tier
   FROM jsonb_to_recordset(%s::jsonb) AS k(key text, freed int)
- CROSS JOIN LATERAL (
-       SELECT run_id, tier FROM eec_limit_wait q
-        WHERE key = k.key AND {live} ORDER BY since_ms, run_id, node LIMIT k.freed) w
-""".replace("{live}", _LIVE_WAITER)
+ CROSS JOIN LATERAL ({line}) w
+""".replace("{line}", _LINE.replace("{first}", "k.freed"))
 
 
 def waiters_to_wake(conn: psycopg.Connection[Any], freed: Counter[str]) -> list[RunRef]:

@@ -23,6 +23,7 @@ from processor.core.shown import Shown
 from processor.core.skips import why_skipped
 from processor.core.versions import step_versions
 from processor.io.postgres.instances import alive
+from processor.io.postgres.key_slots import KeySlot, key_slot
 from processor.io.postgres.run_data import NO_SIGNALS, Signals, run_input, run_signals
 from processor.io.postgres.run_search import AttemptRow, attempt_rows
 from processor.io.postgres.runs_admin import RunColumns, RunResult, run_columns, run_result
@@ -86,6 +87,7 @@ class RunRecord:
     executions: dict[AttemptRef, Execution] = field(default_factory=dict)
     input: Shown | None = None
     signals: Signals = NO_SIGNALS
+    key: KeySlot | None = None  # its workflow's concurrency: its standing with its key
 
     @property
     def healthy(self) -> bool:
@@ -130,7 +132,15 @@ def read_run(
         executions(conn, run_id, gone_after_s),
         run_input(conn, run_id),
         run_signals(conn, run_id),
+        _key_slot(conn, run),
     )
+
+
+def _key_slot(conn: psycopg.Connection[Any], run: LoadedRun | Exception) -> KeySlot | None:
+    """A run of a workflow with ``concurrency``: its standing with its key."""
+    if isinstance(run, Exception) or run.wf.concurrency is None:
+        return None
+    return key_slot(conn, run.run_id, run.wf.concurrency)
 
 
 def inspect_document(record: RunRecord) -> dict[str, Any]:
@@ -160,6 +170,9 @@ def inspect_document(record: RunRecord) -> dict[str, Any]:
         "input": None if record.input is None else record.input.document(),
         "signals": _signals_json(record),
         "signal_count": record.signals.total,
+        # Its workflow's concurrency (core/run_keys.py): the key's value, whether the run
+        # holds a slot or waits for one (its place in its key's line); None without one.
+        "key": None if record.key is None else record.key.document(),
     }
     if isinstance(run, Exception):
         document["load_error"] = str(run)
