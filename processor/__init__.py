@@ -40,6 +40,7 @@ from processor.build import sources_first as sources_first
 choose_build()
 
 __all__ = [
+    "Compensate",
     "Concurrency",
     "ConfigError",
     "NonRetryable",
@@ -62,6 +63,7 @@ __all__ = [
 # must run processor/cli/early_stop.py before the modules load (a SIGTERM meanwhile is a clean
 # stop), and a worker's child processes import this package again.
 _HOMES = {
+    "Compensate": "processor.authoring",
     "Concurrency": "processor.authoring",
     "ConfigError": "processor.io.config.values",
     "NonRetryable": "processor.worker.steps",
@@ -82,6 +84,7 @@ _HOMES = {
 
 if TYPE_CHECKING:
     from processor import client as client
+    from processor.authoring import Compensate as Compensate
     from processor.authoring import Concurrency as Concurrency
     from processor.authoring import RateLimit as RateLimit
     from processor.authoring import Retry as Retry

@@ -28,23 +28,26 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any, overload
 
-from processor.authoring_options import Concurrency, RateLimit, Retry
+from processor.authoring_options import Compensate, Concurrency, RateLimit, Retry
 from processor.core.durations import Duration, duration_ms, optional_ms
 from processor.core.routing import DEFAULT_QUEUE
 from processor.core.run_input import schema_of
 from processor.core.skips import decides
 from processor.core.step_parse import parse_step
-from processor.core.workflow import parse_workflow, step_to_json
+from processor.core.workflow import handler_to_json, parse_workflow, step_to_json
 from processor.core.workflow_def import (
+    FAILURE_NODE,
     MAP,
     MAP_ITEMS,
     MAP_PARALLELISM,
+    ON_FAILURE_NODE,
     ON_TIMEOUT_FAIL,
     WAIT,
     WORKFLOW,
     StepDef,
     ValidationError,
     WorkflowDef,
+    undo_node,
 )
 from processor.io.runtime.module_source import creating_module
 from processor.worker.steps import StepFunction, StepRegistry
@@ -74,6 +77,7 @@ class _Declared:
 
 
 Dependency = str | Callable[..., object]
+Undoing = str | Callable[..., object] | Compensate  # a compensation's or a handler's task
 
 
 def _names(dependencies: Iterable[Dependency], wf: Workflow) -> set[str]:
@@ -94,13 +98,15 @@ class Workflow:
         registry: StepRegistry | None = None,
         timeout: Duration | None = None,
         concurrency: Concurrency | None = None,
+        on_failure: Undoing | None = None,
     ) -> None:
         """``input_schema``: the JSON Schema a run's input must match (a start is refused
         otherwise, saying where), or a model class that gives one (a pydantic model: its
         ``model_json_schema()``); steps read the input as ``ctx.input_as(Model)``.
         ``timeout``: how long a run may take from its start (``timeout_ms``);
         ``concurrency``: at most ``limit`` live runs per value of its ``key`` in the input
-        (``Concurrency(1, key="customer.id")``), the others pending in line."""
+        (``Concurrency(1, key="customer.id")``), the others pending in line. ``on_failure``:
+        the task run once a run failed, as ``compensate`` (docs/usage.md#failure-handlers)."""
         self.name = name
         self.version = version
         self.description = description
@@ -111,6 +117,7 @@ class Workflow:
         self.registry = registry if registry is not None else StepRegistry()
         self._steps: list[_Declared] = []
         self._names: dict[int, str] = {}  # id(function) -> its step's name
+        self.on_failure = None if on_failure is None else self._task(on_failure)  # (sagas.py)
         self.defined_in = creating_module(__name__)  # its text is kept: module_source.py
 
     @overload
@@ -136,6 +143,7 @@ class Workflow:
         when: str | None = None,
         run_if: str | None = None,
         version: int | None = None,
+        compensate: Undoing | None = None,
     ) -> Callable[[StepFunction], StepFunction]: ...
 
     def step(
@@ -157,6 +165,7 @@ class Workflow:
         when: str | None = None,
         run_if: str | None = None,
         version: int | None = None,
+        compensate: Undoing | None = None,
     ) -> StepFunction | Callable[[StepFunction], StepFunction]:
         """Add a step run by the decorated function (plain or ``async def``): named after
         the function unless ``name`` says otherwise, of type ``type`` (the function's name by
@@ -167,8 +176,8 @@ class Workflow:
         skipped (docs/usage.md#conditions-and-skips). ``version``: the function is version N
         of its type, and every run runs that version (docs/usage.md#versioned-step-code;
         absent: version 1, and a run runs the newest version its workers serve when it
-        starts). Usable bare (``@wf.step``)
-        or with options. The function is returned unchanged."""
+        starts). ``compensate``: what undoes it (docs/usage.md#compensation-sagas). Bare
+        (``@wf.step``) or with options; the function is returned unchanged."""
         after = tuple(after)
 
         def add(function: StepFunction) -> StepFunction:
@@ -188,6 +197,9 @@ class Workflow:
             )
             if when is not None or run_if is not None:
                 step = decides(step, when, run_if, where)
+            if compensate is not None:
+                undo = self._task(compensate, undo_node(step.name), step.name, step.name)
+                step = replace(step, compensate=undo)
             registered = self.registry.step(step.step_type, version or 1)(function)
             self._steps.append(_Declared(step, retry, concurrency, rate_limit))
             self._names[id(function)] = step.name
@@ -336,6 +348,15 @@ class Workflow:
             raise ValidationError(f"workflow {self.name!r}: step {name!r} is added twice")
         return f"workflow {self.name!r}, step {name!r}"
 
+    def _task(
+        self, task: Undoing, name: str = ON_FAILURE_NODE, reads: str = FAILURE_NODE, of: str = ""
+    ) -> StepDef:
+        """A compensation (of step ``of``) or the failure handler; its function registered."""
+        given = task if isinstance(task, Compensate) else Compensate(task)
+        if not isinstance(given.step, str):
+            self.registry.step(given.type_name(), given.version or 1)(given.step)
+        return given.definition(name, reads, f"workflow {self.name!r}, the task of {of!r}")
+
     def _dependency(self, dependency: Dependency, where: str) -> str:
         if isinstance(dependency, str):
             return dependency
@@ -362,6 +383,8 @@ class Workflow:
             raw["input_schema"] = self.input_schema
         if self.concurrency is not None:
             raw["concurrency"] = self.concurrency.to_json()
+        if self.on_failure is not None:
+            raw["on_failure"] = handler_to_json(self.on_failure)
         return raw if self.timeout_ms is None else raw | {"timeout_ms": self.timeout_ms}
 
     def definition(self) -> WorkflowDef:
@@ -373,4 +396,5 @@ class Workflow:
         return f"Workflow({self.name!r}, version={self.version}, steps=[{steps}])"
 
 
-__all__ = ["Concurrency", "Duration", "RateLimit", "Retry", "Workflow", "duration_ms"]
+__all__ = ["Compensate", "Concurrency", "Duration", "RateLimit", "Retry", "Workflow"]
+__all__ += ["duration_ms"]

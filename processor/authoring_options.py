@@ -4,12 +4,14 @@ the workflow's definition is asked for. Nothing here touches a service."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
-from processor.core.durations import Duration, duration_ms
+from processor.core.durations import Duration, duration_ms, optional_ms
 from processor.core.limit_defs import ConcurrencyLimit, RunKeyLimit, StepRateLimit
+from processor.core.routing import DEFAULT_QUEUE
 from processor.core.step_parse import concurrency_key
-from processor.core.workflow_def import RetryPolicy, ValidationError
+from processor.core.workflow_def import RetryPolicy, StepDef, ValidationError
 
 
 @dataclass(frozen=True)
@@ -77,3 +79,36 @@ class RateLimit:
 
 
 __all__ = ["Concurrency", "RateLimit", "Retry"]
+
+
+@dataclass(frozen=True)
+class Compensate:
+    """What undoes a step when its run fails or is cancelled after it succeeded (a saga:
+    docs/usage.md#compensation-sagas): a step type, or a function (added to the workflow's
+    registry under its name), with its own deadline, retry policy, queue and heartbeat
+    timeout. ``compensate="refund"`` is ``Compensate("refund")``."""
+
+    step: str | Callable[..., object]
+    timeout: Duration = "30s"
+    retry: Retry | None = None
+    queue: str = DEFAULT_QUEUE
+    heartbeat_timeout: Duration | None = None
+    # The version of its function every run runs (absent: version 1; core/sagas.py).
+    version: int | None = None
+
+    def type_name(self) -> str:
+        """Its step type: ``step``, or a function's name."""
+        return self.step if isinstance(self.step, str) else str(getattr(self.step, "__name__", ""))
+
+    def definition(self, name: str, reads: str, where: str) -> StepDef:
+        """The task as the definition holds it: node ``name``, reading ``reads``."""
+        return StepDef(
+            name=name,
+            step_type=self.type_name(),
+            depends_on=(reads,),
+            retry=RetryPolicy() if self.retry is None else self.retry.policy(),
+            timeout_ms=duration_ms(self.timeout, f"{where}: timeout"),
+            queue=self.queue,
+            heartbeat_timeout_ms=optional_ms(self.heartbeat_timeout, f"{where}: heartbeat"),
+            version=self.version,
+        )

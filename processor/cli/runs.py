@@ -42,6 +42,7 @@ from processor.core.children import child_run_id
 from processor.core.model import LoadedRun
 from processor.core.routing import TopicNames
 from processor.core.run_state import NodeState, NodeStatus, RunStatus, state_checksum
+from processor.core.sagas import compensation_of
 from processor.core.skips import why_skipped
 from processor.core.versions import step_versions
 from processor.core.workflow_def import SIGNAL_NAME
@@ -122,6 +123,14 @@ def _print_times(columns: RunColumns) -> None:
     print(f"next wake  {columns.next_wakeup_at or '-'}")
 
 
+def _print_status(run: LoadedRun) -> None:
+    """The run's status and reason, and what became of its compensations (core/sagas.py)."""
+    reason = f" ({printable(run.state.reason)})" if run.state.reason else ""
+    print(f"status     {run.state.status.value}{reason}")
+    if run.wf.compensations:
+        print(f"compensation {printable(str(compensation_of(run.state, run.wf)))}")
+
+
 def cmd_inspect(settings: Settings, args: argparse.Namespace) -> int:
     with connect(settings) as conn:
         record = read_run(conn, Definitions(), args.run_id, settings.instance_timeout_s)
@@ -140,10 +149,7 @@ def cmd_inspect(settings: Settings, args: argparse.Namespace) -> int:
         print(f"status     {columns.status} (as stored; the row cannot be loaded: {run})")
         print(f"version    {columns.version}   tier {columns.tier}")
         return EXIT_FAILED
-    print(
-        f"status     {run.state.status.value}"
-        + (f" ({printable(run.state.reason)})" if run.state.reason else "")
-    )
+    _print_status(run)
     print(f"version    {columns.version}   seq {run.state.seq}   tier {run.tier}")
     if run.parent is not None:
         parent = run.parent

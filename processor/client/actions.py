@@ -28,6 +28,7 @@ from processor.core.routing import TopicNames
 from processor.core.run_ends import resume_failed
 from processor.core.run_search import Cursor, RunFilter
 from processor.core.run_state import NodeStatus, RunStatus
+from processor.core.sagas import compensation_of, saga_ran
 from processor.core.shapes import RunRef
 from processor.core.workflow_def import SIGNAL_NAME
 from processor.io.config.settings import Settings
@@ -291,6 +292,12 @@ def _retryable(conn: psycopg.Connection[Any], definitions: Definitions, run_id: 
     if run.state.status is not RunStatus.FAILED:
         raise RetryRefused(
             f"run {run_id!r} is {run.state.status}, not failed; only a failed run can be retried"
+        )
+    if saga_ran(run.state, run.wf):
+        raise RetryRefused(
+            f"run {run_id!r} ran its failure handler or compensations (compensation"
+            f" {compensation_of(run.state, run.wf)}): a retry would go on from steps that"
+            " were undone or a failure already handled; start a new run instead"
         )
     return run
 

@@ -215,4 +215,5 @@ def result_document(result: RunResult) -> dict[str, Any]:
         "finished": result.finished,
         "output": result.output,
         "failure_reason": result.failure_reason,
+        "compensation": result.compensation,
     }

@@ -18,8 +18,8 @@ from processor.core.routing import TopicNames, rung_for_delay
 from processor.core.run_state import NodeState
 from processor.core.step_task import MapItem, encode_task
 from processor.core.tick_decision import Decision
-from processor.core.versions import pin_of
-from processor.core.workflow_def import StepDef
+from processor.core.versions import Pins, pin_of
+from processor.core.workflow_def import StepDef, WorkflowDef
 
 
 def transition_sends(
@@ -58,9 +58,7 @@ def transition_sends(
                 step.timeout_ms,
                 start_by,
                 close_by,
-                pin_of(decision.new_state.versions, step.name)
-                if decision.new_state.versions
-                else 1,
+                _version_of(step, decision.new_state.versions, run.wf),
             )
             attributes = (("ductor.node", d.node), ("ductor.attempt", d.attempt))
             topic = names.steps_for(step.queue, run.tier)
@@ -68,6 +66,14 @@ def transition_sends(
     if decision.timers:
         sends += [timer(run.run_id, due, now_ms, "timer", names) for due in decision.timers]
     return tuple(sends)
+
+
+def _version_of(step: StepDef, pins: Pins, wf: WorkflowDef) -> int:
+    """The version of its function a dispatch runs: its step's pin (core/versions.py), or,
+    for a compensation or a failure handler (core/sagas.py: never pinned), its own, else 1."""
+    if wf.compensates and step in wf.saga_steps:
+        return step.version or 1
+    return pin_of(pins, step.name) if pins else 1
 
 
 def _bounds_of(step: StepDef, node: NodeState) -> tuple[int | None, int | None]:

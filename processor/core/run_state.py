@@ -16,7 +16,7 @@ from typing import Any, NamedTuple
 
 import orjson
 
-from processor.core.workflow_def import WorkflowDef
+from processor.core.workflow_def import FAILURE_NODE, ON_FAILURE_NODE, WorkflowDef, undo_node
 
 
 class RunStatus(StrEnum):
@@ -78,6 +78,9 @@ class NodeState(NamedTuple):
     # A step with a schedule-to-close bound: when its first attempt since the run was last
     # resumed was dispatched, what the whole step is counted from; kept through its retries.
     first_ms: int | None = None
+    # SUCCEEDED, a step with a compensation (core/sagas.py): the ``seq`` of the transition
+    # that applied its success, what orders its run's saga (the last done, undone first).
+    done_seq: int | None = None
 
     def to_json(self) -> dict[str, Any]:
         # The member itself: a StrEnum is its value, and orjson writes it as such (`.value`
@@ -93,12 +96,15 @@ class NodeState(NamedTuple):
             out["since_ms"] = self.since_ms
         if self.first_ms is not None:
             out["first_ms"] = self.first_ms
+        if self.done_seq is not None:
+            out["done_seq"] = self.done_seq
         return out
 
     @staticmethod
     def from_json(raw: Mapping[str, Any]) -> NodeState:
         due = raw.get("due_ms")
         since, first = raw.get("since_ms"), raw.get("first_ms")
+        done = raw.get("done_seq")
         # A dict lookup, not NodeStatus(...): this runs for every node of every loaded run.
         return node_state(
             _NODE_STATUSES[raw["status"]],
@@ -108,6 +114,7 @@ class NodeState(NamedTuple):
             int(raw.get("attempts_before", 0)),
             None if since is None else int(since),
             None if first is None else int(first),
+            None if done is None else int(done),
         )
 
 
@@ -119,12 +126,13 @@ def node_state(
     attempts_before: int = 0,
     since_ms: int | None = None,
     first_ms: int | None = None,
+    done_seq: int | None = None,
 ) -> NodeState:
     """``NodeState(...)``, made as ``tuple.__new__`` makes it: a NamedTuple's own constructor
     is Python code, also in the compiled build (there 330 ns against 140), and the tick makes
     several per run."""
     return tuple.__new__(
-        NodeState, (status, attempt, due_ms, error, attempts_before, since_ms, first_ms)
+        NodeState, (status, attempt, due_ms, error, attempts_before, since_ms, first_ms, done_seq)
     )
 
 
@@ -245,8 +253,24 @@ def state_from_row(
                 # Written before items left the state: every item is a node, started or not
                 # (one never started is pending in the state, and started as it comes).
                 maps.append((step.name, MapProgress(len(window), len(window))))
+    if wf.compensates:  # a saga's nodes, in the order it runs them (core/sagas.py)
+        saga = [FAILURE_NODE, ON_FAILURE_NODE] if wf.on_failure is not None else []
+        saga += [undo_node(s) for s in undo_order(wf, dict(nodes))]
+        nodes += [(n, NodeState.from_json(node_states[n])) for n in saga if n in node_states]
     # A dict lookup, not RunStatus(...) (the enum's call runs Python code): once per loaded run.
     return RunState(_RUN_STATUSES[status], tuple(nodes), seq, reason, tuple(maps), tuple(versions))
+
+
+def undo_order(wf: WorkflowDef, nodes: Mapping[str, NodeState]) -> list[str]:
+    """The steps a saga undoes (core/sagas.py), in the order it undoes them: each step with a
+    compensation that succeeded, the last done first (by ``done_seq``; those done in the same
+    transition, the later in the definition first)."""
+    done = [
+        (node.done_seq or 0, index, step.name)
+        for index, step in enumerate(wf.steps)
+        if step.compensate is not None and (node := nodes[step.name]).status is NodeStatus.SUCCEEDED
+    ]
+    return [name for _, _, name in sorted(done, reverse=True)]
 
 
 def shown_nodes(

@@ -57,7 +57,7 @@ _TASK_KEYS = _DECIDE_KEYS | frozenset(
     {
         *("name", "kind", "type", "depends_on", "retry", "timeout_ms", "queue"),
         *("heartbeat_timeout_ms", "schedule_to_start_ms", "schedule_to_close_ms"),
-        *("concurrency", "rate_limit", "version"),
+        *("concurrency", "rate_limit", "version", "compensate"),
     }
 )
 _MAP_KEYS = _TASK_KEYS | {"items_from", "max_items", "parallelism"}

@@ -14,6 +14,11 @@ Rules, in the order they are applied:
    timeout, judged by ``now``) ends as failed, ``run deadline of N ms passed``; nodes still
    in flight become cancelled, as for a cancel. The tick that starts a run with a deadline
    sets a wakeup at it (within the delay ladder's horizon).
+2c. In a workflow where a step has a compensation or that has a failure handler
+   (core/sagas.py), a run to end failed or cancelled (rules 2, 2b, 5) whose steps with one
+   succeeded, or to end failed with a handler, runs its saga first (the handler, then the
+   compensations, one at a time), and then ends; while its saga runs, rules 2 and 2b and
+   every node but its saga's are left alone.
 3. Each step result is applied at most once: only a result whose attempt is the node's attempt
    in flight (status dispatched) applies. A duplicate, stale or unknown result changes nothing,
    and results are applied in a canonical order, so arrival order does not matter.
@@ -98,32 +103,29 @@ argument, and the shell carries out the returned decision.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
+from processor.core.applied import apply_results, apply_timeouts
 from processor.core.attempts import (
-    closed,
     dispatched,
-    finish_attempt,
-    judge_timeouts,
-    unstarted_attempt,
 )
 from processor.core.deadlines import RunDeadline, deadline_reason, with_deadline_timer
 from processor.core.map_steps import Maps, end_maps
-from processor.core.model import LoadedRun, SignalKind, Started, StepOutcome, StepResult
+from processor.core.model import LoadedRun, SignalKind, Started, StepResult
 from processor.core.ready import EndedByTick, cascade, dispatch_ready
 from processor.core.run_ends import (
     end_run,
     failure,
     ordered_nodes,
 )
-from processor.core.run_state import NodeState, NodeStatus, RunState, RunStatus, node_state
+from processor.core.run_state import NodeState, NodeStatus, RunState, RunStatus
+from processor.core.sagas import CANCEL_REASON, undo_or_end, undo_tick, undoing
 from processor.core.selectors import Selected
-from processor.core.shapes import AttemptRef
 from processor.core.sleeps import Settled, sleep_timers, wake_sleeps
 from processor.core.tick_decision import NOOP, Decision, Dispatch
 from processor.core.versions import ServedVersions, pinned
-from processor.core.wait_steps import signal_waits, timed_out
-from processor.core.workflow_def import StepDef, WorkflowDef
+from processor.core.wait_steps import signal_waits
+from processor.core.workflow_def import WorkflowDef
 
 __all__ = [
     "tick",
@@ -137,6 +139,7 @@ _RETRY_WAIT, _LIMIT_WAIT = NodeStatus.RETRY_WAIT, NodeStatus.LIMIT_WAIT
 _SUCCEEDED, _FAILED = NodeStatus.SUCCEEDED, NodeStatus.FAILED
 _SKIPPED = NodeStatus.SKIPPED
 _RUN_PENDING, _RUN_RUNNING = RunStatus.PENDING, RunStatus.RUNNING
+_RUN_FAILED, _CANCELLED = RunStatus.FAILED, RunStatus.CANCELLED
 
 
 def tick(
@@ -161,16 +164,17 @@ def tick(
     ``served``: the newest version of each step type live workers serve (rule 1b)."""
     if state.status.terminal:
         return NOOP
-    if state.status is _RUN_PENDING:
-        state = pinned(state, wf, served)
+    state = pinned(state, wf, served) if state.status is _RUN_PENDING else state
+    if wf.compensates and undoing(state):
+        return undo_tick(state, wf, results, started, now_ms)
     if SignalKind.CANCEL in set(signals):
-        return end_run(state, state.node_map(), RunStatus.CANCELLED, "cancelled by signal")
+        return undo_or_end(state, state.node_map(), _CANCELLED, CANCEL_REASON, wf, now_ms)
     if not_before_ms is not None and now_ms < not_before_ms and state.status is _RUN_PENDING:
         return NOOP
     if deadline is not None:
         if now_ms >= deadline.at_ms:
             reason = deadline_reason(deadline.timeout_ms)
-            return end_run(state, state.node_map(), RunStatus.FAILED, reason)
+            return undo_or_end(state, state.node_map(), _RUN_FAILED, reason, wf, now_ms)
         if state.status is _RUN_PENDING:  # the tick that starts it: a wakeup at its deadline
             rest = (named, input_length, started, selected, None, served)
             decision = tick(state, wf, results, signals, now_ms, None, *rest)
@@ -178,73 +182,22 @@ def tick(
 
     step_of = wf.step_for if wf.has_maps else wf.step_map.__getitem__
     nodes = state.node_map()
-    _apply_results(nodes, results, step_of, now_ms)
+    apply_results(nodes, results, step_of, now_ms, state.seq + 1)
     signalled = signal_waits(nodes, wf, named) if named else []
     settled: list[Settled] = []
-    unstarted = _apply_timeouts(nodes, step_of, started, now_ms, settled)
+    unstarted = apply_timeouts(nodes, step_of, started, now_ms, settled)
     failed = failure(state, nodes)
     if failed is not None:
-        run_failed = end_run(state, nodes, RunStatus.FAILED, failed, wf)
+        run_failed = undo_or_end(state, nodes, _RUN_FAILED, failed, wf, now_ms)
         return run_failed._replace(
-            signalled=tuple(signalled), unstarted=tuple(unstarted), settled=tuple(settled)
+            signalled=tuple(signalled),
+            unstarted=tuple(unstarted),
+            settled=(*settled, *run_failed.settled),
         )
     if wf.only_tasks:  # the fast path: every step a task, started as it is ready
         return _tasks_only(state, wf, nodes, now_ms)
     maps = Maps(state, results, input_length) if wf.has_maps else None
     return _advance(state, wf, nodes, now_ms, maps, named, signalled, settled, selected)
-
-
-def _apply_results(
-    nodes: dict[str, NodeState],
-    results: Iterable[StepResult],
-    step_of: Callable[[str], StepDef],
-    now_ms: int,
-) -> None:
-    """Rule 3: each result of an attempt in flight ends it, in a canonical order."""
-    for result in sorted(set(results), key=_result_order):
-        node = nodes.get(result.node)
-        if node is None or node.status is not _DISPATCHED:
-            continue
-        if node.attempt != result.attempt:
-            continue
-        ok = result.outcome is StepOutcome.SUCCEEDED
-        nodes[result.node] = finish_attempt(
-            node, step_of(result.node), ok, result.error, now_ms, result.retryable
-        )
-
-
-def _apply_timeouts(
-    nodes: dict[str, NodeState],
-    step_of: Callable[[str], StepDef],
-    started: Mapping[str, Started] | None,
-    now_ms: int,
-    settled: list[Settled],
-) -> list[AttemptRef]:
-    """Rule 4 for every node whose due time passed, and the schedule-to-close bound of those
-    waiting for their next attempt; the attempts failed that no worker had started (the wait
-    steps that continued on their timeout go to ``settled``, with their default output)."""
-    unstarted: list[AttemptRef] = []
-    for name, node in list(nodes.items()):
-        if node.status is _DISPATCHED and node.due_ms is not None and now_ms >= node.due_ms:
-            step = step_of(name)
-            if step.runs_on_a_worker or (step.maps and name != step.name):
-                judged = judge_timeouts(node, step, started, name, now_ms)
-                if judged is not None:
-                    nodes[name] = judged
-                    if judged.status is _FAILED and unstarted_attempt(started, name, node.attempt):
-                        unstarted.append((name, node.attempt))
-            elif not step.sleeps:  # (a sleep's due time ends it: rule 4b, in _advance)
-                nodes[name] = timed_out(name, node, step, now_ms, settled)
-        elif node.first_ms is not None and (
-            node.status is _RETRY_WAIT or node.status is _LIMIT_WAIT
-        ):
-            step = step_of(name)  # waiting for its next attempt past its schedule-to-close
-            to_close = step.schedule_to_close_ms
-            if to_close is not None and now_ms >= node.first_ms + to_close:
-                nodes[name] = node_state(
-                    _FAILED, node.attempt, None, closed(to_close, node.error), node.attempts_before
-                )
-    return unstarted
 
 
 def _advance(
@@ -273,7 +226,8 @@ def _advance(
     # the run.
     if (maps is not None or wf.sleeps) and (failed := failure(state, nodes)) is not None:
         # a map without its list, a sleep until no time
-        ended_run = end_run(state, nodes, RunStatus.FAILED, failed, wf, maps)
+        ended_run = undo_or_end(state, nodes, _RUN_FAILED, failed, wf, now_ms, maps)
+        settled += ended_run.settled  # (a failure handler's failure, when it has one)
         return ended_run._replace(
             signalled=tuple(signalled), mapped=tuple(mapped), settled=tuple(settled)
         )
@@ -352,10 +306,6 @@ def _tasks_only(
         return NOOP
     new_state = RunState(status, new_nodes, state.seq + 1, state.reason, state.maps, state.versions)
     return Decision(new_state, tuple(dispatches), _new_timers(state, new_state))
-
-
-def _result_order(result: StepResult) -> tuple[str, int, str, str]:
-    return (result.node, result.attempt, result.outcome, result.error or "")
 
 
 def _new_timers(old: RunState, new: RunState) -> tuple[int, ...]:

@@ -8,6 +8,7 @@ core/workflow_def.py's. Pure, no I/O.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from graphlib import CycleError, TopologicalSorter
 from typing import Any
 
@@ -20,9 +21,12 @@ from processor.core.limit_defs import MAX_LIMIT, RunKeyLimit
 from processor.core.routing import DEFAULT_QUEUE
 from processor.core.step_parse import check_keys, concurrency_key, optional, parse_step, require
 from processor.core.workflow_def import (
+    FAILURE_NODE,
     MAP,
+    ON_FAILURE_NODE,
     ON_TIMEOUT_FAIL,
     SLEEP,
+    TASK,
     WAIT,
     WORKFLOW,
     RetryPolicy,
@@ -30,9 +34,11 @@ from processor.core.workflow_def import (
     ValidationError,
     WorkflowDef,
     WorkflowOutput,
+    undo_node,
 )
 
 __all__ = [
+    "handler_to_json",
     "parse_workflow",
     "step_to_json",
     "workflow_to_json",
@@ -46,7 +52,7 @@ def parse_workflow(raw: Any) -> WorkflowDef:
     check_keys(
         raw,
         {"name", "version", "steps", "description", "output", "input_schema", "timeout_ms"}
-        | {"concurrency"},
+        | {"on_failure", "concurrency"},
         "workflow",
     )
     if not isinstance(raw.get("description", ""), str):
@@ -60,14 +66,15 @@ def parse_workflow(raw: Any) -> WorkflowDef:
     raw_steps = require(raw, "steps", list, "workflow")
     if not raw_steps:
         raise ValidationError("workflow.steps: a workflow needs at least one step")
-    steps = [parse_step(raw_step, f"workflow.steps[{i}]") for i, raw_step in enumerate(raw_steps)]
+    steps = [_parsed_step(raw_step, f"workflow.steps[{i}]") for i, raw_step in enumerate(raw_steps)]
     _check_graph(steps)
-    _check_names(steps, name)
+    _check_names(steps, name, "on_failure" in raw)
     output = _parse_output(raw["output"], steps) if "output" in raw else None
     schema = _parse_input_schema(raw["input_schema"]) if "input_schema" in raw else None
     timeout = raw.get("timeout_ms")
     if "timeout_ms" in raw and (problem := timeout_problem(timeout, "workflow.timeout_ms")):
         raise ValidationError(problem)
+    handler = _on_failure(raw["on_failure"], steps) if "on_failure" in raw else None
     return WorkflowDef(
         name=name,
         version=version,
@@ -75,6 +82,7 @@ def parse_workflow(raw: Any) -> WorkflowDef:
         output=output,
         input_schema=schema,
         timeout_ms=timeout,
+        on_failure=handler,
         concurrency=_parse_run_key(raw.get("concurrency"), name),
     )
 
@@ -97,7 +105,51 @@ def _parse_run_key(raw: Any, workflow: str) -> RunKeyLimit | None:
     )
 
 
-def _check_names(steps: list[StepDef], workflow: str) -> None:
+def _on_failure(raw: Any, steps: list[StepDef]) -> StepDef:
+    """The workflow's failure handler (core/sagas.py): a task named ``on_failure`` that reads
+    the run's failure (``failure``); no step may be named either."""
+    at = "workflow.on_failure"
+    if not isinstance(raw, dict):
+        raise ValidationError(f"{at}: expected an object with the handler's type, got {raw!r}")
+    check_keys(raw, set(_COMPENSATE_KEYS), at)
+    for step in steps:
+        if step.name in (FAILURE_NODE, ON_FAILURE_NODE):
+            raise ValidationError(
+                f"workflow.steps: {step.name!r}: a workflow with on_failure names no step"
+                f" {FAILURE_NODE!r} or {ON_FAILURE_NODE!r} (its handler's nodes)"
+            )
+    handler = {**raw, "kind": TASK, "name": ON_FAILURE_NODE, "depends_on": [FAILURE_NODE]}
+    return parse_step(handler, at)
+
+
+def _parsed_step(raw_step: Any, where: str) -> StepDef:
+    step = parse_step(raw_step, where)
+    if "compensate" in raw_step:
+        return _with_compensation(raw_step, where, step)
+    return step
+
+
+# What a compensation may say (core/sagas.py): the task options of the step that undoes.
+_COMPENSATE_KEYS = frozenset(
+    {"type", "retry", "timeout_ms", "queue", "heartbeat_timeout_ms", "version"}
+)
+
+
+def _with_compensation(raw_step: Any, where: str, step: StepDef) -> StepDef:
+    """``step`` with its compensation (``compensate``: a task step's only), a task step named
+    ``undo(step)`` that depends on the step (it reads its output and the run's input)."""
+    at = f"{where}.compensate"
+    if step.kind != TASK:
+        raise ValidationError(f"{at}: only a task step has a compensation (this is a {step.kind})")
+    raw = raw_step["compensate"]
+    if not isinstance(raw, dict):
+        raise ValidationError(f"{at}: expected an object with the undoing task's type, got {raw!r}")
+    check_keys(raw, set(_COMPENSATE_KEYS), at)
+    undo = {**raw, "kind": TASK, "name": undo_node(step.name), "depends_on": [step.name]}
+    return replace(step, compensate=parse_step(undo, at))
+
+
+def _check_names(steps: list[StepDef], workflow: str, handled: bool) -> None:
     """What the steps' names and children may not be in this workflow: a map's item names
     taken, or a child run of the workflow itself."""
     if any(s.maps for s in steps):
@@ -106,6 +158,14 @@ def _check_names(steps: list[StepDef], workflow: str) -> None:
                 raise ValidationError(
                     f"workflow.steps: {step.name!r}: a workflow with a map step names no step"
                     " with '[' or ']' (its items are named so: step[0], step[1] ...)"
+                )
+    if handled or any(s.compensate is not None for s in steps):
+        for step in steps:
+            if step.name.startswith("undo("):
+                raise ValidationError(
+                    f"workflow.steps: {step.name!r}: a workflow with compensations or"
+                    " on_failure names no step undo(... (a step's compensation is named so:"
+                    " undo(charge))"
                 )
     for step in steps:
         if step.starts_child and step.child_workflow == workflow:
@@ -196,6 +256,8 @@ def workflow_to_json(wf: WorkflowDef) -> dict[str, Any]:
         raw["timeout_ms"] = wf.timeout_ms
     if wf.concurrency is not None:
         raw["concurrency"] = wf.concurrency.to_json()
+    if wf.on_failure is not None:
+        raw["on_failure"] = handler_to_json(wf.on_failure)
     return raw
 
 
@@ -206,6 +268,25 @@ def step_to_json(s: StepDef) -> dict[str, Any]:
         raw["when"] = s.when.text
     if s.run_if is not None:
         raw["run_if"] = s.run_if
+    if s.compensate is not None:
+        raw["compensate"] = handler_to_json(s.compensate)
+    return raw
+
+
+def handler_to_json(c: StepDef) -> dict[str, Any]:
+    """A step's compensation as its ``compensate`` holds it, or the workflow's ``on_failure``
+    (their names and dependencies are fixed: not written)."""
+    raw: dict[str, Any] = {
+        "type": c.step_type,
+        "retry": _retry_to_json(c.retry),
+        "timeout_ms": c.timeout_ms,
+    }
+    if c.queue != DEFAULT_QUEUE:
+        raw["queue"] = c.queue
+    if c.heartbeat_timeout_ms is not None:
+        raw["heartbeat_timeout_ms"] = c.heartbeat_timeout_ms
+    if c.version is not None:
+        raw["version"] = c.version
     return raw
 
 

@@ -71,6 +71,16 @@ MAP_ITEMS, MAP_ITEMS_LIMIT = 1_000, 10_000
 MAP_PARALLELISM, MAP_PARALLELISM_LIMIT = 10, 1_000
 
 
+# The nodes of a failed run's handler (core/sagas.py): ``failure``, what the run's failure
+# was (an output the tick makes), and ``on_failure``, the handler's task, which reads it.
+FAILURE_NODE, ON_FAILURE_NODE = "failure", "on_failure"
+
+
+def undo_node(step: str) -> str:
+    """The node of the compensation of step ``step`` in a run's state (core/sagas.py)."""
+    return f"undo({step})"
+
+
 def item_node(step: str, index: int) -> str:
     """The node of item ``index`` of map step ``step`` in a run's state."""
     return f"{step}[{index}]"
@@ -134,6 +144,10 @@ class StepDef:
     # (``"version": 2``); None: a run runs the newest version live workers serve when it
     # starts (core/versions.py).
     version: int | None = None
+    # A task step's compensation (core/sagas.py): the task that undoes it, run when the run
+    # fails or is cancelled after it succeeded; a task step of its own named ``undo(step)``,
+    # depending on the step (it reads the step's output and the run's input). None: none.
+    compensate: StepDef | None = None
 
     @property
     def selectors(self) -> tuple[Selector, ...]:
@@ -201,6 +215,9 @@ class WorkflowDef:
     # At most so many live runs per value of a path in the input (core/run_keys.py); None:
     # runs start as they come.
     concurrency: RunKeyLimit | None = None
+    # The task run once when a run fails (core/sagas.py), node ``on_failure``, reading the
+    # failure (``failure``); None: none.
+    on_failure: StepDef | None = None
 
     @property
     def key(self) -> WorkflowKey:
@@ -208,8 +225,25 @@ class WorkflowDef:
 
     @cached_property
     def step_map(self) -> dict[str, StepDef]:
-        """Steps by name (computed once per definition; definitions are immutable)."""
-        return {s.name: s for s in self.steps}
+        """Steps by name, with their compensations' (``undo(step)``: core/sagas.py), computed
+        once per definition (definitions are immutable)."""
+        steps = {s.name: s for s in self.steps}
+        steps.update((c.name, c) for c in self.compensations)
+        if self.on_failure is not None:
+            steps[ON_FAILURE_NODE] = self.on_failure
+            steps[FAILURE_NODE] = StepDef(FAILURE_NODE, "", kind=FAILURE_NODE)
+        return steps
+
+    @cached_property
+    def compensations(self) -> tuple[StepDef, ...]:
+        """Its steps' compensations (core/sagas.py), in definition order; empty for most."""
+        return tuple(s.compensate for s in self.steps if s.compensate is not None)
+
+    @cached_property
+    def compensates(self) -> bool:
+        """Whether a step has a compensation or the workflow a failure handler: only then
+        does a failed or cancelled run run a saga before it ends (core/sagas.py)."""
+        return bool(self.compensations) or self.on_failure is not None
 
     def step_for(self, node: str) -> StepDef:
         """The step a node of a run's state is of: a step, or an item of a map step
@@ -269,6 +303,13 @@ class WorkflowDef:
         return tuple(s for s in self.steps if s.kind == TASK or s.maps)
 
     @cached_property
+    def saga_steps(self) -> tuple[StepDef, ...]:
+        """Its steps' compensations and its failure handler (core/sagas.py): tasks no run
+        pins a version of; each runs the version it declares, else 1."""
+        handler = () if self.on_failure is None else (self.on_failure,)
+        return (*self.compensations, *handler)
+
+    @cached_property
     def declares_versions(self) -> bool:
         """Whether a step says which version of its function every run runs."""
         return any(s.version is not None for s in self.steps)
@@ -281,7 +322,7 @@ class WorkflowDef:
     @property
     def queues(self) -> list[str]:
         """The queues its steps run on, sorted."""
-        return sorted({s.queue for s in self.steps})
+        return sorted({s.queue for s in (*self.steps, *self.saga_steps)})
 
     def step(self, name: str) -> StepDef:
         for step in self.steps:

@@ -150,6 +150,12 @@ SCHEMAS: dict[str, dict[str, Any]] = {
             "finished": {"type": "boolean"},
             "output": {"description": "the run's output once it succeeded, else null"},
             "failure_reason": {"type": ["string", "null"]},
+            "compensation": {
+                "enum": ["none", "running", "completed", "failed", "stopped"],
+                "description": "what became of the run's compensations (a saga): none ran,"
+                " they run, they all completed, one failed for good, or the run was"
+                " force-failed during them",
+            },
         },
     },
     "RunSummary": {

@@ -4,7 +4,8 @@ to a table of its own before the function does anything else, and its end when i
 raises, so a test counts what users feel (how many times their code ran for one attempt,
 and which ran at the same time) and not only the transitions in the run table.
 
-One step type, ``counted``, whose behaviour the run's input sets, per attempt:
+A compensation, ``counted_undo``, counted the same way (its output what it was given to
+undo). One step type, ``counted``, whose behaviour the run's input sets, per attempt:
 
 - ``sleep_ms``: how long it takes (default 0), ignoring its cancellation (a call that does
   not look at ``ctx.cancelled``); ``sleep_on``: the same for some attempts only
@@ -67,6 +68,18 @@ def counted(ctx: StepContext) -> Any:
     LOG.record(ctx)  # first, committed: a crash below still counts
     try:
         return _run(ctx)
+    finally:
+        LOG.ended(ctx)
+
+
+@registry.step("counted_undo")
+def counted_undo(ctx: StepContext) -> Any:
+    """A compensation (``undo(step)``), counted as ``counted`` is and set by the same keys
+    (``by_node`` of ``undo(step)``): its output says what it was given to undo."""
+    LOG.record(ctx)
+    try:
+        _run(ctx)
+        return {"undid": dict(ctx.deps), "input": ctx.input}
     finally:
         LOG.ended(ctx)
 
@@ -138,6 +151,7 @@ def overlapping(conn: psycopg.Connection[Any], prefix: str = "") -> list[tuple[A
 __all__ = [
     "LOG",
     "counted",
+    "counted_undo",
     "executions",
     "extra_executions",
     "install",

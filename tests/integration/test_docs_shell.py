@@ -32,6 +32,7 @@ REGISTERED = (
     "remind",
     "shipping",
     "checkout-deadline",
+    "trip",
     "tagged",
     "nightly-report",
 )

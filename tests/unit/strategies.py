@@ -51,8 +51,9 @@ def retry_json(draw: st.DrawFn) -> dict[str, Any]:
 
 
 @st.composite
-def workflow_json(draw: st.DrawFn, max_steps: int = 6) -> dict[str, Any]:
-    """A valid workflow definition as JSON: a DAG whose deps only point at earlier steps."""
+def workflow_json(draw: st.DrawFn, max_steps: int = 6, compensate: bool = False) -> dict[str, Any]:
+    """A valid workflow definition as JSON: a DAG whose deps only point at earlier steps
+    (``compensate``: now and then a step with its compensation)."""
     n = draw(st.integers(1, max_steps))
     names = draw(st.permutations(STEP_NAMES))[:n]
     steps: list[dict[str, Any]] = []
@@ -72,8 +73,16 @@ def workflow_json(draw: st.DrawFn, max_steps: int = 6) -> dict[str, Any]:
             step["schedule_to_start_ms"] = draw(st.integers(1, 2_000))
         if not draw(st.integers(0, 5)):
             step["schedule_to_close_ms"] = draw(st.integers(1, 5_000))
+        if compensate and draw(st.booleans()):  # its compensation (core/sagas.py)
+            step["compensate"] = {"type": draw(st.sampled_from(STEP_TYPES))}
+            if draw(st.booleans()):
+                step["compensate"] |= {"retry": draw(retry_json()), "queue": "undo"}
+            if draw(st.booleans()):
+                step["compensate"] |= {"timeout_ms": 1_000, "heartbeat_timeout_ms": 500}
         steps.append(step)
     raw = {"name": draw(st.sampled_from(["wf", "orders", "etl"])), "version": 1, "steps": steps}
+    if compensate and draw(st.booleans()):  # a failure handler (core/sagas.py)
+        raw["on_failure"] = {"type": draw(st.sampled_from(STEP_TYPES))}
     match draw(st.integers(0, 2)):  # the declared output: none, one step's, or a mapping
         case 1:
             raw["output"] = draw(st.sampled_from(names))

@@ -207,6 +207,7 @@ def _workflows(draw: st.DrawFn) -> Workflow:
             timeout=draw(_DURATIONS),
             retry=retry,
             queue=draw(st.sampled_from(["default", "fast", "slow-1"])),
+            compensate=draw(st.none() | st.sampled_from(["refund", "undo-x"])),
         )(lambda ctx: None)
     return wf
 

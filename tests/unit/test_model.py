@@ -188,7 +188,7 @@ def test_forward_dependencies_are_fine_when_acyclic() -> None:
 
 
 @FAST
-@given(workflow_json())
+@given(workflow_json(compensate=True))
 def test_workflow_json_round_trips(raw: dict[str, Any]) -> None:
     wf = parse_workflow(raw)
     again = parse_workflow(orjson.loads(orjson.dumps(workflow_to_json(wf))))

@@ -15,6 +15,7 @@ import processor
 
 REPO = Path(__file__).resolve().parents[2]
 EXPORTS = {
+    "Compensate": "processor.authoring",
     "Concurrency": "processor.authoring",
     "ConfigError": "processor.io.config.settings",
     "NonRetryable": "processor.worker.steps",

@@ -197,7 +197,7 @@ def test_an_output_naming_an_unknown_step_is_beyond_the_schema_but_caught_by_the
 
 
 @QUICK
-@given(workflow_json())
+@given(workflow_json(compensate=True))
 def test_generated_definitions_and_their_canonical_json_validate(raw: dict[str, Any]) -> None:
     assert WORKFLOW.is_valid(raw)
     wf = parse_workflow(raw)

@@ -15,7 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from processor import Concurrency, RateLimit, Retry, StepContext, Workflow
+from processor import Compensate, Concurrency, RateLimit, Retry, StepContext, Workflow
 from processor.core.limit_defs import MAX_LIMIT
 from processor.core.workflow import parse_workflow, workflow_to_json
 from processor.core.workflow_def import (
@@ -126,7 +126,22 @@ def _step(draw: st.DrawFn, name: str, before: list[str], kind: str) -> dict[str,
     for key, values in options.items():
         if draw(st.booleans()):
             raw[key] = draw(values)
+    if kind == "task" and draw(st.booleans()):  # its compensation (core/sagas.py)
+        raw["compensate"] = draw(_compensate(name))
     return raw
+
+
+def _compensate(name: str) -> st.SearchStrategy[dict[str, Any]]:
+    return st.fixed_dictionaries(
+        {"type": st.just(f"undo{name}")},
+        optional={
+            "retry": _retry(),
+            "timeout_ms": st.integers(2, 10_000_000),
+            "queue": st.sampled_from(["default", "refunds"]),
+            "heartbeat_timeout_ms": st.just(1),
+            "version": st.integers(1, 9999),
+        },
+    )
 
 
 @st.composite
@@ -146,6 +161,8 @@ def definitions(draw: st.DrawFn) -> dict[str, Any]:
     if draw(st.booleans()):
         required = draw(st.lists(_NAMES, max_size=2, unique=True))
         raw["input_schema"] = {"type": "object", "required": required}
+    if draw(st.booleans()):  # its failure handler (core/sagas.py)
+        raw["on_failure"] = draw(_compensate("handler"))
     return raw
 
 
@@ -171,6 +188,14 @@ FULL: dict[str, Any] = {
             "schedule_to_close_ms": 600_000,
             "concurrency": {"limit": 4, "key": "customer.id", "name": "per-customer"},
             "rate_limit": {"limit": 100, "per_s": 1.5, "name": "charges"},
+            "compensate": {
+                "type": "refund",
+                "retry": {"max_attempts": 9, "backoff_ms": 500},
+                "timeout_ms": 5_000,
+                "queue": "refunds",
+                "heartbeat_timeout_ms": 1_000,
+                "version": 3,
+            },
         },
         {
             "name": "items",
@@ -214,6 +239,7 @@ FULL: dict[str, Any] = {
     ],
     "output": {"charged": "task", "shipped": "child"},
     "input_schema": {"type": "object", "required": ["customer"]},
+    "on_failure": {"type": "page_someone", "retry": {"max_attempts": 5}, "queue": "alerts"},
 }
 
 
@@ -227,7 +253,7 @@ def test_the_writer_writes_back_every_option_the_schema_has() -> None:
     assert list(SCHEMA.iter_errors(written)) == []
     steps = written["steps"]
     assert _keys(steps) == set(STEP_SCHEMA["properties"])
-    for nested in ("retry", "concurrency", "rate_limit"):
+    for nested in ("retry", "concurrency", "rate_limit", "compensate"):
         assert _keys([s[nested] for s in steps if nested in s]) == set(
             STEP_SCHEMA["properties"][nested]["properties"]
         ), nested
@@ -252,6 +278,7 @@ def test_any_definition_round_trips_through_the_parser_and_the_writer(
 _IN_CODE = {
     "name": "name",
     "step_type": "type (its function, for a task or map step)",
+    "compensate": "compensate",
     "depends_on": "after",
     "retry": "retry",
     "timeout_ms": "timeout",
@@ -292,6 +319,7 @@ def _in_code(wf: WorkflowDef, raw: dict[str, Any]) -> Workflow:
         description=raw.get("description"),
         output=output,
         input_schema=raw.get("input_schema"),
+        on_failure=None if wf.on_failure is None else _as_compensate(wf.on_failure),
     )
     for step in wf.steps:
         retry = Retry(
@@ -345,9 +373,28 @@ def _in_code(wf: WorkflowDef, raw: dict[str, Any]) -> Workflow:
                 **options,
             )
         else:
-            add = code.step(**options)
+            add = code.step(**options, compensate=_compensate_in_code(step))
         add(_function)
     return code
+
+
+def _compensate_in_code(step: StepDef) -> Compensate | None:
+    return None if step.compensate is None else _as_compensate(step.compensate)
+
+
+def _as_compensate(undo: StepDef) -> Compensate:
+    policy = undo.retry
+    retry = Retry(
+        policy.max_attempts, policy.backoff_ms, policy.backoff_multiplier, policy.max_backoff_ms
+    )
+    return Compensate(
+        undo.step_type,
+        timeout=undo.timeout_ms,
+        retry=retry,
+        queue=undo.queue,
+        heartbeat_timeout=undo.heartbeat_timeout_ms,
+        version=undo.version,
+    )
 
 
 def _task_options(step: StepDef) -> dict[str, Any]:

@@ -23,6 +23,7 @@ from processor.ui.pages import (
     script,
     stylesheet,
 )
+from processor.ui.run_view import run_sections
 from processor.ui.timeline import LABEL_W, MAX_LANES, MIN_BAR_W, PLOT_W, timeline
 
 T0 = 1_777_000_000.0
@@ -327,3 +328,68 @@ def test_a_step_after_a_map_waits_from_the_map_s_last_item() -> None:
     (bar,) = lanes["m"].bars
     assert (bar.state, bar.x, bar.x + bar.width) == ("succeeded", LABEL_W, LABEL_W + 0.4 * PLOT_W)
     assert [(g.kind, g.x1) for g in lanes["after"].gaps] == [("queued", LABEL_W + 0.4 * PLOT_W)]
+
+
+def test_a_run_whose_saga_ran_shows_its_compensation_and_draws_its_undo_steps() -> None:
+    steps = [_step("flight"), _step("hotel", "flight"), _step("car", "hotel")]
+    nodes = [
+        _node("flight", "succeeded", 1),
+        _node("hotel", "succeeded", 1),
+        _node("car", "failed", 1),
+        _node("undo(hotel)", "failed", 2),
+        _node("undo(flight)", "cancelled", 0),
+    ]
+    attempts = [
+        _attempt("flight", 1, 0, 1),
+        _attempt("hotel", 1, 1, 2),
+        _attempt("car", 1, 2, 3, outcome="failed", error="no cars"),
+        _attempt("undo(hotel)", 1, 3, 4, outcome="failed", error="closed"),
+        _attempt("undo(hotel)", 2, 5, 6, outcome="failed", error="closed"),
+    ]
+    document = _run("failed", steps, nodes, attempts) | {
+        "run_id": "trip-9",
+        "workflow": "trip",
+        "version": 1,
+        "failure_reason": "step 'car' failed after 1 attempt(s): no cars",
+        "compensation": {"outcome": "failed", "step": "hotel", "error": "closed"},
+        "tier": "t1",
+        "tags": {},
+        "next_wakeup_at": None,
+        "start_at": None,
+        "quarantine_reason": None,
+        "checksum_ok": True,
+        "seq": 9,
+        "input": None,
+        "output": None,
+        "signals": [],
+        "signal_count": 0,
+    }
+    full = dict.fromkeys(
+        ("dispatched", "duration_s", "output", "error_type", "error_message", "traceback"),
+    ) | {"executions": 1, "heartbeat": None, "running": None, "execution_ended": None}
+    document["attempts"] = [full | {"holds_slots": []} | a for a in attempts]
+    document["nodes"] = [{"output": None, "skipped": None, "child_run": None} | n for n in nodes]
+    drawn = timeline(document, T0 + 10)
+    assert drawn is not None
+    lanes = [lane.node for lane in drawn.lanes]
+    assert "undo(hotel)" in lanes
+    assert [s.name for s in step_states(document)] == ["flight", "hotel", "car"]
+    html = (
+        environment()
+        .get_template("run.html")
+        .render(
+            refresh_ms=0,
+            token_configured=False,
+            read_token_required=False,
+            logged_in=False,
+            here="/runs/trip-9",
+            run=document,
+            dag=None,
+            timeline=drawn,
+            can_retry=False,
+            can_cancel=False,
+            done=None,
+            **run_sections(document),
+        )
+    )
+    assert '<dd id="compensation">failed (undoing hotel: closed)</dd>' in html

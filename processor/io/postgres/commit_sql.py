@@ -61,9 +61,12 @@ UPDATE eec_workflow_run AS r
        state_checksum = c.checksum,
        failure_reason = c.reason,
        -- A live run is woken at its deadline at the latest (core/deadlines.py; least()
-       -- ignores a null: no due time, or no deadline).
-       next_wakeup_at = CASE WHEN c.status IN ('pending', 'running')
+       -- ignores a null: no due time, or no deadline), but for one in its saga (live with
+       -- the reason it will end with: core/sagas.py), which its deadline no longer holds.
+       next_wakeup_at = CASE WHEN c.status IN ('pending', 'running') AND c.reason IS NULL
                              THEN least(to_timestamp(c.next_wakeup_ms / 1000.0), r.deadline_at)
+                             WHEN c.status IN ('pending', 'running')
+                             THEN to_timestamp(c.next_wakeup_ms / 1000.0)
                         END,
        updated_at = now(),
        last_transition_at = now(),

@@ -17,6 +17,7 @@ import psycopg
 from processor.core.children import child_run_id
 from processor.core.model import LoadedRun
 from processor.core.run_state import NodeState, NodeStatus, RunStatus, shown_nodes
+from processor.core.sagas import compensation_of
 from processor.core.shapes import AttemptRef
 from processor.core.shown import Shown
 from processor.core.skips import why_skipped
@@ -179,6 +180,8 @@ def inspect_document(record: RunRecord) -> dict[str, Any]:
         return document
     document["seq"] = run.state.seq
     document["checksum_ok"] = run.checksum_ok
+    # What became of its saga (core/sagas.py): none, running, completed or failed (at step).
+    document["compensation"] = compensation_of(run.state, run.wf)._asdict()
     document["parent"] = (
         None
         if run.parent is None
@@ -216,6 +219,7 @@ def _steps_json(run: LoadedRun) -> list[dict[str, Any]]:
         {"name": s.name, "kind": s.kind, "type": s.step_type, "after": list(s.depends_on)}
         | ({} if s.when is None else {"when": s.when.text})
         | ({} if s.run_if is None else {"run_if": s.run_if})
+        | ({} if s.compensate is None else {"compensate": s.compensate.step_type})
         | ({"version": pins[s.name]} if s.name in pins else {})
         for s in run.wf.steps
     ]

@@ -55,6 +55,9 @@ class RunResult:
     status: RunStatus
     output: Any
     failure_reason: str | None
+    # What became of its saga (core/sagas.py ``compensation_of``): "none", "running",
+    # "completed", "failed" or "stopped".
+    compensation: str = "none"
 
     @property
     def finished(self) -> bool:
@@ -262,13 +265,25 @@ def run_columns(conn: psycopg.Connection[Any], run_id: str) -> RunColumns | None
     )
 
 
+# A run's compensation as core/sagas.py's ``compensation_of`` reads it, from its row's node
+# states: its saga's nodes are named ``undo(step)`` (a workflow with compensations names no
+# step so), and a failed one stops it.
+COMPENSATION_SQL = """(SELECT CASE WHEN count(*) = 0 THEN 'none'
+            WHEN bool_or(v ->> 'status' = 'failed') THEN 'failed'
+            WHEN bool_and(v ->> 'status' = 'succeeded') THEN 'completed'
+            WHEN status IN ('pending', 'running') THEN 'running'
+            ELSE 'stopped' END
+       FROM jsonb_each(node_states) AS e(k, v) WHERE k LIKE 'undo(%%)')"""
+
+
 def run_result(conn: psycopg.Connection[Any], run_id: str) -> RunResult | None:
     """The run's status, output and failure reason, or None if there is no such run."""
     row = conn.execute(
-        "SELECT status, output, failure_reason FROM eec_workflow_run WHERE run_id = %s",
+        f"SELECT status, output, failure_reason, {COMPENSATION_SQL} FROM eec_workflow_run"
+        " WHERE run_id = %s",
         (run_id,),
     ).fetchone()
-    return None if row is None else RunResult(run_id, RunStatus(row[0]), row[1], row[2])
+    return None if row is None else RunResult(run_id, RunStatus(row[0]), row[1], row[2], row[3])
 
 
 # The release deletes the flag and moves the row's version, conditioned on the version the

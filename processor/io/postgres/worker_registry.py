@@ -189,15 +189,16 @@ def _live_worker(row: Sequence[Any]) -> LiveWorker:
 
 
 def unserved(wf: WorkflowDef, workers: Sequence[LiveWorker]) -> list[tuple[str, str]]:
-    """The (queue, step type) pairs of ``wf``'s steps that run on workers (a map's items
-    too) and that no worker of ``workers`` serves, sorted: a step that declares its version
+    """The (queue, step type) pairs of ``wf``'s steps that run on workers (a map's items,
+    the steps' compensations and its failure handler too) and that no worker of ``workers``
+    serves, sorted: a step that declares its version
     needs that version (named ``type@N``), any other a version of its type. A worker from
     before the registry said what it serves counts for nothing here (the caller says how
     many there are)."""
     served = {(q, key) for w in workers for q in w.queues for key in w.step_types}
     any_version = {(q, parse_served(key)[0]) for q, key in served}
     missing = set()
-    for s in wf.steps:
+    for s in (*wf.steps, *wf.saga_steps):
         if not runs_code(s):
             continue
         if s.version is None:
