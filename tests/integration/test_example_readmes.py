@@ -27,10 +27,10 @@ pytestmark = pytest.mark.integration
 
 
 # The workflows the READMEs register: a database that has never seen them, as a new user's.
-REGISTERED = ("orders", "orders-with-approval", "report")
+REGISTERED = ("orders", "orders-with-approval", "report", "signup")
 
 
-@pytest.mark.parametrize("example", ["orders", "reports"])
+@pytest.mark.parametrize("example", ["orders", "reports", "signup"])
 def test_an_examples_readme_runs_top_to_bottom_and_prints_what_it_shows(
     settings: Settings, pg: psycopg.Connection[Any], top: Path, shell: Shell, example: str
 ) -> None:

@@ -16,7 +16,7 @@ from tests.readme_script import commands, matches, started_run_ids
 
 # The READMEs of examples/ that the integration test runs; producer-go's needs Go, and
 # test_producer_example.py runs its block as written where Go is installed.
-RUN = ["orders", "reports"]
+RUN = ["orders", "reports", "signup"]
 NOT_RUN = {"producer-go"}
 
 
