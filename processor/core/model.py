@@ -195,6 +195,17 @@ class LoadedRun:
 
     def with_selected(self, selected: tuple[tuple[str, Selected], ...]) -> LoadedRun:
         """This run, with what its steps' selectors found (a second read of the load)."""
+        return self._with(selected, self.served)
+
+    def with_served(self, served: ServedVersions) -> LoadedRun:
+        """This run, with the versions live workers serve (a pending run's start pins them)."""
+        return self._with(self.selected, served)
+
+    def _with(
+        self, selected: tuple[tuple[str, Selected], ...] | None, served: ServedVersions | None
+    ) -> LoadedRun:
+        """This run with the load's later reads: the checksum's verdict is carried over, not
+        computed again (it hashes the state)."""
         return LoadedRun(
             self.run_id,
             self.wf,
@@ -211,29 +222,6 @@ class LoadedRun:
             self.input_length,
             self.starts,
             selected,
-            self.deadline,
-            self.checksum_ok,
-            self.served,
-        )
-
-    def with_served(self, served: ServedVersions) -> LoadedRun:
-        """This run, with the versions live workers serve (a pending run's start pins them)."""
-        return LoadedRun(
-            self.run_id,
-            self.wf,
-            self.state,
-            self.version,
-            self.tier,
-            self.results,
-            self.signals,
-            self.stored_checksum,
-            self.input,
-            self.not_before_ms,
-            self.named,
-            self.parent,
-            self.input_length,
-            self.starts,
-            self.selected,
             self.deadline,
             self.checksum_ok,
             served,
