@@ -254,22 +254,13 @@ def add_search_commands(runs_sub: Any) -> None:
         ),
     ):
         p = runs_sub.add_parser(name, help=f"{what} match")
-        p.add_argument("run_id", nargs="?", metavar="RUN_ID", help="one run (else: filters)")
-        add_filter_arguments(p)
-        p.add_argument("--dry-run", action="store_true", help="show what matches; do nothing")
-        p.add_argument(
-            "--max",
-            type=int,
-            default=MAX_BULK_RUNS,
-            help=f"refuse when more runs match ({MAX_BULK_RUNS})",
-        )
+        _add_bulk_arguments(p, "show what matches; do nothing")
         p.set_defaults(func=func)
     p = runs_sub.add_parser(
         "upgrade",
         help="move a running or failed run's steps to another version of their function (from"
         " their next attempt), or every such run the filters match",
     )
-    p.add_argument("run_id", nargs="?", metavar="RUN_ID", help="one run (else: filters)")
     p.add_argument("--step", metavar="TYPE", help="only the steps of this step type")
     p.add_argument("--to-version", type=int, metavar="N", help="to version N (needs --step)")
     p.add_argument(
@@ -277,12 +268,18 @@ def add_search_commands(runs_sub: Any) -> None:
         action="store_true",
         help="to the newest version the live workers of each step's queue serve",
     )
+    _add_bulk_arguments(p, "show what would move; do nothing")
+    p.set_defaults(func=cmd_runs_upgrade)
+
+
+def _add_bulk_arguments(p: Any, dry_run: str) -> None:
+    """What every command acting on one run or on the runs the filters match takes."""
+    p.add_argument("run_id", nargs="?", metavar="RUN_ID", help="one run (else: filters)")
     add_filter_arguments(p)
-    p.add_argument("--dry-run", action="store_true", help="show what would move; do nothing")
+    p.add_argument("--dry-run", action="store_true", help=dry_run)
     p.add_argument(
         "--max",
         type=int,
         default=MAX_BULK_RUNS,
         help=f"refuse when more runs match ({MAX_BULK_RUNS})",
     )
-    p.set_defaults(func=cmd_runs_upgrade)
