@@ -4,30 +4,15 @@ report its README shows."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-from pathlib import Path
-from types import ModuleType
 
 import pytest
 from jsonschema import Draft202012Validator
 
 from processor import StepContext, StepFailed
+from tests.example_modules import REPO, example_module
 
-REPO = Path(__file__).resolve().parents[2]
-
-
-def _flows() -> ModuleType:
-    spec = importlib.util.spec_from_file_location(
-        "reports_example_flows", REPO / "examples" / "reports" / "flows.py"
-    )
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-FLOWS = _flows()
+FLOWS = example_module("reports/flows.py", "reports_example_flows")
 
 
 def test_the_workflow_is_valid_and_maps_over_the_regions() -> None:

@@ -5,31 +5,16 @@ compensation); its step functions, called as plain functions, give what the READ
 
 from __future__ import annotations
 
-import importlib.util
 import json
-from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
 from jsonschema import Draft202012Validator
 
 from processor import NonRetryable, StepContext
+from tests.example_modules import REPO, example_module
 
-REPO = Path(__file__).resolve().parents[2]
-
-
-def _signup() -> ModuleType:
-    spec = importlib.util.spec_from_file_location(
-        "signup_example", REPO / "examples" / "signup" / "signup.py"
-    )
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-SIGNUP = _signup()
+SIGNUP = example_module("signup/signup.py", "signup_example")
 
 
 def test_the_workflow_is_valid_and_declares_what_the_readme_shows() -> None:
