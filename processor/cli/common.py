@@ -18,6 +18,8 @@ from processor.core.bounds import literal_problem
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 # `ductor result`, `ductor start --wait`: the run has not ended (yet, or within --wait).
 EXIT_NOT_FINISHED = 3
+# The reader of its output went away (`| head`): 128 + SIGPIPE, as a shell tool killed by it.
+EXIT_READER_GONE = 141
 
 
 class CliError(Exception):

@@ -35,7 +35,8 @@ EXIT_TABLE = f"""exit codes (every command):
   2  refused input, usage or configuration: nothing was done (a bad flag or value, input
      a workflow's schema refuses, an unknown workflow, a missing topic)
   3  not finished: the run has not ended (within --wait)
-  130  interrupted (Ctrl-C); 128+N: stopped by signal N while it loaded
+  130  interrupted (Ctrl-C); 128+N: stopped by signal N while it loaded; 141: the reader
+       of its output went away (| head), said nothing
 a service stops itself for its supervisor to start a fresh one with
   {EXIT_KAFKA_FATAL}  a fatal Kafka client error (process, worker)
   {EXIT_ABANDONED}  too many abandoned steps still running (worker, --max-abandoned)

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
+import select
 import sys
 from collections.abc import Callable, Sequence
 from importlib import metadata
@@ -31,7 +33,7 @@ from processor.cli import (
     workers,
     workflows,
 )
-from processor.cli.common import EXIT_OK, EXIT_USAGE
+from processor.cli.common import EXIT_OK, EXIT_READER_GONE, EXIT_USAGE
 from processor.cli.errors import explain
 from processor.cli.grammar import EXIT_TABLE, add_output, add_output_everywhere, resolve_output
 from processor.cli.tool_commands import parse_bench_arguments
@@ -123,31 +125,61 @@ def parse_args(
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parse_args(argv, parser)
-    if args.command is None:  # a bare `ductor`: what it can do
-        parser.print_help()
-        return EXIT_OK
-    if not getattr(args, "handles_signals", False):
+    if not getattr(args, "handles_signals", False) and args.command is not None:
         kept = early_stop.hand_over()
         if kept is not None:
             return 128 + kept  # stopped while it loaded, before it did anything
     try:
-        resolve_output(args)
-        early = getattr(args, "early", None)
-        if early is not None:  # needs no settings: help, completion
-            code: int = early(parser, args)
-            return code
-        settings = load_settings()
-        setup_logging(settings.log_format, settings.log_level)
-        for warning in secret_file_warnings():
-            logging.getLogger("ductor.config").warning(warning)
-        code = args.func(settings, args)
+        code = _run(parser, args)
+        sys.stdout.flush()  # a reader gone shows here, not as the interpreter exits
         return code
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError as exc:
+        if not _reader_gone():
+            return _failed(exc)
+        # What is left in the buffer goes nowhere, not into an error as the interpreter exits.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_READER_GONE
     except Exception as exc:  # every failure is one sentence and an exit code: cli/errors.py
-        failure = explain(exc)
-        print(f"ductor: {failure.message}", file=sys.stderr)
-        return failure.code
+        return _failed(exc)
+
+
+def _run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    if args.command is None:  # a bare `ductor`: what it can do
+        parser.print_help()
+        return EXIT_OK
+    resolve_output(args)
+    early = getattr(args, "early", None)
+    if early is not None:  # needs no settings: help, completion
+        code: int = early(parser, args)
+        return code
+    settings = load_settings()
+    setup_logging(settings.log_format, settings.log_level)
+    for warning in secret_file_warnings():
+        logging.getLogger("ductor.config").warning(warning)
+    code = args.func(settings, args)
+    return code
+
+
+def _failed(exc: Exception) -> int:
+    failure = explain(exc)
+    print(f"ductor: {failure.message}", file=sys.stderr)
+    return failure.code
+
+
+def _reader_gone() -> bool:
+    """Whether standard output's reader went away (``ductor runs list | head``): then the
+    command ends without a word, as a shell tool killed by SIGPIPE does. A pipe or socket
+    whose reader closed polls as an error (a BrokenPipeError of another connection, should
+    one reach here, is a failure like any other)."""
+    try:
+        poller = select.poll()
+        poller.register(sys.stdout.fileno(), select.POLLOUT)
+        events = poller.poll(0)
+    except (OSError, ValueError):
+        return False
+    return any(event & (select.POLLERR | select.POLLHUP) for _, event in events)
 
 
 if __name__ == "__main__":

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import io
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -221,3 +222,18 @@ def test_bench_refuses_a_bad_count_as_usage(capsys: pytest.CaptureFixture[str]) 
         parse_args(["bench", "--build-rounds", "0"])
     assert info.value.code == EXIT_USAGE
     assert "--build-rounds: must be at least 1" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv", [["completion", "bash"], ["completion", "zsh"]])
+def test_a_reader_that_goes_away_ends_the_command_without_a_word(argv: list[str]) -> None:
+    """`ductor ... | head`: the pipe's reader closed before the command wrote; the command
+    says nothing (no "Broken pipe", no error as the interpreter exits) and exits 141, as a
+    tool killed by SIGPIPE does."""
+    read, write = os.pipe()
+    os.close(read)  # the reader is gone before the command writes a byte
+    with subprocess.Popen(
+        [sys.executable, "-m", "processor", *argv], stdout=write, stderr=subprocess.PIPE
+    ) as child:
+        os.close(write)
+        _, stderr = child.communicate(timeout=60)
+    assert (child.returncode, stderr.decode()) == (141, "")
