@@ -204,7 +204,9 @@ def test_runs_are_found_by_every_filter_and_acted_on_in_bulk(
     document = orjson.loads(done.stdout)
     assert document["status"] == "failed" and document["workflow"] == "failing"
     assert document["tags"] == c1
-    assert document["steps"] == [{"name": "only", "kind": "task", "type": "fail", "after": []}]
+    assert document["steps"] == [
+        {"name": "only", "kind": "task", "type": "fail", "after": [], "version": 1}
+    ]
     assert [(a["node"], a["attempt"], a["outcome"]) for a in document["attempts"]] == [
         ("only", 1, "failed"),
         ("only", 2, "failed"),

@@ -172,7 +172,7 @@ def test_a_run_that_ends_gives_its_slot_back_once_and_a_pending_one_holds_none()
     # A waiting run cancelled: it leaves the line, frees nothing.
     full = {KEY_A: LimitView(1, 1)}
     waiting = tick_batch({"w": _run("w")}, NOW, NAMES, _inputs({"w": "a"}, full))["w"]
-    cancel = _run("w", state=waiting.state, signals=(SignalKind.CANCEL,))
+    cancel = _run("w", state=waiting.state, signals=frozenset({SignalKind.CANCEL}))
     gone = tick_batch({"w": cancel}, NOW + 1, NAMES, _inputs({"w": "a"}, full))["w"]
     assert gone.state.status is RunStatus.CANCELLED
     assert gone.limits is not None and gone.limits.ends and gone.limits.released == ()
@@ -263,9 +263,9 @@ def test_never_more_than_the_limit_live_per_key_and_every_run_ends(
         for i, r in enumerate(batch):
             node = states[r].node("charge")
             results: tuple[StepResult, ...] = ()
-            signals: tuple[SignalKind, ...] = ()
+            signals: frozenset[SignalKind] = frozenset()
             if i == 0 and how == "cancel":
-                signals = (SignalKind.CANCEL,)
+                signals = frozenset({SignalKind.CANCEL})
             elif node.status is NodeStatus.DISPATCHED and began.get(r, clock) < clock:
                 outcome = StepOutcome.FAILED if i == 0 and how == "fail" else StepOutcome.SUCCEEDED
                 results = (StepResult("charge", node.attempt, outcome, "x", retryable=False),)
