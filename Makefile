@@ -103,8 +103,8 @@ unit: venv ## the fast tests that need no services
 # fix_session.py marks them). Both phases run, and both must pass.
 pytest: venv tools ## every test (needs `make up`)
 	@status=0; \
-	$(PY) -m pytest -q -ra --durations=15 -n 3 --dist worksteal -m "not serial" || status=$$?; \
-	$(PY) -m pytest -q -ra --durations=15 -m serial || status=$$?; \
+	$(PY) -m pytest -q -ra --tb=short --durations=15 -n 3 --dist worksteal -m "not serial" || status=$$?; \
+	$(PY) -m pytest -q -ra --tb=short --durations=15 -m serial || status=$$?; \
 	exit $$status
 
 # The unit tests again on the pure-Python modules, where the checkout is compiled (`make

@@ -75,17 +75,40 @@ def print_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> None:
         print("  ".join([*cells, row[-1]]).rstrip())
 
 
-def stop_on_signals(stop: Callable[[], None]) -> None:
+# How long past its shutdown bound a stopping service may take before it is ended: the
+# bound's own overruns (the group's last commit and the leave, up to 2 s past it; the
+# instance's presence row) fit well inside. Its stacks are written then, and a second later
+# SIGALRM ends it (exit 142, 128 + SIGALRM: the services' code for a stop that overran).
+STOP_OVERRUN_S = 8.0
+_STACKS_TO_END_S = 1.0
+
+
+def stop_on_signals(stop: Callable[[], None], shutdown_bound_s: float | None = None) -> None:
     """Call ``stop`` on SIGTERM and SIGINT (a graceful shutdown); at once if one came while
     the modules loaded (processor/cli/early_stop.py). SIGUSR1 writes every thread's stack to
     stderr, and the service goes on: what a process that does not stop is doing, without a
-    debugger (docs/operations/running.md#logs)."""
+    debugger (docs/operations/running.md#logs).
+
+    With ``shutdown_bound_s`` (a service's shutdown timeout), a stop is also a promise: a
+    process still alive ``STOP_OVERRUN_S`` past the bound writes every thread's stack to
+    stderr (faulthandler's watchdog, a thread of C: it works while a teardown is stuck in a
+    client's destructor), and the kernel ends it with SIGALRM a second later (its default
+    action, which no Python code has to run for), so a stop that hangs is ended and says
+    where."""
+    armed = False
 
     def handler(_signum: int, _frame: Any) -> None:
+        nonlocal armed
+        if shutdown_bound_s is not None and not armed:  # a second signal keeps the first's
+            armed = True
+            overrun_s = shutdown_bound_s + STOP_OVERRUN_S
+            faulthandler.dump_traceback_later(overrun_s)
+            signal.signal(signal.SIGALRM, signal.SIG_DFL)
+            signal.setitimer(signal.ITIMER_REAL, overrun_s + _STACKS_TO_END_S)
         stop()
 
     signal.signal(signal.SIGTERM, handler)
     signal.signal(signal.SIGINT, handler)
     faulthandler.register(signal.SIGUSR1, all_threads=True)
     if early_stop.asked():
-        stop()
+        handler(signal.SIGTERM, None)

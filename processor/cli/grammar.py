@@ -40,6 +40,7 @@ EXIT_TABLE = f"""exit codes (every command):
 a service stops itself for its supervisor to start a fresh one with
   {EXIT_KAFKA_FATAL}  a fatal Kafka client error (process, worker)
   {EXIT_ABANDONED}  too many abandoned steps still running (worker, --max-abandoned)
+  142  its stop overran the shutdown timeout by 8 s (process, worker; stacks in its log)
 docs/usage.md#exit-codes"""
 
 

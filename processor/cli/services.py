@@ -166,10 +166,11 @@ def cmd_process(settings: Settings, args: argparse.Namespace) -> int:
     faults.hit(Point.STARTING)
     _check_kafka_credentials(settings)
     processor = Processor(settings, faults=faults)
-    stop_on_signals(processor.stop)
+    stop_on_signals(processor.stop, settings.shutdown_timeout_s)
     if requested.is_set():
         processor.stop()  # run() then shuts down at once, cleanly
     processor.run()
+    faults.hit(Point.STOPPED)
     return EXIT_KAFKA_FATAL if processor.client_errors.fatal is not None else EXIT_OK
 
 
@@ -190,10 +191,11 @@ def cmd_worker(settings: Settings, args: argparse.Namespace) -> int:
     stop_on_signals(requested.set)  # a SIGTERM while starting is kept, not a hard kill
     _check_kafka_credentials(settings)
     worker = Worker(settings, registry, options, faults=faults)
-    stop_on_signals(worker.stop)
+    stop_on_signals(worker.stop, settings.shutdown_timeout_s)
     if requested.is_set():
         worker.stop()
     worker.run()
+    faults.hit(Point.STOPPED)
     return worker.exit_code
 
 

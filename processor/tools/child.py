@@ -96,8 +96,27 @@ class DuctorChild:
                 self.proc.wait(2)
             self.proc.kill()
             self.proc.wait(10)
-            tail = self.log_path.read_text(errors="replace")[-8000:]
-            self.fail(f"{self.log_path.name} did not stop in {timeout:.0f} s of SIGTERM:\n{tail}")
+            self.fail(
+                f"{self.log_path.name} did not stop in {timeout:.0f} s of SIGTERM."
+                f"\n{self.stacks()}\n--- the last lines of its log:\n{self.tail(15)}"
+            )
+
+    def stacks(self) -> str:
+        """The last stacks the process wrote (SIGUSR1, or its overrun bound): the last run of
+        lines that are not log lines (JSON) holding a thread's header. First in a failure's
+        report, so a short view of it shows where the process was."""
+        lines = self.log_path.read_text(errors="replace").splitlines()
+        header = next(
+            (i for i in range(len(lines) - 1, -1, -1) if "thread 0x" in lines[i].lower()), None
+        )
+        if header is None:
+            return "(it wrote no stacks)"
+        start = end = header
+        while start > 0 and not lines[start - 1].startswith("{"):
+            start -= 1
+        while end + 1 < len(lines) and not lines[end + 1].startswith("{"):
+            end += 1
+        return "\n".join(lines[start : end + 1])[-6000:]
 
     def stop(self, timeout: float = 30.0) -> int | None:
         """SIGTERM, then SIGKILL if it has not exited within ``timeout``: its exit code, None

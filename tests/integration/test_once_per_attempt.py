@@ -143,7 +143,10 @@ def test_a_broker_down_35_s_under_load_costs_at_most_half_a_percent_extra_execut
         quitter.proc.send_signal(signal.SIGTERM)
     for quitter in quitters:
         code = quitter.terminate(timeout=settings.shutdown_timeout_s + 10)
-        assert code == 0, f"{quitter.log_path.name} stopped mid-outage with {code}"
+        assert code == 0, (
+            f"{quitter.log_path.name} stopped mid-outage with {code}:\n{quitter.stacks()}"
+            f"\n{quitter.tail(15)}"
+        )
     stop_s = time.monotonic() - stopping_at
     wait_for(lambda: fleet.running() and time.monotonic() - down_at >= 35, 60, "35 s", 0.5)
     local_infra.start_kafka()

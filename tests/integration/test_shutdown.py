@@ -4,6 +4,7 @@ instance started afterwards finishes every run."""
 
 from __future__ import annotations
 
+import signal
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -12,6 +13,7 @@ from typing import Any
 import psycopg
 import pytest
 
+from processor.cli.common import STOP_OVERRUN_S
 from processor.client import start_runs
 from processor.io.config.settings import Settings
 
@@ -124,3 +126,28 @@ def test_sigterm_while_the_modules_load_is_a_clean_stop(
     loading = spawn(command, replace(settings, test_faults="loading=term"), "loading", cwd=cwd)
     wait_for(lambda: loading.proc.poll() is not None, 60, "the service to stop")
     assert loading.terminate() == 0, f"log in {loading.log_path}"
+
+
+@pytest.mark.parametrize("command", [["process"], ["worker"]])
+def test_a_stop_that_hangs_is_ended_past_its_bound_and_says_where(
+    settings: Settings, spawn: Any, command: list[str]
+) -> None:
+    """A service whose stop never ends (forced by `stopped=hang`: the teardown after a clean
+    shutdown blocks, as a client's destructor that waits for a broker that is gone) is ended
+    STOP_OVERRUN_S past its shutdown bound: its threads' stacks in its log, the hung frame
+    among them, then SIGALRM (exit 142 in a shell). A supervisor's rolling deploy is never
+    held by one process."""
+    bound_s = 2.0
+    settings = replace(settings, shutdown_timeout_s=bound_s, test_faults="stopped=hang")
+    child = spawn(command, settings, "hang")
+    wait_for(lambda: child.owned_partitions() > 0, 60, "the service to own partitions")
+    started = time.monotonic()
+    code = child.terminate(timeout=bound_s + STOP_OVERRUN_S + 20)
+    elapsed = time.monotonic() - started
+    assert code == -signal.SIGALRM, f"exit code {code}; log in {child.log_path}"
+    assert elapsed >= bound_s + STOP_OVERRUN_S - 0.5, elapsed
+    log = child.log_path.read_text()
+    assert 'stopped"' in log  # its shutdown ran to its end; the teardown hung
+    stacks = child.stacks()
+    assert "Timeout (0:00:10)!" in log, log[-2000:]
+    assert "faults.py" in stacks and "in __call__" in stacks, stacks  # the hung frame, named

@@ -6,7 +6,8 @@ Production never arms one: ``NO_FAULTS`` does nothing. A test in the same proces
 ``Faults`` with actions; a test that runs ``ductor process`` as a child arms points with
 ``DUCTOR_TEST_FAULTS`` (``after_commit=kill@3``: SIGKILL the process the third time the
 point is reached; ``starting=term``: SIGTERM instead; ``assigned=ignore@1``: the code at the
-point takes its bad branch that time, see ``Faults.forces``; ``tick=raise:r-7``: a plain
+point takes its bad branch that time, see ``Faults.forces``; ``stopped=hang``: the code
+blocks there for good; ``tick=raise:r-7``: a plain
 ``Exception`` is raised there each time the point is reached for run ``r-7``), which the
 processor announces loudly in its log. Points are constants here, so a test cannot arm a
 point that does not exist.
@@ -54,6 +55,10 @@ class Point(StrEnum):
     # `python -m processor` is loading its modules (hit by processor/cli/early_stop.py, which
     # reads DUCTOR_TEST_FAULTS itself: nothing else is loaded yet).
     LOADING = "loading"
+    # `ductor process` or `ductor worker` finished its shutdown; the interpreter's teardown
+    # (the clients' destructors) comes next. Armed ``hang``: it never ends, as a teardown that
+    # waits for a broker that is gone (cli/common.py's overrun bound ends the process).
+    STOPPED = "stopped"
     # A consumer was given partitions (the partitions). Forced (``ignore``): the client lets
     # them go at once, unknown to the group, so the member holds nothing while the broker
     # counts them as its own (the stuck member of io/kafka/group_watch.py).
@@ -133,18 +138,22 @@ class Faults:
                 continue
             action, _, nth = what.partition("@")
             if (
-                action not in (*_SIGNALS, "ignore")
+                action not in (*_SIGNALS, "ignore", "hang")
                 or not (nth or "1").isdigit()
                 or int(nth or "1") < 1
             ):
                 raise ValueError(
-                    f"fault {item!r}: expected {name}=kill, {name}=term or {name}=ignore,"
+                    f"fault {item!r}: expected {name}=kill, {name}=term, {name}=ignore or"
+                    f" {name}=hang,"
                     f" optionally @N, or {name}=raise:<run id>"
                 )
             n = int(nth or "1")
-            actions[point] = (
-                _ForceOnHit(n) if action == "ignore" else _SignalOnHit(_SIGNALS[action], n)
-            )
+            if action == "hang":
+                actions[point] = _HangOnHit(n)
+            elif action == "ignore":
+                actions[point] = _ForceOnHit(n)
+            else:
+                actions[point] = _SignalOnHit(_SIGNALS[action], n)
         return Faults(actions)
 
 
@@ -175,6 +184,19 @@ class _ForceOnHit:
     def __call__(self, *_args: object) -> bool:
         self._left -= 1
         return self._left == 0
+
+
+class _HangOnHit:
+    """Block the n-th time the point is reached, for good: what a call that never returns
+    does to its caller."""
+
+    def __init__(self, nth: int) -> None:
+        self._left = nth
+
+    def __call__(self, *_args: object) -> None:
+        self._left -= 1
+        while self._left == 0:
+            time.sleep(3600)
 
 
 class RaiseFor:
