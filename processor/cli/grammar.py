@@ -19,8 +19,7 @@ from typing import Any
 import orjson
 
 from processor.cli.common import EXIT_USAGE, CliError
-from processor.io.kafka.clients import EXIT_KAFKA_FATAL
-from processor.worker.worker import EXIT_ABANDONED
+from processor.io.runtime.exit_codes import EXIT_ABANDONED, EXIT_KAFKA_FATAL, EXIT_STOP_OVERRAN
 
 OUTPUTS = ("text", "json")
 _OUTPUT_HELP = "text (default) or json: one JSON document, or one JSON object a line for a list"
@@ -40,7 +39,8 @@ EXIT_TABLE = f"""exit codes (every command):
 a service stops itself for its supervisor to start a fresh one with
   {EXIT_KAFKA_FATAL}  a fatal Kafka client error (process, worker)
   {EXIT_ABANDONED}  too many abandoned steps still running (worker, --max-abandoned)
-  142  its stop overran the shutdown timeout by 8 s (process, worker; stacks in its log)
+  {EXIT_STOP_OVERRAN}  its stop overran the shutdown timeout by 8 s (process, worker; its
+       threads' stacks are in its log)
 docs/usage.md#exit-codes"""
 
 

@@ -12,29 +12,13 @@ import logging
 import os
 import select
 import sys
-from collections.abc import Callable, Sequence
-from importlib import metadata
+from collections.abc import Sequence
+from dataclasses import dataclass
+from importlib import import_module, metadata
 from typing import Any
 
-from processor.cli import (
-    completion,
-    config,
-    dlq,
-    early_stop,
-    gc,
-    outbox,
-    runs,
-    schedules,
-    services,
-    start,
-    tool_commands,
-    triggers,
-    ui,
-    workers,
-    workflows,
-)
+from processor.cli import early_stop
 from processor.cli.common import EXIT_OK, EXIT_READER_GONE, EXIT_USAGE
-from processor.cli.errors import explain
 from processor.cli.grammar import EXIT_TABLE, add_output, add_output_everywhere, resolve_output
 from processor.cli.tool_commands import parse_bench_arguments
 from processor.io.config.settings import load_settings
@@ -43,25 +27,52 @@ from processor.io.telemetry.logs import setup_logging
 
 DISTRIBUTION = "ductor-processor"
 
-# Each registers its commands under the root's subparsers, in the order `ductor --help`
-# lists them.
-FAMILIES: tuple[Callable[[Any], None], ...] = (
-    config.register,
-    services.register_setup,
-    workflows.register,
-    start.register,
-    services.register_services,
-    workers.register,
-    runs.register,
-    tool_commands.register,
-    gc.register,
-    outbox.register,
-    triggers.register,
-    schedules.register,
-    ui.register,
-    dlq.register,
-    completion.register,
+
+@dataclass(frozen=True)
+class Family:
+    """A family of commands: the module (in processor.cli) whose function registers them
+    under the root's subparsers, and the top-level commands it registers."""
+
+    module: str
+    register: str
+    commands: tuple[str, ...]
+
+    def add_to(self, sub: Any) -> None:
+        getattr(import_module(f"processor.cli.{self.module}"), self.register)(sub)
+
+
+# In the order `ductor --help` lists them (tests/unit/test_cli_families.py checks that each
+# registers the commands said). A command line that names one loads its family alone: a
+# family's module loads what its commands use (the processor, the worker, the web server),
+# and a `ductor runs list` need not pay for the others.
+FAMILIES: tuple[Family, ...] = (
+    Family("config", "register", ("config",)),
+    Family("services", "register_setup", ("migrate", "topics")),
+    Family("workflows", "register", ("workflows",)),
+    Family("start", "register", ("start",)),
+    Family("services", "register_services", ("process", "worker")),
+    Family("workers", "register", ("workers",)),
+    Family("runs", "register", ("inspect", "result", "runs", "signal")),
+    Family("tool_commands", "register", ("bench", "demo")),
+    Family("gc", "register", ("gc",)),
+    Family("outbox", "register", ("outbox",)),
+    Family("triggers", "register", ("triggers",)),
+    Family("schedules", "register", ("schedules",)),
+    Family("ui", "register", ("ui",)),
+    Family("dlq", "register", ("dlq",)),
+    # Completion is drawn from the whole parser: named, every family loads.
+    Family("completion", "register", ()),
 )
+
+
+def families_for(argv: Sequence[str] | None) -> tuple[Family, ...]:
+    """The families a command line needs: the one whose command it names (its first word
+    that is a command), or all of them (help, completion, a bare or unknown command)."""
+    words = sys.argv[1:] if argv is None else argv
+    named = next((w for w in words if any(w in f.commands for f in FAMILIES)), None)
+    if named is None:
+        return FAMILIES
+    return tuple(f for f in FAMILIES if named in f.commands)
 
 
 def installed_version() -> str:
@@ -72,7 +83,8 @@ def installed_version() -> str:
         return f"unknown ({DISTRIBUTION} is not installed: run from a source tree)"
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
+    """The root parser, with the families ``argv`` needs (``families_for``; all without it)."""
     parser = argparse.ArgumentParser(
         prog="ductor",
         description="Ductor coordinator: advances durable workflow runs from Kafka wakeups, "
@@ -83,8 +95,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"ductor {installed_version()}")
     add_output(parser, root=True)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for family in FAMILIES:
-        family(sub)
+    for family in FAMILIES if argv is None else families_for(argv):
+        family.add_to(sub)
     p = sub.add_parser("help", help="this help, or a command's: ductor help runs list")
     p.add_argument("topic", nargs="*", metavar="COMMAND", help="the command")
     p.set_defaults(early=cmd_help, json_refused="it prints the help")
@@ -113,7 +125,7 @@ def parse_args(
     argv: Sequence[str] | None = None, parser: argparse.ArgumentParser | None = None
 ) -> argparse.Namespace:
     """The command line parsed; exits 2 with a usage message on bad usage (argparse)."""
-    parser = parser or build_parser()
+    parser = parser or build_parser(argv if argv is not None else sys.argv[1:])
     args, rest = parser.parse_known_args(argv)
     if args.command == "bench":
         return parse_bench_arguments(rest, args)
@@ -123,7 +135,7 @@ def parse_args(
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
+    parser = build_parser(sys.argv[1:] if argv is None else argv)
     args = parse_args(argv, parser)
     if not getattr(args, "handles_signals", False) and args.command is not None:
         kept = early_stop.hand_over()
@@ -163,6 +175,8 @@ def _run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
 
 
 def _failed(exc: Exception) -> int:
+    from processor.cli.errors import explain  # noqa: PLC0415 (its imports: only on a failure)
+
     failure = explain(exc)
     print(f"ductor: {failure.message}", file=sys.stderr)
     return failure.code

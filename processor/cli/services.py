@@ -17,11 +17,12 @@ from processor.engine.processor import Processor
 from processor.io.config.otel import otel_settings
 from processor.io.config.settings import Settings
 from processor.io.config.values import ConfigError
-from processor.io.kafka.clients import EXIT_KAFKA_FATAL, check_authentication
+from processor.io.kafka.clients import check_authentication
 from processor.io.kafka.errors import KafkaAuthError
 from processor.io.kafka.topics import create_topics
 from processor.io.postgres.migrate import migrate
 from processor.io.postgres.workflows import registered_queues
+from processor.io.runtime.exit_codes import EXIT_KAFKA_FATAL
 from processor.io.runtime.faults import Faults, Point, skew_wall_clock
 from processor.worker.app import AppError, registry_for
 from processor.worker.environment import scrub_secrets

@@ -27,7 +27,7 @@ from confluent_kafka import Producer
 from processor.core.routing import TopicNames
 from processor.core.shapes import TopicPartition
 from processor.io.config.settings import Settings
-from processor.io.kafka.clients import EXIT_KAFKA_FATAL, ClientErrors, Publisher, broker_unreachable
+from processor.io.kafka.clients import ClientErrors, Publisher, broker_unreachable
 from processor.io.kafka.configs import producer_config, producer_max_bytes
 from processor.io.kafka.delivery import Delivery
 from processor.io.kafka.logs import with_logger
@@ -37,6 +37,7 @@ from processor.io.postgres.db_errors import database_unreachable
 from processor.io.postgres.worker_registry import Directory, partitions_doc
 from processor.io.runtime.clock import SYSTEM_CLOCK, Clock
 from processor.io.runtime.collector import settle_collector
+from processor.io.runtime.exit_codes import EXIT_ABANDONED, EXIT_KAFKA_FATAL
 from processor.io.runtime.faults import NO_FAULTS, Faults
 from processor.io.runtime.health_http import HealthServer
 from processor.io.runtime.outage import Outage, until_available
@@ -53,11 +54,6 @@ from processor.worker.steps import StepRegistry
 from processor.worker.turns import BUSY_WAIT_S, Turns
 
 log = logging.getLogger("ductor.worker")
-
-# The worker stopped itself: too many abandoned steps still running. A service's own code,
-# beside EXIT_KAFKA_FATAL (4) and apart from the commands' 0-3 (grammar.EXIT_TABLE), where 3
-# means a run has not finished.
-EXIT_ABANDONED = 5
 
 # The last offset commit and the group's leave wait at least this long, whatever is left of
 # the shutdown bound (none in an outage): a broker that answers takes them in milliseconds.
@@ -397,4 +393,4 @@ class Worker:
         )
 
 
-__all__ = ["EXIT_ABANDONED", "Worker"]
+__all__ = ["Worker"]

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from processor.io.config.settings import Settings
-from processor.io.kafka.clients import EXIT_KAFKA_FATAL
+from processor.io.runtime.exit_codes import EXIT_KAFKA_FATAL
 
 from .waiting import wait_for
 

@@ -24,7 +24,7 @@ from processor.core.workflow import parse_workflow
 from processor.core.workflow_def import WorkflowDef
 from processor.io.config.settings import Settings
 from processor.io.postgres.workflows import register_workflow
-from processor.worker.worker import EXIT_ABANDONED
+from processor.io.runtime.exit_codes import EXIT_ABANDONED
 
 from . import counted_steps
 from .children import Spawned

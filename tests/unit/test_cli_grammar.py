@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import io
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -17,8 +18,7 @@ from processor.cli.common import EXIT_USAGE, CliError, json_argument
 from processor.cli.grammar import leaf_parsers, resolve_output
 from processor.cli.main import build_parser, main, parse_args
 from processor.cli.schedules import COLUMNS
-from processor.io.kafka.clients import EXIT_KAFKA_FATAL
-from processor.worker.worker import EXIT_ABANDONED
+from processor.io.runtime.exit_codes import EXIT_ABANDONED, EXIT_KAFKA_FATAL, EXIT_STOP_OVERRAN
 
 
 def _resolved(argv: list[str]) -> argparse.Namespace:
@@ -204,10 +204,12 @@ def test_schedules_list_explains_each_of_its_columns(capsys: pytest.CaptureFixtu
 def test_a_service_stops_itself_with_codes_of_its_own_that_the_table_lists(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    """A service stopping itself for a fresh process never says 0-3, a command's codes (3 is
-    "not finished"), and the two reasons differ; `ductor --help` and docs/usage.md list both."""
-    service_codes = {EXIT_KAFKA_FATAL, EXIT_ABANDONED}
-    assert len(service_codes) == 2 and not service_codes & {0, 1, 2, 3}
+    """A service stopping itself for a fresh process (or ended past its shutdown bound) never
+    says 0-3, a command's codes (3 is "not finished"), and the reasons differ; `ductor
+    --help` and docs/usage.md list each."""
+    service_codes = {EXIT_KAFKA_FATAL, EXIT_ABANDONED, EXIT_STOP_OVERRAN}
+    assert len(service_codes) == 3 and not service_codes & {0, 1, 2, 3}
+    assert EXIT_STOP_OVERRAN == 128 + signal.SIGALRM  # what the shell says of its end
     with pytest.raises(SystemExit):
         main(["--help"])
     shown = capsys.readouterr().out

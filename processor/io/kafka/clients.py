@@ -21,6 +21,7 @@ from processor.core.records import Headers
 from processor.core.routing import partition_for
 from processor.io.config.settings import Settings
 from processor.io.kafka.errors import KafkaAuthError, MissingTopic
+from processor.io.runtime.exit_codes import EXIT_KAFKA_FATAL
 
 log = logging.getLogger("ductor.kafka")
 
@@ -60,11 +61,6 @@ def choose_partition(run_id: str, partitions: int, by_run: bool) -> int:
     """``partition_for`` when co-partitioning by run is on; otherwise any partition, as a
     producer that does not co-partition would do (the benchmark measures the difference)."""
     return partition_for(run_id, partitions) if by_run else random.randrange(partitions)
-
-
-# The exit code of a service whose Kafka client reported a fatal error: the client cannot go on,
-# a fresh process can (its supervisor starts one).
-EXIT_KAFKA_FATAL = 4
 
 
 class ClientErrors:
