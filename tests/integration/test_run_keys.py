@@ -156,8 +156,10 @@ def test_a_run_that_is_cancelled_or_fails_gives_its_key_to_the_next(
     spawn(["process"], settings, "process")
     _worker(spawn, settings)
     slow, failing, last = f"{tag}-slow", f"{tag}-failing", f"{tag}-last"
-    # The slow one ignores its cancellation: its run's end, not its code's, frees the key.
-    start_runs(settings, name, [slow], {"customer": "c", "sleep_ms": 8_000})
+    # The slow one ignores its cancellation: its run's end, not its code's, frees the key. Its
+    # step outlasts the starts and the look at the line below however loaded the machine is
+    # (with 8 s, a loaded run saw it end by itself first, and the line move on).
+    start_runs(settings, name, [slow], {"customer": "c", "sleep_ms": 20_000})
     wait_for(lambda: bool(counted_steps.executions(pg, slow)), 30, "the slow run to start")
     start_runs(settings, name, [failing], {"customer": "c", "fail_on": [1]})
     start_runs(settings, name, [last], {"customer": "c"})
