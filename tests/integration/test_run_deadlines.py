@@ -21,6 +21,7 @@ from processor.client import retry_run, start_runs
 from processor.core.workflow import parse_workflow
 from processor.io.config.settings import Settings
 from processor.io.postgres.workflows import register_workflow
+from processor.tools.waiting import eventually
 from processor.worker import StepContext, StepRegistry
 
 from .audit import assert_transitions_applied_once
@@ -32,8 +33,10 @@ from .waiting import wait_for
 
 pytestmark = pytest.mark.integration
 
-DEADLINE_MS = 3_000
-OVERRIDE_MS = 2_000
+# Long enough that a loaded machine's worker has the hanging steps running before they pass
+# (with 3 and 2 s, a step claimed late never ran, and never saw its run end).
+DEADLINE_MS = 8_000
+OVERRIDE_MS = 6_000
 
 
 class Hanging:
@@ -145,7 +148,11 @@ def test_a_run_past_its_deadline_fails_its_step_told_to_stop_its_child_cancelled
         wait_for(lambda: count_terminal(pg, [late, short, in_time]) == 3, 60, "the runs to end")
         wait_for(lambda: count_terminal(pg, [child]) == 1, 30, "the child run to end")
         # The hanging attempts are told to stop: each step sees its run no longer wants it.
-        wait_for(lambda: hanging.saw_cancel == {late, short}, 30, "the steps to see the end")
+        if not eventually(lambda: hanging.saw_cancel == {late, short}, 30):
+            pytest.fail(
+                f"the steps did not see their runs end: entered {sorted(hanging.entered)},"
+                f" saw {sorted(hanging.saw_cancel)}"
+            )
     finally:
         worker.stop()
     assert hanging.entered >= {late, short} and not hanging.returned

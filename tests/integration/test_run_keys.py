@@ -33,6 +33,7 @@ from processor.io.config.settings import Settings
 from processor.io.postgres import limit_store
 from processor.io.postgres.runs_admin import insert_runs
 from processor.io.postgres.workflows import register_workflow
+from processor.tools.waiting import eventually
 
 from . import counted_steps
 from .children import Spawned, run_ductor
@@ -124,7 +125,9 @@ def test_one_run_per_customer_under_two_processors_and_nobody_waits_behind_anoth
         return bool(seen)
 
     wait_for(waits_in_line, 30, "the last run of customer a to wait for its key")
-    assert seen[0]["value"] == "a" and seen[0]["place"] >= 1 and seen[0]["live"] == 1, seen[0]
+    # At most one live (none for a moment: an ending run gives the slot back before the next
+    # in line is woken to take it).
+    assert seen[0]["value"] == "a" and seen[0]["place"] >= 1 and seen[0]["live"] <= 1, seen[0]
     text = run_ductor(settings, "inspect", last).stdout
     assert "key        customer=a: " in text, text
     ids = a_runs + b_runs
@@ -163,11 +166,15 @@ def test_a_run_that_is_cancelled_or_fails_gives_its_key_to_the_next(
     wait_for(lambda: bool(counted_steps.executions(pg, slow)), 30, "the slow run to start")
     start_runs(settings, name, [failing], {"customer": "c", "fail_on": [1]})
     start_runs(settings, name, [last], {"customer": "c"})
-    wait_for(
-        lambda: (_key(settings, last) or {}).get("place") == 2,
-        30,
-        "the last run to wait second in line",
-    )
+    looks: list[dict[str, Any] | None] = []
+
+    def second_in_line() -> bool:
+        looks.append(_key(settings, last))
+        return (looks[-1] or {}).get("place") == 2
+
+    if not eventually(second_in_line, 30):
+        statuses = run_statuses(pg, [slow, failing, last])
+        pytest.fail(f"the last run never waited second in line: {looks[-1]}; {statuses}")
     assert run_statuses(pg, [failing, last]) == {failing: "pending", last: "pending"}
     send_signal(settings, slow)
     ids = [slow, failing, last]
