@@ -18,7 +18,7 @@ from typing import Any
 
 import orjson
 
-from processor.cli.common import EXIT_USAGE, CliError
+from processor.cli.common import EXIT_USAGE, STOP_OVERRUN_S, CliError
 from processor.io.runtime.exit_codes import EXIT_ABANDONED, EXIT_KAFKA_FATAL, EXIT_STOP_OVERRAN
 
 OUTPUTS = ("text", "json")
@@ -39,8 +39,8 @@ EXIT_TABLE = f"""exit codes (every command):
 a service stops itself for its supervisor to start a fresh one with
   {EXIT_KAFKA_FATAL}  a fatal Kafka client error (process, worker)
   {EXIT_ABANDONED}  too many abandoned steps still running (worker, --max-abandoned)
-  {EXIT_STOP_OVERRAN}  its stop overran the shutdown timeout by 8 s (process, worker; its
-       threads' stacks are in its log)
+  {EXIT_STOP_OVERRAN}  its stop overran the shutdown timeout by {STOP_OVERRUN_S:.0f} s
+       (process, worker; its threads' stacks are in its log)
 docs/usage.md#exit-codes"""
 
 

@@ -65,10 +65,10 @@ FAMILIES: tuple[Family, ...] = (
 )
 
 
-def families_for(argv: Sequence[str] | None) -> tuple[Family, ...]:
-    """The families a command line needs: the one whose command it names (its first word
-    that is a command), or all of them (help, completion, a bare or unknown command)."""
-    words = sys.argv[1:] if argv is None else argv
+def families_for(words: Sequence[str]) -> tuple[Family, ...]:
+    """The families a command line's ``words`` need: the one whose command it names (its
+    first word that is a command), or all of them (help, completion, a bare or unknown
+    command)."""
     named = next((w for w in words if any(w in f.commands for f in FAMILIES)), None)
     if named is None:
         return FAMILIES
@@ -83,8 +83,9 @@ def installed_version() -> str:
         return f"unknown ({DISTRIBUTION} is not installed: run from a source tree)"
 
 
-def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
-    """The root parser, with the families ``argv`` needs (``families_for``; all without it)."""
+def build_parser(words: Sequence[str] | None = None) -> argparse.ArgumentParser:
+    """The root parser, with the families a command line's ``words`` need (``families_for``;
+    all without them)."""
     parser = argparse.ArgumentParser(
         prog="ductor",
         description="Ductor coordinator: advances durable workflow runs from Kafka wakeups, "
@@ -95,7 +96,7 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"ductor {installed_version()}")
     add_output(parser, root=True)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for family in FAMILIES if argv is None else families_for(argv):
+    for family in FAMILIES if words is None else families_for(words):
         family.add_to(sub)
     p = sub.add_parser("help", help="this help, or a command's: ductor help runs list")
     p.add_argument("topic", nargs="*", metavar="COMMAND", help="the command")
@@ -125,7 +126,7 @@ def parse_args(
     argv: Sequence[str] | None = None, parser: argparse.ArgumentParser | None = None
 ) -> argparse.Namespace:
     """The command line parsed; exits 2 with a usage message on bad usage (argparse)."""
-    parser = parser or build_parser(argv if argv is not None else sys.argv[1:])
+    parser = parser or build_parser(_words(argv))
     args, rest = parser.parse_known_args(argv)
     if args.command == "bench":
         return parse_bench_arguments(rest, args)
@@ -135,7 +136,7 @@ def parse_args(
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser(sys.argv[1:] if argv is None else argv)
+    parser = build_parser(_words(argv))
     args = parse_args(argv, parser)
     if not getattr(args, "handles_signals", False) and args.command is not None:
         kept = early_stop.hand_over()
@@ -172,6 +173,11 @@ def _run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         logging.getLogger("ductor.config").warning(warning)
     code = args.func(settings, args)
     return code
+
+
+def _words(argv: Sequence[str] | None) -> Sequence[str]:
+    """The command line's words: ``argv``, or the process's own."""
+    return sys.argv[1:] if argv is None else argv
 
 
 def _failed(exc: Exception) -> int:
