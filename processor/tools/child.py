@@ -10,6 +10,7 @@ A failure (a child that exited, or did not stop on SIGTERM) is reported through
 from __future__ import annotations
 
 import contextlib
+import shutil
 import signal
 import subprocess
 import sys
@@ -91,6 +92,7 @@ class DuctorChild:
         try:
             return self.proc.wait(timeout)
         except subprocess.TimeoutExpired:
+            native = self.native_stacks()
             self.proc.send_signal(signal.SIGUSR1)
             with contextlib.suppress(subprocess.TimeoutExpired):
                 self.proc.wait(2)
@@ -98,8 +100,28 @@ class DuctorChild:
             self.proc.wait(10)
             self.fail(
                 f"{self.log_path.name} did not stop in {timeout:.0f} s of SIGTERM."
-                f"\n{self.stacks()}\n--- the last lines of its log:\n{self.tail(15)}"
+                f"\n{self.stacks()}\n--- its native stacks:\n{native}"
+                f"\n--- the last lines of its log:\n{self.tail(15)}"
             )
+
+    def native_stacks(self) -> str:
+        """Every thread's stack with its native frames (py-spy, when installed), so a thread
+        stuck in a compiled module or a C library shows where: Python's own dump stops at the
+        last interpreted frame."""
+        spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
+        if not Path(spy).exists():
+            return "(py-spy is not installed)"
+        try:
+            done = subprocess.run(
+                [spy, "dump", "--native", "--pid", str(self.proc.pid)],
+                check=False,
+                capture_output=True,
+                text=True,
+                timeout=20,
+            )
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            return f"(py-spy failed: {exc})"
+        return (done.stdout + done.stderr)[-8000:]
 
     def stacks(self) -> str:
         """The last stacks the process wrote (SIGUSR1, or its overrun bound): the last run of

@@ -130,11 +130,14 @@ def test_a_rate_limit_spaces_dispatches_by_the_coordinators_clock(
     )
     register_workflow(pg, wf)
     dispatched: list[int] = []
+    seen: list[tuple[int, int, str]] = []  # (dispatched, started on the worker's clock, run)
     registry = StepRegistry()
 
     @registry.step("call_api")
     def call_api(ctx: StepContext) -> None:
-        dispatched.append(ctx.deadline_ms - timeout_ms)  # when the coordinator dispatched it
+        at = ctx.deadline_ms - timeout_ms  # when the coordinator dispatched it
+        dispatched.append(at)
+        seen.append((at, int(time.time() * 1000), ctx.run_id))
 
     ids = [f"rate-{i}" for i in range(7)]
     insert_runs(pg, wf, [(r, {}) for r in ids], "t1")
@@ -151,5 +154,9 @@ def test_a_rate_limit_spaces_dispatches_by_the_coordinators_clock(
     assert len(times) == len(ids)
     # At most `limit` dispatches in any window of per_ms: the (i + limit)-th is a window later.
     gaps = [times[i + limit] - times[i] for i in range(len(times) - limit)]
-    assert all(gap >= per_ms for gap in gaps), (gaps, [t - times[0] for t in times])
+    # (On failure: each dispatch with its start on the worker and its run, from the first.)
+    assert all(gap >= per_ms for gap in gaps), (
+        gaps,
+        [(t - times[0], s - times[0], r) for t, s, r in sorted(seen)],
+    )
     assert time.monotonic() - started >= (len(ids) // limit - 1) * per_ms / 1000
