@@ -45,9 +45,10 @@ def _ids(prefix: str, count: int) -> list[str]:
 
 def _error(pg: psycopg.Connection[Any], run_id: str, attempt: int) -> str:
     row = pg.execute(
-        "SELECT error FROM eec_step_result WHERE run_id = %s AND attempt = %s", (run_id, attempt)
+        "SELECT error, outcome, output FROM eec_step_result WHERE run_id = %s AND attempt = %s",
+        (run_id, attempt),
     ).fetchone()
-    assert row is not None and row[0] is not None, (run_id, attempt)
+    assert row is not None and row[0] is not None, (run_id, attempt, row)
     return str(row[0])
 
 
@@ -233,8 +234,11 @@ def test_process_isolation_turns_a_crash_or_a_hang_into_a_failed_attempt(
     counted_steps.install(pg)
     _register(
         pg,
-        "isolated",
-        {"name": "only", "type": "counted", "timeout_ms": 2000, "retry": {"max_attempts": 3}},
+        "isolated-steps",
+        # Long enough for the crasher's first attempt to be claimed and run on a loaded
+        # machine (at 2 s, CI's coordinator once timed it out before its claim: no result);
+        # the hanger's first attempt costs it.
+        {"name": "only", "type": "counted", "timeout_ms": 6000, "retry": {"max_attempts": 3}},
     )
     spawn(["process"], settings, "process")
     worker: Spawned = spawn(
@@ -254,9 +258,9 @@ def test_process_isolation_turns_a_crash_or_a_hang_into_a_failed_attempt(
     )
     crasher, hanger = _ids("crash", 1)[0], _ids("hang", 1)[0]
     fast = _ids("fast", 30)
-    start_runs(settings, "isolated", [crasher], {"crash_on": [1]})
-    start_runs(settings, "isolated", [hanger], {"hang_on": [1]})
-    start_runs(settings, "isolated", fast)
+    start_runs(settings, "isolated-steps", [crasher], {"crash_on": [1]})
+    start_runs(settings, "isolated-steps", [hanger], {"hang_on": [1]})
+    start_runs(settings, "isolated-steps", fast)
     every = [crasher, hanger, *fast]
     wait_for(
         lambda: worker.proc.poll() is None and count_terminal(pg, every) == len(every),
