@@ -29,6 +29,7 @@ from processor.io.postgres import (
     step_data,
     store,
     sweeps,
+    worker_registry,
 )
 from processor.io.postgres.runs_admin import insert_runs
 from processor.io.postgres.workflows import register_workflow
@@ -281,3 +282,31 @@ def test_the_sweeps_walk_their_index_and_reach_the_marks_by_key(
         for sql, args in (overdue, stuck):
             for table in ("eec_run_rewake", "eec_run_quarantine"):
                 assert _index_of(coordinator, sql, args, table) == {f"{table}_pkey"}, table
+
+
+def _jit_planned(conn: psycopg.Connection[Any], sql: str, params: Any) -> bool:
+    """Whether Postgres would compile ``sql`` with JIT (its plan's "JIT" part; not run)."""
+    row = conn.execute(b"EXPLAIN (FORMAT JSON) " + sql.encode(), params).fetchone()
+    assert row is not None
+    document = row[0]
+    (top,) = document if isinstance(document, list) else orjson.loads(document)
+    return "JIT" in top
+
+
+def test_no_statement_of_the_coordinator_is_compiled_with_jit(base_settings: Settings) -> None:
+    """The registry's served versions (read when a run starts, once a second) have no index
+    to use: with ``enable_seqscan = off`` the planner adds 1e10 to the scan's cost, far above
+    ``jit_above_cost``, and a Postgres with JIT compiled that 1 ms statement for 100-300 ms
+    each time (idle start-to-first-dispatch p99 150-250 ms in `make bench-latency`). The
+    connections of the processor and the worker say ``jit = off``."""
+    statement, params = worker_registry.SERVED_VERSIONS_SQL, (30.0,)
+    with psycopg.connect(base_settings.pg_dsn, autocommit=True) as plain:
+        (available,) = plain.execute("SELECT pg_jit_available()").fetchone() or (False,)
+        if not available:
+            pytest.skip("this Postgres has no JIT")
+        plain.execute("SET enable_seqscan = off")
+        assert _jit_planned(plain, statement, params)  # the case this test guards is real
+    with connections.connect(base_settings.pg_dsn) as conn:
+        assert not _jit_planned(conn, statement, params)
+    with connections.connect_durable(base_settings.pg_dsn) as conn:
+        assert not _jit_planned(conn, statement, params)

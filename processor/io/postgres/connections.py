@@ -38,6 +38,12 @@ def connect(dsn: str, connect_timeout_s: int = 5) -> psycopg.Connection[Any]:
     # (step results, between two autoanalyzes): the planner then scanned all of it once per
     # run loaded, and a load took seconds. No sequential scan unless there is no other way.
     conn.execute("SET enable_seqscan = off")
+    # No JIT: these statements take a millisecond, and JIT compiling one costs 100-300 ms. A
+    # statement with no index to use (the registry's few rows) is planned as a sequential
+    # scan at the 1e10 cost ``enable_seqscan = off`` adds, far above ``jit_above_cost``: with
+    # JIT on (Postgres's default where it was built with LLVM, as Debian's is), every such
+    # statement was compiled, and a run started in that second waited for it.
+    conn.execute("SET jit = off")
     return use_orjson(conn)
 
 

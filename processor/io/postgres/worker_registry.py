@@ -211,7 +211,7 @@ def unserved(wf: WorkflowDef, workers: Sequence[LiveWorker]) -> list[tuple[str, 
 
 # What every live worker serves (any group: a run pins the versions of its steps' functions
 # from it, core/versions.py).
-_SERVED_VERSIONS = """
+SERVED_VERSIONS_SQL = """
 SELECT queues, step_types
   FROM eec_instance
  WHERE kind = 'worker' AND stopped_at IS NULL AND step_types IS NOT NULL
@@ -236,7 +236,7 @@ class ServedCache:
     def get(self, conn: psycopg.Connection[Any]) -> ServedVersions:
         now = self._monotonic()
         if self._read_at is None or now - self._read_at >= self.REFRESH_S:
-            rows = conn.execute(_SERVED_VERSIONS, (self._gone_after_s,)).fetchall()
+            rows = conn.execute(SERVED_VERSIONS_SQL, (self._gone_after_s,)).fetchall()
             self._served = newest_served((queues or (), keys or ()) for queues, keys in rows)
             self._read_at = now
         return self._served
