@@ -230,6 +230,8 @@ def _steps(
     if isinstance(answer, Failed):
         raise RequestFailed(answer)
     limits = cast(LimitInputs, answer)
+    # Judged no earlier than the counters were read (core/limits.py, rule 5).
+    now_ms = max(now_ms, limits.now_ms)
     commits = tick_batch(loaded, now_ms, rules.names, limits)
     # 3. Commit.
     writes = tuple(commits.values())

@@ -42,10 +42,14 @@ class LimitView(NamedTuple):
 
 class LimitInputs(NamedTuple):
     """What the shell loaded for the batch's runs with limited steps: each run's input values
-    at the limits' paths, and each counter those runs may use."""
+    at the limits' paths, each counter those runs may use, and Postgres's time when it read
+    the counters (epoch ms; 0: none read). The batch is judged at that time when it is later
+    than its load's (core/batch.py): no dispatch is counted before one the counters already
+    hold, so a rate counter's times rise with its numbers (core/limits.py, rule 5)."""
 
     values: Mapping[str, Mapping[tuple[str, ...], str]]
     views: Mapping[str, LimitView]
+    now_ms: int = 0
 
 
 NO_LIMITS = LimitInputs({}, {})

@@ -42,6 +42,11 @@ lease across ticks:
    bounds (RATE_LOOKAHEAD of them at most) and the commit writes one row per dispatch, so
    admitting costs the same at the largest limit and the longest window as at the smallest;
    a batch lets in at most RATE_LOOKAHEAD dispatches of one rate limit, the rest waiting.
+   This holds only while a counter's times rise with its numbers. A batch loaded at one
+   time may read the counters after another instance counted a later dispatch, so the
+   batch is judged at the time the counters were read (``LimitInputs.now_ms``), which is no
+   earlier than any dispatch they hold. Judged at its load's time, it could count a dispatch
+   before one already counted, and three dispatches would fit in one window.
 """
 
 from __future__ import annotations

@@ -284,7 +284,7 @@ def test_the_statements_read_a_line_in_its_order(
             (key, w.run_id, w.node, w.since_ms, w.run_key, w.round),
         )
     expected = line_order(line)[:first]
-    view = limit_store._views(pg, {key: first}, set())[key]
+    view = limit_store._views(pg, {key: first}, set())[0][key]
     assert [r for _, r, _ in view.queue] == [w.run_id for w in expected]
     woken = limit_store.waiters_to_wake(pg, Counter({key: first}))
     assert sorted(r for r, _ in woken) == sorted(w.run_id for w in expected)

@@ -463,3 +463,21 @@ def test_what_the_limits_held_back_and_let_in_is_reported() -> None:
     }
     outcome = decided(run(Script(dict(runs)), starts(["x", "y"])))
     assert outcome.limit_refused == ("pay",)  # one slot: the second dispatch waits
+
+
+def test_a_batch_is_judged_no_earlier_than_its_counters_were_read() -> None:
+    """The counters were read 500 ms after the runs were loaded (another instance may have
+    counted a dispatch meanwhile): the batch is judged at the later time (core/limits.py,
+    rule 5), here seen in its dispatches' deadlines; with no counter read, at its load's."""
+
+    def due_of(limits: LimitInputs) -> int | None:
+        script = Script({"a": loaded("a")}, limits=limits)
+        decided(run(script, starts(["a"])))
+        (commit,) = script.of(CommitRuns)
+        (write,) = commit.commits
+        return next(n.due_ms for _, n in write.state.nodes if n.due_ms is not None)
+
+    at_load = due_of(NO_LIMITS)
+    assert at_load is not None
+    assert due_of(LimitInputs({}, {}, NOW_MS + 500)) == at_load + 500
+    assert due_of(LimitInputs({}, {}, NOW_MS - 500)) == at_load  # never earlier than the load

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from processor import Concurrency, RateLimit, Workflow
@@ -375,3 +375,103 @@ def test_a_map_steps_items_each_need_a_slot_and_waiting_ones_count_as_in_flight(
     assert second.limits is not None and set(second.limits.unwaits) == {
         n for n, s in items.items() if s is NodeStatus.LIMIT_WAIT
     }
+
+
+# -- the rate property -----------------------------------------------------------------------
+
+RATED = _workflow(rate_limit={"limit": 2, "per_s": 1})
+RATE_KEY = "r/charge"
+
+
+@dataclass
+class _RateTable:
+    """A rate counter's rows as Postgres keeps them (io/postgres/limit_store.py): its version,
+    how many dispatches it counted, their times by number, and its waiters' line."""
+
+    version: int = 0
+    dispatched: int = 0
+    times: dict[int, int] = field(default_factory=dict)
+    waits: dict[str, int] = field(default_factory=dict)
+
+    def view(self) -> LimitView:
+        bounds = tuple(self.times.get(self.dispatched - LIMIT + j, 0) for j in range(LIMIT))
+        line = tuple(sorted((s, r, "charge") for r, s in self.waits.items())[:LIMIT])
+        return LimitView(self.version, 0, bounds, line, self.dispatched, LIMIT)
+
+    def copy(self) -> _RateTable:
+        return _RateTable(self.version, self.dispatched, dict(self.times), dict(self.waits))
+
+
+# The case judging at the load's time fails: a batch loaded 635 ms before its counters were read
+# counts a dispatch at -635 after one at 0, and two later ones then fit in [0, 365].
+@example(
+    runs=4,
+    plan=[
+        ([0], 0, 0, False),
+        ([0, 1, 2], 0, 635, False),
+        ([0, 1, 2, 3], 365, 0, False),
+        ([0, 1, 2], 0, 0, False),
+    ],
+)
+@settings(max_examples=300, deadline=None)
+@given(
+    runs=st.integers(min_value=2, max_value=7),
+    plan=st.lists(
+        st.tuples(
+            st.lists(st.integers(0, 6), min_size=1, max_size=4, unique=True),
+            st.integers(0, 700),  # how far the clock moved
+            st.integers(0, 900),  # how much earlier than that the batch's runs were loaded
+            st.booleans(),  # its counters read before the previous batch committed
+        ),
+        min_size=1,
+        max_size=50,
+    ),
+)
+def test_a_rate_limit_is_never_exceeded_whatever_the_instances_clocks_say(
+    runs: int, plan: list[tuple[list[int], int, int, bool]]
+) -> None:
+    """Batches of runs (a step each, 2 dispatches a second) are loaded at a time of their own,
+    up to 0.9 s before their counters are read (another instance counted dispatches
+    meanwhile), or read before the previous batch committed (a conflict then); a batch is
+    judged at the later of the two times, as core/batch.py judges it. In no window of a
+    second are there more than two dispatches. (Judged at its load's time alone, a batch
+    counted a dispatch before one already counted, and three fit in one window.)"""
+    ids = [f"r{i}" for i in range(runs)]
+    table, previous = _RateTable(), _RateTable()
+    states = {r: initial_state(RATED) for r in ids}
+    dispatched: list[int] = []
+    clock = NOW
+    for picks, moved, early, stale in plan:
+        clock += moved
+        read = previous.copy() if stale else table.copy()
+        previous = table.copy()
+        loaded = {}
+        for r in dict.fromkeys(ids[i % runs] for i in picks):
+            node = states[r].node_map()["charge"]
+            done = node.status is NodeStatus.DISPATCHED
+            results = (StepResult("charge", node.attempt, StepOutcome.SUCCEEDED),) if done else ()
+            loaded[r] = _run(r, RATED, states[r], results=results)
+        inputs = LimitInputs({}, {RATE_KEY: read.view()}, clock)
+        commits = tick_batch(loaded, max(clock - early, inputs.now_ms), NAMES, inputs)
+        # The statement: the batch's guard of the counter, then the runs it let write.
+        guards = {g.key: g for c in commits.values() if c.limits for g in c.limits.guards}
+        guard = guards.get(RATE_KEY)
+        held = guard is not None and guard.expected == table.version
+        if guard is not None and held:
+            table.version += 1
+            for j, at in enumerate(guard.times or ()):
+                table.times[guard.first + j] = at
+                dispatched.append(at)
+            table.dispatched = guard.first + len(guard.times or ())
+        for r, commit in commits.items():
+            if commit.limits is not None and commit.limits.guards and not held:
+                continue  # a conflict: ticked again later from fresh state
+            states[r] = commit.state
+            if commit.limits is not None:
+                for _key, _node, since in commit.limits.waits:
+                    table.waits.setdefault(r, since)
+                if commit.limits.ends or "charge" in commit.limits.unwaits:
+                    table.waits.pop(r, None)
+    times = sorted(dispatched)
+    gaps = [times[i + LIMIT] - times[i] for i in range(len(times) - LIMIT)]
+    assert all(gap >= 1000 for gap in gaps), ([t - NOW for t in times], gaps)

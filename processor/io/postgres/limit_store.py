@@ -62,7 +62,8 @@ LIVE_WAITER = f"""EXISTS (SELECT 1 FROM eec_workflow_run r WHERE r.run_id = q.ru
 # its rows, whatever its limit), read in one snapshot: a slot taken is always seen with the
 # version its taker wrote (core/limits.py, rules 3 and 5).
 _VIEWS_SQL = """
-SELECT k.key, coalesce(l.version, 0), coalesce(l.dispatched, 0),
+SELECT (extract(epoch FROM now()) * 1000)::bigint,
+       k.key, coalesce(l.version, 0), coalesce(l.dispatched, 0),
        (SELECT coalesce(jsonb_agg(jsonb_build_array(d.seq, d.at_ms) ORDER BY d.seq), '[]')
           FROM eec_limit_rate d
          WHERE k.ahead > 0 AND d.key = k.key
@@ -108,7 +109,8 @@ def load_limits(conn: psycopg.Connection[Any], loaded: Mapping[str, Loaded]) -> 
                 limits[need.key] = max(limits.get(need.key, 0), need.limit)
                 if need.per_ms:
                     rated.add(need.key)
-    return LimitInputs(values, _views(conn, limits, rated))
+    views, read_ms = _views(conn, limits, rated)
+    return LimitInputs(values, views, read_ms)
 
 
 def _input_values(
@@ -133,9 +135,9 @@ def _input_values(
 
 def _views(
     conn: psycopg.Connection[Any], limits: Mapping[str, int], rated: Set[str]
-) -> dict[str, LimitView]:
+) -> tuple[dict[str, LimitView], int]:
     """The counters of ``limits`` (key -> its limit; ``rated``: the rate limits' keys) as
-    they stand (the second statement)."""
+    they stand (the second statement), and Postgres's time when it read them (epoch ms)."""
     keys = []
     for key, limit in sorted(limits.items()):
         # A rate counter lets a batch in RATE_LOOKAHEAD times at most: its waiters beyond
@@ -144,9 +146,11 @@ def _views(
         bound = ahead or limit
         keys.append({"key": key, "bound": bound, "span": limit, "ahead": ahead})
     views = {}
-    for key, version, dispatched, rows, holders, queue in conn.execute(
+    read_ms = 0
+    for now_ms, key, version, dispatched, rows, holders, queue in conn.execute(
         _VIEWS_SQL, (orjson.dumps(keys).decode(),)
     ).fetchall():
+        read_ms = now_ms
         span = limits[key]
         first = dispatched - span
         at = dict(rows)
@@ -159,7 +163,7 @@ def _views(
             dispatched,
             span,
         )
-    return views
+    return views, read_ms
 
 
 def _array_literal(path: tuple[str, ...]) -> str:
