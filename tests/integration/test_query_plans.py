@@ -47,15 +47,25 @@ def _plan_nodes(plan: dict[str, Any]) -> Iterator[dict[str, Any]]:
         yield from _plan_nodes(child)
 
 
+def _top(document: Any) -> dict[str, Any]:
+    """EXPLAIN (FORMAT JSON)'s one document (a list, or its text where no loader parsed it)."""
+    (top,) = document if isinstance(document, list) else orjson.loads(document)
+    return dict(top)
+
+
+def _explained(conn: psycopg.Connection[Any], sql: str, params: Any) -> dict[str, Any]:
+    """The plan Postgres makes for ``sql`` (not run)."""
+    row = conn.execute(b"EXPLAIN (FORMAT JSON) " + sql.encode(), params).fetchone()
+    assert row is not None
+    return _top(row[0])
+
+
 def _scans(conn: psycopg.Connection[Any], sql: str, params: Any) -> list[tuple[str, str, bool]]:
     """(node type, relation, whole) of every scan of a table in the plan of ``sql``; whole:
     it reads every row, a sequential scan or an index scan without a condition (a plan made
     while the statistics said the table was empty scans the whole index once and keeps it,
     instead of looking each key up)."""
-    row = conn.execute(b"EXPLAIN (FORMAT JSON) " + sql.encode(), params).fetchone()
-    assert row is not None
-    document = row[0]
-    (top,) = document if isinstance(document, list) else orjson.loads(document)
+    top = _explained(conn, sql, params)
     plans = [top["Plan"], *top.get("InitPlan", [])]
     return [
         (
@@ -208,7 +218,7 @@ def test_a_claim_reads_the_data_only_of_tasks_that_do_not_carry_it(
         ).fetchone()
         raise psycopg.Rollback()
     assert row is not None and taken == (20,)
-    (top,) = row[0] if isinstance(row[0], list) else orjson.loads(row[0])
+    top = _top(row[0])
     nodes = [n for plan in [top["Plan"], *top.get("InitPlan", [])] for n in _plan_nodes(plan)]
     # Tasks without dependencies are read by their definition: one lookup per task read.
     definition_reads = sum(
@@ -219,9 +229,7 @@ def test_a_claim_reads_the_data_only_of_tasks_that_do_not_carry_it(
 
 def _index_of(conn: psycopg.Connection[Any], sql: str, params: Any, table: str) -> set[str]:
     """The indexes through which the plan of ``sql`` reads ``table``."""
-    row = conn.execute(b"EXPLAIN (FORMAT JSON) " + sql.encode(), params).fetchone()
-    assert row is not None
-    (top,) = row[0] if isinstance(row[0], list) else orjson.loads(row[0])
+    top = _explained(conn, sql, params)
     plans = [top["Plan"], *top.get("InitPlan", [])]
     return {
         node.get("Index Name", node["Node Type"])
@@ -286,11 +294,7 @@ def test_the_sweeps_walk_their_index_and_reach_the_marks_by_key(
 
 def _jit_planned(conn: psycopg.Connection[Any], sql: str, params: Any) -> bool:
     """Whether Postgres would compile ``sql`` with JIT (its plan's "JIT" part; not run)."""
-    row = conn.execute(b"EXPLAIN (FORMAT JSON) " + sql.encode(), params).fetchone()
-    assert row is not None
-    document = row[0]
-    (top,) = document if isinstance(document, list) else orjson.loads(document)
-    return "JIT" in top
+    return "JIT" in _explained(conn, sql, params)
 
 
 def test_no_statement_of_the_coordinator_is_compiled_with_jit(base_settings: Settings) -> None:
