@@ -19,7 +19,8 @@ answers. The rules it keeps:
    (``Undecided``), and the batch is retried whole.
 5. The runs whose rows the plans found unusable are flagged; a flag that cannot be written
    fails nothing (it is written when the run is met again). So are the waiters of freed
-   limit slots woken (a waiter not woken looks again by itself: core/limits.py, BACKSTOP_MS).
+   limit slots woken, the slots a landed commit gave back and those a force-fail's write
+   did (a waiter not woken looks again by itself: core/limits.py, BACKSTOP_MS).
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from processor.core.batch_values import (
     Failed,
     Failure,
     FlagQuarantine,
+    ForceFailWritten,
     LoadLimits,
     LoadRuns,
     MeetServer,
@@ -99,6 +101,7 @@ class _Gathered:
     __slots__ = (
         "commits_sent",
         "force_fail_errors",
+        "force_freed",
         "isolated",
         "limit_refused",
         "limit_waited",
@@ -117,6 +120,7 @@ class _Gathered:
         self.read_back_error: Exception | None = None
         self.not_landed: set[str] = set()
         self.force_fail_errors: dict[str, Exception] = {}
+        self.force_freed: Counter[str] = Counter()  # slots this round's force-fails gave back
         self.limit_wakes: RunTiers = ()
         self.limit_waited: list[tuple[str, int]] = []
         self.limit_refused: list[str] = []
@@ -260,6 +264,8 @@ def _steps(
     yield from _plans(
         items, loaded, commits, (committed, held, not_landed), now_ms, rules, probe, gathered
     )
+    freed, gathered.force_freed = gathered.force_freed, Counter()
+    yield from _wake_waiters(freed, gathered)
 
 
 def _plans(
@@ -314,9 +320,11 @@ def _force_fail(
             raise written.error
         gathered.force_fail_errors[item.run_id] = written.error
         return database_failed(item, 0)  # the delay is the outage's (the executor's)
-    if not written:
+    done = cast(ForceFailWritten, written)
+    if not done.written:
         return force_fail_refused(plan)
     gathered.runs.force_failed(found.wf.name)
+    gathered.force_freed.update(done.freed)
     return plan
 
 
@@ -324,7 +332,7 @@ def _after_limits(
     commits: Mapping[str, Commit], committed: set[str], gathered: _Gathered
 ) -> Generator[Request, object, None]:
     """The waiters to wake for the slots the landed commits freed, and how long those let in
-    had waited. A failure to read the waiters fails nothing (rule 5)."""
+    had waited."""
     freed: Counter[str] = Counter()
     for run_id in committed:
         commit = commits.get(run_id)
@@ -333,11 +341,17 @@ def _after_limits(
             freed.update(limits.released)
             gathered.limit_waited += limits.waited
             gathered.limit_refused += limits.refused
+    yield from _wake_waiters(freed, gathered)
+
+
+def _wake_waiters(freed: Counter[str], gathered: _Gathered) -> Generator[Request, object, None]:
+    """The oldest waiters of the ``freed`` slots, added to the batch's wakes (each half of a
+    bisected batch adds its own). A failure to read them fails nothing (rule 5)."""
     if not freed:
         return
     answer = yield WakeWaiters(freed)
     if not isinstance(answer, Failed):
-        gathered.limit_wakes = cast(RunTiers, answer)
+        gathered.limit_wakes += cast(RunTiers, answer)
     elif answer.failure is Failure.UNFORESEEN:  # counted and logged, it fails nothing
         gathered.isolated.append(("the waiters of freed limits", answer.error))
 

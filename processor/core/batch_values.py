@@ -117,9 +117,19 @@ class ProbeDecide:
 
 @dataclass(frozen=True, slots=True)
 class WriteForceFail:
-    """The terminal write of a livelocked run. Answer: whether it was written (a bool)."""
+    """The terminal write of a livelocked run. Answer: ``ForceFailWritten``."""
 
     write: ForceFailWrite
+
+
+@dataclass(frozen=True, slots=True)
+class ForceFailWritten:
+    """What a force-fail's write came to: whether it was written (the run had not moved
+    since it was loaded), and the limit slots it gave back, a count per limit key (their
+    oldest waiters are woken, as a commit's freed slots are)."""
+
+    written: bool
+    freed: Counter[str]
 
 
 class QuarantineFlag(NamedTuple):

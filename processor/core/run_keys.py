@@ -21,8 +21,9 @@ the others stay pending in line. The counting is core/limits.py's, with the step
    failed, cancelled, past its deadline: the commit's ``ends`` frees every slot of the run),
    which moves the counter's version and names the key among the slots ``released``: the
    shell wakes the oldest waiter. A run force-failed (the watchdog, the livelock guard)
-   gives its slot back by that statement (io/postgres/limit_store.py), which wakes nobody:
-   its waiter goes on at its own due time, at the latest. A quarantined run keeps its slot
+   gives its slot back by that statement (io/postgres/limit_store.py), which counts the
+   slots it freed, and the shell wakes their oldest waiters the same way (core/batch.py,
+   rule 5; engine/watchdog.py). A quarantined run keeps its slot
    until it is released and ends (its row cannot be trusted to say it ended).
 5. A run that starts and ends in one tick, and a pending run that ends (cancelled before it
    started, past its deadline), never hold a slot. A failed run an operator retries

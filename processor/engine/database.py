@@ -7,13 +7,14 @@ shared between threads. A connection that failed is dropped and reopened on next
 
 from __future__ import annotations
 
+import logging
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, cast
 
 import psycopg
 
-from processor.core.batch_values import QuarantineFlag
+from processor.core.batch_values import ForceFailWritten, QuarantineFlag
 from processor.core.limit_values import LimitInputs
 from processor.core.model import Loaded, LoadedRun
 from processor.core.plans import Commit, ForceFailWrite, Send
@@ -33,6 +34,8 @@ from processor.io.postgres import (
     worker_registry,
 )
 from processor.io.runtime.faults import NO_FAULTS, Faults
+
+log = logging.getLogger("ductor.watchdog")
 
 
 class Database:
@@ -126,11 +129,12 @@ class Database:
     def park_outbox(self, rows: Sequence[tuple[str, int, str]]) -> None:
         outbox.park_outbox(self.conn, rows)
 
-    def force_fail(self, write: ForceFailWrite) -> bool:
+    def force_fail(self, write: ForceFailWrite) -> ForceFailWritten:
         """The terminal path shared by the livelock guard and the watchdog: write the failed
         state only if the run did not move since it was loaded. Its records go to the outbox
         without an owner: sent at once by the caller, and by any relay after
-        DUCTOR_RELAY_AFTER_S if the caller could not (its answer was lost, it died)."""
+        DUCTOR_RELAY_AFTER_S if the caller could not (its answer was lost, it died). The
+        limit slots it gave back come with the answer, for their waiters to be woken."""
         return store.force_fail_write(
             self.conn,
             write.run_id,
@@ -146,15 +150,26 @@ class Database:
 
     def settle_stuck(
         self, run_id: str, selected_seq: int, now_ms: int, names: TopicNames
-    ) -> StuckVerdict:
+    ) -> tuple[StuckVerdict, list[RunRef]]:
         """A run the stuck sweep selected at ``selected_seq``: ticked with everything recorded
         for it (core/stuck.py); failed through the terminal path only if nothing can move it,
         and only if its row did not change since it was loaded (else left alone). A failed
-        one's records (``Fail.write.effects``) are in the outbox, for the caller to send."""
+        one's records (``Fail.write.effects``) are in the outbox, for the caller to send, and
+        the waiters of the limit slots it gave back come with it, for the caller to wake (a
+        waiter not woken, should reading them fail, looks again by itself)."""
         verdict = judge_stuck(self.load([run_id]).get(run_id), selected_seq, now_ms, names)
-        if isinstance(verdict, Fail) and not self.force_fail(verdict.write):
-            return Leave()
-        return verdict
+        if not isinstance(verdict, Fail):
+            return verdict, []
+        done = self.force_fail(verdict.write)
+        if not done.written:
+            return Leave(), []
+        if not done.freed:
+            return verdict, []
+        try:
+            return verdict, self.waiters_to_wake(done.freed)
+        except psycopg.Error as exc:
+            log.warning("run %s: its freed slots' waiters not read: %s", run_id, exc)
+            return verdict, []
 
     def woken(self, run_ids: Sequence[str]) -> set[str]:
         """Mark the runs the stuck sweep wakes (spaced like the overdue ones); the marked."""

@@ -262,16 +262,19 @@ class Watchdog:
         self, modulus: int, owned: list[int]
     ) -> tuple[list[tuple[str, str]], list[tuple[str, int, tuple[Send, ...]]], list[RunRef]]:
         """The stuck runs of the owned shards, settled one by one: those force-failed (with
-        the records their ends wrote to the outbox) and those to wake."""
+        the records their ends wrote to the outbox) and those to wake, the waiters of the
+        limit slots the force-failed gave back among them."""
         s = self._settings
         failed: list[tuple[str, str]] = []
         ended: list[tuple[str, int, tuple[Send, ...]]] = []
         woken: list[RunRef] = []
+        waiters: list[RunRef] = []
         stuck = self._db.stuck(modulus, owned, s.stuck_after_s, s.grace_s, s.limit)
         self._faults.hit(Point.STUCK_SELECTED, [run_id for run_id, _seq in stuck])
         now_ms = self._wall_ms()
         for run_id, seq in stuck:
-            verdict = self._settle(run_id, seq, now_ms)
+            verdict, let_in = self._settle(run_id, seq, now_ms)
+            waiters += let_in
             if isinstance(verdict, Fail):
                 failed.append((run_id, verdict.workflow))
                 if verdict.write.effects:
@@ -279,7 +282,8 @@ class Watchdog:
             elif isinstance(verdict, Wake):
                 woken.append((run_id, verdict.tier))
         marked = self._db.woken([run_id for run_id, _tier in woken])
-        return failed, ended, [(run_id, tier) for run_id, tier in woken if run_id in marked]
+        rewoken = [(run_id, tier) for run_id, tier in woken if run_id in marked]
+        return failed, ended, rewoken + waiters
 
     def _owned_parts(
         self, modulus: int, owned: list[int]
@@ -347,9 +351,10 @@ class Watchdog:
             extra={"stage": "sweep", "item": item},
         )
 
-    def _settle(self, run_id: str, seq: int, now_ms: int) -> StuckVerdict:
-        """One stuck run; one whose row another transaction holds waits for the next sweep,
-        and so does one whose settling raised what nobody foresaw (logged)."""
+    def _settle(self, run_id: str, seq: int, now_ms: int) -> tuple[StuckVerdict, list[RunRef]]:
+        """One stuck run, and the waiters its force-fail let in; one whose row another
+        transaction holds waits for the next sweep, and so does one whose settling raised
+        what nobody foresaw (logged)."""
         try:
             self._faults.hit(Point.SWEEP, run_id)
             return self._db.settle_stuck(run_id, seq, now_ms, self._names)
@@ -359,10 +364,10 @@ class Watchdog:
             log.warning(
                 "run %s: left for the next sweep: %s", run_id, exc, extra={"run_id": run_id}
             )
-            return Leave()
+            return Leave(), []
         except Exception as unexpected:
             self._left(f"run {run_id}", unexpected)
-            return Leave()
+            return Leave(), []
 
     def close(self) -> None:
         """At the end: the kept signals whose dead letters the broker has are deleted now, on

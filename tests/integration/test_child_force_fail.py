@@ -254,11 +254,11 @@ def test_a_force_fail_whose_writer_died_before_sending_still_cancels_the_child(
     assert write is not None and write.cancel_children == ("p4/hold#1",)
     assert store_force_fail(
         pg, "p4", write.loaded_checksum, write.state, write.cancel_children, write.effects
-    )
+    ).written
     # Written again (a retry whose first answer was lost): nothing more lands.
     assert not store_force_fail(
         pg, "p4", write.loaded_checksum, write.state, write.cancel_children, write.effects
-    )
+    ).written
     wait_for(lambda: _status_is(pg, "p4/hold#1", "cancelled"), 30, "the relay to cancel it")
     assert _status_is(pg, "p4", "failed")
     signals = pg.execute(

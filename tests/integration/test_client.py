@@ -314,7 +314,8 @@ def test_two_retries_of_one_run_race_and_exactly_one_resumes_it(
     loaded = load_runs(pg, Definitions(), [run_id])[run_id]
     assert isinstance(loaded, LoadedRun)
     failed = force_fail(loaded.state, "stuck")  # as the watchdog fails a stuck run
-    assert failed is not None and force_fail_write(pg, run_id, loaded.stored_checksum, failed)
+    assert failed is not None
+    assert force_fail_write(pg, run_id, loaded.stored_checksum, failed).written
 
     outcomes: list[object] = []
 

@@ -3,23 +3,25 @@ per customer, its runs started at once, two processors deciding. Counted where u
 (the steps module records each execution's start and end, counted_steps.py): no two runs of
 a customer ever live at once, another customer's runs are not held behind a long line,
 every run ends succeeded with each step executed once; a run that fails or is cancelled
-gives its key's slot to the next; a failed run retried waits for its key again; a worker or
-a processor killed (SIGKILL) while runs hold slots loses none for good. Each fails with the
-start's admission bypassed (every run started at once). And a limit's line lets the runs of
-several keys in by turns (core/limit_line.py): the statements read it in that order, and a
-customer's two runs are not held behind another's six (both fail with the line read first
-come, first served)."""
+gives its key's slot to the next, and so does one the watchdog force-fails, at once; a
+failed run retried waits for its key again; a worker or a processor killed (SIGKILL) while
+runs hold slots loses none for good. Each fails with the start's admission bypassed (every
+run started at once). And a limit's line lets the runs of several keys in by turns
+(core/limit_line.py): the statements read it in that order, and a customer's two runs are
+not held behind another's six (both fail with the line read first come, first served)."""
 
 from __future__ import annotations
 
 import uuid
 from collections import Counter
 from collections.abc import Callable
+from dataclasses import replace
 from datetime import datetime
 from itertools import pairwise
 from typing import Any
 
 import hypothesis
+import orjson
 import psycopg
 import pytest
 from hypothesis import HealthCheck, given
@@ -27,11 +29,14 @@ from hypothesis import strategies as st
 
 from processor.client import inspect_run, send_signal, start_runs
 from processor.core.limit_line import Waiter, line_order
+from processor.core.model import LoadedRun
 from processor.core.routing import TIERS
+from processor.core.run_state import NodeState, NodeStatus, state_checksum
 from processor.core.workflow import parse_workflow
 from processor.io.config.settings import Settings
 from processor.io.postgres import limit_store
 from processor.io.postgres.runs_admin import insert_runs
+from processor.io.postgres.store import Definitions, load_runs
 from processor.io.postgres.workflows import register_workflow
 from processor.tools.waiting import eventually
 
@@ -187,6 +192,44 @@ def test_a_run_that_is_cancelled_or_fails_gives_its_key_to_the_next(
     assert slow_end is None or runs[failing][0] < slow_end
     assert runs[last][0] >= runs[failing][1]
     assert pg.execute("SELECT count(*) FROM eec_limit_hold WHERE node = ''").fetchone() == (0,)
+
+
+def _stuck(pg: psycopg.Connection[Any], run_id: str) -> None:
+    """Write the run as its first step in flight with no deadline, last moved an hour ago,
+    no wakeup due: a run nothing can move, for the stuck sweep to force-fail."""
+    run = load_runs(pg, Definitions(), [run_id])[run_id]
+    assert isinstance(run, LoadedRun)
+    nodes = run.state.node_map()
+    nodes["s0"] = NodeState(NodeStatus.DISPATCHED, 1, None)
+    state = run.state.with_nodes(nodes)
+    pg.execute(
+        "UPDATE eec_workflow_run SET node_states = %s, state_checksum = %s,"
+        " next_wakeup_at = NULL, last_transition_at = now() - interval '1 hour'"
+        " WHERE run_id = %s",
+        (orjson.dumps(state.nodes_json()).decode(), state_checksum(state), run_id),
+    )
+
+
+def test_a_run_force_failed_as_stuck_lets_the_next_in_at_once(
+    settings: Settings, pg: psycopg.Connection[Any], processor_thread: Any
+) -> None:
+    """The watchdog force-fails the run holding the customer's slot: the run waiting for it is
+    woken by that, not by its own look again two minutes later. No worker runs: the waiter's
+    start (its first dispatch) is what is looked for."""
+    tag = uuid.uuid4().hex[:6]
+    name = _keyed(pg, f"stuck-{tag}", steps=1)
+    processor_thread(replace(settings, sweep_grace_s=0.0, stuck_after_s=3.0))
+    holder, waiter = f"{tag}-holder", f"{tag}-waiter"
+    start_runs(settings, name, [holder], {"customer": "c"})
+    wait_for(lambda: run_statuses(pg, [holder]) == {holder: "running"}, 30, "the holder to start")
+    start_runs(settings, name, [waiter], {"customer": "c"})
+    wait_for(lambda: (_key(settings, waiter) or {}).get("place") == 1, 30, "the waiter in line")
+    _stuck(pg, holder)
+    wait_for(lambda: run_statuses(pg, [holder]) == {holder: "failed"}, 30, "the stuck holder")
+    # Its look again is two minutes after it joined the line.
+    wait_for(lambda: run_statuses(pg, [waiter]) == {waiter: "running"}, 20, "the waiter let in")
+    row = pg.execute("SELECT failure_reason FROM eec_workflow_run WHERE run_id = %s", (holder,))
+    assert row.fetchone() == ("stuck",)
 
 
 def test_a_killed_worker_and_processor_lose_no_key_slot(

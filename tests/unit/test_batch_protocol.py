@@ -5,6 +5,7 @@ test_lost_commits.py, test_limits.py, test_quarantine.py)."""
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TypeVar
@@ -20,6 +21,7 @@ from processor.core.batch_values import (
     Failed,
     Failure,
     FlagQuarantine,
+    ForceFailWritten,
     LoadLimits,
     LoadRuns,
     MeetServer,
@@ -77,7 +79,7 @@ class Script:
         if isinstance(request, FlagQuarantine):
             return {f.run_id for f in request.flags}
         if isinstance(request, WriteForceFail):
-            return True
+            return ForceFailWritten(True, Counter())
         if isinstance(request, WakeWaiters):
             return (("waiter", "t1"),)  # answers are of the types the protocol casts them to
         return None  # NoteCommitted, ProbeDecide, DeleteOutbox
@@ -343,7 +345,7 @@ def test_a_livelocked_run_is_force_failed_and_counted_as_ended() -> None:
 
 
 def test_a_force_fail_that_finds_the_run_moved_is_refused() -> None:
-    _script, outcome = _lost_race(lambda _: False)
+    _script, outcome = _lost_race(lambda _: ForceFailWritten(False, Counter()))
     (plan,) = outcome.plans
     assert (plan.outcome, plan.payload) == (Outcome.CONFLICT, TryAgain(0, 0))
     assert not outcome.runs
@@ -429,6 +431,46 @@ def test_slots_freed_by_the_commit_wake_their_waiters() -> None:
     (wake,) = script.of(WakeWaiters)
     assert isinstance(wake, WakeWaiters) and dict(wake.freed) == {"c/api/": 1}
     assert outcome.limit_wakes == (("waiter", "t1"),)
+
+
+def test_slots_a_force_fail_gave_back_wake_their_waiters() -> None:
+    script, outcome = _lost_race(lambda _: ForceFailWritten(True, Counter({"w/k/": 1})))
+    (wake,) = script.of(WakeWaiters)
+    assert dict(wake.freed) == {"w/k/": 1}
+    assert outcome.plans[0].outcome is Outcome.FORCE_FAILED
+    assert outcome.limit_wakes == (("waiter", "t1"),)
+
+
+def test_a_force_fail_that_gave_back_nothing_wakes_nobody() -> None:
+    script, outcome = _lost_race()
+    assert not script.of(WakeWaiters) and outcome.limit_wakes == ()
+
+
+def test_each_half_of_a_bisected_batch_wakes_the_waiters_of_what_it_freed() -> None:
+    """``r`` and ``s`` free a slot each; ``bad`` makes the commit fail, so the batch is
+    halved ([r], [s, bad], then [s], [bad]): the waiters of both halves' slots are woken."""
+    freeing = _freeing().runs["r"]
+    assert isinstance(freeing, LoadedRun)
+    runs: dict[str, Loaded] = {
+        "r": freeing,
+        "s": replace(freeing, run_id="s"),
+        "bad": loaded("bad"),
+    }
+    woken = iter(range(10))
+
+    def commit(request: Request) -> object:
+        assert isinstance(request, CommitRuns)
+        if "bad" in {c.run_id for c in request.commits}:
+            return Failed(RuntimeError("row failure"), Failure.ROW)
+        return {c.run_id for c in request.commits}, set()
+
+    script = Script(
+        runs,
+        hooks={CommitRuns: commit, WakeWaiters: lambda _: ((f"waiter-{next(woken)}", "t1"),)},
+    )
+    outcome = decided(run(script, starts(["r", "s", "bad"])))
+    assert len(script.of(WakeWaiters)) == 2
+    assert outcome.limit_wakes == (("waiter-0", "t1"), ("waiter-1", "t1"))
 
 
 def test_a_commit_that_did_not_land_frees_nothing() -> None:

@@ -327,7 +327,9 @@ WITH failed AS (
       FROM failed f WHERE %(effects)s::jsonb IS NOT NULL
     ON CONFLICT DO NOTHING
 ){limit_store.FORCE_FAIL_CTES}
-SELECT count(*) FROM failed
+SELECT (SELECT count(*) FROM failed),
+       (SELECT coalesce(jsonb_object_agg(k.key, k.n), '{{}}') FROM
+               (SELECT key, count(*) AS n FROM freed_holds GROUP BY key) k)
 """
 
 # The flags live beside the run rows (eec_run_quarantine, io/postgres/run_marks.py), never on them:

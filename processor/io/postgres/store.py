@@ -10,13 +10,14 @@ its own, so no transaction is ever left open between steps of the commit path.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterable, Sequence
 from typing import Any, NamedTuple
 
 import orjson
 import psycopg
 
-from processor.core.batch_values import QuarantineFlag
+from processor.core.batch_values import ForceFailWritten, QuarantineFlag
 from processor.core.load_row import LoadRow, loaded_run
 from processor.core.model import Loaded, LoadedRun, UnknownWorkflow
 from processor.core.plans import Commit, Send
@@ -227,10 +228,11 @@ def force_fail_write(
     failed: RunState,
     cancel_children: Sequence[str] = (),
     effects: Sequence[Send] = (),
-) -> bool:
+) -> ForceFailWritten:
     """Write a force-failed state if the run did not move since it was loaded; with it, a
     cancel signal for each of ``cancel_children`` and ``effects`` into the outbox (without
-    an owner) as the failed transition's records."""
+    an owner) as the failed transition's records. Its limit slots go with it (but those of
+    executions still running): how many, by limit key, for their waiters to be woken."""
     params = {
         "status": failed.status.value,
         "nodes": orjson.dumps(failed.nodes_json()).decode(),
@@ -242,8 +244,10 @@ def force_fail_write(
         "cancel": orjson.dumps(list(cancel_children)).decode(),
         "effects": orjson.dumps([outbox_record(s) for s in effects]).decode() if effects else None,
     }
-    cur = conn.execute(FORCE_FAIL_SQL, params).fetchone()
-    return cur is not None and cur[0] == 1
+    row = conn.execute(FORCE_FAIL_SQL, params).fetchone()
+    if row is None or row[0] != 1:
+        return ForceFailWritten(False, Counter())
+    return ForceFailWritten(True, Counter({key: int(n) for key, n in row[1].items()}))
 
 
 def quarantine_runs(conn: psycopg.Connection[Any], runs: Sequence[QuarantineFlag]) -> set[str]:
