@@ -54,6 +54,11 @@ def popen_ductor(
         )
 
 
+# How long after its shutdown bound a child's stop is judged to hang: before its own watchdog
+# (processor/cli/common.py, STOP_OVERRUN_S past the bound) writes its stacks and ends it.
+_JUDGED_BEFORE_WATCHDOG_S = 6.0
+
+
 class DuctorChild:
     """A running `ductor` child and its log file."""
 
@@ -67,6 +72,10 @@ class DuctorChild:
     ) -> None:
         self.log_path = log_path
         self.proc = popen_ductor(args, env, log_path, cwd, installed)
+        # Its shutdown bound, when its environment gives one: a stop that overruns it is
+        # judged before the process's own watchdog (the bound + STOP_OVERRUN_S) ends it.
+        bound = env.get("DUCTOR_SHUTDOWN_TIMEOUT_S")
+        self._stop_wait_s = float(bound) + _JUDGED_BEFORE_WATCHDOG_S if bound else 30.0
 
     def fail(self, message: str) -> NoReturn:
         raise ChildFailed(message)
@@ -82,17 +91,23 @@ class DuctorChild:
             self.fail(f"{self.log_path.stem} exited with {code}:\n{self.tail()}")
         return True
 
-    def terminate(self, timeout: float = 30.0) -> int:
-        """SIGTERM, and its exit code. A process that has not exited within ``timeout`` is a
-        failure (a stop that hangs is a bug wherever it shows): SIGUSR1 makes it write its
-        threads' stacks to its log, SIGKILL ends it, and the failure carries the log's tail,
-        so a report shows where it was stuck."""
+    def terminate(self, timeout: float | None = None) -> int:
+        """SIGTERM, and its exit code. A process that has not exited within ``timeout`` (by
+        default its shutdown bound and 6 s, before its own watchdog ends it, or 30 s) is a
+        failure (a stop that hangs is a bug wherever it shows): its native stacks are taken
+        twice, a second apart (a loop moves between them, a blocked thread does not), SIGUSR1
+        makes it write its threads' stacks to its log, SIGKILL ends it, and the failure
+        carries them and the log's tail, so a report shows where it was stuck."""
+        timeout = self._stop_wait_s if timeout is None else timeout
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
         try:
             return self.proc.wait(timeout)
         except subprocess.TimeoutExpired:
             native = self.native_stacks()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.proc.wait(1)
+            native += "\n--- a second later:\n" + self.native_stacks()
             self.proc.send_signal(signal.SIGUSR1)
             with contextlib.suppress(subprocess.TimeoutExpired):
                 self.proc.wait(2)

@@ -144,7 +144,7 @@ def test_a_broker_down_35_s_under_load_costs_at_most_half_a_percent_extra_execut
     for quitter in quitters:
         # Within its bound, with room for a loaded machine; past it, the failure carries its
         # stacks, native ones too, taken before its own watchdog (the bound + 8 s) ends it.
-        code = quitter.terminate(timeout=settings.shutdown_timeout_s + 5)
+        code = quitter.terminate()
         assert code == 0, (
             f"{quitter.log_path.name} stopped mid-outage with {code}:\n{quitter.stacks()}"
             f"\n{quitter.tail(15)}"
