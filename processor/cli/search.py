@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from collections.abc import Mapping
 from typing import Any
 
 from processor.cli.common import EXIT_FAILED, EXIT_OK, EXIT_USAGE, CliError, print_table
@@ -110,11 +111,26 @@ def _print_table(runs: list[RunSummary]) -> None:
             f"{run.workflow[0]} v{run.workflow[1]}",
             run.status.value + (" (quarantined)" if run.quarantine_reason else ""),
             run.last_transition_at.isoformat(timespec="seconds"),
+            tags_cell(run.tags),
             run.failure_reason or "",
         )
         for run in runs
     ]
-    print_table(("RUN", "WORKFLOW", "STATUS", "LAST TRANSITION", "FAILURE REASON"), rows)
+    header = ("RUN", "WORKFLOW", "STATUS", "LAST TRANSITION", "TAGS", "FAILURE REASON")
+    print_table(header, rows)
+
+
+# A run's tags in its row, cut past this many characters (`-o json` has them whole).
+_TAGS_CELL_CHARS = 48
+
+
+def tags_cell(tags: Mapping[str, str]) -> str:
+    """A run's tags as a table cell: ``key=value`` by key, comma-separated; ``-`` for none
+    (so the column is never blank), cut with ``...`` past ``_TAGS_CELL_CHARS``."""
+    cell = ",".join(f"{key}={value}" for key, value in sorted(tags.items())) or "-"
+    if len(cell) > _TAGS_CELL_CHARS:
+        return cell[: _TAGS_CELL_CHARS - 3] + "..."
+    return cell
 
 
 def cmd_runs_count(settings: Settings, args: argparse.Namespace) -> int:

@@ -178,6 +178,7 @@ def test_the_client_starts_waits_for_lists_and_signals_runs(
         "STATUS",
         "LAST",
         "TRANSITION",
+        "TAGS",
         "FAILURE",
         "REASON",
     ]

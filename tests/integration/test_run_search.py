@@ -152,6 +152,11 @@ def test_runs_are_found_by_every_filter_and_acted_on_in_bulk(
         assert sorted(ids) == sorted([*ok1, *bad])
         first = page[0]
         assert first["tags"] == c1 and first["workflow"] in {"sample", "failing"}
+        # As text, a run's tags in a column of their own.
+        text = run_ductor(settings, "runs", "list", "--tag", "customer=c1", "--limit", "1")
+        header, row = text.stdout.splitlines()
+        assert header.split()[:6] == ["RUN", "WORKFLOW", "STATUS", "LAST", "TRANSITION", "TAGS"]
+        assert "customer=c1,team=pay" in row.split(), row
         count = run_ductor(settings, "runs", "count", "--since", "1h", "--status", "succeeded")
         assert count.returncode == 0 and count.stdout.strip() == "3", count.stderr
         for args, message in (
