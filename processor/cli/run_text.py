@@ -10,6 +10,7 @@ escape sequences cannot move the cursor or recolour the terminal), their line br
 from __future__ import annotations
 
 import unicodedata
+from collections.abc import Mapping
 from datetime import datetime
 
 from processor.core.run_state import NodeState
@@ -17,13 +18,22 @@ from processor.io.postgres.run_document import RunRecord, error_message
 from processor.io.postgres.run_search import AttemptRow
 
 
-def printable(text: str) -> str:
-    """``text`` with its control characters (but line breaks and tabs) written as escapes."""
+def printable(text: str, keep: str = "\n\t") -> str:
+    """``text`` with its control characters (but those in ``keep``: line breaks and tabs)
+    written as escapes."""
     if text.isprintable():
         return text
     return "".join(
-        c if c in "\n\t" or unicodedata.category(c)[0] != "C" else repr(c)[1:-1] for c in text
+        c if c in keep or unicodedata.category(c)[0] != "C" else repr(c)[1:-1] for c in text
     )
+
+
+def tags_shown(tags: Mapping[str, str], sep: str, keep: str = "\n\t") -> str:
+    """A run's tags (given at its start, and set by its steps), ``key=value`` by key, ``sep``
+    between them, their control characters (but ``keep``) as escapes; ``-`` for none."""
+    if not tags:
+        return "-"
+    return printable(sep.join(f"{key}={value}" for key, value in sorted(tags.items())), keep)
 
 
 def _when(at: datetime | None) -> str:
@@ -32,9 +42,7 @@ def _when(at: datetime | None) -> str:
 
 def tags_line(record: RunRecord) -> str:
     """The run's tags (given at its start, and set by its steps), ``key=value`` by key."""
-    tags = record.columns.tags
-    shown = "  ".join(f"{key}={value}" for key, value in sorted(tags.items()))
-    return f"tags       {printable(shown) if tags else '-'}"
+    return f"tags       {tags_shown(record.columns.tags, '  ')}"
 
 
 def input_line(record: RunRecord) -> str:

@@ -12,6 +12,7 @@ from typing import Any
 
 from processor.cli.common import EXIT_FAILED, EXIT_OK, EXIT_USAGE, CliError, print_table
 from processor.cli.grammar import emit, print_json, print_json_lines
+from processor.cli.run_text import tags_shown
 from processor.client import (
     MAX_BULK_RUNS,
     MAX_LIST_LIMIT,
@@ -125,9 +126,10 @@ _TAGS_CELL_CHARS = 48
 
 
 def tags_cell(tags: Mapping[str, str]) -> str:
-    """A run's tags as a table cell: ``key=value`` by key, comma-separated; ``-`` for none
-    (so the column is never blank), cut with ``...`` past ``_TAGS_CELL_CHARS``."""
-    cell = ",".join(f"{key}={value}" for key, value in sorted(tags.items())) or "-"
+    """A run's tags as a table cell: ``key=value`` by key, comma-separated, every control
+    character (a line break too: the row stays one line) as an escape; ``-`` for none (so
+    the column is never blank), cut with ``...`` past ``_TAGS_CELL_CHARS``."""
+    cell = tags_shown(tags, ",", keep="")
     if len(cell) > _TAGS_CELL_CHARS:
         return cell[: _TAGS_CELL_CHARS - 3] + "..."
     return cell
