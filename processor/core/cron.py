@@ -1,8 +1,8 @@
 """Cron expressions in a time zone, over epoch milliseconds: parsed and stepped by croniter
 (a well-kept parser: day-of-week and day-of-month rules, names, ``@daily`` and the like, and
 daylight-saving changes as Vixie cron handles them: a time the clocks skip fires right after
-the jump, a time they repeat fires once), in the zone's own calendar from the IANA database
-(zoneinfo; the tzdata package where the system has none).
+the jump, a time they repeat fires once), in the zone's own calendar (a ``tzinfo`` the shell
+looked up by its IANA name: io/runtime/zones.py).
 
 Five fields, as cron has them (minute hour day-of-month month day-of-week), or a ``@`` name.
 Seconds are a field of their own (``seconds="*/10"``: every ten seconds of each minute the
@@ -12,14 +12,14 @@ seconds to whoever wrote it and every second to croniter. Six fields are refused
 readings written the unambiguous way. So are croniter's random and hashed fields (``R``,
 ``H``): a fire time must be the same in every process that computes it.
 
-Calendar arithmetic only: the clock is never read here, times come in as arguments.
+Calendar arithmetic only: the clock is never read here, times come in as arguments, and
+so does the zone (no file of the zone database is read here).
 """
 
 from __future__ import annotations
 
 import re
-from datetime import UTC, datetime  # noqa: TID251 (calendar arithmetic; no clock is read)
-from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+from datetime import UTC, datetime, tzinfo  # noqa: TID251 (calendar arithmetic; no clock is read)
 
 from croniter import CroniterError, croniter
 
@@ -40,7 +40,7 @@ class Cron:
     """A cron expression in a time zone, with an optional seconds field: its fire times
     around a given time."""
 
-    def __init__(self, expression: str, tz: str = "UTC", seconds: str | None = None) -> None:
+    def __init__(self, expression: str, zone: tzinfo = UTC, seconds: str | None = None) -> None:
         fields = expression.split()
         if len(fields) == 6:
             raise ValidationError(six_fields(fields))
@@ -57,15 +57,10 @@ class Cron:
             )
         if seconds is not None:
             _check_seconds(seconds, named)
-        try:
-            self._zone = ZoneInfo(tz)
-        except (ZoneInfoNotFoundError, ValueError):
-            raise ValidationError(
-                f"time zone {tz!r} is not one of the IANA database's (e.g. UTC, Europe/Berlin)"
-            ) from None
+        self._zone = zone
         self.expression = " ".join(fields)
         self.seconds = seconds
-        self.tz = tz
+        self.tz = str(zone)  # its IANA name (a ZoneInfo's key; UTC's "UTC")
         # croniter's own order: the seconds last.
         self._croniter = self.expression if seconds is None else f"{self.expression} {seconds}"
         if not croniter.is_valid(self._croniter):

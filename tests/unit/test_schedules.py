@@ -22,6 +22,7 @@ from processor.core.schedules import (
     plan_fires,
 )
 from processor.core.workflow_def import ValidationError
+from processor.io.runtime.zones import zone_named
 
 
 def ms(text: str) -> int:
@@ -29,7 +30,7 @@ def ms(text: str) -> int:
 
 
 def test_fire_times_follow_the_expression_in_its_zone() -> None:
-    nightly = Cron("30 2 * * *", "Europe/Berlin")
+    nightly = Cron("30 2 * * *", zone_named("Europe/Berlin"))
     # 02:30 in Berlin is 01:30 UTC in winter.
     assert nightly.next_after(ms("2026-12-04T00:00:00+00:00")) == ms("2026-12-04T01:30:00+00:00")
     assert nightly.previous_before(ms("2026-12-04T01:30:00+00:00")) == ms(
@@ -62,7 +63,7 @@ def test_fire_times_follow_the_expression_in_its_zone() -> None:
 )
 def test_what_is_not_a_schedule_is_refused(expression: str, tz: str, message: str) -> None:
     with pytest.raises(ValidationError, match=message):
-        Cron(expression, tz)
+        Cron(expression, zone_named(tz))
 
 
 def test_six_fields_are_refused_with_both_readings_written_apart() -> None:
@@ -91,7 +92,7 @@ def test_six_fields_are_refused_with_both_readings_written_apart() -> None:
 
 
 def test_seconds_are_a_field_of_their_own() -> None:
-    half_past = Cron("0 6 * * *", "Europe/Berlin", seconds="30")
+    half_past = Cron("0 6 * * *", zone_named("Europe/Berlin"), seconds="30")
     assert half_past.next_after(ms("2026-12-04T00:00:00+00:00")) == ms("2026-12-04T05:00:30+00:00")
     assert half_past.spelled() == "0 6 * * * --seconds 30"
     assert Cron("0 6 * * *").spelled() == "0 6 * * *"
@@ -114,7 +115,7 @@ def test_seconds_are_a_field_of_their_own() -> None:
 def test_the_next_fires_read_in_the_schedules_zone() -> None:
     """What `schedules create` prints: the fires in the zone the expression reads in, across
     a change of its offset."""
-    morning = Cron("0 6 * * *", "Europe/Berlin")
+    morning = Cron("0 6 * * *", zone_named("Europe/Berlin"))
     first = morning.next_after(ms("2026-03-27T12:00:00+00:00"))
     assert [morning.local(f) for f in morning.following(first, 3)] == [
         "2026-03-28T06:00:00+01:00 Sat",

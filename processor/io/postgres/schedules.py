@@ -38,6 +38,7 @@ from processor.core.workflow_def import ValidationError, WorkflowDef
 from processor.io.postgres.runs_admin import insert_runs
 from processor.io.postgres.store import Definitions
 from processor.io.runtime.faults import NO_FAULTS, Faults, Point
+from processor.io.runtime.zones import zone_named
 
 log = logging.getLogger("ductor.schedules")
 
@@ -93,7 +94,7 @@ def create_schedule(
     try:
         check_schedule_name(name)
         check_catch_up(catch_up)
-        parsed = Cron(cron, tz, seconds)
+        parsed = Cron(cron, zone_named(tz), seconds)
     except ValidationError as exc:
         raise ScheduleError(str(exc)) from None
     if tier not in TIERS:
@@ -255,7 +256,7 @@ def _fire(
     conn: psycopg.Connection[Any], definitions: Definitions, row: Sequence[Any]
 ) -> list[RunRef]:
     name, cron, seconds, tz, workflow, version, run_input, tier, catch_up, next_ms, now_ms = row
-    plan = plan_fires(Cron(cron, tz, seconds), next_ms, now_ms, catch_up)
+    plan = plan_fires(Cron(cron, zone_named(tz), seconds), next_ms, now_ms, catch_up)
     if plan.missed:
         log.warning(
             "schedule %s: %d fire(s) missed (more than a minute late) and skipped",
@@ -323,6 +324,6 @@ def cron_of(schedule: Schedule) -> Cron:
     """A stored schedule's expression, parsed; ScheduleError for one that cannot be (a row
     written by hand)."""
     try:
-        return Cron(schedule.cron, schedule.tz, schedule.seconds)
+        return Cron(schedule.cron, zone_named(schedule.tz), schedule.seconds)
     except ValidationError as exc:
         raise ScheduleError(f"schedule {schedule.name!r}: {exc}") from None
